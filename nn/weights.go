@@ -1,0 +1,24 @@
+package nn
+
+import (
+	"context"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// LayerWeights maps a layer's Hugging Face tensor names
+// ("model.layers.3.self_attn.q_proj.weight") to tensors on the backend.
+type LayerWeights map[string]*tensor.Tensor
+
+// Weights gives the forward pass each layer's tensors while it runs. Layers
+// are numbered as the loader groups them: 0 is the embedding, 1..L are the
+// decoder blocks, L+1 is the final norm and LM head (holding the embedding
+// table too when the embeddings are tied).
+//
+// Acquire may block while the layer is loaded; the tensors stay valid until
+// the matching Release. The paging package implements Weights under a byte
+// budget; HostWeights keeps everything loaded.
+type Weights interface {
+	Acquire(ctx context.Context, layer int) (LayerWeights, error)
+	Release(layer int)
+}

@@ -1,0 +1,48 @@
+package paging
+
+import (
+	"fmt"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Category says what a budgeted byte holds.
+type Category int
+
+// The categories every device byte is charged to.
+const (
+	ResidentWeights Category = iota // weights that stay on the device
+	StreamedWeights                 // ring slots that streamed weights pass through
+	KVCache                         // keys and values of past positions
+	Activations                     // per-step buffers of the forward pass
+	Workspace                       // scratch for kernels and libraries
+	numCategories
+)
+
+var categoryNames = [...]string{"resident weights", "streamed weights", "kv cache", "activations", "workspace"}
+
+func (c Category) String() string {
+	if c >= 0 && c < numCategories {
+		return categoryNames[c]
+	}
+	return fmt.Sprintf("Category(%d)", int(c))
+}
+
+// Allocator hands out backend memory charged to a category. nn takes its KV
+// cache and activation buffers from one; paging's budgeted allocator is the
+// implementation that enforces a byte budget.
+type Allocator interface {
+	Alloc(cat Category, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error)
+	Free(t *tensor.Tensor)
+}
+
+// Unbudgeted returns an Allocator that passes every request to b and keeps
+// no accounts.
+func Unbudgeted(b tensor.Backend) Allocator { return unbudgeted{b} }
+
+type unbudgeted struct{ b tensor.Backend }
+
+func (u unbudgeted) Alloc(_ Category, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	return u.b.Alloc(dt, shape)
+}
+func (u unbudgeted) Free(t *tensor.Tensor) { u.b.Free(t) }

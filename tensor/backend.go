@@ -1,0 +1,158 @@
+package tensor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// ErrOutOfMemory is returned (wrapped) when a backend or a budget cannot
+// satisfy an allocation. Callers branch on it with errors.Is.
+var ErrOutOfMemory = errors.New("out of memory")
+
+// Backend allocates tensors in its memory and runs the operations the
+// decoder needs on them. Activations are F32; weight arguments (w, table,
+// bias, norm weights) may be F32, F16 or BF16 and are read in their stored
+// type with F32 accumulation: no F32 copy of a weight is ever made.
+//
+// All tensors passed to a backend's operations must have been allocated by
+// that backend (or, for the CPU backend, be host tensors). Operations may run
+// asynchronously on a device; Download synchronises.
+type Backend interface {
+	// Name identifies the backend ("cpu", "cuda:0").
+	Name() string
+
+	// Alloc returns an uninitialised tensor in the backend's memory.
+	Alloc(dt DType, shape Shape) (*Tensor, error)
+	// Free releases a tensor from Alloc. Freeing nil is a no-op.
+	Free(t *Tensor)
+	// Upload copies len(src) bytes of host memory into dst, starting at
+	// byte offset off of dst.
+	Upload(dst *Tensor, off int64, src []byte) error
+	// Download copies src's bytes into dst (len(dst) == src.NumBytes()),
+	// waiting for pending work on src.
+	Download(dst []byte, src *Tensor) error
+
+	Ops
+}
+
+// Ops are the compute operations of a Backend. Shapes are given as
+// [rows, columns]; every tensor is contiguous and row-major.
+type Ops interface {
+	// MatMul computes out[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N] on every row
+	// when bias is non-nil). w is in Hugging Face's [out_features,
+	// in_features] layout.
+	MatMul(out, x, w, bias *Tensor) error
+	// RMSNorm computes out[i,:] = x[i,:] / sqrt(mean(x[i,:]²) + eps) * w.
+	RMSNorm(out, x, w *Tensor, eps float32) error
+	// Rope rotates x[T, heads*headDim] in place: row t is at position
+	// pos0+t; cos and sin are [maxPos, headDim/2] F32 tables. The pairs
+	// are (j, j+headDim/2), Hugging Face's rotate_half convention.
+	Rope(x, cos, sin *Tensor, heads, headDim, pos0 int) error
+	// SiLUMul computes out = silu(gate) * up, elementwise.
+	SiLUMul(out, gate, up *Tensor) error
+	// Add computes out = a + b, elementwise (out may alias a or b).
+	Add(out, a, b *Tensor) error
+	// Embed gathers rows: out[i,:] = table[ids[i],:] converted to F32.
+	// An id outside the table is an error.
+	Embed(out, table *Tensor, ids []int32) error
+	// CopyRows copies n rows of src starting at row srcRow into dst starting
+	// at row dstRow; both have the same row length (the product of all but
+	// the first dimension) and dtype.
+	CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error
+	// Attention computes causal grouped-query attention for T queries at
+	// positions pos0..pos0+T-1. q is [T, heads*headDim]; k and v are the
+	// caches [maxPos, kvHeads*headDim] holding positions 0..pos0+T-1; out
+	// is [T, heads*headDim]. Query head h reads KV head h/(heads/kvHeads).
+	// Scores are scaled by scale and softmaxed in F32.
+	Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error
+}
+
+// Optional capabilities, found by type assertion.
+
+// Syncer is a backend whose operations run asynchronously.
+type Syncer interface {
+	Sync() error
+}
+
+// PinnedAllocator is a backend that can allocate page-locked host memory,
+// from which copies to the device run at full link speed.
+type PinnedAllocator interface {
+	AllocPinned(n int64) ([]byte, error)
+	FreePinned(b []byte) error
+}
+
+// AsyncUploader is a backend that can copy host memory to a tensor on a
+// separate copy stream. The returned wait function blocks compute (not the
+// host) until the copy has landed.
+type AsyncUploader interface {
+	UploadAsync(ctx context.Context, dst *Tensor, off int64, src []byte) (ready func() error, err error)
+}
+
+// MemoryInfo is a backend that can report its device's memory.
+type MemoryInfo interface {
+	MemInfo() (free, total int64, err error)
+}
+
+// CheckShape returns an error naming op if t is nil or not of dtype dt (use
+// Invalid to accept any float type) and shape want (-1 matches any size).
+func CheckShape(op, name string, t *Tensor, dt DType, want ...int) error {
+	if t == nil {
+		return fmt.Errorf("tensor: %s: %s is nil", op, name)
+	}
+	if dt == Invalid && !t.dtype.IsFloat() || dt != Invalid && t.dtype != dt {
+		return fmt.Errorf("tensor: %s: %s has dtype %v", op, name, t.dtype)
+	}
+	if len(want) != len(t.shape) {
+		return fmt.Errorf("tensor: %s: %s has shape %v, want %d dimensions", op, name, t.shape, len(want))
+	}
+	for i, w := range want {
+		if w >= 0 && t.shape[i] != w {
+			return fmt.Errorf("tensor: %s: %s has shape %v, want dimension %d = %d", op, name, t.shape, i, w)
+		}
+	}
+	return nil
+}
+
+// Registry of backends by name, with "cpu" always present.
+
+var (
+	registryMu sync.Mutex
+	registry   = map[string]func() (Backend, error){}
+)
+
+// Register makes a backend constructor available by name. Backends register
+// themselves from init functions; registering a name twice panics.
+func Register(name string, open func() (Backend, error)) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if _, dup := registry[name]; dup {
+		panic("tensor: backend registered twice: " + name)
+	}
+	registry[name] = open
+}
+
+// Open returns a new instance of the named backend.
+func Open(name string) (Backend, error) {
+	registryMu.Lock()
+	open, ok := registry[name]
+	registryMu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("tensor: no backend %q (have %v)", name, Backends())
+	}
+	return open()
+}
+
+// Backends lists the registered backend names, sorted.
+func Backends() []string {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
