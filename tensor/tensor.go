@@ -164,3 +164,26 @@ func f32Bytes(v []float32) []byte {
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*4)
 }
+
+// Rows returns a view of n rows of t starting at row start, sharing t's
+// storage (host bytes or device address). A row is the product of all but
+// the first dimension. The view must not be freed; free t.
+func (t *Tensor) Rows(start, n int) (*Tensor, error) {
+	if len(t.shape) == 0 || start < 0 || n < 0 || start+n > t.shape[0] {
+		return nil, fmt.Errorf("tensor: rows %d..%d of %v", start, start+n, t.shape)
+	}
+	rowBytes := int64(0)
+	if t.shape[0] > 0 {
+		rowBytes = t.bytes / int64(t.shape[0])
+	}
+	u := *t
+	u.shape = append(Shape{n}, t.shape[1:]...)
+	u.bytes = rowBytes * int64(n)
+	off := rowBytes * int64(start)
+	if t.data != nil {
+		u.data = t.data[off : off+u.bytes : off+u.bytes]
+	} else if t.ptr != 0 {
+		u.ptr = t.ptr + uintptr(off)
+	}
+	return &u, nil
+}

@@ -1,0 +1,815 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/strata-llm/strata/tensor"
+	"gorgonia.org/cu"
+)
+
+func init() {
+	tensor.Register("cuda", func() (tensor.Backend, error) {
+		b, err := Open(0)
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	})
+}
+
+// Interfaces the backend implements.
+var (
+	_ tensor.Backend         = (*Backend)(nil)
+	_ tensor.Syncer          = (*Backend)(nil)
+	_ tensor.PinnedAllocator = (*Backend)(nil)
+	_ tensor.AsyncUploader   = (*Backend)(nil)
+	_ tensor.MemoryInfo      = (*Backend)(nil)
+	_ ManagedAllocator       = (*Backend)(nil)
+)
+
+// Backend runs strata's tensor operations on one CUDA device. Its methods
+// are safe for concurrent use; operations are queued on one compute
+// stream in call order, and UploadAsync copies run on a second stream.
+type Backend struct {
+	ordinal int
+	dev     cu.Device
+	ctx     cu.CUContext
+	info    DeviceInfo
+	name    string
+
+	life   sync.RWMutex // held for reading by every call, for writing by Close
+	closed atomic.Bool
+
+	compute, copy cu.Stream
+	opsMu         sync.Mutex // orders compute-stream work and guards the cuBLAS handle
+	copyMu        sync.Mutex
+	copyTail      cu.Event // recorded after every UploadAsync copy
+
+	evMu      sync.Mutex
+	evFree    []cu.Event
+	evAll     []cu.Event
+	modules   []module
+	kernels   map[string]kfunc
+	alloc     *allocator
+	pinnedMu  sync.Mutex
+	pinned    map[unsafe.Pointer]int64
+	pinnedSum int64
+
+	blas          cublasHandle
+	blasVersion   int
+	blasName      string
+	blasErr       error
+	workspace     uintptr
+	workspaceSize int64
+
+	// gemvMaxRows is the largest M that MatMul sends to the GEMV kernels
+	// rather than to cuBLAS.
+	gemvMaxRows int
+}
+
+// DeviceCount returns the number of CUDA devices, or an error wrapping
+// ErrNoDevice when the driver cannot be initialised.
+func DeviceCount() (int, error) {
+	if err := initResult(); err != nil {
+		return 0, fmt.Errorf("cuda: %w: the driver could not be initialised (%s): %v", ErrNoDevice, driverDescription(), err)
+	}
+	n, err := cu.NumDevices()
+	if err != nil {
+		return 0, fmt.Errorf("cuda: %w: counting devices: %v", ErrNoDevice, cuError(err))
+	}
+	return n, nil
+}
+
+// Available reports whether at least one CUDA device can be used.
+func Available() bool {
+	n, err := DeviceCount()
+	return err == nil && n > 0
+}
+
+// Devices describes every CUDA device.
+func Devices() ([]DeviceInfo, error) {
+	n, err := DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DeviceInfo, 0, n)
+	for i := range n {
+		info, err := deviceInfo(i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func driverDescription() string {
+	if v := cu.Version(); v > 0 {
+		return "driver supports CUDA " + versionString(v)
+	}
+	return "no driver version"
+}
+
+func deviceInfo(ordinal int) (DeviceInfo, error) {
+	dev, err := cu.GetDevice(ordinal)
+	if err != nil {
+		return DeviceInfo{}, fmt.Errorf("cuda: device %d: %v", ordinal, cuError(err))
+	}
+	info := DeviceInfo{Ordinal: ordinal, DriverVersion: cu.Version()}
+	if info.Name, err = dev.Name(); err != nil {
+		return info, fmt.Errorf("cuda: device %d name: %v", ordinal, cuError(err))
+	}
+	if info.TotalMem, err = dev.TotalMem(); err != nil {
+		return info, fmt.Errorf("cuda: device %d memory: %v", ordinal, cuError(err))
+	}
+	attrs := []struct {
+		a cu.DeviceAttribute
+		v *int
+	}{{cu.ComputeCapabilityMajor, &info.Major}, {cu.ComputeCapabilityMinor, &info.Minor}, {cu.MultiprocessorCount, &info.SMs}}
+	for _, at := range attrs {
+		if *at.v, err = dev.Attribute(at.a); err != nil {
+			return info, fmt.Errorf("cuda: device %d attribute %v: %v", ordinal, at.a, cuError(err))
+		}
+	}
+	if v, err := dev.Attribute(cu.ConcurrentManagedAccess); err == nil {
+		info.ManagedMemory = v != 0
+	}
+	return info, nil
+}
+
+// Open initialises device (0-based) and returns a backend on it: a context,
+// a compute and a copy stream, the kernels, and cuBLAS when it can be
+// loaded. Without cuBLAS, matrix products run on built-in kernels (BLAS
+// says which). The environment variable STRATA_CUBLAS may name the cuBLAS
+// library file to load instead of searching the versioned sonames.
+func Open(device int) (*Backend, error) {
+	n, err := DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("cuda: %w: the driver reports none (%s)", ErrNoDevice, driverDescription())
+	}
+	if device < 0 || device >= n {
+		return nil, fmt.Errorf("cuda: device %d does not exist (have %d)", device, n)
+	}
+	info, err := deviceInfo(device)
+	if err != nil {
+		return nil, err
+	}
+	if info.Major < 7 {
+		return nil, fmt.Errorf("cuda: device %d (%s) has compute capability %d.%d; strata's kernels need 7.0 or newer", device, info.Name, info.Major, info.Minor)
+	}
+	b := &Backend{
+		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
+		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 4,
+	}
+	b.dev, _ = cu.GetDevice(device)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if b.ctx, err = b.dev.RetainPrimaryCtx(); err != nil {
+		return nil, fmt.Errorf("%s: creating a context: %v", b.name, cuError(err))
+	}
+	if err := b.setup(); err != nil {
+		b.release()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Backend) setup() error {
+	if err := cu.SetCurrentContext(b.ctx); err != nil {
+		return fmt.Errorf("%s: making the context current: %v", b.name, cuError(err))
+	}
+	var err error
+	if b.compute, err = cu.MakeStream(cu.NonBlocking); err != nil {
+		return fmt.Errorf("%s: creating the compute stream: %v", b.name, cuError(err))
+	}
+	if b.copy, err = cu.MakeStream(cu.NonBlocking); err != nil {
+		return fmt.Errorf("%s: creating the copy stream: %v", b.name, cuError(err))
+	}
+	if b.copyTail, err = cu.MakeEvent(cu.DisableTiming); err != nil {
+		return fmt.Errorf("%s: creating an event: %v", b.name, cuError(err))
+	}
+	if err := b.copyTail.Record(b.copy); err != nil {
+		return fmt.Errorf("%s: recording an event: %v", b.name, cuError(err))
+	}
+	b.alloc = newAllocator(b.driverAlloc, func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }, b.syncStreams)
+	if err := b.loadKernels(); err != nil {
+		return err
+	}
+	b.openBLAS()
+	return nil
+}
+
+// openBLAS loads cuBLAS and gives it a workspace from the device budget;
+// failure is recorded, not fatal.
+func (b *Backend) openBLAS() {
+	soname, err := openCUBLAS(os.Getenv("STRATA_CUBLAS"))
+	if err != nil {
+		b.blasErr = fmt.Errorf("cuBLAS not loaded: %v", err)
+		return
+	}
+	h, v, err := cublasCreate(b.compute)
+	if err != nil {
+		b.blasErr = fmt.Errorf("cuBLAS (%s) not usable: %v", soname, err)
+		return
+	}
+	b.blas, b.blasVersion, b.blasName = h, v, soname
+	if cublasHasWorkspace() {
+		size := int64(4 << 20)
+		if b.info.Major >= 9 {
+			size = 32 << 20 // what cuBLAS itself would take on Hopper
+		}
+		if p, err := cu.MemAlloc(size); err == nil {
+			if cublasSetWorkspace(h, uintptr(p), size) == nil {
+				b.workspace, b.workspaceSize = uintptr(p), size
+			} else {
+				cu.MemFree(p)
+			}
+		}
+	}
+}
+
+func (b *Backend) driverAlloc(n int64) (uintptr, error) {
+	p, err := cu.MemAlloc(n)
+	if err != nil {
+		if err == cu.OutOfMemory {
+			free, total, _ := cu.MemInfo()
+			return 0, fmt.Errorf("cannot allocate %d bytes (%d of %d free): %w", n, free, total, tensor.ErrOutOfMemory)
+		}
+		return 0, fmt.Errorf("allocating %d bytes: %v", n, cuError(err))
+	}
+	return uintptr(p), nil
+}
+
+// enter makes the context current on a locked OS thread and holds off
+// Close; every exported method that touches the device brackets its work
+// with enter and leave.
+func (b *Backend) enter(op string) error {
+	b.life.RLock()
+	if b.closed.Load() {
+		b.life.RUnlock()
+		return fmt.Errorf("%s: %s: %w", b.name, op, ErrClosed)
+	}
+	runtime.LockOSThread()
+	if err := cu.SetCurrentContext(b.ctx); err != nil {
+		runtime.UnlockOSThread()
+		b.life.RUnlock()
+		return fmt.Errorf("%s: %s: making the context current: %v", b.name, op, cuError(err))
+	}
+	return nil
+}
+
+func (b *Backend) leave() {
+	runtime.UnlockOSThread()
+	b.life.RUnlock()
+}
+
+// Name returns "cuda:N".
+func (b *Backend) Name() string { return b.name }
+
+// Info describes the backend's device.
+func (b *Backend) Info() DeviceInfo { return b.info }
+
+// BLAS says which cuBLAS library the backend uses, or why none.
+func (b *Backend) BLAS() string {
+	if b.blasErr != nil {
+		return b.blasErr.Error() + "; matrix products use the built-in kernels"
+	}
+	return fmt.Sprintf("cuBLAS %d (%s)", b.blasVersion, b.blasName)
+}
+
+// Stats returns the memory accounts. After Close every byte count is zero
+// unless something could not be freed.
+func (b *Backend) Stats() Stats {
+	s := b.alloc.snapshot()
+	b.pinnedMu.Lock()
+	s.Pinned = b.pinnedSum
+	b.pinnedMu.Unlock()
+	s.Workspace = b.workspaceSize
+	s.Reserved += b.workspaceSize
+	return s
+}
+
+// Trim returns the cached device blocks to the driver and reports how many
+// bytes it released.
+func (b *Backend) Trim() (int64, error) {
+	if err := b.enter("Trim"); err != nil {
+		return 0, err
+	}
+	defer b.leave()
+	n, err := b.alloc.trim()
+	if err != nil {
+		return n, fmt.Errorf("%s: Trim: %w", b.name, err)
+	}
+	return n, nil
+}
+
+// MemInfo reports the device's free and total memory, as the driver sees
+// it (other processes' allocations included).
+func (b *Backend) MemInfo() (free, total int64, err error) {
+	if err := b.enter("MemInfo"); err != nil {
+		return 0, 0, err
+	}
+	defer b.leave()
+	free, total, err = cu.MemInfo()
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s: MemInfo: %v", b.name, cuError(err))
+	}
+	return free, total, nil
+}
+
+// Alloc returns an uninitialised device tensor. Memory comes from the
+// caching allocator; an allocation the device cannot hold returns an error
+// wrapping tensor.ErrOutOfMemory.
+func (b *Backend) Alloc(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	n := shape.NumElements()
+	if n < 0 || dt.Size() == 0 {
+		return nil, fmt.Errorf("%s: Alloc: invalid tensor %v %v", b.name, dt, shape)
+	}
+	bytes := n * int64(dt.Size())
+	if bytes == 0 {
+		return tensor.NewDevice(dt, shape, 0), nil
+	}
+	if err := b.enter("Alloc"); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	p, err := b.alloc.get(bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: Alloc %v %v: %w", b.name, dt, shape, err)
+	}
+	return tensor.NewDevice(dt, shape, p), nil
+}
+
+// Free returns t's memory to the cache (or, for a managed tensor, to the
+// driver). Freeing nil, a zero-size tensor, a view, or a tensor freed
+// before is a no-op.
+func (b *Backend) Free(t *tensor.Tensor) {
+	if t == nil || t.Ptr() == 0 || b.closed.Load() {
+		return
+	}
+	if err := b.enter("Free"); err != nil {
+		return
+	}
+	defer b.leave()
+	blk, ok := b.alloc.put(t.Ptr())
+	if ok && blk.managed {
+		b.syncStreams()
+		cu.MemFree(cu.DevicePtr(t.Ptr()))
+	}
+}
+
+// device checks that t is a device tensor of this backend, views included.
+func (b *Backend) device(op, name string, t *tensor.Tensor) error {
+	if t == nil {
+		return fmt.Errorf("cuda: %s: %s is nil", op, name)
+	}
+	if t.NumBytes() == 0 {
+		return nil
+	}
+	if t.Ptr() == 0 {
+		return fmt.Errorf("cuda: %s: %s is a host tensor; Alloc it on %s and Upload", op, name, b.name)
+	}
+	if _, _, ok := b.alloc.find(t.Ptr(), t.NumBytes()); !ok {
+		return fmt.Errorf("cuda: %s: %s (%v) is not live memory of %s", op, name, t, b.name)
+	}
+	return nil
+}
+
+// Upload copies src into dst at byte offset off. It returns once src may
+// be reused; the copy is ordered after the operations queued before it.
+func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	const op = "Upload"
+	if err := b.device(op, "dst", dst); err != nil {
+		return err
+	}
+	if off < 0 || off+int64(len(src)) > dst.NumBytes() {
+		return fmt.Errorf("cuda: %s: %d bytes at offset %d do not fit in %v (%d bytes)", op, len(src), off, dst, dst.NumBytes())
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.opsMu.Lock()
+	defer b.opsMu.Unlock()
+	if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.compute); err != nil {
+		return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+	}
+	// A copy from pageable memory returns once the driver has staged src;
+	// one from pinned memory may still be reading it.
+	if b.isPinned(uintptr(unsafe.Pointer(&src[0]))) {
+		if err := b.compute.Synchronize(); err != nil {
+			return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+		}
+	}
+	return nil
+}
+
+// Download copies src into dst after the work queued before it, including
+// UploadAsync copies, has finished.
+func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
+	const op = "Download"
+	if err := b.device(op, "src", src); err != nil {
+		return err
+	}
+	if int64(len(dst)) != src.NumBytes() {
+		return fmt.Errorf("cuda: %s: destination has %d bytes, %v has %d", op, len(dst), src, src.NumBytes())
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.opsMu.Lock()
+	defer b.opsMu.Unlock()
+	b.copyMu.Lock()
+	err := b.compute.Wait(b.copyTail, 0)
+	b.copyMu.Unlock()
+	if err == nil {
+		err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
+	}
+	if err == nil {
+		err = b.compute.Synchronize()
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+	}
+	return nil
+}
+
+// Sync waits for all queued work on both streams and reports the first
+// asynchronous error (a faulting kernel, say).
+func (b *Backend) Sync() error {
+	if err := b.enter("Sync"); err != nil {
+		return err
+	}
+	defer b.leave()
+	if err := b.syncStreams(); err != nil {
+		return fmt.Errorf("%s: Sync: %w", b.name, err)
+	}
+	return nil
+}
+
+func (b *Backend) syncStreams() error {
+	err1 := b.compute.Synchronize()
+	err2 := b.copy.Synchronize()
+	if err1 != nil {
+		return cuError(err1)
+	}
+	return cuError(err2)
+}
+
+// AllocPinned returns n bytes of page-locked host memory, from which
+// UploadAsync copies run at full link speed. Free it with FreePinned
+// (Close frees what is left).
+func (b *Backend) AllocPinned(n int64) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("cuda: AllocPinned: invalid size %d", n)
+	}
+	if err := b.enter("AllocPinned"); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	p, err := hostAlloc(n)
+	if err != nil {
+		if isOOM(err) {
+			return nil, fmt.Errorf("%s: AllocPinned %d bytes: %v: %w", b.name, n, err, tensor.ErrOutOfMemory)
+		}
+		return nil, fmt.Errorf("%s: AllocPinned %d bytes: %v", b.name, n, err)
+	}
+	b.pinnedMu.Lock()
+	b.pinned[p] = n
+	b.pinnedSum += n
+	b.pinnedMu.Unlock()
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+// FreePinned releases memory from AllocPinned after the copies queued from
+// it have finished. buf must start where AllocPinned's slice started.
+func (b *Backend) FreePinned(buf []byte) error {
+	if len(buf) == 0 {
+		return fmt.Errorf("cuda: FreePinned: empty buffer")
+	}
+	p := unsafe.Pointer(&buf[0])
+	if err := b.enter("FreePinned"); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.pinnedMu.Lock()
+	n, ok := b.pinned[p]
+	if ok {
+		delete(b.pinned, p)
+		b.pinnedSum -= n
+	}
+	b.pinnedMu.Unlock()
+	if !ok {
+		return fmt.Errorf("%s: FreePinned: %p is not the start of a buffer from AllocPinned", b.name, p)
+	}
+	serr := b.syncStreams()
+	if err := cu.MemFreeHost(p); err != nil {
+		return fmt.Errorf("%s: FreePinned: %v", b.name, cuError(err))
+	}
+	if serr != nil {
+		return fmt.Errorf("%s: FreePinned: waiting for copies: %w", b.name, serr)
+	}
+	return nil
+}
+
+func (b *Backend) isPinned(p uintptr) bool {
+	b.pinnedMu.Lock()
+	defer b.pinnedMu.Unlock()
+	for base, n := range b.pinned {
+		if p >= uintptr(base) && p < uintptr(base)+uintptr(n) {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *Backend) getEvent() (cu.Event, error) {
+	b.evMu.Lock()
+	defer b.evMu.Unlock()
+	if n := len(b.evFree); n > 0 {
+		ev := b.evFree[n-1]
+		b.evFree = b.evFree[:n-1]
+		return ev, nil
+	}
+	ev, err := cu.MakeEvent(cu.DisableTiming)
+	if err != nil {
+		return ev, cuError(err)
+	}
+	b.evAll = append(b.evAll, ev)
+	return ev, nil
+}
+
+// putEvent returns an event to the pool. Re-recording it later does not
+// disturb waits already queued on it.
+func (b *Backend) putEvent(ev cu.Event) {
+	b.evMu.Lock()
+	b.evFree = append(b.evFree, ev)
+	b.evMu.Unlock()
+}
+
+// UploadAsync copies src into dst at byte offset off on the copy stream
+// and returns at once. The copy first waits for the compute work queued
+// before the call (which may still read dst's old contents); compute work
+// queued after the call runs alongside it. ready makes the compute stream
+// wait for the copy: call it before queuing the operations that read dst.
+// src must not change until the copy has landed, which Sync or a Download
+// after ready guarantees; from pinned memory (AllocPinned) the copy runs
+// at full link speed.
+func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (ready func() error, err error) {
+	const op = "UploadAsync"
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("cuda: %s: %w", op, err)
+	}
+	if err := b.device(op, "dst", dst); err != nil {
+		return nil, err
+	}
+	if off < 0 || off+int64(len(src)) > dst.NumBytes() {
+		return nil, fmt.Errorf("cuda: %s: %d bytes at offset %d do not fit in %v (%d bytes)", op, len(src), off, dst, dst.NumBytes())
+	}
+	if len(src) == 0 {
+		return func() error { return nil }, nil
+	}
+	if err := b.enter(op); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	before, err := b.getEvent()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
+	}
+	defer b.putEvent(before)
+	done, err := b.getEvent()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
+	}
+	b.copyMu.Lock()
+	err = before.Record(b.compute)
+	if err == nil {
+		err = b.copy.Wait(before, 0)
+	}
+	if err == nil {
+		err = cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.copy)
+	}
+	if err == nil {
+		err = done.Record(b.copy)
+	}
+	if err == nil {
+		err = b.copyTail.Record(b.copy)
+	}
+	b.copyMu.Unlock()
+	if err != nil {
+		b.putEvent(done)
+		return nil, fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+	}
+	var once sync.Once
+	var rerr error
+	ready = func() error {
+		once.Do(func() {
+			if rerr = b.enter("UploadAsync ready"); rerr != nil {
+				return
+			}
+			defer b.leave()
+			if err := b.compute.Wait(done, 0); err != nil {
+				rerr = fmt.Errorf("%s: UploadAsync ready: %v", b.name, cuError(err))
+			}
+			b.putEvent(done)
+		})
+		return rerr
+	}
+	return ready, nil
+}
+
+// AllocManaged allocates managed (unified) memory for a tensor. It refuses
+// requests larger than the device's free memory less a 64 MiB margin, so
+// that managed memory never oversubscribes the GPU, and devices without
+// concurrent managed access.
+func (b *Backend) AllocManaged(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	const op = "AllocManaged"
+	n := shape.NumElements()
+	if n < 0 || dt.Size() == 0 {
+		return nil, fmt.Errorf("%s: %s: invalid tensor %v %v", b.name, op, dt, shape)
+	}
+	bytes := n * int64(dt.Size())
+	if bytes == 0 {
+		return tensor.NewDevice(dt, shape, 0), nil
+	}
+	if !b.info.ManagedMemory {
+		return nil, fmt.Errorf("%s: %s: the device does not support concurrent managed access", b.name, op)
+	}
+	if err := b.enter(op); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	free, total, err := cu.MemInfo()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+	}
+	const margin = 64 << 20
+	if bytes > free-margin {
+		return nil, fmt.Errorf("cuda: %s: %s %v %v: %d bytes exceed the device's free memory (%d of %d free, less a %d MiB margin): %w",
+			b.name, op, dt, shape, bytes, free, total, margin>>20, tensor.ErrOutOfMemory)
+	}
+	p, err := cu.MemAllocManaged(bytes, cu.AttachGlobal)
+	if err != nil {
+		if err == cu.OutOfMemory {
+			return nil, fmt.Errorf("%s: %s %d bytes: %w", b.name, op, bytes, tensor.ErrOutOfMemory)
+		}
+		return nil, fmt.Errorf("%s: %s %d bytes: %v", b.name, op, bytes, cuError(err))
+	}
+	b.alloc.addManaged(uintptr(p), bytes)
+	return tensor.NewDevice(dt, shape, uintptr(p)), nil
+}
+
+func (b *Backend) managed(op string, t *tensor.Tensor) error {
+	if t == nil {
+		return fmt.Errorf("cuda: %s: tensor is nil", op)
+	}
+	if t.NumBytes() == 0 {
+		return nil
+	}
+	_, blk, ok := b.alloc.find(t.Ptr(), t.NumBytes())
+	if !ok || !blk.managed {
+		return fmt.Errorf("%s: %s: %v is not a managed tensor from AllocManaged", b.name, op, t)
+	}
+	return nil
+}
+
+func (b *Backend) prefetch(op string, t *tensor.Tensor, dev int) error {
+	if err := b.managed(op, t); err != nil || t.NumBytes() == 0 {
+		return err
+	}
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.opsMu.Lock()
+	defer b.opsMu.Unlock()
+	if err := prefetch(t.Ptr(), t.NumBytes(), dev, b.compute); err != nil {
+		return fmt.Errorf("%s: %s: %w", b.name, op, err)
+	}
+	return nil
+}
+
+// PrefetchToDevice migrates a managed tensor's pages to the GPU, ordered
+// on the compute stream.
+func (b *Backend) PrefetchToDevice(t *tensor.Tensor) error {
+	return b.prefetch("PrefetchToDevice", t, b.ordinal)
+}
+
+// PrefetchToHost migrates a managed tensor's pages to host memory, ordered
+// on the compute stream.
+func (b *Backend) PrefetchToHost(t *tensor.Tensor) error {
+	return b.prefetch("PrefetchToHost", t, cpuDevice())
+}
+
+// AdviseHost makes host memory the preferred location of a managed
+// tensor's pages.
+func (b *Backend) AdviseHost(t *tensor.Tensor) error {
+	const op = "AdviseHost"
+	if err := b.managed(op, t); err != nil || t.NumBytes() == 0 {
+		return err
+	}
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	defer b.leave()
+	if err := adviseHost(t.Ptr(), t.NumBytes()); err != nil {
+		return fmt.Errorf("%s: %s: %w", b.name, op, err)
+	}
+	return nil
+}
+
+// Close waits for queued work and frees everything the backend holds:
+// device tensors (those not freed become invalid), cached blocks, managed
+// and pinned memory, streams, events, kernels and cuBLAS. Closing twice is
+// a no-op.
+func (b *Backend) Close() error {
+	b.life.Lock()
+	defer b.life.Unlock()
+	if b.closed.Swap(true) {
+		return nil
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cu.SetCurrentContext(b.ctx); err != nil {
+		return fmt.Errorf("%s: Close: %v", b.name, cuError(err))
+	}
+	if err := b.release(); err != nil {
+		return fmt.Errorf("%s: Close: %w", b.name, err)
+	}
+	return nil
+}
+
+// release frees what setup created; the context must be current.
+func (b *Backend) release() error {
+	var errs []error
+	keep := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if b.compute != (cu.Stream{}) {
+		keep(cuError(b.compute.Synchronize()))
+	}
+	if b.copy != (cu.Stream{}) {
+		keep(cuError(b.copy.Synchronize()))
+	}
+	if b.blas != nil {
+		cublasDestroy(b.blas)
+		b.blas = nil
+	}
+	if b.workspace != 0 {
+		keep(cuError(cu.MemFree(cu.DevicePtr(b.workspace))))
+		b.workspace, b.workspaceSize = 0, 0
+	}
+	if b.alloc != nil {
+		keep(b.alloc.releaseAll(func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }))
+	}
+	b.pinnedMu.Lock()
+	for p, n := range b.pinned {
+		keep(cuError(cu.MemFreeHost(p)))
+		b.pinnedSum -= n
+	}
+	b.pinned = map[unsafe.Pointer]int64{}
+	b.pinnedMu.Unlock()
+	b.evMu.Lock()
+	for i := range b.evAll {
+		keep(cuError(cu.DestroyEvent(&b.evAll[i])))
+	}
+	b.evAll, b.evFree = nil, nil
+	b.evMu.Unlock()
+	if b.copyTail != (cu.Event{}) {
+		keep(cuError(cu.DestroyEvent(&b.copyTail)))
+	}
+	for _, m := range b.modules {
+		keep(unloadModule(m))
+	}
+	b.modules = nil
+	if b.compute != (cu.Stream{}) {
+		keep(cuError(b.compute.Destroy()))
+	}
+	if b.copy != (cu.Stream{}) {
+		keep(cuError(b.copy.Destroy()))
+	}
+	keep(cuError(b.dev.ReleasePrimaryCtx()))
+	return errors.Join(errs...)
+}

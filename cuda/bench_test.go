@@ -1,0 +1,166 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// weightSet allocates count random [n, k] weight matrices of dt, enough of
+// them that together they exceed the GPU's L2 cache, so that a benchmark
+// cycling through them reads HBM.
+func weightSet(b *testing.B, be *Backend, dt tensor.DType, count, n, k int) []*tensor.Tensor {
+	r := newRand(b)
+	ws := make([]*tensor.Tensor, count)
+	v := uniform(r, n*k, -1, 1)
+	for i := range ws {
+		ws[i], _ = put(b, be, dt, tensor.Shape{n, k}, v)
+	}
+	return ws
+}
+
+// BenchmarkGEMVDecode times the decode matrix-vector product (M = 1,
+// K = N = 4096) and reports the weight bytes read per second. Eight
+// products are queued per iteration, each on a different matrix, and the
+// iteration waits for them, so launch cost is included as in decode.
+func BenchmarkGEMVDecode(b *testing.B) {
+	be := openGPU(b)
+	const n, k, perIter = 4096, 4096, 8
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16, tensor.F32} {
+		b.Run(dt.String(), func(b *testing.B) {
+			ws := weightSet(b, be, dt, 16, n, k) // 512 MiB of F16
+			x, _ := put(b, be, tensor.F32, tensor.Shape{1, k}, uniform(newRand(b), k, -1, 1))
+			out, _ := put(b, be, tensor.F32, tensor.Shape{1, n}, make([]float32, n))
+			i := 0
+			for b.Loop() {
+				for range perIter {
+					if err := be.MatMul(out, x, ws[i%len(ws)], nil); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				if err := be.Sync(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			bytes := float64(perIter) * float64(ws[0].NumBytes())
+			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N*perIter)*1e6, "us/product")
+		})
+	}
+}
+
+// BenchmarkMatMulPaths compares the GEMV kernels and cuBLAS (with the cast
+// of x to F16) on F16 weights for growing M, to place gemvMaxRows.
+func BenchmarkMatMulPaths(b *testing.B) {
+	be := openGPU(b)
+	const n, k, perIter = 4096, 4096, 8
+	ws := weightSet(b, be, tensor.F16, 16, n, k)
+	for _, m := range []int{1, 2, 4, 8, 16, 64, 512} {
+		x, _ := put(b, be, tensor.F32, tensor.Shape{m, k}, uniform(newRand(b), m*k, -1, 1))
+		out, _ := put(b, be, tensor.F32, tensor.Shape{m, n}, make([]float32, m*n))
+		for _, p := range []struct {
+			name string
+			p    mmPath
+		}{{"gemv", pathGEMV}, {"blas", pathBLAS}} {
+			if p.p == pathBLAS && be.blas == nil {
+				continue
+			}
+			if p.p == pathGEMV && m > 64 {
+				continue
+			}
+			b.Run(fmt.Sprintf("M%d/%s", m, p.name), func(b *testing.B) {
+				i := 0
+				for b.Loop() {
+					for range perIter {
+						if err := be.matmul(out, x, ws[i%len(ws)], nil, p.p); err != nil {
+							b.Fatal(err)
+						}
+						i++
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+				b.ReportMetric(sec*1e6, "us/product")
+				b.ReportMetric(float64(ws[0].NumBytes())/sec/1e9, "GB/s")
+				b.ReportMetric(2*float64(m)*n*k/sec/1e12, "TFLOP/s")
+			})
+		}
+	}
+}
+
+// BenchmarkH2D measures host-to-device copies from pinned memory
+// (UploadAsync, then Sync) and from pageable Go memory (Upload).
+func BenchmarkH2D(b *testing.B) {
+	be := openGPU(b)
+	for _, size := range []int64{64 << 20, 256 << 20} {
+		dst, err := be.Alloc(tensor.F16, tensor.Shape{int(size / 2)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { be.Free(dst) })
+		b.Run(fmt.Sprintf("pinned/%dMiB", size>>20), func(b *testing.B) {
+			src, err := be.AllocPinned(size)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer be.FreePinned(src)
+			for i := range src {
+				src[i] = byte(i)
+			}
+			b.SetBytes(size)
+			for b.Loop() {
+				ready, err := be.UploadAsync(context.Background(), dst, 0, src)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := ready(); err != nil {
+					b.Fatal(err)
+				}
+				if err := be.Sync(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("pageable/%dMiB", size>>20), func(b *testing.B) {
+			src := make([]byte, size)
+			for i := range src {
+				src[i] = byte(i)
+			}
+			b.SetBytes(size)
+			for b.Loop() {
+				if err := be.Upload(dst, 0, src); err != nil {
+					b.Fatal(err)
+				}
+				if err := be.Sync(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDecodeStepAlloc measures Alloc+Free of a decode step's buffers
+// once the cache is warm (no driver calls).
+func BenchmarkDecodeStepAlloc(b *testing.B) {
+	be := openGPU(b)
+	shapes := []tensor.Shape{{1, 4096}, {1, 11008}, {1, 11008}, {1, 32000}}
+	ts := make([]*tensor.Tensor, len(shapes))
+	for b.Loop() {
+		for i, s := range shapes {
+			var err error
+			if ts[i], err = be.Alloc(tensor.F32, s); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, x := range ts {
+			be.Free(x)
+		}
+	}
+}

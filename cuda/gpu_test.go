@@ -1,0 +1,567 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/tensortest"
+)
+
+// openGPU opens device 0 for a test, skipping when this machine has no
+// usable GPU, and closes it when the test ends, checking that Close left
+// nothing behind.
+func openGPU(t testing.TB) *Backend {
+	t.Helper()
+	b, err := Open(0)
+	if errors.Is(err, ErrNoDevice) {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Open(0): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if s := b.Stats(); s.Reserved != 0 || s.InUse != 0 || s.Cached != 0 || s.Pinned != 0 || s.Managed != 0 {
+			t.Errorf("after Close: %+v", s)
+		}
+	})
+	return b
+}
+
+func newRand(t testing.TB) *rand.Rand {
+	seed := rand.Uint64()
+	t.Logf("seed %#x", seed)
+	return rand.New(rand.NewPCG(seed, 1))
+}
+
+func uniform(r *rand.Rand, n int, lo, hi float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = lo + (hi-lo)*r.Float32()
+	}
+	return v
+}
+
+func nanSlice(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
+	return v
+}
+
+// put uploads v as dt and returns the tensor with the stored values.
+func put(t testing.TB, b *Backend, dt tensor.DType, shape tensor.Shape, v []float32) (*tensor.Tensor, []float64) {
+	t.Helper()
+	x, err := tensortest.FromF32(b, dt, shape, v)
+	if err != nil {
+		t.Fatalf("upload %v %v: %v", dt, shape, err)
+	}
+	t.Cleanup(func() { b.Free(x) })
+	st, err := tensortest.Stored(dt, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x, st
+}
+
+func get(t testing.TB, b *Backend, x *tensor.Tensor) []float32 {
+	t.Helper()
+	v, err := tensortest.ToF32(b, x)
+	if err != nil {
+		t.Fatalf("download %v: %v", x, err)
+	}
+	return v
+}
+
+func check(t testing.TB, what string, got []float32, want []float64, tol float64) {
+	t.Helper()
+	if e := tensortest.RelErr(got, want); !(e <= tol) {
+		t.Errorf("%s: relative error %.3g > %.3g", what, e, tol)
+	} else {
+		t.Logf("%s: relative error %.2g", what, e)
+	}
+}
+
+func TestDevices(t *testing.T) {
+	b := openGPU(t)
+	devs, err := Devices()
+	if err != nil || len(devs) == 0 {
+		t.Fatalf("Devices = %v, %v", devs, err)
+	}
+	for _, d := range devs {
+		t.Logf("device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB, driver CUDA %s, managed memory %v",
+			d.Ordinal, d.Name, d.Major, d.Minor, d.SMs, float64(d.TotalMem)/(1<<30), versionString(d.DriverVersion), d.ManagedMemory)
+	}
+	t.Logf("%s: %s", b.Name(), b.BLAS())
+	free, total, err := b.MemInfo()
+	if err != nil || free <= 0 || total != devs[0].TotalMem || free > total {
+		t.Errorf("MemInfo = %d, %d, %v (device has %d)", free, total, err, devs[0].TotalMem)
+	}
+	if _, err := Open(len(devs)); err == nil {
+		t.Errorf("Open(%d) of %d devices succeeded", len(devs), len(devs))
+	}
+	if r, err := tensor.Open("cuda"); err != nil {
+		t.Errorf(`tensor.Open("cuda"): %v`, err)
+	} else {
+		r.(*Backend).Close()
+	}
+}
+
+// TestBackend runs the shared backend suite.
+func TestBackend(t *testing.T) {
+	b := openGPU(t)
+	tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2))
+}
+
+func FuzzCUDAMatMul(f *testing.F) {
+	b := openGPU(f)
+	tensortest.FuzzMatMul(f, b, tensortest.Tolerance(1e-2))
+}
+
+// TestMatMulPaths checks every matrix-product implementation on every
+// weight type, including shapes where the GEMV kernels cannot use 16-byte
+// loads (K = 172) and row views that start at an odd offset.
+func TestMatMulPaths(t *testing.T) {
+	b := openGPU(t)
+	paths := []struct {
+		name string
+		p    mmPath
+	}{{"gemv", pathGEMV}, {"blas", pathBLAS}, {"tiled", pathTiled}}
+	shapes := []struct{ m, n, k int }{{1, 4096, 4096}, {3, 300, 172}, {5, 513, 512}, {64, 256, 1024}, {7, 33, 8}}
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16} {
+		for _, p := range paths {
+			if p.p == pathBLAS && b.blas == nil {
+				t.Logf("skipping cuBLAS: %s", b.BLAS())
+				continue
+			}
+			for _, s := range shapes {
+				t.Run(fmt.Sprintf("%v/%s/M%d_N%d_K%d", dt, p.name, s.m, s.n, s.k), func(t *testing.T) {
+					r := newRand(t)
+					x, xv := put(t, b, tensor.F32, tensor.Shape{s.m, s.k}, uniform(r, s.m*s.k, -1, 1))
+					w, wv := put(t, b, dt, tensor.Shape{s.n, s.k}, uniform(r, s.n*s.k, -1, 1))
+					bias, bv := put(t, b, dt, tensor.Shape{s.n}, uniform(r, s.n, -1, 1))
+					out, _ := put(t, b, tensor.F32, tensor.Shape{s.m, s.n}, nanSlice(s.m*s.n))
+					if err := b.matmul(out, x, w, bias, p.p); err != nil {
+						t.Fatal(err)
+					}
+					tol := 1e-5
+					if p.p == pathBLAS && dt == tensor.F16 {
+						tol = 2e-3 // x is rounded to F16 for cuBLAS
+					} else if p.p == pathBLAS && dt == tensor.BF16 {
+						tol = 1e-2 // x is rounded to BF16 for cuBLAS
+					}
+					check(t, "MatMul", get(t, b, out), tensortest.RefMatMul(xv, wv, bv, s.m, s.n, s.k), tol)
+				})
+			}
+		}
+	}
+	t.Run("view", func(t *testing.T) {
+		// Rows 1..3 of x: a view whose address is 4*K bytes past the
+		// allocation, K = 6, so not 16-byte aligned.
+		r := newRand(t)
+		const m, n, k = 4, 40, 6
+		x, xv := put(t, b, tensor.F32, tensor.Shape{m, k}, uniform(r, m*k, -1, 1))
+		w, wv := put(t, b, tensor.F16, tensor.Shape{n, k}, uniform(r, n*k, -1, 1))
+		view, err := x.Rows(1, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := put(t, b, tensor.F32, tensor.Shape{3, n}, nanSlice(3*n))
+		if err := b.MatMul(out, view, w, nil); err != nil {
+			t.Fatal(err)
+		}
+		check(t, "MatMul on a view", get(t, b, out), tensortest.RefMatMul(xv[k:], wv, nil, 3, n, k), 1e-5)
+	})
+}
+
+// TestAttentionCaches runs attention over F16 and BF16 caches and a long
+// context (more positions than the kernel has warps).
+func TestAttentionCaches(t *testing.T) {
+	b := openGPU(t)
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16} {
+		for _, c := range []struct{ heads, kvHeads, headDim, pos0, t, maxPos int }{
+			{32, 8, 128, 1500, 1, 2048}, {8, 2, 64, 100, 17, 128}, {4, 4, 256, 0, 9, 16}, {2, 1, 80, 3, 2, 8},
+		} {
+			t.Run(fmt.Sprintf("%v/H%d_KV%d_D%d_pos%d_T%d", dt, c.heads, c.kvHeads, c.headDim, c.pos0, c.t), func(t *testing.T) {
+				r := newRand(t)
+				qw, kw := c.heads*c.headDim, c.kvHeads*c.headDim
+				filled := (c.pos0 + c.t) * kw
+				q, qv := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -1, 1))
+				k, kv := put(t, b, dt, tensor.Shape{c.maxPos, kw}, append(uniform(r, filled, -1, 1), nanSlice(c.maxPos*kw-filled)...))
+				v, vv := put(t, b, dt, tensor.Shape{c.maxPos, kw}, append(uniform(r, filled, -1, 1), nanSlice(c.maxPos*kw-filled)...))
+				out, _ := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, nanSlice(c.t*qw))
+				scale := float32(1 / math.Sqrt(float64(c.headDim)))
+				if err := b.Attention(out, q, k, v, c.heads, c.kvHeads, c.headDim, c.pos0, scale); err != nil {
+					t.Fatal(err)
+				}
+				want := tensortest.RefAttention(qv, kv[:filled], vv[:filled], c.t, c.heads, c.kvHeads, c.headDim, c.pos0, float64(scale))
+				check(t, "Attention", get(t, b, out), want, 1e-5)
+			})
+		}
+	}
+	if err := b.Attention(nil, nil, nil, nil, 4, 4, 512, 0, 1); err == nil {
+		t.Error("headDim 512: no error")
+	}
+}
+
+func TestArgmaxAndCast(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	const rows, n = 3, 32000
+	v := uniform(r, rows*n, -5, 5)
+	want := make([]int32, rows)
+	for i := range rows {
+		best := -1
+		for j := range n {
+			if best < 0 || v[i*n+j] > v[i*n+best] {
+				best = j
+			}
+		}
+		want[i] = int32(best)
+	}
+	v[n+(int(want[1])+1)%n] = float32(math.NaN()) // NaN never wins
+	v[2*n+n-1] = v[2*n+int(want[2])]              // a tie: the lower index wins
+	x, _ := put(t, b, tensor.F32, tensor.Shape{rows, n}, v)
+	got, err := b.Argmax(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range rows {
+		if got[i] != want[i] {
+			t.Errorf("row %d: argmax %d, want %d", i, got[i], want[i])
+		}
+	}
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
+		half, err := b.Alloc(dt, tensor.Shape{rows, n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, _ := put(t, b, tensor.F32, tensor.Shape{rows, n}, nanSlice(rows*n))
+		if err := b.Cast(half, x); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Cast(back, half); err != nil {
+			t.Fatal(err)
+		}
+		gotHalf := get(t, b, half)
+		stored, _ := tensortest.Stored(dt, v)
+		for i := range gotHalf {
+			same := float64(gotHalf[i]) == stored[i] || math.IsNaN(stored[i]) && math.IsNaN(float64(gotHalf[i]))
+			if !same {
+				t.Fatalf("Cast F32->%v element %d: %v, want %v (round to nearest even)", dt, i, gotHalf[i], stored[i])
+			}
+		}
+		gotBack := get(t, b, back)
+		for i := range gotBack {
+			if float64(gotBack[i]) != float64(gotHalf[i]) && !math.IsNaN(float64(gotHalf[i])) {
+				t.Fatalf("Cast %v->F32 element %d: %v, want %v", dt, i, gotBack[i], gotHalf[i])
+			}
+		}
+		b.Free(half)
+	}
+}
+
+// TestCopyRowsOverlap copies rows within one tensor with overlapping ranges.
+func TestCopyRowsOverlap(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	const rows, width = 10, 37
+	v := uniform(r, rows*width, -1, 1)
+	x, _ := put(t, b, tensor.F32, tensor.Shape{rows, width}, v)
+	if err := b.CopyRows(x, 2, x, 0, 6); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]float32(nil), v...)
+	copy(want[2*width:8*width], v[0:6*width])
+	got := get(t, b, x)
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("element %d (row %d): %v, want %v", i, i/width, got[i], want[i])
+		}
+	}
+}
+
+// TestUploadAsyncOrdering checks both orders UploadAsync promises: compute
+// queued after ready() sees the new bytes, and compute queued before the
+// call still sees the old ones.
+func TestUploadAsyncOrdering(t *testing.T) {
+	b := openGPU(t)
+	const n = 16 << 20 // 64 MiB of F32: a copy of about a millisecond
+	shape := tensor.Shape{n}
+	pinned, err := b.AllocPinned(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := unsafe.Slice((*float32)(unsafe.Pointer(&pinned[0])), n)
+	for i := range src {
+		src[i] = float32(i%1000) + 0.5
+	}
+	dst, _ := put(t, b, tensor.F32, shape, nanSlice(n))
+	zero, _ := put(t, b, tensor.F32, shape, make([]float32, n))
+	out, _ := put(t, b, tensor.F32, shape, nanSlice(n))
+
+	// Read after write: the Add must see the copied values.
+	ready, err := b.UploadAsync(context.Background(), dst, 0, pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ready(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Add(out, dst, zero); err != nil {
+		t.Fatal(err)
+	}
+	got := get(t, b, out)
+	for i := range got {
+		if got[i] != src[i] {
+			t.Fatalf("after ready: element %d = %v, want %v (the Add ran before the copy landed)", i, got[i], src[i])
+		}
+	}
+
+	// Write after read: Adds queued before UploadAsync read the old dst.
+	old := append([]float32(nil), src...)
+	for i := range src {
+		src[i] = -1
+	}
+	for range 4 {
+		if err := b.Add(out, dst, zero); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ready, err = b.UploadAsync(context.Background(), dst, 0, pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = get(t, b, out)
+	for i := range got {
+		if got[i] != old[i] {
+			t.Fatalf("before the copy: element %d = %v, want %v (the copy overwrote dst while it was read)", i, got[i], old[i])
+		}
+	}
+	if err := ready(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	got = get(t, b, dst)
+	if got[0] != -1 || got[n-1] != -1 {
+		t.Fatalf("after Sync: dst = %v ... %v, want -1", got[0], got[n-1])
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.UploadAsync(ctx, dst, 0, pinned); !errors.Is(err, context.Canceled) {
+		t.Errorf("UploadAsync with a cancelled context: %v", err)
+	}
+	if err := b.FreePinned(pinned); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.FreePinned(pinned); err == nil {
+		t.Error("second FreePinned: no error")
+	}
+	if s := b.Stats(); s.Pinned != 0 {
+		t.Errorf("pinned bytes after FreePinned: %d", s.Pinned)
+	}
+}
+
+// TestCachingAllocator checks that a repeated decode step stops calling
+// the driver, and that Trim gives the cache back.
+func TestCachingAllocator(t *testing.T) {
+	b := openGPU(t)
+	shapes := []tensor.Shape{{1, 4096}, {1, 11008}, {1, 11008}, {1, 32000}, {1, 4096}}
+	var afterFirst Stats
+	for step := range 20 {
+		var ts []*tensor.Tensor
+		for _, s := range shapes {
+			x, err := b.Alloc(tensor.F32, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts = append(ts, x)
+		}
+		for _, x := range ts {
+			b.Free(x)
+		}
+		if step == 0 {
+			afterFirst = b.Stats()
+		}
+	}
+	s := b.Stats()
+	if s.DriverAllocs != afterFirst.DriverAllocs || s.CacheHits < int64(19*len(shapes)) {
+		t.Errorf("driver allocations went from %d to %d over 19 more steps (cache hits %d)", afterFirst.DriverAllocs, s.DriverAllocs, s.CacheHits)
+	}
+	if s.InUse != 0 || s.Cached == 0 || s.Reserved != s.Cached+s.Workspace {
+		t.Errorf("after the steps: %+v", s)
+	}
+	free0, _, _ := b.MemInfo()
+	big, err := b.Alloc(tensor.F16, tensor.Shape{16384, 16384}) // 512 MiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Free(big)
+	free1, _, _ := b.MemInfo()
+	released, err := b.Trim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	free2, _, _ := b.MemInfo()
+	if released < 512<<20 || free2-free1 < 512<<20 {
+		t.Errorf("Trim released %d bytes; driver free memory %d -> %d -> %d", released, free0, free1, free2)
+	}
+	if s := b.Stats(); s.Cached != 0 || s.Reserved != s.Workspace {
+		t.Errorf("after Trim: %+v", s)
+	}
+}
+
+func TestManagedMemory(t *testing.T) {
+	b := openGPU(t)
+	if !b.Info().ManagedMemory {
+		t.Skip("device without concurrent managed access")
+	}
+	free, _, err := b.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Refused before any allocation: more than the device has free.
+	if _, err := b.AllocManaged(tensor.F32, tensor.Shape{int(free/4) + 1<<20}); !errors.Is(err, tensor.ErrOutOfMemory) {
+		t.Fatalf("AllocManaged beyond free memory: %v, want ErrOutOfMemory", err)
+	}
+	const n = 16 << 20
+	m, err := b.AllocManaged(tensor.F32, tensor.Shape{n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := b.Stats(); s.Managed != 4*n {
+		t.Errorf("managed bytes %d, want %d", s.Managed, 4*n)
+	}
+	r := newRand(t)
+	v := uniform(r, n, -1, 1)
+	bytes, _ := tensortest.Encode(tensor.F32, v)
+	if err := b.AdviseHost(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Upload(m, 0, bytes); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PrefetchToDevice(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Add(m, m, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PrefetchToHost(m); err != nil {
+		t.Fatal(err)
+	}
+	got := get(t, b, m)
+	for i := range got {
+		if got[i] != 2*v[i] {
+			t.Fatalf("element %d: %v, want %v", i, got[i], 2*v[i])
+		}
+	}
+	plain, _ := put(t, b, tensor.F32, tensor.Shape{4}, nil4())
+	if err := b.PrefetchToDevice(plain); err == nil {
+		t.Error("PrefetchToDevice of a non-managed tensor: no error")
+	}
+	b.Free(m)
+	if s := b.Stats(); s.Managed != 0 {
+		t.Errorf("managed bytes after Free: %d", s.Managed)
+	}
+}
+
+func nil4() []float32 { return []float32{1, 2, 3, 4} }
+
+// TestCloseFreesEverything opens a second backend on the device, leaves
+// tensors, cached blocks, pinned and managed memory behind, closes it, and
+// checks its accounts and the driver's free memory.
+func TestCloseFreesEverything(t *testing.T) {
+	keep := openGPU(t) // keeps the primary context alive to measure with
+	free0, _, err := keep.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []*tensor.Tensor
+	for i := range 8 {
+		x, err := b.Alloc(tensor.F16, tensor.Shape{4096, 4096}) // 32 MiB
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			b.Free(x) // cached
+		} else {
+			live = append(live, x) // never freed
+		}
+	}
+	if _, err := b.AllocPinned(64 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if b.Info().ManagedMemory {
+		if _, err := b.AllocManaged(tensor.F32, tensor.Shape{16 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	during, _, _ := keep.MemInfo()
+	before := b.Stats()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after := b.Stats()
+	free1, _, _ := keep.MemInfo()
+	t.Logf("before Close: %+v; driver free %d MiB -> %d MiB -> %d MiB", before, free0>>20, during>>20, free1>>20)
+	if after.Reserved != 0 || after.InUse != 0 || after.Cached != 0 || after.Pinned != 0 || after.Managed != 0 {
+		t.Errorf("after Close: %+v", after)
+	}
+	if d := free0 - free1; d > 32<<20 {
+		t.Errorf("driver free memory %d MiB lower after Close than before Open", d>>20)
+	}
+	if _, err := b.Alloc(tensor.F32, tensor.Shape{4}); !errors.Is(err, ErrClosed) {
+		t.Errorf("Alloc after Close: %v", err)
+	}
+	if err := b.MatMul(live[0], live[0], live[0], nil); err == nil {
+		t.Error("MatMul after Close: no error")
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	b := openGPU(t)
+	_, total, _ := b.MemInfo()
+	if _, err := b.Alloc(tensor.F32, tensor.Shape{int(total / 2)}); !errors.Is(err, tensor.ErrOutOfMemory) {
+		t.Errorf("Alloc of twice the device: %v, want ErrOutOfMemory", err)
+	} else {
+		t.Logf("Alloc of twice the device: %v", err)
+	}
+	host := tensor.New(tensor.F32, tensor.Shape{2, 2})
+	dev, _ := put(t, b, tensor.F32, tensor.Shape{2, 2}, nil4())
+	if err := b.Add(dev, host, dev); err == nil {
+		t.Error("Add with a host tensor: no error")
+	} else {
+		t.Logf("host tensor: %v", err)
+	}
+	freed, _ := b.Alloc(tensor.F32, tensor.Shape{2, 2})
+	b.Free(freed)
+	b.Free(freed) // a second Free is a no-op
+	if err := b.FreePinned(make([]byte, 16)); err == nil {
+		t.Error("FreePinned of Go memory: no error")
+	}
+	if _, err := b.AllocPinned(0); err == nil {
+		t.Error("AllocPinned(0): no error")
+	}
+}

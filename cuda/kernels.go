@@ -1,0 +1,137 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+
+	"gorgonia.org/cu"
+)
+
+// The kernels, compiled from kernels/*.cu to PTX for compute_70 by make
+// cuda-ptx and committed, so that a machine with only the driver runs them:
+// the driver compiles the PTX for the GPU at hand when it loads it.
+//
+//go:embed kernels/*.ptx
+var ptxFS embed.FS
+
+// Driver results that mean "this driver cannot compile or run this PTX".
+var ptxLoadCodes = map[int]bool{
+	200: true, // CUDA_ERROR_INVALID_IMAGE
+	209: true, // CUDA_ERROR_NO_BINARY_FOR_GPU
+	218: true, // CUDA_ERROR_INVALID_PTX
+	221: true, // CUDA_ERROR_JIT_COMPILER_NOT_FOUND
+	222: true, // CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+}
+
+// loadKernels loads every embedded module and indexes its kernels by name.
+// The context must be current.
+func (b *Backend) loadKernels() error {
+	names, err := ptxFS.ReadDir("kernels")
+	if err != nil {
+		return fmt.Errorf("cuda: reading the embedded kernels: %v", err)
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i].Name() < names[j].Name() })
+	for _, e := range names {
+		file := path.Join("kernels", e.Name())
+		data, err := ptxFS.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("cuda: reading %s: %v", file, err)
+		}
+		ptx := string(data)
+		isa, need, verr := ptxNeeds(ptx)
+		if verr != nil {
+			return fmt.Errorf("cuda: %s: %v", file, verr)
+		}
+		have := b.info.DriverVersion
+		if need > 0 && have > 0 && have < need {
+			return fmt.Errorf("cuda: no kernel image for this device: %s is PTX ISA %s, which needs a driver for CUDA %s or newer; "+
+				"this driver supports CUDA %s: %w", file, isa, versionString(need), versionString(have), ErrDriverTooOld)
+		}
+		m, log, err := loadModule(ptx)
+		if err != nil {
+			var de *DriverError
+			if errors.As(err, &de) && ptxLoadCodes[de.Code] {
+				return fmt.Errorf("cuda: no kernel image for this device: loading %s (PTX ISA %s, needs a driver for CUDA %s or newer; "+
+					"this driver supports CUDA %s; device %s, compute capability %d.%d): %v: %s: %w",
+					file, isa, versionString(need), versionString(have), b.info.Name, b.info.Major, b.info.Minor, err, strings.TrimSpace(log), ErrDriverTooOld)
+			}
+			return fmt.Errorf("cuda: loading %s: %v %s", file, err, strings.TrimSpace(log))
+		}
+		b.modules = append(b.modules, m)
+		for _, name := range ptxEntries(ptx) {
+			f, err := moduleFunction(m, name)
+			if err != nil {
+				return fmt.Errorf("cuda: %s: kernel %s: %v", file, name, err)
+			}
+			b.kernels[name] = f
+		}
+	}
+	for _, name := range requiredKernels {
+		if _, ok := b.kernels[name]; !ok {
+			return fmt.Errorf("cuda: the embedded PTX lacks kernel %s; run make cuda-ptx", name)
+		}
+	}
+	return nil
+}
+
+// ptxEntries lists the kernels (.entry directives) of a PTX image.
+func ptxEntries(ptx string) []string {
+	var out []string
+	for _, line := range strings.Split(ptx, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, ".visible .entry ") && !strings.HasPrefix(line, ".entry ") {
+			continue
+		}
+		name := line[strings.Index(line, ".entry ")+len(".entry "):]
+		if i := strings.IndexAny(name, "( "); i >= 0 {
+			name = name[:i]
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+var requiredKernels = func() []string {
+	var k []string
+	for _, t := range []string{"f32", "f16", "bf16"} {
+		k = append(k, "rmsnorm_"+t, "bias_add_"+t, "embed_"+t, "attention_"+t, "gemm_"+t,
+			"gemv_"+t+"_m1", "gemv_"+t+"_m2", "gemv_"+t+"_m4", "gemv_"+t+"_any")
+	}
+	return append(k, "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
+}()
+
+// run launches kernel name on the compute stream. The caller holds opsMu
+// and has entered the context.
+func (b *Backend) run(name string, grid, block [3]uint32, a *args) error {
+	f, ok := b.kernels[name]
+	if !ok {
+		return fmt.Errorf("%s: no kernel %s", b.name, name)
+	}
+	if err := launch(f, grid, block, 0, b.compute, a); err != nil {
+		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
+	}
+	return nil
+}
+
+// run1D launches an elementwise kernel over n items with a grid-stride
+// loop.
+func (b *Backend) run1D(name string, n int64, a *args) error {
+	const threads = 256
+	blocks := (n + threads - 1) / threads
+	blocks = min(blocks, int64(b.info.SMs)*16)
+	return b.run(name, [3]uint32{uint32(max(blocks, 1)), 1, 1}, [3]uint32{threads, 1, 1}, a)
+}
+
+// memsetAsync zeroes n bytes at p on the compute stream.
+func (b *Backend) memsetAsync(p uintptr, n int64) error {
+	if err := cu.MemsetD8Async(cu.DevicePtr(p), 0, n, b.compute); err != nil {
+		return fmt.Errorf("%s: memset: %v", b.name, cuError(err))
+	}
+	return nil
+}

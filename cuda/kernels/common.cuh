@@ -1,0 +1,54 @@
+// Shared helpers of strata's CUDA kernels. Weight-like operands come in
+// three storage types (F32, F16, BF16) and are always widened to float
+// before arithmetic; activations are float.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+// bf16 is storage only: compute_70 has no bfloat16 arithmetic, and the
+// conversions are bit shifts anyway.
+struct bf16 {
+	uint16_t bits;
+};
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(bf16 v) { return __uint_as_float(((uint32_t)v.bits) << 16); }
+
+// bf16 from float, rounding to nearest even; NaN stays a quiet NaN.
+__device__ __forceinline__ bf16 bf16_from_f32(float f) {
+	uint32_t b = __float_as_uint(f);
+	bf16 r;
+	if ((b & 0x7fffffffu) > 0x7f800000u) {
+		r.bits = (uint16_t)((b >> 16) | 0x40u);
+		return r;
+	}
+	b += 0x7fffu + ((b >> 16) & 1u);
+	r.bits = (uint16_t)(b >> 16);
+	return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// block_sum returns the sum of v over the block to every thread. blockDim.x
+// must be a multiple of 32 and at most 1024.
+__device__ __forceinline__ float block_sum(float v) {
+	__shared__ float partial[32];
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	v = warp_sum(v);
+	__syncthreads();  // partial may still be read by a previous call
+	if (lane == 0) partial[warp] = v;
+	__syncthreads();
+	const int nwarps = blockDim.x >> 5;
+	v = lane < nwarps ? partial[lane] : 0.0f;
+	return warp_sum(v);
+}
+
+// Grid-stride loop over n elements with 64-bit indices.
+#define GRID_STRIDE(i, n) \
+	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); i += (long long)blockDim.x * gridDim.x)

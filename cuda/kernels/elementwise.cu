@@ -1,0 +1,119 @@
+// Row and elementwise kernels of strata's CUDA backend: RMSNorm, rotary
+// embedding, SiLU-times-up, residual add, bias add, embedding gather, type
+// casts and argmax. Semantics follow tensor.Ops in tensor/backend.go.
+#include "common.cuh"
+
+// out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w. One block per row.
+template <typename W>
+__device__ void rmsnorm(float* out, const float* x, const W* w, int n, float eps) {
+	const long long row = blockIdx.x;
+	const float* xr = x + row * n;
+	float* orow = out + row * n;
+	float s = 0.0f;
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		const float v = xr[i];
+		s += v * v;
+	}
+	s = block_sum(s);
+	const float r = rsqrtf(s / (float)n + eps);
+	for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * r * to_f32(w[i]);
+}
+
+extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* w, int n, float eps) { rmsnorm(out, x, w, n, eps); }
+extern "C" __global__ void rmsnorm_f16(float* out, const float* x, const __half* w, int n, float eps) { rmsnorm(out, x, w, n, eps); }
+extern "C" __global__ void rmsnorm_bf16(float* out, const float* x, const bf16* w, int n, float eps) { rmsnorm(out, x, w, n, eps); }
+
+// Rotates x[T, heads*headDim] in place, pairs (j, j+half), row t at
+// position pos0+t; cos and sin are [maxPos, half].
+extern "C" __global__ void rope_f32(float* x, const float* cosT, const float* sinT, int T, int heads, int headDim, int pos0) {
+	const int half = headDim / 2;
+	const long long total = (long long)T * heads * half;
+	GRID_STRIDE(i, total) {
+		const int j = (int)(i % half);
+		const long long th = i / half;  // t*heads + h
+		const long long t = th / heads;
+		float* p = x + th * headDim;
+		const long long ci = (pos0 + t) * half + j;
+		const float c = cosT[ci], s = sinT[ci];
+		const float x1 = p[j], x2 = p[j + half];
+		p[j] = x1 * c - x2 * s;
+		p[j + half] = x2 * c + x1 * s;
+	}
+}
+
+extern "C" __global__ void silu_mul_f32(float* out, const float* gate, const float* up, long long n) {
+	GRID_STRIDE(i, n) {
+		const float g = gate[i];
+		out[i] = g / (1.0f + expf(-g)) * up[i];
+	}
+}
+
+extern "C" __global__ void add_f32(float* out, const float* a, const float* b, long long n) {
+	GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+// out[M,N] += bias[N] on every row.
+template <typename W>
+__device__ void bias_add(float* out, const W* bias, long long M, int N) {
+	GRID_STRIDE(i, M * N) out[i] += to_f32(bias[i % N]);
+}
+extern "C" __global__ void bias_add_f32(float* out, const float* b, long long M, int N) { bias_add(out, b, M, N); }
+extern "C" __global__ void bias_add_f16(float* out, const __half* b, long long M, int N) { bias_add(out, b, M, N); }
+extern "C" __global__ void bias_add_bf16(float* out, const bf16* b, long long M, int N) { bias_add(out, b, M, N); }
+
+// out[i,:] = table[ids[i],:]; ids were range-checked on the host.
+template <typename W>
+__device__ void embed(float* out, const W* table, const int* ids, int n, int dim) {
+	GRID_STRIDE(i, (long long)n * dim) {
+		const long long r = i / dim, c = i % dim;
+		out[i] = to_f32(table[(long long)ids[r] * dim + c]);
+	}
+}
+extern "C" __global__ void embed_f32(float* out, const float* t, const int* ids, int n, int dim) { embed(out, t, ids, n, dim); }
+extern "C" __global__ void embed_f16(float* out, const __half* t, const int* ids, int n, int dim) { embed(out, t, ids, n, dim); }
+extern "C" __global__ void embed_bf16(float* out, const bf16* t, const int* ids, int n, int dim) { embed(out, t, ids, n, dim); }
+
+extern "C" __global__ void cast_f32_f16(__half* dst, const float* src, long long n) {
+	GRID_STRIDE(i, n) dst[i] = __float2half_rn(src[i]);
+}
+extern "C" __global__ void cast_f32_bf16(bf16* dst, const float* src, long long n) {
+	GRID_STRIDE(i, n) dst[i] = bf16_from_f32(src[i]);
+}
+extern "C" __global__ void cast_f16_f32(float* dst, const __half* src, long long n) {
+	GRID_STRIDE(i, n) dst[i] = __half2float(src[i]);
+}
+extern "C" __global__ void cast_bf16_f32(float* dst, const bf16* src, long long n) {
+	GRID_STRIDE(i, n) dst[i] = to_f32(src[i]);
+}
+
+// out[r] = the index of the largest element of x[r,:]; the lowest index wins
+// ties and NaN is never the largest. One block per row.
+extern "C" __global__ void argmax_f32(int* out, const float* x, int n) {
+	const float* xr = x + (long long)blockIdx.x * n;
+	float best = -INFINITY;
+	int idx = 0x7fffffff;
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		const float v = xr[i];
+		if (v > best || (v == best && i < idx)) {
+			best = v;
+			idx = i;
+		}
+	}
+	__shared__ float sv[1024];
+	__shared__ int si[1024];
+	sv[threadIdx.x] = best;
+	si[threadIdx.x] = idx;
+	__syncthreads();
+	for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+		if (threadIdx.x < s) {
+			const float v = sv[threadIdx.x + s];
+			const int j = si[threadIdx.x + s];
+			if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) {
+				sv[threadIdx.x] = v;
+				si[threadIdx.x] = j;
+			}
+		}
+		__syncthreads();
+	}
+	if (threadIdx.x == 0) out[blockIdx.x] = si[0] == 0x7fffffff ? 0 : si[0];
+}

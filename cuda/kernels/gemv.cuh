@@ -1,0 +1,127 @@
+// Matrix-vector kernels (templates; gemv_*.cu instantiate them) for decode: out[M,N] = x[M,K] . w[N,K]^T for small
+// M (1, 2 or 4 rows per launch), F32 activations x, weights w stored as F32,
+// F16 or BF16, F32 accumulation. One warp per output column n reads row n
+// of w once, 16 bytes per lane per load when K allows it, and reuses it for
+// every row of x. The weights stream from HBM; x stays in L1/L2.
+#pragma once
+
+#include "common.cuh"
+
+// Widens 16 bytes of weights to float.
+__device__ __forceinline__ void unpack(const uint4& u, float* f /* 4 */, const float*) {
+	f[0] = __uint_as_float(u.x);
+	f[1] = __uint_as_float(u.y);
+	f[2] = __uint_as_float(u.z);
+	f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void unpack(const uint4& u, float* f /* 8 */, const __half*) {
+	const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__half2 h2 = *reinterpret_cast<const __half2*>(&w[i]);
+		const float2 p = __half22float2(h2);
+		f[2 * i] = p.x;
+		f[2 * i + 1] = p.y;
+	}
+}
+__device__ __forceinline__ void unpack(const uint4& u, float* f /* 8 */, const bf16*) {
+	const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		f[2 * i] = __uint_as_float(w[i] << 16);
+		f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+	}
+}
+
+// Streaming load that does not keep the weights in L1.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+	uint4 r;
+	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+	return r;
+}
+
+// gemv_chunk adds chunk c (E weights of row n, as 16 loaded bytes) times x
+// to the M accumulators.
+template <typename W, int M>
+__device__ __forceinline__ void gemv_chunk(float* acc, const uint4& wv, const float* __restrict__ x, int K, int c) {
+	constexpr int E = 16 / sizeof(W);
+	float wf[E];
+	unpack(wv, wf, (const W*)nullptr);
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		const float4* xr = reinterpret_cast<const float4*>(x + (long long)m * K + (long long)c * E);
+#pragma unroll
+		for (int e = 0; e < E / 4; e++) {
+			const float4 xv = __ldg(xr + e);
+			acc[m] += wf[4 * e] * xv.x + wf[4 * e + 1] * xv.y + wf[4 * e + 2] * xv.z + wf[4 * e + 3] * xv.w;
+		}
+	}
+}
+
+// Vector path: K % (16/sizeof(W)) == 0, so every row of w and x is 16-byte
+// aligned (allocations are 256-byte aligned; MatMul checks views). Each lane
+// first issues U independent 16-byte loads of w, then consumes them: for
+// K = 4096 in F16 that is the whole row in two rounds, so the kernel is not
+// bound by one load's latency at a time. A tail loop takes the chunks that
+// do not fill a batch.
+template <typename W, int M>
+__device__ void gemv_vec(float* out, const float* __restrict__ x, const W* __restrict__ w, int N, int K) {
+	constexpr int E = 16 / sizeof(W);
+	constexpr int U = M >= 4 ? 4 : 8;
+	const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	const int lane = threadIdx.x & 31;
+	if (n >= N) return;
+	const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)n * K);
+	const int chunks = K / E;
+	float acc[M];
+#pragma unroll
+	for (int m = 0; m < M; m++) acc[m] = 0.0f;
+	int c0 = lane;
+	for (; c0 + 32 * (U - 1) < chunks; c0 += 32 * U) {
+		uint4 wv[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) wv[u] = load_stream(wr + c0 + 32 * u);
+#pragma unroll
+		for (int u = 0; u < U; u++) gemv_chunk<W, M>(acc, wv[u], x, K, c0 + 32 * u);
+	}
+	for (; c0 < chunks; c0 += 32) gemv_chunk<W, M>(acc, load_stream(wr + c0), x, K, c0);
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		const float s = warp_sum(acc[m]);
+		if (lane == 0) out[(long long)m * N + n] = s;
+	}
+}
+
+// Scalar path for any K and 1 <= M <= 4.
+template <typename W>
+__device__ void gemv_any(float* out, const float* __restrict__ x, const W* __restrict__ w, int M, int N, int K) {
+	const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	const int lane = threadIdx.x & 31;
+	if (n >= N) return;
+	const W* wr = w + (long long)n * K;
+	float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+	for (int k = lane; k < K; k += 32) {
+		const float wv = to_f32(wr[k]);
+#pragma unroll
+		for (int m = 0; m < 4; m++)
+			if (m < M) acc[m] += wv * x[(long long)m * K + k];
+	}
+#pragma unroll
+	for (int m = 0; m < 4; m++) {
+		const float s = warp_sum(acc[m]);
+		if (m < M && lane == 0) out[(long long)m * N + n] = s;
+	}
+}
+
+#define GEMV_VEC(T, SUFFIX, M)                                                                                \
+	extern "C" __global__ void gemv_##SUFFIX##_m##M(float* out, const float* x, const T* w, int N, int K) { \
+		gemv_vec<T, M>(out, x, w, N, K);                                                                \
+	}
+#define GEMV_ALL(T, SUFFIX)                                                                                          \
+	GEMV_VEC(T, SUFFIX, 1)                                                                                       \
+	GEMV_VEC(T, SUFFIX, 2)                                                                                       \
+	GEMV_VEC(T, SUFFIX, 4)                                                                                       \
+	extern "C" __global__ void gemv_##SUFFIX##_any(float* out, const float* x, const T* w, int M, int N, int K) { \
+		gemv_any<T>(out, x, w, M, N, K);                                                                     \
+	}
+

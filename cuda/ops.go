@@ -1,0 +1,597 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"unsafe"
+
+	"github.com/strata-llm/strata/tensor"
+	"gorgonia.org/cu"
+)
+
+// suffix names a kernel variant by the dtype of its weight-like operand.
+func suffix(dt tensor.DType) string {
+	switch dt {
+	case tensor.F16:
+		return "f16"
+	case tensor.BF16:
+		return "bf16"
+	}
+	return "f32"
+}
+
+// overlap reports whether two device tensors share any byte.
+func overlap(a, b *tensor.Tensor) bool {
+	if a == nil || b == nil || a.NumBytes() == 0 || b.NumBytes() == 0 {
+		return false
+	}
+	a0, b0 := a.Ptr(), b.Ptr()
+	return a0 < b0+uintptr(b.NumBytes()) && b0 < a0+uintptr(a.NumBytes())
+}
+
+// partial reports whether a and b overlap without being the same storage.
+func partial(a, b *tensor.Tensor) bool {
+	return overlap(a, b) && (a.Ptr() != b.Ptr() || a.NumBytes() != b.NumBytes())
+}
+
+// shapeErr restates a tensor.CheckShape error as this package's.
+func shapeErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errors.New("cuda: " + strings.TrimPrefix(err.Error(), "tensor: "))
+}
+
+// devices checks every named operand with Backend.device.
+func (b *Backend) devices(op string, names []string, ts ...*tensor.Tensor) error {
+	for i, t := range ts {
+		if t == nil {
+			continue // optional operands (bias) are checked by the caller
+		}
+		if err := b.device(op, names[i], t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ops brackets a compute-stream operation: enter, take opsMu, run f.
+func (b *Backend) ops(op string, f func() error) error {
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.opsMu.Lock()
+	defer b.opsMu.Unlock()
+	return f()
+}
+
+// Matrix-product implementations MatMul chooses from.
+type mmPath int
+
+const (
+	pathAuto  mmPath = iota
+	pathGEMV         // the GEMV kernels, 1, 2 or 4 rows of x per launch
+	pathBLAS         // cuBLAS GemmEx, activations cast to the weight type
+	pathTiled        // the built-in tiled kernel
+)
+
+// MatMul computes out[M,N] = x[M,K] · w[N,K]ᵀ (+ bias). Up to gemvMaxRows
+// rows (decode) go to the GEMV kernels, which read F16/BF16/F32 weights
+// directly at memory speed; larger M goes to cuBLAS with F32 accumulation,
+// after casting x to the weight type (cuBLAS has no F16×F32 product), or
+// to the built-in tiled kernel when cuBLAS is not loaded.
+func (b *Backend) MatMul(out, x, w, bias *tensor.Tensor) error {
+	return b.matmul(out, x, w, bias, pathAuto)
+}
+
+func (b *Backend) matmul(out, x, w, bias *tensor.Tensor, path mmPath) error {
+	const op = "MatMul"
+	if err := tensor.CheckShape(op, "x", x, tensor.F32, -1, -1); err != nil {
+		return shapeErr(err)
+	}
+	m, k := x.Shape()[0], x.Shape()[1]
+	if err := tensor.CheckShape(op, "w", w, tensor.Invalid, -1, k); err != nil {
+		return shapeErr(err)
+	}
+	n := w.Shape()[0]
+	if err := tensor.CheckShape(op, "out", out, tensor.F32, m, n); err != nil {
+		return shapeErr(err)
+	}
+	if bias != nil {
+		if err := tensor.CheckShape(op, "bias", bias, tensor.Invalid, n); err != nil {
+			return shapeErr(err)
+		}
+	}
+	if err := b.devices(op, []string{"out", "x", "w", "bias"}, out, x, w, bias); err != nil {
+		return err
+	}
+	for _, in := range []struct {
+		t    *tensor.Tensor
+		name string
+	}{{x, "x"}, {w, "w"}, {bias, "bias"}} {
+		if overlap(out, in.t) {
+			return fmt.Errorf("cuda: %s: out overlaps %s", op, in.name)
+		}
+	}
+	if m == 0 || n == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		var err error
+		switch {
+		case k == 0:
+			err = b.memsetAsync(out.Ptr(), out.NumBytes())
+		case path == pathGEMV || path == pathAuto && m <= b.gemvMaxRows:
+			err = b.gemv(out, x, w, m, n, k)
+		case (path == pathBLAS || path == pathAuto) && b.blas != nil:
+			err = b.gemmBLAS(out, x, w, m, n, k)
+			if err == errBLASUnsupported && path == pathAuto {
+				err = b.gemmTiled(out, x, w, m, n, k)
+			}
+		case path == pathBLAS:
+			err = fmt.Errorf("%s: %s", b.name, b.BLAS())
+		default:
+			err = b.gemmTiled(out, x, w, m, n, k)
+		}
+		if err != nil || bias == nil {
+			return err
+		}
+		a := new(args).ptr(out.Ptr()).ptr(bias.Ptr()).i64(int64(m)).i32(n)
+		return b.run1D("bias_add_"+suffix(bias.DType()), int64(m)*int64(n), a)
+	})
+}
+
+// gemv runs the GEMV kernels over x in chunks of 4, 2 and 1 rows.
+func (b *Backend) gemv(out, x, w *tensor.Tensor, m, n, k int) error {
+	const warpsPerBlock = 8
+	elems := 16 / w.DType().Size()
+	vec := k%elems == 0 && w.Ptr()%16 == 0 && x.Ptr()%16 == 0
+	grid := [3]uint32{uint32((n + warpsPerBlock - 1) / warpsPerBlock), 1, 1}
+	block := [3]uint32{32 * warpsPerBlock, 1, 1}
+	sfx := suffix(w.DType())
+	for r := 0; r < m; {
+		rows := min(4, m-r)
+		if vec && rows == 3 {
+			rows = 2
+		}
+		xp := x.Ptr() + uintptr(r*k*4)
+		op := out.Ptr() + uintptr(r*n*4)
+		var err error
+		if vec {
+			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
+			err = b.run(gemvKernels[sfx][rows], grid, block, a)
+		} else {
+			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(rows).i32(n).i32(k)
+			err = b.run("gemv_"+sfx+"_any", grid, block, a)
+		}
+		if err != nil {
+			return err
+		}
+		r += rows
+	}
+	return nil
+}
+
+// gemvKernels names the vector GEMV kernels by weight suffix and rows.
+var gemvKernels = map[string][5]string{
+	"f32":  {2: "gemv_f32_m2", 1: "gemv_f32_m1", 4: "gemv_f32_m4"},
+	"f16":  {2: "gemv_f16_m2", 1: "gemv_f16_m1", 4: "gemv_f16_m4"},
+	"bf16": {2: "gemv_bf16_m2", 1: "gemv_bf16_m1", 4: "gemv_bf16_m4"},
+}
+
+var errBLASUnsupported = errors.New("cuBLAS does not support this product on this device")
+
+func (b *Backend) gemmBLAS(out, x, w *tensor.Tensor, m, n, k int) error {
+	xp, xt := x.Ptr(), cublasR32F
+	wt := cublasR32F
+	if dt := w.DType(); dt != tensor.F32 {
+		wt, xt = cublasR16F, cublasR16F
+		cast := "cast_f32_f16"
+		if dt == tensor.BF16 {
+			wt, xt, cast = cublasR16BF, cublasR16BF, "cast_f32_bf16"
+		}
+		scratch, err := b.alloc.get(int64(m) * int64(k) * 2)
+		if err != nil {
+			return fmt.Errorf("%s: MatMul workspace: %w", b.name, err)
+		}
+		defer b.alloc.put(scratch) // stream order keeps it alive for the product
+		if err := b.run1D(cast, int64(m)*int64(k), new(args).ptr(scratch).ptr(x.Ptr()).i64(int64(m)*int64(k))); err != nil {
+			return err
+		}
+		xp = scratch
+	}
+	if err := cublasMatMul(b.blas, out.Ptr(), xp, xt, w.Ptr(), wt, m, n, k); err != nil {
+		if isBLASNotSupported(err) {
+			return errBLASUnsupported
+		}
+		return fmt.Errorf("%s: MatMul: %w", b.name, err)
+	}
+	return nil
+}
+
+func (b *Backend) gemmTiled(out, x, w *tensor.Tensor, m, n, k int) error {
+	const tile = 16
+	grid := [3]uint32{uint32((n + tile - 1) / tile), uint32((m + tile - 1) / tile), 1}
+	a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(w.Ptr()).i32(m).i32(n).i32(k)
+	return b.run("gemm_"+suffix(w.DType()), grid, [3]uint32{tile, tile, 1}, a)
+}
+
+// RMSNorm computes out[i,:] = x[i,:] / sqrt(mean(x[i,:]²) + eps) * w; out
+// may be x.
+func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
+	const op = "RMSNorm"
+	if err := tensor.CheckShape(op, "x", x, tensor.F32, -1, -1); err != nil {
+		return shapeErr(err)
+	}
+	m, d := x.Shape()[0], x.Shape()[1]
+	if err := tensor.CheckShape(op, "w", w, tensor.Invalid, d); err != nil {
+		return shapeErr(err)
+	}
+	if err := tensor.CheckShape(op, "out", out, tensor.F32, m, d); err != nil {
+		return shapeErr(err)
+	}
+	if err := b.devices(op, []string{"out", "x", "w"}, out, x, w); err != nil {
+		return err
+	}
+	if overlap(out, w) {
+		return fmt.Errorf("cuda: %s: out overlaps w", op)
+	}
+	if partial(out, x) {
+		return fmt.Errorf("cuda: %s: out partially overlaps x", op)
+	}
+	if m == 0 || d == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(w.Ptr()).i32(d).f32(eps)
+		return b.run("rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{256, 1, 1}, a)
+	})
+}
+
+// Rope rotates x[T, heads*headDim] in place by the angles of positions
+// pos0..pos0+T-1 (Hugging Face's rotate_half pairing).
+func (b *Backend) Rope(x, cos, sin *tensor.Tensor, heads, headDim, pos0 int) error {
+	const op = "Rope"
+	if heads <= 0 || headDim <= 0 || headDim%2 != 0 || pos0 < 0 {
+		return fmt.Errorf("cuda: %s: invalid heads %d, headDim %d (must be even) or pos0 %d", op, heads, headDim, pos0)
+	}
+	half := headDim / 2
+	if err := tensor.CheckShape(op, "x", x, tensor.F32, -1, heads*headDim); err != nil {
+		return shapeErr(err)
+	}
+	if err := tensor.CheckShape(op, "cos", cos, tensor.F32, -1, half); err != nil {
+		return shapeErr(err)
+	}
+	maxPos := cos.Shape()[0]
+	if err := tensor.CheckShape(op, "sin", sin, tensor.F32, maxPos, half); err != nil {
+		return shapeErr(err)
+	}
+	t := x.Shape()[0]
+	if pos0+t > maxPos {
+		return fmt.Errorf("cuda: %s: positions %d..%d beyond the %d-position tables", op, pos0, pos0+t-1, maxPos)
+	}
+	if err := b.devices(op, []string{"x", "cos", "sin"}, x, cos, sin); err != nil {
+		return err
+	}
+	if overlap(x, cos) || overlap(x, sin) {
+		return fmt.Errorf("cuda: %s: x overlaps the tables", op)
+	}
+	if t == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		a := new(args).ptr(x.Ptr()).ptr(cos.Ptr()).ptr(sin.Ptr()).i32(t).i32(heads).i32(headDim).i32(pos0)
+		return b.run1D("rope_f32", int64(t)*int64(heads)*int64(half), a)
+	})
+}
+
+// elementwise checks out, a and b: F32 tensors of one shape, out identical
+// to or disjoint from each input.
+func (b *Backend) elementwise(op string, out, x, y *tensor.Tensor, xn, yn string) error {
+	if x == nil {
+		return fmt.Errorf("cuda: %s: %s is nil", op, xn)
+	}
+	any := make([]int, len(x.Shape()))
+	for i := range any {
+		any[i] = -1
+	}
+	if err := tensor.CheckShape(op, xn, x, tensor.F32, any...); err != nil {
+		return shapeErr(err)
+	}
+	if err := tensor.CheckShape(op, yn, y, tensor.F32, x.Shape()...); err != nil {
+		return shapeErr(err)
+	}
+	if err := tensor.CheckShape(op, "out", out, tensor.F32, x.Shape()...); err != nil {
+		return shapeErr(err)
+	}
+	if err := b.devices(op, []string{"out", xn, yn}, out, x, y); err != nil {
+		return err
+	}
+	if partial(out, x) {
+		return fmt.Errorf("cuda: %s: out partially overlaps %s", op, xn)
+	}
+	if partial(out, y) {
+		return fmt.Errorf("cuda: %s: out partially overlaps %s", op, yn)
+	}
+	return nil
+}
+
+// SiLUMul computes out = silu(gate) * up elementwise; out may be gate or up.
+func (b *Backend) SiLUMul(out, gate, up *tensor.Tensor) error {
+	const op = "SiLUMul"
+	if err := b.elementwise(op, out, gate, up, "gate", "up"); err != nil {
+		return err
+	}
+	n := int64(out.Len())
+	if n == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		return b.run1D("silu_mul_f32", n, new(args).ptr(out.Ptr()).ptr(gate.Ptr()).ptr(up.Ptr()).i64(n))
+	})
+}
+
+// Add computes out = a + b elementwise; out may be a or b.
+func (b *Backend) Add(out, x, y *tensor.Tensor) error {
+	const op = "Add"
+	if err := b.elementwise(op, out, x, y, "a", "b"); err != nil {
+		return err
+	}
+	n := int64(out.Len())
+	if n == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		return b.run1D("add_f32", n, new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(y.Ptr()).i64(n))
+	})
+}
+
+// Embed gathers rows of table [V, D] (F32, F16 or BF16) into out
+// [len(ids), D] F32. An id outside [0, V) is an error and nothing is
+// written.
+func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
+	const op = "Embed"
+	if err := tensor.CheckShape(op, "table", table, tensor.Invalid, -1, -1); err != nil {
+		return shapeErr(err)
+	}
+	v, d := table.Shape()[0], table.Shape()[1]
+	if err := tensor.CheckShape(op, "out", out, tensor.F32, len(ids), d); err != nil {
+		return shapeErr(err)
+	}
+	if err := b.devices(op, []string{"out", "table"}, out, table); err != nil {
+		return err
+	}
+	if overlap(out, table) {
+		return fmt.Errorf("cuda: %s: out overlaps table", op)
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= v {
+			return fmt.Errorf("cuda: %s: id %d at index %d outside the table of %d rows", op, id, i, v)
+		}
+	}
+	if len(ids) == 0 || d == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		n := int64(len(ids)) * 4
+		idp, err := b.alloc.get(n)
+		if err != nil {
+			return fmt.Errorf("%s: %s ids: %w", b.name, op, err)
+		}
+		defer b.alloc.put(idp) // stream order keeps it alive for the kernel
+		// From pageable memory the driver stages ids before returning.
+		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(idp), unsafe.Pointer(&ids[0]), n, b.compute); err != nil {
+			return fmt.Errorf("%s: %s ids: %v", b.name, op, cuError(err))
+		}
+		a := new(args).ptr(out.Ptr()).ptr(table.Ptr()).ptr(idp).i32(len(ids)).i32(d)
+		return b.run1D("embed_"+suffix(table.DType()), int64(len(ids))*int64(d), a)
+	})
+}
+
+// CopyRows copies n rows of src from row srcRow into dst from row dstRow;
+// same dtype and row length; dst and src may be the same tensor.
+func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
+	const op = "CopyRows"
+	if dst == nil || src == nil {
+		return fmt.Errorf("cuda: %s: nil tensor", op)
+	}
+	if dst.DType() != src.DType() {
+		return fmt.Errorf("cuda: %s: dst is %v, src is %v", op, dst.DType(), src.DType())
+	}
+	if len(dst.Shape()) == 0 || len(src.Shape()) == 0 {
+		return fmt.Errorf("cuda: %s: dst %v and src %v must have rows", op, dst.Shape(), src.Shape())
+	}
+	dl, sl := dst.Shape()[1:].NumElements(), src.Shape()[1:].NumElements()
+	if dl != sl {
+		return fmt.Errorf("cuda: %s: dst rows of %v and src rows of %v differ in length", op, dst.Shape(), src.Shape())
+	}
+	if n < 0 || dstRow < 0 || srcRow < 0 || dstRow+n > dst.Shape()[0] || srcRow+n > src.Shape()[0] {
+		return fmt.Errorf("cuda: %s: %d rows from row %d of %v to row %d of %v out of range", op, n, srcRow, src.Shape(), dstRow, dst.Shape())
+	}
+	if err := b.devices(op, []string{"dst", "src"}, dst, src); err != nil {
+		return err
+	}
+	rb := dl * int64(dst.DType().Size())
+	bytes := int64(n) * rb
+	if bytes == 0 {
+		return nil
+	}
+	d0 := dst.Ptr() + uintptr(int64(dstRow)*rb)
+	s0 := src.Ptr() + uintptr(int64(srcRow)*rb)
+	return b.ops(op, func() error {
+		if d0 == s0 {
+			return nil
+		}
+		if d0 < s0+uintptr(bytes) && s0 < d0+uintptr(bytes) {
+			// Overlapping ranges: go through a scratch block.
+			tmp, err := b.alloc.get(bytes)
+			if err != nil {
+				return fmt.Errorf("%s: %s: %w", b.name, op, err)
+			}
+			defer b.alloc.put(tmp)
+			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(tmp), cu.DevicePtr(s0), bytes, b.compute); err != nil {
+				return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+			}
+			s0 = tmp
+		}
+		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0), cu.DevicePtr(s0), bytes, b.compute); err != nil {
+			return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+		}
+		return nil
+	})
+}
+
+// maxHeadDim is the largest head dimension the attention kernel holds in
+// registers (32 lanes x ATT_PER in kernels/attention.cu).
+const maxHeadDim = 256
+
+// Attention computes causal grouped-query attention for the T rows of q at
+// positions pos0..pos0+T-1 against the caches k and v. The caches may be
+// F32, F16 or BF16 (both the same); softmax is F32.
+func (b *Backend) Attention(out, q, k, v *tensor.Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+	const op = "Attention"
+	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 || pos0 < 0 {
+		return fmt.Errorf("cuda: %s: invalid heads %d, kvHeads %d (must divide heads), headDim %d or pos0 %d", op, heads, kvHeads, headDim, pos0)
+	}
+	if headDim > maxHeadDim {
+		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, headDim, maxHeadDim)
+	}
+	if err := tensor.CheckShape(op, "q", q, tensor.F32, -1, heads*headDim); err != nil {
+		return shapeErr(err)
+	}
+	t := q.Shape()[0]
+	if err := tensor.CheckShape(op, "out", out, tensor.F32, t, heads*headDim); err != nil {
+		return shapeErr(err)
+	}
+	if err := tensor.CheckShape(op, "k", k, tensor.Invalid, -1, kvHeads*headDim); err != nil {
+		return shapeErr(err)
+	}
+	maxPos := k.Shape()[0]
+	if err := tensor.CheckShape(op, "v", v, k.DType(), maxPos, kvHeads*headDim); err != nil {
+		return shapeErr(err)
+	}
+	if pos0+t > maxPos {
+		return fmt.Errorf("cuda: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
+	}
+	if t > 65535 {
+		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
+	}
+	if err := b.devices(op, []string{"out", "q", "k", "v"}, out, q, k, v); err != nil {
+		return err
+	}
+	for _, in := range []struct {
+		t    *tensor.Tensor
+		name string
+	}{{q, "q"}, {k, "k"}, {v, "v"}} {
+		if overlap(out, in.t) {
+			return fmt.Errorf("cuda: %s: out overlaps %s", op, in.name)
+		}
+	}
+	if t == 0 {
+		return nil
+	}
+	if math.IsNaN(float64(scale)) {
+		return fmt.Errorf("cuda: %s: scale is NaN", op)
+	}
+	return b.ops(op, func() error {
+		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
+		return b.run("attention_"+suffix(k.DType()), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
+	})
+}
+
+// Argmax returns, for each row of x (F32 [rows, n], or [n] as one row),
+// the index of its largest element; the lowest index wins ties and NaN
+// never wins. It waits for the result (greedy decoding reads it at once).
+func (b *Backend) Argmax(x *tensor.Tensor) ([]int32, error) {
+	const op = "Argmax"
+	if x == nil {
+		return nil, fmt.Errorf("cuda: %s: x is nil", op)
+	}
+	var rows, n int
+	switch len(x.Shape()) {
+	case 1:
+		rows, n = 1, x.Shape()[0]
+	case 2:
+		rows, n = x.Shape()[0], x.Shape()[1]
+	default:
+		return nil, fmt.Errorf("cuda: %s: x has shape %v, want 1 or 2 dimensions", op, x.Shape())
+	}
+	if err := tensor.CheckShape(op, "x", x, tensor.F32, x.Shape()...); err != nil {
+		return nil, shapeErr(err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("cuda: %s: rows of x are empty", op)
+	}
+	if err := b.device(op, "x", x); err != nil {
+		return nil, err
+	}
+	out := make([]int32, rows)
+	if rows == 0 {
+		return out, nil
+	}
+	err := b.ops(op, func() error {
+		bytes := int64(rows) * 4
+		p, err := b.alloc.get(bytes)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", b.name, op, err)
+		}
+		defer b.alloc.put(p)
+		if err := b.run("argmax_f32", [3]uint32{uint32(rows), 1, 1}, [3]uint32{1024, 1, 1}, new(args).ptr(p).ptr(x.Ptr()).i32(n)); err != nil {
+			return err
+		}
+		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cu.DevicePtr(p), bytes, b.compute); err != nil {
+			return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+		}
+		if err := b.compute.Synchronize(); err != nil {
+			return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Cast converts src into dst, element for element: F32 to F16 or BF16
+// (rounding to nearest even) and back, or a copy when the types match.
+func (b *Backend) Cast(dst, src *tensor.Tensor) error {
+	const op = "Cast"
+	if dst == nil || src == nil {
+		return fmt.Errorf("cuda: %s: nil tensor", op)
+	}
+	if dst.Len() != src.Len() {
+		return fmt.Errorf("cuda: %s: dst %v and src %v differ in element count", op, dst.Shape(), src.Shape())
+	}
+	var kernel string
+	switch {
+	case dst.DType() == src.DType():
+	case src.DType() == tensor.F32 && (dst.DType() == tensor.F16 || dst.DType() == tensor.BF16):
+		kernel = "cast_f32_" + suffix(dst.DType())
+	case dst.DType() == tensor.F32 && (src.DType() == tensor.F16 || src.DType() == tensor.BF16):
+		kernel = "cast_" + suffix(src.DType()) + "_f32"
+	default:
+		return fmt.Errorf("cuda: %s: no conversion from %v to %v", op, src.DType(), dst.DType())
+	}
+	if err := b.devices(op, []string{"dst", "src"}, dst, src); err != nil {
+		return err
+	}
+	if overlap(dst, src) {
+		return fmt.Errorf("cuda: %s: dst overlaps src", op)
+	}
+	n := int64(src.Len())
+	if n == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		if kernel == "" {
+			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(dst.Ptr()), cu.DevicePtr(src.Ptr()), src.NumBytes(), b.compute); err != nil {
+				return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+			}
+			return nil
+		}
+		return b.run1D(kernel, n, new(args).ptr(dst.Ptr()).ptr(src.Ptr()).i64(n))
+	})
+}

@@ -1,0 +1,367 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/loader/tokenizer"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// options are the parsed flags.
+type options struct {
+	model        string
+	prompt       string
+	ids          string
+	maxNew       int
+	temperature  float64
+	topK         int
+	topP         float64
+	seed         uint64
+	device       string
+	jsonOut      bool
+	logitsOut    string
+	chunk        int
+	threads      int
+	quiet        bool
+	promptIsSet  bool
+	defaultModel bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny BF16 model)")
+	fs.StringVar(&o.prompt, "prompt", "", "prompt `text` (needs tokenizer.json in the model directory)")
+	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token `ids` (overrides -prompt and the tokenizer)")
+	fs.IntVar(&o.maxNew, "max-new-tokens", 32, "tokens to generate; 0 only runs the prompt")
+	fs.Float64Var(&o.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
+	fs.IntVar(&o.topK, "top-k", 0, "sample among the k most likely tokens; 0 is all")
+	fs.Float64Var(&o.topP, "top-p", 1, "sample from the smallest set of tokens whose probability reaches p")
+	fs.Uint64Var(&o.seed, "seed", 0, "random seed for sampling")
+	fs.StringVar(&o.device, "device", "auto", "cpu, cuda or auto (cuda when compiled in and a device exists)")
+	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON report at the end instead of streaming text")
+	fs.StringVar(&o.logitsOut, "logits-out", "", "write the prompt's logits [prompt length, vocab] F32 to this safetensors `file`")
+	fs.IntVar(&o.chunk, "prefill-chunk", 512, "prompt tokens processed per forward step")
+	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return nil, err
+		}
+		return nil, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q", fs.Arg(0))
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "prompt" {
+			o.promptIsSet = true
+		}
+	})
+	switch {
+	case o.maxNew < 0:
+		return nil, usagef("-max-new-tokens %d must be >= 0", o.maxNew)
+	case o.chunk <= 0:
+		return nil, usagef("-prefill-chunk %d must be > 0", o.chunk)
+	case o.threads < 0:
+		return nil, usagef("-threads %d must be >= 0", o.threads)
+	case o.device != "cpu" && o.device != "cuda" && o.device != "auto":
+		return nil, usagef("-device %q: want cpu, cuda or auto", o.device)
+	}
+	if err := (nn.SamplerConfig{Temperature: o.temperature, TopK: o.topK, TopP: o.topP}).Validate(); err != nil {
+		return nil, usageError{err}
+	}
+	return o, nil
+}
+
+// parseIDs reads "1,2,3".
+func parseIDs(s string) ([]int32, error) {
+	var ids []int32
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.ParseInt(f, 10, 32)
+		if err != nil {
+			return nil, usagef("-ids: %q is not a token id", f)
+		}
+		ids = append(ids, int32(v))
+	}
+	if len(ids) == 0 {
+		return nil, usagef("-ids: no token ids in %q", s)
+	}
+	return ids, nil
+}
+
+// report is the -json output.
+type report struct {
+	Model         string  `json:"model"`
+	Device        string  `json:"device"`
+	PromptIDs     []int32 `json:"prompt_ids"`
+	IDs           []int32 `json:"ids"`
+	Text          *string `json:"text,omitempty"`
+	PrefillTokS   float64 `json:"prefill_tok_s"`
+	DecodeTokS    float64 `json:"decode_tok_s"`
+	LoadSeconds   float64 `json:"load_s"`
+	PeakHostBytes int64   `json:"peak_host_bytes"`
+	WeightBytes   int64   `json:"weight_bytes"`
+	StopReason    string  `json:"stop_reason"`
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	var ids []int32
+	if o.ids != "" {
+		if ids, err = parseIDs(o.ids); err != nil {
+			return err
+		}
+	}
+
+	dir := o.model
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "strata-default-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if dir, err = fixtures.Extract(fixtures.TinyLlamaBF16, tmp); err != nil {
+			return err
+		}
+		o.defaultModel = true
+	} else if st, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("model directory %s: %w", dir, errors_(err))
+	} else if !st.IsDir() {
+		return fmt.Errorf("model directory %s: not a directory", dir)
+	}
+
+	lm, err := loader.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer lm.Close()
+	cfg, err := nn.FromLoader(lm.Config)
+	if err != nil {
+		return err
+	}
+
+	var tok *tokenizer.Tokenizer
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
+		if tok, err = tokenizer.Load(dir); err != nil {
+			return err
+		}
+	}
+	if ids == nil {
+		switch {
+		case tok == nil:
+			return usagef("%s has no tokenizer.json: give the prompt as -ids", dir)
+		case !o.promptIsSet && !o.defaultModel:
+			return usagef("give a -prompt or -ids")
+		}
+		prompt := o.prompt
+		if !o.promptIsSet {
+			prompt = "Hello, world!"
+		}
+		enc, err := tok.Encode(prompt, true)
+		if err != nil {
+			return err
+		}
+		for _, id := range enc {
+			ids = append(ids, int32(id))
+		}
+		if len(ids) == 0 {
+			return usagef("-prompt %q encodes to no tokens", prompt)
+		}
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= cfg.VocabSize {
+			return usagef("token id %d (prompt position %d) is outside the vocabulary of %d", id, i, cfg.VocabSize)
+		}
+	}
+
+	backend, err := openBackend(o)
+	if err != nil {
+		return err
+	}
+	defer closeBackend(backend)
+
+	start := time.Now()
+	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
+	weights, err := nn.LoadWeights(ctx, lm, backend, bar.update)
+	bar.done()
+	if err != nil {
+		return err
+	}
+	defer weights.Close()
+	loadTime := time.Since(start)
+
+	model, err := nn.New(cfg, backend, nil, weights)
+	if err != nil {
+		return err
+	}
+	sess, err := model.NewSession(len(ids)+max(o.maxNew, 1), o.chunk)
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	sampler, err := nn.NewSampler(nn.SamplerConfig{Temperature: o.temperature, TopK: o.topK, TopP: o.topP, Seed: o.seed})
+	if err != nil {
+		return err
+	}
+
+	// Prefill.
+	t0 := time.Now()
+	logits, err := sess.Forward(ctx, ids, o.logitsOut != "", nil)
+	if err != nil {
+		return err
+	}
+	prefill := time.Since(t0)
+	if o.logitsOut != "" {
+		if err := writeLogits(o.logitsOut, logits, len(ids), cfg.VocabSize); err != nil {
+			return err
+		}
+		logits = logits[(len(ids)-1)*cfg.VocabSize:]
+	}
+
+	// Decode, streaming text (or ids) to stdout.
+	var stream *tokenizer.Stream
+	if tok != nil {
+		stream = tok.NewStream()
+	}
+	emit := func(id int32) error {
+		if o.jsonOut {
+			return nil
+		}
+		if stream == nil {
+			_, err := fmt.Fprintf(stdout, "%d ", id)
+			return err
+		}
+		text, err := stream.Add(int(id))
+		if err == nil {
+			_, err = io.WriteString(stdout, text)
+		}
+		return err
+	}
+	eos := map[int]bool{}
+	for _, e := range cfg.EOS {
+		eos[e] = true
+	}
+	var out []int32
+	stop := "max_new_tokens"
+	t1 := time.Now()
+	for len(out) < o.maxNew {
+		id := int32(sampler.Sample(logits))
+		out = append(out, id)
+		if err := emit(id); err != nil {
+			return err
+		}
+		if eos[int(id)] {
+			stop = "eos"
+			break
+		}
+		if len(out) == o.maxNew {
+			break
+		}
+		if logits, err = sess.Forward(ctx, []int32{id}, false, nil); err != nil {
+			return err
+		}
+	}
+	decode := time.Since(t1)
+	if o.maxNew == 0 {
+		stop = "prompt_only"
+	}
+	if !o.jsonOut {
+		if stream != nil {
+			io.WriteString(stdout, stream.Flush())
+		}
+		fmt.Fprintln(stdout)
+	}
+
+	if o.jsonOut {
+		r := report{
+			Model: dir, Device: backend.Name(), PromptIDs: ids, IDs: out,
+			PrefillTokS: float64(len(ids)) / prefill.Seconds(),
+			LoadSeconds: loadTime.Seconds(), PeakHostBytes: peakHostBytes(),
+			WeightBytes: lm.WeightBytes(), StopReason: stop,
+		}
+		if r.IDs == nil {
+			r.IDs = []int32{}
+		}
+		// The first generated token comes from the prefill; each later one
+		// is a decode step.
+		if steps := len(out) - 1; steps > 0 {
+			r.DecodeTokS = float64(steps) / decode.Seconds()
+		}
+		if tok != nil {
+			var all []int
+			for _, id := range out {
+				all = append(all, int(id))
+			}
+			text, err := tok.Decode(all)
+			if err != nil {
+				return err
+			}
+			r.Text = &text
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(r)
+	}
+	return nil
+}
+
+func openBackend(o *options) (tensor.Backend, error) {
+	switch o.device {
+	case "cpu":
+		return tensor.NewCPU(o.threads), nil
+	case "cuda":
+		return tensor.Open("cuda")
+	}
+	if b, err := tensor.Open("cuda"); err == nil {
+		return b, nil
+	}
+	return tensor.NewCPU(o.threads), nil
+}
+
+func closeBackend(b tensor.Backend) {
+	if c, ok := b.(interface{ Close() }); ok {
+		c.Close()
+	} else if c, ok := b.(interface{ Close() error }); ok {
+		c.Close()
+	}
+}
+
+func writeLogits(path string, logits []float32, rows, vocab int) error {
+	t, err := tensor.FromF32(tensor.Shape{rows, vocab}, logits)
+	if err != nil {
+		return err
+	}
+	if err := loader.WriteSafetensors(path, []loader.NamedTensor{{Name: "logits", T: t}}, nil); err != nil {
+		return fmt.Errorf("-logits-out: %w", err)
+	}
+	return nil
+}
+
+// errors_ strips the path that os errors repeat.
+func errors_(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}

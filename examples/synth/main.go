@@ -1,0 +1,226 @@
+// Command synth writes a random-weight Llama-family model in Hugging Face
+// format (config.json, safetensors shards and index), for demos, tests and
+// benchmarks of models larger than the GPU.
+//
+//	go run ./examples/synth -out /tmp/llama7b -preset llama2-7b -dtype f16
+//	go run ./examples/synth -out /tmp/tiny -preset tiny -tokenizer-from loader/fixtures/tiny-llama-bf16
+//
+// Shape flags override the preset. The same flags and seed give the same
+// bytes. It prints the bytes written and the write speed.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/tensor"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is a bad command line: reported in one line, exit status 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+type options struct {
+	out, preset, arch, dtype, shardSize, tokenizerFrom string
+	tie                                                bool
+	seed                                               int64
+	ropeTheta                                          float64
+	shape                                              map[string]*int
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, *loader.Config, loader.SynthOptions, error) {
+	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o := &options{shape: map[string]*int{}}
+	fs.StringVar(&o.out, "out", "", "output directory (required)")
+	fs.StringVar(&o.preset, "preset", "tiny", "shape preset: "+strings.Join(loader.Presets(), ", "))
+	fs.StringVar(&o.arch, "arch", "", "architecture: llama, mistral or qwen2 (default: the preset's, llama)")
+	fs.BoolVar(&o.tie, "tie", false, "tie the LM head to the embedding table")
+	fs.StringVar(&o.dtype, "dtype", "f16", "weight dtype: f16, bf16 or f32")
+	fs.Int64Var(&o.seed, "seed", 1, "random seed")
+	fs.StringVar(&o.shardSize, "shard-size", "2GB", "largest shard (e.g. 500MB, 2GB, 1GiB); 0 writes one file")
+	fs.Float64Var(&o.ropeTheta, "rope-theta", 0, "rotary base (default: the preset's, 10000)")
+	fs.StringVar(&o.tokenizerFrom, "tokenizer-from", "", "copy tokenizer.json and tokenizer_config.json from this model directory")
+	for _, f := range []struct{ name, help string }{
+		{"hidden", "hidden size"}, {"layers", "number of decoder blocks"}, {"heads", "attention heads"},
+		{"kv-heads", "key/value heads"}, {"intermediate", "MLP intermediate size"}, {"vocab", "vocabulary size"},
+		{"head-dim", "head dimension (default hidden/heads)"}, {"max-pos", "max_position_embeddings"},
+	} {
+		o.shape[f.name] = fs.Int(f.name, 0, f.help+" (overrides the preset)")
+	}
+	usage := func() {
+		fmt.Fprintln(stderr, "usage: synth -out DIR [-preset NAME] [shape flags] [-arch A] [-tie] [-dtype D] [-seed S] [-shard-size SIZE] [-rope-theta X] [-tokenizer-from DIR]")
+		fs.SetOutput(stderr)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	fs.Usage = func() {} // errors are reported in one line by run
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+			return nil, nil, loader.SynthOptions{}, err
+		}
+		return nil, nil, loader.SynthOptions{}, usageError{err.Error()}
+	}
+	bad := func(format string, args ...any) (*options, *loader.Config, loader.SynthOptions, error) {
+		return nil, nil, loader.SynthOptions{}, usageError{fmt.Sprintf(format, args...)}
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q", fs.Arg(0))
+	}
+	if o.out == "" {
+		return bad("-out DIR is required")
+	}
+	cfg, err := loader.Preset(o.preset)
+	if err != nil {
+		return bad("-preset: unknown preset %q (have %s)", o.preset, strings.Join(loader.Presets(), ", "))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for name, dst := range map[string]*int{
+		"hidden": &cfg.HiddenSize, "layers": &cfg.NumLayers, "heads": &cfg.NumHeads, "kv-heads": &cfg.NumKVHeads,
+		"intermediate": &cfg.IntermediateSize, "vocab": &cfg.VocabSize, "head-dim": &cfg.HeadDim,
+		"max-pos": &cfg.MaxPositionEmbeddings,
+	} {
+		if set[name] {
+			if *o.shape[name] <= 0 {
+				return bad("-%s must be positive, got %d", name, *o.shape[name])
+			}
+			*dst = *o.shape[name]
+		}
+	}
+	// Keep the preset's KV sharing and head_dim consistent with new sizes.
+	if set["heads"] && !set["kv-heads"] {
+		cfg.NumKVHeads = cfg.NumHeads
+	}
+	if (set["hidden"] || set["heads"]) && !set["head-dim"] {
+		if cfg.HiddenSize%cfg.NumHeads != 0 {
+			return bad("-hidden %d is not a multiple of -heads %d (or give -head-dim)", cfg.HiddenSize, cfg.NumHeads)
+		}
+		cfg.HeadDim = cfg.HiddenSize / cfg.NumHeads
+	}
+	if o.arch != "" {
+		if err := cfg.SetArchitecture(o.arch); err != nil {
+			return bad("-arch: unknown architecture %q (have llama, mistral, qwen2)", o.arch)
+		}
+	}
+	cfg.TieWordEmbeddings = o.tie
+	if set["rope-theta"] {
+		cfg.RopeTheta = o.ropeTheta
+	}
+	dt, err := tensor.ParseDType(o.dtype)
+	if err != nil || !dt.IsFloat() {
+		return bad("-dtype: unknown dtype %q (have f16, bf16, f32)", o.dtype)
+	}
+	cfg.DType = dt
+	if o.tokenizerFrom != "" {
+		if st, err := os.Stat(o.tokenizerFrom); err != nil || !st.IsDir() {
+			return bad("-tokenizer-from: %s is not a directory", o.tokenizerFrom)
+		}
+	}
+	shard, err := parseSize(o.shardSize)
+	if err != nil {
+		return bad("-shard-size: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return bad("%s", strings.TrimPrefix(err.Error(), "loader: config: "))
+	}
+	return o, cfg, loader.SynthOptions{DType: dt, Seed: o.seed, MaxShardBytes: shard, TokenizerFrom: o.tokenizerFrom}, nil
+}
+
+// parseSize reads a byte count with an optional unit: B, KB, MB, GB, TB
+// (powers of 1000, as Hugging Face counts shard sizes) or KiB, MiB, GiB,
+// TiB.
+func parseSize(s string) (int64, error) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	units := []struct {
+		suffix string
+		mult   float64
+	}{
+		{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"TIB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+	}
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || v < 0 || v*mult > 1<<62 {
+		return 0, fmt.Errorf("bad size %q (want e.g. 2GB, 500MB, 1GiB or 0)", s)
+	}
+	return int64(v * mult), nil
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	o, cfg, opts, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "synth: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	total := cfg.NumParams() * int64(cfg.DType.Size())
+	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d, vocab %d, %.3g M parameters, %s, %.1f MB of weights\n",
+		o.preset, cfg.Architecture, cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
+		cfg.VocabSize, float64(cfg.NumParams())/1e6, cfg.DType, float64(total)/1e6)
+	start := time.Now()
+	var mu sync.Mutex
+	last := start
+	opts.Progress = func(written, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); now.Sub(last) >= time.Second {
+			last = now
+			fmt.Fprintf(stderr, "synth: %5.1f%%  %.0f MB/s\n", 100*float64(written)/float64(total),
+				float64(written)/1e6/now.Sub(start).Seconds())
+		}
+	}
+	if err := loader.Synthesize(ctx, o.out, cfg, opts); err != nil {
+		fmt.Fprintf(stderr, "synth: %v\n", err)
+		return 1
+	}
+	elapsed := time.Since(start)
+
+	// Check what was written the way every consumer will read it.
+	m, err := loader.Open(o.out)
+	if err != nil {
+		fmt.Fprintf(stderr, "synth: the model written does not open: %v\n", err)
+		return 1
+	}
+	defer m.Close()
+	var fileBytes int64
+	for _, name := range m.Files() {
+		st, err := os.Stat(filepath.Join(o.out, name))
+		if err != nil {
+			fmt.Fprintf(stderr, "synth: %v\n", err)
+			return 1
+		}
+		fileBytes += st.Size()
+	}
+	fmt.Fprintf(stdout, "synth: wrote %s: %d files, %d bytes (%.2f GB) in %.2fs, %.0f MB/s\n",
+		o.out, len(m.Files()), fileBytes, float64(fileBytes)/1e9, elapsed.Seconds(), float64(fileBytes)/1e6/elapsed.Seconds())
+	return 0
+}

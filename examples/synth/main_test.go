@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/tensor"
+)
+
+func TestBadFlags(t *testing.T) {
+	out := t.TempDir()
+	for _, args := range [][]string{
+		{},
+		{"-out", out, "-bogus"},
+		{"-out", out, "-preset", "huge"},
+		{"-out", out, "-arch", "gpt2"},
+		{"-out", out, "-dtype", "int8"},
+		{"-out", out, "-shard-size", "2XB"},
+		{"-out", out, "-heads", "5"},
+		{"-out", out, "-kv-heads", "3"},
+		{"-out", out, "-layers", "-1"},
+		{"-out", out, "-head-dim", "15"},
+		{"-out", out, "-rope-theta", "0"},
+		{"-out", out, "-tokenizer-from", filepath.Join(out, "none")},
+		{"-out", out, "extra"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(args, &stdout, &stderr)
+		msg := stderr.String()
+		if code != 2 || strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "synth: ") || strings.Contains(msg, "goroutine") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, msg)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "-preset") {
+		t.Errorf("-h: exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestSynthCLI(t *testing.T) {
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	args := []string{"-out", out, "-preset", "tiny", "-arch", "qwen2", "-tie", "-dtype", "bf16", "-layers", "2",
+		"-hidden", "128", "-heads", "8", "-kv-heads", "2", "-seed", "9", "-shard-size", "100KB", "-rope-theta", "1e6",
+		"-tokenizer-from", fixtures.Dir(fixtures.TinyLlamaF16Sharded)}
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "bytes") || !strings.Contains(stdout.String(), "MB/s") {
+		t.Errorf("stdout %q lacks bytes written and MB/s", stdout.String())
+	}
+	m, err := loader.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := m.Config
+	if c.ModelType != "qwen2" || !c.TieWordEmbeddings || c.DType != tensor.BF16 || c.NumLayers != 2 || c.HiddenSize != 128 ||
+		c.NumHeads != 8 || c.NumKVHeads != 2 || c.HeadDim != 16 || c.RopeTheta != 1e6 || c.VocabSize != 512 || c.IntermediateSize != 172 {
+		t.Errorf("config %+v", c)
+	}
+	if len(m.Files()) < 2 {
+		t.Errorf("100KB shards gave %v", m.Files())
+	}
+	if _, err := loader.OpenSafetensors(filepath.Join(out, m.Files()[0])); err != nil {
+		t.Error(err)
+	}
+	if !fileExists(filepath.Join(out, "tokenizer.json")) {
+		t.Error("tokenizer not copied")
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{
+		"0": 0, "2GB": 2e9, "500MB": 500e6, "1GiB": 1 << 30, "1.5gb": 1.5e9, "123": 123, "10 KiB": 10 << 10, "7B": 7,
+	} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "GB", "-1GB", "2XB", "1e30GB"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) succeeded", in)
+		}
+	}
+}

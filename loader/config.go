@@ -1,0 +1,560 @@
+package loader
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Config is the part of a Hugging Face config.json that strata needs to run
+// a Llama-family decoder. ParseConfig fills it from the JSON, applying the
+// defaults transformers applies; MarshalJSON writes it back.
+type Config struct {
+	Architecture string // "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM"
+	ModelType    string // "llama", "mistral" or "qwen2"
+
+	HiddenSize       int
+	IntermediateSize int
+	NumLayers        int // num_hidden_layers
+	NumHeads         int // num_attention_heads
+	NumKVHeads       int // num_key_value_heads; defaults to NumHeads
+	HeadDim          int // defaults to HiddenSize/NumHeads
+	VocabSize        int
+
+	RMSNormEps  float64
+	RopeTheta   float64
+	RopeScaling *RopeScaling // nil when none or "default"
+
+	TieWordEmbeddings bool
+	// AttentionBias is true when q_proj, k_proj and v_proj have biases:
+	// always for Qwen2, for Llama when attention_bias is set, never for
+	// Mistral.
+	AttentionBias bool
+	// AttentionOutputBias is true when o_proj has a bias too: Llama with
+	// attention_bias set. Qwen2 and Mistral never have one.
+	AttentionOutputBias bool
+
+	MaxPositionEmbeddings int
+	// SlidingWindow is Mistral's attention window in positions; 0 means
+	// full causal attention.
+	SlidingWindow int
+
+	BOSTokenID  int // -1 when absent
+	EOSTokenIDs []int
+
+	DType tensor.DType // stored dtype named by the config (F32 if absent)
+}
+
+// RopeScaling describes a rescaling of the rotary embedding's frequencies.
+// The only type strata supports is "llama3".
+type RopeScaling struct {
+	Type                          string // "llama3"
+	Factor                        float64
+	LowFreqFactor                 float64
+	HighFreqFactor                float64
+	OriginalMaxPositionEmbeddings int
+}
+
+// Supported architectures and their model types.
+var archModelType = map[string]string{
+	"LlamaForCausalLM":   "llama",
+	"MistralForCausalLM": "mistral",
+	"Qwen2ForCausalLM":   "qwen2",
+}
+
+// Architectures lists the supported architecture names, sorted.
+func Architectures() []string {
+	names := make([]string, 0, len(archModelType))
+	for a := range archModelType {
+		names = append(names, a)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// ArchitectureFor returns the architecture name for a model type or a short
+// name ("llama", "mistral", "qwen2"), or "" if it is not supported.
+func ArchitectureFor(modelType string) string {
+	for a, t := range archModelType {
+		if strings.EqualFold(t, modelType) || strings.EqualFold(a, modelType) {
+			return a
+		}
+	}
+	return ""
+}
+
+// ropeJSON is both spellings of the rotary settings: transformers 5's
+// rope_parameters and the older rope_scaling.
+type ropeJSON struct {
+	RopeTheta                     *float64 `json:"rope_theta,omitempty"`
+	RopeType                      string   `json:"rope_type,omitempty"`
+	Type                          string   `json:"type,omitempty"`
+	Factor                        *float64 `json:"factor,omitempty"`
+	LowFreqFactor                 *float64 `json:"low_freq_factor,omitempty"`
+	HighFreqFactor                *float64 `json:"high_freq_factor,omitempty"`
+	OriginalMaxPositionEmbeddings *int     `json:"original_max_position_embeddings,omitempty"`
+}
+
+type configJSON struct {
+	Architectures         []string        `json:"architectures"`
+	ModelType             string          `json:"model_type"`
+	HiddenSize            *int            `json:"hidden_size"`
+	IntermediateSize      *int            `json:"intermediate_size"`
+	NumHiddenLayers       *int            `json:"num_hidden_layers"`
+	NumAttentionHeads     *int            `json:"num_attention_heads"`
+	NumKeyValueHeads      *int            `json:"num_key_value_heads"`
+	HeadDim               *int            `json:"head_dim"`
+	VocabSize             *int            `json:"vocab_size"`
+	RMSNormEps            *float64        `json:"rms_norm_eps"`
+	RopeTheta             *float64        `json:"rope_theta"`
+	RopeParameters        *ropeJSON       `json:"rope_parameters"`
+	RopeScaling           *ropeJSON       `json:"rope_scaling"`
+	TieWordEmbeddings     *bool           `json:"tie_word_embeddings"`
+	AttentionBias         *bool           `json:"attention_bias"`
+	MLPBias               *bool           `json:"mlp_bias"`
+	HiddenAct             *string         `json:"hidden_act"`
+	MaxPositionEmbeddings *int            `json:"max_position_embeddings"`
+	SlidingWindow         *int            `json:"sliding_window"`
+	UseSlidingWindow      *bool           `json:"use_sliding_window"`
+	BOSTokenID            json.RawMessage `json:"bos_token_id"`
+	EOSTokenID            json.RawMessage `json:"eos_token_id"`
+	TorchDType            *string         `json:"torch_dtype"`
+	DType                 *string         `json:"dtype"`
+}
+
+// ParseConfig parses a Hugging Face config.json, applies the defaults of the
+// architecture's transformers config class, and validates the result.
+func ParseConfig(data []byte) (*Config, error) {
+	var j configJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, cfgErr("bad JSON: %v", err)
+	}
+	c := &Config{BOSTokenID: -1}
+
+	// Architecture and model type.
+	switch {
+	case len(j.Architectures) > 0:
+		c.Architecture = j.Architectures[0]
+	case j.ModelType != "":
+		c.Architecture = ArchitectureFor(j.ModelType)
+		if c.Architecture == "" {
+			return nil, cfgErr("unsupported model_type %q (supported: %s)", j.ModelType, strings.Join(Architectures(), ", "))
+		}
+	default:
+		return nil, cfgErr("no architectures or model_type")
+	}
+	mt, ok := archModelType[c.Architecture]
+	if !ok {
+		return nil, cfgErr("unsupported architecture %q (supported: %s)", c.Architecture, strings.Join(Architectures(), ", "))
+	}
+	if j.ModelType != "" && j.ModelType != mt {
+		return nil, cfgErr("architecture %s does not match model_type %q", c.Architecture, j.ModelType)
+	}
+	c.ModelType = mt
+
+	// Sizes that have no sensible default.
+	required := []struct {
+		name string
+		p    *int
+		dst  *int
+	}{
+		{"hidden_size", j.HiddenSize, &c.HiddenSize},
+		{"intermediate_size", j.IntermediateSize, &c.IntermediateSize},
+		{"num_hidden_layers", j.NumHiddenLayers, &c.NumLayers},
+		{"num_attention_heads", j.NumAttentionHeads, &c.NumHeads},
+		{"vocab_size", j.VocabSize, &c.VocabSize},
+	}
+	for _, r := range required {
+		if r.p == nil {
+			return nil, cfgErr("missing %s", r.name)
+		}
+		*r.dst = *r.p
+	}
+	c.NumKVHeads = c.NumHeads
+	if j.NumKeyValueHeads != nil {
+		c.NumKVHeads = *j.NumKeyValueHeads
+	}
+	if j.HeadDim != nil {
+		c.HeadDim = *j.HeadDim
+	} else if c.NumHeads > 0 {
+		if c.HiddenSize%c.NumHeads != 0 {
+			return nil, cfgErr("hidden_size %d is not a multiple of num_attention_heads %d and head_dim is not given", c.HiddenSize, c.NumHeads)
+		}
+		c.HeadDim = c.HiddenSize / c.NumHeads
+	}
+
+	// Defaults of LlamaConfig, MistralConfig and Qwen2Config.
+	c.RMSNormEps = 1e-6
+	if j.RMSNormEps != nil {
+		c.RMSNormEps = *j.RMSNormEps
+	}
+	switch mt {
+	case "llama":
+		c.MaxPositionEmbeddings = 2048
+	case "mistral":
+		c.MaxPositionEmbeddings = 4096 * 32
+	case "qwen2":
+		c.MaxPositionEmbeddings = 32768
+	}
+	if j.MaxPositionEmbeddings != nil {
+		c.MaxPositionEmbeddings = *j.MaxPositionEmbeddings
+	}
+	if j.TieWordEmbeddings != nil {
+		c.TieWordEmbeddings = *j.TieWordEmbeddings
+	}
+	if j.MLPBias != nil && *j.MLPBias {
+		return nil, cfgErr("mlp_bias=true is not supported")
+	}
+	if j.HiddenAct != nil && *j.HiddenAct != "silu" {
+		return nil, cfgErr("hidden_act %q is not supported (want silu)", *j.HiddenAct)
+	}
+	switch mt {
+	case "qwen2":
+		c.AttentionBias = true // Qwen2's q/k/v projections always carry a bias
+		if j.UseSlidingWindow != nil && *j.UseSlidingWindow {
+			return nil, cfgErr("qwen2 use_sliding_window=true is not supported")
+		}
+	case "llama":
+		if j.AttentionBias != nil {
+			c.AttentionBias = *j.AttentionBias
+			c.AttentionOutputBias = *j.AttentionBias
+		}
+	case "mistral":
+		if j.SlidingWindow != nil {
+			c.SlidingWindow = *j.SlidingWindow
+		}
+	}
+
+	// Rotary embedding: rope_parameters (transformers 5) wins over the
+	// older top-level rope_theta and rope_scaling.
+	c.RopeTheta = 10000
+	if j.RopeTheta != nil {
+		c.RopeTheta = *j.RopeTheta
+	}
+	rope := j.RopeScaling
+	if j.RopeParameters != nil {
+		if j.RopeParameters.RopeTheta != nil {
+			c.RopeTheta = *j.RopeParameters.RopeTheta
+		}
+		rope = j.RopeParameters
+	}
+	if rope != nil {
+		rs, err := parseRope(rope)
+		if err != nil {
+			return nil, err
+		}
+		c.RopeScaling = rs
+	}
+
+	// Special tokens.
+	if len(j.BOSTokenID) > 0 && string(j.BOSTokenID) != "null" {
+		ids, err := parseTokenIDs(j.BOSTokenID)
+		if err != nil || len(ids) != 1 {
+			return nil, cfgErr("bad bos_token_id %s", j.BOSTokenID)
+		}
+		c.BOSTokenID = ids[0]
+	}
+	if len(j.EOSTokenID) > 0 && string(j.EOSTokenID) != "null" {
+		ids, err := parseTokenIDs(j.EOSTokenID)
+		if err != nil {
+			return nil, cfgErr("bad eos_token_id %s", j.EOSTokenID)
+		}
+		c.EOSTokenIDs = ids
+	}
+
+	// Stored dtype: transformers 5 writes dtype, older versions torch_dtype.
+	c.DType = tensor.F32
+	for _, s := range []*string{j.DType, j.TorchDType} {
+		if s != nil && *s != "" {
+			dt, err := tensor.ParseDType(*s)
+			if err != nil || !dt.IsFloat() {
+				return nil, cfgErr("unsupported dtype %q", *s)
+			}
+			c.DType = dt
+			break
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func parseRope(r *ropeJSON) (*RopeScaling, error) {
+	typ := r.RopeType
+	if typ == "" {
+		typ = r.Type
+	}
+	switch typ {
+	case "", "default":
+		return nil, nil
+	case "llama3":
+	default:
+		return nil, cfgErr("rope type %q is not supported (supported: default, llama3)", typ)
+	}
+	rs := &RopeScaling{Type: typ}
+	missing := func(name string) error {
+		return cfgErr("rope type %s needs %s", typ, name)
+	}
+	if r.Factor == nil {
+		return nil, missing("factor")
+	}
+	if r.LowFreqFactor == nil {
+		return nil, missing("low_freq_factor")
+	}
+	if r.HighFreqFactor == nil {
+		return nil, missing("high_freq_factor")
+	}
+	if r.OriginalMaxPositionEmbeddings == nil {
+		return nil, missing("original_max_position_embeddings")
+	}
+	rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor = *r.Factor, *r.LowFreqFactor, *r.HighFreqFactor
+	rs.OriginalMaxPositionEmbeddings = *r.OriginalMaxPositionEmbeddings
+	return rs, nil
+}
+
+// parseTokenIDs accepts an integer or a list of integers.
+func parseTokenIDs(raw json.RawMessage) ([]int, error) {
+	var one int
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return []int{one}, nil
+	}
+	var many []int
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, err
+	}
+	return many, nil
+}
+
+// Validate reports a configuration strata cannot run or write: an
+// unsupported architecture, non-positive sizes, heads that do not divide,
+// an odd head dimension, bad rotary or norm settings, token ids outside the
+// vocabulary, or a non-float dtype.
+func (c *Config) Validate() error {
+	mt, ok := archModelType[c.Architecture]
+	if !ok {
+		return cfgErr("unsupported architecture %q (supported: %s)", c.Architecture, strings.Join(Architectures(), ", "))
+	}
+	if c.ModelType != mt {
+		return cfgErr("architecture %s does not match model_type %q", c.Architecture, c.ModelType)
+	}
+	sizes := []struct {
+		name string
+		v    int
+	}{
+		{"hidden_size", c.HiddenSize}, {"intermediate_size", c.IntermediateSize},
+		{"num_hidden_layers", c.NumLayers}, {"num_attention_heads", c.NumHeads},
+		{"num_key_value_heads", c.NumKVHeads}, {"head_dim", c.HeadDim},
+		{"vocab_size", c.VocabSize}, {"max_position_embeddings", c.MaxPositionEmbeddings},
+	}
+	for _, s := range sizes {
+		if s.v <= 0 {
+			return cfgErr("%s must be positive, got %d", s.name, s.v)
+		}
+		if s.v > 1<<24 {
+			return cfgErr("%s %d is implausibly large", s.name, s.v)
+		}
+	}
+	if c.NumHeads%c.NumKVHeads != 0 {
+		return cfgErr("num_attention_heads %d is not a multiple of num_key_value_heads %d", c.NumHeads, c.NumKVHeads)
+	}
+	if c.HeadDim%2 != 0 {
+		return cfgErr("head_dim %d must be even for the rotary embedding", c.HeadDim)
+	}
+	if !(c.RMSNormEps > 0) || math.IsInf(c.RMSNormEps, 0) {
+		return cfgErr("rms_norm_eps %v must be positive", c.RMSNormEps)
+	}
+	if !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0) {
+		return cfgErr("rope_theta %v must be positive", c.RopeTheta)
+	}
+	if s := c.RopeScaling; s != nil {
+		if s.Type != "llama3" {
+			return cfgErr("rope type %q is not supported (supported: default, llama3)", s.Type)
+		}
+		if !(s.Factor > 0) || !(s.LowFreqFactor > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || s.OriginalMaxPositionEmbeddings <= 0 {
+			return cfgErr("bad llama3 rope scaling (factor %v, low_freq_factor %v, high_freq_factor %v, original_max_position_embeddings %d)",
+				s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalMaxPositionEmbeddings)
+		}
+	}
+	if c.SlidingWindow < 0 {
+		return cfgErr("sliding_window %d must not be negative", c.SlidingWindow)
+	}
+	if mt == "qwen2" && !c.AttentionBias {
+		return cfgErr("qwen2 always has q/k/v biases (AttentionBias must be true)")
+	}
+	if mt != "llama" && c.AttentionOutputBias {
+		return cfgErr("%s has no o_proj bias", mt)
+	}
+	if mt == "mistral" && c.AttentionBias {
+		return cfgErr("mistral has no q/k/v biases")
+	}
+	if c.BOSTokenID < -1 || c.BOSTokenID >= c.VocabSize {
+		return cfgErr("bos_token_id %d outside the vocabulary of %d", c.BOSTokenID, c.VocabSize)
+	}
+	for _, id := range c.EOSTokenIDs {
+		if id < 0 || id >= c.VocabSize {
+			return cfgErr("eos_token_id %d outside the vocabulary of %d", id, c.VocabSize)
+		}
+	}
+	if !c.DType.IsFloat() {
+		return cfgErr("dtype %v is not a float type", c.DType)
+	}
+	return nil
+}
+
+// QDim is the width of the query projection, NumHeads*HeadDim.
+func (c *Config) QDim() int { return c.NumHeads * c.HeadDim }
+
+// KVDim is the width of each of the key and value projections,
+// NumKVHeads*HeadDim.
+func (c *Config) KVDim() int { return c.NumKVHeads * c.HeadDim }
+
+// NumParams is the number of weights the model stores (the embedding counted
+// once when the LM head is tied to it).
+func (c *Config) NumParams() int64 {
+	var n int64
+	for _, s := range c.ExpectedTensors() {
+		n += s.Shape.NumElements()
+	}
+	return n
+}
+
+// MarshalJSON writes the config as a Hugging Face config.json that
+// transformers 4 and 5 both load: rope_parameters for transformers 5, and
+// the top-level rope_theta (and rope_scaling when set) for older versions.
+func (c *Config) MarshalJSON() ([]byte, error) {
+	type kv struct {
+		k string
+		v any
+	}
+	dtypeName := map[tensor.DType]string{tensor.F32: "float32", tensor.F16: "float16", tensor.BF16: "bfloat16"}[c.DType]
+	if dtypeName == "" {
+		return nil, cfgErr("dtype %v is not a float type", c.DType)
+	}
+	rope := map[string]any{"rope_theta": jsonFloat(c.RopeTheta), "rope_type": "default"}
+	var scaling map[string]any
+	if s := c.RopeScaling; s != nil {
+		scaling = map[string]any{
+			"rope_type":                        s.Type,
+			"factor":                           jsonFloat(s.Factor),
+			"low_freq_factor":                  jsonFloat(s.LowFreqFactor),
+			"high_freq_factor":                 jsonFloat(s.HighFreqFactor),
+			"original_max_position_embeddings": s.OriginalMaxPositionEmbeddings,
+		}
+		for k, v := range scaling {
+			rope[k] = v
+		}
+	}
+	var bos any
+	if c.BOSTokenID >= 0 {
+		bos = c.BOSTokenID
+	}
+	var eos any
+	switch len(c.EOSTokenIDs) {
+	case 0:
+	case 1:
+		eos = c.EOSTokenIDs[0]
+	default:
+		eos = c.EOSTokenIDs
+	}
+	fields := []kv{
+		{"architectures", []string{c.Architecture}},
+		{"model_type", c.ModelType},
+		{"hidden_size", c.HiddenSize},
+		{"intermediate_size", c.IntermediateSize},
+		{"num_hidden_layers", c.NumLayers},
+		{"num_attention_heads", c.NumHeads},
+		{"num_key_value_heads", c.NumKVHeads},
+		{"head_dim", c.HeadDim},
+		{"hidden_act", "silu"},
+		{"vocab_size", c.VocabSize},
+		{"max_position_embeddings", c.MaxPositionEmbeddings},
+		{"rms_norm_eps", jsonFloat(c.RMSNormEps)},
+		{"rope_theta", jsonFloat(c.RopeTheta)},
+		{"rope_parameters", rope},
+	}
+	if scaling != nil {
+		fields = append(fields, kv{"rope_scaling", scaling})
+	}
+	fields = append(fields,
+		kv{"tie_word_embeddings", c.TieWordEmbeddings},
+		kv{"attention_dropout", jsonFloat(0)},
+		kv{"initializer_range", jsonFloat(0.02)},
+		kv{"use_cache", true},
+		kv{"bos_token_id", bos},
+		kv{"eos_token_id", eos},
+		kv{"dtype", dtypeName},
+		kv{"torch_dtype", dtypeName},
+	)
+	switch c.ModelType {
+	case "llama":
+		fields = append(fields, kv{"attention_bias", c.AttentionBias}, kv{"mlp_bias", false}, kv{"pretraining_tp", 1})
+	case "mistral":
+		var sw any
+		if c.SlidingWindow > 0 {
+			sw = c.SlidingWindow
+		}
+		fields = append(fields, kv{"sliding_window", sw})
+	case "qwen2":
+		fields = append(fields, kv{"use_sliding_window", false}, kv{"sliding_window", nil}, kv{"max_window_layers", c.NumLayers})
+	}
+	var b bytes.Buffer
+	b.WriteString("{\n")
+	for i, f := range fields {
+		v, err := json.Marshal(f.v)
+		if err != nil {
+			return nil, cfgErr("%s: %v", f.k, err)
+		}
+		fmt.Fprintf(&b, "  %q: %s", f.k, v)
+		if i < len(fields)-1 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('\n')
+	}
+	b.WriteString("}\n")
+	return b.Bytes(), nil
+}
+
+// Clone returns a deep copy of c.
+func (c *Config) Clone() *Config {
+	d := *c
+	if c.RopeScaling != nil {
+		rs := *c.RopeScaling
+		d.RopeScaling = &rs
+	}
+	d.EOSTokenIDs = slices.Clone(c.EOSTokenIDs)
+	return &d
+}
+
+// jsonFloat marshals as a JSON number that Python reads back as a float
+// (10000.0, not 10000).
+type jsonFloat float64
+
+func (f jsonFloat) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil, cfgErr("%v is not a JSON number", v)
+	}
+	s := strconv.FormatFloat(v, 'g', -1, 64)
+	if !strings.ContainsAny(s, ".eE") {
+		s += ".0"
+	}
+	return []byte(s), nil
+}
+
+// configError is a problem with a config; Open reports it with the file's
+// path in place of "config".
+type configError struct{ msg string }
+
+func (e *configError) Error() string { return "loader: config: " + e.msg }
+func (e *configError) Unwrap() error { return ErrConfig }
+
+func cfgErr(format string, args ...any) error {
+	return &configError{msg: fmt.Sprintf(format, args...)}
+}

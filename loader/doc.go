@@ -1,0 +1,33 @@
+// Package loader reads and writes Hugging Face Llama-family checkpoints:
+// config.json, safetensors files (one model.safetensors, or shards listed
+// in model.safetensors.index.json), and random-weight models made to order.
+//
+// Open reads only the config and the safetensors headers, so opening a
+// 100 GB model takes milliseconds and no memory; every header is validated
+// (lengths, JSON, dtypes, shapes against byte spans, spans inside the file
+// and not overlapping, index entries against the shards), and every tensor
+// the architecture needs is checked against the config. Tensor bytes are
+// read on demand by byte range, concurrently if the caller likes.
+//
+// The tensors are grouped into the layers the runtime pages: layer 0 is the
+// embedding, layers 1..L the decoder blocks (model.layers.i.* in layer
+// i+1), layer L+1 the final norm and LM head.
+//
+//	m, err := loader.Open("/models/llama-2-7b")
+//	if err != nil {
+//		return err
+//	}
+//	defer m.Close()
+//	for _, l := range m.Layers() {
+//		fmt.Println(l, l.Bytes)
+//	}
+//	q, err := m.ReadTensor(ctx, "model.layers.0.self_attn.q_proj.weight")
+//
+// ShardedWriter writes safetensors shards and the index from tensors whose
+// bytes a callback produces, and Synthesize uses it to write a random-weight
+// model of any Llama shape (Preset names a few), deterministic by seed and
+// fast enough to be disk-bound:
+//
+//	cfg, _ := loader.Preset("llama2-7b")
+//	err := loader.Synthesize(ctx, dir, cfg, loader.SynthOptions{Seed: 1, MaxShardBytes: 2e9})
+package loader

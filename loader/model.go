@@ -1,0 +1,397 @@
+package loader
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// File names in a Hugging Face model directory.
+const (
+	ConfigFile      = "config.json"
+	SingleFile      = "model.safetensors"
+	IndexFile       = "model.safetensors.index.json"
+	TokenizerFile   = "tokenizer.json"
+	TokenizerConfig = "tokenizer_config.json"
+)
+
+// LayerKind says what a layer holds.
+type LayerKind int
+
+// The kinds of layers, in model order.
+const (
+	Embedding LayerKind = iota // the token embedding table
+	Block                      // one decoder block
+	Head                       // final norm and LM head
+)
+
+func (k LayerKind) String() string {
+	switch k {
+	case Embedding:
+		return "embedding"
+	case Block:
+		return "block"
+	case Head:
+		return "head"
+	}
+	return fmt.Sprintf("LayerKind(%d)", int(k))
+}
+
+// Layer is the unit the runtime pages: the tensors one step of the forward
+// pass needs.
+type Layer struct {
+	Index   int       // position in Model.Layers
+	Kind    LayerKind //
+	Block   int       // decoder block number, -1 unless Kind is Block
+	Tensors []*TensorInfo
+	Bytes   int64 // sum of the tensors' sizes
+}
+
+func (l Layer) String() string {
+	if l.Kind == Block {
+		return fmt.Sprintf("block %d", l.Block)
+	}
+	return l.Kind.String()
+}
+
+// Model is an opened Hugging Face model directory: the parsed config, the
+// validated headers of its safetensors files, and its tensors grouped into
+// layers. Opening reads only the headers; tensor bytes are read on demand.
+// A Model is safe for concurrent use.
+type Model struct {
+	Dir    string
+	Config *Config
+
+	files   map[string]*File // by base name
+	names   []string         // weight file base names, sorted
+	tensors map[string]*TensorInfo
+	layers  []Layer
+	extras  []string
+	bytes   int64
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens the model in dir: config.json, and model.safetensors or the
+// shards listed in model.safetensors.index.json (model.safetensors wins when
+// both exist). It validates every header and checks that each tensor the
+// architecture needs is present with the shape the config implies. Tensors
+// it does not need (a rotary inv_freq, say) are ignored and listed by
+// Extras.
+func Open(dir string) (*Model, error) {
+	cfgPath := filepath.Join(dir, ConfigFile)
+	data, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		var ce *configError
+		if errors.As(err, &ce) {
+			return nil, &fileError{file: cfgPath, kind: ErrConfig, msg: ce.msg}
+		}
+		return nil, err
+	}
+	m := &Model{Dir: dir, Config: cfg, files: map[string]*File{}, tensors: map[string]*TensorInfo{}}
+	if err := m.openWeights(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if err := m.group(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// openWeights opens the weight files and builds the tensor table.
+func (m *Model) openWeights() error {
+	single := filepath.Join(m.Dir, SingleFile)
+	indexPath := filepath.Join(m.Dir, IndexFile)
+	var weightMap map[string]string
+	switch {
+	case fileExists(single):
+		m.names = []string{SingleFile}
+	case fileExists(indexPath):
+		wm, names, err := readIndex(m.Dir, indexPath)
+		if err != nil {
+			return err
+		}
+		weightMap, m.names = wm, names
+	default:
+		return &fileError{file: m.Dir, kind: fs.ErrNotExist, msg: "no " + SingleFile + " or " + IndexFile}
+	}
+
+	opened := make([]*File, len(m.names))
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i, name := range m.names {
+		g.Go(func() error {
+			f, err := OpenSafetensors(filepath.Join(m.Dir, name))
+			opened[i] = f
+			return err
+		})
+	}
+	err := g.Wait()
+	for i, f := range opened {
+		if f != nil {
+			m.files[m.names[i]] = f
+		}
+	}
+	if err != nil {
+		return err
+	}
+
+	for _, name := range m.names {
+		for _, t := range m.files[name].tensors {
+			if prev, dup := m.tensors[t.Name]; dup {
+				return &fileError{file: filepath.Join(m.Dir, name), tensor: t.Name, kind: ErrFormat,
+					msg: "also stored in " + prev.File}
+			}
+			m.tensors[t.Name] = t
+		}
+	}
+	// Every index entry must point to a tensor in the shard it names.
+	names := make([]string, 0, len(weightMap))
+	for n := range weightMap {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		shard := weightMap[n]
+		if _, ok := m.files[shard].byName[n]; !ok {
+			return &fileError{file: indexPath, tensor: n, kind: ErrFormat,
+				msg: "index maps it to " + shard + ", which has no such tensor"}
+		}
+	}
+	return nil
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && !st.IsDir()
+}
+
+type indexJSON struct {
+	Metadata  map[string]any    `json:"metadata"`
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+// readIndex parses model.safetensors.index.json and checks that every shard
+// it names is a plain file in dir. It returns the weight map and the sorted
+// shard names.
+func readIndex(dir, path string) (map[string]string, []string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loader: %w", err)
+	}
+	var idx indexJSON
+	if err := json.Unmarshal(data, &idx); err != nil {
+		return nil, nil, &fileError{file: path, kind: ErrFormat, msg: "bad JSON: " + err.Error()}
+	}
+	if len(idx.WeightMap) == 0 {
+		return nil, nil, &fileError{file: path, kind: ErrFormat, msg: "no weight_map entries"}
+	}
+	shards := map[string]bool{}
+	names := make([]string, 0, len(idx.WeightMap))
+	for n := range idx.WeightMap {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		shard := idx.WeightMap[n]
+		if shards[shard] {
+			continue
+		}
+		if shard == "" || shard != filepath.Base(shard) || shard == "." || shard == ".." || strings.ContainsAny(shard, `/\`) {
+			return nil, nil, &fileError{file: path, tensor: n, kind: ErrFormat, msg: fmt.Sprintf("shard name %q is not a file name in the model directory", shard)}
+		}
+		if !fileExists(filepath.Join(dir, shard)) {
+			return nil, nil, &fileError{file: path, tensor: n, kind: ErrFormat, msg: fmt.Sprintf("shard %s does not exist", shard)}
+		}
+		shards[shard] = true
+	}
+	files := make([]string, 0, len(shards))
+	for s := range shards {
+		files = append(files, s)
+	}
+	slices.Sort(files)
+	return idx.WeightMap, files, nil
+}
+
+// group checks the tensors against the config and builds the layers.
+func (m *Model) group() error {
+	c := m.Config
+	used := map[string]bool{}
+	var problems []error
+	m.layers = make([]Layer, c.NumLayers+2)
+	for i := range m.layers {
+		l := Layer{Index: i, Kind: Block, Block: i - 1}
+		switch i {
+		case 0:
+			l.Kind, l.Block = Embedding, -1
+		case c.NumLayers + 1:
+			l.Kind, l.Block = Head, -1
+		}
+		for _, spec := range c.LayerTensors(i) {
+			t, ok := m.tensors[spec.Name]
+			if !ok {
+				problems = append(problems, &fileError{file: m.Dir, tensor: spec.Name, kind: ErrMismatch,
+					msg: fmt.Sprintf("missing (the %s config needs it with shape %v)", c.ModelType, spec.Shape)})
+				continue
+			}
+			if !t.Shape.Equal(spec.Shape) {
+				problems = append(problems, &fileError{file: filepath.Join(m.Dir, t.File), tensor: t.Name, kind: ErrMismatch,
+					msg: fmt.Sprintf("has shape %v, the config needs %v", t.Shape, spec.Shape)})
+				continue
+			}
+			if !t.DType.IsFloat() {
+				problems = append(problems, &fileError{file: filepath.Join(m.Dir, t.File), tensor: t.Name, kind: ErrMismatch,
+					msg: fmt.Sprintf("has dtype %v, want a float type", t.DType)})
+				continue
+			}
+			used[t.Name] = true
+			l.Tensors = append(l.Tensors, t)
+			l.Bytes += t.Size
+		}
+		m.layers[i] = l
+	}
+	if len(problems) > 0 {
+		err := problems[0]
+		switch len(problems) {
+		case 1:
+		case 2:
+			err = fmt.Errorf("%w (and 1 more problem)", err)
+		default:
+			err = fmt.Errorf("%w (and %d more problems)", err, len(problems)-1)
+		}
+		return err
+	}
+	for n, t := range m.tensors {
+		if used[n] {
+			m.bytes += t.Size
+		} else {
+			m.extras = append(m.extras, n)
+		}
+	}
+	slices.Sort(m.extras)
+	return nil
+}
+
+// Tensor returns the named tensor's location, for any tensor in the weight
+// files (extras included).
+func (m *Model) Tensor(name string) (*TensorInfo, bool) {
+	t, ok := m.tensors[name]
+	return t, ok
+}
+
+// Tensors returns every tensor in the weight files, sorted by name.
+func (m *Model) Tensors() []*TensorInfo {
+	out := make([]*TensorInfo, 0, len(m.tensors))
+	for _, t := range m.tensors {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b *TensorInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Layers returns the layers: 0 the embedding, 1..NumLayers the decoder
+// blocks, NumLayers+1 the final norm and LM head (with tied embeddings it
+// holds model.embed_tokens.weight in place of lm_head.weight, so that tensor
+// appears in two layers). Callers must not modify the result.
+func (m *Model) Layers() []Layer { return m.layers }
+
+// WeightBytes is the size of the tensors the layers hold, each counted once.
+func (m *Model) WeightBytes() int64 { return m.bytes }
+
+// Extras lists the names of tensors in the weight files that no layer
+// holds, sorted. They are never read.
+func (m *Model) Extras() []string { return m.extras }
+
+// Files lists the weight files' base names, sorted.
+func (m *Model) Files() []string { return m.names }
+
+// File returns the open weight file with the given base name.
+func (m *Model) File(name string) (*File, bool) {
+	f, ok := m.files[name]
+	return f, ok
+}
+
+func (m *Model) fileOf(t *TensorInfo) (*File, error) {
+	f, ok := m.files[t.File]
+	if !ok {
+		return nil, &fileError{file: m.Dir, tensor: t.Name, kind: ErrMismatch, msg: "weight file " + strconv.Quote(t.File) + " is not part of this model"}
+	}
+	return f, nil
+}
+
+// ReadInto reads t's bytes, in their stored dtype, into dst, which must be
+// exactly t.Size bytes. It is safe for concurrent use and checks ctx between
+// 16 MiB pieces.
+func (m *Model) ReadInto(ctx context.Context, t *TensorInfo, dst []byte) error {
+	f, err := m.fileOf(t)
+	if err != nil {
+		return err
+	}
+	return f.ReadInto(ctx, t, dst)
+}
+
+// ReadRange reads len(dst) bytes of t starting off bytes into the tensor
+// (rows of an embedding table, say).
+func (m *Model) ReadRange(ctx context.Context, t *TensorInfo, off int64, dst []byte) error {
+	f, err := m.fileOf(t)
+	if err != nil {
+		return err
+	}
+	return f.ReadRange(ctx, t, off, dst)
+}
+
+// Section returns a reader of t's bytes.
+func (m *Model) Section(t *TensorInfo) (*io.SectionReader, error) {
+	f, err := m.fileOf(t)
+	if err != nil {
+		return nil, err
+	}
+	return io.NewSectionReader(f.f, t.Offset, t.Size), nil
+}
+
+// ReadTensor reads the named tensor into a new host tensor of its stored
+// dtype.
+func (m *Model) ReadTensor(ctx context.Context, name string) (*tensor.Tensor, error) {
+	t, ok := m.tensors[name]
+	if !ok {
+		return nil, &fileError{file: m.Dir, tensor: name, kind: ErrMismatch, msg: "no such tensor"}
+	}
+	out := tensor.New(t.DType, t.Shape)
+	if err := m.ReadInto(ctx, t, out.Bytes()); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Close closes the weight files. It is safe to call more than once; reads
+// after Close return an error wrapping ErrClosed.
+func (m *Model) Close() error {
+	m.closeOnce.Do(func() {
+		var errs []error
+		for _, f := range m.files {
+			errs = append(errs, f.Close())
+		}
+		m.closeErr = errors.Join(errs...)
+	})
+	return m.closeErr
+}

@@ -1,0 +1,329 @@
+package loader
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// MaxHeaderBytes caps the JSON header of a safetensors file. A larger
+// declared length is rejected before anything is allocated.
+const MaxHeaderBytes = 100 << 20
+
+// readPiece is the largest single read; context cancellation is checked
+// between pieces.
+const readPiece = 16 << 20
+
+// TensorInfo locates one tensor's bytes: Size bytes at absolute offset
+// Offset of the weight file File (a base name inside the model directory).
+type TensorInfo struct {
+	Name   string
+	DType  tensor.DType
+	Shape  tensor.Shape
+	File   string
+	Offset int64
+	Size   int64
+}
+
+func (t *TensorInfo) String() string {
+	return fmt.Sprintf("%s %v %v (%s @%d+%d)", t.Name, t.DType, t.Shape, t.File, t.Offset, t.Size)
+}
+
+// File is an open safetensors file whose header has been read and
+// validated. Tensor bytes are read on demand. A File is safe for concurrent
+// use.
+type File struct {
+	Path     string
+	Metadata map[string]string // the header's __metadata__, nil if none
+
+	tensors []*TensorInfo // by offset
+	byName  map[string]*TensorInfo
+	f       *os.File
+	size    int64
+
+	closeOnce sync.Once
+	closeErr  error
+	closed    chan struct{}
+}
+
+// OpenSafetensors opens a safetensors file and validates its header: the
+// header length, the JSON, every tensor's dtype and shape against its byte
+// span, and that the spans lie inside the file without overlapping.
+func OpenSafetensors(path string) (*File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	if st.IsDir() {
+		f.Close()
+		return nil, &fileError{file: path, kind: ErrFormat, msg: "is a directory"}
+	}
+	tensors, meta, err := ReadHeader(f, st.Size(), path)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	sf := &File{Path: path, Metadata: meta, tensors: tensors, byName: make(map[string]*TensorInfo, len(tensors)),
+		f: f, size: st.Size(), closed: make(chan struct{})}
+	for _, t := range tensors {
+		sf.byName[t.Name] = t
+	}
+	return sf, nil
+}
+
+// ReadHeader reads and validates the header of a safetensors file of size
+// bytes, read through r. name is used in error messages, and its base name
+// is recorded as each TensorInfo's File. The tensors are returned in offset
+// order with absolute offsets.
+func ReadHeader(r io.ReaderAt, size int64, name string) ([]*TensorInfo, map[string]string, error) {
+	bad := func(tensor, format string, args ...any) error {
+		return &fileError{file: name, tensor: tensor, kind: ErrFormat, msg: fmt.Sprintf(format, args...)}
+	}
+	if size < 8 {
+		return nil, nil, bad("", "file is %d bytes, too short for a safetensors header", size)
+	}
+	var lenBuf [8]byte
+	if _, err := r.ReadAt(lenBuf[:], 0); err != nil {
+		return nil, nil, &fileError{file: name, kind: err, msg: "reading header length: " + err.Error()}
+	}
+	n := binary.LittleEndian.Uint64(lenBuf[:])
+	switch {
+	case n > uint64(size-8):
+		return nil, nil, bad("", "header length %d runs past the end of the file (%d bytes)", n, size)
+	case n > MaxHeaderBytes:
+		return nil, nil, bad("", "header length %d exceeds the limit of %d bytes", n, MaxHeaderBytes)
+	case n < 2:
+		return nil, nil, bad("", "header length %d is too short for a JSON object", n)
+	}
+	hdr := make([]byte, n)
+	if _, err := r.ReadAt(hdr, 8); err != nil {
+		return nil, nil, &fileError{file: name, kind: err, msg: "reading header: " + err.Error()}
+	}
+	dataStart := 8 + int64(n)
+	dataLen := size - dataStart
+	base := filepath.Base(name)
+
+	dec := json.NewDecoder(bytes.NewReader(hdr))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, nil, bad("", "header is not a JSON object")
+	}
+	var (
+		meta    map[string]string
+		tensors []*TensorInfo
+		seen    = map[string]bool{}
+	)
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, nil, bad("", "bad JSON in header: %v", err)
+		}
+		key := tok.(string) // object keys are always strings
+		if seen[key] {
+			return nil, nil, bad(key, "listed twice in the header")
+		}
+		seen[key] = true
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, nil, bad("", "bad JSON in header: %v", err)
+		}
+		if key == "__metadata__" {
+			if err := json.Unmarshal(raw, &meta); err != nil {
+				return nil, nil, bad("", "__metadata__ is not a map of strings: %v", err)
+			}
+			continue
+		}
+		t, err := parseEntry(raw, dataStart, dataLen)
+		if err != nil {
+			return nil, nil, bad(key, "%v", err)
+		}
+		t.Name, t.File = key, base
+		tensors = append(tensors, t)
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, nil, bad("", "bad JSON in header: object not closed")
+	}
+	if rest := bytes.TrimRight(hdr[dec.InputOffset():], " \t\r\n\x00"); len(rest) > 0 {
+		return nil, nil, bad("", "bad JSON in header: %d bytes of trailing data", len(rest))
+	}
+
+	// Spans must not overlap. Sort by start; empty tensors overlap nothing.
+	slices.SortStableFunc(tensors, func(a, b *TensorInfo) int {
+		if a.Offset != b.Offset {
+			return cmpInt64(a.Offset, b.Offset)
+		}
+		return cmpInt64(a.Size, b.Size)
+	})
+	var prev *TensorInfo
+	for _, t := range tensors {
+		if t.Size == 0 {
+			continue
+		}
+		if prev != nil && t.Offset < prev.Offset+prev.Size {
+			return nil, nil, bad(t.Name, "data_offsets [%d, %d] overlap tensor %s [%d, %d]",
+				t.Offset-dataStart, t.Offset-dataStart+t.Size, prev.Name, prev.Offset-dataStart, prev.Offset-dataStart+prev.Size)
+		}
+		if prev == nil || t.Offset+t.Size > prev.Offset+prev.Size {
+			prev = t
+		}
+	}
+	return tensors, meta, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+type entryJSON struct {
+	DType       *string `json:"dtype"`
+	Shape       []int64 `json:"shape"`
+	DataOffsets []int64 `json:"data_offsets"`
+}
+
+// parseEntry checks one tensor's header entry against the data region.
+func parseEntry(raw json.RawMessage, dataStart, dataLen int64) (*TensorInfo, error) {
+	var e entryJSON
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return nil, fmt.Errorf("bad header entry: %v", err)
+	}
+	if e.DType == nil {
+		return nil, errors.New("header entry has no dtype")
+	}
+	dt, ok := safetensorsDTypes[*e.DType]
+	if !ok {
+		return nil, fmt.Errorf("unsupported dtype %q (supported: F32, F16, BF16, I32, I64)", *e.DType)
+	}
+	if e.Shape == nil {
+		return nil, errors.New("header entry has no shape")
+	}
+	shape := make(tensor.Shape, len(e.Shape))
+	for i, d := range e.Shape {
+		if d < 0 || d > math.MaxInt32 {
+			return nil, fmt.Errorf("bad dimension %d in shape %v", d, e.Shape)
+		}
+		shape[i] = int(d)
+	}
+	if len(e.DataOffsets) != 2 {
+		return nil, fmt.Errorf("data_offsets must be [begin, end], got %v", e.DataOffsets)
+	}
+	begin, end := e.DataOffsets[0], e.DataOffsets[1]
+	if begin < 0 || end < begin {
+		return nil, fmt.Errorf("bad data_offsets [%d, %d]", begin, end)
+	}
+	if end > dataLen {
+		return nil, fmt.Errorf("data_offsets [%d, %d] run past the end of the data (%d bytes after the header)", begin, end, dataLen)
+	}
+	elems := shape.NumElements()
+	if elems < 0 || elems > math.MaxInt64/int64(dt.Size()) {
+		return nil, fmt.Errorf("shape %v is too large", shape)
+	}
+	if want := elems * int64(dt.Size()); want != end-begin {
+		return nil, fmt.Errorf("shape %v of %v needs %d bytes but data_offsets [%d, %d] span %d", shape, dt, want, begin, end, end-begin)
+	}
+	return &TensorInfo{DType: dt, Shape: shape, Offset: dataStart + begin, Size: end - begin}, nil
+}
+
+var safetensorsDTypes = map[string]tensor.DType{
+	"F32": tensor.F32, "F16": tensor.F16, "BF16": tensor.BF16, "I32": tensor.I32, "I64": tensor.I64,
+}
+
+// Tensors returns the file's tensors in offset order. Callers must not
+// modify them.
+func (f *File) Tensors() []*TensorInfo { return f.tensors }
+
+// Tensor returns the named tensor's location.
+func (f *File) Tensor(name string) (*TensorInfo, bool) {
+	t, ok := f.byName[name]
+	return t, ok
+}
+
+// ReadInto reads t's bytes into dst, which must be exactly t.Size long.
+func (f *File) ReadInto(ctx context.Context, t *TensorInfo, dst []byte) error {
+	if int64(len(dst)) != t.Size {
+		return &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("destination is %d bytes, tensor is %d", len(dst), t.Size)}
+	}
+	return f.readRange(ctx, t, 0, dst)
+}
+
+// ReadRange reads len(dst) bytes of t starting off bytes into the tensor.
+func (f *File) ReadRange(ctx context.Context, t *TensorInfo, off int64, dst []byte) error {
+	return f.readRange(ctx, t, off, dst)
+}
+
+func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []byte) error {
+	select {
+	case <-f.closed:
+		return &fileError{file: f.Path, tensor: t.Name, kind: ErrClosed, msg: "file is closed"}
+	default:
+	}
+	if off < 0 || off+int64(len(dst)) > t.Size {
+		return &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("range [%d, %d) outside the tensor's %d bytes", off, off+int64(len(dst)), t.Size)}
+	}
+	if t.Offset < 0 || t.Offset+t.Size > f.size {
+		return &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("bytes [%d, %d) outside the file's %d bytes", t.Offset, t.Offset+t.Size, f.size)}
+	}
+	for done := 0; done < len(dst); {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(readPiece, len(dst)-done)
+		if _, err := f.f.ReadAt(dst[done:done+n], t.Offset+off+int64(done)); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			select {
+			case <-f.closed:
+				return &fileError{file: f.Path, tensor: t.Name, kind: ErrClosed, msg: "file is closed"}
+			default:
+			}
+			return &fileError{file: f.Path, tensor: t.Name, kind: err, msg: "read: " + err.Error()}
+		}
+		done += n
+	}
+	return nil
+}
+
+// ReadTensor reads the named tensor into a new host tensor of its stored
+// dtype.
+func (f *File) ReadTensor(ctx context.Context, name string) (*tensor.Tensor, error) {
+	t, ok := f.byName[name]
+	if !ok {
+		return nil, &fileError{file: f.Path, tensor: name, kind: ErrMismatch, msg: "no such tensor"}
+	}
+	out := tensor.New(t.DType, t.Shape)
+	if err := f.ReadInto(ctx, t, out.Bytes()); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Close closes the file. It is safe to call more than once; reads after
+// Close return an error wrapping ErrClosed.
+func (f *File) Close() error {
+	f.closeOnce.Do(func() {
+		close(f.closed)
+		f.closeErr = f.f.Close()
+	})
+	return f.closeErr
+}

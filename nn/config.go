@@ -1,0 +1,116 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+)
+
+// Config is the shape of a Llama-family decoder, as the forward pass needs
+// it. loader.Config converts to it with FromLoader.
+type Config struct {
+	HiddenSize       int
+	IntermediateSize int
+	NumLayers        int
+	NumHeads         int
+	NumKVHeads       int
+	HeadDim          int
+	VocabSize        int
+	RMSNormEps       float32
+	RopeTheta        float64
+	RopeScaling      *RopeScaling // nil for the default rotary embedding
+	TieEmbeddings    bool
+	QKVBias          bool // Qwen2 and attention_bias models
+	OutBias          bool // o_proj has a bias (Llama with attention_bias)
+	SlidingWindow    int  // Mistral's attention window; 0 for none
+	BOS              int  // -1 when none
+	EOS              []int
+}
+
+// RopeScaling is the llama3 frequency rescaling of the rotary embedding.
+type RopeScaling struct {
+	Factor, LowFreqFactor, HighFreqFactor float64
+	OriginalMaxPositions                  int
+}
+
+// Validate reports a configuration the forward pass cannot run.
+func (c *Config) Validate() error {
+	switch {
+	case c.HiddenSize <= 0 || c.IntermediateSize <= 0 || c.NumLayers <= 0 || c.VocabSize <= 0:
+		return fmt.Errorf("nn: config: sizes must be positive (hidden %d, intermediate %d, layers %d, vocab %d)",
+			c.HiddenSize, c.IntermediateSize, c.NumLayers, c.VocabSize)
+	case c.NumHeads <= 0 || c.NumKVHeads <= 0 || c.NumHeads%c.NumKVHeads != 0:
+		return fmt.Errorf("nn: config: %d attention heads cannot share %d key/value heads", c.NumHeads, c.NumKVHeads)
+	case c.HeadDim <= 0 || c.HeadDim%2 != 0:
+		return fmt.Errorf("nn: config: head dimension %d must be positive and even", c.HeadDim)
+	case !(c.RopeTheta > 0):
+		return fmt.Errorf("nn: config: rope_theta %v must be positive", c.RopeTheta)
+	}
+	return nil
+}
+
+// QDim is the width of the query projection, NumHeads*HeadDim.
+func (c *Config) QDim() int { return c.NumHeads * c.HeadDim }
+
+// KVDim is the width of the key and value projections, NumKVHeads*HeadDim.
+func (c *Config) KVDim() int { return c.NumKVHeads * c.HeadDim }
+
+// InvFreq returns the rotary inverse frequencies, HeadDim/2 of them, computed
+// in float32 as Hugging Face does, with llama3 rescaling applied when set.
+func (c *Config) InvFreq() []float32 {
+	half := c.HeadDim / 2
+	inv := make([]float32, half)
+	for i := range inv {
+		exp := float32(2*i) / float32(c.HeadDim)
+		inv[i] = float32(1 / math.Pow(c.RopeTheta, float64(exp)))
+	}
+	if s := c.RopeScaling; s != nil {
+		old := float64(s.OriginalMaxPositions)
+		lowWavelen := old / s.LowFreqFactor
+		highWavelen := old / s.HighFreqFactor
+		for i, f := range inv {
+			wavelen := 2 * math.Pi / float64(f)
+			switch {
+			case wavelen < highWavelen: // high frequencies stay
+			case wavelen > lowWavelen:
+				inv[i] = float32(float64(f) / s.Factor)
+			default:
+				smooth := (old/wavelen - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
+				inv[i] = float32((1-smooth)*float64(f)/s.Factor + smooth*float64(f))
+			}
+		}
+	}
+	return inv
+}
+
+// RopeTables returns the cos and sin tables [maxPos, HeadDim/2] in float32:
+// the angle is float32(pos) * invFreq rounded to float32, as in Hugging Face.
+func (c *Config) RopeTables(maxPos int) (cos, sin []float32) {
+	inv := c.InvFreq()
+	half := len(inv)
+	cos = make([]float32, maxPos*half)
+	sin = make([]float32, maxPos*half)
+	for p := 0; p < maxPos; p++ {
+		for i, f := range inv {
+			a := float64(float32(p) * f)
+			cos[p*half+i] = float32(math.Cos(a))
+			sin[p*half+i] = float32(math.Sin(a))
+		}
+	}
+	return cos, sin
+}
+
+// ActivationBytes is what one session's forward buffers take for chunks of
+// up to chunk tokens: the residual stream, norm output, q, k, v, attention
+// output, projection output, gate, up and logits, all F32.
+func (c *Config) ActivationBytes(chunk int) int64 {
+	perTok := 3*c.HiddenSize + 2*c.QDim() + 2*c.KVDim() + 2*c.IntermediateSize + c.VocabSize
+	return 4 * int64(chunk) * int64(perTok)
+}
+
+// KVCacheBytes is the F32 key and value cache for maxPos positions.
+func (c *Config) KVCacheBytes(maxPos int) int64 {
+	return 2 * 4 * int64(c.NumLayers) * int64(maxPos) * int64(c.KVDim())
+}
+
+// RopeBytes is the cos and sin tables for maxPos positions.
+func (c *Config) RopeBytes(maxPos int) int64 { return 2 * 4 * int64(maxPos) * int64(c.HeadDim/2) }

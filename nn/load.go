@@ -1,0 +1,112 @@
+package nn
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// FromLoader converts a parsed Hugging Face config to the forward pass's.
+func FromLoader(c *loader.Config) (Config, error) {
+	cfg := Config{
+		HiddenSize:       c.HiddenSize,
+		IntermediateSize: c.IntermediateSize,
+		NumLayers:        c.NumLayers,
+		NumHeads:         c.NumHeads,
+		NumKVHeads:       c.NumKVHeads,
+		HeadDim:          c.HeadDim,
+		VocabSize:        c.VocabSize,
+		RMSNormEps:       float32(c.RMSNormEps),
+		RopeTheta:        c.RopeTheta,
+		TieEmbeddings:    c.TieWordEmbeddings,
+		QKVBias:          c.AttentionBias,
+		OutBias:          c.AttentionOutputBias,
+		SlidingWindow:    c.SlidingWindow,
+		BOS:              c.BOSTokenID,
+		EOS:              append([]int(nil), c.EOSTokenIDs...),
+	}
+	if s := c.RopeScaling; s != nil {
+		if s.Type != "llama3" {
+			return Config{}, fmt.Errorf("nn: rope scaling %q is not supported (only llama3)", s.Type)
+		}
+		cfg.RopeScaling = &RopeScaling{
+			Factor: s.Factor, LowFreqFactor: s.LowFreqFactor, HighFreqFactor: s.HighFreqFactor,
+			OriginalMaxPositions: s.OriginalMaxPositionEmbeddings,
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+// HostWeights holds every layer of a model on a backend for the model's
+// lifetime: the simplest Weights, for models that fit.
+type HostWeights struct {
+	backend tensor.Backend
+	layers  []LayerWeights
+}
+
+// Progress is told how many weight bytes are loaded so far, of total.
+type Progress func(done, total int64)
+
+// LoadWeights reads every tensor of m onto b in its stored dtype.
+func LoadWeights(ctx context.Context, m *loader.Model, b tensor.Backend, progress Progress) (*HostWeights, error) {
+	hw := &HostWeights{backend: b}
+	total, done := m.WeightBytes(), int64(0)
+	loaded := map[string]*tensor.Tensor{} // tied embeddings appear in two layers
+	for _, l := range m.Layers() {
+		lw := LayerWeights{}
+		for _, ti := range l.Tensors {
+			if t, ok := loaded[ti.Name]; ok {
+				lw[ti.Name] = t
+				continue
+			}
+			host, err := m.ReadTensor(ctx, ti.Name)
+			if err != nil {
+				hw.Close()
+				return nil, err
+			}
+			t, err := b.Alloc(ti.DType, ti.Shape)
+			if err == nil {
+				err = b.Upload(t, 0, host.Bytes())
+			}
+			if err != nil {
+				b.Free(t)
+				hw.Close()
+				return nil, fmt.Errorf("nn: load %s: %w", ti.Name, err)
+			}
+			lw[ti.Name], loaded[ti.Name] = t, t
+			done += ti.Size
+			if progress != nil {
+				progress(done, total)
+			}
+		}
+		hw.layers = append(hw.layers, lw)
+	}
+	return hw, nil
+}
+
+// Acquire returns the layer's tensors.
+func (hw *HostWeights) Acquire(ctx context.Context, layer int) (LayerWeights, error) {
+	if layer < 0 || layer >= len(hw.layers) {
+		return nil, fmt.Errorf("nn: no layer %d (model has %d)", layer, len(hw.layers))
+	}
+	return hw.layers[layer], ctx.Err()
+}
+
+// Release does nothing: the weights stay loaded.
+func (hw *HostWeights) Release(int) {}
+
+// Close frees the weights. It is safe to call more than once.
+func (hw *HostWeights) Close() {
+	freed := map[*tensor.Tensor]bool{}
+	for _, lw := range hw.layers {
+		for _, t := range lw {
+			if !freed[t] {
+				freed[t] = true
+				hw.backend.Free(t)
+			}
+		}
+	}
+	hw.layers = nil
+}

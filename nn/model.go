@@ -1,0 +1,400 @@
+package nn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Model runs a Llama-family decoder on a backend, taking each layer's weights
+// from a Weights source while the layer runs.
+type Model struct {
+	cfg     Config
+	backend tensor.Backend
+	alloc   paging.Allocator
+	weights Weights
+	names   []blockNames // per decoder block
+}
+
+// Layer indexes in the numbering Weights uses.
+func (m *Model) embedLayer() int      { return 0 }
+func (m *Model) blockLayer(i int) int { return i + 1 }
+func (m *Model) headLayer() int       { return m.cfg.NumLayers + 1 }
+
+// NumLayers is the number of layers as Weights numbers them: the embedding,
+// the decoder blocks and the head.
+func (m *Model) NumLayers() int { return m.cfg.NumLayers + 2 }
+
+type blockNames struct {
+	attnNorm, q, k, v, o, qBias, kBias, vBias, oBias, mlpNorm, gate, up, down string
+}
+
+func namesFor(i int) blockNames {
+	p := fmt.Sprintf("model.layers.%d.", i)
+	return blockNames{
+		attnNorm: p + "input_layernorm.weight",
+		q:        p + "self_attn.q_proj.weight",
+		k:        p + "self_attn.k_proj.weight",
+		v:        p + "self_attn.v_proj.weight",
+		o:        p + "self_attn.o_proj.weight",
+		qBias:    p + "self_attn.q_proj.bias",
+		kBias:    p + "self_attn.k_proj.bias",
+		vBias:    p + "self_attn.v_proj.bias",
+		oBias:    p + "self_attn.o_proj.bias",
+		mlpNorm:  p + "post_attention_layernorm.weight",
+		gate:     p + "mlp.gate_proj.weight",
+		up:       p + "mlp.up_proj.weight",
+		down:     p + "mlp.down_proj.weight",
+	}
+}
+
+// Tensor names of the embedding and head layers.
+const (
+	EmbedName = "model.embed_tokens.weight"
+	NormName  = "model.norm.weight"
+	HeadName  = "lm_head.weight"
+)
+
+// New returns a model. alloc provides the KV cache and activation buffers
+// (paging.Unbudgeted(b) when no budget applies).
+func New(cfg Config, b tensor.Backend, alloc paging.Allocator, w Weights) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if alloc == nil {
+		alloc = paging.Unbudgeted(b)
+	}
+	m := &Model{cfg: cfg, backend: b, alloc: alloc, weights: w}
+	for i := 0; i < cfg.NumLayers; i++ {
+		m.names = append(m.names, namesFor(i))
+	}
+	return m, nil
+}
+
+// Config returns the model's configuration.
+func (m *Model) Config() Config { return m.cfg }
+
+// Backend returns the backend the model computes on.
+func (m *Model) Backend() tensor.Backend { return m.backend }
+
+// ErrContextFull is returned when a session has no room for more positions.
+var ErrContextFull = errors.New("nn: context length exceeded")
+
+// Session holds one sequence's KV cache and the buffers of its forward pass.
+// A session is not safe for concurrent use; several sessions may share a
+// model.
+type Session struct {
+	m        *Model
+	maxPos   int
+	chunk    int
+	pos      int
+	k, v     []*tensor.Tensor // per block: [maxPos, KVDim]
+	cos      *tensor.Tensor   // [maxPos, HeadDim/2]
+	sin      *tensor.Tensor
+	x, h     *tensor.Tensor // [chunk, Hidden]
+	q, attn  *tensor.Tensor // [chunk, QDim]
+	kk, vv   *tensor.Tensor // [chunk, KVDim]
+	proj     *tensor.Tensor // [chunk, Hidden]
+	gate     *tensor.Tensor // [chunk, Intermediate]
+	up       *tensor.Tensor
+	logits   *tensor.Tensor // [chunk, Vocab]
+	owned    []*tensor.Tensor
+	host     []float32 // logits returned by Forward
+	download []float32 // one chunk's logits from the backend
+	closed   bool
+}
+
+// NewSession allocates a KV cache for maxPos positions and forward buffers
+// for prompts processed chunk tokens at a time.
+func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
+	if maxPos <= 0 || chunk <= 0 {
+		return nil, fmt.Errorf("nn: session needs positive context (%d) and chunk (%d)", maxPos, chunk)
+	}
+	if w := m.cfg.SlidingWindow; w > 0 && maxPos > w {
+		return nil, fmt.Errorf("nn: context of %d positions exceeds the model's sliding attention window of %d, which strata does not implement", maxPos, w)
+	}
+	if chunk > maxPos {
+		chunk = maxPos
+	}
+	c := &m.cfg
+	s := &Session{m: m, maxPos: maxPos, chunk: chunk}
+	alloc := func(cat paging.Category, shape ...int) *tensor.Tensor {
+		if s.closed { // an earlier allocation failed
+			return nil
+		}
+		t, err := m.alloc.Alloc(cat, tensor.F32, tensor.Shape(shape))
+		if err != nil {
+			s.closed = true
+			return nil
+		}
+		s.owned = append(s.owned, t)
+		return t
+	}
+	for i := 0; i < c.NumLayers; i++ {
+		s.k = append(s.k, alloc(paging.KVCache, maxPos, c.KVDim()))
+		s.v = append(s.v, alloc(paging.KVCache, maxPos, c.KVDim()))
+	}
+	s.cos = alloc(paging.Workspace, maxPos, c.HeadDim/2)
+	s.sin = alloc(paging.Workspace, maxPos, c.HeadDim/2)
+	s.x = alloc(paging.Activations, chunk, c.HiddenSize)
+	s.h = alloc(paging.Activations, chunk, c.HiddenSize)
+	s.q = alloc(paging.Activations, chunk, c.QDim())
+	s.attn = alloc(paging.Activations, chunk, c.QDim())
+	s.kk = alloc(paging.Activations, chunk, c.KVDim())
+	s.vv = alloc(paging.Activations, chunk, c.KVDim())
+	s.proj = alloc(paging.Activations, chunk, c.HiddenSize)
+	s.gate = alloc(paging.Activations, chunk, c.IntermediateSize)
+	s.up = alloc(paging.Activations, chunk, c.IntermediateSize)
+	s.logits = alloc(paging.Activations, chunk, c.VocabSize)
+	if s.closed {
+		// Retry the failed allocation to report its error, then free.
+		_, err := m.alloc.Alloc(paging.Activations, tensor.F32, tensor.Shape{chunk, c.VocabSize})
+		s.closed = false
+		s.Close()
+		if err == nil {
+			err = errors.New("allocation failed")
+		}
+		return nil, fmt.Errorf("nn: session buffers for %d positions: %w", maxPos, err)
+	}
+	cos, sin := c.RopeTables(maxPos)
+	if err := uploadF32(m.backend, s.cos, cos); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := uploadF32(m.backend, s.sin, sin); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func uploadF32(b tensor.Backend, dst *tensor.Tensor, v []float32) error {
+	src, err := tensor.FromF32(tensor.Shape{len(v)}, v)
+	if err != nil {
+		return err
+	}
+	return b.Upload(dst, 0, src.Bytes())
+}
+
+// Pos is the number of positions the session has processed.
+func (s *Session) Pos() int { return s.pos }
+
+// MaxPos is the session's context length.
+func (s *Session) MaxPos() int { return s.maxPos }
+
+// Reset forgets the sequence, keeping the buffers.
+func (s *Session) Reset() { s.pos = 0 }
+
+// Close frees the session's buffers. It is safe to call more than once.
+func (s *Session) Close() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	for _, t := range s.owned {
+		s.m.alloc.Free(t)
+	}
+	s.owned = nil
+}
+
+// Hook, when non-nil, sees the hidden state after the embedding (layer 0),
+// after each block (1..L) and after the final norm (L+1), for the rows of
+// the current chunk. It must not keep the tensor.
+type Hook func(layer int, hidden *tensor.Tensor) error
+
+// Forward runs ids through the model at the session's next positions and
+// returns the logits: for every position when all is set ([len(ids), vocab]
+// flattened), otherwise only the last position's [vocab]. The returned slice
+// is reused by the next call.
+func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook) ([]float32, error) {
+	if s.closed {
+		return nil, errors.New("nn: session is closed")
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("nn: forward of no tokens")
+	}
+	if s.pos+len(ids) > s.maxPos {
+		return nil, fmt.Errorf("%w: %d positions used, %d more asked, context is %d", ErrContextFull, s.pos, len(ids), s.maxPos)
+	}
+	vocab := s.m.cfg.VocabSize
+	for i, id := range ids {
+		if id < 0 || int(id) >= vocab {
+			return nil, fmt.Errorf("nn: token id %d at position %d is outside the vocabulary of %d", id, i, vocab)
+		}
+	}
+	out := s.host[:0]
+	for start := 0; start < len(ids); start += s.chunk {
+		end := min(start+s.chunk, len(ids))
+		last := end == len(ids)
+		rows, err := s.forwardChunk(ctx, ids[start:end], all || last, all, hook)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...) // empty unless all or last
+
+	}
+	s.host = out
+	return out, nil
+}
+
+// forwardChunk runs up to s.chunk tokens through every layer. When logits is
+// set it returns them, for every row when allRows is set, otherwise for the
+// last row.
+func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows bool, hook Hook) ([]float32, error) {
+	m, c, b := s.m, &s.m.cfg, s.m.backend
+	T := len(ids)
+	pos0 := s.pos
+	x, h := rows(s.x, T), rows(s.h, T)
+
+	// Embedding.
+	lw, err := m.weights.Acquire(ctx, m.embedLayer())
+	if err != nil {
+		return nil, err
+	}
+	err = b.Embed(x, lw[EmbedName], ids)
+	m.weights.Release(m.embedLayer())
+	if err != nil {
+		return nil, fmt.Errorf("nn: embedding: %w", err)
+	}
+	if hook != nil {
+		if err := hook(0, x); err != nil {
+			return nil, err
+		}
+	}
+
+	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
+	for i := 0; i < c.NumLayers; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		layer := m.blockLayer(i)
+		lw, err := m.weights.Acquire(ctx, layer)
+		if err != nil {
+			return nil, err
+		}
+		err = s.block(i, T, pos0, lw, scale)
+		m.weights.Release(layer)
+		if err != nil {
+			return nil, fmt.Errorf("nn: block %d: %w", i, err)
+		}
+		if hook != nil {
+			if err := hook(layer, x); err != nil {
+				return nil, err
+			}
+		}
+	}
+	s.pos += T
+
+	// Final norm and LM head.
+	layer := m.headLayer()
+	lw, err = m.weights.Acquire(ctx, layer)
+	if err != nil {
+		return nil, err
+	}
+	defer m.weights.Release(layer)
+	if err := b.RMSNorm(h, x, lw[NormName], c.RMSNormEps); err != nil {
+		return nil, fmt.Errorf("nn: final norm: %w", err)
+	}
+	if hook != nil {
+		if err := hook(layer, h); err != nil {
+			return nil, err
+		}
+	}
+	if !logits {
+		return nil, nil
+	}
+	head := lw[HeadName]
+	if c.TieEmbeddings {
+		head = lw[EmbedName]
+	}
+	rows, first := h, 0
+	if !allRows {
+		first = T - 1
+		rows, _ = h.Rows(first, 1)
+	}
+	out, _ := s.logits.Rows(0, rows.Shape()[0])
+	if err := b.MatMul(out, rows, head, nil); err != nil {
+		return nil, fmt.Errorf("nn: lm head: %w", err)
+	}
+	n := out.Len()
+	if cap(s.download) < n {
+		s.download = make([]float32, n)
+	}
+	host := s.download[:n]
+	ht, _ := tensor.FromF32(out.Shape(), host)
+	if err := b.Download(ht.Bytes(), out); err != nil {
+		return nil, err
+	}
+	return host, nil
+}
+
+// block runs decoder block i on the first T rows of the session's buffers.
+func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
+	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[i]
+	x, h := rows(s.x, T), rows(s.h, T)
+	q, attn, kk, vv, proj := rows(s.q, T), rows(s.attn, T), rows(s.kk, T), rows(s.vv, T), rows(s.proj, T)
+	gate, up := rows(s.gate, T), rows(s.up, T)
+	if err := b.RMSNorm(h, x, lw[n.attnNorm], c.RMSNormEps); err != nil {
+		return fmt.Errorf("attention norm: %w", err)
+	}
+	if err := b.MatMul(q, h, lw[n.q], lw[n.qBias]); err != nil {
+		return fmt.Errorf("q projection: %w", err)
+	}
+	if err := b.MatMul(kk, h, lw[n.k], lw[n.kBias]); err != nil {
+		return fmt.Errorf("k projection: %w", err)
+	}
+	if err := b.MatMul(vv, h, lw[n.v], lw[n.vBias]); err != nil {
+		return fmt.Errorf("v projection: %w", err)
+	}
+	if err := b.Rope(q, s.cos, s.sin, c.NumHeads, c.HeadDim, pos0); err != nil {
+		return err
+	}
+	if err := b.Rope(kk, s.cos, s.sin, c.NumKVHeads, c.HeadDim, pos0); err != nil {
+		return err
+	}
+	if err := b.CopyRows(s.k[i], pos0, kk, 0, T); err != nil {
+		return err
+	}
+	if err := b.CopyRows(s.v[i], pos0, vv, 0, T); err != nil {
+		return err
+	}
+	if err := b.Attention(attn, q, s.k[i], s.v[i], c.NumHeads, c.NumKVHeads, c.HeadDim, pos0, scale); err != nil {
+		return err
+	}
+	if err := b.MatMul(proj, attn, lw[n.o], lw[n.oBias]); err != nil {
+		return fmt.Errorf("o projection: %w", err)
+	}
+	if err := b.Add(x, x, proj); err != nil {
+		return err
+	}
+	if err := b.RMSNorm(h, x, lw[n.mlpNorm], c.RMSNormEps); err != nil {
+		return fmt.Errorf("mlp norm: %w", err)
+	}
+	if err := b.MatMul(gate, h, lw[n.gate], nil); err != nil {
+		return fmt.Errorf("gate projection: %w", err)
+	}
+	if err := b.MatMul(up, h, lw[n.up], nil); err != nil {
+		return fmt.Errorf("up projection: %w", err)
+	}
+	if err := b.SiLUMul(gate, gate, up); err != nil {
+		return err
+	}
+	if err := b.MatMul(proj, gate, lw[n.down], nil); err != nil {
+		return fmt.Errorf("down projection: %w", err)
+	}
+	return b.Add(x, x, proj)
+}
+
+// rows is t.Rows(0, n) for n within t's first dimension, which the session
+// guarantees.
+func rows(t *tensor.Tensor, n int) *tensor.Tensor {
+	v, err := t.Rows(0, n)
+	if err != nil {
+		panic(err) // chunking keeps n <= the buffer's rows
+	}
+	return v
+}

@@ -1,0 +1,170 @@
+package nn
+
+import "math"
+
+// refModel is an independent, slow float64 Llama forward pass used to check
+// the backend path on shapes the Hugging Face fixtures do not cover. It
+// recomputes the whole sequence without a cache.
+type refModel struct {
+	cfg Config
+	w   map[string][]float64 // every weight, row-major, converted from storage
+}
+
+// forward returns the logits [len(ids)][vocab] and the hidden states after
+// the embedding, each block and the final norm.
+func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float64) {
+	c := r.cfg
+	H, T := c.HiddenSize, len(ids)
+	x := make([][]float64, T)
+	for t, id := range ids {
+		x[t] = append([]float64(nil), r.w[EmbedName][int(id)*H:(int(id)+1)*H]...)
+	}
+	snap := func(m [][]float64) [][]float64 {
+		out := make([][]float64, len(m))
+		for i := range m {
+			out[i] = append([]float64(nil), m[i]...)
+		}
+		return out
+	}
+	hidden = append(hidden, snap(x))
+	for l := 0; l < c.NumLayers; l++ {
+		n := namesFor(l)
+		h := r.norm(x, r.w[n.attnNorm])
+		q := r.linear(h, n.q, n.qBias, c.QDim())
+		k := r.linear(h, n.k, n.kBias, c.KVDim())
+		v := r.linear(h, n.v, n.vBias, c.KVDim())
+		r.rope(q, c.NumHeads)
+		r.rope(k, c.NumKVHeads)
+		attn := make([][]float64, T)
+		group := c.NumHeads / c.NumKVHeads
+		for t := 0; t < T; t++ {
+			attn[t] = make([]float64, c.QDim())
+			for hd := 0; hd < c.NumHeads; hd++ {
+				kvh := hd / group
+				qh := q[t][hd*c.HeadDim : (hd+1)*c.HeadDim]
+				scores := make([]float64, t+1)
+				maxS := math.Inf(-1)
+				for s := 0; s <= t; s++ {
+					kh := k[s][kvh*c.HeadDim : (kvh+1)*c.HeadDim]
+					dot := 0.0
+					for d := range qh {
+						dot += qh[d] * kh[d]
+					}
+					scores[s] = dot / math.Sqrt(float64(c.HeadDim))
+					maxS = math.Max(maxS, scores[s])
+				}
+				sum := 0.0
+				for s := range scores {
+					scores[s] = math.Exp(scores[s] - maxS)
+					sum += scores[s]
+				}
+				for s := range scores {
+					vh := v[s][kvh*c.HeadDim : (kvh+1)*c.HeadDim]
+					for d := range vh {
+						attn[t][hd*c.HeadDim+d] += scores[s] / sum * vh[d]
+					}
+				}
+			}
+		}
+		o := r.linear(attn, n.o, n.oBias, H)
+		for t := range x {
+			for i := range x[t] {
+				x[t][i] += o[t][i]
+			}
+		}
+		h = r.norm(x, r.w[n.mlpNorm])
+		g := r.linear(h, n.gate, "", c.IntermediateSize)
+		u := r.linear(h, n.up, "", c.IntermediateSize)
+		for t := range g {
+			for i := range g[t] {
+				g[t][i] = g[t][i] / (1 + math.Exp(-g[t][i])) * u[t][i]
+			}
+		}
+		d := r.linear(g, n.down, "", H)
+		for t := range x {
+			for i := range x[t] {
+				x[t][i] += d[t][i]
+			}
+		}
+		hidden = append(hidden, snap(x))
+	}
+	h := r.norm(x, r.w[NormName])
+	hidden = append(hidden, snap(h))
+	head := HeadName
+	if c.TieEmbeddings {
+		head = EmbedName
+	}
+	return r.linear(h, head, "", c.VocabSize), hidden
+}
+
+func (r *refModel) norm(x [][]float64, w []float64) [][]float64 {
+	out := make([][]float64, len(x))
+	for t, row := range x {
+		ss := 0.0
+		for _, v := range row {
+			ss += v * v
+		}
+		inv := 1 / math.Sqrt(ss/float64(len(row))+float64(r.cfg.RMSNormEps))
+		out[t] = make([]float64, len(row))
+		for i, v := range row {
+			out[t][i] = v * inv * w[i]
+		}
+	}
+	return out
+}
+
+func (r *refModel) linear(x [][]float64, name, bias string, n int) [][]float64 {
+	w, b := r.w[name], r.w[bias]
+	out := make([][]float64, len(x))
+	for t, row := range x {
+		out[t] = make([]float64, n)
+		for j := 0; j < n; j++ {
+			s := 0.0
+			if b != nil {
+				s = b[j]
+			}
+			wr := w[j*len(row) : (j+1)*len(row)]
+			for i, v := range row {
+				s += v * wr[i]
+			}
+			out[t][j] = s
+		}
+	}
+	return out
+}
+
+// rope applies the rotary embedding in float64 from the configuration's
+// inverse frequencies, independently of the float32 tables.
+func (r *refModel) rope(x [][]float64, heads int) {
+	c := r.cfg
+	half := c.HeadDim / 2
+	inv := make([]float64, half)
+	for i := range inv {
+		inv[i] = math.Pow(c.RopeTheta, -float64(2*i)/float64(c.HeadDim))
+		if s := c.RopeScaling; s != nil {
+			// llama3: long wavelengths slowed by Factor, short ones kept,
+			// a linear blend in between.
+			wavelen := 2 * math.Pi / inv[i]
+			ratio := float64(s.OriginalMaxPositions) / wavelen
+			switch {
+			case ratio < s.LowFreqFactor:
+				inv[i] /= s.Factor
+			case ratio <= s.HighFreqFactor:
+				smooth := (ratio - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
+				inv[i] = (1-smooth)*inv[i]/s.Factor + smooth*inv[i]
+			}
+		}
+	}
+	for t := range x {
+		for h := 0; h < heads; h++ {
+			v := x[t][h*c.HeadDim : (h+1)*c.HeadDim]
+			for i := 0; i < half; i++ {
+				a := float64(t) * inv[i]
+				cos, sin := math.Cos(a), math.Sin(a)
+				x0, x1 := v[i], v[i+half]
+				v[i] = x0*cos - x1*sin
+				v[i+half] = x1*cos + x0*sin
+			}
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package nn
+
+import (
+	"math"
+	"testing"
+)
+
+func TestArgmax(t *testing.T) {
+	nan := float32(math.NaN())
+	cases := []struct {
+		in   []float32
+		want int
+	}{
+		{[]float32{1, 3, 2}, 1},
+		{[]float32{5, 5, 1}, 0},
+		{[]float32{nan, -1, -2}, 1},
+		{[]float32{-3}, 0},
+	}
+	for _, c := range cases {
+		if got := Argmax(c.in); got != c.want {
+			t.Errorf("Argmax(%v) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+// sampleCounts draws n tokens and counts each.
+func sampleCounts(t *testing.T, cfg SamplerConfig, logits []float32, n int) []int {
+	t.Helper()
+	s, err := NewSampler(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := make([]int, len(logits))
+	for i := 0; i < n; i++ {
+		counts[s.Sample(logits)]++
+	}
+	return counts
+}
+
+func TestSamplerDistribution(t *testing.T) {
+	// Probabilities at temperature 1: softmax of log(p) is p.
+	p := []float64{0.5, 0.25, 0.15, 0.07, 0.03}
+	logits := make([]float32, len(p))
+	for i, v := range p {
+		logits[i] = float32(math.Log(v))
+	}
+	const n = 200000
+	within := func(got int, want float64) bool {
+		sd := math.Sqrt(want * (1 - want) / n)
+		return math.Abs(float64(got)/n-want) < 5*sd+1e-9
+	}
+	counts := sampleCounts(t, SamplerConfig{Temperature: 1, Seed: 1}, logits, n)
+	for i := range p {
+		if !within(counts[i], p[i]) {
+			t.Errorf("temperature 1: token %d drawn %d/%d times, want p=%v", i, counts[i], n, p[i])
+		}
+	}
+	// Top-k 2 renormalises over the two best.
+	counts = sampleCounts(t, SamplerConfig{Temperature: 1, TopK: 2, Seed: 2}, logits, n)
+	if counts[2]+counts[3]+counts[4] != 0 || !within(counts[0], 2.0/3) {
+		t.Errorf("top-k 2: counts %v", counts)
+	}
+	// Top-p 0.8 keeps 0.5+0.25+0.15 = 0.9 (the smallest prefix reaching 0.8).
+	counts = sampleCounts(t, SamplerConfig{Temperature: 1, TopP: 0.8, Seed: 3}, logits, n)
+	if counts[3]+counts[4] != 0 || !within(counts[2], 0.15/0.9) {
+		t.Errorf("top-p 0.8: counts %v", counts)
+	}
+	// A low temperature sharpens towards the argmax.
+	counts = sampleCounts(t, SamplerConfig{Temperature: 0.1, Seed: 4}, logits, 10000)
+	if counts[0] < 9950 { // expected 10000/(1+2^-10+...) ≈ 9990
+		t.Errorf("temperature 0.1: argmax drawn only %d/10000 times", counts[0])
+	}
+	// Same seed, same tokens.
+	a := sampleCounts(t, SamplerConfig{Temperature: 1, Seed: 9}, logits, 1000)
+	b := sampleCounts(t, SamplerConfig{Temperature: 1, Seed: 9}, logits, 1000)
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("seeded sampler not deterministic: %v vs %v", a, b)
+		}
+	}
+}
+
+func TestSamplerConfigValidate(t *testing.T) {
+	bad := []SamplerConfig{{Temperature: -1}, {Temperature: math.Inf(1)}, {TopK: -2}, {TopP: 1.5}, {TopP: math.NaN()}}
+	for _, c := range bad {
+		if _, err := NewSampler(c); err == nil {
+			t.Errorf("NewSampler(%+v) accepted", c)
+		}
+	}
+}

@@ -1,0 +1,360 @@
+package paging
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Budget is the budgeted allocator of one device. Every byte it hands out is
+// charged to a Category, the sum of the charges never exceeds the limit, and
+// it remembers the peak. It implements Allocator, so nn takes its KV cache
+// and activations from it; the Pager takes its weights from it.
+//
+// When an allocation does not fit, the Budget first asks the pagers that use
+// it to evict layers that are neither pinned nor in a streaming ring, least
+// recently used first across all of them; if that does not make room, the
+// allocation fails with an error wrapping tensor.ErrOutOfMemory.
+//
+// A Budget is safe for concurrent use.
+type Budget struct {
+	b      tensor.Backend
+	device string
+	limit  int64
+	clock  atomic.Uint64 // LRU stamps shared by every pager of this budget
+
+	mu      sync.Mutex
+	used    int64 // bytes charged, all categories
+	peak    int64
+	cats    [numCategories]CategoryStats
+	live    map[*tensor.Tensor]liveAlloc
+	rec     *recorder
+	closed  bool
+	badFree int64
+
+	rmu      sync.Mutex
+	pagers   []*Pager
+	nextPgID int
+}
+
+type liveAlloc struct {
+	cat     Category
+	bytes   int64
+	layer   int
+	charged bool // false for tensors inside a ring reservation
+}
+
+// CategoryStats are the accounts of one category. Reserved bytes are those
+// charged against the budget; Allocated bytes are those held by live
+// tensors. They differ only for streamed weights, whose ring is reserved
+// whole and filled by the layers passing through it.
+type CategoryStats struct {
+	Category      string `json:"category"`
+	Allocated     int64  `json:"allocated_bytes"`
+	PeakAllocated int64  `json:"peak_allocated_bytes"`
+	Reserved      int64  `json:"reserved_bytes"`
+	PeakReserved  int64  `json:"peak_reserved_bytes"`
+	Allocs        int64  `json:"allocs"`
+	Frees         int64  `json:"frees"`
+}
+
+// NewBudget returns a budgeted allocator of limit bytes over backend b.
+// device names the device in summaries and snapshots; empty means b.Name().
+// A limit <= 0 refuses every allocation.
+func NewBudget(b tensor.Backend, limit int64, device string) *Budget {
+	if device == "" {
+		device = b.Name()
+	}
+	if limit < 0 {
+		limit = 0
+	}
+	bg := &Budget{b: b, device: device, limit: limit, live: map[*tensor.Tensor]liveAlloc{}}
+	for c := range bg.cats {
+		bg.cats[c].Category = Category(c).String()
+	}
+	return bg
+}
+
+// Backend returns the backend the budget allocates from.
+func (bg *Budget) Backend() tensor.Backend { return bg.b }
+
+// Device returns the device name given to NewBudget.
+func (bg *Budget) Device() string { return bg.device }
+
+// Limit returns the budget in bytes.
+func (bg *Budget) Limit() int64 { return bg.limit }
+
+// Used returns the bytes charged now, all categories together.
+func (bg *Budget) Used() int64 {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	return bg.used
+}
+
+// UsedBy returns the bytes charged now to one category.
+func (bg *Budget) UsedBy(cat Category) int64 {
+	if cat < 0 || cat >= numCategories {
+		return 0
+	}
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	return bg.cats[cat].Reserved
+}
+
+// Peak returns the largest number of bytes charged at any one time.
+func (bg *Budget) Peak() int64 {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	return bg.peak
+}
+
+// Categories returns the accounts of every category, in Category order.
+func (bg *Budget) Categories() []CategoryStats {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	return slices.Clone(bg.cats[:])
+}
+
+// Alloc returns a tensor charged to cat. It fails with an error wrapping
+// tensor.ErrOutOfMemory when the bytes do not fit in the budget even after
+// evicting unpinned layers.
+func (bg *Budget) Alloc(cat Category, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	return bg.alloc(cat, dt, shape, -1, true, true)
+}
+
+// Free returns a tensor from Alloc to the backend and its bytes to the
+// budget. Freeing nil, or a tensor this budget did not allocate, does
+// nothing.
+func (bg *Budget) Free(t *tensor.Tensor) {
+	if t == nil {
+		return
+	}
+	bg.mu.Lock()
+	la, ok := bg.live[t]
+	if !ok {
+		bg.badFree++
+		bg.mu.Unlock()
+		return
+	}
+	delete(bg.live, t)
+	bg.mu.Unlock()
+	// Free before uncharging, so the backend never holds more than the limit.
+	bg.b.Free(t)
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	c := &bg.cats[la.cat]
+	c.Allocated -= la.bytes
+	c.Frees++
+	ev := Event{Kind: EventFree, Category: la.cat.String(), Layer: la.layer, Bytes: la.bytes}
+	if la.charged {
+		c.Reserved -= la.bytes
+		bg.used -= la.bytes
+		ev.Charged = -la.bytes
+	}
+	bg.recordLocked(ev)
+}
+
+func tensorBytes(dt tensor.DType, shape tensor.Shape) (int64, error) {
+	n := shape.NumElements()
+	if n < 0 || dt.Size() == 0 {
+		return 0, fmt.Errorf("invalid tensor %v %v", dt, shape)
+	}
+	if n > (1<<62)/int64(dt.Size()) {
+		return 0, fmt.Errorf("tensor %v %v too large", dt, shape)
+	}
+	return n * int64(dt.Size()), nil
+}
+
+// alloc allocates from the backend. charged says whether the bytes count
+// against the budget (false inside a ring reservation); reclaim whether
+// unpinned layers of the attached pagers may be evicted to make room.
+func (bg *Budget) alloc(cat Category, dt tensor.DType, shape tensor.Shape, layer int, charged, reclaim bool) (*tensor.Tensor, error) {
+	if cat < 0 || cat >= numCategories {
+		return nil, fmt.Errorf("paging: budget %s: unknown category %d", bg.device, int(cat))
+	}
+	n, err := tensorBytes(dt, shape)
+	if err != nil {
+		return nil, fmt.Errorf("paging: budget %s: %s: %v", bg.device, cat, err)
+	}
+	if charged {
+		if err := bg.charge(cat, n, layer, reclaim, false); err != nil {
+			return nil, err
+		}
+	}
+	t, err := bg.b.Alloc(dt, shape)
+	if err != nil {
+		if charged {
+			bg.uncharge(cat, n, layer, false)
+		}
+		return nil, fmt.Errorf("paging: budget %s: allocating %s for %s (%v %v): %w", bg.device, FormatSize(n), cat, dt, shape, err)
+	}
+	bg.mu.Lock()
+	bg.live[t] = liveAlloc{cat: cat, bytes: n, layer: layer, charged: charged}
+	c := &bg.cats[cat]
+	c.Allocated += n
+	c.PeakAllocated = max(c.PeakAllocated, c.Allocated)
+	c.Allocs++
+	ev := Event{Kind: EventAlloc, Category: cat.String(), Layer: layer, Bytes: n}
+	if charged {
+		ev.Charged = n
+	}
+	bg.recordLocked(ev)
+	bg.mu.Unlock()
+	return t, nil
+}
+
+// charge counts n bytes against the budget. reserve marks a charge with no
+// tensor behind it (a ring), which is recorded as such.
+func (bg *Budget) charge(cat Category, n int64, layer int, reclaim, reserve bool) error {
+	failed := 0
+	for {
+		bg.mu.Lock()
+		if bg.closed {
+			bg.mu.Unlock()
+			return fmt.Errorf("paging: budget %s: closed", bg.device)
+		}
+		if n <= bg.limit-bg.used {
+			bg.used += n
+			bg.peak = max(bg.peak, bg.used)
+			c := &bg.cats[cat]
+			c.Reserved += n
+			c.PeakReserved = max(c.PeakReserved, c.Reserved)
+			if reserve {
+				bg.recordLocked(Event{Kind: EventReserve, Category: cat.String(), Layer: layer, Bytes: n, Charged: n})
+			}
+			bg.mu.Unlock()
+			return nil
+		}
+		used := bg.used
+		bg.mu.Unlock()
+		if n > bg.limit || !reclaim {
+			return bg.oomError(cat, n, used)
+		}
+		switch bg.reclaimOne() {
+		case reclaimNone:
+			return bg.oomError(cat, n, used)
+		case reclaimRaced:
+			if failed++; failed > 64 {
+				return bg.oomError(cat, n, used)
+			}
+		default:
+			failed = 0
+		}
+	}
+}
+
+func (bg *Budget) oomError(cat Category, n, used int64) error {
+	return fmt.Errorf("paging: budget %s: %w: %s for %s does not fit: %s of %s in use, nothing left to evict",
+		bg.device, tensor.ErrOutOfMemory, FormatSize(n), cat, FormatSize(used), FormatSize(bg.limit))
+}
+
+func (bg *Budget) uncharge(cat Category, n int64, layer int, reserve bool) {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	bg.used -= n
+	bg.cats[cat].Reserved -= n
+	if reserve {
+		bg.recordLocked(Event{Kind: EventUnreserve, Category: cat.String(), Layer: layer, Bytes: n, Charged: -n})
+	}
+}
+
+type reclaimResult int
+
+const (
+	reclaimNone reclaimResult = iota
+	reclaimRaced
+	reclaimDone
+)
+
+// reclaimOne evicts the least recently used evictable layer part among all
+// attached pagers.
+func (bg *Budget) reclaimOne() reclaimResult {
+	bg.rmu.Lock()
+	ps := slices.Clone(bg.pagers)
+	bg.rmu.Unlock()
+	var best *Pager
+	var bestStamp uint64
+	for _, p := range ps {
+		if s, ok := p.lruCandidate(); ok && (best == nil || s < bestStamp) {
+			best, bestStamp = p, s
+		}
+	}
+	if best == nil {
+		return reclaimNone
+	}
+	if best.evictStamp(bestStamp) {
+		return reclaimDone
+	}
+	return reclaimRaced
+}
+
+func (bg *Budget) tick() uint64 { return bg.clock.Add(1) }
+
+func (bg *Budget) attach(p *Pager) int {
+	bg.rmu.Lock()
+	defer bg.rmu.Unlock()
+	bg.pagers = append(bg.pagers, p)
+	bg.nextPgID++
+	return bg.nextPgID - 1
+}
+
+func (bg *Budget) detach(p *Pager) {
+	bg.rmu.Lock()
+	defer bg.rmu.Unlock()
+	bg.pagers = slices.DeleteFunc(bg.pagers, func(q *Pager) bool { return q == p })
+}
+
+func (bg *Budget) attached() []*Pager {
+	bg.rmu.Lock()
+	defer bg.rmu.Unlock()
+	return slices.Clone(bg.pagers)
+}
+
+// ErrLeak is wrapped by Budget.Close when tensors were still allocated.
+var ErrLeak = errors.New("allocations still live")
+
+// Close closes the pagers that use the budget, then frees every tensor still
+// allocated from it. It reports those tensors as an error wrapping ErrLeak:
+// whoever allocated them forgot to free them. Close is idempotent; after it
+// every allocation fails.
+func (bg *Budget) Close() error {
+	var errs []error
+	for _, p := range bg.attached() {
+		if err := p.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	bg.mu.Lock()
+	if bg.closed {
+		bg.mu.Unlock()
+		return errors.Join(errs...)
+	}
+	bg.closed = true
+	var leaked [numCategories]int64
+	var count int
+	var ts []*tensor.Tensor
+	for t, la := range bg.live {
+		leaked[la.cat] += la.bytes
+		count++
+		ts = append(ts, t)
+	}
+	bg.mu.Unlock()
+	for _, t := range ts {
+		bg.Free(t)
+	}
+	if count > 0 {
+		var parts []string
+		for c, n := range leaked {
+			if n > 0 {
+				parts = append(parts, fmt.Sprintf("%s %s", FormatSize(n), Category(c)))
+			}
+		}
+		errs = append(errs, fmt.Errorf("paging: budget %s: %w at Close: %d tensors (%s), freed now", bg.device, ErrLeak, count, strings.Join(parts, ", ")))
+	}
+	return errors.Join(errs...)
+}

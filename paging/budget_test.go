@@ -1,0 +1,223 @@
+package paging
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+func TestBudgetRefusesOverLimit(t *testing.T) {
+	fb := newFake()
+	bg := NewBudget(fb, 1000, "fake:0")
+	a, err := bg.Alloc(KVCache, tensor.F32, tensor.Shape{200}) // 800 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bg.Alloc(Activations, tensor.F32, tensor.Shape{51}) // 204 bytes: 4 too many
+	if !errors.Is(err, tensor.ErrOutOfMemory) {
+		t.Fatalf("over budget: %v, want ErrOutOfMemory", err)
+	}
+	b, err := bg.Alloc(Activations, tensor.F16, tensor.Shape{100}) // exactly fills it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bg.Used() != 1000 || bg.Peak() != 1000 || bg.UsedBy(KVCache) != 800 || bg.UsedBy(Activations) != 200 {
+		t.Errorf("used %d peak %d kv %d act %d", bg.Used(), bg.Peak(), bg.UsedBy(KVCache), bg.UsedBy(Activations))
+	}
+	bg.Free(a)
+	bg.Free(a) // twice: ignored
+	if bg.Used() != 200 || bg.Peak() != 1000 {
+		t.Errorf("after free: used %d peak %d", bg.Used(), bg.Peak())
+	}
+	if _, err := bg.Alloc(Workspace, tensor.Invalid, tensor.Shape{1}); err == nil {
+		t.Error("invalid dtype allocated")
+	}
+	// b is leaked on purpose: Close reports and frees it
+	_ = b
+	err = bg.Close()
+	if !errors.Is(err, ErrLeak) || !strings.Contains(err.Error(), "activations") {
+		t.Errorf("Close with a live tensor: %v", err)
+	}
+	if nt, live, _ := fb.outstanding(); nt != 0 || live != 0 {
+		t.Errorf("after Close: %d tensors, %d bytes", nt, live)
+	}
+	if err := bg.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := bg.Alloc(KVCache, tensor.F32, tensor.Shape{1}); err == nil {
+		t.Error("allocation after Close succeeded")
+	}
+}
+
+func TestBudgetConcurrentNeverExceeds(t *testing.T) {
+	fb := newFake()
+	const limit = 10000
+	bg := NewBudget(fb, limit, "")
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var held []*tensor.Tensor
+			for i := range 300 {
+				if tt, err := bg.Alloc(Category(i%int(numCategories)), tensor.F32, tensor.Shape{1 + (i*7+w)%300}); err == nil {
+					held = append(held, tt)
+				} else if !errors.Is(err, tensor.ErrOutOfMemory) {
+					t.Error(err)
+					return
+				}
+				if len(held) > 3 {
+					bg.Free(held[0])
+					held = held[1:]
+				}
+			}
+			for _, tt := range held {
+				bg.Free(tt)
+			}
+		}()
+	}
+	wg.Wait()
+	if bg.Peak() > limit || fb.peakBytes > limit || bg.Used() != 0 {
+		t.Errorf("peak %d (backend %d), used %d, limit %d", bg.Peak(), fb.peakBytes, bg.Used(), limit)
+	}
+	var allocs, frees int64
+	for _, c := range bg.Categories() {
+		allocs += c.Allocs
+		frees += c.Frees
+		if c.Allocated != 0 || c.Reserved != 0 || c.PeakReserved > limit {
+			t.Errorf("%+v", c)
+		}
+	}
+	if allocs != frees || allocs == 0 {
+		t.Errorf("allocs %d, frees %d", allocs, frees)
+	}
+	if err := bg.Close(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	src := llamaSynth(4, 32, 64, 16, 64)
+	info := smallDims(src, 4)
+	W, _ := totalAndMax(info)
+	p0, _ := Plan(info, 1<<40, StrategyBalanced, 4, 1)
+	budget := p0.KVCacheBytes + p0.ActivationBytes + W*6/10
+	plan, err := Plan(info, budget, StrategyBalanced, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := NewBudget(newFake(), budget, "fake:0")
+	bg.RecordHistory(100000)
+	free := nnReserve(t, bg, plan)
+	pg, err := NewPager(src, bg, plan, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		sweep(t, pg, src, forward(src.NumLayers()))
+		pg.MarkStep()
+	}
+	sweep(t, pg, src, []int{1, 1}) // the second is a hit
+	waitIdle(pg)
+	var buf bytes.Buffer
+	if err := bg.WriteSnapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := ReadSnapshot(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bg.Snapshot()
+	if snap.Device != "fake:0" || snap.Limit != budget || snap.Peak != want.Peak || len(snap.Events) != len(want.Events) || len(snap.Pagers) != 1 {
+		t.Fatalf("round trip: device %q limit %d peak %d events %d/%d pagers %d", snap.Device, snap.Limit, snap.Peak, len(snap.Events), len(want.Events), len(snap.Pagers))
+	}
+	kinds := map[string]int{}
+	var charged, peak int64
+	for i, ev := range snap.Events {
+		if ev != want.Events[i] {
+			t.Fatalf("event %d: %+v, want %+v", i, ev, want.Events[i])
+		}
+		kinds[ev.Kind]++
+		charged += ev.Charged
+		peak = max(peak, charged)
+	}
+	for _, k := range []string{EventAlloc, EventFree, EventReserve, EventLoadStart, EventLoadEnd, EventEvict, EventHit, EventMiss} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s event in %v", k, kinds)
+		}
+	}
+	if peak != snap.Peak || charged != snap.Used {
+		t.Errorf("replayed peak %d, used %d; snapshot says %d, %d", peak, charged, snap.Peak, snap.Used)
+	}
+	free()
+	if err := bg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// the full history comes back to zero: no leak
+	var total int64
+	for _, ev := range bg.Snapshot().Events {
+		total += ev.Charged
+	}
+	if total != 0 {
+		t.Errorf("after Close the history leaves %d bytes charged", total)
+	}
+	if _, err := ReadSnapshot(strings.NewReader(`{"x": 1}`)); err == nil {
+		t.Error("a JSON file that is not a snapshot was accepted")
+	}
+}
+
+func TestLoadConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", `
+model: somewhere # other sections are not ours
+memory:
+  offload_strategy: balanced
+  max_gpu_memory: 3.5
+  max_host_memory: 16GiB
+  memory_mode: unified-noprefetch
+`)
+	fc, err := LoadConfigFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := fc.Memory
+	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" {
+		t.Errorf("%+v", m)
+	}
+	if n, err := ParseSize(m.MaxGPUMemory); err != nil || n != 3758096384 {
+		t.Errorf("max_gpu_memory %q = %d, %v", m.MaxGPUMemory, n, err)
+	}
+	for name, body := range map[string]string{
+		"strategy.yaml": "memory:\n  offload_strategy: lazy\n",
+		"size.yaml":     "memory:\n  max_gpu_memory: lots\n",
+		"mode.yaml":     "memory:\n  memory_mode: magic\n",
+		"key.yaml":      "memory:\n  max_gpu_mem: 3GiB\n",
+		"frac.yaml":     "memory:\n  gpu_memory_fraction: 2\n",
+		"syntax.yaml":   "memory: [\n",
+	} {
+		_, err := LoadConfigFile(write(name, body))
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v, want an error naming the file", name, err)
+		}
+	}
+	if _, err := LoadConfigFile(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Error("missing file accepted")
+	}
+	empty, err := LoadConfigFile(write("empty.yaml", ""))
+	if err != nil || empty.Memory != (MemoryConfig{}) {
+		t.Errorf("empty file: %+v, %v", empty, err)
+	}
+}

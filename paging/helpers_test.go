@@ -1,0 +1,305 @@
+package paging
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// fakeBackend is a host-memory backend that counts what is allocated and
+// refuses every compute operation: paging only allocates, uploads and
+// downloads.
+type fakeBackend struct {
+	mu          sync.Mutex
+	live        map[*tensor.Tensor]int64
+	liveBytes   int64
+	peakBytes   int64
+	total       int64 // reported by MemInfo
+	pinned      map[*byte]int64
+	pinnedBytes int64
+	uploads     atomic.Int64
+}
+
+var errNoOps = errors.New("fake backend: no compute")
+
+func newFake() *fakeBackend {
+	return &fakeBackend{live: map[*tensor.Tensor]int64{}, pinned: map[*byte]int64{}, total: 16 * GiB}
+}
+
+func (f *fakeBackend) Name() string { return "fake" }
+
+func (f *fakeBackend) Alloc(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	t := tensor.New(dt, shape)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.live[t] = t.NumBytes()
+	f.liveBytes += t.NumBytes()
+	f.peakBytes = max(f.peakBytes, f.liveBytes)
+	return t, nil
+}
+
+func (f *fakeBackend) Free(t *tensor.Tensor) {
+	if t == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.live[t]
+	if !ok {
+		panic("fake backend: double free or foreign tensor")
+	}
+	delete(f.live, t)
+	f.liveBytes -= n
+}
+
+func (f *fakeBackend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	f.mu.Lock()
+	_, ok := f.live[dst]
+	f.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("fake backend: upload to a tensor that is not live")
+	}
+	if off < 0 || off+int64(len(src)) > dst.NumBytes() {
+		return fmt.Errorf("fake backend: upload out of range")
+	}
+	copy(dst.Bytes()[off:], src)
+	f.uploads.Add(int64(len(src)))
+	return nil
+}
+
+func (f *fakeBackend) Download(dst []byte, src *tensor.Tensor) error {
+	f.mu.Lock()
+	_, ok := f.live[src]
+	f.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("fake backend: download of a tensor that is not live (evicted?)")
+	}
+	if int64(len(dst)) != src.NumBytes() {
+		return fmt.Errorf("fake backend: download size")
+	}
+	copy(dst, src.Bytes())
+	return nil
+}
+
+func (f *fakeBackend) MemInfo() (int64, int64, error) { return f.total - f.liveBytes, f.total, nil }
+
+func (f *fakeBackend) AllocPinned(n int64) ([]byte, error) {
+	b := make([]byte, n)
+	if n == 0 {
+		return b, nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pinned[&b[0]] = n
+	f.pinnedBytes += n
+	return b, nil
+}
+
+func (f *fakeBackend) FreePinned(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.pinned[&b[0]]
+	if !ok {
+		return fmt.Errorf("fake backend: FreePinned of memory it did not allocate")
+	}
+	delete(f.pinned, &b[0])
+	f.pinnedBytes -= n
+	return nil
+}
+
+func (f *fakeBackend) outstanding() (int, int64, int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.live), f.liveBytes, f.pinnedBytes
+}
+
+func (f *fakeBackend) MatMul(out, x, w, bias *tensor.Tensor) error            { return errNoOps }
+func (f *fakeBackend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error    { return errNoOps }
+func (f *fakeBackend) Rope(x, cos, sin *tensor.Tensor, h, hd, pos0 int) error { return errNoOps }
+func (f *fakeBackend) SiLUMul(out, gate, up *tensor.Tensor) error             { return errNoOps }
+func (f *fakeBackend) Add(out, a, b *tensor.Tensor) error                     { return errNoOps }
+func (f *fakeBackend) Embed(out, table *tensor.Tensor, ids []int32) error     { return errNoOps }
+func (f *fakeBackend) CopyRows(dst *tensor.Tensor, dr int, src *tensor.Tensor, sr, n int) error {
+	return errNoOps
+}
+func (f *fakeBackend) Attention(out, q, k, v *tensor.Tensor, h, kvh, hd, pos0 int, scale float32) error {
+	return errNoOps
+}
+
+// pageableBackend hides the fake's PinnedAllocator.
+type pageableBackend struct{ tensor.Backend }
+
+// synthSource is a model whose tensor bytes are a deterministic pattern of
+// (layer, name), so every Acquire can check it got the right bytes.
+type synthSource struct {
+	patterns sync.Map // "layer/name" -> []byte
+	layers [][]TensorSpec
+	reads  atomic.Int64 // bytes read
+	calls  []atomic.Int64
+	// block, when set, makes ReadTensor of that layer wait for ctx or the
+	// channel to close.
+	blockLayer int
+	block      chan struct{}
+	started    chan struct{}
+}
+
+func newSynth(layerTensors [][]TensorSpec) *synthSource {
+	return &synthSource{layers: layerTensors, calls: make([]atomic.Int64, len(layerTensors)), blockLayer: -1}
+}
+
+// randomSynth makes n layers of 1..maxT F16 tensors with random shapes.
+func randomSynth(rng *rand.Rand, n, maxT, maxRows int) *synthSource {
+	var ls [][]TensorSpec
+	for l := range n {
+		var ts []TensorSpec
+		for k := range 1 + rng.IntN(maxT) {
+			s := tensor.Shape{1 + rng.IntN(maxRows), 8}
+			ts = append(ts, spec(fmt.Sprintf("layers.%d.t%d", l, k), tensor.F16, s))
+		}
+		ls = append(ls, ts)
+	}
+	return newSynth(ls)
+}
+
+// llamaSynth lays out layers like a Llama model: embedding, blocks of nine
+// tensors, final norm and head.
+func llamaSynth(blocks, hidden, inter, kvDim, vocab int) *synthSource {
+	ls := [][]TensorSpec{{spec("model.embed_tokens.weight", tensor.F16, tensor.Shape{vocab, hidden})}}
+	for i := range blocks {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		ls = append(ls, []TensorSpec{
+			spec(p+"input_layernorm.weight", tensor.F16, tensor.Shape{hidden}),
+			spec(p+"self_attn.q_proj.weight", tensor.F16, tensor.Shape{hidden, hidden}),
+			spec(p+"self_attn.k_proj.weight", tensor.F16, tensor.Shape{kvDim, hidden}),
+			spec(p+"self_attn.v_proj.weight", tensor.F16, tensor.Shape{kvDim, hidden}),
+			spec(p+"self_attn.o_proj.weight", tensor.F16, tensor.Shape{hidden, hidden}),
+			spec(p+"post_attention_layernorm.weight", tensor.F16, tensor.Shape{hidden}),
+			spec(p+"mlp.gate_proj.weight", tensor.F16, tensor.Shape{inter, hidden}),
+			spec(p+"mlp.up_proj.weight", tensor.F16, tensor.Shape{inter, hidden}),
+			spec(p+"mlp.down_proj.weight", tensor.F16, tensor.Shape{hidden, inter}),
+		})
+	}
+	ls = append(ls, []TensorSpec{
+		spec("model.norm.weight", tensor.F16, tensor.Shape{hidden}),
+		spec("lm_head.weight", tensor.F16, tensor.Shape{vocab, hidden}),
+	})
+	return newSynth(ls)
+}
+
+func spec(name string, dt tensor.DType, s tensor.Shape) TensorSpec {
+	return TensorSpec{Name: name, DType: dt, Shape: s, Bytes: s.NumElements() * int64(dt.Size())}
+}
+
+func (s *synthSource) NumLayers() int { return len(s.layers) }
+
+func (s *synthSource) LayerTensors(l int) []TensorSpec { return s.layers[l] }
+
+func (s *synthSource) ReadTensor(ctx context.Context, l int, name string, dst []byte) error {
+	if l < 0 || l >= len(s.layers) {
+		return fmt.Errorf("synth: no layer %d", l)
+	}
+	for _, t := range s.layers[l] {
+		if t.Name != name {
+			continue
+		}
+		if int64(len(dst)) != t.Bytes {
+			return fmt.Errorf("synth: %s: dst has %d bytes, want %d", name, len(dst), t.Bytes)
+		}
+		if l == s.blockLayer && s.block != nil {
+			if s.started != nil {
+				select {
+				case s.started <- struct{}{}:
+				default:
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-s.block:
+			}
+		}
+		copy(dst, s.pattern(l, name, t.Bytes))
+		s.reads.Add(t.Bytes)
+		s.calls[l].Add(1)
+		return nil
+	}
+	return fmt.Errorf("synth: layer %d has no tensor %s", l, name)
+}
+
+// pattern returns the tensor's bytes, computed once.
+func (s *synthSource) pattern(l int, name string, n int64) []byte {
+	key := fmt.Sprintf("%d/%s", l, name)
+	if b, ok := s.patterns.Load(key); ok {
+		return b.([]byte)
+	}
+	b := make([]byte, n)
+	fill(b, l, name)
+	s.patterns.Store(key, b)
+	return b
+}
+
+func seedOf(l int, name string) uint32 {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%d/%s", l, name)
+	return h.Sum32()
+}
+
+func fill(dst []byte, l int, name string) {
+	x := seedOf(l, name)
+	for i := range dst {
+		x = x*1664525 + 1013904223
+		dst[i] = byte(x >> 24)
+	}
+}
+
+// check verifies that the acquired tensors are the layer's, with its bytes.
+func check(b tensor.Backend, src *synthSource, l int, ws map[string]*tensor.Tensor) error {
+	if len(ws) != len(src.layers[l]) {
+		return fmt.Errorf("layer %d: got %d tensors, want %d", l, len(ws), len(src.layers[l]))
+	}
+	for _, s := range src.layers[l] {
+		t := ws[s.Name]
+		if t == nil {
+			return fmt.Errorf("layer %d: tensor %s missing", l, s.Name)
+		}
+		if t.DType() != s.DType || !t.Shape().Equal(s.Shape) {
+			return fmt.Errorf("layer %d: tensor %s is %v %v, want %v %v", l, s.Name, t.DType(), t.Shape(), s.DType, s.Shape)
+		}
+		got := make([]byte, t.NumBytes())
+		if err := b.Download(got, t); err != nil {
+			return fmt.Errorf("layer %d: tensor %s: %v", l, s.Name, err)
+		}
+		if want := src.pattern(l, s.Name, s.Bytes); !bytes.Equal(got, want) {
+			return fmt.Errorf("layer %d: tensor %s: bytes differ from the source's", l, s.Name)
+		}
+	}
+	return nil
+}
+
+// smallDims gives a model's non-weight dimensions for planning: small, so
+// that KV cache and activations are a modest share of the budget.
+func smallDims(src Source, blocks int) ModelInfo {
+	layers, err := DescribeSource(src)
+	if err != nil {
+		panic(err)
+	}
+	return ModelInfo{Layers: layers, NumLayers: blocks, HiddenSize: 8, IntermediateSize: 16, NumHeads: 2, NumKVHeads: 1, HeadDim: 4, VocabSize: 32}
+}
+
+func totalAndMax(info ModelInfo) (w, lmax int64) {
+	for _, l := range info.Layers {
+		w += l.Bytes
+		lmax = max(lmax, l.Bytes)
+	}
+	return
+}

@@ -1,0 +1,174 @@
+package paging
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Stats are a pager's counters, for the CLI's -json report and the memory
+// summary. Byte counts are totals since NewPager.
+type Stats struct {
+	Pager    int      `json:"pager"`
+	Device   string   `json:"device"`
+	Strategy Strategy `json:"strategy"`
+	Layers   int      `json:"layers"`
+
+	Acquires  int64 `json:"acquires"`
+	Hits      int64 `json:"hits"`   // Acquires that found the layer on the device
+	Misses    int64 `json:"misses"` // Acquires that waited for a load
+	Loads     int64 `json:"loads"`
+	Evictions int64 `json:"evictions"`
+	// Prefetches started, and those not started because as many as the
+	// prefetch depth were already running.
+	Prefetches      int64 `json:"prefetches"`
+	PrefetchSkipped int64 `json:"prefetch_skipped"`
+	// PrefetchStale counts prefetches dropped because, by the time they
+	// ran, the layer was no longer among the next ones to be used.
+	PrefetchStale int64 `json:"prefetch_stale"`
+
+	BytesDiskToHost   int64 `json:"bytes_disk_to_host"`   // read from the source
+	BytesHostToDevice int64 `json:"bytes_host_to_device"` // uploaded to the device
+	HostCacheHits     int64 `json:"host_cache_hits"`
+	HostCacheMisses   int64 `json:"host_cache_misses"`
+	HostCacheBytes    int64 `json:"host_cache_bytes"`
+	HostCacheLimit    int64 `json:"host_cache_limit"`
+	PinnedHostBytes   int64 `json:"pinned_host_bytes"`
+
+	// PrefetchWait is the time Acquire spent waiting for loads already
+	// under way (prefetches that had not finished); DemandWait the time
+	// it spent on loads it started.
+	PrefetchWait time.Duration `json:"prefetch_wait_ns"`
+	DemandWait   time.Duration `json:"demand_wait_ns"`
+
+	// Steps counts MarkStep calls. The first closes the warm-up (loading
+	// the resident layers, prefill); BytesPerStep is the mean of the
+	// bytes moved to the device in each step after it, MaxStepBytes
+	// their largest, LastStepBytes the latest step's.
+	Steps         int64   `json:"steps"`
+	BytesPerStep  float64 `json:"bytes_per_step"`
+	MaxStepBytes  int64   `json:"max_step_bytes"`
+	LastStepBytes int64   `json:"last_step_bytes"`
+
+	ResidentWeightBytes int64 `json:"resident_weight_bytes"` // resident parts on the device now
+	StreamedWeightBytes int64 `json:"streamed_weight_bytes"` // streamed parts on the device now
+	RingBytes           int64 `json:"ring_bytes"`
+	PeakDeviceBytes     int64 `json:"peak_device_bytes"` // the budget's peak
+	PinnedLayers        int   `json:"pinned_layers"`     // layers acquired and not released
+	BadReleases         int64 `json:"bad_releases,omitempty"`
+}
+
+// HitRate is Hits / Acquires, or 0 before any Acquire.
+func (s Stats) HitRate() float64 {
+	if s.Acquires == 0 {
+		return 0
+	}
+	return float64(s.Hits) / float64(s.Acquires)
+}
+
+// MarkStep marks a step boundary (a decoded token) and returns the bytes
+// moved to the device since the previous mark.
+func (p *Pager) MarkStep() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.st.BytesHostToDevice - p.lastMark
+	p.lastMark = p.st.BytesHostToDevice
+	p.st.Steps++
+	p.st.LastStepBytes = d
+	if p.st.Steps > 1 {
+		p.stepSum += d
+		p.stepCount++
+		p.st.MaxStepBytes = max(p.st.MaxStepBytes, d)
+	}
+	return d
+}
+
+// Stats returns the pager's counters now.
+func (p *Pager) Stats() Stats {
+	peak := p.bg.Peak()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.st
+	s.Pager, s.Device, s.Strategy, s.Layers = p.id, p.bg.Device(), p.plan.Strategy, len(p.layers)
+	s.PrefetchWait, s.DemandWait = p.prefetchWait, p.demandWait
+	if p.stepCount > 0 {
+		s.BytesPerStep = float64(p.stepSum) / float64(p.stepCount)
+	}
+	s.HostCacheBytes, s.HostCacheLimit, s.PinnedHostBytes = p.hostUsed, p.hostCap, p.pinnedBytes
+	s.RingBytes = p.ringCap
+	s.PeakDeviceBytes = peak
+	for _, e := range p.layers {
+		if e.resLoaded {
+			s.ResidentWeightBytes += e.resBytes
+		}
+		if e.strLoaded {
+			s.StreamedWeightBytes += e.strBytes
+		}
+		if e.pins > 0 {
+			s.PinnedLayers++
+		}
+	}
+	return s
+}
+
+// Summary returns the memory summary of the budget's device: per category
+// the bytes allocated and reserved now and at their peak and the allocation
+// counts, then the statistics of every pager using the budget.
+func (bg *Budget) Summary() string {
+	var sb strings.Builder
+	bg.writeSummary(&sb)
+	return sb.String()
+}
+
+// Summary returns the summaries of several devices' budgets, one after the
+// other.
+func Summary(budgets ...*Budget) string {
+	var sb strings.Builder
+	for i, bg := range budgets {
+		if i > 0 {
+			sb.WriteString("\n")
+		}
+		bg.writeSummary(&sb)
+	}
+	return sb.String()
+}
+
+func (bg *Budget) writeSummary(sb *strings.Builder) {
+	s := bg.Snapshot()
+	rule := strings.Repeat("=", 86)
+	fmt.Fprintf(sb, "%s\n", rule)
+	pct := 0.0
+	if s.Limit > 0 {
+		pct = 100 * float64(s.Peak) / float64(s.Limit)
+	}
+	fmt.Fprintf(sb, " memory summary, device %s: budget %s, in use %s, peak %s (%.1f%% of budget)\n",
+		s.Device, FormatSize(s.Limit), FormatSize(s.Used), FormatSize(s.Peak), pct)
+	fmt.Fprintf(sb, "%s\n", rule)
+	tw := tabwriter.NewWriter(sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "category\tallocated\tpeak alloc\treserved\tpeak reserved\tallocs\tfrees\t")
+	var tot CategoryStats
+	for _, c := range s.Categories {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t\n", c.Category, FormatSize(c.Allocated), FormatSize(c.PeakAllocated),
+			FormatSize(c.Reserved), FormatSize(c.PeakReserved), c.Allocs, c.Frees)
+		tot.Allocated += c.Allocated
+		tot.Reserved += c.Reserved
+		tot.Allocs += c.Allocs
+		tot.Frees += c.Frees
+	}
+	fmt.Fprintf(tw, "total\t%s\t\t%s\t%s\t%d\t%d\t\n", FormatSize(tot.Allocated), FormatSize(tot.Reserved), FormatSize(s.Peak), tot.Allocs, tot.Frees)
+	tw.Flush()
+	for _, ps := range s.Pagers {
+		fmt.Fprintf(sb, "%s\n", strings.Repeat("-", 86))
+		fmt.Fprintf(sb, " pager %d (%s, %d layers): resident %s, streamed on device %s, ring %s, %d pinned\n",
+			ps.Pager, ps.Strategy, ps.Layers, FormatSize(ps.ResidentWeightBytes), FormatSize(ps.StreamedWeightBytes), FormatSize(ps.RingBytes), ps.PinnedLayers)
+		fmt.Fprintf(sb, "   acquires %d: hits %d, misses %d (hit rate %.1f%%); loads %d, evictions %d, prefetches %d (%d skipped, %d stale)\n",
+			ps.Acquires, ps.Hits, ps.Misses, 100*ps.HitRate(), ps.Loads, ps.Evictions, ps.Prefetches, ps.PrefetchSkipped, ps.PrefetchStale)
+		fmt.Fprintf(sb, "   moved: disk->host %s, host->device %s; host cache %s of %s (hits %d, misses %d), pinned %s\n",
+			FormatSize(ps.BytesDiskToHost), FormatSize(ps.BytesHostToDevice), FormatSize(ps.HostCacheBytes), FormatSize(ps.HostCacheLimit),
+			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes))
+		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
+			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))
+	}
+	fmt.Fprintf(sb, "%s\n", rule)
+}

@@ -1,0 +1,132 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"sync"
+)
+
+// scoreBufs recycles the per-task score rows of Attention.
+var scoreBufs = sync.Pool{New: func() any { return new([]float32) }}
+
+// Attention computes causal grouped-query attention for the T rows of q at
+// positions pos0..pos0+T-1 against the key and value caches k and v
+// [maxPos, kvHeads*headDim], which hold positions 0..pos0+T-1. q and out are
+// F32 [T, heads*headDim]. Query row t attends to positions 0..pos0+t; query
+// head h reads KV head h/(heads/kvHeads). The work is spread over (head,
+// row) pairs on the pool.
+func (c *CPU) Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+	const op = "Attention"
+	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 || pos0 < 0 {
+		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads), headDim %d or pos0 %d", op, heads, kvHeads, headDim, pos0)
+	}
+	if err := check(op, "q", q, F32, -1, heads*headDim); err != nil {
+		return err
+	}
+	t := q.shape[0]
+	if err := check(op, "out", out, F32, t, heads*headDim); err != nil {
+		return err
+	}
+	if err := check(op, "k", k, F32, -1, kvHeads*headDim); err != nil {
+		return err
+	}
+	maxPos := k.shape[0]
+	if err := check(op, "v", v, F32, maxPos, kvHeads*headDim); err != nil {
+		return err
+	}
+	if pos0+t > maxPos {
+		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
+	}
+	if err := noOverlap(op, out, []string{"q", "k", "v"}, q, k, v); err != nil {
+		return err
+	}
+	if t == 0 {
+		return nil
+	}
+	a := attention{
+		k: c.k, q: q.F32(), kc: k.F32(), vc: v.F32(), out: out.F32(),
+		heads: heads, group: heads / kvHeads, kvHeads: kvHeads, d: headDim, pos0: pos0, scale: scale,
+	}
+	work := t * heads * (pos0 + t) * headDim
+	if work < minParallel {
+		c.pool.run(1, func(int) {
+			for i := range t * heads {
+				a.row(i/heads, i%heads)
+			}
+		})
+		return nil
+	}
+	c.pool.run(t*heads, func(i int) { a.row(i/heads, i%heads) })
+	return nil
+}
+
+// attention is one Attention call's operands.
+type attention struct {
+	k               *kernels
+	q, kc, vc, out  []float32
+	heads, group, d int
+	kvHeads, pos0   int
+	scale           float32
+}
+
+// row computes head h of query row t.
+func (a *attention) row(t, h int) {
+	d, n := a.d, a.pos0+t+1 // positions 0..pos0+t
+	qw, kw := a.heads*d, a.kvHeads*d
+	kh := h / a.group
+	qv := a.q[t*qw+h*d : t*qw+(h+1)*d]
+	o := a.out[t*qw+h*d : t*qw+(h+1)*d]
+
+	bp := scoreBufs.Get().(*[]float32)
+	if cap(*bp) < n {
+		*bp = make([]float32, n)
+	}
+	s := (*bp)[:n]
+	mx := float32(math.Inf(-1))
+	j := 0
+	for ; j+4 <= n; j += 4 {
+		s0, s1, s2, s3 := a.k.dot4F32(qv,
+			a.kc[j*kw+kh*d:j*kw+(kh+1)*d], a.kc[(j+1)*kw+kh*d:(j+1)*kw+(kh+1)*d],
+			a.kc[(j+2)*kw+kh*d:(j+2)*kw+(kh+1)*d], a.kc[(j+3)*kw+kh*d:(j+3)*kw+(kh+1)*d])
+		s[j], s[j+1], s[j+2], s[j+3] = s0*a.scale, s1*a.scale, s2*a.scale, s3*a.scale
+	}
+	for ; j < n; j++ {
+		s[j] = a.k.dotF32(qv, a.kc[j*kw+kh*d:j*kw+(kh+1)*d]) * a.scale
+	}
+	for _, x := range s {
+		mx = max(mx, x)
+	}
+	var sum float32
+	for j, x := range s {
+		e := float32(math.Exp(float64(x - mx)))
+		s[j] = e
+		sum += e
+	}
+	// out = Σ_j s[j]·v[j], four positions per pass over the output row.
+	clear(o)
+	j = 0
+	for ; j+4 <= n; j += 4 {
+		p0, p1, p2, p3 := s[j], s[j+1], s[j+2], s[j+3]
+		v0 := a.vc[j*kw+kh*d : j*kw+(kh+1)*d]
+		v1 := a.vc[(j+1)*kw+kh*d : (j+1)*kw+(kh+1)*d]
+		v2 := a.vc[(j+2)*kw+kh*d : (j+2)*kw+(kh+1)*d]
+		v3 := a.vc[(j+3)*kw+kh*d : (j+3)*kw+(kh+1)*d]
+		v0, v1, v2, v3 = v0[:len(o)], v1[:len(o)], v2[:len(o)], v3[:len(o)]
+		for i := range o {
+			o[i] += p0*v0[i] + p1*v1[i] + p2*v2[i] + p3*v3[i]
+		}
+	}
+	for ; j < n; j++ {
+		p := s[j]
+		vr := a.vc[j*kw+kh*d : j*kw+(kh+1)*d]
+		vr = vr[:len(o)]
+		for i := range o {
+			o[i] += p * vr[i]
+		}
+	}
+	inv := 1 / sum
+	for i := range o {
+		o[i] *= inv
+	}
+	scoreBufs.Put(bp)
+}

@@ -1,0 +1,260 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+)
+
+// minParallelElems is the element count below which an elementwise
+// operation runs on the calling goroutine alone.
+const minParallelElems = 1 << 16
+
+// parallelRange splits [0, n) into chunks of at least grain elements and
+// runs fn on each chunk on the pool.
+func (c *CPU) parallelRange(n, grain int, fn func(lo, hi int)) {
+	tasks := 1
+	if n >= grain*2 {
+		tasks = min(n/grain, 4*c.threads)
+	}
+	per := (n + tasks - 1) / tasks
+	c.pool.run(tasks, func(t int) {
+		if lo := t * per; lo < n {
+			fn(lo, min(n, lo+per))
+		}
+	})
+}
+
+// RMSNorm computes out[i,:] = x[i,:] / sqrt(mean(x[i,:]²) + eps) * w. x and
+// out are F32 [M, D] (out may alias x); w is [D] in any float type.
+func (c *CPU) RMSNorm(out, x, w *Tensor, eps float32) error {
+	const op = "RMSNorm"
+	if err := check(op, "x", x, F32, -1, -1); err != nil {
+		return err
+	}
+	m, d := x.shape[0], x.shape[1]
+	if err := check(op, "w", w, Invalid, d); err != nil {
+		return err
+	}
+	if err := check(op, "out", out, F32, m, d); err != nil {
+		return err
+	}
+	if overlap(out, w) {
+		return fmt.Errorf("tensor: %s: out overlaps w", op)
+	}
+	if overlap(out, x) && &out.data[0] != &x.data[0] {
+		return fmt.Errorf("tensor: %s: out partially overlaps x", op)
+	}
+	if m == 0 || d == 0 {
+		return nil
+	}
+	xs, os, wv := x.F32(), out.F32(), newFvec(w)
+	rowsPer := max(1, minParallelElems/d)
+	c.parallelRange(m, rowsPer, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			xr, or := xs[i*d:(i+1)*d], os[i*d:(i+1)*d]
+			var ss float64
+			for _, v := range xr {
+				ss += float64(v) * float64(v)
+			}
+			r := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
+			switch wv.dt {
+			case F32:
+				wr := wv.f32[:d]
+				for j, v := range xr {
+					or[j] = v * r * wr[j]
+				}
+			case F16:
+				wr := wv.u16[:d]
+				for j, v := range xr {
+					or[j] = v * r * f16ToF32Table[wr[j]]
+				}
+			default:
+				wr := wv.u16[:d]
+				for j, v := range xr {
+					or[j] = v * r * bf16ToF32(wr[j])
+				}
+			}
+		}
+	})
+	return nil
+}
+
+// Rope rotates the pairs (j, j+headDim/2) of every head of x[T,
+// heads*headDim] in place by the angles of positions pos0..pos0+T-1, read
+// from the F32 tables cos and sin [maxPos, headDim/2].
+func (c *CPU) Rope(x, cos, sin *Tensor, heads, headDim, pos0 int) error {
+	const op = "Rope"
+	if heads <= 0 || headDim <= 0 || headDim%2 != 0 || pos0 < 0 {
+		return fmt.Errorf("tensor: %s: invalid heads %d, headDim %d (must be even) or pos0 %d", op, heads, headDim, pos0)
+	}
+	half := headDim / 2
+	if err := check(op, "x", x, F32, -1, heads*headDim); err != nil {
+		return err
+	}
+	if err := check(op, "cos", cos, F32, -1, half); err != nil {
+		return err
+	}
+	maxPos := cos.shape[0]
+	if err := check(op, "sin", sin, F32, maxPos, half); err != nil {
+		return err
+	}
+	t := x.shape[0]
+	if pos0+t > maxPos {
+		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position tables", op, pos0, pos0+t-1, maxPos)
+	}
+	if overlap(x, cos) || overlap(x, sin) {
+		return fmt.Errorf("tensor: %s: x overlaps the tables", op)
+	}
+	xs, cs, ss := x.F32(), cos.F32(), sin.F32()
+	width := heads * headDim
+	for r := range t {
+		p := pos0 + r
+		cr, sr := cs[p*half:(p+1)*half], ss[p*half:(p+1)*half]
+		for h := range heads {
+			v := xs[r*width+h*headDim : r*width+(h+1)*headDim]
+			lo, hi := v[:half], v[half:headDim]
+			for j := range half {
+				a, b := lo[j], hi[j]
+				lo[j] = a*cr[j] - b*sr[j]
+				hi[j] = b*cr[j] + a*sr[j]
+			}
+		}
+	}
+	return nil
+}
+
+// SiLUMul computes out = silu(gate) * up elementwise, silu(g) = g/(1+e^-g).
+// All three are F32 of one shape; out may alias gate or up.
+func (c *CPU) SiLUMul(out, gate, up *Tensor) error {
+	const op = "SiLUMul"
+	if err := sameF32(op, out, gate, up, "gate", "up"); err != nil {
+		return err
+	}
+	o, g, u := out.F32(), gate.F32(), up.F32()
+	c.parallelRange(len(o), minParallelElems/4, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			v := g[i]
+			o[i] = v / (1 + float32(math.Exp(float64(-v)))) * u[i]
+		}
+	})
+	return nil
+}
+
+// Add computes out = a + b elementwise; all F32 of one shape. out may alias
+// a or b.
+func (c *CPU) Add(out, a, b *Tensor) error {
+	const op = "Add"
+	if err := sameF32(op, out, a, b, "a", "b"); err != nil {
+		return err
+	}
+	o, x, y := out.F32(), a.F32(), b.F32()
+	c.parallelRange(len(o), minParallelElems*4, func(lo, hi int) {
+		o, x, y := o[lo:hi], x[lo:hi], y[lo:hi]
+		for i := range o {
+			o[i] = x[i] + y[i]
+		}
+	})
+	return nil
+}
+
+// sameF32 checks the operands of an elementwise operation: host F32 tensors
+// of one shape, out either identical to or disjoint from each input.
+func sameF32(op string, out, a, b *Tensor, an, bn string) error {
+	if err := check(op, an, a, F32, dims(a)...); err != nil {
+		return err
+	}
+	if err := check(op, bn, b, F32, a.shape...); err != nil {
+		return err
+	}
+	if err := check(op, "out", out, F32, a.shape...); err != nil {
+		return err
+	}
+	for _, in := range [...]struct {
+		t    *Tensor
+		name string
+	}{{a, an}, {b, bn}} {
+		if overlap(out, in.t) && &out.data[0] != &in.t.data[0] {
+			return fmt.Errorf("tensor: %s: out partially overlaps %s", op, in.name)
+		}
+	}
+	return nil
+}
+
+// dims returns a want list matching any shape of t's rank (for CheckShape).
+func dims(t *Tensor) []int {
+	if t == nil {
+		return nil
+	}
+	d := make([]int, len(t.shape))
+	for i := range d {
+		d[i] = -1
+	}
+	return d
+}
+
+// Embed gathers rows of table [V, D] (any float type) into out [len(ids), D]
+// F32. An id outside [0, V) is an error and nothing is written.
+func (c *CPU) Embed(out, table *Tensor, ids []int32) error {
+	const op = "Embed"
+	if err := check(op, "table", table, Invalid, -1, -1); err != nil {
+		return err
+	}
+	v, d := table.shape[0], table.shape[1]
+	if err := check(op, "out", out, F32, len(ids), d); err != nil {
+		return err
+	}
+	if overlap(out, table) {
+		return fmt.Errorf("tensor: %s: out overlaps table", op)
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= v {
+			return fmt.Errorf("tensor: %s: id %d at index %d outside the table of %d rows", op, id, i, v)
+		}
+	}
+	o := out.F32()
+	for i, id := range ids {
+		row := int(id)
+		dst := o[i*d : (i+1)*d]
+		switch table.dtype {
+		case F32:
+			copy(dst, table.F32()[row*d:(row+1)*d])
+		case F16:
+			F16ToF32(dst, table.U16()[row*d:(row+1)*d])
+		default:
+			BF16ToF32(dst, table.U16()[row*d:(row+1)*d])
+		}
+	}
+	return nil
+}
+
+// CopyRows copies n rows of src from row srcRow into dst from row dstRow.
+// The tensors have the same dtype and row length (the product of all but
+// the first dimension); they may be the same tensor.
+func (c *CPU) CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error {
+	const op = "CopyRows"
+	if dst == nil || src == nil {
+		return fmt.Errorf("tensor: %s: nil tensor", op)
+	}
+	if err := onHost(op, "dst", dst); err != nil {
+		return err
+	}
+	if err := onHost(op, "src", src); err != nil {
+		return err
+	}
+	if dst.dtype != src.dtype {
+		return fmt.Errorf("tensor: %s: dst is %v, src is %v", op, dst.dtype, src.dtype)
+	}
+	if len(dst.shape) == 0 || len(src.shape) == 0 {
+		return fmt.Errorf("tensor: %s: dst %v and src %v must have rows", op, dst.shape, src.shape)
+	}
+	dl, sl := dst.shape[1:].NumElements(), src.shape[1:].NumElements()
+	if dl != sl {
+		return fmt.Errorf("tensor: %s: dst rows of %v and src rows of %v differ in length", op, dst.shape, src.shape)
+	}
+	if n < 0 || dstRow < 0 || srcRow < 0 || dstRow+n > dst.shape[0] || srcRow+n > src.shape[0] {
+		return fmt.Errorf("tensor: %s: %d rows from row %d of %v to row %d of %v out of range", op, n, srcRow, src.shape, dstRow, dst.shape)
+	}
+	rb := int(dl) * dst.dtype.Size()
+	copy(dst.data[dstRow*rb:(dstRow+n)*rb], src.data[srcRow*rb:(srcRow+n)*rb])
+	return nil
+}

@@ -1,0 +1,27 @@
+// Package tensortest checks that a tensor.Backend computes what the
+// contract in package tensor says, so that every backend (the pure-Go CPU
+// backend, the CUDA backend) passes one suite.
+//
+// TestBackend runs every operation on fresh random inputs of several shapes
+// (odd sizes, one and many rows, grouped-query attention layouts) in every
+// weight type, and compares the results with plain float64 reference
+// implementations (RefMatMul, RefAttention, ...), which other tests may use
+// too. Outputs are filled with NaN before each operation, so an element the
+// backend forgot to write fails the check. It also checks that malformed
+// calls return errors. The suite uses only the Backend interface: tensors
+// are made with Alloc and Upload and read back with Download.
+//
+// A backend's test calls it with a tolerance suited to its arithmetic:
+//
+//	func TestCPU(t *testing.T) {
+//		tensortest.TestBackend(t, tensor.NewCPU(0)) // default tolerance 1e-5
+//	}
+//
+//	func TestCUDA(t *testing.T) {
+//		b := openCUDA(t) // t.Skip when there is no GPU
+//		tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2))
+//	}
+//
+// FuzzMatMul does the same for random matrix-product shapes under go test
+// -fuzz.
+package tensortest

@@ -1,0 +1,65 @@
+package tensortest
+
+import (
+	"math"
+	"testing"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// FuzzMatMul fuzzes b's MatMul against RefMatMul over shapes M in [1, 40],
+// N and K in [1, 700], every weight type, with and without bias. Call it
+// from a Fuzz function of the backend's package:
+//
+//	func FuzzCPUMatMul(f *testing.F) { tensortest.FuzzMatMul(f, tensor.NewCPU(0)) }
+//
+// Because a single dot product can cancel to nearly nothing, the error is
+// measured against the product of the absolute values, |x|·|w|ᵀ + |bias|,
+// the scale of float32 rounding error in a sum.
+func FuzzMatMul(f *testing.F, b tensor.Backend, opts ...Option) {
+	cfg := newConfig(opts)
+	for _, seed := range []struct {
+		m        uint8
+		n, k     uint16
+		dt       uint8
+		bias     bool
+		seedBits int64
+	}{
+		{1, 513, 172, 1, false, 1}, {12, 513, 172, 1, true, 2}, {1, 1, 1, 0, false, 3},
+		{3, 7, 5, 2, true, 4}, {33, 130, 300, 1, false, 5}, {2, 9, 699, 2, false, 6},
+	} {
+		f.Add(seed.m, seed.n, seed.k, seed.dt, seed.bias, seed.seedBits)
+	}
+	f.Fuzz(func(t *testing.T, m uint8, n, k uint16, dt uint8, withBias bool, seed int64) {
+		M, N, K := 1+int(m)%40, 1+int(n)%700, 1+int(k)%700
+		wdt := weightTypes[int(dt)%len(weightTypes)]
+		s := &suite{b: b, cfg: cfg}
+		r := newRand(uint64(seed))
+		x, xv := s.put(t, tensor.F32, tensor.Shape{M, K}, uniform(r, M*K, -1, 1))
+		w, wv := s.put(t, wdt, tensor.Shape{N, K}, uniform(r, N*K, -1, 1))
+		var bias *tensor.Tensor
+		var bv []float64
+		if withBias {
+			bias, bv = s.put(t, wdt, tensor.Shape{N}, uniform(r, N, -1, 1))
+		}
+		out := s.poisoned(t, tensor.Shape{M, N})
+		if err := b.MatMul(out, x, w, bias); err != nil {
+			t.Fatalf("MatMul M=%d N=%d K=%d %v: %v", M, N, K, wdt, err)
+		}
+		got := s.get(t, out)
+		want := RefMatMul(xv, wv, bv, M, N, K)
+		scale := RefMatMul(abs(xv), abs(wv), abs(bv), M, N, K)
+		var num, den float64
+		for i, g := range got {
+			if math.IsNaN(float64(g)) || math.IsInf(float64(g), 0) {
+				t.Fatalf("MatMul M=%d N=%d K=%d %v: element %d is %v", M, N, K, wdt, i, g)
+			}
+			d := float64(g) - want[i]
+			num += d * d
+			den += scale[i] * scale[i]
+		}
+		if e := math.Sqrt(num / den); !(e <= cfg.tol) {
+			t.Fatalf("MatMul M=%d N=%d K=%d %v bias=%v: error %.3g > %.3g relative to |x|·|w|", M, N, K, wdt, withBias, e, cfg.tol)
+		}
+	})
+}

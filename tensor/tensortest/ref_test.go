@@ -1,0 +1,144 @@
+package tensortest_test
+
+import (
+	"math"
+	"testing"
+
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/tensortest"
+)
+
+// The references are checked against values worked out by hand.
+
+func near(t *testing.T, what string, got, want []float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %v, want %v", what, got, want)
+	}
+	for i := range got {
+		if math.Abs(got[i]-want[i]) > 1e-12 {
+			t.Fatalf("%s: %v, want %v", what, got, want)
+		}
+	}
+}
+
+func TestRefMatMul(t *testing.T) {
+	x := []float64{1, 2, 3, 4}       // [2, 2]
+	w := []float64{1, 0, 1, 1, 0, 2} // [3, 2]: out cols x0, x0+x1, 2·x1
+	near(t, "no bias", tensortest.RefMatMul(x, w, nil, 2, 3, 2), []float64{1, 3, 4, 3, 7, 8})
+	near(t, "bias", tensortest.RefMatMul(x, w, []float64{10, 20, 30}, 2, 3, 2), []float64{11, 23, 34, 13, 27, 38})
+}
+
+func TestRefRMSNorm(t *testing.T) {
+	// mean(3², 4²) = 12.5
+	r := 1 / math.Sqrt(12.5)
+	near(t, "eps 0", tensortest.RefRMSNorm([]float64{3, 4}, []float64{1, 2}, 1, 2, 0), []float64{3 * r, 8 * r})
+	r = 1 / math.Sqrt(12.5+0.5)
+	near(t, "eps 0.5", tensortest.RefRMSNorm([]float64{3, 4}, []float64{1, 1}, 1, 2, 0.5), []float64{3 * r, 4 * r})
+}
+
+func TestRefRope(t *testing.T) {
+	// headDim 4: pairs (0, 2) and (1, 3). Position 1 turns pair 0 by 90°
+	// and leaves pair 1 alone; position 0 is the identity.
+	cos := []float64{1, 1, 0, 1}
+	sin := []float64{0, 0, 1, 0}
+	x := []float64{1, 2, 3, 4, 1, 2, 3, 4} // T=2, one head
+	near(t, "rope", tensortest.RefRope(x, cos, sin, 2, 1, 4, 0), []float64{1, 2, 3, 4, -3, 2, 1, 4})
+	near(t, "rope pos0=1", tensortest.RefRope(x[:4], cos, sin, 1, 1, 4, 1), []float64{-3, 2, 1, 4})
+
+	c, s := tensortest.RopeTables(3, 4, 10000)
+	// Pair 0 turns by the position itself; pair 1 by position/100.
+	near(t, "tables cos", c, []float64{1, 1, math.Cos(1), math.Cos(0.01), math.Cos(2), math.Cos(0.02)})
+	near(t, "tables sin", s, []float64{0, 0, math.Sin(1), math.Sin(0.01), math.Sin(2), math.Sin(0.02)})
+}
+
+func TestRefSiLUMul(t *testing.T) {
+	got := tensortest.RefSiLUMul([]float64{0, 1, -1, 40}, []float64{5, 2, 2, 0.5})
+	near(t, "silu", got, []float64{0, 2 / (1 + math.Exp(-1)), -2 / (1 + math.E), 20})
+}
+
+func TestRefEmbed(t *testing.T) {
+	table := []float64{0, 1, 10, 11, 20, 21}
+	near(t, "embed", tensortest.RefEmbed(table, 2, []int32{2, 0, 2}), []float64{20, 21, 0, 1, 20, 21})
+}
+
+func TestRefAttention(t *testing.T) {
+	// One head of dimension 2, q = 0: every visible position weighs the
+	// same, so row r is the mean of v rows 0..pos0+r.
+	q := make([]float64, 4) // T=2
+	k := []float64{1, 2, 3, 4, 5, 6}
+	v := []float64{2, 0, 4, 2, 9, 9}
+	near(t, "prefill", tensortest.RefAttention(q, k, v, 2, 1, 1, 2, 0, 1), []float64{2, 0, 3, 1})
+	near(t, "decode", tensortest.RefAttention(q[:2], k, v, 1, 1, 1, 2, 2, 1), []float64{5, 11.0 / 3})
+
+	// Scores 0 and ln 3 (q·k with scale 1): weights 1/4 and 3/4.
+	q1 := []float64{math.Log(3), 0}
+	k1 := []float64{0, 0, 1, 0}
+	v1 := []float64{4, 0, 0, 8}
+	near(t, "softmax", tensortest.RefAttention(q1, k1, v1, 1, 1, 1, 2, 1, 1), []float64{1, 6})
+
+	// Grouped: heads 0 and 1 read KV head 0, heads 2 and 3 read KV head 1.
+	qg := make([]float64, 4) // 4 heads of dimension 1
+	kg := []float64{0, 0}    // one position, 2 KV heads
+	vg := []float64{7, -7}
+	near(t, "gqa", tensortest.RefAttention(qg, kg, vg, 1, 4, 2, 1, 0, 1), []float64{7, 7, -7, -7})
+}
+
+func TestRelErr(t *testing.T) {
+	if e := tensortest.RelErr([]float32{3, 4}, []float64{3, 4}); e != 0 {
+		t.Errorf("exact: %g", e)
+	}
+	// ||(0, 1)|| / ||(3, 4)|| = 0.2
+	if e := tensortest.RelErr([]float32{3, 5}, []float64{3, 4}); math.Abs(e-0.2) > 1e-12 {
+		t.Errorf("RelErr = %g, want 0.2", e)
+	}
+	if e := tensortest.RelErr([]float32{float32(math.NaN()), 4}, []float64{3, 4}); !math.IsInf(e, 1) {
+		t.Errorf("NaN: %g, want +Inf", e)
+	}
+	if e := tensortest.RelErr([]float32{1}, []float64{1, 2}); !math.IsInf(e, 1) {
+		t.Errorf("length mismatch: %g, want +Inf", e)
+	}
+}
+
+func TestStored(t *testing.T) {
+	for _, c := range []struct {
+		dt   tensor.DType
+		want float64
+	}{
+		{tensor.F32, float64(float32(1.0 / 3))},
+		{tensor.F16, 0.333251953125}, // 0x3555
+		{tensor.BF16, 0.333984375},   // 0x3eab
+	} {
+		got, err := tensortest.Stored(c.dt, []float32{1.0 / 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0] != c.want {
+			t.Errorf("%v: 1/3 stored as %v, want %v", c.dt, got[0], c.want)
+		}
+	}
+	if _, err := tensortest.Stored(tensor.I32, []float32{1}); err == nil {
+		t.Error("Stored(I32) succeeded")
+	}
+}
+
+func TestFromToF32(t *testing.T) {
+	cpu := tensor.NewCPU(1)
+	defer cpu.Close()
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16} {
+		x, err := tensortest.FromF32(cpu, dt, tensor.Shape{2, 2}, []float32{1, -2, 0.5, 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tensortest.ToF32(cpu, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[0] != 1 || got[1] != -2 || got[2] != 0.5 || got[3] != 8 {
+			t.Errorf("%v round trip: %v", dt, got)
+		}
+	}
+	if _, err := tensortest.FromF32(cpu, tensor.F32, tensor.Shape{3}, []float32{1}); err == nil {
+		t.Error("FromF32 with too few values succeeded")
+	}
+}

@@ -1,0 +1,554 @@
+package tensortest
+
+import (
+	"bytes"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Option adjusts TestBackend and FuzzMatMul.
+type Option func(*config)
+
+type config struct {
+	tol float64
+}
+
+// Tolerance sets the largest relative error ||out-ref||/||ref|| accepted
+// for an operation's output (default 1e-5, right for F32 arithmetic; an FP16
+// GPU backend needs about 1e-2).
+func Tolerance(rel float64) Option { return func(c *config) { c.tol = rel } }
+
+func newConfig(opts []Option) config {
+	c := config{tol: 1e-5}
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// weightTypes are the stored types of weight operands.
+var weightTypes = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16}
+
+// TestBackend checks every operation of b against the references in this
+// package, and that malformed calls return errors. It uses only the Backend
+// interface.
+func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
+	s := &suite{b: b, cfg: newConfig(opts)}
+	t.Run("Memory", s.testMemory)
+	t.Run("MatMul", s.testMatMul)
+	t.Run("RMSNorm", s.testRMSNorm)
+	t.Run("Rope", s.testRope)
+	t.Run("SiLUMul", s.testSiLUMul)
+	t.Run("Add", s.testAdd)
+	t.Run("Embed", s.testEmbed)
+	t.Run("CopyRows", s.testCopyRows)
+	t.Run("Attention", s.testAttention)
+	t.Run("Errors", s.testErrors)
+}
+
+type suite struct {
+	b   tensor.Backend
+	cfg config
+}
+
+// rng returns a generator seeded from the test's name, so every subtest has
+// its own inputs and a failure reproduces.
+func rng(t *testing.T) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(t.Name()))
+	return newRand(h.Sum64())
+}
+
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 0x5eed)) }
+
+// uniform returns n values uniform in [lo, hi).
+func uniform(r *rand.Rand, n int, lo, hi float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = lo + (hi-lo)*r.Float32()
+	}
+	return v
+}
+
+// put uploads v as a dt tensor of shape, freed when the test ends, and
+// returns it with the values as stored.
+func (s *suite) put(t *testing.T, dt tensor.DType, shape tensor.Shape, v []float32) (*tensor.Tensor, []float64) {
+	t.Helper()
+	x, err := FromF32(s.b, dt, shape, v)
+	if err != nil {
+		t.Fatalf("upload %v %v: %v", dt, shape, err)
+	}
+	t.Cleanup(func() { s.b.Free(x) })
+	stored, err := Stored(dt, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x, stored
+}
+
+// poisoned allocates an F32 output filled with NaN.
+func (s *suite) poisoned(t *testing.T, shape tensor.Shape) *tensor.Tensor {
+	t.Helper()
+	n := int(shape.NumElements())
+	nan := make([]float32, n)
+	for i := range nan {
+		nan[i] = float32(math.NaN())
+	}
+	x, _ := s.put(t, tensor.F32, shape, nan)
+	return x
+}
+
+func (s *suite) get(t *testing.T, x *tensor.Tensor) []float32 {
+	t.Helper()
+	v, err := ToF32(s.b, x)
+	if err != nil {
+		t.Fatalf("download %v: %v", x, err)
+	}
+	return v
+}
+
+// compare fails t unless every element of got is finite and the relative
+// error against want is within the tolerance.
+func (s *suite) compare(t *testing.T, what string, got []float32, want []float64) {
+	t.Helper()
+	compare(t, s.cfg.tol, what, got, want)
+}
+
+func compare(t *testing.T, tol float64, what string, got []float32, want []float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d elements, want %d", what, len(got), len(want))
+	}
+	bad, first := 0, -1
+	for i, g := range got {
+		if math.IsNaN(float64(g)) || math.IsInf(float64(g), 0) {
+			if first < 0 {
+				first = i
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%s: %d of %d elements not written or not finite (first at %d: %v, want %v)", what, bad, len(got), first, got[first], want[first])
+	}
+	if e := RelErr(got, want); !(e <= tol) {
+		worst, wi := 0.0, 0
+		for i, g := range got {
+			if d := math.Abs(float64(g) - want[i]); d > worst {
+				worst, wi = d, i
+			}
+		}
+		t.Fatalf("%s: relative error %.3g > %.3g (worst element %d: got %v, want %v)", what, e, tol, wi, got[wi], want[wi])
+	}
+}
+
+func (s *suite) testMemory(t *testing.T) {
+	r := rng(t)
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.I32, tensor.I64} {
+		t.Run(dt.String(), func(t *testing.T) {
+			shape := tensor.Shape{3, 5}
+			x, err := s.b.Alloc(dt, shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.b.Free(x)
+			if x.DType() != dt || !x.Shape().Equal(shape) || x.NumBytes() != int64(15*dt.Size()) {
+				t.Fatalf("Alloc(%v, %v) = %v with %d bytes", dt, shape, x, x.NumBytes())
+			}
+			want := make([]byte, x.NumBytes())
+			for i := range want {
+				want[i] = byte(r.Uint32())
+			}
+			if err := s.b.Upload(x, 0, want); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, len(want))
+			if err := s.b.Download(got, x); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("download after upload differs")
+			}
+			// A partial upload changes only its range.
+			part := []byte{1, 2, 3, 4, 5}
+			off := int64(dt.Size())
+			if err := s.b.Upload(x, off, part); err != nil {
+				t.Fatal(err)
+			}
+			copy(want[off:], part)
+			if err := s.b.Download(got, x); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("partial upload at %d: got % x, want % x", off, got, want)
+			}
+		})
+	}
+}
+
+func (s *suite) testMatMul(t *testing.T) {
+	cases := []struct{ m, n, k int }{
+		{1, 513, 172}, {12, 513, 172}, {1, 64, 64}, {12, 96, 256}, {3, 7, 5},
+		{1, 1, 1}, {33, 130, 300}, {2, 9, 1000}, {1, 300, 2048}, {5, 4, 3},
+	}
+	for _, dt := range weightTypes {
+		for _, c := range cases {
+			for _, withBias := range []bool{false, true} {
+				name := fmt.Sprintf("%v/M%d_N%d_K%d", dt, c.m, c.n, c.k)
+				if withBias {
+					name += "/bias"
+				}
+				t.Run(name, func(t *testing.T) {
+					r := rng(t)
+					x, xv := s.put(t, tensor.F32, tensor.Shape{c.m, c.k}, uniform(r, c.m*c.k, -1, 1))
+					w, wv := s.put(t, dt, tensor.Shape{c.n, c.k}, uniform(r, c.n*c.k, -1, 1))
+					var bias *tensor.Tensor
+					var bv []float64
+					if withBias {
+						bias, bv = s.put(t, dt, tensor.Shape{c.n}, uniform(r, c.n, -1, 1))
+					}
+					out := s.poisoned(t, tensor.Shape{c.m, c.n})
+					if err := s.b.MatMul(out, x, w, bias); err != nil {
+						t.Fatal(err)
+					}
+					s.compare(t, "MatMul", s.get(t, out), RefMatMul(xv, wv, bv, c.m, c.n, c.k))
+				})
+			}
+		}
+	}
+}
+
+func (s *suite) testRMSNorm(t *testing.T) {
+	cases := []struct {
+		m, d int
+		eps  float32
+		xMax float32 // inputs in [-xMax, xMax)
+	}{
+		{1, 64, 1e-5, 2}, {12, 172, 1e-6, 2}, {3, 1000, 1e-5, 2}, {2, 4096, 1e-6, 2}, {5, 7, 1e-5, 2},
+		{4, 64, 1e-5, 0.01}, // mean square comparable to eps
+	}
+	for _, dt := range weightTypes {
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%v/M%d_D%d_x%g", dt, c.m, c.d, c.xMax), func(t *testing.T) {
+				r := rng(t)
+				x, xv := s.put(t, tensor.F32, tensor.Shape{c.m, c.d}, uniform(r, c.m*c.d, -c.xMax, c.xMax))
+				w, wv := s.put(t, dt, tensor.Shape{c.d}, uniform(r, c.d, 0.5, 1.5))
+				out := s.poisoned(t, tensor.Shape{c.m, c.d})
+				if err := s.b.RMSNorm(out, x, w, c.eps); err != nil {
+					t.Fatal(err)
+				}
+				s.compare(t, "RMSNorm", s.get(t, out), RefRMSNorm(xv, wv, c.m, c.d, float64(c.eps)))
+			})
+		}
+	}
+}
+
+func (s *suite) testRope(t *testing.T) {
+	cases := []struct{ t, heads, headDim, pos0 int }{
+		{1, 4, 16, 37}, {12, 8, 64, 0}, {7, 6, 128, 5}, {1, 2, 2, 0}, {3, 1, 16, 100},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("T%d_H%d_D%d_pos%d", c.t, c.heads, c.headDim, c.pos0), func(t *testing.T) {
+			r := rng(t)
+			maxPos := c.pos0 + c.t + 3
+			cos64, sin64 := RopeTables(maxPos, c.headDim, 10000)
+			half := tensor.Shape{maxPos, c.headDim / 2}
+			cos, cv := s.put(t, tensor.F32, half, f32(cos64))
+			sin, sv := s.put(t, tensor.F32, half, f32(sin64))
+			n := c.t * c.heads * c.headDim
+			x, xv := s.put(t, tensor.F32, tensor.Shape{c.t, c.heads * c.headDim}, uniform(r, n, -2, 2))
+			if err := s.b.Rope(x, cos, sin, c.heads, c.headDim, c.pos0); err != nil {
+				t.Fatal(err)
+			}
+			s.compare(t, "Rope", s.get(t, x), RefRope(xv, cv, sv, c.t, c.heads, c.headDim, c.pos0))
+		})
+	}
+}
+
+func f32(v []float64) []float32 {
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = float32(x)
+	}
+	return out
+}
+
+// elementwiseShapes are the shapes of the elementwise operations' tests.
+var elementwiseShapes = []tensor.Shape{{1, 172}, {12, 513}, {2, 3, 5}, {1, 1}, {4, 5632}}
+
+func (s *suite) testSiLUMul(t *testing.T) {
+	for _, shape := range elementwiseShapes {
+		t.Run(fmt.Sprint(shape), func(t *testing.T) {
+			r := rng(t)
+			n := int(shape.NumElements())
+			g := uniform(r, n, -8, 8)
+			for i := 0; i < n; i += 17 { // saturated tails of the sigmoid
+				g[i] = []float32{-30, 30, -90, 90}[i%4]
+			}
+			gate, gv := s.put(t, tensor.F32, shape, g)
+			up, uv := s.put(t, tensor.F32, shape, uniform(r, n, -2, 2))
+			out := s.poisoned(t, shape)
+			if err := s.b.SiLUMul(out, gate, up); err != nil {
+				t.Fatal(err)
+			}
+			s.compare(t, "SiLUMul", s.get(t, out), RefSiLUMul(gv, uv))
+		})
+	}
+}
+
+func (s *suite) testAdd(t *testing.T) {
+	for _, shape := range elementwiseShapes {
+		t.Run(fmt.Sprint(shape), func(t *testing.T) {
+			r := rng(t)
+			n := int(shape.NumElements())
+			a, av := s.put(t, tensor.F32, shape, uniform(r, n, -4, 4))
+			b, bv := s.put(t, tensor.F32, shape, uniform(r, n, -4, 4))
+			want := RefAdd(av, bv)
+			out := s.poisoned(t, shape)
+			if err := s.b.Add(out, a, b); err != nil {
+				t.Fatal(err)
+			}
+			s.compare(t, "Add", s.get(t, out), want)
+			// out may alias a or b: the residual update x += y.
+			if err := s.b.Add(a, a, b); err != nil {
+				t.Fatal(err)
+			}
+			s.compare(t, "Add into a", s.get(t, a), want)
+			a0, _ := s.put(t, tensor.F32, shape, f32(av)) // a's original values
+			if err := s.b.Add(b, a0, b); err != nil {
+				t.Fatal(err)
+			}
+			s.compare(t, "Add into b", s.get(t, b), want)
+		})
+	}
+}
+
+func (s *suite) testEmbed(t *testing.T) {
+	cases := []struct {
+		v, d int
+		ids  []int32
+	}{
+		{50, 16, []int32{0, 49, 7, 7, 3}},
+		{37, 172, []int32{36, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}},
+		{1, 3, []int32{0}},
+	}
+	for _, dt := range weightTypes {
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%v/V%d_D%d_T%d", dt, c.v, c.d, len(c.ids)), func(t *testing.T) {
+				r := rng(t)
+				table, tv := s.put(t, dt, tensor.Shape{c.v, c.d}, uniform(r, c.v*c.d, -1, 1))
+				out := s.poisoned(t, tensor.Shape{len(c.ids), c.d})
+				if err := s.b.Embed(out, table, c.ids); err != nil {
+					t.Fatal(err)
+				}
+				got := s.get(t, out)
+				want := RefEmbed(tv, c.d, c.ids)
+				for i := range got { // a gather is exact
+					if float64(got[i]) != want[i] {
+						t.Fatalf("element %d (row %d): got %v, want %v", i, i/c.d, got[i], want[i])
+					}
+				}
+			})
+		}
+	}
+}
+
+func (s *suite) testCopyRows(t *testing.T) {
+	cases := []struct {
+		dt                tensor.DType
+		dst, src          tensor.Shape
+		dstRow, srcRow, n int
+	}{
+		{tensor.F32, tensor.Shape{9, 12}, tensor.Shape{5, 3, 4}, 4, 1, 3},
+		{tensor.F16, tensor.Shape{10, 8}, tensor.Shape{6, 8}, 4, 0, 6},
+		{tensor.BF16, tensor.Shape{4, 2, 2}, tensor.Shape{1, 4}, 3, 0, 1},
+		{tensor.I32, tensor.Shape{3, 5}, tensor.Shape{3, 5}, 0, 0, 3},
+		{tensor.F32, tensor.Shape{3, 5}, tensor.Shape{2, 5}, 1, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%v/%v<-%v", c.dt, c.dst, c.src), func(t *testing.T) {
+			r := rng(t)
+			randBytes := func(n int64) []byte {
+				b := make([]byte, n)
+				for i := range b {
+					b[i] = byte(r.Uint32())
+				}
+				return b
+			}
+			dst, err := s.b.Alloc(c.dt, c.dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.b.Free(dst)
+			src, err := s.b.Alloc(c.dt, c.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.b.Free(src)
+			db, sb := randBytes(dst.NumBytes()), randBytes(src.NumBytes())
+			if err := s.b.Upload(dst, 0, db); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.b.Upload(src, 0, sb); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.b.CopyRows(dst, c.dstRow, src, c.srcRow, c.n); err != nil {
+				t.Fatal(err)
+			}
+			rb := int(dst.NumBytes()) / c.dst[0]
+			want := append([]byte(nil), db...)
+			copy(want[c.dstRow*rb:(c.dstRow+c.n)*rb], sb[c.srcRow*rb:(c.srcRow+c.n)*rb])
+			got := make([]byte, len(want))
+			if err := s.b.Download(got, dst); err != nil {
+				t.Fatal(err)
+			}
+			for row := 0; row < c.dst[0]; row++ {
+				if !bytes.Equal(got[row*rb:(row+1)*rb], want[row*rb:(row+1)*rb]) {
+					t.Fatalf("dst row %d: got % x, want % x", row, got[row*rb:(row+1)*rb], want[row*rb:(row+1)*rb])
+				}
+			}
+		})
+	}
+}
+
+// attentionCase is one shape of the attention tests.
+type attentionCase struct {
+	name                             string
+	heads, kvHeads, headDim, pos0, t int
+	maxPos                           int
+	qScale                           float32 // range of q and k values; default 1
+	scale                            float64 // softmax scale; default 1/sqrt(headDim)
+}
+
+func (s *suite) testAttention(t *testing.T) {
+	cases := []attentionCase{
+		{name: "prefill", heads: 4, kvHeads: 2, headDim: 16, pos0: 0, t: 12, maxPos: 16},
+		{name: "decode", heads: 8, kvHeads: 8, headDim: 64, pos0: 37, t: 1, maxPos: 64},
+		{name: "prefill", heads: 6, kvHeads: 1, headDim: 128, pos0: 0, t: 12, maxPos: 16},
+		{name: "decode", heads: 6, kvHeads: 1, headDim: 128, pos0: 37, t: 1, maxPos: 40},
+		{name: "decode", heads: 4, kvHeads: 2, headDim: 16, pos0: 200, t: 1, maxPos: 256},
+		{name: "chunk", heads: 4, kvHeads: 2, headDim: 16, pos0: 5, t: 7, maxPos: 16},
+		{name: "first", heads: 8, kvHeads: 8, headDim: 64, pos0: 0, t: 1, maxPos: 8},
+		{name: "one-position", heads: 4, kvHeads: 2, headDim: 16, pos0: 0, t: 1, maxPos: 1},
+		// Scores of up to about ±150: softmax overflows float32 without
+		// subtracting the maximum.
+		{name: "large-scores", heads: 4, kvHeads: 2, headDim: 64, pos0: 20, t: 3, maxPos: 24, qScale: 4, scale: 1},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%s/H%d_KV%d_D%d_pos%d_T%d", c.name, c.heads, c.kvHeads, c.headDim, c.pos0, c.t), func(t *testing.T) {
+			s.attention(t, c)
+		})
+	}
+}
+
+func (s *suite) attention(t *testing.T, c attentionCase) {
+	r := rng(t)
+	qs := c.qScale
+	if qs == 0 {
+		qs = 1
+	}
+	scale := c.scale
+	if scale == 0 {
+		scale = 1 / math.Sqrt(float64(c.headDim))
+	}
+	qw, kw := c.heads*c.headDim, c.kvHeads*c.headDim
+	q, qv := s.put(t, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -qs, qs))
+	// Positions past pos0+t-1 hold NaN: a backend that reads them fails.
+	filled := (c.pos0 + c.t) * kw
+	kvals := append(uniform(r, filled, -qs, qs), nans(c.maxPos*kw-filled)...)
+	vvals := append(uniform(r, filled, -1, 1), nans(c.maxPos*kw-filled)...)
+	k, kv := s.put(t, tensor.F32, tensor.Shape{c.maxPos, kw}, kvals)
+	v, vv := s.put(t, tensor.F32, tensor.Shape{c.maxPos, kw}, vvals)
+	out := s.poisoned(t, tensor.Shape{c.t, qw})
+	if err := s.b.Attention(out, q, k, v, c.heads, c.kvHeads, c.headDim, c.pos0, float32(scale)); err != nil {
+		t.Fatal(err)
+	}
+	want := RefAttention(qv, kv[:filled], vv[:filled], c.t, c.heads, c.kvHeads, c.headDim, c.pos0, float64(float32(scale)))
+	s.compare(t, "Attention", s.get(t, out), want)
+}
+
+func nans(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
+	return v
+}
+
+// testErrors checks that malformed calls return errors (and do not panic).
+func (s *suite) testErrors(t *testing.T) {
+	f32s := func(shape ...int) *tensor.Tensor {
+		x, _ := s.put(t, tensor.F32, shape, make([]float32, tensor.Shape(shape).NumElements()))
+		return x
+	}
+	f16s := func(shape ...int) *tensor.Tensor {
+		x, _ := s.put(t, tensor.F16, shape, make([]float32, tensor.Shape(shape).NumElements()))
+		return x
+	}
+	x24, w34, w35, out23, out24 := f32s(2, 4), f32s(3, 4), f32s(3, 5), f32s(2, 3), f32s(2, 4)
+	table := f16s(10, 4)
+	cos, sin := f32s(8, 8), f32s(8, 8)
+	q, kc := f32s(2, 64), f32s(8, 32)
+	b := s.b
+	cases := []struct {
+		name string
+		call func() error
+	}{
+		{"MatMul/K mismatch", func() error { return b.MatMul(out23, x24, w35, nil) }},
+		{"MatMul/out shape", func() error { return b.MatMul(out24, x24, w34, nil) }},
+		{"MatMul/bias length", func() error { return b.MatMul(out23, x24, w34, f32s(4)) }},
+		{"MatMul/nil weight", func() error { return b.MatMul(out23, x24, nil, nil) }},
+		{"MatMul/F16 activations", func() error { return b.MatMul(out23, f16s(2, 4), w34, nil) }},
+		{"MatMul/F16 output", func() error { return b.MatMul(f16s(2, 3), x24, w34, nil) }},
+		{"MatMul/1-D x", func() error { return b.MatMul(out23, f32s(4), w34, nil) }},
+		{"RMSNorm/weight length", func() error { return b.RMSNorm(out24, x24, f32s(5), 1e-5) }},
+		{"RMSNorm/out shape", func() error { return b.RMSNorm(out23, x24, f32s(4), 1e-5) }},
+		{"Rope/odd headDim", func() error { return b.Rope(f32s(1, 6), cos, sin, 2, 3, 0) }},
+		{"Rope/past the tables", func() error { return b.Rope(f32s(2, 32), cos, sin, 2, 16, 7) }},
+		{"Rope/width", func() error { return b.Rope(f32s(1, 30), cos, sin, 2, 16, 0) }},
+		{"Rope/table width", func() error { return b.Rope(f32s(1, 64), cos, sin, 2, 32, 0) }},
+		{"SiLUMul/shapes", func() error { return b.SiLUMul(out24, x24, f32s(2, 5)) }},
+		{"SiLUMul/out shape", func() error { return b.SiLUMul(out23, x24, x24) }},
+		{"Add/shapes", func() error { return b.Add(out24, x24, f32s(4, 2)) }},
+		{"Embed/id too large", func() error { return b.Embed(out24, table, []int32{1, 10}) }},
+		{"Embed/negative id", func() error { return b.Embed(out24, table, []int32{-1, 0}) }},
+		{"Embed/out rows", func() error { return b.Embed(out24, table, []int32{1, 2, 3}) }},
+		{"Embed/out width", func() error { return b.Embed(out23, table, []int32{1, 2}) }},
+		{"CopyRows/past dst", func() error { return b.CopyRows(w34, 2, x24, 0, 2) }},
+		{"CopyRows/past src", func() error { return b.CopyRows(w34, 0, x24, 1, 2) }},
+		{"CopyRows/negative n", func() error { return b.CopyRows(w34, 0, x24, 0, -1) }},
+		{"CopyRows/negative row", func() error { return b.CopyRows(w34, -1, x24, 0, 1) }},
+		{"CopyRows/row length", func() error { return b.CopyRows(w35, 0, x24, 0, 1) }},
+		{"CopyRows/dtype", func() error { return b.CopyRows(table, 0, x24, 0, 1) }},
+		{"Attention/kvHeads", func() error { return b.Attention(f32s(2, 64), q, kc, kc, 4, 3, 16, 0, 1) }},
+		{"Attention/past the cache", func() error { return b.Attention(f32s(2, 64), q, kc, kc, 4, 2, 16, 7, 1) }},
+		{"Attention/q width", func() error { return b.Attention(f32s(2, 64), q, kc, kc, 4, 2, 8, 0, 1) }},
+		{"Attention/out shape", func() error { return b.Attention(f32s(1, 64), q, kc, kc, 4, 2, 16, 0, 1) }},
+		{"Attention/v shape", func() error { return b.Attention(f32s(2, 64), q, kc, f32s(8, 16), 4, 2, 16, 0, 1) }},
+		{"Upload/past the end", func() error { return b.Upload(x24, 30, make([]byte, 4)) }},
+		{"Upload/negative offset", func() error { return b.Upload(x24, -4, make([]byte, 4)) }},
+		{"Download/short buffer", func() error { return b.Download(make([]byte, 31), x24) }},
+		{"Download/long buffer", func() error { return b.Download(make([]byte, 33), x24) }},
+		{"Alloc/negative dimension", func() error { x, err := b.Alloc(tensor.F32, tensor.Shape{2, -1}); b.Free(x); return err }},
+		{"Alloc/invalid dtype", func() error { x, err := b.Alloc(tensor.Invalid, tensor.Shape{2}); b.Free(x); return err }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Fatalf("panicked instead of returning an error: %v", p)
+				}
+			}()
+			if err := c.call(); err == nil {
+				t.Fatalf("no error")
+			} else {
+				t.Logf("error: %v", err)
+			}
+		})
+	}
+}
