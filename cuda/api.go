@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -69,3 +70,13 @@ type ManagedAllocator interface {
 	// device.
 	AdviseHost(t *tensor.Tensor) error
 }
+
+// DriverError is a failed CUDA driver API call, found with errors.As in the
+// errors this package returns.
+type DriverError struct {
+	Code int    // the CUresult
+	Name string // e.g. CUDA_ERROR_ILLEGAL_ADDRESS
+	Msg  string // the driver's description
+}
+
+func (e *DriverError) Error() string { return fmt.Sprintf("%s (%d): %s", e.Name, e.Code, e.Msg) }

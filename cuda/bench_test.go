@@ -164,3 +164,25 @@ func BenchmarkDecodeStepAlloc(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLaunchFloor times a MatMul too small to matter on the GPU
+// (M = 1, N = K = 64): what one operation costs to issue and run.
+func BenchmarkLaunchFloor(b *testing.B) {
+	be := openGPU(b)
+	const perIter = 64
+	r := newRand(b)
+	w, _ := put(b, be, tensor.F16, tensor.Shape{64, 64}, uniform(r, 64*64, -1, 1))
+	x, _ := put(b, be, tensor.F32, tensor.Shape{1, 64}, uniform(r, 64, -1, 1))
+	out, _ := put(b, be, tensor.F32, tensor.Shape{1, 64}, make([]float32, 64))
+	for b.Loop() {
+		for range perIter {
+			if err := be.MatMul(out, x, w, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := be.Sync(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(b.Elapsed().Seconds()/float64(b.N*perIter)*1e6, "us/op")
+}

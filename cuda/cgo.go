@@ -170,15 +170,6 @@ func driverError(r C.CUresult) error {
 	return &DriverError{Code: int(r), Name: C.GoString(C.strata_error_name(r)), Msg: C.GoString(C.strata_error_string(r))}
 }
 
-// DriverError is a CUDA driver API failure.
-type DriverError struct {
-	Code int    // CUresult
-	Name string // e.g. CUDA_ERROR_OUT_OF_MEMORY
-	Msg  string // the driver's description
-}
-
-func (e *DriverError) Error() string { return fmt.Sprintf("%s (%d): %s", e.Name, e.Code, e.Msg) }
-
 // cuError converts an error from gorgonia.org/cu (its CUresult type, an
 // integer under the hood) into a DriverError with the driver's own name and
 // message.

@@ -8,6 +8,8 @@
 #   memcheck.log   compute-sanitizer memcheck (leaks included) on the tests
 #   racecheck.log  compute-sanitizer racecheck on the shared-memory kernels
 #   bench.log      GEMV/GEMM paths, H2D pinned vs pageable
+#   ncu.log        with GPU_CHECK_NCU=1: Nsight Compute kernel times and DRAM
+#                  traffic of the GEMV variants and cuBLAS (clocks untouched)
 # The last lines printed are a summary.
 set -u
 OUT=${OUT:-/tmp/strata-gpu-check}
@@ -53,6 +55,14 @@ fi
 timeout 120 "$BIN" -test.run '^$' -test.bench . -test.benchtime 0.5s -test.count=1 -test.timeout 110s >"$OUT/bench.log" 2>&1
 echo "bench: exit $?"
 
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ "${GPU_CHECK_NCU:-0}" = 1 ] && [ -n "$NCU" ]; then
+	timeout 150 "$NCU" --clock-control none --print-summary per-kernel \
+		--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+		"$BIN" -test.run '^$' -test.bench 'BenchmarkGEMVVariants' -test.benchtime 3x >"$OUT/ncu.log" 2>&1
+	echo "ncu: exit $?"
+fi
+
 echo "== summary"
 grep -E '^(--- FAIL|FAIL|ok|PASS)|panic' "$OUT/test.log" | head -20
 grep -cE '^\s*--- PASS' "$OUT/test.log" | sed 's/^/passed subtests: /'
@@ -61,3 +71,4 @@ grep -E 'TestDevices|device 0:|cuBLAS|driver free' "$OUT/test.log" | head -5
 [ -f "$OUT/memcheck.log" ] && grep -E 'ERROR SUMMARY|LEAK SUMMARY|^(ok|PASS|FAIL)' "$OUT/memcheck.log" | head -5
 [ -f "$OUT/racecheck.log" ] && grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^(ok|PASS|FAIL)' "$OUT/racecheck.log" | head -5
 grep -E '^Benchmark' "$OUT/bench.log"
+[ -f "$OUT/ncu.log" ] && grep -E '^  [a-z_0-9]+.*\(|gpu__time_duration|dram__bytes_read|dram__throughput' "$OUT/ncu.log" | head -60

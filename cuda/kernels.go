@@ -58,7 +58,7 @@ func (b *Backend) loadKernels() error {
 			var de *DriverError
 			if errors.As(err, &de) && ptxLoadCodes[de.Code] {
 				return fmt.Errorf("cuda: no kernel image for this device: loading %s (PTX ISA %s, needs a driver for CUDA %s or newer; "+
-					"this driver supports CUDA %s; device %s, compute capability %d.%d): %v: %s: %w",
+					"this driver supports CUDA %s; device %s, compute capability %d.%d): %w: %s: %w",
 					file, isa, versionString(need), versionString(have), b.info.Name, b.info.Major, b.info.Minor, err, strings.TrimSpace(log), ErrDriverTooOld)
 			}
 			return fmt.Errorf("cuda: loading %s: %v %s", file, err, strings.TrimSpace(log))
@@ -131,7 +131,7 @@ func (b *Backend) run1D(name string, n int64, a *args) error {
 // memsetAsync zeroes n bytes at p on the compute stream.
 func (b *Backend) memsetAsync(p uintptr, n int64) error {
 	if err := cu.MemsetD8Async(cu.DevicePtr(p), 0, n, b.compute); err != nil {
-		return fmt.Errorf("%s: memset: %v", b.name, cuError(err))
+		return fmt.Errorf("%s: memset: %w", b.name, cuError(err))
 	}
 	return nil
 }

@@ -386,7 +386,7 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 		defer b.alloc.put(idp) // stream order keeps it alive for the kernel
 		// From pageable memory the driver stages ids before returning.
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(idp), unsafe.Pointer(&ids[0]), n, b.compute); err != nil {
-			return fmt.Errorf("%s: %s ids: %v", b.name, op, cuError(err))
+			return fmt.Errorf("%s: %s ids: %w", b.name, op, cuError(err))
 		}
 		a := new(args).ptr(out.Ptr()).ptr(table.Ptr()).ptr(idp).i32(len(ids)).i32(d)
 		return b.run1D("embed_"+suffix(table.DType()), int64(len(ids))*int64(d), a)
@@ -435,12 +435,12 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 			}
 			defer b.alloc.put(tmp)
 			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(tmp), cu.DevicePtr(s0), bytes, b.compute); err != nil {
-				return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+				return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 			}
 			s0 = tmp
 		}
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0), cu.DevicePtr(s0), bytes, b.compute); err != nil {
-			return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
 		return nil
 	})
@@ -545,10 +545,10 @@ func (b *Backend) Argmax(x *tensor.Tensor) ([]int32, error) {
 			return err
 		}
 		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cu.DevicePtr(p), bytes, b.compute); err != nil {
-			return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
 		if err := b.compute.Synchronize(); err != nil {
-			return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
 		return nil
 	})
@@ -588,7 +588,7 @@ func (b *Backend) Cast(dst, src *tensor.Tensor) error {
 	return b.ops(op, func() error {
 		if kernel == "" {
 			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(dst.Ptr()), cu.DevicePtr(src.Ptr()), src.NumBytes(), b.compute); err != nil {
-				return fmt.Errorf("%s: %s: %v", b.name, op, cuError(err))
+				return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 			}
 			return nil
 		}

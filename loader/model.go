@@ -38,6 +38,7 @@ const (
 	Head                       // final norm and LM head
 )
 
+// String returns "embedding", "block" or "head".
 func (k LayerKind) String() string {
 	switch k {
 	case Embedding:
@@ -60,6 +61,7 @@ type Layer struct {
 	Bytes   int64 // sum of the tensors' sizes
 }
 
+// String names the layer: "embedding", "block 3", "head".
 func (l Layer) String() string {
 	if l.Kind == Block {
 		return fmt.Sprintf("block %d", l.Block)

@@ -36,6 +36,7 @@ type TensorInfo struct {
 	Size   int64
 }
 
+// String describes the tensor and where its bytes are.
 func (t *TensorInfo) String() string {
 	return fmt.Sprintf("%s %v %v (%s @%d+%d)", t.Name, t.DType, t.Shape, t.File, t.Offset, t.Size)
 }

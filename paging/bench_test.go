@@ -53,7 +53,7 @@ func BenchmarkBytesPerToken(b *testing.B) {
 	for _, s := range []Strategy{StrategyMinimal, StrategyBalanced} {
 		for pct := 10; pct <= 100; pct += 10 {
 			p0, _ := Plan(info, 1<<40, s, 32, 1)
-			fixed := p0.KVCacheBytes + p0.ActivationBytes
+			fixed := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes
 			budget := max(fixed+W*int64(pct)/100, p0.MinBudgetBytes)
 			plan, err := Plan(info, budget, s, 32, 1)
 			if err != nil {

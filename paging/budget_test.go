@@ -107,7 +107,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	info := smallDims(src, 4)
 	W, _ := totalAndMax(info)
 	p0, _ := Plan(info, 1<<40, StrategyBalanced, 4, 1)
-	budget := p0.KVCacheBytes + p0.ActivationBytes + W*6/10
+	budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W*6/10
 	plan, err := Plan(info, budget, StrategyBalanced, 4, 1)
 	if err != nil {
 		t.Fatal(err)

@@ -143,9 +143,9 @@ type pageableBackend struct{ tensor.Backend }
 // (layer, name), so every Acquire can check it got the right bytes.
 type synthSource struct {
 	patterns sync.Map // "layer/name" -> []byte
-	layers [][]TensorSpec
-	reads  atomic.Int64 // bytes read
-	calls  []atomic.Int64
+	layers   [][]TensorSpec
+	reads    atomic.Int64 // bytes read
+	calls    []atomic.Int64
 	// block, when set, makes ReadTensor of that layer wait for ctx or the
 	// channel to close.
 	blockLayer int
@@ -302,4 +302,15 @@ func totalAndMax(info ModelInfo) (w, lmax int64) {
 		lmax = max(lmax, l.Bytes)
 	}
 	return
+}
+
+func (p *Pager) dump() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := fmt.Sprintf("inflight %d ring %d/%d\n", p.inflight, p.ringUsed, p.ringCap)
+	for _, e := range p.layers {
+		s += fmt.Sprintf("L%d res %d/%v str %d/%v inRing %v pins %d waiters %d loading %v\n", e.layer, e.resBytes, e.resLoaded, e.strBytes, e.strLoaded, e.strInRing, e.pins, e.waiters, e.loading)
+	}
+	s += fmt.Sprintf("%+v\n", p.bg.Categories())
+	return s
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
-// nnReserve allocates what nn would: the KV cache and the activations the
-// plan reserved, from the budget.
+// nnReserve allocates what nn would: the KV cache, activations and rotary
+// tables the plan reserved, from the budget.
 func nnReserve(t testing.TB, bg *Budget, p *PlanResult) func() {
 	t.Helper()
 	kv, err := bg.Alloc(KVCache, tensor.F32, tensor.Shape{int(p.KVCacheBytes / 4)})
@@ -25,7 +25,14 @@ func nnReserve(t testing.TB, bg *Budget, p *PlanResult) func() {
 	if err != nil {
 		t.Fatalf("activations: %v", err)
 	}
-	return func() { bg.Free(kv); bg.Free(act) }
+	var ws *tensor.Tensor
+	if p.WorkspaceBytes > 0 {
+		ws, err = bg.Alloc(Workspace, tensor.F32, tensor.Shape{int(p.WorkspaceBytes / 4)})
+		if err != nil {
+			t.Fatalf("workspace: %v", err)
+		}
+	}
+	return func() { bg.Free(kv); bg.Free(act); bg.Free(ws) }
 }
 
 // sweep acquires, checks and releases every layer once in the given order.
@@ -80,10 +87,14 @@ func TestCyclicScanBound(t *testing.T) {
 	n := src.NumLayers()
 	for _, s := range []Strategy{StrategyMinimal, StrategyBalanced} {
 		for _, rev := range []bool{false, true} {
-			for pct := 10; pct <= 110; pct += 10 {
+			step := 10
+			if testing.Short() {
+				step = 20
+			}
+			for pct := 10; pct <= 110; pct += step {
 				name := fmt.Sprintf("%s/%d%%/reverse=%v", s, pct, rev)
 				p0, _ := Plan(info, 1<<40, s, 32, 1)
-				fixed := p0.KVCacheBytes + p0.ActivationBytes
+				fixed := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes
 				budget := max(fixed+W*int64(pct)/100, fixed+lmax)
 				plan, err := Plan(info, budget, s, 32, 1)
 				if err != nil {
@@ -209,11 +220,14 @@ func TestRandomised(t *testing.T) {
 		n := src.NumLayers()
 		info := smallDims(src, n)
 		W, lmax := totalAndMax(info)
-		strategies := []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive}
-		s := strategies[rng.IntN(3)]
+		strategies := []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive, StrategyNone}
+		s := strategies[rng.IntN(4)]
 		p0, _ := Plan(info, 1<<40, s, 4, 1)
-		fixed := p0.KVCacheBytes + p0.ActivationBytes
+		fixed := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes
 		budget := fixed + lmax + rng.Int64N(W+1)
+		if s == StrategyNone {
+			budget = fixed + W + rng.Int64N(lmax+1)
+		}
 		plan, err := Plan(info, budget, s, 4, 1)
 		if err != nil {
 			t.Fatalf("iteration %d: %v", it, err)
@@ -379,7 +393,7 @@ func TestCancelDuringLoad(t *testing.T) {
 	info := smallDims(src, 3)
 	W, _ := totalAndMax(info)
 	p0, _ := Plan(info, 1<<40, StrategyMinimal, 4, 1)
-	budget := p0.KVCacheBytes + p0.ActivationBytes + W/2
+	budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W/2
 	plan, err := Plan(info, budget, StrategyMinimal, 4, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -539,7 +553,7 @@ func TestHostCache(t *testing.T) {
 	info := smallDims(src, 6)
 	W, _ := totalAndMax(info)
 	p0, _ := Plan(info, 1<<40, StrategyMinimal, 4, 1)
-	budget := p0.KVCacheBytes + p0.ActivationBytes + W/2
+	budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W/2
 	plan, err := Plan(info, budget, StrategyMinimal, 4, 1)
 	if err != nil {
 		t.Fatal(err)

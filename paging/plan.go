@@ -113,13 +113,21 @@ func KVCacheBytes(numLayers, contextLen, numKVHeads, headDim, batch int) int64 {
 }
 
 // ActivationBytes is the device memory of nn's per-step F32 buffers for
-// tokens rows: x and the norm output [T, hidden], q and the attention output
-// [T, heads*headDim], k and v [T, kvHeads*headDim], gate and up
-// [T, intermediate] and the logits [T, vocab].
+// tokens rows: the residual stream x, the norm output and the projection
+// output [T, hidden], q and the attention output [T, heads*headDim], k and
+// v [T, kvHeads*headDim], gate and up [T, intermediate] and the logits
+// [T, vocab].
 func ActivationBytes(hidden, intermediate, heads, kvHeads, headDim, vocab, tokens int) int64 {
-	perRow := 2*int64(hidden) + 2*int64(heads)*int64(headDim) + 2*int64(kvHeads)*int64(headDim) +
+	perRow := 3*int64(hidden) + 2*int64(heads)*int64(headDim) + 2*int64(kvHeads)*int64(headDim) +
 		2*int64(intermediate) + int64(vocab)
 	return 4 * int64(tokens) * perRow
+}
+
+// RopeBytes is the device memory of nn's rotary tables for one sequence:
+// cos and sin, F32, [contextLen, headDim/2] each. nn charges them to
+// Workspace.
+func RopeBytes(contextLen, headDim int) int64 {
+	return 2 * 4 * int64(contextLen) * int64(headDim/2)
 }
 
 // DefaultChunkTokens is the prefill chunk the planner sizes activations for
@@ -139,7 +147,8 @@ type planOptions struct {
 // prefill chunk), which sizes the activations.
 func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk = n } }
 
-// WithWorkspace reserves bytes for kernel and library scratch.
+// WithWorkspace reserves bytes for kernel and library scratch, on top of
+// the rotary tables that WorkspaceBytes always includes.
 func WithWorkspace(n int64) PlanOption { return func(o *planOptions) { o.workspace = n } }
 
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
@@ -160,15 +169,18 @@ type LayerPlan struct {
 
 // PlanResult is what the planner decides before anything is loaded.
 type PlanResult struct {
-	Strategy        Strategy `json:"strategy"`
-	Budget          int64    `json:"budget_bytes"`
-	ContextLen      int      `json:"context_len"`
-	Batch           int      `json:"batch"`
-	ChunkTokens     int      `json:"chunk_tokens"`
-	WeightBytes     int64    `json:"weight_bytes"`
-	KVCacheBytes    int64    `json:"kv_cache_bytes"`
-	ActivationBytes int64    `json:"activation_bytes"`
-	WorkspaceBytes  int64    `json:"workspace_bytes"`
+	Strategy    Strategy `json:"strategy"`
+	Budget      int64    `json:"budget_bytes"`
+	ContextLen  int      `json:"context_len"`
+	Batch       int      `json:"batch"`
+	ChunkTokens int      `json:"chunk_tokens"`
+	WeightBytes int64    `json:"weight_bytes"`
+	// The reserve for what nn allocates: KVCacheBytes and ActivationBytes
+	// for batch sequences, WorkspaceBytes their rotary tables plus
+	// WithWorkspace.
+	KVCacheBytes    int64 `json:"kv_cache_bytes"`
+	ActivationBytes int64 `json:"activation_bytes"`
+	WorkspaceBytes  int64 `json:"workspace_bytes"`
 	// ResidentBytes stay on the device once loaded; StreamedBytes pass
 	// through the ring on every sweep over the layers.
 	ResidentBytes  int64 `json:"resident_bytes"`
@@ -253,7 +265,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		WeightBytes:     W,
 		KVCacheBytes:    KVCacheBytes(model.NumLayers, contextLen, model.NumKVHeads, model.HeadDim, batch),
 		ActivationBytes: ActivationBytes(model.HiddenSize, model.IntermediateSize, model.NumHeads, model.NumKVHeads, model.HeadDim, model.VocabSize, o.chunk*batch),
-		WorkspaceBytes:  o.workspace,
+		WorkspaceBytes:  RopeBytes(contextLen, model.HeadDim)*int64(batch) + o.workspace,
 	}
 	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes
 	p.MinBudgetBytes = fixed + lmax

@@ -16,10 +16,14 @@ func TestKVAndActivationBytes(t *testing.T) {
 	if got := KVCacheBytes(32, 4096, 8, 128, 2); got != 2<<30 {
 		t.Errorf("GQA KV cache, batch 2 = %d, want 2 GiB", got)
 	}
-	// 512 rows of x, norm, q, attn (4096 each), k, v (4096), gate, up
-	// (11008), logits (32000): 78592 floats a row.
-	if got := ActivationBytes(4096, 11008, 32, 32, 128, 32000, 512); got != 78592*4*512 {
-		t.Errorf("activations = %d, want %d", got, 78592*4*512)
+	// 512 rows of x, norm, projection, q, attn (4096 each), k, v (4096),
+	// gate, up (11008), logits (32000): 82688 floats a row.
+	if got := ActivationBytes(4096, 11008, 32, 32, 128, 32000, 512); got != 82688*4*512 {
+		t.Errorf("activations = %d, want %d", got, 82688*4*512)
+	}
+	// cos and sin, 4096 positions x 64 floats each
+	if got := RopeBytes(4096, 128); got != 2*4096*64*4 {
+		t.Errorf("rope tables = %d", got)
 	}
 }
 
@@ -31,7 +35,8 @@ func TestPlanStrategies(t *testing.T) {
 	info := planModel()
 	W, lmax := totalAndMax(info)
 	fixed := KVCacheBytes(info.NumLayers, 64, info.NumKVHeads, info.HeadDim, 1) +
-		ActivationBytes(info.HiddenSize, info.IntermediateSize, info.NumHeads, info.NumKVHeads, info.HeadDim, info.VocabSize, 64)
+		ActivationBytes(info.HiddenSize, info.IntermediateSize, info.NumHeads, info.NumKVHeads, info.HeadDim, info.VocabSize, 64) +
+		RopeBytes(64, info.HeadDim)
 	for _, frac := range []float64{0.15, 0.4, 0.7, 0.95, 1.2} {
 		budget := fixed + int64(frac*float64(W))
 		budget = max(budget, fixed+lmax)
@@ -49,8 +54,8 @@ func TestPlanStrategies(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s at %.0f%%: %v", s, 100*frac, err)
 			}
-			if p.KVCacheBytes+p.ActivationBytes != fixed {
-				t.Errorf("%s: reserve %d, want %d", s, p.KVCacheBytes+p.ActivationBytes, fixed)
+			if p.KVCacheBytes+p.ActivationBytes+p.WorkspaceBytes != fixed {
+				t.Errorf("%s: reserve %d, want %d", s, p.KVCacheBytes+p.ActivationBytes+p.WorkspaceBytes, fixed)
 			}
 			if p.PredictedPeakBytes > budget || p.ResidentBytes+p.RingBytes+fixed != p.PredictedPeakBytes {
 				t.Errorf("%s at %.0f%%: peak %d, resident %d + ring %d + %d, budget %d", s, 100*frac, p.PredictedPeakBytes, p.ResidentBytes, p.RingBytes, fixed, budget)
@@ -102,7 +107,8 @@ func TestPlanTooSmall(t *testing.T) {
 	W, lmax := totalAndMax(info)
 	ctx := 128
 	fixed := KVCacheBytes(info.NumLayers, ctx, info.NumKVHeads, info.HeadDim, 2) +
-		ActivationBytes(info.HiddenSize, info.IntermediateSize, info.NumHeads, info.NumKVHeads, info.HeadDim, info.VocabSize, 2*128)
+		ActivationBytes(info.HiddenSize, info.IntermediateSize, info.NumHeads, info.NumKVHeads, info.HeadDim, info.VocabSize, 2*128) +
+		2*RopeBytes(ctx, info.HeadDim)
 	min := fixed + lmax
 	for _, s := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
 		_, err := Plan(info, min-1, s, ctx, 2)
@@ -177,7 +183,7 @@ func TestPlanRandomModels(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fixed := p0.KVCacheBytes + p0.ActivationBytes
+		fixed := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes
 		budget := fixed + lmax + rng.Int64N(W+1)
 		X := max(0, W-(budget-fixed))
 		for _, s := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {

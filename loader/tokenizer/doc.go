@@ -16,11 +16,15 @@
 // WhitespaceSplit, Punctuation; decoders ByteLevel, Metaspace, Replace,
 // ByteFallback, Fuse, Strip, Sequence; post-processors TemplateProcessing,
 // ByteLevel, RobertaProcessing, BertProcessing, Sequence. Anything else is
-// an error at load time that names it and wraps ErrUnsupported.
+// an error at load time that names it and wraps ErrUnsupported; among
+// those are the Unigram and WordPiece models and the Unicode normalizers
+// (NFC, NFKC, ...), which need Unicode tables this package does not carry.
 //
 // The split expressions of GPT-2, Llama 3 and Qwen2 need a lookahead that
-// Go's regexp lacks; they are matched by hand-written scanners. Other Split
-// expressions are compiled with regexp.
+// Go's regexp lacks; they are matched by hand-written scanners. Other
+// expressions (Split, Replace) are compiled with Go's regexp after \s, \d
+// and \w are given the Unicode meaning they have in Oniguruma, the engine
+// Hugging Face uses; ones Go cannot express (lookaround, \b) are rejected.
 //
 // Stream decodes generated ids one at a time, holding back text that the
 // next ids may still change, so that what it returns adds up to Decode of

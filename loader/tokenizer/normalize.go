@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"golang.org/x/text/unicode/norm"
 	"regexp"
 	"strings"
 	"unicode"
@@ -65,3 +66,9 @@ func (n stripNormalizer) normalize(s string) string {
 	}
 	return s
 }
+
+// unicodeNormalizer applies one of the Unicode normalization forms (Qwen2's
+// tokenizer.json asks for NFC).
+type unicodeNormalizer struct{ form norm.Form }
+
+func (n unicodeNormalizer) normalize(s string) string { return n.form.String(s) }

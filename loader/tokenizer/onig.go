@@ -77,11 +77,7 @@ func translateOnig(expr string) (string, error) {
 				b.WriteString(`\]`)
 			}
 		case c == '[' && inClass && i+1 < len(rs) && rs[i+1] == ':':
-			end := strings.Index(string(rs[i:]), ":]")
-			if end < 0 {
-				return "", errors.New("unterminated POSIX class")
-			}
-			return "", fmt.Errorf("POSIX class %s is ASCII-only in Go", string(rs[i:i+len([]rune(string(rs[i:])[:end+2]))]))
+			return "", errors.New("POSIX bracket classes ([:alpha:] and the like) are ASCII-only in Go")
 		case c == ']' && inClass:
 			inClass = false
 			b.WriteRune(c)

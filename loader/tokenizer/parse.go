@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
+	"golang.org/x/text/unicode/norm"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -68,7 +68,7 @@ func (p patternJSON) replacer(content string) (replacer, error) {
 	case p.String != nil:
 		return replacer{literal: *p.String, content: content}, nil
 	case p.Regex != nil:
-		re, err := regexp.Compile(*p.Regex)
+		re, err := compileOnig(*p.Regex)
 		if err != nil {
 			return replacer{}, fmt.Errorf("%w regex %q: %v", ErrUnsupported, *p.Regex, err)
 		}
@@ -146,6 +146,14 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 			return nil, err
 		}
 		return stripNormalizer{v.Left, v.Right}, nil
+	case "NFC":
+		return unicodeNormalizer{norm.NFC}, nil
+	case "NFD":
+		return unicodeNormalizer{norm.NFD}, nil
+	case "NFKC":
+		return unicodeNormalizer{norm.NFKC}, nil
+	case "NFKD":
+		return unicodeNormalizer{norm.NFKD}, nil
 	}
 	return nil, fmt.Errorf("%w normalizer type %q", ErrUnsupported, typ)
 }

@@ -33,8 +33,8 @@ type matcher interface {
 }
 
 // newRegexMatcher returns the matcher for a Split pre-tokenizer's Regex
-// pattern: a scanner for the known lookahead expressions, Go's regexp for the
-// rest. Expressions Go cannot compile are an error.
+// pattern: a scanner for the known lookahead expressions, Go's regexp (after
+// translateOnig) for the rest. Expressions Go cannot compile are an error.
 func newRegexMatcher(expr string) (matcher, error) {
 	switch expr {
 	case gpt2Pattern:
@@ -44,7 +44,7 @@ func newRegexMatcher(expr string) (matcher, error) {
 	case qwen2Pattern:
 		return scanMatcher(func(s string, i int) int { return cl100kNext(s, i, 1) }), nil
 	}
-	re, err := regexp.Compile(expr)
+	re, err := compileOnig(expr)
 	if err != nil {
 		return nil, err
 	}

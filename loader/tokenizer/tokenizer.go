@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -436,29 +437,14 @@ func (t *Tokenizer) Decode(ids []int) (string, error) {
 	}
 	var s string
 	if t.dec == nil {
-		s = joinStrings(toks, " ")
+		s = strings.Join(toks, " ")
 	} else {
-		s = joinStrings(t.dec.decodeChain(toks), "")
+		s = strings.Join(t.dec.decodeChain(toks), "")
 	}
 	if t.cleanup {
 		s = cleanupSpaces(s)
 	}
 	return s, nil
-}
-
-func joinStrings(ss []string, sep string) string {
-	n := 0
-	for _, s := range ss {
-		n += len(s) + len(sep)
-	}
-	b := make([]byte, 0, n)
-	for i, s := range ss {
-		if i > 0 {
-			b = append(b, sep...)
-		}
-		b = append(b, s...)
-	}
-	return string(b)
 }
 
 // VocabSize returns the size of the id space: one more than the largest id
