@@ -16,6 +16,7 @@ import (
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
 	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -37,6 +38,17 @@ type options struct {
 	quiet        bool
 	promptIsSet  bool
 	defaultModel bool
+
+	// Memory: flags, merged over the -config file.
+	gpuLimit    string
+	gpuFraction float64
+	hostLimit   string
+	offload     string
+	configFile  string
+	memMode     string
+	summary     bool
+	snapshot    string
+	set         map[string]bool // flags given on the command line
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -57,6 +69,14 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.chunk, "prefill-chunk", 512, "prompt tokens processed per forward step")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+	fs.StringVar(&o.gpuLimit, "gpu-memory-limit", "", "device memory budget `size` (3.5GiB, 800MiB, 4GB, 300000B; a bare number is GiB)")
+	fs.Float64Var(&o.gpuFraction, "gpu-memory-fraction", 0, "device memory budget as a `fraction` of the device's total")
+	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers; beyond it they are re-read from disk")
+	fs.StringVar(&o.offload, "offload", "", "offload `strategy`: none, minimal, balanced or aggressive (default: none without a budget, balanced with one)")
+	fs.StringVar(&o.configFile, "config", "", "YAML config `file` with a memory: section; flags override it")
+	fs.StringVar(&o.memMode, "memory-mode", "", "explicit, unified or unified-noprefetch (unified needs -device cuda)")
+	fs.BoolVar(&o.summary, "memory-summary", false, "print a memory summary table on stderr at exit")
+	fs.StringVar(&o.snapshot, "memory-snapshot", "", "record every allocation and paging event to this JSON `file` (draw it with examples/memviz)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return nil, err
@@ -66,11 +86,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q", fs.Arg(0))
 	}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "prompt" {
-			o.promptIsSet = true
-		}
-	})
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	o.promptIsSet = o.set["prompt"]
 	switch {
 	case o.maxNew < 0:
 		return nil, usagef("-max-new-tokens %d must be >= 0", o.maxNew)
@@ -120,9 +138,20 @@ type report struct {
 	PeakHostBytes int64   `json:"peak_host_bytes"`
 	WeightBytes   int64   `json:"weight_bytes"`
 	StopReason    string  `json:"stop_reason"`
+
+	BudgetBytes           int64              `json:"budget_bytes"`
+	PeakDeviceBytes       int64              `json:"peak_device_bytes"`
+	ResidentWeightBytes   int64              `json:"resident_weight_bytes"`
+	StreamedBytesPerToken float64            `json:"streamed_bytes_per_token"`
+	LayerHits             int64              `json:"layer_hits"`
+	LayerMisses           int64              `json:"layer_misses"`
+	Strategy              paging.Strategy    `json:"strategy"`
+	MemoryMode            paging.MemoryMode  `json:"memory_mode"`
+	Plan                  *paging.PlanResult `json:"plan"`
+	Paging                paging.Stats       `json:"paging"`
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
@@ -201,21 +230,39 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer closeBackend(backend)
 
+	mem, err := resolveMemory(o, backend)
+	if err != nil {
+		return err
+	}
+	contextLen := len(ids) + max(o.maxNew, 1)
+	chunk := min(o.chunk, contextLen)
 	start := time.Now()
 	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
-	weights, err := nn.LoadWeights(ctx, lm, backend, bar.update)
+	pw, err := openPaged(ctx, lm, cfg, backend, mem, contextLen, chunk, o.snapshot != "", bar)
 	bar.done()
 	if err != nil {
 		return err
 	}
-	defer weights.Close()
+	defer func() {
+		if o.summary {
+			fmt.Fprint(stderr, pw.budget.Summary())
+		}
+		if o.snapshot != "" {
+			if err := writeSnapshot(o.snapshot, pw.budget); err != nil && retErr == nil {
+				retErr = err
+			}
+		}
+		if err := pw.close(); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
 	loadTime := time.Since(start)
 
-	model, err := nn.New(cfg, backend, nil, weights)
+	model, err := nn.New(cfg, backend, pw.budget, nn.PagedWeights{Pager: pw.pager})
 	if err != nil {
 		return err
 	}
-	sess, err := model.NewSession(len(ids)+max(o.maxNew, 1), o.chunk)
+	sess, err := model.NewSession(contextLen, chunk)
 	if err != nil {
 		return err
 	}
@@ -232,6 +279,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	prefill := time.Since(t0)
+	pw.pager.MarkStep() // closes the warm-up and the prefill
 	if o.logitsOut != "" {
 		if err := writeLogits(o.logitsOut, logits, len(ids), cfg.VocabSize); err != nil {
 			return err
@@ -281,6 +329,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if logits, err = sess.Forward(ctx, []int32{id}, false, nil); err != nil {
 			return err
 		}
+		pw.pager.MarkStep()
 	}
 	decode := time.Since(t1)
 	if o.maxNew == 0 {
@@ -299,7 +348,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			PrefillTokS: float64(len(ids)) / prefill.Seconds(),
 			LoadSeconds: loadTime.Seconds(), PeakHostBytes: peakHostBytes(),
 			WeightBytes: lm.WeightBytes(), StopReason: stop,
+			BudgetBytes: mem.budget, Strategy: mem.strategy, MemoryMode: mem.mode, Plan: pw.plan,
 		}
+		st := pw.pager.Stats()
+		r.Paging = st
+		r.PeakDeviceBytes = st.PeakDeviceBytes
+		r.ResidentWeightBytes = st.ResidentWeightBytes
+		r.StreamedBytesPerToken = st.BytesPerStep
+		r.LayerHits, r.LayerMisses = st.Hits, st.Misses
 		if r.IDs == nil {
 			r.IDs = []int32{}
 		}

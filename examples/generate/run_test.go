@@ -148,3 +148,107 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetsBitIdentical runs the CLI with every strategy under a tight
+// budget and compares ids and logits with the unbudgeted run.
+func TestBudgetsBitIdentical(t *testing.T) {
+	dir := fixtures.Dir(fixtures.TinyLlamaF16Sharded)
+	tmp := t.TempDir()
+	runOne := func(name string, extra ...string) (report, []byte) {
+		t.Helper()
+		out := filepath.Join(tmp, name+".safetensors")
+		args := append([]string{"-model", dir, "-ids", "1,42,71,345,81,14", "-max-new-tokens", "10", "-json", "-logits-out", out}, extra...)
+		stdout, _, err := runArgs(t, args...)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var r report
+		if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, b
+	}
+	base, baseLogits := runOne("base")
+	if base.Plan == nil || base.Strategy != "none" {
+		t.Fatalf("unbudgeted run: strategy %q, plan %v", base.Strategy, base.Plan)
+	}
+	for _, s := range []string{"minimal", "balanced", "aggressive"} {
+		r, logits := runOne(s, "-gpu-memory-limit", "190KiB", "-offload", s)
+		if !bytes.Equal(logits, baseLogits) {
+			t.Errorf("%s: logits differ from the unbudgeted run", s)
+		}
+		if len(r.IDs) != len(base.IDs) {
+			t.Fatalf("%s: %d ids, want %d", s, len(r.IDs), len(base.IDs))
+		}
+		for i := range r.IDs {
+			if r.IDs[i] != base.IDs[i] {
+				t.Fatalf("%s: ids %v, unbudgeted %v", s, r.IDs, base.IDs)
+			}
+		}
+		if r.BudgetBytes != 190<<10 || r.PeakDeviceBytes > r.BudgetBytes || r.PeakDeviceBytes == 0 {
+			t.Errorf("%s: budget %d, peak %d", s, r.BudgetBytes, r.PeakDeviceBytes)
+		}
+		if r.StreamedBytesPerToken <= 0 || r.LayerMisses == 0 {
+			t.Errorf("%s: nothing streamed under a budget smaller than the weights: %+v", s, r.Paging)
+		}
+	}
+}
+
+func TestConfigFileAndMemoryFlags(t *testing.T) {
+	tmp := t.TempDir()
+	cfg := filepath.Join(tmp, "strata.yaml")
+	os.WriteFile(cfg, []byte("memory:\n  offload_strategy: aggressive\n  max_gpu_memory: 200KiB\n"), 0o644)
+	stdout, _, err := runArgs(t, "-ids", "1,2,3", "-max-new-tokens", "2", "-json", "-config", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r report
+	json.Unmarshal([]byte(stdout), &r)
+	if r.Strategy != "aggressive" || r.BudgetBytes != 200<<10 {
+		t.Errorf("from the file: strategy %q budget %d", r.Strategy, r.BudgetBytes)
+	}
+	// Flags override the file.
+	stdout, _, err = runArgs(t, "-ids", "1,2,3", "-max-new-tokens", "2", "-json", "-config", cfg, "-offload", "minimal", "-gpu-memory-limit", "0.00025")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.Unmarshal([]byte(stdout), &r)
+	if r.Strategy != "minimal" || r.BudgetBytes != 1<<30/4000 {
+		t.Errorf("flags over the file: strategy %q budget %d", r.Strategy, r.BudgetBytes)
+	}
+	// A snapshot file is written, and the summary names the categories.
+	snap := filepath.Join(tmp, "snap.json")
+	_, stderr, err := runArgs(t, "-ids", "1,2,3", "-max-new-tokens", "2", "-quiet", "-memory-summary", "-memory-snapshot", snap, "-gpu-memory-limit", "200KiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "kv cache") || !strings.Contains(stderr, "streamed weights") {
+		t.Errorf("memory summary lacks categories:\n%s", stderr)
+	}
+	if st, err := os.Stat(snap); err != nil || st.Size() == 0 {
+		t.Errorf("snapshot not written: %v", err)
+	}
+
+	bad := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-gpu-memory-limit", "lots"}, "gpu-memory-limit"},
+		{[]string{"-gpu-memory-limit", "10B"}, "budget"},
+		{[]string{"-offload", "everything"}, "offload"},
+		{[]string{"-offload", "none", "-gpu-memory-limit", "100KiB"}, "none"},
+		{[]string{"-gpu-memory-fraction", "0.5"}, "fraction"},
+		{[]string{"-memory-mode", "unified"}, "cuda"},
+		{[]string{"-config", filepath.Join(tmp, "missing.yaml")}, "missing.yaml"},
+	}
+	for _, c := range bad {
+		_, _, err := runArgs(t, append([]string{"-ids", "1", "-quiet"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
+		}
+	}
+}

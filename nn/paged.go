@@ -1,0 +1,65 @@
+package nn
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/paging"
+)
+
+// Source adapts an opened model directory to paging.Source, in the layer
+// numbering Weights uses.
+func Source(m *loader.Model) paging.Source { return modelSource{m} }
+
+type modelSource struct{ m *loader.Model }
+
+func (s modelSource) NumLayers() int { return len(s.m.Layers()) }
+
+func (s modelSource) LayerTensors(layer int) []paging.TensorSpec {
+	ls := s.m.Layers()
+	if layer < 0 || layer >= len(ls) {
+		return nil
+	}
+	specs := make([]paging.TensorSpec, 0, len(ls[layer].Tensors))
+	for _, t := range ls[layer].Tensors {
+		specs = append(specs, paging.TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape, Bytes: t.Size})
+	}
+	return specs
+}
+
+func (s modelSource) ReadTensor(ctx context.Context, layer int, name string, dst []byte) error {
+	t, ok := s.m.Tensor(name)
+	if !ok {
+		return fmt.Errorf("nn: layer %d has no tensor %s", layer, name)
+	}
+	return s.m.ReadInto(ctx, t, dst)
+}
+
+// ModelInfo describes the model to the planner, with the buffer sizes this
+// package allocates.
+func ModelInfo(m *loader.Model, cfg Config) (paging.ModelInfo, error) {
+	layers, err := paging.DescribeSource(Source(m))
+	if err != nil {
+		return paging.ModelInfo{}, err
+	}
+	return paging.ModelInfo{
+		Layers:           layers,
+		NumLayers:        cfg.NumLayers,
+		HiddenSize:       cfg.HiddenSize,
+		IntermediateSize: cfg.IntermediateSize,
+		NumHeads:         cfg.NumHeads,
+		NumKVHeads:       cfg.NumKVHeads,
+		HeadDim:          cfg.HeadDim,
+		VocabSize:        cfg.VocabSize,
+	}, nil
+}
+
+// PagedWeights serves layers from a paging.Pager: Weights under a budget.
+type PagedWeights struct{ *paging.Pager }
+
+// Acquire returns the layer's tensors, loading them if they are not on the
+// device.
+func (p PagedWeights) Acquire(ctx context.Context, layer int) (LayerWeights, error) {
+	return p.Pager.Acquire(ctx, layer)
+}

@@ -1,0 +1,135 @@
+package nn
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// generateIDs runs a prompt and greedy decoding, returning every logit it
+// saw and the ids it chose.
+func generateIDs(t *testing.T, m *Model, prompt []int32, steps, maxPos, chunk int) ([]float32, []int32) {
+	t.Helper()
+	s, err := m.NewSession(maxPos, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	logits, err := s.Forward(ctx, prompt, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append([]float32(nil), logits...)
+	last := logits[len(logits)-m.cfg.VocabSize:]
+	var ids []int32
+	for range steps {
+		id := int32(Argmax(last))
+		ids = append(ids, id)
+		if last, err = s.Forward(ctx, []int32{id}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, last...)
+	}
+	return all, ids
+}
+
+// TestPagedBitIdentical runs the F16 fixture with every strategy under a
+// budget that holds only the ring, and under one with room to spare, and
+// asserts the logits and ids are bit-identical to running with every weight
+// resident; the budget's peak never passes its limit and nothing is left
+// allocated after Close.
+func TestPagedBitIdentical(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg, err := FromLoader(lm.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
+	const steps, maxPos, chunk = 12, 32, 8
+
+	b := tensor.NewCPU(1)
+	defer b.Close()
+	hw, err := LoadWeights(context.Background(), lm, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := New(cfg, b, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLogits, wantIDs := generateIDs(t, ref, prompt, steps, maxPos, chunk)
+	hw.Close()
+
+	info, err := ModelInfo(lm, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The smallest budget any streaming plan accepts.
+	_, err = paging.Plan(info, 1, paging.StrategyMinimal, maxPos, 1, paging.WithChunkTokens(chunk))
+	var be *paging.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("a 1-byte budget planned: %v", err)
+	}
+	minBudget := be.Needed
+	for _, strategy := range []paging.Strategy{paging.StrategyNone, paging.StrategyMinimal, paging.StrategyBalanced, paging.StrategyAggressive} {
+		for _, budget := range []int64{minBudget, minBudget + lm.WeightBytes()/2, 1 << 30} {
+			plan, err := paging.Plan(info, budget, strategy, maxPos, 1, paging.WithChunkTokens(chunk))
+			if strategy == paging.StrategyNone && budget < 1<<30 {
+				if err == nil {
+					t.Errorf("strategy none planned a model of %d bytes in %d", lm.WeightBytes(), budget)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s at %d: %v", strategy, budget, err)
+			}
+			bud := paging.NewBudget(b, budget, "cpu")
+			pager, err := paging.NewPager(Source(lm), bud, plan, paging.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(cfg, b, bud, PagedWeights{pager})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotLogits, gotIDs := generateIDs(t, m, prompt, steps, maxPos, chunk)
+			for i := range wantIDs {
+				if gotIDs[i] != wantIDs[i] {
+					t.Fatalf("%s at %d bytes: ids %v, resident run %v", strategy, budget, gotIDs, wantIDs)
+				}
+			}
+			for i := range wantLogits {
+				if gotLogits[i] != wantLogits[i] {
+					t.Fatalf("%s at %d bytes: logit %d is %v, resident run %v", strategy, budget, i, gotLogits[i], wantLogits[i])
+				}
+			}
+			// At the smallest budget the weights must have streamed: more
+			// bytes moved than the model holds.
+			if st := pager.Stats(); budget == minBudget && st.BytesHostToDevice <= lm.WeightBytes() {
+				t.Errorf("%s at the minimum budget moved only %d bytes for %d of weights", strategy, st.BytesHostToDevice, lm.WeightBytes())
+			}
+			if bud.Peak() > budget {
+				t.Errorf("%s: peak %d over the budget %d", strategy, bud.Peak(), budget)
+			}
+			if err := pager.Close(); err != nil {
+				t.Error(err)
+			}
+			if err := bud.Close(); err != nil {
+				t.Errorf("%s: %v", strategy, err)
+			}
+			if bud.Used() != 0 {
+				t.Errorf("%s: %d bytes still allocated after Close", strategy, bud.Used())
+			}
+		}
+	}
+}
