@@ -67,6 +67,7 @@ type Pager struct {
 	layers []*entry
 	order  atomic.Int32
 	pinned tensor.PinnedAllocator // nil when the backend has none
+	async  tensor.AsyncUploader   // nil when the backend has none
 
 	life     context.Context // cancelled by Close
 	stopLife context.CancelFunc
@@ -106,6 +107,10 @@ type entry struct {
 	strInRing  bool
 	host       []byte // streamed part cached in host RAM, or nil
 	hostPinned bool
+	// ready holds the waits of asynchronous uploads into the layer's
+	// tensors that no compute has been ordered after yet; the first
+	// Acquire (or an eviction) runs them.
+	ready []func() error
 
 	pins, waiters int
 	loading       bool
@@ -126,6 +131,9 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	}
 	p := &Pager{src: src, bg: budget, b: budget.Backend(), plan: plan, depth: plan.PrefetchDepth}
 	p.cond = sync.NewCond(&p.mu)
+	if au, ok := p.b.(tensor.AsyncUploader); ok {
+		p.async = au
+	}
 	if pa, ok := p.b.(tensor.PinnedAllocator); ok {
 		p.pinned = pa
 	}
@@ -254,6 +262,10 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 			return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, errClosed)
 		}
 		if e.loaded() {
+			if err := e.awaitUploads(); err != nil {
+				p.mu.Unlock()
+				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
+			}
 			e.pins++
 			e.lastUse = p.bg.tick()
 			p.st.Acquires++
@@ -434,8 +446,12 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 
 	var resT, strT []*tensor.Tensor
 	var moved int64
+	var ready []func() error
 	inRing := false
 	fail := func(err error) error {
+		for _, r := range ready {
+			_ = r()
+		}
 		for _, t := range resT {
 			p.bg.Free(t)
 		}
@@ -453,7 +469,7 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 	}
 	for needRes {
 		gen := p.generation()
-		resT, err = p.loadTensors(ctx, e, e.res, ResidentWeights, true, !prefetch, &moved)
+		resT, err = p.loadTensors(ctx, e, e.res, ResidentWeights, true, !prefetch, &moved, &ready)
 		if err == nil {
 			break
 		}
@@ -467,7 +483,7 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 		if err != nil {
 			return fail(err)
 		}
-		strT, err = p.loadTensors(ctx, e, e.str, StreamedWeights, !inRing, !inRing, &moved)
+		strT, err = p.loadTensors(ctx, e, e.str, StreamedWeights, !inRing, !inRing, &moved, &ready)
 		if err == nil {
 			break
 		}
@@ -487,6 +503,7 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 	if needStr {
 		e.strT, e.strLoaded, e.strInRing = strT, true, inRing
 	}
+	e.ready = append(e.ready, ready...)
 	e.lastUse = p.bg.tick()
 	p.st.Loads++
 	p.mu.Unlock()
@@ -629,6 +646,8 @@ func (p *Pager) evictStamp(s uint64) bool {
 // evictLocked frees a layer's parts: its ring part when ring is true,
 // otherwise every part held outside the ring.
 func (p *Pager) evictLocked(e *entry, ring bool) {
+	// Order later uses of the memory after copies still landing in it.
+	_ = e.awaitUploads()
 	var freed int64
 	if ring {
 		for _, t := range e.strT {
@@ -660,9 +679,18 @@ func (p *Pager) evictLocked(e *entry, ring bool) {
 
 // loadTensors allocates and fills the tensors idx of e. Streamed parts come
 // from the host cache when it has them, and enter it when it has room.
-func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Category, charged, reclaim bool, moved *int64) ([]*tensor.Tensor, error) {
+//
+// Uploads from pinned host memory go through the backend's AsyncUploader
+// when it has one, on its copy stream; their waits are appended to ready,
+// and run before the tensors are used or freed.
+func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Category, charged, reclaim bool, moved *int64, ready *[]func() error) ([]*tensor.Tensor, error) {
 	var ts []*tensor.Tensor
+	nReady := len(*ready)
 	undo := func(err error) ([]*tensor.Tensor, error) {
+		for _, r := range (*ready)[nReady:] {
+			_ = r()
+		}
+		*ready = (*ready)[:nReady]
 		for _, t := range ts {
 			p.bg.Free(t)
 		}
@@ -678,12 +706,12 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 	}
 	streamed := cat == StreamedWeights
 	var buf []byte // the streamed part, whole, when it is or will be cached
-	cached, admitted := false, false
+	cached, cachedPinned, admitted := false, false, false
 	if streamed {
 		p.mu.Lock()
 		switch {
 		case e.host != nil:
-			buf, cached = e.host, true
+			buf, cached, cachedPinned = e.host, true, e.hostPinned
 			p.st.HostCacheHits++
 		case p.hostUsed+e.strBytes <= p.hostCap:
 			p.hostUsed += e.strBytes // reserved; returned if the load fails
@@ -728,7 +756,16 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 			p.st.BytesDiskToHost += s.Bytes
 			p.mu.Unlock()
 		}
-		if err := p.b.Upload(ts[k], 0, src); err != nil {
+		var err error
+		if p.async != nil && (pinned || cachedPinned) {
+			var r func() error
+			if r, err = p.async.UploadAsync(ctx, ts[k], 0, src); err == nil {
+				*ready = append(*ready, r)
+			}
+		} else {
+			err = p.b.Upload(ts[k], 0, src)
+		}
+		if err != nil {
 			dropAdmission()
 			return undo(fmt.Errorf("paging: layer %d tensor %s: upload: %w", e.layer, s.Name, err))
 		}
@@ -791,6 +828,9 @@ func (p *Pager) Close() error {
 	}
 	var errs []error
 	for _, e := range p.layers {
+		if err := e.awaitUploads(); err != nil {
+			errs = append(errs, fmt.Errorf("paging: layer %d: %w", e.layer, err))
+		}
 		for _, t := range e.resT {
 			p.bg.Free(t)
 		}
@@ -814,5 +854,18 @@ func (p *Pager) Close() error {
 		p.bg.uncharge(StreamedWeights, p.ringCap, -1, true)
 	}
 	p.bg.detach(p)
+	return errors.Join(errs...)
+}
+
+// awaitUploads orders the backend's compute after the layer's pending
+// asynchronous uploads. The caller holds p.mu (or owns e exclusively).
+func (e *entry) awaitUploads() error {
+	var errs []error
+	for _, r := range e.ready {
+		if err := r(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	e.ready = nil
 	return errors.Join(errs...)
 }
