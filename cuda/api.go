@@ -50,26 +50,10 @@ type Stats struct {
 	Workspace    int64 // device bytes the backend keeps for itself (cuBLAS workspace), included in Reserved
 }
 
-// ManagedAllocator is the optional unified-memory capability of the CUDA
-// backend, found by type assertion like the tensor package's optional
-// interfaces. Managed tensors are addressable from the host and the device;
-// the driver migrates their pages on demand or when prefetched.
-type ManagedAllocator interface {
-	// AllocManaged allocates managed memory. It refuses (with an error
-	// wrapping tensor.ErrOutOfMemory) any request larger than the device's
-	// free memory, so that managed memory never oversubscribes the GPU.
-	AllocManaged(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error)
-	// PrefetchToDevice migrates t's pages to the GPU, ordered on the
-	// compute stream.
-	PrefetchToDevice(t *tensor.Tensor) error
-	// PrefetchToHost migrates t's pages to host memory, ordered on the
-	// compute stream.
-	PrefetchToHost(t *tensor.Tensor) error
-	// AdviseHost sets host memory as the preferred location of t's pages,
-	// so that evicted pages go back to the host rather than staying on the
-	// device.
-	AdviseHost(t *tensor.Tensor) error
-}
+// ManagedAllocator is the unified-memory capability of the CUDA backend
+// (tensor.ManagedAllocator): AllocManaged refuses anything larger than the
+// device's free memory, so managed memory never oversubscribes the GPU.
+type ManagedAllocator = tensor.ManagedAllocator
 
 // DriverError is a failed CUDA driver API call, found with errors.As in the
 // errors this package returns.

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/strata-llm/strata/tensor"
@@ -57,6 +58,11 @@ type Backend struct {
 	evMu      sync.Mutex
 	evFree    []cu.Event
 	evAll     []cu.Event
+	tevFree   []cu.Event // timing events, for CopyStats
+	spans     []span     // timed spans not yet read
+	copyBytes int64
+	copyBusy  time.Duration
+	stall     time.Duration
 	modules   []module
 	kernels   map[string]kfunc
 	alloc     *allocator
@@ -544,6 +550,101 @@ func (b *Backend) isPinned(p uintptr) bool {
 	return false
 }
 
+// span is a stretch of one stream between two timing events: an
+// asynchronous copy on the copy stream, or the compute stream waiting for
+// one (stall).
+type span struct {
+	start, end cu.Event
+	bytes      int64
+	stall      bool
+}
+
+// getTimedEvent returns an event that records time; the caller holds evMu.
+func (b *Backend) getTimedEventLocked() (cu.Event, error) {
+	if n := len(b.tevFree); n > 0 {
+		ev := b.tevFree[n-1]
+		b.tevFree = b.tevFree[:n-1]
+		return ev, nil
+	}
+	ev, err := cu.MakeEvent(cu.DefaultEvent)
+	if err != nil {
+		return ev, cuError(err)
+	}
+	b.evAll = append(b.evAll, ev)
+	return ev, nil
+}
+
+// timedPair returns two timing events, or ok false when none can be made
+// (timing is then skipped, never the copy).
+func (b *Backend) timedPair() (start, end cu.Event, ok bool) {
+	b.evMu.Lock()
+	defer b.evMu.Unlock()
+	b.drainSpansLocked()
+	var err error
+	if start, err = b.getTimedEventLocked(); err != nil {
+		return start, end, false
+	}
+	if end, err = b.getTimedEventLocked(); err != nil {
+		b.tevFree = append(b.tevFree, start)
+		return start, end, false
+	}
+	return start, end, true
+}
+
+// drainSpansLocked adds up the spans whose end has been reached, in order,
+// and returns their events to the pool.
+func (b *Backend) drainSpansLocked() {
+	i := 0
+	for ; i < len(b.spans); i++ {
+		sp := b.spans[i]
+		if sp.end.Query() != nil { // not reached yet (or failed: dropped at Close)
+			break
+		}
+		ms, err := sp.start.Elapsed(sp.end)
+		if err == nil && ms > 0 {
+			d := time.Duration(ms * float64(time.Millisecond))
+			if sp.stall {
+				b.stall += d
+			} else {
+				b.copyBusy += d
+				b.copyBytes += sp.bytes
+			}
+		}
+		b.tevFree = append(b.tevFree, sp.start, sp.end)
+	}
+	b.spans = append(b.spans[:0], b.spans[i:]...)
+}
+
+// addSpan keeps a recorded span for CopyStats, or returns its events to the
+// pool when it was not recorded.
+func (b *Backend) addSpan(start, end cu.Event, got, recorded bool, bytes int64, stall bool) {
+	if !got {
+		return
+	}
+	b.evMu.Lock()
+	defer b.evMu.Unlock()
+	if !recorded {
+		b.tevFree = append(b.tevFree, start, end)
+		return
+	}
+	b.spans = append(b.spans, span{start: start, end: end, bytes: bytes, stall: stall})
+}
+
+// CopyStats reports the asynchronous uploads so far: bytes copied, the time
+// the copy stream spent copying them, and the time the compute stream spent
+// waiting for copies (the part of the copy time not hidden behind compute).
+// Spans still in flight are not counted yet; Sync first for a full account.
+func (b *Backend) CopyStats() (bytes int64, busy, stall time.Duration) {
+	if err := b.enter("CopyStats"); err != nil {
+		return 0, 0, 0
+	}
+	defer b.leave()
+	b.evMu.Lock()
+	defer b.evMu.Unlock()
+	b.drainSpansLocked()
+	return b.copyBytes, b.copyBusy, b.stall
+}
+
 func (b *Backend) getEvent() (cu.Event, error) {
 	b.evMu.Lock()
 	defer b.evMu.Unlock()
@@ -603,14 +704,23 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
 	}
+	tStart, tEnd, got := b.timedPair()
+	timed := got
 	b.copyMu.Lock()
 	err = before.Record(b.compute)
 	if err == nil {
 		err = b.copy.Wait(before, 0)
 	}
+	if err == nil && timed {
+		timed = tStart.Record(b.copy) == nil
+	}
 	if err == nil {
 		err = cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.copy)
 	}
+	if err == nil && timed {
+		timed = tEnd.Record(b.copy) == nil
+	}
+	b.addSpan(tStart, tEnd, got, timed && err == nil, int64(len(src)), false)
 	if err == nil {
 		err = done.Record(b.copy)
 	}
@@ -630,9 +740,20 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 				return
 			}
 			defer b.leave()
+			sStart, sEnd, got := b.timedPair()
+			timed := got
+			b.opsMu.Lock()
+			if timed {
+				timed = sStart.Record(b.compute) == nil
+			}
 			if err := b.compute.Wait(done, 0); err != nil {
 				rerr = fmt.Errorf("%s: UploadAsync ready: %w", b.name, cuError(err))
 			}
+			if timed {
+				timed = sEnd.Record(b.compute) == nil
+			}
+			b.opsMu.Unlock()
+			b.addSpan(sStart, sEnd, got, timed && rerr == nil, 0, true)
 			b.putEvent(done)
 		})
 		return rerr
@@ -797,7 +918,7 @@ func (b *Backend) release() error {
 	for i := range b.evAll {
 		keep(cuError(cu.DestroyEvent(&b.evAll[i])))
 	}
-	b.evAll, b.evFree = nil, nil
+	b.evAll, b.evFree, b.tevFree, b.spans = nil, nil, nil, nil
 	b.evMu.Unlock()
 	if b.copyTail != (cu.Event{}) {
 		keep(cuError(cu.DestroyEvent(&b.copyTail)))

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/strata-llm/strata/tensor"
@@ -563,5 +564,43 @@ func TestErrors(t *testing.T) {
 	}
 	if _, err := b.AllocPinned(0); err == nil {
 		t.Error("AllocPinned(0): no error")
+	}
+}
+
+// TestCopyStats checks the copy and stall timing: a copy of 256 MiB from
+// pinned memory is counted with a plausible rate, and a compute stream that
+// waits at once for it stalls for about the copy's time.
+func TestCopyStats(t *testing.T) {
+	b := openGPU(t)
+	const n = 64 << 20 // 256 MiB of F32
+	pinned, err := b.AllocPinned(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(pinned)
+	dst, _ := put(t, b, tensor.F32, tensor.Shape{n}, make([]float32, n))
+	bytes0, busy0, stall0 := b.CopyStats()
+	ready, err := b.UploadAsync(context.Background(), dst, 0, pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ready(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	bytes, busy, stall := b.CopyStats()
+	bytes, busy, stall = bytes-bytes0, busy-busy0, stall-stall0
+	gbps := float64(bytes) / busy.Seconds() / 1e9
+	t.Logf("copied %d bytes in %v (%.1f GB/s), compute stalled %v", bytes, busy, gbps, stall)
+	if bytes != 4*n {
+		t.Errorf("CopyStats counted %d bytes, want %d", bytes, 4*n)
+	}
+	if !(gbps > 1 && gbps < 1000) {
+		t.Errorf("implausible copy rate %.1f GB/s", gbps)
+	}
+	if stall <= 0 || stall > 2*busy+time.Millisecond {
+		t.Errorf("stall %v for a copy of %v waited on at once", stall, busy)
 	}
 }

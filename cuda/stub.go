@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"context"
+	"time"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -135,3 +136,6 @@ func (b *Backend) Cast(dst, src *tensor.Tensor) error { return ErrNotCompiled }
 
 // Close returns nil: there is nothing to release.
 func (b *Backend) Close() error { return nil }
+
+// CopyStats returns zeros.
+func (b *Backend) CopyStats() (bytes int64, busy, stall time.Duration) { return 0, 0, 0 }

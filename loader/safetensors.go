@@ -278,7 +278,7 @@ func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []by
 		return &fileError{file: f.Path, tensor: t.Name, kind: ErrClosed, msg: "file is closed"}
 	default:
 	}
-	if off < 0 || off+int64(len(dst)) > t.Size {
+	if off < 0 || off > t.Size || int64(len(dst)) > t.Size-off { // no off+len: it can overflow
 		return &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("range [%d, %d) outside the tensor's %d bytes", off, off+int64(len(dst)), t.Size)}
 	}
 	if t.Offset < 0 || t.Offset+t.Size > f.size {

@@ -91,6 +91,23 @@ type AsyncUploader interface {
 	UploadAsync(ctx context.Context, dst *Tensor, off int64, src []byte) (ready func() error, err error)
 }
 
+// ManagedAllocator is a backend with unified (managed) memory: tensors
+// addressable from host and device whose pages the driver migrates on
+// demand or when prefetched. Prefetches are ordered with the backend's
+// compute.
+type ManagedAllocator interface {
+	// AllocManaged allocates managed memory. It refuses (with an error
+	// wrapping ErrOutOfMemory) any request larger than the device's free
+	// memory, so that managed memory never oversubscribes the device.
+	AllocManaged(dt DType, shape Shape) (*Tensor, error)
+	// PrefetchToDevice migrates t's pages to the device.
+	PrefetchToDevice(t *Tensor) error
+	// PrefetchToHost migrates t's pages to host memory.
+	PrefetchToHost(t *Tensor) error
+	// AdviseHost makes host memory the preferred location of t's pages.
+	AdviseHost(t *Tensor) error
+}
+
 // MemoryInfo is a backend that can report its device's memory.
 type MemoryInfo interface {
 	MemInfo() (free, total int64, err error)

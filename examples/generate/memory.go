@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"time"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
@@ -96,11 +97,18 @@ func resolveMemory(o *options, b tensor.Backend) (*memory, error) {
 	return m, nil
 }
 
+// served adapts a paging.Server to nn.Weights.
+type served struct{ paging.Server }
+
+func (s served) Acquire(ctx context.Context, layer int) (nn.LayerWeights, error) {
+	return s.Server.Acquire(ctx, layer)
+}
+
 // paged is a model's weights under a budget.
 type paged struct {
 	plan   *paging.PlanResult
 	budget *paging.Budget
-	pager  *paging.Pager
+	pager  paging.Server
 }
 
 // openPaged plans the model under the memory settings and loads the
@@ -128,17 +136,16 @@ func openPaged(ctx context.Context, lm *loader.Model, cfg nn.Config, b tensor.Ba
 	if snapshot {
 		p.budget.RecordHistory(1 << 20)
 	}
-	p.pager, err = paging.NewPager(nn.Source(lm), p.budget, plan, paging.Options{HostCacheBytes: mem.hostLimit})
+	p.pager, err = paging.NewServer(ctx, mem.mode, nn.Source(lm), p.budget, plan, paging.Options{HostCacheBytes: mem.hostLimit})
 	if err != nil {
 		p.budget.Close()
 		return nil, err
 	}
 	// Warm up: every layer once, in order, so the resident set is loaded
 	// before the clock starts on the prompt.
-	n := p.pager.NumLayers()
 	layers := lm.Layers()
 	done, total := int64(0), lm.WeightBytes()
-	for l := 0; l < n; l++ {
+	for l := 0; l < len(layers); l++ {
 		if _, err := p.pager.Acquire(ctx, l); err != nil {
 			p.close()
 			return nil, err
@@ -171,3 +178,45 @@ func writeSnapshot(path string, bud *paging.Budget) error {
 }
 
 func isCUDA(b tensor.Backend) bool { return len(b.Name()) >= 4 && b.Name()[:4] == "cuda" }
+
+// copyTimer is a backend that times its asynchronous uploads (the CUDA
+// backend).
+type copyTimer interface {
+	CopyStats() (bytes int64, busy, stall time.Duration)
+}
+
+// copyWindow measures the uploads between two points.
+type copyWindow struct {
+	ct            copyTimer
+	bytes0        int64
+	busy0, stall0 time.Duration
+}
+
+func startCopyWindow(b tensor.Backend) *copyWindow {
+	ct, ok := b.(copyTimer)
+	if !ok {
+		return nil
+	}
+	w := &copyWindow{ct: ct}
+	w.bytes0, w.busy0, w.stall0 = ct.CopyStats()
+	return w
+}
+
+// end returns the achieved copy rate in GB/s and the fraction of copy time
+// hidden behind compute; zeros when nothing was copied.
+func (w *copyWindow) end(b tensor.Backend) (gbps, overlap float64) {
+	if w == nil {
+		return 0, 0
+	}
+	if s, ok := b.(tensor.Syncer); ok {
+		_ = s.Sync()
+	}
+	bytes, busy, stall := w.ct.CopyStats()
+	bytes, busy, stall = bytes-w.bytes0, busy-w.busy0, stall-w.stall0
+	if bytes <= 0 || busy <= 0 {
+		return 0, 0
+	}
+	gbps = float64(bytes) / busy.Seconds() / 1e9
+	overlap = 1 - float64(stall)/float64(busy)
+	return gbps, min(max(overlap, 0), 1)
+}

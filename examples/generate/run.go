@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/strata-llm/strata/cuda"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
@@ -149,6 +150,9 @@ type report struct {
 	MemoryMode            paging.MemoryMode  `json:"memory_mode"`
 	Plan                  *paging.PlanResult `json:"plan"`
 	Paging                paging.Stats       `json:"paging"`
+	H2DBytesPerToken      float64            `json:"h2d_bytes_per_token"`
+	H2DGBps               float64            `json:"h2d_GBps"`
+	Overlap               float64            `json:"overlap"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
@@ -258,7 +262,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}()
 	loadTime := time.Since(start)
 
-	model, err := nn.New(cfg, backend, pw.budget, nn.PagedWeights{Pager: pw.pager})
+	model, err := nn.New(cfg, backend, pw.budget, served{pw.pager})
 	if err != nil {
 		return err
 	}
@@ -312,6 +316,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 	var out []int32
 	stop := "max_new_tokens"
+	cw := startCopyWindow(backend)
 	t1 := time.Now()
 	for len(out) < o.maxNew {
 		id := int32(sampler.Sample(logits))
@@ -332,6 +337,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		pw.pager.MarkStep()
 	}
 	decode := time.Since(t1)
+	h2dGBps, overlap := cw.end(backend)
 	if o.maxNew == 0 {
 		stop = "prompt_only"
 	}
@@ -356,6 +362,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		r.ResidentWeightBytes = st.ResidentWeightBytes
 		r.StreamedBytesPerToken = st.BytesPerStep
 		r.LayerHits, r.LayerMisses = st.Hits, st.Misses
+		r.H2DBytesPerToken, r.H2DGBps, r.Overlap = st.BytesPerStep, h2dGBps, overlap
 		if r.IDs == nil {
 			r.IDs = []int32{}
 		}
@@ -387,10 +394,16 @@ func openBackend(o *options) (tensor.Backend, error) {
 	case "cpu":
 		return tensor.NewCPU(o.threads), nil
 	case "cuda":
-		return tensor.Open("cuda")
-	}
-	if b, err := tensor.Open("cuda"); err == nil {
+		b, err := cuda.Open(0)
+		if err != nil {
+			return nil, err
+		}
 		return b, nil
+	}
+	if cuda.Available() {
+		if b, err := cuda.Open(0); err == nil {
+			return b, nil
+		}
 	}
 	return tensor.NewCPU(o.threads), nil
 }

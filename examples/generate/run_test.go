@@ -129,6 +129,7 @@ func TestBadInput(t *testing.T) {
 		{"bad device", []string{"-device", "tpu"}, true, "tpu"},
 		{"bad top-p", []string{"-top-p", "2"}, true, "top-p"},
 		{"unknown flag", []string{"-frobnicate"}, true, "frobnicate"},
+		{"no cuda", []string{"-device", "cuda", "-ids", "1"}, false, "cuda"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

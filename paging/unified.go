@@ -1,0 +1,278 @@
+package paging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Unified serves a model's weights from managed (unified) memory instead of
+// explicit copies: every weight lives in one managed allocation per tensor,
+// preferring host memory, and the driver migrates pages to the device.
+//
+// With prefetch (memory mode "unified"), the plan's resident tensors are
+// migrated to the device once and stay; streamed tensors are prefetched to
+// the device PrefetchDepth layers ahead of use and sent back to the host
+// when released, so the device-resident weight pages stay within the plan's
+// resident bytes plus its ring, which are charged to the budget. Without
+// prefetch ("unified-noprefetch") pages move only when the device touches
+// them and the driver decides what stays: the budget is charged the same
+// way, but the device-resident bytes are the driver's business, which is
+// the contrast this mode exists to show.
+//
+// The managed bytes must fit in the device's free memory: AllocManaged
+// refuses anything else, so managed memory never oversubscribes the GPU.
+type Unified struct {
+	src      Source
+	bg       *Budget
+	m        tensor.ManagedAllocator
+	plan     *PlanResult
+	prefetch bool
+	depth    int
+
+	mu       sync.Mutex
+	layers   [][]*tensor.Tensor // every tensor of each layer, managed
+	names    [][]string
+	streamed [][]bool // per tensor: passes through the "ring"
+	bytes    []int64  // streamed bytes per layer
+	onDevice []bool   // the layer's streamed tensors are prefetched
+	pins     []int
+	charged  [2]int64 // resident, ring
+	closed   bool
+	st       Stats
+	lastMark int64
+	stepSum  int64
+	steps    int64
+}
+
+// NewUnified allocates the model's weights in managed memory on the
+// budget's backend, reads them from src and, with prefetch, migrates the
+// plan's resident tensors to the device.
+func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, prefetch bool) (*Unified, error) {
+	b := bg.Backend()
+	m, ok := b.(tensor.ManagedAllocator)
+	if !ok {
+		return nil, fmt.Errorf("paging: unified memory: backend %s has no managed memory", b.Name())
+	}
+	n := src.NumLayers()
+	if n != len(plan.Layers) {
+		return nil, fmt.Errorf("paging: plan has %d layers, source has %d", len(plan.Layers), n)
+	}
+	u := &Unified{src: src, bg: bg, m: m, plan: plan, prefetch: prefetch, depth: plan.PrefetchDepth,
+		layers: make([][]*tensor.Tensor, n), names: make([][]string, n), streamed: make([][]bool, n),
+		bytes: make([]int64, n), onDevice: make([]bool, n), pins: make([]int, n)}
+	u.st.Strategy, u.st.Device, u.st.Layers = plan.Strategy, bg.Device(), n
+	if err := bg.charge(ResidentWeights, plan.ResidentBytes, -1, false, true); err != nil {
+		return nil, err
+	}
+	u.charged[0] = plan.ResidentBytes
+	if err := bg.charge(StreamedWeights, plan.RingBytes, -1, false, true); err != nil {
+		u.Close()
+		return nil, err
+	}
+	u.charged[1] = plan.RingBytes
+	var buf []byte
+	for l := range n {
+		specs := src.LayerTensors(l)
+		if err := checkSpecs(l, specs); err != nil {
+			u.Close()
+			return nil, err
+		}
+		lp := plan.Layers[l]
+		str := map[string]bool{}
+		for _, name := range lp.Streamed {
+			str[name] = true
+		}
+		whole := len(lp.Streamed) == 0 && lp.StreamedBytes > 0 && lp.StreamedBytes == lp.Bytes
+		for _, s := range specs {
+			t, err := m.AllocManaged(s.DType, s.Shape)
+			if err != nil {
+				u.Close()
+				return nil, fmt.Errorf("paging: unified memory: layer %d tensor %s: %w", l, s.Name, err)
+			}
+			u.layers[l] = append(u.layers[l], t)
+			u.names[l] = append(u.names[l], s.Name)
+			isStr := whole || str[s.Name]
+			u.streamed[l] = append(u.streamed[l], isStr)
+			if isStr {
+				u.bytes[l] += s.Bytes
+			}
+			if int64(cap(buf)) < s.Bytes {
+				buf = make([]byte, s.Bytes)
+			}
+			src := buf[:s.Bytes]
+			err = errors.Join(m.AdviseHost(t), u.src.ReadTensor(ctx, l, s.Name, src))
+			if err == nil {
+				err = b.Upload(t, 0, src)
+			}
+			if err == nil && isStr {
+				err = m.PrefetchToHost(t)
+			}
+			if err == nil && !isStr && prefetch {
+				err = m.PrefetchToDevice(t)
+				u.st.BytesHostToDevice += s.Bytes
+			}
+			if err != nil {
+				u.Close()
+				return nil, fmt.Errorf("paging: unified memory: layer %d tensor %s: %w", l, s.Name, err)
+			}
+			u.st.BytesDiskToHost += s.Bytes
+		}
+	}
+	if sy, ok := b.(tensor.Syncer); ok {
+		if err := sy.Sync(); err != nil {
+			u.Close()
+			return nil, err
+		}
+	}
+	return u, nil
+}
+
+// Acquire returns the layer's tensors, prefetching its streamed part (and
+// that of the next layers) to the device first when prefetch is on.
+func (u *Unified) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tensor, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, errClosed)
+	}
+	if layer < 0 || layer >= len(u.layers) {
+		return nil, fmt.Errorf("paging: acquire layer %d: have layers 0..%d", layer, len(u.layers)-1)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	u.st.Acquires++
+	if u.bytes[layer] == 0 || u.onDevice[layer] || !u.prefetch {
+		u.st.Hits++
+	} else {
+		u.st.Misses++
+	}
+	if u.prefetch {
+		for k := 0; k <= u.depth && k < len(u.layers); k++ {
+			if err := u.toDeviceLocked((layer + k) % len(u.layers)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	u.pins[layer]++
+	m := make(map[string]*tensor.Tensor, len(u.layers[layer]))
+	for i, t := range u.layers[layer] {
+		m[u.names[layer][i]] = t
+	}
+	return m, nil
+}
+
+func (u *Unified) toDeviceLocked(l int) error {
+	if u.onDevice[l] || u.bytes[l] == 0 {
+		return nil
+	}
+	for i, t := range u.layers[l] {
+		if u.streamed[l][i] {
+			if err := u.m.PrefetchToDevice(t); err != nil {
+				return fmt.Errorf("paging: prefetch layer %d: %w", l, err)
+			}
+		}
+	}
+	u.onDevice[l] = true
+	u.st.Prefetches++
+	u.st.Loads++
+	u.st.BytesHostToDevice += u.bytes[l]
+	return nil
+}
+
+// Release unpins a layer; with prefetch, its streamed part goes back to the
+// host (ordered after the compute already queued on it).
+func (u *Unified) Release(layer int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if layer < 0 || layer >= len(u.layers) || u.pins[layer] == 0 {
+		u.st.BadReleases++
+		return
+	}
+	u.pins[layer]--
+	if u.pins[layer] > 0 || !u.prefetch || !u.onDevice[layer] {
+		return
+	}
+	for i, t := range u.layers[layer] {
+		if u.streamed[layer][i] {
+			_ = u.m.PrefetchToHost(t) // a failed eviction leaves pages where they are
+		}
+	}
+	u.onDevice[layer] = false
+	u.st.Evictions++
+}
+
+// MarkStep marks a decoded token and returns the bytes prefetched to the
+// device since the previous mark.
+func (u *Unified) MarkStep() int64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	d := u.st.BytesHostToDevice - u.lastMark
+	u.lastMark = u.st.BytesHostToDevice
+	u.st.Steps++
+	u.st.LastStepBytes = d
+	if u.st.Steps > 1 {
+		u.stepSum += d
+		u.steps++
+		u.st.MaxStepBytes = max(u.st.MaxStepBytes, d)
+	}
+	return d
+}
+
+// Stats returns the counters in the pager's form. Bytes to the device are
+// the bytes prefetched; without prefetch the driver's own migrations are
+// not seen.
+func (u *Unified) Stats() Stats {
+	peak := u.bg.Peak()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	s := u.st
+	if u.steps > 0 {
+		s.BytesPerStep = float64(u.stepSum) / float64(u.steps)
+	}
+	s.ResidentWeightBytes = u.plan.ResidentBytes
+	s.RingBytes = u.plan.RingBytes
+	s.PeakDeviceBytes = peak
+	for l, on := range u.onDevice {
+		if on {
+			s.StreamedWeightBytes += u.bytes[l]
+		}
+		if u.pins[l] > 0 {
+			s.PinnedLayers++
+		}
+	}
+	return s
+}
+
+// Close frees the managed memory and returns the budget's charges. It is
+// idempotent.
+func (u *Unified) Close() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return nil
+	}
+	u.closed = true
+	b := u.bg.Backend()
+	if sy, ok := b.(tensor.Syncer); ok {
+		_ = sy.Sync() // kernels may still read the weights
+	}
+	for _, ts := range u.layers {
+		for _, t := range ts {
+			b.Free(t)
+		}
+	}
+	u.layers = nil
+	if u.charged[0] > 0 {
+		u.bg.uncharge(ResidentWeights, u.charged[0], -1, true)
+	}
+	if u.charged[1] > 0 {
+		u.bg.uncharge(StreamedWeights, u.charged[1], -1, true)
+	}
+	u.charged = [2]int64{}
+	return nil
+}
