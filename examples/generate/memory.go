@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"time"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
@@ -178,45 +177,3 @@ func writeSnapshot(path string, bud *paging.Budget) error {
 }
 
 func isCUDA(b tensor.Backend) bool { return len(b.Name()) >= 4 && b.Name()[:4] == "cuda" }
-
-// copyTimer is a backend that times its asynchronous uploads (the CUDA
-// backend).
-type copyTimer interface {
-	CopyStats() (bytes int64, busy, stall time.Duration)
-}
-
-// copyWindow measures the uploads between two points.
-type copyWindow struct {
-	ct            copyTimer
-	bytes0        int64
-	busy0, stall0 time.Duration
-}
-
-func startCopyWindow(b tensor.Backend) *copyWindow {
-	ct, ok := b.(copyTimer)
-	if !ok {
-		return nil
-	}
-	w := &copyWindow{ct: ct}
-	w.bytes0, w.busy0, w.stall0 = ct.CopyStats()
-	return w
-}
-
-// end returns the achieved copy rate in GB/s and the fraction of copy time
-// hidden behind compute; zeros when nothing was copied.
-func (w *copyWindow) end(b tensor.Backend) (gbps, overlap float64) {
-	if w == nil {
-		return 0, 0
-	}
-	if s, ok := b.(tensor.Syncer); ok {
-		_ = s.Sync()
-	}
-	bytes, busy, stall := w.ct.CopyStats()
-	bytes, busy, stall = bytes-w.bytes0, busy-w.busy0, stall-w.stall0
-	if bytes <= 0 || busy <= 0 {
-		return 0, 0
-	}
-	gbps = float64(bytes) / busy.Seconds() / 1e9
-	overlap = 1 - float64(stall)/float64(busy)
-	return gbps, min(max(overlap, 0), 1)
-}

@@ -316,7 +316,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 	var out []int32
 	stop := "max_new_tokens"
-	cw := startCopyWindow(backend)
+	cw := paging.StartCopyWindow(backend)
 	t1 := time.Now()
 	for len(out) < o.maxNew {
 		id := int32(sampler.Sample(logits))
@@ -337,7 +337,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		pw.pager.MarkStep()
 	}
 	decode := time.Since(t1)
-	h2dGBps, overlap := cw.end(backend)
+	h2dGBps, overlap := cw.End(backend)
 	if o.maxNew == 0 {
 		stop = "prompt_only"
 	}

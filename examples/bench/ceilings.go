@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Ceilings are the machine's own limits, measured in the same run as the
+// models: host-to-device copies of layer-sized buffers from pinned and
+// pageable memory, and device memory bandwidth (bytes read plus written by
+// a device-to-device copy).
+type Ceilings struct {
+	Kind         string  `json:"kind"` // "ceilings"
+	Device       string  `json:"device"`
+	CopyBytes    int64   `json:"copy_bytes"`
+	PinnedGBps   float64 `json:"pinned_GBps"`
+	PageableGBps float64 `json:"pageable_GBps"`
+	DeviceGBps   float64 `json:"device_GBps"`
+}
+
+// median of n timings of f.
+func median(n int, f func() error) (time.Duration, error) {
+	var ts []time.Duration
+	for range n {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			return 0, err
+		}
+		ts = append(ts, time.Since(t0))
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+	return ts[len(ts)/2], nil
+}
+
+func measureCeilings(b tensor.Backend) (*Ceilings, error) {
+	const size = 256 << 20 // about one 7B-shape decoder layer (405 MB) in two
+	c := &Ceilings{Kind: "ceilings", Device: b.Name(), CopyBytes: size}
+	dst, err := b.Alloc(tensor.F32, tensor.Shape{size / 4})
+	if err != nil {
+		return nil, err
+	}
+	defer b.Free(dst)
+	sync := func() error {
+		if s, ok := b.(tensor.Syncer); ok {
+			return s.Sync()
+		}
+		return nil
+	}
+
+	pageable := make([]byte, size)
+	for i := range pageable {
+		pageable[i] = byte(i)
+	}
+	d, err := median(5, func() error {
+		if err := b.Upload(dst, 0, pageable); err != nil {
+			return err
+		}
+		return sync()
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.PageableGBps = float64(size) / d.Seconds() / 1e9
+
+	pa, ok1 := b.(tensor.PinnedAllocator)
+	au, ok2 := b.(tensor.AsyncUploader)
+	if ok1 && ok2 {
+		pinned, err := pa.AllocPinned(size)
+		if err != nil {
+			return nil, err
+		}
+		copy(pinned, pageable)
+		d, err := median(7, func() error {
+			ready, err := au.UploadAsync(context.Background(), dst, 0, pinned)
+			if err != nil {
+				return err
+			}
+			if err := ready(); err != nil {
+				return err
+			}
+			return sync()
+		})
+		pa.FreePinned(pinned)
+		if err != nil {
+			return nil, err
+		}
+		c.PinnedGBps = float64(size) / d.Seconds() / 1e9
+	}
+
+	// Device memory: CopyRows of 1 GiB reads and writes it.
+	const dev = 1 << 30
+	src, err := b.Alloc(tensor.F32, tensor.Shape{dev / 4 / 1024, 1024})
+	if err != nil {
+		return nil, fmt.Errorf("device bandwidth buffer: %w", err)
+	}
+	defer b.Free(src)
+	out, err := b.Alloc(tensor.F32, tensor.Shape{dev / 4 / 1024, 1024})
+	if err != nil {
+		return nil, fmt.Errorf("device bandwidth buffer: %w", err)
+	}
+	defer b.Free(out)
+	rows := dev / 4 / 1024
+	if err := b.CopyRows(out, 0, src, 0, rows); err != nil { // warm
+		return nil, err
+	}
+	d, err = median(9, func() error {
+		if err := b.CopyRows(out, 0, src, 0, rows); err != nil {
+			return err
+		}
+		return sync()
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.DeviceGBps = 2 * float64(dev) / d.Seconds() / 1e9
+	return c, nil
+}

@@ -1,0 +1,362 @@
+// Command bench measures strata on a model directory (decode and prefill
+// tokens/s, bytes moved per token, copy rate, overlap, peak device bytes)
+// for a list of budgets, memory modes and offload strategies, measures the
+// machine's own ceilings, and joins its results with the Hugging Face
+// baseline's (hf_baseline.py) into one table.
+//
+//	bench -ceilings -device cuda -out results.jsonl
+//	bench -model DIR -name llama2-7b -device cuda -runs none,4GiB:balanced,4GiB:balanced:unified -out results.jsonl
+//	bench -report results.jsonl,hf.jsonl [-md table.md] [-json table.json]
+//
+// A run is BUDGET[:STRATEGY[:MODE]]: BUDGET is "none" or a size (4GiB),
+// STRATEGY one of none, minimal, balanced, aggressive (default balanced
+// with a budget), MODE explicit, unified or unified-noprefetch. Each run
+// appends one JSON object to -out. run-gpu.sh drives a whole comparison on
+// a GPU machine.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/strata-llm/strata/cuda"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	model, name, device, runs, out, report, md, jsonOut string
+	prefill                                             string
+	decode, warmup, threads, chunk                      int
+	ceilings                                            bool
+}
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	o := options{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&o.model, "model", "", "model `directory`")
+	fs.StringVar(&o.name, "name", "", "model label in the results (default: the directory's base name)")
+	fs.StringVar(&o.device, "device", "cpu", "cpu or cuda")
+	fs.StringVar(&o.runs, "runs", "none", "comma-separated runs BUDGET[:STRATEGY[:MODE]]")
+	fs.StringVar(&o.prefill, "prefill", "128,512", "prompt lengths to time")
+	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")
+	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
+	fs.IntVar(&o.chunk, "chunk", 512, "prefill chunk")
+	fs.IntVar(&o.threads, "threads", 0, "CPU threads (cpu device)")
+	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
+	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
+	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
+	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
+	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.report != "" {
+		return report(strings.Split(o.report, ","), o.md, o.jsonOut, stdout)
+	}
+	b, err := openBackend(o.device, o.threads)
+	if err != nil {
+		return err
+	}
+	defer closeBackend(b)
+	var results []any
+	if o.ceilings {
+		c, err := measureCeilings(b)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "ceilings on %s: pinned H2D %.1f GB/s, pageable %.1f GB/s, device %.0f GB/s\n", b.Name(), c.PinnedGBps, c.PageableGBps, c.DeviceGBps)
+		results = append(results, c)
+	}
+	if o.model != "" {
+		specs, err := parseRuns(o.runs)
+		if err != nil {
+			return err
+		}
+		prefill, err := parseInts(o.prefill)
+		if err != nil {
+			return err
+		}
+		lm, err := loader.Open(o.model)
+		if err != nil {
+			return err
+		}
+		defer lm.Close()
+		name := o.name
+		if name == "" {
+			name = lm.Dir
+		}
+		for _, s := range specs {
+			r, err := measure(ctx, b, lm, name, s, prefill, o)
+			if err != nil {
+				r = &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
+					Strategy: string(s.strategy), Mode: string(s.mode), Error: err.Error()}
+				fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n", name, s, err)
+			} else {
+				fmt.Fprintf(stdout, "%-12s %-36s decode %8.2f tok/s  prefill %v tok/s  %s/token  %.1f GB/s  overlap %.2f  peak %s\n",
+					name, s, r.DecodeTokS, fmtRates(r.PrefillTokS), paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes))
+			}
+			results = append(results, r)
+		}
+	}
+	if o.out != "" {
+		f, err := os.OpenFile(o.out, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(f)
+		for _, r := range results {
+			if err := enc.Encode(r); err != nil {
+				f.Close()
+				return err
+			}
+		}
+		return f.Close()
+	}
+	return nil
+}
+
+func fmtRates(m map[string]float64) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%s:%.0f", k, v))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("bad length %q", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// runSpec is one measured configuration.
+type runSpec struct {
+	budget   int64 // 0: none
+	label    string
+	strategy paging.Strategy
+	mode     paging.MemoryMode
+}
+
+func (s runSpec) String() string {
+	return fmt.Sprintf("%s:%s:%s", s.label, s.strategy, s.mode)
+}
+
+func parseRuns(s string) ([]runSpec, error) {
+	var out []runSpec
+	for _, r := range strings.Split(s, ",") {
+		if r = strings.TrimSpace(r); r == "" {
+			continue
+		}
+		parts := strings.Split(r, ":")
+		spec := runSpec{label: parts[0], strategy: paging.StrategyNone, mode: paging.ModeExplicit}
+		if parts[0] != "none" {
+			n, err := paging.ParseSize(parts[0])
+			if err != nil {
+				return nil, fmt.Errorf("run %q: %w", r, err)
+			}
+			spec.budget, spec.strategy = n, paging.StrategyBalanced
+		}
+		if len(parts) > 1 {
+			st, err := paging.ParseStrategy(parts[1])
+			if err != nil {
+				return nil, fmt.Errorf("run %q: %w", r, err)
+			}
+			spec.strategy = st
+		}
+		if len(parts) > 2 {
+			m, err := paging.ParseMemoryMode(parts[2])
+			if err != nil {
+				return nil, fmt.Errorf("run %q: %w", r, err)
+			}
+			spec.mode = m
+		}
+		if len(parts) > 3 {
+			return nil, fmt.Errorf("run %q: want BUDGET[:STRATEGY[:MODE]]", r)
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+func openBackend(device string, threads int) (tensor.Backend, error) {
+	switch device {
+	case "cpu":
+		return tensor.NewCPU(threads), nil
+	case "cuda":
+		return cuda.Open(0)
+	}
+	return nil, fmt.Errorf("-device %q: want cpu or cuda", device)
+}
+
+func closeBackend(b tensor.Backend) {
+	switch c := b.(type) {
+	case interface{ Close() error }:
+		c.Close()
+	case interface{ Close() }:
+		c.Close()
+	}
+}
+
+// Result is one strata run (Kind "strata") or one baseline run from
+// hf_baseline.py (Kind "transformers" or "accelerate").
+type Result struct {
+	Kind            string             `json:"kind"`
+	Model           string             `json:"model"`
+	Device          string             `json:"device"`
+	Run             string             `json:"run"`
+	BudgetBytes     int64              `json:"budget_bytes"`
+	Strategy        string             `json:"strategy,omitempty"`
+	Mode            string             `json:"mode,omitempty"`
+	WeightBytes     int64              `json:"weight_bytes"`
+	StreamedBytes   int64              `json:"streamed_bytes"` // bytes that must cross the link per token
+	PrefillTokS     map[string]float64 `json:"prefill_tok_s"`
+	DecodeTokS      float64            `json:"decode_tok_s"`
+	DecodeTokens    int                `json:"decode_tokens"`
+	BytesPerToken   float64            `json:"bytes_per_token"`
+	H2DGBps         float64            `json:"h2d_GBps"`
+	Overlap         float64            `json:"overlap"`
+	PeakDeviceBytes int64              `json:"peak_device_bytes"`
+	LoadSeconds     float64            `json:"load_s"`
+	Error           string             `json:"error,omitempty"`
+}
+
+// served adapts a paging.Server to nn.Weights.
+type served struct{ paging.Server }
+
+func (s served) Acquire(ctx context.Context, layer int) (nn.LayerWeights, error) {
+	return s.Server.Acquire(ctx, layer)
+}
+
+func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, o options) (*Result, error) {
+	cfg, err := nn.FromLoader(lm.Config)
+	if err != nil {
+		return nil, err
+	}
+	info, err := nn.ModelInfo(lm, cfg)
+	if err != nil {
+		return nil, err
+	}
+	maxPrompt := 16
+	for _, p := range prefill {
+		maxPrompt = max(maxPrompt, p)
+	}
+	ctxLen := maxPrompt + o.warmup + o.decode + 1
+	chunk := min(o.chunk, ctxLen)
+	limit := s.budget
+	if limit == 0 {
+		limit = 1 << 62
+		if mi, ok := b.(tensor.MemoryInfo); ok {
+			if free, _, err := mi.MemInfo(); err == nil && free > 0 {
+				limit = free - 512<<20 // room for the backend's own workspace
+			}
+		}
+	}
+	plan, err := paging.Plan(info, limit, s.strategy, ctxLen, 1, paging.WithChunkTokens(chunk))
+	if err != nil {
+		return nil, err
+	}
+	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
+		Strategy: string(s.strategy), Mode: string(s.mode), WeightBytes: lm.WeightBytes(),
+		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode}
+	bud := paging.NewBudget(b, limit, b.Name())
+	defer bud.Close()
+	start := time.Now()
+	srv, err := paging.NewServer(ctx, s.mode, nn.Source(lm), bud, plan, paging.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+	m, err := nn.New(cfg, b, bud, served{srv})
+	if err != nil {
+		return nil, err
+	}
+	sess, err := m.NewSession(ctxLen, chunk)
+	if err != nil {
+		return nil, err
+	}
+	defer sess.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompt := make([]int32, maxPrompt)
+	for i := range prompt {
+		prompt[i] = int32(rng.IntN(cfg.VocabSize))
+	}
+	// Warm-up: one pass loads the resident set.
+	if _, err := sess.Forward(ctx, prompt[:8], false, nil); err != nil {
+		return nil, err
+	}
+	r.LoadSeconds = time.Since(start).Seconds()
+	for _, p := range prefill {
+		sess.Reset()
+		t0 := time.Now()
+		if _, err := sess.Forward(ctx, prompt[:p], false, nil); err != nil {
+			return nil, err
+		}
+		r.PrefillTokS[strconv.Itoa(p)] = float64(p) / time.Since(t0).Seconds()
+	}
+	sess.Reset()
+	logits, err := sess.Forward(ctx, prompt[:16], false, nil)
+	if err != nil {
+		return nil, err
+	}
+	step := func() error {
+		id := int32(nn.Argmax(logits))
+		logits, err = sess.Forward(ctx, []int32{id}, false, nil)
+		srv.MarkStep()
+		return err
+	}
+	for range o.warmup {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	srv.MarkStep()
+	before := srv.Stats().BytesHostToDevice
+	cw := paging.StartCopyWindow(b)
+	t0 := time.Now()
+	for range o.decode {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	el := time.Since(t0)
+	r.DecodeTokS = float64(o.decode) / el.Seconds()
+	st := srv.Stats()
+	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
+	r.H2DGBps, r.Overlap = cw.End(b)
+	r.PeakDeviceBytes = bud.Peak()
+	return r, nil
+}

@@ -1,0 +1,51 @@
+package paging
+
+import (
+	"time"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// CopyTimer is a backend that times its asynchronous uploads: bytes copied,
+// time the copy stream was busy, and time compute waited for copies (the
+// CUDA backend).
+type CopyTimer interface {
+	CopyStats() (bytes int64, busy, stall time.Duration)
+}
+
+// CopyWindow measures a backend's uploads between its start and End.
+type CopyWindow struct {
+	ct            CopyTimer
+	bytes0        int64
+	busy0, stall0 time.Duration
+}
+
+// StartCopyWindow starts measuring; it returns nil for a backend that does
+// not time its copies, and a nil window's End returns zeros.
+func StartCopyWindow(b tensor.Backend) *CopyWindow {
+	ct, ok := b.(CopyTimer)
+	if !ok {
+		return nil
+	}
+	w := &CopyWindow{ct: ct}
+	w.bytes0, w.busy0, w.stall0 = ct.CopyStats()
+	return w
+}
+
+// End waits for the backend's queued work and returns the copy rate
+// achieved in the window (GB/s) and the fraction of copy time hidden behind
+// compute (1 - stall/busy); zeros when nothing was copied.
+func (w *CopyWindow) End(b tensor.Backend) (gbps, overlap float64) {
+	if w == nil {
+		return 0, 0
+	}
+	if s, ok := b.(tensor.Syncer); ok {
+		_ = s.Sync()
+	}
+	bytes, busy, stall := w.ct.CopyStats()
+	bytes, busy, stall = bytes-w.bytes0, busy-w.busy0, stall-w.stall0
+	if bytes <= 0 || busy <= 0 {
+		return 0, 0
+	}
+	return float64(bytes) / busy.Seconds() / 1e9, min(max(1-float64(stall)/float64(busy), 0), 1)
+}
