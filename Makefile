@@ -2,7 +2,7 @@
 GO       ?= go
 BENCHTIME ?= 1x
 
-.PHONY: run test test-race bench lint synth fuzz
+.PHONY: run test test-race bench bench-gpu lint synth
 
 run:
 	$(GO) run ./examples/generate -prompt "Hello, world!" -max-new-tokens 24
@@ -25,4 +25,14 @@ lint:
 synth:
 	$(GO) run ./examples/synth -out /tmp/strata-synth -preset tinyllama-1.1b
 
+# bench-gpu builds what examples/bench/run-gpu.sh needs on a GPU machine with
+# no Go: the cuda builds of bench and synth, and the GPU test binaries.
+bench-gpu: cuda-deps cuda-test-bin
+	CGO_ENABLED=1 $(GO) build -tags cuda -ldflags="-s -w" -o bin/bench ./examples/bench
+	CGO_ENABLED=1 $(GO) build -tags cuda -ldflags="-s -w" -o bin/generate ./examples/generate
+	CGO_ENABLED=1 $(GO) build -ldflags="-s -w" -o bin/synth ./examples/synth
+	@echo "copy the repository with bin/ to the GPU machine, then run there:"
+	@echo "  OUT=bench-out examples/bench/run-gpu.sh"
+
 include cuda/Makefile.inc
+-include fuzz.mk bench.mk

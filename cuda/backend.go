@@ -51,6 +51,7 @@ type Backend struct {
 	closed atomic.Bool
 
 	compute, copy cu.Stream
+	evict         cu.Stream  // managed pages going back to the host
 	opsMu         sync.Mutex // orders compute-stream work and guards the cuBLAS handle
 	copyMu        sync.Mutex
 	copyTail      cu.Event // recorded after every UploadAsync copy
@@ -204,6 +205,9 @@ func (b *Backend) setup() error {
 	}
 	if b.copy, err = cu.MakeStream(cu.NonBlocking); err != nil {
 		return fmt.Errorf("%s: creating the copy stream: %w", b.name, cuError(err))
+	}
+	if b.evict, err = cu.MakeStream(cu.NonBlocking); err != nil {
+		return fmt.Errorf("%s: creating the eviction stream: %w", b.name, cuError(err))
 	}
 	if b.copyTail, err = cu.MakeEvent(cu.DisableTiming); err != nil {
 		return fmt.Errorf("%s: creating an event: %w", b.name, cuError(err))
@@ -477,10 +481,14 @@ func (b *Backend) Sync() error {
 func (b *Backend) syncStreams() error {
 	err1 := b.compute.Synchronize()
 	err2 := b.copy.Synchronize()
+	err3 := b.evict.Synchronize()
 	if err1 != nil {
 		return cuError(err1)
 	}
-	return cuError(err2)
+	if err2 != nil {
+		return cuError(err2)
+	}
+	return cuError(err3)
 }
 
 // AllocPinned returns n bytes of page-locked host memory, from which
@@ -816,7 +824,13 @@ func (b *Backend) managed(op string, t *tensor.Tensor) error {
 	return nil
 }
 
-func (b *Backend) prefetch(op string, t *tensor.Tensor, dev int) error {
+// prefetch migrates a managed tensor's pages. To the device, the migration
+// runs on the copy stream, overlapping compute, and the compute queued
+// after the call waits for it (so kernels find the pages in place rather
+// than faulting them in). To the host, it runs on the eviction stream after
+// the compute queued before the call, so pages leave only once the kernels
+// that read them are done, and the two directions of the link work at once.
+func (b *Backend) prefetch(op string, t *tensor.Tensor, toDevice bool) error {
 	if err := b.managed(op, t); err != nil || t.NumBytes() == 0 {
 		return err
 	}
@@ -824,24 +838,55 @@ func (b *Backend) prefetch(op string, t *tensor.Tensor, dev int) error {
 		return err
 	}
 	defer b.leave()
-	b.opsMu.Lock()
-	defer b.opsMu.Unlock()
-	if err := prefetch(t.Ptr(), t.NumBytes(), dev, b.compute); err != nil {
+	ev, err := b.getEvent()
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", b.name, op, err)
+	}
+	defer b.putEvent(ev)
+	if toDevice {
+		b.copyMu.Lock()
+		err = prefetch(t.Ptr(), t.NumBytes(), b.ordinal, b.copy)
+		if err == nil {
+			err = cuError(ev.Record(b.copy))
+		}
+		if err == nil {
+			err = cuError(b.copyTail.Record(b.copy))
+		}
+		b.copyMu.Unlock()
+		if err == nil {
+			b.opsMu.Lock()
+			err = cuError(b.compute.Wait(ev, 0))
+			b.opsMu.Unlock()
+		}
+	} else {
+		b.opsMu.Lock()
+		err = cuError(ev.Record(b.compute))
+		b.opsMu.Unlock()
+		if err == nil {
+			b.copyMu.Lock()
+			err = cuError(b.evict.Wait(ev, 0))
+			if err == nil {
+				err = prefetch(t.Ptr(), t.NumBytes(), cpuDevice(), b.evict)
+			}
+			b.copyMu.Unlock()
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("%s: %s: %w", b.name, op, err)
 	}
 	return nil
 }
 
-// PrefetchToDevice migrates a managed tensor's pages to the GPU, ordered
-// on the compute stream.
+// PrefetchToDevice migrates a managed tensor's pages to the GPU on the copy
+// stream; compute queued afterwards waits for them.
 func (b *Backend) PrefetchToDevice(t *tensor.Tensor) error {
-	return b.prefetch("PrefetchToDevice", t, b.ordinal)
+	return b.prefetch("PrefetchToDevice", t, true)
 }
 
-// PrefetchToHost migrates a managed tensor's pages to host memory, ordered
-// on the compute stream.
+// PrefetchToHost migrates a managed tensor's pages back to host memory once
+// the compute queued before the call is done.
 func (b *Backend) PrefetchToHost(t *tensor.Tensor) error {
-	return b.prefetch("PrefetchToHost", t, cpuDevice())
+	return b.prefetch("PrefetchToHost", t, false)
 }
 
 // AdviseHost makes host memory the preferred location of a managed
@@ -896,6 +941,9 @@ func (b *Backend) release() error {
 	if b.copy != (cu.Stream{}) {
 		keep(cuError(b.copy.Synchronize()))
 	}
+	if b.evict != (cu.Stream{}) {
+		keep(cuError(b.evict.Synchronize()))
+	}
 	if b.blas != nil {
 		cublasDestroy(b.blas)
 		b.blas = nil
@@ -932,6 +980,9 @@ func (b *Backend) release() error {
 	}
 	if b.copy != (cu.Stream{}) {
 		keep(cuError(b.copy.Destroy()))
+	}
+	if b.evict != (cu.Stream{}) {
+		keep(cuError(b.evict.Destroy()))
 	}
 	keep(cuError(b.dev.ReleasePrimaryCtx()))
 	return errors.Join(errs...)

@@ -145,8 +145,8 @@ static int strata_cublas_set_workspace(cublasHandle_t h, CUdeviceptr p, size_t n
 // type xt and wt (CUDA_R_32F 0, CUDA_R_16F 2, CUDA_R_16BF 14) and F32
 // compute (CUBLAS_COMPUTE_32F 68). In cuBLAS's column-major terms this is
 // out^T[N,M] = w[N,K] . x^T[K,M] with w read transposed.
-static int strata_cublas_matmul(cublasHandle_t h, CUdeviceptr out, CUdeviceptr x, int xt, CUdeviceptr w, int wt, int M, int N, int K) {
-	const float alpha = 1.0f, beta = 0.0f;
+static int strata_cublas_matmul(cublasHandle_t h, CUdeviceptr out, CUdeviceptr x, int xt, CUdeviceptr w, int wt, int M, int N, int K, int accumulate) {
+	const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
 	return p_cublasGemmEx(h, 1, 0, N, M, K, &alpha, (const void*)w, wt, K, (const void*)x, xt, K, &beta, (void*)out, 0, N, 68, -1);
 }
 */
@@ -302,8 +302,13 @@ func cublasSetWorkspace(h cublasHandle, p uintptr, n int64) error {
 	return nil
 }
 
-func cublasMatMul(h cublasHandle, out, x uintptr, xt int, w uintptr, wt int, m, n, k int) error {
-	if st := C.strata_cublas_matmul(h, C.CUdeviceptr(out), C.CUdeviceptr(x), C.int(xt), C.CUdeviceptr(w), C.int(wt), C.int(m), C.int(n), C.int(k)); st != 0 {
+// cublasMatMul computes out = x·wᵀ, or out += x·wᵀ when accumulate is set.
+func cublasMatMul(h cublasHandle, out, x uintptr, xt int, w uintptr, wt int, m, n, k int, accumulate bool) error {
+	acc := 0
+	if accumulate {
+		acc = 1
+	}
+	if st := C.strata_cublas_matmul(h, C.CUdeviceptr(out), C.CUdeviceptr(x), C.int(xt), C.CUdeviceptr(w), C.int(wt), C.int(m), C.int(n), C.int(k), C.int(acc)); st != 0 {
 		return &blasError{call: fmt.Sprintf("cublasGemmEx(M=%d N=%d K=%d)", m, n, k), status: int(st)}
 	}
 	return nil

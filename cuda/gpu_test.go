@@ -160,7 +160,7 @@ func TestMatMulPaths(t *testing.T) {
 					if p.p == pathBLAS && dt == tensor.F16 {
 						tol = 2e-3 // x is rounded to F16 for cuBLAS
 					} else if p.p == pathBLAS && dt == tensor.BF16 {
-						tol = 1e-2 // x is rounded to BF16 for cuBLAS
+						tol = 1e-4 // x is split into two BF16 parts for cuBLAS
 					}
 					check(t, "MatMul", get(t, b, out), tensortest.RefMatMul(xv, wv, bv, s.m, s.n, s.k), tol)
 				})
@@ -182,7 +182,8 @@ func TestMatMulPaths(t *testing.T) {
 		if err := b.MatMul(out, view, w, nil); err != nil {
 			t.Fatal(err)
 		}
-		check(t, "MatMul on a view", get(t, b, out), tensortest.RefMatMul(xv[k:], wv, nil, 3, n, k), 1e-5)
+		// M = 3 goes to cuBLAS, which rounds x to F16.
+		check(t, "MatMul on a view", get(t, b, out), tensortest.RefMatMul(xv[k:], wv, nil, 3, n, k), 2e-3)
 	})
 }
 

@@ -187,31 +187,48 @@ var gemvKernels = map[string][5]string{
 var errBLASUnsupported = errors.New("cuBLAS does not support this product on this device")
 
 func (b *Backend) gemmBLAS(out, x, w *tensor.Tensor, m, n, k int) error {
-	xp, xt := x.Ptr(), cublasR32F
-	wt := cublasR32F
-	if dt := w.DType(); dt != tensor.F32 {
-		wt, xt = cublasR16F, cublasR16F
-		cast := "cast_f32_f16"
-		if dt == tensor.BF16 {
-			wt, xt, cast = cublasR16BF, cublasR16BF, "cast_f32_bf16"
+	blas := func(xp uintptr, xt, wt int, accumulate bool) error {
+		if err := cublasMatMul(b.blas, out.Ptr(), xp, xt, w.Ptr(), wt, m, n, k, accumulate); err != nil {
+			if isBLASNotSupported(err) {
+				return errBLASUnsupported
+			}
+			return fmt.Errorf("%s: MatMul: %w", b.name, err)
 		}
-		scratch, err := b.alloc.get(int64(m) * int64(k) * 2)
+		return nil
+	}
+	mk := int64(m) * int64(k)
+	switch w.DType() {
+	case tensor.F32:
+		return blas(x.Ptr(), cublasR32F, cublasR32F, false)
+	case tensor.F16:
+		// x rounded to F16 (11 significant bits), F32 accumulation.
+		scratch, err := b.alloc.get(2 * mk)
 		if err != nil {
 			return fmt.Errorf("%s: MatMul workspace: %w", b.name, err)
 		}
 		defer b.alloc.put(scratch) // stream order keeps it alive for the product
-		if err := b.run1D(cast, int64(m)*int64(k), new(args).ptr(scratch).ptr(x.Ptr()).i64(int64(m)*int64(k))); err != nil {
+		if err := b.run1D("cast_f32_f16", mk, new(args).ptr(scratch).ptr(x.Ptr()).i64(mk)); err != nil {
 			return err
 		}
-		xp = scratch
+		return blas(scratch, cublasR16F, cublasR16F, false)
 	}
-	if err := cublasMatMul(b.blas, out.Ptr(), xp, xt, w.Ptr(), wt, m, n, k); err != nil {
-		if isBLASNotSupported(err) {
-			return errBLASUnsupported
-		}
-		return fmt.Errorf("%s: MatMul: %w", b.name, err)
+	// BF16 keeps only 8 significant bits: x is split into hi + lo, both
+	// BF16, and the two products are summed in F32, which keeps about 16
+	// bits of x at twice the arithmetic (prefill is far from
+	// arithmetic-bound at these sizes).
+	scratch, err := b.alloc.get(4 * mk)
+	if err != nil {
+		return fmt.Errorf("%s: MatMul workspace: %w", b.name, err)
 	}
-	return nil
+	defer b.alloc.put(scratch)
+	hi, lo := scratch, scratch+uintptr(2*mk)
+	if err := b.run1D("split_f32_bf16", mk, new(args).ptr(hi).ptr(lo).ptr(x.Ptr()).i64(mk)); err != nil {
+		return err
+	}
+	if err := blas(hi, cublasR16BF, cublasR16BF, false); err != nil {
+		return err
+	}
+	return blas(lo, cublasR16BF, cublasR16BF, true)
 }
 
 func (b *Backend) gemmTiled(out, x, w *tensor.Tensor, m, n, k int) error {

@@ -238,6 +238,12 @@ func readIndex(dir, path string) (map[string]string, []string, error) {
 // group checks the tensors against the config and builds the layers.
 func (m *Model) group() error {
 	c := m.Config
+	// num_hidden_layers comes from a downloaded file: refuse blocks the
+	// weight files hold nothing of before building tables sized by it.
+	if i := firstEmptyBlock(m.tensors, c.NumLayers); i >= 0 {
+		return &fileError{file: m.Dir, tensor: c.LayerTensors(i + 1)[0].Name, kind: ErrMismatch,
+			msg: fmt.Sprintf("missing (the %s config has %d decoder blocks; the weight files hold no tensor of block %d)", c.ModelType, c.NumLayers, i)}
+	}
 	used := map[string]bool{}
 	var problems []error
 	m.layers = make([]Layer, c.NumLayers+2)
@@ -292,6 +298,28 @@ func (m *Model) group() error {
 	}
 	slices.Sort(m.extras)
 	return nil
+}
+
+// firstEmptyBlock returns the first of decoder blocks 0..n-1 that no tensor
+// belongs to, or -1. Its work is bounded by the number of tensors, not by n.
+func firstEmptyBlock(tensors map[string]*TensorInfo, n int) int {
+	have := map[int]bool{}
+	for name := range tensors {
+		rest, ok := strings.CutPrefix(name, "model.layers.")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ".")
+		if i, err := strconv.Atoi(num); err == nil && i >= 0 && i < n {
+			have[i] = true
+		}
+	}
+	for i := range n { // at most len(have)+1 iterations
+		if !have[i] {
+			return i
+		}
+	}
+	return -1
 }
 
 // Tensor returns the named tensor's location, for any tensor in the weight

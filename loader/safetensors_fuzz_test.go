@@ -204,8 +204,9 @@ func FuzzReadHeader(f *testing.F) {
 // those bytes of the file, any other range is an error wrapping
 // ErrMismatch and reads nothing.
 func FuzzReadRange(f *testing.F) {
-	for _, b := range smallShards(f, 32<<10) {
-		f.Add(b, uint16(0), int64(0), uint32(16))
+	// Small seeds: each execution writes the file, and minimising a large
+	// input costs thousands of executions.
+	for _, b := range smallShards(f, 10<<10) {
 		f.Add(b, uint16(3), int64(100), uint32(1<<12))
 	}
 	for _, b := range headerSeeds() {
@@ -442,4 +443,37 @@ func FuzzConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestOpenHostileLayerCount: a config.json claiming 2^24 decoder blocks over
+// weights of 4 is refused quickly, naming the first block the files lack,
+// without building tables sized by the claim.
+func TestOpenHostileLayerCount(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink(filepath.Join(fixtures.Dir(fixtures.TinyLlamaBF16), SingleFile), filepath.Join(dir, SingleFile)); err != nil {
+		t.Skipf("cannot link the fixture weights: %v", err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(fixtures.Dir(fixtures.TinyLlamaBF16), ConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ConfigFile), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	editConfig(t, dir, func(c map[string]any) { c["num_hidden_layers"] = 1 << 24 })
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	m, err := Open(dir)
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		m.Close()
+		t.Fatal("Open accepted 2^24 blocks over a 4-block model")
+	}
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "model.layers.4.input_layernorm.weight") {
+		t.Errorf("error %q does not wrap ErrMismatch naming block 4's first tensor", err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Errorf("Open allocated %d MB refusing the config", got>>20)
+	}
 }

@@ -97,7 +97,8 @@ type StepStats struct {
 }
 
 // NextToken returns the inputs and targets of next-token prediction over
-// ids: inputs ids[:n-1], targets ids[1:].
+// ids: inputs ids[:n-1], targets ids[1:], sharing ids' storage. Fewer than
+// two ids give nil.
 func NextToken(ids []int32) (inputs, targets []int32) {
 	if len(ids) < 2 {
 		return nil, nil
@@ -214,8 +215,8 @@ func (tr *Trainer) Grads() Grads { return tr.grads }
 // actAlloc hands out F32 activation buffers from the model's allocator,
 // charged to paging.Activations, and counts their bytes.
 type actAlloc struct {
-	a          paging.Allocator
-	live       map[*tensor.Tensor]bool
+	a         paging.Allocator
+	live      map[*tensor.Tensor]bool
 	cur, peak int64
 }
 
@@ -387,6 +388,9 @@ func (ps *pass) run() error {
 			}
 			copy(dst.F32(), src.F32())
 			for i := ps.tr.bounds[j]; i < ps.tr.bounds[j+1]; i++ {
+				if err := ps.ctx.Err(); err != nil {
+					return err
+				}
 				if err := ps.forwardBlock(i, &sc, true); err != nil {
 					return err
 				}
@@ -712,9 +716,9 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 		return w, g, err
 	}
 	var (
-		wq, wk, wv, wo, wg, wu, wd, an, mn *tensor.Tensor
+		wq, wk, wv, wo, wg, wu, wd, an, mn   *tensor.Tensor
 		gq, gk, gv, gO, gg, gu, gd, gan, gmn []float32
-		gbq, gbk, gbv, gbo                  []float32
+		gbq, gbk, gbv, gbo                   []float32
 	)
 	for _, f := range []struct {
 		name string

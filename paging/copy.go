@@ -18,6 +18,7 @@ type CopyWindow struct {
 	ct            CopyTimer
 	bytes0        int64
 	busy0, stall0 time.Duration
+	start         time.Time
 }
 
 // StartCopyWindow starts measuring; it returns nil for a backend that does
@@ -27,14 +28,17 @@ func StartCopyWindow(b tensor.Backend) *CopyWindow {
 	if !ok {
 		return nil
 	}
-	w := &CopyWindow{ct: ct}
+	w := &CopyWindow{ct: ct, start: time.Now()}
 	w.bytes0, w.busy0, w.stall0 = ct.CopyStats()
 	return w
 }
 
 // End waits for the backend's queued work and returns the copy rate
-// achieved in the window (GB/s) and the fraction of copy time hidden behind
-// compute (1 - stall/busy); zeros when nothing was copied.
+// achieved in the window (GB/s) and the overlap: the copy time that did not
+// hold compute up (busy - stall) over the most that could have been hidden,
+// the smaller of the copy time and the compute time (wall - stall). 1 means
+// copies and compute ran fully in parallel, 0 one after the other. Zeros
+// when nothing was copied.
 func (w *CopyWindow) End(b tensor.Backend) (gbps, overlap float64) {
 	if w == nil {
 		return 0, 0
@@ -47,5 +51,10 @@ func (w *CopyWindow) End(b tensor.Backend) (gbps, overlap float64) {
 	if bytes <= 0 || busy <= 0 {
 		return 0, 0
 	}
-	return float64(bytes) / busy.Seconds() / 1e9, min(max(1-float64(stall)/float64(busy), 0), 1)
+	gbps = float64(bytes) / busy.Seconds() / 1e9
+	compute := time.Since(w.start) - stall
+	if hideable := min(busy, compute); hideable > 0 {
+		overlap = min(max(float64(busy-stall)/float64(hideable), 0), 1)
+	}
+	return gbps, overlap
 }

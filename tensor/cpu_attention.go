@@ -43,24 +43,20 @@ func (c *CPU) Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int,
 	if t == 0 {
 		return nil
 	}
-	a := attention{
+	a := attentionPool.Get().(*attention)
+	*a = attention{
 		k: c.k, q: q.F32(), kc: k.F32(), vc: v.F32(), out: out.F32(),
 		heads: heads, group: heads / kvHeads, kvHeads: kvHeads, d: headDim, pos0: pos0, scale: scale,
 	}
 	work := t * heads * (pos0 + t) * headDim
-	if work < minParallel {
-		c.pool.run(1, func(int) {
-			for i := range t * heads {
-				a.row(i/heads, i%heads)
-			}
-		})
-		return nil
-	}
-	c.pool.run(t*heads, func(i int) { a.row(i/heads, i%heads) })
+	c.runMaybe(work < minParallel, t*heads, a)
+	*a = attention{}
+	attentionPool.Put(a)
 	return nil
 }
 
-// attention is one Attention call's operands.
+// attention is one Attention call's operands; recycled through
+// attentionPool so that a call allocates nothing.
 type attention struct {
 	k               *kernels
 	q, kc, vc, out  []float32
@@ -69,6 +65,11 @@ type attention struct {
 	scale           float32
 }
 
+var attentionPool = sync.Pool{New: func() any { return new(attention) }}
+
+// run computes task i: head i%heads of query row i/heads.
+func (a *attention) run(i int) { a.row(i/a.heads, i%a.heads) }
+
 // row computes head h of query row t.
 func (a *attention) row(t, h int) {
 	d, n := a.d, a.pos0+t+1 // positions 0..pos0+t
@@ -76,50 +77,37 @@ func (a *attention) row(t, h int) {
 	kh := h / a.group
 	qv := a.q[t*qw+h*d : t*qw+(h+1)*d]
 	o := a.out[t*qw+h*d : t*qw+(h+1)*d]
+	kc, vc := a.kc[kh*d:], a.vc[kh*d:] // position j's head at [j*kw, j*kw+d)
 
 	bp := scoreBufs.Get().(*[]float32)
 	if cap(*bp) < n {
 		*bp = make([]float32, n)
 	}
 	s := (*bp)[:n]
-	mx := float32(math.Inf(-1))
 	j := 0
 	for ; j+4 <= n; j += 4 {
 		s0, s1, s2, s3 := a.k.dot4F32(qv,
-			a.kc[j*kw+kh*d:j*kw+(kh+1)*d], a.kc[(j+1)*kw+kh*d:(j+1)*kw+(kh+1)*d],
-			a.kc[(j+2)*kw+kh*d:(j+2)*kw+(kh+1)*d], a.kc[(j+3)*kw+kh*d:(j+3)*kw+(kh+1)*d])
+			kc[j*kw:j*kw+d], kc[(j+1)*kw:(j+1)*kw+d], kc[(j+2)*kw:(j+2)*kw+d], kc[(j+3)*kw:(j+3)*kw+d])
 		s[j], s[j+1], s[j+2], s[j+3] = s0*a.scale, s1*a.scale, s2*a.scale, s3*a.scale
 	}
 	for ; j < n; j++ {
-		s[j] = a.k.dotF32(qv, a.kc[j*kw+kh*d:j*kw+(kh+1)*d]) * a.scale
+		s[j] = a.k.dotF32(qv, kc[j*kw:j*kw+d]) * a.scale
 	}
+	mx := float32(math.Inf(-1))
 	for _, x := range s {
 		mx = max(mx, x)
 	}
-	var sum float32
-	for j, x := range s {
-		e := float32(math.Exp(float64(x - mx)))
-		s[j] = e
-		sum += e
-	}
-	// out = Σ_j s[j]·v[j], four positions per pass over the output row.
+	sum := a.k.expSum(s, mx)
+	// out = Σ_j s[j]·v[j] / sum, four positions per pass over the output.
 	clear(o)
 	j = 0
 	for ; j+4 <= n; j += 4 {
-		p0, p1, p2, p3 := s[j], s[j+1], s[j+2], s[j+3]
-		v0 := a.vc[j*kw+kh*d : j*kw+(kh+1)*d]
-		v1 := a.vc[(j+1)*kw+kh*d : (j+1)*kw+(kh+1)*d]
-		v2 := a.vc[(j+2)*kw+kh*d : (j+2)*kw+(kh+1)*d]
-		v3 := a.vc[(j+3)*kw+kh*d : (j+3)*kw+(kh+1)*d]
-		v0, v1, v2, v3 = v0[:len(o)], v1[:len(o)], v2[:len(o)], v3[:len(o)]
-		for i := range o {
-			o[i] += p0*v0[i] + p1*v1[i] + p2*v2[i] + p3*v3[i]
-		}
+		a.k.axpy4(o, vc[j*kw:j*kw+d], vc[(j+1)*kw:(j+1)*kw+d], vc[(j+2)*kw:(j+2)*kw+d], vc[(j+3)*kw:(j+3)*kw+d],
+			s[j], s[j+1], s[j+2], s[j+3])
 	}
 	for ; j < n; j++ {
 		p := s[j]
-		vr := a.vc[j*kw+kh*d : j*kw+(kh+1)*d]
-		vr = vr[:len(o)]
+		vr := vc[j*kw : j*kw+d]
 		for i := range o {
 			o[i] += p * vr[i]
 		}

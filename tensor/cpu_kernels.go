@@ -1,6 +1,10 @@
 package tensor
 
-import "math"
+import (
+	"math"
+	"os"
+	"strings"
+)
 
 // kernels holds the inner loops of the CPU backend. The operations call
 // them through this table, chosen once per backend by selectKernels, so that
@@ -19,16 +23,38 @@ type kernels struct {
 	dotBF16 func(x []float32, w []uint16) float32
 
 	// dot4* return the dot products of x with four weight rows, loading
-	// each element of x once for the four: the decode kernels, and (F32)
-	// the prefill kernel on converted chunks of weight rows.
+	// each element of x once for the four: the attention scores, the tails
+	// of the decode kernels and (F32) the Go prefill kernel.
 	dot4F32  func(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32)
 	dot4F16  func(x []float32, w0, w1, w2, w3 []uint16) (s0, s1, s2, s3 float32)
 	dot4BF16 func(x []float32, w0, w1, w2, w3 []uint16) (s0, s1, s2, s3 float32)
 
-	// cvtF16 and cvtBF16 convert len(src) words into dst (a short chunk of
-	// a weight row, in a stack buffer).
+	// gemv* compute out[j] = x·w[j*k:(j+1)*k] for every j < len(out), with
+	// k = len(x): the decode product, one pass over the weights.
+	gemvF32  func(out, x, w []float32)
+	gemvF16  func(out, x []float32, w []uint16)
+	gemvBF16 func(out, x []float32, w []uint16)
+
+	// cvtF16 and cvtBF16 convert len(src) words into dst (a chunk of a
+	// weight row).
 	cvtF16  func(dst []float32, src []uint16)
 	cvtBF16 func(dst []float32, src []uint16)
+
+	// axpy4 adds p0·v0 + p1·v1 + p2·v2 + p3·v3 to o (len(o) elements): the
+	// attention's weighted sum of values.
+	axpy4 func(o, v0, v1, v2, v3 []float32, p0, p1, p2, p3 float32)
+
+	// expSum replaces s[i] by exp(s[i]-mx) and returns the sum: the
+	// softmax numerators. mx >= every s[i].
+	expSum func(s []float32, mx float32) float32
+
+	// gemm, when set, is the register-blocked prefill micro-kernel:
+	// c[i*nr+j] += Σ_k a[i*lda+k]·b[k*nr+j] for i < mr, j < nr, k < kc,
+	// with a a block of mr weight rows (converted to F32) and b a panel of
+	// nr rows of x packed k-major. kc is the chunk of the inner dimension
+	// the blocking uses. Without gemm, prefill uses dot4F32.
+	gemm       func(a []float32, lda int, b, c []float32, kc int)
+	mr, nr, kc int
 }
 
 // genericKernels are the pure-Go kernels, correct on every platform.
@@ -40,12 +66,121 @@ var genericKernels = kernels{
 	dot4F32:  dot4F32Go,
 	dot4F16:  dot4F16Go,
 	dot4BF16: dot4BF16Go,
+	gemvF32:  func(out, x, w []float32) { gemvWith32(out, x, w, dot4F32Go, dotF32Go) },
+	gemvF16:  func(out, x []float32, w []uint16) { gemvWith16(out, x, w, dot4F16Go, dotF16Go) },
+	gemvBF16: func(out, x []float32, w []uint16) { gemvWith16(out, x, w, dot4BF16Go, dotBF16Go) },
 	cvtF16:   F16ToF32,
 	cvtBF16:  BF16ToF32,
+	axpy4:    axpy4Go,
+	expSum:   expSumGo,
 }
 
-// selectKernels returns the fastest kernel table for this machine.
-func selectKernels() *kernels { return &genericKernels }
+// KernelsEnv is the environment variable that overrides the choice of CPU
+// kernels: "go" for the portable Go kernels, "avx2" or "avx512" for the
+// assembly ones (where the processor has them; otherwise the best it has
+// below the one named). Unset or empty means the fastest this machine runs.
+const KernelsEnv = "STRATA_CPU_KERNELS"
+
+// selectKernels returns the kernel table for a new backend: the fastest this
+// machine runs, unless KernelsEnv names another.
+func selectKernels() *kernels { return kernelsNamed(os.Getenv(KernelsEnv)) }
+
+// kernelsNamed returns the kernel table called name, or the best one below
+// it that this machine runs; "" means the fastest.
+func kernelsNamed(name string) *kernels {
+	name = strings.ToLower(strings.TrimSpace(name))
+	avail := append(archKernels(), &genericKernels)
+	if name == "" {
+		return avail[0]
+	}
+	rank := map[string]int{"go": 0, "avx2": 1, "avx512": 2}
+	want, ok := rank[name]
+	if !ok {
+		return avail[0]
+	}
+	for _, k := range avail {
+		if rank[k.name] <= want {
+			return k
+		}
+	}
+	return &genericKernels
+}
+
+// Kernels names the inner loops this backend runs: "avx512", "avx2" (x86-64
+// assembly) or "go" (portable). See KernelsEnv.
+func (c *CPU) Kernels() string { return c.k.name }
+
+// gemvWith32 is a gemv built from a dot4 and a dot kernel.
+func gemvWith32(out, x, w []float32, dot4 func(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32), dot func(x, w []float32) float32) {
+	k := len(x)
+	j := 0
+	for ; j+4 <= len(out); j += 4 {
+		out[j], out[j+1], out[j+2], out[j+3] = dot4(x,
+			w[j*k:(j+1)*k], w[(j+1)*k:(j+2)*k], w[(j+2)*k:(j+3)*k], w[(j+3)*k:(j+4)*k])
+	}
+	for ; j < len(out); j++ {
+		out[j] = dot(x, w[j*k:(j+1)*k])
+	}
+}
+
+// gemvWith16 is gemvWith32 for F16 or BF16 weights.
+func gemvWith16(out, x []float32, w []uint16, dot4 func(x []float32, w0, w1, w2, w3 []uint16) (s0, s1, s2, s3 float32), dot func(x []float32, w []uint16) float32) {
+	k := len(x)
+	j := 0
+	for ; j+4 <= len(out); j += 4 {
+		out[j], out[j+1], out[j+2], out[j+3] = dot4(x,
+			w[j*k:(j+1)*k], w[(j+1)*k:(j+2)*k], w[(j+2)*k:(j+3)*k], w[(j+3)*k:(j+4)*k])
+	}
+	for ; j < len(out); j++ {
+		out[j] = dot(x, w[j*k:(j+1)*k])
+	}
+}
+
+func axpy4Go(o, v0, v1, v2, v3 []float32, p0, p1, p2, p3 float32) {
+	n := len(o)
+	v0, v1, v2, v3 = v0[:n], v1[:n], v2[:n], v3[:n]
+	for i := range o {
+		o[i] += p0*v0[i] + p1*v1[i] + p2*v2[i] + p3*v3[i]
+	}
+}
+
+func expSumGo(s []float32, mx float32) float32 {
+	var sum float32
+	for i, v := range s {
+		e := expF32(v - mx)
+		s[i] = e
+		sum += e
+	}
+	return sum
+}
+
+// Constants of expF32 (and of the assembly in kernels_amd64.s).
+const (
+	expLog2e = 1.4426950408889634 // log2(e)
+	expLn2Hi = 0.693359375        // ln 2, high part: n·expLn2Hi is exact for |n| < 2^15
+	expLn2Lo = -2.1219444005469057e-4
+)
+
+// expF32 returns e^x in float32 with a relative error below 1e-6: x = n·ln 2
+// + r with |r| <= ln2/2, e^r from its degree-6 Taylor polynomial (truncation
+// error below 1.3e-7), and 2^n put into the exponent. Arguments whose result
+// is not a normal float32 (x < -87 or x > 88, NaN) go to math.Exp.
+func expF32(x float32) float32 {
+	if !(x >= -87 && x <= 88) {
+		return float32(math.Exp(float64(x)))
+	}
+	n := float32(math.Floor(float64(x*expLog2e) + 0.5))
+	r := x - n*expLn2Hi
+	r -= n * expLn2Lo
+	p := float32(1.0 / 720)
+	p = p*r + 1.0/120
+	p = p*r + 1.0/24
+	p = p*r + 1.0/6
+	p = p*r + 0.5
+	p = p*r + 1
+	p = p*r + 1
+	return math.Float32frombits(math.Float32bits(p) + uint32(int32(n))<<23)
+}
 
 func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 

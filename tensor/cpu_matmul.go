@@ -1,20 +1,29 @@
 package tensor
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
 // Blocking of the CPU matrix product.
 const (
 	// decodeRows is how many output columns (weight rows) one decode task
-	// computes; a multiple of 4, the width of the dot4 kernels.
-	decodeRows = 16
-	// prefillM and prefillN are the rows of x and of w in one prefill task:
-	// each weight row is read (and converted) once per prefillM rows of x.
+	// computes; a multiple of 4, the width of the gemv kernels.
+	decodeRows = 64
+	// prefillM and prefillN are the rows of x and of w in one task of the
+	// Go prefill (kernels without gemm): each weight row is read (and
+	// converted) once per prefillM rows of x.
 	prefillM = 32
 	prefillN = 64
-	// prefillK is the chunk of the inner dimension converted at a time; a
-	// chunk of prefillM rows of x (32 KiB) stays in the L1 cache while the
-	// task's weight rows pass over it.
+	// prefillK is the chunk of the inner dimension the Go prefill converts
+	// at a time; a chunk of prefillM rows of x (32 KiB) stays in the L1
+	// cache while the task's weight rows pass over it.
 	prefillK = 256
+	// gemmTileM is the number of rows of x one packed prefill task covers:
+	// each weight row is converted once per gemmTileM rows.
+	gemmTileM = 128
+	// gemmMaxGroups bounds the blocks of mr weight rows in one packed task.
+	gemmMaxGroups = 8
 	// minParallel is the number of multiply-adds below which an operation
 	// runs on the calling goroutine alone.
 	minParallel = 1 << 15
@@ -22,6 +31,13 @@ const (
 
 // MatMul computes out[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N]). x and out are F32;
 // w and bias may be F32, F16 or BF16 and are read in their stored type.
+//
+// One row of x (decode) streams the weights once through the gemv kernel,
+// split across the pool in blocks of rows. Several rows (prefill) use the
+// gemm micro-kernel where the kernel table has one: x is packed into panels
+// of nr rows stored k-major, each task converts a block of weight rows to
+// F32 a chunk of K at a time and multiplies it with every panel of its rows
+// of x, keeping an mr×nr tile of out in registers.
 func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 	const op = "MatMul"
 	if err := check(op, "x", x, F32, -1, -1); err != nil {
@@ -46,7 +62,9 @@ func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 	if m == 0 || n == 0 {
 		return nil
 	}
-	mm := &matmul{k: c.k, m: m, n: n, kd: k, x: x.F32(), out: out.F32(), wdt: w.dtype}
+	mm := matmulPool.Get().(*matmul)
+	defer mm.release()
+	*mm = matmul{k: c.k, m: m, n: n, kd: k, x: x.F32(), out: out.F32(), wdt: w.dtype, scratch: mm.scratch}
 	if w.dtype == F32 {
 		mm.w32 = w.F32()
 	} else {
@@ -56,37 +74,47 @@ func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 		mm.bias = newFvec(bias)
 		mm.hasBias = true
 	}
-	if k == 0 {
+	small := m*n*k < minParallel
+	switch {
+	case k == 0:
 		mm.zeroK()
-		return nil
-	}
-	if m == 1 {
+	case m == 1:
 		tasks := (n + decodeRows - 1) / decodeRows
-		if n*k < minParallel {
+		if small {
 			tasks = 1
 		}
 		per := (n + tasks - 1) / tasks
-		per = (per + 3) &^ 3
-		c.pool.run(tasks, func(t int) {
-			mm.decode(t*per, min(n, (t+1)*per))
-		})
-		return nil
+		mm.per = (per + 3) &^ 3
+		mm.mode = modeDecode
+		c.pool.runTask((n+mm.per-1)/mm.per, mm)
+	case c.k.gemm != nil:
+		mm.planPacked(c.threads)
+		mm.mode = modePack
+		c.runMaybe(small, mm.panels, mm)
+		mm.mode = modeGemm
+		c.runMaybe(small, mm.nBlocks*mm.mBlocks, mm)
+	default:
+		mm.mode = modePrefillGo
+		mm.bn = (n + prefillN - 1) / prefillN
+		c.runMaybe(small, (m+prefillM-1)/prefillM*mm.bn, mm)
 	}
-	bm, bn := (m+prefillM-1)/prefillM, (n+prefillN-1)/prefillN
-	if m*n*k < minParallel {
-		// One task, but still blocked the same way.
-		c.pool.run(1, func(int) {
-			for i := range bm * bn {
-				mm.prefill(i/bn, i%bn)
-			}
-		})
-		return nil
-	}
-	c.pool.run(bm*bn, func(t int) { mm.prefill(t/bn, t%bn) })
 	return nil
 }
 
-// matmul is one MatMul call's operands.
+// runMaybe runs n tasks of t on the pool, or on the calling goroutine when
+// the operation is too small to be worth spreading.
+func (c *CPU) runMaybe(small bool, n int, t task) {
+	if small {
+		for i := range n {
+			t.run(i)
+		}
+		return
+	}
+	c.pool.runTask(n, t)
+}
+
+// matmul is one MatMul call's operands and plan; recycled through
+// matmulPool so that a call allocates nothing.
 type matmul struct {
 	k        *kernels
 	m, n, kd int // M, N, K
@@ -96,6 +124,47 @@ type matmul struct {
 	w16      []uint16  // F16 or BF16 weights
 	bias     fvec
 	hasBias  bool
+
+	mode mmMode
+	per  int // decode: weight rows per task
+	bn   int // Go prefill: blocks along N
+
+	// Packed prefill: panels of nr rows of x, mpb panels per task along M
+	// (mBlocks blocks), nb weight rows per task (nBlocks blocks).
+	panels, mpb, mBlocks, nb, nBlocks int
+	xp                                []float32 // packed x: [panels][K][nr]
+	scratch                           *[]float32
+}
+
+type mmMode int
+
+const (
+	modeDecode mmMode = iota
+	modePack
+	modeGemm
+	modePrefillGo
+)
+
+var matmulPool = sync.Pool{New: func() any { return new(matmul) }}
+
+// release drops the operands (so that the pool keeps no tensor alive) and
+// returns mm to the pool.
+func (mm *matmul) release() {
+	*mm = matmul{scratch: mm.scratch}
+	matmulPool.Put(mm)
+}
+
+func (mm *matmul) run(t int) {
+	switch mm.mode {
+	case modeDecode:
+		mm.decode(t*mm.per, min(mm.n, (t+1)*mm.per))
+	case modePack:
+		mm.pack(t)
+	case modeGemm:
+		mm.gemmBlock(t/mm.mBlocks, t%mm.mBlocks)
+	default:
+		mm.prefill(t/mm.bn, t%mm.bn)
+	}
 }
 
 func (mm *matmul) biasAt(j int) float32 {
@@ -116,43 +185,141 @@ func (mm *matmul) zeroK() {
 
 // decode computes output columns [j0, j1) of the single row of x.
 func (mm *matmul) decode(j0, j1 int) {
-	k, x, out := mm.kd, mm.x, mm.out
-	j := j0
+	k, out := mm.kd, mm.out[j0:j1]
 	switch mm.wdt {
 	case F32:
-		w := mm.w32
-		for ; j+4 <= j1; j += 4 {
-			out[j], out[j+1], out[j+2], out[j+3] = mm.k.dot4F32(x,
-				w[j*k:(j+1)*k], w[(j+1)*k:(j+2)*k], w[(j+2)*k:(j+3)*k], w[(j+3)*k:(j+4)*k])
-		}
-		for ; j < j1; j++ {
-			out[j] = mm.k.dotF32(x, w[j*k:(j+1)*k])
-		}
-	case F16, BF16:
-		w := mm.w16
-		dot4, dot := mm.k.dot4F16, mm.k.dotF16
-		if mm.wdt == BF16 {
-			dot4, dot = mm.k.dot4BF16, mm.k.dotBF16
-		}
-		for ; j+4 <= j1; j += 4 {
-			out[j], out[j+1], out[j+2], out[j+3] = dot4(x,
-				w[j*k:(j+1)*k], w[(j+1)*k:(j+2)*k], w[(j+2)*k:(j+3)*k], w[(j+3)*k:(j+4)*k])
-		}
-		for ; j < j1; j++ {
-			out[j] = dot(x, w[j*k:(j+1)*k])
-		}
+		mm.k.gemvF32(out, mm.x, mm.w32[j0*k:j1*k])
+	case F16:
+		mm.k.gemvF16(out, mm.x, mm.w16[j0*k:j1*k])
+	case BF16:
+		mm.k.gemvBF16(out, mm.x, mm.w16[j0*k:j1*k])
 	default:
 		panic(fmt.Sprintf("tensor: matmul with %v weights", mm.wdt)) // unreachable: checked by MatMul
 	}
 	if mm.hasBias {
 		for j := j0; j < j1; j++ {
-			out[j] += mm.bias.at(j)
+			mm.out[j] += mm.bias.at(j)
 		}
 	}
 }
 
-// prefill computes the block (bi, bj): rows [bi*prefillM, ...) of x against
-// weight rows [bj*prefillN, ...). For each chunk of K, four weight rows at a
+// planPacked sizes the packed prefill for threads workers and takes the
+// buffer for the packed x.
+func (mm *matmul) planPacked(threads int) {
+	mr, nr := mm.k.mr, mm.k.nr
+	mm.panels = (mm.m + nr - 1) / nr
+	mm.mpb = max(1, gemmTileM/nr)
+	mm.mBlocks = (mm.panels + mm.mpb - 1) / mm.mpb
+	// Enough blocks along N for about four tasks per thread, each of at
+	// most gemmMaxGroups groups of mr rows.
+	groups := (mm.n + mr - 1) / mr
+	g := (groups + 4*threads - 1) / (4 * threads)
+	g = min(max(g, 1), gemmMaxGroups)
+	mm.nb = g * mr
+	mm.nBlocks = (mm.n + mm.nb - 1) / mm.nb
+	need := mm.panels * mm.kd * nr
+	if mm.scratch == nil {
+		mm.scratch = new([]float32)
+	}
+	if cap(*mm.scratch) < need {
+		*mm.scratch = make([]float32, need)
+	}
+	mm.xp = (*mm.scratch)[:need]
+}
+
+// pack writes panel p of x: rows p*nr.. (zeros past M), k-major.
+func (mm *matmul) pack(p int) {
+	nr, kd := mm.k.nr, mm.kd
+	dst := mm.xp[p*kd*nr : (p+1)*kd*nr]
+	for j := range nr {
+		row := p*nr + j
+		if row >= mm.m {
+			for i := range kd {
+				dst[i*nr+j] = 0
+			}
+			continue
+		}
+		for i, v := range mm.x[row*kd : (row+1)*kd] {
+			dst[i*nr+j] = v
+		}
+	}
+}
+
+// gemmScratch is a packed task's converted weights and output tiles.
+type gemmScratch struct{ w, acc []float32 }
+
+var gemmScratchPool = sync.Pool{New: func() any { return new(gemmScratch) }}
+
+func grow(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	return (*b)[:n]
+}
+
+// gemmBlock computes weight rows [bn*nb, ...) against the rows of x in
+// panels [bm*mpb, ...).
+func (mm *matmul) gemmBlock(bn, bm int) {
+	k := mm.k
+	mr, nr, kc := k.mr, k.nr, k.kc
+	kd, n := mm.kd, mm.n
+	n0, n1 := bn*mm.nb, min(n, (bn+1)*mm.nb)
+	rows := n1 - n0
+	groups := (rows + mr - 1) / mr
+	p0, p1 := bm*mm.mpb, min(mm.panels, (bm+1)*mm.mpb)
+	np := p1 - p0
+	tile := mr * nr
+
+	sc := gemmScratchPool.Get().(*gemmScratch)
+	wbuf := grow(&sc.w, groups*mr*kc)
+	acc := grow(&sc.acc, groups*np*tile)
+	clear(acc)
+	clear(wbuf[rows*kc:]) // padding rows of the last group stay zero
+	for k0 := 0; k0 < kd; k0 += kc {
+		kl := min(kc, kd-k0)
+		for r := range rows {
+			dst := wbuf[r*kc : r*kc+kl]
+			off := (n0+r)*kd + k0
+			switch mm.wdt {
+			case F32:
+				copy(dst, mm.w32[off:off+kl])
+			case F16:
+				k.cvtF16(dst, mm.w16[off:off+kl])
+			default:
+				k.cvtBF16(dst, mm.w16[off:off+kl])
+			}
+		}
+		for p := range np {
+			b := mm.xp[((p0+p)*kd+k0)*nr : ((p0+p)*kd+k0+kl)*nr]
+			for g := range groups {
+				k.gemm(wbuf[g*mr*kc:], kc, b, acc[(g*np+p)*tile:(g*np+p+1)*tile], kl)
+			}
+		}
+	}
+	for g := range groups {
+		for p := range np {
+			t := acc[(g*np+p)*tile : (g*np+p+1)*tile]
+			for i := range mr {
+				col := n0 + g*mr + i
+				if col >= n1 {
+					break
+				}
+				bv := mm.biasAt(col)
+				for j := range nr {
+					row := (p0+p)*nr + j
+					if row >= mm.m {
+						break
+					}
+					mm.out[row*n+col] = t[i*nr+j] + bv
+				}
+			}
+		}
+	}
+	gemmScratchPool.Put(sc)
+}
+
+// prefill, the Go prefill, computes the block (bi, bj): rows [bi*prefillM,
+// ...) of x against weight rows [bj*prefillN, ...). For each chunk of K, four weight rows at a
 // time are converted to F32 (F16, BF16) into a stack buffer and multiplied
 // with every row of the x block by the dot4F32 kernel. (Register-blocked
 // 2x4 and 3x2 kernels measured no faster in Go: the compiler spills their

@@ -1,32 +1,64 @@
 package tensor
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // pool is a fixed set of worker goroutines that run the tasks of parallel
 // jobs. The goroutine that submits a job works on it too, so a pool of n
 // threads has n-1 workers, and a job always finishes even when every worker
 // is busy with another caller's job.
+//
+// Submitting a job allocates nothing: jobs are recycled, and a worker that
+// picks up a recycled job late (after it finished and was reused) sees a
+// newer generation number and leaves it alone. After finishing a job a
+// worker polls for the next one for a short while before it parks, because
+// a decode step submits hundreds of short jobs back to back and waking a
+// parked goroutine costs several microseconds each time.
 type pool struct {
 	threads int
-	work    chan *job
+	work    chan jobRef
+	jobs    sync.Pool // of *job
 
 	mu     sync.RWMutex // guards closed against sends on a closed channel
 	closed bool
 }
 
-// job is one call of pool.run: tasks 0..n-1 handed out by an atomic counter.
-type job struct {
-	fn   func(task int)
-	n    int64
-	next atomic.Int64
-	wg   sync.WaitGroup
+// task is the work of a parallel job: run(i) for i in [0, n).
+type task interface{ run(i int) }
+
+// funcTask adapts a function to task.
+type funcTask func(i int)
+
+func (f funcTask) run(i int) { f(i) }
+
+// jobRef is a job as handed to a worker: the job and its generation.
+type jobRef struct {
+	j   *job
+	gen uint32
 }
 
+// job is one call of pool.run. Tasks are claimed by incrementing the low
+// half of state, whose high half is the generation; a claim from an older
+// generation fails.
+type job struct {
+	t     task
+	n     atomic.Uint32 // tasks in this generation
+	state atomic.Uint64 // generation<<32 | next task
+	done  atomic.Uint32 // tasks finished
+	fin   chan struct{} // receives one value when the last task finishes
+	gen   uint32        // the submitter's copy of the generation
+}
+
+// spinFor is how long an idle worker polls for the next job before parking.
+const spinFor = 50 * time.Microsecond
+
 func newPool(threads int) *pool {
-	p := &pool{threads: threads, work: make(chan *job, 4*threads)}
+	p := &pool{threads: threads, work: make(chan jobRef, 4*threads)}
+	p.jobs.New = func() any { return &job{fin: make(chan struct{}, 1)} }
 	for range threads - 1 {
 		go p.worker()
 	}
@@ -34,50 +66,99 @@ func newPool(threads int) *pool {
 }
 
 func (p *pool) worker() {
-	for j := range p.work {
-		j.do()
+	for {
+		var r jobRef
+		var ok bool
+		select {
+		case r, ok = <-p.work:
+		default:
+			r, ok = p.poll()
+		}
+		if !ok {
+			return
+		}
+		r.j.do(r.gen)
 	}
 }
 
-// do runs tasks of j until none are left.
-func (j *job) do() {
+// poll waits for the next job, spinning for spinFor before blocking.
+func (p *pool) poll() (jobRef, bool) {
+	start := time.Now()
+	for i := 0; ; i++ {
+		select {
+		case r, ok := <-p.work:
+			return r, ok
+		default:
+		}
+		if i&63 == 63 {
+			if time.Since(start) > spinFor {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	r, ok := <-p.work
+	return r, ok
+}
+
+// do runs tasks of generation gen of j until none are left.
+func (j *job) do(gen uint32) {
 	for {
-		i := j.next.Add(1) - 1
-		if i >= j.n {
+		s := j.state.Load()
+		if uint32(s>>32) != gen {
+			return // a later use of the recycled job
+		}
+		n := j.n.Load()
+		if uint32(s) >= n {
 			return
 		}
-		j.fn(int(i))
-		j.wg.Done()
+		if !j.state.CompareAndSwap(s, s+1) {
+			continue
+		}
+		j.t.run(int(uint32(s)))
+		if j.done.Add(1) == n {
+			j.fin <- struct{}{}
+		}
 	}
 }
 
 // run calls fn(i) for i in [0, n) on the pool's threads and returns when all
 // calls have returned. fn must not panic. After close, run does all the work
 // on the calling goroutine.
-func (p *pool) run(n int, fn func(task int)) {
+func (p *pool) run(n int, fn func(task int)) { p.runTask(n, funcTask(fn)) }
+
+// runTask is run for a task value: with t a pointer to a recycled struct,
+// a job allocates nothing.
+func (p *pool) runTask(n int, t task) {
 	if n <= 0 {
 		return
 	}
 	if n == 1 || p.threads == 1 {
 		for i := range n {
-			fn(i)
+			t.run(i)
 		}
 		return
 	}
-	j := &job{fn: fn, n: int64(n)}
-	j.wg.Add(n)
+	j := p.jobs.Get().(*job)
+	j.t = t
+	j.n.Store(uint32(n))
+	j.done.Store(0)
+	j.gen++
+	j.state.Store(uint64(j.gen) << 32) // publishes t and n to the workers
 	p.mu.RLock()
 	if !p.closed {
 		for range min(p.threads-1, n-1) {
 			select {
-			case p.work <- j:
+			case p.work <- jobRef{j, j.gen}:
 			default: // every worker has work queued; the caller helps instead
 			}
 		}
 	}
 	p.mu.RUnlock()
-	j.do()
-	j.wg.Wait()
+	j.do(j.gen)
+	<-j.fin
+	j.t = nil
+	p.jobs.Put(j)
 }
 
 // close stops the workers. It is safe to call more than once.

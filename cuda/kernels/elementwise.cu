@@ -79,6 +79,15 @@ extern "C" __global__ void cast_f32_f16(__half* dst, const float* src, long long
 extern "C" __global__ void cast_f32_bf16(bf16* dst, const float* src, long long n) {
 	GRID_STRIDE(i, n) dst[i] = bf16_from_f32(src[i]);
 }
+// hi + lo = src to about 16 significant bits: two BF16 products with F32
+// accumulation keep F32-like precision for BF16 weights.
+extern "C" __global__ void split_f32_bf16(bf16* hi, bf16* lo, const float* src, long long n) {
+	GRID_STRIDE(i, n) {
+		bf16 h = bf16_from_f32(src[i]);
+		hi[i] = h;
+		lo[i] = bf16_from_f32(src[i] - to_f32(h));
+	}
+}
 extern "C" __global__ void cast_f16_f32(float* dst, const __half* src, long long n) {
 	GRID_STRIDE(i, n) dst[i] = __half2float(src[i]);
 }

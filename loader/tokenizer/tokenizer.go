@@ -138,6 +138,11 @@ func Parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	return t, nil
 }
 
+// maxTokenIDs bounds the id space a tokenizer.json may declare: well above
+// any real vocabulary (a few hundred thousand tokens), low enough that the
+// id tables stay small whatever ids a file names.
+const maxTokenIDs = 1 << 24
+
 func parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	var f tokenizerFile
 	if err := json.Unmarshal(tokenizerJSON, &f); err != nil {
@@ -171,6 +176,9 @@ func parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	for _, a := range added {
 		size = max(size, a.id+1)
 	}
+	if size > maxTokenIDs { // before sizing the tables by an id from the file
+		return nil, fmt.Errorf("%s: token id %d is beyond the largest supported, %d", TokenizerFile, size-1, maxTokenIDs-1)
+	}
 	t.tokens = make([]string, size)
 	t.known = make([]bool, size)
 	for tok, id := range t.model.vocab {
@@ -180,6 +188,15 @@ func parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 		t.tokens[a.id], t.known[a.id] = a.content, true
 	}
 
+	for _, step := range t.post {
+		for _, item := range step {
+			for _, id := range item {
+				if id < 0 || id >= size || !t.known[id] {
+					return nil, fmt.Errorf("%s: post_processor adds id %d, which names no token", TokenizerFile, id)
+				}
+			}
+		}
+	}
 	if n := names["bos_token"]; n != "" {
 		t.bos = t.lookup(n)
 	} else if len(t.post) > 0 && len(t.post[0]) > 0 && len(t.post[0][0]) > 0 {

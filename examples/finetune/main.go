@@ -1,0 +1,55 @@
+// Command finetune fine-tunes a Llama-family model on a text file, on the
+// CPU, with mixed precision (the stored F16/BF16 weights with an F32 master
+// copy and a dynamic loss scale), recompute checkpoints and, optionally, its
+// weights paged under a memory budget.
+//
+//	go run ./examples/finetune [-model DIR] -data FILE.txt [-steps N] [-lr X]
+//	    [-optimizer adamw|sgd] [-seq-len N] [-checkpoint-segments K]
+//	    [-gpu-memory-limit SIZE] [-grads-out FILE -ids 1,2,3] [-save DIR]
+//
+// The text is encoded with the model's tokenizer and cut into windows of
+// -seq-len tokens; each step trains on the next window (mean next-token
+// cross-entropy). Each step's loss is printed on stdout, with a progress bar
+// on stderr. -save writes a Hugging Face checkpoint (the stored dtype, the
+// source's config and tokenizer) that examples/generate and transformers
+// load. -grads-out writes the loss and grad.<parameter name> (F32) of one
+// step on -ids at the initial weights, as the fixtures' grads.safetensors;
+// without -data nothing is trained.
+//
+// Without -model it trains the tiny F16 model embedded in the binary. The
+// backward runs on the host: the CUDA backward is not implemented.
+// Exit status: 0 on success, 2 for a bad flag, 1 for any other error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "finetune:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "finetune:", err)
+		os.Exit(1)
+	}
+}
+
+// usageError is a bad flag or flag value.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }

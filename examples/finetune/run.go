@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/loader/tokenizer"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// options are the parsed flags.
+type options struct {
+	model, data, save       string
+	gradsOut, ids           string
+	gpuLimit, optimizer     string
+	steps, seqLen, segments int
+	threads, scaleInterval  int
+	lr, weightDecay         float64
+	momentum, maxGradNorm   float64
+	lossScale               float64
+	quiet                   bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("finetune", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny F16 model)")
+	fs.StringVar(&o.data, "data", "", "training text `file` (UTF-8), encoded with the model's tokenizer")
+	fs.IntVar(&o.steps, "steps", 30, "training steps, one window of -seq-len tokens each")
+	fs.Float64Var(&o.lr, "lr", 1e-3, "learning rate")
+	fs.StringVar(&o.optimizer, "optimizer", "adamw", "adamw or sgd")
+	fs.Float64Var(&o.weightDecay, "weight-decay", 0, "weight decay (decoupled for adamw)")
+	fs.Float64Var(&o.momentum, "momentum", 0, "sgd momentum")
+	fs.Float64Var(&o.maxGradNorm, "max-grad-norm", 1, "clip the gradients to this norm; 0 does not clip")
+	fs.IntVar(&o.seqLen, "seq-len", 64, "positions per training window")
+	fs.IntVar(&o.segments, "checkpoint-segments", 0, "recompute checkpoints: split the blocks into K segments (0 or 1: none)")
+	fs.StringVar(&o.gpuLimit, "gpu-memory-limit", "", "memory budget `size` for weights and activations (3.5GiB, 800MiB, 300000B; a bare number is GiB): weights page under it")
+	fs.Float64Var(&o.lossScale, "loss-scale", 0, "initial dynamic loss scale (default 65536 for F16 weights, 1 otherwise)")
+	fs.IntVar(&o.scaleInterval, "loss-scale-interval", 50, "good steps before the loss scale doubles")
+	fs.StringVar(&o.gradsOut, "grads-out", "", "write loss and grad.<name> (F32) of one step on -ids at the initial weights to this safetensors `file`")
+	fs.StringVar(&o.ids, "ids", "", "comma-separated token `ids` for -grads-out (default: the first window of -data)")
+	fs.StringVar(&o.save, "save", "", "write the fine-tuned model as a Hugging Face checkpoint into this `directory`")
+	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return nil, err
+		}
+		return nil, usageError{err}
+	}
+	switch {
+	case fs.NArg() > 0:
+		return nil, usagef("unexpected argument %q", fs.Arg(0))
+	case o.data == "" && o.gradsOut == "":
+		return nil, usagef("give -data (and/or -grads-out)")
+	case o.gradsOut != "" && o.ids == "" && o.data == "":
+		return nil, usagef("-grads-out needs -ids or -data")
+	case o.steps < 0:
+		return nil, usagef("-steps %d must be >= 0", o.steps)
+	case o.seqLen < 1:
+		return nil, usagef("-seq-len %d must be >= 1", o.seqLen)
+	case o.segments < 0:
+		return nil, usagef("-checkpoint-segments %d must be >= 0", o.segments)
+	case !(o.lr >= 0) || math.IsInf(o.lr, 0):
+		return nil, usagef("-lr %v must be >= 0", o.lr)
+	case o.optimizer != "adamw" && o.optimizer != "sgd":
+		return nil, usagef("-optimizer %q: want adamw or sgd", o.optimizer)
+	case o.lossScale < 0 || math.IsInf(o.lossScale, 0) || o.lossScale > math.MaxFloat32:
+		return nil, usagef("-loss-scale %v must be positive and finite", o.lossScale)
+	case o.threads < 0:
+		return nil, usagef("-threads %d must be >= 0", o.threads)
+	case o.maxGradNorm < 0:
+		return nil, usagef("-max-grad-norm %v must be >= 0", o.maxGradNorm)
+	}
+	return o, nil
+}
+
+// parseIDs reads "1,2,3".
+func parseIDs(s string, vocab int) ([]int32, error) {
+	var ids []int32
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.ParseInt(f, 10, 32)
+		if err != nil {
+			return nil, usagef("-ids: %q is not a token id", f)
+		}
+		if v < 0 || int(v) >= vocab {
+			return nil, usagef("-ids: %d is outside the vocabulary of %d", v, vocab)
+		}
+		ids = append(ids, int32(v))
+	}
+	if len(ids) < 2 {
+		return nil, usagef("-ids: need at least 2 token ids, got %q", s)
+	}
+	return ids, nil
+}
+
+// windows cuts tokens into windows of n+1 tokens (n predictions each) that
+// overlap by one token, the last one ending at the last token.
+func windows(tokens []int32, n int) [][]int32 {
+	w := min(n+1, len(tokens))
+	var out [][]int32
+	for start := 0; ; start += w - 1 {
+		if start+w >= len(tokens) {
+			out = append(out, tokens[len(tokens)-w:])
+			return out
+		}
+		out = append(out, tokens[start:start+w])
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	dir := o.model
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "strata-finetune-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if dir, err = fixtures.Extract(fixtures.TinyLlamaF16Sharded, tmp); err != nil {
+			return err
+		}
+	}
+	lm, err := loader.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer lm.Close()
+	cfg, err := nn.FromLoader(lm.Config)
+	if err != nil {
+		return err
+	}
+	if o.segments > cfg.NumLayers {
+		return usagef("-checkpoint-segments %d: the model has %d blocks", o.segments, cfg.NumLayers)
+	}
+
+	var tokens []int32
+	if o.data != "" {
+		text, err := os.ReadFile(o.data)
+		if err != nil {
+			return fmt.Errorf("-data: %w", err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+			return usagef("%s has no tokenizer.json to encode -data with", dir)
+		}
+		tok, err := tokenizer.Load(dir)
+		if err != nil {
+			return err
+		}
+		enc, err := tok.Encode(string(text), true)
+		if err != nil {
+			return fmt.Errorf("-data %s: %w", o.data, err)
+		}
+		for _, id := range enc {
+			tokens = append(tokens, int32(id))
+		}
+		if len(tokens) < 2 {
+			return fmt.Errorf("-data %s encodes to %d tokens; training needs at least 2", o.data, len(tokens))
+		}
+	}
+	var gradIDs []int32
+	if o.gradsOut != "" {
+		if o.ids != "" {
+			if gradIDs, err = parseIDs(o.ids, cfg.VocabSize); err != nil {
+				return err
+			}
+		} else {
+			gradIDs = windows(tokens, o.seqLen)[0]
+		}
+	}
+
+	params, err := nn.LoadParams(ctx, lm)
+	if err != nil {
+		return err
+	}
+	backend := tensor.NewCPU(o.threads)
+	defer backend.Close()
+	maxT := max(len(gradIDs)-1, min(o.seqLen, len(tokens)-1))
+	r, err := newRunner(o, cfg, params, backend, maxT)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := r.close(); err != nil && retErr == nil {
+			retErr = err
+		}
+	}()
+
+	if o.gradsOut != "" {
+		inputs, targets := nn.NextToken(gradIDs)
+		grads := nn.Grads{}
+		var st nn.StepStats
+		if err := r.with(func(tr *nn.Trainer) (err error) {
+			st, err = tr.LossAndGrads(ctx, inputs, targets, grads, 1)
+			return err
+		}); err != nil {
+			return err
+		}
+		if err := grads.WriteSafetensors(o.gradsOut, st.Loss); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "wrote the loss (%.6f) and %d gradients to %s\n", st.Loss, len(grads), o.gradsOut)
+	}
+	if o.data == "" {
+		return nil
+	}
+
+	if err := train(ctx, o, r, params, tokens, stdout, stderr); err != nil {
+		return err
+	}
+	if o.save != "" {
+		if err := params.Save(ctx, o.save, dir, 4<<30); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "saved the fine-tuned model to %s\n", o.save)
+	}
+	return nil
+}
+
+// train runs the training loop, printing each step's loss.
+func train(ctx context.Context, o *options, r *runner, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
+	var opt nn.Optimizer
+	if o.optimizer == "sgd" {
+		opt = &nn.SGD{LR: float32(o.lr), Momentum: float32(o.momentum), WeightDecay: float32(o.weightDecay)}
+	} else {
+		a := nn.NewAdamW(o.lr)
+		a.WeightDecay = o.weightDecay
+		opt = a
+	}
+	scale := float32(o.lossScale)
+	if scale == 0 {
+		scale = 1
+		if params.Tensor(nn.EmbedName).DType() == tensor.F16 {
+			scale = 65536
+		}
+	}
+	scaler := nn.NewLossScaler(scale, o.scaleInterval)
+	wins := windows(tokens, o.seqLen)
+	bar := newProgress(stderr, o.quiet)
+	grads := nn.Grads{}
+	var first, last float64
+	var peakAct int64
+	start := time.Now()
+	for step := 1; step <= o.steps; step++ {
+		inputs, targets := nn.NextToken(wins[(step-1)%len(wins)])
+		grads.Zero()
+		used := scaler.Scale
+		var st nn.StepStats
+		t0 := time.Now()
+		if err := r.with(func(tr *nn.Trainer) (err error) {
+			st, err = tr.LossAndGrads(ctx, inputs, targets, grads, used)
+			return err
+		}); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		peakAct = max(peakAct, st.PeakActivationBytes)
+		note := ""
+		norm := 0.0
+		if scaler.Unscale(grads) {
+			norm = grads.ClipNorm(o.maxGradNorm)
+			if err := opt.Step(params, grads); err != nil {
+				return err
+			}
+		} else {
+			note = " skipped (overflow)"
+		}
+		if step == 1 {
+			first = st.Loss
+		}
+		last = st.Loss
+		bar.clear()
+		fmt.Fprintf(stdout, "step %d/%d loss %.6f scale %g grad-norm %.4g time %s%s\n",
+			step, o.steps, st.Loss, used, norm, time.Since(t0).Round(time.Millisecond), note)
+		bar.update(step, o.steps, st.Loss)
+	}
+	bar.clear()
+	if o.steps > 0 {
+		fmt.Fprintf(stderr, "trained %d steps (%d skipped) in %s: loss %.4f -> %.4f; peak activations %s\n",
+			o.steps, scaler.Skipped(), time.Since(start).Round(time.Millisecond), first, last, paging.FormatSize(peakAct))
+		if r.budget != nil {
+			fmt.Fprintf(stderr, "budget %s: peak %s, weights moved %s per step\n",
+				paging.FormatSize(r.budget.Limit()), paging.FormatSize(r.budget.Peak()), paging.FormatSize(r.moved/int64(r.calls)))
+		}
+	}
+	return nil
+}
+
+// runner gives each step a trainer over the current parameters: directly,
+// or, under -gpu-memory-limit, through a pager under the budget, made anew
+// for every step because an update makes the pager's copies stale.
+type runner struct {
+	cfg     nn.Config
+	params  *nn.Params
+	backend tensor.Backend
+	opts    nn.TrainOptions
+	direct  *nn.Trainer
+	budget  *paging.Budget
+	plan    *paging.PlanResult
+	moved   int64 // bytes the pagers moved
+	calls   int
+}
+
+func newRunner(o *options, cfg nn.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
+	r := &runner{cfg: cfg, params: params, backend: b, opts: nn.TrainOptions{Segments: o.segments, Threads: o.threads}}
+	if o.gpuLimit == "" {
+		m, err := nn.New(cfg, b, nil, params)
+		if err != nil {
+			return nil, err
+		}
+		if r.direct, err = nn.NewTrainer(m, r.opts); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+	limit, err := paging.ParseSize(o.gpuLimit)
+	if err != nil {
+		return nil, usagef("-gpu-memory-limit: %v", err)
+	}
+	if limit <= 0 {
+		return nil, usagef("-gpu-memory-limit %q must be positive", o.gpuLimit)
+	}
+	layers, err := paging.DescribeSource(params)
+	if err != nil {
+		return nil, err
+	}
+	info := paging.ModelInfo{
+		Layers: layers, NumLayers: cfg.NumLayers, HiddenSize: cfg.HiddenSize, IntermediateSize: cfg.IntermediateSize,
+		NumHeads: cfg.NumHeads, NumKVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim, VocabSize: cfg.VocabSize,
+	}
+	// Training keeps no KV cache: plan for one position, with the training
+	// activations and rotary tables as workspace.
+	extra := cfg.TrainActivationBytes(tokens, o.segments) + paging.RopeBytes(tokens, cfg.HeadDim)
+	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithWorkspace(extra))
+	if err != nil {
+		var be *paging.BudgetError
+		if errors.As(err, &be) {
+			return nil, fmt.Errorf("-gpu-memory-limit %s is too small for training %d positions with %d checkpoint segments: the smallest budget is %s",
+				o.gpuLimit, tokens, max(o.segments, 1), paging.FormatSize(be.Needed))
+		}
+		return nil, err
+	}
+	r.budget = paging.NewBudget(b, limit, "cpu")
+	return r, nil
+}
+
+// with calls fn with a trainer over the current parameters.
+func (r *runner) with(fn func(*nn.Trainer) error) (err error) {
+	r.calls++
+	if r.direct != nil {
+		return fn(r.direct)
+	}
+	pager, err := paging.NewPager(r.params, r.budget, r.plan, paging.Options{HostCacheBytes: -1})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		r.moved += pager.Stats().BytesHostToDevice
+		if cerr := pager.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	m, err := nn.New(r.cfg, r.backend, r.budget, nn.PagedWeights{Pager: pager})
+	if err != nil {
+		return err
+	}
+	tr, err := nn.NewTrainer(m, r.opts)
+	if err != nil {
+		return err
+	}
+	return fn(tr)
+}
+
+func (r *runner) close() error {
+	if r.budget != nil {
+		return r.budget.Close()
+	}
+	return nil
+}

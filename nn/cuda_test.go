@@ -1,0 +1,157 @@
+//go:build cuda
+
+package nn
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/strata-llm/strata/cuda"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+func openCUDA(t *testing.T) *cuda.Backend {
+	t.Helper()
+	b, err := cuda.Open(0)
+	if errors.Is(err, cuda.ErrNoDevice) {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return b
+}
+
+// pagedServed adapts a paging.Server for these tests.
+type pagedServed struct{ paging.Server }
+
+func (p pagedServed) Acquire(ctx context.Context, l int) (LayerWeights, error) {
+	return p.Server.Acquire(ctx, l)
+}
+
+// TestCUDAFixtures runs both fixtures on the GPU: logits within 2e-2 of
+// transformers at every prompt position, greedy ids equal where the margin
+// exceeds 5e-2, and then the same generation under a budget that forces
+// streaming, for every strategy and memory mode, identical to the resident
+// GPU run. After Close no device or pinned bytes remain.
+func TestCUDAFixtures(t *testing.T) {
+	b := openCUDA(t)
+	ctx := context.Background()
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16} {
+		t.Run(name, func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			cfg, err := FromLoader(lm.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := loadReference(t, fixtures.Dir(name), cfg.NumLayers)
+			hw, err := LoadWeights(ctx, lm, b, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(cfg, b, nil, hw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := m.NewSession(64, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits, err := s.Forward(ctx, ref.inputIDs, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := maxAbsDiff(logits, ref.logits)
+			t.Logf("logits: max abs difference from transformers %.3g", d)
+			if d > 2e-2 {
+				t.Errorf("logits differ from transformers by %g, want <= 2e-2", d)
+			}
+			s.Reset()
+			last, err := s.Forward(ctx, ref.inputIDs, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, want := range ref.greedy {
+				if got := Argmax(last); ref.margin[k] > 5e-2 && int32(got) != want {
+					t.Errorf("greedy step %d: %d, transformers %d (margin %g)", k, got, want, ref.margin[k])
+				}
+				if last, err = s.Forward(ctx, []int32{want}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Close()
+			prompt := ref.inputIDs
+			wantLogits, wantIDs := generateIDs(t, m, prompt, 10, 32, 8)
+			hw.Close()
+
+			info, err := ModelInfo(lm, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			probe, err := paging.Plan(info, 1<<40, paging.StrategyAggressive, 32, 1, paging.WithChunkTokens(8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mode := range []paging.MemoryMode{paging.ModeExplicit, paging.ModeUnified, paging.ModeUnifiedNoPrefetch} {
+				for _, st := range []paging.Strategy{paging.StrategyMinimal, paging.StrategyBalanced, paging.StrategyAggressive} {
+					budget := probe.MinBudgetBytes + lm.WeightBytes()/4
+					plan, err := paging.Plan(info, budget, st, 32, 1, paging.WithChunkTokens(8))
+					if err != nil {
+						t.Fatal(err)
+					}
+					bud := paging.NewBudget(b, budget, b.Name())
+					srv, err := paging.NewServer(ctx, mode, Source(lm), bud, plan, paging.Options{})
+					if err != nil {
+						t.Fatalf("%s %s: %v", mode, st, err)
+					}
+					pm, err := New(cfg, b, bud, pagedServed{srv})
+					if err != nil {
+						t.Fatal(err)
+					}
+					gotLogits, gotIDs := generateIDs(t, pm, prompt, 10, 32, 8)
+					stats := srv.Stats()
+					if err := srv.Close(); err != nil {
+						t.Error(err)
+					}
+					if err := bud.Close(); err != nil {
+						t.Error(err)
+					}
+					for i := range wantIDs {
+						if gotIDs[i] != wantIDs[i] {
+							t.Fatalf("%s %s: ids %v, resident %v", mode, st, gotIDs, wantIDs)
+						}
+					}
+					diff := maxAbsDiff(gotLogits, wantLogits)
+					if diff != 0 {
+						t.Errorf("%s %s: logits differ from the resident GPU run by %g", mode, st, diff)
+					}
+					if bud.Peak() > budget {
+						t.Errorf("%s %s: peak %d over budget %d", mode, st, bud.Peak(), budget)
+					}
+					t.Logf("%s %s: budget %d of %d weight bytes, moved %d bytes to the device, %d misses", mode, st, budget, lm.WeightBytes(), stats.BytesHostToDevice, stats.Misses)
+				}
+			}
+		})
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.InUse != 0 || st.Pinned != 0 || st.Managed != 0 {
+		t.Errorf("after every model closed: %+v", st)
+	}
+}
+
+var _ tensor.Backend = (*cuda.Backend)(nil)

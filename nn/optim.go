@@ -1,0 +1,199 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+)
+
+// Optimizer updates parameters from their gradients.
+type Optimizer interface {
+	// Step updates the master copy of every parameter of p that has a
+	// gradient in g (already unscaled) and rounds it into the working
+	// copy. Parameters without a gradient are left alone.
+	Step(p *Params, g Grads) error
+}
+
+// gradOf returns the gradient of a parameter, nil when g has none, or an
+// error when its size differs from the parameter's.
+func gradOf(g Grads, name string, master []float32) ([]float32, error) {
+	t, ok := g[name]
+	if !ok {
+		return nil, nil
+	}
+	gv := t.F32()
+	if len(gv) != len(master) {
+		return nil, fmt.Errorf("nn: optimizer: gradient of %s has %d elements, the parameter %d", name, len(gv), len(master))
+	}
+	return gv, nil
+}
+
+// SGD is stochastic gradient descent with optional momentum and weight
+// decay, as torch.optim.SGD (dampening 0, not Nesterov):
+//
+//	g ← grad + WeightDecay·w
+//	b ← Momentum·b + g   (b ← g on the first step)
+//	w ← w − LR·b         (w ← w − LR·g without momentum)
+type SGD struct {
+	LR, Momentum, WeightDecay float32
+	buf                       map[string][]float32
+}
+
+// Step implements Optimizer.
+func (o *SGD) Step(p *Params, g Grads) error {
+	if !(o.LR >= 0) {
+		return fmt.Errorf("nn: sgd: learning rate %v", o.LR)
+	}
+	if o.buf == nil && o.Momentum != 0 {
+		o.buf = map[string][]float32{}
+	}
+	for _, name := range p.names {
+		w := p.byName[name].master
+		gv, err := gradOf(g, name, w)
+		if err != nil {
+			return err
+		}
+		if gv == nil {
+			continue
+		}
+		if o.Momentum == 0 {
+			for i := range w {
+				w[i] -= o.LR * (gv[i] + o.WeightDecay*w[i])
+			}
+		} else {
+			b, seen := o.buf[name]
+			if !seen {
+				b = make([]float32, len(w))
+				o.buf[name] = b
+			}
+			for i := range w {
+				d := gv[i] + o.WeightDecay*w[i]
+				if seen {
+					d += o.Momentum * b[i]
+				}
+				b[i] = d
+				w[i] -= o.LR * d
+			}
+		}
+		p.Sync(name)
+	}
+	return nil
+}
+
+// AdamW is Adam with decoupled weight decay, as torch.optim.AdamW
+// (amsgrad off): with t the step number from 1,
+//
+//	w ← w − LR·WeightDecay·w
+//	m ← Beta1·m + (1−Beta1)·g
+//	v ← Beta2·v + (1−Beta2)·g²
+//	w ← w − LR·(m/(1−Beta1ᵗ)) / (sqrt(v/(1−Beta2ᵗ)) + Eps)
+//
+// NewAdamW sets PyTorch's defaults.
+type AdamW struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float64
+	t                                  int
+	m, v                               map[string][]float32
+}
+
+// NewAdamW returns AdamW with learning rate lr and PyTorch's defaults:
+// betas 0.9 and 0.999, eps 1e-8, weight decay 0.01.
+func NewAdamW(lr float64) *AdamW {
+	return &AdamW{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01}
+}
+
+// Steps is the number of updates made so far.
+func (o *AdamW) Steps() int { return o.t }
+
+// Step implements Optimizer.
+func (o *AdamW) Step(p *Params, g Grads) error {
+	switch {
+	case !(o.LR >= 0):
+		return fmt.Errorf("nn: adamw: learning rate %v", o.LR)
+	case !(o.Beta1 >= 0 && o.Beta1 < 1 && o.Beta2 >= 0 && o.Beta2 < 1):
+		return fmt.Errorf("nn: adamw: betas %v, %v must be in [0, 1)", o.Beta1, o.Beta2)
+	case !(o.Eps > 0):
+		return fmt.Errorf("nn: adamw: eps %v must be positive", o.Eps)
+	}
+	if o.m == nil {
+		o.m, o.v = map[string][]float32{}, map[string][]float32{}
+	}
+	o.t++
+	bc1 := 1 - math.Pow(o.Beta1, float64(o.t))
+	bc2 := 1 - math.Pow(o.Beta2, float64(o.t))
+	decay := 1 - o.LR*o.WeightDecay
+	stepSize := o.LR / bc1
+	sqrtBC2 := math.Sqrt(bc2)
+	for _, name := range p.names {
+		w := p.byName[name].master
+		gv, err := gradOf(g, name, w)
+		if err != nil {
+			return err
+		}
+		if gv == nil {
+			continue
+		}
+		m, v := o.m[name], o.v[name]
+		if m == nil {
+			m, v = make([]float32, len(w)), make([]float32, len(w))
+			o.m[name], o.v[name] = m, v
+		}
+		for i, gi := range gv {
+			g := float64(gi)
+			mi := o.Beta1*float64(m[i]) + (1-o.Beta1)*g
+			vi := o.Beta2*float64(v[i]) + (1-o.Beta2)*g*g
+			m[i], v[i] = float32(mi), float32(vi)
+			w[i] = float32(float64(w[i])*decay - stepSize*mi/(math.Sqrt(vi)/sqrtBC2+o.Eps))
+		}
+		p.Sync(name)
+	}
+	return nil
+}
+
+// LossScaler is a dynamic loss scale for mixed-precision training: the loss
+// is multiplied by Scale before the backward so that small gradients
+// survive reduced precision, and the gradients divided by it before the
+// update. Gradients that overflow (an infinity or a NaN) skip the step and
+// multiply the scale by BackoffFactor; after GrowthInterval steps in a row
+// without overflow the scale is multiplied by GrowthFactor.
+type LossScaler struct {
+	Scale          float32
+	GrowthFactor   float32 // > 1
+	BackoffFactor  float32 // in (0, 1)
+	GrowthInterval int     // good steps before growing
+	MinScale       float32 // the scale never falls below this (> 0)
+
+	good    int // good steps since the last change
+	skipped int
+}
+
+// NewLossScaler returns a scaler starting at scale that doubles it after
+// growthInterval good steps and halves it on overflow, never below 2⁻²⁴.
+func NewLossScaler(scale float32, growthInterval int) *LossScaler {
+	return &LossScaler{Scale: scale, GrowthFactor: 2, BackoffFactor: 0.5, GrowthInterval: growthInterval, MinScale: 1.0 / (1 << 24)}
+}
+
+// Unscale checks the gradients of a step run at s.Scale. When any is not
+// finite it reduces the scale and returns false: the caller skips the
+// update. Otherwise it divides them by the scale, counts a good step
+// (growing the scale after GrowthInterval of them) and returns true.
+func (s *LossScaler) Unscale(g Grads) bool {
+	if !g.AllFinite() {
+		s.Scale = max(s.Scale*s.BackoffFactor, s.MinScale)
+		s.good = 0
+		s.skipped++
+		return false
+	}
+	if s.Scale != 1 {
+		g.Scale(1 / s.Scale)
+	}
+	s.good++
+	if s.GrowthInterval > 0 && s.good >= s.GrowthInterval {
+		if grown := s.Scale * s.GrowthFactor; !math.IsInf(float64(grown), 0) {
+			s.Scale = grown
+		}
+		s.good = 0
+	}
+	return true
+}
+
+// Skipped is the number of steps skipped for overflow so far.
+func (s *LossScaler) Skipped() int { return s.skipped }

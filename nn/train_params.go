@@ -1,0 +1,163 @@
+package nn
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Params are a model's trainable weights for mixed-precision training: an
+// F32 master copy of every tensor, which the optimizer updates, and a
+// working copy in the stored dtype (F16, BF16 or F32), which the forward
+// reads. After an update the working copy is the master rounded to the
+// stored dtype. F32 tensors are their own master.
+//
+// Params implement Weights (every layer on the host, for the CPU backend)
+// and paging.Source (so a paging.Pager can serve them under a budget).
+// Params are safe for concurrent reads; updates (Optimizer.Step, Sync) must
+// not run concurrently with anything else.
+type Params struct {
+	layers [][]*param // in Weights' numbering; a tied embedding is in two
+	byName map[string]*param
+	names  []string // each once, in layer order
+}
+
+type param struct {
+	name   string
+	work   *tensor.Tensor // stored dtype, host
+	master []float32      // aliases work's storage when F32
+}
+
+// LoadParams reads every weight of lm into host memory and makes its F32
+// master copy.
+func LoadParams(ctx context.Context, lm *loader.Model) (*Params, error) {
+	p := &Params{byName: map[string]*param{}}
+	for _, l := range lm.Layers() {
+		var layer []*param
+		for _, ti := range l.Tensors {
+			if pr, ok := p.byName[ti.Name]; ok {
+				layer = append(layer, pr)
+				continue
+			}
+			t, err := lm.ReadTensor(ctx, ti.Name)
+			if err != nil {
+				return nil, err
+			}
+			pr := &param{name: ti.Name, work: t}
+			switch t.DType() {
+			case tensor.F32:
+				pr.master = t.F32()
+			case tensor.F16, tensor.BF16:
+				pr.master = t.ToF32()
+			default:
+				return nil, fmt.Errorf("nn: params: %s has dtype %v, not a float type", ti.Name, t.DType())
+			}
+			p.byName[ti.Name] = pr
+			p.names = append(p.names, ti.Name)
+			layer = append(layer, pr)
+		}
+		p.layers = append(p.layers, layer)
+	}
+	return p, nil
+}
+
+// Names lists the parameters, each once, in layer order.
+func (p *Params) Names() []string { return append([]string(nil), p.names...) }
+
+// Master returns the F32 master copy of a parameter (nil when there is no
+// such parameter). Changing it changes the parameter once Sync runs.
+func (p *Params) Master(name string) []float32 {
+	if pr := p.byName[name]; pr != nil {
+		return pr.master
+	}
+	return nil
+}
+
+// Tensor returns the working copy of a parameter in its stored dtype, or
+// nil. It must not be changed.
+func (p *Params) Tensor(name string) *tensor.Tensor {
+	if pr := p.byName[name]; pr != nil {
+		return pr.work
+	}
+	return nil
+}
+
+// Sync rounds the master copy of each named parameter (every parameter when
+// none is named) into its working copy.
+func (p *Params) Sync(names ...string) {
+	if len(names) == 0 {
+		names = p.names
+	}
+	for _, n := range names {
+		pr := p.byName[n]
+		if pr == nil {
+			continue
+		}
+		switch pr.work.DType() {
+		case tensor.F16:
+			tensor.F32ToF16(pr.work.U16(), pr.master)
+		case tensor.BF16:
+			tensor.F32ToBF16(pr.work.U16(), pr.master)
+		}
+	}
+}
+
+// Bytes is the size of the working copies, each parameter counted once.
+func (p *Params) Bytes() int64 {
+	var n int64
+	for _, pr := range p.byName {
+		n += pr.work.NumBytes()
+	}
+	return n
+}
+
+// Acquire returns the layer's working copies.
+func (p *Params) Acquire(ctx context.Context, layer int) (LayerWeights, error) {
+	if layer < 0 || layer >= len(p.layers) {
+		return nil, fmt.Errorf("nn: params: no layer %d (model has %d)", layer, len(p.layers))
+	}
+	lw := make(LayerWeights, len(p.layers[layer]))
+	for _, pr := range p.layers[layer] {
+		lw[pr.name] = pr.work
+	}
+	return lw, ctx.Err()
+}
+
+// Release does nothing: the parameters stay in memory.
+func (p *Params) Release(int) {}
+
+// NumLayers is the number of layers in Weights' numbering.
+func (p *Params) NumLayers() int { return len(p.layers) }
+
+// LayerTensors lists a layer's tensors for paging.
+func (p *Params) LayerTensors(layer int) []paging.TensorSpec {
+	if layer < 0 || layer >= len(p.layers) {
+		return nil
+	}
+	specs := make([]paging.TensorSpec, 0, len(p.layers[layer]))
+	for _, pr := range p.layers[layer] {
+		specs = append(specs, paging.TensorSpec{Name: pr.name, DType: pr.work.DType(), Shape: pr.work.Shape(), Bytes: pr.work.NumBytes()})
+	}
+	return specs
+}
+
+// ReadTensor copies a working copy's bytes into dst for paging.
+func (p *Params) ReadTensor(ctx context.Context, layer int, name string, dst []byte) error {
+	pr := p.byName[name]
+	if pr == nil || layer < 0 || layer >= len(p.layers) {
+		return fmt.Errorf("nn: params: layer %d has no tensor %s", layer, name)
+	}
+	if int64(len(dst)) != pr.work.NumBytes() {
+		return fmt.Errorf("nn: params: %s is %d bytes, asked for %d", name, pr.work.NumBytes(), len(dst))
+	}
+	copy(dst, pr.work.Bytes())
+	return ctx.Err()
+}
+
+var (
+	_ Weights       = (*Params)(nil)
+	_ paging.Source = (*Params)(nil)
+)
