@@ -122,13 +122,14 @@ func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
 	}
 	c := &m.cfg
 	s := &Session{m: m, maxPos: maxPos, chunk: chunk}
+	var allocErr error // the first allocation that failed
 	alloc := func(cat paging.Category, shape ...int) *tensor.Tensor {
-		if s.closed { // an earlier allocation failed
+		if allocErr != nil {
 			return nil
 		}
 		t, err := m.alloc.Alloc(cat, tensor.F32, tensor.Shape(shape))
 		if err != nil {
-			s.closed = true
+			allocErr = err
 			return nil
 		}
 		s.owned = append(s.owned, t)
@@ -150,15 +151,9 @@ func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
 	s.gate = alloc(paging.Activations, chunk, c.IntermediateSize)
 	s.up = alloc(paging.Activations, chunk, c.IntermediateSize)
 	s.logits = alloc(paging.Activations, chunk, c.VocabSize)
-	if s.closed {
-		// Retry the failed allocation to report its error, then free.
-		_, err := m.alloc.Alloc(paging.Activations, tensor.F32, tensor.Shape{chunk, c.VocabSize})
-		s.closed = false
+	if allocErr != nil {
 		s.Close()
-		if err == nil {
-			err = errors.New("allocation failed")
-		}
-		return nil, fmt.Errorf("nn: session buffers for %d positions: %w", maxPos, err)
+		return nil, fmt.Errorf("nn: session buffers for %d positions: %w", maxPos, allocErr)
 	}
 	cos, sin := c.RopeTables(maxPos)
 	if err := uploadF32(m.backend, s.cos, cos); err != nil {
@@ -226,6 +221,14 @@ func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook)
 			return nil, fmt.Errorf("nn: token id %d at position %d is outside the vocabulary of %d", id, i, vocab)
 		}
 	}
+	// A Forward that fails (or panics in the hook) adds no positions, so
+	// the session can retry it.
+	pos0, done := s.pos, false
+	defer func() {
+		if !done {
+			s.pos = pos0
+		}
+	}()
 	out := s.host[:0]
 	for start := 0; start < len(ids); start += s.chunk {
 		end := min(start+s.chunk, len(ids))
@@ -238,6 +241,7 @@ func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook)
 
 	}
 	s.host = out
+	done = true
 	return out, nil
 }
 
@@ -255,8 +259,10 @@ func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows
 	if err != nil {
 		return nil, err
 	}
-	err = b.Embed(x, lw[EmbedName], ids)
-	m.weights.Release(m.embedLayer())
+	err = func() error {
+		defer m.weights.Release(m.embedLayer()) // released even if the backend panics
+		return b.Embed(x, lw[EmbedName], ids)
+	}()
 	if err != nil {
 		return nil, fmt.Errorf("nn: embedding: %w", err)
 	}
@@ -276,8 +282,10 @@ func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows
 		if err != nil {
 			return nil, err
 		}
-		err = s.block(i, T, pos0, lw, scale)
-		m.weights.Release(layer)
+		err = func() error {
+			defer m.weights.Release(layer)
+			return s.block(i, T, pos0, lw, scale)
+		}()
 		if err != nil {
 			return nil, fmt.Errorf("nn: block %d: %w", i, err)
 		}

@@ -34,7 +34,7 @@ func gradOf(g Grads, name string, master []float32) ([]float32, error) {
 //	b ← Momentum·b + g   (b ← g on the first step)
 //	w ← w − LR·b         (w ← w − LR·g without momentum)
 type SGD struct {
-	LR, Momentum, WeightDecay float32
+	LR, Momentum, WeightDecay float64
 	buf                       map[string][]float32
 }
 
@@ -57,7 +57,7 @@ func (o *SGD) Step(p *Params, g Grads) error {
 		}
 		if o.Momentum == 0 {
 			for i := range w {
-				w[i] -= o.LR * (gv[i] + o.WeightDecay*w[i])
+				w[i] = float32(float64(w[i]) - o.LR*(float64(gv[i])+o.WeightDecay*float64(w[i])))
 			}
 		} else {
 			b, seen := o.buf[name]
@@ -66,12 +66,12 @@ func (o *SGD) Step(p *Params, g Grads) error {
 				o.buf[name] = b
 			}
 			for i := range w {
-				d := gv[i] + o.WeightDecay*w[i]
+				d := float64(gv[i]) + o.WeightDecay*float64(w[i])
 				if seen {
-					d += o.Momentum * b[i]
+					d += o.Momentum * float64(b[i])
 				}
-				b[i] = d
-				w[i] -= o.LR * d
+				b[i] = float32(d)
+				w[i] = float32(float64(w[i]) - o.LR*d)
 			}
 		}
 		p.Sync(name)

@@ -129,7 +129,7 @@ func TestOptimizerErrors(t *testing.T) {
 	if err := (&AdamW{LR: 0.1, Beta1: 1, Beta2: 0.9, Eps: 1e-8}).Step(p, Grads{}); err == nil {
 		t.Error("AdamW took beta1 = 1")
 	}
-	if err := (&SGD{LR: float32(math.NaN())}).Step(p, Grads{}); err == nil {
+	if err := (&SGD{LR: math.NaN()}).Step(p, Grads{}); err == nil {
 		t.Error("SGD took a NaN learning rate")
 	}
 }

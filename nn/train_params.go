@@ -146,8 +146,15 @@ func (p *Params) LayerTensors(layer int) []paging.TensorSpec {
 
 // ReadTensor copies a working copy's bytes into dst for paging.
 func (p *Params) ReadTensor(ctx context.Context, layer int, name string, dst []byte) error {
-	pr := p.byName[name]
-	if pr == nil || layer < 0 || layer >= len(p.layers) {
+	var pr *param
+	if layer >= 0 && layer < len(p.layers) {
+		for _, q := range p.layers[layer] {
+			if q.name == name {
+				pr = q
+			}
+		}
+	}
+	if pr == nil {
 		return fmt.Errorf("nn: params: layer %d has no tensor %s", layer, name)
 	}
 	if int64(len(dst)) != pr.work.NumBytes() {

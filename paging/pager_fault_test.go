@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -42,6 +44,11 @@ type faults struct {
 	at     int
 	cancel context.CancelFunc
 	fired  int
+	// Random mode: each call through one of seams fails with probability
+	// rate.
+	rate  float64
+	rng   *rand.Rand
+	seams []string
 }
 
 func newFaults() *faults { return &faults{calls: map[string]int{}} }
@@ -61,6 +68,10 @@ func (f *faults) hit(seam string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls[seam]++
+	if f.rate > 0 && slices.Contains(f.seams, seam) && f.rng.Float64() < f.rate {
+		f.fired++
+		return true
+	}
 	if f.seam != seam || f.calls[seam] != f.at {
 		return false
 	}

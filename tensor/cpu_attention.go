@@ -75,43 +75,25 @@ func (a *attention) row(t, h int) {
 	d, n := a.d, a.pos0+t+1 // positions 0..pos0+t
 	qw, kw := a.heads*d, a.kvHeads*d
 	kh := h / a.group
-	qv := a.q[t*qw+h*d : t*qw+(h+1)*d]
+	q := a.q[t*qw+h*d : t*qw+(h+1)*d]
 	o := a.out[t*qw+h*d : t*qw+(h+1)*d]
 	kc, vc := a.kc[kh*d:], a.vc[kh*d:] // position j's head at [j*kw, j*kw+d)
 
 	bp := scoreBufs.Get().(*[]float32)
-	if cap(*bp) < n {
-		*bp = make([]float32, n)
+	if cap(*bp) < n+d {
+		*bp = make([]float32, n+d)
 	}
-	s := (*bp)[:n]
-	j := 0
-	for ; j+4 <= n; j += 4 {
-		s0, s1, s2, s3 := a.k.dot4F32(qv,
-			kc[j*kw:j*kw+d], kc[(j+1)*kw:(j+1)*kw+d], kc[(j+2)*kw:(j+2)*kw+d], kc[(j+3)*kw:(j+3)*kw+d])
-		s[j], s[j+1], s[j+2], s[j+3] = s0*a.scale, s1*a.scale, s2*a.scale, s3*a.scale
+	s, qs := (*bp)[:n], (*bp)[n:n+d]
+	for i, v := range q {
+		qs[i] = v * a.scale
 	}
-	for ; j < n; j++ {
-		s[j] = a.k.dotF32(qv, kc[j*kw:j*kw+d]) * a.scale
-	}
+	a.k.scores(s, qs, kc, kw)
 	mx := float32(math.Inf(-1))
 	for _, x := range s {
 		mx = max(mx, x)
 	}
 	sum := a.k.expSum(s, mx)
-	// out = Σ_j s[j]·v[j] / sum, four positions per pass over the output.
-	clear(o)
-	j = 0
-	for ; j+4 <= n; j += 4 {
-		a.k.axpy4(o, vc[j*kw:j*kw+d], vc[(j+1)*kw:(j+1)*kw+d], vc[(j+2)*kw:(j+2)*kw+d], vc[(j+3)*kw:(j+3)*kw+d],
-			s[j], s[j+1], s[j+2], s[j+3])
-	}
-	for ; j < n; j++ {
-		p := s[j]
-		vr := vc[j*kw : j*kw+d]
-		for i := range o {
-			o[i] += p * vr[i]
-		}
-	}
+	a.k.wsum(o, vc, kw, s)
 	inv := 1 / sum
 	for i := range o {
 		o[i] *= inv

@@ -23,8 +23,9 @@ type kernels struct {
 	dotBF16 func(x []float32, w []uint16) float32
 
 	// dot4* return the dot products of x with four weight rows, loading
-	// each element of x once for the four: the attention scores, the tails
-	// of the decode kernels and (F32) the Go prefill kernel.
+	// each element of x once for the four: the building block of the Go
+	// gemv and scores kernels and of the assembly ones' leftover rows, and
+	// (F32) of the Go prefill.
 	dot4F32  func(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32)
 	dot4F16  func(x []float32, w0, w1, w2, w3 []uint16) (s0, s1, s2, s3 float32)
 	dot4BF16 func(x []float32, w0, w1, w2, w3 []uint16) (s0, s1, s2, s3 float32)
@@ -35,24 +36,35 @@ type kernels struct {
 	gemvF16  func(out, x []float32, w []uint16)
 	gemvBF16 func(out, x []float32, w []uint16)
 
-	// cvtF16 and cvtBF16 convert len(src) words into dst (a chunk of a
-	// weight row).
+	// cvtF16 and cvtBF16 convert len(src) words into dst (a block of
+	// weight rows, for the prefill).
 	cvtF16  func(dst []float32, src []uint16)
 	cvtBF16 func(dst []float32, src []uint16)
 
-	// axpy4 adds p0·v0 + p1·v1 + p2·v2 + p3·v3 to o (len(o) elements): the
-	// attention's weighted sum of values.
-	axpy4 func(o, v0, v1, v2, v3 []float32, p0, p1, p2, p3 float32)
+	// scores computes out[j] = q·k[j*ldk:j*ldk+len(q)] for j < len(out):
+	// the attention scores of one query head against the cached keys.
+	scores func(out, q, k []float32, ldk int)
+
+	// wsum computes o[i] = Σ_j p[j]·v[j*ldv+i] for i < len(o), j < len(p):
+	// the attention's weighted sum of the cached values.
+	wsum func(o, v []float32, ldv int, p []float32)
 
 	// expSum replaces s[i] by exp(s[i]-mx) and returns the sum: the
-	// softmax numerators. mx >= every s[i].
+	// softmax numerators. mx >= every s[i]; relative error below 1e-6,
+	// results below e^-87 may be flushed to zero.
 	expSum func(s []float32, mx float32) float32
+
+	// siluMul computes o[i] = silu(g[i])·u[i] = g[i]/(1+e^-g[i])·u[i] for
+	// i < len(o); o may be g or u.
+	siluMul func(o, g, u []float32)
 
 	// gemm, when set, is the register-blocked prefill micro-kernel:
 	// c[i*nr+j] += Σ_k a[i*lda+k]·b[k*nr+j] for i < mr, j < nr, k < kc,
-	// with a a block of mr weight rows (converted to F32) and b a panel of
-	// nr rows of x packed k-major. kc is the chunk of the inner dimension
-	// the blocking uses. Without gemm, prefill uses dot4F32.
+	// with a a group of mr weight rows converted to F32 (lda apart) and b a
+	// panel of nr rows of x packed k-major; c, the mr×nr tile, stays in
+	// registers. The table's kc is the chunk of the inner dimension per
+	// call, so that a chunk of a panel stays in the L1 cache. Without gemm,
+	// prefill uses dot4F32.
 	gemm       func(a []float32, lda int, b, c []float32, kc int)
 	mr, nr, kc int
 }
@@ -71,8 +83,10 @@ var genericKernels = kernels{
 	gemvBF16: func(out, x []float32, w []uint16) { gemvWith16(out, x, w, dot4BF16Go, dotBF16Go) },
 	cvtF16:   F16ToF32,
 	cvtBF16:  BF16ToF32,
-	axpy4:    axpy4Go,
+	scores:   func(out, q, k []float32, ldk int) { scoresWith(out, q, k, ldk, dot4F32Go, dotF32Go) },
+	wsum:     wsumGo,
 	expSum:   expSumGo,
+	siluMul:  siluMulGo,
 }
 
 // KernelsEnv is the environment variable that overrides the choice of CPU
@@ -136,11 +150,37 @@ func gemvWith16(out, x []float32, w []uint16, dot4 func(x []float32, w0, w1, w2,
 	}
 }
 
-func axpy4Go(o, v0, v1, v2, v3 []float32, p0, p1, p2, p3 float32) {
-	n := len(o)
-	v0, v1, v2, v3 = v0[:n], v1[:n], v2[:n], v3[:n]
-	for i := range o {
-		o[i] += p0*v0[i] + p1*v1[i] + p2*v2[i] + p3*v3[i]
+// scoresWith is a scores kernel built from a dot4 and a dot kernel.
+func scoresWith(out, q, k []float32, ldk int, dot4 func(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32), dot func(x, w []float32) float32) {
+	d := len(q)
+	j := 0
+	for ; j+4 <= len(out); j += 4 {
+		out[j], out[j+1], out[j+2], out[j+3] = dot4(q,
+			k[j*ldk:j*ldk+d], k[(j+1)*ldk:(j+1)*ldk+d], k[(j+2)*ldk:(j+2)*ldk+d], k[(j+3)*ldk:(j+3)*ldk+d])
+	}
+	for ; j < len(out); j++ {
+		out[j] = dot(q, k[j*ldk:j*ldk+d])
+	}
+}
+
+// wsumGo is the portable wsum: four positions per pass over o.
+func wsumGo(o, v []float32, ldv int, p []float32) {
+	clear(o)
+	d, n := len(o), len(p)
+	j := 0
+	for ; j+4 <= n; j += 4 {
+		p0, p1, p2, p3 := p[j], p[j+1], p[j+2], p[j+3]
+		v0, v1 := v[j*ldv:j*ldv+d], v[(j+1)*ldv:(j+1)*ldv+d]
+		v2, v3 := v[(j+2)*ldv:(j+2)*ldv+d], v[(j+3)*ldv:(j+3)*ldv+d]
+		for i := range o {
+			o[i] += p0*v0[i] + p1*v1[i] + p2*v2[i] + p3*v3[i]
+		}
+	}
+	for ; j < n; j++ {
+		pj, vj := p[j], v[j*ldv:j*ldv+d]
+		for i := range o {
+			o[i] += pj * vj[i]
+		}
 	}
 }
 
@@ -152,6 +192,14 @@ func expSumGo(s []float32, mx float32) float32 {
 		sum += e
 	}
 	return sum
+}
+
+func siluMulGo(o, g, u []float32) {
+	n := len(o)
+	g, u = g[:n], u[:n]
+	for i, v := range g {
+		o[i] = v / (1 + expF32(-v)) * u[i]
+	}
 }
 
 // Constants of expF32 (and of the assembly in kernels_amd64.s).

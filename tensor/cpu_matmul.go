@@ -19,11 +19,10 @@ const (
 	// at a time; a chunk of prefillM rows of x (32 KiB) stays in the L1
 	// cache while the task's weight rows pass over it.
 	prefillK = 256
-	// gemmTileM is the number of rows of x one packed prefill task covers:
-	// each weight row is converted once per gemmTileM rows.
-	gemmTileM = 128
-	// gemmMaxGroups bounds the blocks of mr weight rows in one packed task.
+	// gemmMaxGroups bounds the groups of mr weight rows in one packed
+	// prefill task, and gemmMaxBlock their bytes converted to F32.
 	gemmMaxGroups = 8
+	gemmMaxBlock  = 1 << 20
 	// minParallel is the number of multiply-adds below which an operation
 	// runs on the calling goroutine alone.
 	minParallel = 1 << 15
@@ -35,9 +34,9 @@ const (
 // One row of x (decode) streams the weights once through the gemv kernel,
 // split across the pool in blocks of rows. Several rows (prefill) use the
 // gemm micro-kernel where the kernel table has one: x is packed into panels
-// of nr rows stored k-major, each task converts a block of weight rows to
-// F32 a chunk of K at a time and multiplies it with every panel of its rows
-// of x, keeping an mr×nr tile of out in registers.
+// of nr rows stored k-major, and each task converts a block of weight rows
+// to F32 and multiplies it with every panel, keeping an mr×nr tile of out
+// in registers.
 func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 	const op = "MatMul"
 	if err := check(op, "x", x, F32, -1, -1); err != nil {
@@ -92,7 +91,7 @@ func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 		mm.mode = modePack
 		c.runMaybe(small, mm.panels, mm)
 		mm.mode = modeGemm
-		c.runMaybe(small, mm.nBlocks*mm.mBlocks, mm)
+		c.runMaybe(small, mm.nBlocks, mm)
 	default:
 		mm.mode = modePrefillGo
 		mm.bn = (n + prefillN - 1) / prefillN
@@ -129,11 +128,11 @@ type matmul struct {
 	per  int // decode: weight rows per task
 	bn   int // Go prefill: blocks along N
 
-	// Packed prefill: panels of nr rows of x, mpb panels per task along M
-	// (mBlocks blocks), nb weight rows per task (nBlocks blocks).
-	panels, mpb, mBlocks, nb, nBlocks int
-	xp                                []float32 // packed x: [panels][K][nr]
-	scratch                           *[]float32
+	// Packed prefill: panels of nr rows of x, nb weight rows per task
+	// (nBlocks tasks).
+	panels, nb, nBlocks int
+	xp                  []float32 // packed x: [panels][K][nr]
+	scratch             *[]float32
 }
 
 type mmMode int
@@ -161,7 +160,7 @@ func (mm *matmul) run(t int) {
 	case modePack:
 		mm.pack(t)
 	case modeGemm:
-		mm.gemmBlock(t/mm.mBlocks, t%mm.mBlocks)
+		mm.gemmBlock(t)
 	default:
 		mm.prefill(t/mm.bn, t%mm.bn)
 	}
@@ -208,14 +207,12 @@ func (mm *matmul) decode(j0, j1 int) {
 func (mm *matmul) planPacked(threads int) {
 	mr, nr := mm.k.mr, mm.k.nr
 	mm.panels = (mm.m + nr - 1) / nr
-	mm.mpb = max(1, gemmTileM/nr)
-	mm.mBlocks = (mm.panels + mm.mpb - 1) / mm.mpb
-	// Enough blocks along N for about four tasks per thread, each of at
-	// most gemmMaxGroups groups of mr rows.
+	// Blocks along N: about four tasks per thread, each of at most
+	// gemmMaxGroups groups of mr rows and gemmMaxBlock converted bytes.
 	groups := (mm.n + mr - 1) / mr
 	g := (groups + 4*threads - 1) / (4 * threads)
-	g = min(max(g, 1), gemmMaxGroups)
-	mm.nb = g * mr
+	g = min(g, gemmMaxGroups, gemmMaxBlock/(mr*mm.kd*4))
+	mm.nb = max(g, 1) * mr
 	mm.nBlocks = (mm.n + mm.nb - 1) / mm.nb
 	need := mm.panels * mm.kd * nr
 	if mm.scratch == nil {
@@ -257,61 +254,70 @@ func grow(b *[]float32, n int) []float32 {
 	return (*b)[:n]
 }
 
-// gemmBlock computes weight rows [bn*nb, ...) against the rows of x in
-// panels [bm*mpb, ...).
-func (mm *matmul) gemmBlock(bn, bm int) {
+// gemmBlock computes weight rows [bn*nb, ...) against every row of x. It
+// converts the block's weights to F32 in one sequential pass (rows are
+// contiguous, so the hardware prefetchers stream them at full speed), then
+// for each chunk of K multiplies every panel of x with every group of mr
+// rows, the panel's chunk staying in the L1 cache.
+func (mm *matmul) gemmBlock(bn int) {
 	k := mm.k
 	mr, nr, kc := k.mr, k.nr, k.kc
 	kd, n := mm.kd, mm.n
 	n0, n1 := bn*mm.nb, min(n, (bn+1)*mm.nb)
 	rows := n1 - n0
 	groups := (rows + mr - 1) / mr
-	p0, p1 := bm*mm.mpb, min(mm.panels, (bm+1)*mm.mpb)
-	np := p1 - p0
+	np := mm.panels
 	tile := mr * nr
 
 	sc := gemmScratchPool.Get().(*gemmScratch)
-	wbuf := grow(&sc.w, groups*mr*kc)
+	wbuf := grow(&sc.w, groups*mr*kd)
 	acc := grow(&sc.acc, groups*np*tile)
 	clear(acc)
-	clear(wbuf[rows*kc:]) // padding rows of the last group stay zero
+	clear(wbuf[rows*kd:]) // padding rows of the last group
+	switch mm.wdt {
+	case F32:
+		copy(wbuf, mm.w32[n0*kd:n1*kd])
+	case F16:
+		k.cvtF16(wbuf, mm.w16[n0*kd:n1*kd])
+	default:
+		k.cvtBF16(wbuf, mm.w16[n0*kd:n1*kd])
+	}
 	for k0 := 0; k0 < kd; k0 += kc {
 		kl := min(kc, kd-k0)
-		for r := range rows {
-			dst := wbuf[r*kc : r*kc+kl]
-			off := (n0+r)*kd + k0
-			switch mm.wdt {
-			case F32:
-				copy(dst, mm.w32[off:off+kl])
-			case F16:
-				k.cvtF16(dst, mm.w16[off:off+kl])
-			default:
-				k.cvtBF16(dst, mm.w16[off:off+kl])
-			}
-		}
 		for p := range np {
-			b := mm.xp[((p0+p)*kd+k0)*nr : ((p0+p)*kd+k0+kl)*nr]
+			b := mm.xp[(p*kd+k0)*nr : (p*kd+k0+kl)*nr]
 			for g := range groups {
-				k.gemm(wbuf[g*mr*kc:], kc, b, acc[(g*np+p)*tile:(g*np+p+1)*tile], kl)
+				k.gemm(wbuf[g*mr*kd+k0:], kd, b, acc[(g*np+p)*tile:(g*np+p+1)*tile], kl)
 			}
 		}
 	}
-	for g := range groups {
-		for p := range np {
-			t := acc[(g*np+p)*tile : (g*np+p+1)*tile]
-			for i := range mr {
-				col := n0 + g*mr + i
-				if col >= n1 {
-					break
-				}
-				bv := mm.biasAt(col)
-				for j := range nr {
-					row := (p0+p)*nr + j
-					if row >= mm.m {
-						break
-					}
-					mm.out[row*n+col] = t[i*nr+j] + bv
-				}
+	// Write out row by row: each row of out gets a contiguous run of
+	// columns, read across the tiles of the row's panel.
+	for row := range mm.m {
+		p, j := row/nr, row%nr
+		o := mm.out[row*n+n0 : row*n+n1]
+		full := rows / mr // groups of mr columns all inside the block
+		for g := range full {
+			t := acc[(g*np+p)*tile+j:]
+			cols := o[g*mr : (g+1)*mr]
+			if mr == 6 {
+				t = t[:5*nr+1]
+				cols[0], cols[1], cols[2], cols[3], cols[4], cols[5] = t[0], t[nr], t[2*nr], t[3*nr], t[4*nr], t[5*nr]
+				continue
+			}
+			for i := range cols {
+				cols[i] = t[i*nr]
+			}
+		}
+		if full < groups {
+			t := acc[(full*np+p)*tile+j:]
+			for i, c := 0, full*mr; c < len(o); i, c = i+1, c+1 {
+				o[c] = t[i*nr]
+			}
+		}
+		if mm.hasBias {
+			for c := range o {
+				o[c] += mm.bias.at(n0 + c)
 			}
 		}
 	}
@@ -319,8 +325,8 @@ func (mm *matmul) gemmBlock(bn, bm int) {
 }
 
 // prefill, the Go prefill, computes the block (bi, bj): rows [bi*prefillM,
-// ...) of x against weight rows [bj*prefillN, ...). For each chunk of K, four weight rows at a
-// time are converted to F32 (F16, BF16) into a stack buffer and multiplied
+// ...) of x against weight rows [bj*prefillN, ...). For each chunk of K,
+// four weight rows at a time are converted to F32 (F16, BF16) into a stack buffer and multiplied
 // with every row of the x block by the dot4F32 kernel. (Register-blocked
 // 2x4 and 3x2 kernels measured no faster in Go: the compiler spills their
 // accumulators.)

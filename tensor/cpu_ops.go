@@ -132,10 +132,7 @@ func (c *CPU) SiLUMul(out, gate, up *Tensor) error {
 	}
 	o, g, u := out.F32(), gate.F32(), up.F32()
 	c.parallelRange(len(o), minParallelElems/4, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			v := g[i]
-			o[i] = v / (1 + float32(math.Exp(float64(-v)))) * u[i]
-		}
+		c.k.siluMul(o[lo:hi], g[lo:hi], u[lo:hi])
 	})
 	return nil
 }

@@ -27,26 +27,26 @@ func dot4F16AVX2(x *float32, w0, w1, w2, w3 *uint16, n int) (s0, s1, s2, s3 floa
 //go:noescape
 func dot4BF16AVX2(x *float32, w0, w1, w2, w3 *uint16, n int) (s0, s1, s2, s3 float32)
 
-// gemv* compute out[j] = Σ_i x[i]·w[j*k+i] for j < rows; rows is a
-// multiple of 4 and k of 16 (AVX2) or 32 (AVX-512), both positive.
+// gemv* compute out[j] = Σ_i x[i]·w[j*ldw+i] for i < k, j < rows; rows is
+// a multiple of 4 and k of 16 (AVX2) or 32 (AVX-512), both positive.
 
 //go:noescape
-func gemvF32AVX2(out, x *float32, w *float32, k, rows int)
+func gemvF32AVX2(out, x *float32, w *float32, k, ldw, rows int)
 
 //go:noescape
-func gemvF16AVX2(out, x *float32, w *uint16, k, rows int)
+func gemvF16AVX2(out, x *float32, w *uint16, k, ldw, rows int)
 
 //go:noescape
-func gemvBF16AVX2(out, x *float32, w *uint16, k, rows int)
+func gemvBF16AVX2(out, x *float32, w *uint16, k, ldw, rows int)
 
 //go:noescape
-func gemvF32AVX512(out, x *float32, w *float32, k, rows int)
+func gemvF32AVX512(out, x *float32, w *float32, k, ldw, rows int)
 
 //go:noescape
-func gemvF16AVX512(out, x *float32, w *uint16, k, rows int)
+func gemvF16AVX512(out, x *float32, w *uint16, k, ldw, rows int)
 
 //go:noescape
-func gemvBF16AVX512(out, x *float32, w *uint16, k, rows int)
+func gemvBF16AVX512(out, x *float32, w *uint16, k, ldw, rows int)
 
 //go:noescape
 func cvtF16AVX2(dst *float32, src *uint16, n int)
@@ -60,11 +60,17 @@ func cvtF16AVX512(dst *float32, src *uint16, n int)
 //go:noescape
 func cvtBF16AVX512(dst *float32, src *uint16, n int)
 
+// wsumAVX2 computes o[i] = Σ_j p[j]·v[j*ldv+i] for i < d (a multiple of 8),
+// j < n.
+//
 //go:noescape
-func axpy4AVX2(o, v0, v1, v2, v3 *float32, p *[4]float32, n int)
+func wsumAVX2(o, v *float32, ldv int, p *float32, n, d int)
 
 //go:noescape
 func expSumAVX2(s *float32, n int, mx float32) float32
+
+//go:noescape
+func siluMulAVX2(o, gate, up *float32, n int)
 
 // gemm6x16AVX2 and gemm12x32AVX512 are the prefill micro-kernels:
 // c[i*nr+j] += Σ_k a[i*lda+k]·b[k*nr+j] for i < mr, j < nr, k < kc >= 1.
@@ -89,8 +95,10 @@ var avx2Kernels = kernels{
 	gemvF32:  avx2GemvF32,
 	gemvF16:  avx2GemvF16,
 	gemvBF16: avx2GemvBF16,
-	axpy4:    avx2Axpy4,
+	scores:   avx2Scores,
+	wsum:     avx2Wsum,
 	expSum:   avx2ExpSum,
+	siluMul:  avx2SiluMul,
 	gemm:     func(a []float32, lda int, b, c []float32, kc int) { gemmCall(gemm6x16AVX2, 6, 16, a, lda, b, c, kc) },
 	mr:       6,
 	nr:       16,
@@ -104,6 +112,7 @@ var avx512Kernels = func() kernels {
 	k.name = "avx512"
 	k.cvtF16, k.cvtBF16 = avx512CvtF16, avx512CvtBF16
 	k.gemvF32, k.gemvF16, k.gemvBF16 = avx512GemvF32, avx512GemvF16, avx512GemvBF16
+	k.scores = avx512Scores
 	k.gemm = func(a []float32, lda int, b, c []float32, kc int) {
 		gemmCall(gemm12x32AVX512, 12, 32, a, lda, b, c, kc)
 	}
@@ -241,75 +250,107 @@ func avx2CvtBF16(dst []float32, src []uint16)   { cvtWith(cvtBF16AVX2, BF16ToF32
 func avx512CvtF16(dst []float32, src []uint16)  { cvtWith(cvtF16AVX512, F16ToF32, dst, src) }
 func avx512CvtBF16(dst []float32, src []uint16) { cvtWith(cvtBF16AVX512, BF16ToF32, dst, src) }
 
-// gemvRows checks the operands of a gemv kernel and returns how many rows
-// (a multiple of 4) the assembly computes; 0 when k is not a multiple of
-// the kernel's step, so that the caller falls back to the dot kernels.
-func gemvRows(out, x []float32, wlen, step int) int {
-	k := len(x)
-	if k == 0 || k%step != 0 || wlen < len(out)*k {
+// gemvRows checks the operands of a gemv kernel over rows of k = len(x)
+// elements ldw apart and returns how many rows (a multiple of 4) the
+// assembly computes; 0 when k is not a multiple of the kernel's step, so
+// that the caller falls back to the dot kernels.
+func gemvRows(out, x []float32, wlen, ldw, step int) int {
+	k, rows := len(x), len(out)
+	if k == 0 || k%step != 0 || rows == 0 || ldw < k || wlen < (rows-1)*ldw+k {
 		return 0
 	}
-	return len(out) &^ 3
+	return rows &^ 3
 }
 
 func avx2GemvF32(out, x, w []float32) {
-	r := gemvRows(out, x, len(w), 16)
+	k := len(x)
+	r := gemvRows(out, x, len(w), k, 16)
 	if r > 0 {
-		gemvF32AVX2(&out[0], &x[0], &w[0], len(x), r)
+		gemvF32AVX2(&out[0], &x[0], &w[0], k, k, r)
 	}
-	gemvWith32(out[r:], x, w[r*len(x):], avx2Dot4F32, avx2DotF32)
+	gemvWith32(out[r:], x, w[r*k:], avx2Dot4F32, avx2DotF32)
 }
 
 func avx2GemvF16(out, x []float32, w []uint16) {
-	r := gemvRows(out, x, len(w), 16)
+	k := len(x)
+	r := gemvRows(out, x, len(w), k, 16)
 	if r > 0 {
-		gemvF16AVX2(&out[0], &x[0], &w[0], len(x), r)
+		gemvF16AVX2(&out[0], &x[0], &w[0], k, k, r)
 	}
-	gemvWith16(out[r:], x, w[r*len(x):], avx2Dot4F16, avx2DotF16)
+	gemvWith16(out[r:], x, w[r*k:], avx2Dot4F16, avx2DotF16)
 }
 
 func avx2GemvBF16(out, x []float32, w []uint16) {
-	r := gemvRows(out, x, len(w), 16)
+	k := len(x)
+	r := gemvRows(out, x, len(w), k, 16)
 	if r > 0 {
-		gemvBF16AVX2(&out[0], &x[0], &w[0], len(x), r)
+		gemvBF16AVX2(&out[0], &x[0], &w[0], k, k, r)
 	}
-	gemvWith16(out[r:], x, w[r*len(x):], avx2Dot4BF16, avx2DotBF16)
+	gemvWith16(out[r:], x, w[r*k:], avx2Dot4BF16, avx2DotBF16)
 }
 
 func avx512GemvF32(out, x, w []float32) {
-	r := gemvRows(out, x, len(w), 32)
+	k := len(x)
+	r := gemvRows(out, x, len(w), k, 32)
 	if r > 0 {
-		gemvF32AVX512(&out[0], &x[0], &w[0], len(x), r)
+		gemvF32AVX512(&out[0], &x[0], &w[0], k, k, r)
 	}
-	gemvWith32(out[r:], x, w[r*len(x):], avx2Dot4F32, avx2DotF32)
+	avx2GemvF32(out[r:], x, w[r*k:])
 }
 
 func avx512GemvF16(out, x []float32, w []uint16) {
-	r := gemvRows(out, x, len(w), 32)
+	k := len(x)
+	r := gemvRows(out, x, len(w), k, 32)
 	if r > 0 {
-		gemvF16AVX512(&out[0], &x[0], &w[0], len(x), r)
+		gemvF16AVX512(&out[0], &x[0], &w[0], k, k, r)
 	}
-	gemvWith16(out[r:], x, w[r*len(x):], avx2Dot4F16, avx2DotF16)
+	avx2GemvF16(out[r:], x, w[r*k:])
 }
 
 func avx512GemvBF16(out, x []float32, w []uint16) {
-	r := gemvRows(out, x, len(w), 32)
+	k := len(x)
+	r := gemvRows(out, x, len(w), k, 32)
 	if r > 0 {
-		gemvBF16AVX512(&out[0], &x[0], &w[0], len(x), r)
+		gemvBF16AVX512(&out[0], &x[0], &w[0], k, k, r)
 	}
-	gemvWith16(out[r:], x, w[r*len(x):], avx2Dot4BF16, avx2DotBF16)
+	avx2GemvBF16(out[r:], x, w[r*k:])
 }
 
-func avx2Axpy4(o, v0, v1, v2, v3 []float32, p0, p1, p2, p3 float32) {
-	n := len(o)
-	v0, v1, v2, v3 = v0[:n], v1[:n], v2[:n], v3[:n]
-	m := n &^ 7
-	if m > 0 {
-		p := [4]float32{p0, p1, p2, p3}
-		axpy4AVX2(&o[0], &v0[0], &v1[0], &v2[0], &v3[0], &p, m)
+func avx2Scores(out, q, k []float32, ldk int) {
+	r := gemvRows(out, q, len(k), ldk, 16)
+	if r > 0 {
+		gemvF32AVX2(&out[0], &q[0], &k[0], len(q), ldk, r)
+		if r == len(out) {
+			return
+		}
 	}
-	for i := m; i < n; i++ {
-		o[i] += p0*v0[i] + p1*v1[i] + p2*v2[i] + p3*v3[i]
+	scoresWith(out[r:], q, k[r*ldk:], ldk, avx2Dot4F32, avx2DotF32)
+}
+
+func avx512Scores(out, q, k []float32, ldk int) {
+	r := gemvRows(out, q, len(k), ldk, 32)
+	if r > 0 {
+		gemvF32AVX512(&out[0], &q[0], &k[0], len(q), ldk, r)
+		if r == len(out) {
+			return
+		}
+	}
+	avx2Scores(out[r:], q, k[r*ldk:], ldk)
+}
+
+func avx2Wsum(o, v []float32, ldv int, p []float32) {
+	d, n := len(o), len(p)
+	if n == 0 || d == 0 {
+		clear(o)
+		return
+	}
+	_ = v[(n-1)*ldv+d-1]
+	m := d &^ 7
+	if m > 0 {
+		wsumAVX2(&o[0], &v[0], ldv, &p[0], n, m)
+	}
+	if m < d {
+		wsumGo(o[m:], v[m:], ldv, p)
 	}
 }
 
@@ -320,6 +361,16 @@ func avx2ExpSum(s []float32, mx float32) float32 {
 		sum = expSumAVX2(&s[0], m, mx)
 	}
 	return sum + expSumGo(s[m:], mx)
+}
+
+func avx2SiluMul(o, g, u []float32) {
+	n := len(o)
+	g, u = g[:n], u[:n]
+	m := n &^ 7
+	if m > 0 {
+		siluMulAVX2(&o[0], &g[0], &u[0], m)
+	}
+	siluMulGo(o[m:], g[m:], u[m:])
 }
 
 // gemmCall checks the operand lengths of a micro-kernel call.

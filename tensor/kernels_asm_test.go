@@ -154,24 +154,6 @@ func checkKernels(t *testing.T, k *kernels, r *rand.Rand, n, off int, special bo
 		}
 	}
 
-	// axpy4 against float64.
-	if !special {
-		o := randF32(r, n)
-		want := make([]float64, n)
-		p := [4]float32{r.Float32(), -r.Float32(), r.Float32() * 3, 0.5}
-		for i := range n {
-			want[i] = float64(o[i])
-			for q := range 4 {
-				want[i] += float64(p[q]) * float64(in.w32[q][i])
-			}
-		}
-		k.axpy4(o, in.w32[0], in.w32[1], in.w32[2], in.w32[3], p[0], p[1], p[2], p[3])
-		for i := range n {
-			if d := math.Abs(float64(o[i]) - want[i]); d > 1e-5 {
-				t.Fatalf("%s: element %d = %v, want %v", name("axpy4"), i, o[i], want[i])
-			}
-		}
-	}
 }
 
 // TestKernelTables checks every kernel of every table this machine runs
@@ -241,6 +223,50 @@ func TestGemvKernels(t *testing.T) {
 					if out[rows] != 777 {
 						t.Fatalf("%s gemv%s rows=%d k=%d wrote past the output", k.name, c.dt, rows, kd)
 					}
+				}
+			}
+		}
+	}
+}
+
+// TestAttentionKernels checks scores and wsum against float64 over cached
+// rows ld apart: head sizes on and off the assembly's steps, any number of
+// positions.
+func TestAttentionKernels(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, k := range allKernels() {
+		for _, d := range []int{1, 5, 8, 16, 24, 32, 40, 64, 72, 128} {
+			for _, n := range []int{0, 1, 2, 3, 4, 5, 7, 8, 33, 100} {
+				ld := d + 3*(n%3) + 8*(d%2) // strided, sometimes not a multiple of 8
+				// The cache ends with the last position's head, as in
+				// Attention, so that a read past it fails.
+				cache := randF32(r, max(n-1, 0)*ld+d)
+				q := randF32(r, d)
+				p := randF32(r, n)
+				what := fmt.Sprintf("%s d=%d n=%d ld=%d", k.name, d, n, ld)
+
+				out := make([]float32, n+1)
+				out[n] = 777
+				k.scores(out[:n], q, cache, ld)
+				for j := range n {
+					expectDot(t, what+fmt.Sprintf(" scores[%d]", j), out[j], q, cache[j*ld:j*ld+d])
+				}
+				if out[n] != 777 {
+					t.Fatalf("%s: scores wrote past the output", what)
+				}
+
+				o := randF32(r, d+1) // wsum overwrites o
+				o[d] = 777
+				k.wsum(o[:d], cache, ld, p)
+				col := make([]float32, n)
+				for i := range d {
+					for j := range n {
+						col[j] = cache[j*ld+i]
+					}
+					expectDot(t, what+fmt.Sprintf(" wsum[%d]", i), o[i], p, col)
+				}
+				if o[d] != 777 {
+					t.Fatalf("%s: wsum wrote past the output", what)
 				}
 			}
 		}
@@ -361,6 +387,47 @@ func TestExpSum(t *testing.T) {
 		k.expSum(s, 2)
 		if s[2] == s[2] {
 			t.Fatalf("%s expSum: exp(NaN) = %v", k.name, s[2])
+		}
+	}
+}
+
+// TestSiluMul checks every table's SiLU product against float64, out of
+// place and in place, over gates from -120 to 120 and NaN.
+func TestSiluMul(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 2))
+	for _, k := range allKernels() {
+		for n := 0; n <= 70; n++ {
+			g, u := make([]float32, n), randF32(r, n)
+			for i := range g {
+				g[i] = float32(r.NormFloat64() * 10)
+			}
+			if n > 4 {
+				g[0], g[1], g[2], g[3] = -120, 120, -87.5, 88.5
+			}
+			want := make([]float64, n)
+			for i, v := range g {
+				x := float64(v)
+				want[i] = x / (1 + math.Exp(-x)) * float64(u[i])
+			}
+			check := func(what string, o []float32) {
+				for i, v := range o {
+					if d := math.Abs(float64(v) - want[i]); !(d <= 2e-6*math.Abs(want[i])+1e-30) {
+						t.Fatalf("%s siluMul %s n=%d: element %d (gate %v) = %v, want %v", k.name, what, n, i, g[i], v, want[i])
+					}
+				}
+			}
+			o := make([]float32, n)
+			k.siluMul(o, g, u)
+			check("out of place", o)
+			gc := append([]float32(nil), g...)
+			k.siluMul(gc, gc, u)
+			check("in place", gc)
+		}
+		g := []float32{1, 2, float32(math.NaN()), 3, 4, 5, 6, 7, 8}
+		o := make([]float32, len(g))
+		k.siluMul(o, g, g)
+		if o[2] == o[2] {
+			t.Fatalf("%s siluMul: NaN gate gives %v", k.name, o[2])
 		}
 	}
 }

@@ -19,12 +19,19 @@ func BenchmarkKernels(b *testing.B) {
 			}
 			b.ReportMetric(2*256*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
-		b.Run(k.name+"/axpy4_64", func(b *testing.B) {
-			o, w := randF32(r, 64), randF32(r, 256)
+		b.Run(k.name+"/scores_d64_n1024", func(b *testing.B) {
+			q, c, out := randF32(r, 64), randF32(r, 1024*256), make([]float32, 1024)
 			for b.Loop() {
-				k.axpy4(o, w[:64], w[64:128], w[128:192], w[192:], 1e-3, 2e-3, 3e-3, 4e-3)
+				k.scores(out, q, c, 256)
 			}
-			b.ReportMetric(2*256*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			b.ReportMetric(2*64*1024*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+		b.Run(k.name+"/wsum_d64_n1024", func(b *testing.B) {
+			p, c, o := randF32(r, 1024), randF32(r, 1024*256), make([]float32, 64)
+			for b.Loop() {
+				k.wsum(o, c, 256, p)
+			}
+			b.ReportMetric(2*64*1024*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
 		b.Run(k.name+"/expSum_1024", func(b *testing.B) {
 			s := randF32(r, 1024)
@@ -32,6 +39,14 @@ func BenchmarkKernels(b *testing.B) {
 				k.expSum(s, 1)
 			}
 			b.ReportMetric(1024*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gexp/s")
+		})
+		b.Run(k.name+"/siluMul_5632", func(b *testing.B) {
+			g, u := randF32(r, 5632), randF32(r, 5632)
+			o := make([]float32, 5632)
+			for b.Loop() {
+				k.siluMul(o, g, u)
+			}
+			b.ReportMetric(5632*float64(b.N)/b.Elapsed().Seconds()/1e9, "G/s")
 		})
 		if k.gemm != nil {
 			b.Run(k.name+"/gemm", func(b *testing.B) {

@@ -242,7 +242,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 func train(ctx context.Context, o *options, r *runner, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
 	var opt nn.Optimizer
 	if o.optimizer == "sgd" {
-		opt = &nn.SGD{LR: float32(o.lr), Momentum: float32(o.momentum), WeightDecay: float32(o.weightDecay)}
+		opt = &nn.SGD{LR: o.lr, Momentum: o.momentum, WeightDecay: o.weightDecay}
 	} else {
 		a := nn.NewAdamW(o.lr)
 		a.WeightDecay = o.weightDecay
