@@ -18,7 +18,14 @@ type Model struct {
 	alloc   paging.Allocator
 	weights Weights
 	names   []blockNames // per decoder block
+	// lo and hi bound the decoder blocks this model runs: all of them,
+	// unless it is one stage of a Pipeline. The first stage embeds, the
+	// last applies the final norm and LM head.
+	lo, hi int
 }
+
+func (m *Model) embeds() bool { return m.lo == 0 }
+func (m *Model) heads() bool  { return m.hi == m.cfg.NumLayers }
 
 // Layer indexes in the numbering Weights uses.
 func (m *Model) embedLayer() int      { return 0 }
@@ -68,7 +75,7 @@ func New(cfg Config, b tensor.Backend, alloc paging.Allocator, w Weights) (*Mode
 	if alloc == nil {
 		alloc = paging.Unbudgeted(b)
 	}
-	m := &Model{cfg: cfg, backend: b, alloc: alloc, weights: w}
+	m := &Model{cfg: cfg, backend: b, alloc: alloc, weights: w, hi: cfg.NumLayers}
 	for i := 0; i < cfg.NumLayers; i++ {
 		m.names = append(m.names, namesFor(i))
 	}
@@ -135,7 +142,7 @@ func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
 		s.owned = append(s.owned, t)
 		return t
 	}
-	for i := 0; i < c.NumLayers; i++ {
+	for i := m.lo; i < m.hi; i++ {
 		s.k = append(s.k, alloc(paging.KVCache, maxPos, c.KVDim()))
 		s.v = append(s.v, alloc(paging.KVCache, maxPos, c.KVDim()))
 	}
@@ -150,7 +157,9 @@ func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
 	s.proj = alloc(paging.Activations, chunk, c.HiddenSize)
 	s.gate = alloc(paging.Activations, chunk, c.IntermediateSize)
 	s.up = alloc(paging.Activations, chunk, c.IntermediateSize)
-	s.logits = alloc(paging.Activations, chunk, c.VocabSize)
+	if m.heads() {
+		s.logits = alloc(paging.Activations, chunk, c.VocabSize)
+	}
 	if allocErr != nil {
 		s.Close()
 		return nil, fmt.Errorf("nn: session buffers for %d positions: %w", maxPos, allocErr)
@@ -249,57 +258,76 @@ func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook)
 // set it returns them, for every row when allRows is set, otherwise for the
 // last row.
 func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows bool, hook Hook) ([]float32, error) {
-	m, c, b := s.m, &s.m.cfg, s.m.backend
 	T := len(ids)
-	pos0 := s.pos
-	x, h := rows(s.x, T), rows(s.h, T)
+	if err := s.embedChunk(ctx, ids, hook); err != nil {
+		return nil, err
+	}
+	if err := s.blocksChunk(ctx, T, hook); err != nil {
+		return nil, err
+	}
+	s.pos += T
+	return s.headChunk(ctx, T, logits, allRows, hook)
+}
 
-	// Embedding.
+// embedChunk writes the embeddings of ids into the first rows of x.
+func (s *Session) embedChunk(ctx context.Context, ids []int32, hook Hook) error {
+	m, b := s.m, s.m.backend
+	x := rows(s.x, len(ids))
 	lw, err := m.weights.Acquire(ctx, m.embedLayer())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	err = func() error {
 		defer m.weights.Release(m.embedLayer()) // released even if the backend panics
 		return b.Embed(x, lw[EmbedName], ids)
 	}()
 	if err != nil {
-		return nil, fmt.Errorf("nn: embedding: %w", err)
+		return fmt.Errorf("nn: embedding: %w", err)
 	}
 	if hook != nil {
-		if err := hook(0, x); err != nil {
-			return nil, err
-		}
+		return hook(0, x)
 	}
+	return nil
+}
 
+// blocksChunk runs the model's decoder blocks on the first T rows of x, at
+// positions s.pos onwards.
+func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
+	m, c := s.m, &s.m.cfg
+	x, pos0 := rows(s.x, T), s.pos
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
-	for i := 0; i < c.NumLayers; i++ {
+	for i := m.lo; i < m.hi; i++ {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		layer := m.blockLayer(i)
 		lw, err := m.weights.Acquire(ctx, layer)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		err = func() error {
 			defer m.weights.Release(layer)
 			return s.block(i, T, pos0, lw, scale)
 		}()
 		if err != nil {
-			return nil, fmt.Errorf("nn: block %d: %w", i, err)
+			return fmt.Errorf("nn: block %d: %w", i, err)
 		}
 		if hook != nil {
 			if err := hook(layer, x); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	s.pos += T
+	return nil
+}
 
-	// Final norm and LM head.
+// headChunk applies the final norm and, when logits is set, the LM head to
+// the first T rows of x.
+func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, hook Hook) ([]float32, error) {
+	m, c, b := s.m, &s.m.cfg, s.m.backend
+	x, h := rows(s.x, T), rows(s.h, T)
 	layer := m.headLayer()
-	lw, err = m.weights.Acquire(ctx, layer)
+	lw, err := m.weights.Acquire(ctx, layer)
 	if err != nil {
 		return nil, err
 	}
@@ -364,13 +392,14 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	if err := b.Rope(kk, s.cos, s.sin, c.NumKVHeads, c.HeadDim, pos0); err != nil {
 		return err
 	}
-	if err := b.CopyRows(s.k[i], pos0, kk, 0, T); err != nil {
+	kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
+	if err := b.CopyRows(kc, pos0, kk, 0, T); err != nil {
 		return err
 	}
-	if err := b.CopyRows(s.v[i], pos0, vv, 0, T); err != nil {
+	if err := b.CopyRows(vc, pos0, vv, 0, T); err != nil {
 		return err
 	}
-	if err := b.Attention(attn, q, s.k[i], s.v[i], c.NumHeads, c.NumKVHeads, c.HeadDim, pos0, scale); err != nil {
+	if err := b.Attention(attn, q, kc, vc, c.NumHeads, c.NumKVHeads, c.HeadDim, pos0, scale); err != nil {
 		return err
 	}
 	if err := b.MatMul(proj, attn, lw[n.o], lw[n.oBias]); err != nil {

@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
@@ -17,14 +21,18 @@ const unlimited = math.MaxInt64 / 4
 
 // memory is the resolved memory settings.
 type memory struct {
-	budget    int64 // 0: none given
-	hostLimit int64 // 0: the plan's choice; < 0: no host cache
+	budget    int64   // 0: none given (one device)
+	budgets   []int64 // per device, when several; 0 entries: none given
+	hostLimit int64   // 0: the plan's choice; < 0: no host cache
 	strategy  paging.Strategy
 	mode      paging.MemoryMode
 }
 
-// resolveMemory merges the -config file under the flags and parses sizes.
-func resolveMemory(o *options, b tensor.Backend) (*memory, error) {
+// resolveMemory merges the -config file under the flags and parses sizes:
+// one budget for one device, or one for each of several devices (a single
+// value applies to each; "0=3GiB,1=5GiB" gives each its own, by device
+// number).
+func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memory, error) {
 	var fc paging.MemoryConfig
 	if o.configFile != "" {
 		f, err := paging.LoadConfigFile(o.configFile)
@@ -43,29 +51,53 @@ func resolveMemory(o *options, b tensor.Backend) (*memory, error) {
 	hostLimit := pick("host-memory-limit", o.hostLimit, fc.MaxHostMemory)
 	offload := pick("offload", o.offload, fc.OffloadStrategy)
 	mode := pick("memory-mode", o.memMode, fc.MemoryMode)
-	fraction := fc.GPUMemoryFraction
+	fraction := ""
+	if fc.GPUMemoryFraction != 0 {
+		fraction = strconv.FormatFloat(fc.GPUMemoryFraction, 'g', -1, 64)
+	}
 	if o.set["gpu-memory-fraction"] {
 		fraction = o.gpuFraction
 	}
-
-	m := &memory{}
-	var err error
-	if gpuLimit != "" && o.set["gpu-memory-fraction"] && o.set["gpu-memory-limit"] {
+	if o.set["gpu-memory-fraction"] && o.set["gpu-memory-limit"] {
 		return nil, usagef("give -gpu-memory-limit or -gpu-memory-fraction, not both")
 	}
-	switch {
-	case gpuLimit != "" && !o.set["gpu-memory-fraction"]:
-		if m.budget, err = paging.ParseSize(gpuLimit); err != nil {
-			return nil, usagef("-gpu-memory-limit: %v", err)
-		}
-		if m.budget <= 0 {
-			return nil, usagef("-gpu-memory-limit %q must be positive", gpuLimit)
-		}
-	case fraction != 0:
-		if m.budget, err = paging.DeviceFraction(b, fraction); err != nil {
-			return nil, usagef("-gpu-memory-fraction: %v", err)
+	if o.set["gpu-memory-fraction"] {
+		gpuLimit = ""
+	} else if gpuLimit != "" {
+		fraction = ""
+	}
+
+	m := &memory{budgets: make([]int64, len(backends))}
+	for d, b := range backends {
+		var err error
+		switch {
+		case gpuLimit != "":
+			v, perr := perDevice(gpuLimit, ordinals[d])
+			if perr != nil {
+				return nil, usagef("-gpu-memory-limit: %v", perr)
+			}
+			if m.budgets[d], err = paging.ParseSize(v); err != nil {
+				return nil, usagef("-gpu-memory-limit: %v", err)
+			}
+			if m.budgets[d] <= 0 {
+				return nil, usagef("-gpu-memory-limit %q must be positive", v)
+			}
+		case fraction != "":
+			v, perr := perDevice(fraction, ordinals[d])
+			if perr != nil {
+				return nil, usagef("-gpu-memory-fraction: %v", perr)
+			}
+			f, ferr := strconv.ParseFloat(v, 64)
+			if ferr != nil {
+				return nil, usagef("-gpu-memory-fraction: %q is not a number", v)
+			}
+			if m.budgets[d], err = paging.DeviceFraction(b, f); err != nil {
+				return nil, usagef("-gpu-memory-fraction: %v", err)
+			}
 		}
 	}
+	m.budget = m.budgets[0]
+	var err error
 	if hostLimit != "" {
 		if m.hostLimit, err = paging.ParseSize(hostLimit); err != nil {
 			return nil, usagef("-host-memory-limit: %v", err)
@@ -79,7 +111,7 @@ func resolveMemory(o *options, b tensor.Backend) (*memory, error) {
 		if m.strategy, err = paging.ParseStrategy(offload); err != nil {
 			return nil, usagef("-offload: %v", err)
 		}
-	case m.budget > 0:
+	case slices.ContainsFunc(m.budgets, func(b int64) bool { return b > 0 }):
 		m.strategy = paging.StrategyBalanced
 	default:
 		m.strategy = paging.StrategyNone
@@ -90,78 +122,188 @@ func resolveMemory(o *options, b tensor.Backend) (*memory, error) {
 			return nil, usagef("-memory-mode: %v", err)
 		}
 	}
-	if m.mode != paging.ModeExplicit && !isCUDA(b) {
-		return nil, usagef("-memory-mode %s needs the cuda device (running on %s)", m.mode, b.Name())
+	if m.mode != paging.ModeExplicit && !isCUDA(backends[0]) {
+		return nil, usagef("-memory-mode %s needs the cuda device (running on %s)", m.mode, backends[0].Name())
 	}
 	return m, nil
 }
 
-// served adapts a paging.Server to nn.Weights.
-type served struct{ paging.Server }
-
-func (s served) Acquire(ctx context.Context, layer int) (nn.LayerWeights, error) {
-	return s.Server.Acquire(ctx, layer)
+// engine is the model under the memory settings, on one device or spread
+// over several.
+type engine struct {
+	backends  []tensor.Backend
+	budgets   []*paging.Budget
+	servers   []paging.Server
+	plans     []*paging.PlanResult
+	placement []paging.Placement // nil on one device
+	sess      interface {
+		Forward(ctx context.Context, ids []int32, all bool, hook nn.Hook) ([]float32, error)
+		Close()
+	}
 }
 
-// paged is a model's weights under a budget.
-type paged struct {
-	plan   *paging.PlanResult
-	budget *paging.Budget
-	pager  paging.Server
-}
-
-// openPaged plans the model under the memory settings and loads the
-// resident layers, drawing progress.
-func openPaged(ctx context.Context, lm *loader.Model, cfg nn.Config, b tensor.Backend, mem *memory,
-	contextLen, chunk int, snapshot bool, bar *progress) (*paged, error) {
+// openEngine plans the model on the backends (placing contiguous layer
+// ranges on each in proportion to their budgets when there are several),
+// opens a server per device, loads the resident layers drawing progress,
+// and opens a session.
+func openEngine(ctx context.Context, lm *loader.Model, cfg nn.Config, backends []tensor.Backend, mem *memory,
+	contextLen, chunk int, snapshot bool, bar *progress) (*engine, error) {
 	info, err := nn.ModelInfo(lm, cfg)
 	if err != nil {
 		return nil, err
 	}
-	limit := mem.budget
-	if limit == 0 {
-		limit = unlimited
-		if mi, ok := b.(tensor.MemoryInfo); ok { // the device's free memory bounds "no budget"
-			if free, _, err := mi.MemInfo(); err == nil && free > 0 {
-				limit = free
+	e := &engine{backends: backends}
+	limits := make([]int64, len(backends))
+	for d, b := range backends {
+		limits[d] = mem.budget
+		if len(backends) > 1 {
+			limits[d] = mem.budgets[d]
+		}
+		if limits[d] == 0 {
+			limits[d] = unlimited
+			if mi, ok := b.(tensor.MemoryInfo); ok { // the device's free memory bounds "no budget"
+				if free, _, err := mi.MemInfo(); err == nil && free > 0 {
+					limits[d] = free
+				}
 			}
 		}
 	}
-	plan, err := paging.Plan(info, limit, mem.strategy, contextLen, 1, paging.WithChunkTokens(chunk))
-	if err != nil {
-		return nil, err
+	// Each device's layers, in the model's numbering.
+	parts := []paging.Placement{{FirstBlock: 0, EndBlock: cfg.NumLayers, Budget: limits[0]}}
+	for l := range lm.Layers() {
+		parts[0].Layers = append(parts[0].Layers, l)
 	}
-	p := &paged{plan: plan, budget: paging.NewBudget(b, limit, b.Name())}
-	if snapshot {
-		p.budget.RecordHistory(1 << 20)
+	if len(backends) > 1 {
+		if parts, err = paging.PlaceLayers(info, limits); err != nil {
+			return nil, err
+		}
+		e.placement = parts
 	}
-	p.pager, err = paging.NewServer(ctx, mem.mode, nn.Source(lm), p.budget, plan, paging.Options{HostCacheBytes: mem.hostLimit})
-	if err != nil {
-		p.budget.Close()
-		return nil, err
+	var stages []nn.Stage
+	for d, p := range parts {
+		b := backends[d]
+		plan, err := paging.Plan(info.Stage(p), limits[d], mem.strategy, contextLen, 1, paging.WithChunkTokens(chunk))
+		if err != nil {
+			e.close()
+			if len(backends) > 1 {
+				return nil, fmt.Errorf("device %d (%s, layers %d..%d): %w", d, b.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
+			}
+			return nil, err
+		}
+		bud := paging.NewBudget(b, limits[d], b.Name())
+		if snapshot {
+			bud.RecordHistory(1 << 20)
+		}
+		e.plans, e.budgets = append(e.plans, plan), append(e.budgets, bud)
+		srv, err := paging.NewServer(ctx, mem.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan, paging.Options{HostCacheBytes: mem.hostLimit})
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.servers = append(e.servers, srv)
+		stages = append(stages, nn.Stage{Backend: b, Alloc: bud, Weights: nn.StageWeights(srv, p.Layers), FirstBlock: p.FirstBlock, EndBlock: p.EndBlock})
 	}
 	// Warm up: every layer once, in order, so the resident set is loaded
 	// before the clock starts on the prompt.
 	layers := lm.Layers()
 	done, total := int64(0), lm.WeightBytes()
-	for l := 0; l < len(layers); l++ {
-		if _, err := p.pager.Acquire(ctx, l); err != nil {
-			p.close()
-			return nil, err
+	for d, p := range parts {
+		for i, l := range p.Layers {
+			if _, err := e.servers[d].Acquire(ctx, i); err != nil {
+				e.close()
+				return nil, err
+			}
+			e.servers[d].Release(i)
+			done += layers[l].Bytes
+			bar.update(min(done, total), total)
 		}
-		p.pager.Release(l)
-		done += layers[l].Bytes
-		bar.update(min(done, total), total)
 	}
-	return p, nil
+	var err2 error
+	if len(stages) == 1 {
+		var m *nn.Model
+		if m, err2 = nn.New(cfg, stages[0].Backend, stages[0].Alloc, stages[0].Weights); err2 == nil {
+			e.sess, err2 = m.NewSession(contextLen, chunk)
+		}
+	} else {
+		var pl *nn.Pipeline
+		if pl, err2 = nn.NewPipeline(cfg, stages); err2 == nil {
+			e.sess, err2 = pl.NewSession(contextLen, chunk)
+		}
+	}
+	if err2 != nil {
+		e.close()
+		return nil, err2
+	}
+	return e, nil
 }
 
-func (p *paged) close() error {
-	err := p.pager.Close()
-	if e := p.budget.Close(); err == nil {
-		err = e
+// markStep marks a decoded token on every device.
+func (e *engine) markStep() {
+	for _, s := range e.servers {
+		s.MarkStep()
 	}
-	return err
+}
+
+// stats adds up the devices' paging statistics; the peak is the largest
+// device's.
+func (e *engine) stats() paging.Stats {
+	var t paging.Stats
+	for i, s := range e.servers {
+		st := s.Stats()
+		if i == 0 {
+			t = st
+			continue
+		}
+		t.Layers += st.Layers
+		t.Acquires += st.Acquires
+		t.Hits += st.Hits
+		t.Misses += st.Misses
+		t.Loads += st.Loads
+		t.Evictions += st.Evictions
+		t.BytesDiskToHost += st.BytesDiskToHost
+		t.BytesHostToDevice += st.BytesHostToDevice
+		t.BytesPerStep += st.BytesPerStep
+		t.ResidentWeightBytes += st.ResidentWeightBytes
+		t.StreamedWeightBytes += st.StreamedWeightBytes
+		t.PinnedHostBytes += st.PinnedHostBytes
+		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
+	}
+	return t
+}
+
+func (e *engine) summary() string { return paging.Summary(e.budgets...) }
+
+func (e *engine) close() error {
+	if e.sess != nil {
+		e.sess.Close()
+	}
+	var errs []error
+	for _, s := range e.servers {
+		errs = append(errs, s.Close())
+	}
+	for _, b := range e.budgets {
+		errs = append(errs, b.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// perDevice picks device ordinal's value from "V" (every device) or
+// "0=V0,1=V1".
+func perDevice(s string, ordinal int) (string, error) {
+	if !strings.Contains(s, "=") {
+		return s, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		k, val, found := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.Atoi(k)
+		if !found || err != nil || n < 0 {
+			return "", fmt.Errorf("%q: want DEVICE=VALUE pairs like 0=3GiB,1=5GiB", part)
+		}
+		if n == ordinal {
+			return val, nil
+		}
+	}
+	return "", fmt.Errorf("%q names no value for device %d", s, ordinal)
 }
 
 func writeSnapshot(path string, bud *paging.Budget) error {

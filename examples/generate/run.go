@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,7 +43,8 @@ type options struct {
 
 	// Memory: flags, merged over the -config file.
 	gpuLimit    string
-	gpuFraction float64
+	gpuFraction string
+	devices     string
 	hostLimit   string
 	offload     string
 	configFile  string
@@ -70,8 +72,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.chunk, "prefill-chunk", 512, "prompt tokens processed per forward step")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
-	fs.StringVar(&o.gpuLimit, "gpu-memory-limit", "", "device memory budget `size` (3.5GiB, 800MiB, 4GB, 300000B; a bare number is GiB)")
-	fs.Float64Var(&o.gpuFraction, "gpu-memory-fraction", 0, "device memory budget as a `fraction` of the device's total")
+	fs.StringVar(&o.gpuLimit, "gpu-memory-limit", "", "device memory budget `size` (3.5GiB, 800MiB, 4GB, 300000B; a bare number is GiB), or per device: 0=3GiB,1=5GiB")
+	fs.StringVar(&o.gpuFraction, "gpu-memory-fraction", "", "device memory budget as a `fraction` of the device's total, or per device: 0=0.5,1=0.7")
+	fs.StringVar(&o.devices, "devices", "", "spread the layers over these `devices`: 0,1 or all (with -device cpu, CPU backends stand in for devices)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers; beyond it they are re-read from disk")
 	fs.StringVar(&o.offload, "offload", "", "offload `strategy`: none, minimal, balanced or aggressive (default: none without a budget, balanced with one)")
 	fs.StringVar(&o.configFile, "config", "", "YAML config `file` with a memory: section; flags override it")
@@ -150,6 +153,7 @@ type report struct {
 	MemoryMode            paging.MemoryMode  `json:"memory_mode"`
 	Plan                  *paging.PlanResult `json:"plan"`
 	Paging                paging.Stats       `json:"paging"`
+	Devices               []deviceReport     `json:"devices,omitempty"`
 	H2DBytesPerToken      float64            `json:"h2d_bytes_per_token"`
 	H2DGBps               float64            `json:"h2d_GBps"`
 	Overlap               float64            `json:"overlap"`
@@ -228,13 +232,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		}
 	}
 
-	backend, err := openBackend(o)
+	backends, ordinals, err := openBackends(o)
+	for _, b := range backends {
+		defer closeBackend(b)
+	}
 	if err != nil {
 		return err
 	}
-	defer closeBackend(backend)
+	backend := backends[0]
 
-	mem, err := resolveMemory(o, backend)
+	mem, err := resolveMemory(o, backends, ordinals)
 	if err != nil {
 		return err
 	}
@@ -242,35 +249,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	chunk := min(o.chunk, contextLen)
 	start := time.Now()
 	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
-	pw, err := openPaged(ctx, lm, cfg, backend, mem, contextLen, chunk, o.snapshot != "", bar)
+	if o.snapshot != "" && len(backends) > 1 {
+		return usagef("-memory-snapshot records one device; drop -devices or -memory-snapshot")
+	}
+	eng, err := openEngine(ctx, lm, cfg, backends, mem, contextLen, chunk, o.snapshot != "", bar)
 	bar.done()
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if o.summary {
-			fmt.Fprint(stderr, pw.budget.Summary())
+			fmt.Fprint(stderr, eng.summary())
 		}
 		if o.snapshot != "" {
-			if err := writeSnapshot(o.snapshot, pw.budget); err != nil && retErr == nil {
+			if err := writeSnapshot(o.snapshot, eng.budgets[0]); err != nil && retErr == nil {
 				retErr = err
 			}
 		}
-		if err := pw.close(); err != nil && retErr == nil {
+		if err := eng.close(); err != nil && retErr == nil {
 			retErr = err
 		}
 	}()
 	loadTime := time.Since(start)
-
-	model, err := nn.New(cfg, backend, pw.budget, served{pw.pager})
-	if err != nil {
-		return err
-	}
-	sess, err := model.NewSession(contextLen, chunk)
-	if err != nil {
-		return err
-	}
-	defer sess.Close()
+	sess := eng.sess
 	sampler, err := nn.NewSampler(nn.SamplerConfig{Temperature: o.temperature, TopK: o.topK, TopP: o.topP, Seed: o.seed})
 	if err != nil {
 		return err
@@ -283,7 +284,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return err
 	}
 	prefill := time.Since(t0)
-	pw.pager.MarkStep() // closes the warm-up and the prefill
+	eng.markStep() // closes the warm-up and the prefill
 	if o.logitsOut != "" {
 		if err := writeLogits(o.logitsOut, logits, len(ids), cfg.VocabSize); err != nil {
 			return err
@@ -334,7 +335,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		if logits, err = sess.Forward(ctx, []int32{id}, false, nil); err != nil {
 			return err
 		}
-		pw.pager.MarkStep()
+		eng.markStep()
 	}
 	decode := time.Since(t1)
 	h2dGBps, overlap := cw.End(backend)
@@ -354,9 +355,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			PrefillTokS: float64(len(ids)) / prefill.Seconds(),
 			LoadSeconds: loadTime.Seconds(), PeakHostBytes: peakHostBytes(),
 			WeightBytes: lm.WeightBytes(), StopReason: stop,
-			BudgetBytes: mem.budget, Strategy: mem.strategy, MemoryMode: mem.mode, Plan: pw.plan,
+			BudgetBytes: mem.budget, Strategy: mem.strategy, MemoryMode: mem.mode, Plan: eng.plans[0],
 		}
-		st := pw.pager.Stats()
+		if len(backends) > 1 {
+			r.Plan, r.BudgetBytes = nil, 0
+			for d, b := range backends {
+				r.Devices = append(r.Devices, deviceReport{
+					Device: b.Name(), Placement: eng.placement[d], Plan: eng.plans[d],
+					BudgetBytes: eng.budgets[d].Limit(), PeakDeviceBytes: eng.budgets[d].Peak(),
+				})
+				r.BudgetBytes += eng.budgets[d].Limit()
+			}
+		}
+		st := eng.stats()
 		r.Paging = st
 		r.PeakDeviceBytes = st.PeakDeviceBytes
 		r.ResidentWeightBytes = st.ResidentWeightBytes
@@ -387,6 +398,64 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return enc.Encode(r)
 	}
 	return nil
+}
+
+// deviceReport is one device's part of a run over several.
+type deviceReport struct {
+	Device          string             `json:"device"`
+	Placement       paging.Placement   `json:"placement"`
+	Plan            *paging.PlanResult `json:"plan"`
+	BudgetBytes     int64              `json:"budget_bytes"`
+	PeakDeviceBytes int64              `json:"peak_device_bytes"`
+}
+
+// openBackends opens the device of -device, or each of -devices. It
+// returns what it opened even with an error, for the caller to close.
+func openBackends(o *options) ([]tensor.Backend, []int, error) {
+	if o.devices == "" {
+		b, err := openBackend(o)
+		if err != nil {
+			return nil, nil, err
+		}
+		return []tensor.Backend{b}, []int{0}, nil
+	}
+	var ordinals []int
+	if o.devices == "all" {
+		if o.device == "cpu" {
+			return nil, nil, usagef("-devices all needs -device cuda or auto")
+		}
+		n, err := cuda.DeviceCount()
+		if err != nil {
+			return nil, nil, err
+		}
+		for i := range n {
+			ordinals = append(ordinals, i)
+		}
+	} else {
+		for _, f := range strings.Split(o.devices, ",") {
+			i, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || i < 0 {
+				return nil, nil, usagef("-devices: %q is not a device number", f)
+			}
+			if slices.Contains(ordinals, i) {
+				return nil, nil, usagef("-devices: device %d given twice", i)
+			}
+			ordinals = append(ordinals, i)
+		}
+	}
+	var bs []tensor.Backend
+	for _, i := range ordinals {
+		if o.device == "cpu" {
+			bs = append(bs, tensor.NewCPU(o.threads))
+			continue
+		}
+		b, err := cuda.Open(i)
+		if err != nil {
+			return bs, nil, err
+		}
+		bs = append(bs, b)
+	}
+	return bs, ordinals, nil
 }
 
 func openBackend(o *options) (tensor.Backend, error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -250,6 +251,73 @@ func TestConfigFileAndMemoryFlags(t *testing.T) {
 		_, _, err := runArgs(t, append([]string{"-ids", "1", "-quiet"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestDevices spreads the F16 fixture over two and three CPU backends
+// standing in for devices, with per-device budgets, and compares logits and
+// ids with one device.
+func TestDevices(t *testing.T) {
+	dir := fixtures.Dir(fixtures.TinyLlamaF16Sharded)
+	tmp := t.TempDir()
+	runOne := func(name string, extra ...string) (report, []byte) {
+		t.Helper()
+		out := filepath.Join(tmp, name+".safetensors")
+		args := append([]string{"-model", dir, "-device", "cpu", "-ids", "1,42,71,345,81,14", "-max-new-tokens", "8", "-json", "-logits-out", out}, extra...)
+		stdout, _, err := runArgs(t, args...)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var r report
+		if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, b
+	}
+	base, baseLogits := runOne("one")
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"two resident", []string{"-devices", "0,1"}},
+		{"two budgets", []string{"-devices", "0,1", "-gpu-memory-limit", "0=220KiB,1=300KiB"}},
+		{"three streaming", []string{"-devices", "0,1,2", "-gpu-memory-limit", "170KiB", "-offload", "minimal"}},
+	} {
+		r, logits := runOne(c.name, c.args...)
+		if !bytes.Equal(logits, baseLogits) {
+			t.Errorf("%s: logits differ from one device", c.name)
+		}
+		if fmt.Sprint(r.IDs) != fmt.Sprint(base.IDs) {
+			t.Errorf("%s: ids %v, one device %v", c.name, r.IDs, base.IDs)
+		}
+		if len(r.Devices) < 2 {
+			t.Fatalf("%s: report has %d devices", c.name, len(r.Devices))
+		}
+		next := 0
+		for _, d := range r.Devices {
+			if d.Placement.FirstBlock != next || d.Plan == nil {
+				t.Errorf("%s: device %s placement %+v", c.name, d.Device, d.Placement)
+			}
+			next = d.Placement.EndBlock
+			if d.PeakDeviceBytes > d.BudgetBytes {
+				t.Errorf("%s: device %s peaked at %d over its budget %d", c.name, d.Device, d.PeakDeviceBytes, d.BudgetBytes)
+			}
+		}
+	}
+	for _, bad := range [][]string{
+		{"-devices", "0,x"},
+		{"-devices", "0,0"},
+		{"-devices", "0,1", "-gpu-memory-limit", "0=1GiB"},
+		{"-devices", "0,1", "-gpu-memory-limit", "0:1GiB,1:1GiB"},
+		{"-devices", "0,1", "-memory-snapshot", filepath.Join(tmp, "s.json")},
+	} {
+		if _, _, err := runArgs(t, append([]string{"-model", dir, "-device", "cpu", "-ids", "1", "-quiet"}, bad...)...); err == nil {
+			t.Errorf("%v: no error", bad)
 		}
 	}
 }

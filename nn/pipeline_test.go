@@ -1,0 +1,148 @@
+package nn
+
+import (
+	"context"
+	"testing"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// TestPipelineMatchesOneDevice spreads the F16 fixture over two and three
+// "devices" (CPU backends with budgets of their own), placed in proportion
+// to the budgets, each streaming within its budget, and checks logits and
+// ids are bit-identical to one device, no device passes its budget, and
+// every byte is returned.
+func TestPipelineMatchesOneDevice(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg, err := FromLoader(lm.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
+	const maxPos, chunk = 32, 8
+	one := tensor.NewCPU(1)
+	defer one.Close()
+	hw, err := LoadWeights(ctx, lm, one, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := New(cfg, one, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLogits, wantIDs := generateIDs(t, ref, prompt, 10, maxPos, chunk)
+	hw.Close()
+
+	info, err := ModelInfo(lm, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		budgets  []int64
+		strategy paging.Strategy
+	}{
+		{"two devices, everything resident", []int64{1 << 30, 1 << 30}, paging.StrategyNone},
+		{"two unequal budgets, streaming", []int64{260 << 10, 360 << 10}, paging.StrategyBalanced},
+		{"three devices, minimal", []int64{170 << 10, 170 << 10, 200 << 10}, paging.StrategyMinimal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			places, err := paging.PlaceLayers(info, tc.budgets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stages []Stage
+			var budgets []*paging.Budget
+			var servers []paging.Server
+			defer func() {
+				for _, s := range servers {
+					s.Close()
+				}
+				for _, b := range budgets {
+					if err := b.Close(); err != nil {
+						t.Error(err)
+					}
+					if b.Used() != 0 {
+						t.Errorf("%s: %d bytes left after Close", b.Device(), b.Used())
+					}
+				}
+			}()
+			for d, p := range places {
+				b := tensor.NewCPU(1)
+				defer b.Close()
+				plan, err := paging.Plan(info.Stage(p), p.Budget, tc.strategy, maxPos, 1, paging.WithChunkTokens(chunk))
+				if err != nil {
+					t.Fatalf("device %d (%d bytes for layers %v): %v", d, p.Budget, p.Layers, err)
+				}
+				bud := paging.NewBudget(b, p.Budget, b.Name())
+				budgets = append(budgets, bud)
+				srv, err := paging.NewPager(StageSource(Source(lm), p.Layers), bud, plan, paging.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				servers = append(servers, srv)
+				stages = append(stages, Stage{Backend: b, Alloc: bud, Weights: StageWeights(srv, p.Layers), FirstBlock: p.FirstBlock, EndBlock: p.EndBlock})
+			}
+			pl, err := NewPipeline(cfg, stages)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := pl.NewSession(maxPos, chunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits, err := s.Forward(ctx, prompt, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := append([]float32(nil), logits...)
+			last := logits[len(logits)-cfg.VocabSize:]
+			var ids []int32
+			for range wantIDs {
+				id := int32(Argmax(last))
+				ids = append(ids, id)
+				if last, err = s.Forward(ctx, []int32{id}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, last...)
+			}
+			s.Close()
+			for i := range wantIDs {
+				if ids[i] != wantIDs[i] {
+					t.Fatalf("ids %v, one device %v", ids, wantIDs)
+				}
+			}
+			for i := range wantLogits {
+				if got[i] != wantLogits[i] {
+					t.Fatalf("logit %d: %v, one device %v", i, got[i], wantLogits[i])
+				}
+			}
+			if tc.strategy != paging.StrategyNone {
+				moved := int64(0)
+				for _, srv := range servers {
+					moved += srv.Stats().BytesHostToDevice
+				}
+				if moved <= lm.WeightBytes() {
+					t.Errorf("moved %d bytes for %d of weights: nothing streamed", moved, lm.WeightBytes())
+				}
+			}
+			for d, b := range budgets {
+				if b.Peak() > tc.budgets[d] {
+					t.Errorf("device %d peaked at %d over its budget %d", d, b.Peak(), tc.budgets[d])
+				}
+			}
+		})
+	}
+	// Stages that leave a gap are refused.
+	if _, err := NewPipeline(cfg, []Stage{{Backend: one, FirstBlock: 0, EndBlock: 1}, {Backend: one, FirstBlock: 2, EndBlock: 4}}); err == nil {
+		t.Error("a pipeline with a gap was accepted")
+	}
+}
