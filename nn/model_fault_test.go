@@ -505,9 +505,13 @@ func TestForwardFaults(t *testing.T) {
 var raceEnabled bool
 
 // faultLimit bounds the fault points per seam: an even spread of them over
-// the calls a clean request makes (fewer under -short).
+// the calls a clean request makes (fewer under -short or the race
+// detector).
 func faultLimit() int {
-	if raceEnabled || testing.Short() {
+	switch {
+	case raceEnabled:
+		return 3
+	case testing.Short():
 		return 6
 	}
 	return 20
