@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
@@ -110,8 +111,9 @@ type Session struct {
 	up       *tensor.Tensor
 	logits   *tensor.Tensor // [chunk, Vocab]
 	owned    []*tensor.Tensor
-	host     []float32 // logits returned by Forward
-	download []float32 // one chunk's logits from the backend
+	views    map[int]*chunkViews // buffer views by row count, made once
+	host     []float32           // logits returned by Forward
+	download []byte              // one chunk's logits from the backend
 	closed   bool
 }
 
@@ -272,7 +274,7 @@ func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows
 // embedChunk writes the embeddings of ids into the first rows of x.
 func (s *Session) embedChunk(ctx context.Context, ids []int32, hook Hook) error {
 	m, b := s.m, s.m.backend
-	x := rows(s.x, len(ids))
+	x := s.viewsFor(len(ids)).x
 	lw, err := m.weights.Acquire(ctx, m.embedLayer())
 	if err != nil {
 		return err
@@ -294,7 +296,7 @@ func (s *Session) embedChunk(ctx context.Context, ids []int32, hook Hook) error 
 // positions s.pos onwards.
 func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 	m, c := s.m, &s.m.cfg
-	x, pos0 := rows(s.x, T), s.pos
+	x, pos0 := s.viewsFor(T).x, s.pos
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
 	for i := m.lo; i < m.hi; i++ {
 		if err := ctx.Err(); err != nil {
@@ -325,7 +327,8 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 // the first T rows of x.
 func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, hook Hook) ([]float32, error) {
 	m, c, b := s.m, &s.m.cfg, s.m.backend
-	x, h := rows(s.x, T), rows(s.h, T)
+	v := s.viewsFor(T)
+	x, h := v.x, v.h
 	layer := m.headLayer()
 	lw, err := m.weights.Acquire(ctx, layer)
 	if err != nil {
@@ -347,33 +350,28 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 	if c.TieEmbeddings {
 		head = lw[EmbedName]
 	}
-	rows, first := h, 0
+	in, out := h, v.logits
 	if !allRows {
-		first = T - 1
-		rows, _ = h.Rows(first, 1)
+		in, out = v.lastH, v.logits1
 	}
-	out, _ := s.logits.Rows(0, rows.Shape()[0])
-	if err := b.MatMul(out, rows, head, nil); err != nil {
+	if err := b.MatMul(out, in, head, nil); err != nil {
 		return nil, fmt.Errorf("nn: lm head: %w", err)
 	}
 	n := out.Len()
-	if cap(s.download) < n {
-		s.download = make([]float32, n)
+	if len(s.download) < 4*n {
+		s.download = make([]byte, 4*n)
 	}
-	host := s.download[:n]
-	ht, _ := tensor.FromF32(out.Shape(), host)
-	if err := b.Download(ht.Bytes(), out); err != nil {
+	if err := b.Download(s.download[:4*n], out); err != nil {
 		return nil, err
 	}
-	return host, nil
+	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), n), nil
 }
 
 // block runs decoder block i on the first T rows of the session's buffers.
 func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[i]
-	x, h := rows(s.x, T), rows(s.h, T)
-	q, attn, kk, vv, proj := rows(s.q, T), rows(s.attn, T), rows(s.kk, T), rows(s.vv, T), rows(s.proj, T)
-	gate, up := rows(s.gate, T), rows(s.up, T)
+	v := s.viewsFor(T)
+	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
 	if err := b.RMSNorm(h, x, lw[n.attnNorm], c.RMSNormEps); err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
@@ -424,6 +422,37 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 		return fmt.Errorf("down projection: %w", err)
 	}
 	return b.Add(x, x, proj)
+}
+
+// chunkViews are the session's buffers cut to T rows, so that a decode step
+// (T = 1, again and again) allocates nothing.
+type chunkViews struct {
+	x, h, q, attn, kk, vv, proj, gate, up *tensor.Tensor
+	logits                                *tensor.Tensor // T rows, or nil without a head
+	lastH, logits1                        *tensor.Tensor // the last row of h, and one row of logits
+}
+
+func (s *Session) viewsFor(T int) *chunkViews {
+	if v, ok := s.views[T]; ok {
+		return v
+	}
+	v := &chunkViews{
+		x: rows(s.x, T), h: rows(s.h, T), q: rows(s.q, T), attn: rows(s.attn, T),
+		kk: rows(s.kk, T), vv: rows(s.vv, T), proj: rows(s.proj, T), gate: rows(s.gate, T), up: rows(s.up, T),
+	}
+	if s.logits != nil {
+		v.logits, v.logits1 = rows(s.logits, T), rows(s.logits, 1)
+		last, err := s.h.Rows(T-1, 1)
+		if err != nil {
+			panic(err) // T <= chunk, the rows of h
+		}
+		v.lastH = last
+	}
+	if s.views == nil {
+		s.views = map[int]*chunkViews{}
+	}
+	s.views[T] = v
+	return v
 }
 
 // rows is t.Rows(0, n) for n within t's first dimension, which the session
