@@ -35,4 +35,4 @@ bench-gpu: cuda-deps cuda-test-bin
 	@echo "  OUT=bench-out examples/bench/run-gpu.sh"
 
 include cuda/Makefile.inc
--include fuzz.mk bench.mk
+include fuzz.mk bench.mk

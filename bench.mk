@@ -21,8 +21,8 @@ bench-cpu:
 	$(GO) test -run '^$$' -bench 'Kernels|MatMul|Attention|Gorgonia' -count 1 ./tensor/
 	@status=0; \
 	STRATA_BENCH_LARGE=1 STRATA_BENCH_DIR=$(BENCH_CPU_DIR) $(GO) test -run '^$$' -timeout 60m \
-		-bench 'Decode' -benchtime $(BENCH_CPU_DECODE) -count $(BENCH_CPU_COUNT) ./nn/ || status=$$?; \
+		-bench '^BenchmarkDecode$$' -benchtime $(BENCH_CPU_DECODE) -count $(BENCH_CPU_COUNT) ./nn/ || status=$$?; \
 	STRATA_BENCH_LARGE=1 STRATA_BENCH_DIR=$(BENCH_CPU_DIR) $(GO) test -run '^$$' -timeout 60m \
-		-bench 'Prefill' -benchtime $(BENCH_CPU_PREFILL) -count $(BENCH_CPU_COUNT) ./nn/ || status=$$?; \
+		-bench '^BenchmarkPrefill$$' -benchtime $(BENCH_CPU_PREFILL) -count $(BENCH_CPU_COUNT) ./nn/ || status=$$?; \
 	if [ -z "$(BENCH_CPU_KEEP)" ]; then rm -rf $(BENCH_CPU_DIR); fi; \
 	exit $$status

@@ -21,7 +21,8 @@ import (
 // weights written by the synthesiser. They need STRATA_BENCH_LARGE=1 (the
 // F16 model is 2.2 GB, the F32 one 4.4 GB, held on disk and in memory);
 // STRATA_BENCH_DIR, if set, keeps the synthesised models there between runs
-// instead of in a temporary directory. make bench-cpu sets both.
+// (and between BenchmarkDecode and BenchmarkPrefill) instead of in a
+// temporary directory of each benchmark. make bench-cpu sets both.
 const (
 	benchLargeEnv = "STRATA_BENCH_LARGE"
 	benchDirEnv   = "STRATA_BENCH_DIR"
@@ -34,18 +35,19 @@ const (
 	benchMaxPos  = 1024
 )
 
-// benchModels are the synthesised models, one directory per dtype, shared
-// by the benchmarks of one run.
-var benchModels struct {
-	sync.Mutex
-	dirs map[tensor.DType]string
-	tmp  string // temporary parent, when STRATA_BENCH_DIR is unset
+// benchModels are the synthesised models of one top-level benchmark, one
+// directory per dtype: under STRATA_BENCH_DIR (kept, and reused by later
+// runs) or in the benchmark's temporary directory (removed when it ends).
+type benchModels struct {
+	parent *testing.B
+	mu     sync.Mutex
+	dirs   map[tensor.DType]string
 }
 
-// benchModel returns the directory of the synthesised TinyLlama model in
-// dtype dt, writing it on first use (or reusing a complete one under
-// STRATA_BENCH_DIR).
-func benchModel(b *testing.B, dt tensor.DType) string {
+// dir returns the directory of the synthesised TinyLlama model in dtype
+// dt, writing it on first use, or skips b when the large benchmarks are
+// not enabled.
+func (ms *benchModels) dir(b *testing.B, dt tensor.DType) string {
 	b.Helper()
 	if os.Getenv(benchLargeEnv) != "1" {
 		b.Skipf("the %s benchmarks synthesise and load a model of several GB: set %s=1 (make bench-cpu does)", benchPreset, benchLargeEnv)
@@ -53,21 +55,14 @@ func benchModel(b *testing.B, dt tensor.DType) string {
 	if testing.Short() {
 		b.Skipf("the %s benchmarks are long: not run with -short", benchPreset)
 	}
-	benchModels.Lock()
-	defer benchModels.Unlock()
-	if dir, ok := benchModels.dirs[dt]; ok {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if dir, ok := ms.dirs[dt]; ok {
 		return dir
 	}
 	parent := os.Getenv(benchDirEnv)
 	if parent == "" {
-		if benchModels.tmp == "" {
-			tmp, err := os.MkdirTemp("", "strata-bench-")
-			if err != nil {
-				b.Fatal(err)
-			}
-			benchModels.tmp = tmp
-		}
-		parent = benchModels.tmp
+		parent = ms.parent.TempDir()
 	}
 	dir := filepath.Join(parent, fmt.Sprintf("%s-%v-seed%d", benchPreset, dt, benchSeed))
 	done := filepath.Join(dir, ".complete")
@@ -86,10 +81,10 @@ func benchModel(b *testing.B, dt tensor.DType) string {
 		}
 		b.Logf("synthesised %s %v in %v", benchPreset, dt, time.Since(start).Round(time.Millisecond))
 	}
-	if benchModels.dirs == nil {
-		benchModels.dirs = map[tensor.DType]string{}
+	if ms.dirs == nil {
+		ms.dirs = map[tensor.DType]string{}
 	}
-	benchModels.dirs[dt] = dir
+	ms.dirs[dt] = dir
 	return dir
 }
 
@@ -104,9 +99,9 @@ type benchSetup struct {
 	tokenBytes int64
 }
 
-func loadBench(b *testing.B, dt tensor.DType, threads int) *benchSetup {
+func loadBench(b *testing.B, ms *benchModels, dt tensor.DType, threads int) *benchSetup {
 	b.Helper()
-	dir := benchModel(b, dt)
+	dir := ms.dir(b, dt)
 	lm, err := loader.Open(dir)
 	if err != nil {
 		b.Fatal(err)
@@ -139,11 +134,12 @@ func loadBench(b *testing.B, dt tensor.DType, threads int) *benchSetup {
 	return s
 }
 
-func benchCases(b *testing.B, run func(b *testing.B, dt tensor.DType, threads int)) {
+func benchCases(b *testing.B, run func(b *testing.B, ms *benchModels, dt tensor.DType, threads int)) {
+	ms := &benchModels{parent: b}
 	for _, dt := range []tensor.DType{tensor.F16, tensor.F32} {
 		for _, threads := range []int{1, 2} {
 			b.Run(fmt.Sprintf("%s/%v/threads=%d", benchPreset, dt, threads), func(b *testing.B) {
-				run(b, dt, threads)
+				run(b, ms, dt, threads)
 			})
 		}
 	}
@@ -163,8 +159,8 @@ func benchIDs(n, vocab int) []int32 {
 // 1 and 2 threads, F16 and F32 weights. It reports tokens per second, the
 // weight bytes read per second at that rate, and allocations per step.
 func BenchmarkDecode(b *testing.B) {
-	benchCases(b, func(b *testing.B, dt tensor.DType, threads int) {
-		s := loadBench(b, dt, threads)
+	benchCases(b, func(b *testing.B, ms *benchModels, dt tensor.DType, threads int) {
+		s := loadBench(b, ms, dt, threads)
 		sess, err := s.model.NewSession(benchMaxPos, benchPrompt)
 		if err != nil {
 			b.Fatal(err)
@@ -207,8 +203,8 @@ func BenchmarkDecode(b *testing.B) {
 // rate of the decoder blocks' matrix products (2 flops per weight per token;
 // the LM head runs for the last token only).
 func BenchmarkPrefill(b *testing.B) {
-	benchCases(b, func(b *testing.B, dt tensor.DType, threads int) {
-		s := loadBench(b, dt, threads)
+	benchCases(b, func(b *testing.B, ms *benchModels, dt tensor.DType, threads int) {
+		s := loadBench(b, ms, dt, threads)
 		sess, err := s.model.NewSession(benchMaxPos, benchPrefill)
 		if err != nil {
 			b.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -34,14 +35,60 @@ func ParseMemoryMode(s string) (MemoryMode, error) {
 }
 
 // MemoryConfig is the memory: section of a config file. Sizes are strings
-// for ParseSize ("3.5GiB", "800MiB", a bare number is GiB); empty fields are
-// unset, and the CLI's flags override what is set.
+// for ParseSize ("3.5GiB", "800MiB", a bare number is GiB); the GPU budget
+// and fraction may be given per device ("0=3GiB,1=5GiB", "0=0.5,1=0.7").
+// Empty fields are unset, and the CLI's flags override what is set.
 type MemoryConfig struct {
-	OffloadStrategy   string  `yaml:"offload_strategy"`
-	MaxGPUMemory      string  `yaml:"max_gpu_memory"`
-	MaxHostMemory     string  `yaml:"max_host_memory"`
-	MemoryMode        string  `yaml:"memory_mode"`
-	GPUMemoryFraction float64 `yaml:"gpu_memory_fraction"`
+	OffloadStrategy   string `yaml:"offload_strategy"`
+	MaxGPUMemory      string `yaml:"max_gpu_memory"`
+	MaxHostMemory     string `yaml:"max_host_memory"`
+	MemoryMode        string `yaml:"memory_mode"`
+	GPUMemoryFraction string `yaml:"gpu_memory_fraction"`
+}
+
+// PerDevice returns device's value from "V" (the same for every device) or
+// "0=V0,1=V1" (by device number).
+func PerDevice(s string, device int) (string, error) {
+	if !strings.Contains(s, "=") {
+		return s, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		k, val, found := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.Atoi(strings.TrimSpace(k))
+		if !found || err != nil || n < 0 {
+			return "", fmt.Errorf("%q: want DEVICE=VALUE pairs like 0=3GiB,1=5GiB", part)
+		}
+		if n == device {
+			return strings.TrimSpace(val), nil
+		}
+	}
+	return "", fmt.Errorf("%q names no value for device %d", s, device)
+}
+
+// eachDevice checks every value of a per-device setting with parse.
+func eachDevice(s string, parse func(string) error) error {
+	if !strings.Contains(s, "=") {
+		return parse(s)
+	}
+	for _, part := range strings.Split(s, ",") {
+		k, val, found := strings.Cut(strings.TrimSpace(part), "=")
+		if _, err := strconv.Atoi(strings.TrimSpace(k)); !found || err != nil {
+			return fmt.Errorf("%q: want DEVICE=VALUE pairs like 0=3GiB,1=5GiB", part)
+		}
+		if err := parse(strings.TrimSpace(val)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ParseFraction reads a memory fraction in (0, 1].
+func ParseFraction(s string) (float64, error) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || !(f > 0 && f <= 1) {
+		return 0, fmt.Errorf("memory fraction %q is not a number in (0, 1]", s)
+	}
+	return f, nil
 }
 
 // FileConfig is a strata YAML config file.
@@ -91,7 +138,7 @@ func (m *MemoryConfig) Validate() error {
 		}
 	}
 	if m.MaxGPUMemory != "" {
-		if _, err := ParseSize(m.MaxGPUMemory); err != nil {
+		if err := eachDevice(m.MaxGPUMemory, func(v string) error { _, err := ParseSize(v); return err }); err != nil {
 			return fmt.Errorf("memory.max_gpu_memory: %w", err)
 		}
 	}
@@ -105,8 +152,10 @@ func (m *MemoryConfig) Validate() error {
 			return fmt.Errorf("memory.memory_mode: %w", err)
 		}
 	}
-	if m.GPUMemoryFraction != 0 && !(m.GPUMemoryFraction > 0 && m.GPUMemoryFraction <= 1) {
-		return fmt.Errorf("memory.gpu_memory_fraction: %v is not in (0, 1]", m.GPUMemoryFraction)
+	if m.GPUMemoryFraction != "" {
+		if err := eachDevice(m.GPUMemoryFraction, func(v string) error { _, err := ParseFraction(v); return err }); err != nil {
+			return fmt.Errorf("memory.gpu_memory_fraction: %w", err)
+		}
 	}
 	return nil
 }

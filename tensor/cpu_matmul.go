@@ -336,9 +336,16 @@ func (mm *matmul) prefill(bi, bj int) {
 	j0, j1 := bj*prefillN, min(n, (bj+1)*prefillN)
 	rows, cols := i1-i0, j1-j0
 
-	var acc [prefillM * prefillN]float32 // acc[r*prefillN+c] for out[i0+r, j0+c]
-	var wbuf [4][prefillK]float32
-	var zeros [prefillK]float32
+	// Buffers from the pool rather than the stack: slices passed to the
+	// kernels through function values escape.
+	sc := gemmScratchPool.Get().(*gemmScratch)
+	defer gemmScratchPool.Put(sc)
+	acc := grow(&sc.acc, prefillM*prefillN) // acc[r*prefillN+c] for out[i0+r, j0+c]
+	clear(acc)
+	buf := grow(&sc.w, 5*prefillK)
+	clear(buf[4*prefillK:])
+	wbuf := [4][]float32{buf[:prefillK], buf[prefillK : 2*prefillK], buf[2*prefillK : 3*prefillK], buf[3*prefillK : 4*prefillK]}
+	zeros := buf[4*prefillK:]
 	var w [4][]float32
 
 	for k0 := 0; k0 < k; k0 += prefillK {

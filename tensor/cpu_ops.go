@@ -3,25 +3,96 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"sync"
 )
 
 // minParallelElems is the element count below which an elementwise
 // operation runs on the calling goroutine alone.
 const minParallelElems = 1 << 16
 
-// parallelRange splits [0, n) into chunks of at least grain elements and
-// runs fn on each chunk on the pool.
-func (c *CPU) parallelRange(n, grain int, fn func(lo, hi int)) {
+// elemOp is one call of an elementwise operation (RMSNorm, SiLUMul, Add),
+// split into ranges of rows or elements that run as tasks on the pool. It
+// is recycled through elemPool, so that a call allocates nothing.
+type elemOp struct {
+	kind    elemKind
+	n, per  int       // range [0, n) in tasks of per
+	k       *kernels  // SiLUMul
+	o, a, b []float32 // out and the inputs (RMSNorm: a = x)
+	w       fvec      // RMSNorm weight
+	d       int       // RMSNorm row length
+	eps     float32
+}
+
+type elemKind int
+
+const (
+	elemRMSNorm elemKind = iota
+	elemSiLUMul
+	elemAdd
+)
+
+var elemPool = sync.Pool{New: func() any { return new(elemOp) }}
+
+// parallelRange splits [0, e.n) into chunks of at least grain and runs e on
+// each chunk on the pool, then recycles e.
+func (c *CPU) parallelRange(e *elemOp, grain int) {
 	tasks := 1
-	if n >= grain*2 {
-		tasks = min(n/grain, 4*c.threads)
+	if e.n >= grain*2 {
+		tasks = min(e.n/grain, 4*c.threads)
 	}
-	per := (n + tasks - 1) / tasks
-	c.pool.run(tasks, func(t int) {
-		if lo := t * per; lo < n {
-			fn(lo, min(n, lo+per))
+	e.per = (e.n + tasks - 1) / tasks
+	c.pool.runTask(tasks, e)
+	*e = elemOp{}
+	elemPool.Put(e)
+}
+
+func (e *elemOp) run(t int) {
+	lo := t * e.per
+	if lo >= e.n {
+		return
+	}
+	hi := min(e.n, lo+e.per)
+	switch e.kind {
+	case elemRMSNorm:
+		e.rmsNorm(lo, hi)
+	case elemSiLUMul:
+		e.k.siluMul(e.o[lo:hi], e.a[lo:hi], e.b[lo:hi])
+	default:
+		o, x, y := e.o[lo:hi], e.a[lo:hi], e.b[lo:hi]
+		for i := range o {
+			o[i] = x[i] + y[i]
 		}
-	})
+	}
+}
+
+// rmsNorm normalises rows [lo, hi).
+func (e *elemOp) rmsNorm(lo, hi int) {
+	d, xs, os, wv := e.d, e.a, e.o, e.w
+	for i := lo; i < hi; i++ {
+		xr, or := xs[i*d:(i+1)*d], os[i*d:(i+1)*d]
+		var ss float64
+		for _, v := range xr {
+			ss += float64(v) * float64(v)
+		}
+		r := float32(1 / math.Sqrt(ss/float64(d)+float64(e.eps)))
+		switch wv.dt {
+		case F32:
+			wr := wv.f32[:d]
+			for j, v := range xr {
+				or[j] = v * r * wr[j]
+			}
+		case F16:
+			wr := wv.u16[:d]
+			for j, v := range xr {
+				or[j] = v * r * f16ToF32Table[wr[j]]
+			}
+		default:
+			wr := wv.u16[:d]
+			for j, v := range xr {
+				or[j] = v * r * bf16ToF32(wr[j])
+			}
+		}
+	}
 }
 
 // RMSNorm computes out[i,:] = x[i,:] / sqrt(mean(x[i,:]²) + eps) * w. x and
@@ -47,35 +118,9 @@ func (c *CPU) RMSNorm(out, x, w *Tensor, eps float32) error {
 	if m == 0 || d == 0 {
 		return nil
 	}
-	xs, os, wv := x.F32(), out.F32(), newFvec(w)
-	rowsPer := max(1, minParallelElems/d)
-	c.parallelRange(m, rowsPer, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			xr, or := xs[i*d:(i+1)*d], os[i*d:(i+1)*d]
-			var ss float64
-			for _, v := range xr {
-				ss += float64(v) * float64(v)
-			}
-			r := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
-			switch wv.dt {
-			case F32:
-				wr := wv.f32[:d]
-				for j, v := range xr {
-					or[j] = v * r * wr[j]
-				}
-			case F16:
-				wr := wv.u16[:d]
-				for j, v := range xr {
-					or[j] = v * r * f16ToF32Table[wr[j]]
-				}
-			default:
-				wr := wv.u16[:d]
-				for j, v := range xr {
-					or[j] = v * r * bf16ToF32(wr[j])
-				}
-			}
-		}
-	})
+	e := elemPool.Get().(*elemOp)
+	*e = elemOp{kind: elemRMSNorm, n: m, o: out.F32(), a: x.F32(), w: newFvec(w), d: d, eps: eps}
+	c.parallelRange(e, max(1, minParallelElems/d))
 	return nil
 }
 
@@ -130,10 +175,10 @@ func (c *CPU) SiLUMul(out, gate, up *Tensor) error {
 	if err := sameF32(op, out, gate, up, "gate", "up"); err != nil {
 		return err
 	}
-	o, g, u := out.F32(), gate.F32(), up.F32()
-	c.parallelRange(len(o), minParallelElems/4, func(lo, hi int) {
-		c.k.siluMul(o[lo:hi], g[lo:hi], u[lo:hi])
-	})
+	e := elemPool.Get().(*elemOp)
+	*e = elemOp{kind: elemSiLUMul, k: c.k, o: out.F32(), a: gate.F32(), b: up.F32()}
+	e.n = len(e.o)
+	c.parallelRange(e, minParallelElems/4)
 	return nil
 }
 
@@ -144,13 +189,10 @@ func (c *CPU) Add(out, a, b *Tensor) error {
 	if err := sameF32(op, out, a, b, "a", "b"); err != nil {
 		return err
 	}
-	o, x, y := out.F32(), a.F32(), b.F32()
-	c.parallelRange(len(o), minParallelElems*4, func(lo, hi int) {
-		o, x, y := o[lo:hi], x[lo:hi], y[lo:hi]
-		for i := range o {
-			o[i] = x[i] + y[i]
-		}
-	})
+	e := elemPool.Get().(*elemOp)
+	*e = elemOp{kind: elemAdd, o: out.F32(), a: a.F32(), b: b.F32()}
+	e.n = len(e.o)
+	c.parallelRange(e, minParallelElems*4)
 	return nil
 }
 

@@ -106,7 +106,8 @@ var avx2Kernels = kernels{
 }
 
 // avx512Kernels need AVX-512F as well; they replace the kernels that
-// stream weights or multiply blocks, and keep the AVX2 ones elsewhere.
+// stream weights or keys (gemv, scores), convert or multiply blocks (cvt,
+// gemm), and keep the AVX2 ones elsewhere.
 var avx512Kernels = func() kernels {
 	k := avx2Kernels
 	k.name = "avx512"

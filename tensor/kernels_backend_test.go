@@ -41,3 +41,66 @@ func fuzzKernels(f *testing.F, name string) {
 	}
 	tensortest.FuzzMatMul(f, c)
 }
+
+// TestCPUNoAllocs checks, on every kernel table, that the operations of a
+// decode step (and of a small prefill) allocate nothing once warm: the
+// pool's jobs and the operations' state are recycled.
+func TestCPUNoAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts: not run with -short")
+	}
+	if raceEnabled {
+		t.Skip("allocation counts: sync.Pool drops items at random under -race")
+	}
+	for _, name := range tensor.KernelNames() {
+		t.Run(name, func(t *testing.T) {
+			c := tensor.NewCPUKernels(2, name)
+			defer c.Close()
+			testNoAllocs(t, c)
+		})
+	}
+}
+
+func testNoAllocs(t *testing.T, c *tensor.CPU) {
+	const heads, kvHeads, hd, hidden, inter = 8, 2, 16, 128, 344
+	f32 := func(shape ...int) *tensor.Tensor { return tensor.New(tensor.F32, tensor.Shape(shape)) }
+	x, h, q := f32(16, hidden), f32(16, hidden), f32(16, heads*hd)
+	gate, up := f32(16, inter), f32(16, inter)
+	kc, vc, attn := f32(64, kvHeads*hd), f32(64, kvHeads*hd), f32(16, heads*hd)
+	wq := tensor.New(tensor.F16, tensor.Shape{heads * hd, hidden})
+	wg := tensor.New(tensor.BF16, tensor.Shape{inter, hidden})
+	norm := tensor.New(tensor.F16, tensor.Shape{hidden})
+	x1, _ := x.Rows(0, 1)
+	h1, _ := h.Rows(0, 1)
+	q1, _ := q.Rows(0, 1)
+	g1, _ := gate.Rows(0, 1)
+	u1, _ := up.Rows(0, 1)
+	a1, _ := attn.Rows(0, 1)
+	step := func(x, h, q, gate, up, attn *tensor.Tensor, pos int) {
+		for _, err := range []error{
+			c.RMSNorm(h, x, norm, 1e-5),
+			c.MatMul(q, h, wq, nil),
+			c.Attention(attn, q, kc, vc, heads, kvHeads, hd, pos, 0.25),
+			c.MatMul(gate, h, wg, nil),
+			c.MatMul(up, h, wg, nil),
+			c.SiLUMul(gate, gate, up),
+			c.Add(x, x, h),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		run  func()
+	}{
+		{"decode", func() { step(x1, h1, q1, g1, u1, a1, 40) }},
+		{"prefill", func() { step(x, h, q, gate, up, attn, 0) }},
+	} {
+		tc.run()
+		if n := testing.AllocsPerRun(50, tc.run); n != 0 {
+			t.Errorf("%s step: %v allocations per run, want 0", tc.name, n)
+		}
+	}
+}

@@ -7,8 +7,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
@@ -51,13 +49,7 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 	hostLimit := pick("host-memory-limit", o.hostLimit, fc.MaxHostMemory)
 	offload := pick("offload", o.offload, fc.OffloadStrategy)
 	mode := pick("memory-mode", o.memMode, fc.MemoryMode)
-	fraction := ""
-	if fc.GPUMemoryFraction != 0 {
-		fraction = strconv.FormatFloat(fc.GPUMemoryFraction, 'g', -1, 64)
-	}
-	if o.set["gpu-memory-fraction"] {
-		fraction = o.gpuFraction
-	}
+	fraction := pick("gpu-memory-fraction", o.gpuFraction, fc.GPUMemoryFraction)
 	if o.set["gpu-memory-fraction"] && o.set["gpu-memory-limit"] {
 		return nil, usagef("give -gpu-memory-limit or -gpu-memory-fraction, not both")
 	}
@@ -72,7 +64,7 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 		var err error
 		switch {
 		case gpuLimit != "":
-			v, perr := perDevice(gpuLimit, ordinals[d])
+			v, perr := paging.PerDevice(gpuLimit, ordinals[d])
 			if perr != nil {
 				return nil, usagef("-gpu-memory-limit: %v", perr)
 			}
@@ -83,13 +75,13 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 				return nil, usagef("-gpu-memory-limit %q must be positive", v)
 			}
 		case fraction != "":
-			v, perr := perDevice(fraction, ordinals[d])
+			v, perr := paging.PerDevice(fraction, ordinals[d])
 			if perr != nil {
 				return nil, usagef("-gpu-memory-fraction: %v", perr)
 			}
-			f, ferr := strconv.ParseFloat(v, 64)
+			f, ferr := paging.ParseFraction(v)
 			if ferr != nil {
-				return nil, usagef("-gpu-memory-fraction: %q is not a number", v)
+				return nil, usagef("-gpu-memory-fraction: %v", ferr)
 			}
 			if m.budgets[d], err = paging.DeviceFraction(b, f); err != nil {
 				return nil, usagef("-gpu-memory-fraction: %v", err)
@@ -285,25 +277,6 @@ func (e *engine) close() error {
 		errs = append(errs, b.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// perDevice picks device ordinal's value from "V" (every device) or
-// "0=V0,1=V1".
-func perDevice(s string, ordinal int) (string, error) {
-	if !strings.Contains(s, "=") {
-		return s, nil
-	}
-	for _, part := range strings.Split(s, ",") {
-		k, val, found := strings.Cut(strings.TrimSpace(part), "=")
-		n, err := strconv.Atoi(k)
-		if !found || err != nil || n < 0 {
-			return "", fmt.Errorf("%q: want DEVICE=VALUE pairs like 0=3GiB,1=5GiB", part)
-		}
-		if n == ordinal {
-			return val, nil
-		}
-	}
-	return "", fmt.Errorf("%q names no value for device %d", s, ordinal)
 }
 
 func writeSnapshot(path string, bud *paging.Budget) error {

@@ -321,3 +321,25 @@ func TestDevices(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigFilePerDevice(t *testing.T) {
+	tmp := t.TempDir()
+	cfg := filepath.Join(tmp, "strata.yaml")
+	os.WriteFile(cfg, []byte("memory:\n  max_gpu_memory: 0=220KiB,1=300KiB\n  offload_strategy: minimal\n"), 0o644)
+	stdout, _, err := runArgs(t, "-model", fixtures.Dir(fixtures.TinyLlamaF16Sharded), "-device", "cpu", "-devices", "0,1",
+		"-ids", "1,2,3", "-max-new-tokens", "2", "-json", "-config", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r report
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Devices) != 2 || r.Devices[0].BudgetBytes != 220<<10 || r.Devices[1].BudgetBytes != 300<<10 || r.Strategy != "minimal" {
+		t.Errorf("per-device budgets from the file: %+v, strategy %q", r.Devices, r.Strategy)
+	}
+	os.WriteFile(cfg, []byte("memory:\n  gpu_memory_fraction: 0=1.5\n"), 0o644)
+	if _, _, err := runArgs(t, "-ids", "1", "-quiet", "-config", cfg); err == nil || !strings.Contains(err.Error(), "gpu_memory_fraction") {
+		t.Errorf("a fraction of 1.5 in the file: %v", err)
+	}
+}
