@@ -86,9 +86,7 @@ type Pager struct {
 	changes      uint64 // counts releases, evictions and finished loads
 	closed       bool
 	st           Stats
-	lastMark     int64
-	stepSum      int64
-	stepCount    int64
+	steps        steps
 	prefetchWait time.Duration
 	demandWait   time.Duration
 }

@@ -67,21 +67,40 @@ func (s Stats) HitRate() float64 {
 	return float64(s.Hits) / float64(s.Acquires)
 }
 
+// steps turns the bytes moved to the device into per-step figures: the
+// first step (warm-up, prefill) is counted but left out of the mean.
+type steps struct {
+	lastMark, sum, count int64
+}
+
+// mark closes a step in st and returns the bytes moved during it.
+func (k *steps) mark(st *Stats) int64 {
+	d := st.BytesHostToDevice - k.lastMark
+	k.lastMark = st.BytesHostToDevice
+	st.Steps++
+	st.LastStepBytes = d
+	if st.Steps > 1 {
+		k.sum += d
+		k.count++
+		st.MaxStepBytes = max(st.MaxStepBytes, d)
+	}
+	return d
+}
+
+// mean is the bytes per step after the first.
+func (k *steps) mean() float64 {
+	if k.count == 0 {
+		return 0
+	}
+	return float64(k.sum) / float64(k.count)
+}
+
 // MarkStep marks a step boundary (a decoded token) and returns the bytes
 // moved to the device since the previous mark.
 func (p *Pager) MarkStep() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	d := p.st.BytesHostToDevice - p.lastMark
-	p.lastMark = p.st.BytesHostToDevice
-	p.st.Steps++
-	p.st.LastStepBytes = d
-	if p.st.Steps > 1 {
-		p.stepSum += d
-		p.stepCount++
-		p.st.MaxStepBytes = max(p.st.MaxStepBytes, d)
-	}
-	return d
+	return p.steps.mark(&p.st)
 }
 
 // Stats returns the pager's counters now.
@@ -92,9 +111,7 @@ func (p *Pager) Stats() Stats {
 	s := p.st
 	s.Pager, s.Device, s.Strategy, s.Layers = p.id, p.bg.Device(), p.plan.Strategy, len(p.layers)
 	s.PrefetchWait, s.DemandWait = p.prefetchWait, p.demandWait
-	if p.stepCount > 0 {
-		s.BytesPerStep = float64(p.stepSum) / float64(p.stepCount)
-	}
+	s.BytesPerStep = p.steps.mean()
 	s.HostCacheBytes, s.HostCacheLimit, s.PinnedHostBytes = p.hostUsed, p.hostCap, p.pinnedBytes
 	s.RingBytes = p.ringCap
 	s.PeakDeviceBytes = peak

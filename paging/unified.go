@@ -43,9 +43,7 @@ type Unified struct {
 	charged  [2]int64 // resident, ring
 	closed   bool
 	st       Stats
-	lastMark int64
-	stepSum  int64
-	steps    int64
+	steps    steps
 }
 
 // NewUnified allocates the model's weights in managed memory on the
@@ -211,16 +209,7 @@ func (u *Unified) Release(layer int) {
 func (u *Unified) MarkStep() int64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	d := u.st.BytesHostToDevice - u.lastMark
-	u.lastMark = u.st.BytesHostToDevice
-	u.st.Steps++
-	u.st.LastStepBytes = d
-	if u.st.Steps > 1 {
-		u.stepSum += d
-		u.steps++
-		u.st.MaxStepBytes = max(u.st.MaxStepBytes, d)
-	}
-	return d
+	return u.steps.mark(&u.st)
 }
 
 // Stats returns the counters in the pager's form. Bytes to the device are
@@ -231,9 +220,7 @@ func (u *Unified) Stats() Stats {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	s := u.st
-	if u.steps > 0 {
-		s.BytesPerStep = float64(u.stepSum) / float64(u.steps)
-	}
+	s.BytesPerStep = u.steps.mean()
 	s.ResidentWeightBytes = u.plan.ResidentBytes
 	s.RingBytes = u.plan.RingBytes
 	s.PeakDeviceBytes = peak
