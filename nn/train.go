@@ -340,14 +340,15 @@ func (ps *pass) run() error {
 	if err != nil {
 		return err
 	}
-	table := lw[EmbedName]
-	if table != nil {
+	err = func() error {
+		defer ps.m.weights.Release(ps.m.embedLayer()) // released even if the backend panics
+		table := lw[EmbedName]
+		if table == nil {
+			return errors.New("no tensor " + EmbedName)
+		}
 		ps.embedShape = table.Shape().Clone()
-		err = b.Embed(x0, table, ps.ids)
-	} else {
-		err = errors.New("no tensor " + EmbedName)
-	}
-	ps.m.weights.Release(ps.m.embedLayer())
+		return b.Embed(x0, table, ps.ids)
+	}()
 	if err != nil {
 		return fmt.Errorf("nn: train: embedding: %w", err)
 	}

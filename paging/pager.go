@@ -261,6 +261,12 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 		}
 		if e.loaded() {
 			if err := e.awaitUploads(); err != nil {
+				// The copies never landed: drop the layer's parts so that
+				// no Acquire hands them out and the next one reloads them.
+				p.evictLocked(e, false)
+				if e.strLoaded && e.strInRing && len(e.str) > 0 {
+					p.evictLocked(e, true)
+				}
 				p.mu.Unlock()
 				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
 			}
@@ -299,6 +305,7 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 		err := p.loadShared(ctx, layer, loadDemand)
 		p.mu.Lock()
 		e.waiters--
+		p.changedLocked() // a load waiting in waitChange may have counted this waiter as progress to come
 		if err != nil {
 			if ctx.Err() != nil {
 				p.mu.Unlock()
@@ -472,6 +479,9 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 			break
 		}
 		if prefetch || !errors.Is(err, tensor.ErrOutOfMemory) || !p.waitChange(ctx, e, gen) {
+			if cerr := ctx.Err(); cerr != nil {
+				err = cerr // the starter's context ended: an Acquire that joined retries
+			}
 			return fail(err)
 		}
 	}
@@ -486,6 +496,9 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 			break
 		}
 		if inRing || !errors.Is(err, tensor.ErrOutOfMemory) || !p.waitChange(ctx, e, gen) {
+			if cerr := ctx.Err(); cerr != nil {
+				err = cerr // the starter's context ended: an Acquire that joined retries
+			}
 			return fail(err)
 		}
 	}
@@ -563,8 +576,21 @@ func (p *Pager) waitChange(ctx context.Context, self *entry, gen uint64) bool {
 	for _, o := range p.layers {
 		busy = busy || o.pins > 0 || o != self && (o.waiters > 0 || o.loading)
 	}
-	return busy && p.waitLocked(ctx) == nil
+	if !busy {
+		return false
+	}
+	// Wait for a change, but not for ever: loads that all wait for room
+	// from each other, or for a device that refused an allocation the
+	// budget allowed, would never signal one. After a while the caller
+	// simply tries again.
+	wctx, cancel := context.WithTimeout(ctx, retryRoomAfter)
+	defer cancel()
+	err := p.waitLocked(wctx)
+	return err == nil || ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)
 }
+
+// retryRoomAfter bounds a load's wait for room before it tries again.
+const retryRoomAfter = 50 * time.Millisecond
 
 func (p *Pager) changedLocked() {
 	p.changes++
@@ -742,13 +768,17 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 			if src == nil {
 				src = make([]byte, s.Bytes)
 			}
+			// undo waits for the copies still reading the host buffer
+			// before dropAdmission frees it.
 			if err := ctx.Err(); err != nil {
+				ts, err := undo(err)
 				dropAdmission()
-				return undo(err)
+				return ts, err
 			}
 			if err := p.src.ReadTensor(ctx, e.layer, s.Name, src); err != nil {
+				ts, err := undo(fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, s.Name, err))
 				dropAdmission()
-				return undo(fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, s.Name, err))
+				return ts, err
 			}
 			p.mu.Lock()
 			p.st.BytesDiskToHost += s.Bytes
@@ -764,8 +794,9 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 			err = p.b.Upload(ts[k], 0, src)
 		}
 		if err != nil {
+			ts, err := undo(fmt.Errorf("paging: layer %d tensor %s: upload: %w", e.layer, s.Name, err))
 			dropAdmission()
-			return undo(fmt.Errorf("paging: layer %d tensor %s: upload: %w", e.layer, s.Name, err))
+			return ts, err
 		}
 		p.mu.Lock()
 		p.st.BytesHostToDevice += s.Bytes
@@ -776,6 +807,10 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
+			for _, r := range (*ready)[nReady:] { // the copies read buf
+				_ = r()
+			}
+			*ready = (*ready)[:nReady]
 			dropAdmission()
 			return ts, nil
 		}

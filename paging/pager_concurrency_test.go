@@ -137,11 +137,16 @@ func concurrentRun(t *testing.T, kind string, strategy Strategy, rate float64, r
 			mu.Unlock()
 			if now == last {
 				deadlocked = true
-				// Known bug in paging/pager.go, reported for its owner: two
-				// demand loads that both run out of budget wait in
-				// waitChange for each other (each counts the other's load
-				// as progress to come) while holding the resident parts
-				// they loaded; nothing is pinned, so no Release comes.
+				// Known bugs in paging/pager.go, reported for its owner:
+				// demand loads wait in waitChange for a change that never
+				// comes. (1) An Acquire that gives up (its context ended)
+				// decrements its layer's waiters without a broadcast,
+				// though waitChange counted it as progress to come. (2)
+				// Two loads whose allocations fail with the backend's
+				// ErrOutOfMemory (a device fuller than the budget knows)
+				// each count the other's load as progress and wait; nothing
+				// is pinned and the budget never reclaims on a backend
+				// failure, so nothing wakes them.
 				tally.known = append(tally.known, fmt.Sprintf("%s: deadlock after %d of %d acquires: every worker waits in Acquire, no layer pinned\n%s", t.Name(), now, workers*steps, p.dump()))
 				p.Close() // frees the stuck loads
 				<-finished
@@ -170,11 +175,11 @@ func concurrentRun(t *testing.T, kind string, strategy Strategy, rate float64, r
 		}
 	}
 	if spurious > 0 {
-		// Known bug in paging/pager.go, reported for its owner: with more
-		// acquirers than layers fit, a demand load gives up with
-		// ErrOutOfMemory instead of waiting for the others' releases
-		// (same root as the deadlock: waitChange's idea of who can make
-		// room).
+		// Known bug in paging/pager.go, reported for its owner: a demand
+		// load runs under the context of the Acquire that started it; when
+		// that context ends while the load waits for room, the load fails
+		// with ErrOutOfMemory rather than the context's error, so the
+		// Acquires that joined it fail instead of loading again.
 		tally.known = append(tally.known, fmt.Sprintf("%s: %d of %d acquires failed with ErrOutOfMemory that waiting would have served", t.Name(), spurious, workers*steps))
 	}
 	if bg.Peak() > budget {
@@ -215,12 +220,10 @@ func runConcurrent(t *testing.T, rate float64, room func(lmax, w int64) int64) {
 	}
 	t.Logf("%d goroutines x %d acquires x 9 configurations: %d served with exact bytes, %d failed by %d injected faults, %d cancelled, %d runs hit known bugs",
 		workers, steps, total.ok, total.failed, total.injected, total.cancelled, len(total.known))
+	// The deadlocks and spurious out-of-memory failures these runs found
+	// are fixed in the pager: seeing one again is a failure.
 	for _, k := range total.known {
-		t.Log("known bug: " + k)
-	}
-	if len(total.known) > 0 && !t.Failed() {
-		first, _, _ := strings.Cut(total.known[0], "\n")
-		t.Skipf("%d runs hit known bugs in paging/pager.go, fixes pending there; first: %s", len(total.known), first)
+		t.Error("pager bug: " + k)
 	}
 }
 

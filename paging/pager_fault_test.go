@@ -396,11 +396,11 @@ func TestPagerFaults(t *testing.T) {
 	if total.injected != total.survived+total.known {
 		t.Errorf("%d faults injected, %d survived, %d known bugs", total.injected, total.survived, total.known)
 	}
+	// The pager bugs these checks found (a failed copy left its layer
+	// marked loaded; a pinned buffer freed under an in-flight copy) are
+	// fixed: seeing one again is a failure.
 	for _, k := range knownBugs {
-		t.Log("known bug: " + k)
-	}
-	if len(knownBugs) > 0 && !t.Failed() {
-		t.Skipf("%d faults exposed known bugs in paging/pager.go, fixes pending there; first: %s", len(knownBugs), knownBugs[0])
+		t.Error("pager bug: " + k)
 	}
 }
 
@@ -414,9 +414,9 @@ func faultPoints(cold bool) int {
 	switch {
 	case raceEnabled || testing.Short():
 		if cold {
-			return 4
+			return 3
 		}
-		return 12
+		return 6
 	case cold:
 		return 24
 	}
