@@ -21,35 +21,6 @@
 // Exit status: 0 on success, 2 for a bad flag, 1 for any other error.
 package main
 
-import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-)
+import "github.com/strata-llm/strata/examples/internal/cli"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	switch {
-	case err == nil:
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(0)
-	case errors.As(err, new(usageError)):
-		fmt.Fprintln(os.Stderr, "finetune:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "finetune:", err)
-		os.Exit(1)
-	}
-}
-
-// usageError is a bad flag or flag value.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
-
-func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+func main() { cli.Main("finetune", run) }

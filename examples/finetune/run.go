@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"io"
 	"math"
 	"os"
@@ -37,7 +38,6 @@ type options struct {
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("finetune", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny F16 model)")
 	fs.StringVar(&o.data, "data", "", "training text `file` (UTF-8), encoded with the model's tokenizer")
 	fs.IntVar(&o.steps, "steps", 30, "training steps, one window of -seq-len tokens each")
@@ -56,35 +56,32 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.save, "save", "", "write the fine-tuned model as a Hugging Face checkpoint into this `directory`")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return nil, err
-		}
-		return nil, usageError{err}
+	if err := cli.Parse(fs, args, stderr); err != nil {
+		return nil, err
 	}
 	switch {
 	case fs.NArg() > 0:
-		return nil, usagef("unexpected argument %q", fs.Arg(0))
+		return nil, cli.Usagef("unexpected argument %q", fs.Arg(0))
 	case o.data == "" && o.gradsOut == "":
-		return nil, usagef("give -data (and/or -grads-out)")
+		return nil, cli.Usagef("give -data (and/or -grads-out)")
 	case o.gradsOut != "" && o.ids == "" && o.data == "":
-		return nil, usagef("-grads-out needs -ids or -data")
+		return nil, cli.Usagef("-grads-out needs -ids or -data")
 	case o.steps < 0:
-		return nil, usagef("-steps %d must be >= 0", o.steps)
+		return nil, cli.Usagef("-steps %d must be >= 0", o.steps)
 	case o.seqLen < 1:
-		return nil, usagef("-seq-len %d must be >= 1", o.seqLen)
+		return nil, cli.Usagef("-seq-len %d must be >= 1", o.seqLen)
 	case o.segments < 0:
-		return nil, usagef("-checkpoint-segments %d must be >= 0", o.segments)
+		return nil, cli.Usagef("-checkpoint-segments %d must be >= 0", o.segments)
 	case !(o.lr >= 0) || math.IsInf(o.lr, 0):
-		return nil, usagef("-lr %v must be >= 0", o.lr)
+		return nil, cli.Usagef("-lr %v must be >= 0", o.lr)
 	case o.optimizer != "adamw" && o.optimizer != "sgd":
-		return nil, usagef("-optimizer %q: want adamw or sgd", o.optimizer)
+		return nil, cli.Usagef("-optimizer %q: want adamw or sgd", o.optimizer)
 	case o.lossScale < 0 || math.IsInf(o.lossScale, 0) || o.lossScale > math.MaxFloat32:
-		return nil, usagef("-loss-scale %v must be positive and finite", o.lossScale)
+		return nil, cli.Usagef("-loss-scale %v must be positive and finite", o.lossScale)
 	case o.threads < 0:
-		return nil, usagef("-threads %d must be >= 0", o.threads)
+		return nil, cli.Usagef("-threads %d must be >= 0", o.threads)
 	case o.maxGradNorm < 0:
-		return nil, usagef("-max-grad-norm %v must be >= 0", o.maxGradNorm)
+		return nil, cli.Usagef("-max-grad-norm %v must be >= 0", o.maxGradNorm)
 	}
 	return o, nil
 }
@@ -99,15 +96,15 @@ func parseIDs(s string, vocab int) ([]int32, error) {
 		}
 		v, err := strconv.ParseInt(f, 10, 32)
 		if err != nil {
-			return nil, usagef("-ids: %q is not a token id", f)
+			return nil, cli.Usagef("-ids: %q is not a token id", f)
 		}
 		if v < 0 || int(v) >= vocab {
-			return nil, usagef("-ids: %d is outside the vocabulary of %d", v, vocab)
+			return nil, cli.Usagef("-ids: %d is outside the vocabulary of %d", v, vocab)
 		}
 		ids = append(ids, int32(v))
 	}
 	if len(ids) < 2 {
-		return nil, usagef("-ids: need at least 2 token ids, got %q", s)
+		return nil, cli.Usagef("-ids: need at least 2 token ids, got %q", s)
 	}
 	return ids, nil
 }
@@ -131,17 +128,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	dir := o.model
-	if dir == "" {
-		tmp, err := os.MkdirTemp("", "strata-finetune-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		if dir, err = fixtures.Extract(fixtures.TinyLlamaF16Sharded, tmp); err != nil {
-			return err
-		}
+	dir, cleanup, err := cli.ModelDir(o.model, fixtures.TinyLlamaF16Sharded)
+	if err != nil {
+		return err
 	}
+	defer cleanup()
 	lm, err := loader.Open(dir)
 	if err != nil {
 		return err
@@ -152,7 +143,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return err
 	}
 	if o.segments > cfg.NumLayers {
-		return usagef("-checkpoint-segments %d: the model has %d blocks", o.segments, cfg.NumLayers)
+		return cli.Usagef("-checkpoint-segments %d: the model has %d blocks", o.segments, cfg.NumLayers)
 	}
 
 	var tokens []int32
@@ -162,7 +153,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			return fmt.Errorf("-data: %w", err)
 		}
 		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-			return usagef("%s has no tokenizer.json to encode -data with", dir)
+			return cli.Usagef("%s has no tokenizer.json to encode -data with", dir)
 		}
 		tok, err := tokenizer.Load(dir)
 		if err != nil {
@@ -335,10 +326,10 @@ func newRunner(o *options, cfg nn.Config, params *nn.Params, b tensor.Backend, t
 	}
 	limit, err := paging.ParseSize(o.gpuLimit)
 	if err != nil {
-		return nil, usagef("-gpu-memory-limit: %v", err)
+		return nil, cli.Usagef("-gpu-memory-limit: %v", err)
 	}
 	if limit <= 0 {
-		return nil, usagef("-gpu-memory-limit %q must be positive", o.gpuLimit)
+		return nil, cli.Usagef("-gpu-memory-limit %q must be positive", o.gpuLimit)
 	}
 	layers, err := paging.DescribeSource(params)
 	if err != nil {

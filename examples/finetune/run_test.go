@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"math"
 	"os"
 	"path/filepath"
@@ -324,11 +325,11 @@ func TestFinetuneFlags(t *testing.T) {
 		{"-data", data, "extra"},
 	} {
 		_, _, err := runArgs(t, args...)
-		if !errors.As(err, new(usageError)) {
+		if !cli.IsUsage(err) {
 			t.Errorf("%q: error %v, want a usage error", args, err)
 		}
 	}
-	if _, _, err := runArgs(t, "-data", filepath.Join(t.TempDir(), "missing.txt")); err == nil || errors.As(err, new(usageError)) {
+	if _, _, err := runArgs(t, "-data", filepath.Join(t.TempDir(), "missing.txt")); err == nil || cli.IsUsage(err) {
 		t.Errorf("a missing data file: %v, want a plain error", err)
 	}
 	if _, _, err := runArgs(t, "-model", t.TempDir(), "-data", data); err == nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -35,7 +36,7 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 	if o.configFile != "" {
 		f, err := paging.LoadConfigFile(o.configFile)
 		if err != nil {
-			return nil, usageError{err}
+			return nil, cli.UsageError{Err: err}
 		}
 		fc = f.Memory
 	}
@@ -51,7 +52,7 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 	mode := pick("memory-mode", o.memMode, fc.MemoryMode)
 	fraction := pick("gpu-memory-fraction", o.gpuFraction, fc.GPUMemoryFraction)
 	if o.set["gpu-memory-fraction"] && o.set["gpu-memory-limit"] {
-		return nil, usagef("give -gpu-memory-limit or -gpu-memory-fraction, not both")
+		return nil, cli.Usagef("give -gpu-memory-limit or -gpu-memory-fraction, not both")
 	}
 	if o.set["gpu-memory-fraction"] {
 		gpuLimit = ""
@@ -66,25 +67,25 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 		case gpuLimit != "":
 			v, perr := paging.PerDevice(gpuLimit, ordinals[d])
 			if perr != nil {
-				return nil, usagef("-gpu-memory-limit: %v", perr)
+				return nil, cli.Usagef("-gpu-memory-limit: %v", perr)
 			}
 			if m.budgets[d], err = paging.ParseSize(v); err != nil {
-				return nil, usagef("-gpu-memory-limit: %v", err)
+				return nil, cli.Usagef("-gpu-memory-limit: %v", err)
 			}
 			if m.budgets[d] <= 0 {
-				return nil, usagef("-gpu-memory-limit %q must be positive", v)
+				return nil, cli.Usagef("-gpu-memory-limit %q must be positive", v)
 			}
 		case fraction != "":
 			v, perr := paging.PerDevice(fraction, ordinals[d])
 			if perr != nil {
-				return nil, usagef("-gpu-memory-fraction: %v", perr)
+				return nil, cli.Usagef("-gpu-memory-fraction: %v", perr)
 			}
 			f, ferr := paging.ParseFraction(v)
 			if ferr != nil {
-				return nil, usagef("-gpu-memory-fraction: %v", ferr)
+				return nil, cli.Usagef("-gpu-memory-fraction: %v", ferr)
 			}
 			if m.budgets[d], err = paging.DeviceFraction(b, f); err != nil {
-				return nil, usagef("-gpu-memory-fraction: %v", err)
+				return nil, cli.Usagef("-gpu-memory-fraction: %v", err)
 			}
 		}
 	}
@@ -92,7 +93,7 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 	var err error
 	if hostLimit != "" {
 		if m.hostLimit, err = paging.ParseSize(hostLimit); err != nil {
-			return nil, usagef("-host-memory-limit: %v", err)
+			return nil, cli.Usagef("-host-memory-limit: %v", err)
 		}
 		if m.hostLimit == 0 {
 			m.hostLimit = -1 // no host cache at all
@@ -101,7 +102,7 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 	switch {
 	case offload != "":
 		if m.strategy, err = paging.ParseStrategy(offload); err != nil {
-			return nil, usagef("-offload: %v", err)
+			return nil, cli.Usagef("-offload: %v", err)
 		}
 	case slices.ContainsFunc(m.budgets, func(b int64) bool { return b > 0 }):
 		m.strategy = paging.StrategyBalanced
@@ -111,11 +112,11 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 	m.mode = paging.ModeExplicit
 	if mode != "" {
 		if m.mode, err = paging.ParseMemoryMode(mode); err != nil {
-			return nil, usagef("-memory-mode: %v", err)
+			return nil, cli.Usagef("-memory-mode: %v", err)
 		}
 	}
 	if m.mode != paging.ModeExplicit && !isCUDA(backends[0]) {
-		return nil, usagef("-memory-mode %s needs the cuda device (running on %s)", m.mode, backends[0].Name())
+		return nil, cli.Usagef("-memory-mode %s needs the cuda device (running on %s)", m.mode, backends[0].Name())
 	}
 	return m, nil
 }

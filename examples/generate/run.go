@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/strata-llm/strata/cuda"
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
@@ -57,7 +58,6 @@ type options struct {
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny BF16 model)")
 	fs.StringVar(&o.prompt, "prompt", "", "prompt `text` (needs tokenizer.json in the model directory)")
 	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token `ids` (overrides -prompt and the tokenizer)")
@@ -81,30 +81,24 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memMode, "memory-mode", "", "explicit, unified or unified-noprefetch (unified needs -device cuda)")
 	fs.BoolVar(&o.summary, "memory-summary", false, "print a memory summary table on stderr at exit")
 	fs.StringVar(&o.snapshot, "memory-snapshot", "", "record every allocation and paging event to this JSON `file` (draw it with examples/memviz)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return nil, err
-		}
-		return nil, usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return nil, usagef("unexpected argument %q", fs.Arg(0))
+	if err := cli.Parse(fs, args, stderr); err != nil {
+		return nil, err
 	}
 	o.set = map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	o.promptIsSet = o.set["prompt"]
 	switch {
 	case o.maxNew < 0:
-		return nil, usagef("-max-new-tokens %d must be >= 0", o.maxNew)
+		return nil, cli.Usagef("-max-new-tokens %d must be >= 0", o.maxNew)
 	case o.chunk <= 0:
-		return nil, usagef("-prefill-chunk %d must be > 0", o.chunk)
+		return nil, cli.Usagef("-prefill-chunk %d must be > 0", o.chunk)
 	case o.threads < 0:
-		return nil, usagef("-threads %d must be >= 0", o.threads)
+		return nil, cli.Usagef("-threads %d must be >= 0", o.threads)
 	case o.device != "cpu" && o.device != "cuda" && o.device != "auto":
-		return nil, usagef("-device %q: want cpu, cuda or auto", o.device)
+		return nil, cli.Usagef("-device %q: want cpu, cuda or auto", o.device)
 	}
 	if err := (nn.SamplerConfig{Temperature: o.temperature, TopK: o.topK, TopP: o.topP}).Validate(); err != nil {
-		return nil, usageError{err}
+		return nil, cli.UsageError{Err: err}
 	}
 	return o, nil
 }
@@ -119,12 +113,12 @@ func parseIDs(s string) ([]int32, error) {
 		}
 		v, err := strconv.ParseInt(f, 10, 32)
 		if err != nil {
-			return nil, usagef("-ids: %q is not a token id", f)
+			return nil, cli.Usagef("-ids: %q is not a token id", f)
 		}
 		ids = append(ids, int32(v))
 	}
 	if len(ids) == 0 {
-		return nil, usagef("-ids: no token ids in %q", s)
+		return nil, cli.Usagef("-ids: no token ids in %q", s)
 	}
 	return ids, nil
 }
@@ -171,22 +165,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		}
 	}
 
-	dir := o.model
-	if dir == "" {
-		tmp, err := os.MkdirTemp("", "strata-default-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		if dir, err = fixtures.Extract(fixtures.TinyLlamaBF16, tmp); err != nil {
-			return err
-		}
-		o.defaultModel = true
-	} else if st, err := os.Stat(dir); err != nil {
-		return fmt.Errorf("model directory %s: %w", dir, errors_(err))
-	} else if !st.IsDir() {
-		return fmt.Errorf("model directory %s: not a directory", dir)
+	dir, cleanup, err := cli.ModelDir(o.model, fixtures.TinyLlamaBF16)
+	if err != nil {
+		return err
 	}
+	defer cleanup()
+	o.defaultModel = o.model == ""
 
 	lm, err := loader.Open(dir)
 	if err != nil {
@@ -207,9 +191,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if ids == nil {
 		switch {
 		case tok == nil:
-			return usagef("%s has no tokenizer.json: give the prompt as -ids", dir)
+			return cli.Usagef("%s has no tokenizer.json: give the prompt as -ids", dir)
 		case !o.promptIsSet && !o.defaultModel:
-			return usagef("give a -prompt or -ids")
+			return cli.Usagef("give a -prompt or -ids")
 		}
 		prompt := o.prompt
 		if !o.promptIsSet {
@@ -223,12 +207,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			ids = append(ids, int32(id))
 		}
 		if len(ids) == 0 {
-			return usagef("-prompt %q encodes to no tokens", prompt)
+			return cli.Usagef("-prompt %q encodes to no tokens", prompt)
 		}
 	}
 	for i, id := range ids {
 		if id < 0 || int(id) >= cfg.VocabSize {
-			return usagef("token id %d (prompt position %d) is outside the vocabulary of %d", id, i, cfg.VocabSize)
+			return cli.Usagef("token id %d (prompt position %d) is outside the vocabulary of %d", id, i, cfg.VocabSize)
 		}
 	}
 
@@ -250,7 +234,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	start := time.Now()
 	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
 	if o.snapshot != "" && len(backends) > 1 {
-		return usagef("-memory-snapshot records one device; drop -devices or -memory-snapshot")
+		return cli.Usagef("-memory-snapshot records one device; drop -devices or -memory-snapshot")
 	}
 	eng, err := openEngine(ctx, lm, cfg, backends, mem, contextLen, chunk, o.snapshot != "", bar)
 	bar.done()
@@ -422,7 +406,7 @@ func openBackends(o *options) ([]tensor.Backend, []int, error) {
 	var ordinals []int
 	if o.devices == "all" {
 		if o.device == "cpu" {
-			return nil, nil, usagef("-devices all needs -device cuda or auto")
+			return nil, nil, cli.Usagef("-devices all needs -device cuda or auto")
 		}
 		n, err := cuda.DeviceCount()
 		if err != nil {
@@ -435,10 +419,10 @@ func openBackends(o *options) ([]tensor.Backend, []int, error) {
 		for _, f := range strings.Split(o.devices, ",") {
 			i, err := strconv.Atoi(strings.TrimSpace(f))
 			if err != nil || i < 0 {
-				return nil, nil, usagef("-devices: %q is not a device number", f)
+				return nil, nil, cli.Usagef("-devices: %q is not a device number", f)
 			}
 			if slices.Contains(ordinals, i) {
-				return nil, nil, usagef("-devices: device %d given twice", i)
+				return nil, nil, cli.Usagef("-devices: device %d given twice", i)
 			}
 			ordinals = append(ordinals, i)
 		}
@@ -494,12 +478,4 @@ func writeLogits(path string, logits []float32, rows, vocab int) error {
 		return fmt.Errorf("-logits-out: %w", err)
 	}
 	return nil
-}
-
-// errors_ strips the path that os errors repeat.
-func errors_(err error) error {
-	if pe, ok := err.(*os.PathError); ok {
-		return pe.Err
-	}
-	return err
 }

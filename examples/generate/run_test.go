@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
@@ -138,7 +138,7 @@ func TestBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			if isUsage := errors.As(err, new(usageError)); isUsage != tc.usage {
+			if isUsage := cli.IsUsage(err); isUsage != tc.usage {
 				t.Errorf("usage error = %v, want %v (%v)", isUsage, tc.usage, err)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
