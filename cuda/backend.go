@@ -567,19 +567,26 @@ type span struct {
 	stall      bool
 }
 
-// getTimedEvent returns an event that records time; the caller holds evMu.
-func (b *Backend) getTimedEventLocked() (cu.Event, error) {
-	if n := len(b.tevFree); n > 0 {
-		ev := b.tevFree[n-1]
-		b.tevFree = b.tevFree[:n-1]
+// popEventLocked takes an event from pool, or makes one with flags (kept in
+// evAll for Close); the caller holds evMu.
+func (b *Backend) popEventLocked(pool *[]cu.Event, flags cu.EventFlags) (cu.Event, error) {
+	if n := len(*pool); n > 0 {
+		ev := (*pool)[n-1]
+		*pool = (*pool)[:n-1]
 		return ev, nil
 	}
-	ev, err := cu.MakeEvent(cu.DefaultEvent)
+	ev, err := cu.MakeEvent(flags)
 	if err != nil {
 		return ev, cuError(err)
 	}
 	b.evAll = append(b.evAll, ev)
 	return ev, nil
+}
+
+// getTimedEventLocked returns an event that records time; the caller holds
+// evMu.
+func (b *Backend) getTimedEventLocked() (cu.Event, error) {
+	return b.popEventLocked(&b.tevFree, cu.DefaultEvent)
 }
 
 // timedPair returns two timing events, or ok false when none can be made
@@ -656,17 +663,7 @@ func (b *Backend) CopyStats() (bytes int64, busy, stall time.Duration) {
 func (b *Backend) getEvent() (cu.Event, error) {
 	b.evMu.Lock()
 	defer b.evMu.Unlock()
-	if n := len(b.evFree); n > 0 {
-		ev := b.evFree[n-1]
-		b.evFree = b.evFree[:n-1]
-		return ev, nil
-	}
-	ev, err := cu.MakeEvent(cu.DisableTiming)
-	if err != nil {
-		return ev, cuError(err)
-	}
-	b.evAll = append(b.evAll, ev)
-	return ev, nil
+	return b.popEventLocked(&b.evFree, cu.DisableTiming)
 }
 
 // putEvent returns an event to the pool. Re-recording it later does not
