@@ -94,3 +94,71 @@ func BenchmarkAttention(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMatMulGrad measures the backward of a linear layer in a training
+// shape: MatMulGradX (dy · w, w in its stored type) and MatMulGradW (dyᵀ · x).
+func BenchmarkMatMulGrad(b *testing.B) {
+	const m, n, k = 256, 2048, 2048
+	for _, c := range []struct {
+		name string
+		dt   tensor.DType // weight type (GradX)
+	}{{"X/F16", tensor.F16}, {"X/BF16", tensor.BF16}, {"X/F32", tensor.F32}, {"W", tensor.F32}} {
+		for _, th := range benchThreads() {
+			b.Run(fmt.Sprintf("%s/M%d_N%d_K%d/%s", c.name, m, n, k, th.name), func(b *testing.B) {
+				cpu := tensor.NewCPU(th.n)
+				defer cpu.Close()
+				r := rand.New(rand.NewPCG(5, 6))
+				dy := benchTensor(b, cpu, tensor.F32, tensor.Shape{m, n}, r)
+				var run func() error
+				if c.name == "W" {
+					x := benchTensor(b, cpu, tensor.F32, tensor.Shape{m, k}, r)
+					dw, _ := cpu.Alloc(tensor.F32, tensor.Shape{n, k})
+					run = func() error { return cpu.MatMulGradW(dw, dy, x) }
+				} else {
+					w := benchTensor(b, cpu, c.dt, tensor.Shape{n, k}, r)
+					dx, _ := cpu.Alloc(tensor.F32, tensor.Shape{m, k})
+					run = func() error { return cpu.MatMulGradX(dx, dy, w) }
+				}
+				for b.Loop() {
+					if err := run(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				s := b.Elapsed().Seconds() / float64(b.N)
+				b.ReportMetric(2*float64(m*n*k)/s/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
+
+// BenchmarkAttentionGrad measures the attention backward over a 512-token
+// training sequence in TinyLlama's layout (32 query heads, 4 KV heads of 64).
+func BenchmarkAttentionGrad(b *testing.B) {
+	const t, heads, kvHeads, headDim = 512, 32, 4, 64
+	for _, th := range benchThreads() {
+		b.Run(fmt.Sprintf("T%d/%s", t, th.name), func(b *testing.B) {
+			cpu := tensor.NewCPU(th.n)
+			defer cpu.Close()
+			r := rand.New(rand.NewPCG(7, 8))
+			q := benchTensor(b, cpu, tensor.F32, tensor.Shape{t, heads * headDim}, r)
+			dout := benchTensor(b, cpu, tensor.F32, tensor.Shape{t, heads * headDim}, r)
+			k := benchTensor(b, cpu, tensor.F32, tensor.Shape{t, kvHeads * headDim}, r)
+			v := benchTensor(b, cpu, tensor.F32, tensor.Shape{t, kvHeads * headDim}, r)
+			out, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, heads * headDim})
+			if err := cpu.Attention(out, q, k, v, heads, kvHeads, headDim, 0, 0.125); err != nil {
+				b.Fatal(err)
+			}
+			dq, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, heads * headDim})
+			dk, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, kvHeads * headDim})
+			dv, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, kvHeads * headDim})
+			for b.Loop() {
+				if err := cpu.AttentionGrad(dq, dk, dv, dout, q, k, v, out, heads, kvHeads, headDim, 0.125); err != nil {
+					b.Fatal(err)
+				}
+			}
+			s := b.Elapsed().Seconds() / float64(b.N)
+			// Scores, dp, dq, dk and dv: five products over the causal half.
+			b.ReportMetric(5*float64(heads*t*(t+1)*headDim)/s/1e9, "GFLOP/s")
+		})
+	}
+}

@@ -2,7 +2,9 @@ package tensor_test
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 
@@ -16,6 +18,16 @@ func TestCPUBackend(t *testing.T) {
 			c := tensor.NewCPU(threads)
 			defer c.Close()
 			tensortest.TestBackend(t, c)
+		})
+	}
+}
+
+func TestCPUGradOps(t *testing.T) {
+	for _, threads := range []int{1, 0, 3} {
+		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
+			c := tensor.NewCPU(threads)
+			defer c.Close()
+			tensortest.TestGradOps(t, c)
 		})
 	}
 }
@@ -190,4 +202,128 @@ func FuzzCPUMatMul(f *testing.F) {
 	c := tensor.NewCPU(0)
 	defer c.Close()
 	tensortest.FuzzMatMul(f, c)
+}
+
+func FuzzCPUMatMulGrad(f *testing.F) {
+	c := tensor.NewCPU(0)
+	defer c.Close()
+	tensortest.FuzzMatMulGrad(f, c)
+}
+
+// TestCPUGradOverlap checks that the backward operations reject outputs that
+// share storage with an operand where the contract forbids it, and accept
+// SiLUMulGrad in place.
+func TestCPUGradOverlap(t *testing.T) {
+	c := tensor.NewCPU(1)
+	defer c.Close()
+	f32 := func(shape ...int) *tensor.Tensor { return tensor.New(tensor.F32, tensor.Shape(shape)) }
+	sq, a, b, x := f32(4, 4), f32(4, 4), f32(4, 4), f32(4, 4)
+	top, _ := a.Rows(0, 3)
+	low, _ := a.Rows(1, 3)
+	norm := f32(4)
+	q, k, v, o, dq, dk, dv := f32(3, 8), f32(3, 4), f32(3, 4), f32(3, 8), f32(3, 8), f32(3, 4), f32(3, 4)
+	attn := func(dq, dk, dv, dout, q, k, v, out *tensor.Tensor) error {
+		return c.AttentionGrad(dq, dk, dv, dout, q, k, v, out, 2, 1, 4, 0.5)
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"MatMulGradX/dx is dy", func() error { return c.MatMulGradX(sq, sq, b) }},
+		{"MatMulGradX/dx is w", func() error { return c.MatMulGradX(sq, b, sq) }},
+		{"MatMulGradW/dw is x", func() error { return c.MatMulGradW(sq, b, sq) }},
+		{"MatMulGradW/dw is dy", func() error { return c.MatMulGradW(sq, sq, b) }},
+		{"BiasGrad/db in dy", func() error { r, _ := sq.Rows(0, 1); d, _ := r.Reshape(tensor.Shape{4}); return c.BiasGrad(d, sq) }},
+		{"RMSNormGrad/dx is x", func() error { return c.RMSNormGrad(x, nil, b, x, norm, 1e-5) }},
+		{"RMSNormGrad/dx is dy", func() error { return c.RMSNormGrad(x, nil, x, b, norm, 1e-5) }},
+		{"RMSNormGrad/dw is w", func() error { return c.RMSNormGrad(x, norm, b, sq, norm, 1e-5) }},
+		{"SiLUMulGrad/dup is dout", func() error { return c.SiLUMulGrad(x, b, b, sq, sq) }},
+		{"SiLUMulGrad/dgate is gate", func() error { return c.SiLUMulGrad(x, b, sq, x, sq) }},
+		{"SiLUMulGrad/dgate partly dout", func() error { return c.SiLUMulGrad(low, f32(3, 4), top, f32(3, 4), f32(3, 4)) }},
+		{"SiLUMulGrad/dgate is dup", func() error { return c.SiLUMulGrad(x, x, b, sq, sq) }},
+		{"AttentionGrad/dq is q", func() error { return attn(q, dk, dv, o, q, k, v, o) }},
+		{"AttentionGrad/dq is dout", func() error { return attn(o, dk, dv, o, q, k, v, f32(3, 8)) }},
+		{"AttentionGrad/dk is dv", func() error { return attn(dq, dk, dk, o, q, k, v, f32(3, 8)) }},
+		{"AttentionGrad/dv is v", func() error { return attn(dq, dk, v, o, q, k, v, f32(3, 8)) }},
+	} {
+		err := tc.call()
+		if err == nil || !strings.Contains(err.Error(), "overlaps") {
+			t.Errorf("%s: error %v, want one about overlapping operands", tc.name, err)
+		}
+	}
+	if err := c.SiLUMulGrad(x, b, x, sq, sq); err != nil {
+		t.Errorf("SiLUMulGrad in place: %v", err)
+	}
+	// A freed tensor is an error.
+	freed := f32(4, 4)
+	c.Free(freed)
+	if err := c.MatMulGradX(freed, a, b); err == nil {
+		t.Error("MatMulGradX into a freed tensor succeeded")
+	}
+	if err := c.Zero(freed); err == nil {
+		t.Error("Zero of a freed tensor succeeded")
+	}
+	// A target out of range leaves the logits as they were.
+	logits, _ := tensor.FromF32(tensor.Shape{2, 3}, []float32{1, 2, 3, 4, 5, 6})
+	if _, err := c.CrossEntropyGrad(logits, []int32{0, 3}, 1); err == nil {
+		t.Error("CrossEntropyGrad with target 3 of 3 logits succeeded")
+	}
+	for i, v := range logits.F32() {
+		if v != float32(i+1) {
+			t.Fatalf("logits changed by a failed CrossEntropyGrad: %v", logits.F32())
+		}
+	}
+}
+
+// TestCPUGradThreads checks that the backward operations give the same bits
+// on one thread as on several: tasks own disjoint outputs, and partial sums
+// are added in a fixed order.
+func TestCPUGradThreads(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	rnd := func(shape ...int) *tensor.Tensor {
+		x := tensor.New(tensor.F32, tensor.Shape(shape))
+		for i := range x.F32() {
+			x.F32()[i] = r.Float32()*2 - 1
+		}
+		return x
+	}
+	const m, n, k, heads, kvHeads, hd = 70, 300, 260, 6, 2, 16
+	dy, x, dyn, xn := rnd(m, n), rnd(m, k), rnd(m, k), rnd(m, k)
+	w := tensor.New(tensor.BF16, tensor.Shape{n, k})
+	tensor.F32ToBF16(w.U16(), rnd(n, k).F32())
+	norm := rnd(k)
+	q, kk, vv, dout := rnd(m, heads*hd), rnd(m, kvHeads*hd), rnd(m, kvHeads*hd), rnd(m, heads*hd)
+	logits := rnd(m, 1000)
+	targets := make([]int32, m)
+	for i := range targets {
+		targets[i] = int32(r.IntN(1001)) - 1
+	}
+	run := func(threads int) [][]float32 {
+		c := tensor.NewCPU(threads)
+		defer c.Close()
+		dx, dw, dxn, dwn := tensor.New(tensor.F32, tensor.Shape{m, k}), tensor.New(tensor.F32, tensor.Shape{n, k}), tensor.New(tensor.F32, tensor.Shape{m, k}), tensor.New(tensor.F32, tensor.Shape{k})
+		dq, dk, dv := tensor.New(tensor.F32, q.Shape()), tensor.New(tensor.F32, kk.Shape()), tensor.New(tensor.F32, vv.Shape())
+		z, _ := tensor.FromF32(logits.Shape(), append([]float32(nil), logits.F32()...))
+		loss, err := c.CrossEntropyGrad(z, targets, 0.01)
+		for _, e := range []error{
+			c.MatMulGradX(dx, dy, w),
+			c.MatMulGradW(dw, dy, x),
+			c.RMSNormGrad(dxn, dwn, dyn, xn, norm, 1e-5),
+			c.AttentionGrad(dq, dk, dv, dout, q, kk, vv, dout, heads, kvHeads, hd, 0.25),
+			err,
+		} {
+			if e != nil {
+				t.Fatal(e)
+			}
+		}
+		return [][]float32{dx.F32(), dw.F32(), dxn.F32(), dwn.F32(), dq.F32(), dk.F32(), dv.F32(), z.F32(), {float32(loss)}}
+	}
+	one, many := run(1), run(3)
+	for i := range one {
+		for j := range one[i] {
+			if math.Float32bits(one[i][j]) != math.Float32bits(many[i][j]) {
+				t.Fatalf("output %d element %d: %v on one thread, %v on three", i, j, one[i][j], many[i][j])
+			}
+		}
+	}
 }

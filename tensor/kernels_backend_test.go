@@ -25,6 +25,23 @@ func TestCPUBackendKernels(t *testing.T) {
 	}
 }
 
+// TestCPUGradOpsKernels runs the shared GradOps suite on every kernel table
+// this machine runs.
+func TestCPUGradOpsKernels(t *testing.T) {
+	for _, name := range tensor.KernelNames() {
+		for _, threads := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/threads=%d", name, threads), func(t *testing.T) {
+				c := tensor.NewCPUKernels(threads, name)
+				defer c.Close()
+				if c.Kernels() != name {
+					t.Fatalf("backend runs %q kernels, want %q", c.Kernels(), name)
+				}
+				tensortest.TestGradOps(t, c)
+			})
+		}
+	}
+}
+
 // FuzzCPUMatMulGo fuzzes MatMul on the portable Go kernels (FuzzCPUMatMul
 // covers the fastest table of the machine).
 func FuzzCPUMatMulGo(f *testing.F) { fuzzKernels(f, "go") }

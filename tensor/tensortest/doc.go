@@ -22,6 +22,13 @@
 //		tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2))
 //	}
 //
-// FuzzMatMul does the same for random matrix-product shapes under go test
-// -fuzz.
+// TestGradOps does the same for the backward operations of a backend that
+// implements tensor.GradOps, against float64 references (RefMatMulGradX,
+// RefAttentionGrad, ...) that this package's own tests check against finite
+// differences of the forward references. It holds every backend to the
+// default tolerance, since training compares gradients with an F32
+// reference.
+//
+// FuzzMatMul and FuzzMatMulGrad do the same for random matrix-product
+// shapes under go test -fuzz.
 package tensortest

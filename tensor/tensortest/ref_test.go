@@ -2,6 +2,7 @@ package tensortest_test
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
@@ -141,4 +142,153 @@ func TestFromToF32(t *testing.T) {
 	if _, err := tensortest.FromF32(cpu, tensor.F32, tensor.Shape{3}, []float32{1}); err == nil {
 		t.Error("FromF32 with too few values succeeded")
 	}
+}
+
+// The backward references are checked against central finite differences
+// of the forward references: for a fixed upstream gradient dy, the gradient
+// of Σ dy·f(inputs) with respect to each input element.
+
+// numGrad returns d/dx_i of f at x for every i by central differences.
+func numGrad(x []float64, f func() float64) []float64 {
+	const h = 1e-6
+	g := make([]float64, len(x))
+	for i := range x {
+		old := x[i]
+		x[i] = old + h
+		up := f()
+		x[i] = old - h
+		down := f()
+		x[i] = old
+		g[i] = (up - down) / (2 * h)
+	}
+	return g
+}
+
+// dotF64 returns Σ a·b.
+func dotF64(a, b []float64) float64 {
+	var s float64
+	for i := range a {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+// randF64 returns n values uniform in [-scale, scale).
+func randF64(r *rand.Rand, n int, scale float64) []float64 {
+	v := make([]float64, n)
+	for i := range v {
+		v[i] = (2*r.Float64() - 1) * scale
+	}
+	return v
+}
+
+// nearGrad fails t unless the analytic gradient got is within a relative
+// error of 1e-7 of the finite differences want.
+func nearGrad(t *testing.T, what string, got, want []float64) {
+	t.Helper()
+	var num, den float64
+	for i := range got {
+		num += (got[i] - want[i]) * (got[i] - want[i])
+		den += want[i] * want[i]
+	}
+	if len(got) != len(want) || den == 0 || math.Sqrt(num/den) > 1e-7 {
+		t.Fatalf("%s: relative error %.3g against finite differences (%d vs %d elements)", what, math.Sqrt(num/den), len(got), len(want))
+	}
+}
+
+func TestRefMatMulGrad(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 1))
+	const m, n, k = 3, 4, 5
+	x, w, b, dy := randF64(r, m*k, 1), randF64(r, n*k, 1), randF64(r, n, 1), randF64(r, m*n, 1)
+	loss := func() float64 { return dotF64(dy, tensortest.RefMatMul(x, w, b, m, n, k)) }
+	nearGrad(t, "dx", tensortest.RefMatMulGradX(dy, w, m, n, k), numGrad(x, loss))
+	nearGrad(t, "dw", tensortest.RefMatMulGradW(dy, x, m, n, k), numGrad(w, loss))
+	nearGrad(t, "db", tensortest.RefBiasGrad(dy, m, n), numGrad(b, loss))
+}
+
+func TestRefRMSNormGrad(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 2))
+	for _, c := range []struct {
+		m, d int
+		eps  float64
+		xMax float64
+	}{{3, 7, 1e-5, 2}, {2, 16, 1e-2, 0.1}} {
+		x, w, dy := randF64(r, c.m*c.d, c.xMax), randF64(r, c.d, 1.5), randF64(r, c.m*c.d, 1)
+		loss := func() float64 { return dotF64(dy, tensortest.RefRMSNorm(x, w, c.m, c.d, c.eps)) }
+		dx, dw := tensortest.RefRMSNormGrad(dy, x, w, c.m, c.d, c.eps)
+		nearGrad(t, "dx", dx, numGrad(x, loss))
+		nearGrad(t, "dw", dw, numGrad(w, loss))
+	}
+}
+
+func TestRefSiLUMulGrad(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	gate, up, dout := randF64(r, 40, 8), randF64(r, 40, 2), randF64(r, 40, 1)
+	gate[0], gate[1] = -30, 30 // saturated tails
+	loss := func() float64 { return dotF64(dout, tensortest.RefSiLUMul(gate, up)) }
+	dg, du := tensortest.RefSiLUMulGrad(dout, gate, up)
+	nearGrad(t, "dgate", dg, numGrad(gate, loss))
+	nearGrad(t, "dup", du, numGrad(up, loss))
+	// Far tails: silu' is 0 below and 1 above, without overflow.
+	dg, du = tensortest.RefSiLUMulGrad([]float64{1, 1}, []float64{-800, 800}, []float64{1, 1})
+	near(t, "tails", append(dg, du...), []float64{0, 1, 0, 800})
+}
+
+func TestRefRopeGrad(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	const tt, heads, headDim, pos0 = 3, 2, 8, 2
+	cos, sin := tensortest.RopeTables(pos0+tt, headDim, 10000)
+	x, dy := randF64(r, tt*heads*headDim, 1), randF64(r, tt*heads*headDim, 1)
+	loss := func() float64 { return dotF64(dy, tensortest.RefRope(x, cos, sin, tt, heads, headDim, pos0)) }
+	dx := tensortest.RefRopeGrad(dy, cos, sin, tt, heads, headDim, pos0)
+	nearGrad(t, "dx", dx, numGrad(x, loss))
+	// The gradient is the rotation by the negated angle (GradOps' doc).
+	neg := make([]float64, len(sin))
+	for i, s := range sin {
+		neg[i] = -s
+	}
+	near(t, "Rope with -sin", tensortest.RefRope(dy, cos, neg, tt, heads, headDim, pos0), dx)
+}
+
+func TestRefAttentionGrad(t *testing.T) {
+	for _, c := range []struct{ heads, kvHeads int }{{2, 2}, {4, 2}, {3, 1}} {
+		r := rand.New(rand.NewPCG(5, uint64(c.heads*10+c.kvHeads)))
+		const tt, d = 5, 3
+		qw, kw := c.heads*d, c.kvHeads*d
+		scale := 1 / math.Sqrt(d)
+		q, k, v, dout := randF64(r, tt*qw, 1.5), randF64(r, tt*kw, 1.5), randF64(r, tt*kw, 1), randF64(r, tt*qw, 1)
+		loss := func() float64 {
+			return dotF64(dout, tensortest.RefAttention(q, k, v, tt, c.heads, c.kvHeads, d, 0, scale))
+		}
+		dq, dk, dv := tensortest.RefAttentionGrad(dout, q, k, v, tt, c.heads, c.kvHeads, d, scale)
+		nearGrad(t, "dq", dq, numGrad(q, loss))
+		nearGrad(t, "dk", dk, numGrad(k, loss))
+		nearGrad(t, "dv", dv, numGrad(v, loss))
+	}
+}
+
+func TestRefCrossEntropy(t *testing.T) {
+	// Logits 0 and ln 3: probabilities 1/4 and 3/4.
+	z := []float64{0, math.Log(3), 0, math.Log(3)}
+	loss := tensortest.RefCrossEntropy(z, []int32{1, 0}, 2)
+	if want := math.Log(4.0/3) + math.Log(4); math.Abs(loss-want) > 1e-12 {
+		t.Fatalf("loss %v, want %v", loss, want)
+	}
+	g, l := tensortest.RefCrossEntropyGrad(z, []int32{1, -1}, 2, 2)
+	near(t, "grad", g, []float64{0.5, -0.5, 0, 0})
+	if math.Abs(l-math.Log(4.0/3)) > 1e-12 {
+		t.Fatalf("loss %v with a row left out, want %v", l, math.Log(4.0/3))
+	}
+
+	r := rand.New(rand.NewPCG(6, 6))
+	const rows, v, scale = 4, 11, 0.375
+	logits := randF64(r, rows*v, 5)
+	targets := []int32{3, -1, 0, 10}
+	grad, l := tensortest.RefCrossEntropyGrad(logits, targets, v, scale)
+	if want := tensortest.RefCrossEntropy(logits, targets, v); math.Abs(l-want) > 1e-12*want {
+		t.Fatalf("loss %v, want %v", l, want)
+	}
+	nearGrad(t, "d logits", grad, numGrad(logits, func() float64 {
+		return scale * tensortest.RefCrossEntropy(logits, targets, v)
+	}))
 }
