@@ -83,6 +83,16 @@ type Backend struct {
 	// kernels take 13.3 and 14.4 us for M = 1 and 2, cuBLAS (with the cast
 	// of x) 19.3 us, and cuBLAS wins from M = 4 on (PERF.md).
 	gemvMaxRows int
+
+	// gradPath is the implementation MatMulGradX and MatMulGradW use:
+	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or
+	// pathTiled, which tests set on a backend of their own to check the
+	// fallback.
+	gradPath mmPath
+	// preciseChunk bounds the bytes of an F16 or BF16 weight that
+	// MatMulPrecise widens to F32 at a time; 0 means gradChunkBytes. Tests
+	// make it small so that several chunks run.
+	preciseChunk int64
 }
 
 // DeviceCount returns the number of CUDA devices, or an error wrapping

@@ -186,3 +186,80 @@ func BenchmarkLaunchFloor(b *testing.B) {
 	}
 	b.ReportMetric(b.Elapsed().Seconds()/float64(b.N*perIter)*1e6, "us/op")
 }
+
+// BenchmarkAttentionGrad times the attention backward (both kernels) on a
+// training-sized sequence: T = 512, 32 query heads on 4 KV heads,
+// headDim 64. TFLOP/s counts the usual 2.5 times the causal forward's
+// 4·T²/2·headDim·heads.
+func BenchmarkAttentionGrad(b *testing.B) {
+	be := openGPU(b)
+	const t, heads, kvHeads, headDim = 512, 32, 4, 64
+	r := newRand(b)
+	qw, kw := heads*headDim, kvHeads*headDim
+	q, _ := put(b, be, tensor.F32, tensor.Shape{t, qw}, uniform(r, t*qw, -1, 1))
+	k, _ := put(b, be, tensor.F32, tensor.Shape{t, kw}, uniform(r, t*kw, -1, 1))
+	v, _ := put(b, be, tensor.F32, tensor.Shape{t, kw}, uniform(r, t*kw, -1, 1))
+	dout, _ := put(b, be, tensor.F32, tensor.Shape{t, qw}, uniform(r, t*qw, -1, 1))
+	out, _ := put(b, be, tensor.F32, tensor.Shape{t, qw}, make([]float32, t*qw))
+	dq, _ := put(b, be, tensor.F32, tensor.Shape{t, qw}, make([]float32, t*qw))
+	dk, _ := put(b, be, tensor.F32, tensor.Shape{t, kw}, make([]float32, t*kw))
+	dv, _ := put(b, be, tensor.F32, tensor.Shape{t, kw}, make([]float32, t*kw))
+	const scale = 0.125
+	if err := be.Attention(out, q, k, v, heads, kvHeads, headDim, 0, scale); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := be.AttentionGrad(dq, dk, dv, dout, q, k, v, out, heads, kvHeads, headDim, scale); err != nil {
+			b.Fatal(err)
+		}
+		if err := be.Sync(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(sec*1e6, "us/op")
+	b.ReportMetric(2.5*4*float64(t)*float64(t+1)/2*headDim*heads/sec/1e12, "TFLOP/s")
+}
+
+// BenchmarkMatMulGrad times the two backward products of a linear layer
+// with F16 weights, M = 512 rows, N = K = 2048, on cuBLAS (the weight
+// widened to F32 for MatMulGradX) and on the tiled kernels.
+func BenchmarkMatMulGrad(b *testing.B) {
+	be := openGPU(b)
+	const m, n, k = 512, 2048, 2048
+	r := newRand(b)
+	w, _ := put(b, be, tensor.F16, tensor.Shape{n, k}, uniform(r, n*k, -1, 1))
+	dy, _ := put(b, be, tensor.F32, tensor.Shape{m, n}, uniform(r, m*n, -1, 1))
+	x, _ := put(b, be, tensor.F32, tensor.Shape{m, k}, uniform(r, m*k, -1, 1))
+	dx, _ := put(b, be, tensor.F32, tensor.Shape{m, k}, make([]float32, m*k))
+	dw, _ := put(b, be, tensor.F32, tensor.Shape{n, k}, make([]float32, n*k))
+	for _, p := range []struct {
+		name string
+		p    mmPath
+	}{{"blas", pathBLAS}, {"tiled", pathTiled}} {
+		if p.p == pathBLAS && be.blas == nil {
+			continue
+		}
+		for _, op := range []struct {
+			name string
+			f    func() error
+		}{
+			{"GradX", func() error { return be.matmulGradX(dx, dy, w, p.p, gradChunkBytes) }},
+			{"GradW", func() error { return be.matmulGradW(dw, dy, x, p.p) }},
+		} {
+			b.Run(op.name+"/"+p.name, func(b *testing.B) {
+				for b.Loop() {
+					if err := op.f(); err != nil {
+						b.Fatal(err)
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N)
+				b.ReportMetric(sec*1e6, "us/op")
+				b.ReportMetric(2*float64(m)*n*k/sec/1e12, "TFLOP/s")
+			})
+		}
+	}
+}

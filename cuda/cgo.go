@@ -149,6 +149,21 @@ static int strata_cublas_matmul(cublasHandle_t h, CUdeviceptr out, CUdeviceptr x
 	const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
 	return p_cublasGemmEx(h, 1, 0, N, M, K, &alpha, (const void*)w, wt, K, (const void*)x, xt, K, &beta, (void*)out, 0, N, 68, -1);
 }
+
+// C[m,n] (column-major F32, leading dimension ldc) = op(A)[m,k] . op(B)[k,n]
+// + beta C, with A and B of cuBLAS data types at and bt, op = transpose
+// when transa/transb is 1, and F32 compute (CUBLAS_COMPUTE_32F, no TF32).
+static int strata_cublas_gemm(cublasHandle_t h, int transa, int transb, int m, int n, int k, CUdeviceptr A, int at, int lda, CUdeviceptr B,
+			      int bt, int ldb, float beta, CUdeviceptr C, int ldc) {
+	const float alpha = 1.0f;
+	return p_cublasGemmEx(h, transa, transb, m, n, k, &alpha, (const void*)A, at, lda, (const void*)B, bt, ldb, &beta, (void*)C, 0, ldc, 68, -1);
+}
+
+// Allows a kernel up to bytes of dynamic shared memory (above 48 KiB needs
+// this opt-in).
+static CUresult strata_func_max_shared(CUfunction f, int bytes) {
+	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
+}
 */
 import "C"
 
@@ -312,6 +327,30 @@ func cublasMatMul(h cublasHandle, out, x uintptr, xt int, w uintptr, wt int, m, 
 		return &blasError{call: fmt.Sprintf("cublasGemmEx(M=%d N=%d K=%d)", m, n, k), status: int(st)}
 	}
 	return nil
+}
+
+// cublasGemm computes, in cuBLAS's column-major terms, C[m,n] = op(A)[m,k]
+// · op(B)[k,n] + beta·C with F32 C and F32 compute; op transposes when
+// transA (transB) is set. at and bt are cuBLAS data types (cublasR32F, ...).
+func cublasGemm(h cublasHandle, transA, transB bool, m, n, k int, a uintptr, at, lda int, bm uintptr, bt, ldb int, beta float32, c uintptr, ldc int) error {
+	ta, tb := 0, 0
+	if transA {
+		ta = 1
+	}
+	if transB {
+		tb = 1
+	}
+	st := C.strata_cublas_gemm(h, C.int(ta), C.int(tb), C.int(m), C.int(n), C.int(k), C.CUdeviceptr(a), C.int(at), C.int(lda),
+		C.CUdeviceptr(bm), C.int(bt), C.int(ldb), C.float(beta), C.CUdeviceptr(c), C.int(ldc))
+	if st != 0 {
+		return &blasError{call: fmt.Sprintf("cublasGemmEx(%c%c, m=%d n=%d k=%d)", "NT"[ta], "NT"[tb], m, n, k), status: int(st)}
+	}
+	return nil
+}
+
+// setMaxShared lets f launch with up to bytes of dynamic shared memory.
+func setMaxShared(f kfunc, bytes int) error {
+	return driverError(C.strata_func_max_shared(f, C.int(bytes)))
 }
 
 // args packs kernel parameters with their natural alignment, as

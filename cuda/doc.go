@@ -18,7 +18,11 @@
 //     does not call cuMemAlloc;
 //   - the optional capabilities tensor.Syncer, tensor.PinnedAllocator,
 //     tensor.AsyncUploader (copies on a second stream, ordered by events)
-//     and tensor.MemoryInfo, and unified memory through ManagedAllocator.
+//     and tensor.MemoryInfo, and unified memory through ManagedAllocator;
+//   - the backward operations of training, tensor.GradOps: their matrix
+//     products on cuBLAS with F32 inputs and F32 compute (F16/BF16 weights
+//     widened exactly, a bounded chunk of rows at a time), attention's
+//     backward recomputing the probabilities (no T² buffer).
 //
 // Errors are values, never crashes: no device or no driver (ErrNoDevice),
 // a driver too old for the embedded PTX (ErrDriverTooOld), out of memory

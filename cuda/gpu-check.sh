@@ -7,6 +7,7 @@
 #   test.log       the test binary, verbose
 #   memcheck.log   compute-sanitizer memcheck (leaks included) on the tests
 #   racecheck.log  compute-sanitizer racecheck on the shared-memory kernels
+#   memcheck-grad.log, racecheck-grad.log  the same on the backward kernels
 #   bench.log      GEMV/GEMM paths, H2D pinned vs pageable
 #   ncu.log        with GPU_CHECK_NCU=1: Nsight Compute kernel times and DRAM
 #                  traffic of the GEMV variants and cuBLAS (clocks untouched)
@@ -50,6 +51,17 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
 		-test.run 'TestBackend/(RMSNorm|Attention)|TestAttentionCaches|TestArgmaxAndCast' \
 		>"$OUT/racecheck.log" 2>&1
 	echo "racecheck: exit $?"
+	# The backward kernels (tensor.GradOps), in runs of their own.
+	timeout 150 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
+		"$BIN" -test.short -test.count=1 -test.timeout 140s \
+		-test.run 'TestGradOps|TestMatMulGradPaths|TestAttentionGradShapes|TestCrossEntropyGradRows|TestGradErrors' \
+		>"$OUT/memcheck-grad.log" 2>&1
+	echo "memcheck (grad): exit $?"
+	timeout 75 compute-sanitizer --tool racecheck --error-exitcode 9 \
+		"$BIN" -test.short -test.count=1 -test.timeout 70s \
+		-test.run 'TestAttentionGradShapes|TestGradOps/auto/(RMSNormGrad|BiasGrad|CrossEntropyGrad)' \
+		>"$OUT/racecheck-grad.log" 2>&1
+	echo "racecheck (grad): exit $?"
 fi
 
 timeout 120 "$BIN" -test.run '^$' -test.bench . -test.benchtime 0.5s -test.count=1 -test.timeout 110s >"$OUT/bench.log" 2>&1
@@ -70,5 +82,7 @@ grep -E -- '--- SKIP' "$OUT/test.log" | head -5
 grep -E 'TestDevices|device 0:|cuBLAS|driver free' "$OUT/test.log" | head -5
 [ -f "$OUT/memcheck.log" ] && grep -E 'ERROR SUMMARY|LEAK SUMMARY|^(ok|PASS|FAIL)' "$OUT/memcheck.log" | head -5
 [ -f "$OUT/racecheck.log" ] && grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^(ok|PASS|FAIL)' "$OUT/racecheck.log" | head -5
+[ -f "$OUT/memcheck-grad.log" ] && grep -E 'ERROR SUMMARY|LEAK SUMMARY|^(ok|PASS|FAIL)' "$OUT/memcheck-grad.log" | head -5
+[ -f "$OUT/racecheck-grad.log" ] && grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^(ok|PASS|FAIL)' "$OUT/racecheck-grad.log" | head -5
 grep -E '^Benchmark' "$OUT/bench.log"
 [ -f "$OUT/ncu.log" ] && grep -E '^  [a-z_0-9]+.*\(|gpu__time_duration|dram__bytes_read|dram__throughput' "$OUT/ncu.log" | head -60

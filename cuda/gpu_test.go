@@ -605,3 +605,225 @@ func TestCopyStats(t *testing.T) {
 		t.Errorf("stall %v for a copy of %v waited on at once", stall, busy)
 	}
 }
+
+// TestGradOps runs the shared suite of the backward operations, with the
+// matrix products on cuBLAS (when it is loaded) and again on the tiled
+// kernels.
+func TestGradOps(t *testing.T) {
+	b := openGPU(t)
+	t.Run("auto", func(t *testing.T) {
+		t.Logf("%s", b.BLAS())
+		tensortest.TestGradOps(t, b)
+	})
+	t.Run("tiled", func(t *testing.T) {
+		b.gradPath = pathTiled
+		defer func() { b.gradPath = pathAuto }()
+		tensortest.TestGradOps(t, b)
+	})
+}
+
+// TestMatMulGradPaths checks both backward products on cuBLAS and on the
+// tiled kernels, for every weight type, adding into destinations that are
+// not zero, and MatMulGradX's widening of F16 and BF16 weights in chunks
+// of a few rows (the last one shorter).
+func TestMatMulGradPaths(t *testing.T) {
+	b := openGPU(t)
+	shapes := []struct{ m, n, k int }{{1, 1, 1}, {3, 300, 172}, {64, 256, 1024}, {7, 33, 8}, {17, 100, 70}}
+	type variant struct {
+		name  string
+		p     mmPath
+		chunk int64 // rows of w widened at a time (0: gradChunkBytes)
+	}
+	variants := []variant{{"tiled", pathTiled, 0}}
+	if b.blas != nil {
+		variants = append(variants, variant{"blas", pathBLAS, 0}, variant{"blas-chunk3", pathBLAS, 3})
+	} else {
+		t.Logf("skipping cuBLAS: %s", b.BLAS())
+	}
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16} {
+		for _, vr := range variants {
+			for _, s := range shapes {
+				t.Run(fmt.Sprintf("%v/%s/M%d_N%d_K%d", dt, vr.name, s.m, s.n, s.k), func(t *testing.T) {
+					r := newRand(t)
+					dy, dyv := put(t, b, tensor.F32, tensor.Shape{s.m, s.n}, uniform(r, s.m*s.n, -1, 1))
+					w, wv := put(t, b, dt, tensor.Shape{s.n, s.k}, uniform(r, s.n*s.k, -1, 1))
+					dx, dx0 := put(t, b, tensor.F32, tensor.Shape{s.m, s.k}, uniform(r, s.m*s.k, -1, 1))
+					chunk := int64(gradChunkBytes)
+					if vr.chunk > 0 {
+						chunk = vr.chunk * 4 * int64(s.k)
+					}
+					if err := b.matmulGradX(dx, dy, w, vr.p, chunk); err != nil {
+						t.Fatal(err)
+					}
+					want := tensortest.RefMatMulGradX(dyv, wv, s.m, s.n, s.k)
+					for i := range want {
+						want[i] += dx0[i]
+					}
+					check(t, "MatMulGradX", get(t, b, dx), want, 1e-5)
+					if dt != tensor.F32 || vr.chunk > 0 {
+						return
+					}
+					x, xv := put(t, b, tensor.F32, tensor.Shape{s.m, s.k}, uniform(r, s.m*s.k, -1, 1))
+					dw, dw0 := put(t, b, tensor.F32, tensor.Shape{s.n, s.k}, uniform(r, s.n*s.k, -1, 1))
+					if err := b.matmulGradW(dw, dy, x, vr.p); err != nil {
+						t.Fatal(err)
+					}
+					want = tensortest.RefMatMulGradW(dyv, xv, s.m, s.n, s.k)
+					for i := range want {
+						want[i] += dw0[i]
+					}
+					check(t, "MatMulGradW", get(t, b, dw), want, 1e-5)
+				})
+			}
+		}
+	}
+}
+
+// TestMatMulPreciseChunks checks MatMulPrecise against the float64
+// reference at 1e-5 (MatMul's F16 cast of x would miss it) with F16 and
+// BF16 weights widened three rows at a time, the last chunk shorter, with
+// and without a bias.
+func TestMatMulPreciseChunks(t *testing.T) {
+	b := openGPU(t)
+	if b.blas == nil {
+		t.Skipf("MatMulPrecise widens weights only for cuBLAS: %s", b.BLAS())
+	}
+	b.preciseChunk = 3 * 4 * 70
+	defer func() { b.preciseChunk = 0 }()
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
+		for _, withBias := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/bias=%v", dt, withBias), func(t *testing.T) {
+				const m, n, k = 40, 100, 70
+				r := newRand(t)
+				x, xv := put(t, b, tensor.F32, tensor.Shape{m, k}, uniform(r, m*k, -1, 1))
+				w, wv := put(t, b, dt, tensor.Shape{n, k}, uniform(r, n*k, -1, 1))
+				var bias *tensor.Tensor
+				var bv []float64
+				if withBias {
+					bias, bv = put(t, b, dt, tensor.Shape{n}, uniform(r, n, -1, 1))
+				}
+				out, _ := put(t, b, tensor.F32, tensor.Shape{m, n}, make([]float32, m*n))
+				if err := b.MatMulPrecise(out, x, w, bias); err != nil {
+					t.Fatal(err)
+				}
+				check(t, "MatMulPrecise", get(t, b, out), tensortest.RefMatMul(xv, wv, bv, m, n, k), 1e-5)
+			})
+		}
+	}
+}
+
+// TestAttentionGradShapes runs the attention backward on shapes beyond the
+// shared suite's: several tiles of 32 positions, a partial last block, an
+// odd head dimension, and headDim 256, whose kernels need more than 48 KiB
+// of shared memory. out comes from the forward kernel, as in training.
+func TestAttentionGradShapes(t *testing.T) {
+	b := openGPU(t)
+	for _, c := range []struct{ t, heads, kvHeads, headDim int }{
+		{1, 2, 1, 64}, {100, 8, 2, 64}, {45, 4, 4, 33}, {70, 4, 1, 256}, {300, 32, 4, 128},
+	} {
+		t.Run(fmt.Sprintf("T%d_H%d_KV%d_D%d", c.t, c.heads, c.kvHeads, c.headDim), func(t *testing.T) {
+			if testing.Short() && c.t*c.heads > 1000 {
+				t.Skip("large case; skipped in -short runs (the sanitizers)")
+			}
+			r := newRand(t)
+			qw, kw := c.heads*c.headDim, c.kvHeads*c.headDim
+			q, qv := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -1, 1))
+			k, kv := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, uniform(r, c.t*kw, -1, 1))
+			v, vv := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, uniform(r, c.t*kw, -1, 1))
+			dout, dov := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -1, 1))
+			out, _ := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, nanSlice(c.t*qw))
+			dq, _ := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, nanSlice(c.t*qw))
+			dk, _ := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, nanSlice(c.t*kw))
+			dv, _ := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, nanSlice(c.t*kw))
+			scale := float32(1 / math.Sqrt(float64(c.headDim)))
+			if err := b.Attention(out, q, k, v, c.heads, c.kvHeads, c.headDim, 0, scale); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.AttentionGrad(dq, dk, dv, dout, q, k, v, out, c.heads, c.kvHeads, c.headDim, scale); err != nil {
+				t.Fatal(err)
+			}
+			wq, wk, wv := tensortest.RefAttentionGrad(dov, qv, kv, vv, c.t, c.heads, c.kvHeads, c.headDim, float64(scale))
+			// With T = 1, dq and dk are zero and RelErr is the norm of
+			// what came out: rounding only.
+			check(t, "dq", get(t, b, dq), wq, 1e-5)
+			check(t, "dk", get(t, b, dk), wk, 1e-5)
+			check(t, "dv", get(t, b, dv), wv, 1e-5)
+		})
+	}
+}
+
+// TestCrossEntropyGradRows checks a vocabulary of 32000 and ignored rows,
+// and that a target out of range is an error that leaves logits alone.
+func TestCrossEntropyGradRows(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	const rows, vocab = 6, 32000
+	logits, lv := put(t, b, tensor.F32, tensor.Shape{rows, vocab}, uniform(r, rows*vocab, -8, 8))
+	targets := []int32{5, -1, vocab - 1, 0, -100, 1234}
+	if _, err := b.CrossEntropyGrad(logits, []int32{0, 0, 0, vocab, 0, 0}, 1); err == nil {
+		t.Fatal("target == V: no error")
+	}
+	check(t, "logits after a refused call", get(t, b, logits), lv, 0)
+	const scale = 0.25
+	loss, err := b.CrossEntropyGrad(logits, targets, scale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grad, want := tensortest.RefCrossEntropyGrad(lv, targets, vocab, scale)
+	if math.Abs(loss-want) > 1e-5*math.Abs(want) {
+		t.Errorf("loss %v, want %v", loss, want)
+	}
+	check(t, "gradient", get(t, b, logits), grad, 1e-5)
+}
+
+// TestGradErrors checks argument errors particular to this backend.
+func TestGradErrors(t *testing.T) {
+	b := openGPU(t)
+	x, _ := put(t, b, tensor.F32, tensor.Shape{2, 4}, make([]float32, 8))
+	y, _ := put(t, b, tensor.F32, tensor.Shape{2, 4}, make([]float32, 8))
+	if err := b.AttentionGrad(x, x, x, x, x, x, x, x, 1, 1, 512, 1); err == nil {
+		t.Error("AttentionGrad with headDim 512: no error")
+	}
+	if err := b.SiLUMulGrad(x, y, x, y, y); err == nil {
+		t.Error("SiLUMulGrad with dup = gate: no error")
+	}
+	host := tensor.New(tensor.F32, tensor.Shape{4})
+	if err := b.BiasGrad(host, x); err == nil {
+		t.Error("BiasGrad into a host tensor: no error")
+	}
+	if err := b.Zero(host); err == nil {
+		t.Error("Zero of a host tensor: no error")
+	}
+	sq, _ := put(t, b, tensor.F32, tensor.Shape{4, 4}, make([]float32, 16))
+	sq2, _ := put(t, b, tensor.F32, tensor.Shape{4, 4}, make([]float32, 16))
+	if err := b.MatMulGradW(sq, sq, sq2); err == nil {
+		t.Error("MatMulGradW with dw = dy: no error")
+	}
+	if err := b.MatMulGradX(sq, sq2, sq); err == nil {
+		t.Error("MatMulGradX with dx = w: no error")
+	}
+}
+
+// TestEmbeddedKernels checks, without a GPU, that the embedded PTX defines
+// every kernel Open requires.
+func TestEmbeddedKernels(t *testing.T) {
+	files, err := ptxFS.ReadDir("kernels")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, e := range files {
+		data, err := ptxFS.ReadFile("kernels/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range ptxEntries(string(data)) {
+			have[name] = true
+		}
+	}
+	for _, name := range requiredKernels {
+		if !have[name] {
+			t.Errorf("kernel %s is not in the embedded PTX; run make cuda-ptx", name)
+		}
+	}
+}

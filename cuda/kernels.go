@@ -103,17 +103,37 @@ var requiredKernels = func() []string {
 		k = append(k, "rmsnorm_"+t, "bias_add_"+t, "embed_"+t, "attention_"+t, "gemm_"+t,
 			"gemv_"+t+"_m1", "gemv_"+t+"_m2", "gemv_"+t+"_m4", "gemv_"+t+"_any")
 	}
-	return append(k, "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
+	k = append(k, "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
+	// The backward kernels (grad.go; kernels/grad.cu, kernels/attention_grad*).
+	for _, t := range []string{"f32", "f16", "bf16"} {
+		k = append(k, "rmsnorm_grad_"+t, "gemm_grad_x_"+t)
+	}
+	for _, d := range []string{"_d64", "_d128", "_d256"} {
+		k = append(k, "attention_grad_q_f32"+d, "attention_grad_kv_f32"+d)
+	}
+	return append(k, "rmsnorm_grad_w_f32", "bias_grad_f32", "silu_mul_grad_f32", "cross_entropy_grad_f32", "gemm_grad_w_f32")
 }()
 
 // run launches kernel name on the compute stream. The caller holds opsMu
 // and has entered the context.
 func (b *Backend) run(name string, grid, block [3]uint32, a *args) error {
+	return b.runShared(name, grid, block, 0, a)
+}
+
+// runShared launches kernel name with shmem bytes of dynamic shared memory,
+// opting the kernel in first when that is more than the default 48 KiB.
+// The caller holds opsMu and has entered the context.
+func (b *Backend) runShared(name string, grid, block [3]uint32, shmem int, a *args) error {
 	f, ok := b.kernels[name]
 	if !ok {
 		return fmt.Errorf("%s: no kernel %s", b.name, name)
 	}
-	if err := launch(f, grid, block, 0, b.compute, a); err != nil {
+	if shmem > 48<<10 {
+		if err := setMaxShared(f, shmem); err != nil {
+			return fmt.Errorf("%s: %s: allowing %d bytes of shared memory: %w", b.name, name, shmem, err)
+		}
+	}
+	if err := launch(f, grid, block, uint32(shmem), b.compute, a); err != nil {
 		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
 	}
 	return nil

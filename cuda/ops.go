@@ -74,10 +74,11 @@ func (b *Backend) ops(op string, f func() error) error {
 type mmPath int
 
 const (
-	pathAuto  mmPath = iota
-	pathGEMV         // the GEMV kernels, 1, 2 or 4 rows of x per launch
-	pathBLAS         // cuBLAS GemmEx, activations cast to the weight type
-	pathTiled        // the built-in tiled kernel
+	pathAuto    mmPath = iota
+	pathGEMV           // the GEMV kernels, 1, 2 or 4 rows of x per launch
+	pathBLAS           // cuBLAS GemmEx, activations cast to the weight type
+	pathTiled          // the built-in tiled kernel
+	pathPrecise        // as pathAuto, but cuBLAS products in F32 (MatMulPrecise)
 )
 
 // MatMul computes out[M,N] = x[M,K] · w[N,K]ᵀ (+ bias). Up to gemvMaxRows
@@ -126,8 +127,17 @@ func (b *Backend) matmul(out, x, w, bias *tensor.Tensor, path mmPath) error {
 		switch {
 		case k == 0:
 			err = b.memsetAsync(out.Ptr(), out.NumBytes())
-		case path == pathGEMV || path == pathAuto && m <= b.gemvMaxRows:
+		case path == pathGEMV || (path == pathAuto || path == pathPrecise) && m <= b.gemvMaxRows:
 			err = b.gemv(out, x, w, m, n, k)
+		case path == pathPrecise && b.blas != nil:
+			chunk := b.preciseChunk
+			if chunk <= 0 {
+				chunk = gradChunkBytes
+			}
+			err = b.gemmPrecise(out, x, w, m, n, k, chunk)
+			if err == errBLASUnsupported {
+				err = b.gemmTiled(out, x, w, m, n, k)
+			}
 		case (path == pathBLAS || path == pathAuto) && b.blas != nil:
 			err = b.gemmBLAS(out, x, w, m, n, k)
 			if err == errBLASUnsupported && path == pathAuto {

@@ -24,6 +24,7 @@ var (
 	_ tensor.AsyncUploader   = (*Backend)(nil)
 	_ tensor.MemoryInfo      = (*Backend)(nil)
 	_ ManagedAllocator       = (*Backend)(nil)
+	_ tensor.GradOps         = (*Backend)(nil)
 )
 
 // DeviceCount returns ErrNotCompiled.
@@ -133,6 +134,41 @@ func (b *Backend) Argmax(x *tensor.Tensor) ([]int32, error) { return nil, ErrNot
 
 // Cast returns ErrNotCompiled.
 func (b *Backend) Cast(dst, src *tensor.Tensor) error { return ErrNotCompiled }
+
+// MatMulPrecise returns ErrNotCompiled.
+func (b *Backend) MatMulPrecise(out, x, w, bias *tensor.Tensor) error { return ErrNotCompiled }
+
+// Zero returns ErrNotCompiled.
+func (b *Backend) Zero(t *tensor.Tensor) error { return ErrNotCompiled }
+
+// MatMulGradX returns ErrNotCompiled.
+func (b *Backend) MatMulGradX(dx, dy, w *tensor.Tensor) error { return ErrNotCompiled }
+
+// MatMulGradW returns ErrNotCompiled.
+func (b *Backend) MatMulGradW(dw, dy, x *tensor.Tensor) error { return ErrNotCompiled }
+
+// BiasGrad returns ErrNotCompiled.
+func (b *Backend) BiasGrad(db, dy *tensor.Tensor) error { return ErrNotCompiled }
+
+// RMSNormGrad returns ErrNotCompiled.
+func (b *Backend) RMSNormGrad(dx, dw, dy, x, w *tensor.Tensor, eps float32) error {
+	return ErrNotCompiled
+}
+
+// SiLUMulGrad returns ErrNotCompiled.
+func (b *Backend) SiLUMulGrad(dgate, dup, dout, gate, up *tensor.Tensor) error {
+	return ErrNotCompiled
+}
+
+// AttentionGrad returns ErrNotCompiled.
+func (b *Backend) AttentionGrad(dq, dk, dv, dout, q, k, v, out *tensor.Tensor, heads, kvHeads, headDim int, scale float32) error {
+	return ErrNotCompiled
+}
+
+// CrossEntropyGrad returns ErrNotCompiled.
+func (b *Backend) CrossEntropyGrad(logits *tensor.Tensor, targets []int32, scale float32) (float64, error) {
+	return 0, ErrNotCompiled
+}
 
 // Close returns nil: there is nothing to release.
 func (b *Backend) Close() error { return nil }

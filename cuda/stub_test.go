@@ -31,4 +31,7 @@ func TestStubSaysWhy(t *testing.T) {
 	if err := s.MatMul(nil, nil, nil, nil); !errors.Is(err, ErrNotCompiled) {
 		t.Errorf("MatMul: %v", err)
 	}
+	if _, err := s.CrossEntropyGrad(nil, nil, 1); !errors.Is(err, ErrNotCompiled) {
+		t.Errorf("CrossEntropyGrad: %v", err)
+	}
 }

@@ -35,6 +35,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 	return v;
 }
 
+// warp_max returns the maximum of v over the warp to every lane.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
+
 // block_sum returns the sum of v over the block to every thread. blockDim.x
 // must be a multiple of 32 and at most 1024.
 __device__ __forceinline__ float block_sum(float v) {
