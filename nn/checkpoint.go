@@ -76,3 +76,32 @@ func (c *Config) TrainActivationBytes(tokens, segments int) int64 {
 	}
 	return 4 * peak
 }
+
+// TrainGradientBytes is the most gradient memory a Trainer holds on a
+// device backend at once, charged to paging.Gradients: one layer's
+// gradients in F32, the largest layer's (a decoder block's, or the LM head's
+// with the final norm). On the CPU backend the gradients accumulate in host
+// memory and nothing is charged.
+func (c *Config) TrainGradientBytes() int64 {
+	H, QD, KVD, I := int64(c.HiddenSize), int64(c.QDim()), int64(c.KVDim()), int64(c.IntermediateSize)
+	block := 2*H + QD*H + 2*KVD*H + H*QD + 3*I*H
+	if c.QKVBias {
+		block += QD + 2*KVD
+	}
+	if c.OutBias {
+		block += H
+	}
+	head := int64(c.VocabSize)*H + H
+	return 4 * max(block, head)
+}
+
+// TrainWorkspaceBytes is the memory beside the weights that a Trainer's
+// LossAndGrads over tokens positions with the given number of checkpoint
+// segments allocates from its model's Allocator at most on any backend: the
+// activations (TrainActivationBytes) and its three rotary tables (cos, sin
+// and -sin). A device backend adds one layer's gradients
+// (TrainGradientBytes). Plan a training budget with their sum as workspace
+// (paging.WithWorkspace).
+func (c *Config) TrainWorkspaceBytes(tokens, segments int) int64 {
+	return c.TrainActivationBytes(tokens, segments) + 3*4*int64(tokens)*int64(c.HeadDim/2)
+}

@@ -29,7 +29,8 @@ func (g Grads) Names() []string {
 // Zero sets every gradient to zero, keeping the buffers.
 func (g Grads) Zero() {
 	for _, t := range g {
-		clear(t.F32())
+		v := t.F32()
+		chunks(len(v), func(lo, hi int) { clear(v[lo:hi]) })
 	}
 }
 
@@ -96,14 +97,14 @@ func (g Grads) WriteSafetensors(path string, loss float64) error {
 
 // buffer returns the gradient of name, allocating a zeroed one of the shape
 // when there is none.
-func (g Grads) buffer(name string, shape tensor.Shape) ([]float32, error) {
+func (g Grads) buffer(name string, shape tensor.Shape) (*tensor.Tensor, error) {
 	if t, ok := g[name]; ok {
 		if !slices.Equal(t.Shape(), shape) || t.DType() != tensor.F32 || !t.OnHost() {
 			return nil, fmt.Errorf("nn: gradient %s is %v %v, the parameter is %v", name, t.DType(), t.Shape(), shape)
 		}
-		return t.F32(), nil
+		return t, nil
 	}
 	t := tensor.New(tensor.F32, shape)
 	g[name] = t
-	return t.F32(), nil
+	return t, nil
 }

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/strata-llm/strata/paging"
@@ -20,9 +23,6 @@ type TrainOptions struct {
 	// every block's activations and recomputes nothing. At most the number
 	// of blocks.
 	Segments int
-	// Threads bounds the goroutines of the backward; 0 takes the CPU
-	// backend's thread count (GOMAXPROCS for other backends).
-	Threads int
 	// MaxGradNorm, when > 0, makes Step clip the gradients to this norm
 	// before the update.
 	MaxGradNorm float64
@@ -32,26 +32,94 @@ type TrainOptions struct {
 }
 
 // Trainer computes the loss of a model and its gradient with respect to
-// every weight, on the host, with recompute checkpoints. Its forward runs on
-// the model's backend with the same operations as Session.Forward, so its
-// activations are the inference forward's bit for bit; the backward runs in
-// F32 on the host and needs the backend's tensors on the host (the CPU
-// backend). Weights come through the model's Weights, acquired in forward
-// order and then, for the backward, in reverse: a Weights that has a
-// SetOrder(paging.Order) method (PagedWeights) is told the direction, so
-// that a paging.Pager prefetches the layers the backward needs next.
+// every weight, with recompute checkpoints, on the model's backend, which
+// must implement tensor.GradOps (the CPU and CUDA backends do). Its forward
+// runs the same operations as Session.Forward, so its activations are the
+// inference forward's bit for bit; the backward runs in F32. Weights come
+// through the model's Weights, acquired in forward order and then, for the
+// backward, in reverse: a Weights that has a SetOrder(paging.Order) method
+// (PagedWeights) is told the direction, so that a paging.Pager prefetches
+// the layers the backward needs next.
 //
 // Activations are allocated from the model's Allocator, charged to
 // paging.Activations; StepStats.PeakActivationBytes is their peak, and
-// Config.TrainActivationBytes predicts it.
+// Config.TrainActivationBytes predicts it. The gradients end in host F32
+// tensors (Grads). On a device backend each layer's gradients are computed
+// into device buffers charged to paging.Gradients, then copied out and added
+// into the Grads, so the device holds one layer's gradients at a time
+// (Config.TrainGradientBytes); on the CPU they accumulate in the Grads
+// directly.
 //
 // A Trainer is not safe for concurrent use.
 type Trainer struct {
 	m      *Model
 	opts   TrainOptions
 	bounds []int // segment j covers blocks bounds[j] .. bounds[j+1]-1
-	p      par
 	grads  Grads // Step's gradients
+	stages [2]gradStage
+	next   int // the stage the next flush uses
+	// stageGrads sends host backends' gradients through the device path
+	// (buffers from the allocator, staged copies, additions in flight), so
+	// that the CPU tests cover it.
+	stageGrads bool
+}
+
+// gradStage is a host buffer that one layer's device gradients are copied
+// into, pinned when the backend can, and the goroutine adding them from
+// there into the Grads. Two stages alternate, so that the host adds one
+// layer's gradients while the device computes the next layer's.
+type gradStage struct {
+	buf    []byte
+	pinned bool
+	adding sync.WaitGroup
+}
+
+// Close waits for the trainer's work in flight and releases its host
+// staging buffers. A closed trainer can be used again: it allocates them
+// anew.
+func (tr *Trainer) Close() error {
+	tr.wait()
+	var err error
+	for i := range tr.stages {
+		st := &tr.stages[i]
+		if st.pinned {
+			if e := tr.m.backend.(tensor.PinnedAllocator).FreePinned(st.buf); e != nil && err == nil {
+				err = e
+			}
+		}
+		st.buf, st.pinned = nil, false
+	}
+	return err
+}
+
+// wait waits for every gradient addition in flight.
+func (tr *Trainer) wait() {
+	for i := range tr.stages {
+		tr.stages[i].adding.Wait()
+	}
+}
+
+// stage returns the next staging buffer, at least n bytes, once its
+// previous additions are done.
+func (tr *Trainer) stage(n int64) []byte {
+	st := &tr.stages[tr.next]
+	tr.next = 1 - tr.next
+	st.adding.Wait()
+	if int64(len(st.buf)) >= n {
+		return st.buf[:n]
+	}
+	if st.pinned {
+		tr.m.backend.(tensor.PinnedAllocator).FreePinned(st.buf)
+		st.buf, st.pinned = nil, false
+	}
+	if pa, ok := tr.m.backend.(tensor.PinnedAllocator); ok {
+		if buf, err := pa.AllocPinned(n); err == nil {
+			st.buf, st.pinned = buf, true
+			return buf
+		}
+	}
+	st.buf = make([]byte, n) // pageable: slower copies, same result
+	return st.buf
 }
 
 // NewTrainer returns a trainer of m.
@@ -60,13 +128,10 @@ func NewTrainer(m *Model, opts TrainOptions) (*Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	threads := opts.Threads
-	if threads <= 0 {
-		if c, ok := m.backend.(interface{ Threads() int }); ok {
-			threads = c.Threads()
-		}
+	if _, ok := m.backend.(tensor.GradOps); !ok {
+		return nil, fmt.Errorf("nn: train: backend %s has no backward operations (tensor.GradOps)", m.backend.Name())
 	}
-	return &Trainer{m: m, opts: opts, bounds: bounds, p: newPar(threads)}, nil
+	return &Trainer{m: m, opts: opts, bounds: bounds}, nil
 }
 
 // CheckpointSequential returns a trainer of m that splits the decoder
@@ -94,6 +159,10 @@ type StepStats struct {
 	RecomputedBlocks int
 	Forward          time.Duration // the first forward, through the loss
 	Backward         time.Duration // the backward, recomputation included
+	// GradCopy is the part of Forward and Backward spent copying device
+	// gradients to the host, after waiting for the device to compute them,
+	// and waiting for the host to add them up (0 on the CPU).
+	GradCopy time.Duration
 }
 
 // NextToken returns the inputs and targets of next-token prediction over
@@ -145,7 +214,7 @@ func (tr *Trainer) LossAndGrads(ctx context.Context, inputs, targets []int32, gr
 		return StepStats{}, errors.New("nn: train: every target is ignored")
 	}
 	ps := &pass{
-		tr: tr, m: tr.m, c: c, b: tr.m.backend, ctx: ctx, p: tr.p,
+		tr: tr, m: tr.m, c: c, b: tr.m.backend, g: tr.m.backend.(tensor.GradOps), ctx: ctx,
 		T: len(inputs), ids: inputs, targets: targets, count: count,
 		grads: grads, scale: float64(lossScale), hook: tr.opts.Hook,
 		acts: actAlloc{a: tr.m.alloc, live: map[*tensor.Tensor]bool{}},
@@ -154,7 +223,7 @@ func (tr *Trainer) LossAndGrads(ctx context.Context, inputs, targets []int32, gr
 	err := ps.run()
 	st := StepStats{
 		Targets: count, PeakActivationBytes: ps.acts.peak, RecomputedBlocks: ps.recomputed,
-		Forward: ps.fwdTime, Backward: ps.bwdTime,
+		Forward: ps.fwdTime, Backward: ps.bwdTime, GradCopy: ps.gradCopy,
 	}
 	if err != nil {
 		return st, err
@@ -220,16 +289,10 @@ type actAlloc struct {
 	cur, peak int64
 }
 
-var errDeviceTraining = errors.New("nn: train: the backward runs on the host and needs the backend's tensors there (the CUDA backward is not implemented)")
-
 func (a *actAlloc) get(rows, cols int) (*tensor.Tensor, error) {
 	t, err := a.a.Alloc(paging.Activations, tensor.F32, tensor.Shape{rows, cols})
 	if err != nil {
 		return nil, fmt.Errorf("nn: train: activations [%d %d]: %w", rows, cols, err)
-	}
-	if !t.OnHost() {
-		a.a.Free(t)
-		return nil, errDeviceTraining
 	}
 	a.live[t] = true
 	a.cur += t.NumBytes()
@@ -259,8 +322,8 @@ type pass struct {
 	m       *Model
 	c       *Config
 	b       tensor.Backend
+	g       tensor.GradOps
 	ctx     context.Context
-	p       par
 	T       int
 	ids     []int32
 	targets []int32
@@ -271,6 +334,11 @@ type pass struct {
 	acts    actAlloc
 
 	cos, sin       *tensor.Tensor // rotary tables [T, HeadDim/2], workspace
+	negSin         *tensor.Tensor // -sin: Rope with it is the rotary's backward
+	hostGrads      bool           // the backend's tensors are host memory: add into grads directly
+	pending        []pendingGrad  // the current layer's device gradients
+	scratch        *tensor.Tensor // host F32 buffer for toHost
+	gradCopy       time.Duration
 	embedShape     tensor.Shape
 	lossSum        float64
 	recomputed     int
@@ -299,11 +367,137 @@ type bwdWork struct {
 	dx, dh, dact, act, dattn, dq, dk, dv *tensor.Tensor
 }
 
+// pendingGrad is a gradient computed on the device, to be added into host.
+type pendingGrad struct {
+	dev, host *tensor.Tensor
+}
+
 func (ps *pass) close() {
+	ps.tr.wait() // the Grads are the caller's once LossAndGrads returns
 	ps.acts.freeAll()
-	ps.m.alloc.Free(ps.cos)
-	ps.m.alloc.Free(ps.sin)
+	ps.freeGrads()
+	for _, t := range []*tensor.Tensor{ps.cos, ps.sin, ps.negSin} {
+		ps.m.alloc.Free(t)
+	}
 	ps.order(paging.Forward)
+}
+
+// gradBuffer returns the buffer that the current layer's gradient of
+// parameter name adds into: the Grads tensor itself when the backend works
+// on host memory, else a zeroed device buffer that flushGrads adds into it.
+func (ps *pass) gradBuffer(name string, shape tensor.Shape) (*tensor.Tensor, error) {
+	host, err := ps.grads.buffer(name, shape)
+	if err != nil || ps.hostGrads {
+		return host, err
+	}
+	dev, err := ps.m.alloc.Alloc(paging.Gradients, tensor.F32, shape)
+	if err != nil {
+		return nil, fmt.Errorf("nn: train: gradient of %s: %w", name, err)
+	}
+	ps.pending = append(ps.pending, pendingGrad{dev: dev, host: host})
+	if err := ps.g.Zero(dev); err != nil {
+		return nil, fmt.Errorf("nn: train: gradient of %s: %w", name, err)
+	}
+	return dev, nil
+}
+
+// flushGrads copies the current layer's device gradients to a staging
+// buffer on the host and frees them; a goroutine then adds them into the
+// Grads while the device goes on with the next layer.
+func (ps *pass) flushGrads() error {
+	defer ps.freeGrads()
+	if len(ps.pending) == 0 {
+		return nil
+	}
+	if s, ok := ps.b.(tensor.Syncer); ok {
+		if err := s.Sync(); err != nil { // the layer's backward, not the copy
+			return err
+		}
+	}
+	start := time.Now()
+	defer func() { ps.gradCopy += time.Since(start) }()
+	var n int64
+	for _, p := range ps.pending {
+		n += p.dev.NumBytes()
+	}
+	buf := ps.tr.stage(n)
+	type job struct{ dst, src []float32 }
+	jobs := make([]job, 0, len(ps.pending))
+	for _, p := range ps.pending {
+		k := p.dev.NumBytes()
+		if err := ps.b.Download(buf[:k], p.dev); err != nil {
+			return fmt.Errorf("nn: train: copying gradients to the host: %w", err)
+		}
+		src, err := tensor.FromBytes(tensor.F32, tensor.Shape{int(k / 4)}, buf[:k])
+		if err != nil {
+			return err
+		}
+		jobs = append(jobs, job{p.host.F32(), src.F32()})
+		buf = buf[k:]
+	}
+	st := &ps.tr.stages[1-ps.tr.next] // the stage just taken
+	st.adding.Go(func() {
+		for _, j := range jobs {
+			addInto(j.dst, j.src)
+		}
+	})
+	return nil
+}
+
+// addInto adds src into dst, spread over the cores when large.
+func addInto(dst, src []float32) {
+	chunks(len(dst), func(lo, hi int) {
+		d, s := dst[lo:hi], src[lo:hi]
+		for j := range d {
+			d[j] += s[j]
+		}
+	})
+}
+
+// chunks calls fn on consecutive ranges of [0, n), on up to GOMAXPROCS
+// goroutines when n is large.
+func chunks(n int, fn func(lo, hi int)) {
+	const size = 1 << 18
+	k := (n + size - 1) / size
+	if k <= 1 {
+		fn(0, n)
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(k, runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < k; i = int(next.Add(1) - 1) {
+				fn(i*size, min(n, (i+1)*size))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (ps *pass) freeGrads() {
+	for _, p := range ps.pending {
+		ps.m.alloc.Free(p.dev)
+	}
+	ps.pending = ps.pending[:0]
+}
+
+// toHost returns t's F32 values on the host: t's own storage when it is
+// there, else a copy in the pass's scratch buffer, valid until the next
+// call.
+func (ps *pass) toHost(t *tensor.Tensor) ([]float32, error) {
+	if t.OnHost() {
+		return t.F32(), nil
+	}
+	n := t.NumBytes()
+	if ps.scratch == nil || ps.scratch.NumBytes() < n {
+		ps.scratch = tensor.New(tensor.F32, tensor.Shape{int(n / 4)})
+	}
+	buf := ps.scratch.Bytes()[:n]
+	if err := ps.b.Download(buf, t); err != nil {
+		return nil, err
+	}
+	return ps.scratch.F32()[:n/4], nil
 }
 
 // order tells a Weights that pages which way the next layers go.
@@ -323,12 +517,23 @@ func (ps *pass) run() error {
 	if ps.sin, err = ps.m.alloc.Alloc(paging.Workspace, tensor.F32, tensor.Shape{T, c.HeadDim / 2}); err != nil {
 		return fmt.Errorf("nn: train: rotary tables: %w", err)
 	}
-	if !ps.cos.OnHost() || !ps.sin.OnHost() {
-		return errDeviceTraining
+	if ps.negSin, err = ps.m.alloc.Alloc(paging.Workspace, tensor.F32, tensor.Shape{T, c.HeadDim / 2}); err != nil {
+		return fmt.Errorf("nn: train: rotary tables: %w", err)
 	}
+	ps.hostGrads = ps.cos.OnHost() && !ps.tr.stageGrads
 	cos, sin := c.RopeTables(T)
-	copy(ps.cos.F32(), cos)
-	copy(ps.sin.F32(), sin)
+	neg := make([]float32, len(sin))
+	for i, v := range sin {
+		neg[i] = -v
+	}
+	for _, tb := range []struct {
+		t *tensor.Tensor
+		v []float32
+	}{{ps.cos, cos}, {ps.sin, sin}, {ps.negSin, neg}} {
+		if err := uploadF32(ps.b, tb.t, tb.v); err != nil {
+			return fmt.Errorf("nn: train: rotary tables: %w", err)
+		}
+	}
 
 	start := time.Now()
 	ps.order(paging.Forward)
@@ -387,7 +592,9 @@ func (ps *pass) run() error {
 			if j > 0 {
 				src, dst = sc.xIn, inputs[j]
 			}
-			copy(dst.F32(), src.F32())
+			if err := b.CopyRows(dst, 0, src, 0, T); err != nil {
+				return fmt.Errorf("nn: train: segment %d input: %w", j, err)
+			}
 			for i := ps.tr.bounds[j]; i < ps.tr.bounds[j+1]; i++ {
 				if err := ps.ctx.Err(); err != nil {
 					return err
@@ -442,12 +649,19 @@ func (ps *pass) run() error {
 	}
 
 	// The embedding's gradient needs no weights: each row of dx goes to
-	// its token's row.
+	// its token's row, on the host.
 	dE, err := ps.grads.buffer(EmbedName, ps.embedShape)
 	if err != nil {
 		return err
 	}
-	embedBack(dE, bw.dx.F32(), ps.ids, c.HiddenSize)
+	t0 := time.Now()
+	ps.tr.wait() // a tied head's gradient may still be adding into dE
+	ps.gradCopy += time.Since(t0)
+	dx, err := ps.toHost(bw.dx)
+	if err != nil {
+		return fmt.Errorf("nn: train: embedding gradient: %w", err)
+	}
+	embedBack(dE.F32(), dx, ps.ids, c.HiddenSize)
 	ps.bwdTime = time.Since(mid)
 	return nil
 }
@@ -547,13 +761,13 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := b.RMSNorm(bb.h1, bb.xIn, lw[n.attnNorm], c.RMSNormEps); err != nil {
 		return wrap("attention norm", err)
 	}
-	if err := b.MatMul(bb.q, bb.h1, lw[n.q], lw[n.qBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.q, bb.h1, lw[n.q], lw[n.qBias]); err != nil {
 		return wrap("q projection", err)
 	}
-	if err := b.MatMul(bb.k, bb.h1, lw[n.k], lw[n.kBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.k, bb.h1, lw[n.k], lw[n.kBias]); err != nil {
 		return wrap("k projection", err)
 	}
-	if err := b.MatMul(bb.v, bb.h1, lw[n.v], lw[n.vBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.v, bb.h1, lw[n.v], lw[n.vBias]); err != nil {
 		return wrap("v projection", err)
 	}
 	if err := b.Rope(bb.q, ps.cos, ps.sin, c.NumHeads, c.HeadDim, 0); err != nil {
@@ -565,7 +779,7 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := b.Attention(bb.attn, bb.q, bb.k, bb.v, c.NumHeads, c.NumKVHeads, c.HeadDim, 0, ps.attentionScale); err != nil {
 		return wrap("attention", err)
 	}
-	if err := b.MatMul(bb.proj, bb.attn, lw[n.o], lw[n.oBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.proj, bb.attn, lw[n.o], lw[n.oBias]); err != nil {
 		return wrap("o projection", err)
 	}
 	if err := b.Add(bb.xMid, bb.xIn, bb.proj); err != nil {
@@ -574,10 +788,10 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := b.RMSNorm(bb.h2, bb.xMid, lw[n.mlpNorm], c.RMSNormEps); err != nil {
 		return wrap("mlp norm", err)
 	}
-	if err := b.MatMul(bb.gate, bb.h2, lw[n.gate], nil); err != nil {
+	if err := ps.g.MatMulPrecise(bb.gate, bb.h2, lw[n.gate], nil); err != nil {
 		return wrap("gate projection", err)
 	}
-	if err := b.MatMul(bb.up, bb.h2, lw[n.up], nil); err != nil {
+	if err := ps.g.MatMulPrecise(bb.up, bb.h2, lw[n.up], nil); err != nil {
 		return wrap("up projection", err)
 	}
 	if !needOut {
@@ -586,7 +800,7 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := b.SiLUMul(bb.act, bb.gate, bb.up); err != nil {
 		return wrap("silu", err)
 	}
-	if err := b.MatMul(bb.proj, bb.act, lw[n.down], nil); err != nil {
+	if err := ps.g.MatMulPrecise(bb.proj, bb.act, lw[n.down], nil); err != nil {
 		return wrap("down projection", err)
 	}
 	return wrap("residual", b.Add(bb.xOut, bb.xMid, bb.proj))
@@ -595,7 +809,7 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 // head runs the final norm, the LM head and the loss forward and backward,
 // leaving the gradient of the last block's output in bw.dx.
 func (ps *pass) head(xL *tensor.Tensor, bw *bwdWork) error {
-	c, b, T, H, V := ps.c, ps.b, ps.T, ps.c.HiddenSize, ps.c.VocabSize
+	c, b, g, T, H, V := ps.c, ps.b, ps.g, ps.T, ps.c.HiddenSize, ps.c.VocabSize
 	layer := ps.m.headLayer()
 	lw, err := ps.m.weights.Acquire(ps.ctx, layer)
 	if err != nil {
@@ -606,11 +820,11 @@ func (ps *pass) head(xL *tensor.Tensor, bw *bwdWork) error {
 	if c.TieEmbeddings {
 		headName = EmbedName
 	}
-	norm, err := hostWeight(lw, NormName)
+	norm, err := layerWeight(lw, NormName)
 	if err != nil {
 		return err
 	}
-	head, err := hostWeight(lw, headName)
+	head, err := layerWeight(lw, headName)
 	if err != nil {
 		return err
 	}
@@ -629,31 +843,52 @@ func (ps *pass) head(xL *tensor.Tensor, bw *bwdWork) error {
 	if err != nil {
 		return err
 	}
-	dHead, err := ps.grads.buffer(headName, head.Shape())
+	dHead, err := ps.gradBuffer(headName, head.Shape())
 	if err != nil {
 		return err
 	}
-	dh := bw.dh.F32()
-	clear(dh)
-	for r0 := 0; r0 < T; r0 += rowsPer {
-		r1 := min(T, r0+rowsPer)
-		lg := rows(logits, r1-r0)
-		hr, _ := hn.Rows(r0, r1-r0)
-		if err := b.MatMul(lg, hr, head, nil); err != nil {
-			return fmt.Errorf("nn: train: lm head: %w", err)
+	wrap := func(what string, err error) error {
+		if err != nil {
+			return fmt.Errorf("nn: train: lm head: %s: %w", what, err)
 		}
-		ps.lossSum += crossEntropy(lg.F32(), ps.targets[r0:r1], V, ps.scale, ps.count)
-		linearBackW(ps.p, dHead, lg.F32(), hr.F32(), r1-r0, V, H)
-		linearBackX(ps.p, dh[r0*H:r1*H], lg.F32(), head, r1-r0)
+		return nil
+	}
+	if err := g.Zero(bw.dh); err != nil {
+		return wrap("zero", err)
+	}
+	scale := float32(ps.scale / float64(ps.count))
+	for r0 := 0; r0 < T; r0 += rowsPer {
+		n := min(T, r0+rowsPer) - r0
+		lg := rows(logits, n)
+		hr, _ := hn.Rows(r0, n)
+		dr, _ := bw.dh.Rows(r0, n)
+		if err := ps.g.MatMulPrecise(lg, hr, head, nil); err != nil {
+			return wrap("forward", err)
+		}
+		loss, err := g.CrossEntropyGrad(lg, ps.targets[r0:r0+n], scale)
+		if err != nil {
+			return wrap("cross-entropy", err)
+		}
+		ps.lossSum += loss
+		if err := g.MatMulGradW(dHead, lg, hr); err != nil {
+			return wrap("weight gradient", err)
+		}
+		if err := g.MatMulGradX(dr, lg, head); err != nil {
+			return wrap("input gradient", err)
+		}
 	}
 	ps.acts.put(logits, hn)
-	dNorm, err := ps.grads.buffer(NormName, norm.Shape())
+	dNorm, err := ps.gradBuffer(NormName, norm.Shape())
 	if err != nil {
 		return err
 	}
-	clear(bw.dx.F32())
-	rmsNormBack(ps.p, bw.dx.F32(), dh, xL.F32(), norm.ToF32(), dNorm, H, c.RMSNormEps)
-	return nil
+	if err := g.Zero(bw.dx); err != nil {
+		return wrap("zero", err)
+	}
+	if err := g.RMSNormGrad(bw.dx, dNorm, bw.dh, xL, norm, c.RMSNormEps); err != nil {
+		return fmt.Errorf("nn: train: final norm backward: %w", err)
+	}
+	return ps.flushGrads()
 }
 
 // headLogitElems bounds the logits the head holds at once: its rows are
@@ -677,15 +912,13 @@ func (ps *pass) backwardBlocks(from int, recs []*blockBufs, bw *bwdWork) error {
 	return nil
 }
 
-// hostWeight returns a weight that the host can read.
-func hostWeight(lw LayerWeights, name string) (*tensor.Tensor, error) {
+// layerWeight returns a layer's weight, checking it is there and a float.
+func layerWeight(lw LayerWeights, name string) (*tensor.Tensor, error) {
 	w := lw[name]
 	switch {
 	case w == nil:
 		return nil, fmt.Errorf("nn: train: no tensor %s", name)
-	case !w.OnHost():
-		return nil, errDeviceTraining
-	case w.DType() != tensor.F32 && w.DType() != tensor.F16 && w.DType() != tensor.BF16:
+	case !w.DType().IsFloat():
 		return nil, fmt.Errorf("nn: train: %s has dtype %v", name, w.DType())
 	}
 	return w, nil
@@ -701,30 +934,28 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 		return err
 	}
 	defer ps.m.weights.Release(layer)
-	c, p, n, T := ps.c, ps.p, &ps.m.names[i], ps.T
-	H, I, QD, KVD := c.HiddenSize, c.IntermediateSize, c.QDim(), c.KVDim()
+	c, b, g, n := ps.c, ps.b, ps.g, &ps.m.names[i]
 	// weight returns a weight and its gradient buffer; optional weights
 	// (biases) that the model lacks give nil.
-	weight := func(name string, optional bool) (*tensor.Tensor, []float32, error) {
+	weight := func(name string, optional bool) (*tensor.Tensor, *tensor.Tensor, error) {
 		if optional && lw[name] == nil {
 			return nil, nil, nil
 		}
-		w, err := hostWeight(lw, name)
+		w, err := layerWeight(lw, name)
 		if err != nil {
 			return nil, nil, err
 		}
-		g, err := ps.grads.buffer(name, w.Shape())
-		return w, g, err
+		gb, err := ps.gradBuffer(name, w.Shape())
+		return w, gb, err
 	}
 	var (
 		wq, wk, wv, wo, wg, wu, wd, an, mn   *tensor.Tensor
-		gq, gk, gv, gO, gg, gu, gd, gan, gmn []float32
-		gbq, gbk, gbv, gbo                   []float32
+		gq, gk, gv, gO, gg, gu, gd, gan, gmn *tensor.Tensor
+		gbq, gbk, gbv, gbo                   *tensor.Tensor
 	)
 	for _, f := range []struct {
 		name string
-		w    **tensor.Tensor
-		g    *[]float32
+		w, g **tensor.Tensor
 	}{
 		{n.q, &wq, &gq}, {n.k, &wk, &gk}, {n.v, &wv, &gv}, {n.o, &wo, &gO},
 		{n.gate, &wg, &gg}, {n.up, &wu, &gu}, {n.down, &wd, &gd},
@@ -736,62 +967,70 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 	}
 	for _, f := range []struct {
 		name string
-		g    *[]float32
+		g    **tensor.Tensor
 	}{{n.qBias, &gbq}, {n.kBias, &gbk}, {n.vBias, &gbv}, {n.oBias, &gbo}} {
 		if _, *f.g, err = weight(f.name, true); err != nil {
 			return err
 		}
 	}
 
-	dx, dh := bw.dx.F32(), bw.dh.F32()
-	dact, act := bw.dact.F32(), bw.act.F32()
-	// MLP: out = down(silu(gate) * up), gate and up from h2 = norm(xMid).
-	if err := ps.b.SiLUMul(bw.act, bb.gate, bb.up); err != nil {
-		return fmt.Errorf("nn: train: block %d: silu: %w", i, err)
+	// Every step names what failed; the operations are run in order and
+	// the first error stops the rest.
+	var stepErr error
+	do := func(what string, f func() error) {
+		if stepErr == nil {
+			if err := f(); err != nil {
+				stepErr = fmt.Errorf("nn: train: block %d backward: %s: %w", i, what, err)
+			}
+		}
 	}
-	linearBackW(p, gd, dx, act, T, H, I)
-	clear(dact)
-	linearBackX(p, dact, dx, wd, T)
-	siluMulBack(dact, act, bb.gate.F32(), bb.up.F32()) // dact: d gate, act: d up
-	h2 := bb.h2.F32()
-	linearBackW(p, gg, dact, h2, T, I, H)
-	linearBackW(p, gu, act, h2, T, I, H)
-	clear(dh)
-	linearBackX(p, dh, dact, wg, T)
-	linearBackX(p, dh, act, wu, T)
-	rmsNormBack(p, dx, dh, bb.xMid.F32(), mn.ToF32(), gmn, H, c.RMSNormEps)
+	dx, dh, dact, act := bw.dx, bw.dh, bw.dact, bw.act
+	// MLP: out = down(silu(gate) * up), gate and up from h2 = norm(xMid).
+	do("silu", func() error { return b.SiLUMul(act, bb.gate, bb.up) })
+	do("down weight", func() error { return g.MatMulGradW(gd, dx, act) })
+	do("zero", func() error { return g.Zero(dact) })
+	do("down input", func() error { return g.MatMulGradX(dact, dx, wd) })
+	// dact becomes the gradient of gate, act that of up.
+	do("silu", func() error { return g.SiLUMulGrad(dact, act, dact, bb.gate, bb.up) })
+	do("gate weight", func() error { return g.MatMulGradW(gg, dact, bb.h2) })
+	do("up weight", func() error { return g.MatMulGradW(gu, act, bb.h2) })
+	do("zero", func() error { return g.Zero(dh) })
+	do("gate input", func() error { return g.MatMulGradX(dh, dact, wg) })
+	do("up input", func() error { return g.MatMulGradX(dh, act, wu) })
+	do("mlp norm", func() error { return g.RMSNormGrad(dx, gmn, dh, bb.xMid, mn, c.RMSNormEps) })
 
 	// Attention: out = o(attention(rope(q(h1)), rope(k(h1)), v(h1))), h1
 	// = norm(xIn). dx is now the gradient of xMid, which is also that of
 	// the o projection's output.
-	linearBackW(p, gO, dx, bb.attn.F32(), T, H, QD)
+	do("o weight", func() error { return g.MatMulGradW(gO, dx, bb.attn) })
 	if gbo != nil {
-		biasBack(gbo, dx, T)
+		do("o bias", func() error { return g.BiasGrad(gbo, dx) })
 	}
-	dattn := bw.dattn.F32()
-	clear(dattn)
-	linearBackX(p, dattn, dx, wo, T)
-	dq, dk, dv := bw.dq.F32(), bw.dk.F32(), bw.dv.F32()
-	attentionBack(p, dq, dk, dv, dattn, bb.q.F32(), bb.k.F32(), bb.v.F32(), T, c.NumHeads, c.NumKVHeads, c.HeadDim, ps.attentionScale)
-	cos, sin := ps.cos.F32(), ps.sin.F32()
-	ropeBack(dq, cos, sin, c.NumHeads, c.HeadDim, 0)
-	ropeBack(dk, cos, sin, c.NumKVHeads, c.HeadDim, 0)
-	h1 := bb.h1.F32()
-	linearBackW(p, gq, dq, h1, T, QD, H)
-	linearBackW(p, gk, dk, h1, T, KVD, H)
-	linearBackW(p, gv, dv, h1, T, KVD, H)
+	do("zero", func() error { return g.Zero(bw.dattn) })
+	do("o input", func() error { return g.MatMulGradX(bw.dattn, dx, wo) })
+	dq, dk, dv := bw.dq, bw.dk, bw.dv
+	do("attention", func() error {
+		return g.AttentionGrad(dq, dk, dv, bw.dattn, bb.q, bb.k, bb.v, bb.attn, c.NumHeads, c.NumKVHeads, c.HeadDim, ps.attentionScale)
+	})
+	do("rope", func() error { return b.Rope(dq, ps.cos, ps.negSin, c.NumHeads, c.HeadDim, 0) })
+	do("rope", func() error { return b.Rope(dk, ps.cos, ps.negSin, c.NumKVHeads, c.HeadDim, 0) })
+	do("q weight", func() error { return g.MatMulGradW(gq, dq, bb.h1) })
+	do("k weight", func() error { return g.MatMulGradW(gk, dk, bb.h1) })
+	do("v weight", func() error { return g.MatMulGradW(gv, dv, bb.h1) })
 	for _, bg := range []struct {
-		g  []float32
-		dy []float32
+		g, dy *tensor.Tensor
 	}{{gbq, dq}, {gbk, dk}, {gbv, dv}} {
 		if bg.g != nil {
-			biasBack(bg.g, bg.dy, T)
+			do("bias", func() error { return g.BiasGrad(bg.g, bg.dy) })
 		}
 	}
-	clear(dh)
-	linearBackX(p, dh, dq, wq, T)
-	linearBackX(p, dh, dk, wk, T)
-	linearBackX(p, dh, dv, wv, T)
-	rmsNormBack(p, dx, dh, bb.xIn.F32(), an.ToF32(), gan, H, c.RMSNormEps)
-	return nil
+	do("zero", func() error { return g.Zero(dh) })
+	do("q input", func() error { return g.MatMulGradX(dh, dq, wq) })
+	do("k input", func() error { return g.MatMulGradX(dh, dk, wk) })
+	do("v input", func() error { return g.MatMulGradX(dh, dv, wv) })
+	do("attention norm", func() error { return g.RMSNormGrad(dx, gan, dh, bb.xIn, an, c.RMSNormEps) })
+	if stepErr != nil {
+		return stepErr
+	}
+	return ps.flushGrads()
 }

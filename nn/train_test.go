@@ -1,6 +1,7 @@
 package nn
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -102,37 +103,51 @@ func referenceIDs(t *testing.T, dir string) []int32 {
 	return ids
 }
 
-// TestTrainGradsMatchFixture compares the loss and every gradient with
-// those transformers computed (F32, from the stored F16 weights), without
-// checkpoints and with 2 and 4 segments, and checks that checkpointed
-// gradients equal the plain ones, that the peak activation bytes are those
-// TrainActivationBytes predicts and that the budget counted the same.
+// TestTrainGradsMatchFixture runs checkTrainFixture on the CPU.
 func TestTrainGradsMatchFixture(t *testing.T) {
+	b := tensor.NewCPU(2)
+	defer b.Close()
+	checkTrainFixture(t, b)
+}
+
+// openFixtureModel opens the F16 fixture with its config, the reference
+// gradients and the prompt as next-token inputs and targets.
+func openFixtureModel(t *testing.T) (lm *loader.Model, cfg Config, wantLoss float64, want map[string][]float32, inputs, targets []int32) {
+	t.Helper()
 	dir := fixtures.Dir(fixtures.TinyLlamaF16Sharded)
 	lm, err := loader.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
+	t.Cleanup(func() { lm.Close() })
+	if cfg, err = FromLoader(lm.Config); err != nil {
 		t.Fatal(err)
 	}
-	wantLoss, want := fixtureGrads(t, dir)
-	inputs, targets := NextToken(referenceIDs(t, dir))
+	wantLoss, want = fixtureGrads(t, dir)
+	inputs, targets = NextToken(referenceIDs(t, dir))
+	return lm, cfg, wantLoss, want, inputs, targets
+}
 
-	b := tensor.NewCPU(2)
-	defer b.Close()
+// checkTrainFixture compares the loss and every gradient computed on b with
+// those transformers computed (F32, from the stored F16 weights), without
+// checkpoints and with 2 and 4 segments, and checks that checkpointed
+// gradients equal the plain ones, that the peak activation bytes are those
+// TrainActivationBytes predicts and that the budget counted the same, that
+// device gradients stay within TrainGradientBytes (none are charged on the
+// host), and that nothing stays allocated.
+func checkTrainFixture(t *testing.T, b tensor.Backend) {
+	lm, cfg, wantLoss, want, inputs, targets := openFixtureModel(t)
 	hw, err := LoadWeights(context.Background(), lm, b, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hw.Close()
+	_, onHost := b.(*tensor.CPU)
 
 	var plain Grads
 	var peaks []int64
 	for _, segments := range []int{0, 1, 2, 4} {
-		budget := paging.NewBudget(b, 1<<30, "cpu")
+		budget := paging.NewBudget(b, 1<<30, b.Name())
 		m, err := New(cfg, b, budget, hw)
 		if err != nil {
 			t.Fatal(err)
@@ -146,7 +161,10 @@ func TestTrainGradsMatchFixture(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		what := fmt.Sprintf("%d segments", segments)
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+		what := fmt.Sprintf("%s, %d segments", b.Name(), segments)
 		if d := math.Abs(st.Loss-wantLoss) / wantLoss; d > 1e-5 {
 			t.Errorf("%s: loss %.7g, transformers %.7g", what, st.Loss, wantLoss)
 		}
@@ -165,14 +183,12 @@ func TestTrainGradsMatchFixture(t *testing.T) {
 		if pred := cfg.TrainActivationBytes(len(inputs), segments); st.PeakActivationBytes != pred {
 			t.Errorf("%s: peak activations %d B, TrainActivationBytes predicts %d", what, st.PeakActivationBytes, pred)
 		}
-		var acts paging.CategoryStats
-		for _, cs := range budget.Categories() {
-			if cs.Category == paging.Activations.String() {
-				acts = cs
-			}
+		if p := categoryPeak(budget, paging.Activations); p != st.PeakActivationBytes {
+			t.Errorf("%s: the budget's activation peak is %d B, the trainer counted %d", what, p, st.PeakActivationBytes)
 		}
-		if acts.PeakAllocated != st.PeakActivationBytes {
-			t.Errorf("%s: the budget's activation peak is %d B, the trainer counted %d", what, acts.PeakAllocated, st.PeakActivationBytes)
+		gp := categoryPeak(budget, paging.Gradients)
+		if onHost && gp != 0 || !onHost && (gp <= 0 || gp > cfg.TrainGradientBytes()) {
+			t.Errorf("%s: gradients peaked at %d B of the budget; want 0 on the host, within (0, %d] on a device", what, gp, cfg.TrainGradientBytes())
 		}
 		if budget.Used() != 0 {
 			t.Errorf("%s: %d bytes still allocated after the pass", what, budget.Used())
@@ -246,30 +262,25 @@ func TestTrainForwardMatchesInference(t *testing.T) {
 	}
 }
 
-// TestTrainPaged runs the backward with weights paged under a budget
+// TestTrainPaged runs checkTrainPaged on the CPU.
+func TestTrainPaged(t *testing.T) {
+	b := tensor.NewCPU(2)
+	defer b.Close()
+	checkTrainPaged(t, b)
+}
+
+// checkTrainPaged runs the backward on b with weights paged under a budget
 // smaller than the model: gradients equal the resident run's, the pager
 // serves the reverse sweep without thrashing (the bytes it moves for the
 // backward stay near the forward's), and the budget is never exceeded.
-func TestTrainPaged(t *testing.T) {
-	dir := fixtures.Dir(fixtures.TinyLlamaF16Sharded)
-	lm, err := loader.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, want := fixtureGrads(t, dir)
-	inputs, targets := NextToken(referenceIDs(t, dir))
+func checkTrainPaged(t *testing.T, b tensor.Backend) {
+	lm, cfg, _, want, inputs, targets := openFixtureModel(t)
 	T := len(inputs)
-	b := tensor.NewCPU(2)
-	defer b.Close()
 	info, err := ModelInfo(lm, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, onHost := b.(*tensor.CPU)
 
 	for _, segments := range []int{1, 2} {
 		for _, strategy := range []paging.Strategy{paging.StrategyMinimal, paging.StrategyBalanced, "balanced+room"} {
@@ -277,24 +288,28 @@ func TestTrainPaged(t *testing.T) {
 			if strategy == "balanced+room" { // room for some weights to stay
 				strategy, spare = paging.StrategyBalanced, lm.WeightBytes()/6
 			}
-			what := fmt.Sprintf("%s, %d segments, %d spare bytes", strategy, segments, spare)
-			act := cfg.TrainActivationBytes(T, segments)
+			what := fmt.Sprintf("%s, %s, %d segments, %d spare bytes", b.Name(), strategy, segments, spare)
+			extra := cfg.TrainWorkspaceBytes(T, segments)
+			if !onHost {
+				extra += cfg.TrainGradientBytes()
+			}
 			// The smallest budget the strategy plans with, leaving room for
-			// the training activations.
-			_, err := paging.Plan(info, 1, strategy, T, 1, paging.WithChunkTokens(T), paging.WithWorkspace(act))
+			// the training's activations (and device gradients).
+			_, err := paging.Plan(info, 1, strategy, T, 1, paging.WithChunkTokens(T), paging.WithWorkspace(extra))
 			var be *paging.BudgetError
 			if !errors.As(err, &be) {
 				t.Fatalf("%s: a 1-byte budget planned: %v", what, err)
 			}
 			limit := be.Needed + spare
-			if limit >= lm.WeightBytes() {
-				t.Fatalf("%s: the smallest budget %d holds the whole model (%d B): nothing would page", what, limit, lm.WeightBytes())
+			if limit-extra >= lm.WeightBytes() {
+				t.Fatalf("%s: the smallest budget %d holds the whole model (%d B) beside %d B of workspace: nothing would page",
+					what, limit, lm.WeightBytes(), extra)
 			}
-			plan, err := paging.Plan(info, limit, strategy, T, 1, paging.WithChunkTokens(T), paging.WithWorkspace(act))
+			plan, err := paging.Plan(info, limit, strategy, T, 1, paging.WithChunkTokens(T), paging.WithWorkspace(extra))
 			if err != nil {
 				t.Fatal(err)
 			}
-			budget := paging.NewBudget(b, limit, "cpu")
+			budget := paging.NewBudget(b, limit, b.Name())
 			pager, err := paging.NewPager(Source(lm), budget, plan, paging.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -317,6 +332,9 @@ func TestTrainPaged(t *testing.T) {
 			st, err := tr.LossAndGrads(context.Background(), inputs, targets, g, 1)
 			if err != nil {
 				t.Fatalf("%s: %v", what, err)
+			}
+			if err := tr.Close(); err != nil {
+				t.Error(err)
 			}
 			compareGrads(t, what, g, want, 1e-4)
 			ps := pager.Stats()
@@ -348,6 +366,103 @@ func TestTrainPaged(t *testing.T) {
 			}
 			if err := budget.Close(); err != nil {
 				t.Errorf("%s: %v", what, err)
+			}
+		}
+	}
+}
+
+// categoryPeak returns the peak bytes a budget allocated to a category.
+func categoryPeak(bg *paging.Budget, c paging.Category) int64 {
+	for _, cs := range bg.Categories() {
+		if cs.Category == c.String() {
+			return cs.PeakAllocated
+		}
+	}
+	return -1
+}
+
+// TestTrainStagedGrads runs the device backends' gradient path on the CPU:
+// each layer's gradients in buffers from the allocator, copied to a staging
+// buffer and added into the Grads by a goroutine while the next layer
+// computes. The gradients are those of the direct path bit for bit, with a
+// tied embedding (the head's and the embedding's uses meet in one tensor),
+// and a second pass adds onto the first. Run under -race this checks the
+// additions in flight against the embedding's.
+func TestTrainStagedGrads(t *testing.T) {
+	ctx := context.Background()
+	lc, err := loader.Preset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.TieWordEmbeddings = true
+	lm, err := loader.SynthesizeOpen(ctx, t.TempDir(), lc, loader.SynthOptions{Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg, err := FromLoader(lm.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := tensor.NewCPU(2)
+	defer b.Close()
+	hw, err := LoadWeights(ctx, lm, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	ids := make([]int32, 41)
+	for i := range ids {
+		ids[i] = int32((i*131 + 7) % cfg.VocabSize)
+	}
+	inputs, targets := NextToken(ids)
+	for _, segments := range []int{1, 2} {
+		run := func(staged bool) (first, second Grads) {
+			budget := paging.NewBudget(b, 1<<30, "cpu")
+			defer budget.Close()
+			m, err := New(cfg, b, budget, hw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := CheckpointSequential(m, segments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.stageGrads = staged
+			defer tr.Close()
+			g := Grads{}
+			if _, err := tr.LossAndGrads(ctx, inputs, targets, g, 1); err != nil {
+				t.Fatal(err)
+			}
+			first = Grads{}
+			for name, x := range g {
+				first[name] = tensor.New(tensor.F32, x.Shape())
+				copy(first[name].F32(), x.F32())
+			}
+			if _, err := tr.LossAndGrads(ctx, inputs, targets, g, 1); err != nil {
+				t.Fatal(err)
+			}
+			if staged {
+				if gp := categoryPeak(budget, paging.Gradients); gp <= 0 || gp > cfg.TrainGradientBytes() {
+					t.Errorf("staged gradients peaked at %d B, want within (0, %d]", gp, cfg.TrainGradientBytes())
+				}
+			}
+			if budget.Used() != 0 {
+				t.Errorf("%d bytes still allocated", budget.Used())
+			}
+			return first, g
+		}
+		want1, want2 := run(false)
+		got1, got2 := run(true)
+		if len(got1) != len(want1) {
+			t.Fatalf("%d segments: %d gradients staged, %d direct", segments, len(got1), len(want1))
+		}
+		for name, w := range want1 {
+			if !bytes.Equal(got1[name].Bytes(), w.Bytes()) {
+				t.Errorf("%d segments: %s differs between the staged and the direct path", segments, name)
+			}
+			if e := relErr32(got2[name].F32(), want2[name].F32()); e > 1e-6 {
+				t.Errorf("%d segments: %s after two passes differs by %.3g (relative)", segments, name, e)
 			}
 		}
 	}

@@ -16,10 +16,11 @@ const (
 	KVCache                         // keys and values of past positions
 	Activations                     // per-step buffers of the forward pass
 	Workspace                       // scratch for kernels and libraries
+	Gradients                       // training: one layer's gradients on their way to the host
 	numCategories
 )
 
-var categoryNames = [...]string{"resident weights", "streamed weights", "kv cache", "activations", "workspace"}
+var categoryNames = [...]string{"resident weights", "streamed weights", "kv cache", "activations", "workspace", "gradients"}
 
 func (c Category) String() string {
 	if c >= 0 && c < numCategories {

@@ -30,7 +30,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/strata-llm/strata/cuda"
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -77,11 +77,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if o.report != "" {
 		return report(strings.Split(o.report, ","), o.md, o.jsonOut, stdout)
 	}
-	b, err := openBackend(o.device, o.threads)
+	b, err := cli.OpenBackend(o.device, o.threads)
 	if err != nil {
 		return err
 	}
-	defer closeBackend(b)
+	defer cli.CloseBackend(b)
 	var results []any
 	if o.ceilings {
 		c, err := measureCeilings(b)
@@ -210,25 +210,6 @@ func parseRuns(s string) ([]runSpec, error) {
 		out = append(out, spec)
 	}
 	return out, nil
-}
-
-func openBackend(device string, threads int) (tensor.Backend, error) {
-	switch device {
-	case "cpu":
-		return tensor.NewCPU(threads), nil
-	case "cuda":
-		return cuda.Open(0)
-	}
-	return nil, fmt.Errorf("-device %q: want cpu or cuda", device)
-}
-
-func closeBackend(b tensor.Backend) {
-	switch c := b.(type) {
-	case interface{ Close() error }:
-		c.Close()
-	case interface{ Close() }:
-		c.Close()
-	}
 }
 
 // Result is one strata run (Kind "strata") or one baseline run from

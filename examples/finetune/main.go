@@ -1,11 +1,12 @@
 // Command finetune fine-tunes a Llama-family model on a text file, on the
-// CPU, with mixed precision (the stored F16/BF16 weights with an F32 master
-// copy and a dynamic loss scale), recompute checkpoints and, optionally, its
-// weights paged under a memory budget.
+// GPU or the CPU, with mixed precision (the stored F16/BF16 weights with an
+// F32 master copy and a dynamic loss scale), recompute checkpoints and,
+// optionally, its weights paged under a memory budget.
 //
 //	go run ./examples/finetune [-model DIR] -data FILE.txt [-steps N] [-lr X]
 //	    [-optimizer adamw|sgd] [-seq-len N] [-checkpoint-segments K]
-//	    [-gpu-memory-limit SIZE] [-grads-out FILE -ids 1,2,3] [-save DIR]
+//	    [-device cpu|cuda|auto] [-gpu-memory-limit SIZE]
+//	    [-grads-out FILE -ids 1,2,3] [-save DIR]
 //
 // The text is encoded with the model's tokenizer and cut into windows of
 // -seq-len tokens; each step trains on the next window (mean next-token
@@ -16,8 +17,15 @@
 // step on -ids at the initial weights, as the fixtures' grads.safetensors;
 // without -data nothing is trained.
 //
-// Without -model it trains the tiny F16 model embedded in the binary. The
-// backward runs on the host: the CUDA backward is not implemented.
+// The forward and the backward run on the -device (cuda when the build has
+// the cuda tag and a GPU exists, else the CPU); the optimizer updates the
+// F32 master weights on the host, where every layer's gradients arrive as
+// the backward finishes it. On a GPU the weights are uploaded for every step
+// (an update makes the device's copies stale), all of them when no
+// -gpu-memory-limit is given (nine tenths of the free memory is the budget),
+// else paged under it.
+//
+// Without -model it trains the tiny F16 model embedded in the binary.
 // Exit status: 0 on success, 2 for a bad flag, 1 for any other error.
 package main
 

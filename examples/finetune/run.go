@@ -27,6 +27,7 @@ type options struct {
 	model, data, save       string
 	gradsOut, ids           string
 	gpuLimit, optimizer     string
+	device                  string
 	steps, seqLen, segments int
 	threads, scaleInterval  int
 	lr, weightDecay         float64
@@ -54,6 +55,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.gradsOut, "grads-out", "", "write loss and grad.<name> (F32) of one step on -ids at the initial weights to this safetensors `file`")
 	fs.StringVar(&o.ids, "ids", "", "comma-separated token `ids` for -grads-out (default: the first window of -data)")
 	fs.StringVar(&o.save, "save", "", "write the fine-tuned model as a Hugging Face checkpoint into this `directory`")
+	fs.StringVar(&o.device, "device", "auto", "cpu, cuda or auto (cuda when compiled in and a device exists)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	if err := cli.Parse(fs, args, stderr); err != nil {
@@ -78,6 +80,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, cli.Usagef("-optimizer %q: want adamw or sgd", o.optimizer)
 	case o.lossScale < 0 || math.IsInf(o.lossScale, 0) || o.lossScale > math.MaxFloat32:
 		return nil, cli.Usagef("-loss-scale %v must be positive and finite", o.lossScale)
+	case o.device != "cpu" && o.device != "cuda" && o.device != "auto":
+		return nil, cli.Usagef("-device %q: want cpu, cuda or auto", o.device)
 	case o.threads < 0:
 		return nil, cli.Usagef("-threads %d must be >= 0", o.threads)
 	case o.maxGradNorm < 0:
@@ -185,8 +189,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	backend := tensor.NewCPU(o.threads)
-	defer backend.Close()
+	backend, err := cli.OpenBackend(o.device, o.threads)
+	if err != nil {
+		return err
+	}
+	defer cli.CloseBackend(backend)
 	maxT := max(len(gradIDs)-1, min(o.seqLen, len(tokens)-1))
 	r, err := newRunner(o, cfg, params, backend, maxT)
 	if err != nil {
@@ -298,38 +305,41 @@ func train(ctx context.Context, o *options, r *runner, params *nn.Params, tokens
 }
 
 // runner gives each step a trainer over the current parameters: directly,
-// or, under -gpu-memory-limit, through a pager under the budget, made anew
-// for every step because an update makes the pager's copies stale.
+// or, under a budget, through a pager made anew for every step because an
+// update makes the pager's copies stale. One model and trainer serve every
+// step, so that the trainer's staging buffers last the run.
 type runner struct {
 	cfg     nn.Config
 	params  *nn.Params
 	backend tensor.Backend
-	opts    nn.TrainOptions
-	direct  *nn.Trainer
+	tr      *nn.Trainer
+	paged   *stepWeights // nil when training directly on the parameters
 	budget  *paging.Budget
 	plan    *paging.PlanResult
 	moved   int64 // bytes the pagers moved
 	calls   int
 }
 
+// stepWeights serves the current step's pager.
+type stepWeights struct{ nn.PagedWeights }
+
 func newRunner(o *options, cfg nn.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
-	r := &runner{cfg: cfg, params: params, backend: b, opts: nn.TrainOptions{Segments: o.segments, Threads: o.threads}}
-	if o.gpuLimit == "" {
+	r := &runner{cfg: cfg, params: params, backend: b}
+	opts := nn.TrainOptions{Segments: o.segments}
+	_, onHost := b.(*tensor.CPU)
+	if o.gpuLimit == "" && onHost {
 		m, err := nn.New(cfg, b, nil, params)
 		if err != nil {
 			return nil, err
 		}
-		if r.direct, err = nn.NewTrainer(m, r.opts); err != nil {
+		if r.tr, err = nn.NewTrainer(m, opts); err != nil {
 			return nil, err
 		}
 		return r, nil
 	}
-	limit, err := paging.ParseSize(o.gpuLimit)
+	limit, err := trainLimit(o.gpuLimit, b)
 	if err != nil {
-		return nil, cli.Usagef("-gpu-memory-limit: %v", err)
-	}
-	if limit <= 0 {
-		return nil, cli.Usagef("-gpu-memory-limit %q must be positive", o.gpuLimit)
+		return nil, err
 	}
 	layers, err := paging.DescribeSource(params)
 	if err != nil {
@@ -340,51 +350,84 @@ func newRunner(o *options, cfg nn.Config, params *nn.Params, b tensor.Backend, t
 		NumHeads: cfg.NumHeads, NumKVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim, VocabSize: cfg.VocabSize,
 	}
 	// Training keeps no KV cache: plan for one position, with the training
-	// activations and rotary tables as workspace.
-	extra := cfg.TrainActivationBytes(tokens, o.segments) + paging.RopeBytes(tokens, cfg.HeadDim)
+	// activations and rotary tables, and on a device one layer's
+	// gradients, as workspace.
+	extra := cfg.TrainWorkspaceBytes(tokens, o.segments)
+	if !onHost {
+		extra += cfg.TrainGradientBytes()
+	}
 	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithWorkspace(extra))
 	if err != nil {
 		var be *paging.BudgetError
 		if errors.As(err, &be) {
-			return nil, fmt.Errorf("-gpu-memory-limit %s is too small for training %d positions with %d checkpoint segments: the smallest budget is %s",
-				o.gpuLimit, tokens, max(o.segments, 1), paging.FormatSize(be.Needed))
+			return nil, fmt.Errorf("a budget of %s is too small for training %d positions with %d checkpoint segments: the smallest budget is %s",
+				paging.FormatSize(limit), tokens, max(o.segments, 1), paging.FormatSize(be.Needed))
 		}
 		return nil, err
 	}
-	r.budget = paging.NewBudget(b, limit, "cpu")
+	r.budget = paging.NewBudget(b, limit, b.Name())
+	r.paged = &stepWeights{}
+	m, err := nn.New(cfg, b, r.budget, r.paged)
+	if err != nil {
+		return nil, err
+	}
+	if r.tr, err = nn.NewTrainer(m, opts); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// trainLimit is the budget of -gpu-memory-limit or, when none is given on a
+// device, nine tenths of its free memory.
+func trainLimit(flagValue string, b tensor.Backend) (int64, error) {
+	if flagValue == "" {
+		mi, ok := b.(tensor.MemoryInfo)
+		if !ok {
+			return 0, fmt.Errorf("%s cannot report its memory: give -gpu-memory-limit", b.Name())
+		}
+		free, _, err := mi.MemInfo()
+		if err != nil {
+			return 0, err
+		}
+		return free / 10 * 9, nil
+	}
+	limit, err := paging.ParseSize(flagValue)
+	if err != nil {
+		return 0, cli.Usagef("-gpu-memory-limit: %v", err)
+	}
+	if limit <= 0 {
+		return 0, cli.Usagef("-gpu-memory-limit %q must be positive", flagValue)
+	}
+	return limit, nil
 }
 
 // with calls fn with a trainer over the current parameters.
 func (r *runner) with(fn func(*nn.Trainer) error) (err error) {
 	r.calls++
-	if r.direct != nil {
-		return fn(r.direct)
+	if r.paged == nil {
+		return fn(r.tr)
 	}
 	pager, err := paging.NewPager(r.params, r.budget, r.plan, paging.Options{HostCacheBytes: -1})
 	if err != nil {
 		return err
 	}
+	r.paged.PagedWeights = nn.PagedWeights{Pager: pager}
 	defer func() {
+		r.paged.PagedWeights = nn.PagedWeights{}
 		r.moved += pager.Stats().BytesHostToDevice
 		if cerr := pager.Close(); cerr != nil && err == nil {
 			err = cerr
 		}
 	}()
-	m, err := nn.New(r.cfg, r.backend, r.budget, nn.PagedWeights{Pager: pager})
-	if err != nil {
-		return err
-	}
-	tr, err := nn.NewTrainer(m, r.opts)
-	if err != nil {
-		return err
-	}
-	return fn(tr)
+	return fn(r.tr)
 }
 
 func (r *runner) close() error {
+	err := r.tr.Close()
 	if r.budget != nil {
-		return r.budget.Close()
+		if berr := r.budget.Close(); berr != nil && err == nil {
+			err = berr
+		}
 	}
-	return nil
+	return err
 }

@@ -217,7 +217,7 @@ func minBudget(t *testing.T, T, segments int) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	extra := cfg.TrainActivationBytes(T, segments) + paging.RopeBytes(T, cfg.HeadDim)
+	extra := cfg.TrainWorkspaceBytes(T, segments)
 	_, err = paging.Plan(info, 1, paging.StrategyBalanced, 1, 1, paging.WithWorkspace(extra))
 	var be *paging.BudgetError
 	if !errors.As(err, &be) {

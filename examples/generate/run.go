@@ -218,7 +218,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 
 	backends, ordinals, err := openBackends(o)
 	for _, b := range backends {
-		defer closeBackend(b)
+		defer cli.CloseBackend(b)
 	}
 	if err != nil {
 		return err
@@ -397,7 +397,7 @@ type deviceReport struct {
 // returns what it opened even with an error, for the caller to close.
 func openBackends(o *options) ([]tensor.Backend, []int, error) {
 	if o.devices == "" {
-		b, err := openBackend(o)
+		b, err := cli.OpenBackend(o.device, o.threads)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -440,33 +440,6 @@ func openBackends(o *options) ([]tensor.Backend, []int, error) {
 		bs = append(bs, b)
 	}
 	return bs, ordinals, nil
-}
-
-func openBackend(o *options) (tensor.Backend, error) {
-	switch o.device {
-	case "cpu":
-		return tensor.NewCPU(o.threads), nil
-	case "cuda":
-		b, err := cuda.Open(0)
-		if err != nil {
-			return nil, err
-		}
-		return b, nil
-	}
-	if cuda.Available() {
-		if b, err := cuda.Open(0); err == nil {
-			return b, nil
-		}
-	}
-	return tensor.NewCPU(o.threads), nil
-}
-
-func closeBackend(b tensor.Backend) {
-	if c, ok := b.(interface{ Close() }); ok {
-		c.Close()
-	} else if c, ok := b.(interface{ Close() error }); ok {
-		c.Close()
-	}
 }
 
 func writeLogits(path string, logits []float32, rows, vocab int) error {
