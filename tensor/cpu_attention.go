@@ -81,7 +81,8 @@ func (a *attention) row(t, h int) {
 
 	bp := scoreBufs.Get().(*[]float32)
 	if cap(*bp) < n+d {
-		*bp = make([]float32, n+d)
+		// Geometric growth: decode lengthens n by one every step.
+		*bp = make([]float32, max(n+d, 2*cap(*bp), 1024))
 	}
 	s, qs := (*bp)[:n], (*bp)[n:n+d]
 	for i, v := range q {
