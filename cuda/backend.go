@@ -913,6 +913,24 @@ func (b *Backend) AdviseHost(t *tensor.Tensor) error {
 	return nil
 }
 
+// AdviseDeviceAccess maps a managed tensor's pages for this device where
+// they are (accessed-by advice): kernels read host-resident pages in place
+// over the link, without faults or migrations.
+func (b *Backend) AdviseDeviceAccess(t *tensor.Tensor) error {
+	const op = "AdviseDeviceAccess"
+	if err := b.managed(op, t); err != nil || t.NumBytes() == 0 {
+		return err
+	}
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	defer b.leave()
+	if err := memAdvise(t.Ptr(), t.NumBytes(), adviseAccessedBy, b.ordinal); err != nil {
+		return fmt.Errorf("%s: %s: %w", b.name, op, err)
+	}
+	return nil
+}
+
 // Close waits for queued work and frees everything the backend holds:
 // device tensors (those not freed become invalid), cached blocks, managed
 // and pinned memory, streams, events, kernels and cuBLAS. Closing twice is

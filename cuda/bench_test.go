@@ -263,3 +263,106 @@ func BenchmarkMatMulGrad(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkManagedStreaming measures how fast a layer-sized managed weight
+// (256 MiB of F16, preferring host memory) reaches a GEMV that reads it,
+// one layer at a time as streaming decode does, against the explicit path
+// (pinned host memory, UploadAsync into device memory):
+//
+//	explicit  UploadAsync, GEMV
+//	migrate   PrefetchToDevice, GEMV, PrefetchToHost: the pages move both ways
+//	mapped    AdviseDeviceAccess once, no prefetch: the GEMV reads the host
+//	          pages in place over the link (what paging.Unified does with
+//	          streamed weights)
+//
+// GB/s is weight bytes per second of wall time, sync included. (Read-mostly
+// advice is no way out for migrate: prefetching a read-mostly page back to
+// the host keeps the device's copy, so the device would end up holding
+// every layer.)
+func BenchmarkManagedStreaming(b *testing.B) {
+	be := openGPU(b)
+	const n, k = 16384, 8192 // 256 MiB of F16
+	x, _ := put(b, be, tensor.F32, tensor.Shape{1, k}, uniform(newRand(b), k, -1, 1))
+	out, _ := put(b, be, tensor.F32, tensor.Shape{1, n}, make([]float32, n))
+	host := make([]byte, 2*n*k)
+	for i := range host {
+		host[i] = byte(i*7) & 0x3b // finite F16 values
+	}
+	report := func(b *testing.B, bytes int64) {
+		b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	}
+	b.Run("explicit", func(b *testing.B) {
+		pinned, err := be.AllocPinned(int64(len(host)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer be.FreePinned(pinned)
+		copy(pinned, host)
+		w, err := be.Alloc(tensor.F16, tensor.Shape{n, k})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer be.Free(w)
+		for b.Loop() {
+			ready, err := be.UploadAsync(context.Background(), w, 0, pinned)
+			if err == nil {
+				err = ready()
+			}
+			if err == nil {
+				err = be.MatMul(out, x, w, nil)
+			}
+			if err == nil {
+				err = be.Sync()
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b, w.NumBytes())
+	})
+	for _, mode := range []string{"migrate", "mapped"} {
+		b.Run(mode, func(b *testing.B) {
+			w, err := be.AllocManaged(tensor.F16, tensor.Shape{n, k})
+			if err != nil {
+				b.Skipf("managed memory: %v", err)
+			}
+			defer be.Free(w)
+			if err := be.Upload(w, 0, host); err != nil {
+				b.Fatal(err)
+			}
+			if err := be.AdviseHost(w); err != nil {
+				b.Fatal(err)
+			}
+			if mode == "mapped" {
+				err = be.AdviseDeviceAccess(w)
+			}
+			if err == nil {
+				err = be.PrefetchToHost(w)
+			}
+			if err == nil {
+				err = be.Sync()
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if mode == "migrate" {
+					err = be.PrefetchToDevice(w)
+				}
+				if err == nil {
+					err = be.MatMul(out, x, w, nil)
+				}
+				if err == nil && mode == "migrate" {
+					err = be.PrefetchToHost(w)
+				}
+				if err == nil {
+					err = be.Sync()
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			report(b, w.NumBytes())
+		})
+	}
+}

@@ -74,6 +74,10 @@ static CUresult strata_advise_host(CUdeviceptr p, size_t n) {
 	return cuMemAdvise(p, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU);
 }
 
+static CUresult strata_advise(CUdeviceptr p, size_t n, int advice, CUdevice dev) {
+	return cuMemAdvise(p, n, (CUmem_advise)advice, dev);
+}
+
 static int strata_cpu_device(void) { return CU_DEVICE_CPU; }
 
 // cuBLAS, declared here so that its header is not needed at build time.
@@ -263,6 +267,13 @@ func prefetch(p uintptr, n int64, dev int, s cu.Stream) error {
 }
 
 func cpuDevice() int { return int(C.strata_cpu_device()) }
+
+// adviseAccessedBy is CU_MEM_ADVISE_SET_ACCESSED_BY, for memAdvise.
+const adviseAccessedBy = 5
+
+func memAdvise(p uintptr, n int64, advice, dev int) error {
+	return driverError(C.strata_advise(C.CUdeviceptr(p), C.size_t(n), C.int(advice), C.CUdevice(dev)))
+}
 
 func adviseHost(p uintptr, n int64) error {
 	return driverError(C.strata_advise_host(C.CUdeviceptr(p), C.size_t(n)))

@@ -99,6 +99,9 @@ func (b *Backend) PrefetchToHost(t *tensor.Tensor) error { return ErrNotCompiled
 // AdviseHost returns ErrNotCompiled.
 func (b *Backend) AdviseHost(t *tensor.Tensor) error { return ErrNotCompiled }
 
+// AdviseDeviceAccess returns ErrNotCompiled.
+func (b *Backend) AdviseDeviceAccess(t *tensor.Tensor) error { return ErrNotCompiled }
+
 // MatMul returns ErrNotCompiled.
 func (b *Backend) MatMul(out, x, w, bias *tensor.Tensor) error { return ErrNotCompiled }
 

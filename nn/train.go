@@ -160,8 +160,8 @@ type StepStats struct {
 	Forward          time.Duration // the first forward, through the loss
 	Backward         time.Duration // the backward, recomputation included
 	// GradCopy is the part of Forward and Backward spent copying device
-	// gradients to the host, after waiting for the device to compute them,
-	// and waiting for the host to add them up (0 on the CPU).
+	// gradients to the host (not waiting for the device to compute them)
+	// and waiting for the host to add them up; 0 on the CPU.
 	GradCopy time.Duration
 }
 

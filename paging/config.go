@@ -19,7 +19,8 @@ type MemoryMode string
 const (
 	// ModeExplicit copies layers into device memory under the budget.
 	ModeExplicit MemoryMode = "explicit"
-	// ModeUnified uses managed memory with prefetch hints.
+	// ModeUnified uses managed memory: resident layers prefetched to the
+	// device, streamed layers mapped for it and read in place.
 	ModeUnified MemoryMode = "unified"
 	// ModeUnifiedNoPrefetch uses managed memory and lets pages fault in.
 	ModeUnifiedNoPrefetch MemoryMode = "unified-noprefetch"

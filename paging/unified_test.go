@@ -13,13 +13,14 @@ type managedFake struct {
 	*fakeBackend
 	mu       sync.Mutex
 	onDevice map[*tensor.Tensor]bool
+	mapped   map[*tensor.Tensor]bool
 	devBytes int64
 	devPeak  int64
 	advised  int
 }
 
 func newManagedFake() *managedFake {
-	return &managedFake{fakeBackend: newFake(), onDevice: map[*tensor.Tensor]bool{}}
+	return &managedFake{fakeBackend: newFake(), onDevice: map[*tensor.Tensor]bool{}, mapped: map[*tensor.Tensor]bool{}}
 }
 
 func (m *managedFake) AllocManaged(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
@@ -50,11 +51,18 @@ func (m *managedFake) AdviseHost(t *tensor.Tensor) error {
 	m.mu.Unlock()
 	return nil
 }
+func (m *managedFake) AdviseDeviceAccess(t *tensor.Tensor) error {
+	m.mu.Lock()
+	m.mapped[t] = true
+	m.mu.Unlock()
+	return nil
+}
 
 // TestUnifiedPrefetch checks the unified-memory mode's bookkeeping: the
-// data of every acquired layer, device-resident pages within the plan's
-// resident bytes plus its ring, the bytes moved per cyclic sweep equal to
-// the streamed bytes, and everything freed at Close.
+// data of every acquired layer, device-resident pages exactly the plan's
+// resident tensors, every streamed tensor mapped for the device and left in
+// host memory, the bytes read over the link per cyclic sweep equal to the
+// streamed bytes, and everything freed at Close.
 func TestUnifiedPrefetch(t *testing.T) {
 	src := llamaSynth(8, 64, 96, 32, 200)
 	info := smallDims(src, 8)
@@ -95,8 +103,16 @@ func TestUnifiedPrefetch(t *testing.T) {
 			u.MarkStep()
 		}
 		st := u.Stats()
-		if limit := plan.ResidentBytes + plan.RingBytes; be.devPeak > limit {
-			t.Errorf("%.0f%%: device-resident pages peaked at %d, plan allows %d", 100*frac, be.devPeak, limit)
+		if be.devPeak != plan.ResidentBytes {
+			t.Errorf("%.0f%%: device-resident pages peaked at %d, the plan's resident bytes are %d", 100*frac, be.devPeak, plan.ResidentBytes)
+		}
+		for l := range n {
+			for i, tt := range u.layers[l] {
+				if u.streamed[l][i] != be.mapped[tt] || u.streamed[l][i] && be.onDevice[tt] {
+					t.Errorf("%.0f%%: layer %d %s: streamed %v, mapped %v, on the device %v",
+						100*frac, l, u.names[l][i], u.streamed[l][i], be.mapped[tt], be.onDevice[tt])
+				}
+			}
 		}
 		if int64(st.BytesPerStep) != plan.StreamedBytes {
 			t.Errorf("%.0f%%: %v bytes prefetched per sweep, plan streams %d", 100*frac, st.BytesPerStep, plan.StreamedBytes)
@@ -125,5 +141,46 @@ func TestUnifiedPrefetch(t *testing.T) {
 	plan, _ := Plan(info, 1<<40, StrategyNone, 16, 1)
 	if _, err := NewUnified(context.Background(), src, NewBudget(newFake(), 1<<40, "fake"), plan, true); err == nil {
 		t.Error("unified memory on a backend without managed memory")
+	}
+}
+
+// TestUnifiedNoPrefetch: without prefetch nothing is migrated or mapped at
+// load or acquire (the driver moves pages as the device touches them), the
+// data is right, and no bytes are counted as moved.
+func TestUnifiedNoPrefetch(t *testing.T) {
+	src := llamaSynth(4, 64, 96, 32, 200)
+	info := smallDims(src, 4)
+	total, _ := totalAndMax(info)
+	be := newManagedFake()
+	plan, err := Plan(info, total/2, StrategyBalanced, 16, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := NewBudget(be, total/2, "fake")
+	u, err := NewUnified(context.Background(), src, bg, plan, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range src.NumLayers() {
+		ws, err := u.Acquire(context.Background(), l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := check(be, src, l, ws); err != nil {
+			t.Fatal(err)
+		}
+		u.Release(l)
+	}
+	if len(be.mapped) != 0 || be.devPeak != 0 {
+		t.Errorf("without prefetch: %d tensors mapped, %d bytes prefetched to the device", len(be.mapped), be.devPeak)
+	}
+	if st := u.Stats(); st.BytesHostToDevice != 0 || st.Hits != int64(src.NumLayers()) {
+		t.Errorf("without prefetch: stats %+v", st)
+	}
+	if err := u.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := bg.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -106,6 +106,10 @@ type ManagedAllocator interface {
 	PrefetchToHost(t *Tensor) error
 	// AdviseHost makes host memory the preferred location of t's pages.
 	AdviseHost(t *Tensor) error
+	// AdviseDeviceAccess maps t's pages for the device where they are, so
+	// that kernels read them in place over the link instead of migrating
+	// them.
+	AdviseDeviceAccess(t *Tensor) error
 }
 
 // MemoryInfo is a backend that can report its device's memory.
