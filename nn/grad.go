@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
@@ -38,30 +39,51 @@ func (g Grads) Zero() {
 func (g Grads) Scale(f float32) {
 	for _, t := range g {
 		v := t.F32()
-		for i := range v {
-			v[i] *= f
-		}
+		chunks(len(v), func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				v[i] *= f
+			}
+		})
 	}
 }
 
 // AllFinite reports whether no gradient holds an infinity or a NaN.
 func (g Grads) AllFinite() bool {
+	var bad atomic.Bool
 	for _, t := range g {
-		for _, v := range t.F32() {
-			if math.IsInf(float64(v), 0) || v != v {
-				return false
+		v := t.F32()
+		chunks(len(v), func(lo, hi int) {
+			for _, x := range v[lo:hi] {
+				if math.IsInf(float64(x), 0) || x != x {
+					bad.Store(true)
+					return
+				}
 			}
+		})
+		if bad.Load() {
+			return false
 		}
 	}
 	return true
 }
 
-// Norm is the Euclidean norm of all the gradients together.
+// Norm is the Euclidean norm of all the gradients together. The sum runs
+// in a fixed order (by name, then in fixed-size chunks), so the result does
+// not depend on the number of cores.
 func (g Grads) Norm() float64 {
 	var ss float64
-	for _, t := range g {
-		for _, v := range t.F32() {
-			ss += float64(v) * float64(v)
+	for _, name := range g.Names() {
+		v := g[name].F32()
+		parts := make([]float64, (len(v)+chunkSize-1)/chunkSize)
+		chunks(len(v), func(lo, hi int) {
+			var s float64
+			for _, x := range v[lo:hi] {
+				s += float64(x) * float64(x)
+			}
+			parts[lo/chunkSize] = s
+		})
+		for _, s := range parts {
+			ss += s
 		}
 	}
 	return math.Sqrt(ss)

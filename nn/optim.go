@@ -56,23 +56,27 @@ func (o *SGD) Step(p *Params, g Grads) error {
 			continue
 		}
 		if o.Momentum == 0 {
-			for i := range w {
-				w[i] = float32(float64(w[i]) - o.LR*(float64(gv[i])+o.WeightDecay*float64(w[i])))
-			}
+			chunks(len(w), func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					w[i] = float32(float64(w[i]) - o.LR*(float64(gv[i])+o.WeightDecay*float64(w[i])))
+				}
+			})
 		} else {
 			b, seen := o.buf[name]
 			if !seen {
 				b = make([]float32, len(w))
 				o.buf[name] = b
 			}
-			for i := range w {
-				d := float64(gv[i]) + o.WeightDecay*float64(w[i])
-				if seen {
-					d += o.Momentum * float64(b[i])
+			chunks(len(w), func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					d := float64(gv[i]) + o.WeightDecay*float64(w[i])
+					if seen {
+						d += o.Momentum * float64(b[i])
+					}
+					b[i] = float32(d)
+					w[i] = float32(float64(w[i]) - o.LR*d)
 				}
-				b[i] = float32(d)
-				w[i] = float32(float64(w[i]) - o.LR*d)
-			}
+			})
 		}
 		p.Sync(name)
 	}
@@ -136,13 +140,15 @@ func (o *AdamW) Step(p *Params, g Grads) error {
 			m, v = make([]float32, len(w)), make([]float32, len(w))
 			o.m[name], o.v[name] = m, v
 		}
-		for i, gi := range gv {
-			g := float64(gi)
-			mi := o.Beta1*float64(m[i]) + (1-o.Beta1)*g
-			vi := o.Beta2*float64(v[i]) + (1-o.Beta2)*g*g
-			m[i], v[i] = float32(mi), float32(vi)
-			w[i] = float32(float64(w[i])*decay - stepSize*mi/(math.Sqrt(vi)/sqrtBC2+o.Eps))
-		}
+		chunks(len(gv), func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				g := float64(gv[i])
+				mi := o.Beta1*float64(m[i]) + (1-o.Beta1)*g
+				vi := o.Beta2*float64(v[i]) + (1-o.Beta2)*g*g
+				m[i], v[i] = float32(mi), float32(vi)
+				w[i] = float32(float64(w[i])*decay - stepSize*mi/(math.Sqrt(vi)/sqrtBC2+o.Eps))
+			}
+		})
 		p.Sync(name)
 	}
 	return nil

@@ -454,10 +454,14 @@ func addInto(dst, src []float32) {
 	})
 }
 
-// chunks calls fn on consecutive ranges of [0, n), on up to GOMAXPROCS
-// goroutines when n is large.
+// chunkSize is the length of the ranges chunks hands out.
+const chunkSize = 1 << 18
+
+// chunks calls fn on the consecutive ranges [i*chunkSize, (i+1)*chunkSize)
+// of [0, n) (the last one shorter), on up to GOMAXPROCS goroutines when
+// there are several.
 func chunks(n int, fn func(lo, hi int)) {
-	const size = 1 << 18
+	const size = chunkSize
 	k := (n + size - 1) / size
 	if k <= 1 {
 		fn(0, n)

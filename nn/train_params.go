@@ -96,11 +96,12 @@ func (p *Params) Sync(names ...string) {
 		if pr == nil {
 			continue
 		}
-		switch pr.work.DType() {
+		work, master := pr.work, pr.master
+		switch work.DType() {
 		case tensor.F16:
-			tensor.F32ToF16(pr.work.U16(), pr.master)
+			chunks(len(master), func(lo, hi int) { tensor.F32ToF16(work.U16()[lo:hi], master[lo:hi]) })
 		case tensor.BF16:
-			tensor.F32ToBF16(pr.work.U16(), pr.master)
+			chunks(len(master), func(lo, hi int) { tensor.F32ToBF16(work.U16()[lo:hi], master[lo:hi]) })
 		}
 	}
 }
