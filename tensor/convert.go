@@ -13,8 +13,22 @@ func F16ToF32(dst []float32, src []uint16) {
 	}
 }
 
-// F32ToF16 converts float32 to IEEE half precision, rounding to nearest even.
+// F32ToF16 converts float32 to IEEE half precision, rounding to nearest even
+// (with F16C instructions where the processor has them).
 func F32ToF16(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	m := 0
+	if hasAVX2 { // F16C comes with the AVX2 kernels
+		m = len(src) &^ 7
+		if m > 0 {
+			cvtF32ToF16AVX2(&dst[0], &src[0], m)
+		}
+	}
+	f32ToF16Go(dst[m:], src[m:])
+}
+
+// f32ToF16Go is the portable F32ToF16.
+func f32ToF16Go(dst []uint16, src []float32) {
 	for i, f := range src {
 		dst[i] = uint16(float16.Fromfloat32(f))
 	}

@@ -246,6 +246,12 @@ func cvtWith(asm func(dst *float32, src *uint16, n int), tail func(dst []float32
 	tail(dst[m:], src[m:])
 }
 
+// cvtF32ToF16AVX2 converts n floats (a multiple of 8) to IEEE half
+// precision with F16C, rounding to nearest even.
+//
+//go:noescape
+func cvtF32ToF16AVX2(dst *uint16, src *float32, n int)
+
 func avx2CvtF16(dst []float32, src []uint16)    { cvtWith(cvtF16AVX2, F16ToF32, dst, src) }
 func avx2CvtBF16(dst []float32, src []uint16)   { cvtWith(cvtBF16AVX2, BF16ToF32, dst, src) }
 func avx512CvtF16(dst []float32, src []uint16)  { cvtWith(cvtF16AVX512, F16ToF32, dst, src) }

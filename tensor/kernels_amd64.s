@@ -1505,3 +1505,36 @@ done:
 	VMOVUPS Z23, 1472(DI)
 	VZEROUPPER
 	RET
+
+// func cvtF32ToF16AVX2(dst *uint16, src *float32, n int)
+// n is a multiple of 8. Rounding to nearest even (immediate 0).
+TEXT ·cvtF32ToF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), DX
+	XORQ AX, AX
+	MOVQ DX, CX
+	ANDQ $-32, CX
+	JZ f2htail
+f2hloop:
+	VMOVUPS (SI)(AX*4), Y0
+	VMOVUPS 32(SI)(AX*4), Y1
+	VMOVUPS 64(SI)(AX*4), Y2
+	VMOVUPS 96(SI)(AX*4), Y3
+	VCVTPS2PH $0, Y0, (DI)(AX*2)
+	VCVTPS2PH $0, Y1, 16(DI)(AX*2)
+	VCVTPS2PH $0, Y2, 32(DI)(AX*2)
+	VCVTPS2PH $0, Y3, 48(DI)(AX*2)
+	ADDQ $32, AX
+	CMPQ AX, CX
+	JLT f2hloop
+f2htail:
+	CMPQ AX, DX
+	JGE f2hdone
+	VMOVUPS (SI)(AX*4), Y0
+	VCVTPS2PH $0, Y0, (DI)(AX*2)
+	ADDQ $8, AX
+	JMP f2htail
+f2hdone:
+	VZEROUPPER
+	RET

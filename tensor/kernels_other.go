@@ -8,3 +8,5 @@ func archKernels() []*kernels { return nil }
 
 // hasAVX2 and hasAVX512 are false off x86-64.
 const hasAVX2, hasAVX512 = false, false
+
+func cvtF32ToF16AVX2(dst *uint16, src *float32, n int) { panic("tensor: no F16C off x86-64") }
