@@ -84,7 +84,8 @@ func (o *SGD) Step(p *Params, g Grads) error {
 }
 
 // AdamW is Adam with decoupled weight decay, as torch.optim.AdamW
-// (amsgrad off): with t the step number from 1,
+// (amsgrad off), in float32 arithmetic as torch's for float32 parameters:
+// with t the step number from 1,
 //
 //	w ← w − LR·WeightDecay·w
 //	m ← Beta1·m + (1−Beta1)·g
@@ -123,9 +124,11 @@ func (o *AdamW) Step(p *Params, g Grads) error {
 	o.t++
 	bc1 := 1 - math.Pow(o.Beta1, float64(o.t))
 	bc2 := 1 - math.Pow(o.Beta2, float64(o.t))
-	decay := 1 - o.LR*o.WeightDecay
-	stepSize := o.LR / bc1
-	sqrtBC2 := math.Sqrt(bc2)
+	c := &adamConsts{
+		b1: float32(o.Beta1), c1: float32(1 - o.Beta1), b2: float32(o.Beta2), c2: float32(1 - o.Beta2),
+		decay: float32(1 - o.LR*o.WeightDecay), stepSize: float32(o.LR / bc1),
+		invSqrtBC2: float32(1 / math.Sqrt(bc2)), eps: float32(o.Eps),
+	}
 	for _, name := range p.names {
 		w := p.byName[name].master
 		gv, err := gradOf(g, name, w)
@@ -140,15 +143,7 @@ func (o *AdamW) Step(p *Params, g Grads) error {
 			m, v = make([]float32, len(w)), make([]float32, len(w))
 			o.m[name], o.v[name] = m, v
 		}
-		chunks(len(gv), func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				g := float64(gv[i])
-				mi := o.Beta1*float64(m[i]) + (1-o.Beta1)*g
-				vi := o.Beta2*float64(v[i]) + (1-o.Beta2)*g*g
-				m[i], v[i] = float32(mi), float32(vi)
-				w[i] = float32(float64(w[i])*decay - stepSize*mi/(math.Sqrt(vi)/sqrtBC2+o.Eps))
-			}
-		})
+		chunks(len(gv), func(lo, hi int) { adamUpdate(w[lo:hi], gv[lo:hi], m[lo:hi], v[lo:hi], c) })
 		p.Sync(name)
 	}
 	return nil
@@ -182,14 +177,25 @@ func NewLossScaler(scale float32, growthInterval int) *LossScaler {
 // update. Otherwise it divides them by the scale, counts a good step
 // (growing the scale after GrowthInterval of them) and returns true.
 func (s *LossScaler) Unscale(g Grads) bool {
-	if !g.AllFinite() {
+	scale := s.Scale
+	if !s.observe(g.AllFinite()) {
+		return false
+	}
+	if scale != 1 {
+		g.Scale(1 / scale)
+	}
+	return true
+}
+
+// observe records the outcome of a step run at s.Scale: gradients that are
+// not finite reduce the scale; finite ones count a good step, growing the
+// scale after GrowthInterval of them. It returns finite.
+func (s *LossScaler) observe(finite bool) bool {
+	if !finite {
 		s.Scale = max(s.Scale*s.BackoffFactor, s.MinScale)
 		s.good = 0
 		s.skipped++
 		return false
-	}
-	if s.Scale != 1 {
-		g.Scale(1 / s.Scale)
 	}
 	s.good++
 	if s.GrowthInterval > 0 && s.good >= s.GrowthInterval {

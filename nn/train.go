@@ -262,15 +262,27 @@ func (tr *Trainer) Step(ctx context.Context, inputs, targets []int32, p *Params,
 	if err != nil {
 		return res, err
 	}
+	// One pass for the norm, which is finite exactly when every gradient
+	// is (a float64 sum of float32 squares cannot overflow), and one to
+	// unscale and clip together.
+	norm := tr.grads.Norm()
+	finite := !math.IsInf(norm, 0) && !math.IsNaN(norm)
 	if scaler != nil {
-		if !scaler.Unscale(tr.grads) {
+		if !scaler.observe(finite) {
 			res.Skipped = true
 			return res, nil
 		}
-	} else if !tr.grads.AllFinite() {
+	} else if !finite {
 		return res, fmt.Errorf("nn: train: gradients are not finite (loss %g); a LossScaler skips such steps", st.Loss)
 	}
-	res.GradNorm = tr.grads.ClipNorm(tr.opts.MaxGradNorm)
+	factor := 1 / float64(scale)
+	res.GradNorm = norm * factor
+	if m := tr.opts.MaxGradNorm; m > 0 && res.GradNorm > m {
+		factor *= m / res.GradNorm
+	}
+	if factor != 1 {
+		tr.grads.Scale(float32(factor))
+	}
 	if err := opt.Step(p, tr.grads); err != nil {
 		return res, err
 	}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ type options struct {
 	momentum, maxGradNorm   float64
 	lossScale               float64
 	quiet                   bool
+	cpuProfile              string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -58,6 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.device, "device", "auto", "cpu, cuda or auto (cuda when compiled in and a device exists)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of the run to this `file`")
 	if err := cli.Parse(fs, args, stderr); err != nil {
 		return nil, err
 	}
@@ -131,6 +134,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	dir, cleanup, err := cli.ModelDir(o.model, fixtures.TinyLlamaF16Sharded)
 	if err != nil {
