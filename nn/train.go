@@ -182,6 +182,13 @@ func NextToken(ids []int32) (inputs, targets []int32) {
 // it lacks. With tied embeddings both uses of the table add into one entry.
 // lossScale 0 means 1.
 func (tr *Trainer) LossAndGrads(ctx context.Context, inputs, targets []int32, grads Grads, lossScale float32) (StepStats, error) {
+	return tr.lossAndGrads(ctx, inputs, targets, grads, lossScale, false)
+}
+
+// lossAndGrads is LossAndGrads; with overwrite, grads are set rather than
+// added to (what Step wants), which spares zeroing them and, on a device,
+// reading them back for the addition.
+func (tr *Trainer) lossAndGrads(ctx context.Context, inputs, targets []int32, grads Grads, lossScale float32, overwrite bool) (StepStats, error) {
 	c := &tr.m.cfg
 	switch {
 	case grads == nil:
@@ -217,7 +224,8 @@ func (tr *Trainer) LossAndGrads(ctx context.Context, inputs, targets []int32, gr
 		tr: tr, m: tr.m, c: c, b: tr.m.backend, g: tr.m.backend.(tensor.GradOps), ctx: ctx,
 		T: len(inputs), ids: inputs, targets: targets, count: count,
 		grads: grads, scale: float64(lossScale), hook: tr.opts.Hook,
-		acts: actAlloc{a: tr.m.alloc, live: map[*tensor.Tensor]bool{}},
+		acts:      actAlloc{a: tr.m.alloc, live: map[*tensor.Tensor]bool{}},
+		overwrite: overwrite, written: map[*tensor.Tensor]bool{},
 	}
 	defer ps.close()
 	err := ps.run()
@@ -252,12 +260,11 @@ func (tr *Trainer) Step(ctx context.Context, inputs, targets []int32, p *Params,
 	if tr.grads == nil {
 		tr.grads = Grads{}
 	}
-	tr.grads.Zero()
 	scale := float32(1)
 	if scaler != nil {
 		scale = scaler.Scale
 	}
-	st, err := tr.LossAndGrads(ctx, inputs, targets, tr.grads, scale)
+	st, err := tr.lossAndGrads(ctx, inputs, targets, tr.grads, scale, true)
 	res := StepResult{StepStats: st, Scale: scale}
 	if err != nil {
 		return res, err
@@ -345,12 +352,16 @@ type pass struct {
 	hook    Hook
 	acts    actAlloc
 
-	cos, sin       *tensor.Tensor // rotary tables [T, HeadDim/2], workspace
-	negSin         *tensor.Tensor // -sin: Rope with it is the rotary's backward
-	hostGrads      bool           // the backend's tensors are host memory: add into grads directly
-	pending        []pendingGrad  // the current layer's device gradients
-	scratch        *tensor.Tensor // host F32 buffer for toHost
-	gradCopy       time.Duration
+	cos, sin  *tensor.Tensor // rotary tables [T, HeadDim/2], workspace
+	negSin    *tensor.Tensor // -sin: Rope with it is the rotary's backward
+	hostGrads bool           // the backend's tensors are host memory: add into grads directly
+	pending   []pendingGrad  // the current layer's device gradients
+	scratch   *tensor.Tensor // host F32 buffer for toHost
+	gradCopy  time.Duration
+	// overwrite: the gradients' old values do not count; written: the
+	// Grads tensors this pass has set or added into.
+	overwrite      bool
+	written        map[*tensor.Tensor]bool
 	embedShape     tensor.Shape
 	lossSum        float64
 	recomputed     int
@@ -433,7 +444,10 @@ func (ps *pass) flushGrads() error {
 		n += p.dev.NumBytes()
 	}
 	buf := ps.tr.stage(n)
-	type job struct{ dst, src []float32 }
+	type job struct {
+		dst, src []float32
+		set      bool // copy: the first gradient of an overwriting pass
+	}
 	jobs := make([]job, 0, len(ps.pending))
 	for _, p := range ps.pending {
 		k := p.dev.NumBytes()
@@ -444,13 +458,18 @@ func (ps *pass) flushGrads() error {
 		if err != nil {
 			return err
 		}
-		jobs = append(jobs, job{p.host.F32(), src.F32()})
+		jobs = append(jobs, job{p.host.F32(), src.F32(), ps.overwrite && !ps.written[p.host]})
+		ps.written[p.host] = true
 		buf = buf[k:]
 	}
 	st := &ps.tr.stages[1-ps.tr.next] // the stage just taken
 	st.adding.Go(func() {
 		for _, j := range jobs {
-			addInto(j.dst, j.src)
+			if j.set {
+				chunks(len(j.dst), func(lo, hi int) { copy(j.dst[lo:hi], j.src[lo:hi]) })
+			} else {
+				addInto(j.dst, j.src)
+			}
 		}
 	})
 	return nil
@@ -537,6 +556,11 @@ func (ps *pass) run() error {
 		return fmt.Errorf("nn: train: rotary tables: %w", err)
 	}
 	ps.hostGrads = ps.cos.OnHost() && !ps.tr.stageGrads
+	if ps.overwrite && ps.hostGrads {
+		// The operations add into the Grads themselves: start from zero.
+		ps.grads.Zero()
+		ps.overwrite = false
+	}
 	cos, sin := c.RopeTables(T)
 	neg := make([]float32, len(sin))
 	for i, v := range sin {
@@ -677,7 +701,20 @@ func (ps *pass) run() error {
 	if err != nil {
 		return fmt.Errorf("nn: train: embedding gradient: %w", err)
 	}
+	if ps.overwrite && !ps.written[dE] {
+		clear(dE.F32())
+	}
+	ps.written[dE] = true
 	embedBack(dE.F32(), dx, ps.ids, c.HiddenSize)
+	// An overwriting pass sets every gradient; one it did not reach (none,
+	// for a model's own Grads) must not keep an old value.
+	if ps.overwrite {
+		for _, t := range ps.grads {
+			if !ps.written[t] {
+				clear(t.F32())
+			}
+		}
+	}
 	ps.bwdTime = time.Since(mid)
 	return nil
 }

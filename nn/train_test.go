@@ -386,8 +386,9 @@ func categoryPeak(bg *paging.Budget, c paging.Category) int64 {
 // buffer and added into the Grads by a goroutine while the next layer
 // computes. The gradients are those of the direct path bit for bit, with a
 // tied embedding (the head's and the embedding's uses meet in one tensor),
-// and a second pass adds onto the first. Run under -race this checks the
-// additions in flight against the embedding's.
+// and a second pass adds onto the first, while one that overwrites (as
+// Step's does) gives the first pass's gradients again. Run under -race this
+// checks the additions in flight against the embedding's.
 func TestTrainStagedGrads(t *testing.T) {
 	ctx := context.Background()
 	lc, err := loader.Preset("tiny")
@@ -441,6 +442,20 @@ func TestTrainStagedGrads(t *testing.T) {
 			}
 			if _, err := tr.LossAndGrads(ctx, inputs, targets, g, 1); err != nil {
 				t.Fatal(err)
+			}
+			// A pass that overwrites (Step's) forgets the two before it.
+			over := Grads{}
+			for name, x := range g {
+				over[name] = tensor.New(tensor.F32, x.Shape())
+				copy(over[name].F32(), x.F32())
+			}
+			if _, err := tr.lossAndGrads(ctx, inputs, targets, over, 1, true); err != nil {
+				t.Fatal(err)
+			}
+			for name, x := range first {
+				if !bytes.Equal(over[name].Bytes(), x.Bytes()) {
+					t.Errorf("staged %v, %d segments: %s after an overwriting pass differs from the first pass", staged, segments, name)
+				}
 			}
 			if staged {
 				if gp := categoryPeak(budget, paging.Gradients); gp <= 0 || gp > cfg.TrainGradientBytes() {

@@ -270,31 +270,23 @@ func train(ctx context.Context, o *options, r *runner, params *nn.Params, tokens
 	scaler := nn.NewLossScaler(scale, o.scaleInterval)
 	wins := windows(tokens, o.seqLen)
 	bar := newProgress(stderr, o.quiet)
-	grads := nn.Grads{}
 	var first, last float64
 	var peakAct int64
 	start := time.Now()
 	for step := 1; step <= o.steps; step++ {
 		inputs, targets := nn.NextToken(wins[(step-1)%len(wins)])
-		grads.Zero()
-		used := scaler.Scale
-		var st nn.StepStats
+		var res nn.StepResult
 		t0 := time.Now()
 		if err := r.with(func(tr *nn.Trainer) (err error) {
-			st, err = tr.LossAndGrads(ctx, inputs, targets, grads, used)
+			res, err = tr.Step(ctx, inputs, targets, params, opt, scaler)
 			return err
 		}); err != nil {
 			return fmt.Errorf("step %d: %w", step, err)
 		}
+		st := res.StepStats
 		peakAct = max(peakAct, st.PeakActivationBytes)
 		note := ""
-		norm := 0.0
-		if scaler.Unscale(grads) {
-			norm = grads.ClipNorm(o.maxGradNorm)
-			if err := opt.Step(params, grads); err != nil {
-				return err
-			}
-		} else {
+		if res.Skipped {
 			note = " skipped (overflow)"
 		}
 		if step == 1 {
@@ -303,7 +295,7 @@ func train(ctx context.Context, o *options, r *runner, params *nn.Params, tokens
 		last = st.Loss
 		bar.clear()
 		fmt.Fprintf(stdout, "step %d/%d loss %.6f scale %g grad-norm %.4g time %s%s\n",
-			step, o.steps, st.Loss, used, norm, time.Since(t0).Round(time.Millisecond), note)
+			step, o.steps, st.Loss, res.Scale, res.GradNorm, time.Since(t0).Round(time.Millisecond), note)
 		bar.update(step, o.steps, st.Loss)
 	}
 	bar.clear()
@@ -339,7 +331,7 @@ type stepWeights struct{ nn.PagedWeights }
 
 func newRunner(o *options, cfg nn.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
 	r := &runner{cfg: cfg, params: params, backend: b}
-	opts := nn.TrainOptions{Segments: o.segments}
+	opts := nn.TrainOptions{Segments: o.segments, MaxGradNorm: o.maxGradNorm}
 	_, onHost := b.(*tensor.CPU)
 	if o.gpuLimit == "" && onHost {
 		m, err := nn.New(cfg, b, nil, params)
