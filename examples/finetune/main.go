@@ -6,7 +6,7 @@
 //	go run ./examples/finetune [-model DIR] -data FILE.txt [-steps N] [-lr X]
 //	    [-optimizer adamw|sgd] [-seq-len N] [-checkpoint-segments K]
 //	    [-device cpu|cuda|auto] [-gpu-memory-limit SIZE]
-//	    [-grads-out FILE -ids 1,2,3] [-save DIR]
+//	    [-grads-out FILE -ids 1,2,3] [-save DIR] [-cpuprofile FILE]
 //
 // The text is encoded with the model's tokenizer and cut into windows of
 // -seq-len tokens; each step trains on the next window (mean next-token
