@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"sync"
@@ -68,6 +69,7 @@ type Pager struct {
 	order  atomic.Int32
 	pinned tensor.PinnedAllocator // nil when the backend has none
 	async  tensor.AsyncUploader   // nil when the backend has none
+	reads  readBufs
 
 	life     context.Context // cancelled by Close
 	stopLife context.CancelFunc
@@ -761,12 +763,14 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 	for k, i := range idx {
 		s := e.specs[i]
 		var src []byte
+		var tmp *[]byte // a staging buffer from readBufs, for the upload only
 		if buf != nil {
 			src = buf[e.strOff[k] : e.strOff[k]+s.Bytes]
 		}
 		if !cached {
 			if src == nil {
-				src = make([]byte, s.Bytes)
+				tmp = p.reads.get(s.Bytes)
+				src = (*tmp)[:s.Bytes]
 			}
 			// undo waits for the copies still reading the host buffer
 			// before dropAdmission frees it.
@@ -776,6 +780,7 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 				return ts, err
 			}
 			if err := p.src.ReadTensor(ctx, e.layer, s.Name, src); err != nil {
+				p.reads.put(tmp)
 				ts, err := undo(fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, s.Name, err))
 				dropAdmission()
 				return ts, err
@@ -791,8 +796,9 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 				*ready = append(*ready, r)
 			}
 		} else {
-			err = p.b.Upload(ts[k], 0, src)
+			err = p.b.Upload(ts[k], 0, src) // synchronous: src is free after it
 		}
+		p.reads.put(tmp)
 		if err != nil {
 			ts, err := undo(fmt.Errorf("paging: layer %d tensor %s: upload: %w", e.layer, s.Name, err))
 			dropAdmission()
@@ -821,6 +827,65 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 		p.mu.Unlock()
 	}
 	return ts, nil
+}
+
+// readBufs recycles the buffers that tensors outside the host cache are
+// read into on their way to a synchronous upload: without them a streaming
+// strategy that keeps nothing on the host allocated the model's size in
+// garbage every token. Buffers come in power-of-two sizes, since a layer's
+// tensors range from kilobytes (norms) to hundreds of megabytes, and each
+// size keeps at most readBufsKept (about what the loads in flight use).
+// They are the pager's, not a sync.Pool's, which a collection empties.
+type readBufs struct {
+	mu    sync.Mutex
+	free  [64][]*[]byte // by log2 of the capacity
+	made  int64         // buffers allocated, for the tests
+	bytes int64         // bytes held in free
+}
+
+const readBufsKept = 4
+
+func (r *readBufs) get(n int64) *[]byte {
+	class := bits.Len64(uint64(max(n, 1) - 1))
+	r.mu.Lock()
+	if f := r.free[class]; len(f) > 0 {
+		b := f[len(f)-1]
+		r.free[class] = f[:len(f)-1]
+		r.bytes -= int64(cap(*b))
+		r.mu.Unlock()
+		return b
+	}
+	r.made++
+	r.mu.Unlock()
+	b := make([]byte, 1<<class)
+	return &b
+}
+
+func (r *readBufs) put(b *[]byte) {
+	if b == nil {
+		return
+	}
+	class := bits.Len64(uint64(cap(*b) - 1))
+	r.mu.Lock()
+	if len(r.free[class]) < readBufsKept {
+		r.free[class] = append(r.free[class], b)
+		r.bytes += int64(cap(*b))
+	}
+	r.mu.Unlock()
+}
+
+// stats returns the buffers allocated so far and the bytes kept.
+func (r *readBufs) stats() (made, bytes int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.made, r.bytes
+}
+
+// release drops every kept buffer.
+func (r *readBufs) release() {
+	r.mu.Lock()
+	r.free, r.bytes = [64][]*[]byte{}, 0
+	r.mu.Unlock()
 }
 
 func (p *Pager) hostAlloc(n int64) ([]byte, bool) {
@@ -859,6 +924,7 @@ func (p *Pager) Close() error {
 	for p.inflight > 0 {
 		p.cond.Wait()
 	}
+	p.reads.release()
 	var errs []error
 	for _, e := range p.layers {
 		if err := e.awaitUploads(); err != nil {

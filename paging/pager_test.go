@@ -632,3 +632,64 @@ func TestPagerBadInput(t *testing.T) {
 		t.Error("acquire after Close succeeded")
 	}
 }
+
+// TestStreamingRecyclesReadBuffers: layers streamed without a host cache
+// (the aggressive strategy, or no host memory for it) are read into
+// recycled buffers on their way to the device, so that sweeping the model
+// again and again does not allocate its size every time. The data of every
+// acquired layer is checked.
+func TestStreamingRecyclesReadBuffers(t *testing.T) {
+	src := llamaSynth(6, 256, 512, 128, 300)
+	n := src.NumLayers()
+	info := smallDims(src, n)
+	W, _ := totalAndMax(info)
+	be := pageableBackend{newFake()}
+	probe, err := Plan(info, 1<<40, StrategyAggressive, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := Plan(info, probe.MinBudgetBytes, StrategyAggressive, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := NewBudget(be, probe.MinBudgetBytes, "fake:0")
+	free := nnReserve(t, bg, plan)
+	defer free()
+	pg, err := NewPager(src, bg, plan, Options{HostCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	sweep := func() {
+		for l := range n {
+			ws, err := pg.Acquire(context.Background(), l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := check(be.Backend, src, l, ws); err != nil {
+				t.Fatal(err)
+			}
+			pg.Release(l)
+		}
+	}
+	sweep() // fills the pools
+	first, _ := pg.reads.stats()
+	const sweeps = 10
+	for range sweeps {
+		sweep()
+	}
+	total, kept := pg.reads.stats()
+	made := total - first
+	moved := pg.Stats().BytesHostToDevice
+	t.Logf("%d weight bytes; %d bytes moved in %d sweeps; %d read buffers made in the first, %d after; %d bytes kept",
+		W, moved, sweeps+1, first, made, kept)
+	if moved < 5*W {
+		t.Fatalf("moved %d bytes over %d sweeps of %d: the layers were not streamed", moved, sweeps+1, W)
+	}
+	if made != 0 {
+		t.Errorf("%d read buffers made in %d sweeps after the first: they are not recycled", made, sweeps)
+	}
+	if kept > W {
+		t.Errorf("%d bytes of read buffers kept for a %d-byte model", kept, W)
+	}
+}
