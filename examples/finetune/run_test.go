@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/strata-llm/strata/cuda"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"math"
 	"os"
@@ -323,6 +324,7 @@ func TestFinetuneFlags(t *testing.T) {
 		{"-grads-out", "x.safetensors", "-ids", "1"},
 		{"-grads-out", "x.safetensors", "-ids", "1,99999"},
 		{"-data", data, "extra"},
+		{"-data", data, "-device", "tpu"},
 	} {
 		_, _, err := runArgs(t, args...)
 		if !cli.IsUsage(err) {
@@ -334,5 +336,12 @@ func TestFinetuneFlags(t *testing.T) {
 	}
 	if _, _, err := runArgs(t, "-model", t.TempDir(), "-data", data); err == nil {
 		t.Error("an empty model directory was accepted")
+	}
+	// Without the cuda build tag (or a GPU) -device cuda is refused with the
+	// reason, not silently run on the CPU.
+	if !cuda.Available() {
+		if _, _, err := runArgs(t, "-data", data, "-device", "cuda"); err == nil {
+			t.Error("-device cuda ran without a CUDA device")
+		}
 	}
 }
