@@ -105,6 +105,7 @@ var categories = []struct{ name, color string }{
 	{paging.KVCache.String(), "#f28e2b"},
 	{paging.Activations.String(), "#e15759"},
 	{paging.Workspace.String(), "#b07aa1"},
+	{paging.Gradients.String(), "#59a14f"},
 }
 
 const other = "other"
