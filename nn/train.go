@@ -99,14 +99,14 @@ func (tr *Trainer) wait() {
 	}
 }
 
-// stage returns the next staging buffer, at least n bytes, once its
+// stage returns the next staging buffer and its first n bytes, once its
 // previous additions are done.
-func (tr *Trainer) stage(n int64) []byte {
+func (tr *Trainer) stage(n int64) (*gradStage, []byte) {
 	st := &tr.stages[tr.next]
 	tr.next = 1 - tr.next
 	st.adding.Wait()
 	if int64(len(st.buf)) >= n {
-		return st.buf[:n]
+		return st, st.buf[:n]
 	}
 	if st.pinned {
 		tr.m.backend.(tensor.PinnedAllocator).FreePinned(st.buf)
@@ -115,11 +115,20 @@ func (tr *Trainer) stage(n int64) []byte {
 	if pa, ok := tr.m.backend.(tensor.PinnedAllocator); ok {
 		if buf, err := pa.AllocPinned(n); err == nil {
 			st.buf, st.pinned = buf, true
-			return buf
+			return st, buf
 		}
 	}
 	st.buf = make([]byte, n) // pageable: slower copies, same result
-	return st.buf
+	return st, st.buf
+}
+
+// floats views host bytes (a multiple of 4) as float32s.
+func floats(b []byte) []float32 {
+	t, err := tensor.FromBytes(tensor.F32, tensor.Shape{len(b) / 4}, b)
+	if err != nil {
+		panic(err) // unreachable: the length matches by construction
+	}
+	return t.F32()
 }
 
 // NewTrainer returns a trainer of m.
@@ -356,7 +365,6 @@ type pass struct {
 	negSin    *tensor.Tensor // -sin: Rope with it is the rotary's backward
 	hostGrads bool           // the backend's tensors are host memory: add into grads directly
 	pending   []pendingGrad  // the current layer's device gradients
-	scratch   *tensor.Tensor // host F32 buffer for toHost
 	gradCopy  time.Duration
 	// overwrite: the gradients' old values do not count; written: the
 	// Grads tensors this pass has set or added into.
@@ -443,7 +451,7 @@ func (ps *pass) flushGrads() error {
 	for _, p := range ps.pending {
 		n += p.dev.NumBytes()
 	}
-	buf := ps.tr.stage(n)
+	st, buf := ps.tr.stage(n)
 	type job struct {
 		dst, src []float32
 		set      bool // copy: the first gradient of an overwriting pass
@@ -454,15 +462,10 @@ func (ps *pass) flushGrads() error {
 		if err := ps.b.Download(buf[:k], p.dev); err != nil {
 			return fmt.Errorf("nn: train: copying gradients to the host: %w", err)
 		}
-		src, err := tensor.FromBytes(tensor.F32, tensor.Shape{int(k / 4)}, buf[:k])
-		if err != nil {
-			return err
-		}
-		jobs = append(jobs, job{p.host.F32(), src.F32(), ps.overwrite && !ps.written[p.host]})
+		jobs = append(jobs, job{p.host.F32(), floats(buf[:k]), ps.overwrite && !ps.written[p.host]})
 		ps.written[p.host] = true
 		buf = buf[k:]
 	}
-	st := &ps.tr.stages[1-ps.tr.next] // the stage just taken
 	st.adding.Go(func() {
 		for _, j := range jobs {
 			if j.set {
@@ -518,21 +521,17 @@ func (ps *pass) freeGrads() {
 }
 
 // toHost returns t's F32 values on the host: t's own storage when it is
-// there, else a copy in the pass's scratch buffer, valid until the next
-// call.
+// there, else a copy in the next staging buffer, valid until the next
+// flush.
 func (ps *pass) toHost(t *tensor.Tensor) ([]float32, error) {
 	if t.OnHost() {
 		return t.F32(), nil
 	}
-	n := t.NumBytes()
-	if ps.scratch == nil || ps.scratch.NumBytes() < n {
-		ps.scratch = tensor.New(tensor.F32, tensor.Shape{int(n / 4)})
-	}
-	buf := ps.scratch.Bytes()[:n]
+	_, buf := ps.tr.stage(t.NumBytes())
 	if err := ps.b.Download(buf, t); err != nil {
 		return nil, err
 	}
-	return ps.scratch.F32()[:n/4], nil
+	return floats(buf), nil
 }
 
 // order tells a Weights that pages which way the next layers go.
