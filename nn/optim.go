@@ -13,18 +13,24 @@ type Optimizer interface {
 	Step(p *Params, g Grads) error
 }
 
-// gradOf returns the gradient of a parameter, nil when g has none, or an
-// error when its size differs from the parameter's.
-func gradOf(g Grads, name string, master []float32) ([]float32, error) {
-	t, ok := g[name]
-	if !ok {
-		return nil, nil
+// update calls fn with the master copy and the gradient of every parameter
+// of p that has a gradient in g, in p's order, and rounds each updated
+// master into its working copy. A gradient whose size differs from its
+// parameter's is an error.
+func update(p *Params, g Grads, fn func(name string, w, gv []float32)) error {
+	for _, name := range p.names {
+		t, ok := g[name]
+		if !ok {
+			continue
+		}
+		w, gv := p.byName[name].master, t.F32()
+		if len(gv) != len(w) {
+			return fmt.Errorf("nn: optimizer: gradient of %s has %d elements, the parameter %d", name, len(gv), len(w))
+		}
+		fn(name, w, gv)
+		p.Sync(name)
 	}
-	gv := t.F32()
-	if len(gv) != len(master) {
-		return nil, fmt.Errorf("nn: optimizer: gradient of %s has %d elements, the parameter %d", name, len(gv), len(master))
-	}
-	return gv, nil
+	return nil
 }
 
 // SGD is stochastic gradient descent with optional momentum and weight
@@ -46,15 +52,7 @@ func (o *SGD) Step(p *Params, g Grads) error {
 	if o.buf == nil && o.Momentum != 0 {
 		o.buf = map[string][]float32{}
 	}
-	for _, name := range p.names {
-		w := p.byName[name].master
-		gv, err := gradOf(g, name, w)
-		if err != nil {
-			return err
-		}
-		if gv == nil {
-			continue
-		}
+	return update(p, g, func(name string, w, gv []float32) {
 		if o.Momentum == 0 {
 			chunks(len(w), func(lo, hi int) {
 				for i := lo; i < hi; i++ {
@@ -78,9 +76,7 @@ func (o *SGD) Step(p *Params, g Grads) error {
 				}
 			})
 		}
-		p.Sync(name)
-	}
-	return nil
+	})
 }
 
 // AdamW is Adam with decoupled weight decay, as torch.optim.AdamW
@@ -129,24 +125,14 @@ func (o *AdamW) Step(p *Params, g Grads) error {
 		decay: float32(1 - o.LR*o.WeightDecay), stepSize: float32(o.LR / bc1),
 		invSqrtBC2: float32(1 / math.Sqrt(bc2)), eps: float32(o.Eps),
 	}
-	for _, name := range p.names {
-		w := p.byName[name].master
-		gv, err := gradOf(g, name, w)
-		if err != nil {
-			return err
-		}
-		if gv == nil {
-			continue
-		}
+	return update(p, g, func(name string, w, gv []float32) {
 		m, v := o.m[name], o.v[name]
 		if m == nil {
 			m, v = make([]float32, len(w)), make([]float32, len(w))
 			o.m[name], o.v[name] = m, v
 		}
 		chunks(len(gv), func(lo, hi int) { adamUpdate(w[lo:hi], gv[lo:hi], m[lo:hi], v[lo:hi], c) })
-		p.Sync(name)
-	}
-	return nil
+	})
 }
 
 // LossScaler is a dynamic loss scale for mixed-precision training: the loss
