@@ -103,5 +103,5 @@ func (c *Config) TrainGradientBytes() int64 {
 // (TrainGradientBytes). Plan a training budget with their sum as workspace
 // (paging.WithWorkspace).
 func (c *Config) TrainWorkspaceBytes(tokens, segments int) int64 {
-	return c.TrainActivationBytes(tokens, segments) + 3*4*int64(tokens)*int64(c.HeadDim/2)
+	return c.TrainActivationBytes(tokens, segments) + c.RopeBytes(tokens)*3/2 // RopeBytes counts two tables
 }

@@ -3,6 +3,8 @@ package nn
 import (
 	"fmt"
 	"math"
+
+	"github.com/strata-llm/strata/paging"
 )
 
 // Config is the shape of a Llama-family decoder, as the forward pass needs
@@ -113,4 +115,4 @@ func (c *Config) KVCacheBytes(maxPos int) int64 {
 }
 
 // RopeBytes is the cos and sin tables for maxPos positions.
-func (c *Config) RopeBytes(maxPos int) int64 { return 2 * 4 * int64(maxPos) * int64(c.HeadDim/2) }
+func (c *Config) RopeBytes(maxPos int) int64 { return paging.RopeBytes(maxPos, c.HeadDim) }
