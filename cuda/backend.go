@@ -422,23 +422,19 @@ func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	defer b.leave()
-	b.opsMu.Lock()
-	defer b.opsMu.Unlock()
-	if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.compute); err != nil {
-		return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
-	}
-	// A copy from pageable memory returns once the driver has staged src;
-	// one from pinned memory may still be reading it.
-	if b.isPinned(uintptr(unsafe.Pointer(&src[0]))) {
-		if err := b.compute.Synchronize(); err != nil {
+	return b.ops(op, func() error {
+		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
-	}
-	return nil
+		// A copy from pageable memory returns once the driver has staged
+		// src; one from pinned memory may still be reading it.
+		if b.isPinned(uintptr(unsafe.Pointer(&src[0]))) {
+			if err := b.compute.Synchronize(); err != nil {
+				return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+			}
+		}
+		return nil
+	})
 }
 
 // Download copies src into dst after the work queued before it, including
@@ -454,25 +450,21 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	defer b.leave()
-	b.opsMu.Lock()
-	defer b.opsMu.Unlock()
-	b.copyMu.Lock()
-	err := b.compute.Wait(b.copyTail, 0)
-	b.copyMu.Unlock()
-	if err == nil {
-		err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
-	}
-	if err == nil {
-		err = b.compute.Synchronize()
-	}
-	if err != nil {
-		return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
-	}
-	return nil
+	return b.ops(op, func() error {
+		b.copyMu.Lock()
+		err := b.compute.Wait(b.copyTail, 0)
+		b.copyMu.Unlock()
+		if err == nil {
+			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
+		}
+		if err == nil {
+			err = b.compute.Synchronize()
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+		}
+		return nil
+	})
 }
 
 // Sync waits for all queued work on both streams and reports the first
