@@ -176,8 +176,8 @@ func (u *Unified) Release(layer int) {
 	u.pins[layer]--
 }
 
-// MarkStep marks a decoded token and returns the bytes prefetched to the
-// device since the previous mark.
+// MarkStep marks a decoded token and returns the streamed bytes the device
+// read in place since the previous mark.
 func (u *Unified) MarkStep() int64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
