@@ -187,3 +187,26 @@ func (t *Tensor) Rows(start, n int) (*Tensor, error) {
 	}
 	return &u, nil
 }
+
+// View returns a tensor of dtype dt and shape shape over t's storage
+// starting at byte offset off: how a slab allocated once (a streaming ring)
+// hands out tensors without allocating. The view must fit inside t, must
+// not be freed (free t), and is valid only while t is. Backends that read
+// with wide loads want off aligned (256 bytes serves every kernel).
+func (t *Tensor) View(off int64, dt DType, shape Shape) (*Tensor, error) {
+	n := shape.NumElements()
+	if n < 0 || dt.Size() == 0 {
+		return nil, fmt.Errorf("tensor: invalid view %v %v", dt, shape)
+	}
+	bytes := n * int64(dt.Size())
+	if off < 0 || off > t.bytes || bytes > t.bytes-off {
+		return nil, fmt.Errorf("tensor: view of %d bytes at offset %d exceeds the %d bytes of %v", bytes, off, t.bytes, t)
+	}
+	u := &Tensor{dtype: dt, shape: shape.Clone(), bytes: bytes}
+	if t.data != nil {
+		u.data = t.data[off : off+bytes : off+bytes]
+	} else if t.ptr != 0 {
+		u.ptr = t.ptr + uintptr(off)
+	}
+	return u, nil
+}
