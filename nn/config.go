@@ -24,6 +24,7 @@ type Config struct {
 	QKVBias          bool // Qwen2 and attention_bias models
 	OutBias          bool // o_proj has a bias (Llama with attention_bias)
 	SlidingWindow    int  // Mistral's attention window; 0 for none
+	MaxPositions     int  // max_position_embeddings; 0 for no limit
 	BOS              int  // -1 when none
 	EOS              []int
 }
@@ -46,9 +47,42 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("nn: config: head dimension %d must be positive and even", c.HeadDim)
 	case !(c.RopeTheta > 0):
 		return fmt.Errorf("nn: config: rope_theta %v must be positive", c.RopeTheta)
+	case c.MaxPositions < 0 || c.SlidingWindow < 0:
+		return fmt.Errorf("nn: config: max positions %d and sliding window %d must not be negative", c.MaxPositions, c.SlidingWindow)
 	}
 	return nil
 }
+
+// ContextLength is the most positions a session or a training window may
+// span: the smaller of MaxPositions and SlidingWindow (strata does not
+// implement sliding attention, so it runs only contexts within the window),
+// each when set; 0 when neither is.
+func (c *Config) ContextLength() int {
+	n := c.MaxPositions
+	if w := c.SlidingWindow; w > 0 && (n == 0 || w < n) {
+		n = w
+	}
+	return n
+}
+
+// checkContext refuses a context of n positions longer than the model's,
+// naming the limit that applies.
+func (c *Config) checkContext(what string, n int) error {
+	limit := c.ContextLength()
+	if limit == 0 || n <= limit {
+		return nil
+	}
+	if limit == c.SlidingWindow {
+		return &contextError{fmt.Sprintf("nn: %s of %d positions exceeds the sliding attention window of %d (sliding_window), which strata does not implement", what, n, limit)}
+	}
+	return &contextError{fmt.Sprintf("nn: %s of %d positions exceeds the model's context of %d (max_position_embeddings)", what, n, limit)}
+}
+
+// contextError is a context longer than the model's.
+type contextError struct{ msg string }
+
+func (e *contextError) Error() string { return e.msg }
+func (e *contextError) Unwrap() error { return ErrContextTooLong }
 
 // QDim is the width of the query projection, NumHeads*HeadDim.
 func (c *Config) QDim() int { return c.NumHeads * c.HeadDim }

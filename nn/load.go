@@ -24,6 +24,7 @@ func FromLoader(c *loader.Config) (Config, error) {
 		QKVBias:          c.AttentionBias,
 		OutBias:          c.AttentionOutputBias,
 		SlidingWindow:    c.SlidingWindow,
+		MaxPositions:     c.MaxPositionEmbeddings,
 		BOS:              c.BOSTokenID,
 		EOS:              append([]int(nil), c.EOSTokenIDs...),
 	}

@@ -92,6 +92,10 @@ func (m *Model) Backend() tensor.Backend { return m.backend }
 // ErrContextFull is returned when a session has no room for more positions.
 var ErrContextFull = errors.New("nn: context length exceeded")
 
+// ErrContextTooLong is returned when a session or a training window asks
+// for more positions than the model's context (Config.ContextLength).
+var ErrContextTooLong = errors.New("nn: context longer than the model's")
+
 // Session holds one sequence's KV cache and the buffers of its forward pass.
 // A session is not safe for concurrent use; several sessions may share a
 // model.
@@ -118,13 +122,15 @@ type Session struct {
 }
 
 // NewSession allocates a KV cache for maxPos positions and forward buffers
-// for prompts processed chunk tokens at a time.
+// for prompts processed chunk tokens at a time. maxPos beyond the model's
+// context (Config.ContextLength) is an error wrapping ErrContextTooLong,
+// returned before anything is allocated.
 func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
 	if maxPos <= 0 || chunk <= 0 {
 		return nil, fmt.Errorf("nn: session needs positive context (%d) and chunk (%d)", maxPos, chunk)
 	}
-	if w := m.cfg.SlidingWindow; w > 0 && maxPos > w {
-		return nil, fmt.Errorf("nn: context of %d positions exceeds the model's sliding attention window of %d, which strata does not implement", maxPos, w)
+	if err := m.cfg.checkContext("session", maxPos); err != nil {
+		return nil, err
 	}
 	if chunk > maxPos {
 		chunk = maxPos
@@ -195,9 +201,10 @@ func (s *Session) MaxPos() int { return s.maxPos }
 // Reset forgets the sequence, keeping the buffers.
 func (s *Session) Reset() { s.pos = 0 }
 
-// Close frees the session's buffers. It is safe to call more than once.
+// Close frees the session's buffers. It is safe to call more than once,
+// and on a nil session.
 func (s *Session) Close() {
-	if s.closed {
+	if s == nil || s.closed {
 		return
 	}
 	s.closed = true

@@ -73,6 +73,11 @@ type PipelineSession struct {
 
 // NewSession allocates each stage's KV cache and buffers.
 func (p *Pipeline) NewSession(maxPos, chunk int) (*PipelineSession, error) {
+	if maxPos > 0 {
+		if err := p.cfg.checkContext("session", maxPos); err != nil {
+			return nil, err
+		}
+	}
 	ps := &PipelineSession{p: p}
 	for _, m := range p.stages {
 		s, err := m.NewSession(maxPos, chunk)
@@ -97,8 +102,12 @@ func (ps *PipelineSession) Reset() {
 	}
 }
 
-// Close frees every stage's buffers; it is safe to call more than once.
+// Close frees every stage's buffers; it is safe to call more than once,
+// and on a nil session.
 func (ps *PipelineSession) Close() {
+	if ps == nil {
+		return
+	}
 	for _, s := range ps.sess {
 		s.Close()
 	}

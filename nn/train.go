@@ -206,8 +206,9 @@ func (tr *Trainer) lossAndGrads(ctx context.Context, inputs, targets []int32, gr
 		return StepStats{}, errors.New("nn: train: no input tokens")
 	case len(targets) != len(inputs):
 		return StepStats{}, fmt.Errorf("nn: train: %d targets for %d inputs", len(targets), len(inputs))
-	case c.SlidingWindow > 0 && len(inputs) > c.SlidingWindow:
-		return StepStats{}, fmt.Errorf("nn: train: %d positions exceed the model's sliding attention window of %d, which strata does not implement", len(inputs), c.SlidingWindow)
+	}
+	if err := c.checkContext("training window", len(inputs)); err != nil {
+		return StepStats{}, err
 	}
 	if lossScale == 0 {
 		lossScale = 1
