@@ -374,10 +374,11 @@ func newRunner(o *options, cfg nn.Config, params *nn.Params, b tensor.Backend, t
 	r.budget = paging.NewBudget(b, limit, b.Name())
 	r.paged = &stepWeights{}
 	m, err := nn.New(cfg, b, r.budget, r.paged)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		r.tr, err = nn.NewTrainer(m, opts)
 	}
-	if r.tr, err = nn.NewTrainer(m, opts); err != nil {
+	if err != nil {
+		r.close()
 		return nil, err
 	}
 	return r, nil
@@ -428,8 +429,13 @@ func (r *runner) with(fn func(*nn.Trainer) error) (err error) {
 	return fn(r.tr)
 }
 
+// close frees what newRunner built, which may be only a part when it
+// failed.
 func (r *runner) close() error {
-	err := r.tr.Close()
+	var err error
+	if r.tr != nil {
+		err = r.tr.Close()
+	}
 	if r.budget != nil {
 		if berr := r.budget.Close(); berr != nil && err == nil {
 			err = berr

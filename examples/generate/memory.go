@@ -211,21 +211,32 @@ func openEngine(ctx context.Context, lm *loader.Model, cfg nn.Config, backends [
 			bar.update(min(done, total), total)
 		}
 	}
-	var err2 error
+	// The session is stored only once it exists: a nil *nn.Session in the
+	// interface would not compare equal to nil in close.
 	if len(stages) == 1 {
-		var m *nn.Model
-		if m, err2 = nn.New(cfg, stages[0].Backend, stages[0].Alloc, stages[0].Weights); err2 == nil {
-			e.sess, err2 = m.NewSession(contextLen, chunk)
+		m, err := nn.New(cfg, stages[0].Backend, stages[0].Alloc, stages[0].Weights)
+		if err != nil {
+			e.close()
+			return nil, err
 		}
+		s, err := m.NewSession(contextLen, chunk)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.sess = s
 	} else {
-		var pl *nn.Pipeline
-		if pl, err2 = nn.NewPipeline(cfg, stages); err2 == nil {
-			e.sess, err2 = pl.NewSession(contextLen, chunk)
+		pl, err := nn.NewPipeline(cfg, stages)
+		if err != nil {
+			e.close()
+			return nil, err
 		}
-	}
-	if err2 != nil {
-		e.close()
-		return nil, err2
+		s, err := pl.NewSession(contextLen, chunk)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.sess = s
 	}
 	return e, nil
 }
@@ -266,7 +277,12 @@ func (e *engine) stats() paging.Stats {
 
 func (e *engine) summary() string { return paging.Summary(e.budgets...) }
 
+// close frees what openEngine built, which may be only a part when it
+// failed; it is safe on a nil engine.
 func (e *engine) close() error {
+	if e == nil {
+		return nil
+	}
 	if e.sess != nil {
 		e.sess.Close()
 	}
