@@ -43,6 +43,9 @@ type Tokenizer struct {
 	known     []bool   // by id: tokens[id] is a token
 	bos, eos  int
 	cleanup   bool
+	// maxTokenBytes is MaxTokenBytes: the most input bytes one token
+	// stands for, 0 when unbounded.
+	maxTokenBytes int
 }
 
 // Load reads tokenizer.json from dir, and tokenizer_config.json if present.
@@ -167,6 +170,7 @@ func parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.setAdded(added)
+	t.maxTokenBytes = t.tokenSpan(added)
 
 	// The id space: model vocabulary, overridden by added tokens.
 	size := 0
