@@ -188,6 +188,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			return err
 		}
 	}
+	// The context is checked before anything is allocated: a prompt longer
+	// than the model's context is refused, -max-new-tokens is clamped to
+	// what fits after the prompt.
+	maxPos := cfg.ContextLength()
 	if ids == nil {
 		switch {
 		case tok == nil:
@@ -199,6 +203,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		if !o.promptIsSet {
 			prompt = "Hello, world!"
 		}
+		// Refused without encoding when even the longest tokens would
+		// overflow the context.
+		if n := tok.MaxTokenBytes(); n > 0 && len(prompt) > maxPos*n {
+			return cli.Usagef("-prompt of %d bytes cannot fit in %s: no token of the tokenizer stands for more than %d bytes", len(prompt), cli.Context(cfg), n)
+		}
 		enc, err := tok.Encode(prompt, true)
 		if err != nil {
 			return err
@@ -209,11 +218,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		if len(ids) == 0 {
 			return cli.Usagef("-prompt %q encodes to no tokens", prompt)
 		}
+		if len(ids) > maxPos {
+			return cli.Usagef("-prompt of %d tokens is longer than %s", len(ids), cli.Context(cfg))
+		}
+	} else if len(ids) > maxPos {
+		return cli.Usagef("-ids: a prompt of %d tokens is longer than %s", len(ids), cli.Context(cfg))
 	}
 	for i, id := range ids {
 		if id < 0 || int(id) >= cfg.VocabSize {
 			return cli.Usagef("token id %d (prompt position %d) is outside the vocabulary of %d", id, i, cfg.VocabSize)
 		}
+	}
+	clamped := false
+	if room := maxPos - len(ids); o.maxNew > room {
+		fmt.Fprintf(stderr, "generate: -max-new-tokens %d clamped to %d: the prompt's %d tokens and %d new ones would not fit in %s\n",
+			o.maxNew, room, len(ids), o.maxNew, cli.Context(cfg))
+		o.maxNew, clamped = room, true
 	}
 
 	backends, ordinals, err := openBackends(o)
@@ -229,7 +249,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	contextLen := len(ids) + max(o.maxNew, 1)
+	// The last new token is sampled, never run: len(ids)+maxNew-1 positions
+	// are used, within maxPos.
+	contextLen := min(len(ids)+max(o.maxNew, 1), maxPos)
 	chunk := min(o.chunk, contextLen)
 	start := time.Now()
 	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
@@ -323,7 +345,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 	decode := time.Since(t1)
 	h2dGBps, overlap := cw.End(backend)
-	if o.maxNew == 0 {
+	switch {
+	case clamped && stop == "max_new_tokens":
+		stop = "context_full" // the generation ran to the end of the context
+	case o.maxNew == 0:
 		stop = "prompt_only"
 	}
 	if !o.jsonOut {
