@@ -163,6 +163,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if o.segments > cfg.NumLayers {
 		return cli.Usagef("-checkpoint-segments %d: the model has %d blocks", o.segments, cfg.NumLayers)
 	}
+	// No window is longer than the model's context: -seq-len is cut to it,
+	// -ids past it are refused.
+	maxPos := cfg.ContextLength()
+	if o.data != "" && o.seqLen > maxPos {
+		fmt.Fprintf(stderr, "finetune: -seq-len %d clamped to %d: longer than %s\n", o.seqLen, maxPos, cli.Context(cfg))
+		o.seqLen = maxPos
+	}
 
 	var tokens []int32
 	if o.data != "" {
@@ -193,6 +200,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		if o.ids != "" {
 			if gradIDs, err = parseIDs(o.ids, cfg.VocabSize); err != nil {
 				return err
+			}
+			if len(gradIDs)-1 > maxPos {
+				return cli.Usagef("-ids: %d token ids make a window of %d positions, longer than %s", len(gradIDs), len(gradIDs)-1, cli.Context(cfg))
 			}
 		} else {
 			gradIDs = windows(tokens, o.seqLen)[0]
