@@ -77,6 +77,16 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if o.report != "" {
 		return report(strings.Split(o.report, ","), o.md, o.jsonOut, stdout)
 	}
+	switch {
+	case o.decode < 1:
+		return fmt.Errorf("-decode %d must be >= 1", o.decode)
+	case o.warmup < 0:
+		return fmt.Errorf("-warmup %d must be >= 0", o.warmup)
+	case o.chunk < 1:
+		return fmt.Errorf("-chunk %d must be >= 1", o.chunk)
+	case o.threads < 0:
+		return fmt.Errorf("-threads %d must be >= 0", o.threads)
+	}
 	b, err := cli.OpenBackend(o.device, o.threads)
 	if err != nil {
 		return err
@@ -105,6 +115,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		defer lm.Close()
+		cfg, err := nn.FromLoader(lm.Config)
+		if err != nil {
+			return err
+		}
+		if err := checkContext(cfg, prefill, o); err != nil {
+			return err
+		}
 		name := o.name
 		if name == "" {
 			name = lm.Dir
@@ -161,6 +178,28 @@ func parseInts(s string) ([]int, error) {
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+// contextLen returns the longest prompt a run times and the positions its
+// session holds: that prompt, the warm-up and the timed decode steps.
+func contextLen(prefill []int, o options) (maxPrompt, positions int) {
+	maxPrompt = 16
+	for _, p := range prefill {
+		maxPrompt = max(maxPrompt, p)
+	}
+	return maxPrompt, maxPrompt + o.warmup + o.decode + 1
+}
+
+// checkContext refuses runs whose session would hold more positions than
+// the model's context, before anything is measured.
+func checkContext(cfg nn.Config, prefill []int, o options) error {
+	limit := cfg.ContextLength()
+	maxPrompt, n := contextLen(prefill, o)
+	// Each part first: with one of them past the limit the sum may overflow.
+	if maxPrompt > limit || o.warmup > limit || o.decode > limit || n > limit {
+		return fmt.Errorf("-prefill up to %d, -warmup %d and -decode %d need more positions than %s", maxPrompt, o.warmup, o.decode, cli.Context(cfg))
+	}
+	return nil
 }
 
 // runSpec is one measured configuration.
@@ -251,11 +290,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	if err != nil {
 		return nil, err
 	}
-	maxPrompt := 16
-	for _, p := range prefill {
-		maxPrompt = max(maxPrompt, p)
-	}
-	ctxLen := maxPrompt + o.warmup + o.decode + 1
+	maxPrompt, ctxLen := contextLen(prefill, o)
 	chunk := min(o.chunk, ctxLen)
 	limit := s.budget
 	if limit == 0 {
