@@ -8,8 +8,12 @@ import (
 )
 
 // SamplerConfig chooses how the next token is picked from the logits.
-// Temperature 0 is greedy decoding; TopK 0 and TopP 0 or 1 disable those
-// filters.
+// Temperature 0 is greedy decoding; TopK 0 disables that filter. TopP is
+// Hugging Face's top_p: the smallest set of most likely tokens whose
+// probability reaches TopP is kept, and always at least the most likely
+// one, so TopP 1 keeps every token and TopP 0 (the zero value) only the
+// most likely, which makes sampling greedy: set TopP 1 to sample from the
+// whole distribution.
 type SamplerConfig struct {
 	Temperature float64
 	TopK        int
@@ -86,8 +90,9 @@ func (s *Sampler) Sample(logits []float32) int {
 	for i := range s.probs {
 		s.probs[i] /= sum
 	}
-	// Top-p: the smallest prefix whose mass reaches TopP.
-	if p := s.cfg.TopP; p > 0 && p < 1 {
+	// Top-p: the smallest prefix whose mass reaches TopP, at least one
+	// token (TopP 0 keeps the first).
+	if p := s.cfg.TopP; p < 1 {
 		acc := 0.0
 		for i, q := range s.probs {
 			acc += q

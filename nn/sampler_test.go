@@ -2,6 +2,7 @@ package nn
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -49,14 +50,14 @@ func TestSamplerDistribution(t *testing.T) {
 		sd := math.Sqrt(want * (1 - want) / n)
 		return math.Abs(float64(got)/n-want) < 5*sd+1e-9
 	}
-	counts := sampleCounts(t, SamplerConfig{Temperature: 1, Seed: 1}, logits, n)
+	counts := sampleCounts(t, SamplerConfig{Temperature: 1, TopP: 1, Seed: 1}, logits, n)
 	for i := range p {
 		if !within(counts[i], p[i]) {
 			t.Errorf("temperature 1: token %d drawn %d/%d times, want p=%v", i, counts[i], n, p[i])
 		}
 	}
 	// Top-k 2 renormalises over the two best.
-	counts = sampleCounts(t, SamplerConfig{Temperature: 1, TopK: 2, Seed: 2}, logits, n)
+	counts = sampleCounts(t, SamplerConfig{Temperature: 1, TopK: 2, TopP: 1, Seed: 2}, logits, n)
 	if counts[2]+counts[3]+counts[4] != 0 || !within(counts[0], 2.0/3) {
 		t.Errorf("top-k 2: counts %v", counts)
 	}
@@ -66,13 +67,13 @@ func TestSamplerDistribution(t *testing.T) {
 		t.Errorf("top-p 0.8: counts %v", counts)
 	}
 	// A low temperature sharpens towards the argmax.
-	counts = sampleCounts(t, SamplerConfig{Temperature: 0.1, Seed: 4}, logits, 10000)
+	counts = sampleCounts(t, SamplerConfig{Temperature: 0.1, TopP: 1, Seed: 4}, logits, 10000)
 	if counts[0] < 9950 { // expected 10000/(1+2^-10+...) ≈ 9990
 		t.Errorf("temperature 0.1: argmax drawn only %d/10000 times", counts[0])
 	}
 	// Same seed, same tokens.
-	a := sampleCounts(t, SamplerConfig{Temperature: 1, Seed: 9}, logits, 1000)
-	b := sampleCounts(t, SamplerConfig{Temperature: 1, Seed: 9}, logits, 1000)
+	a := sampleCounts(t, SamplerConfig{Temperature: 1, TopP: 1, Seed: 9}, logits, 1000)
+	b := sampleCounts(t, SamplerConfig{Temperature: 1, TopP: 1, Seed: 9}, logits, 1000)
 	for i := range a {
 		if a[i] != b[i] {
 			t.Fatalf("seeded sampler not deterministic: %v vs %v", a, b)
@@ -87,4 +88,58 @@ func TestSamplerConfigValidate(t *testing.T) {
 			t.Errorf("NewSampler(%+v) accepted", c)
 		}
 	}
+}
+
+// TestTopPZeroIsGreedy checks Hugging Face's meaning of top_p = 0: only
+// the most likely token is kept (min_tokens_to_keep is 1), whatever the
+// temperature and top-k, so sampling picks what Argmax picks, ties
+// included; a small top-p above 0 keeps more than one token.
+func TestTopPZeroIsGreedy(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	random := make([]float32, 300)
+	for i := range random {
+		random[i] = float32(rng.NormFloat64())
+	}
+	cases := []struct {
+		name   string
+		logits []float32
+	}{
+		{"random", random},
+		{"flat", []float32{1, 1, 1, 1}},
+		{"tie for first", []float32{0.5, 2, 2, -1}},
+		{"close second", []float32{3, 3.001, 2.999}},
+	}
+	for _, c := range cases {
+		want := Argmax(c.logits)
+		for _, cfg := range []SamplerConfig{
+			{Temperature: 1, TopP: 0},
+			{Temperature: 100, TopP: 0},
+			{Temperature: 0.5, TopK: 3, TopP: 0},
+		} {
+			cfg.Seed = 7
+			counts := sampleCounts(t, cfg, c.logits, 2000)
+			if counts[want] != 2000 {
+				t.Errorf("%s, %+v: argmax %d drawn %d/2000 times", c.name, cfg, want, counts[want])
+			}
+		}
+	}
+	// On a flat distribution a top-p just above 0 still keeps one token,
+	// one of 0.3 keeps two.
+	flat := []float32{1, 1, 1, 1}
+	if n := nonZero(sampleCounts(t, SamplerConfig{Temperature: 1, TopP: 1e-9, Seed: 1}, flat, 2000)); n != 1 {
+		t.Errorf("top-p 1e-9: %d tokens drawn, want 1", n)
+	}
+	if n := nonZero(sampleCounts(t, SamplerConfig{Temperature: 1, TopP: 0.3, Seed: 1}, flat, 2000)); n != 2 {
+		t.Errorf("top-p 0.3: %d tokens drawn, want 2", n)
+	}
+}
+
+func nonZero(counts []int) int {
+	n := 0
+	for _, c := range counts {
+		if c > 0 {
+			n++
+		}
+	}
+	return n
 }

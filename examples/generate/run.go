@@ -64,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxNew, "max-new-tokens", 32, "tokens to generate; 0 only runs the prompt")
 	fs.Float64Var(&o.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
 	fs.IntVar(&o.topK, "top-k", 0, "sample among the k most likely tokens; 0 is all")
-	fs.Float64Var(&o.topP, "top-p", 1, "sample from the smallest set of tokens whose probability reaches p")
+	fs.Float64Var(&o.topP, "top-p", 1, "sample from the smallest set of most likely tokens whose probability reaches p (as Hugging Face's top_p: 1 keeps every token, 0 only the most likely)")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for sampling")
 	fs.StringVar(&o.device, "device", "auto", "cpu, cuda or auto (cuda when compiled in and a device exists)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON report at the end instead of streaming text")

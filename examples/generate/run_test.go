@@ -343,3 +343,30 @@ func TestConfigFilePerDevice(t *testing.T) {
 		t.Errorf("a fraction of 1.5 in the file: %v", err)
 	}
 }
+
+// TestTopPZero samples with -top-p 0, which as in Hugging Face keeps only
+// the most likely token: the ids are the greedy ones at any temperature,
+// and differ from sampling with -top-p 1.
+func TestTopPZero(t *testing.T) {
+	ids := func(args ...string) string {
+		t.Helper()
+		stdout, _, err := runArgs(t, append([]string{"-ids", "1,42,71", "-max-new-tokens", "24", "-json"}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r report
+		if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(r.IDs)
+	}
+	greedy := ids("-temperature", "0")
+	for _, temp := range []string{"0.7", "1", "50"} {
+		if got := ids("-temperature", temp, "-top-p", "0", "-seed", "3"); got != greedy {
+			t.Errorf("-temperature %s -top-p 0: ids %s, greedy %s", temp, got, greedy)
+		}
+	}
+	if got := ids("-temperature", "50", "-top-p", "1", "-seed", "3"); got == greedy {
+		t.Errorf("-temperature 50 -top-p 1 gave the greedy ids %s", got)
+	}
+}
