@@ -182,7 +182,7 @@ func TestLoadConfigFile(t *testing.T) {
 		return p
 	}
 	good := write("good.yaml", `
-model: somewhere # other sections are not ours
+# strata settings
 memory:
   offload_strategy: balanced
   max_gpu_memory: 3.5
@@ -200,24 +200,58 @@ memory:
 	if n, err := ParseSize(m.MaxGPUMemory); err != nil || n != 3758096384 {
 		t.Errorf("max_gpu_memory %q = %d, %v", m.MaxGPUMemory, n, err)
 	}
-	for name, body := range map[string]string{
-		"strategy.yaml": "memory:\n  offload_strategy: lazy\n",
-		"size.yaml":     "memory:\n  max_gpu_memory: lots\n",
-		"mode.yaml":     "memory:\n  memory_mode: magic\n",
-		"key.yaml":      "memory:\n  max_gpu_mem: 3GiB\n",
-		"frac.yaml":     "memory:\n  gpu_memory_fraction: 2\n",
-		"syntax.yaml":   "memory: [\n",
-	} {
-		_, err := LoadConfigFile(write(name, body))
-		if err == nil || !strings.Contains(err.Error(), name) {
-			t.Errorf("%s: %v, want an error naming the file", name, err)
-		}
-	}
 	if _, err := LoadConfigFile(filepath.Join(dir, "missing.yaml")); err == nil {
 		t.Error("missing file accepted")
 	}
-	empty, err := LoadConfigFile(write("empty.yaml", ""))
-	if err != nil || empty.Memory != (MemoryConfig{}) {
-		t.Errorf("empty file: %+v, %v", empty, err)
+}
+
+// TestLoadConfigFileErrors reads bad config files: each is an error of one
+// line naming the file and the problem, with the file's line number where
+// there is one. A misspelt or unknown section, an empty file and an empty
+// memory section are errors, not a budget silently dropped.
+func TestLoadConfigFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, body string
+		want       []string
+	}{
+		{"strategy", "memory:\n  offload_strategy: lazy\n", []string{"offload_strategy", "lazy"}},
+		{"size", "memory:\n  max_gpu_memory: lots\n", []string{"max_gpu_memory", "lots"}},
+		{"mode", "memory:\n  memory_mode: magic\n", []string{"memory_mode", "magic"}},
+		{"key", "memory:\n  offload_strategy: none\n  max_gpu_mem: 3GiB\n", []string{"line 3", `unknown key "max_gpu_mem"`}},
+		{"fraction", "memory:\n  gpu_memory_fraction: 2\n", []string{"gpu_memory_fraction"}},
+		{"syntax", "memory: [\n", []string{"yaml"}},
+		{"misspelt section", "memroy:\n  max_gpu_memory: 3GiB\n", []string{"line 1", `unknown section "memroy"`}},
+		{"extra section", "memory:\n  max_gpu_memory: 3GiB\nmodel: llama\n", []string{"line 3", `unknown section "model"`}},
+		{"two memory sections", "memory:\n  max_gpu_memory: 3GiB\nmemory:\n  max_gpu_memory: 4GiB\n", []string{"line 3"}},
+		{"empty", "", []string{"empty"}},
+		{"only comments", "# memory:\n#   max_gpu_memory: 3GiB\n", []string{"empty"}},
+		{"empty memory", "memory:\n", []string{"memory: section is empty"}},
+		{"memory not a mapping", "memory: 3GiB\n", []string{"line 1", "mapping"}},
+		{"not a mapping", "- memory\n- 3GiB\n", []string{"line 1", "mapping"}},
+		{"list value", "memory:\n  max_gpu_memory: [1,\n    2]\n", []string{"memory:", "line 2"}},
+		{"multi-line value", "memory:\n  offload_strategy: |\n    balanced\n    minimal\n", []string{"offload_strategy"}},
+		{"duplicate key", "memory:\n  max_gpu_memory: 3GiB\n  max_gpu_memory: 4GiB\n", []string{"max_gpu_memory"}},
+		{"bad indentation", "memory:\n  max_gpu_memory: 3GiB\n   max_host_memory: 1GiB\n x\n", []string{"yaml"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".yaml")
+			if err := os.WriteFile(path, []byte(c.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			fc, err := LoadConfigFile(path)
+			if err == nil {
+				t.Fatalf("accepted: %+v", fc.Memory)
+			}
+			msg := err.Error()
+			if strings.ContainsAny(msg, "\r\n") {
+				t.Errorf("error of more than one line: %q", msg)
+			}
+			for _, w := range append(c.want, path) {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not mention %q", msg, w)
+				}
+			}
+		})
 	}
 }

@@ -1,15 +1,15 @@
 package paging
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/strata-llm/strata/internal/oneline"
 )
 
 // MemoryMode says how weights reach the device.
@@ -97,36 +97,64 @@ type FileConfig struct {
 	Memory MemoryConfig `yaml:"memory"`
 }
 
-// LoadConfigFile reads a YAML config file and checks its memory section:
-// unknown keys, unparsable sizes, strategies or modes are errors naming the
-// file.
+// LoadConfigFile reads a YAML config file and checks it: its only section
+// is memory:, so an empty file, an empty memory section, an unknown section
+// (a misspelt memory:) or key, and unparsable sizes, strategies or modes
+// are errors naming the file, each on one line.
 func LoadConfigFile(path string) (*FileConfig, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("paging: config: %w", err)
 	}
-	// Other sections belong to other packages; the memory section is
-	// decoded strictly, so a misspelt key is an error, not a silent default.
-	var top struct {
-		Memory yaml.Node `yaml:"memory"`
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("paging: config %s: %s", path, oneline.String(fmt.Sprintf(format, a...)))
 	}
-	if err := yaml.Unmarshal(data, &top); err != nil {
-		return nil, fmt.Errorf("paging: config %s: %w", path, err)
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("paging: config %s: %w", path, oneline.Error(err))
+	}
+	if len(doc.Content) == 0 {
+		return nil, fail("empty: want a memory: section")
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fail("line %d: want a mapping with a memory: section", root.Line)
+	}
+	var mem *yaml.Node
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k := root.Content[i]
+		switch {
+		case k.Value != "memory":
+			return nil, fail("line %d: unknown section %q (the only section is memory:)", k.Line, k.Value)
+		case mem != nil:
+			return nil, fail("line %d: a second memory: section", k.Line)
+		}
+		mem = root.Content[i+1]
+	}
+	if mem == nil || mem.Kind == yaml.ScalarNode && mem.Tag == "!!null" {
+		return nil, fail("the memory: section is empty")
+	}
+	if mem.Kind != yaml.MappingNode {
+		return nil, fail("line %d: memory: want a mapping of settings", mem.Line)
+	}
+	// Keys are checked here, with the file's line numbers: a misspelt key
+	// is an error, not a silent default.
+	known := map[string]bool{}
+	mt := reflect.TypeFor[MemoryConfig]()
+	for i := range mt.NumField() {
+		known[mt.Field(i).Tag.Get("yaml")] = true
+	}
+	for i := 0; i+1 < len(mem.Content); i += 2 {
+		if k := mem.Content[i]; !known[k.Value] {
+			return nil, fail("line %d: memory: unknown key %q", k.Line, k.Value)
+		}
 	}
 	var fc FileConfig
-	if !top.Memory.IsZero() {
-		section, err := yaml.Marshal(&top.Memory)
-		if err != nil {
-			return nil, fmt.Errorf("paging: config %s: memory: %w", path, err)
-		}
-		dec := yaml.NewDecoder(bytes.NewReader(section))
-		dec.KnownFields(true)
-		if err := dec.Decode(&fc.Memory); err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("paging: config %s: memory: %w", path, err)
-		}
+	if err := mem.Decode(&fc.Memory); err != nil {
+		return nil, fmt.Errorf("paging: config %s: memory: %w", path, oneline.Error(err))
 	}
 	if err := fc.Memory.Validate(); err != nil {
-		return nil, fmt.Errorf("paging: config %s: %w", path, err)
+		return nil, fmt.Errorf("paging: config %s: %w", path, oneline.Error(err))
 	}
 	return &fc, nil
 }
