@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/strata-llm/strata/internal/oneline"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -256,14 +257,14 @@ func ParseConfig(data []byte) (*Config, error) {
 	if len(j.BOSTokenID) > 0 && string(j.BOSTokenID) != "null" {
 		ids, err := parseTokenIDs(j.BOSTokenID)
 		if err != nil || len(ids) != 1 {
-			return nil, cfgErr("bad bos_token_id %s", j.BOSTokenID)
+			return nil, cfgErr("bos_token_id %s is not one token id", oneline.JSON(j.BOSTokenID))
 		}
 		c.BOSTokenID = ids[0]
 	}
 	if len(j.EOSTokenID) > 0 && string(j.EOSTokenID) != "null" {
 		ids, err := parseTokenIDs(j.EOSTokenID)
 		if err != nil {
-			return nil, cfgErr("bad eos_token_id %s", j.EOSTokenID)
+			return nil, cfgErr("eos_token_id %s is neither a token id nor a list of them", oneline.JSON(j.EOSTokenID))
 		}
 		c.EOSTokenIDs = ids
 	}

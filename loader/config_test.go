@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -148,9 +149,11 @@ func TestParseConfigErrors(t *testing.T) {
 		{"llama3 without factor", llamaJSON(map[string]any{"rope_parameters": map[string]any{"rope_type": "llama3", "rope_theta": 5e5}}), "needs factor"},
 		{"llama3 bad factors", llamaJSON(map[string]any{"rope_parameters": map[string]any{"rope_type": "llama3", "factor": 8.0,
 			"low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}}), "bad llama3 rope scaling"},
-		{"bad eos", llamaJSON(map[string]any{"eos_token_id": "x"}), "bad eos_token_id"},
+		{"bad eos", llamaJSON(map[string]any{"eos_token_id": "x"}), `eos_token_id "x" is neither a token id nor a list of them`},
+		{"eos over lines", indented(llamaJSON(map[string]any{"eos_token_id": []any{1, "two\nlines"}})), `eos_token_id [1,"two\nlines"] is neither`},
+		{"long eos", indented(llamaJSON(map[string]any{"eos_token_id": append(make([]any, 100), "x")})), "eos_token_id [null,null,"},
 		{"eos outside vocab", llamaJSON(map[string]any{"eos_token_id": 200000}), "eos_token_id 200000 outside"},
-		{"bos list", llamaJSON(map[string]any{"bos_token_id": []int{1, 2}}), "bad bos_token_id"},
+		{"bos list", indented(llamaJSON(map[string]any{"bos_token_id": []int{1, 2}})), "bos_token_id [1,2] is not one token id"},
 		{"unknown dtype", llamaJSON(map[string]any{"torch_dtype": "float8"}), `unsupported dtype "float8"`},
 		{"integer dtype", llamaJSON(map[string]any{"dtype": "int32"}), `unsupported dtype "int32"`},
 		{"mlp bias", llamaJSON(map[string]any{"mlp_bias": true}), "mlp_bias"},
@@ -166,8 +169,20 @@ func TestParseConfigErrors(t *testing.T) {
 			if !errors.Is(err, ErrConfig) || !strings.HasPrefix(err.Error(), "loader: config: ") || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q, want ErrConfig mentioning %q", err, tc.want)
 			}
+			if msg := err.Error(); strings.ContainsAny(msg, "\r\n") || len(msg) > 200 {
+				t.Errorf("error %q is more than one short line", msg)
+			}
 		})
 	}
+}
+
+// indented is a config.json as people write them, over several lines.
+func indented(compact []byte) []byte {
+	var b bytes.Buffer
+	if err := json.Indent(&b, compact, "", "  "); err != nil {
+		panic(err)
+	}
+	return b.Bytes()
 }
 
 func TestConfigJSONRoundTrip(t *testing.T) {

@@ -229,6 +229,35 @@ func TestOpenCorrupt(t *testing.T) {
 			writeRaw(t, single(dir), r.header, append(r.data, make([]byte, 256)...), -1)
 		}, ErrMismatch, []string{"model.norm.weight", "has dtype I32"}},
 	}
+	// Pieces of the input that hold line breaks stay on the error's line.
+	cases = append(cases, []struct {
+		name    string
+		sharded bool
+		corrupt func(t *testing.T, dir string)
+		kind    error
+		want    []string
+	}{
+		{"eos list over several lines", false, func(t *testing.T, dir string) {
+			path := filepath.Join(dir, ConfigFile)
+			var c map[string]any
+			data, _ := os.ReadFile(path)
+			if err := json.Unmarshal(data, &c); err != nil {
+				t.Fatal(err)
+			}
+			c["eos_token_id"] = []any{2, "end\nof text"}
+			out, _ := json.MarshalIndent(c, "", "  ")
+			os.WriteFile(path, out, 0o644)
+		}, ErrConfig, []string{`eos_token_id [2,"end\nof text"] is neither a token id nor a list of them`}},
+		{"bos over several lines", false, func(t *testing.T, dir string) {
+			editConfig(t, dir, func(c map[string]any) { c["bos_token_id"] = []int{1, 2} })
+		}, ErrConfig, []string{"bos_token_id [1,2] is not one token id"}},
+		{"tensor name with a line break", false, func(t *testing.T, dir string) {
+			rewrite(t, single(dir), func(h map[string]any) { h["evil\nname"] = entry("F8_E4M3", []int{1}, 0, 1) })
+		}, ErrFormat, []string{`tensor "evil\nname"`, "unsupported dtype"}},
+		{"index names a tensor with a line break", true, func(t *testing.T, dir string) {
+			editIndex(t, dir, func(wm map[string]string) { wm["odd\r\nname"] = "model-99.safetensors" })
+		}, ErrFormat, []string{`tensor "odd\r\nname"`, "does not exist"}},
+	}...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := tinyModel(t, tc.sharded)
@@ -245,6 +274,9 @@ func TestOpenCorrupt(t *testing.T) {
 			t.Log(msg)
 			if !strings.HasPrefix(msg, "loader: ") {
 				t.Errorf("error %q lacks the package prefix", msg)
+			}
+			if strings.ContainsAny(msg, "\r\n") {
+				t.Errorf("error %q is more than one line", msg)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(msg, w) {

@@ -1,6 +1,14 @@
 package loader
 
-import "errors"
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/strata-llm/strata/internal/oneline"
+)
 
 // Sentinel errors, wrapped by the errors this package returns; test with
 // errors.Is.
@@ -26,11 +34,21 @@ type fileError struct {
 }
 
 func (e *fileError) Error() string {
-	s := "loader: " + e.file
+	s := "loader: " + quoteOdd(e.file)
 	if e.tensor != "" {
-		s += ": tensor " + e.tensor
+		s += ": tensor " + quoteOdd(e.tensor)
 	}
-	return s + ": " + e.msg
+	return s + ": " + oneline.String(e.msg)
+}
+
+// quoteOdd quotes a name read from a file or the command line when it has
+// characters that would not print as themselves on one line (a line break,
+// a control character).
+func quoteOdd(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 func (e *fileError) Unwrap() error { return e.kind }

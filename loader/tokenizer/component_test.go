@@ -444,6 +444,12 @@ func TestParseErrors(t *testing.T) {
 	if _, err := Parse(with("normalizer", nil), []byte("[")); err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") {
 		t.Errorf("bad config: %v", err)
 	}
+	// A special token of the config written over several lines is quoted
+	// on one.
+	cfg := []byte("{\n  \"bos_token\": [\n    1,\n    2\n  ]\n}\n")
+	if _, err := Parse(with("normalizer", nil), cfg); err == nil || !strings.Contains(err.Error(), "bos_token: special token [1,2] is neither") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("special token over several lines: %q", err)
+	}
 	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "tokenizer.json") {
 		t.Errorf("Load of an empty dir: %v", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/strata-llm/strata/internal/oneline"
 )
 
 // File names read by Load.
@@ -93,7 +95,7 @@ func tokenName(raw json.RawMessage) (string, error) {
 		Content string `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &o); err != nil {
-		return "", fmt.Errorf("special token is neither a string nor an object with content: %s", raw)
+		return "", fmt.Errorf("special token %s is neither a string nor an object with content", oneline.JSON(raw))
 	}
 	return o.Content, nil
 }
