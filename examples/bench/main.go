@@ -42,7 +42,7 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout)
 	stop()
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "bench:", err)
+		fmt.Fprintln(os.Stderr, cli.Message("bench", err))
 		os.Exit(1)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 
+	"github.com/strata-llm/strata/internal/oneline"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
 
@@ -38,12 +39,19 @@ func Main(name string, run func(ctx context.Context, args []string, stdout, stde
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		os.Exit(0)
 	case IsUsage(err):
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		fmt.Fprintln(os.Stderr, Message(name, err))
 		os.Exit(2)
 	default:
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		fmt.Fprintln(os.Stderr, Message(name, err))
 		os.Exit(1)
 	}
+}
+
+// Message is the line Main prints for err, "name: error": one line even
+// when a wrapped error's text is not (the packages keep theirs on one line;
+// this catches what they cannot, a path with a line break in it).
+func Message(name string, err error) string {
+	return name + ": " + oneline.String(err.Error())
 }
 
 // ModelDir returns dir after checking it is a directory, or, when dir is
