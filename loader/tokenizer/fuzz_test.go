@@ -7,7 +7,8 @@ import (
 
 // FuzzEncode encodes arbitrary strings with both fixture tokenizers: no
 // panic, an error exactly when the text is not UTF-8, byte-level round trip,
-// and the stream agreeing with Decode. The seed corpus is the reference
+// the stream agreeing with Decode, and no token standing for more than
+// MaxTokenBytes of the text. The seed corpus is the reference
 // cases plus special-token spellings.
 func FuzzEncode(f *testing.F) {
 	fxs := allFixtures(f)
@@ -30,6 +31,9 @@ func FuzzEncode(f *testing.F) {
 			}
 			if err != nil {
 				t.Fatalf("%s: Encode(%q): %v", fx.name, s, err)
+			}
+			if n := fx.tok.MaxTokenBytes(); n <= 0 || (len(ids)-1)*n < len(s) {
+				t.Fatalf("%s: %d bytes encode to %d tokens, MaxTokenBytes %d", fx.name, len(s), len(ids)-1, n)
 			}
 			if len(ids) == 0 || ids[0] != fx.tok.BOS() {
 				t.Fatalf("%s: Encode(%q, true) = %v, does not start with BOS", fx.name, s, ids)
