@@ -11,15 +11,20 @@ import (
 // Temperature 0 is greedy decoding; TopK 0 disables that filter. TopP is
 // Hugging Face's top_p: the smallest set of most likely tokens whose
 // probability reaches TopP is kept, and always at least the most likely
-// one, so TopP 1 keeps every token and TopP 0 (the zero value) only the
-// most likely, which makes sampling greedy: set TopP 1 to sample from the
-// whole distribution.
+// one, so TopP 1 keeps every token and a tiny TopP only the most likely.
+// The zero value means unset, that is 1, so that SamplerConfig{Temperature:
+// 0.8} samples from the whole distribution; Hugging Face's top_p = 0 (keep
+// the most likely token) is TopPMostLikely.
 type SamplerConfig struct {
 	Temperature float64
 	TopK        int
 	TopP        float64
 	Seed        uint64
 }
+
+// TopPMostLikely is the TopP that keeps only the most likely token, what
+// Hugging Face's top_p = 0 means (TopP's own zero value means 1).
+const TopPMostLikely = math.SmallestNonzeroFloat64
 
 // Validate reports settings that are out of range.
 func (c SamplerConfig) Validate() error {
@@ -91,8 +96,8 @@ func (s *Sampler) Sample(logits []float32) int {
 		s.probs[i] /= sum
 	}
 	// Top-p: the smallest prefix whose mass reaches TopP, at least one
-	// token (TopP 0 keeps the first).
-	if p := s.cfg.TopP; p < 1 {
+	// token (a tiny TopP keeps the first; 0 is unset).
+	if p := s.cfg.TopP; p > 0 && p < 1 {
 		acc := 0.0
 		for i, q := range s.probs {
 			acc += q

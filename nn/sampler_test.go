@@ -82,6 +82,9 @@ func TestSamplerDistribution(t *testing.T) {
 }
 
 func TestSamplerConfigValidate(t *testing.T) {
+	if n := nonZero(sampleCounts(t, SamplerConfig{Temperature: 1, Seed: 1}, []float32{1, 1, 1, 1}, 2000)); n != 4 {
+		t.Errorf("TopP left at its zero value: %d tokens drawn, want all 4", n)
+	}
 	bad := []SamplerConfig{{Temperature: -1}, {Temperature: math.Inf(1)}, {TopK: -2}, {TopP: 1.5}, {TopP: math.NaN()}}
 	for _, c := range bad {
 		if _, err := NewSampler(c); err == nil {
@@ -112,9 +115,9 @@ func TestTopPZeroIsGreedy(t *testing.T) {
 	for _, c := range cases {
 		want := Argmax(c.logits)
 		for _, cfg := range []SamplerConfig{
-			{Temperature: 1, TopP: 0},
-			{Temperature: 100, TopP: 0},
-			{Temperature: 0.5, TopK: 3, TopP: 0},
+			{Temperature: 1, TopP: TopPMostLikely},
+			{Temperature: 100, TopP: TopPMostLikely},
+			{Temperature: 0.5, TopK: 3, TopP: TopPMostLikely},
 		} {
 			cfg.Seed = 7
 			counts := sampleCounts(t, cfg, c.logits, 2000)

@@ -97,6 +97,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case o.device != "cpu" && o.device != "cuda" && o.device != "auto":
 		return nil, cli.Usagef("-device %q: want cpu, cuda or auto", o.device)
 	}
+	if o.topP == 0 {
+		o.topP = nn.TopPMostLikely // Hugging Face's top_p = 0
+	}
 	if err := (nn.SamplerConfig{Temperature: o.temperature, TopK: o.topK, TopP: o.topP}).Validate(); err != nil {
 		return nil, cli.UsageError{Err: err}
 	}
