@@ -9,8 +9,46 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
+// TestSnapshotClosedAndLeaked: a snapshot says whether the budget was
+// closed, and Close records what it found still allocated.
+func TestSnapshotClosedAndLeaked(t *testing.T) {
+	for _, leak := range []bool{false, true} {
+		bg := NewBudget(newFake(), 1<<20, "fake:0")
+		bg.RecordHistory(100)
+		kv, err := bg.Alloc(KVCache, tensor.F32, tensor.Shape{256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := bg.Snapshot(); s.Closed == nil || *s.Closed {
+			t.Fatalf("open budget: closed %v", s.Closed)
+		}
+		if !leak {
+			bg.Free(kv)
+		}
+		if err := bg.Close(); errors.Is(err, ErrLeak) != leak {
+			t.Fatalf("leak %v: Close: %v", leak, err)
+		}
+		var buf bytes.Buffer
+		if err := bg.WriteSnapshot(&buf); err != nil {
+			t.Fatal(err)
+		}
+		s, err := ReadSnapshot(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := int64(0)
+		if leak {
+			want = 1024
+		}
+		if s.Closed == nil || !*s.Closed || s.Categories[KVCache].Leaked != want {
+			t.Errorf("leak %v: closed %v, leaked %d; want closed, %d leaked", leak, s.Closed, s.Categories[KVCache].Leaked, want)
+		}
+	}
+}
+
 // TestScanSnapshot: ScanSnapshot hands over the events in order without
-// keeping them, and stops at fn's error.
+// keeping them, stops at fn's error, and reads snapshots older than the
+// closed field.
 func TestScanSnapshot(t *testing.T) {
 	bg := NewBudget(newFake(), 1<<20, "fake:0")
 	bg.RecordHistory(100)
@@ -47,6 +85,17 @@ func TestScanSnapshot(t *testing.T) {
 	n := 0
 	if _, err := ScanSnapshot(strings.NewReader(data), func(Event) error { n++; return stop }); err != stop || n != 1 {
 		t.Errorf("fn's error: %v after %d events", err, n)
+	}
+	old := strings.Replace(data, "\"closed\": false,", "", 1)
+	if old == data {
+		t.Fatal("no closed field written")
+	}
+	s, err = ReadSnapshot(strings.NewReader(old))
+	if err != nil {
+		t.Fatalf("snapshot without the closed field: %v", err)
+	}
+	if s.Closed != nil {
+		t.Errorf("snapshot without the closed field: closed %v", *s.Closed)
 	}
 }
 
