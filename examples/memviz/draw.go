@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"html"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/strata-llm/strata/paging"
@@ -99,12 +100,44 @@ func thin(s []sample, tmax int64, cols int) []sample {
 	return out
 }
 
+// step is one level of a band: from time t on, between lo and hi bytes.
+type step struct{ t, lo, hi int64 }
+
+// bandSteps returns the levels of category ci's band, one per change.
+func bandSteps(samples []sample, ci int) (steps []step, used bool) {
+	for _, s := range samples {
+		var lo int64
+		for _, v := range s.cats[:ci] {
+			lo += v
+		}
+		hi := lo + s.cats[ci]
+		used = used || s.cats[ci] != 0
+		n := len(steps)
+		switch {
+		case n > 0 && steps[n-1].lo == lo && steps[n-1].hi == hi:
+		case n > 0 && steps[n-1].t == s.t:
+			steps[n-1].lo, steps[n-1].hi = lo, hi
+		default:
+			steps = append(steps, step{s.t, lo, hi})
+		}
+	}
+	return steps, used
+}
+
+// The drawing's margins around the plot, and the height of the load lane
+// under it.
+const (
+	marginLeft, marginRight, marginTop = 90, 190, 50
+	lane                               = 70
+)
+
+func plotWidth(width int) int { return width - marginLeft - marginRight }
+
 func render(snap *paging.Snapshot, width, height int) string {
 	samples, loads, tmax := replay(snap)
-	const left, right, top = 90, 190, 50
-	lane := 70 // the load lane under the plot
+	const left, top = marginLeft, marginTop
 	bottom := 40 + lane
-	pw, ph := float64(width-left-right), float64(height-top-bottom)
+	pw, ph := float64(plotWidth(width)), float64(height-top-bottom)
 	samples = thin(samples, tmax, int(pw))
 	ymax := max(snap.Limit, snap.Peak)
 	for _, s := range samples {
@@ -119,7 +152,8 @@ func render(snap *paging.Snapshot, width, height int) string {
 	fmt.Fprintf(&sb, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
 	fmt.Fprintf(&sb, `<text x="%d" y="22" font-size="15" font-weight="bold">Device memory of %s by category: budget %s, peak %s</text>`+"\n",
 		left, esc(snap.Device), paging.FormatSize(snap.Limit), paging.FormatSize(snap.Peak))
-	// stacked areas, one polygon per category: a step function of time
+	// stacked areas, one polygon per category: a step function of time,
+	// its upper edge left to right, then its lower edge right to left
 	names := make([]string, 0, len(categories)+1)
 	colors := make([]string, 0, len(categories)+1)
 	for _, c := range categories {
@@ -128,35 +162,25 @@ func render(snap *paging.Snapshot, width, height int) string {
 	names, colors = append(names, other), append(colors, "#9c9c9c")
 	final := samples[len(samples)-1]
 	for ci := range names {
-		var upper, lower []string
-		level := func(s sample, upto int) int64 {
-			var n int64
-			for k := 0; k < upto; k++ {
-				n += s.cats[k]
-			}
-			return n
-		}
-		seen := false
-		for i, s := range samples {
-			if s.cats[ci] != 0 {
-				seen = true
-			}
-			tEnd := tmax
-			if i+1 < len(samples) {
-				tEnd = samples[i+1].t
-			}
-			hi, lo := level(s, ci+1), level(s, ci)
-			upper = append(upper, pt(x(s.t), y(hi)), pt(x(tEnd), y(hi)))
-			lower = append(lower, pt(x(tEnd), y(lo)), pt(x(s.t), y(lo)))
-		}
-		if !seen {
+		steps, used := bandSteps(samples, ci)
+		if !used {
 			continue
 		}
-		for i, j := 0, len(lower)-1; i < j; i, j = i+1, j-1 {
-			lower[i], lower[j] = lower[j], lower[i]
+		end := func(i int) int64 {
+			if i+1 < len(steps) {
+				return steps[i+1].t
+			}
+			return tmax
 		}
-		fmt.Fprintf(&sb, `<polygon class="category" data-category="%s" fill="%s" fill-opacity="0.85" stroke="none" points="%s %s"/>`+"\n",
-			esc(names[ci]), colors[ci], strings.Join(upper, " "), strings.Join(lower, " "))
+		pts := make([]string, 0, 4*len(steps))
+		for i, s := range steps {
+			pts = append(pts, pt(x(s.t), y(s.hi)), pt(x(end(i)), y(s.hi)))
+		}
+		for i := len(steps) - 1; i >= 0; i-- {
+			pts = append(pts, pt(x(end(i)), y(steps[i].lo)), pt(x(steps[i].t), y(steps[i].lo)))
+		}
+		fmt.Fprintf(&sb, `<polygon class="category" data-category="%s" fill="%s" fill-opacity="0.85" stroke="none" points="%s"/>`+"\n",
+			esc(names[ci]), colors[ci], strings.Join(pts, " "))
 	}
 	// axes and grid
 	fmt.Fprintf(&sb, `<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="black"/>`+"\n", left, top, left, float64(top)+ph)
@@ -215,7 +239,9 @@ func render(snap *paging.Snapshot, width, height int) string {
 	return sb.String()
 }
 
-func pt(x, y float64) string { return fmt.Sprintf("%.1f,%.1f", x, y) }
+func pt(x, y float64) string {
+	return strconv.FormatFloat(x, 'f', 1, 64) + "," + strconv.FormatFloat(y, 'f', 1, 64)
+}
 
 func esc(s string) string { return html.EscapeString(s) }
 
