@@ -74,6 +74,67 @@ func replay(snap *paging.Snapshot) ([]sample, []load, int64) {
 	return samples, loads, max(tmax, 1)
 }
 
+// maxCharged bounds the bytes a drawing's arithmetic handles, so that it
+// cannot overflow.
+const maxCharged = 1 << 62
+
+// noBudget: a limit this large means none was given (generate records
+// math.MaxInt64/4).
+const noBudget = 1 << 60
+
+// limitFactor: the budget line is drawn when the budget is at most this
+// many times the peak; a larger one would flatten the drawing.
+const limitFactor = 2
+
+func budgetText(limit int64) string {
+	if limit >= noBudget {
+		return "no budget"
+	}
+	return "budget " + paging.FormatSize(limit)
+}
+
+// axis returns the top of the byte axis and its step: at most five steps
+// of 1, 2 or 5 times a power of ten of a binary unit, together covering hi.
+func axis(hi int64) (top, step int64, unit string) {
+	hi = max(hi, 1)
+	raw := float64(hi) / 5
+	u := 0 // index in byteUnits
+	for u+1 < len(byteUnits) && raw >= float64(byteUnits[u+1].n) {
+		u++
+	}
+	r := raw / float64(byteUnits[u].n)
+	m := int64(0)
+	for _, c := range []int64{1, 2, 5, 10, 20, 50, 100, 200, 500} {
+		if float64(c) >= r {
+			m = c
+			break
+		}
+	}
+	if m == 0 { // between 500 and 1024 units: one of the next unit
+		m, u = 1, u+1
+	}
+	step = m * byteUnits[u].n
+	return (hi + step - 1) / step * step, step, byteUnits[u].name
+}
+
+var byteUnits = []struct {
+	n    int64
+	name string
+}{{1, "B"}, {paging.KiB, "KiB"}, {paging.MiB, "MiB"}, {paging.GiB, "GiB"}, {paging.TiB, "TiB"}, {paging.TiB << 10, "PiB"}, {paging.TiB << 20, "EiB"}}
+
+// tickLabel writes b in the unit of the axis's step.
+func tickLabel(b int64, unit string) string {
+	if b == 0 {
+		return "0"
+	}
+	for _, u := range byteUnits {
+		if u.name == unit {
+			return strconv.FormatFloat(float64(b)/float64(u.n), 'f', -1, 64) + " " + unit
+		}
+	}
+	return strconv.FormatInt(b, 10) + " B"
+}
+
 // thin keeps, per pixel column, the sample with the largest total and the
 // column's last one, so peaks survive and the drawing stays small.
 func thin(s []sample, tmax int64, cols int) []sample {
@@ -139,19 +200,24 @@ func render(snap *paging.Snapshot, width, height int) string {
 	bottom := 40 + lane
 	pw, ph := float64(plotWidth(width)), float64(height-top-bottom)
 	samples = thin(samples, tmax, int(pw))
-	ymax := max(snap.Limit, snap.Peak)
+	peak := snap.Peak // the history may have started late or lost events
 	for _, s := range samples {
-		ymax = max(ymax, s.total())
+		peak = max(peak, s.total())
 	}
-	ymax = max(int64(float64(ymax)*1.05), 1)
+	drawLimit := snap.Limit > 0 && snap.Limit <= maxCharged && snap.Limit/limitFactor <= peak
+	hi := peak
+	if drawLimit {
+		hi = max(hi, snap.Limit)
+	}
+	ymax, ystep, unit := axis(hi + hi/20)
 	x := func(t int64) float64 { return float64(left) + float64(t)/float64(tmax)*pw }
 	y := func(b int64) float64 { return float64(top) + ph - float64(b)/float64(ymax)*ph }
 
 	var sb strings.Builder
 	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	fmt.Fprintf(&sb, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
-	fmt.Fprintf(&sb, `<text x="%d" y="22" font-size="15" font-weight="bold">Device memory of %s by category: budget %s, peak %s</text>`+"\n",
-		left, esc(snap.Device), paging.FormatSize(snap.Limit), paging.FormatSize(snap.Peak))
+	fmt.Fprintf(&sb, `<text x="%d" y="22" font-size="15" font-weight="bold">Device memory of %s by category: %s, peak %s</text>`+"\n",
+		left, esc(snap.Device), budgetText(snap.Limit), paging.FormatSize(snap.Peak))
 	// stacked areas, one polygon per category: a step function of time,
 	// its upper edge left to right, then its lower edge right to left
 	names := make([]string, 0, len(categories)+1)
@@ -185,22 +251,23 @@ func render(snap *paging.Snapshot, width, height int) string {
 	// axes and grid
 	fmt.Fprintf(&sb, `<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="black"/>`+"\n", left, top, left, float64(top)+ph)
 	fmt.Fprintf(&sb, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, float64(top)+ph, float64(left)+pw, float64(top)+ph)
-	for i := 0; i <= 5; i++ {
-		b := ymax * int64(i) / 5
-		fmt.Fprintf(&sb, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n",
-			left, y(b), float64(left)+pw, y(b), left-6, y(b)+4, paging.FormatSize(b))
+	for b := int64(0); b <= ymax; b += ystep {
+		fmt.Fprintf(&sb, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/><text class="ytick" data-bytes="%d" x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n",
+			left, y(b), float64(left)+pw, y(b), b, left-6, y(b)+4, tickLabel(b, unit))
 	}
 	for i := 0; i <= 5; i++ {
-		t := tmax * int64(i) / 5
+		t := int64(float64(tmax) * float64(i) / 5)
 		fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", x(t), float64(top)+ph+16, fmtTime(t))
 	}
-	// budget and peak
-	if snap.Limit > 0 {
-		fmt.Fprintf(&sb, `<line class="limit" x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c00" stroke-width="1.5" stroke-dasharray="6 4"/><text x="%.1f" y="%.1f" fill="#c00">budget %s</text>`+"\n",
-			left, y(snap.Limit), float64(left)+pw, y(snap.Limit), float64(left)+pw+6, y(snap.Limit)+4, paging.FormatSize(snap.Limit))
+	// budget and peak lines, labelled at their right end: the budget above
+	// its line, the peak below its own, so the two never overlap
+	const halo = `paint-order="stroke" stroke="white" stroke-width="3"`
+	if drawLimit {
+		fmt.Fprintf(&sb, `<line class="limit" x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c00" stroke-width="1.5" stroke-dasharray="6 4"/><text x="%.1f" y="%.1f" fill="#c00" text-anchor="end" %s>budget</text>`+"\n",
+			left, y(snap.Limit), float64(left)+pw, y(snap.Limit), float64(left)+pw-4, y(snap.Limit)-4, halo)
 	}
-	fmt.Fprintf(&sb, `<line class="peak" x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="2 3"/><text x="%.1f" y="%.1f">peak %s</text>`+"\n",
-		left, y(snap.Peak), float64(left)+pw, y(snap.Peak), float64(left)+pw+6, y(snap.Peak)+16, paging.FormatSize(snap.Peak))
+	fmt.Fprintf(&sb, `<line class="peak" x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="2 3"/><text x="%.1f" y="%.1f" text-anchor="end" %s>peak</text>`+"\n",
+		left, y(peak), float64(left)+pw, y(peak), float64(left)+pw-4, y(peak)+13, halo)
 	// load lane: one tick per finished load, its height the layer number
 	laneTop := float64(top) + ph + 28
 	maxLayer := 0
@@ -221,14 +288,30 @@ func render(snap *paging.Snapshot, width, height int) string {
 		fmt.Fprintf(&sb, `<circle class="load" cx="%.1f" cy="%.1f" r="1.8" fill="%s"><title>layer %d at %s%s</title></circle>`+"\n",
 			x(l.t), ly, color, l.layer, fmtTime(l.t), map[bool]string{true: " (prefetch)", false: ""}[l.prefetch])
 	}
-	// legend with the final value of each category
-	lx, ly := float64(left)+pw+10, float64(top)+40
+	// legend: the budget, the peak, and the final value of each category
+	lx, ly := float64(left)+pw+10, float64(top)
+	if drawLimit {
+		fmt.Fprintf(&sb, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c00" stroke-width="1.5" stroke-dasharray="6 4"/><text x="%.1f" y="%.1f" fill="#c00">%s</text>`+"\n",
+			lx, ly, lx+12, ly, lx+18, ly+4, budgetText(snap.Limit))
+	} else {
+		text := budgetText(snap.Limit)
+		if snap.Limit < noBudget {
+			text += ", off the chart"
+		}
+		fmt.Fprintf(&sb, `<text class="budget-note" x="%.1f" y="%.1f" fill="#c00">%s</text>`+"\n", lx, ly+4, text)
+	}
+	fmt.Fprintf(&sb, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="2 3"/><text x="%.1f" y="%.1f">peak %s</text>`+"\n",
+		lx, ly+18, lx+12, ly+18, lx+18, ly+22, paging.FormatSize(peak))
+	ly += 40
 	for ci, name := range names {
 		fmt.Fprintf(&sb, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><text x="%.1f" y="%.1f">%s</text><text x="%.1f" y="%.1f" fill="#555">at end %s</text>`+"\n",
 			lx, ly, colors[ci], lx+18, ly+10, esc(name), lx+18, ly+24, paging.FormatSize(final.cats[ci]))
 		ly += 36
 	}
-	fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f"><tspan fill="#333">&#9679;</tspan> demand load <tspan fill="#59a14f">&#9679;</tspan> prefetch <tspan fill="#c00">&#9679;</tspan> failed</text>`+"\n", lx, laneTop+12)
+	for i, l := range []struct{ color, name string }{{"#333", "demand load"}, {"#59a14f", "prefetch"}, {"#c00", "failed"}} {
+		fmt.Fprintf(&sb, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
+			lx+6, laneTop+8+float64(i)*16, l.color, lx+18, laneTop+12+float64(i)*16, l.name)
+	}
 	if end := final.total(); end > 0 {
 		fmt.Fprintf(&sb, `<text x="%d" y="%d" fill="#c00">%s still charged at the end of the history: if everything was closed, that is a leak</text>`+"\n", left, height-8, paging.FormatSize(end))
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -147,6 +148,60 @@ func TestStepFunction(t *testing.T) {
 	}
 }
 
+// TestScale: the byte axis covers the data, not a budget far above it; its
+// labels are never negative; the budget line is drawn only when it is near
+// the peak, and the legend says where it is otherwise.
+func TestScale(t *testing.T) {
+	const peak = 548 << 10
+	for _, tc := range []struct {
+		name      string
+		limit     int64
+		wantLimit bool   // the budget line is drawn
+		note      string // the legend's note when it is not
+	}{
+		{"no budget", math.MaxInt64 / 4, false, "no budget"},
+		{"largest limit", math.MaxInt64, false, "no budget"},
+		{"device memory", 80 << 30, false, "budget 80.00 GiB, off the chart"},
+		{"near", peak * 3 / 2, true, ""},
+		{"at peak", peak, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := &paging.Snapshot{Device: "cpu", Limit: tc.limit, Peak: peak, Used: peak, Closed: new(false), Events: []paging.Event{
+				{TimeNS: 10, Kind: paging.EventAlloc, Category: paging.ResidentWeights.String(), Layer: 0, Bytes: peak - 1000, Charged: peak - 1000},
+				{TimeNS: 20, Kind: paging.EventAlloc, Category: paging.Activations.String(), Layer: -1, Bytes: 1000, Charged: 1000},
+				{TimeNS: 30, Kind: paging.EventFree, Category: paging.Activations.String(), Layer: -1, Bytes: 1000, Charged: -1000},
+			}}
+			_, els := draw(t, snap)
+			var top int64 = -1
+			limits, notes := 0, ""
+			for _, e := range els {
+				switch {
+				case e.attr["class"] == "ytick":
+					b, err := strconv.ParseInt(e.attr["data-bytes"], 10, 64)
+					if err != nil || b < 0 || b <= top || strings.HasPrefix(e.text, "-") {
+						t.Errorf("tick %q at %q after %d", e.text, e.attr["data-bytes"], top)
+					}
+					top = b
+				case e.attr["class"] == "limit":
+					limits++
+				case e.attr["class"] == "budget-note":
+					notes = e.text
+				}
+			}
+			hi := int64(peak)
+			if tc.wantLimit {
+				hi = max(hi, tc.limit)
+			}
+			if top < hi || top > 2*hi {
+				t.Errorf("axis up to %d bytes for data up to %d", top, hi)
+			}
+			if (limits == 1) != tc.wantLimit || notes != tc.note {
+				t.Errorf("%d budget lines, note %q; want line %v, note %q", limits, notes, tc.wantLimit, tc.note)
+			}
+		})
+	}
+}
+
 type budgetEnd int
 
 const (
@@ -188,4 +243,19 @@ func recordedSnapshot(t *testing.T, end budgetEnd) *paging.Snapshot {
 		t.Cleanup(func() { bg.Free(kv); bg.Close() })
 	}
 	return bg.Snapshot()
+}
+
+func TestAxis(t *testing.T) {
+	for _, hi := range []int64{0, 1, 4, 999, 1 << 10, 300000, 315000, 5 << 20, 3 << 30, 80 << 30, 1 << 62} {
+		top, step, unit := axis(hi)
+		if top < hi || step <= 0 || top%step != 0 || top/step > 5 || float64(top) > 1.5*float64(max(hi, 1))+1 {
+			t.Errorf("axis(%d) = %d in steps of %d", hi, top, step)
+		}
+		if l := tickLabel(step, unit); strings.Contains(l, "e") || strings.HasPrefix(l, "-") {
+			t.Errorf("axis(%d): label %q", hi, l)
+		}
+	}
+	if top, step, unit := axis(3<<30 + 1); top != 4<<30 || step != 1<<30 || unit != "GiB" || tickLabel(top, unit) != "4 GiB" {
+		t.Errorf("axis(3 GiB + 1) = %d in steps of %d %s", top, step, unit)
+	}
 }
