@@ -312,14 +312,45 @@ func render(snap *paging.Snapshot, width, height int) string {
 		fmt.Fprintf(&sb, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
 			lx+6, laneTop+8+float64(i)*16, l.color, lx+18, laneTop+12+float64(i)*16, l.name)
 	}
-	if end := final.total(); end > 0 {
-		fmt.Fprintf(&sb, `<text x="%d" y="%d" fill="#c00">%s still charged at the end of the history: if everything was closed, that is a leak</text>`+"\n", left, height-8, paging.FormatSize(end))
+	if text, leak := endNote(snap, final.total()); text != "" {
+		class, color := "note", "#555"
+		if leak {
+			class, color = "leak", "#c00"
+		}
+		fmt.Fprintf(&sb, `<text class="%s" x="%d" y="%d" fill="%s">%s</text>`+"\n", class, left, height-8, color, esc(text))
 	}
 	if snap.DroppedEvents > 0 {
 		fmt.Fprintf(&sb, `<text x="%d" y="38" fill="#c00">%d events were not recorded (history full): the drawing is incomplete</text>`+"\n", left, snap.DroppedEvents)
 	}
 	sb.WriteString("</svg>\n")
 	return sb.String()
+}
+
+// endNote says what the bytes still charged at the end of the history
+// mean, and whether they are a leak: only when the budget was closed.
+func endNote(snap *paging.Snapshot, end int64) (text string, leak bool) {
+	var leaked int64
+	var parts []string
+	for _, c := range snap.Categories {
+		if c.Leaked > 0 {
+			leaked += c.Leaked
+			parts = append(parts, fmt.Sprintf("%s %s", paging.FormatSize(c.Leaked), c.Category))
+		}
+	}
+	switch {
+	case leaked > 0:
+		return fmt.Sprintf("a leak: closing the budget found %s still allocated (%s) and freed it", paging.FormatSize(leaked), strings.Join(parts, ", ")), true
+	case end == 0:
+		return "", false
+	case snap.DroppedEvents > 0:
+		return "", false // the history stops early: its end is not the snapshot's
+	case snap.Closed == nil:
+		return fmt.Sprintf("%s still charged at the end of the history (the snapshot does not say whether the budget was closed)", paging.FormatSize(end)), false
+	case *snap.Closed:
+		return fmt.Sprintf("a leak: %s still charged after the budget was closed", paging.FormatSize(end)), true
+	default:
+		return fmt.Sprintf("%s still charged: the snapshot was taken with the budget open, so these allocations are live, not leaked", paging.FormatSize(end)), false
+	}
 }
 
 func pt(x, y float64) string {

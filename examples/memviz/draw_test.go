@@ -245,6 +245,47 @@ func recordedSnapshot(t *testing.T, end budgetEnd) *paging.Snapshot {
 	return bg.Snapshot()
 }
 
+// TestEndNote: bytes left at the end are called a leak only when the
+// budget was closed; a snapshot of an open budget, or of an older format
+// that does not say, gets a note instead.
+func TestEndNote(t *testing.T) {
+	old := longSnapshot(100)
+	old.Closed = nil
+	closedLeft := longSnapshot(100)
+	closedLeft.Closed = new(true)
+	dropped := longSnapshot(100)
+	dropped.Closed, dropped.DroppedEvents = new(true), 5
+	for _, tc := range []struct {
+		name string
+		snap *paging.Snapshot
+		want string // class of the note: leak, note or none
+		text string
+	}{
+		{"open model", recordedSnapshot(t, budgetOpen), "note", "16.00 KiB still charged: the snapshot was taken with the budget open"},
+		{"closed clean", recordedSnapshot(t, budgetClosed), "", ""},
+		{"closed with a leak", recordedSnapshot(t, budgetLeaked), "leak", "found 16.00 KiB still allocated (16.00 KiB kv cache)"},
+		{"older format", old, "note", "does not say whether the budget was closed"},
+		{"charged after close", closedLeft, "leak", "still charged after the budget was closed"},
+		{"history cut short", dropped, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, els := draw(t, tc.snap)
+			var class, text string
+			for _, e := range els {
+				if c := e.attr["class"]; c == "leak" || c == "note" {
+					if class != "" {
+						t.Errorf("two notes: %q and %q", text, e.text)
+					}
+					class, text = c, e.text
+				}
+			}
+			if class != tc.want || !strings.Contains(text, tc.text) {
+				t.Errorf("note %s %q, want %s %q", class, text, tc.want, tc.text)
+			}
+		})
+	}
+}
+
 func TestAxis(t *testing.T) {
 	for _, hi := range []int64{0, 1, 4, 999, 1 << 10, 300000, 315000, 5 << 20, 3 << 30, 80 << 30, 1 << 62} {
 		top, step, unit := axis(hi)

@@ -1,7 +1,9 @@
 // Command memviz draws a memory snapshot written by paging's
 // Budget.WriteSnapshot: the device bytes over time, stacked by category,
-// with the budget, the peak and every layer load marked. A leak shows as a
-// band that never comes back down.
+// with the budget, the peak and every layer load marked. Bytes still
+// charged at the end are called a leak only when the snapshot was taken
+// after its budget was closed (generate takes its snapshot with the model
+// still open).
 //
 //	go run ./examples/memviz snapshot.json -o memory.svg
 //	go run ./examples/memviz snapshot.json -o memory.html
