@@ -1,77 +1,25 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"html"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/strata-llm/strata/paging"
 )
 
-// categories in stacking order, bottom first, with their colours.
-var categories = []struct{ name, color string }{
+// categories in stacking order, bottom first, with their colours: one per
+// paging.Category, in its order.
+var categories = [...]struct{ name, color string }{
 	{paging.ResidentWeights.String(), "#4e79a7"},
 	{paging.StreamedWeights.String(), "#76b7b2"},
 	{paging.KVCache.String(), "#f28e2b"},
 	{paging.Activations.String(), "#e15759"},
 	{paging.Workspace.String(), "#b07aa1"},
 	{paging.Gradients.String(), "#59a14f"},
-}
-
-const other = "other"
-
-// sample is the charged bytes per category after an event.
-type sample struct {
-	t    int64
-	cats []int64 // one per category, then "other"
-}
-
-func (s sample) total() int64 {
-	var n int64
-	for _, v := range s.cats {
-		n += v
-	}
-	return n
-}
-
-type load struct {
-	t        int64
-	layer    int
-	prefetch bool
-	failed   bool
-}
-
-// replay turns the events into samples of the charged bytes and the list of
-// finished loads.
-func replay(snap *paging.Snapshot) ([]sample, []load, int64) {
-	idx := map[string]int{}
-	for i, c := range categories {
-		idx[c.name] = i
-	}
-	cur := make([]int64, len(categories)+1)
-	samples := []sample{{t: 0, cats: append([]int64(nil), cur...)}}
-	var loads []load
-	var tmax int64
-	evs := append([]paging.Event(nil), snap.Events...)
-	sort.SliceStable(evs, func(i, j int) bool { return evs[i].TimeNS < evs[j].TimeNS })
-	for _, ev := range evs {
-		tmax = max(tmax, ev.TimeNS)
-		if ev.Kind == paging.EventLoadEnd {
-			loads = append(loads, load{t: ev.TimeNS, layer: ev.Layer, prefetch: ev.Prefetch, failed: ev.Error != ""})
-		}
-		if ev.Charged == 0 {
-			continue
-		}
-		i, ok := idx[ev.Category]
-		if !ok {
-			i = len(categories)
-		}
-		cur[i] += ev.Charged
-		samples = append(samples, sample{t: ev.TimeNS, cats: append([]int64(nil), cur...)})
-	}
-	return samples, loads, max(tmax, 1)
 }
 
 // maxCharged bounds the bytes a drawing's arithmetic handles, so that it
@@ -161,6 +109,39 @@ func thin(s []sample, tmax int64, cols int) []sample {
 	return out
 }
 
+// loadMarks returns one mark per pixel column, layer and outcome of the
+// finished loads, in time order.
+func loadMarks(h *history, tmax int64, cols int) []load {
+	type key struct {
+		col int
+		loadKind
+	}
+	byCol := map[key]int{} // index in marks
+	var marks []load
+	for _, b := range h.buckets {
+		for _, l := range b.loads {
+			k := key{int(float64(l.t) / float64(tmax) * float64(cols-1)), l.loadKind}
+			if i, ok := byCol[k]; ok {
+				marks[i].t, marks[i].n = min(marks[i].t, l.t), marks[i].n+l.n
+				continue
+			}
+			byCol[k] = len(marks)
+			marks = append(marks, l)
+		}
+	}
+	slices.SortStableFunc(marks, func(a, b load) int {
+		return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.layer, b.layer), cmp.Compare(b2i(a.prefetch), b2i(b.prefetch)), cmp.Compare(b2i(a.failed), b2i(b.failed)))
+	})
+	return marks
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // step is one level of a band: from time t on, between lo and hi bytes.
 type step struct{ t, lo, hi int64 }
 
@@ -194,16 +175,13 @@ const (
 
 func plotWidth(width int) int { return width - marginLeft - marginRight }
 
-func render(snap *paging.Snapshot, width, height int) string {
-	samples, loads, tmax := replay(snap)
+func render(snap *paging.Snapshot, h *history, width, height int) string {
 	const left, top = marginLeft, marginTop
 	bottom := 40 + lane
 	pw, ph := float64(plotWidth(width)), float64(height-top-bottom)
-	samples = thin(samples, tmax, int(pw))
-	peak := snap.Peak // the history may have started late or lost events
-	for _, s := range samples {
-		peak = max(peak, s.total())
-	}
+	tmax := max(h.tmax, 1)
+	samples := thin(h.samples(), tmax, int(pw))
+	peak := max(h.peak, snap.Peak) // the history may have started late or lost events
 	drawLimit := snap.Limit > 0 && snap.Limit <= maxCharged && snap.Limit/limitFactor <= peak
 	hi := peak
 	if drawLimit {
@@ -220,14 +198,7 @@ func render(snap *paging.Snapshot, width, height int) string {
 		left, esc(snap.Device), budgetText(snap.Limit), paging.FormatSize(snap.Peak))
 	// stacked areas, one polygon per category: a step function of time,
 	// its upper edge left to right, then its lower edge right to left
-	names := make([]string, 0, len(categories)+1)
-	colors := make([]string, 0, len(categories)+1)
-	for _, c := range categories {
-		names, colors = append(names, c.name), append(colors, c.color)
-	}
-	names, colors = append(names, other), append(colors, "#9c9c9c")
-	final := samples[len(samples)-1]
-	for ci := range names {
+	for ci, c := range categories {
 		steps, used := bandSteps(samples, ci)
 		if !used {
 			continue
@@ -246,7 +217,7 @@ func render(snap *paging.Snapshot, width, height int) string {
 			pts = append(pts, pt(x(end(i)), y(steps[i].lo)), pt(x(steps[i].t), y(steps[i].lo)))
 		}
 		fmt.Fprintf(&sb, `<polygon class="category" data-category="%s" fill="%s" fill-opacity="0.85" stroke="none" points="%s"/>`+"\n",
-			esc(names[ci]), colors[ci], strings.Join(pts, " "))
+			esc(c.name), c.color, strings.Join(pts, " "))
 	}
 	// axes and grid
 	fmt.Fprintf(&sb, `<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="black"/>`+"\n", left, top, left, float64(top)+ph)
@@ -268,25 +239,25 @@ func render(snap *paging.Snapshot, width, height int) string {
 	}
 	fmt.Fprintf(&sb, `<line class="peak" x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="2 3"/><text x="%.1f" y="%.1f" text-anchor="end" %s>peak</text>`+"\n",
 		left, y(peak), float64(left)+pw, y(peak), float64(left)+pw-4, y(peak)+13, halo)
-	// load lane: one tick per finished load, its height the layer number
+	// load lane: one mark per pixel column, layer and outcome of the
+	// finished loads, its height the layer number
 	laneTop := float64(top) + ph + 28
-	maxLayer := 0
-	for _, l := range loads {
-		maxLayer = max(maxLayer, l.layer)
-	}
 	fmt.Fprintf(&sb, `<text x="%d" y="%.1f" text-anchor="end">layer loads</text>`+"\n", left-6, laneTop+float64(lane)/2)
 	fmt.Fprintf(&sb, `<rect x="%d" y="%.1f" width="%.1f" height="%d" fill="#f6f6f6"/>`+"\n", left, laneTop, pw, lane-10)
-	for _, l := range loads {
-		ly := laneTop + float64(lane-10) - float64(l.layer+1)/float64(maxLayer+1)*float64(lane-14)
-		color := "#333"
+	for _, l := range loadMarks(h, tmax, int(pw)) {
+		ly := laneTop + float64(lane-10) - float64(l.layer+1)/float64(h.maxLayer+1)*float64(lane-14)
+		color, what := "#333", ""
 		switch {
 		case l.failed:
-			color = "#c00"
+			color, what = "#c00", " (failed)"
 		case l.prefetch:
-			color = "#59a14f"
+			color, what = "#59a14f", " (prefetch)"
+		}
+		if l.n > 1 {
+			what += fmt.Sprintf(", %d loads", l.n)
 		}
 		fmt.Fprintf(&sb, `<circle class="load" cx="%.1f" cy="%.1f" r="1.8" fill="%s"><title>layer %d at %s%s</title></circle>`+"\n",
-			x(l.t), ly, color, l.layer, fmtTime(l.t), map[bool]string{true: " (prefetch)", false: ""}[l.prefetch])
+			x(l.t), ly, color, l.layer, fmtTime(l.t), what)
 	}
 	// legend: the budget, the peak, and the final value of each category
 	lx, ly := float64(left)+pw+10, float64(top)
@@ -303,16 +274,16 @@ func render(snap *paging.Snapshot, width, height int) string {
 	fmt.Fprintf(&sb, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="2 3"/><text x="%.1f" y="%.1f">peak %s</text>`+"\n",
 		lx, ly+18, lx+12, ly+18, lx+18, ly+22, paging.FormatSize(peak))
 	ly += 40
-	for ci, name := range names {
+	for ci, c := range categories {
 		fmt.Fprintf(&sb, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><text x="%.1f" y="%.1f">%s</text><text x="%.1f" y="%.1f" fill="#555">at end %s</text>`+"\n",
-			lx, ly, colors[ci], lx+18, ly+10, esc(name), lx+18, ly+24, paging.FormatSize(final.cats[ci]))
+			lx, ly, c.color, lx+18, ly+10, esc(c.name), lx+18, ly+24, paging.FormatSize(h.cur[ci]))
 		ly += 36
 	}
 	for i, l := range []struct{ color, name string }{{"#333", "demand load"}, {"#59a14f", "prefetch"}, {"#c00", "failed"}} {
 		fmt.Fprintf(&sb, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
 			lx+6, laneTop+8+float64(i)*16, l.color, lx+18, laneTop+12+float64(i)*16, l.name)
 	}
-	if text, leak := endNote(snap, final.total()); text != "" {
+	if text, leak := endNote(snap, h.total); text != "" {
 		class, color := "note", "#555"
 		if leak {
 			class, color = "leak", "#c00"
@@ -377,10 +348,10 @@ func page(snap *paging.Snapshot, svg string) string {
 	fmt.Fprintf(&sb, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>memory of %s</title>\n", esc(snap.Device))
 	sb.WriteString("<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}td:first-child,th:first-child{text-align:left}</style></head><body>\n")
 	fmt.Fprintf(&sb, "<h1>Device memory of %s</h1>\n%s", esc(snap.Device), svg)
-	sb.WriteString("<h2>Categories</h2>\n<table><tr><th>category</th><th>allocated</th><th>peak allocated</th><th>reserved</th><th>peak reserved</th><th>allocs</th><th>frees</th></tr>\n")
+	sb.WriteString("<h2>Categories</h2>\n<table><tr><th>category</th><th>allocated</th><th>peak allocated</th><th>reserved</th><th>peak reserved</th><th>allocs</th><th>frees</th><th>leaked</th></tr>\n")
 	for _, c := range snap.Categories {
-		fmt.Fprintf(&sb, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%d</td></tr>\n", esc(c.Category),
-			paging.FormatSize(c.Allocated), paging.FormatSize(c.PeakAllocated), paging.FormatSize(c.Reserved), paging.FormatSize(c.PeakReserved), c.Allocs, c.Frees)
+		fmt.Fprintf(&sb, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%d</td><td>%s</td></tr>\n", esc(c.Category),
+			paging.FormatSize(c.Allocated), paging.FormatSize(c.PeakAllocated), paging.FormatSize(c.Reserved), paging.FormatSize(c.PeakReserved), c.Allocs, c.Frees, paging.FormatSize(c.Leaked))
 	}
 	sb.WriteString("</table>\n")
 	for _, p := range snap.Pagers {

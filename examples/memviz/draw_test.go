@@ -286,6 +286,23 @@ func TestEndNote(t *testing.T) {
 	}
 }
 
+// TestCategoriesHaveColours: every category paging writes has its band.
+func TestCategoriesHaveColours(t *testing.T) {
+	n := 0
+	for c := paging.Category(0); ; c++ {
+		if _, err := paging.ParseCategory(c.String()); err != nil {
+			break
+		}
+		if int(c) >= len(categories) || categories[c].name != c.String() {
+			t.Errorf("category %d (%s) has no colour", c, c)
+		}
+		n++
+	}
+	if n != len(categories) {
+		t.Errorf("%d categories in paging, %d colours", n, len(categories))
+	}
+}
+
 func TestAxis(t *testing.T) {
 	for _, hi := range []int64{0, 1, 4, 999, 1 << 10, 300000, 315000, 5 << 20, 3 << 30, 80 << 30, 1 << 62} {
 		top, step, unit := axis(hi)

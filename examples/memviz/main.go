@@ -72,16 +72,11 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(o.in)
+	snap, h, err := readSnapshot(o.in, plotWidth(o.width))
 	if err != nil {
 		return err
 	}
-	snap, err := paging.ReadSnapshot(f)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("%s: %w", o.in, err)
-	}
-	svg := render(snap, o.width, o.height)
+	svg := render(snap, h, o.width, o.height)
 	var out string
 	switch strings.ToLower(filepath.Ext(o.out)) {
 	case ".svg":
@@ -94,6 +89,6 @@ func run(args []string, stdout io.Writer) error {
 	if err := os.WriteFile(o.out, []byte(out), 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "memviz: %s: %d events, peak %s of %s -> %s\n", o.in, len(snap.Events), paging.FormatSize(snap.Peak), paging.FormatSize(snap.Limit), o.out)
+	fmt.Fprintf(stdout, "memviz: %s: %d events, peak %s, %s -> %s\n", o.in, h.events, paging.FormatSize(snap.Peak), budgetText(snap.Limit), o.out)
 	return nil
 }
