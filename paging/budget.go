@@ -61,6 +61,9 @@ type CategoryStats struct {
 	PeakReserved  int64  `json:"peak_reserved_bytes"`
 	Allocs        int64  `json:"allocs"`
 	Frees         int64  `json:"frees"`
+	// Leaked bytes were still allocated when the budget was closed; Close
+	// freed them.
+	Leaked int64 `json:"leaked_bytes,omitempty"`
 }
 
 // NewBudget returns a budgeted allocator of limit bytes over backend b.
@@ -342,6 +345,9 @@ func (bg *Budget) Close() error {
 		leaked[la.cat] += la.bytes
 		count++
 		ts = append(ts, t)
+	}
+	for c, n := range leaked {
+		bg.cats[c].Leaked += n
 	}
 	bg.mu.Unlock()
 	for _, t := range ts {

@@ -29,6 +29,23 @@ func (c Category) String() string {
 	return fmt.Sprintf("Category(%d)", int(c))
 }
 
+// ParseCategory returns the category whose String is name.
+func ParseCategory(name string) (Category, error) {
+	if c, ok := categoryNamed(name); ok {
+		return c, nil
+	}
+	return 0, fmt.Errorf("paging: unknown category %q", name)
+}
+
+func categoryNamed(name string) (Category, bool) {
+	for c, n := range categoryNames {
+		if n == name {
+			return Category(c), true
+		}
+	}
+	return 0, false
+}
+
 // Allocator hands out backend memory charged to a category. nn takes its KV
 // cache and activation buffers from one; paging's budgeted allocator is the
 // implementation that enforces a byte budget.

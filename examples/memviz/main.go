@@ -1,7 +1,9 @@
 // Command memviz draws a memory snapshot written by paging's
 // Budget.WriteSnapshot: the device bytes over time, stacked by category,
-// with the budget, the peak and every layer load marked. A leak shows as a
-// band that never comes back down.
+// with the budget, the peak and every layer load marked. Bytes still
+// charged at the end are called a leak only when the snapshot was taken
+// after its budget was closed (generate takes its snapshot with the model
+// still open).
 //
 //	go run ./examples/memviz snapshot.json -o memory.svg
 //	go run ./examples/memviz snapshot.json -o memory.html
@@ -14,11 +16,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"html"
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/strata-llm/strata/paging"
@@ -72,16 +72,11 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(o.in)
+	snap, h, err := readSnapshot(o.in, plotWidth(o.width))
 	if err != nil {
 		return err
 	}
-	snap, err := paging.ReadSnapshot(f)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("%s: %w", o.in, err)
-	}
-	svg := render(snap, o.width, o.height)
+	svg := render(snap, h, o.width, o.height)
 	var out string
 	switch strings.ToLower(filepath.Ext(o.out)) {
 	case ".svg":
@@ -94,249 +89,6 @@ func run(args []string, stdout io.Writer) error {
 	if err := os.WriteFile(o.out, []byte(out), 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "memviz: %s: %d events, peak %s of %s -> %s\n", o.in, len(snap.Events), paging.FormatSize(snap.Peak), paging.FormatSize(snap.Limit), o.out)
+	fmt.Fprintf(stdout, "memviz: %s: %d events, peak %s, %s -> %s\n", o.in, h.events, paging.FormatSize(snap.Peak), budgetText(snap.Limit), o.out)
 	return nil
-}
-
-// categories in stacking order, bottom first, with their colours.
-var categories = []struct{ name, color string }{
-	{paging.ResidentWeights.String(), "#4e79a7"},
-	{paging.StreamedWeights.String(), "#76b7b2"},
-	{paging.KVCache.String(), "#f28e2b"},
-	{paging.Activations.String(), "#e15759"},
-	{paging.Workspace.String(), "#b07aa1"},
-	{paging.Gradients.String(), "#59a14f"},
-}
-
-const other = "other"
-
-// sample is the charged bytes per category after an event.
-type sample struct {
-	t    int64
-	cats []int64 // one per category, then "other"
-}
-
-func (s sample) total() int64 {
-	var n int64
-	for _, v := range s.cats {
-		n += v
-	}
-	return n
-}
-
-type load struct {
-	t        int64
-	layer    int
-	prefetch bool
-	failed   bool
-}
-
-// replay turns the events into samples of the charged bytes and the list of
-// finished loads.
-func replay(snap *paging.Snapshot) ([]sample, []load, int64) {
-	idx := map[string]int{}
-	for i, c := range categories {
-		idx[c.name] = i
-	}
-	cur := make([]int64, len(categories)+1)
-	samples := []sample{{t: 0, cats: append([]int64(nil), cur...)}}
-	var loads []load
-	var tmax int64
-	evs := append([]paging.Event(nil), snap.Events...)
-	sort.SliceStable(evs, func(i, j int) bool { return evs[i].TimeNS < evs[j].TimeNS })
-	for _, ev := range evs {
-		tmax = max(tmax, ev.TimeNS)
-		if ev.Kind == paging.EventLoadEnd {
-			loads = append(loads, load{t: ev.TimeNS, layer: ev.Layer, prefetch: ev.Prefetch, failed: ev.Error != ""})
-		}
-		if ev.Charged == 0 {
-			continue
-		}
-		i, ok := idx[ev.Category]
-		if !ok {
-			i = len(categories)
-		}
-		cur[i] += ev.Charged
-		samples = append(samples, sample{t: ev.TimeNS, cats: append([]int64(nil), cur...)})
-	}
-	return samples, loads, max(tmax, 1)
-}
-
-// thin keeps, per pixel column, the sample with the largest total and the
-// column's last one, so peaks survive and the drawing stays small.
-func thin(s []sample, tmax int64, cols int) []sample {
-	if len(s) <= 2*cols {
-		return s
-	}
-	var out []sample
-	col := func(t int64) int { return int(float64(t) / float64(tmax) * float64(cols-1)) }
-	for i := 0; i < len(s); {
-		c := col(s[i].t)
-		best, j := i, i
-		for j < len(s) && col(s[j].t) == c {
-			if s[j].total() > s[best].total() {
-				best = j
-			}
-			j++
-		}
-		out = append(out, s[best])
-		if j-1 != best {
-			out = append(out, s[j-1])
-		}
-		i = j
-	}
-	return out
-}
-
-func render(snap *paging.Snapshot, width, height int) string {
-	samples, loads, tmax := replay(snap)
-	const left, right, top = 90, 190, 50
-	lane := 70 // the load lane under the plot
-	bottom := 40 + lane
-	pw, ph := float64(width-left-right), float64(height-top-bottom)
-	samples = thin(samples, tmax, int(pw))
-	ymax := max(snap.Limit, snap.Peak)
-	for _, s := range samples {
-		ymax = max(ymax, s.total())
-	}
-	ymax = max(int64(float64(ymax)*1.05), 1)
-	x := func(t int64) float64 { return float64(left) + float64(t)/float64(tmax)*pw }
-	y := func(b int64) float64 { return float64(top) + ph - float64(b)/float64(ymax)*ph }
-
-	var sb strings.Builder
-	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(&sb, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
-	fmt.Fprintf(&sb, `<text x="%d" y="22" font-size="15" font-weight="bold">Device memory of %s by category: budget %s, peak %s</text>`+"\n",
-		left, esc(snap.Device), paging.FormatSize(snap.Limit), paging.FormatSize(snap.Peak))
-	// stacked areas, one polygon per category: a step function of time
-	names := make([]string, 0, len(categories)+1)
-	colors := make([]string, 0, len(categories)+1)
-	for _, c := range categories {
-		names, colors = append(names, c.name), append(colors, c.color)
-	}
-	names, colors = append(names, other), append(colors, "#9c9c9c")
-	final := samples[len(samples)-1]
-	for ci := range names {
-		var upper, lower []string
-		level := func(s sample, upto int) int64 {
-			var n int64
-			for k := 0; k < upto; k++ {
-				n += s.cats[k]
-			}
-			return n
-		}
-		seen := false
-		for i, s := range samples {
-			if s.cats[ci] != 0 {
-				seen = true
-			}
-			tEnd := tmax
-			if i+1 < len(samples) {
-				tEnd = samples[i+1].t
-			}
-			hi, lo := level(s, ci+1), level(s, ci)
-			upper = append(upper, pt(x(s.t), y(hi)), pt(x(tEnd), y(hi)))
-			lower = append(lower, pt(x(tEnd), y(lo)), pt(x(s.t), y(lo)))
-		}
-		if !seen {
-			continue
-		}
-		for i, j := 0, len(lower)-1; i < j; i, j = i+1, j-1 {
-			lower[i], lower[j] = lower[j], lower[i]
-		}
-		fmt.Fprintf(&sb, `<polygon class="category" data-category="%s" fill="%s" fill-opacity="0.85" stroke="none" points="%s %s"/>`+"\n",
-			esc(names[ci]), colors[ci], strings.Join(upper, " "), strings.Join(lower, " "))
-	}
-	// axes and grid
-	fmt.Fprintf(&sb, `<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="black"/>`+"\n", left, top, left, float64(top)+ph)
-	fmt.Fprintf(&sb, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, float64(top)+ph, float64(left)+pw, float64(top)+ph)
-	for i := 0; i <= 5; i++ {
-		b := ymax * int64(i) / 5
-		fmt.Fprintf(&sb, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n",
-			left, y(b), float64(left)+pw, y(b), left-6, y(b)+4, paging.FormatSize(b))
-	}
-	for i := 0; i <= 5; i++ {
-		t := tmax * int64(i) / 5
-		fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", x(t), float64(top)+ph+16, fmtTime(t))
-	}
-	// budget and peak
-	if snap.Limit > 0 {
-		fmt.Fprintf(&sb, `<line class="limit" x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c00" stroke-width="1.5" stroke-dasharray="6 4"/><text x="%.1f" y="%.1f" fill="#c00">budget %s</text>`+"\n",
-			left, y(snap.Limit), float64(left)+pw, y(snap.Limit), float64(left)+pw+6, y(snap.Limit)+4, paging.FormatSize(snap.Limit))
-	}
-	fmt.Fprintf(&sb, `<line class="peak" x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="2 3"/><text x="%.1f" y="%.1f">peak %s</text>`+"\n",
-		left, y(snap.Peak), float64(left)+pw, y(snap.Peak), float64(left)+pw+6, y(snap.Peak)+16, paging.FormatSize(snap.Peak))
-	// load lane: one tick per finished load, its height the layer number
-	laneTop := float64(top) + ph + 28
-	maxLayer := 0
-	for _, l := range loads {
-		maxLayer = max(maxLayer, l.layer)
-	}
-	fmt.Fprintf(&sb, `<text x="%d" y="%.1f" text-anchor="end">layer loads</text>`+"\n", left-6, laneTop+float64(lane)/2)
-	fmt.Fprintf(&sb, `<rect x="%d" y="%.1f" width="%.1f" height="%d" fill="#f6f6f6"/>`+"\n", left, laneTop, pw, lane-10)
-	for _, l := range loads {
-		ly := laneTop + float64(lane-10) - float64(l.layer+1)/float64(maxLayer+1)*float64(lane-14)
-		color := "#333"
-		switch {
-		case l.failed:
-			color = "#c00"
-		case l.prefetch:
-			color = "#59a14f"
-		}
-		fmt.Fprintf(&sb, `<circle class="load" cx="%.1f" cy="%.1f" r="1.8" fill="%s"><title>layer %d at %s%s</title></circle>`+"\n",
-			x(l.t), ly, color, l.layer, fmtTime(l.t), map[bool]string{true: " (prefetch)", false: ""}[l.prefetch])
-	}
-	// legend with the final value of each category
-	lx, ly := float64(left)+pw+10, float64(top)+40
-	for ci, name := range names {
-		fmt.Fprintf(&sb, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><text x="%.1f" y="%.1f">%s</text><text x="%.1f" y="%.1f" fill="#555">at end %s</text>`+"\n",
-			lx, ly, colors[ci], lx+18, ly+10, esc(name), lx+18, ly+24, paging.FormatSize(final.cats[ci]))
-		ly += 36
-	}
-	fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f"><tspan fill="#333">&#9679;</tspan> demand load <tspan fill="#59a14f">&#9679;</tspan> prefetch <tspan fill="#c00">&#9679;</tspan> failed</text>`+"\n", lx, laneTop+12)
-	if end := final.total(); end > 0 {
-		fmt.Fprintf(&sb, `<text x="%d" y="%d" fill="#c00">%s still charged at the end of the history: if everything was closed, that is a leak</text>`+"\n", left, height-8, paging.FormatSize(end))
-	}
-	if snap.DroppedEvents > 0 {
-		fmt.Fprintf(&sb, `<text x="%d" y="38" fill="#c00">%d events were not recorded (history full): the drawing is incomplete</text>`+"\n", left, snap.DroppedEvents)
-	}
-	sb.WriteString("</svg>\n")
-	return sb.String()
-}
-
-func pt(x, y float64) string { return fmt.Sprintf("%.1f,%.1f", x, y) }
-
-func esc(s string) string { return html.EscapeString(s) }
-
-func fmtTime(ns int64) string {
-	switch {
-	case ns >= 10e9:
-		return fmt.Sprintf("%.0f s", float64(ns)/1e9)
-	case ns >= 1e9:
-		return fmt.Sprintf("%.2f s", float64(ns)/1e9)
-	case ns >= 1e6:
-		return fmt.Sprintf("%.1f ms", float64(ns)/1e6)
-	default:
-		return fmt.Sprintf("%.0f µs", float64(ns)/1e3)
-	}
-}
-
-func page(snap *paging.Snapshot, svg string) string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>memory of %s</title>\n", esc(snap.Device))
-	sb.WriteString("<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}td:first-child,th:first-child{text-align:left}</style></head><body>\n")
-	fmt.Fprintf(&sb, "<h1>Device memory of %s</h1>\n%s", esc(snap.Device), svg)
-	sb.WriteString("<h2>Categories</h2>\n<table><tr><th>category</th><th>allocated</th><th>peak allocated</th><th>reserved</th><th>peak reserved</th><th>allocs</th><th>frees</th></tr>\n")
-	for _, c := range snap.Categories {
-		fmt.Fprintf(&sb, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%d</td></tr>\n", esc(c.Category),
-			paging.FormatSize(c.Allocated), paging.FormatSize(c.PeakAllocated), paging.FormatSize(c.Reserved), paging.FormatSize(c.PeakReserved), c.Allocs, c.Frees)
-	}
-	sb.WriteString("</table>\n")
-	for _, p := range snap.Pagers {
-		fmt.Fprintf(&sb, "<h2>Pager %d (%s)</h2>\n<p>%d acquires: %d hits, %d misses; %d loads, %d evictions; disk to host %s, host to device %s; %s per step after the first.</p>\n",
-			p.Pager, esc(string(p.Strategy)), p.Acquires, p.Hits, p.Misses, p.Loads, p.Evictions,
-			paging.FormatSize(p.BytesDiskToHost), paging.FormatSize(p.BytesHostToDevice), paging.FormatSize(int64(p.BytesPerStep)))
-	}
-	sb.WriteString("</body></html>\n")
-	return sb.String()
 }
