@@ -61,8 +61,8 @@ func parseArgs(args []string) (options, error) {
 	if o.out == "" {
 		o.out = strings.TrimSuffix(o.in, filepath.Ext(o.in)) + ".svg"
 	}
-	if o.width < 300 || o.height < 200 {
-		return o, fmt.Errorf("drawing of %dx%d is too small (at least 300x200)", o.width, o.height)
+	if o.width < 480 || o.height < 420 {
+		return o, fmt.Errorf("drawing of %dx%d is too small (at least 480x420, what the legend and lanes need)", o.width, o.height)
 	}
 	return o, nil
 }
