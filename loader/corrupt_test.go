@@ -354,3 +354,34 @@ func TestOpenSafetensorsErrors(t *testing.T) {
 		t.Error("ReadTensor of a missing tensor succeeded")
 	}
 }
+
+// TestCheckedReadAcrossPieces: a checked read from any offset sees every
+// element it holds whole, those that meet the boundary between two 16 MiB
+// read pieces included, and names each by its index in the tensor.
+func TestCheckedReadAcrossPieces(t *testing.T) {
+	const n = readPiece/2 + 1024 // F16 elements: a little over one piece
+	data := make([]byte, 2*n)
+	path := filepath.Join(t.TempDir(), "big.safetensors")
+	ctx := context.Background()
+	for _, bad := range []int64{readPiece/2 - 1, readPiece / 2, readPiece/2 + 1} {
+		clear(data)
+		data[2*bad+1] = 0x7c // +Inf
+		writeRaw(t, path, map[string]any{"w": entry("F16", []int{n}, 0, 2*n)}, data, -1)
+		f, err := OpenSafetensors(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ti, _ := f.Tensor("w")
+		for _, off := range []int64{0, 1, 2, 3} {
+			err := f.readRange(ctx, ti, off, make([]byte, ti.Size-off), true)
+			var ne *NonFiniteError
+			if !errors.As(err, &ne) || ne.Index != bad {
+				t.Errorf("Inf at %d, read from byte %d: %v", bad, off, err)
+			}
+		}
+		if err := f.ReadRange(ctx, ti, 1, make([]byte, ti.Size-1)); err != nil {
+			t.Errorf("an unchecked read: %v", err)
+		}
+		f.Close()
+	}
+}

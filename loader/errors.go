@@ -2,12 +2,14 @@ package loader
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/strata-llm/strata/internal/oneline"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // Sentinel errors, wrapped by the errors this package returns; test with
@@ -23,6 +25,9 @@ var (
 	ErrMismatch = errors.New("tensors do not match the config")
 	// ErrClosed: the model or file was closed.
 	ErrClosed = errors.New("closed")
+	// ErrNonFinite: a weight read through a Model holds a NaN or an
+	// infinity. The error is a *NonFiniteError.
+	ErrNonFinite = errors.New("non-finite weight")
 )
 
 // fileError names the file (and tensor, if any) a problem was found in.
@@ -52,3 +57,21 @@ func quoteOdd(s string) string {
 }
 
 func (e *fileError) Unwrap() error { return e.kind }
+
+// NonFiniteError reports the first element of a tensor, in the bytes a
+// read returned, that is a NaN or an infinity. It wraps ErrNonFinite.
+type NonFiniteError struct {
+	File   string // the weight file's path
+	Tensor string
+	DType  tensor.DType
+	Index  int64   // the element, counted row-major from the tensor's start
+	Value  float64 // NaN, +Inf or -Inf
+	Bits   uint32  // the element's bit pattern in DType
+}
+
+func (e *NonFiniteError) Error() string {
+	return fmt.Sprintf("loader: %s: tensor %s: element %d is %v (%v bits %#0*x); weights must be finite",
+		quoteOdd(e.File), quoteOdd(e.Tensor), e.Index, e.Value, e.DType, 2*e.DType.Size(), e.Bits)
+}
+
+func (e *NonFiniteError) Unwrap() error { return ErrNonFinite }

@@ -371,26 +371,33 @@ func (m *Model) fileOf(t *TensorInfo) (*File, error) {
 
 // ReadInto reads t's bytes, in their stored dtype, into dst, which must be
 // exactly t.Size bytes. It is safe for concurrent use and checks ctx between
-// 16 MiB pieces.
+// 16 MiB pieces. Every weight is read through it (ReadTensor, and the
+// pagers through nn's Source): a float tensor holding a NaN or an infinity
+// is an error wrapping ErrNonFinite, a *NonFiniteError naming the file,
+// the tensor and the first such element. The check runs on each piece as
+// it is read, eight bytes at a time, at over 20 GB/s on one core
+// (BenchmarkReadChecked): a third more time than a read from the page
+// cache, far less than a read from disk.
 func (m *Model) ReadInto(ctx context.Context, t *TensorInfo, dst []byte) error {
 	f, err := m.fileOf(t)
 	if err != nil {
 		return err
 	}
-	return f.ReadInto(ctx, t, dst)
+	return f.readInto(ctx, t, dst, true)
 }
 
 // ReadRange reads len(dst) bytes of t starting off bytes into the tensor
-// (rows of an embedding table, say).
+// (rows of an embedding table, say), checking the elements the range holds
+// whole as ReadInto does.
 func (m *Model) ReadRange(ctx context.Context, t *TensorInfo, off int64, dst []byte) error {
 	f, err := m.fileOf(t)
 	if err != nil {
 		return err
 	}
-	return f.ReadRange(ctx, t, off, dst)
+	return f.readRange(ctx, t, off, dst, true)
 }
 
-// Section returns a reader of t's bytes.
+// Section returns a reader of t's bytes, as stored: nothing is checked.
 func (m *Model) Section(t *TensorInfo) (*io.SectionReader, error) {
 	f, err := m.fileOf(t)
 	if err != nil {

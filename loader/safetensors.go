@@ -260,19 +260,29 @@ func (f *File) Tensor(name string) (*TensorInfo, bool) {
 }
 
 // ReadInto reads t's bytes into dst, which must be exactly t.Size long.
+// The bytes are returned as stored: a File may hold values other than
+// weights (reference logits, gradients), where infinities can be right.
+// Model's reads check that weights are finite.
 func (f *File) ReadInto(ctx context.Context, t *TensorInfo, dst []byte) error {
+	return f.readInto(ctx, t, dst, false)
+}
+
+func (f *File) readInto(ctx context.Context, t *TensorInfo, dst []byte, check bool) error {
 	if int64(len(dst)) != t.Size {
 		return &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("destination is %d bytes, tensor is %d", len(dst), t.Size)}
 	}
-	return f.readRange(ctx, t, 0, dst)
+	return f.readRange(ctx, t, 0, dst, check)
 }
 
 // ReadRange reads len(dst) bytes of t starting off bytes into the tensor.
 func (f *File) ReadRange(ctx context.Context, t *TensorInfo, off int64, dst []byte) error {
-	return f.readRange(ctx, t, off, dst)
+	return f.readRange(ctx, t, off, dst, false)
 }
 
-func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []byte) error {
+// readRange reads len(dst) bytes of t from offset off. With check, an
+// element of a float tensor that the range holds whole and that is a NaN or
+// an infinity is an error (a *NonFiniteError).
+func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []byte, check bool) error {
 	select {
 	case <-f.closed:
 		return &fileError{file: f.Path, tensor: t.Name, kind: ErrClosed, msg: "file is closed"}
@@ -284,11 +294,14 @@ func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []by
 	if t.Offset < 0 || t.Offset+t.Size > f.size {
 		return &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("bytes [%d, %d) outside the file's %d bytes", t.Offset, t.Offset+t.Size, f.size)}
 	}
+	size := int64(max(t.DType.Size(), 1))
 	for done := 0; done < len(dst); {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		n := min(readPiece, len(dst)-done)
+		// Pieces after the first start on an element of the tensor, so
+		// that the check below sees every element the range holds whole.
+		n := min(readPiece-int((off+int64(done))%size), len(dst)-done)
 		if _, err := f.f.ReadAt(dst[done:done+n], t.Offset+off+int64(done)); err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
@@ -300,9 +313,39 @@ func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []by
 			}
 			return &fileError{file: f.Path, tensor: t.Name, kind: err, msg: "read: " + err.Error()}
 		}
+		if check {
+			if err := f.checkFinite(t, off+int64(done), dst[done:done+n]); err != nil {
+				return err
+			}
+		}
 		done += n
 	}
 	return nil
+}
+
+// checkFinite returns a *NonFiniteError when one of the elements of t that
+// b, the tensor's bytes from offset at, holds whole is a NaN or an
+// infinity. readRange runs it on each piece right after reading it.
+func (f *File) checkFinite(t *TensorInfo, at int64, b []byte) error {
+	if !t.DType.IsFloat() {
+		return nil
+	}
+	size := int64(t.DType.Size())
+	skip := (size - at%size) % size // bytes of an element begun before b
+	if skip >= int64(len(b)) {
+		return nil
+	}
+	b = b[skip:]
+	i := tensor.FirstNonFinite(t.DType, b)
+	if i < 0 {
+		return nil
+	}
+	var bits uint32
+	for k := range size {
+		bits |= uint32(b[int64(i)*size+k]) << (8 * k)
+	}
+	return &NonFiniteError{File: f.Path, Tensor: t.Name, DType: t.DType,
+		Index: (at+skip)/size + int64(i), Value: tensor.ElementF64(t.DType, b, i), Bits: bits}
 }
 
 // ReadTensor reads the named tensor into a new host tensor of its stored

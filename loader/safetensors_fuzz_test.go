@@ -214,6 +214,8 @@ func FuzzReadRange(f *testing.F) {
 	}
 	f.Add(rawSafetensors(`{"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}}`, make([]byte, 8)), uint16(0), int64(math.MaxInt64-3), uint32(8))
 	f.Add(rawSafetensors(`{"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}}`, make([]byte, 8)), uint16(0), int64(-1), uint32(2))
+	f.Add(rawSafetensors(`{"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}}`, []byte{0, 0, 0, 0, 0xc0, 0x7f, 0, 0}), uint16(0), int64(1), uint32(6))
+	f.Add(rawSafetensors(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, []byte{0, 0, 0x80, 0xff, 0, 0, 0, 0}), uint16(0), int64(0), uint32(8))
 	dir := f.TempDir()
 	path := filepath.Join(dir, "fuzz.safetensors")
 	ctx := context.Background()
@@ -244,6 +246,7 @@ func FuzzReadRange(f *testing.F) {
 			if exp := data[ti.Offset+off : ti.Offset+off+int64(len(dst))]; !bytes.Equal(dst, exp) {
 				t.Fatalf("ReadRange(%s, %d, %d) returned bytes other than the file's", ti.Name, off, len(dst))
 			}
+			checkedRead(t, sf, ti, off, data[ti.Offset:ti.Offset+ti.Size], len(dst))
 		case err == nil:
 			t.Fatalf("ReadRange(%s, %d, %d) outside the tensor's %d bytes succeeded", ti.Name, off, len(dst), ti.Size)
 		case !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), ti.Name):
@@ -475,5 +478,30 @@ func TestOpenHostileLayerCount(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
 		t.Errorf("Open allocated %d MB refusing the config", got>>20)
+	}
+}
+
+// checkedRead reads n bytes of ti from off as Model's reads do and checks
+// the outcome against an element-by-element scan of the tensor's bytes:
+// the first element the range holds whole that is a NaN or an infinity
+// fails the read, naming it; otherwise the read succeeds.
+func checkedRead(t *testing.T, sf *File, ti *TensorInfo, off int64, tensorBytes []byte, n int) {
+	t.Helper()
+	want := int64(-1)
+	if size := int64(ti.DType.Size()); ti.DType.IsFloat() {
+		for k := (off + size - 1) / size; (k+1)*size <= off+int64(n); k++ {
+			if tensor.IsNonFinite(ti.DType, tensorBytes[k*size:]) {
+				want = k
+				break
+			}
+		}
+	}
+	err := sf.readRange(context.Background(), ti, off, make([]byte, n), true)
+	var ne *NonFiniteError
+	switch {
+	case want < 0 && err != nil:
+		t.Fatalf("checked read of finite %v bytes [%d, %d) of %s: %v", ti.DType, off, off+int64(n), ti.Name, err)
+	case want >= 0 && (!errors.As(err, &ne) || ne.Index != want || ne.Tensor != ti.Name):
+		t.Fatalf("checked read of %v bytes [%d, %d) of %s: %v, want element %d named", ti.DType, off, off+int64(n), ti.Name, err, want)
 	}
 }
