@@ -223,6 +223,11 @@ type Hook func(layer int, hidden *tensor.Tensor) error
 // returns the logits: for every position when all is set ([len(ids), vocab]
 // flattened), otherwise only the last position's [vocab]. The returned slice
 // is reused by the next call.
+//
+// Logits holding a NaN or an infinity are an error, a *NonFiniteError
+// naming the first layer whose output held one: Forward re-runs the step
+// with a hook that checks every layer's output (hook is not called again),
+// which costs nothing unless the logits were bad.
 func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook) ([]float32, error) {
 	if s.closed {
 		return nil, errors.New("nn: session is closed")
@@ -247,19 +252,35 @@ func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook)
 			s.pos = pos0
 		}
 	}()
+	out, err := s.forward(ctx, ids, all, func(int) Hook { return hook })
+	if err != nil {
+		return nil, err
+	}
+	if firstNonFiniteF32(out) >= 0 {
+		s.pos = pos0
+		d := &diagnosis{numLayers: s.m.cfg.NumLayers, backendOf: func(int) tensor.Backend { return s.m.backend }}
+		out, err := s.forward(ctx, ids, all, d.hookAt)
+		return nil, d.result(out, err, pos0, len(ids), all, s.m.cfg.VocabSize)
+	}
+	s.host = out
+	done = true
+	return out, nil
+}
+
+// forward runs ids through the model chunk by chunk from the session's
+// position and returns the logits Forward returns; hookAt gives the hook
+// for the chunk whose first row is at position pos.
+func (s *Session) forward(ctx context.Context, ids []int32, all bool, hookAt func(pos int) Hook) ([]float32, error) {
 	out := s.host[:0]
 	for start := 0; start < len(ids); start += s.chunk {
 		end := min(start+s.chunk, len(ids))
 		last := end == len(ids)
-		rows, err := s.forwardChunk(ctx, ids[start:end], all || last, all, hook)
+		rows, err := s.forwardChunk(ctx, ids[start:end], all || last, all, hookAt(s.pos))
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, rows...) // empty unless all or last
-
 	}
-	s.host = out
-	done = true
 	return out, nil
 }
 

@@ -114,7 +114,8 @@ func (ps *PipelineSession) Close() {
 }
 
 // Forward is Session.Forward across the stages: the same logits as one
-// device computing everything.
+// device computing everything, and the same *NonFiniteError when they hold
+// a NaN or an infinity.
 func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, hook Hook) ([]float32, error) {
 	first, last := ps.sess[0], ps.sess[len(ps.sess)-1]
 	if first.closed {
@@ -139,10 +140,31 @@ func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, h
 			}
 		}
 	}()
+	out, err := ps.forward(ctx, ids, all, func(int) Hook { return hook })
+	if err != nil {
+		return nil, err
+	}
+	if firstNonFiniteF32(out) >= 0 {
+		for _, s := range ps.sess {
+			s.pos = pos0
+		}
+		d := &diagnosis{numLayers: ps.p.cfg.NumLayers, backendOf: ps.backendOf}
+		out, err := ps.forward(ctx, ids, all, d.hookAt)
+		return nil, d.result(out, err, pos0, len(ids), all, ps.p.cfg.VocabSize)
+	}
+	last.host = out
+	done = true
+	return out, nil
+}
+
+// forward is Session.forward across the stages.
+func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, hookAt func(pos int) Hook) ([]float32, error) {
+	first, last := ps.sess[0], ps.sess[len(ps.sess)-1]
 	out := last.host[:0]
 	for start := 0; start < len(ids); start += ps.chunk {
 		end := min(start+ps.chunk, len(ids))
 		T, isLast := end-start, end == len(ids)
+		hook := hookAt(first.pos)
 		if err := first.embedChunk(ctx, ids[start:end], hook); err != nil {
 			return nil, err
 		}
@@ -163,9 +185,18 @@ func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, h
 		}
 		out = append(out, rows...)
 	}
-	last.host = out
-	done = true
 	return out, nil
+}
+
+// backendOf returns the backend holding a layer's output, in Weights'
+// numbering.
+func (ps *PipelineSession) backendOf(layer int) tensor.Backend {
+	for _, s := range ps.sess {
+		if layer <= s.m.hi { // the embedding is the first stage's, the head the last's
+			return s.m.backend
+		}
+	}
+	return ps.sess[len(ps.sess)-1].m.backend
 }
 
 // hand copies the first T rows of the hidden state from one stage's device
