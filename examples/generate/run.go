@@ -290,7 +290,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	t0 := time.Now()
 	logits, err := sess.Forward(ctx, ids, o.logitsOut != "", nil)
 	if err != nil {
-		return err
+		return forwardError(err, len(ids))
 	}
 	prefill := time.Since(t0)
 	eng.markStep() // closes the warm-up and the prefill
@@ -342,7 +342,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			break
 		}
 		if logits, err = sess.Forward(ctx, []int32{id}, false, nil); err != nil {
-			return err
+			return forwardError(err, len(ids))
 		}
 		eng.markStep()
 	}
