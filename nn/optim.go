@@ -46,8 +46,8 @@ type SGD struct {
 
 // Step implements Optimizer.
 func (o *SGD) Step(p *Params, g Grads) error {
-	if !(o.LR >= 0) {
-		return fmt.Errorf("nn: sgd: learning rate %v", o.LR)
+	if err := o.Validate(); err != nil {
+		return err
 	}
 	if o.buf == nil && o.Momentum != 0 {
 		o.buf = map[string][]float32{}
@@ -106,13 +106,8 @@ func (o *AdamW) Steps() int { return o.t }
 
 // Step implements Optimizer.
 func (o *AdamW) Step(p *Params, g Grads) error {
-	switch {
-	case !(o.LR >= 0):
-		return fmt.Errorf("nn: adamw: learning rate %v", o.LR)
-	case !(o.Beta1 >= 0 && o.Beta1 < 1 && o.Beta2 >= 0 && o.Beta2 < 1):
-		return fmt.Errorf("nn: adamw: betas %v, %v must be in [0, 1)", o.Beta1, o.Beta2)
-	case !(o.Eps > 0):
-		return fmt.Errorf("nn: adamw: eps %v must be positive", o.Eps)
+	if err := o.Validate(); err != nil {
+		return err
 	}
 	if o.m == nil {
 		o.m, o.v = map[string][]float32{}, map[string][]float32{}

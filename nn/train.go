@@ -24,7 +24,7 @@ type TrainOptions struct {
 	// of blocks.
 	Segments int
 	// MaxGradNorm, when > 0, makes Step clip the gradients to this norm
-	// before the update.
+	// before the update. It must be finite and not negative.
 	MaxGradNorm float64
 	// Hook, when non-nil, sees the hidden states of the forward as
 	// Session.Forward's hook does (not those of recomputation).
@@ -133,6 +133,9 @@ func floats(b []byte) []float32 {
 
 // NewTrainer returns a trainer of m.
 func NewTrainer(m *Model, opts TrainOptions) (*Trainer, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	bounds, err := segmentBounds(m.cfg.NumLayers, opts.Segments)
 	if err != nil {
 		return nil, err
@@ -272,6 +275,9 @@ func (tr *Trainer) Step(ctx context.Context, inputs, targets []int32, p *Params,
 	}
 	scale := float32(1)
 	if scaler != nil {
+		if err := scaler.Validate(); err != nil {
+			return StepResult{}, err
+		}
 		scale = scaler.Scale
 	}
 	st, err := tr.lossAndGrads(ctx, inputs, targets, tr.grads, scale, true)
