@@ -11,7 +11,7 @@ import (
 // ErrNonFinite is wrapped by every error reporting NaN or infinite values:
 // a forward whose logits hold some (*NonFiniteError), an optimizer step that
 // makes a weight non-finite, a Save of such weights.
-var ErrNonFinite = errors.New("nn: non-finite values")
+var ErrNonFinite = errors.New("non-finite values")
 
 // NonFiniteError says where NaN or infinite values first appeared in a
 // forward pass whose logits held some: the first layer whose output holds
@@ -36,11 +36,14 @@ func (e *NonFiniteError) Error() string {
 func (e *NonFiniteError) Unwrap() error { return ErrNonFinite }
 
 // firstNonFiniteF32 returns the index of the first NaN or infinity in v, or -1.
-func firstNonFiniteF32(v []float32) int {
+func firstNonFiniteF32(v []float32) int { return tensor.FirstNonFinite(tensor.F32, f32View(v)) }
+
+// f32View views v's storage as bytes.
+func f32View(v []float32) []byte {
 	if len(v) == 0 {
-		return -1
+		return nil
 	}
-	return tensor.FirstNonFinite(tensor.F32, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v)))
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
 
 // diagnosis finds the first layer of a re-run forward whose output is not

@@ -3,6 +3,8 @@ package nn
 import (
 	"fmt"
 	"math"
+
+	"github.com/strata-llm/strata/tensor"
 )
 
 // Optimizer updates parameters from their gradients.
@@ -16,19 +18,31 @@ type Optimizer interface {
 // update calls fn with the master copy and the gradient of every parameter
 // of p that has a gradient in g, in p's order, and rounds each updated
 // master into its working copy. A gradient whose size differs from its
-// parameter's is an error.
+// parameter's is an error. An update that leaves a NaN or an infinity in a
+// working copy (the master's or one too large for its dtype) stops there
+// with an error wrapping ErrNonFinite: the parameters updated so far keep
+// their new values.
 func update(p *Params, g Grads, fn func(name string, w, gv []float32)) error {
 	for _, name := range p.names {
 		t, ok := g[name]
 		if !ok {
 			continue
 		}
-		w, gv := p.byName[name].master, t.F32()
+		pr := p.byName[name]
+		w, gv := pr.master, t.F32()
 		if len(gv) != len(w) {
 			return fmt.Errorf("nn: optimizer: gradient of %s has %d elements, the parameter %d", name, len(gv), len(w))
 		}
 		fn(name, w, gv)
-		p.Sync(name)
+		if i := pr.sync(); i >= 0 {
+			dt := pr.work.DType()
+			master := ""
+			if dt != tensor.F32 {
+				master = fmt.Sprintf(" (its F32 master copy %v)", w[i])
+			}
+			return fmt.Errorf("nn: optimizer: the step left %w in %s: element %d is %v in %v%s",
+				ErrNonFinite, name, i, tensor.ElementF64(dt, pr.work.Bytes(), i), dt, master)
+		}
 	}
 	return nil
 }

@@ -265,7 +265,10 @@ type StepResult struct {
 // gradients of the loss over inputs and targets, scaled by scaler (nil for
 // no scaling), unscaled, clipped to MaxGradNorm, and opt's update of p. With
 // a scaler, gradients holding an infinity or a NaN skip the update and
-// reduce the scale; without one they are an error.
+// reduce the scale; without one they are an error. An update that leaves
+// a NaN or an infinity in a weight (finite gradients can push an F16 weight
+// past its range) is an error wrapping ErrNonFinite naming the weight: p
+// holds that update, and training cannot go on from it.
 //
 // When the model reads p through a paging.Pager, the pager's copies of the
 // weights are stale after the step; build a new pager before the next.

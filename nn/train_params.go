@@ -3,6 +3,8 @@ package nn
 import (
 	"context"
 	"fmt"
+	"math"
+	"sync/atomic"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/paging"
@@ -92,18 +94,95 @@ func (p *Params) Sync(names ...string) {
 		names = p.names
 	}
 	for _, n := range names {
-		pr := p.byName[n]
-		if pr == nil {
-			continue
-		}
-		work, master := pr.work, pr.master
-		switch work.DType() {
-		case tensor.F16:
-			chunks(len(master), func(lo, hi int) { tensor.F32ToF16(work.U16()[lo:hi], master[lo:hi]) })
-		case tensor.BF16:
-			chunks(len(master), func(lo, hi int) { tensor.F32ToBF16(work.U16()[lo:hi], master[lo:hi]) })
+		if pr := p.byName[n]; pr != nil {
+			pr.sync()
 		}
 	}
+}
+
+// sync rounds the master copy into the working copy and returns the first
+// element of the working copy that is a NaN or an infinity (a master value
+// too large for F16 becomes one), or -1. Each chunk is checked right after
+// its conversion, while it is in cache.
+func (pr *param) sync() int {
+	work, master := pr.work, pr.master
+	dt, b, size := work.DType(), work.Bytes(), work.DType().Size()
+	var first firstIndex
+	first.init()
+	chunks(len(master), func(lo, hi int) {
+		switch dt {
+		case tensor.F16:
+			tensor.F32ToF16(work.U16()[lo:hi], master[lo:hi])
+		case tensor.BF16:
+			tensor.F32ToBF16(work.U16()[lo:hi], master[lo:hi])
+		}
+		first.offer(lo, tensor.FirstNonFinite(dt, b[lo*size:hi*size]))
+	})
+	return first.get()
+}
+
+// nonFinite returns an error wrapping ErrNonFinite, naming the parameter and
+// its first element that is a NaN or an infinity in the master or the
+// working copy, or nil when there is none.
+func (pr *param) nonFinite() error {
+	check := func(dt tensor.DType, b []byte) int {
+		var first firstIndex
+		first.init()
+		chunks(len(b)/dt.Size(), func(lo, hi int) {
+			first.offer(lo, tensor.FirstNonFinite(dt, b[lo*dt.Size():hi*dt.Size()]))
+		})
+		return first.get()
+	}
+	if i := check(tensor.F32, f32View(pr.master)); i >= 0 {
+		return fmt.Errorf("%s holds %w: element %d is %v", pr.name, ErrNonFinite, i, pr.master[i])
+	}
+	if dt := pr.work.DType(); dt != tensor.F32 {
+		if i := check(dt, pr.work.Bytes()); i >= 0 {
+			return fmt.Errorf("%s holds %w: element %d is %v in %v (its F32 master copy %v)",
+				pr.name, ErrNonFinite, i, tensor.ElementF64(dt, pr.work.Bytes(), i), dt, pr.master[i])
+		}
+	}
+	return nil
+}
+
+// CheckFinite returns an error wrapping ErrNonFinite naming the first
+// parameter, in layer order, whose master or working copy holds a NaN or
+// an infinity, and the element; nil when every weight is finite. Save
+// calls it before writing anything.
+func (p *Params) CheckFinite() error {
+	for _, n := range p.names {
+		if err := p.byName[n].nonFinite(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// firstIndex is the smallest index offered by the goroutines of a chunks
+// call.
+type firstIndex struct{ v atomic.Int64 }
+
+func (f *firstIndex) init() { f.v.Store(math.MaxInt64) }
+
+// offer records lo+i when i >= 0 (a hit at index i of the chunk from lo).
+func (f *firstIndex) offer(lo, i int) {
+	if i < 0 {
+		return
+	}
+	for v := int64(lo + i); ; {
+		cur := f.v.Load()
+		if v >= cur || f.v.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// get returns the smallest index offered, or -1.
+func (f *firstIndex) get() int {
+	if v := f.v.Load(); v != math.MaxInt64 {
+		return int(v)
+	}
+	return -1
 }
 
 // Bytes is the size of the working copies, each parameter counted once.

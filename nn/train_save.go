@@ -31,7 +31,12 @@ var shardFile = regexp.MustCompile(`^model(-\d{5}-of-\d{5})?\.safetensors(\.inde
 // files copied from the model directory from. With tied embeddings only
 // model.embed_tokens.weight is written. Weight files of an earlier
 // checkpoint in dir are removed first; dir may not be from itself.
+// Weights holding a NaN or an infinity are an error wrapping ErrNonFinite
+// (see CheckFinite), found before anything is written.
 func (p *Params) Save(ctx context.Context, dir, from string, maxShardBytes int64) error {
+	if err := p.CheckFinite(); err != nil {
+		return fmt.Errorf("nn: save: %w; nothing was written", err)
+	}
 	if same, err := sameDir(dir, from); err != nil {
 		return fmt.Errorf("nn: save: %w", err)
 	} else if same {
