@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -44,16 +43,16 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny F16 model)")
 	fs.StringVar(&o.data, "data", "", "training text `file` (UTF-8), encoded with the model's tokenizer")
 	fs.IntVar(&o.steps, "steps", 30, "training steps, one window of -seq-len tokens each")
-	fs.Float64Var(&o.lr, "lr", 1e-3, "learning rate")
+	fs.Float64Var(&o.lr, "lr", 1e-3, "learning rate, in (0, 1]")
 	fs.StringVar(&o.optimizer, "optimizer", "adamw", "adamw or sgd")
-	fs.Float64Var(&o.weightDecay, "weight-decay", 0, "weight decay (decoupled for adamw)")
-	fs.Float64Var(&o.momentum, "momentum", 0, "sgd momentum")
+	fs.Float64Var(&o.weightDecay, "weight-decay", 0, "weight decay in [0, 1] (decoupled for adamw)")
+	fs.Float64Var(&o.momentum, "momentum", 0, "sgd momentum, in [0, 1)")
 	fs.Float64Var(&o.maxGradNorm, "max-grad-norm", 1, "clip the gradients to this norm; 0 does not clip")
 	fs.IntVar(&o.seqLen, "seq-len", 64, "positions per training window")
 	fs.IntVar(&o.segments, "checkpoint-segments", 0, "recompute checkpoints: split the blocks into K segments (0 or 1: none)")
 	fs.StringVar(&o.gpuLimit, "gpu-memory-limit", "", "memory budget `size` for weights and activations (3.5GiB, 800MiB, 300000B; a bare number is GiB): weights page under it")
 	fs.Float64Var(&o.lossScale, "loss-scale", 0, "initial dynamic loss scale (default 65536 for F16 weights, 1 otherwise)")
-	fs.IntVar(&o.scaleInterval, "loss-scale-interval", 50, "good steps before the loss scale doubles")
+	fs.IntVar(&o.scaleInterval, "loss-scale-interval", 50, "good steps before the loss scale doubles (0: never)")
 	fs.StringVar(&o.gradsOut, "grads-out", "", "write loss and grad.<name> (F32) of one step on -ids at the initial weights to this safetensors `file`")
 	fs.StringVar(&o.ids, "ids", "", "comma-separated token `ids` for -grads-out (default: the first window of -data)")
 	fs.StringVar(&o.save, "save", "", "write the fine-tuned model as a Hugging Face checkpoint into this `directory`")
@@ -77,20 +76,79 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, cli.Usagef("-seq-len %d must be >= 1", o.seqLen)
 	case o.segments < 0:
 		return nil, cli.Usagef("-checkpoint-segments %d must be >= 0", o.segments)
-	case !(o.lr >= 0) || math.IsInf(o.lr, 0):
-		return nil, cli.Usagef("-lr %v must be >= 0", o.lr)
 	case o.optimizer != "adamw" && o.optimizer != "sgd":
 		return nil, cli.Usagef("-optimizer %q: want adamw or sgd", o.optimizer)
-	case o.lossScale < 0 || math.IsInf(o.lossScale, 0) || o.lossScale > math.MaxFloat32:
-		return nil, cli.Usagef("-loss-scale %v must be positive and finite", o.lossScale)
 	case o.device != "cpu" && o.device != "cuda" && o.device != "auto":
 		return nil, cli.Usagef("-device %q: want cpu, cuda or auto", o.device)
 	case o.threads < 0:
 		return nil, cli.Usagef("-threads %d must be >= 0", o.threads)
-	case o.maxGradNorm < 0:
-		return nil, cli.Usagef("-max-grad-norm %v must be >= 0", o.maxGradNorm)
+	}
+	// Every hyperparameter flag, checked before anything is read, by the
+	// rules nn applies (the model's dtype picks the default loss scale
+	// later; 1 stands in for it here).
+	if _, err := o.hyperparameters(1); err != nil {
+		return nil, err
 	}
 	return o, nil
+}
+
+// hyper is what the hyperparameter flags describe.
+type hyper struct {
+	opt    nn.Optimizer
+	train  nn.TrainOptions
+	scaler *nn.LossScaler
+}
+
+// optionFlags names the flag that sets each nn hyperparameter.
+var optionFlags = map[string]string{
+	"LR": "lr", "WeightDecay": "weight-decay", "Momentum": "momentum", "MaxGradNorm": "max-grad-norm",
+	"Segments": "checkpoint-segments", "Scale": "loss-scale", "GrowthInterval": "loss-scale-interval",
+}
+
+// hyperparameters builds the optimizer, the trainer options and the loss
+// scaler from the flags, defaultScale being the loss scale of -loss-scale
+// 0, and checks them with their Validate methods: every float flag obeys
+// the ranges nn documents, NaN and infinities never pass, and a bad value
+// is a usage error naming its flag.
+func (o *options) hyperparameters(defaultScale float32) (*hyper, error) {
+	h := &hyper{train: nn.TrainOptions{Segments: o.segments, MaxGradNorm: o.maxGradNorm}}
+	var opt interface{ Validate() error }
+	if o.optimizer == "sgd" {
+		sgd := &nn.SGD{LR: o.lr, Momentum: o.momentum, WeightDecay: o.weightDecay}
+		h.opt, opt = sgd, sgd
+	} else {
+		if o.momentum != 0 {
+			return nil, cli.Usagef("-momentum %v: only -optimizer sgd has momentum", o.momentum)
+		}
+		a := nn.NewAdamW(o.lr)
+		a.WeightDecay = o.weightDecay
+		h.opt, opt = a, a
+	}
+	scale := defaultScale
+	if o.lossScale != 0 {
+		if scale = float32(o.lossScale); scale == 0 {
+			return nil, cli.Usagef("-loss-scale %v is 0 in float32", o.lossScale)
+		}
+	}
+	h.scaler = nn.NewLossScaler(scale, o.scaleInterval)
+	for _, v := range []interface{ Validate() error }{opt, h.train, h.scaler} {
+		err := v.Validate()
+		if err == nil {
+			continue
+		}
+		var oe *nn.OptionError
+		if errors.As(err, &oe) {
+			if name, ok := optionFlags[oe.Option]; ok {
+				value := oe.Value
+				if name == "loss-scale" {
+					value = o.lossScale // as given, not as a float32
+				}
+				return nil, cli.Usagef("-%s %v must be %s", name, value, oe.Range)
+			}
+		}
+		return nil, cli.UsageError{Err: err}
+	}
+	return h, nil
 }
 
 // parseIDs reads "1,2,3".
@@ -213,13 +271,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
+	// F16 weights get a loss scale unless -loss-scale sets one.
+	defaultScale := float32(1)
+	if params.Tensor(nn.EmbedName).DType() == tensor.F16 {
+		defaultScale = 65536
+	}
+	h, err := o.hyperparameters(defaultScale)
+	if err != nil {
+		return err
+	}
 	backend, err := cli.OpenBackend(o.device, o.threads)
 	if err != nil {
 		return err
 	}
 	defer cli.CloseBackend(backend)
 	maxT := max(len(gradIDs)-1, min(o.seqLen, len(tokens)-1))
-	r, err := newRunner(o, cfg, params, backend, maxT)
+	r, err := newRunner(o, h.train, cfg, params, backend, maxT)
 	if err != nil {
 		return err
 	}
@@ -248,7 +315,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return nil
 	}
 
-	if err := train(ctx, o, r, params, tokens, stdout, stderr); err != nil {
+	if err := train(ctx, o, h, r, params, tokens, stdout, stderr); err != nil {
 		return err
 	}
 	if o.save != "" {
@@ -261,23 +328,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 }
 
 // train runs the training loop, printing each step's loss.
-func train(ctx context.Context, o *options, r *runner, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
-	var opt nn.Optimizer
-	if o.optimizer == "sgd" {
-		opt = &nn.SGD{LR: o.lr, Momentum: o.momentum, WeightDecay: o.weightDecay}
-	} else {
-		a := nn.NewAdamW(o.lr)
-		a.WeightDecay = o.weightDecay
-		opt = a
-	}
-	scale := float32(o.lossScale)
-	if scale == 0 {
-		scale = 1
-		if params.Tensor(nn.EmbedName).DType() == tensor.F16 {
-			scale = 65536
-		}
-	}
-	scaler := nn.NewLossScaler(scale, o.scaleInterval)
+func train(ctx context.Context, o *options, h *hyper, r *runner, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
+	opt, scaler := h.opt, h.scaler
 	wins := windows(tokens, o.seqLen)
 	bar := newProgress(stderr, o.quiet)
 	var first, last float64
@@ -339,9 +391,8 @@ type runner struct {
 // stepWeights serves the current step's pager.
 type stepWeights struct{ nn.PagedWeights }
 
-func newRunner(o *options, cfg nn.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
+func newRunner(o *options, opts nn.TrainOptions, cfg nn.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
 	r := &runner{cfg: cfg, params: params, backend: b}
-	opts := nn.TrainOptions{Segments: o.segments, MaxGradNorm: o.maxGradNorm}
 	_, onHost := b.(*tensor.CPU)
 	if o.gpuLimit == "" && onHost {
 		m, err := nn.New(cfg, b, nil, params)
