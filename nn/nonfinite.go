@@ -28,10 +28,25 @@ type NonFiniteError struct {
 	Value float32 // the first such value: NaN, +Inf or -Inf
 }
 
-func (e *NonFiniteError) Error() string {
-	return fmt.Sprintf("nn: non-finite values (%v) first appear in the output of %s (layer %d) at position %d",
+func (e *NonFiniteError) Error() string { return "nn: " + e.where() }
+
+func (e *NonFiniteError) where() string {
+	return fmt.Sprintf("non-finite values (%v) first appear in the output of %s (layer %d) at position %d",
 		e.Value, e.Name, e.Layer, e.Pos)
 }
+
+// lossError is a training step's non-finite loss, with where the forward
+// first produced a non-finite value.
+type lossError struct {
+	loss float64
+	*NonFiniteError
+}
+
+func (e *lossError) Error() string {
+	return fmt.Sprintf("nn: train: the loss is %v: %s", e.loss, e.where())
+}
+
+func (e *lossError) Unwrap() error { return e.NonFiniteError }
 
 func (e *NonFiniteError) Unwrap() error { return ErrNonFinite }
 

@@ -192,9 +192,14 @@ func NextToken(ids []int32) (inputs, targets []int32) {
 // target leaves the position out), then adds the gradient of lossScale times
 // that loss with respect to every weight into grads, allocating the entries
 // it lacks. With tied embeddings both uses of the table add into one entry.
-// lossScale 0 means 1.
+// lossScale 0 means 1. A loss that is not finite is an error as in Step
+// (grads then hold the pass's non-finite gradients).
 func (tr *Trainer) LossAndGrads(ctx context.Context, inputs, targets []int32, grads Grads, lossScale float32) (StepStats, error) {
-	return tr.lossAndGrads(ctx, inputs, targets, grads, lossScale, false)
+	st, err := tr.lossAndGrads(ctx, inputs, targets, grads, lossScale, false)
+	if err == nil && (math.IsNaN(st.Loss) || math.IsInf(st.Loss, 0)) {
+		err = tr.nonFiniteLoss(ctx, inputs, st.Loss)
+	}
+	return st, err
 }
 
 // lossAndGrads is LossAndGrads; with overwrite, grads are set rather than
@@ -265,7 +270,10 @@ type StepResult struct {
 // gradients of the loss over inputs and targets, scaled by scaler (nil for
 // no scaling), unscaled, clipped to MaxGradNorm, and opt's update of p. With
 // a scaler, gradients holding an infinity or a NaN skip the update and
-// reduce the scale; without one they are an error. An update that leaves
+// reduce the scale; without one they are an error. A loss that is not
+// finite (the forward overflowed, which no scale changes) is an error
+// wrapping ErrNonFinite, a *NonFiniteError naming the first layer that
+// produced a NaN or an infinity when one can be found. An update that leaves
 // a NaN or an infinity in a weight (finite gradients can push an F16 weight
 // past its range) is an error wrapping ErrNonFinite naming the weight: p
 // holds that update, and training cannot go on from it.
@@ -287,6 +295,11 @@ func (tr *Trainer) Step(ctx context.Context, inputs, targets []int32, p *Params,
 	res := StepResult{StepStats: st, Scale: scale}
 	if err != nil {
 		return res, err
+	}
+	if math.IsNaN(st.Loss) || math.IsInf(st.Loss, 0) {
+		// The loss is computed before any scaling: the forward itself
+		// overflowed, and no loss scale will change that.
+		return res, tr.nonFiniteLoss(ctx, inputs, st.Loss)
 	}
 	// One pass for the norm, which is finite exactly when every gradient
 	// is (a float64 sum of float32 squares cannot overflow), and one to
@@ -313,6 +326,25 @@ func (tr *Trainer) Step(ctx context.Context, inputs, targets []int32, p *Params,
 		return res, err
 	}
 	return res, nil
+}
+
+// nonFiniteLoss is the error of a step whose loss is not finite: it runs
+// the inference forward, whose activations are the trainer's bit for bit,
+// over inputs to name the first layer that produced a NaN or an infinity
+// (falling back to the loss alone when that forward cannot run).
+func (tr *Trainer) nonFiniteLoss(ctx context.Context, inputs []int32, loss float64) error {
+	err := fmt.Errorf("nn: train: the loss is %v: the forward pass produced %w", loss, ErrNonFinite)
+	s, serr := tr.m.NewSession(len(inputs), len(inputs))
+	if serr != nil {
+		return err
+	}
+	defer s.Close()
+	_, ferr := s.Forward(ctx, inputs, true, nil)
+	var ne *NonFiniteError
+	if !errors.As(ferr, &ne) {
+		return err
+	}
+	return &lossError{loss, ne}
 }
 
 // Grads returns the gradients of the last Step (unscaled and clipped), nil

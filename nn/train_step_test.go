@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/loader"
@@ -110,10 +111,13 @@ func TestTrainStepLossFalls(t *testing.T) {
 	}
 }
 
-// TestTrainStepOverflowSkips runs a step whose gradients are not finite (an
-// F16 weight overflowed to infinity, as it can in mixed precision): the
-// update is skipped, no weight changes and the scale is halved. Without a
-// scaler the step is an error.
+// TestTrainStepOverflowSkips runs a step whose scaled gradients overflow
+// float32 (a loss scale of 2¹²⁷ and gradients above 2, the loss itself
+// finite): the update is
+// skipped, no weight changes and the scale is halved. A step whose loss is
+// not finite (an F16 weight overflowed to infinity) is an error naming the
+// block that produced it, with or without a scaler: no scale fixes the
+// forward.
 func TestTrainStepOverflowSkips(t *testing.T) {
 	p, m, _ := fixtureParams(t)
 	inputs, targets := NextToken(referenceIDs(t, fixtures.Dir(fixtures.TinyLlamaF16Sharded)))
@@ -121,31 +125,46 @@ func TestTrainStepOverflowSkips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := "model.layers.1.mlp.up_proj.weight"
-	p.Master(name)[5] = 1e6 // beyond F16's range: the working copy is +Inf
-	p.Sync(name)
-	if v := tensor.F16ToF32One(p.Tensor(name).U16()[5]); !math.IsInf(float64(v), 1) {
-		t.Fatalf("working copy %v, want +Inf", v)
+	// A final norm of 1000 makes the LM head's gradient about 1000 times
+	// larger, the logits still far from overflowing.
+	for i := range p.Master(NormName) {
+		p.Master(NormName)[i] = 1000
 	}
+	p.Sync(NormName)
 	before := map[string][]byte{}
 	for _, n := range p.Names() {
 		before[n] = append([]byte(nil), p.Tensor(n).Bytes()...)
 	}
-	scaler := NewLossScaler(1024, 100)
+	const big = float32(1 << 127)
+	scaler := NewLossScaler(big, 100)
 	r, err := tr.Step(context.Background(), inputs, targets, p, &SGD{LR: 0.1}, scaler)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.Skipped || scaler.Scale != 512 || scaler.Skipped() != 1 {
-		t.Fatalf("skipped %v, scale %v: want a skipped step and the scale halved to 512", r.Skipped, scaler.Scale)
+	if !r.Skipped || scaler.Scale != big/2 || scaler.Skipped() != 1 || math.IsNaN(r.Loss) || math.IsInf(r.Loss, 0) {
+		t.Fatalf("skipped %v, scale %v, loss %v: want a skipped step of finite loss and the scale halved", r.Skipped, scaler.Scale, r.Loss)
 	}
 	for _, n := range p.Names() {
 		if string(before[n]) != string(p.Tensor(n).Bytes()) {
 			t.Fatalf("%s changed in a skipped step", n)
 		}
 	}
-	if _, err := tr.Step(context.Background(), inputs, targets, p, &SGD{LR: 0.1}, nil); err == nil {
-		t.Error("a step with non-finite gradients and no scaler succeeded")
+
+	name := "model.layers.1.mlp.up_proj.weight"
+	p.Master(name)[5] = 1e6 // beyond F16's range: the working copy is +Inf
+	p.Sync(name)
+	if v := tensor.F16ToF32One(p.Tensor(name).U16()[5]); !math.IsInf(float64(v), 1) {
+		t.Fatalf("working copy %v, want +Inf", v)
+	}
+	for _, sc := range []*LossScaler{NewLossScaler(1024, 100), nil} {
+		_, err := tr.Step(context.Background(), inputs, targets, p, &SGD{LR: 0.1}, sc)
+		var ne *NonFiniteError
+		if !errors.As(err, &ne) || ne.Layer != 2 || !strings.Contains(err.Error(), "loss is NaN") {
+			t.Errorf("scaler %v: %v, want the loss's error naming block 1", sc != nil, err)
+		}
+		if sc != nil && sc.Skipped() != 0 {
+			t.Error("a non-finite loss counted as a skipped step")
+		}
 	}
 	if _, err := tr.LossAndGrads(context.Background(), inputs, targets, Grads{}, float32(math.Inf(1))); err == nil {
 		t.Error("an infinite loss scale was accepted")
