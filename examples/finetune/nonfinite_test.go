@@ -9,6 +9,7 @@ import (
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/fixturetest"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // TestFinetuneHyperparameterFlags: every float flag refuses NaN, both
@@ -99,5 +100,34 @@ func TestFinetuneNonFiniteWeights(t *testing.T) {
 		if _, err := os.Stat(save); !os.IsNotExist(err) {
 			t.Errorf("%s: -save directory exists (%v)", c.fixture, err)
 		}
+	}
+}
+
+// TestFinetuneOverflow: finite weights whose forward overflows float32
+// (block 2's MLP norm scaled by 1e30, stored in BF16) stop training at the
+// first step, naming the block, instead of skipping every step and saving;
+// F16 weights that an update pushes past F16's range are refused by nn's
+// tests (TestTrainStepNonFiniteWeights).
+func TestFinetuneOverflow(t *testing.T) {
+	dir := fixturetest.Copy(t, fixtures.TinyLlamaBF16)
+	fixturetest.Replace(t, dir, "model.layers.2.post_attention_layernorm.weight", tensor.BF16,
+		func(_ int, v float32) float32 { return v * 1e30 })
+	save := filepath.Join(t.TempDir(), "out")
+	_, _, err := runArgs(t, "-model", dir, "-data", writeData(t), "-steps", "3", "-seq-len", "8", "-quiet", "-save", save)
+	const want = "step 1: nn: train: the loss is NaN: non-finite values (NaN) first appear in the output of block 2 (layer 3) at position 0"
+	if err == nil || cli.IsUsage(err) || err.Error() != want {
+		t.Fatalf("error %v, want %q", err, want)
+	}
+	if _, err := os.Stat(save); !os.IsNotExist(err) {
+		t.Errorf("-save directory exists (%v)", err)
+	}
+	// -grads-out writes no gradients of a non-finite loss.
+	out := filepath.Join(t.TempDir(), "grads.safetensors")
+	_, _, err = runArgs(t, "-model", dir, "-grads-out", out, "-ids", "1,42,71,345")
+	if err == nil || !strings.Contains(err.Error(), "block 2 (layer 3)") {
+		t.Errorf("-grads-out: %v", err)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("-grads-out wrote %s (%v)", out, err)
 	}
 }
