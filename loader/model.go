@@ -84,6 +84,8 @@ type Model struct {
 	extras  []string
 	bytes   int64
 
+	checked sync.Map // *TensorInfo -> struct{}: read whole and found finite
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -377,13 +379,22 @@ func (m *Model) fileOf(t *TensorInfo) (*File, error) {
 // the tensor and the first such element. The check runs on each piece as
 // it is read, eight bytes at a time, at over 20 GB/s on one core
 // (BenchmarkReadChecked): a third more time than a read from the page
-// cache, far less than a read from disk.
+// cache, far less than a read from disk. A tensor is checked on its first
+// whole read only: a pager that reads the same layer from the page cache
+// for every token (the aggressive strategy) pays for the check once.
 func (m *Model) ReadInto(ctx context.Context, t *TensorInfo, dst []byte) error {
 	f, err := m.fileOf(t)
 	if err != nil {
 		return err
 	}
-	return f.readInto(ctx, t, dst, true)
+	_, done := m.checked.Load(t)
+	if err := f.readInto(ctx, t, dst, !done); err != nil {
+		return err
+	}
+	if !done {
+		m.checked.Store(t, struct{}{})
+	}
+	return nil
 }
 
 // ReadRange reads len(dst) bytes of t starting off bytes into the tensor

@@ -173,3 +173,37 @@ func TestReadNonFiniteF32Weight(t *testing.T) {
 		t.Fatalf("%v, want element 5 of an F32 tensor, -Inf", err)
 	}
 }
+
+// TestReadCheckedOnce: a tensor read whole and found finite is not checked
+// again, so a pager re-reading a layer every token pays for the check once.
+// The test changes the file under the open model: the second read returns
+// the new bytes unchecked.
+func TestReadCheckedOnce(t *testing.T) {
+	const name = "model.layers.1.mlp.up_proj.weight"
+	dir := fixturetest.Copy(t, fixtures.TinyLlamaBF16)
+	m, err := loader.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	if _, err := m.ReadTensor(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	fixturetest.SetBits(t, dir, name, 5, 0x7fc0)
+	got, err := m.ReadTensor(ctx, name)
+	if err != nil {
+		t.Fatalf("second read checked again: %v", err)
+	}
+	if got.U16()[5] != 0x7fc0 {
+		t.Skip("the file was replaced, not rewritten in place: the open model does not see the change")
+	}
+	m2, err := loader.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if _, err := m2.ReadTensor(ctx, name); !errors.Is(err, loader.ErrNonFinite) {
+		t.Fatalf("a fresh model's first read: %v, want ErrNonFinite", err)
+	}
+}
