@@ -7,6 +7,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/internal/oneline"
 )
 
@@ -23,6 +24,9 @@ var (
 	ErrMismatch = errors.New("tensors do not match the config")
 	// ErrClosed: the model or file was closed.
 	ErrClosed = errors.New("closed")
+	// ErrNotRegular: a file of the model is not a regular file (a named
+	// pipe, a device, a directory); it is refused before it is opened.
+	ErrNotRegular = infile.ErrNotRegular
 )
 
 // fileError names the file (and tensor, if any) a problem was found in.

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -306,7 +307,7 @@ func checkTokenizer(dir string, vocab int) ([]string, error) {
 		return nil, fmt.Errorf("loader: synthesize: no %s or tokenizer.model in %s", TokenizerFile, dir)
 	}
 	path := filepath.Join(dir, TokenizerFile)
-	data, err := os.ReadFile(path)
+	data, err := infile.ReadFile(context.Background(), path)
 	if errors.Is(err, os.ErrNotExist) {
 		return have, nil
 	}
@@ -344,7 +345,7 @@ func checkTokenizer(dir string, vocab int) ([]string, error) {
 }
 
 func copyFile(src, dst string) error {
-	data, err := os.ReadFile(src)
+	data, err := infile.ReadFile(context.Background(), src)
 	if err != nil {
 		return fmt.Errorf("loader: synthesize: %w", err)
 	}
