@@ -252,7 +252,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return err
 	}
 	if o.save != "" {
-		if err := params.Save(ctx, o.save, dir, 4<<30); err != nil {
+		if err := params.Save(ctx, o.save, lm, 4<<30); err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "saved the fine-tuned model to %s\n", o.save)
