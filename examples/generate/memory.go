@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 
 	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -297,15 +297,10 @@ func (e *engine) close() error {
 }
 
 func writeSnapshot(path string, bud *paging.Budget) error {
-	f, err := os.Create(path)
-	if err != nil {
+	if err := atomicfile.Write(path, bud.WriteSnapshot); err != nil {
 		return fmt.Errorf("-memory-snapshot: %w", err)
 	}
-	if err := bud.WriteSnapshot(f); err != nil {
-		f.Close()
-		return fmt.Errorf("-memory-snapshot: %w", err)
-	}
-	return f.Close()
+	return nil
 }
 
 func isCUDA(b tensor.Backend) bool { return len(b.Name()) >= 4 && b.Name()[:4] == "cuda" }
