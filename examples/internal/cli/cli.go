@@ -197,34 +197,3 @@ func Parse(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	}
 	return nil
 }
-
-// ModelDir returns dir after checking it is a directory, or, when dir is
-// empty, a temporary copy of the embedded fixture; cleanup removes the copy.
-func ModelDir(dir, fixture string) (path string, cleanup func(), err error) {
-	cleanup = func() {}
-	if dir != "" {
-		st, err := os.Stat(dir)
-		if err != nil {
-			var pe *os.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err // the path is in the message already
-			}
-			return "", cleanup, fmt.Errorf("model directory %s: %w", dir, err)
-		}
-		if !st.IsDir() {
-			return "", cleanup, fmt.Errorf("model directory %s: not a directory", dir)
-		}
-		return dir, cleanup, nil
-	}
-	tmp, err := os.MkdirTemp("", "strata-model-")
-	if err != nil {
-		return "", cleanup, err
-	}
-	cleanup = func() { os.RemoveAll(tmp) }
-	path, err = fixtures.Extract(fixture, tmp)
-	if err != nil {
-		cleanup()
-		return "", func() {}, err
-	}
-	return path, cleanup, nil
-}
