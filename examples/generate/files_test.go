@@ -92,18 +92,22 @@ func TestOutputIsInput(t *testing.T) {
 	}
 }
 
-// TestModelFileNotRegular: a model file that is a named pipe is refused at
-// once, in one line naming it.
+// TestModelFileNotRegular: a model file or -config file that is a named
+// pipe is refused at once, in one line naming it.
 func TestModelFileNotRegular(t *testing.T) {
-	for _, name := range []string{"model.safetensors", "config.json", "tokenizer.json"} {
+	for _, name := range []string{"model.safetensors", "config.json", "tokenizer.json", "strata.yaml"} {
 		t.Run(name, func(t *testing.T) {
 			model := modelCopy(t)
 			p := filepath.Join(model, name)
 			os.Remove(p)
 			filetest.Mkfifo(t, p)
+			args := []string{"-model", model, "-prompt", "Hi", "-max-new-tokens", "1", "-quiet"}
+			if name == "strata.yaml" {
+				args = append(args, "-config", p)
+			}
 			done := make(chan error, 1)
 			go func() {
-				_, _, err := runArgs(t, "-model", model, "-prompt", "Hi", "-max-new-tokens", "1", "-quiet")
+				_, _, err := runArgs(t, args...)
 				done <- err
 			}()
 			select {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -34,6 +35,9 @@ type memory struct {
 func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memory, error) {
 	var fc paging.MemoryConfig
 	if o.configFile != "" {
+		if _, err := infile.Check(o.configFile); err != nil { // a named pipe would block the read
+			return nil, cli.Usagef("-config: %v", err)
+		}
 		f, err := paging.LoadConfigFile(o.configFile)
 		if err != nil {
 			return nil, cli.UsageError{Err: err}
