@@ -336,7 +336,7 @@ func TestOpenSafetensorsErrors(t *testing.T) {
 	if _, err := OpenSafetensors(filepath.Join(dir, "none.safetensors")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing file: %v", err)
 	}
-	if _, err := OpenSafetensors(dir); !errors.Is(err, ErrFormat) {
+	if _, err := OpenSafetensors(dir); !errors.Is(err, ErrNotRegular) {
 		t.Errorf("directory: %v", err)
 	}
 	// An empty header and an empty data region are a valid, empty file.

@@ -7,7 +7,10 @@
 // (lengths, JSON, dtypes, shapes against byte spans, spans inside the file
 // and not overlapping, index entries against the shards), and every tensor
 // the architecture needs is checked against the config. Tensor bytes are
-// read on demand by byte range, concurrently if the caller likes.
+// read on demand by byte range, concurrently if the caller likes. A model
+// file that is not a regular file (a named pipe, a device) is refused
+// before it is opened. OpenFS opens a model inside an fs.FS (an embedded
+// one) and reads it in place.
 //
 // The tensors are grouped into the layers the runtime pages: layer 0 is the
 // embedding, layers 1..L the decoder blocks (model.layers.i.* in layer
@@ -30,4 +33,8 @@
 //
 //	cfg, _ := loader.Preset("llama2-7b")
 //	err := loader.Synthesize(ctx, dir, cfg, loader.SynthOptions{Seed: 1, MaxShardBytes: 2e9})
+//
+// Every file is written under a fresh temporary name and renamed into
+// place when complete; a model directory is written as a whole
+// (ReplaceModelDir), so a failure leaves the model that was there intact.
 package loader

@@ -8,6 +8,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/internal/oneline"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -28,6 +29,9 @@ var (
 	// ErrNonFinite: a weight read through a Model holds a NaN or an
 	// infinity. The error is a *NonFiniteError.
 	ErrNonFinite = errors.New("non-finite weight")
+	// ErrNotRegular: a file of the model is not a regular file (a named
+	// pipe, a device, a directory); it is refused before it is opened.
+	ErrNotRegular = infile.ErrNotRegular
 )
 
 // fileError names the file (and tensor, if any) a problem was found in.

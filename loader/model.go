@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -16,6 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -74,9 +77,13 @@ func (l Layer) String() string {
 // layers. Opening reads only the headers; tensor bytes are read on demand.
 // A Model is safe for concurrent use.
 type Model struct {
+	// Dir is the model directory: a path of the OS, or for a model opened
+	// by OpenFS, the directory in its file system.
 	Dir    string
 	Config *Config
 
+	src     source
+	indexed bool             // the weights are listed by an index
 	files   map[string]*File // by base name
 	names   []string         // weight file base names, sorted
 	tensors map[string]*TensorInfo
@@ -95,10 +102,24 @@ type Model struct {
 // both exist). It validates every header and checks that each tensor the
 // architecture needs is present with the shape the config implies. Tensors
 // it does not need (a rotary inv_freq, say) are ignored and listed by
-// Extras.
-func Open(dir string) (*Model, error) {
-	cfgPath := filepath.Join(dir, ConfigFile)
-	data, err := os.ReadFile(cfgPath)
+// Extras. A file that is not a regular file (a named pipe, a device) is
+// refused before it is opened.
+func Open(dir string) (*Model, error) { return open(source{dir: dir}) }
+
+// OpenFS is Open for the model in directory dir of fsys (an embedded
+// model: "." for the root). Its weight files are read in place, through
+// ReadAt when fsys's files have it (embed.FS's do), else from a copy in
+// memory.
+func OpenFS(fsys fs.FS, dir string) (*Model, error) {
+	if !fs.ValidPath(dir) {
+		return nil, fmt.Errorf("loader: %q is not a directory name in the file system", dir)
+	}
+	return open(source{dir: dir, fsys: fsys})
+}
+
+func open(src source) (*Model, error) {
+	cfgPath := src.path(ConfigFile)
+	data, err := src.readFile(ConfigFile)
 	if err != nil {
 		return nil, fmt.Errorf("loader: %w", err)
 	}
@@ -110,7 +131,7 @@ func Open(dir string) (*Model, error) {
 		}
 		return nil, err
 	}
-	m := &Model{Dir: dir, Config: cfg, files: map[string]*File{}, tensors: map[string]*TensorInfo{}}
+	m := &Model{Dir: src.dir, Config: cfg, src: src, files: map[string]*File{}, tensors: map[string]*TensorInfo{}}
 	if err := m.openWeights(); err != nil {
 		m.Close()
 		return nil, err
@@ -124,18 +145,17 @@ func Open(dir string) (*Model, error) {
 
 // openWeights opens the weight files and builds the tensor table.
 func (m *Model) openWeights() error {
-	single := filepath.Join(m.Dir, SingleFile)
-	indexPath := filepath.Join(m.Dir, IndexFile)
+	indexPath := m.src.path(IndexFile)
 	var weightMap map[string]string
 	switch {
-	case fileExists(single):
+	case m.src.exists(SingleFile):
 		m.names = []string{SingleFile}
-	case fileExists(indexPath):
-		wm, names, err := readIndex(m.Dir, indexPath)
+	case m.src.exists(IndexFile):
+		wm, names, err := readIndex(m.src)
 		if err != nil {
 			return err
 		}
-		weightMap, m.names = wm, names
+		weightMap, m.names, m.indexed = wm, names, true
 	default:
 		return &fileError{file: m.Dir, kind: fs.ErrNotExist, msg: "no " + SingleFile + " or " + IndexFile}
 	}
@@ -145,7 +165,7 @@ func (m *Model) openWeights() error {
 	g.SetLimit(8)
 	for i, name := range m.names {
 		g.Go(func() error {
-			f, err := OpenSafetensors(filepath.Join(m.Dir, name))
+			f, err := m.src.openSafetensors(name)
 			opened[i] = f
 			return err
 		})
@@ -163,7 +183,7 @@ func (m *Model) openWeights() error {
 	for _, name := range m.names {
 		for _, t := range m.files[name].tensors {
 			if prev, dup := m.tensors[t.Name]; dup {
-				return &fileError{file: filepath.Join(m.Dir, name), tensor: t.Name, kind: ErrFormat,
+				return &fileError{file: m.src.path(name), tensor: t.Name, kind: ErrFormat,
 					msg: "also stored in " + prev.File}
 			}
 			m.tensors[t.Name] = t
@@ -190,16 +210,129 @@ func fileExists(path string) bool {
 	return err == nil && !st.IsDir()
 }
 
+// source is where a model's files are read from: a directory of the OS,
+// or a directory of an fs.FS.
+type source struct {
+	dir  string
+	fsys fs.FS // nil: the OS
+}
+
+// path names a file of the model in messages (and, for the OS, to open).
+func (s source) path(name string) string {
+	if s.fsys != nil {
+		return path.Join(s.dir, name)
+	}
+	return filepath.Join(s.dir, name)
+}
+
+func (s source) stat(name string) (fs.FileInfo, error) {
+	if s.fsys != nil {
+		return fs.Stat(s.fsys, s.path(name))
+	}
+	return os.Stat(s.path(name))
+}
+
+// exists reports whether name is there, in any form: what is not a
+// regular file is refused when it is opened.
+func (s source) exists(name string) bool {
+	_, err := s.stat(name)
+	return err == nil
+}
+
+// readFile reads a regular file of the model.
+func (s source) readFile(name string) ([]byte, error) {
+	if s.fsys != nil {
+		data, err := infile.ReadFileFS(s.fsys, s.path(name))
+		if err != nil {
+			return nil, err
+		}
+		return data, nil
+	}
+	return infile.ReadFile(context.Background(), s.path(name))
+}
+
+// openSafetensors opens a weight file of the model.
+func (s source) openSafetensors(name string) (*File, error) {
+	if s.fsys == nil {
+		return OpenSafetensors(s.path(name))
+	}
+	p := s.path(name)
+	st, err := fs.Stat(s.fsys, p)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	if err := infile.CheckMode(p, st.Mode()); err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	f, err := s.fsys.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("loader: %w", err)
+	}
+	r, ok := f.(readerAtCloser)
+	if !ok {
+		data, err := io.ReadAll(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("loader: %s: %w", p, err)
+		}
+		r = bytesFile{bytes.NewReader(data)}
+	}
+	return newFile(p, r, st.Size())
+}
+
+// bytesFile serves a weight file copied into memory.
+type bytesFile struct{ *bytes.Reader }
+
+func (bytesFile) Close() error { return nil }
+
+// FS returns the model directory as a file system, for the files beside
+// the weights (the tokenizer, say).
+func (m *Model) FS() fs.FS {
+	if m.src.fsys == nil {
+		return os.DirFS(m.Dir)
+	}
+	sub, err := fs.Sub(m.src.fsys, m.Dir)
+	if err != nil { // m.Dir was checked by OpenFS
+		panic(err)
+	}
+	return sub
+}
+
+// InputFiles lists the paths of the files a run of this model reads: the
+// config, the index and the weight files, and the tokenizer and generation
+// files that are present. A command checks its outputs against them
+// (atomicfile.CheckNotInput). A model opened by OpenFS has none on disk:
+// InputFiles returns nil.
+func (m *Model) InputFiles() []string {
+	if m.src.fsys != nil {
+		return nil
+	}
+	out := []string{m.src.path(ConfigFile)}
+	if m.indexed {
+		out = append(out, m.src.path(IndexFile))
+	}
+	for _, n := range m.names {
+		out = append(out, m.src.path(n))
+	}
+	for _, n := range ModelFiles[1:] {
+		if m.src.exists(n) {
+			out = append(out, m.src.path(n))
+		}
+	}
+	return out
+}
+
 type indexJSON struct {
 	Metadata  map[string]any    `json:"metadata"`
 	WeightMap map[string]string `json:"weight_map"`
 }
 
 // readIndex parses model.safetensors.index.json and checks that every shard
-// it names is a plain file in dir. It returns the weight map and the sorted
-// shard names.
-func readIndex(dir, path string) (map[string]string, []string, error) {
-	data, err := os.ReadFile(path)
+// it names is a file in the model directory. It returns the weight map and
+// the sorted shard names.
+func readIndex(src source) (map[string]string, []string, error) {
+	path := src.path(IndexFile)
+	data, err := src.readFile(IndexFile)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loader: %w", err)
 	}
@@ -224,8 +357,12 @@ func readIndex(dir, path string) (map[string]string, []string, error) {
 		if shard == "" || shard != filepath.Base(shard) || shard == "." || shard == ".." || strings.ContainsAny(shard, `/\`) {
 			return nil, nil, &fileError{file: path, tensor: n, kind: ErrFormat, msg: fmt.Sprintf("shard name %q is not a file name in the model directory", shard)}
 		}
-		if !fileExists(filepath.Join(dir, shard)) {
+		st, err := src.stat(shard)
+		if err != nil {
 			return nil, nil, &fileError{file: path, tensor: n, kind: ErrFormat, msg: fmt.Sprintf("shard %s does not exist", shard)}
+		}
+		if !st.Mode().IsRegular() {
+			return nil, nil, &fileError{file: src.path(shard), kind: ErrNotRegular, msg: fmt.Sprintf("%v (%s)", ErrNotRegular, infile.Describe(st.Mode()))}
 		}
 		shards[shard] = true
 	}
@@ -265,12 +402,12 @@ func (m *Model) group() error {
 				continue
 			}
 			if !t.Shape.Equal(spec.Shape) {
-				problems = append(problems, &fileError{file: filepath.Join(m.Dir, t.File), tensor: t.Name, kind: ErrMismatch,
+				problems = append(problems, &fileError{file: m.src.path(t.File), tensor: t.Name, kind: ErrMismatch,
 					msg: fmt.Sprintf("has shape %v, the config needs %v", t.Shape, spec.Shape)})
 				continue
 			}
 			if !t.DType.IsFloat() {
-				problems = append(problems, &fileError{file: filepath.Join(m.Dir, t.File), tensor: t.Name, kind: ErrMismatch,
+				problems = append(problems, &fileError{file: m.src.path(t.File), tensor: t.Name, kind: ErrMismatch,
 					msg: fmt.Sprintf("has dtype %v, want a float type", t.DType)})
 				continue
 			}
@@ -414,7 +551,7 @@ func (m *Model) Section(t *TensorInfo) (*io.SectionReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	return io.NewSectionReader(f.f, t.Offset, t.Size), nil
+	return io.NewSectionReader(f.r, t.Offset, t.Size), nil
 }
 
 // ReadTensor reads the named tensor into a new host tensor of its stored

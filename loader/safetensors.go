@@ -9,11 +9,12 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -50,7 +51,7 @@ type File struct {
 
 	tensors []*TensorInfo // by offset
 	byName  map[string]*TensorInfo
-	f       *os.File
+	r       readerAtCloser
 	size    int64
 
 	closeOnce sync.Once
@@ -58,12 +59,24 @@ type File struct {
 	closed    chan struct{}
 }
 
+// readerAtCloser is what a File reads through: an *os.File, or a file of
+// an fs.FS that has ReadAt (embed.FS's).
+type readerAtCloser interface {
+	io.ReaderAt
+	io.Closer
+}
+
 // OpenSafetensors opens a safetensors file and validates its header: the
 // header length, the JSON, every tensor's dtype and shape against its byte
-// span, and that the spans lie inside the file without overlapping.
+// span, and that the spans lie inside the file without overlapping. A path
+// that is not a regular file (a named pipe, a device, a directory) is
+// refused before it is opened.
 func OpenSafetensors(path string) (*File, error) {
-	f, err := os.Open(path)
+	f, err := infile.Open(path)
 	if err != nil {
+		if errors.Is(err, infile.ErrNotRegular) {
+			return nil, &fileError{file: path, kind: ErrNotRegular, msg: strings.TrimPrefix(err.Error(), path+": ")}
+		}
 		return nil, fmt.Errorf("loader: %w", err)
 	}
 	st, err := f.Stat()
@@ -71,17 +84,19 @@ func OpenSafetensors(path string) (*File, error) {
 		f.Close()
 		return nil, fmt.Errorf("loader: %w", err)
 	}
-	if st.IsDir() {
-		f.Close()
-		return nil, &fileError{file: path, kind: ErrFormat, msg: "is a directory"}
-	}
-	tensors, meta, err := ReadHeader(f, st.Size(), path)
+	return newFile(path, f, st.Size())
+}
+
+// newFile validates the header of the safetensors file r of size bytes;
+// it closes r when that fails.
+func newFile(path string, r readerAtCloser, size int64) (*File, error) {
+	tensors, meta, err := ReadHeader(r, size, path)
 	if err != nil {
-		f.Close()
+		r.Close()
 		return nil, err
 	}
 	sf := &File{Path: path, Metadata: meta, tensors: tensors, byName: make(map[string]*TensorInfo, len(tensors)),
-		f: f, size: st.Size(), closed: make(chan struct{})}
+		r: r, size: size, closed: make(chan struct{})}
 	for _, t := range tensors {
 		sf.byName[t.Name] = t
 	}
@@ -302,7 +317,7 @@ func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []by
 		// Pieces after the first start on an element of the tensor, so
 		// that the check below sees every element the range holds whole.
 		n := min(readPiece-int((off+int64(done))%size), len(dst)-done)
-		if _, err := f.f.ReadAt(dst[done:done+n], t.Offset+off+int64(done)); err != nil {
+		if _, err := f.r.ReadAt(dst[done:done+n], t.Offset+off+int64(done)); err != nil {
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
@@ -367,7 +382,7 @@ func (f *File) ReadTensor(ctx context.Context, name string) (*tensor.Tensor, err
 func (f *File) Close() error {
 	f.closeOnce.Do(func() {
 		close(f.closed)
-		f.closeErr = f.f.Close()
+		f.closeErr = f.r.Close()
 	})
 	return f.closeErr
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -40,8 +42,11 @@ type SynthOptions struct {
 
 // Synthesize writes a random-weight model of shape cfg into dir:
 // config.json, generation_config.json, the weights (sharded as opts says)
-// and optionally a tokenizer. Weight files of an earlier model in dir are
-// removed first. Open accepts the result.
+// and optionally a tokenizer. The model is written as a whole through
+// ReplaceModelDir: a model already in dir is replaced only once the new one
+// is complete, a failure (a full disk, a cancelled ctx) leaves dir as it
+// was, and dir may hold nothing but a model's files. Open accepts the
+// result.
 //
 // The weights are uniform random values chosen so that activations keep a
 // sane scale through any number of layers: projections have standard
@@ -75,13 +80,16 @@ func Synthesize(ctx context.Context, dir string, cfg *Config, opts SynthOptions)
 			return err
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("loader: synthesize: %w", err)
-	}
-	if err := removeWeights(dir); err != nil {
-		return err
-	}
+	return ReplaceModelDir(dir, func(tmp string) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return synthesizeInto(ctx, tmp, c, opts, tokFiles)
+	})
+}
 
+// synthesizeInto writes the model into the fresh directory dir.
+func synthesizeInto(ctx context.Context, dir string, c *Config, opts SynthOptions, tokFiles []string) error {
 	w := NewShardedWriter(dir, opts.MaxShardBytes)
 	w.Workers, w.Progress = opts.Workers, opts.Progress
 	tables := map[[2]float32]*levelTable{} // few distinct distributions
@@ -105,8 +113,8 @@ func Synthesize(ctx context.Context, dir string, cfg *Config, opts SynthOptions)
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, ConfigFile), cfgJSON); err != nil {
-		return err
+	if err := atomicfile.WriteFile(filepath.Join(dir, ConfigFile), cfgJSON); err != nil {
+		return fmt.Errorf("loader: synthesize: %w", err)
 	}
 	gen := map[string]any{"_from_model_config": true}
 	if c.BOSTokenID >= 0 {
@@ -120,8 +128,8 @@ func Synthesize(ctx context.Context, dir string, cfg *Config, opts SynthOptions)
 		gen["eos_token_id"] = c.EOSTokenIDs
 	}
 	genJSON, _ := json.MarshalIndent(gen, "", "  ")
-	if err := writeFileAtomic(filepath.Join(dir, "generation_config.json"), append(genJSON, '\n')); err != nil {
-		return err
+	if err := atomicfile.WriteFile(filepath.Join(dir, "generation_config.json"), append(genJSON, '\n')); err != nil {
+		return fmt.Errorf("loader: synthesize: %w", err)
 	}
 	for _, name := range tokFiles {
 		if err := copyFile(filepath.Join(opts.TokenizerFrom, name), filepath.Join(dir, name)); err != nil {
@@ -283,21 +291,6 @@ func (g *uniformGen) put(b []byte, e int64) {
 	}
 }
 
-// removeWeights deletes the weight files a previous model left in dir.
-func removeWeights(dir string) error {
-	old, err := filepath.Glob(filepath.Join(dir, "model-*-of-*.safetensors"))
-	if err != nil {
-		return fmt.Errorf("loader: synthesize: %w", err)
-	}
-	old = append(old, filepath.Join(dir, SingleFile), filepath.Join(dir, IndexFile))
-	for _, p := range old {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("loader: synthesize: %w", err)
-		}
-	}
-	return nil
-}
-
 // Tokenizer files copied by SynthOptions.TokenizerFrom.
 var tokenizerFiles = []string{TokenizerFile, TokenizerConfig, "special_tokens_map.json", "tokenizer.model"}
 
@@ -314,7 +307,7 @@ func checkTokenizer(dir string, vocab int) ([]string, error) {
 		return nil, fmt.Errorf("loader: synthesize: no %s or tokenizer.model in %s", TokenizerFile, dir)
 	}
 	path := filepath.Join(dir, TokenizerFile)
-	data, err := os.ReadFile(path)
+	data, err := infile.ReadFile(context.Background(), path)
 	if errors.Is(err, os.ErrNotExist) {
 		return have, nil
 	}
@@ -352,9 +345,12 @@ func checkTokenizer(dir string, vocab int) ([]string, error) {
 }
 
 func copyFile(src, dst string) error {
-	data, err := os.ReadFile(src)
+	data, err := infile.ReadFile(context.Background(), src)
 	if err != nil {
 		return fmt.Errorf("loader: synthesize: %w", err)
 	}
-	return writeFileAtomic(dst, data)
+	if err := atomicfile.WriteFile(dst, data); err != nil {
+		return fmt.Errorf("loader: synthesize: %w", err)
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -25,7 +26,8 @@ type NamedTensor struct {
 
 // WriteSafetensors writes host tensors to one safetensors file at path, in
 // the order given, with metadata as the header's __metadata__ (nil for
-// none).
+// none). The file is written under a fresh temporary name beside path and
+// renamed over it when complete: a failed write leaves path as it was.
 func WriteSafetensors(path string, tensors []NamedTensor, metadata map[string]string) error {
 	w := &ShardedWriter{Metadata: metadata}
 	for _, nt := range tensors {
@@ -139,8 +141,11 @@ type WriteResult struct {
 }
 
 // Write writes the declared tensors to Dir, replacing files of the same
-// names. Each file is written under a temporary name and renamed when
-// complete; the index is written last.
+// names. Each file is written under a fresh temporary name and renamed
+// when complete, the shards once all are complete and the index last; on
+// any error no temporary file remains. Replacing a sharded model file by
+// file is not atomic as a whole: to replace a model directory, write into
+// the temporary directory of ReplaceModelDir.
 func (w *ShardedWriter) Write(ctx context.Context) (*WriteResult, error) {
 	if len(w.pending) == 0 {
 		return nil, fmt.Errorf("loader: write: no tensors")
@@ -197,8 +202,8 @@ func (w *ShardedWriter) Write(ctx context.Context) (*WriteResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loader: write: index: %w", err)
 	}
-	if err := writeFileAtomic(indexPath, append(idx, '\n')); err != nil {
-		return nil, err
+	if err := atomicfile.WriteFile(indexPath, append(idx, '\n')); err != nil {
+		return nil, fmt.Errorf("loader: write: %w", err)
 	}
 	return res, nil
 }
@@ -207,18 +212,6 @@ func (w *ShardedWriter) Write(ctx context.Context) (*WriteResult, error) {
 // model-00001-of-00003.safetensors.
 func ShardName(i, n int) string {
 	return fmt.Sprintf("model-%05d-of-%05d.safetensors", i, n)
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("loader: write: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("loader: write: %w", err)
-	}
-	return nil
 }
 
 // header builds a safetensors header for tensors laid out in order, padded
@@ -265,8 +258,8 @@ const chunkBytes = 4 << 20
 // offset.
 func (w *ShardedWriter) writeFiles(ctx context.Context, paths []string, groups [][]*pending) (res *WriteResult, err error) {
 	type out struct {
-		path, tmp string
-		f         *os.File
+		path      string
+		f         *atomicfile.File
 		dataStart int64
 		tensors   []*pending
 		starts    []int64 // offset of each tensor in the data region
@@ -275,9 +268,8 @@ func (w *ShardedWriter) writeFiles(ctx context.Context, paths []string, groups [
 	outs := make([]*out, len(paths))
 	defer func() {
 		for _, o := range outs {
-			if o != nil && o.f != nil {
-				o.f.Close()
-				os.Remove(o.tmp)
+			if o != nil {
+				o.f.Abort() // nothing after Commit
 			}
 		}
 	}()
@@ -287,12 +279,12 @@ func (w *ShardedWriter) writeFiles(ctx context.Context, paths []string, groups [
 		if err != nil {
 			return nil, err
 		}
-		o := &out{path: path, tmp: path + ".tmp", dataStart: int64(len(hdr)), tensors: groups[i]}
+		o := &out{path: path, dataStart: int64(len(hdr)), tensors: groups[i]}
 		for _, p := range groups[i] {
 			o.starts = append(o.starts, o.dataLen)
 			o.dataLen += p.size
 		}
-		f, err := os.OpenFile(o.tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		f, err := atomicfile.Create(path)
 		if err != nil {
 			return nil, fmt.Errorf("loader: write: %w", err)
 		}
@@ -362,15 +354,8 @@ func (w *ShardedWriter) writeFiles(ctx context.Context, paths []string, groups [
 		return nil, err
 	}
 	for _, o := range outs {
-		err := o.f.Close()
-		o.f = nil
-		if err != nil {
-			os.Remove(o.tmp)
+		if err := o.f.Commit(); err != nil {
 			return nil, fmt.Errorf("loader: write: %s: %w", o.path, err)
-		}
-		if err := os.Rename(o.tmp, o.path); err != nil {
-			os.Remove(o.tmp)
-			return nil, fmt.Errorf("loader: write: %w", err)
 		}
 		res.Files = append(res.Files, filepath.Base(o.path))
 	}

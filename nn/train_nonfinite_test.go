@@ -99,7 +99,7 @@ func TestSaveRefusesNonFinite(t *testing.T) {
 		t.Run(c.what, func(t *testing.T) {
 			p, _, lm := fixtureParams(t)
 			dir := filepath.Join(t.TempDir(), "out")
-			if err := p.Save(context.Background(), dir, lm.Dir, 0); err != nil {
+			if err := p.Save(context.Background(), dir, lm, 0); err != nil {
 				t.Fatal(err)
 			}
 			old, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
@@ -108,7 +108,7 @@ func TestSaveRefusesNonFinite(t *testing.T) {
 			}
 			p.Master(name)[9] = c.v
 			p.Sync(name)
-			err = p.Save(context.Background(), dir, lm.Dir, 0)
+			err = p.Save(context.Background(), dir, lm, 0)
 			if !errors.Is(err, ErrNonFinite) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%v, want ErrNonFinite naming %s and %q", err, name, c.want)
 			}
@@ -118,7 +118,7 @@ func TestSaveRefusesNonFinite(t *testing.T) {
 			}
 			// Into a fresh directory: not even the directory is made.
 			fresh := filepath.Join(t.TempDir(), "fresh")
-			if err := p.Save(context.Background(), fresh, lm.Dir, 0); err == nil {
+			if err := p.Save(context.Background(), fresh, lm, 0); err == nil {
 				t.Fatal("saved")
 			}
 			if _, err := os.Stat(fresh); !os.IsNotExist(err) {

@@ -4,109 +4,105 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 
+	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/loader"
 )
-
-// Files of a Hugging Face model directory that Save copies from the source
-// model when they exist: the config (required) and the tokenizer.
-var saveCopies = []string{
-	loader.ConfigFile, "generation_config.json",
-	"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-}
-
-// shardFile matches the weight files of a Hugging Face checkpoint.
-var shardFile = regexp.MustCompile(`^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$`)
 
 // Save writes the parameters as a Hugging Face checkpoint into dir: the
 // working copies (the stored dtype, so the config's dtype still holds) in
 // model.safetensors, or in shards of at most maxShardBytes with
 // model.safetensors.index.json when they add up to more (maxShardBytes <= 0
 // means one file), and config.json, generation_config.json and the tokenizer
-// files copied from the model directory from. With tied embeddings only
-// model.embed_tokens.weight is written. Weight files of an earlier
-// checkpoint in dir are removed first; dir may not be from itself.
+// files copied from the model from (the one the parameters were read
+// from). With tied embeddings only model.embed_tokens.weight is written.
 // Weights holding a NaN or an infinity are an error wrapping ErrNonFinite
 // (see CheckFinite), found before anything is written.
-func (p *Params) Save(ctx context.Context, dir, from string, maxShardBytes int64) error {
+//
+// The checkpoint is written as a whole (loader.ReplaceModelDir): an earlier
+// checkpoint in dir is replaced only once the new one is complete, and a
+// failure (a full disk, a cancelled ctx) leaves dir as it was. dir must
+// pass CheckSaveDir.
+func (p *Params) Save(ctx context.Context, dir string, from *loader.Model, maxShardBytes int64) error {
 	if err := p.CheckFinite(); err != nil {
 		return fmt.Errorf("nn: save: %w; nothing was written", err)
 	}
-	if same, err := sameDir(dir, from); err != nil {
-		return fmt.Errorf("nn: save: %w", err)
-	} else if same {
-		return fmt.Errorf("nn: save: %s is the directory the model was read from", dir)
+	if err := CheckSaveDir(dir, from); err != nil {
+		return err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("nn: save: %w", err)
-	}
-	for _, name := range saveCopies {
-		err := copyFile(filepath.Join(dir, name), filepath.Join(from, name))
-		if errors.Is(err, fs.ErrNotExist) && name != loader.ConfigFile {
-			continue
+	src := from.FS()
+	return loader.ReplaceModelDir(dir, func(tmp string) error {
+		for _, name := range loader.ModelFiles {
+			data, err := infile.ReadFileFS(src, name)
+			if errors.Is(err, fs.ErrNotExist) && name != loader.ConfigFile {
+				continue
+			}
+			if err == nil {
+				err = atomicfile.WriteFile(filepath.Join(tmp, name), data)
+			}
+			if err != nil {
+				return fmt.Errorf("nn: save: %s: %w", name, err)
+			}
 		}
-		if err != nil {
-			return fmt.Errorf("nn: save: %w", err)
-		}
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("nn: save: %w", err)
-	}
-	for _, e := range entries {
-		if shardFile.MatchString(e.Name()) {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+		w := loader.NewShardedWriter(tmp, max(maxShardBytes, 0))
+		w.Metadata = map[string]string{"format": "pt"}
+		for _, name := range p.names {
+			if err := w.AddTensor(name, p.byName[name].work); err != nil {
 				return fmt.Errorf("nn: save: %w", err)
 			}
 		}
-	}
-	w := loader.NewShardedWriter(dir, max(maxShardBytes, 0))
-	w.Metadata = map[string]string{"format": "pt"}
-	for _, name := range p.names {
-		if err := w.AddTensor(name, p.byName[name].work); err != nil {
+		if _, err := w.Write(ctx); err != nil {
 			return fmt.Errorf("nn: save: %w", err)
 		}
+		return nil
+	})
+}
+
+// CheckSaveDir reports whether Save can write a checkpoint of a model read
+// from from into dir, so that a trainer finds out before it trains: dir is
+// not a file; its parent directory exists and accepts new entries; it is
+// new, empty or holds nothing but a model's files (loader.CheckModelDir);
+// and it is neither from's directory nor inside it.
+func CheckSaveDir(dir string, from *loader.Model) error {
+	if err := atomicfile.CheckDir("nn: save:", dir); err != nil {
+		return err
 	}
-	if _, err := w.Write(ctx); err != nil {
+	if err := notInside(dir, from); err != nil {
+		return err
+	}
+	if _, err := loader.CheckModelDir(dir); err != nil {
 		return fmt.Errorf("nn: save: %w", err)
 	}
 	return nil
 }
 
-// sameDir reports whether a and b name one existing directory.
-func sameDir(a, b string) (bool, error) {
-	sa, err := os.Stat(a)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+// notInside refuses a dir that is from's directory or inside it, through
+// any path or link.
+func notInside(dir string, from *loader.Model) error {
+	if from.InputFiles() == nil {
+		return nil // not read from disk
 	}
+	src, err := os.Stat(from.Dir)
 	if err != nil {
-		return false, err
+		return fmt.Errorf("nn: save: %w", err)
 	}
-	sb, err := os.Stat(b)
+	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return false, err
+		return fmt.Errorf("nn: save: %w", err)
 	}
-	return os.SameFile(sa, sb), nil
-}
-
-func copyFile(dst, src string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
+	for p := abs; ; p = filepath.Dir(p) {
+		if st, err := os.Stat(p); err == nil && os.SameFile(st, src) {
+			if p == abs {
+				return fmt.Errorf("nn: save: %s is the directory the model was read from", dir)
+			}
+			return fmt.Errorf("nn: save: %s is inside %s, the directory the model was read from", dir, from.Dir)
+		}
+		if filepath.Dir(p) == p {
+			return nil
+		}
 	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }

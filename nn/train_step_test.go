@@ -191,7 +191,7 @@ func TestParamsSave(t *testing.T) {
 
 	dir := filepath.Join(t.TempDir(), "out")
 	for _, shard := range []int64{0, 100_000} {
-		if err := p.Save(context.Background(), dir, lm.Dir, shard); err != nil {
+		if err := p.Save(context.Background(), dir, lm, shard); err != nil {
 			t.Fatal(err)
 		}
 		for _, f := range []string{"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} {
@@ -229,7 +229,7 @@ func TestParamsSave(t *testing.T) {
 		hw.Close()
 		saved.Close()
 	}
-	if err := p.Save(context.Background(), lm.Dir, lm.Dir, 0); err == nil {
+	if err := p.Save(context.Background(), lm.Dir, lm, 0); err == nil {
 		t.Error("saving over the source directory was accepted")
 	}
 }
@@ -259,7 +259,7 @@ func TestParamsSaveTied(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	if err := p.Save(context.Background(), dir, src, 0); err != nil {
+	if err := p.Save(context.Background(), dir, lm, 0); err != nil {
 		t.Fatal(err)
 	}
 	f, err := loader.OpenSafetensors(filepath.Join(dir, "model.safetensors"))

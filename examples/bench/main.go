@@ -22,15 +22,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -38,13 +40,9 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, os.Args[1:], os.Stdout)
-	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, cli.Message("bench", err))
-		os.Exit(1)
-	}
+	cli.Main("bench", func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		return run(ctx, args, stdout)
+	})
 }
 
 type options struct {
@@ -75,7 +73,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if o.report != "" {
-		return report(strings.Split(o.report, ","), o.md, o.jsonOut, stdout)
+		files := strings.Split(o.report, ",")
+		if err := cli.CheckOutputs([][2]string{{"-md", o.md}, {"-json", o.jsonOut}}, files); err != nil {
+			return err
+		}
+		return report(files, o.md, o.jsonOut, stdout)
+	}
+	if err := cli.CheckOutputs([][2]string{{"-out", o.out}}, nil); err != nil {
+		return err
 	}
 	switch {
 	case o.decode < 1:
@@ -122,11 +127,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		if err := checkContext(cfg, prefill, o); err != nil {
 			return err
 		}
+		if err := cli.CheckOutputs([][2]string{{"-out", o.out}}, cli.InputsOf(lm)); err != nil {
+			return err
+		}
 		name := o.name
 		if name == "" {
 			name = lm.Dir
 		}
 		for _, s := range specs {
+			if err := ctx.Err(); err != nil {
+				return err // nothing is appended for an interrupted comparison
+			}
 			r, err := measure(ctx, b, lm, name, s, prefill, o)
 			if err != nil {
 				r = &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
@@ -139,19 +150,40 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			results = append(results, r)
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if o.out != "" {
-		f, err := os.OpenFile(o.out, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
+		return appendResults(o.out, results)
+	}
+	return nil
+}
+
+// appendResults appends results as JSON lines to path: the earlier lines
+// and the new ones are written to a fresh file that replaces path, so a
+// failed write leaves the earlier results whole.
+func appendResults(path string, results []any) error {
+	earlier, err := infile.ReadFile(context.Background(), path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("-out: %w", err)
+	}
+	if len(earlier) > 0 && earlier[len(earlier)-1] != '\n' {
+		earlier = append(earlier, '\n')
+	}
+	err = atomicfile.Write(path, func(w io.Writer) error {
+		if _, err := w.Write(earlier); err != nil {
 			return err
 		}
-		enc := json.NewEncoder(f)
+		enc := json.NewEncoder(w)
 		for _, r := range results {
 			if err := enc.Encode(r); err != nil {
-				f.Close()
 				return err
 			}
 		}
-		return f.Close()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("-out: %w", err)
 	}
 	return nil
 }

@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
+	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/paging"
 )
 
@@ -28,7 +29,7 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 	var ceil *Ceilings
 	var results []Result
 	for _, path := range files {
-		f, err := os.Open(path)
+		f, err := infile.Open(path)
 		if err != nil {
 			return err
 		}
@@ -85,8 +86,8 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 	md := markdown(ceil, rows)
 	fmt.Fprint(stdout, md)
 	if mdPath != "" {
-		if err := os.WriteFile(mdPath, []byte(md), 0o644); err != nil {
-			return err
+		if err := atomicfile.WriteFile(mdPath, []byte(md)); err != nil {
+			return fmt.Errorf("-md: %w", err)
 		}
 	}
 	if jsonPath != "" {
@@ -97,7 +98,9 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return os.WriteFile(jsonPath, b, 0o644)
+		if err := atomicfile.WriteFile(jsonPath, b); err != nil {
+			return fmt.Errorf("-json: %w", err)
+		}
 	}
 	return nil
 }

@@ -13,7 +13,8 @@
 // cross-entropy). Each step's loss is printed on stdout, with a progress bar
 // on stderr. -save writes a Hugging Face checkpoint (the stored dtype, the
 // source's config and tokenizer) that examples/generate and transformers
-// load. -grads-out writes the loss and grad.<parameter name> (F32) of one
+// load; its directory is checked before training, and an earlier
+// checkpoint there is replaced only once the new one is complete. -grads-out writes the loss and grad.<parameter name> (F32) of one
 // step on -ids at the initial weights, as the fixtures' grads.safetensors;
 // without -data nothing is trained.
 //

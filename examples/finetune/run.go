@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"io"
-	"os"
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
@@ -193,27 +194,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	if o.cpuProfile != "" {
-		f, err := os.Create(o.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("-cpuprofile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("-cpuprofile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
-	}
-	dir, cleanup, err := cli.ModelDir(o.model, fixtures.TinyLlamaF16Sharded)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	lm, err := loader.Open(dir)
+	lm, err := cli.OpenModel(o.model, fixtures.TinyLlamaF16Sharded)
 	if err != nil {
 		return err
 	}
 	defer lm.Close()
+	if err := checkOutputs(o, lm); err != nil {
+		return err
+	}
+	if o.cpuProfile != "" {
+		f, err := atomicfile.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer f.Abort()
+		w := &errWriter{w: f} // pprof drops write errors
+		if err := pprof.StartCPUProfile(w); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		// The profile of a run that failed or was interrupted is complete
+		// too, and may be what the user is after.
+		defer func() {
+			pprof.StopCPUProfile()
+			err := w.err
+			if err == nil {
+				err = f.Commit()
+			}
+			if err != nil && retErr == nil {
+				retErr = fmt.Errorf("-cpuprofile: %w", err)
+			}
+		}()
+	}
 	cfg, err := nn.FromLoader(lm.Config)
 	if err != nil {
 		return err
@@ -231,18 +242,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 
 	var tokens []int32
 	if o.data != "" {
-		text, err := os.ReadFile(o.data)
+		text, err := infile.ReadFile(ctx, o.data)
 		if err != nil {
 			return fmt.Errorf("-data: %w", err)
 		}
-		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-			return cli.Usagef("%s has no tokenizer.json to encode -data with", dir)
-		}
-		tok, err := tokenizer.Load(dir)
+		tok, err := cli.LoadTokenizer(lm)
 		if err != nil {
 			return err
 		}
-		enc, err := tok.Encode(string(text), true)
+		if tok == nil {
+			return cli.Usagef("%s has no tokenizer.json to encode -data with", lm.Dir)
+		}
+		enc, err := encode(ctx, tok, string(text))
 		if err != nil {
 			return fmt.Errorf("-data %s: %w", o.data, err)
 		}
@@ -319,12 +330,75 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return err
 	}
 	if o.save != "" {
-		if err := params.Save(ctx, o.save, dir, 4<<30); err != nil {
+		// Checked before training; the directory may have changed since.
+		if err := params.Save(ctx, o.save, lm, 4<<30); err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "saved the fine-tuned model to %s\n", o.save)
 	}
 	return nil
+}
+
+// checkOutputs checks every output before any work: each can be written,
+// none is an input, and -save is a place for a checkpoint (nn.CheckSaveDir)
+// that holds no other output (it is replaced as a whole).
+func checkOutputs(o *options, lm *loader.Model) error {
+	inputs := cli.InputsOf(lm, o.data)
+	files := [][2]string{{"-grads-out", o.gradsOut}, {"-cpuprofile", o.cpuProfile}}
+	if err := cli.CheckOutputs(files, inputs); err != nil {
+		return err
+	}
+	if o.save == "" {
+		return nil
+	}
+	if err := atomicfile.CheckNotInput("-save", o.save, inputs...); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	if err := nn.CheckSaveDir(o.save, lm); err != nil {
+		return cli.UsageError{Err: fmt.Errorf("-save: %w", err)}
+	}
+	for _, f := range files {
+		if f[1] != "" && atomicfile.CheckNotInput(f[0], filepath.Dir(f[1]), o.save) != nil {
+			return cli.Usagef("%s %s is inside -save %s, which is replaced as a whole", f[0], f[1], o.save)
+		}
+	}
+	return nil
+}
+
+// errWriter keeps the first error of its writer.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+// encode encodes text, returning at once when ctx is cancelled: a large
+// -data file takes a while, and the tokenizer does not look at ctx (the
+// encoding left running ends with the command).
+func encode(ctx context.Context, tok *tokenizer.Tokenizer, text string) ([]int, error) {
+	type result struct {
+		ids []int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ids, err := tok.Encode(text, true)
+		done <- result{ids, err}
+	}()
+	select {
+	case r := <-done:
+		return r.ids, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // train runs the training loop, printing each step's loss.
@@ -336,6 +410,9 @@ func train(ctx context.Context, o *options, h *hyper, r *runner, params *nn.Para
 	var peakAct int64
 	start := time.Now()
 	for step := 1; step <= o.steps; step++ {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
 		inputs, targets := nn.NextToken(wins[(step-1)%len(wins)])
 		var res nn.StepResult
 		t0 := time.Now()

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 
 	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/internal/atomicfile"
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -34,6 +35,9 @@ type memory struct {
 func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memory, error) {
 	var fc paging.MemoryConfig
 	if o.configFile != "" {
+		if _, err := infile.Check(o.configFile); err != nil { // a named pipe would block the read
+			return nil, cli.Usagef("-config: %v", err)
+		}
 		f, err := paging.LoadConfigFile(o.configFile)
 		if err != nil {
 			return nil, cli.UsageError{Err: err}
@@ -297,15 +301,10 @@ func (e *engine) close() error {
 }
 
 func writeSnapshot(path string, bud *paging.Budget) error {
-	f, err := os.Create(path)
-	if err != nil {
+	if err := atomicfile.Write(path, bud.WriteSnapshot); err != nil {
 		return fmt.Errorf("-memory-snapshot: %w", err)
 	}
-	if err := bud.WriteSnapshot(f); err != nil {
-		f.Close()
-		return fmt.Errorf("-memory-snapshot: %w", err)
-	}
-	return f.Close()
+	return nil
 }
 
 func isCUDA(b tensor.Backend) bool { return len(b.Name()) >= 4 && b.Name()[:4] == "cuda" }

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -168,28 +167,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		}
 	}
 
-	dir, cleanup, err := cli.ModelDir(o.model, fixtures.TinyLlamaBF16)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
 	o.defaultModel = o.model == ""
-
-	lm, err := loader.Open(dir)
+	lm, err := cli.OpenModel(o.model, fixtures.TinyLlamaBF16)
 	if err != nil {
 		return err
 	}
 	defer lm.Close()
+	dir := lm.Dir
+	if err := cli.CheckOutputs([][2]string{{"-logits-out", o.logitsOut}, {"-memory-snapshot", o.snapshot}},
+		cli.InputsOf(lm, o.configFile)); err != nil {
+		return err
+	}
 	cfg, err := nn.FromLoader(lm.Config)
 	if err != nil {
 		return err
 	}
 
-	var tok *tokenizer.Tokenizer
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
-		if tok, err = tokenizer.Load(dir); err != nil {
-			return err
-		}
+	tok, err := cli.LoadTokenizer(lm)
+	if err != nil {
+		return err
 	}
 	// The context is checked before anything is allocated: a prompt longer
 	// than the model's context is refused, -max-new-tokens is clamped to
@@ -329,6 +325,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	cw := paging.StartCopyWindow(backend)
 	t1 := time.Now()
 	for len(out) < o.maxNew {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		id := int32(sampler.Sample(logits))
 		out = append(out, id)
 		if err := emit(id); err != nil {

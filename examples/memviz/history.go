@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/paging"
 )
 
@@ -179,9 +181,10 @@ func (h *history) samples() []sample {
 }
 
 // readSnapshot reads the snapshot at path into a history sized for a plot
-// of cols pixel columns. It reads only regular files: a directory, a pipe
-// or a device is refused before it is opened.
-func readSnapshot(path string, cols int) (*paging.Snapshot, *history, error) {
+// of cols pixel columns, stopping when ctx is cancelled. It reads only
+// regular files: a directory, a pipe or a device is refused before it is
+// opened.
+func readSnapshot(ctx context.Context, path string, cols int) (*paging.Snapshot, *history, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, nil, err
@@ -194,7 +197,7 @@ func readSnapshot(path string, cols int) (*paging.Snapshot, *history, error) {
 		return nil, nil, err
 	}
 	defer f.Close()
-	snap, h, err := readHistory(f, cols)
+	snap, h, err := readHistory(infile.Reader(ctx, f), cols)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}

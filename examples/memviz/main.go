@@ -13,22 +13,23 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/paging"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "memviz:", err)
-		os.Exit(1)
-	}
+	cli.Main("memviz", func(ctx context.Context, args []string, stdout, _ io.Writer) error {
+		return runContext(ctx, args, stdout)
+	})
 }
 
 type options struct {
@@ -68,12 +69,29 @@ func parseArgs(args []string) (options, error) {
 }
 
 func run(args []string, stdout io.Writer) error {
+	return runContext(context.Background(), args, stdout)
+}
+
+// runContext draws the snapshot; reading it stops when ctx is cancelled.
+// The output is checked before the input is read: it must not be the
+// input, and its directory must take new files. It is written through a
+// temporary file, so an earlier drawing stays whole if anything fails.
+func runContext(ctx context.Context, args []string, stdout io.Writer) error {
 	o, err := parseArgs(args)
 	if err != nil {
 		return err
 	}
-	snap, h, err := readSnapshot(o.in, plotWidth(o.width))
+	if err := atomicfile.CheckNotInput("-o", o.out, o.in); err != nil {
+		return err
+	}
+	if err := atomicfile.Check("-o", o.out); err != nil {
+		return err
+	}
+	snap, h, err := readSnapshot(ctx, o.in, plotWidth(o.width))
 	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	svg := render(snap, h, o.width, o.height)
@@ -86,8 +104,8 @@ func run(args []string, stdout io.Writer) error {
 	default:
 		return fmt.Errorf("output %s: want a .svg or .html file", o.out)
 	}
-	if err := os.WriteFile(o.out, []byte(out), 0o644); err != nil {
-		return err
+	if err := atomicfile.WriteFile(o.out, []byte(out)); err != nil {
+		return fmt.Errorf("-o: %w", err)
 	}
 	fmt.Fprintf(stdout, "memviz: %s: %d events, peak %s, %s -> %s\n", o.in, h.events, paging.FormatSize(snap.Peak), budgetText(snap.Limit), o.out)
 	return nil

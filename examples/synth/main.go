@@ -6,7 +6,10 @@
 //	go run ./examples/synth -out /tmp/tiny -preset tiny -tokenizer-from loader/fixtures/tiny-llama-bf16
 //
 // Shape flags override the preset. The same flags and seed give the same
-// bytes. It prints the bytes written and the write speed.
+// bytes. It prints the bytes written and the write speed. The model is
+// written into a temporary directory beside -out and takes its place when
+// complete; a directory that already holds a model is replaced only with
+// -force, and one that holds anything else is refused.
 package main
 
 import (
@@ -16,29 +19,23 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
 )
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-// usageError is a bad command line: reported in one line, exit status 2.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
+func main() { cli.Main("synth", run) }
 
 type options struct {
 	out, preset, arch, dtype, shardSize, tokenizerFrom string
-	tie                                                bool
+	tie, force                                         bool
 	seed                                               int64
 	ropeTheta                                          float64
 	shape                                              map[string]*int
@@ -49,6 +46,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *loader.Config, load
 	fs.SetOutput(io.Discard)
 	o := &options{shape: map[string]*int{}}
 	fs.StringVar(&o.out, "out", "", "output directory (required)")
+	fs.BoolVar(&o.force, "force", false, "replace the model already in -out")
 	fs.StringVar(&o.preset, "preset", "tiny", "shape preset: "+strings.Join(loader.Presets(), ", "))
 	fs.StringVar(&o.arch, "arch", "", "architecture: llama, mistral or qwen2 (default: the preset's, llama)")
 	fs.BoolVar(&o.tie, "tie", false, "tie the LM head to the embedding table")
@@ -65,7 +63,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *loader.Config, load
 		o.shape[f.name] = fs.Int(f.name, 0, f.help+" (overrides the preset)")
 	}
 	usage := func() {
-		fmt.Fprintln(stderr, "usage: synth -out DIR [-preset NAME] [shape flags] [-arch A] [-tie] [-dtype D] [-seed S] [-shard-size SIZE] [-rope-theta X] [-tokenizer-from DIR]")
+		fmt.Fprintln(stderr, "usage: synth -out DIR [-force] [-preset NAME] [shape flags] [-arch A] [-tie] [-dtype D] [-seed S] [-shard-size SIZE] [-rope-theta X] [-tokenizer-from DIR]")
 		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
@@ -76,10 +74,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, *loader.Config, load
 			usage()
 			return nil, nil, loader.SynthOptions{}, err
 		}
-		return nil, nil, loader.SynthOptions{}, usageError{err.Error()}
+		return nil, nil, loader.SynthOptions{}, cli.UsageError{Err: err}
 	}
 	bad := func(format string, args ...any) (*options, *loader.Config, loader.SynthOptions, error) {
-		return nil, nil, loader.SynthOptions{}, usageError{fmt.Sprintf(format, args...)}
+		return nil, nil, loader.SynthOptions{}, cli.Usagef(format, args...)
 	}
 	if fs.NArg() > 0 {
 		return bad("unexpected argument %q", fs.Arg(0))
@@ -170,17 +168,14 @@ func parseSize(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, cfg, opts, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintf(stderr, "synth: %v\n", err)
-		return 2
+		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
+	if err := checkOut(o); err != nil {
+		return err
+	}
 
 	total := cfg.NumParams() * int64(cfg.DType.Size())
 	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d, vocab %d, %.3g M parameters, %s, %.1f MB of weights\n",
@@ -199,28 +194,45 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err := loader.Synthesize(ctx, o.out, cfg, opts); err != nil {
-		fmt.Fprintf(stderr, "synth: %v\n", err)
-		return 1
+		return err
 	}
 	elapsed := time.Since(start)
 
 	// Check what was written the way every consumer will read it.
 	m, err := loader.Open(o.out)
 	if err != nil {
-		fmt.Fprintf(stderr, "synth: the model written does not open: %v\n", err)
-		return 1
+		return fmt.Errorf("the model written does not open: %w", err)
 	}
 	defer m.Close()
 	var fileBytes int64
 	for _, name := range m.Files() {
 		st, err := os.Stat(filepath.Join(o.out, name))
 		if err != nil {
-			fmt.Fprintf(stderr, "synth: %v\n", err)
-			return 1
+			return err
 		}
 		fileBytes += st.Size()
 	}
 	fmt.Fprintf(stdout, "synth: wrote %s: %d files, %d bytes (%.2f GB) in %.2fs, %.0f MB/s\n",
 		o.out, len(m.Files()), fileBytes, float64(fileBytes)/1e9, elapsed.Seconds(), float64(fileBytes)/1e6/elapsed.Seconds())
-	return 0
+	return nil
+}
+
+// checkOut checks -out before any work: it is not the -tokenizer-from
+// directory, its parent exists and takes new entries, and it is new, empty,
+// or holds a model (replaced only with -force) and nothing else.
+func checkOut(o *options) error {
+	if err := atomicfile.CheckNotInput("-out", o.out, o.tokenizerFrom); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	if err := atomicfile.CheckDir("-out", o.out); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	hasModel, err := loader.CheckModelDir(o.out)
+	if err != nil {
+		return cli.UsageError{Err: fmt.Errorf("-out: %w", err)}
+	}
+	if hasModel && !o.force {
+		return cli.Usagef("-out %s already holds a model: give -force to replace it", o.out)
+	}
+	return nil
 }

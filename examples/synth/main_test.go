@@ -2,11 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
@@ -29,30 +33,28 @@ func TestBadFlags(t *testing.T) {
 		{"-out", out, "-tokenizer-from", filepath.Join(out, "none")},
 		{"-out", out, "extra"},
 	} {
-		var stdout, stderr bytes.Buffer
-		code := run(args, &stdout, &stderr)
-		msg := stderr.String()
-		if code != 2 || strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "synth: ") || strings.Contains(msg, "goroutine") {
-			t.Errorf("%v: exit %d, stderr %q", args, code, msg)
+		_, _, err := runArgs(args...)
+		if !cli.IsUsage(err) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v: %v, want a one-line usage error", args, err)
 		}
 	}
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"-h"}, &stdout, &stderr); code != 0 || !strings.Contains(stderr.String(), "-preset") {
-		t.Errorf("-h: exit %d, stderr %q", code, stderr.String())
+	if err := run(context.Background(), []string{"-h"}, &stdout, &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "-preset") {
+		t.Errorf("-h: %v, stderr %q", err, stderr.String())
 	}
 }
 
 func TestSynthCLI(t *testing.T) {
 	out := t.TempDir()
-	var stdout, stderr bytes.Buffer
 	args := []string{"-out", out, "-preset", "tiny", "-arch", "qwen2", "-tie", "-dtype", "bf16", "-layers", "2",
 		"-hidden", "128", "-heads", "8", "-kv-heads", "2", "-seed", "9", "-shard-size", "100KB", "-rope-theta", "1e6",
 		"-tokenizer-from", fixtures.Dir(fixtures.TinyLlamaF16Sharded)}
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
+	stdout, _, err := runArgs(args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !strings.Contains(stdout.String(), "bytes") || !strings.Contains(stdout.String(), "MB/s") {
-		t.Errorf("stdout %q lacks bytes written and MB/s", stdout.String())
+	if !strings.Contains(stdout, "bytes") || !strings.Contains(stdout, "MB/s") {
+		t.Errorf("stdout %q lacks bytes written and MB/s", stdout)
 	}
 	m, err := loader.Open(out)
 	if err != nil {
@@ -73,6 +75,16 @@ func TestSynthCLI(t *testing.T) {
 	if !fileExists(filepath.Join(out, "tokenizer.json")) {
 		t.Error("tokenizer not copied")
 	}
+}
+
+func runArgs(args ...string) (stdout, stderr string, err error) {
+	return runContext(context.Background(), args...)
+}
+
+func runContext(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	var o, e bytes.Buffer
+	err = run(ctx, args, &o, &e)
+	return o.String(), e.String(), err
 }
 
 func fileExists(p string) bool {

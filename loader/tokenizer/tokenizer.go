@@ -1,16 +1,18 @@
 package tokenizer
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/internal/oneline"
 )
 
@@ -51,18 +53,32 @@ type Tokenizer struct {
 }
 
 // Load reads tokenizer.json from dir, and tokenizer_config.json if present.
+// A file that is not a regular file (a named pipe, a device) is refused
+// before it is opened.
 func Load(dir string) (*Tokenizer, error) {
-	tj, err := os.ReadFile(filepath.Join(dir, TokenizerFile))
+	return load(func(name string) ([]byte, error) {
+		return infile.ReadFile(context.Background(), filepath.Join(dir, name))
+	}, dir)
+}
+
+// LoadFS is Load for the root directory of fsys (an embedded model's,
+// say).
+func LoadFS(fsys fs.FS) (*Tokenizer, error) {
+	return load(func(name string) ([]byte, error) { return infile.ReadFileFS(fsys, name) }, "the file system")
+}
+
+func load(read func(name string) ([]byte, error), where string) (*Tokenizer, error) {
+	tj, err := read(TokenizerFile)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: read %s: %w", TokenizerFile, err)
 	}
-	cj, err := os.ReadFile(filepath.Join(dir, ConfigFile))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	cj, err := read(ConfigFile)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("tokenizer: read %s: %w", ConfigFile, err)
 	}
 	t, err := Parse(tj, cj)
 	if err != nil {
-		return nil, fmt.Errorf("%w (in %s)", err, dir)
+		return nil, fmt.Errorf("%w (in %s)", err, where)
 	}
 	return t, nil
 }

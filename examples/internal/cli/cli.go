@@ -1,6 +1,6 @@
 // Package cli holds what the example commands share: exit statuses and
-// one-line errors, usage errors, and the embedded model used when no
-// -model is given.
+// one-line errors, usage errors, Ctrl-C, checks of output paths, and the
+// embedded model used when no -model is given.
 package cli
 
 import (
@@ -9,11 +9,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
 
+	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/oneline"
+	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/loader/tokenizer"
 )
 
 // UsageError is a bad flag or flag value: the command exits with status 2.
@@ -28,13 +35,23 @@ func Usagef(format string, a ...any) error { return UsageError{fmt.Errorf(format
 // IsUsage reports whether err is (or wraps) a UsageError.
 func IsUsage(err error) bool { return errors.As(err, new(UsageError)) }
 
-// Main runs a command until it returns or is interrupted, and exits: 0 on
-// success or -h, 2 after a usage error, 1 after any other, with one line
-// "name: error" on stderr.
+// ErrInterrupted is the cause of a command's context cancelled by Main
+// on SIGINT or SIGTERM.
+var ErrInterrupted = errors.New("interrupted")
+
+// Main runs a command and exits: 0 on success or -h, 2 after a usage
+// error, 1 after any other, with one line "name: error" on stderr. The
+// first SIGINT or SIGTERM cancels the command's context (the command
+// returns promptly with its error, reported as "interrupted by SIGINT");
+// the signals then have their default effect again, so a second one ends
+// the process even when the command is stuck.
 func Main(name string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) error) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := NotifyContext(context.Background())
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	if err != nil && errors.Is(err, context.Canceled) && errors.Is(context.Cause(ctx), ErrInterrupted) {
+		err = context.Cause(ctx)
+	}
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		os.Exit(0)
@@ -54,35 +71,112 @@ func Message(name string, err error) string {
 	return name + ": " + oneline.String(err.Error())
 }
 
-// ModelDir returns dir after checking it is a directory, or, when dir is
-// empty, a temporary copy of the embedded fixture; cleanup removes the copy.
-func ModelDir(dir, fixture string) (path string, cleanup func(), err error) {
-	cleanup = func() {}
-	if dir != "" {
-		st, err := os.Stat(dir)
-		if err != nil {
-			var pe *os.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err // the path is in the message already
+// NotifyContext returns a context that the first SIGINT or SIGTERM
+// cancels, with a cause wrapping ErrInterrupted; from then on the signals
+// have their default effect (they end the process). stop releases the
+// signals and the context.
+func NotifyContext(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			signal.Stop(sigs)
+			name := "SIGTERM"
+			if sig == os.Interrupt {
+				name = "SIGINT"
 			}
-			return "", cleanup, fmt.Errorf("model directory %s: %w", dir, err)
+			cancel(fmt.Errorf("%w by %s", ErrInterrupted, name))
+		case <-done:
 		}
-		if !st.IsDir() {
-			return "", cleanup, fmt.Errorf("model directory %s: not a directory", dir)
+	}()
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			signal.Stop(sigs)
+			close(done)
+			cancel(nil)
+		})
+	}
+}
+
+// OpenModel opens the model in dir, after checking that it is a
+// directory, or, when dir is empty, the embedded fixture, read in place:
+// nothing is written to disk.
+func OpenModel(dir, fixture string) (*loader.Model, error) {
+	if dir == "" {
+		return loader.OpenFS(fixtures.FS(), fixture)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is in the message already
 		}
-		return dir, cleanup, nil
+		return nil, fmt.Errorf("model directory %s: %w", dir, err)
 	}
-	tmp, err := os.MkdirTemp("", "strata-model-")
-	if err != nil {
-		return "", cleanup, err
+	if !st.IsDir() {
+		return nil, fmt.Errorf("model directory %s: not a directory", dir)
 	}
-	cleanup = func() { os.RemoveAll(tmp) }
-	path, err = fixtures.Extract(fixture, tmp)
-	if err != nil {
-		cleanup()
-		return "", func() {}, err
+	return loader.Open(dir)
+}
+
+// LoadTokenizer loads the tokenizer of lm, or returns nil when lm has no
+// tokenizer.json.
+func LoadTokenizer(lm *loader.Model) (*tokenizer.Tokenizer, error) {
+	if _, err := fs.Stat(lm.FS(), tokenizer.TokenizerFile); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
 	}
-	return path, cleanup, nil
+	if lm.InputFiles() == nil { // embedded
+		return tokenizer.LoadFS(lm.FS())
+	}
+	return tokenizer.Load(lm.Dir) // its errors name the files
+}
+
+// InputsOf lists the files a run on lm reads, with its directory and the
+// other inputs given, for atomicfile.CheckNotInput.
+func InputsOf(lm *loader.Model, more ...string) []string {
+	in := lm.InputFiles()
+	if in != nil {
+		in = append(in, lm.Dir)
+	}
+	return append(in, more...)
+}
+
+// CheckOutputs checks, before any work, each output file (flag name to
+// path; empty paths are skipped): it can be written (atomicfile.Check), it
+// is none of inputs (atomicfile.CheckNotInput), and no two outputs are the
+// same file. Each failure is a usage error.
+func CheckOutputs(outputs [][2]string, inputs []string) error {
+	seen := map[string]string{}
+	for _, o := range outputs {
+		flag, path := o[0], o[1]
+		if path == "" {
+			continue
+		}
+		if err := atomicfile.CheckNotInput(flag, path, inputs...); err != nil {
+			return UsageError{err}
+		}
+		if err := atomicfile.Check(flag, path); err != nil {
+			return UsageError{err}
+		}
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return UsageError{err}
+		}
+		if prev, ok := seen[abs]; ok {
+			return Usagef("%s and %s name the same file %s", prev, flag, path)
+		}
+		seen[abs] = flag
+		for other, f := range seen {
+			if other != abs && atomicfile.CheckNotInput(flag, path, other) != nil {
+				return Usagef("%s and %s name the same file %s", f, flag, path)
+			}
+		}
+	}
+	return nil
 }
 
 // Parse parses args into fs. A bad flag is a UsageError of one line (the
