@@ -1,14 +1,15 @@
 package paging
 
 import (
+	"context"
 	"fmt"
-	"os"
 	"reflect"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/internal/oneline"
 )
 
@@ -102,7 +103,7 @@ type FileConfig struct {
 // (a misspelt memory:) or key, and unparsable sizes, strategies or modes
 // are errors naming the file, each on one line.
 func LoadConfigFile(path string) (*FileConfig, error) {
-	data, err := os.ReadFile(path)
+	data, err := infile.ReadFile(context.Background(), path) // a FIFO or a device is refused, not read
 	if err != nil {
 		return nil, fmt.Errorf("paging: config: %w", err)
 	}
