@@ -10,8 +10,8 @@
 //
 // The CPU backend (NewCPU, registered as "cpu") works everywhere. It spreads
 // each operation over a persistent pool of goroutines; decoding one token
-// is bound by the bytes of weights read per second. ToDense and FromDense
-// exchange F32 data with gorgonia.org/tensor without copying.
+// is bound by the bytes of weights read per second. Package tensor/gorgonia
+// exchanges F32 data with gorgonia.org/tensor without copying.
 //
 // Example:
 //

@@ -1,8 +1,9 @@
-package tensor
+package gorgonia
 
 import (
 	"fmt"
 
+	"github.com/strata-llm/strata/tensor"
 	gtensor "gorgonia.org/tensor"
 )
 
@@ -10,22 +11,22 @@ import (
 // float32. For an F32 tensor the Dense shares t's storage (writes through
 // either are seen by the other); F16 and BF16 tensors are converted into a
 // new F32 Dense. A scalar (empty shape) becomes a one-element vector.
-func ToDense(t *Tensor) (*gtensor.Dense, error) {
+func ToDense(t *tensor.Tensor) (*gtensor.Dense, error) {
 	if t == nil {
-		return nil, fmt.Errorf("tensor: ToDense: nil tensor")
+		return nil, fmt.Errorf("gorgonia: ToDense: nil tensor")
 	}
-	if err := onHost("ToDense", "t", t); err != nil {
-		return nil, err
+	if !t.OnHost() {
+		return nil, fmt.Errorf("gorgonia: ToDense: t (%v) is not in host memory (a device tensor, or freed)", t)
 	}
-	if !t.dtype.IsFloat() {
-		return nil, fmt.Errorf("tensor: ToDense: %v is not a float tensor", t)
+	if !t.DType().IsFloat() {
+		return nil, fmt.Errorf("gorgonia: ToDense: %v is not a float tensor", t)
 	}
-	shape := []int(t.shape)
+	shape := []int(t.Shape())
 	if len(shape) == 0 {
 		shape = []int{1}
 	}
 	if t.Len() == 0 {
-		return nil, fmt.Errorf("tensor: ToDense: %v has no elements", t)
+		return nil, fmt.Errorf("gorgonia: ToDense: %v has no elements", t)
 	}
 	return gtensor.New(gtensor.WithShape(shape...), gtensor.WithBacking(t.ToF32())), nil
 }
@@ -34,31 +35,31 @@ func ToDense(t *Tensor) (*gtensor.Dense, error) {
 // float32 Dense that is not a view is shared without copying; views and
 // transposes are copied in their logical order, and float64 values are
 // converted to float32. Other element types are an error.
-func FromDense(d *gtensor.Dense) (*Tensor, error) {
+func FromDense(d *gtensor.Dense) (*tensor.Tensor, error) {
 	if d == nil {
-		return nil, fmt.Errorf("tensor: FromDense: nil Dense")
+		return nil, fmt.Errorf("gorgonia: FromDense: nil Dense")
 	}
-	shape := Shape(append([]int(nil), d.Shape()...))
+	shape := tensor.Shape(append([]int(nil), d.Shape()...))
 	if d.IsScalar() {
 		switch v := d.ScalarValue().(type) {
 		case float32:
-			return FromF32(shape, []float32{v})
+			return tensor.FromF32(shape, []float32{v})
 		case float64:
-			return FromF32(shape, []float32{float32(v)})
+			return tensor.FromF32(shape, []float32{float32(v)})
 		}
-		return nil, fmt.Errorf("tensor: FromDense: unsupported scalar type %v", d.Dtype())
+		return nil, fmt.Errorf("gorgonia: FromDense: unsupported scalar type %v", d.Dtype())
 	}
 	if d.Dtype() != gtensor.Float32 && d.Dtype() != gtensor.Float64 {
-		return nil, fmt.Errorf("tensor: FromDense: unsupported dtype %v (want float32 or float64)", d.Dtype())
+		return nil, fmt.Errorf("gorgonia: FromDense: unsupported dtype %v (want float32 or float64)", d.Dtype())
 	}
 	n := int(shape.NumElements())
 	if d.IsMaterializable() || d.RequiresIterator() || d.DataSize() != n {
 		m, ok := d.Materialize().(*gtensor.Dense)
 		if !ok {
-			return nil, fmt.Errorf("tensor: FromDense: cannot materialise %v view", d.Shape())
+			return nil, fmt.Errorf("gorgonia: FromDense: cannot materialise %v view", d.Shape())
 		}
 		if m == d || m.DataSize() != n {
-			return nil, fmt.Errorf("tensor: FromDense: %v Dense with %d stored elements is not contiguous", d.Shape(), d.DataSize())
+			return nil, fmt.Errorf("gorgonia: FromDense: %v Dense with %d stored elements is not contiguous", d.Shape(), d.DataSize())
 		}
 		return fromContiguous(shape, m, true)
 	}
@@ -67,19 +68,19 @@ func FromDense(d *gtensor.Dense) (*Tensor, error) {
 
 // fromContiguous wraps (or, with copied, takes over) the backing array of a
 // contiguous Dense of n elements.
-func fromContiguous(shape Shape, d *gtensor.Dense, copied bool) (*Tensor, error) {
+func fromContiguous(shape tensor.Shape, d *gtensor.Dense, copied bool) (*tensor.Tensor, error) {
 	switch v := d.Data().(type) {
 	case []float32:
 		if !copied && len(v) > 0 {
 			v = v[:len(v):len(v)]
 		}
-		return FromF32(shape, v)
+		return tensor.FromF32(shape, v)
 	case []float64:
 		f := make([]float32, len(v))
 		for i, x := range v {
 			f[i] = float32(x)
 		}
-		return FromF32(shape, f)
+		return tensor.FromF32(shape, f)
 	}
-	return nil, fmt.Errorf("tensor: FromDense: unsupported data %T", d.Data())
+	return nil, fmt.Errorf("gorgonia: FromDense: unsupported data %T", d.Data())
 }

@@ -1,9 +1,10 @@
-package tensor_test
+package gorgonia_test
 
 import (
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/gorgonia"
 	gtensor "gorgonia.org/tensor"
 )
 
@@ -12,7 +13,7 @@ func TestToDenseSharesF32(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := tensor.ToDense(x)
+	d, err := gorgonia.ToDense(x)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestToDenseConverts(t *testing.T) {
 		} else {
 			tensor.F32ToBF16(x.U16(), vals)
 		}
-		d, err := tensor.ToDense(x)
+		d, err := gorgonia.ToDense(x)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,10 +64,10 @@ func TestToDenseConverts(t *testing.T) {
 			t.Fatalf("%v: Dense shares the F16/BF16 tensor's storage", dt)
 		}
 	}
-	if _, err := tensor.ToDense(tensor.New(tensor.I32, tensor.Shape{2})); err == nil {
+	if _, err := gorgonia.ToDense(tensor.New(tensor.I32, tensor.Shape{2})); err == nil {
 		t.Error("ToDense of an I32 tensor succeeded")
 	}
-	if _, err := tensor.ToDense(nil); err == nil {
+	if _, err := gorgonia.ToDense(nil); err == nil {
 		t.Error("ToDense(nil) succeeded")
 	}
 }
@@ -74,7 +75,7 @@ func TestToDenseConverts(t *testing.T) {
 func TestFromDenseShares(t *testing.T) {
 	backing := []float32{1, 2, 3, 4, 5, 6}
 	d := gtensor.New(gtensor.WithShape(3, 2), gtensor.WithBacking(backing))
-	x, err := tensor.FromDense(d)
+	x, err := gorgonia.FromDense(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestFromDenseShares(t *testing.T) {
 func TestFromDenseCopies(t *testing.T) {
 	// float64 converts.
 	d64 := gtensor.New(gtensor.WithShape(2, 2), gtensor.WithBacking([]float64{1.5, -2, 3, 4.25}))
-	x, err := tensor.FromDense(d64)
+	x, err := gorgonia.FromDense(d64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestFromDenseCopies(t *testing.T) {
 	if err := d.T(); err != nil {
 		t.Fatal(err)
 	}
-	x, err = tensor.FromDense(d)
+	x, err = gorgonia.FromDense(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func TestFromDenseCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err = tensor.FromDense(col.(*gtensor.Dense))
+	x, err = gorgonia.FromDense(col.(*gtensor.Dense))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +140,7 @@ func TestFromDenseCopies(t *testing.T) {
 	}
 
 	// A scalar becomes a one-element tensor of empty shape.
-	x, err = tensor.FromDense(gtensor.New(gtensor.FromScalar(float32(2.5))))
+	x, err = gorgonia.FromDense(gtensor.New(gtensor.FromScalar(float32(2.5))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,21 +149,21 @@ func TestFromDenseCopies(t *testing.T) {
 	}
 
 	// Other element types are errors.
-	if _, err := tensor.FromDense(gtensor.New(gtensor.WithShape(2), gtensor.WithBacking([]int{1, 2}))); err == nil {
+	if _, err := gorgonia.FromDense(gtensor.New(gtensor.WithShape(2), gtensor.WithBacking([]int{1, 2}))); err == nil {
 		t.Error("FromDense of an int Dense succeeded")
 	}
-	if _, err := tensor.FromDense(nil); err == nil {
+	if _, err := gorgonia.FromDense(nil); err == nil {
 		t.Error("FromDense(nil) succeeded")
 	}
 }
 
 func TestDenseRoundTrip(t *testing.T) {
 	x, _ := tensor.FromF32(tensor.Shape{4}, []float32{1, 2, 3, 4})
-	d, err := tensor.ToDense(x)
+	d, err := gorgonia.ToDense(x)
 	if err != nil {
 		t.Fatal(err)
 	}
-	y, err := tensor.FromDense(d)
+	y, err := gorgonia.FromDense(d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package tensor_test
+package gorgonia_test
 
 import (
 	"math/rand/v2"
