@@ -58,30 +58,6 @@ func attGradShared(headDim int, kv bool) int {
 	return 4 * n
 }
 
-// operand is a tensor with its name in error messages.
-type operand struct {
-	t    *tensor.Tensor
-	name string
-}
-
-// disjoint returns an error when an output overlaps another output or an
-// input.
-func disjoint(op string, outs, ins []operand) error {
-	for i, o := range outs {
-		for _, p := range outs[i+1:] {
-			if overlap(o.t, p.t) {
-				return fmt.Errorf("cuda: %s: %s overlaps %s", op, o.name, p.name)
-			}
-		}
-		for _, in := range ins {
-			if overlap(o.t, in.t) {
-				return fmt.Errorf("cuda: %s: %s overlaps %s", op, o.name, in.name)
-			}
-		}
-	}
-	return nil
-}
-
 // dims32 rejects dimensions that do not fit the int of cuBLAS and of the
 // kernels' parameters and grids.
 func dims32(op string, dims ...int) error {
@@ -189,23 +165,10 @@ func (b *Backend) MatMulGradX(dx, dy, w *tensor.Tensor) error {
 // a time (at least one row).
 func (b *Backend) matmulGradX(dx, dy, w *tensor.Tensor, path mmPath, chunk int64) error {
 	const op = "MatMulGradX"
-	if err := tensor.CheckShape(op, "dy", dy, tensor.F32, -1, -1); err != nil {
-		return shapeErr(err)
-	}
-	m, n := dy.Shape()[0], dy.Shape()[1]
-	if err := tensor.CheckShape(op, "w", w, tensor.Invalid, n, -1); err != nil {
-		return shapeErr(err)
-	}
-	k := w.Shape()[1]
-	if err := tensor.CheckShape(op, "dx", dx, tensor.F32, m, k); err != nil {
-		return shapeErr(err)
-	}
 	if err := b.devices(op, []string{"dx", "dy", "w"}, dx, dy, w); err != nil {
 		return err
 	}
-	if err := disjoint(op, []operand{{dx, "dx"}}, []operand{{dy, "dy"}, {w, "w"}}); err != nil {
-		return err
-	}
+	m, n, k := dy.Shape()[0], dy.Shape()[1], w.Shape()[1]
 	if err := dims32(op, m, n, k); err != nil {
 		return err
 	}
@@ -270,23 +233,10 @@ func (b *Backend) MatMulGradW(dw, dy, x *tensor.Tensor) error {
 
 func (b *Backend) matmulGradW(dw, dy, x *tensor.Tensor, path mmPath) error {
 	const op = "MatMulGradW"
-	if err := tensor.CheckShape(op, "dy", dy, tensor.F32, -1, -1); err != nil {
-		return shapeErr(err)
-	}
-	m, n := dy.Shape()[0], dy.Shape()[1]
-	if err := tensor.CheckShape(op, "x", x, tensor.F32, m, -1); err != nil {
-		return shapeErr(err)
-	}
-	k := x.Shape()[1]
-	if err := tensor.CheckShape(op, "dw", dw, tensor.F32, n, k); err != nil {
-		return shapeErr(err)
-	}
 	if err := b.devices(op, []string{"dw", "dy", "x"}, dw, dy, x); err != nil {
 		return err
 	}
-	if err := disjoint(op, []operand{{dw, "dw"}}, []operand{{dy, "dy"}, {x, "x"}}); err != nil {
-		return err
-	}
+	m, n, k := dy.Shape()[0], dy.Shape()[1], x.Shape()[1]
 	if err := dims32(op, m, n, k); err != nil {
 		return err
 	}
@@ -332,19 +282,10 @@ func colBlocks(n int) (grid, block [3]uint32) {
 // BiasGrad adds the column sums of dy[M,N] into db[N], both F32.
 func (b *Backend) BiasGrad(db, dy *tensor.Tensor) error {
 	const op = "BiasGrad"
-	if err := tensor.CheckShape(op, "dy", dy, tensor.F32, -1, -1); err != nil {
-		return shapeErr(err)
-	}
-	m, n := dy.Shape()[0], dy.Shape()[1]
-	if err := tensor.CheckShape(op, "db", db, tensor.F32, n); err != nil {
-		return shapeErr(err)
-	}
 	if err := b.devices(op, []string{"db", "dy"}, db, dy); err != nil {
 		return err
 	}
-	if err := disjoint(op, []operand{{db, "db"}}, []operand{{dy, "dy"}}); err != nil {
-		return err
-	}
+	m, n := dy.Shape()[0], dy.Shape()[1]
 	if err := dims32(op, n); err != nil {
 		return err
 	}
@@ -363,32 +304,10 @@ func (b *Backend) BiasGrad(db, dy *tensor.Tensor) error {
 // x or w, and dw no other operand.
 func (b *Backend) RMSNormGrad(dx, dw, dy, x, w *tensor.Tensor, eps float32) error {
 	const op = "RMSNormGrad"
-	if err := tensor.CheckShape(op, "x", x, tensor.F32, -1, -1); err != nil {
-		return shapeErr(err)
-	}
-	m, h := x.Shape()[0], x.Shape()[1]
-	if err := tensor.CheckShape(op, "w", w, tensor.Invalid, h); err != nil {
-		return shapeErr(err)
-	}
-	if err := tensor.CheckShape(op, "dy", dy, tensor.F32, m, h); err != nil {
-		return shapeErr(err)
-	}
-	if err := tensor.CheckShape(op, "dx", dx, tensor.F32, m, h); err != nil {
-		return shapeErr(err)
-	}
-	outs := []operand{{dx, "dx"}}
-	if dw != nil {
-		if err := tensor.CheckShape(op, "dw", dw, tensor.F32, h); err != nil {
-			return shapeErr(err)
-		}
-		outs = append(outs, operand{dw, "dw"})
-	}
 	if err := b.devices(op, []string{"dx", "dw", "dy", "x", "w"}, dx, dw, dy, x, w); err != nil {
 		return err
 	}
-	if err := disjoint(op, outs, []operand{{dy, "dy"}, {x, "x"}, {w, "w"}}); err != nil {
-		return err
-	}
+	m, h := x.Shape()[0], x.Shape()[1]
 	if err := dims32(op, m, h); err != nil {
 		return err
 	}
@@ -418,31 +337,7 @@ func (b *Backend) RMSNormGrad(dx, dw, dy, x, w *tensor.Tensor, eps float32) erro
 // place); no output may overlap another operand otherwise.
 func (b *Backend) SiLUMulGrad(dgate, dup, dout, gate, up *tensor.Tensor) error {
 	const op = "SiLUMulGrad"
-	if dout == nil {
-		return fmt.Errorf("cuda: %s: dout is nil", op)
-	}
-	anyShape := make([]int, len(dout.Shape()))
-	for i := range anyShape {
-		anyShape[i] = -1
-	}
-	if err := tensor.CheckShape(op, "dout", dout, tensor.F32, anyShape...); err != nil {
-		return shapeErr(err)
-	}
-	for _, o := range []operand{{gate, "gate"}, {up, "up"}, {dgate, "dgate"}, {dup, "dup"}} {
-		if err := tensor.CheckShape(op, o.name, o.t, tensor.F32, dout.Shape()...); err != nil {
-			return shapeErr(err)
-		}
-	}
 	if err := b.devices(op, []string{"dgate", "dup", "dout", "gate", "up"}, dgate, dup, dout, gate, up); err != nil {
-		return err
-	}
-	if partial(dgate, dout) {
-		return fmt.Errorf("cuda: %s: dgate partially overlaps dout", op)
-	}
-	if err := disjoint(op, []operand{{dgate, "dgate"}}, []operand{{gate, "gate"}, {up, "up"}}); err != nil {
-		return err
-	}
-	if err := disjoint(op, []operand{{dup, "dup"}}, []operand{{dgate, "dgate"}, {dout, "dout"}, {gate, "gate"}, {up, "up"}}); err != nil {
 		return err
 	}
 	n := int64(dout.Len())
@@ -459,44 +354,20 @@ func (b *Backend) SiLUMulGrad(dgate, dup, dout, gate, up *tensor.Tensor) error {
 // [T, heads*headDim], k and v F32 [T, kvHeads*headDim]; it sets dq, dk and
 // dv (shaped as q, k and v), which must not overlap each other or the
 // inputs. The attention probabilities are recomputed; the scratch is two
-// floats per (position, head).
+// floats per (position, head). The kernels hold a head of at most
+// maxHeadDim dimensions, and at most 65535 heads.
 func (b *Backend) AttentionGrad(dq, dk, dv, dout, q, k, v, out *tensor.Tensor, heads, kvHeads, headDim int, scale float32) error {
 	const op = "AttentionGrad"
-	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 {
-		return fmt.Errorf("cuda: %s: invalid heads %d, kvHeads %d (must divide heads) or headDim %d", op, heads, kvHeads, headDim)
-	}
 	if headDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, headDim, maxHeadDim)
 	}
 	if heads > 65535 {
 		return fmt.Errorf("cuda: %s: %d heads; the kernel takes at most 65535", op, heads)
 	}
-	if math.IsNaN(float64(scale)) {
-		return fmt.Errorf("cuda: %s: scale is NaN", op)
-	}
-	qw, kw := heads*headDim, kvHeads*headDim
-	if err := tensor.CheckShape(op, "q", q, tensor.F32, -1, qw); err != nil {
-		return shapeErr(err)
-	}
-	t := q.Shape()[0]
-	for _, o := range []struct {
-		operand
-		w int
-	}{
-		{operand{out, "out"}, qw}, {operand{dout, "dout"}, qw}, {operand{dq, "dq"}, qw},
-		{operand{k, "k"}, kw}, {operand{v, "v"}, kw}, {operand{dk, "dk"}, kw}, {operand{dv, "dv"}, kw},
-	} {
-		if err := tensor.CheckShape(op, o.name, o.t, tensor.F32, t, o.w); err != nil {
-			return shapeErr(err)
-		}
-	}
 	if err := b.devices(op, []string{"dq", "dk", "dv", "dout", "q", "k", "v", "out"}, dq, dk, dv, dout, q, k, v, out); err != nil {
 		return err
 	}
-	if err := disjoint(op, []operand{{dq, "dq"}, {dk, "dk"}, {dv, "dv"}},
-		[]operand{{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}}); err != nil {
-		return err
-	}
+	t := q.Shape()[0]
 	if err := dims32(op, t); err != nil {
 		return err
 	}
@@ -529,28 +400,18 @@ func (b *Backend) AttentionGrad(dq, dk, dv, dout, q, k, v, out *tensor.Tensor, h
 // on the host) and returns the sum over the rows of -log
 // softmax(logits[i])[targets[i]], overwriting logits with the gradient of
 // scale times that sum: (softmax - onehot)·scale. A negative target leaves
-// its row out (no loss, zero gradient); a target >= V is an error, and
-// nothing is written. The per-row losses are F32 on the device and summed
-// in float64 here; the call waits for them.
+// its row out (no loss, zero gradient); tensor.Checked refuses a target >=
+// V, which the kernel would read past its row, before anything is written.
+// The per-row losses are F32 on the device and summed in float64 here; the
+// call waits for them.
 func (b *Backend) CrossEntropyGrad(logits *tensor.Tensor, targets []int32, scale float32) (float64, error) {
 	const op = "CrossEntropyGrad"
-	if err := tensor.CheckShape(op, "logits", logits, tensor.F32, -1, -1); err != nil {
-		return 0, shapeErr(err)
-	}
-	rows, vocab := logits.Shape()[0], logits.Shape()[1]
-	if len(targets) != rows {
-		return 0, fmt.Errorf("cuda: %s: %d targets for %d rows of logits", op, len(targets), rows)
-	}
 	if err := b.device(op, "logits", logits); err != nil {
 		return 0, err
 	}
+	rows, vocab := logits.Shape()[0], logits.Shape()[1]
 	if err := dims32(op, rows, vocab); err != nil {
 		return 0, err
-	}
-	for i, y := range targets {
-		if int64(y) >= int64(vocab) {
-			return 0, fmt.Errorf("cuda: %s: target %d at row %d outside the %d logits", op, y, i, vocab)
-		}
 	}
 	if rows == 0 || vocab == 0 { // with vocab 0 every target is negative
 		return 0, nil

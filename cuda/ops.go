@@ -5,7 +5,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"unsafe"
 
@@ -24,20 +23,6 @@ func suffix(dt tensor.DType) string {
 	return "f32"
 }
 
-// overlap reports whether two device tensors share any byte.
-func overlap(a, b *tensor.Tensor) bool {
-	if a == nil || b == nil || a.NumBytes() == 0 || b.NumBytes() == 0 {
-		return false
-	}
-	a0, b0 := a.Ptr(), b.Ptr()
-	return a0 < b0+uintptr(b.NumBytes()) && b0 < a0+uintptr(a.NumBytes())
-}
-
-// partial reports whether a and b overlap without being the same storage.
-func partial(a, b *tensor.Tensor) bool {
-	return overlap(a, b) && (a.Ptr() != b.Ptr() || a.NumBytes() != b.NumBytes())
-}
-
 // shapeErr restates a tensor.CheckShape error as this package's.
 func shapeErr(err error) error {
 	if err == nil {
@@ -46,11 +31,15 @@ func shapeErr(err error) error {
 	return errors.New("cuda: " + strings.TrimPrefix(err.Error(), "tensor: "))
 }
 
-// devices checks every named operand with Backend.device.
+// devices checks every named operand with Backend.device: the one check
+// the operations of tensor.Ops and tensor.GradOps make themselves, besides
+// the limits of their kernels. Every other rule of their arguments (shapes,
+// dtypes, ranges, aliasing, which the kernels rely on to stay inside their
+// operands) is checked by tensor.Checked in front of them.
 func (b *Backend) devices(op string, names []string, ts ...*tensor.Tensor) error {
 	for i, t := range ts {
 		if t == nil {
-			continue // optional operands (bias) are checked by the caller
+			continue // optional operands (bias)
 		}
 		if err := b.device(op, names[i], t); err != nil {
 			return err
@@ -92,33 +81,10 @@ func (b *Backend) MatMul(out, x, w, bias *tensor.Tensor) error {
 
 func (b *Backend) matmul(out, x, w, bias *tensor.Tensor, path mmPath) error {
 	const op = "MatMul"
-	if err := tensor.CheckShape(op, "x", x, tensor.F32, -1, -1); err != nil {
-		return shapeErr(err)
-	}
-	m, k := x.Shape()[0], x.Shape()[1]
-	if err := tensor.CheckShape(op, "w", w, tensor.Invalid, -1, k); err != nil {
-		return shapeErr(err)
-	}
-	n := w.Shape()[0]
-	if err := tensor.CheckShape(op, "out", out, tensor.F32, m, n); err != nil {
-		return shapeErr(err)
-	}
-	if bias != nil {
-		if err := tensor.CheckShape(op, "bias", bias, tensor.Invalid, n); err != nil {
-			return shapeErr(err)
-		}
-	}
 	if err := b.devices(op, []string{"out", "x", "w", "bias"}, out, x, w, bias); err != nil {
 		return err
 	}
-	for _, in := range []struct {
-		t    *tensor.Tensor
-		name string
-	}{{x, "x"}, {w, "w"}, {bias, "bias"}} {
-		if overlap(out, in.t) {
-			return fmt.Errorf("cuda: %s: out overlaps %s", op, in.name)
-		}
-	}
+	m, k, n := x.Shape()[0], x.Shape()[1], w.Shape()[0]
 	if m == 0 || n == 0 {
 		return nil
 	}
@@ -252,25 +218,10 @@ func (b *Backend) gemmTiled(out, x, w *tensor.Tensor, m, n, k int) error {
 // may be x.
 func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
 	const op = "RMSNorm"
-	if err := tensor.CheckShape(op, "x", x, tensor.F32, -1, -1); err != nil {
-		return shapeErr(err)
-	}
-	m, d := x.Shape()[0], x.Shape()[1]
-	if err := tensor.CheckShape(op, "w", w, tensor.Invalid, d); err != nil {
-		return shapeErr(err)
-	}
-	if err := tensor.CheckShape(op, "out", out, tensor.F32, m, d); err != nil {
-		return shapeErr(err)
-	}
 	if err := b.devices(op, []string{"out", "x", "w"}, out, x, w); err != nil {
 		return err
 	}
-	if overlap(out, w) {
-		return fmt.Errorf("cuda: %s: out overlaps w", op)
-	}
-	if partial(out, x) {
-		return fmt.Errorf("cuda: %s: out partially overlaps x", op)
-	}
+	m, d := x.Shape()[0], x.Shape()[1]
 	if m == 0 || d == 0 {
 		return nil
 	}
@@ -284,30 +235,10 @@ func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
 // pos0..pos0+T-1 (Hugging Face's rotate_half pairing).
 func (b *Backend) Rope(x, cos, sin *tensor.Tensor, heads, headDim, pos0 int) error {
 	const op = "Rope"
-	if heads <= 0 || headDim <= 0 || headDim%2 != 0 || pos0 < 0 {
-		return fmt.Errorf("cuda: %s: invalid heads %d, headDim %d (must be even) or pos0 %d", op, heads, headDim, pos0)
-	}
-	half := headDim / 2
-	if err := tensor.CheckShape(op, "x", x, tensor.F32, -1, heads*headDim); err != nil {
-		return shapeErr(err)
-	}
-	if err := tensor.CheckShape(op, "cos", cos, tensor.F32, -1, half); err != nil {
-		return shapeErr(err)
-	}
-	maxPos := cos.Shape()[0]
-	if err := tensor.CheckShape(op, "sin", sin, tensor.F32, maxPos, half); err != nil {
-		return shapeErr(err)
-	}
-	t := x.Shape()[0]
-	if pos0+t > maxPos {
-		return fmt.Errorf("cuda: %s: positions %d..%d beyond the %d-position tables", op, pos0, pos0+t-1, maxPos)
-	}
 	if err := b.devices(op, []string{"x", "cos", "sin"}, x, cos, sin); err != nil {
 		return err
 	}
-	if overlap(x, cos) || overlap(x, sin) {
-		return fmt.Errorf("cuda: %s: x overlaps the tables", op)
-	}
+	half, t := headDim/2, x.Shape()[0]
 	if t == 0 {
 		return nil
 	}
@@ -317,41 +248,10 @@ func (b *Backend) Rope(x, cos, sin *tensor.Tensor, heads, headDim, pos0 int) err
 	})
 }
 
-// elementwise checks out, a and b: F32 tensors of one shape, out identical
-// to or disjoint from each input.
-func (b *Backend) elementwise(op string, out, x, y *tensor.Tensor, xn, yn string) error {
-	if x == nil {
-		return fmt.Errorf("cuda: %s: %s is nil", op, xn)
-	}
-	any := make([]int, len(x.Shape()))
-	for i := range any {
-		any[i] = -1
-	}
-	if err := tensor.CheckShape(op, xn, x, tensor.F32, any...); err != nil {
-		return shapeErr(err)
-	}
-	if err := tensor.CheckShape(op, yn, y, tensor.F32, x.Shape()...); err != nil {
-		return shapeErr(err)
-	}
-	if err := tensor.CheckShape(op, "out", out, tensor.F32, x.Shape()...); err != nil {
-		return shapeErr(err)
-	}
-	if err := b.devices(op, []string{"out", xn, yn}, out, x, y); err != nil {
-		return err
-	}
-	if partial(out, x) {
-		return fmt.Errorf("cuda: %s: out partially overlaps %s", op, xn)
-	}
-	if partial(out, y) {
-		return fmt.Errorf("cuda: %s: out partially overlaps %s", op, yn)
-	}
-	return nil
-}
-
 // SiLUMul computes out = silu(gate) * up elementwise; out may be gate or up.
 func (b *Backend) SiLUMul(out, gate, up *tensor.Tensor) error {
 	const op = "SiLUMul"
-	if err := b.elementwise(op, out, gate, up, "gate", "up"); err != nil {
+	if err := b.devices(op, []string{"out", "gate", "up"}, out, gate, up); err != nil {
 		return err
 	}
 	n := int64(out.Len())
@@ -366,7 +266,7 @@ func (b *Backend) SiLUMul(out, gate, up *tensor.Tensor) error {
 // Add computes out = a + b elementwise; out may be a or b.
 func (b *Backend) Add(out, x, y *tensor.Tensor) error {
 	const op = "Add"
-	if err := b.elementwise(op, out, x, y, "a", "b"); err != nil {
+	if err := b.devices(op, []string{"out", "a", "b"}, out, x, y); err != nil {
 		return err
 	}
 	n := int64(out.Len())
@@ -379,28 +279,14 @@ func (b *Backend) Add(out, x, y *tensor.Tensor) error {
 }
 
 // Embed gathers rows of table [V, D] (F32, F16 or BF16) into out
-// [len(ids), D] F32. An id outside [0, V) is an error and nothing is
-// written.
+// [len(ids), D] F32. The kernel reads the rows the ids name: tensor.Checked
+// refuses an id outside [0, V) before anything runs.
 func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 	const op = "Embed"
-	if err := tensor.CheckShape(op, "table", table, tensor.Invalid, -1, -1); err != nil {
-		return shapeErr(err)
-	}
-	v, d := table.Shape()[0], table.Shape()[1]
-	if err := tensor.CheckShape(op, "out", out, tensor.F32, len(ids), d); err != nil {
-		return shapeErr(err)
-	}
 	if err := b.devices(op, []string{"out", "table"}, out, table); err != nil {
 		return err
 	}
-	if overlap(out, table) {
-		return fmt.Errorf("cuda: %s: out overlaps table", op)
-	}
-	for i, id := range ids {
-		if id < 0 || int(id) >= v {
-			return fmt.Errorf("cuda: %s: id %d at index %d outside the table of %d rows", op, id, i, v)
-		}
-	}
+	d := table.Shape()[1]
 	if len(ids) == 0 || d == 0 {
 		return nil
 	}
@@ -424,26 +310,10 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 // same dtype and row length; dst and src may be the same tensor.
 func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
 	const op = "CopyRows"
-	if dst == nil || src == nil {
-		return fmt.Errorf("cuda: %s: nil tensor", op)
-	}
-	if dst.DType() != src.DType() {
-		return fmt.Errorf("cuda: %s: dst is %v, src is %v", op, dst.DType(), src.DType())
-	}
-	if len(dst.Shape()) == 0 || len(src.Shape()) == 0 {
-		return fmt.Errorf("cuda: %s: dst %v and src %v must have rows", op, dst.Shape(), src.Shape())
-	}
-	dl, sl := dst.Shape()[1:].NumElements(), src.Shape()[1:].NumElements()
-	if dl != sl {
-		return fmt.Errorf("cuda: %s: dst rows of %v and src rows of %v differ in length", op, dst.Shape(), src.Shape())
-	}
-	if n < 0 || dstRow < 0 || srcRow < 0 || dstRow+n > dst.Shape()[0] || srcRow+n > src.Shape()[0] {
-		return fmt.Errorf("cuda: %s: %d rows from row %d of %v to row %d of %v out of range", op, n, srcRow, src.Shape(), dstRow, dst.Shape())
-	}
 	if err := b.devices(op, []string{"dst", "src"}, dst, src); err != nil {
 		return err
 	}
-	rb := dl * int64(dst.DType().Size())
+	rb := dst.Shape()[1:].NumElements() * int64(dst.DType().Size())
 	bytes := int64(n) * rb
 	if bytes == 0 {
 		return nil
@@ -479,51 +349,22 @@ const maxHeadDim = 256
 
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the caches k and v. The caches may be
-// F32, F16 or BF16 (both the same); softmax is F32.
+// F32, F16 or BF16 (both the same); softmax is F32. The kernel holds a head
+// of at most maxHeadDim dimensions and takes at most 65535 queries a call.
 func (b *Backend) Attention(out, q, k, v *tensor.Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
 	const op = "Attention"
-	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 || pos0 < 0 {
-		return fmt.Errorf("cuda: %s: invalid heads %d, kvHeads %d (must divide heads), headDim %d or pos0 %d", op, heads, kvHeads, headDim, pos0)
-	}
 	if headDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, headDim, maxHeadDim)
 	}
-	if err := tensor.CheckShape(op, "q", q, tensor.F32, -1, heads*headDim); err != nil {
-		return shapeErr(err)
-	}
 	t := q.Shape()[0]
-	if err := tensor.CheckShape(op, "out", out, tensor.F32, t, heads*headDim); err != nil {
-		return shapeErr(err)
-	}
-	if err := tensor.CheckShape(op, "k", k, tensor.Invalid, -1, kvHeads*headDim); err != nil {
-		return shapeErr(err)
-	}
-	maxPos := k.Shape()[0]
-	if err := tensor.CheckShape(op, "v", v, k.DType(), maxPos, kvHeads*headDim); err != nil {
-		return shapeErr(err)
-	}
-	if pos0+t > maxPos {
-		return fmt.Errorf("cuda: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
-	}
 	if t > 65535 {
 		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}
 	if err := b.devices(op, []string{"out", "q", "k", "v"}, out, q, k, v); err != nil {
 		return err
 	}
-	for _, in := range []struct {
-		t    *tensor.Tensor
-		name string
-	}{{q, "q"}, {k, "k"}, {v, "v"}} {
-		if overlap(out, in.t) {
-			return fmt.Errorf("cuda: %s: out overlaps %s", op, in.name)
-		}
-	}
 	if t == 0 {
 		return nil
-	}
-	if math.IsNaN(float64(scale)) {
-		return fmt.Errorf("cuda: %s: scale is NaN", op)
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
@@ -605,7 +446,7 @@ func (b *Backend) Cast(dst, src *tensor.Tensor) error {
 	if err := b.devices(op, []string{"dst", "src"}, dst, src); err != nil {
 		return err
 	}
-	if overlap(dst, src) {
+	if tensor.Overlap(dst, src) {
 		return fmt.Errorf("cuda: %s: dst overlaps src", op)
 	}
 	n := int64(src.Len())

@@ -68,7 +68,9 @@ const (
 )
 
 // New returns a model. alloc provides the KV cache and activation buffers
-// (paging.Unbudgeted(b) when no budget applies).
+// (paging.Unbudgeted(b) when no budget applies). The model runs b's
+// operations through tensor.Checked, so that a malformed call (a weight of
+// the wrong shape, say) is an error rather than a fault in a kernel.
 func New(cfg Config, b tensor.Backend, alloc paging.Allocator, w Weights) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -76,7 +78,7 @@ func New(cfg Config, b tensor.Backend, alloc paging.Allocator, w Weights) (*Mode
 	if alloc == nil {
 		alloc = paging.Unbudgeted(b)
 	}
-	m := &Model{cfg: cfg, backend: b, alloc: alloc, weights: w, hi: cfg.NumLayers}
+	m := &Model{cfg: cfg, backend: tensor.Checked(b), alloc: alloc, weights: w, hi: cfg.NumLayers}
 	for i := 0; i < cfg.NumLayers; i++ {
 		m.names = append(m.names, namesFor(i))
 	}
@@ -86,7 +88,9 @@ func New(cfg Config, b tensor.Backend, alloc paging.Allocator, w Weights) (*Mode
 // Config returns the model's configuration.
 func (m *Model) Config() Config { return m.cfg }
 
-// Backend returns the backend the model computes on.
+// Backend returns the backend the model computes on, behind the checks of
+// tensor.Checked (find its capabilities with tensor's helpers, such as
+// tensor.Sync, which look behind them).
 func (m *Model) Backend() tensor.Backend { return m.backend }
 
 // ErrContextFull is returned when a session has no room for more positions.

@@ -83,7 +83,7 @@ func (tr *Trainer) Close() error {
 	for i := range tr.stages {
 		st := &tr.stages[i]
 		if st.pinned {
-			if e := tr.m.backend.(tensor.PinnedAllocator).FreePinned(st.buf); e != nil && err == nil {
+			if e := tr.pinned().FreePinned(st.buf); e != nil && err == nil {
 				err = e
 			}
 		}
@@ -109,10 +109,10 @@ func (tr *Trainer) stage(n int64) (*gradStage, []byte) {
 		return st, st.buf[:n]
 	}
 	if st.pinned {
-		tr.m.backend.(tensor.PinnedAllocator).FreePinned(st.buf)
+		tr.pinned().FreePinned(st.buf)
 		st.buf, st.pinned = nil, false
 	}
-	if pa, ok := tr.m.backend.(tensor.PinnedAllocator); ok {
+	if pa, ok := tensor.Pinned(tr.m.backend); ok {
 		if buf, err := pa.AllocPinned(n); err == nil {
 			st.buf, st.pinned = buf, true
 			return st, buf
@@ -120,6 +120,13 @@ func (tr *Trainer) stage(n int64) (*gradStage, []byte) {
 	}
 	st.buf = make([]byte, n) // pageable: slower copies, same result
 	return st, st.buf
+}
+
+// pinned returns the backend's pinned allocator, which a stage marked
+// pinned came from.
+func (tr *Trainer) pinned() tensor.PinnedAllocator {
+	pa, _ := tensor.Pinned(tr.m.backend)
+	return pa
 }
 
 // floats views host bytes (a multiple of 4) as float32s.
@@ -140,7 +147,7 @@ func NewTrainer(m *Model, opts TrainOptions) (*Trainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := m.backend.(tensor.GradOps); !ok {
+	if _, ok := tensor.CheckedGrad(m.backend); !ok {
 		return nil, fmt.Errorf("nn: train: backend %s has no backward operations (tensor.GradOps)", m.backend.Name())
 	}
 	return &Trainer{m: m, opts: opts, bounds: bounds}, nil
@@ -238,8 +245,9 @@ func (tr *Trainer) lossAndGrads(ctx context.Context, inputs, targets []int32, gr
 	if count == 0 {
 		return StepStats{}, errors.New("nn: train: every target is ignored")
 	}
+	g, _ := tensor.CheckedGrad(tr.m.backend) // present: NewTrainer checked
 	ps := &pass{
-		tr: tr, m: tr.m, c: c, b: tr.m.backend, g: tr.m.backend.(tensor.GradOps), ctx: ctx,
+		tr: tr, m: tr.m, c: c, b: tr.m.backend, g: g, ctx: ctx,
 		T: len(inputs), ids: inputs, targets: targets, count: count,
 		grads: grads, scale: float64(lossScale), hook: tr.opts.Hook,
 		acts:      actAlloc{a: tr.m.alloc, live: map[*tensor.Tensor]bool{}},
@@ -482,10 +490,8 @@ func (ps *pass) flushGrads() error {
 	if len(ps.pending) == 0 {
 		return nil
 	}
-	if s, ok := ps.b.(tensor.Syncer); ok {
-		if err := s.Sync(); err != nil { // the layer's backward, not the copy
-			return err
-		}
+	if err := tensor.Sync(ps.b); err != nil { // the layer's backward, not the copy
+		return err
 	}
 	start := time.Now()
 	defer func() { ps.gradCopy += time.Since(start) }()

@@ -64,9 +64,11 @@ type Ops interface {
 	CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error
 	// Attention computes causal grouped-query attention for T queries at
 	// positions pos0..pos0+T-1. q is [T, heads*headDim]; k and v are the
-	// caches [maxPos, kvHeads*headDim] holding positions 0..pos0+T-1; out
-	// is [T, heads*headDim]. Query head h reads KV head h/(heads/kvHeads).
-	// Scores are scaled by scale and softmaxed in F32.
+	// caches [maxPos, kvHeads*headDim] holding positions 0..pos0+T-1, of
+	// one float type (a backend may read only F32 caches, and says so with
+	// an error); out is [T, heads*headDim] F32. Query head h reads KV head
+	// h/(heads/kvHeads). Scores are scaled by scale (not NaN) and
+	// softmaxed in F32.
 	Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error
 }
 
@@ -115,26 +117,6 @@ type ManagedAllocator interface {
 // MemoryInfo is a backend that can report its device's memory.
 type MemoryInfo interface {
 	MemInfo() (free, total int64, err error)
-}
-
-// CheckShape returns an error naming op if t is nil or not of dtype dt (use
-// Invalid to accept any float type) and shape want (-1 matches any size).
-func CheckShape(op, name string, t *Tensor, dt DType, want ...int) error {
-	if t == nil {
-		return fmt.Errorf("tensor: %s: %s is nil", op, name)
-	}
-	if dt == Invalid && !t.dtype.IsFloat() || dt != Invalid && t.dtype != dt {
-		return fmt.Errorf("tensor: %s: %s has dtype %v", op, name, t.dtype)
-	}
-	if len(want) != len(t.shape) {
-		return fmt.Errorf("tensor: %s: %s has shape %v, want %d dimensions", op, name, t.shape, len(want))
-	}
-	for i, w := range want {
-		if w >= 0 && t.shape[i] != w {
-			return fmt.Errorf("tensor: %s: %s has shape %v, want dimension %d = %d", op, name, t.shape, i, w)
-		}
-	}
-	return nil
 }
 
 // Registry of backends by name, with "cpu" always present.

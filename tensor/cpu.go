@@ -3,7 +3,6 @@ package tensor
 import (
 	"fmt"
 	"runtime"
-	"unsafe"
 )
 
 func init() {
@@ -108,29 +107,14 @@ func onHost(op, name string, t *Tensor) error {
 	return nil
 }
 
-// check is CheckShape followed by onHost.
-func check(op, name string, t *Tensor, dt DType, want ...int) error {
-	if err := CheckShape(op, name, t, dt, want...); err != nil {
-		return err
-	}
-	return onHost(op, name, t)
-}
-
-// overlap reports whether the host storage of a and b shares any byte.
-func overlap(a, b *Tensor) bool {
-	if a == nil || b == nil || len(a.data) == 0 || len(b.data) == 0 {
-		return false
-	}
-	a0 := uintptr(unsafe.Pointer(unsafe.SliceData(a.data)))
-	b0 := uintptr(unsafe.Pointer(unsafe.SliceData(b.data)))
-	return a0 < b0+uintptr(len(b.data)) && b0 < a0+uintptr(len(a.data))
-}
-
-// noOverlap returns an error if out shares storage with any of ins.
-func noOverlap(op string, out *Tensor, names []string, ins ...*Tensor) error {
-	for i, in := range ins {
-		if overlap(out, in) {
-			return fmt.Errorf("tensor: %s: out overlaps %s", op, names[i])
+// operands returns an error if any of ts (nil ones aside) is not in host
+// memory. It is the one check the CPU's operations make themselves: every
+// other rule of their arguments is checked by Checked, in front of them,
+// and an operation called with arguments that break those rules may panic.
+func operands(op string, ts ...*Tensor) error {
+	for _, t := range ts {
+		if t != nil && t.data == nil && t.bytes != 0 {
+			return fmt.Errorf("tensor: cpu: %s: %v is not in host memory (a device tensor, or freed)", op, t)
 		}
 	}
 	return nil

@@ -12,34 +12,19 @@ var scoreBufs = sync.Pool{New: func() any { return new([]float32) }}
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the key and value caches k and v
 // [maxPos, kvHeads*headDim], which hold positions 0..pos0+T-1. q and out are
-// F32 [T, heads*headDim]. Query row t attends to positions 0..pos0+t; query
+// F32 [T, heads*headDim]; the caches must be F32 here (the contract allows
+// any float type). Query row t attends to positions 0..pos0+t; query
 // head h reads KV head h/(heads/kvHeads). The work is spread over (head,
 // row) pairs on the pool.
 func (c *CPU) Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
 	const op = "Attention"
-	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 || pos0 < 0 {
-		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads), headDim %d or pos0 %d", op, heads, kvHeads, headDim, pos0)
-	}
-	if err := check(op, "q", q, F32, -1, heads*headDim); err != nil {
+	if err := operands(op, out, q, k, v); err != nil {
 		return err
+	}
+	if k.dtype != F32 {
+		return fmt.Errorf("tensor: cpu: %s: the caches are %v; this backend reads F32 caches only", op, k.dtype)
 	}
 	t := q.shape[0]
-	if err := check(op, "out", out, F32, t, heads*headDim); err != nil {
-		return err
-	}
-	if err := check(op, "k", k, F32, -1, kvHeads*headDim); err != nil {
-		return err
-	}
-	maxPos := k.shape[0]
-	if err := check(op, "v", v, F32, maxPos, kvHeads*headDim); err != nil {
-		return err
-	}
-	if pos0+t > maxPos {
-		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
-	}
-	if err := noOverlap(op, out, []string{"q", "k", "v"}, q, k, v); err != nil {
-		return err
-	}
 	if t == 0 {
 		return nil
 	}

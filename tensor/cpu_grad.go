@@ -1,7 +1,6 @@
 package tensor
 
 import (
-	"fmt"
 	"math"
 	"sync"
 )
@@ -18,25 +17,10 @@ var _ GradOps = (*CPU)(nil)
 
 // Zero sets every element of t, of any dtype, to zero.
 func (c *CPU) Zero(t *Tensor) error {
-	const op = "Zero"
-	if t == nil {
-		return fmt.Errorf("tensor: %s: t is nil", op)
-	}
-	if err := onHost(op, "t", t); err != nil {
+	if err := operands("Zero", t); err != nil {
 		return err
 	}
 	clear(t.data)
-	return nil
-}
-
-// disjoint returns an error naming op if out shares storage with any of
-// ins.
-func disjoint(op, name string, out *Tensor, names []string, ins ...*Tensor) error {
-	for i, in := range ins {
-		if overlap(out, in) {
-			return fmt.Errorf("tensor: %s: %s overlaps %s", op, name, names[i])
-		}
-	}
 	return nil
 }
 
@@ -44,21 +28,10 @@ func disjoint(op, name string, out *Tensor, names []string, ins ...*Tensor) erro
 // be F32, F16 or BF16 and is converted to F32 a block at a time. dx must
 // not overlap dy or w.
 func (c *CPU) MatMulGradX(dx, dy, w *Tensor) error {
-	const op = "MatMulGradX"
-	if err := check(op, "dy", dy, F32, -1, -1); err != nil {
+	if err := operands("MatMulGradX", dx, dy, w); err != nil {
 		return err
 	}
-	m, n := dy.shape[0], dy.shape[1]
-	if err := check(op, "w", w, Invalid, n, -1); err != nil {
-		return err
-	}
-	k := w.shape[1]
-	if err := check(op, "dx", dx, F32, m, k); err != nil {
-		return err
-	}
-	if err := disjoint(op, "dx", dx, []string{"dy", "w"}, dy, w); err != nil {
-		return err
-	}
+	m, n, k := dy.shape[0], dy.shape[1], w.shape[1]
 	g := gradMM{rows: m, inner: n, cols: k, a: dy.F32(), lda: n, bdt: w.dtype, out: dx.F32()}
 	if w.dtype == F32 {
 		g.b32 = w.F32()
@@ -72,21 +45,10 @@ func (c *CPU) MatMulGradX(dx, dy, w *Tensor) error {
 // MatMulGradW adds dy[M,N]ᵀ · x[M,K] into dw[N,K], all F32. dw must not
 // overlap dy or x.
 func (c *CPU) MatMulGradW(dw, dy, x *Tensor) error {
-	const op = "MatMulGradW"
-	if err := check(op, "dy", dy, F32, -1, -1); err != nil {
+	if err := operands("MatMulGradW", dw, dy, x); err != nil {
 		return err
 	}
-	m, n := dy.shape[0], dy.shape[1]
-	if err := check(op, "x", x, F32, m, -1); err != nil {
-		return err
-	}
-	k := x.shape[1]
-	if err := check(op, "dw", dw, F32, n, k); err != nil {
-		return err
-	}
-	if err := disjoint(op, "dw", dw, []string{"dy", "x"}, dy, x); err != nil {
-		return err
-	}
+	m, n, k := dy.shape[0], dy.shape[1], x.shape[1]
 	g := gradMM{rows: n, inner: m, cols: k, a: dy.F32(), lda: n, aT: true, bdt: F32, b32: x.F32(), out: dw.F32()}
 	c.gradMatMul(&g)
 	return nil
@@ -324,17 +286,10 @@ func gemm4x4Go(a []float32, lda int, b, c []float32, kc int) {
 // BiasGrad adds the column sums of dy[M,N] into db[N], both F32. Each
 // column is summed in float64.
 func (c *CPU) BiasGrad(db, dy *Tensor) error {
-	const op = "BiasGrad"
-	if err := check(op, "dy", dy, F32, -1, -1); err != nil {
+	if err := operands("BiasGrad", db, dy); err != nil {
 		return err
 	}
 	m, n := dy.shape[0], dy.shape[1]
-	if err := check(op, "db", db, F32, n); err != nil {
-		return err
-	}
-	if err := disjoint(op, "db", db, []string{"dy"}, dy); err != nil {
-		return err
-	}
 	if m == 0 || n == 0 {
 		return nil
 	}
@@ -361,31 +316,10 @@ func (c *CPU) BiasGrad(db, dy *Tensor) error {
 // are F32 [M,H]; w [H] is F32, F16 or BF16; dw is F32 [H]. No output may
 // overlap another operand.
 func (c *CPU) RMSNormGrad(dx, dw, dy, x, w *Tensor, eps float32) error {
-	const op = "RMSNormGrad"
-	if err := check(op, "x", x, F32, -1, -1); err != nil {
+	if err := operands("RMSNormGrad", dx, dw, dy, x, w); err != nil {
 		return err
 	}
 	m, h := x.shape[0], x.shape[1]
-	if err := check(op, "dy", dy, F32, m, h); err != nil {
-		return err
-	}
-	if err := check(op, "w", w, Invalid, h); err != nil {
-		return err
-	}
-	if err := check(op, "dx", dx, F32, m, h); err != nil {
-		return err
-	}
-	if err := disjoint(op, "dx", dx, []string{"dy", "x", "w"}, dy, x, w); err != nil {
-		return err
-	}
-	if dw != nil {
-		if err := check(op, "dw", dw, F32, h); err != nil {
-			return err
-		}
-		if err := disjoint(op, "dw", dw, []string{"dx", "dy", "x", "w"}, dx, dy, x, w); err != nil {
-			return err
-		}
-	}
 	if m == 0 || h == 0 {
 		return nil
 	}
@@ -450,25 +384,7 @@ func (c *CPU) RMSNormGrad(dx, dw, dy, x, w *Tensor, eps float32) error {
 // gate·(1-σ(gate))). All are F32 of one shape; dgate may be dout (in
 // place); no other output may overlap another operand.
 func (c *CPU) SiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error {
-	const op = "SiLUMulGrad"
-	if err := check(op, "gate", gate, F32, dims(gate)...); err != nil {
-		return err
-	}
-	for _, o := range [...]struct {
-		t    *Tensor
-		name string
-	}{{up, "up"}, {dout, "dout"}, {dgate, "dgate"}, {dup, "dup"}} {
-		if err := check(op, o.name, o.t, F32, gate.shape...); err != nil {
-			return err
-		}
-	}
-	if overlap(dgate, dout) && &dgate.data[0] != &dout.data[0] {
-		return fmt.Errorf("tensor: %s: dgate partially overlaps dout", op)
-	}
-	if err := disjoint(op, "dgate", dgate, []string{"gate", "up", "dup"}, gate, up, dup); err != nil {
-		return err
-	}
-	if err := disjoint(op, "dup", dup, []string{"dout", "gate", "up"}, dout, gate, up); err != nil {
+	if err := operands("SiLUMulGrad", dgate, dup, dout, gate, up); err != nil {
 		return err
 	}
 	dg, du, d, gs, us := dgate.F32(), dup.F32(), dout.F32(), gate.F32(), up.F32()
@@ -495,34 +411,10 @@ func (c *CPU) SiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error {
 // its part of dk and dv into a buffer of its own, and the buffers are summed
 // in head order.
 func (c *CPU) AttentionGrad(dq, dk, dv, dout, q, k, v, out *Tensor, heads, kvHeads, headDim int, scale float32) error {
-	const op = "AttentionGrad"
-	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 {
-		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads) or headDim %d", op, heads, kvHeads, headDim)
-	}
-	qw, kw := heads*headDim, kvHeads*headDim
-	if err := check(op, "q", q, F32, -1, qw); err != nil {
+	if err := operands("AttentionGrad", dq, dk, dv, dout, q, k, v, out); err != nil {
 		return err
 	}
 	t := q.shape[0]
-	for _, o := range [...]struct {
-		t     *Tensor
-		name  string
-		width int
-	}{{k, "k", kw}, {v, "v", kw}, {out, "out", qw}, {dout, "dout", qw}, {dq, "dq", qw}, {dk, "dk", kw}, {dv, "dv", kw}} {
-		if err := check(op, o.name, o.t, F32, t, o.width); err != nil {
-			return err
-		}
-	}
-	ins := []string{"dout", "q", "k", "v", "out"}
-	if err := disjoint(op, "dq", dq, append(ins, "dk", "dv"), dout, q, k, v, out, dk, dv); err != nil {
-		return err
-	}
-	if err := disjoint(op, "dk", dk, append(ins, "dv"), dout, q, k, v, out, dv); err != nil {
-		return err
-	}
-	if err := disjoint(op, "dv", dv, ins, dout, q, k, v, out); err != nil {
-		return err
-	}
 	if t == 0 {
 		return nil
 	}
@@ -668,16 +560,10 @@ func (a *attnGrad) reduce(g int) {
 // error, and then logits are unchanged. Each row's softmax is normalised in
 // float64; the rows' losses are summed in row order.
 func (c *CPU) CrossEntropyGrad(logits *Tensor, targets []int32, scale float32) (float64, error) {
-	const op = "CrossEntropyGrad"
-	if err := check(op, "logits", logits, F32, len(targets), -1); err != nil {
+	if err := operands("CrossEntropyGrad", logits); err != nil {
 		return 0, err
 	}
 	v := logits.shape[1]
-	for i, y := range targets {
-		if int(y) >= v {
-			return 0, fmt.Errorf("tensor: %s: target %d of row %d outside the %d logits", op, y, i, v)
-		}
-	}
 	rows := len(targets)
 	if rows == 0 {
 		return 0, nil

@@ -38,26 +38,10 @@ const (
 // to F32 and multiplies it with every panel, keeping an mr×nr tile of out
 // in registers.
 func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
-	const op = "MatMul"
-	if err := check(op, "x", x, F32, -1, -1); err != nil {
+	if err := operands("MatMul", out, x, w, bias); err != nil {
 		return err
 	}
-	m, k := x.shape[0], x.shape[1]
-	if err := check(op, "w", w, Invalid, -1, k); err != nil {
-		return err
-	}
-	n := w.shape[0]
-	if err := check(op, "out", out, F32, m, n); err != nil {
-		return err
-	}
-	if bias != nil {
-		if err := check(op, "bias", bias, Invalid, n); err != nil {
-			return err
-		}
-	}
-	if err := noOverlap(op, out, []string{"x", "w", "bias"}, x, w, bias); err != nil {
-		return err
-	}
+	m, k, n := x.shape[0], x.shape[1], w.shape[0]
 	if m == 0 || n == 0 {
 		return nil
 	}

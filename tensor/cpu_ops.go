@@ -1,7 +1,6 @@
 package tensor
 
 import (
-	"fmt"
 	"math"
 	"sync"
 )
@@ -98,23 +97,10 @@ func (e *elemOp) rmsNorm(lo, hi int) {
 // RMSNorm computes out[i,:] = x[i,:] / sqrt(mean(x[i,:]²) + eps) * w. x and
 // out are F32 [M, D] (out may alias x); w is [D] in any float type.
 func (c *CPU) RMSNorm(out, x, w *Tensor, eps float32) error {
-	const op = "RMSNorm"
-	if err := check(op, "x", x, F32, -1, -1); err != nil {
+	if err := operands("RMSNorm", out, x, w); err != nil {
 		return err
 	}
 	m, d := x.shape[0], x.shape[1]
-	if err := check(op, "w", w, Invalid, d); err != nil {
-		return err
-	}
-	if err := check(op, "out", out, F32, m, d); err != nil {
-		return err
-	}
-	if overlap(out, w) {
-		return fmt.Errorf("tensor: %s: out overlaps w", op)
-	}
-	if overlap(out, x) && &out.data[0] != &x.data[0] {
-		return fmt.Errorf("tensor: %s: out partially overlaps x", op)
-	}
 	if m == 0 || d == 0 {
 		return nil
 	}
@@ -128,28 +114,10 @@ func (c *CPU) RMSNorm(out, x, w *Tensor, eps float32) error {
 // heads*headDim] in place by the angles of positions pos0..pos0+T-1, read
 // from the F32 tables cos and sin [maxPos, headDim/2].
 func (c *CPU) Rope(x, cos, sin *Tensor, heads, headDim, pos0 int) error {
-	const op = "Rope"
-	if heads <= 0 || headDim <= 0 || headDim%2 != 0 || pos0 < 0 {
-		return fmt.Errorf("tensor: %s: invalid heads %d, headDim %d (must be even) or pos0 %d", op, heads, headDim, pos0)
-	}
-	half := headDim / 2
-	if err := check(op, "x", x, F32, -1, heads*headDim); err != nil {
+	if err := operands("Rope", x, cos, sin); err != nil {
 		return err
 	}
-	if err := check(op, "cos", cos, F32, -1, half); err != nil {
-		return err
-	}
-	maxPos := cos.shape[0]
-	if err := check(op, "sin", sin, F32, maxPos, half); err != nil {
-		return err
-	}
-	t := x.shape[0]
-	if pos0+t > maxPos {
-		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position tables", op, pos0, pos0+t-1, maxPos)
-	}
-	if overlap(x, cos) || overlap(x, sin) {
-		return fmt.Errorf("tensor: %s: x overlaps the tables", op)
-	}
+	half, t := headDim/2, x.shape[0]
 	xs, cs, ss := x.F32(), cos.F32(), sin.F32()
 	width := heads * headDim
 	for r := range t {
@@ -171,8 +139,7 @@ func (c *CPU) Rope(x, cos, sin *Tensor, heads, headDim, pos0 int) error {
 // SiLUMul computes out = silu(gate) * up elementwise, silu(g) = g/(1+e^-g).
 // All three are F32 of one shape; out may alias gate or up.
 func (c *CPU) SiLUMul(out, gate, up *Tensor) error {
-	const op = "SiLUMul"
-	if err := sameF32(op, out, gate, up, "gate", "up"); err != nil {
+	if err := operands("SiLUMul", out, gate, up); err != nil {
 		return err
 	}
 	e := elemPool.Get().(*elemOp)
@@ -185,8 +152,7 @@ func (c *CPU) SiLUMul(out, gate, up *Tensor) error {
 // Add computes out = a + b elementwise; all F32 of one shape. out may alias
 // a or b.
 func (c *CPU) Add(out, a, b *Tensor) error {
-	const op = "Add"
-	if err := sameF32(op, out, a, b, "a", "b"); err != nil {
+	if err := operands("Add", out, a, b); err != nil {
 		return err
 	}
 	e := elemPool.Get().(*elemOp)
@@ -196,60 +162,13 @@ func (c *CPU) Add(out, a, b *Tensor) error {
 	return nil
 }
 
-// sameF32 checks the operands of an elementwise operation: host F32 tensors
-// of one shape, out either identical to or disjoint from each input.
-func sameF32(op string, out, a, b *Tensor, an, bn string) error {
-	if err := check(op, an, a, F32, dims(a)...); err != nil {
-		return err
-	}
-	if err := check(op, bn, b, F32, a.shape...); err != nil {
-		return err
-	}
-	if err := check(op, "out", out, F32, a.shape...); err != nil {
-		return err
-	}
-	for _, in := range [...]struct {
-		t    *Tensor
-		name string
-	}{{a, an}, {b, bn}} {
-		if overlap(out, in.t) && &out.data[0] != &in.t.data[0] {
-			return fmt.Errorf("tensor: %s: out partially overlaps %s", op, in.name)
-		}
-	}
-	return nil
-}
-
-// dims returns a want list matching any shape of t's rank (for CheckShape).
-func dims(t *Tensor) []int {
-	if t == nil {
-		return nil
-	}
-	d := make([]int, len(t.shape))
-	for i := range d {
-		d[i] = -1
-	}
-	return d
-}
-
 // Embed gathers rows of table [V, D] (any float type) into out [len(ids), D]
-// F32. An id outside [0, V) is an error and nothing is written.
+// F32. (Checked refuses an id outside [0, V) before anything is written.)
 func (c *CPU) Embed(out, table *Tensor, ids []int32) error {
-	const op = "Embed"
-	if err := check(op, "table", table, Invalid, -1, -1); err != nil {
+	if err := operands("Embed", out, table); err != nil {
 		return err
 	}
-	v, d := table.shape[0], table.shape[1]
-	if err := check(op, "out", out, F32, len(ids), d); err != nil {
-		return err
-	}
-	if overlap(out, table) {
-		return fmt.Errorf("tensor: %s: out overlaps table", op)
-	}
-	for i, id := range ids {
-		if id < 0 || int(id) >= v {
-			return fmt.Errorf("tensor: %s: id %d at index %d outside the table of %d rows", op, id, i, v)
-		}
-	}
+	d := table.shape[1]
 	o := out.F32()
 	for i, id := range ids {
 		row := int(id)
@@ -270,29 +189,10 @@ func (c *CPU) Embed(out, table *Tensor, ids []int32) error {
 // The tensors have the same dtype and row length (the product of all but
 // the first dimension); they may be the same tensor.
 func (c *CPU) CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error {
-	const op = "CopyRows"
-	if dst == nil || src == nil {
-		return fmt.Errorf("tensor: %s: nil tensor", op)
-	}
-	if err := onHost(op, "dst", dst); err != nil {
+	if err := operands("CopyRows", dst, src); err != nil {
 		return err
 	}
-	if err := onHost(op, "src", src); err != nil {
-		return err
-	}
-	if dst.dtype != src.dtype {
-		return fmt.Errorf("tensor: %s: dst is %v, src is %v", op, dst.dtype, src.dtype)
-	}
-	if len(dst.shape) == 0 || len(src.shape) == 0 {
-		return fmt.Errorf("tensor: %s: dst %v and src %v must have rows", op, dst.shape, src.shape)
-	}
-	dl, sl := dst.shape[1:].NumElements(), src.shape[1:].NumElements()
-	if dl != sl {
-		return fmt.Errorf("tensor: %s: dst rows of %v and src rows of %v differ in length", op, dst.shape, src.shape)
-	}
-	if n < 0 || dstRow < 0 || srcRow < 0 || dstRow+n > dst.shape[0] || srcRow+n > src.shape[0] {
-		return fmt.Errorf("tensor: %s: %d rows from row %d of %v to row %d of %v out of range", op, n, srcRow, src.shape, dstRow, dst.shape)
-	}
+	dl := dst.shape[1:].NumElements()
 	rb := int(dl) * dst.dtype.Size()
 	copy(dst.data[dstRow*rb:(dstRow+n)*rb], src.data[srcRow*rb:(srcRow+n)*rb])
 	return nil

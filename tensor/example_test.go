@@ -27,13 +27,15 @@ func ExampleCPU_MatMul() {
 	// Output: [1 3]
 }
 
-// Shape errors are returned, naming the operation and the operand.
-func ExampleCPU_MatMul_error() {
+// The checks in front of a backend return malformed calls as errors naming
+// the operation and the operand; the backend's kernel never sees them.
+func ExampleChecked() {
 	cpu := tensor.NewCPU(1)
 	defer cpu.Close()
+	b := tensor.Checked(cpu)
 	x := tensor.New(tensor.F32, tensor.Shape{1, 3})
 	w := tensor.New(tensor.F16, tensor.Shape{2, 4})
 	out := tensor.New(tensor.F32, tensor.Shape{1, 2})
-	fmt.Println(cpu.MatMul(out, x, w, nil))
+	fmt.Println(b.MatMul(out, x, w, nil))
 	// Output: tensor: MatMul: w has shape [2, 4], want dimension 1 = 3
 }

@@ -73,12 +73,12 @@ func TestCPUNoAllocs(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := tensor.NewCPUKernels(2, name)
 			defer c.Close()
-			testNoAllocs(t, c)
+			testNoAllocs(t, tensor.Checked(c))
 		})
 	}
 }
 
-func testNoAllocs(t *testing.T, c *tensor.CPU) {
+func testNoAllocs(t *testing.T, c tensor.Backend) {
 	const heads, kvHeads, hd, hidden, inter = 8, 2, 16, 128, 344
 	f32 := func(shape ...int) *tensor.Tensor { return tensor.New(tensor.F32, tensor.Shape(shape)) }
 	x, h, q := f32(16, hidden), f32(16, hidden), f32(16, heads*hd)

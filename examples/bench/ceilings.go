@@ -104,11 +104,12 @@ func measureCeilings(b tensor.Backend) (*Ceilings, error) {
 	}
 	defer b.Free(out)
 	rows := dev / 4 / 1024
-	if err := b.CopyRows(out, 0, src, 0, rows); err != nil { // warm
+	k := tensor.Checked(b)
+	if err := k.CopyRows(out, 0, src, 0, rows); err != nil { // warm
 		return nil, err
 	}
 	d, err = median(9, func() error {
-		if err := b.CopyRows(out, 0, src, 0, rows); err != nil {
+		if err := k.CopyRows(out, 0, src, 0, rows); err != nil {
 			return err
 		}
 		return sync()

@@ -18,6 +18,7 @@ import (
 // the scale of float32 rounding error in a sum.
 func FuzzMatMul(f *testing.F, b tensor.Backend, opts ...Option) {
 	cfg := newConfig(opts)
+	b = tensor.Checked(b)
 	for _, seed := range []struct {
 		m        uint8
 		n, k     uint16

@@ -3,6 +3,7 @@ package tensortest
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
@@ -13,18 +14,19 @@ import (
 // ...), which the package's own tests check against finite differences of
 // the forward references. It fails at once if b does not implement
 // tensor.GradOps. Like TestBackend it moves data only through the Backend
-// interface, and it takes the same options.
+// interface, calls the operations through tensor.Checked, and takes the
+// same options.
 //
 // Destinations that an operation adds into are filled with random values
 // first, so that the check covers the accumulation; those it sets are filled
 // with NaN, so that an element left unwritten fails. Weights are compared
 // with references computed on their stored (rounded) values.
 func TestGradOps(t *testing.T, b tensor.Backend, opts ...Option) {
-	g, ok := b.(tensor.GradOps)
+	g, ok := tensor.CheckedGrad(b)
 	if !ok {
 		t.Fatalf("backend %s (%T) does not implement tensor.GradOps", b.Name(), b)
 	}
-	s := &gradSuite{suite: &suite{b: b, cfg: newConfig(opts)}, g: g}
+	s := &gradSuite{suite: &suite{b: tensor.Checked(b), cfg: newConfig(opts)}, g: g}
 	t.Run("MatMulPrecise", s.testMatMulPrecise)
 	t.Run("Zero", s.testZero)
 	t.Run("MatMulGradX", s.testMatMulGradX)
@@ -36,6 +38,57 @@ func TestGradOps(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("CrossEntropyGrad", s.testCrossEntropyGrad)
 	t.Run("RopeInverse", s.testRopeInverse)
 	t.Run("Errors", s.testGradErrors)
+	t.Run("Aliasing", s.testGradAliasing)
+}
+
+// testGradAliasing checks that outputs sharing storage with an operand
+// where the contract forbids it are errors saying so, and that SiLUMulGrad
+// works in place.
+func (s *gradSuite) testGradAliasing(t *testing.T) {
+	f32s := func(shape ...int) *tensor.Tensor {
+		x, _ := s.put(t, tensor.F32, shape, make([]float32, tensor.Shape(shape).NumElements()))
+		return x
+	}
+	g := s.g
+	sq, a, b, x := f32s(4, 4), f32s(4, 4), f32s(4, 4), f32s(4, 4)
+	top, _ := a.Rows(0, 3)
+	low, _ := a.Rows(1, 3)
+	norm := f32s(4)
+	q, k, v, o, dq, dk, dv := f32s(3, 8), f32s(3, 4), f32s(3, 4), f32s(3, 8), f32s(3, 8), f32s(3, 4), f32s(3, 4)
+	attn := func(dq, dk, dv, dout, q, k, v, out *tensor.Tensor) error {
+		return g.AttentionGrad(dq, dk, dv, dout, q, k, v, out, 2, 1, 4, 0.5)
+	}
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"MatMulGradX/dx is dy", func() error { return g.MatMulGradX(sq, sq, b) }},
+		{"MatMulGradX/dx is w", func() error { return g.MatMulGradX(sq, b, sq) }},
+		{"MatMulGradW/dw is x", func() error { return g.MatMulGradW(sq, b, sq) }},
+		{"MatMulGradW/dw is dy", func() error { return g.MatMulGradW(sq, sq, b) }},
+		{"BiasGrad/db in dy", func() error { r, _ := sq.Rows(0, 1); d, _ := r.Reshape(tensor.Shape{4}); return g.BiasGrad(d, sq) }},
+		{"RMSNormGrad/dx is x", func() error { return g.RMSNormGrad(x, nil, b, x, norm, 1e-5) }},
+		{"RMSNormGrad/dx is dy", func() error { return g.RMSNormGrad(x, nil, x, b, norm, 1e-5) }},
+		{"RMSNormGrad/dw is w", func() error { return g.RMSNormGrad(x, norm, b, sq, norm, 1e-5) }},
+		{"SiLUMulGrad/dup is dout", func() error { return g.SiLUMulGrad(x, b, b, sq, sq) }},
+		{"SiLUMulGrad/dgate is gate", func() error { return g.SiLUMulGrad(x, b, sq, x, sq) }},
+		{"SiLUMulGrad/dgate partly dout", func() error { return g.SiLUMulGrad(low, f32s(3, 4), top, f32s(3, 4), f32s(3, 4)) }},
+		{"SiLUMulGrad/dgate is dup", func() error { return g.SiLUMulGrad(x, x, b, sq, sq) }},
+		{"AttentionGrad/dq is q", func() error { return attn(q, dk, dv, o, q, k, v, o) }},
+		{"AttentionGrad/dq is dout", func() error { return attn(o, dk, dv, o, q, k, v, f32s(3, 8)) }},
+		{"AttentionGrad/dk is dv", func() error { return attn(dq, dk, dk, o, q, k, v, f32s(3, 8)) }},
+		{"AttentionGrad/dv is v", func() error { return attn(dq, dk, v, o, q, k, v, f32s(3, 8)) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.call()
+			if err == nil || !strings.Contains(err.Error(), "overlaps") {
+				t.Fatalf("error %v, want one about overlapping operands", err)
+			}
+		})
+	}
+	if err := g.SiLUMulGrad(x, b, x, sq, sq); err != nil {
+		t.Errorf("SiLUMulGrad in place: %v", err)
+	}
 }
 
 type gradSuite struct {
@@ -511,10 +564,11 @@ func (s *gradSuite) testGradErrors(t *testing.T) {
 //	func FuzzCPUMatMulGrad(f *testing.F) { tensortest.FuzzMatMulGrad(f, tensor.NewCPU(0)) }
 func FuzzMatMulGrad(f *testing.F, b tensor.Backend, opts ...Option) {
 	cfg := newConfig(opts)
-	g, ok := b.(tensor.GradOps)
+	g, ok := tensor.CheckedGrad(b)
 	if !ok {
 		f.Fatalf("backend %s (%T) does not implement tensor.GradOps", b.Name(), b)
 	}
+	b = tensor.Checked(b)
 	for _, seed := range []struct {
 		m        uint8
 		n, k     uint16

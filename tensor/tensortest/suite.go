@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
@@ -36,9 +37,11 @@ var weightTypes = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16}
 
 // TestBackend checks every operation of b against the references in this
 // package, and that malformed calls return errors. It uses only the Backend
-// interface.
+// interface, and calls b's operations through tensor.Checked: the checks
+// in front must pass every well-formed call, and catch the malformed ones
+// before b's kernels see them.
 func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
-	s := &suite{b: b, cfg: newConfig(opts)}
+	s := &suite{b: tensor.Checked(b), cfg: newConfig(opts)}
 	t.Run("Memory", s.testMemory)
 	t.Run("MatMul", s.testMatMul)
 	t.Run("RMSNorm", s.testRMSNorm)
@@ -49,6 +52,7 @@ func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("CopyRows", s.testCopyRows)
 	t.Run("Attention", s.testAttention)
 	t.Run("Errors", s.testErrors)
+	t.Run("Aliasing", s.testAliasing)
 }
 
 type suite struct {
@@ -550,5 +554,69 @@ func (s *suite) testErrors(t *testing.T) {
 				t.Logf("error: %v", err)
 			}
 		})
+	}
+}
+
+// testAliasing checks the storage-sharing rules: an output that overlaps
+// an input where the result would be wrong is an error saying so, and the
+// in-place forms the contract allows work.
+func (s *suite) testAliasing(t *testing.T) {
+	f32s := func(shape ...int) *tensor.Tensor {
+		x, _ := s.put(t, tensor.F32, shape, make([]float32, tensor.Shape(shape).NumElements()))
+		return x
+	}
+	b := s.b
+	x, w, norm := f32s(4, 4), f32s(4, 4), f32s(4)
+	top, _ := x.Rows(0, 2)
+	low, _ := x.Rows(1, 2)
+	wide := f32s(3, 16)
+	q, _ := wide.Rows(0, 2)
+	cos, sin := f32s(8, 4), f32s(8, 4)
+	kc := f32s(8, 8)
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"MatMul/out is x", func() error { return b.MatMul(x, x, w, nil) }},
+		{"MatMul/out is w", func() error { return b.MatMul(w, x, w, nil) }},
+		{"MatMul/out is bias", func() error {
+			r, _ := x.Rows(0, 1)
+			bias, _ := r.Reshape(tensor.Shape{4})
+			return b.MatMul(x, w, w, bias)
+		}},
+		{"RMSNorm/out is w", func() error {
+			r, _ := x.Rows(0, 1)
+			wv, _ := r.Reshape(tensor.Shape{4})
+			return b.RMSNorm(x, w, wv, 1e-5)
+		}},
+		{"RMSNorm/out partly x", func() error { return b.RMSNorm(low, top, norm, 1e-5) }},
+		{"Rope/x is cos", func() error { xc, _ := cos.Reshape(tensor.Shape{4, 8}); return b.Rope(xc, cos, sin, 1, 8, 0) }},
+		{"Add/out partly a", func() error { return b.Add(low, top, top) }},
+		{"SiLUMul/out partly up", func() error { return b.SiLUMul(low, f32s(2, 4), top) }},
+		{"Attention/out is q", func() error { return b.Attention(q, q, kc, kc, 4, 2, 4, 0, 1) }},
+		{"Attention/out is k", func() error {
+			kr, _ := kc.Rows(0, 4)
+			o, _ := kr.Reshape(tensor.Shape{2, 16})
+			return b.Attention(o, q, kc, kc, 4, 2, 4, 0, 1)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.call()
+			if err == nil || !strings.Contains(err.Error(), "overlaps") {
+				t.Fatalf("error %v, want one about overlapping operands", err)
+			}
+		})
+	}
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"Add in place", func() error { return b.Add(x, x, x) }},
+		{"SiLUMul in place", func() error { return b.SiLUMul(x, x, w) }},
+		{"RMSNorm in place", func() error { return b.RMSNorm(x, x, norm, 1e-5) }},
+	} {
+		if err := c.call(); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
 	}
 }

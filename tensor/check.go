@@ -1,0 +1,409 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// The argument checks of every operation of Ops and GradOps, written once:
+// Checked runs them in front of a backend, whose kernels then assume
+// well-formed arguments. They cover what the contract says of an operation
+// (dtypes, shapes, ranges, which operands may share storage), not where the
+// operands live: a backend checks that its operands are its own memory, and
+// any limit of its own kernels (the CUDA attention's head size, say).
+
+// CheckShape returns an error naming op if t is nil or not of dtype dt (use
+// Invalid to accept any float type) and shape want (-1 matches any size).
+func CheckShape(op, name string, t *Tensor, dt DType, want ...int) error {
+	if t == nil {
+		return fmt.Errorf("tensor: %s: %s is nil", op, name)
+	}
+	if dt == Invalid && !t.dtype.IsFloat() || dt != Invalid && t.dtype != dt {
+		return fmt.Errorf("tensor: %s: %s has dtype %v", op, name, t.dtype)
+	}
+	if len(want) != len(t.shape) {
+		return fmt.Errorf("tensor: %s: %s has shape %v, want %d dimensions", op, name, t.shape, len(want))
+	}
+	for i, w := range want {
+		if w >= 0 && t.shape[i] != w {
+			return fmt.Errorf("tensor: %s: %s has shape %v, want dimension %d = %d", op, name, t.shape, i, w)
+		}
+	}
+	return nil
+}
+
+// checkLike returns an error naming op unless t is a tensor of dtype dt and
+// of like's shape.
+func checkLike(op, name string, t *Tensor, dt DType, like Shape) error {
+	if t == nil {
+		return fmt.Errorf("tensor: %s: %s is nil", op, name)
+	}
+	if t.dtype != dt {
+		return fmt.Errorf("tensor: %s: %s has dtype %v", op, name, t.dtype)
+	}
+	if !t.shape.Equal(like) {
+		return fmt.Errorf("tensor: %s: %s has shape %v, want %v", op, name, t.shape, like)
+	}
+	return nil
+}
+
+// addr is the address of t's first byte: its host storage or its device
+// address; 0 when it has none (empty, or a freed host tensor).
+func (t *Tensor) addr() uintptr {
+	if t.data != nil {
+		return uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))
+	}
+	return t.ptr
+}
+
+// Overlap reports whether a and b share any byte of storage, host or
+// device. Tensors without storage overlap nothing. It is the aliasing test
+// of every check; a backend's own operations beyond the contract use it
+// too.
+func Overlap(a, b *Tensor) bool {
+	if a == nil || b == nil || a.bytes == 0 || b.bytes == 0 {
+		return false
+	}
+	a0, b0 := a.addr(), b.addr()
+	if a0 == 0 || b0 == 0 {
+		return false
+	}
+	return a0 < b0+uintptr(b.bytes) && b0 < a0+uintptr(a.bytes)
+}
+
+// partial reports whether a and b overlap without being the same storage:
+// an output that is exactly an input is computed in place, one that
+// partly overlaps it is not.
+func partial(a, b *Tensor) bool {
+	return Overlap(a, b) && (a.addr() != b.addr() || a.bytes != b.bytes)
+}
+
+// disjoint returns an error naming op if out, called name, shares storage
+// with any of ins (named by names).
+func disjoint(op, name string, out *Tensor, names []string, ins ...*Tensor) error {
+	for i, in := range ins {
+		if Overlap(out, in) {
+			return fmt.Errorf("tensor: %s: %s overlaps %s", op, name, names[i])
+		}
+	}
+	return nil
+}
+
+// notPartial returns an error naming op if out partly overlaps in.
+func notPartial(op, name string, out *Tensor, inName string, in *Tensor) error {
+	if partial(out, in) {
+		return fmt.Errorf("tensor: %s: %s partially overlaps %s", op, name, inName)
+	}
+	return nil
+}
+
+func checkMatMul(out, x, w, bias *Tensor) error {
+	const op = "MatMul"
+	if err := CheckShape(op, "x", x, F32, -1, -1); err != nil {
+		return err
+	}
+	m, k := x.shape[0], x.shape[1]
+	if err := CheckShape(op, "w", w, Invalid, -1, k); err != nil {
+		return err
+	}
+	n := w.shape[0]
+	if err := CheckShape(op, "out", out, F32, m, n); err != nil {
+		return err
+	}
+	if bias != nil {
+		if err := CheckShape(op, "bias", bias, Invalid, n); err != nil {
+			return err
+		}
+	}
+	return disjoint(op, "out", out, []string{"x", "w", "bias"}, x, w, bias)
+}
+
+func checkRMSNorm(out, x, w *Tensor) error {
+	const op = "RMSNorm"
+	if err := CheckShape(op, "x", x, F32, -1, -1); err != nil {
+		return err
+	}
+	m, d := x.shape[0], x.shape[1]
+	if err := CheckShape(op, "w", w, Invalid, d); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "out", out, F32, m, d); err != nil {
+		return err
+	}
+	if err := disjoint(op, "out", out, []string{"w"}, w); err != nil {
+		return err
+	}
+	return notPartial(op, "out", out, "x", x)
+}
+
+func checkRope(x, cos, sin *Tensor, heads, headDim, pos0 int) error {
+	const op = "Rope"
+	if heads <= 0 || headDim <= 0 || headDim%2 != 0 || pos0 < 0 {
+		return fmt.Errorf("tensor: %s: invalid heads %d, headDim %d (must be even) or pos0 %d", op, heads, headDim, pos0)
+	}
+	half := headDim / 2
+	if err := CheckShape(op, "x", x, F32, -1, heads*headDim); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "cos", cos, F32, -1, half); err != nil {
+		return err
+	}
+	maxPos := cos.shape[0]
+	if err := CheckShape(op, "sin", sin, F32, maxPos, half); err != nil {
+		return err
+	}
+	if t := x.shape[0]; pos0+t > maxPos {
+		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position tables", op, pos0, pos0+t-1, maxPos)
+	}
+	if Overlap(x, cos) || Overlap(x, sin) {
+		return fmt.Errorf("tensor: %s: x overlaps the tables", op)
+	}
+	return nil
+}
+
+// checkElementwise checks the operands of SiLUMul and Add: F32 tensors of
+// one shape, out either identical to or disjoint from each input.
+func checkElementwise(op string, out, a, b *Tensor, an, bn string) error {
+	if a == nil {
+		return fmt.Errorf("tensor: %s: %s is nil", op, an)
+	}
+	if a.dtype != F32 {
+		return fmt.Errorf("tensor: %s: %s has dtype %v", op, an, a.dtype)
+	}
+	if err := checkLike(op, bn, b, F32, a.shape); err != nil {
+		return err
+	}
+	if err := checkLike(op, "out", out, F32, a.shape); err != nil {
+		return err
+	}
+	if err := notPartial(op, "out", out, an, a); err != nil {
+		return err
+	}
+	return notPartial(op, "out", out, bn, b)
+}
+
+func checkSiLUMul(out, gate, up *Tensor) error {
+	return checkElementwise("SiLUMul", out, gate, up, "gate", "up")
+}
+
+func checkAdd(out, a, b *Tensor) error {
+	return checkElementwise("Add", out, a, b, "a", "b")
+}
+
+func checkEmbed(out, table *Tensor, ids []int32) error {
+	const op = "Embed"
+	if err := CheckShape(op, "table", table, Invalid, -1, -1); err != nil {
+		return err
+	}
+	v, d := table.shape[0], table.shape[1]
+	if err := CheckShape(op, "out", out, F32, len(ids), d); err != nil {
+		return err
+	}
+	if err := disjoint(op, "out", out, []string{"table"}, table); err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if id < 0 || int(id) >= v {
+			return fmt.Errorf("tensor: %s: id %d at index %d outside the table of %d rows", op, id, i, v)
+		}
+	}
+	return nil
+}
+
+func checkCopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error {
+	const op = "CopyRows"
+	if dst == nil || src == nil {
+		return fmt.Errorf("tensor: %s: nil tensor", op)
+	}
+	if dst.dtype != src.dtype {
+		return fmt.Errorf("tensor: %s: dst is %v, src is %v", op, dst.dtype, src.dtype)
+	}
+	if len(dst.shape) == 0 || len(src.shape) == 0 {
+		return fmt.Errorf("tensor: %s: dst %v and src %v must have rows", op, dst.shape, src.shape)
+	}
+	if dst.shape[1:].NumElements() != src.shape[1:].NumElements() {
+		return fmt.Errorf("tensor: %s: dst rows of %v and src rows of %v differ in length", op, dst.shape, src.shape)
+	}
+	if n < 0 || dstRow < 0 || srcRow < 0 || dstRow+n > dst.shape[0] || srcRow+n > src.shape[0] {
+		return fmt.Errorf("tensor: %s: %d rows from row %d of %v to row %d of %v out of range", op, n, srcRow, src.shape, dstRow, dst.shape)
+	}
+	return nil
+}
+
+func checkAttention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+	const op = "Attention"
+	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 || pos0 < 0 {
+		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads), headDim %d or pos0 %d", op, heads, kvHeads, headDim, pos0)
+	}
+	if math.IsNaN(float64(scale)) {
+		return fmt.Errorf("tensor: %s: scale is NaN", op)
+	}
+	if err := CheckShape(op, "q", q, F32, -1, heads*headDim); err != nil {
+		return err
+	}
+	t := q.shape[0]
+	if err := CheckShape(op, "out", out, F32, t, heads*headDim); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "k", k, Invalid, -1, kvHeads*headDim); err != nil {
+		return err
+	}
+	maxPos := k.shape[0]
+	if err := CheckShape(op, "v", v, k.dtype, maxPos, kvHeads*headDim); err != nil {
+		return err
+	}
+	if pos0+t > maxPos {
+		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
+	}
+	return disjoint(op, "out", out, []string{"q", "k", "v"}, q, k, v)
+}
+
+func checkZero(t *Tensor) error {
+	if t == nil {
+		return fmt.Errorf("tensor: Zero: t is nil")
+	}
+	return nil
+}
+
+func checkMatMulGradX(dx, dy, w *Tensor) error {
+	const op = "MatMulGradX"
+	if err := CheckShape(op, "dy", dy, F32, -1, -1); err != nil {
+		return err
+	}
+	m, n := dy.shape[0], dy.shape[1]
+	if err := CheckShape(op, "w", w, Invalid, n, -1); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "dx", dx, F32, m, w.shape[1]); err != nil {
+		return err
+	}
+	return disjoint(op, "dx", dx, []string{"dy", "w"}, dy, w)
+}
+
+func checkMatMulGradW(dw, dy, x *Tensor) error {
+	const op = "MatMulGradW"
+	if err := CheckShape(op, "dy", dy, F32, -1, -1); err != nil {
+		return err
+	}
+	m, n := dy.shape[0], dy.shape[1]
+	if err := CheckShape(op, "x", x, F32, m, -1); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "dw", dw, F32, n, x.shape[1]); err != nil {
+		return err
+	}
+	return disjoint(op, "dw", dw, []string{"dy", "x"}, dy, x)
+}
+
+func checkBiasGrad(db, dy *Tensor) error {
+	const op = "BiasGrad"
+	if err := CheckShape(op, "dy", dy, F32, -1, -1); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "db", db, F32, dy.shape[1]); err != nil {
+		return err
+	}
+	return disjoint(op, "db", db, []string{"dy"}, dy)
+}
+
+func checkRMSNormGrad(dx, dw, dy, x, w *Tensor) error {
+	const op = "RMSNormGrad"
+	if err := CheckShape(op, "x", x, F32, -1, -1); err != nil {
+		return err
+	}
+	m, h := x.shape[0], x.shape[1]
+	if err := CheckShape(op, "dy", dy, F32, m, h); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "w", w, Invalid, h); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "dx", dx, F32, m, h); err != nil {
+		return err
+	}
+	if err := disjoint(op, "dx", dx, []string{"dy", "x", "w"}, dy, x, w); err != nil {
+		return err
+	}
+	if dw == nil {
+		return nil
+	}
+	if err := CheckShape(op, "dw", dw, F32, h); err != nil {
+		return err
+	}
+	return disjoint(op, "dw", dw, []string{"dx", "dy", "x", "w"}, dx, dy, x, w)
+}
+
+func checkSiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error {
+	const op = "SiLUMulGrad"
+	if gate == nil {
+		return fmt.Errorf("tensor: %s: gate is nil", op)
+	}
+	if gate.dtype != F32 {
+		return fmt.Errorf("tensor: %s: gate has dtype %v", op, gate.dtype)
+	}
+	if err := checkLike(op, "up", up, F32, gate.shape); err != nil {
+		return err
+	}
+	if err := checkLike(op, "dout", dout, F32, gate.shape); err != nil {
+		return err
+	}
+	if err := checkLike(op, "dgate", dgate, F32, gate.shape); err != nil {
+		return err
+	}
+	if err := checkLike(op, "dup", dup, F32, gate.shape); err != nil {
+		return err
+	}
+	if err := notPartial(op, "dgate", dgate, "dout", dout); err != nil {
+		return err
+	}
+	if err := disjoint(op, "dgate", dgate, []string{"gate", "up", "dup"}, gate, up, dup); err != nil {
+		return err
+	}
+	return disjoint(op, "dup", dup, []string{"dout", "gate", "up"}, dout, gate, up)
+}
+
+func checkAttentionGrad(dq, dk, dv, dout, q, k, v, out *Tensor, heads, kvHeads, headDim int, scale float32) error {
+	const op = "AttentionGrad"
+	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 {
+		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads) or headDim %d", op, heads, kvHeads, headDim)
+	}
+	if math.IsNaN(float64(scale)) {
+		return fmt.Errorf("tensor: %s: scale is NaN", op)
+	}
+	qw, kw := heads*headDim, kvHeads*headDim
+	if err := CheckShape(op, "q", q, F32, -1, qw); err != nil {
+		return err
+	}
+	t := q.shape[0]
+	for _, o := range [...]struct {
+		t     *Tensor
+		name  string
+		width int
+	}{{k, "k", kw}, {v, "v", kw}, {out, "out", qw}, {dout, "dout", qw}, {dq, "dq", qw}, {dk, "dk", kw}, {dv, "dv", kw}} {
+		if err := CheckShape(op, o.name, o.t, F32, t, o.width); err != nil {
+			return err
+		}
+	}
+	if err := disjoint(op, "dq", dq, []string{"dout", "q", "k", "v", "out", "dk", "dv"}, dout, q, k, v, out, dk, dv); err != nil {
+		return err
+	}
+	if err := disjoint(op, "dk", dk, []string{"dout", "q", "k", "v", "out", "dv"}, dout, q, k, v, out, dv); err != nil {
+		return err
+	}
+	return disjoint(op, "dv", dv, []string{"dout", "q", "k", "v", "out"}, dout, q, k, v, out)
+}
+
+func checkCrossEntropyGrad(logits *Tensor, targets []int32) error {
+	const op = "CrossEntropyGrad"
+	if err := CheckShape(op, "logits", logits, F32, len(targets), -1); err != nil {
+		return err
+	}
+	v := logits.shape[1]
+	for i, y := range targets {
+		if int(y) >= v {
+			return fmt.Errorf("tensor: %s: target %d of row %d outside the %d logits", op, y, i, v)
+		}
+	}
+	return nil
+}
