@@ -205,11 +205,11 @@ func BenchmarkAttentionGrad(b *testing.B) {
 	dk, _ := put(b, be, tensor.F32, tensor.Shape{t, kw}, make([]float32, t*kw))
 	dv, _ := put(b, be, tensor.F32, tensor.Shape{t, kw}, make([]float32, t*kw))
 	const scale = 0.125
-	if err := be.Attention(out, q, k, v, heads, kvHeads, headDim, 0, scale); err != nil {
+	if err := be.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Scale: scale}); err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if err := be.AttentionGrad(dq, dk, dv, dout, q, k, v, out, heads, kvHeads, headDim, scale); err != nil {
+		if err := be.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: out}, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Scale: scale}); err != nil {
 			b.Fatal(err)
 		}
 		if err := be.Sync(); err != nil {

@@ -204,7 +204,7 @@ func TestAttentionCaches(t *testing.T) {
 				v, vv := put(t, b, dt, tensor.Shape{c.maxPos, kw}, append(uniform(r, filled, -1, 1), nanSlice(c.maxPos*kw-filled)...))
 				out, _ := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, nanSlice(c.t*qw))
 				scale := float32(1 / math.Sqrt(float64(c.headDim)))
-				if err := b.Attention(out, q, k, v, c.heads, c.kvHeads, c.headDim, c.pos0, scale); err != nil {
+				if err := b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Pos0: c.pos0, Scale: scale}); err != nil {
 					t.Fatal(err)
 				}
 				want := tensortest.RefAttention(qv, kv[:filled], vv[:filled], c.t, c.heads, c.kvHeads, c.headDim, c.pos0, float64(scale))
@@ -212,7 +212,7 @@ func TestAttentionCaches(t *testing.T) {
 			})
 		}
 	}
-	if err := b.Attention(nil, nil, nil, nil, 4, 4, 512, 0, 1); err == nil {
+	if err := b.Attention(nil, tensor.Attn{Q: nil, K: nil, V: nil, Heads: 4, KVHeads: 4, HeadDim: 512, Scale: 1}); err == nil {
 		t.Error("headDim 512: no error")
 	}
 }
@@ -736,10 +736,10 @@ func TestAttentionGradShapes(t *testing.T) {
 			dk, _ := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, nanSlice(c.t*kw))
 			dv, _ := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, nanSlice(c.t*kw))
 			scale := float32(1 / math.Sqrt(float64(c.headDim)))
-			if err := b.Attention(out, q, k, v, c.heads, c.kvHeads, c.headDim, 0, scale); err != nil {
+			if err := b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Scale: scale}); err != nil {
 				t.Fatal(err)
 			}
-			if err := b.AttentionGrad(dq, dk, dv, dout, q, k, v, out, c.heads, c.kvHeads, c.headDim, scale); err != nil {
+			if err := b.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: out}, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Scale: scale}); err != nil {
 				t.Fatal(err)
 			}
 			wq, wk, wv := tensortest.RefAttentionGrad(dov, qv, kv, vv, c.t, c.heads, c.kvHeads, c.headDim, float64(scale))
@@ -785,7 +785,7 @@ func TestCrossEntropyGradRows(t *testing.T) {
 func TestGradErrors(t *testing.T) {
 	b := openGPU(t)
 	x, _ := put(t, b, tensor.F32, tensor.Shape{2, 4}, make([]float32, 8))
-	if err := b.AttentionGrad(x, x, x, x, x, x, x, x, 1, 1, 512, 1); err == nil {
+	if err := b.AttentionGrad(tensor.AttnGrad{DQ: x, DK: x, DV: x, DOut: x, Out: x}, tensor.Attn{Q: x, K: x, V: x, Heads: 1, KVHeads: 1, HeadDim: 512, Scale: 1}); err == nil {
 		t.Error("AttentionGrad with headDim 512: no error")
 	}
 	host := tensor.New(tensor.F32, tensor.Shape{4})

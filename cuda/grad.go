@@ -349,15 +349,16 @@ func (b *Backend) SiLUMulGrad(dgate, dup, dout, gate, up *tensor.Tensor) error {
 	})
 }
 
-// AttentionGrad is the backward of Attention(out, q, k, v, heads, kvHeads,
-// headDim, 0, scale) over T positions from 0: q, out and dout are F32
-// [T, heads*headDim], k and v F32 [T, kvHeads*headDim]; it sets dq, dk and
-// dv (shaped as q, k and v), which must not overlap each other or the
-// inputs. The attention probabilities are recomputed; the scratch is two
+// AttentionGrad is the backward of Attention(g.Out, at) over T positions
+// from 0: q, out and dout are F32 [T, heads*headDim], k and v F32 [T,
+// kvHeads*headDim]; it sets dq, dk and dv (shaped as q, k and v), which
+// must not overlap each other or the inputs. The attention probabilities are recomputed; the scratch is two
 // floats per (position, head). The kernels hold a head of at most
 // maxHeadDim dimensions, and at most 65535 heads.
-func (b *Backend) AttentionGrad(dq, dk, dv, dout, q, k, v, out *tensor.Tensor, heads, kvHeads, headDim int, scale float32) error {
+func (b *Backend) AttentionGrad(g tensor.AttnGrad, at tensor.Attn) error {
 	const op = "AttentionGrad"
+	dq, dk, dv, dout, out := g.DQ, g.DK, g.DV, g.DOut, g.Out
+	q, k, v, heads, kvHeads, headDim, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Scale
 	if headDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, headDim, maxHeadDim)
 	}

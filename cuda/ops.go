@@ -232,9 +232,10 @@ func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
 }
 
 // Rope rotates x[T, heads*headDim] in place by the angles of positions
-// pos0..pos0+T-1 (Hugging Face's rotate_half pairing).
-func (b *Backend) Rope(x, cos, sin *tensor.Tensor, heads, headDim, pos0 int) error {
+// pos0..pos0+T-1 (Hugging Face's rotate_half pairing; the fields of r).
+func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	const op = "Rope"
+	cos, sin, heads, headDim, pos0 := r.Cos, r.Sin, r.Heads, r.HeadDim, r.Pos0
 	if err := b.devices(op, []string{"x", "cos", "sin"}, x, cos, sin); err != nil {
 		return err
 	}
@@ -351,8 +352,9 @@ const maxHeadDim = 256
 // positions pos0..pos0+T-1 against the caches k and v. The caches may be
 // F32, F16 or BF16 (both the same); softmax is F32. The kernel holds a head
 // of at most maxHeadDim dimensions and takes at most 65535 queries a call.
-func (b *Backend) Attention(out, q, k, v *tensor.Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 	const op = "Attention"
+	q, k, v, heads, kvHeads, headDim, pos0, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Pos0, at.Scale
 	if headDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, headDim, maxHeadDim)
 	}

@@ -109,7 +109,7 @@ func (b *Backend) MatMul(out, x, w, bias *tensor.Tensor) error { return ErrNotCo
 func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error { return ErrNotCompiled }
 
 // Rope returns ErrNotCompiled.
-func (b *Backend) Rope(x, cos, sin *tensor.Tensor, heads, headDim, pos0 int) error {
+func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	return ErrNotCompiled
 }
 
@@ -128,7 +128,7 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 }
 
 // Attention returns ErrNotCompiled.
-func (b *Backend) Attention(out, q, k, v *tensor.Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+func (b *Backend) Attention(out *tensor.Tensor, a tensor.Attn) error {
 	return ErrNotCompiled
 }
 
@@ -164,7 +164,7 @@ func (b *Backend) SiLUMulGrad(dgate, dup, dout, gate, up *tensor.Tensor) error {
 }
 
 // AttentionGrad returns ErrNotCompiled.
-func (b *Backend) AttentionGrad(dq, dk, dv, dout, q, k, v, out *tensor.Tensor, heads, kvHeads, headDim int, scale float32) error {
+func (b *Backend) AttentionGrad(g tensor.AttnGrad, a tensor.Attn) error {
 	return ErrNotCompiled
 }
 

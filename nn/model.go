@@ -416,10 +416,12 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	if err := b.MatMul(vv, h, lw[n.v], lw[n.vBias]); err != nil {
 		return fmt.Errorf("v projection: %w", err)
 	}
-	if err := b.Rope(q, s.cos, s.sin, c.NumHeads, c.HeadDim, pos0); err != nil {
+	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
+	if err := b.Rope(q, rot); err != nil {
 		return err
 	}
-	if err := b.Rope(kk, s.cos, s.sin, c.NumKVHeads, c.HeadDim, pos0); err != nil {
+	rot.Heads = c.NumKVHeads
+	if err := b.Rope(kk, rot); err != nil {
 		return err
 	}
 	kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
@@ -429,7 +431,8 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	if err := b.CopyRows(vc, pos0, vv, 0, T); err != nil {
 		return err
 	}
-	if err := b.Attention(attn, q, kc, vc, c.NumHeads, c.NumKVHeads, c.HeadDim, pos0, scale); err != nil {
+	at := tensor.Attn{Q: q, K: kc, V: vc, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale}
+	if err := b.Attention(attn, at); err != nil {
 		return err
 	}
 	if err := b.MatMul(proj, attn, lw[n.o], lw[n.oBias]); err != nil {

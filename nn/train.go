@@ -842,6 +842,20 @@ func (ps *pass) forwardKept(from, to int, x *tensor.Tensor, bw *bwdWork, wantOut
 	return recs, x, nil
 }
 
+// rotary is the rotary embedding of heads heads of the pass's positions,
+// from 0: with sin the forward rotation, with negSin its inverse, which is
+// its backward.
+func (ps *pass) rotary(heads int, sin *tensor.Tensor) tensor.Rotary {
+	return tensor.Rotary{Cos: ps.cos, Sin: sin, Heads: heads, HeadDim: ps.c.HeadDim}
+}
+
+// attention is the attention of block buffers bb: the forward's, which the
+// backward differentiates.
+func (ps *pass) attention(bb *blockBufs) tensor.Attn {
+	c := ps.c
+	return tensor.Attn{Q: bb.q, K: bb.k, V: bb.v, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Scale: ps.attentionScale}
+}
+
 // forwardBlock runs decoder block i with the operations and order of
 // Session.block. Without needOut it stops before the MLP's output.
 func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
@@ -870,13 +884,13 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := ps.g.MatMulPrecise(bb.v, bb.h1, lw[n.v], lw[n.vBias]); err != nil {
 		return wrap("v projection", err)
 	}
-	if err := b.Rope(bb.q, ps.cos, ps.sin, c.NumHeads, c.HeadDim, 0); err != nil {
+	if err := b.Rope(bb.q, ps.rotary(c.NumHeads, ps.sin)); err != nil {
 		return wrap("rope", err)
 	}
-	if err := b.Rope(bb.k, ps.cos, ps.sin, c.NumKVHeads, c.HeadDim, 0); err != nil {
+	if err := b.Rope(bb.k, ps.rotary(c.NumKVHeads, ps.sin)); err != nil {
 		return wrap("rope", err)
 	}
-	if err := b.Attention(bb.attn, bb.q, bb.k, bb.v, c.NumHeads, c.NumKVHeads, c.HeadDim, 0, ps.attentionScale); err != nil {
+	if err := b.Attention(bb.attn, ps.attention(bb)); err != nil {
 		return wrap("attention", err)
 	}
 	if err := ps.g.MatMulPrecise(bb.proj, bb.attn, lw[n.o], lw[n.oBias]); err != nil {
@@ -1110,10 +1124,10 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 	do("o input", func() error { return g.MatMulGradX(bw.dattn, dx, wo) })
 	dq, dk, dv := bw.dq, bw.dk, bw.dv
 	do("attention", func() error {
-		return g.AttentionGrad(dq, dk, dv, bw.dattn, bb.q, bb.k, bb.v, bb.attn, c.NumHeads, c.NumKVHeads, c.HeadDim, ps.attentionScale)
+		return g.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: bw.dattn, Out: bb.attn}, ps.attention(bb))
 	})
-	do("rope", func() error { return b.Rope(dq, ps.cos, ps.negSin, c.NumHeads, c.HeadDim, 0) })
-	do("rope", func() error { return b.Rope(dk, ps.cos, ps.negSin, c.NumKVHeads, c.HeadDim, 0) })
+	do("rope", func() error { return b.Rope(dq, ps.rotary(c.NumHeads, ps.negSin)) })
+	do("rope", func() error { return b.Rope(dk, ps.rotary(c.NumKVHeads, ps.negSin)) })
 	do("q weight", func() error { return g.MatMulGradW(gq, dq, bb.h1) })
 	do("k weight", func() error { return g.MatMulGradW(gk, dk, bb.h1) })
 	do("v weight", func() error { return g.MatMulGradW(gv, dv, bb.h1) })

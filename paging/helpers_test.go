@@ -123,16 +123,16 @@ func (f *fakeBackend) outstanding() (int, int64, int64) {
 	return len(f.live), f.liveBytes, f.pinnedBytes
 }
 
-func (f *fakeBackend) MatMul(out, x, w, bias *tensor.Tensor) error            { return errNoOps }
-func (f *fakeBackend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error    { return errNoOps }
-func (f *fakeBackend) Rope(x, cos, sin *tensor.Tensor, h, hd, pos0 int) error { return errNoOps }
-func (f *fakeBackend) SiLUMul(out, gate, up *tensor.Tensor) error             { return errNoOps }
-func (f *fakeBackend) Add(out, a, b *tensor.Tensor) error                     { return errNoOps }
-func (f *fakeBackend) Embed(out, table *tensor.Tensor, ids []int32) error     { return errNoOps }
+func (f *fakeBackend) MatMul(out, x, w, bias *tensor.Tensor) error         { return errNoOps }
+func (f *fakeBackend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error { return errNoOps }
+func (f *fakeBackend) Rope(x *tensor.Tensor, r tensor.Rotary) error        { return errNoOps }
+func (f *fakeBackend) SiLUMul(out, gate, up *tensor.Tensor) error          { return errNoOps }
+func (f *fakeBackend) Add(out, a, b *tensor.Tensor) error                  { return errNoOps }
+func (f *fakeBackend) Embed(out, table *tensor.Tensor, ids []int32) error  { return errNoOps }
 func (f *fakeBackend) CopyRows(dst *tensor.Tensor, dr int, src *tensor.Tensor, sr, n int) error {
 	return errNoOps
 }
-func (f *fakeBackend) Attention(out, q, k, v *tensor.Tensor, h, kvh, hd, pos0 int, scale float32) error {
+func (f *fakeBackend) Attention(out *tensor.Tensor, a tensor.Attn) error {
 	return errNoOps
 }
 

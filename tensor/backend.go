@@ -47,10 +47,9 @@ type Ops interface {
 	MatMul(out, x, w, bias *Tensor) error
 	// RMSNorm computes out[i,:] = x[i,:] / sqrt(mean(x[i,:]²) + eps) * w.
 	RMSNorm(out, x, w *Tensor, eps float32) error
-	// Rope rotates x[T, heads*headDim] in place: row t is at position
-	// pos0+t; cos and sin are [maxPos, headDim/2] F32 tables. The pairs
-	// are (j, j+headDim/2), Hugging Face's rotate_half convention.
-	Rope(x, cos, sin *Tensor, heads, headDim, pos0 int) error
+	// Rope rotates x[T, r.Heads*r.HeadDim] in place by the rotary
+	// embedding r (see Rotary).
+	Rope(x *Tensor, r Rotary) error
 	// SiLUMul computes out = silu(gate) * up, elementwise.
 	SiLUMul(out, gate, up *Tensor) error
 	// Add computes out = a + b, elementwise (out may alias a or b).
@@ -62,14 +61,32 @@ type Ops interface {
 	// at row dstRow; both have the same row length (the product of all but
 	// the first dimension) and dtype.
 	CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error
-	// Attention computes causal grouped-query attention for T queries at
-	// positions pos0..pos0+T-1. q is [T, heads*headDim]; k and v are the
-	// caches [maxPos, kvHeads*headDim] holding positions 0..pos0+T-1, of
-	// one float type (a backend may read only F32 caches, and says so with
-	// an error); out is [T, heads*headDim] F32. Query head h reads KV head
-	// h/(heads/kvHeads). Scores are scaled by scale (not NaN) and
-	// softmaxed in F32.
-	Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error
+	// Attention computes causal grouped-query attention (see Attn) into
+	// out [T, a.Heads*a.HeadDim] F32.
+	Attention(out *Tensor, a Attn) error
+}
+
+// Rotary is the rotary position embedding of Rope. Row t of x is at
+// position Pos0+t, and each of its Heads heads of HeadDim (even)
+// dimensions is rotated by the angles of that position, read from the F32
+// tables Cos and Sin [maxPos, HeadDim/2]. The pairs are (j, j+HeadDim/2),
+// Hugging Face's rotate_half convention.
+type Rotary struct {
+	Cos, Sin             *Tensor
+	Heads, HeadDim, Pos0 int
+}
+
+// Attn is causal grouped-query attention, for T queries at positions
+// Pos0..Pos0+T-1. Q is [T, Heads*HeadDim] F32; K and V are the caches
+// [maxPos, KVHeads*HeadDim] holding positions 0..Pos0+T-1, of one float
+// type (a backend may read only F32 caches, and says so with an error).
+// Query row t sees positions 0..Pos0+t; query head h reads KV head
+// h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
+// (not NaN) and softmaxed in F32.
+type Attn struct {
+	Q, K, V                       *Tensor
+	Heads, KVHeads, HeadDim, Pos0 int
+	Scale                         float32
 }
 
 // Optional capabilities, found by type assertion.

@@ -137,8 +137,9 @@ func checkRMSNorm(out, x, w *Tensor) error {
 	return notPartial(op, "out", out, "x", x)
 }
 
-func checkRope(x, cos, sin *Tensor, heads, headDim, pos0 int) error {
+func checkRope(x *Tensor, r Rotary) error {
 	const op = "Rope"
+	cos, sin, heads, headDim, pos0 := r.Cos, r.Sin, r.Heads, r.HeadDim, r.Pos0
 	if heads <= 0 || headDim <= 0 || headDim%2 != 0 || pos0 < 0 {
 		return fmt.Errorf("tensor: %s: invalid heads %d, headDim %d (must be even) or pos0 %d", op, heads, headDim, pos0)
 	}
@@ -231,12 +232,13 @@ func checkCopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error {
 	return nil
 }
 
-func checkAttention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+func checkAttention(out *Tensor, a Attn) error {
 	const op = "Attention"
+	q, k, v, heads, kvHeads, headDim, pos0 := a.Q, a.K, a.V, a.Heads, a.KVHeads, a.HeadDim, a.Pos0
 	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 || pos0 < 0 {
 		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads), headDim %d or pos0 %d", op, heads, kvHeads, headDim, pos0)
 	}
-	if math.IsNaN(float64(scale)) {
+	if math.IsNaN(float64(a.Scale)) {
 		return fmt.Errorf("tensor: %s: scale is NaN", op)
 	}
 	if err := CheckShape(op, "q", q, F32, -1, heads*headDim); err != nil {
@@ -363,12 +365,17 @@ func checkSiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error {
 	return disjoint(op, "dup", dup, []string{"dout", "gate", "up"}, dout, gate, up)
 }
 
-func checkAttentionGrad(dq, dk, dv, dout, q, k, v, out *Tensor, heads, kvHeads, headDim int, scale float32) error {
+func checkAttentionGrad(g AttnGrad, a Attn) error {
 	const op = "AttentionGrad"
+	dq, dk, dv, dout, out := g.DQ, g.DK, g.DV, g.DOut, g.Out
+	q, k, v, heads, kvHeads, headDim := a.Q, a.K, a.V, a.Heads, a.KVHeads, a.HeadDim
 	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 {
 		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads) or headDim %d", op, heads, kvHeads, headDim)
 	}
-	if math.IsNaN(float64(scale)) {
+	if a.Pos0 != 0 {
+		return fmt.Errorf("tensor: %s: pos0 is %d; the backward covers positions from 0", op, a.Pos0)
+	}
+	if math.IsNaN(float64(a.Scale)) {
 		return fmt.Errorf("tensor: %s: scale is NaN", op)
 	}
 	qw, kw := heads*headDim, kvHeads*headDim

@@ -76,11 +76,11 @@ func (c *checked) RMSNorm(out, x, w *Tensor, eps float32) error {
 	return c.b.RMSNorm(out, x, w, eps)
 }
 
-func (c *checked) Rope(x, cos, sin *Tensor, heads, headDim, pos0 int) error {
-	if err := checkRope(x, cos, sin, heads, headDim, pos0); err != nil {
+func (c *checked) Rope(x *Tensor, r Rotary) error {
+	if err := checkRope(x, r); err != nil {
 		return err
 	}
-	return c.b.Rope(x, cos, sin, heads, headDim, pos0)
+	return c.b.Rope(x, r)
 }
 
 func (c *checked) SiLUMul(out, gate, up *Tensor) error {
@@ -111,11 +111,11 @@ func (c *checked) CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) 
 	return c.b.CopyRows(dst, dstRow, src, srcRow, n)
 }
 
-func (c *checked) Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
-	if err := checkAttention(out, q, k, v, heads, kvHeads, headDim, pos0, scale); err != nil {
+func (c *checked) Attention(out *Tensor, a Attn) error {
+	if err := checkAttention(out, a); err != nil {
 		return err
 	}
-	return c.b.Attention(out, q, k, v, heads, kvHeads, headDim, pos0, scale)
+	return c.b.Attention(out, a)
 }
 
 func (c *checkedGrad) MatMulPrecise(out, x, w, bias *Tensor) error {
@@ -167,11 +167,11 @@ func (c *checkedGrad) SiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error {
 	return c.g.SiLUMulGrad(dgate, dup, dout, gate, up)
 }
 
-func (c *checkedGrad) AttentionGrad(dq, dk, dv, dout, q, k, v, out *Tensor, heads, kvHeads, headDim int, scale float32) error {
-	if err := checkAttentionGrad(dq, dk, dv, dout, q, k, v, out, heads, kvHeads, headDim, scale); err != nil {
+func (c *checkedGrad) AttentionGrad(g AttnGrad, a Attn) error {
+	if err := checkAttentionGrad(g, a); err != nil {
 		return err
 	}
-	return c.g.AttentionGrad(dq, dk, dv, dout, q, k, v, out, heads, kvHeads, headDim, scale)
+	return c.g.AttentionGrad(g, a)
 }
 
 func (c *checkedGrad) CrossEntropyGrad(logits *Tensor, targets []int32, scale float32) (float64, error) {

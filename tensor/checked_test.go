@@ -19,9 +19,9 @@ func (c *counting) MatMul(out, x, w, bias *tensor.Tensor) error {
 	return c.CPU.MatMul(out, x, w, bias)
 }
 
-func (c *counting) Attention(out, q, k, v *tensor.Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+func (c *counting) Attention(out *tensor.Tensor, a tensor.Attn) error {
 	c.calls++
-	return c.CPU.Attention(out, q, k, v, heads, kvHeads, headDim, pos0, scale)
+	return c.CPU.Attention(out, a)
 }
 
 func (c *counting) MatMulGradX(dx, dy, w *tensor.Tensor) error {
@@ -47,8 +47,12 @@ func TestCheckedStopsMalformedCalls(t *testing.T) {
 		{"MatMul", func(b tensor.Backend, _ tensor.GradOps) error { return b.MatMul(out, x, w, nil) }, false},
 		{"MatMul/K mismatch", func(b tensor.Backend, _ tensor.GradOps) error { return b.MatMul(out, x, f32(3, 5), nil) }, true},
 		{"MatMul/out is x", func(b tensor.Backend, _ tensor.GradOps) error { return b.MatMul(x, x, f32(4, 4), nil) }, true},
-		{"Attention", func(b tensor.Backend, _ tensor.GradOps) error { return b.Attention(attn, q, kc, kc, 4, 2, 4, 0, 1) }, false},
-		{"Attention/past the cache", func(b tensor.Backend, _ tensor.GradOps) error { return b.Attention(attn, q, kc, kc, 4, 2, 4, 7, 1) }, true},
+		{"Attention", func(b tensor.Backend, _ tensor.GradOps) error {
+			return b.Attention(attn, tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 4, Scale: 1})
+		}, false},
+		{"Attention/past the cache", func(b tensor.Backend, _ tensor.GradOps) error {
+			return b.Attention(attn, tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 4, Pos0: 7, Scale: 1})
+		}, true},
 		{"MatMulGradX", func(_ tensor.Backend, g tensor.GradOps) error { return g.MatMulGradX(dx, dy, w) }, false},
 		{"MatMulGradX/dx is w", func(_ tensor.Backend, g tensor.GradOps) error {
 			sq := f32(3, 3)

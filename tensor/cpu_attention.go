@@ -16,8 +16,9 @@ var scoreBufs = sync.Pool{New: func() any { return new([]float32) }}
 // any float type). Query row t attends to positions 0..pos0+t; query
 // head h reads KV head h/(heads/kvHeads). The work is spread over (head,
 // row) pairs on the pool.
-func (c *CPU) Attention(out, q, k, v *Tensor, heads, kvHeads, headDim, pos0 int, scale float32) error {
+func (c *CPU) Attention(out *Tensor, at Attn) error {
 	const op = "Attention"
+	q, k, v, heads, kvHeads, headDim, pos0, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Pos0, at.Scale
 	if err := operands(op, out, q, k, v); err != nil {
 		return err
 	}

@@ -84,7 +84,7 @@ func BenchmarkAttention(b *testing.B) {
 				v := benchTensor(b, cpu, tensor.F32, tensor.Shape{pos + 1, kvHeads * headDim}, r)
 				out, _ := cpu.Alloc(tensor.F32, tensor.Shape{1, heads * headDim})
 				for b.Loop() {
-					if err := cpu.Attention(out, q, k, v, heads, kvHeads, headDim, pos, 0.125); err != nil {
+					if err := cpu.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Pos0: pos, Scale: 0.125}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -145,14 +145,14 @@ func BenchmarkAttentionGrad(b *testing.B) {
 			k := benchTensor(b, cpu, tensor.F32, tensor.Shape{t, kvHeads * headDim}, r)
 			v := benchTensor(b, cpu, tensor.F32, tensor.Shape{t, kvHeads * headDim}, r)
 			out, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, heads * headDim})
-			if err := cpu.Attention(out, q, k, v, heads, kvHeads, headDim, 0, 0.125); err != nil {
+			if err := cpu.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Scale: 0.125}); err != nil {
 				b.Fatal(err)
 			}
 			dq, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, heads * headDim})
 			dk, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, kvHeads * headDim})
 			dv, _ := cpu.Alloc(tensor.F32, tensor.Shape{t, kvHeads * headDim})
 			for b.Loop() {
-				if err := cpu.AttentionGrad(dq, dk, dv, dout, q, k, v, out, heads, kvHeads, headDim, 0.125); err != nil {
+				if err := cpu.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: out}, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Scale: 0.125}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -410,7 +410,9 @@ func (c *CPU) SiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error {
 // task per query head; when several query heads share a KV head, each adds
 // its part of dk and dv into a buffer of its own, and the buffers are summed
 // in head order.
-func (c *CPU) AttentionGrad(dq, dk, dv, dout, q, k, v, out *Tensor, heads, kvHeads, headDim int, scale float32) error {
+func (c *CPU) AttentionGrad(g AttnGrad, at Attn) error {
+	dq, dk, dv, dout, out := g.DQ, g.DK, g.DV, g.DOut, g.Out
+	q, k, v, heads, kvHeads, headDim, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Scale
 	if err := operands("AttentionGrad", dq, dk, dv, dout, q, k, v, out); err != nil {
 		return err
 	}

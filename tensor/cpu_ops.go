@@ -112,19 +112,20 @@ func (c *CPU) RMSNorm(out, x, w *Tensor, eps float32) error {
 
 // Rope rotates the pairs (j, j+headDim/2) of every head of x[T,
 // heads*headDim] in place by the angles of positions pos0..pos0+T-1, read
-// from the F32 tables cos and sin [maxPos, headDim/2].
-func (c *CPU) Rope(x, cos, sin *Tensor, heads, headDim, pos0 int) error {
+// from the F32 tables cos and sin [maxPos, headDim/2] (the fields of r).
+func (c *CPU) Rope(x *Tensor, r Rotary) error {
+	cos, sin, heads, headDim, pos0 := r.Cos, r.Sin, r.Heads, r.HeadDim, r.Pos0
 	if err := operands("Rope", x, cos, sin); err != nil {
 		return err
 	}
 	half, t := headDim/2, x.shape[0]
 	xs, cs, ss := x.F32(), cos.F32(), sin.F32()
 	width := heads * headDim
-	for r := range t {
-		p := pos0 + r
+	for row := range t {
+		p := pos0 + row
 		cr, sr := cs[p*half:(p+1)*half], ss[p*half:(p+1)*half]
 		for h := range heads {
-			v := xs[r*width+h*headDim : r*width+(h+1)*headDim]
+			v := xs[row*width+h*headDim : row*width+(h+1)*headDim]
 			lo, hi := v[:half], v[half:headDim]
 			for j := range half {
 				a, b := lo[j], hi[j]

@@ -247,7 +247,7 @@ func TestCPUGradThreads(t *testing.T) {
 			c.MatMulGradX(dx, dy, w),
 			c.MatMulGradW(dw, dy, x),
 			c.RMSNormGrad(dxn, dwn, dyn, xn, norm, 1e-5),
-			c.AttentionGrad(dq, dk, dv, dout, q, kk, vv, dout, heads, kvHeads, hd, 0.25),
+			c.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: dout}, tensor.Attn{Q: q, K: kk, V: vv, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Scale: 0.25}),
 			err,
 		} {
 			if e != nil {

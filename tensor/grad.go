@@ -10,7 +10,8 @@ package tensor
 // destinations overwrites them.
 //
 // The rotary embedding needs no backward of its own: the gradient of
-// Rope(x, cos, sin, ...) is Rope(dy, cos, -sin, ...), the inverse rotation.
+// Rope(x, Rotary{Cos: cos, Sin: sin, ...}) is Rope(dy, Rotary{Cos: cos,
+// Sin: -sin, ...}), the inverse rotation.
 type GradOps interface {
 	// MatMulPrecise is MatMul with every product in F32: w widened
 	// exactly and x never rounded to a narrower type, as a training
@@ -38,17 +39,26 @@ type GradOps interface {
 	// up. All are F32 of one shape; dgate may be dout (in place), no other
 	// operands may overlap.
 	SiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error
-	// AttentionGrad is the backward of Attention(out, q, k, v, heads,
-	// kvHeads, headDim, 0, scale) over T positions from 0, where q and out
-	// are [T, heads*headDim] and k and v are [T, kvHeads*headDim] (exactly
-	// T rows). Given dout, the gradient of out, and the forward's out, it
-	// sets dq, dk and dv (shaped as q, k and v). The attention
-	// probabilities are recomputed; nothing of size T² is kept.
-	AttentionGrad(dq, dk, dv, dout, q, k, v, out *Tensor, heads, kvHeads, headDim int, scale float32) error
+	// AttentionGrad is the backward of Attention(g.Out, a) over T
+	// positions from 0 (a.Pos0 is 0), where a.Q and g.Out are [T,
+	// Heads*HeadDim] and a.K and a.V are F32 [T, KVHeads*HeadDim]
+	// (exactly T rows). Given g.DOut, the gradient of the forward's
+	// g.Out, it sets g.DQ, g.DK and g.DV (shaped as a.Q, a.K and a.V).
+	// The attention probabilities are recomputed; nothing of size T² is
+	// kept.
+	AttentionGrad(g AttnGrad, a Attn) error
 	// CrossEntropyGrad takes logits [rows, V] (F32) and targets (len rows,
 	// on the host) and returns the sum over the rows of the cross-entropy
 	// -log softmax(logits[i])[targets[i]]. It overwrites logits with the
 	// gradient of scale times that sum. A negative target leaves its row
 	// out: no loss, and a zero gradient. A target >= V is an error.
 	CrossEntropyGrad(logits *Tensor, targets []int32, scale float32) (float64, error)
+}
+
+// AttnGrad are the gradients of AttentionGrad: DOut, the gradient of the
+// forward's output Out (given), and DQ, DK and DV, which it sets. No
+// gradient it sets may overlap another operand.
+type AttnGrad struct {
+	DQ, DK, DV *Tensor
+	DOut, Out  *Tensor
 }

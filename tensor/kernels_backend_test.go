@@ -97,7 +97,7 @@ func testNoAllocs(t *testing.T, c tensor.Backend) {
 		for _, err := range []error{
 			c.RMSNorm(h, x, norm, 1e-5),
 			c.MatMul(q, h, wq, nil),
-			c.Attention(attn, q, kc, vc, heads, kvHeads, hd, pos, 0.25),
+			c.Attention(attn, tensor.Attn{Q: q, K: kc, V: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Pos0: pos, Scale: 0.25}),
 			c.MatMul(gate, h, wg, nil),
 			c.MatMul(up, h, wg, nil),
 			c.SiLUMul(gate, gate, up),

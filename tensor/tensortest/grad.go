@@ -56,7 +56,7 @@ func (s *gradSuite) testGradAliasing(t *testing.T) {
 	norm := f32s(4)
 	q, k, v, o, dq, dk, dv := f32s(3, 8), f32s(3, 4), f32s(3, 4), f32s(3, 8), f32s(3, 8), f32s(3, 4), f32s(3, 4)
 	attn := func(dq, dk, dv, dout, q, k, v, out *tensor.Tensor) error {
-		return g.AttentionGrad(dq, dk, dv, dout, q, k, v, out, 2, 1, 4, 0.5)
+		return g.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: out}, tensor.Attn{Q: q, K: k, V: v, Heads: 2, KVHeads: 1, HeadDim: 4, Scale: 0.5})
 	}
 	for _, c := range []struct {
 		name string
@@ -330,7 +330,7 @@ func (s *gradSuite) testAttentionGrad(t *testing.T) {
 			dq := s.poisoned(t, tensor.Shape{c.t, qw})
 			dk := s.poisoned(t, tensor.Shape{c.t, kw})
 			dv := s.poisoned(t, tensor.Shape{c.t, kw})
-			if err := s.g.AttentionGrad(dq, dk, dv, dout, q, k, v, out, c.heads, c.kvHeads, c.headDim, float32(scale)); err != nil {
+			if err := s.g.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: out}, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Scale: float32(scale)}); err != nil {
 				t.Fatal(err)
 			}
 			wantDQ, wantDK, wantDV := RefAttentionGrad(dov, qv, kv, vv, c.t, c.heads, c.kvHeads, c.headDim, scale)
@@ -422,16 +422,16 @@ func (s *gradSuite) testRopeInverse(t *testing.T) {
 			shape := tensor.Shape{c.t, c.heads * c.headDim}
 			n := c.t * c.heads * c.headDim
 			x, xv := s.put(t, tensor.F32, shape, uniform(r, n, -2, 2))
-			if err := s.b.Rope(x, cos, sin, c.heads, c.headDim, c.pos0); err != nil {
+			if err := s.b.Rope(x, tensor.Rotary{Cos: cos, Sin: sin, Heads: c.heads, HeadDim: c.headDim, Pos0: c.pos0}); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.b.Rope(x, cos, neg, c.heads, c.headDim, c.pos0); err != nil {
+			if err := s.b.Rope(x, tensor.Rotary{Cos: cos, Sin: neg, Heads: c.heads, HeadDim: c.headDim, Pos0: c.pos0}); err != nil {
 				t.Fatal(err)
 			}
 			s.compare(t, "Rope(Rope(x, cos, sin), cos, -sin)", s.get(t, x), xv)
 
 			dy, dyv := s.put(t, tensor.F32, shape, uniform(r, n, -1, 1))
-			if err := s.b.Rope(dy, cos, neg, c.heads, c.headDim, c.pos0); err != nil {
+			if err := s.b.Rope(dy, tensor.Rotary{Cos: cos, Sin: neg, Heads: c.heads, HeadDim: c.headDim, Pos0: c.pos0}); err != nil {
 				t.Fatal(err)
 			}
 			s.compare(t, "Rope(dy, cos, -sin)", s.get(t, dy), RefRopeGrad(dyv, cv, sv, c.t, c.heads, c.headDim, c.pos0))
@@ -464,7 +464,9 @@ func (s *gradSuite) testGradErrors(t *testing.T) {
 	// Attention: T=3, 4 heads, 2 KV heads of 8.
 	q, kv, dq, dk := f32s(3, 32), f32s(3, 16), f32s(3, 32), f32s(3, 16)
 	attn := func(dq, dk, dv, dout, q, k, v, out *tensor.Tensor, heads, kvHeads, headDim int) func() error {
-		return func() error { return s.g.AttentionGrad(dq, dk, dv, dout, q, k, v, out, heads, kvHeads, headDim, 0.35) }
+		return func() error {
+			return s.g.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: out}, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Scale: 0.35})
+		}
 	}
 	g := s.g
 	cases := []struct {
@@ -531,6 +533,14 @@ func (s *gradSuite) testGradErrors(t *testing.T) {
 		{"AttentionGrad/F16 k", attn(dq, dk, f32s(3, 16), q, q, f16s(3, 16), kv, q, 4, 2, 8)},
 		{"AttentionGrad/nil out", attn(dq, dk, f32s(3, 16), q, q, kv, kv, nil, 4, 2, 8)},
 		{"AttentionGrad/nil dv", attn(dq, dk, nil, q, q, kv, kv, q, 4, 2, 8)},
+		{"AttentionGrad/pos0", func() error {
+			a := tensor.Attn{Q: q, K: kv, V: kv, Heads: 4, KVHeads: 2, HeadDim: 8, Pos0: 1, Scale: 0.35}
+			return g.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: f32s(3, 16), DOut: q, Out: q}, a)
+		}},
+		{"AttentionGrad/NaN scale", func() error {
+			a := tensor.Attn{Q: q, K: kv, V: kv, Heads: 4, KVHeads: 2, HeadDim: 8, Scale: float32(math.NaN())}
+			return g.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: f32s(3, 16), DOut: q, Out: q}, a)
+		}},
 
 		{"CrossEntropyGrad/target = V", func() error { _, err := g.CrossEntropyGrad(f32s(2, 5), []int32{0, 5}, 1); return err }},
 		{"CrossEntropyGrad/target > V", func() error { _, err := g.CrossEntropyGrad(f32s(2, 5), []int32{1 << 30, 0}, 1); return err }},

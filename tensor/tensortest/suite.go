@@ -266,7 +266,7 @@ func (s *suite) testRope(t *testing.T) {
 			sin, sv := s.put(t, tensor.F32, half, f32(sin64))
 			n := c.t * c.heads * c.headDim
 			x, xv := s.put(t, tensor.F32, tensor.Shape{c.t, c.heads * c.headDim}, uniform(r, n, -2, 2))
-			if err := s.b.Rope(x, cos, sin, c.heads, c.headDim, c.pos0); err != nil {
+			if err := s.b.Rope(x, tensor.Rotary{Cos: cos, Sin: sin, Heads: c.heads, HeadDim: c.headDim, Pos0: c.pos0}); err != nil {
 				t.Fatal(err)
 			}
 			s.compare(t, "Rope", s.get(t, x), RefRope(xv, cv, sv, c.t, c.heads, c.headDim, c.pos0))
@@ -469,7 +469,7 @@ func (s *suite) attention(t *testing.T, c attentionCase) {
 	k, kv := s.put(t, tensor.F32, tensor.Shape{c.maxPos, kw}, kvals)
 	v, vv := s.put(t, tensor.F32, tensor.Shape{c.maxPos, kw}, vvals)
 	out := s.poisoned(t, tensor.Shape{c.t, qw})
-	if err := s.b.Attention(out, q, k, v, c.heads, c.kvHeads, c.headDim, c.pos0, float32(scale)); err != nil {
+	if err := s.b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Pos0: c.pos0, Scale: float32(scale)}); err != nil {
 		t.Fatal(err)
 	}
 	want := RefAttention(qv, kv[:filled], vv[:filled], c.t, c.heads, c.kvHeads, c.headDim, c.pos0, float64(float32(scale)))
@@ -512,10 +512,12 @@ func (s *suite) testErrors(t *testing.T) {
 		{"MatMul/1-D x", func() error { return b.MatMul(out23, f32s(4), w34, nil) }},
 		{"RMSNorm/weight length", func() error { return b.RMSNorm(out24, x24, f32s(5), 1e-5) }},
 		{"RMSNorm/out shape", func() error { return b.RMSNorm(out23, x24, f32s(4), 1e-5) }},
-		{"Rope/odd headDim", func() error { return b.Rope(f32s(1, 6), cos, sin, 2, 3, 0) }},
-		{"Rope/past the tables", func() error { return b.Rope(f32s(2, 32), cos, sin, 2, 16, 7) }},
-		{"Rope/width", func() error { return b.Rope(f32s(1, 30), cos, sin, 2, 16, 0) }},
-		{"Rope/table width", func() error { return b.Rope(f32s(1, 64), cos, sin, 2, 32, 0) }},
+		{"Rope/odd headDim", func() error { return b.Rope(f32s(1, 6), tensor.Rotary{Cos: cos, Sin: sin, Heads: 2, HeadDim: 3}) }},
+		{"Rope/past the tables", func() error {
+			return b.Rope(f32s(2, 32), tensor.Rotary{Cos: cos, Sin: sin, Heads: 2, HeadDim: 16, Pos0: 7})
+		}},
+		{"Rope/width", func() error { return b.Rope(f32s(1, 30), tensor.Rotary{Cos: cos, Sin: sin, Heads: 2, HeadDim: 16}) }},
+		{"Rope/table width", func() error { return b.Rope(f32s(1, 64), tensor.Rotary{Cos: cos, Sin: sin, Heads: 2, HeadDim: 32}) }},
 		{"SiLUMul/shapes", func() error { return b.SiLUMul(out24, x24, f32s(2, 5)) }},
 		{"SiLUMul/out shape", func() error { return b.SiLUMul(out23, x24, x24) }},
 		{"Add/shapes", func() error { return b.Add(out24, x24, f32s(4, 2)) }},
@@ -529,11 +531,27 @@ func (s *suite) testErrors(t *testing.T) {
 		{"CopyRows/negative row", func() error { return b.CopyRows(w34, -1, x24, 0, 1) }},
 		{"CopyRows/row length", func() error { return b.CopyRows(w35, 0, x24, 0, 1) }},
 		{"CopyRows/dtype", func() error { return b.CopyRows(table, 0, x24, 0, 1) }},
-		{"Attention/kvHeads", func() error { return b.Attention(f32s(2, 64), q, kc, kc, 4, 3, 16, 0, 1) }},
-		{"Attention/past the cache", func() error { return b.Attention(f32s(2, 64), q, kc, kc, 4, 2, 16, 7, 1) }},
-		{"Attention/q width", func() error { return b.Attention(f32s(2, 64), q, kc, kc, 4, 2, 8, 0, 1) }},
-		{"Attention/out shape", func() error { return b.Attention(f32s(1, 64), q, kc, kc, 4, 2, 16, 0, 1) }},
-		{"Attention/v shape", func() error { return b.Attention(f32s(2, 64), q, kc, f32s(8, 16), 4, 2, 16, 0, 1) }},
+		{"Attention/kvHeads", func() error {
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 3, HeadDim: 16, Scale: 1})
+		}},
+		{"Attention/past the cache", func() error {
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 16, Pos0: 7, Scale: 1})
+		}},
+		{"Attention/q width", func() error {
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 8, Scale: 1})
+		}},
+		{"Attention/out shape", func() error {
+			return b.Attention(f32s(1, 64), tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 16, Scale: 1})
+		}},
+		{"Attention/v shape", func() error {
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: q, K: kc, V: f32s(8, 16), Heads: 4, KVHeads: 2, HeadDim: 16, Scale: 1})
+		}},
+		{"Attention/v dtype", func() error {
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: q, K: kc, V: f16s(8, 32), Heads: 4, KVHeads: 2, HeadDim: 16, Scale: 1})
+		}},
+		{"Attention/NaN scale", func() error {
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 16, Scale: float32(math.NaN())})
+		}},
 		{"Upload/past the end", func() error { return b.Upload(x24, 30, make([]byte, 4)) }},
 		{"Upload/negative offset", func() error { return b.Upload(x24, -4, make([]byte, 4)) }},
 		{"Download/short buffer", func() error { return b.Download(make([]byte, 31), x24) }},
@@ -590,14 +608,19 @@ func (s *suite) testAliasing(t *testing.T) {
 			return b.RMSNorm(x, w, wv, 1e-5)
 		}},
 		{"RMSNorm/out partly x", func() error { return b.RMSNorm(low, top, norm, 1e-5) }},
-		{"Rope/x is cos", func() error { xc, _ := cos.Reshape(tensor.Shape{4, 8}); return b.Rope(xc, cos, sin, 1, 8, 0) }},
+		{"Rope/x is cos", func() error {
+			xc, _ := cos.Reshape(tensor.Shape{4, 8})
+			return b.Rope(xc, tensor.Rotary{Cos: cos, Sin: sin, Heads: 1, HeadDim: 8})
+		}},
 		{"Add/out partly a", func() error { return b.Add(low, top, top) }},
 		{"SiLUMul/out partly up", func() error { return b.SiLUMul(low, f32s(2, 4), top) }},
-		{"Attention/out is q", func() error { return b.Attention(q, q, kc, kc, 4, 2, 4, 0, 1) }},
+		{"Attention/out is q", func() error {
+			return b.Attention(q, tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 4, Scale: 1})
+		}},
 		{"Attention/out is k", func() error {
 			kr, _ := kc.Rows(0, 4)
 			o, _ := kr.Reshape(tensor.Shape{2, 16})
-			return b.Attention(o, q, kc, kc, 4, 2, 4, 0, 1)
+			return b.Attention(o, tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 2, HeadDim: 4, Scale: 1})
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
