@@ -32,7 +32,7 @@ func shapeErr(err error) error {
 }
 
 // devices checks every named operand with Backend.device: the one check
-// the operations of tensor.Ops and tensor.GradOps make themselves, besides
+// the operations of tensor.Kernels and tensor.GradOps make themselves, besides
 // the limits of their kernels. Every other rule of their arguments (shapes,
 // dtypes, ranges, aliasing, which the kernels rely on to stay inside their
 // operands) is checked by tensor.Checked in front of them.

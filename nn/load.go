@@ -43,7 +43,7 @@ func FromLoader(c *loader.Config) (Config, error) {
 // HostWeights holds every layer of a model on a backend for the model's
 // lifetime: the simplest Weights, for models that fit.
 type HostWeights struct {
-	backend tensor.Backend
+	backend tensor.Memory
 	layers  []LayerWeights
 }
 
@@ -51,7 +51,7 @@ type HostWeights struct {
 type Progress func(done, total int64)
 
 // LoadWeights reads every tensor of m onto b in its stored dtype.
-func LoadWeights(ctx context.Context, m *loader.Model, b tensor.Backend, progress Progress) (*HostWeights, error) {
+func LoadWeights(ctx context.Context, m *loader.Model, b tensor.Memory, progress Progress) (*HostWeights, error) {
 	hw := &HostWeights{backend: b}
 	total, done := m.WeightBytes(), int64(0)
 	loaded := map[string]*tensor.Tensor{} // tied embeddings appear in two layers

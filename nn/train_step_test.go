@@ -33,7 +33,7 @@ func fixtureParams(t *testing.T) (*Params, *Model, *loader.Model) {
 		t.Fatal(err)
 	}
 	b := tensor.NewCPU(2)
-	t.Cleanup(b.Close)
+	t.Cleanup(func() { b.Close() })
 	m, err := New(cfg, b, nil, p)
 	if err != nil {
 		t.Fatal(err)

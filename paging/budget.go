@@ -23,7 +23,7 @@ import (
 //
 // A Budget is safe for concurrent use.
 type Budget struct {
-	b      tensor.Backend
+	b      tensor.Memory
 	device string
 	limit  int64
 	clock  atomic.Uint64 // LRU stamps shared by every pager of this budget
@@ -69,7 +69,7 @@ type CategoryStats struct {
 // NewBudget returns a budgeted allocator of limit bytes over backend b.
 // device names the device in summaries and snapshots; empty means b.Name().
 // A limit <= 0 refuses every allocation.
-func NewBudget(b tensor.Backend, limit int64, device string) *Budget {
+func NewBudget(b tensor.Memory, limit int64, device string) *Budget {
 	if device == "" {
 		device = b.Name()
 	}
@@ -84,7 +84,7 @@ func NewBudget(b tensor.Backend, limit int64, device string) *Budget {
 }
 
 // Backend returns the backend the budget allocates from.
-func (bg *Budget) Backend() tensor.Backend { return bg.b }
+func (bg *Budget) Backend() tensor.Memory { return bg.b }
 
 // Device returns the device name given to NewBudget.
 func (bg *Budget) Device() string { return bg.device }

@@ -56,9 +56,9 @@ type Allocator interface {
 
 // Unbudgeted returns an Allocator that passes every request to b and keeps
 // no accounts.
-func Unbudgeted(b tensor.Backend) Allocator { return unbudgeted{b} }
+func Unbudgeted(b tensor.Memory) Allocator { return unbudgeted{b} }
 
-type unbudgeted struct{ b tensor.Backend }
+type unbudgeted struct{ b tensor.Memory }
 
 func (u unbudgeted) Alloc(_ Category, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
 	return u.b.Alloc(dt, shape)

@@ -23,7 +23,7 @@ type CopyWindow struct {
 
 // StartCopyWindow starts measuring; it returns nil for a backend that does
 // not time its copies, and a nil window's End returns zeros.
-func StartCopyWindow(b tensor.Backend) *CopyWindow {
+func StartCopyWindow(b tensor.Memory) *CopyWindow {
 	ct, ok := b.(CopyTimer)
 	if !ok {
 		return nil
@@ -39,7 +39,7 @@ func StartCopyWindow(b tensor.Backend) *CopyWindow {
 // the smaller of the copy time and the compute time (wall - stall). 1 means
 // copies and compute ran fully in parallel, 0 one after the other. Zeros
 // when nothing was copied.
-func (w *CopyWindow) End(b tensor.Backend) (gbps, overlap float64) {
+func (w *CopyWindow) End(b tensor.Memory) (gbps, overlap float64) {
 	if w == nil {
 		return 0, 0
 	}

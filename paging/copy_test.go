@@ -40,7 +40,7 @@ func TestCopyWindow(t *testing.T) {
 	if _, o := w.End(f2); math.Abs(o-1) > 1e-3 {
 		t.Errorf("pipelined streaming: overlap %v, want 1", o)
 	}
-	var none tensor.Backend = newFake()
+	var none tensor.Memory = newFake()
 	if w := StartCopyWindow(none); w != nil {
 		t.Error("a backend without copy timing gave a window")
 	} else if g, o := w.End(none); g != 0 || o != 0 {

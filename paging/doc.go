@@ -24,7 +24,7 @@
 // layer needed next. Keeping a fixed resident set and streaming the rest
 // moves only the bytes that do not fit, per token.
 //
-// A short example, with src a Source and b a tensor.Backend:
+// A short example, with src a Source and b a tensor.Memory:
 //
 //	info := paging.ModelInfo{NumLayers: 32, HiddenSize: 4096, IntermediateSize: 11008,
 //		NumHeads: 32, NumKVHeads: 32, HeadDim: 128, VocabSize: 32000}

@@ -3,7 +3,6 @@ package paging
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -13,9 +12,8 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
-// fakeBackend is a host-memory backend that counts what is allocated and
-// refuses every compute operation: paging only allocates, uploads and
-// downloads.
+// fakeBackend is a host-memory tensor.Memory that counts what is
+// allocated: paging only allocates, uploads and downloads.
 type fakeBackend struct {
 	mu          sync.Mutex
 	live        map[*tensor.Tensor]int64
@@ -26,8 +24,6 @@ type fakeBackend struct {
 	pinnedBytes int64
 	uploads     atomic.Int64
 }
-
-var errNoOps = errors.New("fake backend: no compute")
 
 func newFake() *fakeBackend {
 	return &fakeBackend{live: map[*tensor.Tensor]int64{}, pinned: map[*byte]int64{}, total: 16 * GiB}
@@ -123,21 +119,10 @@ func (f *fakeBackend) outstanding() (int, int64, int64) {
 	return len(f.live), f.liveBytes, f.pinnedBytes
 }
 
-func (f *fakeBackend) MatMul(out, x, w, bias *tensor.Tensor) error         { return errNoOps }
-func (f *fakeBackend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error { return errNoOps }
-func (f *fakeBackend) Rope(x *tensor.Tensor, r tensor.Rotary) error        { return errNoOps }
-func (f *fakeBackend) SiLUMul(out, gate, up *tensor.Tensor) error          { return errNoOps }
-func (f *fakeBackend) Add(out, a, b *tensor.Tensor) error                  { return errNoOps }
-func (f *fakeBackend) Embed(out, table *tensor.Tensor, ids []int32) error  { return errNoOps }
-func (f *fakeBackend) CopyRows(dst *tensor.Tensor, dr int, src *tensor.Tensor, sr, n int) error {
-	return errNoOps
-}
-func (f *fakeBackend) Attention(out *tensor.Tensor, a tensor.Attn) error {
-	return errNoOps
-}
+func (f *fakeBackend) Close() error { return nil }
 
 // pageableBackend hides the fake's PinnedAllocator.
-type pageableBackend struct{ tensor.Backend }
+type pageableBackend struct{ tensor.Memory }
 
 // synthSource is a model whose tensor bytes are a deterministic pattern of
 // (layer, name), so every Acquire can check it got the right bytes.
@@ -263,7 +248,7 @@ func fill(dst []byte, l int, name string) {
 }
 
 // check verifies that the acquired tensors are the layer's, with its bytes.
-func check(b tensor.Backend, src *synthSource, l int, ws map[string]*tensor.Tensor) error {
+func check(b tensor.Memory, src *synthSource, l int, ws map[string]*tensor.Tensor) error {
 	if len(ws) != len(src.layers[l]) {
 		return fmt.Errorf("layer %d: got %d tensors, want %d", l, len(ws), len(src.layers[l]))
 	}

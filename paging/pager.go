@@ -61,7 +61,7 @@ var (
 type Pager struct {
 	src    Source
 	bg     *Budget
-	b      tensor.Backend
+	b      tensor.Memory
 	plan   *PlanResult
 	id     int
 	depth  int

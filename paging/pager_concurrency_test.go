@@ -43,7 +43,7 @@ func concurrentRun(t *testing.T, kind string, strategy Strategy, rate float64, r
 	t.Helper()
 	f := randomFaults(uint64(len(kind))*31+uint64(len(strategy)), seamAlloc, seamUpload, seamRead, seamPinned)
 	fb := newFaultBackend(f)
-	var be tensor.Backend = fb
+	var be tensor.Memory = fb
 	switch kind {
 	case "pageable":
 		be = hidePinned{fb}

@@ -206,7 +206,7 @@ func (b asyncFaultBackend) UploadAsync(ctx context.Context, dst *tensor.Tensor, 
 
 // hidePinned exposes only the Backend methods: a backend with pageable host
 // memory and synchronous uploads.
-type hidePinned struct{ tensor.Backend }
+type hidePinned struct{ tensor.Memory }
 
 // faultSource fails or cancels at the chosen ReadTensor call.
 type faultSource struct {
@@ -322,7 +322,7 @@ func settle(p *Pager) error {
 
 // request is one unit of work on the pager: every layer in order, twice,
 // each checked against the source's bytes. It stops at the first error.
-func request(ctx context.Context, p *Pager, fb tensor.Backend, src *synthSource) error {
+func request(ctx context.Context, p *Pager, fb tensor.Memory, src *synthSource) error {
 	n := p.NumLayers()
 	for k := range 2 * n {
 		l := k % n
@@ -362,19 +362,19 @@ func TestPagerFaults(t *testing.T) {
 	var knownBugs []string
 	type backendKind struct {
 		name  string
-		make  func(f *faults) (tensor.Backend, *faultBackend)
+		make  func(f *faults) (tensor.Memory, *faultBackend)
 		seams []string
 	}
 	kinds := []backendKind{
-		{"pageable", func(f *faults) (tensor.Backend, *faultBackend) {
+		{"pageable", func(f *faults) (tensor.Memory, *faultBackend) {
 			b := newFaultBackend(f)
 			return hidePinned{b}, b
 		}, []string{seamAlloc, seamUpload, seamRead}},
-		{"pinned", func(f *faults) (tensor.Backend, *faultBackend) {
+		{"pinned", func(f *faults) (tensor.Memory, *faultBackend) {
 			b := newFaultBackend(f)
 			return b, b
 		}, []string{seamAlloc, seamUpload, seamPinned, seamRead}},
-		{"pinned-async", func(f *faults) (tensor.Backend, *faultBackend) {
+		{"pinned-async", func(f *faults) (tensor.Memory, *faultBackend) {
 			b := newFaultBackend(f)
 			return asyncFaultBackend{b}, b
 		}, []string{seamAlloc, seamUpload, seamPinned, seamRead, seamWait}}, // wait last: see faultSweep
@@ -440,7 +440,7 @@ func (m faultMode) String() string {
 
 // faultSweep runs a pager through a fault at every call of each seam, and
 // checks the pager after each and everything at the end.
-func faultSweep(t *testing.T, be tensor.Backend, fb *faultBackend, f *faults, strategy Strategy, seams []string, mode faultMode) (tally faultTally, known []string) {
+func faultSweep(t *testing.T, be tensor.Memory, fb *faultBackend, f *faults, strategy Strategy, seams []string, mode faultMode) (tally faultTally, known []string) {
 	t.Helper()
 	base := llamaSynth(4, 32, 48, 16, 64)
 	src := faultSource{base, f}

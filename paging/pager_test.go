@@ -232,7 +232,7 @@ func TestRandomised(t *testing.T) {
 		if err != nil {
 			t.Fatalf("iteration %d: %v", it, err)
 		}
-		var fb tensor.Backend = newFake()
+		var fb tensor.Memory = newFake()
 		fake := fb.(*fakeBackend)
 		if rng.IntN(2) == 0 {
 			fb = pageableBackend{fb}
@@ -563,7 +563,7 @@ func TestHostCache(t *testing.T) {
 		pinned bool
 	}{{-1, false}, {plan.StreamedBytes / 2, true}, {0, true}, {0, false}} {
 		fb := newFake()
-		var b tensor.Backend = fb
+		var b tensor.Memory = fb
 		if !tc.pinned {
 			b = pageableBackend{fb}
 		}
@@ -666,7 +666,7 @@ func TestStreamingRecyclesReadBuffers(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := check(be.Backend, src, l, ws); err != nil {
+			if err := check(be.Memory, src, l, ws); err != nil {
 				t.Fatal(err)
 			}
 			pg.Release(l)

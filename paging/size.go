@@ -101,7 +101,7 @@ func FormatSize(n int64) string {
 // DeviceFraction returns frac of the device's total memory, as reported by
 // a backend that implements tensor.MemoryInfo. It is how a
 // -gpu-memory-fraction flag becomes a budget.
-func DeviceFraction(b tensor.Backend, frac float64) (int64, error) {
+func DeviceFraction(b tensor.Memory, frac float64) (int64, error) {
 	if !(frac > 0 && frac <= 1) {
 		return 0, fmt.Errorf("paging: memory fraction %v: must be in (0, 1]", frac)
 	}

@@ -63,7 +63,7 @@ func TestDeviceFraction(t *testing.T) {
 		t.Error("fraction 1.5 accepted")
 	}
 	var nomem struct{ pageableBackend }
-	nomem.Backend = noMemInfo{f}
+	nomem.Memory = noMemInfo{f}
 	if _, err := DeviceFraction(nomem, 0.5); err == nil {
 		t.Error("backend without MemoryInfo accepted")
 	}

@@ -1,7 +1,6 @@
 package tensor
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -12,18 +11,12 @@ import (
 // satisfy an allocation. Callers branch on it with errors.Is.
 var ErrOutOfMemory = errors.New("out of memory")
 
-// Backend allocates tensors in its memory and runs the operations the
-// decoder needs on them. Activations are F32; weight arguments (w, table,
-// bias, norm weights) may be F32, F16 or BF16 and are read in their stored
-// type with F32 accumulation: no F32 copy of a weight is ever made.
-//
-// All tensors passed to a backend's operations must have been allocated by
-// that backend (or, for the CPU backend, be host tensors). Operations may run
-// asynchronously on a device; Download synchronises.
-type Backend interface {
-	// Name identifies the backend ("cpu", "cuda:0").
+// Memory is the part of a backend that holds tensors: allocation and
+// copies between host and device. It is all that code placing and moving
+// weights (package paging) needs.
+type Memory interface {
+	// Name identifies the device ("cpu", "cuda:0").
 	Name() string
-
 	// Alloc returns an uninitialised tensor in the backend's memory.
 	Alloc(dt DType, shape Shape) (*Tensor, error)
 	// Free releases a tensor from Alloc. Freeing nil is a no-op.
@@ -34,13 +27,24 @@ type Backend interface {
 	// Download copies src's bytes into dst (len(dst) == src.NumBytes()),
 	// waiting for pending work on src.
 	Download(dst []byte, src *Tensor) error
-
-	Ops
+	// Close releases everything the backend holds; its tensors become
+	// invalid. Closing twice is a no-op.
+	Close() error
 }
 
-// Ops are the compute operations of a Backend. Shapes are given as
-// [rows, columns]; every tensor is contiguous and row-major.
-type Ops interface {
+// Kernels are the compute operations the decoder needs. Shapes are given as
+// [rows, columns]; every tensor is contiguous and row-major. Activations
+// are F32; weight arguments (w, table, bias, norm weights) may be F32, F16
+// or BF16 and are read in their stored type with F32 accumulation: no F32
+// copy of a weight is ever made.
+//
+// A backend's kernels do not check their arguments beyond what their own
+// memory safety needs (that the operands are the backend's memory): the
+// rules written here are checked once, in front of every backend, by
+// Checked, and a kernel called directly with arguments that break them may
+// fail in any way. Operations may run asynchronously on a device; Download
+// synchronises.
+type Kernels interface {
 	// MatMul computes out[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N] on every row
 	// when bias is non-nil). w is in Hugging Face's [out_features,
 	// in_features] layout.
@@ -66,6 +70,14 @@ type Ops interface {
 	Attention(out *Tensor, a Attn) error
 }
 
+// Backend is a device: its memory and the kernels that compute on it. All
+// tensors passed to a backend's kernels must have been allocated by that
+// backend (or, for the CPU backend, be host tensors).
+type Backend interface {
+	Memory
+	Kernels
+}
+
 // Rotary is the rotary position embedding of Rope. Row t of x is at
 // position Pos0+t, and each of its Heads heads of HeadDim (even)
 // dimensions is rotated by the angles of that position, read from the F32
@@ -87,53 +99,6 @@ type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
-}
-
-// Optional capabilities, found by type assertion.
-
-// Syncer is a backend whose operations run asynchronously.
-type Syncer interface {
-	Sync() error
-}
-
-// PinnedAllocator is a backend that can allocate page-locked host memory,
-// from which copies to the device run at full link speed.
-type PinnedAllocator interface {
-	AllocPinned(n int64) ([]byte, error)
-	FreePinned(b []byte) error
-}
-
-// AsyncUploader is a backend that can copy host memory to a tensor on a
-// separate copy stream. The returned wait function blocks compute (not the
-// host) until the copy has landed.
-type AsyncUploader interface {
-	UploadAsync(ctx context.Context, dst *Tensor, off int64, src []byte) (ready func() error, err error)
-}
-
-// ManagedAllocator is a backend with unified (managed) memory: tensors
-// addressable from host and device whose pages the driver migrates on
-// demand or when prefetched. Prefetches are ordered with the backend's
-// compute.
-type ManagedAllocator interface {
-	// AllocManaged allocates managed memory. It refuses (with an error
-	// wrapping ErrOutOfMemory) any request larger than the device's free
-	// memory, so that managed memory never oversubscribes the device.
-	AllocManaged(dt DType, shape Shape) (*Tensor, error)
-	// PrefetchToDevice migrates t's pages to the device.
-	PrefetchToDevice(t *Tensor) error
-	// PrefetchToHost migrates t's pages to host memory.
-	PrefetchToHost(t *Tensor) error
-	// AdviseHost makes host memory the preferred location of t's pages.
-	AdviseHost(t *Tensor) error
-	// AdviseDeviceAccess maps t's pages for the device where they are, so
-	// that kernels read them in place over the link instead of migrating
-	// them.
-	AdviseDeviceAccess(t *Tensor) error
-}
-
-// MemoryInfo is a backend that can report its device's memory.
-type MemoryInfo interface {
-	MemInfo() (free, total int64, err error)
 }
 
 // Registry of backends by name, with "cpu" always present.

@@ -1,57 +1,124 @@
 package tensor
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
-// The helpers below find a backend's optional capabilities. Call them
-// rather than type-asserting: they look behind a front from Checked (and
-// any other wrapper with an Unwrap() Backend method), where a type
-// assertion would miss the capability and silently take the slow path.
+// Optional capabilities of a backend, each a small interface with one
+// helper that finds it. Call the helpers rather than type-asserting: they
+// look behind a front from Checked (and any other wrapper with an Unwrap()
+// Backend method), where a type assertion would miss the capability and
+// silently take the slow path. (GradOps, the backward operations, are found
+// with CheckedGrad, which also puts the checks in front of them.)
 
-// capability returns the first of b and the backends behind it that
+// capability returns the first of m and the backends behind it that
 // implements C.
-func capability[C any](b Backend) (C, bool) {
-	for b != nil {
-		if c, ok := b.(C); ok {
+func capability[C any](m Memory) (C, bool) {
+	for m != nil {
+		if c, ok := m.(C); ok {
 			return c, true
 		}
-		u, ok := b.(interface{ Unwrap() Backend })
+		u, ok := m.(interface{ Unwrap() Backend })
 		if !ok {
 			break
 		}
-		b = u.Unwrap()
+		m = u.Unwrap()
 	}
 	var zero C
 	return zero, false
 }
 
-// Sync waits for b's queued work when b runs asynchronously (Syncer) and
+// Syncer is a backend whose operations run asynchronously.
+type Syncer interface {
+	Sync() error
+}
+
+// Sync waits for m's queued work when m runs asynchronously (Syncer) and
 // returns its first asynchronous error; otherwise it returns nil.
-func Sync(b Backend) error {
-	if s, ok := capability[Syncer](b); ok {
+func Sync(m Memory) error {
+	if s, ok := capability[Syncer](m); ok {
 		return s.Sync()
 	}
 	return nil
 }
 
-// Pinned returns b's page-locked host allocator, if it has one.
-func Pinned(b Backend) (PinnedAllocator, bool) { return capability[PinnedAllocator](b) }
+// PinnedAllocator is a backend that can allocate page-locked host memory,
+// from which copies to the device run at full link speed.
+type PinnedAllocator interface {
+	AllocPinned(n int64) ([]byte, error)
+	FreePinned(b []byte) error
+}
 
-// AsyncUpload returns b's asynchronous copy engine, if it has one.
-func AsyncUpload(b Backend) (AsyncUploader, bool) { return capability[AsyncUploader](b) }
+// Pinned returns m's page-locked host allocator, if it has one.
+func Pinned(m Memory) (PinnedAllocator, bool) { return capability[PinnedAllocator](m) }
 
-// Managed returns b's unified-memory allocator, if it has one.
-func Managed(b Backend) (ManagedAllocator, bool) { return capability[ManagedAllocator](b) }
+// AsyncUploader is a backend that can copy host memory to a tensor on a
+// separate copy stream. The returned wait function blocks compute (not the
+// host) until the copy has landed.
+type AsyncUploader interface {
+	UploadAsync(ctx context.Context, dst *Tensor, off int64, src []byte) (ready func() error, err error)
+}
 
-// FreeMemory reports the free and total bytes of b's device (MemoryInfo).
-// A backend that cannot tell returns an error wrapping
-// errors.ErrUnsupported.
-func FreeMemory(b Backend) (free, total int64, err error) {
-	mi, ok := capability[MemoryInfo](b)
+// AsyncUpload returns m's asynchronous copy engine, if it has one.
+func AsyncUpload(m Memory) (AsyncUploader, bool) { return capability[AsyncUploader](m) }
+
+// ManagedAllocator is a backend with unified (managed) memory: tensors
+// addressable from host and device whose pages the driver migrates on
+// demand or when prefetched. Prefetches are ordered with the backend's
+// compute.
+type ManagedAllocator interface {
+	// AllocManaged allocates managed memory. It refuses (with an error
+	// wrapping ErrOutOfMemory) any request larger than the device's free
+	// memory, so that managed memory never oversubscribes the device.
+	AllocManaged(dt DType, shape Shape) (*Tensor, error)
+	// PrefetchToDevice migrates t's pages to the device.
+	PrefetchToDevice(t *Tensor) error
+	// PrefetchToHost migrates t's pages to host memory.
+	PrefetchToHost(t *Tensor) error
+	// AdviseHost makes host memory the preferred location of t's pages.
+	AdviseHost(t *Tensor) error
+	// AdviseDeviceAccess maps t's pages for the device where they are, so
+	// that kernels read them in place over the link instead of migrating
+	// them.
+	AdviseDeviceAccess(t *Tensor) error
+}
+
+// Managed returns m's unified-memory allocator, if it has one.
+func Managed(m Memory) (ManagedAllocator, bool) { return capability[ManagedAllocator](m) }
+
+// MemoryInfo is a backend that can report its device's memory.
+type MemoryInfo interface {
+	MemInfo() (free, total int64, err error)
+}
+
+// FreeMemory reports the free and total bytes of m's device (MemoryInfo),
+// as the driver sees them. A backend that cannot tell returns an error
+// wrapping errors.ErrUnsupported.
+func FreeMemory(m Memory) (free, total int64, err error) {
+	mi, ok := capability[MemoryInfo](m)
 	if !ok {
-		return 0, 0, fmt.Errorf("tensor: %s cannot report its memory: %w", b.Name(), errors.ErrUnsupported)
+		return 0, 0, fmt.Errorf("tensor: %s cannot report its memory: %w", m.Name(), errors.ErrUnsupported)
 	}
 	return mi.MemInfo()
+}
+
+// CopyTimer is a backend that times its asynchronous uploads: the bytes
+// copied so far, the time its copy stream was busy with them, and the time
+// its compute waited for copies (the part of the copy time not hidden).
+type CopyTimer interface {
+	CopyStats() (bytes int64, busy, stall time.Duration)
+}
+
+// CopyStats returns m's copy statistics (CopyTimer), or ok false when m
+// does not time its copies.
+func CopyStats(m Memory) (bytes int64, busy, stall time.Duration, ok bool) {
+	ct, ok := capability[CopyTimer](m)
+	if !ok {
+		return 0, 0, 0, false
+	}
+	bytes, busy, stall = ct.CopyStats()
+	return bytes, busy, stall, true
 }

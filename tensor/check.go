@@ -6,8 +6,8 @@ import (
 	"unsafe"
 )
 
-// The argument checks of every operation of Ops and GradOps, written once:
-// Checked runs them in front of a backend, whose kernels then assume
+// The argument checks of every operation of Kernels and GradOps, written
+// once: Checked runs them in front of a backend, whose kernels then assume
 // well-formed arguments. They cover what the contract says of an operation
 // (dtypes, shapes, ranges, which operands may share storage), not where the
 // operands live: a backend checks that its operands are its own memory, and

@@ -1,7 +1,7 @@
 package tensor
 
 // Checked returns b behind a front that checks each operation's arguments
-// (the rules of Ops and GradOps: dtypes, shapes, ranges, aliasing) and
+// (the rules of Kernels and GradOps: dtypes, shapes, ranges, aliasing) and
 // calls b's kernel only when they hold, so that a malformed call is an
 // error naming the operation and the operand, the same on every backend.
 // Backends' kernels check nothing but what their own memory safety needs
@@ -61,6 +61,8 @@ func (c *checked) Free(t *Tensor) { c.b.Free(t) }
 func (c *checked) Upload(dst *Tensor, off int64, src []byte) error { return c.b.Upload(dst, off, src) }
 
 func (c *checked) Download(dst []byte, src *Tensor) error { return c.b.Download(dst, src) }
+
+func (c *checked) Close() error { return c.b.Close() }
 
 func (c *checked) MatMul(out, x, w, bias *Tensor) error {
 	if err := checkMatMul(out, x, w, bias); err != nil {

@@ -3,6 +3,7 @@ package tensor_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -91,6 +92,13 @@ type syncer struct {
 
 func (s *syncer) Sync() error { s.syncs++; return nil }
 
+// copyTimer is a backend that reports copy statistics.
+type copyTimer struct{ memoryOnly }
+
+func (copyTimer) CopyStats() (int64, time.Duration, time.Duration) {
+	return 42, time.Second, time.Millisecond
+}
+
 // TestCheckedFront checks how fronts compose and what they expose: Checked
 // is idempotent, GradOps follow the backend's, and the capability helpers
 // find what is behind a front.
@@ -116,6 +124,12 @@ func TestCheckedFront(t *testing.T) {
 	s := &syncer{memoryOnly: memoryOnly{cpu}}
 	if err := tensor.Sync(tensor.Checked(s)); err != nil || s.syncs != 1 {
 		t.Errorf("Sync through the front: %v after %d syncs, want 1", err, s.syncs)
+	}
+	if n, busy, stall, ok := tensor.CopyStats(tensor.Checked(copyTimer{memoryOnly{cpu}})); !ok || n != 42 || busy != time.Second || stall != time.Millisecond {
+		t.Errorf("CopyStats through the front = %d, %v, %v, %v", n, busy, stall, ok)
+	}
+	if _, _, _, ok := tensor.CopyStats(b); ok {
+		t.Error("the CPU backend times copies")
 	}
 	if _, ok := tensor.Pinned(b); ok {
 		t.Error("the CPU backend has pinned memory")

@@ -39,8 +39,12 @@ func (c *CPU) Name() string { return "cpu" }
 func (c *CPU) Threads() int { return c.threads }
 
 // Close stops the worker goroutines. Operations still work after Close but
-// run on the calling goroutine only. Close may be called more than once.
-func (c *CPU) Close() { c.pool.close() }
+// run on the calling goroutine only. Close may be called more than once; it
+// returns nil.
+func (c *CPU) Close() error {
+	c.pool.close()
+	return nil
+}
 
 // Alloc returns a zero-filled host tensor.
 func (c *CPU) Alloc(dt DType, shape Shape) (*Tensor, error) {

@@ -1,10 +1,10 @@
 package tensor
 
 // GradOps are the backward operations of training, an optional capability of
-// a Backend found by type assertion. Gradients (dx, dw, db, dy, ...) are F32
+// a Backend, found checked with CheckedGrad. Gradients (dx, dw, db, dy, ...) are F32
 // tensors of the backend; weight operands (w) may be F32, F16 or BF16 and are
 // read in their stored type, widened to F32 exactly. Shapes are [rows,
-// columns], contiguous and row-major, as in Ops. "Adds into" means the
+// columns], contiguous and row-major, as in Kernels. "Adds into" means the
 // result is accumulated into the destination, which the caller zeroes (with
 // Zero) when it wants the plain gradient. An operation that "sets" its
 // destinations overwrites them.

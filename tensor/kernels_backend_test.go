@@ -52,7 +52,7 @@ func FuzzCPUMatMulAVX2(f *testing.F) { fuzzKernels(f, "avx2") }
 
 func fuzzKernels(f *testing.F, name string) {
 	c := tensor.NewCPUKernels(2, name)
-	f.Cleanup(c.Close)
+	f.Cleanup(func() { c.Close() })
 	if c.Kernels() != name {
 		f.Skipf("this machine has no %s kernels", name)
 	}

@@ -27,11 +27,4 @@ func OpenBackend(device string, threads int) (tensor.Backend, error) {
 }
 
 // CloseBackend closes a backend from OpenBackend.
-func CloseBackend(b tensor.Backend) {
-	switch c := b.(type) {
-	case interface{ Close() error }:
-		c.Close()
-	case interface{ Close() }:
-		c.Close()
-	}
-}
+func CloseBackend(b tensor.Backend) { b.Close() }
