@@ -3,16 +3,11 @@ package cuda
 import (
 	"errors"
 	"fmt"
-
-	"github.com/strata-llm/strata/tensor"
 )
 
 // Errors callers branch on with errors.Is. Out-of-memory conditions wrap
 // tensor.ErrOutOfMemory instead.
 var (
-	// ErrNotCompiled is returned by every entry point of a build without
-	// the cuda tag.
-	ErrNotCompiled = errors.New("strata was built without CUDA support; rebuild with -tags cuda")
 	// ErrNoDevice means the driver could not be initialised or reports no
 	// GPU.
 	ErrNoDevice = errors.New("no CUDA device")
@@ -32,7 +27,7 @@ type DeviceInfo struct {
 	SMs           int    // multiprocessors
 	DriverVersion int    // CUDA version the driver supports, 1000*major + 10*minor (13000 = 13.0)
 	// ManagedMemory reports concurrent managed access: managed memory can
-	// be prefetched and advised (ManagedAllocator).
+	// be prefetched and advised (tensor.ManagedAllocator).
 	ManagedMemory bool
 }
 
@@ -49,11 +44,6 @@ type Stats struct {
 	CacheHits    int64 // allocations served from the free lists
 	Workspace    int64 // device bytes the backend keeps for itself (cuBLAS workspace), included in Reserved
 }
-
-// ManagedAllocator is the unified-memory capability of the CUDA backend
-// (tensor.ManagedAllocator): AllocManaged refuses anything larger than the
-// device's free memory, so managed memory never oversubscribes the GPU.
-type ManagedAllocator = tensor.ManagedAllocator
 
 // DriverError is a failed CUDA driver API call, found with errors.As in the
 // errors this package returns.

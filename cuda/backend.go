@@ -17,24 +17,14 @@ import (
 	"gorgonia.org/cu"
 )
 
-func init() {
-	tensor.Register("cuda", func() (tensor.Backend, error) {
-		b, err := Open(0)
-		if err != nil {
-			return nil, err
-		}
-		return b, nil
-	})
-}
-
 // Interfaces the backend implements.
 var (
-	_ tensor.Backend         = (*Backend)(nil)
-	_ tensor.Syncer          = (*Backend)(nil)
-	_ tensor.PinnedAllocator = (*Backend)(nil)
-	_ tensor.AsyncUploader   = (*Backend)(nil)
-	_ tensor.MemoryInfo      = (*Backend)(nil)
-	_ ManagedAllocator       = (*Backend)(nil)
+	_ tensor.Backend          = (*Backend)(nil)
+	_ tensor.Syncer           = (*Backend)(nil)
+	_ tensor.PinnedAllocator  = (*Backend)(nil)
+	_ tensor.AsyncUploader    = (*Backend)(nil)
+	_ tensor.MemoryInfo       = (*Backend)(nil)
+	_ tensor.ManagedAllocator = (*Backend)(nil)
 )
 
 // Backend runs strata's tensor operations on one CUDA device. Its methods

@@ -3,9 +3,8 @@
 // the calls it lacks).
 //
 // It needs the build tag cuda (and cuda.h and libcuda.so at build time; on
-// Debian, make cuda-deps). Without the tag the package still builds, and
-// Open and every method return ErrNotCompiled, whose message says to
-// rebuild with -tags cuda.
+// Debian, make cuda-deps). Without the tag the package builds to almost
+// nothing and registers no driver.
 //
 // What it provides:
 //   - the tensor.Backend operations, as kernels written in CUDA C
@@ -28,12 +27,12 @@
 // a driver too old for the embedded PTX (ErrDriverTooOld), out of memory
 // (wrapping tensor.ErrOutOfMemory), invalid arguments.
 //
-// Importing the package registers the backend as "cuda" (device 0) with
-// tensor.Register when built with the cuda tag. Direct use:
+// Importing the package registers the "cuda" driver with
+// tensor.RegisterDriver when built with the cuda tag. Direct use:
 //
 //	b, err := cuda.Open(0)
 //	if err != nil {
-//		return err // errors.Is(err, cuda.ErrNoDevice), cuda.ErrNotCompiled, ...
+//		return err // errors.Is(err, cuda.ErrNoDevice), ...
 //	}
 //	defer b.Close()
 //	x, err := b.Alloc(tensor.F32, tensor.Shape{1, 4096})

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -112,10 +113,31 @@ func TestDevices(t *testing.T) {
 	if _, err := Open(len(devs)); err == nil {
 		t.Errorf("Open(%d) of %d devices succeeded", len(devs), len(devs))
 	}
-	if r, err := tensor.Open("cuda"); err != nil {
-		t.Errorf(`tensor.Open("cuda"): %v`, err)
-	} else {
-		r.(*Backend).Close()
+	// The registry: every device listed, opened by name, and "auto" on
+	// device 0.
+	want := []string{"cpu"}
+	for i := range devs {
+		want = append(want, fmt.Sprintf("cuda:%d", i))
+	}
+	if got := tensor.Devices(); !slices.Equal(got, want) {
+		t.Errorf("tensor.Devices() = %v, want %v", got, want)
+	}
+	last := fmt.Sprintf("cuda:%d", len(devs)-1)
+	for spec, name := range map[string]string{"cuda": "cuda:0", "auto": "cuda:0", last: last} {
+		r, err := tensor.OpenDevice(spec, tensor.DeviceOptions{})
+		if err != nil {
+			t.Errorf("tensor.OpenDevice(%q): %v", spec, err)
+			continue
+		}
+		if _, ok := r.(*Backend); !ok || r.Name() != name {
+			t.Errorf("tensor.OpenDevice(%q) = %T %s, want the CUDA backend %s", spec, r, r.Name(), name)
+		}
+		if err := r.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := tensor.OpenDevice(fmt.Sprintf("cuda:%d", len(devs)), tensor.DeviceOptions{}); err == nil {
+		t.Errorf("tensor.OpenDevice(cuda:%d) of %d devices succeeded", len(devs), len(devs))
 	}
 }
 

@@ -1,5 +1,3 @@
-//go:build cuda
-
 package nn
 
 import (
@@ -12,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/strata-llm/strata/cuda"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/paging"
 )
@@ -33,11 +30,7 @@ import (
 //
 //	bin/nn.test -test.run '^$' -test.bench CUDATrain -test.benchtime 3x
 func BenchmarkCUDATrain(b *testing.B) {
-	be, err := cuda.Open(0)
-	if err != nil {
-		b.Skipf("no CUDA device: %v", err)
-	}
-	defer be.Close()
+	be := openCUDA(b)
 	ctx := context.Background()
 	shape := envOr("STRATA_TRAIN_SHAPE", "tinyllama-1.1b")
 	tokens, err := strconv.Atoi(envOr("STRATA_TRAIN_TOKENS", "512"))

@@ -1,11 +1,6 @@
 package tensor
 
-import (
-	"errors"
-	"fmt"
-	"sort"
-	"sync"
-)
+import "errors"
 
 // ErrOutOfMemory is returned (wrapped) when a backend or a budget cannot
 // satisfy an allocation. Callers branch on it with errors.Is.
@@ -99,45 +94,4 @@ type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
-}
-
-// Registry of backends by name, with "cpu" always present.
-
-var (
-	registryMu sync.Mutex
-	registry   = map[string]func() (Backend, error){}
-)
-
-// Register makes a backend constructor available by name. Backends register
-// themselves from init functions; registering a name twice panics.
-func Register(name string, open func() (Backend, error)) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic("tensor: backend registered twice: " + name)
-	}
-	registry[name] = open
-}
-
-// Open returns a new instance of the named backend.
-func Open(name string) (Backend, error) {
-	registryMu.Lock()
-	open, ok := registry[name]
-	registryMu.Unlock()
-	if !ok {
-		return nil, fmt.Errorf("tensor: no backend %q (have %v)", name, Backends())
-	}
-	return open()
-}
-
-// Backends lists the registered backend names, sorted.
-func Backends() []string {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }

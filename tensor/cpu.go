@@ -5,9 +5,7 @@ import (
 	"runtime"
 )
 
-func init() {
-	Register("cpu", func() (Backend, error) { return NewCPU(0), nil })
-}
+func init() { RegisterDriver("cpu", cpuDriver{}) }
 
 // CPU is the pure-Go backend. Its tensors live in Go memory on the host, and
 // its operations run on a persistent pool of worker goroutines created with

@@ -44,21 +44,6 @@ func TestCPUThreads(t *testing.T) {
 	}
 }
 
-func TestCPURegistered(t *testing.T) {
-	b, err := tensor.Open("cpu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.Name() != "cpu" {
-		t.Fatalf("Open(\"cpu\").Name() = %q", b.Name())
-	}
-	c, ok := b.(*tensor.CPU)
-	if !ok {
-		t.Fatalf("Open(\"cpu\") is %T", b)
-	}
-	c.Close()
-}
-
 // randMatMul builds a random MatMul problem on c and returns its reference.
 func randMatMul(t *testing.T, c *tensor.CPU, r *rand.Rand, m, n, k int, dt tensor.DType) (out, x, w *tensor.Tensor, want []float64) {
 	t.Helper()

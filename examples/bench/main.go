@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	_ "github.com/strata-llm/strata/cuda" // the "cuda" device driver, built with -tags cuda
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/infile"
@@ -57,7 +58,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&o.model, "model", "", "model `directory`")
 	fs.StringVar(&o.name, "name", "", "model label in the results (default: the directory's base name)")
-	fs.StringVar(&o.device, "device", "cpu", "cpu or cuda")
+	fs.StringVar(&o.device, "device", "cpu", "cpu, cuda, cuda:N or auto")
 	fs.StringVar(&o.runs, "runs", "none", "comma-separated runs BUDGET[:STRATEGY[:MODE]]")
 	fs.StringVar(&o.prefill, "prefill", "128,512", "prompt lengths to time")
 	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")

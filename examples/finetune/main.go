@@ -30,6 +30,9 @@
 // Exit status: 0 on success, 2 for a bad flag, 1 for any other error.
 package main
 
-import "github.com/strata-llm/strata/examples/internal/cli"
+import (
+	_ "github.com/strata-llm/strata/cuda" // the "cuda" device driver, built with -tags cuda
+	"github.com/strata-llm/strata/examples/internal/cli"
+)
 
 func main() { cli.Main("finetune", run) }

@@ -57,7 +57,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.gradsOut, "grads-out", "", "write loss and grad.<name> (F32) of one step on -ids at the initial weights to this safetensors `file`")
 	fs.StringVar(&o.ids, "ids", "", "comma-separated token `ids` for -grads-out (default: the first window of -data)")
 	fs.StringVar(&o.save, "save", "", "write the fine-tuned model as a Hugging Face checkpoint into this `directory`")
-	fs.StringVar(&o.device, "device", "auto", "cpu, cuda or auto (cuda when compiled in and a device exists)")
+	fs.StringVar(&o.device, "device", "auto", "cpu, cuda, cuda:N or auto (cuda when compiled in and a device exists)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of the run to this `file`")
@@ -79,8 +79,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, cli.Usagef("-checkpoint-segments %d must be >= 0", o.segments)
 	case o.optimizer != "adamw" && o.optimizer != "sgd":
 		return nil, cli.Usagef("-optimizer %q: want adamw or sgd", o.optimizer)
-	case o.device != "cpu" && o.device != "cuda" && o.device != "auto":
-		return nil, cli.Usagef("-device %q: want cpu, cuda or auto", o.device)
 	case o.threads < 0:
 		return nil, cli.Usagef("-threads %d must be >= 0", o.threads)
 	}
@@ -88,6 +86,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	// rules nn applies (the model's dtype picks the default loss scale
 	// later; 1 stands in for it here).
 	if _, err := o.hyperparameters(1); err != nil {
+		return nil, err
+	}
+	if err := cli.CheckDevice(o.device); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -5,16 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/strata-llm/strata/cuda"
-	"github.com/strata-llm/strata/examples/internal/cli"
 	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
@@ -324,7 +324,7 @@ func TestFinetuneFlags(t *testing.T) {
 		{"-grads-out", "x.safetensors", "-ids", "1"},
 		{"-grads-out", "x.safetensors", "-ids", "1,99999"},
 		{"-data", data, "extra"},
-		{"-data", data, "-device", "tpu"},
+		{"-data", data, "-device", "cpu:x"},
 	} {
 		_, _, err := runArgs(t, args...)
 		if !cli.IsUsage(err) {
@@ -338,10 +338,14 @@ func TestFinetuneFlags(t *testing.T) {
 		t.Error("an empty model directory was accepted")
 	}
 	// Without the cuda build tag (or a GPU) -device cuda is refused with the
-	// reason, not silently run on the CPU.
-	if !cuda.Available() {
+	// reason, not silently run on the CPU; so is a driver that does not
+	// exist.
+	if !slices.Contains(tensor.Devices(), "cuda:0") {
 		if _, _, err := runArgs(t, "-data", data, "-device", "cuda"); err == nil {
 			t.Error("-device cuda ran without a CUDA device")
 		}
+	}
+	if _, _, err := runArgs(t, "-data", data, "-device", "tpu"); err == nil || cli.IsUsage(err) || !strings.Contains(err.Error(), "registered: cpu") {
+		t.Errorf("-device tpu: %v, want an error listing the registered drivers", err)
 	}
 }

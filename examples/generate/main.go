@@ -11,6 +11,9 @@
 // one line on stderr naming the problem.
 package main
 
-import "github.com/strata-llm/strata/examples/internal/cli"
+import (
+	_ "github.com/strata-llm/strata/cuda" // the "cuda" device driver, built with -tags cuda
+	"github.com/strata-llm/strata/examples/internal/cli"
+)
 
 func main() { cli.Main("generate", run) }

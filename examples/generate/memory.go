@@ -119,8 +119,8 @@ func resolveMemory(o *options, backends []tensor.Backend, ordinals []int) (*memo
 			return nil, cli.Usagef("-memory-mode: %v", err)
 		}
 	}
-	if m.mode != paging.ModeExplicit && !isCUDA(backends[0]) {
-		return nil, cli.Usagef("-memory-mode %s needs the cuda device (running on %s)", m.mode, backends[0].Name())
+	if _, ok := tensor.Managed(backends[0]); m.mode != paging.ModeExplicit && !ok {
+		return nil, cli.Usagef("-memory-mode %s needs a device with unified memory, such as -device cuda (running on %s)", m.mode, backends[0].Name())
 	}
 	return m, nil
 }
@@ -306,5 +306,3 @@ func writeSnapshot(path string, bud *paging.Budget) error {
 	}
 	return nil
 }
-
-func isCUDA(b tensor.Backend) bool { return len(b.Name()) >= 4 && b.Name()[:4] == "cuda" }

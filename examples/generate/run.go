@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/strata-llm/strata/cuda"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
@@ -65,7 +64,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.topK, "top-k", 0, "sample among the k most likely tokens; 0 is all")
 	fs.Float64Var(&o.topP, "top-p", 1, "sample from the smallest set of most likely tokens whose probability reaches p (as Hugging Face's top_p: 1 keeps every token, 0 only the most likely)")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for sampling")
-	fs.StringVar(&o.device, "device", "auto", "cpu, cuda or auto (cuda when compiled in and a device exists)")
+	fs.StringVar(&o.device, "device", "auto", "cpu, cuda, cuda:N or auto (cuda when compiled in and a device exists)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON report at the end instead of streaming text")
 	fs.StringVar(&o.logitsOut, "logits-out", "", "write the prompt's logits [prompt length, vocab] F32 to this safetensors `file`")
 	fs.IntVar(&o.chunk, "prefill-chunk", 512, "prompt tokens processed per forward step")
@@ -73,7 +72,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	fs.StringVar(&o.gpuLimit, "gpu-memory-limit", "", "device memory budget `size` (3.5GiB, 800MiB, 4GB, 300000B; a bare number is GiB), or per device: 0=3GiB,1=5GiB")
 	fs.StringVar(&o.gpuFraction, "gpu-memory-fraction", "", "device memory budget as a `fraction` of the device's total, or per device: 0=0.5,1=0.7")
-	fs.StringVar(&o.devices, "devices", "", "spread the layers over these `devices`: 0,1 or all (with -device cpu, CPU backends stand in for devices)")
+	fs.StringVar(&o.devices, "devices", "", "spread the layers over these `devices` of -device's driver: 0,1 or all (with -device cpu, CPU backends stand in for devices)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers; beyond it they are re-read from disk")
 	fs.StringVar(&o.offload, "offload", "", "offload `strategy`: none, minimal, balanced or aggressive (default: none without a budget, balanced with one)")
 	fs.StringVar(&o.configFile, "config", "", "YAML config `file` with a memory: section; flags override it")
@@ -93,8 +92,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, cli.Usagef("-prefill-chunk %d must be > 0", o.chunk)
 	case o.threads < 0:
 		return nil, cli.Usagef("-threads %d must be >= 0", o.threads)
-	case o.device != "cpu" && o.device != "cuda" && o.device != "auto":
-		return nil, cli.Usagef("-device %q: want cpu, cuda or auto", o.device)
+	}
+	if err := cli.CheckDevice(o.device); err != nil {
+		return nil, err
 	}
 	if o.topP == 0 {
 		o.topP = nn.TopPMostLikely // Hugging Face's top_p = 0
@@ -420,8 +420,10 @@ type deviceReport struct {
 	PeakDeviceBytes int64              `json:"peak_device_bytes"`
 }
 
-// openBackends opens the device of -device, or each of -devices. It
-// returns what it opened even with an error, for the caller to close.
+// openBackends opens the device of -device, or each of -devices: the
+// devices of -device's driver ("auto": the first GPU driver with a device,
+// else the CPU's) by ordinal, through tensor's registry. It returns what it
+// opened even with an error, for the caller to close.
 func openBackends(o *options) ([]tensor.Backend, []int, error) {
 	if o.devices == "" {
 		b, err := cli.OpenBackend(o.device, o.threads)
@@ -430,17 +432,33 @@ func openBackends(o *options) ([]tensor.Backend, []int, error) {
 		}
 		return []tensor.Backend{b}, []int{0}, nil
 	}
+	driver, _, err := tensor.ParseDevice(o.device)
+	if err != nil {
+		return nil, nil, cli.Usagef("-device: %v", err)
+	}
+	devices := tensor.Devices()
+	if driver == "auto" {
+		driver = "cpu"
+		for _, d := range devices {
+			if name, _, _ := strings.Cut(d, ":"); name != "cpu" {
+				driver = name
+				break
+			}
+		}
+	}
 	var ordinals []int
 	if o.devices == "all" {
-		if o.device == "cpu" {
-			return nil, nil, cli.Usagef("-devices all needs -device cuda or auto")
+		if driver == "cpu" {
+			return nil, nil, cli.Usagef("-devices all needs a GPU device (-device cuda or auto; devices here: %s)", strings.Join(devices, ", "))
 		}
-		n, err := cuda.DeviceCount()
-		if err != nil {
-			return nil, nil, err
+		for _, d := range devices {
+			name, n, _ := tensor.ParseDevice(d)
+			if name == driver {
+				ordinals = append(ordinals, n)
+			}
 		}
-		for i := range n {
-			ordinals = append(ordinals, i)
+		if len(ordinals) == 0 {
+			return nil, nil, fmt.Errorf("-devices all: no %s device (devices here: %s)", driver, strings.Join(devices, ", "))
 		}
 	} else {
 		for _, f := range strings.Split(o.devices, ",") {
@@ -456,11 +474,7 @@ func openBackends(o *options) ([]tensor.Backend, []int, error) {
 	}
 	var bs []tensor.Backend
 	for _, i := range ordinals {
-		if o.device == "cpu" {
-			bs = append(bs, tensor.NewCPU(o.threads))
-			continue
-		}
-		b, err := cuda.Open(i)
+		b, err := tensor.OpenDevice(fmt.Sprintf("%s:%d", driver, i), tensor.DeviceOptions{Threads: o.threads})
 		if err != nil {
 			return bs, nil, err
 		}
