@@ -53,6 +53,16 @@ func roundSize(n int64) int64 {
 	return (n + g - 1) / g * g
 }
 
+// allocSize is the device bytes a request of n bytes takes: its block's
+// rounded size, or nothing for an empty request (Backend.Alloc makes an
+// empty tensor without the allocator).
+func allocSize(n int64) int64 {
+	if n <= 0 {
+		return 0
+	}
+	return roundSize(n)
+}
+
 // get returns a block of at least n bytes, from the cache when it can.
 // When the driver is out of memory it trims the cache and tries once more.
 func (a *allocator) get(n int64) (uintptr, error) {

@@ -64,6 +64,33 @@ func TestRoundSize(t *testing.T) {
 	}
 }
 
+// TestAllocSize checks that allocSize, what Backend.AllocSize reports to a
+// budget, is exactly what a request takes from the driver and what its
+// block adds to the cache once freed, for sizes on and off the block
+// boundaries.
+func TestAllocSize(t *testing.T) {
+	if allocSize(0) != 0 {
+		t.Errorf("allocSize(0) = %d, want 0", allocSize(0))
+	}
+	for _, n := range []int64{1, 511, 512, 513, 4095, 4096, 4097, 11008 * 4, 1<<20 + 1, 3<<30 + 7} {
+		f := newFake(1 << 40)
+		a := f.allocator()
+		before, used := a.snapshot(), f.used
+		p, err := a.get(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mid := a.snapshot()
+		if d := mid.InUse - before.InUse; d != allocSize(n) || f.used-used != allocSize(n) {
+			t.Errorf("a request of %d bytes took %d in use and %d from the driver; allocSize says %d", n, d, f.used-used, allocSize(n))
+		}
+		a.put(p)
+		if d := a.snapshot().Cached - mid.Cached; d != allocSize(n) {
+			t.Errorf("freeing %d bytes cached %d; allocSize says %d", n, d, allocSize(n))
+		}
+	}
+}
+
 func TestAllocatorReuse(t *testing.T) {
 	f := newFake(1 << 30)
 	a := f.allocator()

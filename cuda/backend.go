@@ -25,6 +25,7 @@ var (
 	_ tensor.AsyncUploader    = (*Backend)(nil)
 	_ tensor.MemoryInfo       = (*Backend)(nil)
 	_ tensor.ManagedAllocator = (*Backend)(nil)
+	_ tensor.CachingAllocator = (*Backend)(nil)
 )
 
 // Backend runs strata's tensor operations on one CUDA device. Its methods
@@ -326,6 +327,22 @@ func (b *Backend) Trim() (int64, error) {
 	}
 	return n, nil
 }
+
+// AllocSize is the device bytes an Alloc of n bytes takes: the caching
+// allocator's block for it, rounded up (under 1/64 more, at least 512
+// bytes), or nothing for an empty tensor.
+func (b *Backend) AllocSize(n int64) int64 { return allocSize(n) }
+
+// Cached is the device bytes of freed blocks the allocator keeps for reuse
+// (Stats.Cached), which Trim returns to the driver. The scratch blocks that
+// operations take for their own length come from the same cache and are
+// counted here once the operation is done.
+func (b *Backend) Cached() int64 { return b.alloc.snapshot().Cached }
+
+// Fixed is the device memory the backend holds outside Alloc from Open to
+// Close: the cuBLAS workspace (Stats.Workspace), none without cuBLAS. (The
+// driver's own context memory is in no account.)
+func (b *Backend) Fixed() int64 { return b.workspaceSize }
 
 // MemInfo reports the device's free and total memory, as the driver sees
 // it (other processes' allocations included).

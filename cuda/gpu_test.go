@@ -429,6 +429,26 @@ func TestCachingAllocator(t *testing.T) {
 	if s.InUse != 0 || s.Cached == 0 || s.Reserved != s.Cached+s.Workspace {
 		t.Errorf("after the steps: %+v", s)
 	}
+	// The same accounts through tensor.CachingAllocator, as a budget sees
+	// them.
+	c, ok := tensor.Caching(b)
+	if !ok {
+		t.Fatal("the backend is not a tensor.CachingAllocator")
+	}
+	if c.Cached() != s.Cached || c.Fixed() != s.Workspace {
+		t.Errorf("Cached %d, Fixed %d; stats %+v", c.Cached(), c.Fixed(), s)
+	}
+	for _, shape := range []tensor.Shape{{3}, {1, 4096}, {1, 11008}, {4099, 7}} {
+		before := b.Stats().InUse
+		x, err := b.Alloc(tensor.F32, shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := x.NumBytes(); b.Stats().InUse-before != c.AllocSize(n) || c.AllocSize(n) < n {
+			t.Errorf("Alloc of %d bytes took %d; AllocSize says %d", n, b.Stats().InUse-before, c.AllocSize(n))
+		}
+		b.Free(x)
+	}
 	free0, _, _ := b.MemInfo()
 	big, err := b.Alloc(tensor.F16, tensor.Shape{16384, 16384}) // 512 MiB
 	if err != nil {
@@ -444,8 +464,8 @@ func TestCachingAllocator(t *testing.T) {
 	if released < 512<<20 || free2-free1 < 512<<20 {
 		t.Errorf("Trim released %d bytes; driver free memory %d -> %d -> %d", released, free0, free1, free2)
 	}
-	if s := b.Stats(); s.Cached != 0 || s.Reserved != s.Workspace {
-		t.Errorf("after Trim: %+v", s)
+	if s := b.Stats(); s.Cached != 0 || s.Reserved != s.Workspace || c.Cached() != 0 {
+		t.Errorf("after Trim: %+v, Cached %d", s, c.Cached())
 	}
 }
 

@@ -122,3 +122,25 @@ func CopyStats(m Memory) (bytes int64, busy, stall time.Duration, ok bool) {
 	bytes, busy, stall = ct.CopyStats()
 	return bytes, busy, stall, true
 }
+
+// CachingAllocator is a backend whose memory holds more device bytes than
+// its live tensors: allocations rounded up to the allocator's block sizes,
+// freed blocks kept for reuse, and memory the backend keeps for itself. A
+// budget that is to hold every device byte charges AllocSize for each
+// Alloc, counts Cached as held, charges Fixed from the start, and Trims the
+// cache before evicting anything.
+type CachingAllocator interface {
+	// AllocSize is the bytes an Alloc of n bytes takes from the device.
+	AllocSize(n int64) int64
+	// Cached is the bytes of freed blocks kept for reuse.
+	Cached() int64
+	// Trim returns the cached blocks to the device and reports the bytes
+	// released.
+	Trim() (int64, error)
+	// Fixed is the device memory the backend holds outside Alloc for its
+	// whole life (a library's workspace, say).
+	Fixed() int64
+}
+
+// Caching returns m's caching allocator, if it has one.
+func Caching(m Memory) (CachingAllocator, bool) { return capability[CachingAllocator](m) }

@@ -131,6 +131,9 @@ func TestCheckedFront(t *testing.T) {
 	if _, _, _, ok := tensor.CopyStats(b); ok {
 		t.Error("the CPU backend times copies")
 	}
+	if _, ok := tensor.Caching(b); ok {
+		t.Error("the CPU backend is a caching allocator")
+	}
 	if _, ok := tensor.Pinned(b); ok {
 		t.Error("the CPU backend has pinned memory")
 	}
