@@ -1,43 +1,58 @@
 // Package cuda is strata's GPU backend: a tensor.Backend on one NVIDIA GPU
 // through the CUDA driver API (gorgonia.org/cu, plus a small cgo layer for
-// the calls it lacks).
+// the calls it lacks). It builds with the tag cuda (cuda.h and libcuda.so at
+// build time; on Debian, make cuda-deps). Without the tag it builds to
+// almost nothing (its error types and the pure-Go caching allocator, whose
+// accounting is tested there) and registers no driver.
 //
-// It needs the build tag cuda (and cuda.h and libcuda.so at build time; on
-// Debian, make cuda-deps). Without the tag the package builds to almost
-// nothing and registers no driver.
+// What it owns:
 //
-// What it provides:
-//   - the tensor.Backend operations, as kernels written in CUDA C
-//     (kernels/*.cu) and embedded as PTX for compute capability 7.0, so that
-//     a machine with only the driver runs them; matrix products through
+//   - the "cuda" device driver, registered with tensor.RegisterDriver from
+//     init: a program links it in with a blank import and opens devices by
+//     name, tensor.OpenDevice("cuda:1");
+//   - the kernels of tensor.Kernels and tensor.GradOps, in CUDA C
+//     (kernels/*.cu) embedded as PTX for compute capability 7.0, so that a
+//     machine with only the driver runs them; matrix products through
 //     cuBLAS (loaded at run time from libcublas.so.13, .12 or .11) with F32
-//     accumulation, and a GEMV kernel for decode that reads F16/BF16 weights
-//     at memory speed;
-//   - a caching device allocator (Stats, Trim), so that the decode loop
-//     does not call cuMemAlloc;
-//   - the optional capabilities tensor.Syncer, tensor.PinnedAllocator,
-//     tensor.AsyncUploader (copies on a second stream, ordered by events)
-//     and tensor.MemoryInfo, and unified memory through ManagedAllocator;
-//   - the backward operations of training, tensor.GradOps: their matrix
-//     products on cuBLAS with F32 inputs and F32 compute (F16/BF16 weights
-//     widened exactly, a bounded chunk of rows at a time), attention's
-//     backward recomputing the probabilities (no T² buffer).
+//     accumulation, GEMV kernels for decode that read F16/BF16 weights at
+//     memory speed, and the backward's products in F32 (F16/BF16 weights
+//     widened exactly, a bounded chunk of rows at a time);
+//   - the device's memory: a caching allocator, so that the decode loop
+//     does not call cuMemAlloc, reported as a tensor.CachingAllocator
+//     (AllocSize, Cached, Trim, and Fixed for the cuBLAS workspace) for a
+//     budget that holds every device byte; pinned host memory
+//     (tensor.PinnedAllocator); uploads on a copy stream ordered by events
+//     and timed (tensor.AsyncUploader, tensor.CopyTimer); unified memory
+//     (tensor.ManagedAllocator); tensor.Syncer and tensor.MemoryInfo.
+//
+// What it must not know: the rules of the operations' arguments (shapes,
+// dtypes, ranges, aliasing), which tensor.Checked checks in front of it, so
+// that its kernels check only what they need to stay inside memory of their
+// own (that every operand is live memory of this device) and their own
+// limits (a head of at most 256 dimensions, at most 65535 queries a call);
+// models, layers and budgets; and who uses it: nothing imports it but
+// through the blank import of a main package.
 //
 // Errors are values, never crashes: no device or no driver (ErrNoDevice),
 // a driver too old for the embedded PTX (ErrDriverTooOld), out of memory
-// (wrapping tensor.ErrOutOfMemory), invalid arguments.
+// (wrapping tensor.ErrOutOfMemory), a closed backend (ErrClosed).
 //
-// Importing the package registers the "cuda" driver with
-// tensor.RegisterDriver when built with the cuda tag. Direct use:
+// Example, in a main package:
 //
-//	b, err := cuda.Open(0)
+//	import _ "github.com/strata-llm/strata/cuda" // the "cuda" driver, with -tags cuda
+//
+//	b, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
 //	if err != nil {
-//		return err // errors.Is(err, cuda.ErrNoDevice), ...
+//		return err // no such driver without -tags cuda; no device; driver too old
 //	}
 //	defer b.Close()
+//	k := tensor.Checked(b)
 //	x, err := b.Alloc(tensor.F32, tensor.Shape{1, 4096})
 //	...
-//	err = b.MatMul(out, x, w, nil)
+//	err = k.MatMul(out, x, w, nil)
+//
+// The package's own tests open a device with Open, which returns the
+// *Backend with its Stats, Info and BLAS.
 //
 // The kernels' PTX is generated: edit kernels/*.cu, then run make cuda-ptx
 // (nvcc); TestPTXUpToDate fails while the PTX is older than its sources.

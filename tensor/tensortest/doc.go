@@ -7,9 +7,12 @@
 // weight type, and compares the results with plain float64 reference
 // implementations (RefMatMul, RefAttention, ...), which other tests may use
 // too. Outputs are filled with NaN before each operation, so an element the
-// backend forgot to write fails the check. It also checks that malformed
-// calls return errors. The suite uses only the Backend interface: tensors
-// are made with Alloc and Upload and read back with Download.
+// backend forgot to write fails the check. It calls the operations through
+// tensor.Checked, and checks that malformed calls (bad shapes and dtypes,
+// operands that share storage where the contract forbids it) return errors
+// before the backend's kernels see them. The suite uses only the Backend
+// interface: tensors are made with Alloc and Upload and read back with
+// Download.
 //
 // A backend's test calls it with a tolerance suited to its arithmetic:
 //
@@ -18,7 +21,7 @@
 //	}
 //
 //	func TestCUDA(t *testing.T) {
-//		b := openCUDA(t) // t.Skip when there is no GPU
+//		b := openCUDA(t) // t.Skip, with the reason, when "cuda" does not open
 //		tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2))
 //	}
 //
