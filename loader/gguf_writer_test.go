@@ -3,6 +3,9 @@ package loader
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math"
 	"os"
@@ -368,5 +371,45 @@ func TestWriteGGUFFill(t *testing.T) {
 	fill(want, 0)
 	if !bytes.Equal(got, want) {
 		t.Error("filled bytes differ")
+	}
+}
+
+// TestWriteGGUFMatchesGGML writes what a small program linked with ggml's
+// gguf writer (gguf_set_val_*, gguf_add_tensor, gguf_write_to_file) wrote
+// for the same pairs and tensors; the SHA-256 is of that program's file.
+func TestWriteGGUFMatchesGGML(t *testing.T) {
+	a, b, c := make([]byte, 432), make([]byte, 28), make([]byte, 408)
+	for i := range a {
+		a[i] = byte(i * 13)
+	}
+	for i := range 7 {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(i)*0.5))
+	}
+	for i := range c {
+		c[i] = byte(i*7 + 1)
+	}
+	meta := []GGUFKV{
+		{"general.architecture", "llama"}, {"llama.block_count", uint32(2)}, {"llama.rope.freq_base", float32(500000)},
+		{"tokenizer.ggml.add_bos_token", true}, {"x.i64", int64(-5)}, {"x.u64", uint64(1 << 40)}, {"x.f64", 0.25}, {"x.i8", int8(-3)},
+		{"tokenizer.ggml.tokens", GGUFArray{GGUFTypeString, []string{"<s>", "</s>", "hello"}}},
+		{"tokenizer.ggml.scores", GGUFArray{GGUFTypeFloat32, []float32{0, -1, 2.5}}},
+		{"tokenizer.ggml.token_type", GGUFArray{GGUFTypeInt32, []int32{3, 3, 1}}},
+	}
+	path := filepath.Join(t.TempDir(), "ggml.gguf")
+	err := WriteGGUF(path, meta, []GGUFWriteTensor{
+		{Name: "blk.0.attn_q.weight", Type: quant.Q4_K, Dims: []int64{256, 3}, Data: a},
+		{Name: "output_norm.weight", Type: quant.F32, Dims: []int64{7}, Data: b},
+		{Name: "c", Type: quant.Q8_0, Dims: []int64{64, 2, 3}, Data: c},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "0efa78a5294995e0672a89a8de3452c12b43b3adde1cc21fa85f72430de884e6"
+	if sum := sha256.Sum256(got); hex.EncodeToString(sum[:]) != want {
+		t.Errorf("%d bytes hashing to %x, not the file ggml writes (1536 bytes, %s)", len(got), sum, want)
 	}
 }
