@@ -83,8 +83,9 @@ func DequantizeQ4_K(dst []float32, src []byte) {
 			q := (*[32]byte)(b[16+32*g:])
 			yy := (*[64]float32)(y[64*g:])
 			for l, v := range q {
-				yy[l] = float32(d1*float32(v&0xf)) - dm1
-				yy[32+l] = float32(d2*float32(v>>4)) - dm2
+				n := &nibFloat[v]
+				yy[l] = float32(d1*n[0]) - dm1
+				yy[32+l] = float32(d2*n[1]) - dm2
 			}
 		}
 	}
@@ -262,8 +263,8 @@ func DequantizeQ5_K(dst []float32, src []byte) {
 			sh := uint(2 * g)
 			for l, v := range q {
 				h := qh[l] >> sh
-				yy[l] = float32(d1*float32(v&0xf|(h&1)<<4)) - dm1
-				yy[32+l] = float32(d2*float32(v>>4|(h&2)<<3)) - dm2
+				yy[l] = float32(d1*q6Float[32+(v&0xf|(h&1)<<4)]) - dm1 // q6Float[32+q] is q
+				yy[32+l] = float32(d2*q6Float[32+(v>>4|(h&2)<<3)]) - dm2
 			}
 		}
 	}
@@ -311,14 +312,14 @@ func DequantizeQ6_K(dst []float32, src []byte) {
 			yy := (*[128]float32)(y[128*h:])
 			for l := range 32 {
 				is := l / 16
-				q1 := int(ql[l]&0xf|(qh[l]&3)<<4) - 32
-				q2 := int(ql[l+32]&0xf|(qh[l]>>2&3)<<4) - 32
-				q3 := int(ql[l]>>4|(qh[l]>>4&3)<<4) - 32
-				q4 := int(ql[l+32]>>4|(qh[l]>>6&3)<<4) - 32
-				yy[l] = float32(d*float32(int8(sc[is]))) * float32(q1)
-				yy[l+32] = float32(d*float32(int8(sc[is+2]))) * float32(q2)
-				yy[l+64] = float32(d*float32(int8(sc[is+4]))) * float32(q3)
-				yy[l+96] = float32(d*float32(int8(sc[is+6]))) * float32(q4)
+				q1 := q6Float[ql[l]&0xf|(qh[l]&3)<<4]
+				q2 := q6Float[ql[l+32]&0xf|(qh[l]>>2&3)<<4]
+				q3 := q6Float[ql[l]>>4|(qh[l]>>4&3)<<4]
+				q4 := q6Float[ql[l+32]>>4|(qh[l]>>6&3)<<4]
+				yy[l] = float32(d*i8Float[sc[is]]) * q1
+				yy[l+32] = float32(d*i8Float[sc[is+2]]) * q2
+				yy[l+64] = float32(d*i8Float[sc[is+4]]) * q3
+				yy[l+96] = float32(d*i8Float[sc[is+6]]) * q4
 			}
 		}
 	}
@@ -436,7 +437,7 @@ func DequantizeQ8_K(dst []float32, src []byte) {
 		y := (*[256]float32)(dst[256*i:])
 		d := math.Float32frombits(binary.LittleEndian.Uint32(b[0:]))
 		for j := range y {
-			y[j] = d * float32(int8(b[4+j]))
+			y[j] = d * i8Float[b[4+j]]
 		}
 	}
 }
@@ -490,11 +491,11 @@ func DotQ4_KF32(row []byte, x []float32) float32 {
 			hi := (*[32]float32)(v[64*g+32:])
 			var a0, a1, a2, a3, t0, t1 float32
 			for l := 0; l < 32; l += 2 {
-				q0, q1 := q[l], q[l+1]
-				a0 += float32(q0&0xf) * lo[l]
-				a1 += float32(q1&0xf) * lo[l+1]
-				a2 += float32(q0>>4) * hi[l]
-				a3 += float32(q1>>4) * hi[l+1]
+				q0, q1 := &nibFloat[q[l]], &nibFloat[q[l+1]]
+				a0 += q0[0] * lo[l]
+				a1 += q1[0] * lo[l+1]
+				a2 += q0[1] * hi[l]
+				a3 += q1[1] * hi[l+1]
 				t0 += lo[l] + lo[l+1]
 				t1 += hi[l] + hi[l+1]
 			}
@@ -524,8 +525,8 @@ func DotQ5_KF32(row []byte, x []float32) float32 {
 			var a0, a1, t0, t1 float32
 			for l := range 32 {
 				h := qh[l] >> sh
-				a0 += float32(q[l]&0xf|(h&1)<<4) * lo[l]
-				a1 += float32(q[l]>>4|(h&2)<<3) * hi[l]
+				a0 += q6Float[32+(q[l]&0xf|(h&1)<<4)] * lo[l]
+				a1 += q6Float[32+(q[l]>>4|(h&2)<<3)] * hi[l]
 				t0 += lo[l]
 				t1 += hi[l]
 			}
@@ -551,13 +552,13 @@ func DotQ6_KF32(row []byte, x []float32) float32 {
 			for half := range 2 { // elements l in [16*half, 16*half+16) share scales
 				var a1, a2, a3, a4 float32
 				for l := 16 * half; l < 16*half+16; l++ {
-					a1 += float32(int(ql[l]&0xf|(qh[l]&3)<<4)-32) * v[l]
-					a2 += float32(int(ql[l+32]&0xf|(qh[l]>>2&3)<<4)-32) * v[l+32]
-					a3 += float32(int(ql[l]>>4|(qh[l]>>4&3)<<4)-32) * v[l+64]
-					a4 += float32(int(ql[l+32]>>4|(qh[l]>>6&3)<<4)-32) * v[l+96]
+					a1 += q6Float[ql[l]&0xf|(qh[l]&3)<<4] * v[l]
+					a2 += q6Float[ql[l+32]&0xf|(qh[l]>>2&3)<<4] * v[l+32]
+					a3 += q6Float[ql[l]>>4|(qh[l]>>4&3)<<4] * v[l+64]
+					a4 += q6Float[ql[l+32]>>4|(qh[l]>>6&3)<<4] * v[l+96]
 				}
-				block += float32(int8(sc[half]))*a1 + float32(int8(sc[half+2]))*a2 +
-					float32(int8(sc[half+4]))*a3 + float32(int8(sc[half+6]))*a4
+				block += i8Float[sc[half]]*a1 + i8Float[sc[half+2]]*a2 +
+					i8Float[sc[half+4]]*a3 + i8Float[sc[half+6]]*a4
 			}
 		}
 		sum += d * block

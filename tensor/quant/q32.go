@@ -34,7 +34,7 @@ func DequantizeQ8_0(dst []float32, src []byte) {
 		y := (*[32]float32)(dst[32*i:])
 		d := halfToFloat(le16(b[:]))
 		for j := range y {
-			y[j] = float32(int8(b[2+j])) * d
+			y[j] = i8Float[b[2+j]] * d
 		}
 	}
 }
@@ -72,9 +72,9 @@ func DequantizeQ4_0(dst []float32, src []byte) {
 		y := (*[32]float32)(dst[32*i:])
 		d := halfToFloat(le16(b[:]))
 		for j := range 16 {
-			q := b[2+j]
-			y[j] = float32(int(q&0xf)-8) * d
-			y[j+16] = float32(int(q>>4)-8) * d
+			q := &nibFloat8[b[2+j]]
+			y[j] = q[0] * d
+			y[j+16] = q[1] * d
 		}
 	}
 }
@@ -126,9 +126,9 @@ func DequantizeQ4_1(dst []float32, src []byte) {
 		d := halfToFloat(le16(b[0:]))
 		m := halfToFloat(le16(b[2:]))
 		for j := range 16 {
-			q := b[4+j]
-			y[j] = float32(float32(q&0xf)*d) + m
-			y[j+16] = float32(float32(q>>4)*d) + m
+			q := &nibFloat[b[4+j]]
+			y[j] = float32(q[0]*d) + m
+			y[j+16] = float32(q[1]*d) + m
 		}
 	}
 }
@@ -271,10 +271,10 @@ func DotQ8_0F32(row []byte, x []float32) float32 {
 		d := halfToFloat(le16(b[:]))
 		var s0, s1, s2, s3 float32
 		for j := 0; j < 32; j += 4 {
-			s0 += float32(int8(b[2+j])) * v[j]
-			s1 += float32(int8(b[3+j])) * v[j+1]
-			s2 += float32(int8(b[4+j])) * v[j+2]
-			s3 += float32(int8(b[5+j])) * v[j+3]
+			s0 += i8Float[b[2+j]] * v[j]
+			s1 += i8Float[b[3+j]] * v[j+1]
+			s2 += i8Float[b[4+j]] * v[j+2]
+			s3 += i8Float[b[5+j]] * v[j+3]
 		}
 		sum += d * ((s0 + s1) + (s2 + s3))
 	}
@@ -291,11 +291,11 @@ func DotQ4_0F32(row []byte, x []float32) float32 {
 		d := halfToFloat(le16(b[:]))
 		var s0, s1, s2, s3 float32
 		for j := 0; j < 16; j += 2 {
-			q0, q1 := b[2+j], b[3+j]
-			s0 += float32(int(q0&0xf)-8) * v[j]
-			s1 += float32(int(q0>>4)-8) * v[j+16]
-			s2 += float32(int(q1&0xf)-8) * v[j+1]
-			s3 += float32(int(q1>>4)-8) * v[j+17]
+			q0, q1 := &nibFloat8[b[2+j]], &nibFloat8[b[3+j]]
+			s0 += q0[0] * v[j]
+			s1 += q0[1] * v[j+16]
+			s2 += q1[0] * v[j+1]
+			s3 += q1[1] * v[j+17]
 		}
 		sum += d * ((s0 + s1) + (s2 + s3))
 	}
@@ -312,9 +312,9 @@ func DotQ4_1F32(row []byte, x []float32) float32 {
 		d, m := halfToFloat(le16(b[0:])), halfToFloat(le16(b[2:]))
 		var s0, s1, t0, t1 float32
 		for j := range 16 {
-			q := b[4+j]
-			s0 += float32(q&0xf) * v[j]
-			s1 += float32(q>>4) * v[j+16]
+			q := &nibFloat[b[4+j]]
+			s0 += q[0] * v[j]
+			s1 += q[1] * v[j+16]
 			t0 += v[j]
 			t1 += v[j+16]
 		}
