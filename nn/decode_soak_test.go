@@ -54,6 +54,7 @@ func BenchmarkSoak(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer pager.Close()
 	m, err := New(cfg, cpu, budget, PagedWeights{pager})
 	if err != nil {
 		b.Fatal(err)

@@ -16,17 +16,18 @@ import (
 // it remembers the peak. It implements Allocator, so nn takes its KV cache
 // and activations from it; the Pager takes its weights from it.
 //
-// When an allocation does not fit, the Budget first asks the pagers that use
-// it to evict layers that are neither pinned nor in a streaming ring, least
-// recently used first across all of them; if that does not make room, the
-// allocation fails with an error wrapping tensor.ErrOutOfMemory.
+// When an allocation does not fit, the Budget asks its Evictors (the
+// pagers that use it) to evict layers that are neither pinned nor in a
+// streaming ring, least recently used first across all of them; if that
+// does not make room, the allocation fails with an error wrapping
+// tensor.ErrOutOfMemory.
 //
 // A Budget is safe for concurrent use.
 type Budget struct {
 	b      tensor.Memory
 	device string
 	limit  int64
-	clock  atomic.Uint64 // LRU stamps shared by every pager of this budget
+	clock  atomic.Uint64 // LRU stamps shared by every evictor of this budget
 
 	mu      sync.Mutex
 	used    int64 // bytes charged, all categories
@@ -38,7 +39,7 @@ type Budget struct {
 	badFree int64
 
 	rmu      sync.Mutex
-	pagers   []*Pager
+	evictors []*evictorEntry
 	nextPgID int
 }
 
@@ -266,6 +267,69 @@ func (bg *Budget) uncharge(cat Category, n int64, layer int, reserve bool) {
 	}
 }
 
+// Evictor is what holds budget bytes it can give back: a Pager's layers
+// that are neither pinned nor in its ring. When a charge does not fit, the
+// budget asks every registered evictor for its least recently used
+// evictable bytes and evicts the oldest of all, until the charge fits or
+// nothing is left.
+//
+// Uses are stamped with the budget's Stamp, so that the evictors of one
+// budget are compared on one clock. The budget calls the methods from the
+// goroutine whose charge does not fit, holding none of its locks; they must
+// not wait for that charge.
+type Evictor interface {
+	// Oldest returns the stamp of the least recently used bytes the
+	// evictor could free now, and false when it has none.
+	Oldest() (stamp uint64, ok bool)
+	// Evict frees the bytes stamped stamp, if they are still evictable,
+	// and reports whether it freed any.
+	Evict(stamp uint64) bool
+}
+
+type evictorEntry struct{ e Evictor }
+
+// Register adds an evictor the budget may ask for room, until the returned
+// function (idempotent) removes it. Whoever registers an evictor
+// unregisters it before closing the budget: Close reports evictors still
+// registered. An evictor that also has a Stats() Stats method (a Pager)
+// appears in Summary and Snapshot.
+func (bg *Budget) Register(e Evictor) (unregister func()) {
+	r := &evictorEntry{e}
+	bg.rmu.Lock()
+	bg.evictors = append(bg.evictors, r)
+	bg.rmu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			bg.rmu.Lock()
+			bg.evictors = slices.DeleteFunc(bg.evictors, func(q *evictorEntry) bool { return q == r })
+			bg.rmu.Unlock()
+		})
+	}
+}
+
+// Stamp returns a new stamp of the budget's clock, later than every stamp
+// before it: evictors stamp each use with it.
+func (bg *Budget) Stamp() uint64 { return bg.clock.Add(1) }
+
+func (bg *Budget) registered() []Evictor {
+	bg.rmu.Lock()
+	defer bg.rmu.Unlock()
+	out := make([]Evictor, len(bg.evictors))
+	for i, r := range bg.evictors {
+		out[i] = r.e
+	}
+	return out
+}
+
+// newPagerID numbers the pagers of the budget, for events and statistics.
+func (bg *Budget) newPagerID() int {
+	bg.rmu.Lock()
+	defer bg.rmu.Unlock()
+	bg.nextPgID++
+	return bg.nextPgID - 1
+}
+
 type reclaimResult int
 
 const (
@@ -274,68 +338,40 @@ const (
 	reclaimDone
 )
 
-// reclaimOne evicts the least recently used evictable layer part among all
-// attached pagers.
+// reclaimOne evicts the least recently used evictable bytes among all
+// registered evictors.
 func (bg *Budget) reclaimOne() reclaimResult {
-	bg.rmu.Lock()
-	ps := slices.Clone(bg.pagers)
-	bg.rmu.Unlock()
-	var best *Pager
+	var best Evictor
 	var bestStamp uint64
-	for _, p := range ps {
-		if s, ok := p.lruCandidate(); ok && (best == nil || s < bestStamp) {
-			best, bestStamp = p, s
+	for _, e := range bg.registered() {
+		if s, ok := e.Oldest(); ok && (best == nil || s < bestStamp) {
+			best, bestStamp = e, s
 		}
 	}
 	if best == nil {
 		return reclaimNone
 	}
-	if best.evictStamp(bestStamp) {
+	if best.Evict(bestStamp) {
 		return reclaimDone
 	}
 	return reclaimRaced
 }
 
-func (bg *Budget) tick() uint64 { return bg.clock.Add(1) }
-
-func (bg *Budget) attach(p *Pager) int {
-	bg.rmu.Lock()
-	defer bg.rmu.Unlock()
-	bg.pagers = append(bg.pagers, p)
-	bg.nextPgID++
-	return bg.nextPgID - 1
-}
-
-func (bg *Budget) detach(p *Pager) {
-	bg.rmu.Lock()
-	defer bg.rmu.Unlock()
-	bg.pagers = slices.DeleteFunc(bg.pagers, func(q *Pager) bool { return q == p })
-}
-
-func (bg *Budget) attached() []*Pager {
-	bg.rmu.Lock()
-	defer bg.rmu.Unlock()
-	return slices.Clone(bg.pagers)
-}
-
-// ErrLeak is wrapped by Budget.Close when tensors were still allocated.
+// ErrLeak is wrapped by Budget.Close when tensors were still allocated,
+// evictors still registered or bytes still reserved.
 var ErrLeak = errors.New("allocations still live")
 
-// Close closes the pagers that use the budget, then frees every tensor still
-// allocated from it. It reports those tensors as an error wrapping ErrLeak:
-// whoever allocated them forgot to free them. Close is idempotent; after it
-// every allocation fails.
+// Close frees every tensor still allocated from the budget. It does not
+// close the pagers that use the budget: whoever made a pager closes it
+// first. Tensors still allocated, evictors still registered and
+// reservations still charged are reported as an error wrapping ErrLeak:
+// whoever made them forgot to free, close or return them. Close is
+// idempotent; after it every allocation fails.
 func (bg *Budget) Close() error {
-	var errs []error
-	for _, p := range bg.attached() {
-		if err := p.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	bg.mu.Lock()
 	if bg.closed {
 		bg.mu.Unlock()
-		return errors.Join(errs...)
+		return nil
 	}
 	bg.closed = true
 	var leaked [numCategories]int64
@@ -353,14 +389,39 @@ func (bg *Budget) Close() error {
 	for _, t := range ts {
 		bg.Free(t)
 	}
+	evictors := len(bg.registered())
+	bg.mu.Lock()
+	var reserved [numCategories]int64
+	var reservedAll int64
+	for c := range bg.cats {
+		reserved[c] = bg.cats[c].Reserved
+		reservedAll += reserved[c]
+	}
+	bg.mu.Unlock()
+	var parts []string
 	if count > 0 {
-		var parts []string
+		var cats []string
 		for c, n := range leaked {
 			if n > 0 {
-				parts = append(parts, fmt.Sprintf("%s %s", FormatSize(n), Category(c)))
+				cats = append(cats, fmt.Sprintf("%s %s", FormatSize(n), Category(c)))
 			}
 		}
-		errs = append(errs, fmt.Errorf("paging: budget %s: %w at Close: %d tensors (%s), freed now", bg.device, ErrLeak, count, strings.Join(parts, ", ")))
+		parts = append(parts, fmt.Sprintf("%d tensors (%s), freed now", count, strings.Join(cats, ", ")))
 	}
-	return errors.Join(errs...)
+	if evictors > 0 {
+		parts = append(parts, fmt.Sprintf("%d evictors still registered (close the pagers before their budget)", evictors))
+	}
+	if reservedAll > 0 {
+		var cats []string
+		for c, n := range reserved {
+			if n > 0 {
+				cats = append(cats, fmt.Sprintf("%s %s", FormatSize(n), Category(c)))
+			}
+		}
+		parts = append(parts, fmt.Sprintf("reservations still charged (%s)", strings.Join(cats, ", ")))
+	}
+	if len(parts) > 0 {
+		return fmt.Errorf("paging: budget %s: %w at Close: %s", bg.device, ErrLeak, strings.Join(parts, "; "))
+	}
+	return nil
 }

@@ -156,6 +156,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Errorf("replayed peak %d, used %d; snapshot says %d, %d", peak, charged, snap.Peak, snap.Used)
 	}
 	free()
+	if err := pg.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if err := bg.Close(); err != nil {
 		t.Fatal(err)
 	}

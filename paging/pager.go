@@ -55,7 +55,8 @@ var (
 // Acquire pins a layer (it is never evicted while pinned) and Release
 // unpins it. Concurrent Acquires of one layer load it once. Parts that are
 // neither pinned nor in the ring are evicted least recently used first when
-// the budget needs room, across every pager of the budget.
+// the budget needs room, across every evictor of the budget: the Pager
+// registers itself with its Budget as an Evictor until Close.
 //
 // A Pager is safe for concurrent use.
 type Pager struct {
@@ -70,6 +71,8 @@ type Pager struct {
 	pinned tensor.PinnedAllocator // nil when the backend has none
 	async  tensor.AsyncUploader   // nil when the backend has none
 	reads  readBufs
+	// unregister removes the pager from its budget's evictors.
+	unregister func()
 
 	life     context.Context // cancelled by Close
 	stopLife context.CancelFunc
@@ -120,7 +123,9 @@ type entry struct {
 func (e *entry) loaded() bool { return e.resLoaded && e.strLoaded }
 
 // NewPager prepares to page src's layers on budget's device as plan says. It
-// reserves the ring in the budget at once; layers load on first Acquire.
+// reserves the ring in the budget at once; layers load on first Acquire. It
+// registers the pager with the budget as an Evictor: Close the pager before
+// the budget.
 func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Pager, error) {
 	if src == nil || budget == nil || plan == nil {
 		return nil, fmt.Errorf("paging: NewPager needs a source, a budget and a plan")
@@ -204,7 +209,8 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
-	p.id = budget.attach(p)
+	p.id = budget.newPagerID()
+	p.unregister = budget.Register(pagerEvictor{p})
 	return p, nil
 }
 
@@ -216,6 +222,14 @@ func mapKeys(m map[string]bool) []string {
 	slices.Sort(out)
 	return out
 }
+
+// pagerEvictor is how the budget asks a Pager for room: its least recently
+// used layer whose parts hold budget bytes outside the ring.
+type pagerEvictor struct{ p *Pager }
+
+func (v pagerEvictor) Oldest() (uint64, bool)  { return v.p.lruCandidate() }
+func (v pagerEvictor) Evict(stamp uint64) bool { return v.p.evictStamp(stamp) }
+func (v pagerEvictor) Stats() Stats            { return v.p.Stats() }
 
 // Plan returns the plan the pager follows.
 func (p *Pager) Plan() *PlanResult { return p.plan }
@@ -273,7 +287,7 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
 			}
 			e.pins++
-			e.lastUse = p.bg.tick()
+			e.lastUse = p.bg.Stamp()
 			p.st.Acquires++
 			if !missed {
 				p.st.Hits++
@@ -333,7 +347,7 @@ func (p *Pager) Release(layer int) {
 	}
 	e := p.layers[layer]
 	e.pins--
-	e.lastUse = p.bg.tick()
+	e.lastUse = p.bg.Stamp()
 	if e.pins == 0 {
 		p.changedLocked()
 	}
@@ -517,7 +531,7 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 		e.strT, e.strLoaded, e.strInRing = strT, true, inRing
 	}
 	e.ready = append(e.ready, ready...)
-	e.lastUse = p.bg.tick()
+	e.lastUse = p.bg.Stamp()
 	p.st.Loads++
 	p.mu.Unlock()
 	p.bg.record(Event{Kind: EventLoadEnd, Layer: layer, Pager: p.id, Prefetch: prefetch, Bytes: moved})
@@ -907,8 +921,9 @@ func (p *Pager) hostFree(b []byte, pinned bool) error {
 }
 
 // Close frees every device tensor and pinned buffer the pager holds,
-// returns the ring to the budget and stops prefetching. Tensors from
-// Acquire are invalid afterwards. Close is idempotent.
+// returns the ring to the budget, stops prefetching and removes the pager
+// from its budget's evictors. Tensors from Acquire are invalid afterwards.
+// Close is idempotent.
 func (p *Pager) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -918,6 +933,7 @@ func (p *Pager) Close() error {
 	p.closed = true
 	p.changedLocked()
 	p.mu.Unlock()
+	p.unregister()
 	p.stopLife()
 	p.pf.Wait()
 	p.mu.Lock()
@@ -952,7 +968,6 @@ func (p *Pager) Close() error {
 	if p.ringCap > 0 {
 		p.bg.uncharge(StreamedWeights, p.ringCap, -1, true)
 	}
-	p.bg.detach(p)
 	return errors.Join(errs...)
 }
 

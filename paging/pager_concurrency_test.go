@@ -186,6 +186,9 @@ func concurrentRun(t *testing.T, kind string, strategy Strategy, rate float64, r
 		t.Errorf("budget peak %d over the limit %d", bg.Peak(), budget)
 	}
 	free()
+	if err := p.Close(); err != nil {
+		t.Errorf("pager Close: %v", err)
+	}
 	if err := bg.Close(); err != nil {
 		t.Errorf("budget Close: %v", err)
 	}

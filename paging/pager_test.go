@@ -145,6 +145,9 @@ func TestCyclicScanBound(t *testing.T) {
 					t.Errorf("%s: backend holds %d bytes, budget %d", name, live, budget)
 				}
 				free()
+				if err := pg.Close(); err != nil {
+					t.Error(err)
+				}
 				if err := bg.Close(); err != nil {
 					t.Error(err)
 				}
@@ -323,6 +326,9 @@ func TestRandomised(t *testing.T) {
 			t.Errorf("iteration %d: events add up to %d, budget uses %d", it, charged, bg.Used())
 		}
 		free()
+		if err := pg.Close(); err != nil {
+			t.Error(err)
+		}
 		if err := bg.Close(); err != nil {
 			t.Error(err)
 		}
@@ -349,6 +355,7 @@ func TestSingleLoadForConcurrentAcquires(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bg.Close()
+	defer pg.Close()
 	src.blockLayer, src.block = 1, make(chan struct{})
 	const N = 8
 	var wg sync.WaitGroup
@@ -439,6 +446,9 @@ func TestCancelDuringLoad(t *testing.T) {
 	sweep(t, pg, src, []int{2, 0, 1, 2})
 
 	free()
+	if err := pg.Close(); err != nil {
+		t.Error(err)
+	}
 	if err := bg.Close(); err != nil {
 		t.Error(err)
 	}
@@ -463,6 +473,7 @@ func TestCancelWaitingForRing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer pg.Close()
 	if _, err := pg.Acquire(context.Background(), 1); err != nil { // holds the whole ring
 		t.Fatal(err)
 	}
@@ -523,6 +534,9 @@ func TestSharedBudget(t *testing.T) {
 		if !contains(sum, want) {
 			t.Errorf("summary lacks %q:\n%s", want, sum)
 		}
+	}
+	if err := errors.Join(ga.Close(), gb.Close()); err != nil {
+		t.Error(err)
 	}
 	if err := bg.Close(); err != nil {
 		t.Error(err)
@@ -592,6 +606,9 @@ func TestHostCache(t *testing.T) {
 			t.Errorf("pinned backend %v, pinned bytes %d", tc.pinned, st.PinnedHostBytes)
 		}
 		free()
+		if err := pg.Close(); err != nil {
+			t.Error(err)
+		}
 		if err := bg.Close(); err != nil {
 			t.Error(err)
 		}

@@ -100,8 +100,10 @@ func (bg *Budget) recordLocked(ev Event) {
 // RecordHistory was called).
 func (bg *Budget) Snapshot() *Snapshot {
 	var stats []Stats
-	for _, p := range bg.attached() {
-		stats = append(stats, p.Stats())
+	for _, e := range bg.registered() {
+		if s, ok := e.(interface{ Stats() Stats }); ok {
+			stats = append(stats, s.Stats())
+		}
 	}
 	bg.mu.Lock()
 	defer bg.mu.Unlock()

@@ -210,6 +210,9 @@ func TestFromPagingSnapshot(t *testing.T) {
 		pg.MarkStep()
 	}
 	bg.Free(kvT)
+	if err := pg.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if err := bg.Close(); err != nil {
 		t.Fatal(err)
 	}
