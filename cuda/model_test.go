@@ -123,8 +123,8 @@ func TestModelsLeaveNothing(t *testing.T) {
 	// Training with the layers paged, with room for its activations and
 	// the device's gradients beside the plan.
 	T := len(prompt) - 1
-	extra := cfg.TrainWorkspaceBytes(T, 2) + cfg.TrainGradientBytes()
-	opts := []paging.PlanOption{paging.WithChunkTokens(T), paging.WithWorkspace(extra)}
+	info.Reserve = cfg.TrainReserve(T, 2, true)
+	opts := []paging.PlanOption{paging.WithChunkTokens(T)}
 	probe, err = paging.Plan(info, 1<<40, paging.StrategyAggressive, T, 1, opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,10 @@
 package nn
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/strata-llm/strata/paging"
+)
 
 // Recompute checkpoints trade compute for activation memory. With K
 // segments the L decoder blocks are cut into K runs of consecutive blocks
@@ -100,8 +104,24 @@ func (c *Config) TrainGradientBytes() int64 {
 // segments allocates from its model's Allocator at most on any backend: the
 // activations (TrainActivationBytes) and its three rotary tables (cos, sin
 // and -sin). A device backend adds one layer's gradients
-// (TrainGradientBytes). Plan a training budget with their sum as workspace
-// (paging.WithWorkspace).
+// (TrainGradientBytes). TrainReserve gives their sum to the planner.
 func (c *Config) TrainWorkspaceBytes(tokens, segments int) int64 {
 	return c.TrainActivationBytes(tokens, segments) + c.RopeBytes(tokens)*3/2 // RopeBytes counts two tables
+}
+
+// TrainReserve is what a Trainer's LossAndGrads over tokens positions with
+// the given number of checkpoint segments allocates beside the weights, for
+// paging's planner: its activations at their peak (TrainActivationBytes,
+// many tensors, counted as one), its three rotary tables, and with
+// gradientsOnDevice (a device backend) one layer's gradients
+// (TrainGradientBytes, counted as one). A Trainer keeps no KV cache.
+func (c *Config) TrainReserve(tokens, segments int, gradientsOnDevice bool) paging.Reserve {
+	r := paging.Reserve{
+		{Category: paging.Activations, Bytes: c.TrainActivationBytes(tokens, segments), Per: paging.Once, Count: 1},
+		{Category: paging.Workspace, Bytes: 4 * int64(tokens) * int64(c.HeadDim/2), Per: paging.Once, Count: 3},
+	}
+	if gradientsOnDevice {
+		r = append(r, paging.Buffer{Category: paging.Gradients, Bytes: c.TrainGradientBytes(), Per: paging.Once, Count: 1})
+	}
+	return r
 }

@@ -148,5 +148,27 @@ func (c *Config) KVCacheBytes(maxPos int) int64 {
 	return 2 * 4 * int64(c.NumLayers) * int64(maxPos) * int64(c.KVDim())
 }
 
-// RopeBytes is the cos and sin tables for maxPos positions.
-func (c *Config) RopeBytes(maxPos int) int64 { return paging.RopeBytes(maxPos, c.HeadDim) }
+// RopeBytes is the cos and sin tables for maxPos positions, F32
+// [maxPos, HeadDim/2] each.
+func (c *Config) RopeBytes(maxPos int) int64 { return 2 * 4 * int64(maxPos) * int64(c.HeadDim/2) }
+
+// Reserve is what a Session allocates from its model's Allocator beside the
+// weights, buffer by buffer, for paging's planner: for each block keys and
+// values [maxPos, KVDim] (KVCacheBytes), the rotary tables cos and sin
+// [maxPos, HeadDim/2] (RopeBytes, charged to Workspace), and the forward
+// buffers of a chunk (ActivationBytes): x, the norm's output and the
+// projection's [chunk, Hidden], q and the attention's output [chunk, QDim],
+// k and v [chunk, KVDim], gate and up [chunk, Intermediate], and, on the
+// stage that holds the LM head, the logits [chunk, Vocab]. All F32.
+func (c *Config) Reserve() paging.Reserve {
+	row := func(n int) int64 { return 4 * int64(n) }
+	return paging.Reserve{
+		{Category: paging.KVCache, Bytes: row(c.KVDim()), Per: paging.PerPosition, Count: 2, PerBlock: true},
+		{Category: paging.Workspace, Bytes: row(c.HeadDim / 2), Per: paging.PerPosition, Count: 2},
+		{Category: paging.Activations, Bytes: row(c.HiddenSize), Per: paging.PerToken, Count: 3},
+		{Category: paging.Activations, Bytes: row(c.QDim()), Per: paging.PerToken, Count: 2},
+		{Category: paging.Activations, Bytes: row(c.KVDim()), Per: paging.PerToken, Count: 2},
+		{Category: paging.Activations, Bytes: row(c.IntermediateSize), Per: paging.PerToken, Count: 2},
+		{Category: paging.Activations, Bytes: row(c.VocabSize), Per: paging.PerToken, Count: 1, LastLayer: true},
+	}
+}

@@ -142,8 +142,9 @@ func BenchmarkCUDATrain(b *testing.B) {
 	}
 	for _, segments := range segs {
 		b.Run(fmt.Sprintf("%s/T=%d/budget=%s/segments=%d", shape, tokens, limitStr, segments), func(b *testing.B) {
-			// Training keeps no KV cache: plan for one position.
-			plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithWorkspace(cfg.TrainWorkspaceBytes(tokens, segments)+cfg.TrainGradientBytes()))
+			info := info
+			info.Reserve = cfg.TrainReserve(tokens, segments, true)
+			plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 1, 1)
 			if err != nil {
 				b.Skipf("%d segments: %v", segments, err)
 			}

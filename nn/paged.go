@@ -36,23 +36,15 @@ func (s modelSource) ReadTensor(ctx context.Context, layer int, name string, dst
 	return s.m.ReadInto(ctx, t, dst)
 }
 
-// ModelInfo describes the model to the planner, with the buffer sizes this
-// package allocates.
+// ModelInfo describes the model to the planner: its layers, and the
+// memory a Session allocates beside them (Config.Reserve). For training,
+// replace the reserve with Config.TrainReserve.
 func ModelInfo(m *loader.Model, cfg Config) (paging.ModelInfo, error) {
 	layers, err := paging.DescribeSource(Source(m))
 	if err != nil {
 		return paging.ModelInfo{}, err
 	}
-	return paging.ModelInfo{
-		Layers:           layers,
-		NumLayers:        cfg.NumLayers,
-		HiddenSize:       cfg.HiddenSize,
-		IntermediateSize: cfg.IntermediateSize,
-		NumHeads:         cfg.NumHeads,
-		NumKVHeads:       cfg.NumKVHeads,
-		HeadDim:          cfg.HeadDim,
-		VocabSize:        cfg.VocabSize,
-	}, nil
+	return paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: cfg.Reserve()}, nil
 }
 
 // PagedWeights serves layers from a paging.Pager: Weights under a budget.

@@ -60,6 +60,7 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 				t.Fatal(err)
 			}
 			var stages []Stage
+			var plans []*paging.PlanResult
 			var budgets []*paging.Budget
 			var servers []paging.Server
 			defer func() {
@@ -82,6 +83,7 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 				if err != nil {
 					t.Fatalf("device %d (%d bytes for layers %v): %v", d, p.Budget, p.Layers, err)
 				}
+				plans = append(plans, plan)
 				bud := paging.NewBudget(b, p.Budget, b.Name())
 				budgets = append(budgets, bud)
 				srv, err := paging.NewPager(StageSource(Source(lm), p.Layers), bud, plan, paging.Options{})
@@ -98,6 +100,17 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 			s, err := pl.NewSession(maxPos, chunk)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// Each stage's session takes what Config.Reserve told the
+			// planner for the stage: its blocks' KV cache, the forward
+			// buffers with the logits only on the last stage, the rotary
+			// tables.
+			for d, bud := range budgets {
+				p := plans[d]
+				if kv, act, ws := bud.UsedBy(paging.KVCache), bud.UsedBy(paging.Activations), bud.UsedBy(paging.Workspace); kv != p.KVCacheBytes || act != p.ActivationBytes || ws != p.WorkspaceBytes {
+					t.Errorf("device %d (layers %v): session holds KV %d, activations %d, workspace %d; plan reserved %d, %d, %d",
+						d, places[d].Layers, kv, act, ws, p.KVCacheBytes, p.ActivationBytes, p.WorkspaceBytes)
+				}
 			}
 			logits, err := s.Forward(ctx, prompt, true, nil)
 			if err != nil {

@@ -289,13 +289,15 @@ func checkTrainPaged(t *testing.T, b tensor.Backend) {
 				strategy, spare = paging.StrategyBalanced, lm.WeightBytes()/6
 			}
 			what := fmt.Sprintf("%s, %s, %d segments, %d spare bytes", b.Name(), strategy, segments, spare)
+			info := info
+			info.Reserve = cfg.TrainReserve(T, segments, !onHost)
 			extra := cfg.TrainWorkspaceBytes(T, segments)
 			if !onHost {
 				extra += cfg.TrainGradientBytes()
 			}
 			// The smallest budget the strategy plans with, leaving room for
 			// the training's activations (and device gradients).
-			_, err := paging.Plan(info, 1, strategy, T, 1, paging.WithChunkTokens(T), paging.WithWorkspace(extra))
+			_, err := paging.Plan(info, 1, strategy, T, 1)
 			var be *paging.BudgetError
 			if !errors.As(err, &be) {
 				t.Fatalf("%s: a 1-byte budget planned: %v", what, err)
@@ -305,7 +307,7 @@ func checkTrainPaged(t *testing.T, b tensor.Backend) {
 				t.Fatalf("%s: the smallest budget %d holds the whole model (%d B) beside %d B of workspace: nothing would page",
 					what, limit, lm.WeightBytes(), extra)
 			}
-			plan, err := paging.Plan(info, limit, strategy, T, 1, paging.WithChunkTokens(T), paging.WithWorkspace(extra))
+			plan, err := paging.Plan(info, limit, strategy, T, 1)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,10 +24,10 @@
 // layer needed next. Keeping a fixed resident set and streaming the rest
 // moves only the bytes that do not fit, per token.
 //
-// A short example, with src a Source and b a tensor.Memory:
+// A short example, with src a Source, b a tensor.Memory and r the reserve
+// of the model's user (nn.Config.Reserve):
 //
-//	info := paging.ModelInfo{NumLayers: 32, HiddenSize: 4096, IntermediateSize: 11008,
-//		NumHeads: 32, NumKVHeads: 32, HeadDim: 128, VocabSize: 32000}
+//	info := paging.ModelInfo{NumLayers: 32, Reserve: r}
 //	info.Layers, _ = paging.DescribeSource(src)
 //	limit, _ := paging.ParseSize("4GiB")
 //	plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 4096, 1)

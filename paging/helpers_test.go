@@ -271,14 +271,30 @@ func check(b tensor.Memory, src *synthSource, l int, ws map[string]*tensor.Tenso
 	return nil
 }
 
-// smallDims gives a model's non-weight dimensions for planning: small, so
-// that KV cache and activations are a modest share of the budget.
+// smallDims gives a model's reserve for planning: small, so that the KV
+// cache and activations are a modest share of the budget. (They are nn's
+// buffers for hidden 8, intermediate 16, 2 heads and 1 KV head of 4,
+// vocabulary 32, the activations taken together.)
 func smallDims(src Source, blocks int) ModelInfo {
 	layers, err := DescribeSource(src)
 	if err != nil {
 		panic(err)
 	}
-	return ModelInfo{Layers: layers, NumLayers: blocks, HiddenSize: 8, IntermediateSize: 16, NumHeads: 2, NumKVHeads: 1, HeadDim: 4, VocabSize: 32}
+	return ModelInfo{Layers: layers, NumLayers: blocks, Reserve: Reserve{
+		{Category: KVCache, Bytes: 4 * 4, Per: PerPosition, Count: 2, PerBlock: true},
+		{Category: Workspace, Bytes: 4 * 2, Per: PerPosition, Count: 2},
+		{Category: Activations, Bytes: 4 * (3*8 + 2*8 + 2*4 + 2*16), Per: PerToken, Count: 1},
+		{Category: Activations, Bytes: 4 * 32, Per: PerToken, Count: 1, LastLayer: true},
+	}}
+}
+
+// reserveBytes is the model's whole reserve for a plan.
+func reserveBytes(info ModelInfo, contextLen, chunk, batch int) int64 {
+	var n int64
+	for c := range numCategories {
+		n += info.Reserve.Bytes(c, info.NumLayers, contextLen, chunk, batch)
+	}
+	return n
 }
 
 func totalAndMax(info ModelInfo) (w, lmax int64) {

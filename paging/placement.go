@@ -2,6 +2,7 @@ package paging
 
 import (
 	"fmt"
+	"slices"
 )
 
 // Placement is one device's share of a model spread over several devices:
@@ -76,7 +77,9 @@ func PlaceLayers(model ModelInfo, budgets []int64) ([]Placement, error) {
 }
 
 // Stage returns the ModelInfo of one device's share, for planning its
-// residency within its own budget: its layers, and its blocks' KV cache.
+// residency within its own budget: its layers, its blocks' buffers (the KV
+// cache), and the buffers of the last layer only on the device that holds
+// it.
 func (m ModelInfo) Stage(p Placement) ModelInfo {
 	s := m
 	s.Layers = make([]LayerInfo, len(p.Layers))
@@ -84,5 +87,8 @@ func (m ModelInfo) Stage(p Placement) ModelInfo {
 		s.Layers[i] = m.Layers[l]
 	}
 	s.NumLayers = p.EndBlock - p.FirstBlock
+	if !slices.Contains(p.Layers, len(m.Layers)-1) {
+		s.Reserve = slices.DeleteFunc(slices.Clone(m.Reserve), func(b Buffer) bool { return b.LastLayer })
+	}
 	return s
 }

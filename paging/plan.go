@@ -69,20 +69,87 @@ type LayerInfo struct {
 	Tensors []TensorSpec `json:"tensors,omitempty"`
 }
 
-// ModelInfo is what the planner needs to know about a model.
+// ModelInfo is what the planner needs to know about a model: its layers,
+// and what its user allocates beside them.
 type ModelInfo struct {
 	// Layers are the paging units in nn's numbering: embedding, blocks,
 	// final norm and head. DescribeSource fills them from a Source.
 	Layers []LayerInfo
-	// NumLayers is the number of decoder blocks (num_hidden_layers), which
-	// sizes the KV cache.
-	NumLayers        int
-	HiddenSize       int
-	IntermediateSize int
-	NumHeads         int
-	NumKVHeads       int
-	HeadDim          int
-	VocabSize        int
+	// NumLayers is the number of decoder blocks (num_hidden_layers):
+	// Layers holds them between the embedding and the final layer, and a
+	// Buffer PerBlock is allocated for each.
+	NumLayers int
+	// Reserve is the memory the weights' user allocates from the budget
+	// (nn.Config.Reserve computes nn's).
+	Reserve Reserve
+}
+
+// Reserve is the device memory that the weights' user allocates from the
+// budget beside the weights, buffer by buffer, so that Plan can scale it to
+// its context length, prefill chunk and batch, and ModelInfo.Stage to one
+// device's share. The user describes its own buffers (nn.Config.Reserve,
+// nn.Config.TrainReserve): paging knows none of them.
+type Reserve []Buffer
+
+// Buffer is Count tensors of one size that the weights' user allocates
+// from the budget, charged to Category.
+type Buffer struct {
+	Category Category `json:"category"`
+	// Bytes is one tensor's size for each position of the context
+	// (PerPosition), each token of a chunk (PerToken), or in all (Once).
+	Bytes int64 `json:"bytes"`
+	Per   Per   `json:"per"`
+	// Count is the number of such tensors for each sequence of the batch
+	// (in all for Once), and for each decoder block on the device when
+	// PerBlock (a KV cache).
+	Count    int  `json:"count"`
+	PerBlock bool `json:"per_block,omitempty"`
+	// LastLayer marks tensors that only the device holding the model's
+	// last layer allocates (the logits of the LM head).
+	LastLayer bool `json:"last_layer,omitempty"`
+}
+
+// Per says what a Buffer's size grows with.
+type Per int
+
+// What a buffer's size grows with.
+const (
+	Once        Per = iota // a fixed size, once per device
+	PerPosition            // the context length, for each sequence
+	PerToken               // the prefill chunk, for each sequence
+)
+
+// Bytes returns the bytes the reserve's buffers of cat take for contextLen
+// positions, chunks of chunk tokens and batch sequences on a device
+// holding blocks decoder blocks.
+func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int) int64 {
+	var total int64
+	for _, b := range r {
+		if b.Category != cat {
+			continue
+		}
+		n, count := b.Bytes, int64(b.Count)
+		switch b.Per {
+		case PerPosition:
+			n, count = n*int64(contextLen), count*int64(batch)
+		case PerToken:
+			n, count = n*int64(chunk), count*int64(batch)
+		}
+		if b.PerBlock {
+			count *= int64(blocks)
+		}
+		total += n * count
+	}
+	return total
+}
+
+func (r Reserve) check() error {
+	for i, b := range r {
+		if b.Bytes < 0 || b.Count < 0 || b.Per < Once || b.Per > PerToken || b.Category < KVCache || b.Category >= numCategories {
+			return fmt.Errorf("paging: plan: reserve buffer %d %+v: want bytes and count >= 0, a known Per and a category of nn's buffers", i, b)
+		}
+	}
+	return nil
 }
 
 // DescribeSource lists a source's layers for ModelInfo.Layers.
@@ -105,31 +172,6 @@ func DescribeSource(src Source) ([]LayerInfo, error) {
 	return out, nil
 }
 
-// KVCacheBytes is the device memory of nn's KV cache: keys and values, F32,
-// for every decoder block, position and KV head, for each sequence of the
-// batch.
-func KVCacheBytes(numLayers, contextLen, numKVHeads, headDim, batch int) int64 {
-	return 2 * int64(numLayers) * int64(contextLen) * int64(numKVHeads) * int64(headDim) * 4 * int64(batch)
-}
-
-// ActivationBytes is the device memory of nn's per-step F32 buffers for
-// tokens rows: the residual stream x, the norm output and the projection
-// output [T, hidden], q and the attention output [T, heads*headDim], k and
-// v [T, kvHeads*headDim], gate and up [T, intermediate] and the logits
-// [T, vocab].
-func ActivationBytes(hidden, intermediate, heads, kvHeads, headDim, vocab, tokens int) int64 {
-	perRow := 3*int64(hidden) + 2*int64(heads)*int64(headDim) + 2*int64(kvHeads)*int64(headDim) +
-		2*int64(intermediate) + int64(vocab)
-	return 4 * int64(tokens) * perRow
-}
-
-// RopeBytes is the device memory of nn's rotary tables for one sequence:
-// cos and sin, F32, [contextLen, headDim/2] each. nn charges them to
-// Workspace.
-func RopeBytes(contextLen, headDim int) int64 {
-	return 2 * 4 * int64(contextLen) * int64(headDim/2)
-}
-
 // DefaultChunkTokens is the prefill chunk the planner sizes activations for
 // unless the context is shorter or WithChunkTokens says otherwise.
 const DefaultChunkTokens = 512
@@ -139,17 +181,12 @@ type PlanOption func(*planOptions)
 
 type planOptions struct {
 	chunk       int
-	workspace   int64
 	maxPrefetch int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
 // prefill chunk), which sizes the activations.
 func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk = n } }
-
-// WithWorkspace reserves bytes for kernel and library scratch, on top of
-// the rotary tables that WorkspaceBytes always includes.
-func WithWorkspace(n int64) PlanOption { return func(o *planOptions) { o.workspace = n } }
 
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).
@@ -175,9 +212,9 @@ type PlanResult struct {
 	Batch       int      `json:"batch"`
 	ChunkTokens int      `json:"chunk_tokens"`
 	WeightBytes int64    `json:"weight_bytes"`
-	// The reserve for what nn allocates: KVCacheBytes and ActivationBytes
-	// for batch sequences, WorkspaceBytes their rotary tables plus
-	// WithWorkspace.
+	// The reserve for what nn allocates (ModelInfo.Reserve) for ContextLen
+	// positions, chunks of ChunkTokens and Batch sequences; WorkspaceBytes
+	// includes gradients.
 	KVCacheBytes    int64 `json:"kv_cache_bytes"`
 	ActivationBytes int64 `json:"activation_bytes"`
 	WorkspaceBytes  int64 `json:"workspace_bytes"`
@@ -238,11 +275,13 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		return nil, fmt.Errorf("paging: plan: budget %d bytes: must be > 0", budget)
 	case contextLen <= 0 || batch <= 0:
 		return nil, fmt.Errorf("paging: plan: context length %d and batch %d must be > 0", contextLen, batch)
-	case o.chunk <= 0 || o.workspace < 0 || o.maxPrefetch < 0:
-		return nil, fmt.Errorf("paging: plan: chunk %d, workspace %d, max prefetch %d: must be positive", o.chunk, o.workspace, o.maxPrefetch)
-	case model.NumLayers < 0 || model.HiddenSize <= 0 || model.NumHeads <= 0 || model.NumKVHeads <= 0 || model.HeadDim <= 0 || model.VocabSize <= 0 || model.IntermediateSize <= 0:
-		return nil, fmt.Errorf("paging: plan: model dimensions must be > 0: blocks %d, hidden %d, intermediate %d, heads %d, KV heads %d, head dim %d, vocab %d",
-			model.NumLayers, model.HiddenSize, model.IntermediateSize, model.NumHeads, model.NumKVHeads, model.HeadDim, model.VocabSize)
+	case o.chunk <= 0 || o.maxPrefetch < 0:
+		return nil, fmt.Errorf("paging: plan: chunk %d, max prefetch %d: must be positive", o.chunk, o.maxPrefetch)
+	case model.NumLayers < 0:
+		return nil, fmt.Errorf("paging: plan: %d decoder blocks", model.NumLayers)
+	}
+	if err := model.Reserve.check(); err != nil {
+		return nil, err
 	}
 	n := len(model.Layers)
 	units := make([][]unit, n)
@@ -256,6 +295,9 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		W += bytes
 		lmax = max(lmax, bytes)
 	}
+	reserve := func(cat Category) int64 {
+		return model.Reserve.Bytes(cat, model.NumLayers, contextLen, o.chunk, batch)
+	}
 	p := &PlanResult{
 		Strategy:        strategy,
 		Budget:          budget,
@@ -263,9 +305,9 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		Batch:           batch,
 		ChunkTokens:     o.chunk,
 		WeightBytes:     W,
-		KVCacheBytes:    KVCacheBytes(model.NumLayers, contextLen, model.NumKVHeads, model.HeadDim, batch),
-		ActivationBytes: ActivationBytes(model.HiddenSize, model.IntermediateSize, model.NumHeads, model.NumKVHeads, model.HeadDim, model.VocabSize, o.chunk*batch),
-		WorkspaceBytes:  RopeBytes(contextLen, model.HeadDim)*int64(batch) + o.workspace,
+		KVCacheBytes:    reserve(KVCache),
+		ActivationBytes: reserve(Activations),
+		WorkspaceBytes:  reserve(Workspace) + reserve(Gradients),
 	}
 	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes
 	p.MinBudgetBytes = fixed + lmax

@@ -7,23 +7,66 @@ import (
 	"testing"
 )
 
-func TestKVAndActivationBytes(t *testing.T) {
-	// Llama-2-7B: 32 blocks, 32 KV heads of 128, F32 cache of 4096
-	// positions: 2*32*4096*4096*4 bytes = 4 GiB.
-	if got := KVCacheBytes(32, 4096, 32, 128, 1); got != 4<<30 {
+// TestReserveScales: Plan scales the reserve's buffers to the context,
+// the chunk, the batch and the blocks, and ModelInfo.Stage keeps the last
+// layer's buffers only where the last layer is.
+func TestReserveScales(t *testing.T) {
+	r := Reserve{
+		{Category: KVCache, Bytes: 4 * 4096, Per: PerPosition, Count: 2, PerBlock: true},
+		{Category: Workspace, Bytes: 4 * 64, Per: PerPosition, Count: 2},
+		{Category: Activations, Bytes: 4 * 50688, Per: PerToken, Count: 1},
+		{Category: Activations, Bytes: 4 * 32000, Per: PerToken, Count: 1, LastLayer: true},
+		{Category: Gradients, Bytes: 1000, Per: Once, Count: 3},
+	}
+	// The Llama-2-7B shape: F32 keys and values of 32 blocks of 4096 for
+	// 4096 positions are 4 GiB.
+	if got := r.Bytes(KVCache, 32, 4096, 512, 1); got != 4<<30 {
 		t.Errorf("KV cache = %d, want 4 GiB", got)
 	}
-	if got := KVCacheBytes(32, 4096, 8, 128, 2); got != 2<<30 {
-		t.Errorf("GQA KV cache, batch 2 = %d, want 2 GiB", got)
+	if got := r.Bytes(KVCache, 32, 4096, 512, 2); got != 8<<30 {
+		t.Errorf("KV cache, batch 2 = %d, want 8 GiB", got)
 	}
-	// 512 rows of x, norm, projection, q, attn (4096 each), k, v (4096),
-	// gate, up (11008), logits (32000): 82688 floats a row.
-	if got := ActivationBytes(4096, 11008, 32, 32, 128, 32000, 512); got != 82688*4*512 {
-		t.Errorf("activations = %d, want %d", got, 82688*4*512)
+	if got := r.Bytes(Activations, 32, 4096, 512, 2); got != 82688*4*512*2 {
+		t.Errorf("activations = %d", got)
 	}
-	// cos and sin, 4096 positions x 64 floats each
-	if got := RopeBytes(4096, 128); got != 2*4096*64*4 {
-		t.Errorf("rope tables = %d", got)
+	if got := r.Bytes(Gradients, 32, 4096, 512, 2); got != 3000 {
+		t.Errorf("gradients, once however many sequences = %d", got)
+	}
+	info := planModel()
+	info.Reserve = r
+	p, err := Plan(info, 1<<40, StrategyNone, 100, 3, WithChunkTokens(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.KVCacheBytes != 2*4*4096*int64(info.NumLayers)*100*3 || p.ActivationBytes != 4*82688*7*3 ||
+		p.WorkspaceBytes != 2*4*64*100*3+3000 {
+		t.Errorf("plan reserves KV %d, activations %d, workspace %d", p.KVCacheBytes, p.ActivationBytes, p.WorkspaceBytes)
+	}
+	ps, err := PlaceLayers(info, []int64{1, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pl := range ps {
+		st := info.Stage(pl)
+		last := pl.Layers[len(pl.Layers)-1] == len(info.Layers)-1
+		want := int64(4 * 50688)
+		if last {
+			want += 4 * 32000
+		}
+		blocks := pl.EndBlock - pl.FirstBlock
+		if got := st.Reserve.Bytes(Activations, st.NumLayers, 1, 1, 1); got != want || st.NumLayers != blocks ||
+			st.Reserve.Bytes(KVCache, st.NumLayers, 1, 1, 1) != 2*4*4096*int64(blocks) {
+			t.Errorf("stage %d (last %v): %d blocks, activations %d a token, want %d", pl.Device, last, st.NumLayers, got, want)
+		}
+	}
+	if len(info.Reserve) != len(r) {
+		t.Error("Stage changed the model's reserve")
+	}
+	for _, bad := range []Buffer{{Category: KVCache, Bytes: -1, Count: 1}, {Category: ResidentWeights, Bytes: 1, Count: 1}, {Category: Workspace, Bytes: 1, Count: 1, Per: 7}} {
+		info.Reserve = Reserve{bad}
+		if _, err := Plan(info, 1<<40, StrategyNone, 100, 1); err == nil {
+			t.Errorf("reserve %+v planned", bad)
+		}
 	}
 }
 
@@ -34,9 +77,7 @@ func planModel() ModelInfo {
 func TestPlanStrategies(t *testing.T) {
 	info := planModel()
 	W, lmax := totalAndMax(info)
-	fixed := KVCacheBytes(info.NumLayers, 64, info.NumKVHeads, info.HeadDim, 1) +
-		ActivationBytes(info.HiddenSize, info.IntermediateSize, info.NumHeads, info.NumKVHeads, info.HeadDim, info.VocabSize, 64) +
-		RopeBytes(64, info.HeadDim)
+	fixed := reserveBytes(info, 64, 64, 1)
 	for _, frac := range []float64{0.15, 0.4, 0.7, 0.95, 1.2} {
 		budget := fixed + int64(frac*float64(W))
 		budget = max(budget, fixed+lmax)
@@ -106,9 +147,7 @@ func TestPlanTooSmall(t *testing.T) {
 	info := planModel()
 	W, lmax := totalAndMax(info)
 	ctx := 128
-	fixed := KVCacheBytes(info.NumLayers, ctx, info.NumKVHeads, info.HeadDim, 2) +
-		ActivationBytes(info.HiddenSize, info.IntermediateSize, info.NumHeads, info.NumKVHeads, info.HeadDim, info.VocabSize, 2*128) +
-		2*RopeBytes(ctx, info.HeadDim)
+	fixed := reserveBytes(info, ctx, 128, 2)
 	min := fixed + lmax
 	for _, s := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
 		_, err := Plan(info, min-1, s, ctx, 2)

@@ -490,18 +490,10 @@ func newRunner(o *options, opts nn.TrainOptions, cfg nn.Config, params *nn.Param
 	if err != nil {
 		return nil, err
 	}
-	info := paging.ModelInfo{
-		Layers: layers, NumLayers: cfg.NumLayers, HiddenSize: cfg.HiddenSize, IntermediateSize: cfg.IntermediateSize,
-		NumHeads: cfg.NumHeads, NumKVHeads: cfg.NumKVHeads, HeadDim: cfg.HeadDim, VocabSize: cfg.VocabSize,
-	}
-	// Training keeps no KV cache: plan for one position, with the training
-	// activations and rotary tables, and on a device one layer's
-	// gradients, as workspace.
-	extra := cfg.TrainWorkspaceBytes(tokens, o.segments)
-	if !onHost {
-		extra += cfg.TrainGradientBytes()
-	}
-	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithWorkspace(extra))
+	// Training keeps no KV cache: its reserve is the training activations
+	// and rotary tables, and on a device one layer's gradients.
+	info := paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: cfg.TrainReserve(tokens, o.segments, !onHost)}
+	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1)
 	if err != nil {
 		var be *paging.BudgetError
 		if errors.As(err, &be) {

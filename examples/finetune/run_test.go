@@ -218,8 +218,8 @@ func minBudget(t *testing.T, T, segments int) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	extra := cfg.TrainWorkspaceBytes(T, segments)
-	_, err = paging.Plan(info, 1, paging.StrategyBalanced, 1, 1, paging.WithWorkspace(extra))
+	info.Reserve = cfg.TrainReserve(T, segments, false) // the CPU keeps the gradients on the host
+	_, err = paging.Plan(info, 1, paging.StrategyBalanced, 1, 1)
 	var be *paging.BudgetError
 	if !errors.As(err, &be) {
 		t.Fatalf("a 1-byte budget planned: %v", err)

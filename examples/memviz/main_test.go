@@ -176,13 +176,18 @@ func TestFromPagingSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info := paging.ModelInfo{Layers: layers, NumLayers: 4, HiddenSize: 16, IntermediateSize: 32, NumHeads: 2, NumKVHeads: 1, HeadDim: 8, VocabSize: 64}
+	// A KV cache of 64 bytes a position and block, activations of 1 KiB a
+	// token.
+	info := paging.ModelInfo{Layers: layers, NumLayers: 4, Reserve: paging.Reserve{
+		{Category: paging.KVCache, Bytes: 64, Per: paging.PerPosition, Count: 1, PerBlock: true},
+		{Category: paging.Activations, Bytes: 1024, Per: paging.PerToken, Count: 1},
+	}}
 	var w int64
 	for _, l := range layers {
 		w += l.Bytes
 	}
-	kv := paging.KVCacheBytes(4, 16, 1, 8, 1)
-	act := paging.ActivationBytes(16, 32, 2, 1, 8, 64, 16)
+	kv := info.Reserve.Bytes(paging.KVCache, 4, 16, 16, 1)
+	act := info.Reserve.Bytes(paging.Activations, 4, 16, 16, 1)
 	budget := kv + act + w*6/10
 	plan, err := paging.Plan(info, budget, paging.StrategyMinimal, 16, 1)
 	if err != nil {
