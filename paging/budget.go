@@ -44,16 +44,15 @@ type Budget struct {
 }
 
 type liveAlloc struct {
-	cat     Category
-	bytes   int64
-	layer   int
-	charged bool // false for tensors inside a ring reservation
+	cat   Category
+	bytes int64
+	layer int
 }
 
 // CategoryStats are the accounts of one category. Reserved bytes are those
 // charged against the budget; Allocated bytes are those held by live
-// tensors. They differ only for streamed weights, whose ring is reserved
-// whole and filled by the layers passing through it.
+// tensors. They differ for charges with no tensor behind them: unified
+// memory's share of the weights.
 type CategoryStats struct {
 	Category      string `json:"category"`
 	Allocated     int64  `json:"allocated_bytes"`
@@ -124,11 +123,20 @@ func (bg *Budget) Categories() []CategoryStats {
 	return slices.Clone(bg.cats[:])
 }
 
+// evictPolicy says whether a charge that does not fit may evict the
+// evictors' layers to make room.
+type evictPolicy bool
+
+const (
+	mayEvict evictPolicy = true  // demand: evict least recently used layers
+	noEvict  evictPolicy = false // prefetch and reservations: fail instead
+)
+
 // Alloc returns a tensor charged to cat. It fails with an error wrapping
 // tensor.ErrOutOfMemory when the bytes do not fit in the budget even after
 // evicting unpinned layers.
 func (bg *Budget) Alloc(cat Category, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
-	return bg.alloc(cat, dt, shape, -1, true, true)
+	return bg.alloc(cat, dt, shape, -1, mayEvict)
 }
 
 // Free returns a tensor from Alloc to the backend and its bytes to the
@@ -154,13 +162,9 @@ func (bg *Budget) Free(t *tensor.Tensor) {
 	c := &bg.cats[la.cat]
 	c.Allocated -= la.bytes
 	c.Frees++
-	ev := Event{Kind: EventFree, Category: la.cat.String(), Layer: la.layer, Bytes: la.bytes}
-	if la.charged {
-		c.Reserved -= la.bytes
-		bg.used -= la.bytes
-		ev.Charged = -la.bytes
-	}
-	bg.recordLocked(ev)
+	c.Reserved -= la.bytes
+	bg.used -= la.bytes
+	bg.recordLocked(Event{Kind: EventFree, Category: la.cat.String(), Layer: la.layer, Bytes: la.bytes, Charged: -la.bytes})
 }
 
 func tensorBytes(dt tensor.DType, shape tensor.Shape) (int64, error) {
@@ -174,10 +178,9 @@ func tensorBytes(dt tensor.DType, shape tensor.Shape) (int64, error) {
 	return n * int64(dt.Size()), nil
 }
 
-// alloc allocates from the backend. charged says whether the bytes count
-// against the budget (false inside a ring reservation); reclaim whether
-// unpinned layers of the attached pagers may be evicted to make room.
-func (bg *Budget) alloc(cat Category, dt tensor.DType, shape tensor.Shape, layer int, charged, reclaim bool) (*tensor.Tensor, error) {
+// alloc allocates a tensor charged to cat on behalf of layer (-1 for none);
+// evict says whether the evictors' layers may be evicted to make room.
+func (bg *Budget) alloc(cat Category, dt tensor.DType, shape tensor.Shape, layer int, evict evictPolicy) (*tensor.Tensor, error) {
 	if cat < 0 || cat >= numCategories {
 		return nil, fmt.Errorf("paging: budget %s: unknown category %d", bg.device, int(cat))
 	}
@@ -185,36 +188,28 @@ func (bg *Budget) alloc(cat Category, dt tensor.DType, shape tensor.Shape, layer
 	if err != nil {
 		return nil, fmt.Errorf("paging: budget %s: %s: %v", bg.device, cat, err)
 	}
-	if charged {
-		if err := bg.charge(cat, n, layer, reclaim, false); err != nil {
-			return nil, err
-		}
+	if err := bg.charge(cat, n, evict); err != nil {
+		return nil, err
 	}
 	t, err := bg.b.Alloc(dt, shape)
 	if err != nil {
-		if charged {
-			bg.uncharge(cat, n, layer, false)
-		}
+		bg.uncharge(cat, n)
 		return nil, fmt.Errorf("paging: budget %s: allocating %s for %s (%v %v): %w", bg.device, FormatSize(n), cat, dt, shape, err)
 	}
 	bg.mu.Lock()
-	bg.live[t] = liveAlloc{cat: cat, bytes: n, layer: layer, charged: charged}
+	bg.live[t] = liveAlloc{cat: cat, bytes: n, layer: layer}
 	c := &bg.cats[cat]
 	c.Allocated += n
 	c.PeakAllocated = max(c.PeakAllocated, c.Allocated)
 	c.Allocs++
-	ev := Event{Kind: EventAlloc, Category: cat.String(), Layer: layer, Bytes: n}
-	if charged {
-		ev.Charged = n
-	}
-	bg.recordLocked(ev)
+	bg.recordLocked(Event{Kind: EventAlloc, Category: cat.String(), Layer: layer, Bytes: n, Charged: n})
 	bg.mu.Unlock()
 	return t, nil
 }
 
-// charge counts n bytes against the budget. reserve marks a charge with no
-// tensor behind it (a ring), which is recorded as such.
-func (bg *Budget) charge(cat Category, n int64, layer int, reclaim, reserve bool) error {
+// charge counts n bytes against the budget, evicting layers until they fit
+// when evict allows.
+func (bg *Budget) charge(cat Category, n int64, evict evictPolicy) error {
 	failed := 0
 	for {
 		bg.mu.Lock()
@@ -228,15 +223,12 @@ func (bg *Budget) charge(cat Category, n int64, layer int, reclaim, reserve bool
 			c := &bg.cats[cat]
 			c.Reserved += n
 			c.PeakReserved = max(c.PeakReserved, c.Reserved)
-			if reserve {
-				bg.recordLocked(Event{Kind: EventReserve, Category: cat.String(), Layer: layer, Bytes: n, Charged: n})
-			}
 			bg.mu.Unlock()
 			return nil
 		}
 		used := bg.used
 		bg.mu.Unlock()
-		if n > bg.limit || !reclaim {
+		if n > bg.limit || evict == noEvict {
 			return bg.oomError(cat, n, used)
 		}
 		switch bg.reclaimOne() {
@@ -257,14 +249,31 @@ func (bg *Budget) oomError(cat Category, n, used int64) error {
 		bg.device, tensor.ErrOutOfMemory, FormatSize(n), cat, FormatSize(used), FormatSize(bg.limit))
 }
 
-func (bg *Budget) uncharge(cat Category, n int64, layer int, reserve bool) {
+// uncharge returns the bytes of a charge whose allocation failed.
+func (bg *Budget) uncharge(cat Category, n int64) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	bg.used -= n
 	bg.cats[cat].Reserved -= n
-	if reserve {
-		bg.recordLocked(Event{Kind: EventUnreserve, Category: cat.String(), Layer: layer, Bytes: n, Charged: -n})
+}
+
+// reserve charges n bytes with no tensor behind them (unified memory's
+// share of the weights), never evicting.
+func (bg *Budget) reserve(cat Category, n int64) error {
+	if err := bg.charge(cat, n, noEvict); err != nil {
+		return err
 	}
+	bg.record(Event{Kind: EventReserve, Category: cat.String(), Layer: -1, Bytes: n, Charged: n})
+	return nil
+}
+
+// unreserve returns bytes charged by reserve.
+func (bg *Budget) unreserve(cat Category, n int64) {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	bg.used -= n
+	bg.cats[cat].Reserved -= n
+	bg.recordLocked(Event{Kind: EventUnreserve, Category: cat.String(), Layer: -1, Bytes: n, Charged: -n})
 }
 
 // Evictor is what holds budget bytes it can give back: a Pager's layers
@@ -363,10 +372,11 @@ var ErrLeak = errors.New("allocations still live")
 
 // Close frees every tensor still allocated from the budget. It does not
 // close the pagers that use the budget: whoever made a pager closes it
-// first. Tensors still allocated, evictors still registered and
-// reservations still charged are reported as an error wrapping ErrLeak:
-// whoever made them forgot to free, close or return them. Close is
-// idempotent; after it every allocation fails.
+// first. Tensors still
+// allocated, evictors still registered and reservations still charged are
+// reported as an error wrapping ErrLeak: whoever made them forgot to free,
+// close or return them. Close is idempotent; after it every allocation
+// fails.
 func (bg *Budget) Close() error {
 	bg.mu.Lock()
 	if bg.closed {

@@ -12,7 +12,7 @@ type Category int
 // The categories every device byte is charged to.
 const (
 	ResidentWeights Category = iota // weights that stay on the device
-	StreamedWeights                 // ring slots that streamed weights pass through
+	StreamedWeights                 // the ring that streamed weights pass through
 	KVCache                         // keys and values of past positions
 	Activations                     // per-step buffers of the forward pass
 	Workspace                       // scratch for kernels and libraries

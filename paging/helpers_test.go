@@ -8,12 +8,14 @@ import (
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/strata-llm/strata/tensor"
 )
 
 // fakeBackend is a host-memory tensor.Memory that counts what is
-// allocated: paging only allocates, uploads and downloads.
+// allocated: paging only allocates, uploads and downloads. Uploads and
+// downloads accept the tensors it allocated and views into them.
 type fakeBackend struct {
 	mu          sync.Mutex
 	live        map[*tensor.Tensor]int64
@@ -23,6 +25,8 @@ type fakeBackend struct {
 	pinned      map[*byte]int64
 	pinnedBytes int64
 	uploads     atomic.Int64
+	allocs      atomic.Int64 // Alloc calls
+	frees       atomic.Int64 // Free calls
 }
 
 func newFake() *fakeBackend {
@@ -32,6 +36,7 @@ func newFake() *fakeBackend {
 func (f *fakeBackend) Name() string { return "fake" }
 
 func (f *fakeBackend) Alloc(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	f.allocs.Add(1)
 	t := tensor.New(dt, shape)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -45,6 +50,7 @@ func (f *fakeBackend) Free(t *tensor.Tensor) {
 	if t == nil {
 		return
 	}
+	f.frees.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n, ok := f.live[t]
@@ -55,11 +61,32 @@ func (f *fakeBackend) Free(t *tensor.Tensor) {
 	f.liveBytes -= n
 }
 
-func (f *fakeBackend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+// isLive reports a tensor the fake allocated and has not freed, or a view
+// into one.
+func (f *fakeBackend) isLive(t *tensor.Tensor) bool {
 	f.mu.Lock()
-	_, ok := f.live[dst]
-	f.mu.Unlock()
-	if !ok {
+	defer f.mu.Unlock()
+	if _, ok := f.live[t]; ok {
+		return true
+	}
+	b := t.Bytes()
+	if len(b) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(&b[0]))
+	for u := range f.live {
+		if ub := u.Bytes(); len(ub) > 0 {
+			ulo := uintptr(unsafe.Pointer(&ub[0]))
+			if lo >= ulo && lo+uintptr(len(b)) <= ulo+uintptr(len(ub)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (f *fakeBackend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	if !f.isLive(dst) {
 		return fmt.Errorf("fake backend: upload to a tensor that is not live")
 	}
 	if off < 0 || off+int64(len(src)) > dst.NumBytes() {
@@ -71,10 +98,7 @@ func (f *fakeBackend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 }
 
 func (f *fakeBackend) Download(dst []byte, src *tensor.Tensor) error {
-	f.mu.Lock()
-	_, ok := f.live[src]
-	f.mu.Unlock()
-	if !ok {
+	if !f.isLive(src) {
 		return fmt.Errorf("fake backend: download of a tensor that is not live (evicted?)")
 	}
 	if int64(len(dst)) != src.NumBytes() {
@@ -297,6 +321,23 @@ func reserveBytes(info ModelInfo, contextLen, chunk, batch int) int64 {
 	return n
 }
 
+// ringLayer is the largest layer laid out in the ring, each tensor aligned:
+// the ring that streaming every layer without prefetch needs.
+func ringLayer(info ModelInfo) int64 {
+	var most int64
+	for _, l := range info.Layers {
+		var slab int64
+		for _, t := range l.Tensors {
+			slab += alignUp(t.Bytes)
+		}
+		if len(l.Tensors) == 0 {
+			slab = alignUp(l.Bytes)
+		}
+		most = max(most, slab)
+	}
+	return most
+}
+
 func totalAndMax(info ModelInfo) (w, lmax int64) {
 	for _, l := range info.Layers {
 		w += l.Bytes
@@ -308,9 +349,13 @@ func totalAndMax(info ModelInfo) (w, lmax int64) {
 func (p *Pager) dump() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := fmt.Sprintf("inflight %d ring %d/%d\n", p.inflight, p.ringUsed, p.ringCap)
+	s := fmt.Sprintf("inflight %d ring %d/%d head %d\n", p.inflight, p.ringUsed, p.ringCap, p.ringHead)
 	for _, e := range p.layers {
-		s += fmt.Sprintf("L%d res %d/%v str %d/%v inRing %v pins %d waiters %d loading %v\n", e.layer, e.resBytes, e.resLoaded, e.strBytes, e.strLoaded, e.strInRing, e.pins, e.waiters, e.loading)
+		slot := "-"
+		if e.slot != nil {
+			slot = fmt.Sprintf("[%d,%d)", e.slot.start, e.slot.end)
+		}
+		s += fmt.Sprintf("L%d res %d/%v str %d/%v slot %s pins %d waiters %d loading %v\n", e.layer, e.resBytes, e.resLoaded, e.strBytes, e.strLoaded, slot, e.pins, e.waiters, e.loading)
 	}
 	s += fmt.Sprintf("%+v\n", p.bg.Categories())
 	return s

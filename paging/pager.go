@@ -1,6 +1,7 @@
 package paging
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,9 +49,18 @@ var (
 
 // Pager keeps a model's layers on the device under a Budget: the layers the
 // plan makes resident stay once loaded, the streamed parts pass through a
-// ring reserved in the budget, and the next layers in the access order are
-// prefetched while the current one computes. Host RAM caches streamed parts
-// up to a byte bound; beyond it they are re-read from the Source.
+// ring, and the next layers in the access order are prefetched while the
+// current one computes. Host RAM caches streamed parts up to a byte bound;
+// beyond it they are re-read from the Source.
+//
+// The ring is one device allocation of the plan's RingBytes, made by
+// NewPager and charged to StreamedWeights; every streamed tensor is a view
+// into it at an offset aligned to ringAlign bytes, so that streaming
+// allocates and frees nothing. Parts go into the ring one after the other,
+// in the order they load, wrapping to its start; a part evicts the parts
+// in its way. Decoding walks the layers in a cycle, so the parts in the way
+// are the oldest and never the ones about to be used, and the ring never
+// fragments: Plan sizes it for that walk (PlanResult.RingBytes).
 //
 // Acquire pins a layer (it is never evicted while pinned) and Release
 // unpins it. Concurrent Acquires of one layer load it once. Parts that are
@@ -60,19 +70,18 @@ var (
 //
 // A Pager is safe for concurrent use.
 type Pager struct {
-	src    Source
-	bg     *Budget
-	b      tensor.Memory
-	plan   *PlanResult
-	id     int
-	depth  int
-	layers []*entry
-	order  atomic.Int32
-	pinned tensor.PinnedAllocator // nil when the backend has none
-	async  tensor.AsyncUploader   // nil when the backend has none
-	reads  readBufs
-	// unregister removes the pager from its budget's evictors.
-	unregister func()
+	src        Source
+	bg         *Budget
+	b          tensor.Memory
+	plan       *PlanResult
+	id         int
+	depth      int
+	layers     []*entry
+	order      atomic.Int32
+	pinned     tensor.PinnedAllocator // nil when the backend has none
+	async      tensor.AsyncUploader   // nil when the backend has none
+	reads      readBufs
+	unregister func() // removes the pager from its budget's evictors
 
 	life     context.Context // cancelled by Close
 	stopLife context.CancelFunc
@@ -81,8 +90,10 @@ type Pager struct {
 
 	mu           sync.Mutex
 	cond         *sync.Cond
-	ringCap      int64
-	ringUsed     int64
+	ring         *tensor.Tensor // the slab streamed tensors are views into; nil when nothing streams
+	ringCap      int64          // its bytes, a multiple of ringAlign
+	ringHead     int64          // where the next part goes
+	ringUsed     int64          // bytes held by placed parts, wrap gaps included
 	hostCap      int64
 	hostUsed     int64
 	pinnedBytes  int64
@@ -96,18 +107,31 @@ type Pager struct {
 	demandWait   time.Duration
 }
 
+// ringAlign is the alignment of every tensor in the ring: 256 bytes serves
+// the wide loads of every backend's kernels (tensor.View).
+const ringAlign = 256
+
+func alignUp(n int64) int64 { return (n + ringAlign - 1) &^ (ringAlign - 1) }
+
 type entry struct {
 	layer    int
 	specs    []TensorSpec
-	res, str []int // indices into specs: resident and streamed tensors
-	strOff   []int64
+	res, str []int   // indices into specs: resident and streamed tensors
+	strOff   []int64 // offsets of the streamed tensors in the host cache's buffer
 	resBytes int64
 	strBytes int64
+	strSlab  int64 // bytes of the streamed part laid out in the ring, each tensor aligned
+	// strBySize orders the streamed tensors (indices into str) largest
+	// first, as layout places them.
+	strBySize []int
 
 	resT, strT []*tensor.Tensor
 	resLoaded  bool
 	strLoaded  bool
-	strInRing  bool
+	// slot is the streamed part's place in the ring, reserved while it
+	// loads; strT are views into it. nil when the part is not in the ring
+	// (then, if loaded, strT are allocations of their own).
+	slot       *ringSlot
 	host       []byte // streamed part cached in host RAM, or nil
 	hostPinned bool
 	// ready holds the waits of asynchronous uploads into the layer's
@@ -117,15 +141,77 @@ type entry struct {
 
 	pins, waiters int
 	loading       bool
+	queued        bool // a prefetch of the layer is started and has not returned
 	lastUse       uint64
 }
 
 func (e *entry) loaded() bool { return e.resLoaded && e.strLoaded }
 
+// orderForRing orders the streamed tensors largest first, as layout
+// places them.
+func (e *entry) orderForRing() {
+	e.strBySize = make([]int, len(e.str))
+	for k := range e.strBySize {
+		e.strBySize[k] = k
+	}
+	slices.SortStableFunc(e.strBySize, func(a, b int) int {
+		return cmp.Compare(e.specs[e.str[b]].Bytes, e.specs[e.str[a]].Bytes)
+	})
+}
+
+// ringLoaded reports a streamed part loaded into the ring.
+func (e *entry) ringLoaded() bool { return e.strLoaded && e.slot != nil && len(e.str) > 0 }
+
+// heldOutside reports a streamed part loaded outside the ring, in
+// allocations charged to StreamedWeights.
+func (e *entry) heldOutside() bool { return e.strLoaded && e.slot == nil && len(e.str) > 0 }
+
+// part names a layer's resident or streamed tensors.
+type part int
+
+const (
+	residentPart part = iota
+	streamedPart
+)
+
+func (e *entry) tensors(pt part) []int {
+	if pt == streamedPart {
+		return e.str
+	}
+	return e.res
+}
+
+// ringSlot is a streamed part's place in the ring: [start, end), where an
+// end past the ring's size means the part wraps and also holds
+// [0, end-size); offs are its tensors' offsets.
+type ringSlot struct {
+	start, end int64
+	offs       []int64
+}
+
+// spans are the slot's byte ranges in a ring of size n.
+func (s *ringSlot) spans(n int64) [][2]int64 {
+	if s.end <= n {
+		return [][2]int64{{s.start, s.end}}
+	}
+	return [][2]int64{{s.start, n}, {0, s.end - n}}
+}
+
+func (s *ringSlot) overlaps(o *ringSlot, n int64) bool {
+	for _, a := range s.spans(n) {
+		for _, b := range o.spans(n) {
+			if a[0] < b[1] && b[0] < a[1] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // NewPager prepares to page src's layers on budget's device as plan says. It
-// reserves the ring in the budget at once; layers load on first Acquire. It
-// registers the pager with the budget as an Evictor: Close the pager before
-// the budget.
+// allocates the ring at once; layers load on first Acquire. It registers
+// the pager with the budget as an Evictor: Close the pager before the
+// budget.
 func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Pager, error) {
 	if src == nil || budget == nil || plan == nil {
 		return nil, fmt.Errorf("paging: NewPager needs a source, a budget and a plan")
@@ -157,6 +243,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	}
 	p.order.Store(int32(opts.Order))
 	var ringNeed int64
+	ringNeedLayer := 0
 	for l := range n {
 		specs := slices.Clone(src.LayerTensors(l))
 		if err := checkSpecs(l, specs); err != nil {
@@ -181,6 +268,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 				e.strOff = append(e.strOff, e.strBytes)
 				e.str = append(e.str, i)
 				e.strBytes += s.Bytes
+				e.strSlab += alignUp(s.Bytes)
 				delete(streamed, s.Name)
 			} else {
 				e.res = append(e.res, i)
@@ -193,19 +281,25 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		if e.strBytes != lp.StreamedBytes {
 			return nil, fmt.Errorf("paging: layer %d: plan streams %d bytes, its tensors add up to %d", l, lp.StreamedBytes, e.strBytes)
 		}
+		e.orderForRing()
 		e.resLoaded = len(e.res) == 0
 		e.strLoaded = len(e.str) == 0
-		ringNeed = max(ringNeed, e.strBytes)
+		if e.strSlab > ringNeed {
+			ringNeed, ringNeedLayer = e.strSlab, l
+		}
 		p.layers = append(p.layers, e)
 	}
-	if ringNeed > plan.RingBytes {
-		return nil, fmt.Errorf("paging: plan's ring of %d bytes cannot hold its largest streamed part (%d bytes)", plan.RingBytes, ringNeed)
+	p.ringCap = plan.RingBytes &^ (ringAlign - 1)
+	if ringNeed > p.ringCap {
+		return nil, fmt.Errorf("paging: plan's ring of %d bytes cannot hold layer %d's streamed part (%d bytes with each tensor %d-byte aligned)",
+			plan.RingBytes, ringNeedLayer, ringNeed, ringAlign)
 	}
-	p.ringCap = plan.RingBytes
 	if p.ringCap > 0 {
-		if err := budget.charge(StreamedWeights, p.ringCap, -1, true, true); err != nil {
-			return nil, fmt.Errorf("paging: reserving the ring: %w", err)
+		ring, err := budget.alloc(StreamedWeights, tensor.F32, tensor.Shape{int(p.ringCap / 4)}, -1, mayEvict)
+		if err != nil {
+			return nil, fmt.Errorf("paging: allocating the ring: %w", err)
 		}
+		p.ring = ring
 	}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
@@ -279,9 +373,9 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 			if err := e.awaitUploads(); err != nil {
 				// The copies never landed: drop the layer's parts so that
 				// no Acquire hands them out and the next one reloads them.
-				p.evictLocked(e, false)
-				if e.strLoaded && e.strInRing && len(e.str) > 0 {
-					p.evictLocked(e, true)
+				p.evictHeldLocked(e)
+				if e.ringLoaded() {
+					p.evictRingLocked(e)
 				}
 				p.mu.Unlock()
 				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
@@ -364,29 +458,66 @@ func (p *Pager) Prefetch(layer int) {
 	p.startPrefetchLocked(layer, loadExplicit)
 }
 
-// prefetchLocked starts loads of the depth layers after layer.
+// prefetchLocked starts loads of the depth layers after layer, in order,
+// up to the first it cannot start: a later layer placed in the ring before
+// an earlier one would leave the earlier one no room in the window's
+// stretch of the ring.
 func (p *Pager) prefetchLocked(layer int) {
 	if p.depth <= 0 {
 		return
 	}
 	for _, j := range p.window(layer)[1:] {
-		p.startPrefetchLocked(j, loadWindow)
+		if !p.startPrefetchLocked(j, loadWindow) {
+			return
+		}
 	}
 }
 
-func (p *Pager) startPrefetchLocked(j int, mode loadMode) {
+// startPrefetchLocked starts a background load of layer j and reports
+// whether the layer is loaded or on its way with a place in the ring:
+// false when there is no room, as many loads run as the group allows, or a
+// load already under way has no place yet. The streamed part is placed in
+// the ring here, in the order of the window, not when the load runs: loads
+// run concurrently (and a queued one may run late), and parts placed out
+// of order would leave a part that is not about to be used inside the
+// window's stretch of the ring, where the next part may not fit. A
+// prefetch load uses only the place made for it (load).
+func (p *Pager) startPrefetchLocked(j int, mode loadMode) bool {
 	e := p.layers[j]
-	if p.closed || e.loaded() || e.loading {
-		return
+	if p.closed {
+		return false
 	}
-	if p.pf.TryGo(func() error {
+	if e.loaded() {
+		return true
+	}
+	if e.loading || e.queued {
+		return e.strLoaded || e.slot != nil
+	}
+	placed := false
+	if !e.strLoaded && e.slot == nil && p.ring != nil {
+		protect, _ := p.protectLocked(j, mode)
+		if !p.placeLocked(e, protect) {
+			p.st.PrefetchNoRoom++
+			return false
+		}
+		placed = true
+	}
+	if !p.pf.TryGo(func() error {
 		p.loadShared(p.life, j, mode) // errors surface on Acquire
+		p.mu.Lock()
+		e.queued = false
+		p.mu.Unlock()
 		return nil
 	}) {
-		p.st.Prefetches++
-	} else {
+		if placed {
+			p.releaseSlotLocked(e)
+		}
 		p.st.PrefetchSkipped++
+		return false
 	}
+	e.queued = true
+	p.st.Prefetches++
+	return true
 }
 
 // loadMode says who asked for a load.
@@ -397,6 +528,21 @@ const (
 	loadWindow                   // prefetch of the layers after the cursor
 	loadExplicit                 // Prefetch
 )
+
+// protectLocked returns the layers whose ring parts a load of layer must
+// not evict: for a demand load the layer and the depth layers after it,
+// for a prefetch the cursor's window (and, for an explicit one, the layer).
+// stale reports a window prefetch whose layer is no longer in the window.
+func (p *Pager) protectLocked(layer int, mode loadMode) (protect []int, stale bool) {
+	switch mode {
+	case loadWindow:
+		w := p.window(p.cursor)
+		return w, !slices.Contains(w[1:], layer)
+	case loadExplicit:
+		return append(p.window(p.cursor), layer), false
+	}
+	return p.window(layer), false
+}
 
 // loadShared loads a layer once however many callers ask at the same time.
 func (p *Pager) loadShared(ctx context.Context, layer int, mode loadMode) error {
@@ -409,6 +555,22 @@ func (p *Pager) loadShared(ctx context.Context, layer int, mode loadMode) error 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// loadState is what a load has done so far: the bytes it uploaded, and the
+// waits of its asynchronous uploads, which run before its tensors are used
+// or freed.
+type loadState struct {
+	moved int64
+	ready []func() error
+}
+
+// abandon runs the waits, for a load that gives up.
+func (ld *loadState) abandon() {
+	for _, r := range ld.ready {
+		_ = r()
+	}
+	ld.ready = nil
 }
 
 // load brings the missing parts of a layer onto the device. On any error it
@@ -429,27 +591,28 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 		p.mu.Unlock()
 		return nil
 	}
-	var protect []int
-	switch mode {
-	case loadDemand:
-		protect = p.window(layer)
-	case loadWindow:
-		protect = p.window(p.cursor)
-		if !slices.Contains(protect[1:], layer) {
-			p.st.PrefetchStale++
-			p.mu.Unlock()
-			return errPrefetchSkipped
-		}
-	case loadExplicit:
-		protect = append(p.window(p.cursor), layer)
-	}
+	protect, stale := p.protectLocked(layer, mode)
 	needRes, needStr := !e.resLoaded, !e.strLoaded
+	if prefetch && needStr && e.slot == nil {
+		// Its place went to a demand load, or was given back: placing
+		// it now could put it before the layers due first.
+		stale = true
+	}
+	if stale {
+		p.st.PrefetchStale++
+		if needStr && e.slot != nil {
+			p.releaseSlotLocked(e) // placed when the prefetch started
+		}
+		p.mu.Unlock()
+		return errPrefetchSkipped
+	}
 	e.loading = true
 	p.inflight++
 	p.mu.Unlock()
 
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(p.life, cancel)
+	committed := false
 	defer func() {
 		if err != nil && prefetch && !errors.Is(err, errPrefetchSkipped) {
 			// an Acquire that joined this load retries with a load of its own
@@ -457,40 +620,40 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 		}
 		stop()
 		cancel()
-		p.mu.Lock()
-		e.loading = false
-		p.inflight--
-		p.changedLocked()
-		p.mu.Unlock()
+		if !committed {
+			p.mu.Lock()
+			p.endLoadLocked(e)
+			p.mu.Unlock()
+		}
 	}()
 	p.bg.record(Event{Kind: EventLoadStart, Layer: layer, Pager: p.id, Prefetch: prefetch})
 
 	var resT, strT []*tensor.Tensor
-	var moved int64
-	var ready []func() error
+	var ld loadState
 	inRing := false
 	fail := func(err error) error {
-		for _, r := range ready {
-			_ = r()
+		ld.abandon()
+		p.freeAll(resT)
+		if !inRing {
+			p.freeAll(strT)
 		}
-		for _, t := range resT {
-			p.bg.Free(t)
-		}
-		for _, t := range strT {
-			p.bg.Free(t)
-		}
-		if inRing {
+		if needStr {
 			p.mu.Lock()
-			p.ringUsed -= e.strBytes
-			p.changedLocked()
+			if e.slot != nil { // reserved for this load
+				p.releaseSlotLocked(e)
+			}
 			p.mu.Unlock()
 		}
-		p.bg.record(Event{Kind: EventLoadEnd, Layer: layer, Pager: p.id, Prefetch: prefetch, Bytes: moved, Error: err.Error()})
+		p.bg.record(Event{Kind: EventLoadEnd, Layer: layer, Pager: p.id, Prefetch: prefetch, Bytes: ld.moved, Error: err.Error()})
 		return err
+	}
+	evict := mayEvict
+	if prefetch {
+		evict = noEvict
 	}
 	for needRes {
 		gen := p.generation()
-		resT, err = p.loadTensors(ctx, e, e.res, ResidentWeights, true, !prefetch, &moved, &ready)
+		resT, err = p.loadResident(ctx, e, evict, &ld)
 		if err == nil {
 			break
 		}
@@ -503,11 +666,15 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 	}
 	for needStr {
 		gen := p.generation()
-		inRing, err = p.ringReserve(ctx, e, prefetch, protect)
+		inRing, err = p.ringReserve(ctx, e, protect)
 		if err != nil {
 			return fail(err)
 		}
-		strT, err = p.loadTensors(ctx, e, e.str, StreamedWeights, !inRing, !inRing, &moved, &ready)
+		if inRing {
+			strT, err = p.loadStreamedInRing(ctx, e, &ld)
+		} else {
+			strT, err = p.loadStreamedOutside(ctx, e, &ld)
+		}
 		if err == nil {
 			break
 		}
@@ -528,50 +695,176 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 		e.resT, e.resLoaded = resT, true
 	}
 	if needStr {
-		e.strT, e.strLoaded, e.strInRing = strT, true, inRing
+		e.strT, e.strLoaded = strT, true
 	}
-	e.ready = append(e.ready, ready...)
+	e.ready = append(e.ready, ld.ready...)
 	e.lastUse = p.bg.Stamp()
 	p.st.Loads++
+	// The layer is evictable from now on: a load that ended is not one
+	// under way.
+	p.endLoadLocked(e)
+	committed = true
 	p.mu.Unlock()
-	p.bg.record(Event{Kind: EventLoadEnd, Layer: layer, Pager: p.id, Prefetch: prefetch, Bytes: moved})
+	p.bg.record(Event{Kind: EventLoadEnd, Layer: layer, Pager: p.id, Prefetch: prefetch, Bytes: ld.moved})
 	return nil
 }
 
-// ringReserve makes room for e's streamed part in the ring, evicting ring
-// entries that are not pinned, least recently used first, sparing the
-// protected layers if it can (a prefetch always spares them). It returns
-// false when the part should be placed outside the ring instead.
-func (p *Pager) ringReserve(ctx context.Context, e *entry, prefetch bool, protect []int) (bool, error) {
-	need := e.strBytes
+// endLoadLocked marks the end of a load of e.
+func (p *Pager) endLoadLocked(e *entry) {
+	e.loading = false
+	p.inflight--
+	p.changedLocked()
+}
+
+func (p *Pager) freeAll(ts []*tensor.Tensor) {
+	for _, t := range ts {
+		p.bg.Free(t)
+	}
+}
+
+// ringReserve makes room for e's streamed part in the ring, unless a
+// prefetch placed it already (startPrefetchLocked). A demand load spares
+// the protected layers if it can and otherwise evicts any ring part that
+// is not pinned. It returns false when no place works: the part then goes
+// outside the ring.
+func (p *Pager) ringReserve(ctx context.Context, e *entry, protect []int) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for {
-		if p.closed {
-			return false, errClosed
+	if p.closed {
+		return false, errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	switch {
+	case e.slot != nil:
+		return true, nil
+	case p.ring == nil:
+		return false, nil
+	case p.placeLocked(e, protect), p.placeLocked(e, nil):
+		return true, nil
+	}
+	p.st.OutsideRing++
+	return false, nil
+}
+
+// layout lays e's streamed part out in the ring from start, each tensor at
+// an aligned offset. A part that fits before the ring's end goes there
+// whole, the largest tensor first. Otherwise the largest tensors that fit
+// before the end go there and the others start again at offset 0, so that
+// the bytes left unused at the end are fewer than the smallest tensor left
+// out (wrapGaps); a part none of whose tensors fits before the end starts
+// at offset 0, leaving those bytes out of its slot. It fails when the part
+// would run into itself.
+func (p *Pager) layout(e *entry, start int64) (*ringSlot, bool) {
+	size := func(k int) int64 { return alignUp(e.specs[e.str[k]].Bytes) }
+	s := &ringSlot{start: start, offs: make([]int64, len(e.str))}
+	if start+e.strSlab <= p.ringCap {
+		off := start
+		for _, k := range e.strBySize {
+			s.offs[k] = off
+			off += size(k)
 		}
-		if err := ctx.Err(); err != nil {
-			return false, err
+		s.end = off
+		return s, true
+	}
+	off := start
+	var rest []int
+	for _, k := range e.strBySize {
+		if a := size(k); off+a <= p.ringCap {
+			s.offs[k] = off
+			off += a
+		} else {
+			rest = append(rest, k)
 		}
-		if need <= p.ringCap-p.ringUsed {
-			p.ringUsed += need
-			return true, nil
+	}
+	if len(rest) == len(e.str) { // nothing before the end: start at 0
+		s.start, rest = 0, e.strBySize
+	}
+	off = 0
+	for _, k := range rest {
+		s.offs[k] = off
+		off += size(k)
+	}
+	if s.start == 0 {
+		s.end = off
+		return s, off <= p.ringCap
+	}
+	s.end = p.ringCap + off
+	return s, off <= s.start
+}
+
+// placeLocked reserves room in the ring for e's streamed part, evicting the
+// parts in its way, and reports whether it found any. It tries the head
+// first: parts placed there one after the other, in the order they load,
+// put the oldest parts in the way of a cyclic walk and leave no holes. When
+// the head is blocked (the walk changed direction, several users share the
+// pager) it tries offset 0 and the end of every placed part, and takes the
+// place whose victims were used least recently. Parts pinned, loading,
+// waited for, reserved or protected are never victims.
+func (p *Pager) placeLocked(e *entry, protect []int) bool {
+	if p.ring == nil {
+		return false
+	}
+	type place struct {
+		slot    *ringSlot
+		victims []*entry
+		newest  uint64 // the latest use among the victims
+	}
+	try := func(start int64) (place, bool) {
+		s, ok := p.layout(e, start)
+		if !ok {
+			return place{}, false
 		}
-		if need <= p.ringCap {
-			v := p.ringVictimLocked(protect)
-			if v == nil && !prefetch {
-				v = p.ringVictimLocked(nil)
-			}
-			if v != nil {
-				p.evictLocked(v, true)
+		pl := place{slot: s}
+		for _, o := range p.layers {
+			if o == e || o.slot == nil || !o.slot.overlaps(s, p.ringCap) {
 				continue
 			}
+			if !o.strLoaded || o.pins > 0 || o.waiters > 0 || o.loading || slices.Contains(protect, o.layer) {
+				return place{}, false
+			}
+			pl.victims = append(pl.victims, o)
+			pl.newest = max(pl.newest, o.lastUse)
 		}
-		if prefetch {
-			return false, errPrefetchSkipped
-		}
-		return false, nil
+		return pl, true
 	}
+	best, ok := try(p.ringHead)
+	if !ok {
+		starts := []int64{0}
+		for _, o := range p.layers {
+			if o.slot != nil {
+				starts = append(starts, o.slot.end%p.ringCap)
+			}
+		}
+		for _, st := range starts {
+			if pl, found := try(st); found && (!ok || pl.newest < best.newest) {
+				best, ok = pl, true
+			}
+		}
+	}
+	if !ok {
+		return false
+	}
+	for _, v := range best.victims {
+		p.evictRingLocked(v)
+	}
+	e.slot = best.slot
+	p.ringUsed += best.slot.end - best.slot.start
+	p.ringHead = best.slot.end % p.ringCap
+	return true
+}
+
+// releaseSlotLocked gives back a slot reserved for a load that did not
+// happen. The head goes back to its start when it was the latest placed.
+func (p *Pager) releaseSlotLocked(e *entry) {
+	s := e.slot
+	e.slot = nil
+	p.ringUsed -= s.end - s.start
+	if s.end%p.ringCap == p.ringHead {
+		p.ringHead = s.start
+	}
+	p.changedLocked()
 }
 
 // waitChange waits for a Release or the end of another load when the
@@ -633,24 +926,13 @@ func (p *Pager) waitLocked(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (p *Pager) ringVictimLocked(protect []int) *entry {
-	var v *entry
-	for _, e := range p.layers {
-		if !e.strLoaded || !e.strInRing || len(e.str) == 0 || e.pins > 0 || e.waiters > 0 || e.loading || slices.Contains(protect, e.layer) {
-			continue
-		}
-		if v == nil || e.lastUse < v.lastUse {
-			v = e
-		}
-	}
-	return v
-}
-
+// evictable reports a layer whose parts hold budget bytes outside the ring
+// and may be evicted now.
 func (e *entry) evictable() bool {
 	if e.pins > 0 || e.waiters > 0 || e.loading {
 		return false
 	}
-	return e.resLoaded && len(e.res) > 0 || e.strLoaded && !e.strInRing && len(e.str) > 0
+	return e.resLoaded && len(e.res) > 0 || e.heldOutside()
 }
 
 // lruCandidate returns the LRU stamp of this pager's least recently used
@@ -676,75 +958,129 @@ func (p *Pager) evictStamp(s uint64) bool {
 	defer p.mu.Unlock()
 	for _, e := range p.layers {
 		if e.lastUse == s && e.evictable() {
-			p.evictLocked(e, false)
+			p.evictHeldLocked(e)
 			return true
 		}
 	}
 	return false
 }
 
-// evictLocked frees a layer's parts: its ring part when ring is true,
-// otherwise every part held outside the ring.
-func (p *Pager) evictLocked(e *entry, ring bool) {
+// evictRingLocked drops a layer's streamed part from the ring.
+func (p *Pager) evictRingLocked(e *entry) {
 	// Order later uses of the memory after copies still landing in it.
 	_ = e.awaitUploads()
+	s := e.slot
+	e.strT, e.strLoaded, e.slot = nil, false, nil
+	p.ringUsed -= s.end - s.start
+	p.st.Evictions++
+	p.changedLocked()
+	p.bg.record(Event{Kind: EventEvict, Layer: e.layer, Pager: p.id, Bytes: e.strBytes})
+}
+
+// evictHeldLocked frees the parts of a layer that hold budget bytes: its
+// resident part and a streamed part held outside the ring.
+func (p *Pager) evictHeldLocked(e *entry) {
+	_ = e.awaitUploads()
 	var freed int64
-	if ring {
-		for _, t := range e.strT {
-			p.bg.Free(t)
-		}
+	if e.resLoaded && len(e.res) > 0 {
+		p.freeAll(e.resT)
+		e.resT, e.resLoaded = nil, false
+		freed += e.resBytes
+	}
+	if e.heldOutside() {
+		p.freeAll(e.strT)
 		e.strT, e.strLoaded = nil, false
-		p.ringUsed -= e.strBytes
-		freed = e.strBytes
-	} else {
-		if e.resLoaded && len(e.res) > 0 {
-			for _, t := range e.resT {
-				p.bg.Free(t)
-			}
-			e.resT, e.resLoaded = nil, false
-			freed += e.resBytes
-		}
-		if e.strLoaded && !e.strInRing && len(e.str) > 0 {
-			for _, t := range e.strT {
-				p.bg.Free(t)
-			}
-			e.strT, e.strLoaded = nil, false
-			freed += e.strBytes
-		}
+		freed += e.strBytes
 	}
 	p.st.Evictions++
 	p.changedLocked()
 	p.bg.record(Event{Kind: EventEvict, Layer: e.layer, Pager: p.id, Bytes: freed})
 }
 
-// loadTensors allocates and fills the tensors idx of e. Streamed parts come
-// from the host cache when it has them, and enter it when it has room.
-//
-// Uploads from pinned host memory go through the backend's AsyncUploader
-// when it has one, on its copy stream; their waits are appended to ready,
-// and run before the tensors are used or freed.
-func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Category, charged, reclaim bool, moved *int64, ready *[]func() error) ([]*tensor.Tensor, error) {
-	var ts []*tensor.Tensor
-	nReady := len(*ready)
-	undo := func(err error) ([]*tensor.Tensor, error) {
-		for _, r := range (*ready)[nReady:] {
-			_ = r()
-		}
-		*ready = (*ready)[:nReady]
-		for _, t := range ts {
-			p.bg.Free(t)
-		}
+// loadResident loads e's resident part into allocations of its own,
+// charged to ResidentWeights.
+func (p *Pager) loadResident(ctx context.Context, e *entry, evict evictPolicy, ld *loadState) ([]*tensor.Tensor, error) {
+	ts, err := p.allocPart(e, residentPart, evict)
+	if err != nil {
 		return nil, err
 	}
-	for _, i := range idx {
-		s := e.specs[i]
-		t, err := p.bg.alloc(cat, s.DType, s.Shape, e.layer, charged, reclaim)
+	if err := p.upload(ctx, e, residentPart, ts, ld); err != nil {
+		p.freeAll(ts)
+		return nil, err
+	}
+	return ts, nil
+}
+
+// loadStreamedOutside loads e's streamed part into allocations of its own,
+// charged to StreamedWeights, when the ring has no room for it.
+func (p *Pager) loadStreamedOutside(ctx context.Context, e *entry, ld *loadState) ([]*tensor.Tensor, error) {
+	ts, err := p.allocPart(e, streamedPart, mayEvict)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.upload(ctx, e, streamedPart, ts, ld); err != nil {
+		p.freeAll(ts)
+		return nil, err
+	}
+	return ts, nil
+}
+
+// loadStreamedInRing loads e's streamed part into its slot of the ring.
+func (p *Pager) loadStreamedInRing(ctx context.Context, e *entry, ld *loadState) ([]*tensor.Tensor, error) {
+	p.mu.Lock()
+	s := e.slot
+	p.mu.Unlock()
+	ts := make([]*tensor.Tensor, 0, len(e.str))
+	for k, i := range e.str {
+		spec := e.specs[i]
+		t, err := p.ring.View(s.offs[k], spec.DType, spec.Shape)
 		if err != nil {
-			return undo(fmt.Errorf("paging: layer %d tensor %s: %w", e.layer, s.Name, err))
+			return nil, fmt.Errorf("paging: layer %d tensor %s: %w", e.layer, spec.Name, err)
 		}
 		ts = append(ts, t)
 	}
-	streamed := cat == StreamedWeights
+	if err := p.upload(ctx, e, streamedPart, ts, ld); err != nil {
+		return nil, err
+	}
+	return ts, nil
+}
+
+// allocPart allocates the tensors of one part of e from the budget.
+func (p *Pager) allocPart(e *entry, pt part, evict evictPolicy) ([]*tensor.Tensor, error) {
+	cat := ResidentWeights
+	if pt == streamedPart {
+		cat = StreamedWeights
+	}
+	var ts []*tensor.Tensor
+	for _, i := range e.tensors(pt) {
+		s := e.specs[i]
+		t, err := p.bg.alloc(cat, s.DType, s.Shape, e.layer, evict)
+		if err != nil {
+			p.freeAll(ts)
+			return nil, fmt.Errorf("paging: layer %d tensor %s: %w", e.layer, s.Name, err)
+		}
+		ts = append(ts, t)
+	}
+	return ts, nil
+}
+
+// upload fills ts, the device tensors of one part of e. A streamed part
+// comes from the host cache when it has it, and enters it when it has room.
+//
+// Uploads from pinned host memory go through the backend's AsyncUploader
+// when it has one, on its copy stream; their waits are appended to
+// ld.ready, and run before the tensors are used or freed. On an error the
+// waits of this call's uploads have run and ts are the caller's to free.
+func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tensor, ld *loadState) error {
+	idx := e.tensors(pt)
+	nReady := len(ld.ready)
+	abandon := func() {
+		for _, r := range ld.ready[nReady:] {
+			_ = r()
+		}
+		ld.ready = ld.ready[:nReady]
+	}
+	streamed := pt == streamedPart
 	var buf []byte // the streamed part, whole, when it is or will be cached
 	cached, cachedPinned, admitted := false, false, false
 	if streamed {
@@ -774,6 +1110,13 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 			p.mu.Unlock()
 		}
 	}
+	// fail waits for the copies still reading the host buffer before
+	// dropAdmission frees it.
+	fail := func(err error) error {
+		abandon()
+		dropAdmission()
+		return err
+	}
 	for k, i := range idx {
 		s := e.specs[i]
 		var src []byte
@@ -786,18 +1129,13 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 				tmp = p.reads.get(s.Bytes)
 				src = (*tmp)[:s.Bytes]
 			}
-			// undo waits for the copies still reading the host buffer
-			// before dropAdmission frees it.
 			if err := ctx.Err(); err != nil {
-				ts, err := undo(err)
-				dropAdmission()
-				return ts, err
+				p.reads.put(tmp)
+				return fail(err)
 			}
 			if err := p.src.ReadTensor(ctx, e.layer, s.Name, src); err != nil {
 				p.reads.put(tmp)
-				ts, err := undo(fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, s.Name, err))
-				dropAdmission()
-				return ts, err
+				return fail(fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, s.Name, err))
 			}
 			p.mu.Lock()
 			p.st.BytesDiskToHost += s.Bytes
@@ -807,32 +1145,27 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 		if p.async != nil && (pinned || cachedPinned) {
 			var r func() error
 			if r, err = p.async.UploadAsync(ctx, ts[k], 0, src); err == nil {
-				*ready = append(*ready, r)
+				ld.ready = append(ld.ready, r)
 			}
 		} else {
 			err = p.b.Upload(ts[k], 0, src) // synchronous: src is free after it
 		}
 		p.reads.put(tmp)
 		if err != nil {
-			ts, err := undo(fmt.Errorf("paging: layer %d tensor %s: upload: %w", e.layer, s.Name, err))
-			dropAdmission()
-			return ts, err
+			return fail(fmt.Errorf("paging: layer %d tensor %s: upload: %w", e.layer, s.Name, err))
 		}
 		p.mu.Lock()
 		p.st.BytesHostToDevice += s.Bytes
 		p.mu.Unlock()
-		*moved += s.Bytes
+		ld.moved += s.Bytes
 	}
 	if admitted {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			for _, r := range (*ready)[nReady:] { // the copies read buf
-				_ = r()
-			}
-			*ready = (*ready)[:nReady]
+			abandon() // the copies read buf
 			dropAdmission()
-			return ts, nil
+			return nil
 		}
 		e.host, e.hostPinned = buf, pinned
 		if pinned {
@@ -840,7 +1173,7 @@ func (p *Pager) loadTensors(ctx context.Context, e *entry, idx []int, cat Catego
 		}
 		p.mu.Unlock()
 	}
-	return ts, nil
+	return nil
 }
 
 // readBufs recycles the buffers that tensors outside the host cache are
@@ -921,9 +1254,9 @@ func (p *Pager) hostFree(b []byte, pinned bool) error {
 }
 
 // Close frees every device tensor and pinned buffer the pager holds,
-// returns the ring to the budget, stops prefetching and removes the pager
-// from its budget's evictors. Tensors from Acquire are invalid afterwards.
-// Close is idempotent.
+// frees the ring, stops prefetching and removes the pager from its
+// budget's evictors. Tensors from Acquire are invalid afterwards. Close is
+// idempotent.
 func (p *Pager) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -946,13 +1279,11 @@ func (p *Pager) Close() error {
 		if err := e.awaitUploads(); err != nil {
 			errs = append(errs, fmt.Errorf("paging: layer %d: %w", e.layer, err))
 		}
-		for _, t := range e.resT {
-			p.bg.Free(t)
+		p.freeAll(e.resT)
+		if e.slot == nil { // views into the ring are not freed: the ring is
+			p.freeAll(e.strT)
 		}
-		for _, t := range e.strT {
-			p.bg.Free(t)
-		}
-		e.resT, e.strT = nil, nil
+		e.resT, e.strT, e.slot = nil, nil, nil
 		e.resLoaded, e.strLoaded = len(e.res) == 0, len(e.str) == 0
 		e.pins = 0
 		if err := p.hostFree(e.host, e.hostPinned); err != nil {
@@ -963,11 +1294,10 @@ func (p *Pager) Close() error {
 		}
 		e.host, e.hostPinned = nil, false
 	}
-	p.ringUsed, p.hostUsed = 0, 0
+	ring := p.ring
+	p.ring, p.ringUsed, p.ringHead, p.hostUsed = nil, 0, 0, 0
 	p.mu.Unlock()
-	if p.ringCap > 0 {
-		p.bg.uncharge(StreamedWeights, p.ringCap, -1, true)
-	}
+	p.bg.Free(ring)
 	return errors.Join(errs...)
 }
 

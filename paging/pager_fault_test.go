@@ -224,10 +224,11 @@ func (s faultSource) ReadTensor(ctx context.Context, l int, name string, dst []b
 }
 
 // consistent checks the pager's and budget's accounts against what is
-// really held: no layer pinned, the budget's charge equal to the charged
-// live tensors plus the ring, the backend holding exactly the budget's live
-// tensors, the ring's use equal to the streamed parts in it, and the host
-// cache and pinned host bytes equal to the cached parts.
+// really held: no layer pinned, the budget's charge equal to its live
+// tensors (the ring is one), the backend holding exactly those, the ring's
+// use equal to the slots of the streamed parts in it, no two of which
+// overlap and none of which is reserved with no load, and the host cache
+// and pinned host bytes equal to the cached parts.
 func consistent(p *Pager, fb *fakeBackend) error {
 	// A load abandoned by a cancelled Acquire may start after settle
 	// returns and hold tensors for a moment: judge the state that lasts.
@@ -248,26 +249,36 @@ func consistentNow(p *Pager, fb *fakeBackend) error {
 	var problems []string
 	bg := p.bg
 	bg.mu.Lock()
-	var charged, all int64
+	var all int64
 	for _, la := range bg.live {
 		all += la.bytes
-		if la.charged {
-			charged += la.bytes
-		}
 	}
 	used := bg.used
 	bg.mu.Unlock()
 	p.mu.Lock()
-	if used != charged+p.ringCap {
-		problems = append(problems, fmt.Sprintf("budget charges %d, live charged tensors %d + ring %d", used, charged, p.ringCap))
+	if used != all {
+		problems = append(problems, fmt.Sprintf("budget charges %d, live tensors (the ring included) %d", used, all))
+	}
+	if p.ringCap > 0 && (p.ring == nil || p.ring.NumBytes() != p.ringCap) {
+		problems = append(problems, fmt.Sprintf("ring of %d bytes is %v", p.ringCap, p.ring))
 	}
 	var ring, host, pinned int64
+	var slots []*entry
 	for _, e := range p.layers {
 		if e.pins != 0 || e.waiters != 0 || e.loading {
 			problems = append(problems, fmt.Sprintf("layer %d: pins %d waiters %d loading %v", e.layer, e.pins, e.waiters, e.loading))
 		}
-		if e.strLoaded && e.strInRing && len(e.str) > 0 {
-			ring += e.strBytes
+		if e.slot != nil {
+			if !e.strLoaded {
+				problems = append(problems, fmt.Sprintf("layer %d holds a ring slot with no load", e.layer))
+			}
+			ring += e.slot.end - e.slot.start
+			for _, o := range slots {
+				if o.slot.overlaps(e.slot, p.ringCap) {
+					problems = append(problems, fmt.Sprintf("layers %d and %d overlap in the ring", o.layer, e.layer))
+				}
+			}
+			slots = append(slots, e)
 		}
 		if len(e.resT) != 0 && !e.resLoaded || len(e.strT) != 0 && !e.strLoaded {
 			problems = append(problems, fmt.Sprintf("layer %d holds tensors it does not count as loaded", e.layer))

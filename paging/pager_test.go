@@ -83,7 +83,8 @@ func waitIdle(p *Pager) {
 func TestCyclicScanBound(t *testing.T) {
 	src := llamaSynth(10, 64, 172, 32, 256)
 	info := smallDims(src, 10)
-	W, lmax := totalAndMax(info)
+	W, _ := totalAndMax(info)
+	lmax := ringLayer(info) // the largest layer as the ring holds it
 	n := src.NumLayers()
 	for _, s := range []Strategy{StrategyMinimal, StrategyBalanced} {
 		for _, rev := range []bool{false, true} {
@@ -117,13 +118,15 @@ func TestCyclicScanBound(t *testing.T) {
 				pg.MarkStep()
 				X := max(0, W-(budget-fixed))
 				bound := X + X/20 + lmax
-				for range 5 {
+				for range 10 {
 					sweep(t, pg, src, order)
 					waitIdle(pg)
 					pg.MarkStep()
 				}
 				// A token's prefetches of the next token's first layers
-				// may land on either side of a mark: bound the mean.
+				// may land on either side of a mark: bound the mean, of
+				// enough tokens that one window more or less at the ends
+				// does not swamp it.
 				st := pg.Stats()
 				if st.BytesPerStep > float64(bound) {
 					t.Errorf("%s: moved %.0f bytes per token, bound %d (X %d, layer %d)", name, st.BytesPerStep, bound, X, lmax)
@@ -227,7 +230,7 @@ func TestRandomised(t *testing.T) {
 		s := strategies[rng.IntN(4)]
 		p0, _ := Plan(info, 1<<40, s, 4, 1)
 		fixed := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes
-		budget := fixed + lmax + rng.Int64N(W+1)
+		budget := p0.MinBudgetBytes + rng.Int64N(W+1)
 		if s == StrategyNone {
 			budget = fixed + W + rng.Int64N(lmax+1)
 		}
@@ -437,8 +440,8 @@ func TestCancelDuringLoad(t *testing.T) {
 	}
 	pg.mu.Lock()
 	e := pg.layers[2]
-	if e.resT != nil || e.strT != nil || e.loaded() && len(e.res)+len(e.str) > 0 {
-		t.Error("cancelled layer left tensors")
+	if e.resT != nil || e.strT != nil || e.slot != nil || e.loaded() && len(e.res)+len(e.str) > 0 {
+		t.Error("cancelled layer left tensors or its place in the ring")
 	}
 	pg.mu.Unlock()
 	// a deadline while waiting for ring space behaves the same

@@ -225,19 +225,29 @@ type PlanResult struct {
 	ResidentLayers []int `json:"resident_layers"`
 	StreamedLayers []int `json:"streamed_layers"`
 	// The ring holds the streamed parts of RingSlots consecutive layers
-	// (the one computing and PrefetchDepth ahead); RingBytes is the most
-	// any RingSlots consecutive layers stream, SlotBytes the largest part.
-	RingSlots     int   `json:"ring_slots"`
-	SlotBytes     int64 `json:"slot_bytes"`
-	RingBytes     int64 `json:"ring_bytes"`
-	PrefetchDepth int   `json:"prefetch_depth"`
+	// (the one computing and PrefetchDepth ahead); SlotBytes is the
+	// largest part. The ring is one allocation that the parts are laid out
+	// in one after the other, each tensor at a 256-byte aligned offset,
+	// wrapping around its end (Pager). RingBytes is what any RingSlots
+	// consecutive layers stream, with their tensors so aligned, plus, with
+	// prefetch, room for the bytes a tensor skips when it does not fit
+	// before the end: at most the window's largest tensor. RingSlackBytes
+	// is what alignment and that room add to the most any RingSlots
+	// consecutive layers stream.
+	RingSlots      int   `json:"ring_slots"`
+	SlotBytes      int64 `json:"slot_bytes"`
+	RingBytes      int64 `json:"ring_bytes"`
+	RingSlackBytes int64 `json:"ring_slack_bytes"`
+	PrefetchDepth  int   `json:"prefetch_depth"`
 	// HostCacheBytes is the host RAM worth keeping streamed parts in.
 	HostCacheBytes int64 `json:"host_cache_bytes"`
 	// PredictedPeakBytes = resident + ring + KV cache + activations +
-	// workspace.
+	// workspace: what the budget holds once every resident layer is
+	// loaded and nn has allocated its reserve.
 	PredictedPeakBytes int64 `json:"predicted_peak_bytes"`
 	// MinBudgetBytes is the smallest budget any streaming strategy plans
-	// with: the largest layer, the KV cache, activations and workspace.
+	// with: a ring for the largest layer, the KV cache, activations and
+	// workspace.
 	MinBudgetBytes int64       `json:"min_budget_bytes"`
 	Layers         []LayerPlan `json:"layers"`
 }
@@ -310,7 +320,19 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		WorkspaceBytes:  reserve(Workspace) + reserve(Gradients),
 	}
 	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes
-	p.MinBudgetBytes = fixed + lmax
+	opt := make([]layerOptions, n)
+	for l := range units {
+		opt[l] = subsetSums(units[l])
+	}
+	full := make([]int, n) // option index of the whole layer
+	for l := range opt {
+		full[l] = len(opt[l].sums) - 1
+	}
+	ringCost := func(choice []int, d int) int64 { return ringBytes(ringParts(opt, choice), d) }
+	// The smallest streaming plan streams everything through a ring for
+	// the largest layer, without prefetch.
+	lring := ringCost(full, 0)
+	p.MinBudgetBytes = fixed + lring
 	detail := fmt.Sprintf("weights %s (largest layer %s), KV cache %s for %d positions x %d, activations %s for %d tokens, workspace %s",
 		FormatSize(W), FormatSize(lmax), FormatSize(p.KVCacheBytes), contextLen, batch, FormatSize(p.ActivationBytes), o.chunk*batch, FormatSize(p.WorkspaceBytes))
 	if strategy == StrategyNone && budget < fixed+W {
@@ -320,14 +342,6 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: p.MinBudgetBytes, Detail: "the largest layer streamed alone: " + detail}
 	}
 	avail := budget - fixed
-	opt := make([]layerOptions, n)
-	for l := range units {
-		opt[l] = subsetSums(units[l])
-	}
-	full := make([]int, n) // option index of the whole layer
-	for l := range opt {
-		full[l] = len(opt[l].sums) - 1
-	}
 	var choice []int
 	depth := 0
 	X := W - avail
@@ -335,7 +349,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	case strategy == StrategyAggressive:
 		choice = full
 		for d := min(o.maxPrefetch, n-1); d >= 0; d-- {
-			if windowMax(partBytes(opt, full), d) <= avail {
+			if ringCost(full, d) <= avail {
 				depth = d
 				break
 			}
@@ -343,12 +357,12 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	case X <= 0: // none, or everything fits
 		choice = make([]int, n)
 	case strategy == StrategyMinimal:
-		choice, _ = chooseStreamed(opt, W, X, avail, 0)
+		choice, _ = chooseStreamed(opt, W, X, avail, 0, ringCost)
 	case strategy == StrategyBalanced:
-		bound := X + X/20 + lmax
-		choice, _ = chooseStreamed(opt, W, X, avail, 0)
+		bound := X + X/20 + lring
+		choice, _ = chooseStreamed(opt, W, X, avail, 0, ringCost)
 		for d := min(o.maxPrefetch, n-1); d >= 1; d-- {
-			if c, moved := chooseStreamed(opt, W, X, avail, d); c != nil && moved <= bound {
+			if c, moved := chooseStreamed(opt, W, X, avail, d, ringCost); c != nil && moved <= bound {
 				choice, depth = c, d
 				break
 			}
@@ -357,11 +371,12 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if choice == nil { // cannot happen when budget >= MinBudgetBytes: streaming everything fits
 		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: p.MinBudgetBytes, Detail: detail}
 	}
-	parts := partBytes(opt, choice)
+	parts := make([]int64, n)
 	for l := range n {
-		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: parts[l]}
+		c := choice[l]
+		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].sums[c]}
 		lp.ResidentBytes = lp.Bytes - lp.StreamedBytes
-		mask := opt[l].masks[choice[l]]
+		mask := opt[l].masks[c]
 		for ui, u := range units[l] {
 			if mask&(1<<ui) != 0 {
 				lp.Streamed = append(lp.Streamed, u.names...)
@@ -372,6 +387,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 			lp.Streamed = nil
 		}
 		p.Layers = append(p.Layers, lp)
+		parts[l] = lp.StreamedBytes
 		p.ResidentBytes += lp.ResidentBytes
 		p.StreamedBytes += lp.StreamedBytes
 		p.SlotBytes = max(p.SlotBytes, lp.StreamedBytes)
@@ -390,7 +406,8 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if p.StreamedBytes > 0 {
 		p.PrefetchDepth = depth
 		p.RingSlots = depth + 1
-		p.RingBytes = windowMax(parts, depth)
+		p.RingBytes = ringBytes(ringParts(opt, choice), depth)
+		p.RingSlackBytes = p.RingBytes - windowMax(parts, depth)
 	}
 	if strategy != StrategyAggressive {
 		p.HostCacheBytes = p.StreamedBytes
@@ -407,6 +424,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 type unit struct {
 	names []string
 	bytes int64
+	sizes []int64 // their sizes in the ring, each aligned
 }
 
 const maxUnits = 8
@@ -419,7 +437,7 @@ func layerUnits(l int, li LayerInfo) ([]unit, int64, error) {
 		if li.Bytes == 0 {
 			return nil, 0, nil
 		}
-		return []unit{{names: []string{""}, bytes: li.Bytes}}, li.Bytes, nil
+		return []unit{{names: []string{""}, bytes: li.Bytes, sizes: []int64{alignUp(li.Bytes)}}}, li.Bytes, nil
 	}
 	if err := checkSpecs(l, li.Tensors); err != nil {
 		return nil, 0, err
@@ -427,7 +445,7 @@ func layerUnits(l int, li LayerInfo) ([]unit, int64, error) {
 	var us []unit
 	var sum int64
 	for _, t := range li.Tensors {
-		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes})
+		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes, sizes: []int64{alignUp(t.Bytes)}})
 		sum += t.Bytes
 	}
 	if li.Bytes != 0 && li.Bytes != sum {
@@ -436,46 +454,61 @@ func layerUnits(l int, li LayerInfo) ([]unit, int64, error) {
 	for len(us) > maxUnits { // merge the two smallest
 		slices.SortFunc(us, func(a, b unit) int { return cmp.Compare(b.bytes, a.bytes) })
 		a, b := us[len(us)-2], us[len(us)-1]
-		us = append(us[:len(us)-2], unit{names: append(slices.Clone(a.names), b.names...), bytes: a.bytes + b.bytes})
+		us = append(us[:len(us)-2], unit{names: append(slices.Clone(a.names), b.names...),
+			bytes: a.bytes + b.bytes, sizes: append(slices.Clone(a.sizes), b.sizes...)})
 	}
 	return us, sum, nil
 }
 
-// layerOptions are the distinct byte counts a layer can stream (subset sums
-// of its units), ascending, each with one subset that achieves it.
+// layerOptions are the distinct ways a layer can stream part of itself,
+// by the bytes they stream (subset sums of its units) and the gap they may
+// leave at the ring's end: ascending by bytes, each with one subset that
+// achieves it and its footprint in the ring.
 type layerOptions struct {
 	sums  []int64
 	masks []uint32
+	parts []ringPart
 }
 
 func subsetSums(us []unit) layerOptions {
-	seen := map[int64]uint32{}
+	type option struct {
+		sum  int64
+		mask uint32
+		part ringPart
+	}
+	seen := map[[2]int64]bool{}
+	var opts []option
 	for mask := uint32(0); mask < 1<<len(us); mask++ {
-		var s int64
-		for i := range us {
+		var sum int64
+		var sizes []int64
+		for i, u := range us {
 			if mask&(1<<i) != 0 {
-				s += us[i].bytes
+				sum += u.bytes
+				sizes = append(sizes, u.sizes...)
 			}
 		}
-		if _, ok := seen[s]; !ok {
-			seen[s] = mask
+		rp := newRingPart(sizes)
+		if k := [2]int64{sum, rp.anyGap}; !seen[k] {
+			seen[k] = true
+			opts = append(opts, option{sum, mask, rp})
 		}
 	}
+	slices.SortFunc(opts, func(a, b option) int {
+		return cmp.Or(cmp.Compare(a.sum, b.sum), cmp.Compare(a.part.anyGap, b.part.anyGap))
+	})
 	var o layerOptions
-	for s := range seen {
-		o.sums = append(o.sums, s)
-	}
-	slices.Sort(o.sums)
-	for _, s := range o.sums {
-		o.masks = append(o.masks, seen[s])
+	for _, op := range opts {
+		o.sums = append(o.sums, op.sum)
+		o.masks = append(o.masks, op.mask)
+		o.parts = append(o.parts, op.part)
 	}
 	return o
 }
 
-func partBytes(opt []layerOptions, choice []int) []int64 {
-	out := make([]int64, len(choice))
+func ringParts(opt []layerOptions, choice []int) []ringPart {
+	out := make([]ringPart, len(choice))
 	for l, c := range choice {
-		out[l] = opt[l].sums[c]
+		out[l] = opt[l].parts[c]
 	}
 	return out
 }
@@ -495,24 +528,170 @@ func windowMax(parts []int64, d int) int64 {
 	return best
 }
 
+// ringPart is a layer's streamed part as the ring holds it.
+type ringPart struct {
+	slab int64 // its tensors' bytes, each rounded up to ringAlign
+	// The most bytes the part can leave unused before the ring's end
+	// when it wraps (wrapGaps): anyGap in general, firstGap when it is the
+	// first part of a window.
+	anyGap, firstGap int64
+}
+
+func newRingPart(sizes []int64) ringPart {
+	rp := ringPart{}
+	for _, a := range sizes {
+		rp.slab += a
+	}
+	rp.anyGap, rp.firstGap = wrapGaps(sizes)
+	return rp
+}
+
+// maxGapCombos bounds the subset sums wrapGaps examines; beyond it, it
+// assumes the worst, a gap of the largest tensor.
+const maxGapCombos = 1 << 12
+
+// wrapGaps returns the most bytes that the Pager's layout of a part whose
+// tensors take sizes (aligned) in the ring leaves unused before the ring's
+// end when the part does not fit before it (Pager.layout): the largest
+// tensors that fit go before the end, the others start again at offset 0.
+// A tensor left out is larger than the room that remains, so the gap is
+// below the smallest tensor left out. anyGap is the most over every room
+// smaller than the part; firstGap the most when at least one tensor goes
+// before the end (otherwise the part starts at offset 0 and the gap lies
+// before it, outside a window that the part begins).
+//
+// What is placed changes only when the room reaches a sum of some of the
+// sizes, and the gap grows with the room in between, so the most is found
+// just below one of those sums.
+func wrapGaps(sizes []int64) (anyGap, firstGap int64) {
+	if len(sizes) == 0 {
+		return 0, 0
+	}
+	desc := slices.Clone(sizes)
+	slices.SortFunc(desc, func(a, b int64) int { return cmp.Compare(b, a) })
+	var distinct []int64
+	var counts []int
+	combos := 1
+	for i, a := range desc {
+		if i > 0 && a == desc[i-1] {
+			counts[len(counts)-1]++
+			continue
+		}
+		distinct, counts = append(distinct, a), append(counts, 1)
+	}
+	for _, c := range counts {
+		if combos *= c + 1; combos > maxGapCombos {
+			g := desc[0] - ringAlign
+			return g, g
+		}
+	}
+	var slab int64
+	for _, a := range desc {
+		slab += a
+	}
+	var visit func(i int, v int64)
+	visit = func(i int, v int64) {
+		if i == len(distinct) {
+			if v == 0 || v > slab {
+				return
+			}
+			room := v - ringAlign
+			placed := placeBeforeEnd(desc, room)
+			anyGap = max(anyGap, room-placed)
+			if placed > 0 {
+				firstGap = max(firstGap, room-placed)
+			}
+			return
+		}
+		for c := 0; c <= counts[i]; c++ {
+			visit(i+1, v+int64(c)*distinct[i])
+		}
+	}
+	visit(0, 0)
+	return anyGap, firstGap
+}
+
+// placeBeforeEnd returns the bytes of the tensors (sizes, descending) that
+// the layout puts in room bytes before the ring's end: each that fits, the
+// largest first.
+func placeBeforeEnd(desc []int64, room int64) int64 {
+	var placed int64
+	for _, a := range desc {
+		if placed+a <= room {
+			placed += a
+		}
+	}
+	return placed
+}
+
+// ringBytes is the ring that holds any d+1 cyclically consecutive streamed
+// parts (the one computing and the d prefetched after it) as the Pager lays
+// them out: one after the other in the order they load, wrapping around
+// the ring's end (Pager.layout), each tensor at a ringAlign-aligned offset.
+//
+// A window of parts that fits the ring wraps at most once, and the wrap
+// leaves at most one part's gap unused (wrapGaps): the ring needs the
+// window's aligned bytes plus the largest gap of its parts (for its first
+// part, the gap it leaves when it begins before the end), whatever offset
+// the walk has reached. That gap is the slack the slab costs over separate
+// allocations: below the smallest tensor a part leaves for after the end.
+// Without prefetch (d = 0) no other part is held when a part loads, and a
+// part that would run into itself starts at offset 0 instead: the largest
+// part is enough.
+func ringBytes(parts []ringPart, d int) int64 {
+	n := len(parts)
+	d = min(d, n-1)
+	var best int64
+	for i := range n {
+		var sum, gap int64
+		first := true
+		for j := 0; j <= d; j++ {
+			rp := parts[(i+j)%n]
+			if rp.slab == 0 {
+				continue
+			}
+			sum += rp.slab
+			if first {
+				gap, first = rp.firstGap, false
+			} else {
+				gap = max(gap, rp.anyGap)
+			}
+		}
+		if d > 0 {
+			sum += gap
+		}
+		best = max(best, sum)
+	}
+	return best
+}
+
 // chooseStreamed picks per-layer streamed parts for prefetch depth d that
 // free at least X bytes net of the ring (sum - ring >= X) with the fewest
-// streamed bytes. It tries every cap c on the part size: with parts <= c
-// the ring is at most (d+1)c, so streaming X+(d+1)c suffices; it then
-// tightens the target to X plus the ring it actually got.
-func chooseStreamed(opt []layerOptions, W, X, avail int64, d int) ([]int, int64) {
+// streamed bytes. It tries every cap c on the part size and b on the gap a
+// part may leave at the ring's end (ringBytes): with parts <= c the ring is
+// about (d+1)c, plus b with prefetch, so it first streams that much more
+// than X, then moves the target to X plus the ring it actually got.
+func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]int, int) int64) ([]int, int64) {
 	n := len(opt)
-	seen := map[int64]bool{}
-	var caps []int64
+	seenSum, seenGap := map[int64]bool{}, map[int64]bool{}
+	var caps, gaps []int64
 	for _, o := range opt {
-		for _, s := range o.sums {
-			if s > 0 && s <= avail && !seen[s] {
-				seen[s] = true
+		for i, s := range o.sums {
+			if s > 0 && s <= avail && !seenSum[s] {
+				seenSum[s] = true
 				caps = append(caps, s)
+			}
+			if g := o.parts[i].anyGap; !seenGap[g] {
+				seenGap[g] = true
+				gaps = append(gaps, g)
 			}
 		}
 	}
 	slices.Sort(caps)
+	slices.Sort(gaps)
+	if d == 0 { // no slack without prefetch: no need to bound it
+		gaps = gaps[len(gaps)-1:]
+	}
 	stride := min(d+1, n)
 	order := make([]int, 0, n)
 	for r := range stride {
@@ -522,63 +701,84 @@ func chooseStreamed(opt []layerOptions, W, X, avail int64, d int) ([]int, int64)
 	}
 	var best []int
 	bestSum := int64(math.MaxInt64)
-	for _, c := range caps {
-		target := X + int64(d+1)*c
-		for range 4 {
-			ch, sum := greedyParts(opt, order, c, target)
-			if ch == nil {
-				break
+	for _, b := range gaps {
+		for _, c := range caps {
+			target := X + int64(d+1)*c
+			if d > 0 {
+				target += b
 			}
-			ws := windowMax(partBytes(opt, ch), d)
-			if W-sum+ws <= avail && sum < bestSum {
-				best, bestSum = ch, sum
+			for range 4 {
+				ch, sum := greedyParts(opt, order, c, b, target)
+				if ch == nil {
+					break
+				}
+				ws := ring(ch, d)
+				if W-sum+ws <= avail && sum < bestSum {
+					best, bestSum = ch, sum
+				}
+				if X+ws == target {
+					break
+				}
+				target = X + ws // tighter, or wider when the ring came out larger
 			}
-			if X+ws >= target {
-				break
-			}
-			target = X + ws
 		}
 	}
 	return best, bestSum
 }
 
-// greedyParts streams the largest part <= c of each layer in order until
-// the next would reach target, then picks, among the layers left, the part
-// that reaches target with the least overshoot.
-func greedyParts(opt []layerOptions, order []int, c, target int64) ([]int, int64) {
+// greedyParts streams the largest part <= c whose gap at the ring's end is
+// at most b of each layer in order until the next would reach target, then
+// picks, among the layers left, the part that reaches target with the
+// least overshoot.
+func greedyParts(opt []layerOptions, order []int, c, b, target int64) ([]int, int64) {
 	ch := make([]int, len(opt))
 	var sum int64
 	for k, l := range order {
-		bi := bestAtMost(opt[l].sums, c)
+		bi := opt[l].bestAtMost(c, b)
 		if sum+opt[l].sums[bi] < target {
 			ch[l] = bi
 			sum += opt[l].sums[bi]
 			continue
 		}
 		need := target - sum
-		bl, bv := -1, int64(math.MaxInt64)
+		bl, bi, bv := -1, 0, int64(math.MaxInt64)
 		for _, m := range order[k:] {
-			i, _ := slices.BinarySearch(opt[m].sums, need)
-			if i < len(opt[m].sums) && opt[m].sums[i] <= c && opt[m].sums[i] < bv {
-				bl, bv = m, opt[m].sums[i]
-				ch[m] = i
+			if i, ok := opt[m].leastFrom(need, c, b); ok && opt[m].sums[i] < bv {
+				bl, bi, bv = m, i, opt[m].sums[i]
 			}
 		}
-		for _, m := range order[k:] {
-			if m != bl {
-				ch[m] = 0
-			}
+		if bl < 0 {
+			return nil, 0
 		}
+		for _, m := range order[k:] {
+			ch[m] = 0
+		}
+		ch[bl] = bi
 		return ch, sum + bv
 	}
 	return nil, 0
 }
 
-// bestAtMost returns the index of the largest sum <= c (sums[0] is 0).
-func bestAtMost(sums []int64, c int64) int {
-	i, ok := slices.BinarySearch(sums, c)
-	if ok {
-		return i
+// bestAtMost returns the index of the largest sum <= c among the options
+// whose gap is at most b (option 0, streaming nothing, always is).
+func (o *layerOptions) bestAtMost(c, b int64) int {
+	i, _ := slices.BinarySearch(o.sums, c+1)
+	for i--; i > 0; i-- {
+		if o.parts[i].anyGap <= b {
+			return i
+		}
 	}
-	return i - 1
+	return 0
+}
+
+// leastFrom returns the index of the smallest sum in [need, c] among the
+// options whose gap is at most b.
+func (o *layerOptions) leastFrom(need, c, b int64) (int, bool) {
+	i, _ := slices.BinarySearch(o.sums, need)
+	for ; i < len(o.sums) && o.sums[i] <= c; i++ {
+		if o.parts[i].anyGap <= b {
+			return i, true
+		}
+	}
+	return 0, false
 }

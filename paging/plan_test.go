@@ -76,7 +76,8 @@ func planModel() ModelInfo {
 
 func TestPlanStrategies(t *testing.T) {
 	info := planModel()
-	W, lmax := totalAndMax(info)
+	W, _ := totalAndMax(info)
+	lmax := ringLayer(info) // the largest layer as the ring holds it
 	fixed := reserveBytes(info, 64, 64, 1)
 	for _, frac := range []float64{0.15, 0.4, 0.7, 0.95, 1.2} {
 		budget := fixed + int64(frac*float64(W))
@@ -136,19 +137,22 @@ func TestPlanStrategies(t *testing.T) {
 			}
 		}
 	}
-	// with room for it, balanced prefetches
-	p, err := Plan(info, fixed+W*6/10, StrategyBalanced, 64, 1)
+	// With room for it, balanced prefetches. (The room is that for the
+	// ring's slack too: the largest tensors of this model, its embedding
+	// and head, are a third of a layer, so that it takes 65% of the
+	// weights, where separate allocations took 60%.)
+	p, err := Plan(info, fixed+W*7/10, StrategyBalanced, 64, 1)
 	if err != nil || p.PrefetchDepth < 1 {
-		t.Errorf("balanced at 60%%: depth %v, %v", p, err)
+		t.Errorf("balanced at 70%%: depth %v, %v", p, err)
 	}
 }
 
 func TestPlanTooSmall(t *testing.T) {
 	info := planModel()
-	W, lmax := totalAndMax(info)
+	W, _ := totalAndMax(info)
 	ctx := 128
 	fixed := reserveBytes(info, ctx, 128, 2)
-	min := fixed + lmax
+	min := fixed + ringLayer(info) // the largest layer streamed alone, laid out in the ring
 	for _, s := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
 		_, err := Plan(info, min-1, s, ctx, 2)
 		var be *BudgetError
@@ -217,7 +221,8 @@ func TestPlanRandomModels(t *testing.T) {
 	for it := range 200 {
 		src := randomSynth(rng, 2+rng.IntN(12), 6, 64)
 		info := smallDims(src, src.NumLayers())
-		W, lmax := totalAndMax(info)
+		W, _ := totalAndMax(info)
+		lmax := ringLayer(info) // the largest layer as the ring holds it
 		p0, err := Plan(info, 1<<40, StrategyMinimal, 8, 1)
 		if err != nil {
 			t.Fatal(err)
@@ -236,6 +241,45 @@ func TestPlanRandomModels(t *testing.T) {
 			if s != StrategyAggressive && p.StreamedBytes > X+X/20+lmax {
 				t.Errorf("iteration %d %s: streams %d, bound %d (X %d, lmax %d)", it, s, p.StreamedBytes, X+X/20+lmax, X, lmax)
 			}
+		}
+	}
+}
+
+// TestPlanLlama7BShape plans the Llama-2-7B shape (F16, 32 blocks of
+// hidden 4096 and intermediate 11008, vocabulary 32000) with nn's reserve
+// for the benchmark's context (581 positions, chunks of 512) at 2, 4 and
+// 8 GiB. Balanced prefetches at each; the ring's slack over separate
+// allocations is under one attention projection (32 MiB), not a whole MLP
+// matrix or the embedding; and the bytes streamed per token stay within
+// 1% of what the same plan streamed with each streamed tensor an
+// allocation of its own (2 GiB: 12933136384, 4 GiB: 10590617600, 8 GiB:
+// 6327115776 bytes).
+func TestPlanLlama7BShape(t *testing.T) {
+	src := llamaSynth(32, 4096, 11008, 4096, 32000)
+	layers, err := DescribeSource(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(n int64) int64 { return 4 * n }
+	info := ModelInfo{Layers: layers, NumLayers: 32, Reserve: Reserve{ // nn.Config.Reserve for the shape
+		{Category: KVCache, Bytes: row(4096), Per: PerPosition, Count: 2, PerBlock: true},
+		{Category: Workspace, Bytes: row(64), Per: PerPosition, Count: 2},
+		{Category: Activations, Bytes: row(4096), Per: PerToken, Count: 7},
+		{Category: Activations, Bytes: row(11008), Per: PerToken, Count: 2},
+		{Category: Activations, Bytes: row(32000), Per: PerToken, Count: 1, LastLayer: true},
+	}}
+	separate := map[int64]int64{2: 12933136384, 4: 10590617600, 8: 6327115776}
+	for _, gib := range []int64{2, 4, 8} {
+		p, err := Plan(info, gib<<30, StrategyBalanced, 581, 1, WithChunkTokens(512))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d GiB: ring %d bytes (slack %d), prefetch %d, streamed %d bytes a token (%+.2f%%), predicted peak %d",
+			gib, p.RingBytes, p.RingSlackBytes, p.PrefetchDepth, p.StreamedBytes,
+			100*float64(p.StreamedBytes-separate[gib])/float64(separate[gib]), p.PredictedPeakBytes)
+		if p.PrefetchDepth < 1 || p.RingSlackBytes >= 32<<20 || p.PredictedPeakBytes > gib<<30 ||
+			float64(p.StreamedBytes) > 1.01*float64(separate[gib]) {
+			t.Errorf("%d GiB: %s; slack %d", gib, p, p.RingSlackBytes)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 const (
 	EventAlloc     = "alloc"      // a tensor was allocated
 	EventFree      = "free"       // a tensor was freed
-	EventReserve   = "reserve"    // bytes were charged with no tensor yet (a streaming ring)
+	EventReserve   = "reserve"    // bytes were charged with no tensor behind them (unified memory)
 	EventUnreserve = "unreserve"  // a reservation was returned
 	EventLoadStart = "load_start" // a layer load began (demand or prefetch)
 	EventLoadEnd   = "load_end"   // a layer load finished; Bytes were uploaded

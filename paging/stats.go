@@ -25,8 +25,16 @@ type Stats struct {
 	Prefetches      int64 `json:"prefetches"`
 	PrefetchSkipped int64 `json:"prefetch_skipped"`
 	// PrefetchStale counts prefetches dropped because, by the time they
-	// ran, the layer was no longer among the next ones to be used.
+	// ran, the layer was no longer among the next ones to be used, or its
+	// place in the ring had gone to a demand load.
 	PrefetchStale int64 `json:"prefetch_stale"`
+	// PrefetchNoRoom counts prefetches dropped because the ring had no
+	// room for them without evicting the layers about to be used;
+	// OutsideRing counts streamed parts loaded outside the ring, in
+	// allocations of their own, because every ring part in their way was
+	// pinned (several users of one pager). A cyclic walk has neither.
+	PrefetchNoRoom int64 `json:"prefetch_no_room"`
+	OutsideRing    int64 `json:"outside_ring"`
 
 	BytesDiskToHost   int64 `json:"bytes_disk_to_host"`   // read from the source
 	BytesHostToDevice int64 `json:"bytes_host_to_device"` // uploaded to the device
@@ -179,8 +187,8 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 		fmt.Fprintf(sb, "%s\n", strings.Repeat("-", 86))
 		fmt.Fprintf(sb, " pager %d (%s, %d layers): resident %s, streamed on device %s, ring %s, %d pinned\n",
 			ps.Pager, ps.Strategy, ps.Layers, FormatSize(ps.ResidentWeightBytes), FormatSize(ps.StreamedWeightBytes), FormatSize(ps.RingBytes), ps.PinnedLayers)
-		fmt.Fprintf(sb, "   acquires %d: hits %d, misses %d (hit rate %.1f%%); loads %d, evictions %d, prefetches %d (%d skipped, %d stale)\n",
-			ps.Acquires, ps.Hits, ps.Misses, 100*ps.HitRate(), ps.Loads, ps.Evictions, ps.Prefetches, ps.PrefetchSkipped, ps.PrefetchStale)
+		fmt.Fprintf(sb, "   acquires %d: hits %d, misses %d (hit rate %.1f%%); loads %d, evictions %d, prefetches %d (%d skipped, %d stale, %d without room); %d parts outside the ring\n",
+			ps.Acquires, ps.Hits, ps.Misses, 100*ps.HitRate(), ps.Loads, ps.Evictions, ps.Prefetches, ps.PrefetchSkipped, ps.PrefetchStale, ps.PrefetchNoRoom, ps.OutsideRing)
 		fmt.Fprintf(sb, "   moved: disk->host %s, host->device %s; host cache %s of %s (hits %d, misses %d), pinned %s\n",
 			FormatSize(ps.BytesDiskToHost), FormatSize(ps.BytesHostToDevice), FormatSize(ps.HostCacheBytes), FormatSize(ps.HostCacheLimit),
 			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes))

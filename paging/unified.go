@@ -30,6 +30,9 @@ import (
 //
 // The managed bytes must fit in the device's free memory: AllocManaged
 // refuses anything else, so managed memory never oversubscribes the GPU.
+// Its charges to the budget are reservations that last until Close;
+// nothing of them can be evicted, so a Unified is not an Evictor of its
+// budget.
 type Unified struct {
 	src      Source
 	bg       *Budget
@@ -66,11 +69,11 @@ func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, p
 		layers: make([][]*tensor.Tensor, n), names: make([][]string, n), streamed: make([][]bool, n),
 		bytes: make([]int64, n), pins: make([]int, n)}
 	u.st.Strategy, u.st.Device, u.st.Layers = plan.Strategy, bg.Device(), n
-	if err := bg.charge(ResidentWeights, plan.ResidentBytes, -1, false, true); err != nil {
+	if err := bg.reserve(ResidentWeights, plan.ResidentBytes); err != nil {
 		return nil, err
 	}
 	u.charged[0] = plan.ResidentBytes
-	if err := bg.charge(StreamedWeights, plan.RingBytes, -1, false, true); err != nil {
+	if err := bg.reserve(StreamedWeights, plan.RingBytes); err != nil {
 		u.Close()
 		return nil, err
 	}
@@ -228,10 +231,10 @@ func (u *Unified) Close() error {
 	}
 	u.layers = nil
 	if u.charged[0] > 0 {
-		u.bg.uncharge(ResidentWeights, u.charged[0], -1, true)
+		u.bg.unreserve(ResidentWeights, u.charged[0])
 	}
 	if u.charged[1] > 0 {
-		u.bg.uncharge(StreamedWeights, u.charged[1], -1, true)
+		u.bg.unreserve(StreamedWeights, u.charged[1])
 	}
 	u.charged = [2]int64{}
 	return nil
