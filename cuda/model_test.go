@@ -98,11 +98,14 @@ func TestModelsLeaveNothing(t *testing.T) {
 	}
 	budget := probe.MinBudgetBytes + lm.WeightBytes()/4
 	for _, mode := range []paging.MemoryMode{paging.ModeExplicit, paging.ModeUnified, paging.ModeUnifiedNoPrefetch} {
-		plan, err := paging.Plan(info, budget, paging.StrategyBalanced, 32, 1, paging.WithChunkTokens(8))
+		plan, err := paging.Plan(info, budget, paging.StrategyBalanced, 32, 1, paging.WithChunkTokens(8), paging.WithDevice(b))
 		if err != nil {
 			t.Fatal(err)
 		}
-		bud := paging.NewBudget(b, budget, b.Name())
+		bud, err := paging.NewBudget(b, budget, b.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
 		srv, err := paging.NewServer(ctx, mode, nn.Source(lm), bud, plan, paging.Options{})
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
@@ -124,7 +127,7 @@ func TestModelsLeaveNothing(t *testing.T) {
 	// the device's gradients beside the plan.
 	T := len(prompt) - 1
 	info.Reserve = cfg.TrainReserve(T, 2, true)
-	opts := []paging.PlanOption{paging.WithChunkTokens(T)}
+	opts := []paging.PlanOption{paging.WithChunkTokens(T), paging.WithDevice(b)}
 	probe, err = paging.Plan(info, 1<<40, paging.StrategyAggressive, T, 1, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +137,10 @@ func TestModelsLeaveNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bud := paging.NewBudget(b, budget, b.Name())
+	bud, err := paging.NewBudget(b, budget, b.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
 	pager, err := paging.NewPager(nn.Source(lm), bud, plan, paging.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/strata-llm/strata/loader/fixtures"
-	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -51,7 +50,7 @@ func TestContextRefused(t *testing.T) {
 			cfg.SlidingWindow = c.window
 			b := tensor.NewCPU(1)
 			defer b.Close()
-			bud := paging.NewBudget(b, 1<<30, "cpu")
+			bud := newBudget(t, b, 1<<30, "cpu")
 			defer bud.Close()
 			check := func(what string, err error) {
 				t.Helper()

@@ -108,11 +108,11 @@ func TestCUDAFixtures(t *testing.T) {
 			for _, mode := range []paging.MemoryMode{paging.ModeExplicit, paging.ModeUnified, paging.ModeUnifiedNoPrefetch} {
 				for _, st := range []paging.Strategy{paging.StrategyMinimal, paging.StrategyBalanced, paging.StrategyAggressive} {
 					budget := probe.MinBudgetBytes + lm.WeightBytes()/4
-					plan, err := paging.Plan(info, budget, st, 32, 1, paging.WithChunkTokens(8))
+					plan, err := paging.Plan(info, budget, st, 32, 1, paging.WithChunkTokens(8), paging.WithDevice(b))
 					if err != nil {
 						t.Fatal(err)
 					}
-					bud := paging.NewBudget(b, budget, b.Name())
+					bud := newBudget(t, b, budget, b.Name())
 					srv, err := paging.NewServer(ctx, mode, Source(lm), bud, plan, paging.Options{})
 					if err != nil {
 						t.Fatalf("%s %s: %v", mode, st, err)

@@ -116,7 +116,7 @@ func BenchmarkCUDATrain(b *testing.B) {
 		}
 		for _, segments := range segs {
 			b.Run(fmt.Sprintf("%s/T=%d/resident/segments=%d", shape, tokens, segments), func(b *testing.B) {
-				budget := paging.NewBudget(be, 1<<40, be.Name())
+				budget := newBudget(b, be, 1<<40, be.Name())
 				defer budget.Close()
 				m, err := New(cfg, be, budget, hw)
 				if err != nil {
@@ -144,11 +144,11 @@ func BenchmarkCUDATrain(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/T=%d/budget=%s/segments=%d", shape, tokens, limitStr, segments), func(b *testing.B) {
 			info := info
 			info.Reserve = cfg.TrainReserve(tokens, segments, true)
-			plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 1, 1)
+			plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithDevice(be))
 			if err != nil {
 				b.Skipf("%d segments: %v", segments, err)
 			}
-			budget := paging.NewBudget(be, limit, be.Name())
+			budget := newBudget(b, be, limit, be.Name())
 			defer budget.Close()
 			pager, err := paging.NewPager(Source(lm), budget, plan, paging.Options{})
 			if err != nil {

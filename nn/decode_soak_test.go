@@ -48,7 +48,7 @@ func BenchmarkSoak(b *testing.B) {
 	}
 	cpu := tensor.NewCPU(1)
 	defer cpu.Close()
-	budget := paging.NewBudget(cpu, be.Needed, "cpu")
+	budget := newBudget(b, cpu, be.Needed, "cpu")
 	defer budget.Close()
 	pager, err := paging.NewPager(Source(lm), budget, plan, paging.Options{})
 	if err != nil {

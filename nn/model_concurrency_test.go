@@ -64,7 +64,7 @@ func TestConcurrentSessions(t *testing.T) {
 			}
 			b := tensor.NewCPU(2)
 			defer b.Close()
-			budget := paging.NewBudget(b, limit, "cpu")
+			budget := newBudget(t, b, limit, "cpu")
 			pager, err := paging.NewPager(Source(lm), budget, plan, paging.Options{})
 			if err != nil {
 				t.Fatal(err)

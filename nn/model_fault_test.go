@@ -236,7 +236,7 @@ func newRig(t testing.TB, strategy paging.Strategy, extra int64, opts paging.Opt
 		t.Fatal(err)
 	}
 	r.src = &faultReads{Source: Source(r.lm)}
-	r.budget = paging.NewBudget(r.b, r.limit, "cpu")
+	r.budget = newBudget(t, r.b, r.limit, "cpu")
 	if r.pager, err = paging.NewPager(r.src, r.budget, plan, opts); err != nil {
 		t.Fatal(err)
 	}

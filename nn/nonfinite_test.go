@@ -252,7 +252,7 @@ func TestNonFiniteWeightsRefusedOnLoad(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bud := paging.NewBudget(b, 1<<30, "cpu")
+		bud := newBudget(t, b, 1<<30, "cpu")
 		pager, err := paging.NewPager(Source(lm), bud, plan, paging.Options{})
 		if err != nil {
 			t.Fatal(err)

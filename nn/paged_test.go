@@ -11,6 +11,16 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
+// newBudget is paging.NewBudget for a test.
+func newBudget(t testing.TB, b tensor.Memory, limit int64, device string) *paging.Budget {
+	t.Helper()
+	bud, err := paging.NewBudget(b, limit, device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bud
+}
+
 // generateIDs runs a prompt and greedy decoding, returning every logit it
 // saw and the ids it chose.
 func generateIDs(t *testing.T, m *Model, prompt []int32, steps, maxPos, chunk int) ([]float32, []int32) {
@@ -93,7 +103,7 @@ func TestPagedBitIdentical(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s at %d: %v", strategy, budget, err)
 			}
-			bud := paging.NewBudget(b, budget, "cpu")
+			bud := newBudget(t, b, budget, "cpu")
 			pager, err := paging.NewPager(Source(lm), bud, plan, paging.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -142,7 +152,7 @@ func TestReserveCountsWhatNNAllocates(t *testing.T) {
 	r := cfg.Reserve()
 	const maxPos, chunk, batch = 37, 9, 2
 	bytes := func(r paging.Reserve, cat paging.Category, blocks int) int64 {
-		return r.Bytes(cat, blocks, maxPos, chunk, batch)
+		return r.Bytes(cat, blocks, maxPos, chunk, batch, nil)
 	}
 	if got, want := bytes(r, paging.KVCache, cfg.NumLayers), batch*cfg.KVCacheBytes(maxPos); got != want {
 		t.Errorf("KV cache %d, want %d", got, want)

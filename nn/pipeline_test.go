@@ -84,7 +84,7 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 					t.Fatalf("device %d (%d bytes for layers %v): %v", d, p.Budget, p.Layers, err)
 				}
 				plans = append(plans, plan)
-				bud := paging.NewBudget(b, p.Budget, b.Name())
+				bud := newBudget(t, b, p.Budget, b.Name())
 				budgets = append(budgets, bud)
 				srv, err := paging.NewPager(StageSource(Source(lm), p.Layers), bud, plan, paging.Options{})
 				if err != nil {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
-	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -313,7 +312,7 @@ func TestTrainErrors(t *testing.T) {
 	// A budget too small for the activations: an out-of-memory error and
 	// nothing left allocated.
 	cfg := m.Config()
-	budget := paging.NewBudget(m.Backend(), cfg.TrainActivationBytes(11, 1)/2, "cpu")
+	budget := newBudget(t, m.Backend(), cfg.TrainActivationBytes(11, 1)/2, "cpu")
 	defer budget.Close()
 	small, err := New(m.Config(), m.Backend(), budget, p)
 	if err != nil {

@@ -147,7 +147,7 @@ func checkTrainFixture(t *testing.T, b tensor.Backend) {
 	var plain Grads
 	var peaks []int64
 	for _, segments := range []int{0, 1, 2, 4} {
-		budget := paging.NewBudget(b, 1<<30, b.Name())
+		budget := newBudget(t, b, 1<<30, b.Name())
 		m, err := New(cfg, b, budget, hw)
 		if err != nil {
 			t.Fatal(err)
@@ -311,7 +311,7 @@ func checkTrainPaged(t *testing.T, b tensor.Backend) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			budget := paging.NewBudget(b, limit, b.Name())
+			budget := newBudget(t, b, limit, b.Name())
 			pager, err := paging.NewPager(Source(lm), budget, plan, paging.Options{})
 			if err != nil {
 				t.Fatal(err)
@@ -421,7 +421,7 @@ func TestTrainStagedGrads(t *testing.T) {
 	inputs, targets := NextToken(ids)
 	for _, segments := range []int{1, 2} {
 		run := func(staged bool) (first, second Grads) {
-			budget := paging.NewBudget(b, 1<<30, "cpu")
+			budget := newBudget(t, b, 1<<30, "cpu")
 			defer budget.Close()
 			m, err := New(cfg, b, budget, hw)
 			if err != nil {

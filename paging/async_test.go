@@ -65,7 +65,7 @@ func TestAsyncUploadsOrdered(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s at %.0f%%: %v", strategy, 100*frac, err)
 			}
-			bg := NewBudget(be, budget, "fake")
+			bg := newBudget(t, be, budget, "fake")
 			p, err := NewPager(src, bg, plan, Options{})
 			if err != nil {
 				t.Fatal(err)

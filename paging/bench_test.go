@@ -62,7 +62,7 @@ func BenchmarkBytesPerToken(b *testing.B) {
 			opt := max(0, W-(budget-fixed))
 			var perToken float64
 			b.Run(fmt.Sprintf("%s/%d%%", s, pct), func(b *testing.B) {
-				bg := NewBudget(newFake(), budget, "fake")
+				bg := newBudget(b, newFake(), budget, "fake")
 				defer bg.Close()
 				free := nnReserve(b, bg, plan)
 				defer free()

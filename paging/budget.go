@@ -16,18 +16,35 @@ import (
 // it remembers the peak. It implements Allocator, so nn takes its KV cache
 // and activations from it; the Pager takes its weights from it.
 //
-// When an allocation does not fit, the Budget asks its Evictors (the
-// pagers that use it) to evict layers that are neither pinned nor in a
-// streaming ring, least recently used first across all of them; if that
-// does not make room, the allocation fails with an error wrapping
+// On a backend with a caching allocator (tensor.CachingAllocator: the CUDA
+// backend) the budget holds every device byte the process takes through
+// it: an allocation is charged the block the backend takes for it
+// (AllocSize), the freed blocks the backend keeps for reuse are charged to
+// Cached, and the memory the backend holds outside Alloc (the cuBLAS
+// workspace) is charged to Workspace from NewBudget on. Use one Budget per
+// such backend: the cache is the backend's, not the budget's.
+//
+// When an allocation does not fit, the Budget first returns the backend's
+// cached blocks to the driver (Trim), then asks its Evictors (the pagers
+// that use it) to evict layers that are neither pinned nor in a streaming
+// ring, least recently used first across all of them; if that does not
+// make room, the allocation fails with an error wrapping
 // tensor.ErrOutOfMemory.
 //
 // A Budget is safe for concurrent use.
 type Budget struct {
 	b      tensor.Memory
+	cache  tensor.CachingAllocator // nil when the backend keeps no freed blocks
+	fixed  int64                   // device bytes held outside Alloc, reserved from NewBudget to Close
 	device string
 	limit  int64
 	clock  atomic.Uint64 // LRU stamps shared by every evictor of this budget
+
+	// cacheMu orders the changes the budget makes to the backend's cache
+	// (a Free, then its uncharge; a Trim) with every reading of it, so that
+	// no block is counted both in its category and in the cache. (An
+	// allocation taking a block from the cache only lowers it.)
+	cacheMu sync.Mutex
 
 	mu      sync.Mutex
 	used    int64 // bytes charged, all categories
@@ -44,15 +61,17 @@ type Budget struct {
 }
 
 type liveAlloc struct {
-	cat   Category
-	bytes int64
-	layer int
+	cat     Category
+	bytes   int64 // the tensor's bytes
+	charged int64 // what the device takes for it (AllocSize), charged to cat
+	layer   int
 }
 
 // CategoryStats are the accounts of one category. Reserved bytes are those
 // charged against the budget; Allocated bytes are those held by live
-// tensors. They differ for charges with no tensor behind them: unified
-// memory's share of the weights.
+// tensors (the blocks the device takes for them). They differ for charges
+// with no tensor behind them: unified memory's share of the weights, the
+// device's fixed workspace, and the backend's cache of freed blocks.
 type CategoryStats struct {
 	Category      string `json:"category"`
 	Allocated     int64  `json:"allocated_bytes"`
@@ -66,10 +85,18 @@ type CategoryStats struct {
 	Leaked int64 `json:"leaked_bytes,omitempty"`
 }
 
+// ErrFixedOverBudget is wrapped by NewBudget when the memory the backend
+// holds outside Alloc does not fit in the limit.
+var ErrFixedOverBudget = errors.New("budget smaller than the device memory held outside allocations")
+
 // NewBudget returns a budgeted allocator of limit bytes over backend b.
 // device names the device in summaries and snapshots; empty means b.Name().
 // A limit <= 0 refuses every allocation.
-func NewBudget(b tensor.Memory, limit int64, device string) *Budget {
+//
+// When b holds memory outside Alloc (tensor.CachingAllocator's Fixed: the
+// cuBLAS workspace), that memory is charged to Workspace at once; a limit
+// smaller than it fails with an error wrapping ErrFixedOverBudget.
+func NewBudget(b tensor.Memory, limit int64, device string) (*Budget, error) {
 	if device == "" {
 		device = b.Name()
 	}
@@ -80,7 +107,20 @@ func NewBudget(b tensor.Memory, limit int64, device string) *Budget {
 	for c := range bg.cats {
 		bg.cats[c].Category = Category(c).String()
 	}
-	return bg
+	if ca, ok := tensor.Caching(b); ok {
+		bg.cache = ca
+		bg.cats[Cached].Reserved = ca.Cached()
+		bg.used = bg.cats[Cached].Reserved
+		bg.peak = bg.used
+		if fixed := ca.Fixed(); fixed > 0 {
+			if err := bg.reserve(Workspace, fixed); err != nil {
+				return nil, fmt.Errorf("paging: budget %s: %w: %s, the device holds %s outside allocations (library workspace)",
+					device, ErrFixedOverBudget, FormatSize(limit), FormatSize(fixed))
+			}
+			bg.fixed = fixed
+		}
+	}
+	return bg, nil
 }
 
 // Backend returns the backend the budget allocates from.
@@ -155,16 +195,21 @@ func (bg *Budget) Free(t *tensor.Tensor) {
 	}
 	delete(bg.live, t)
 	bg.mu.Unlock()
+	if bg.cache != nil {
+		bg.cacheMu.Lock()
+		defer bg.cacheMu.Unlock()
+	}
 	// Free before uncharging, so the backend never holds more than the limit.
 	bg.b.Free(t)
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	c := &bg.cats[la.cat]
-	c.Allocated -= la.bytes
+	c.Allocated -= la.charged
 	c.Frees++
-	c.Reserved -= la.bytes
-	bg.used -= la.bytes
-	bg.recordLocked(Event{Kind: EventFree, Category: la.cat.String(), Layer: la.layer, Bytes: la.bytes, Charged: -la.bytes})
+	c.Reserved -= la.charged
+	bg.used -= la.charged
+	bg.recordLocked(Event{Kind: EventFree, Category: la.cat.String(), Layer: la.layer, Bytes: la.charged, Charged: -la.charged})
+	bg.syncCachedLocked() // the block may have gone to the backend's cache
 }
 
 func tensorBytes(dt tensor.DType, shape tensor.Shape) (int64, error) {
@@ -178,37 +223,51 @@ func tensorBytes(dt tensor.DType, shape tensor.Shape) (int64, error) {
 	return n * int64(dt.Size()), nil
 }
 
+// allocSize is what an allocation of n bytes takes from the device.
+func (bg *Budget) allocSize(n int64) int64 {
+	if bg.cache == nil || n == 0 {
+		return n
+	}
+	return max(bg.cache.AllocSize(n), n)
+}
+
 // alloc allocates a tensor charged to cat on behalf of layer (-1 for none);
 // evict says whether the evictors' layers may be evicted to make room.
 func (bg *Budget) alloc(cat Category, dt tensor.DType, shape tensor.Shape, layer int, evict evictPolicy) (*tensor.Tensor, error) {
-	if cat < 0 || cat >= numCategories {
-		return nil, fmt.Errorf("paging: budget %s: unknown category %d", bg.device, int(cat))
+	if cat < 0 || cat >= numCategories || cat == Cached {
+		return nil, fmt.Errorf("paging: budget %s: cannot allocate for category %v", bg.device, cat)
 	}
 	n, err := tensorBytes(dt, shape)
 	if err != nil {
 		return nil, fmt.Errorf("paging: budget %s: %s: %v", bg.device, cat, err)
 	}
-	if err := bg.charge(cat, n, evict); err != nil {
+	size := bg.allocSize(n)
+	if err := bg.charge(cat, size, evict); err != nil {
 		return nil, err
 	}
 	t, err := bg.b.Alloc(dt, shape)
 	if err != nil {
-		bg.uncharge(cat, n)
+		bg.uncharge(cat, size)
 		return nil, fmt.Errorf("paging: budget %s: allocating %s for %s (%v %v): %w", bg.device, FormatSize(n), cat, dt, shape, err)
 	}
+	if bg.cache != nil {
+		bg.cacheMu.Lock()
+		defer bg.cacheMu.Unlock()
+	}
 	bg.mu.Lock()
-	bg.live[t] = liveAlloc{cat: cat, bytes: n, layer: layer}
+	bg.live[t] = liveAlloc{cat: cat, bytes: n, charged: size, layer: layer}
 	c := &bg.cats[cat]
-	c.Allocated += n
+	c.Allocated += size
 	c.PeakAllocated = max(c.PeakAllocated, c.Allocated)
 	c.Allocs++
-	bg.recordLocked(Event{Kind: EventAlloc, Category: cat.String(), Layer: layer, Bytes: n, Charged: n})
+	bg.recordLocked(Event{Kind: EventAlloc, Category: cat.String(), Layer: layer, Bytes: size, Charged: size})
+	bg.syncCachedLocked() // the block may have come from the backend's cache
 	bg.mu.Unlock()
 	return t, nil
 }
 
-// charge counts n bytes against the budget, evicting layers until they fit
-// when evict allows.
+// charge counts n bytes against the budget, trimming the backend's cache
+// and, when evict allows, evicting layers until they fit.
 func (bg *Budget) charge(cat Category, n int64, evict evictPolicy) error {
 	failed := 0
 	for {
@@ -226,9 +285,26 @@ func (bg *Budget) charge(cat Category, n int64, evict evictPolicy) error {
 			bg.mu.Unlock()
 			return nil
 		}
-		used := bg.used
+		used, cached := bg.used, bg.cats[Cached].Reserved
 		bg.mu.Unlock()
-		if n > bg.limit || evict == noEvict {
+		if n > bg.limit-bg.fixed {
+			return bg.oomError(cat, n, used)
+		}
+		if cached > 0 {
+			// Freed blocks the backend keeps count against the budget:
+			// give them back to the driver before evicting layers (an
+			// eviction's blocks land in the cache too).
+			if err := bg.trim(); err != nil {
+				return fmt.Errorf("paging: budget %s: making room for %s of %s: %w", bg.device, FormatSize(n), cat, err)
+			}
+			bg.mu.Lock()
+			trimmed := bg.cats[Cached].Reserved < cached
+			bg.mu.Unlock()
+			if trimmed {
+				continue
+			}
+		}
+		if evict == noEvict {
 			return bg.oomError(cat, n, used)
 		}
 		switch bg.reclaimOne() {
@@ -251,14 +327,19 @@ func (bg *Budget) oomError(cat Category, n, used int64) error {
 
 // uncharge returns the bytes of a charge whose allocation failed.
 func (bg *Budget) uncharge(cat Category, n int64) {
+	if bg.cache != nil {
+		bg.cacheMu.Lock()
+		defer bg.cacheMu.Unlock()
+	}
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	bg.used -= n
 	bg.cats[cat].Reserved -= n
+	bg.syncCachedLocked() // a failed allocation may have trimmed the backend's cache
 }
 
 // reserve charges n bytes with no tensor behind them (unified memory's
-// share of the weights), never evicting.
+// share of the weights, the device's fixed workspace), never evicting.
 func (bg *Budget) reserve(cat Category, n int64) error {
 	if err := bg.charge(cat, n, noEvict); err != nil {
 		return err
@@ -274,6 +355,42 @@ func (bg *Budget) unreserve(cat Category, n int64) {
 	bg.used -= n
 	bg.cats[cat].Reserved -= n
 	bg.recordLocked(Event{Kind: EventUnreserve, Category: cat.String(), Layer: -1, Bytes: n, Charged: -n})
+}
+
+// trim returns the backend's cached blocks to the driver.
+func (bg *Budget) trim() error {
+	if bg.cache == nil {
+		return nil
+	}
+	bg.cacheMu.Lock()
+	defer bg.cacheMu.Unlock()
+	_, err := bg.cache.Trim()
+	bg.mu.Lock()
+	bg.syncCachedLocked()
+	bg.mu.Unlock()
+	return err
+}
+
+// syncCachedLocked charges the backend's cache of freed blocks as it is
+// now; the caller holds cacheMu and mu. Allocations charge their whole
+// block before taking it, from the cache or the driver, and frees uncharge
+// it after it went to the cache, so the charges never fall below what the
+// device holds.
+func (bg *Budget) syncCachedLocked() {
+	if bg.cache == nil {
+		return
+	}
+	now := bg.cache.Cached()
+	c := &bg.cats[Cached]
+	d := now - c.Reserved
+	if d == 0 {
+		return
+	}
+	c.Reserved = now
+	c.PeakReserved = max(c.PeakReserved, now)
+	bg.used += d
+	bg.peak = max(bg.peak, bg.used)
+	bg.recordLocked(Event{Kind: EventCache, Category: Cached.String(), Layer: -1, Bytes: max(d, -d), Charged: d})
 }
 
 // Evictor is what holds budget bytes it can give back: a Pager's layers
@@ -370,9 +487,9 @@ func (bg *Budget) reclaimOne() reclaimResult {
 // evictors still registered or bytes still reserved.
 var ErrLeak = errors.New("allocations still live")
 
-// Close frees every tensor still allocated from the budget. It does not
-// close the pagers that use the budget: whoever made a pager closes it
-// first. Tensors still
+// Close frees every tensor still allocated from the budget and returns the
+// backend's cached blocks to the driver. It does not close the pagers that
+// use the budget: whoever made a pager closes it first. Tensors still
 // allocated, evictors still registered and reservations still charged are
 // reported as an error wrapping ErrLeak: whoever made them forgot to free,
 // close or return them. Close is idempotent; after it every allocation
@@ -388,7 +505,7 @@ func (bg *Budget) Close() error {
 	var count int
 	var ts []*tensor.Tensor
 	for t, la := range bg.live {
-		leaked[la.cat] += la.bytes
+		leaked[la.cat] += la.charged
 		count++
 		ts = append(ts, t)
 	}
@@ -399,8 +516,20 @@ func (bg *Budget) Close() error {
 	for _, t := range ts {
 		bg.Free(t)
 	}
+	var errs []error
+	if err := bg.trim(); err != nil {
+		errs = append(errs, fmt.Errorf("paging: budget %s: returning the cached blocks at Close: %w", bg.device, err))
+	}
+	if bg.fixed > 0 {
+		bg.unreserve(Workspace, bg.fixed)
+	}
 	evictors := len(bg.registered())
 	bg.mu.Lock()
+	if c := bg.cats[Cached].Reserved; c > 0 { // held by other users of the backend: no longer this budget's
+		bg.cats[Cached].Reserved = 0
+		bg.used -= c
+		bg.recordLocked(Event{Kind: EventCache, Category: Cached.String(), Layer: -1, Bytes: c, Charged: -c})
+	}
 	var reserved [numCategories]int64
 	var reservedAll int64
 	for c := range bg.cats {
@@ -431,7 +560,7 @@ func (bg *Budget) Close() error {
 		parts = append(parts, fmt.Sprintf("reservations still charged (%s)", strings.Join(cats, ", ")))
 	}
 	if len(parts) > 0 {
-		return fmt.Errorf("paging: budget %s: %w at Close: %s", bg.device, ErrLeak, strings.Join(parts, "; "))
+		errs = append(errs, fmt.Errorf("paging: budget %s: %w at Close: %s", bg.device, ErrLeak, strings.Join(parts, "; ")))
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -14,7 +14,7 @@ import (
 
 func TestBudgetRefusesOverLimit(t *testing.T) {
 	fb := newFake()
-	bg := NewBudget(fb, 1000, "fake:0")
+	bg := newBudget(t, fb, 1000, "fake:0")
 	a, err := bg.Alloc(KVCache, tensor.F32, tensor.Shape{200}) // 800 bytes
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func TestBudgetRefusesOverLimit(t *testing.T) {
 func TestBudgetConcurrentNeverExceeds(t *testing.T) {
 	fb := newFake()
 	const limit = 10000
-	bg := NewBudget(fb, limit, "")
+	bg := newBudget(t, fb, limit, "")
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Add(1)
@@ -66,7 +66,8 @@ func TestBudgetConcurrentNeverExceeds(t *testing.T) {
 			defer wg.Done()
 			var held []*tensor.Tensor
 			for i := range 300 {
-				if tt, err := bg.Alloc(Category(i%int(numCategories)), tensor.F32, tensor.Shape{1 + (i*7+w)%300}); err == nil {
+				// every category a tensor can be charged to: all but Cached
+				if tt, err := bg.Alloc(Category(i%int(Cached)), tensor.F32, tensor.Shape{1 + (i*7+w)%300}); err == nil {
 					held = append(held, tt)
 				} else if !errors.Is(err, tensor.ErrOutOfMemory) {
 					t.Error(err)
@@ -112,7 +113,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := NewBudget(newFake(), budget, "fake:0")
+	bg := newBudget(t, newFake(), budget, "fake:0")
 	bg.RecordHistory(100000)
 	free := nnReserve(t, bg, plan)
 	pg, err := NewPager(src, bg, plan, Options{})

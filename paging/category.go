@@ -17,10 +17,11 @@ const (
 	Activations                     // per-step buffers of the forward pass
 	Workspace                       // scratch for kernels and libraries
 	Gradients                       // training: one layer's gradients on their way to the host
+	Cached                          // freed blocks the backend's allocator keeps for reuse
 	numCategories
 )
 
-var categoryNames = [...]string{"resident weights", "streamed weights", "kv cache", "activations", "workspace", "gradients"}
+var categoryNames = [...]string{"resident weights", "streamed weights", "kv cache", "activations", "workspace", "gradients", "cached"}
 
 func (c Category) String() string {
 	if c >= 0 && c < numCategories {

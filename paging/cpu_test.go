@@ -22,7 +22,7 @@ func TestCPUBackend(t *testing.T) {
 	}
 	cpu := tensor.NewCPU(1)
 	defer cpu.Close()
-	bg := NewBudget(cpu, budget, "")
+	bg := newBudget(t, cpu, budget, "")
 	free := nnReserve(t, bg, plan)
 	pg, err := NewPager(src, bg, plan, Options{})
 	if err != nil {

@@ -70,7 +70,7 @@ func (h *heldEvictor) freeAll() {
 // evictor unregistered is not asked; Close reports evictors still
 // registered, and a Pager unregisters itself when it closes.
 func TestEvictors(t *testing.T) {
-	bg := NewBudget(newFake(), 10000, "fake:0")
+	bg := newBudget(t, newFake(), 10000, "fake:0")
 	a, b := &heldEvictor{bg: bg}, &heldEvictor{bg: bg}
 	unA, unB := bg.Register(a), bg.Register(b)
 	a1 := a.take(t, 2000)
@@ -113,7 +113,7 @@ func TestEvictors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg = NewBudget(newFake(), 1<<30, "")
+	bg = newBudget(t, newFake(), 1<<30, "")
 	pg, err := NewPager(src, bg, plan, Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"unsafe"
 
 	"github.com/strata-llm/strata/tensor"
@@ -316,9 +317,19 @@ func smallDims(src Source, blocks int) ModelInfo {
 func reserveBytes(info ModelInfo, contextLen, chunk, batch int) int64 {
 	var n int64
 	for c := range numCategories {
-		n += info.Reserve.Bytes(c, info.NumLayers, contextLen, chunk, batch)
+		n += info.Reserve.Bytes(c, info.NumLayers, contextLen, chunk, batch, nil)
 	}
 	return n
+}
+
+// newBudget is NewBudget for a test.
+func newBudget(t testing.TB, b tensor.Memory, limit int64, device string) *Budget {
+	t.Helper()
+	bg, err := NewBudget(b, limit, device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bg
 }
 
 // ringLayer is the largest layer laid out in the ring, each tensor aligned:

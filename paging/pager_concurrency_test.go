@@ -63,7 +63,7 @@ func concurrentRun(t *testing.T, kind string, strategy Strategy, rate float64, r
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := NewBudget(be, budget, "fault")
+	bg := newBudget(t, be, budget, "fault")
 	free := nnReserve(t, bg, plan)
 	p, err := NewPager(src, bg, plan, Options{HostCacheBytes: W / 3})
 	if err != nil {

@@ -466,7 +466,7 @@ func faultSweep(t *testing.T, be tensor.Memory, fb *faultBackend, f *faults, str
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := NewBudget(be, budget, "fault")
+	bg := newBudget(t, be, budget, "fault")
 	free := nnReserve(t, bg, plan)
 	newPager := func() *Pager {
 		p, err := NewPager(src, bg, plan, Options{HostCacheBytes: W / 2})

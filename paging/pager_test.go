@@ -102,7 +102,7 @@ func TestCyclicScanBound(t *testing.T) {
 					t.Fatalf("%s: %v", name, err)
 				}
 				fb := newFake()
-				bg := NewBudget(fb, budget, "fake:0")
+				bg := newBudget(t, fb, budget, "fake:0")
 				free := nnReserve(t, bg, plan)
 				pg, err := NewPager(src, bg, plan, Options{})
 				if err != nil {
@@ -243,7 +243,7 @@ func TestRandomised(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			fb = pageableBackend{fb}
 		}
-		bg := NewBudget(fb, budget, "fake:0")
+		bg := newBudget(t, fb, budget, "fake:0")
 		bg.RecordHistory(1 << 16)
 		free := nnReserve(t, bg, plan)
 		opts := Options{}
@@ -352,7 +352,7 @@ func TestSingleLoadForConcurrentAcquires(t *testing.T) {
 		t.Fatal(err)
 	}
 	fb := newFake()
-	bg := NewBudget(fb, 1<<30, "")
+	bg := newBudget(t, fb, 1<<30, "")
 	pg, err := NewPager(src, bg, plan, Options{PrefetchDepth: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -409,7 +409,7 @@ func TestCancelDuringLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	fb := newFake()
-	bg := NewBudget(fb, budget, "")
+	bg := newBudget(t, fb, budget, "")
 	free := nnReserve(t, bg, plan)
 	pg, err := NewPager(src, bg, plan, Options{})
 	if err != nil {
@@ -468,7 +468,7 @@ func TestCancelWaitingForRing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := NewBudget(newFake(), plan.Budget, "")
+	bg := newBudget(t, newFake(), plan.Budget, "")
 	free := nnReserve(t, bg, plan)
 	defer bg.Close()
 	defer free()
@@ -513,7 +513,7 @@ func TestSharedBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	fb := newFake()
-	bg := NewBudget(fb, budget, "fake:0")
+	bg := newBudget(t, fb, budget, "fake:0")
 	ga, err := NewPager(a, bg, pa2, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -584,7 +584,7 @@ func TestHostCache(t *testing.T) {
 		if !tc.pinned {
 			b = pageableBackend{fb}
 		}
-		bg := NewBudget(b, budget, "")
+		bg := newBudget(t, b, budget, "")
 		free := nnReserve(t, bg, plan)
 		pg, err := NewPager(src, bg, plan, Options{HostCacheBytes: tc.host})
 		if err != nil {
@@ -628,7 +628,7 @@ func TestPagerBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := NewBudget(newFake(), 1<<30, "")
+	bg := newBudget(t, newFake(), 1<<30, "")
 	defer bg.Close()
 	other := llamaSynth(3, 16, 32, 8, 32)
 	if _, err := NewPager(other, bg, plan, Options{}); err == nil {
@@ -672,7 +672,7 @@ func TestStreamingRecyclesReadBuffers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := NewBudget(be, probe.MinBudgetBytes, "fake:0")
+	bg := newBudget(t, be, probe.MinBudgetBytes, "fake:0")
 	free := nnReserve(t, bg, plan)
 	defer free()
 	pg, err := NewPager(src, bg, plan, Options{HostCacheBytes: -1})

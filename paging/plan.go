@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/strata-llm/strata/tensor"
 )
 
 // Strategy says how the planner trades device memory for streaming.
@@ -86,9 +88,10 @@ type ModelInfo struct {
 
 // Reserve is the device memory that the weights' user allocates from the
 // budget beside the weights, buffer by buffer, so that Plan can scale it to
-// its context length, prefill chunk and batch, and ModelInfo.Stage to one
-// device's share. The user describes its own buffers (nn.Config.Reserve,
-// nn.Config.TrainReserve): paging knows none of them.
+// its context length, prefill chunk and batch, ModelInfo.Stage to one
+// device's share, and WithDevice to the blocks the device's allocator
+// takes for each tensor. The user describes its own buffers
+// (nn.Config.Reserve, nn.Config.TrainReserve): paging knows none of them.
 type Reserve []Buffer
 
 // Buffer is Count tensors of one size that the weights' user allocates
@@ -121,8 +124,9 @@ const (
 
 // Bytes returns the bytes the reserve's buffers of cat take for contextLen
 // positions, chunks of chunk tokens and batch sequences on a device
-// holding blocks decoder blocks.
-func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int) int64 {
+// holding blocks decoder blocks, each tensor counted as size says the
+// device's allocator takes it (nil: its bytes).
+func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int, size func(int64) int64) int64 {
 	var total int64
 	for _, b := range r {
 		if b.Category != cat {
@@ -138,6 +142,9 @@ func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int) int64
 		if b.PerBlock {
 			count *= int64(blocks)
 		}
+		if size != nil && n > 0 {
+			n = size(n)
+		}
 		total += n * count
 	}
 	return total
@@ -145,7 +152,7 @@ func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int) int64
 
 func (r Reserve) check() error {
 	for i, b := range r {
-		if b.Bytes < 0 || b.Count < 0 || b.Per < Once || b.Per > PerToken || b.Category < KVCache || b.Category >= numCategories {
+		if b.Bytes < 0 || b.Count < 0 || b.Per < Once || b.Per > PerToken || b.Category < KVCache || b.Category >= Cached {
 			return fmt.Errorf("paging: plan: reserve buffer %d %+v: want bytes and count >= 0, a known Per and a category of nn's buffers", i, b)
 		}
 	}
@@ -182,6 +189,8 @@ type PlanOption func(*planOptions)
 type planOptions struct {
 	chunk       int
 	maxPrefetch int
+	allocSize   func(int64) int64 // nil: a tensor takes its bytes
+	deviceFixed int64
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
@@ -191,6 +200,20 @@ func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk =
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).
 func WithMaxPrefetch(n int) PlanOption { return func(o *planOptions) { o.maxPrefetch = n } }
+
+// WithDevice plans for b's memory as a Budget over b charges it: when b's
+// allocator caches blocks (tensor.CachingAllocator), each resident tensor,
+// the ring and each tensor of the reserve count the block the allocator
+// takes for them, and the memory b holds outside allocations (library
+// workspace) is reserved as workspace. Other backends change nothing.
+func WithDevice(b tensor.Memory) PlanOption {
+	return func(o *planOptions) {
+		if ca, ok := tensor.Caching(b); ok {
+			o.allocSize = func(n int64) int64 { return max(ca.AllocSize(n), n) }
+			o.deviceFixed = ca.Fixed()
+		}
+	}
+}
 
 // LayerPlan is one layer's part of a plan.
 type LayerPlan struct {
@@ -213,8 +236,10 @@ type PlanResult struct {
 	ChunkTokens int      `json:"chunk_tokens"`
 	WeightBytes int64    `json:"weight_bytes"`
 	// The reserve for what nn allocates (ModelInfo.Reserve) for ContextLen
-	// positions, chunks of ChunkTokens and Batch sequences; WorkspaceBytes
-	// includes gradients.
+	// positions, chunks of ChunkTokens and Batch sequences, each tensor as
+	// the device's allocator takes it (WithDevice); WorkspaceBytes
+	// includes gradients and the memory the device holds outside
+	// allocations.
 	KVCacheBytes    int64 `json:"kv_cache_bytes"`
 	ActivationBytes int64 `json:"activation_bytes"`
 	WorkspaceBytes  int64 `json:"workspace_bytes"`
@@ -241,9 +266,12 @@ type PlanResult struct {
 	PrefetchDepth  int   `json:"prefetch_depth"`
 	// HostCacheBytes is the host RAM worth keeping streamed parts in.
 	HostCacheBytes int64 `json:"host_cache_bytes"`
-	// PredictedPeakBytes = resident + ring + KV cache + activations +
-	// workspace: what the budget holds once every resident layer is
-	// loaded and nn has allocated its reserve.
+	// DeviceOverheadBytes is what the device's allocator adds to the
+	// resident tensors and the ring (its block sizes, WithDevice).
+	DeviceOverheadBytes int64 `json:"device_overhead_bytes,omitempty"`
+	// PredictedPeakBytes = resident + ring + device overhead + KV cache +
+	// activations + workspace: what the budget holds once every resident
+	// layer is loaded and nn has allocated its reserve.
 	PredictedPeakBytes int64 `json:"predicted_peak_bytes"`
 	// MinBudgetBytes is the smallest budget any streaming strategy plans
 	// with: a ring for the largest layer, the KV cache, activations and
@@ -293,20 +321,27 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if err := model.Reserve.check(); err != nil {
 		return nil, err
 	}
+	size := o.allocSize
+	if size == nil {
+		size = func(n int64) int64 { return n }
+	}
 	n := len(model.Layers)
 	units := make([][]unit, n)
-	var W, lmax int64
+	var W, Wc, lmax int64 // weight bytes, what they take on the device, the largest layer
 	for l, li := range model.Layers {
-		us, bytes, err := layerUnits(l, li)
+		us, bytes, err := layerUnits(l, li, size)
 		if err != nil {
 			return nil, err
 		}
 		units[l] = us
 		W += bytes
+		for _, u := range us {
+			Wc += u.cost
+		}
 		lmax = max(lmax, bytes)
 	}
 	reserve := func(cat Category) int64 {
-		return model.Reserve.Bytes(cat, model.NumLayers, contextLen, o.chunk, batch)
+		return model.Reserve.Bytes(cat, model.NumLayers, contextLen, o.chunk, batch, o.allocSize)
 	}
 	p := &PlanResult{
 		Strategy:        strategy,
@@ -317,7 +352,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		WeightBytes:     W,
 		KVCacheBytes:    reserve(KVCache),
 		ActivationBytes: reserve(Activations),
-		WorkspaceBytes:  reserve(Workspace) + reserve(Gradients),
+		WorkspaceBytes:  reserve(Workspace) + reserve(Gradients) + o.deviceFixed,
 	}
 	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes
 	opt := make([]layerOptions, n)
@@ -328,15 +363,20 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	for l := range opt {
 		full[l] = len(opt[l].sums) - 1
 	}
-	ringCost := func(choice []int, d int) int64 { return ringBytes(ringParts(opt, choice), d) }
+	ringCost := func(choice []int, d int) int64 {
+		if rb := ringBytes(ringParts(opt, choice), d); rb > 0 {
+			return size(rb)
+		}
+		return 0
+	}
 	// The smallest streaming plan streams everything through a ring for
 	// the largest layer, without prefetch.
 	lring := ringCost(full, 0)
 	p.MinBudgetBytes = fixed + lring
 	detail := fmt.Sprintf("weights %s (largest layer %s), KV cache %s for %d positions x %d, activations %s for %d tokens, workspace %s",
 		FormatSize(W), FormatSize(lmax), FormatSize(p.KVCacheBytes), contextLen, batch, FormatSize(p.ActivationBytes), o.chunk*batch, FormatSize(p.WorkspaceBytes))
-	if strategy == StrategyNone && budget < fixed+W {
-		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: fixed + W, Detail: "every layer resident: " + detail}
+	if strategy == StrategyNone && budget < fixed+Wc {
+		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: fixed + Wc, Detail: "every layer resident: " + detail}
 	}
 	if budget < p.MinBudgetBytes {
 		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: p.MinBudgetBytes, Detail: "the largest layer streamed alone: " + detail}
@@ -344,7 +384,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	avail := budget - fixed
 	var choice []int
 	depth := 0
-	X := W - avail
+	X := Wc - avail
 	switch {
 	case strategy == StrategyAggressive:
 		choice = full
@@ -357,12 +397,12 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	case X <= 0: // none, or everything fits
 		choice = make([]int, n)
 	case strategy == StrategyMinimal:
-		choice, _ = chooseStreamed(opt, W, X, avail, 0, ringCost)
+		choice, _ = chooseStreamed(opt, Wc, X, avail, 0, ringCost)
 	case strategy == StrategyBalanced:
 		bound := X + X/20 + lring
-		choice, _ = chooseStreamed(opt, W, X, avail, 0, ringCost)
+		choice, _ = chooseStreamed(opt, Wc, X, avail, 0, ringCost)
 		for d := min(o.maxPrefetch, n-1); d >= 1; d-- {
-			if c, moved := chooseStreamed(opt, W, X, avail, d, ringCost); c != nil && moved <= bound {
+			if c, moved := chooseStreamed(opt, Wc, X, avail, d, ringCost); c != nil && moved <= bound {
 				choice, depth = c, d
 				break
 			}
@@ -372,10 +412,12 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: p.MinBudgetBytes, Detail: detail}
 	}
 	parts := make([]int64, n)
+	var residentCost int64
 	for l := range n {
 		c := choice[l]
-		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].sums[c]}
+		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].moved[c]}
 		lp.ResidentBytes = lp.Bytes - lp.StreamedBytes
+		residentCost += opt[l].sums[full[l]] - opt[l].sums[c]
 		mask := opt[l].masks[c]
 		for ui, u := range units[l] {
 			if mask&(1<<ui) != 0 {
@@ -403,16 +445,19 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if p.StreamedLayers == nil {
 		p.StreamedLayers = []int{}
 	}
+	var ringCharge int64
 	if p.StreamedBytes > 0 {
 		p.PrefetchDepth = depth
 		p.RingSlots = depth + 1
 		p.RingBytes = ringBytes(ringParts(opt, choice), depth)
 		p.RingSlackBytes = p.RingBytes - windowMax(parts, depth)
+		ringCharge = ringCost(choice, depth)
 	}
 	if strategy != StrategyAggressive {
 		p.HostCacheBytes = p.StreamedBytes
 	}
-	p.PredictedPeakBytes = p.ResidentBytes + p.RingBytes + fixed
+	p.DeviceOverheadBytes = residentCost - p.ResidentBytes + ringCharge - p.RingBytes
+	p.PredictedPeakBytes = p.ResidentBytes + p.RingBytes + p.DeviceOverheadBytes + fixed
 	if p.PredictedPeakBytes > budget { // a planner bug, not bad input
 		return nil, fmt.Errorf("paging: plan %s: internal error: predicted peak %d exceeds budget %d", strategy, p.PredictedPeakBytes, budget)
 	}
@@ -423,13 +468,14 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 // more than maxUnits tensors have their smallest ones grouped.
 type unit struct {
 	names []string
-	bytes int64
+	bytes int64   // the tensors' bytes: what streaming the unit moves
+	cost  int64   // what the device's allocator takes for them when resident
 	sizes []int64 // their sizes in the ring, each aligned
 }
 
 const maxUnits = 8
 
-func layerUnits(l int, li LayerInfo) ([]unit, int64, error) {
+func layerUnits(l int, li LayerInfo, size func(int64) int64) ([]unit, int64, error) {
 	if li.Bytes < 0 {
 		return nil, 0, fmt.Errorf("paging: plan: layer %d has %d bytes", l, li.Bytes)
 	}
@@ -437,7 +483,7 @@ func layerUnits(l int, li LayerInfo) ([]unit, int64, error) {
 		if li.Bytes == 0 {
 			return nil, 0, nil
 		}
-		return []unit{{names: []string{""}, bytes: li.Bytes, sizes: []int64{alignUp(li.Bytes)}}}, li.Bytes, nil
+		return []unit{{names: []string{""}, bytes: li.Bytes, cost: size(li.Bytes), sizes: []int64{alignUp(li.Bytes)}}}, li.Bytes, nil
 	}
 	if err := checkSpecs(l, li.Tensors); err != nil {
 		return nil, 0, err
@@ -445,7 +491,7 @@ func layerUnits(l int, li LayerInfo) ([]unit, int64, error) {
 	var us []unit
 	var sum int64
 	for _, t := range li.Tensors {
-		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes, sizes: []int64{alignUp(t.Bytes)}})
+		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes, cost: size(t.Bytes), sizes: []int64{alignUp(t.Bytes)}})
 		sum += t.Bytes
 	}
 	if li.Bytes != 0 && li.Bytes != sum {
@@ -455,18 +501,20 @@ func layerUnits(l int, li LayerInfo) ([]unit, int64, error) {
 		slices.SortFunc(us, func(a, b unit) int { return cmp.Compare(b.bytes, a.bytes) })
 		a, b := us[len(us)-2], us[len(us)-1]
 		us = append(us[:len(us)-2], unit{names: append(slices.Clone(a.names), b.names...),
-			bytes: a.bytes + b.bytes, sizes: append(slices.Clone(a.sizes), b.sizes...)})
+			bytes: a.bytes + b.bytes, cost: a.cost + b.cost, sizes: append(slices.Clone(a.sizes), b.sizes...)})
 	}
 	return us, sum, nil
 }
 
 // layerOptions are the distinct ways a layer can stream part of itself,
-// by the bytes they stream (subset sums of its units) and the gap they may
-// leave at the ring's end: ascending by bytes, each with one subset that
-// achieves it and its footprint in the ring.
+// by the device memory they free (subset sums of its units' costs) and
+// their largest tensor: ascending by the memory freed, each with one
+// subset that achieves it, the bytes it moves and its footprint in the
+// ring.
 type layerOptions struct {
 	sums  []int64
 	masks []uint32
+	moved []int64
 	parts []ringPart
 }
 
@@ -483,7 +531,7 @@ func subsetSums(us []unit) layerOptions {
 		var sizes []int64
 		for i, u := range us {
 			if mask&(1<<i) != 0 {
-				sum += u.bytes
+				sum += u.cost
 				sizes = append(sizes, u.sizes...)
 			}
 		}
@@ -498,8 +546,15 @@ func subsetSums(us []unit) layerOptions {
 	})
 	var o layerOptions
 	for _, op := range opts {
+		var moved int64
+		for i, u := range us {
+			if op.mask&(1<<i) != 0 {
+				moved += u.bytes
+			}
+		}
 		o.sums = append(o.sums, op.sum)
 		o.masks = append(o.masks, op.mask)
+		o.moved = append(o.moved, moved)
 		o.parts = append(o.parts, op.part)
 	}
 	return o

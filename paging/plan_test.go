@@ -8,8 +8,9 @@ import (
 )
 
 // TestReserveScales: Plan scales the reserve's buffers to the context,
-// the chunk, the batch and the blocks, and ModelInfo.Stage keeps the last
-// layer's buffers only where the last layer is.
+// the chunk, the batch and the blocks, rounds each tensor as the device's
+// allocator does, and ModelInfo.Stage keeps the last layer's buffers only
+// where the last layer is.
 func TestReserveScales(t *testing.T) {
 	r := Reserve{
 		{Category: KVCache, Bytes: 4 * 4096, Per: PerPosition, Count: 2, PerBlock: true},
@@ -20,17 +21,21 @@ func TestReserveScales(t *testing.T) {
 	}
 	// The Llama-2-7B shape: F32 keys and values of 32 blocks of 4096 for
 	// 4096 positions are 4 GiB.
-	if got := r.Bytes(KVCache, 32, 4096, 512, 1); got != 4<<30 {
+	if got := r.Bytes(KVCache, 32, 4096, 512, 1, nil); got != 4<<30 {
 		t.Errorf("KV cache = %d, want 4 GiB", got)
 	}
-	if got := r.Bytes(KVCache, 32, 4096, 512, 2); got != 8<<30 {
+	if got := r.Bytes(KVCache, 32, 4096, 512, 2, nil); got != 8<<30 {
 		t.Errorf("KV cache, batch 2 = %d, want 8 GiB", got)
 	}
-	if got := r.Bytes(Activations, 32, 4096, 512, 2); got != 82688*4*512*2 {
+	if got := r.Bytes(Activations, 32, 4096, 512, 2, nil); got != 82688*4*512*2 {
 		t.Errorf("activations = %d", got)
 	}
-	if got := r.Bytes(Gradients, 32, 4096, 512, 2); got != 3000 {
+	if got := r.Bytes(Gradients, 32, 4096, 512, 2, nil); got != 3000 {
 		t.Errorf("gradients, once however many sequences = %d", got)
+	}
+	kib := func(n int64) int64 { return (n + 1023) &^ 1023 }
+	if got, want := r.Bytes(Workspace, 32, 100, 512, 1, kib), int64(2*kib(4*64*100)); got != want {
+		t.Errorf("workspace in 1 KiB blocks = %d, want %d", got, want)
 	}
 	info := planModel()
 	info.Reserve = r
@@ -54,15 +59,15 @@ func TestReserveScales(t *testing.T) {
 			want += 4 * 32000
 		}
 		blocks := pl.EndBlock - pl.FirstBlock
-		if got := st.Reserve.Bytes(Activations, st.NumLayers, 1, 1, 1); got != want || st.NumLayers != blocks ||
-			st.Reserve.Bytes(KVCache, st.NumLayers, 1, 1, 1) != 2*4*4096*int64(blocks) {
+		if got := st.Reserve.Bytes(Activations, st.NumLayers, 1, 1, 1, nil); got != want || st.NumLayers != blocks ||
+			st.Reserve.Bytes(KVCache, st.NumLayers, 1, 1, 1, nil) != 2*4*4096*int64(blocks) {
 			t.Errorf("stage %d (last %v): %d blocks, activations %d a token, want %d", pl.Device, last, st.NumLayers, got, want)
 		}
 	}
 	if len(info.Reserve) != len(r) {
 		t.Error("Stage changed the model's reserve")
 	}
-	for _, bad := range []Buffer{{Category: KVCache, Bytes: -1, Count: 1}, {Category: ResidentWeights, Bytes: 1, Count: 1}, {Category: Workspace, Bytes: 1, Count: 1, Per: 7}} {
+	for _, bad := range []Buffer{{Category: KVCache, Bytes: -1, Count: 1}, {Category: Cached, Bytes: 1, Count: 1}, {Category: Workspace, Bytes: 1, Count: 1, Per: 7}} {
 		info.Reserve = Reserve{bad}
 		if _, err := Plan(info, 1<<40, StrategyNone, 100, 1); err == nil {
 			t.Errorf("reserve %+v planned", bad)

@@ -69,7 +69,7 @@ func TestRingSteadyDecode(t *testing.T) {
 						prefetched++
 					}
 					fb := newFake()
-					bg := NewBudget(fb, budget, "fake:0")
+					bg := newBudget(t, fb, budget, "fake:0")
 					free := nnReserve(t, bg, plan)
 					pg, err := NewPager(m.src, bg, plan, Options{})
 					if err != nil {

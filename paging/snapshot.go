@@ -13,13 +13,14 @@ import (
 const (
 	EventAlloc     = "alloc"      // a tensor was allocated
 	EventFree      = "free"       // a tensor was freed
-	EventReserve   = "reserve"    // bytes were charged with no tensor behind them (unified memory)
+	EventReserve   = "reserve"    // bytes were charged with no tensor behind them (unified memory, the device's fixed workspace)
 	EventUnreserve = "unreserve"  // a reservation was returned
 	EventLoadStart = "load_start" // a layer load began (demand or prefetch)
 	EventLoadEnd   = "load_end"   // a layer load finished; Bytes were uploaded
 	EventEvict     = "evict"      // a layer part left the device
 	EventHit       = "hit"        // Acquire found the layer on the device
 	EventMiss      = "miss"       // Acquire had to wait for a load
+	EventCache     = "cache"      // Bytes entered (Charged > 0) or left the backend's cache of freed blocks
 )
 
 // Event is one entry of a Budget's history. Charged is the change, in bytes,
@@ -66,12 +67,19 @@ type recorder struct {
 
 // RecordHistory starts recording every allocation, free and paging event,
 // keeping at most maxEvents (later ones are counted as dropped). Call it
-// before allocating, so the history starts from an empty device.
+// before allocating: the history starts with what NewBudget charged (the
+// device's fixed workspace, the backend's cache), one reserve event per
+// category, so that its charges add up to the budget's.
 func (bg *Budget) RecordHistory(maxEvents int) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
 	if bg.rec == nil {
-		bg.rec = &recorder{start: time.Now()}
+		bg.rec = &recorder{start: time.Now(), max: maxEvents}
+		for c, cs := range bg.cats {
+			if cs.Reserved != 0 {
+				bg.recordLocked(Event{Kind: EventReserve, Category: Category(c).String(), Layer: -1, Bytes: cs.Reserved, Charged: cs.Reserved})
+			}
+		}
 	}
 	bg.rec.max = maxEvents
 }
@@ -285,9 +293,9 @@ func scanEvents(dec *json.Decoder, fn func(Event) error) error {
 }
 
 // eventSign is the sign a kind's charge may have: 1 adds bytes, -1 returns
-// them, 0 charges nothing.
+// them, 0 charges nothing, 2 either.
 var eventSign = map[string]int{
-	EventAlloc: 1, EventReserve: 1, EventFree: -1, EventUnreserve: -1,
+	EventAlloc: 1, EventReserve: 1, EventFree: -1, EventUnreserve: -1, EventCache: 2,
 	EventLoadStart: 0, EventLoadEnd: 0, EventEvict: 0, EventHit: 0, EventMiss: 0,
 }
 
@@ -310,7 +318,8 @@ func checkEvent(ev Event, prev int64) error {
 	if _, ok := categoryNamed(ev.Category); !ok && (sign != 0 || ev.Category != "") {
 		return fmt.Errorf("%s: unknown category %q", ev.Kind, ev.Category)
 	}
-	if (sign == 0 && ev.Charged != 0) || (sign > 0 && (ev.Charged < 0 || ev.Charged > ev.Bytes)) || (sign < 0 && (ev.Charged > 0 || ev.Charged < -ev.Bytes)) {
+	if (sign == 0 && ev.Charged != 0) || (sign == 1 && (ev.Charged < 0 || ev.Charged > ev.Bytes)) || (sign < 0 && (ev.Charged > 0 || ev.Charged < -ev.Bytes)) ||
+		(sign == 2 && (ev.Charged > ev.Bytes || ev.Charged < -ev.Bytes)) {
 		return fmt.Errorf("%s of %d bytes charges %d", ev.Kind, ev.Bytes, ev.Charged)
 	}
 	return nil

@@ -13,7 +13,7 @@ import (
 // closed, and Close records what it found still allocated.
 func TestSnapshotClosedAndLeaked(t *testing.T) {
 	for _, leak := range []bool{false, true} {
-		bg := NewBudget(newFake(), 1<<20, "fake:0")
+		bg := newBudget(t, newFake(), 1<<20, "fake:0")
 		bg.RecordHistory(100)
 		kv, err := bg.Alloc(KVCache, tensor.F32, tensor.Shape{256})
 		if err != nil {
@@ -50,7 +50,7 @@ func TestSnapshotClosedAndLeaked(t *testing.T) {
 // keeping them, stops at fn's error, and reads snapshots older than the
 // closed field.
 func TestScanSnapshot(t *testing.T) {
-	bg := NewBudget(newFake(), 1<<20, "fake:0")
+	bg := newBudget(t, newFake(), 1<<20, "fake:0")
 	bg.RecordHistory(100)
 	for range 3 {
 		a, err := bg.Alloc(Activations, tensor.F32, tensor.Shape{64})

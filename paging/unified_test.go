@@ -82,7 +82,7 @@ func TestUnifiedPrefetch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bg := NewBudget(be, budget, "fake")
+		bg := newBudget(t, be, budget, "fake")
 		u, err := NewUnified(context.Background(), src, bg, plan, true)
 		if err != nil {
 			t.Fatal(err)
@@ -139,7 +139,7 @@ func TestUnifiedPrefetch(t *testing.T) {
 	}
 	// A backend with no managed memory is refused clearly.
 	plan, _ := Plan(info, 1<<40, StrategyNone, 16, 1)
-	if _, err := NewUnified(context.Background(), src, NewBudget(newFake(), 1<<40, "fake"), plan, true); err == nil {
+	if _, err := NewUnified(context.Background(), src, newBudget(t, newFake(), 1<<40, "fake"), plan, true); err == nil {
 		t.Error("unified memory on a backend without managed memory")
 	}
 }
@@ -156,7 +156,7 @@ func TestUnifiedNoPrefetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg := NewBudget(be, total/2, "fake")
+	bg := newBudget(t, be, total/2, "fake")
 	u, err := NewUnified(context.Background(), src, bg, plan, false)
 	if err != nil {
 		t.Fatal(err)

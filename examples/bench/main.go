@@ -334,14 +334,17 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 			}
 		}
 	}
-	plan, err := paging.Plan(info, limit, s.strategy, ctxLen, 1, paging.WithChunkTokens(chunk))
+	plan, err := paging.Plan(info, limit, s.strategy, ctxLen, 1, paging.WithChunkTokens(chunk), paging.WithDevice(b))
 	if err != nil {
 		return nil, err
 	}
 	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 		Strategy: string(s.strategy), Mode: string(s.mode), WeightBytes: lm.WeightBytes(),
 		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode}
-	bud := paging.NewBudget(b, limit, b.Name())
+	bud, err := paging.NewBudget(b, limit, b.Name())
+	if err != nil {
+		return nil, err
+	}
 	defer bud.Close()
 	start := time.Now()
 	srv, err := paging.NewServer(ctx, s.mode, nn.Source(lm), bud, plan, paging.Options{})

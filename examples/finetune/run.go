@@ -493,7 +493,7 @@ func newRunner(o *options, opts nn.TrainOptions, cfg nn.Config, params *nn.Param
 	// Training keeps no KV cache: its reserve is the training activations
 	// and rotary tables, and on a device one layer's gradients.
 	info := paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: cfg.TrainReserve(tokens, o.segments, !onHost)}
-	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1)
+	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithDevice(b))
 	if err != nil {
 		var be *paging.BudgetError
 		if errors.As(err, &be) {
@@ -502,7 +502,9 @@ func newRunner(o *options, opts nn.TrainOptions, cfg nn.Config, params *nn.Param
 		}
 		return nil, err
 	}
-	r.budget = paging.NewBudget(b, limit, b.Name())
+	if r.budget, err = paging.NewBudget(b, limit, b.Name()); err != nil {
+		return nil, err
+	}
 	r.paged = &stepWeights{}
 	m, err := nn.New(cfg, b, r.budget, r.paged)
 	if err == nil {

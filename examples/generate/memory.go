@@ -179,7 +179,7 @@ func openEngine(ctx context.Context, lm *loader.Model, cfg nn.Config, backends [
 	var stages []nn.Stage
 	for d, p := range parts {
 		b := backends[d]
-		plan, err := paging.Plan(info.Stage(p), limits[d], mem.strategy, contextLen, 1, paging.WithChunkTokens(chunk))
+		plan, err := paging.Plan(info.Stage(p), limits[d], mem.strategy, contextLen, 1, paging.WithChunkTokens(chunk), paging.WithDevice(b))
 		if err != nil {
 			e.close()
 			if len(backends) > 1 {
@@ -187,7 +187,11 @@ func openEngine(ctx context.Context, lm *loader.Model, cfg nn.Config, backends [
 			}
 			return nil, err
 		}
-		bud := paging.NewBudget(b, limits[d], b.Name())
+		bud, err := paging.NewBudget(b, limits[d], b.Name())
+		if err != nil {
+			e.close()
+			return nil, err
+		}
 		if snapshot {
 			bud.RecordHistory(1 << 20)
 		}

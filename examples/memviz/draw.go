@@ -20,6 +20,7 @@ var categories = [...]struct{ name, color string }{
 	{paging.Activations.String(), "#e15759"},
 	{paging.Workspace.String(), "#b07aa1"},
 	{paging.Gradients.String(), "#59a14f"},
+	{paging.Cached.String(), "#bab0ac"},
 }
 
 // maxCharged bounds the bytes a drawing's arithmetic handles, so that it

@@ -216,7 +216,10 @@ func recordedSnapshot(t *testing.T, end budgetEnd) *paging.Snapshot {
 	t.Helper()
 	cpu := tensor.NewCPU(1)
 	t.Cleanup(func() { cpu.Close() })
-	bg := paging.NewBudget(cpu, 1<<20, "cpu")
+	bg, err := paging.NewBudget(cpu, 1<<20, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
 	bg.RecordHistory(1 << 10)
 	kv, err := bg.Alloc(paging.KVCache, tensor.F32, tensor.Shape{4096})
 	if err != nil {

@@ -186,8 +186,8 @@ func TestFromPagingSnapshot(t *testing.T) {
 	for _, l := range layers {
 		w += l.Bytes
 	}
-	kv := info.Reserve.Bytes(paging.KVCache, 4, 16, 16, 1)
-	act := info.Reserve.Bytes(paging.Activations, 4, 16, 16, 1)
+	kv := info.Reserve.Bytes(paging.KVCache, 4, 16, 16, 1, nil)
+	act := info.Reserve.Bytes(paging.Activations, 4, 16, 16, 1, nil)
 	budget := kv + act + w*6/10
 	plan, err := paging.Plan(info, budget, paging.StrategyMinimal, 16, 1)
 	if err != nil {
@@ -195,7 +195,10 @@ func TestFromPagingSnapshot(t *testing.T) {
 	}
 	cpu := tensor.NewCPU(1)
 	defer cpu.Close()
-	bg := paging.NewBudget(cpu, budget, "cpu")
+	bg, err := paging.NewBudget(cpu, budget, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
 	bg.RecordHistory(1 << 20)
 	kvT, err := bg.Alloc(paging.KVCache, tensor.F32, tensor.Shape{int(kv / 4)})
 	if err != nil {
