@@ -5,24 +5,48 @@
 //
 //   - Budget is the budgeted allocator of one device. Every byte is charged
 //     to a Category (resident weights, streamed weights, KV cache,
-//     activations, workspace); the budget is never exceeded (allocations
-//     fail with an error wrapping tensor.ErrOutOfMemory) and its peak is
-//     recorded. It implements Allocator, which nn allocates from.
+//     activations, workspace, gradients, and the blocks a caching allocator
+//     keeps); the budget is never exceeded (allocations fail with an error
+//     wrapping tensor.ErrOutOfMemory) and its peak is recorded. It
+//     implements Allocator, which nn allocates from. On a backend with a
+//     caching allocator it holds every device byte the process takes: the
+//     block each allocation takes, the freed blocks kept for reuse, the
+//     memory held outside allocations (the cuBLAS workspace).
+//   - Evictor is how a Budget makes room: what holds evictable bytes (a
+//     Pager's layers outside its ring) registers with the budget, which
+//     evicts the least recently used bytes of all its evictors when a
+//     charge does not fit.
 //   - Plan decides before loading which weights stay resident, how large
-//     the streaming ring is and how deep to prefetch, given the KV cache and
-//     activations nn will allocate; it refuses a budget that cannot work
-//     and says the smallest one that can.
+//     the streaming ring is and how deep to prefetch, given the memory the
+//     model's user reserves beside the weights (ModelInfo.Reserve); it
+//     refuses a budget that cannot work and says the smallest one that can.
 //   - Pager implements Acquire/Release over a Source: resident weights stay,
-//     streamed weights pass through the ring, the next layers are prefetched
-//     while the current one computes, and a bounded host cache (pinned when
-//     the backend can) saves re-reading the source.
+//     streamed weights pass through the ring (one allocation, the streamed
+//     tensors views into it), the next layers are prefetched while the
+//     current one computes, and a bounded host cache (pinned when the
+//     backend can) saves re-reading the source. Unified serves the same
+//     from managed memory.
 //   - Summary and WriteSnapshot show where the memory went;
 //     examples/memviz draws a snapshot.
+//
+// What paging owns: the device bytes of one budget and their accounts, the
+// residency of weights (which stay, which stream, where in the ring they
+// go, when they load), and the host copies of streamed weights. What it
+// must not know: how the weights are computed with (it depends on the
+// backend's memory and optional copy capabilities only, never its kernels),
+// the model's architecture beyond the layers and tensors a Source lists,
+// and the user's buffers: the KV cache, activations and workspace are a
+// Reserve the user describes buffer by buffer (nn.Config.Reserve), never
+// formulas of nn's layout kept here. It does not close what it did not
+// make: whoever makes a Pager closes it before its Budget.
 //
 // Why a ring and not LRU: decoding walks the layers in the same order for
 // every token, and an LRU cache smaller than the model evicts exactly the
 // layer needed next. Keeping a fixed resident set and streaming the rest
-// moves only the bytes that do not fit, per token.
+// moves only the bytes that do not fit, per token. The ring's parts are
+// laid out one after the other in the order they load, so that the walk
+// only ever evicts the oldest parts and never fragments it; Plan sizes it
+// for that layout, with at most one tensor's slack for the wrap.
 //
 // A short example, with src a Source, b a tensor.Memory and r the reserve
 // of the model's user (nn.Config.Reserve):
@@ -30,16 +54,20 @@
 //	info := paging.ModelInfo{NumLayers: 32, Reserve: r}
 //	info.Layers, _ = paging.DescribeSource(src)
 //	limit, _ := paging.ParseSize("4GiB")
-//	plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 4096, 1)
+//	plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 4096, 1, paging.WithDevice(b))
 //	if err != nil {
 //		return err // errors.Is(err, paging.ErrBudgetTooSmall) names the smallest budget
 //	}
-//	budget := paging.NewBudget(b, limit, "")
+//	budget, err := paging.NewBudget(b, limit, "")
+//	if err != nil {
+//		return err
+//	}
 //	defer budget.Close()
 //	pager, err := paging.NewPager(src, budget, plan, paging.Options{})
 //	if err != nil {
 //		return err
 //	}
+//	defer pager.Close() // before the budget's Close
 //	w, err := pager.Acquire(ctx, 3) // map of tensor name to device tensor
 //	...
 //	pager.Release(3)
