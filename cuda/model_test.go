@@ -92,7 +92,7 @@ func TestModelsLeaveNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe, err := paging.Plan(info, 1<<40, paging.StrategyAggressive, 32, 1, paging.WithChunkTokens(8))
+	probe, err := paging.Plan(info, 1<<40, paging.StrategyAggressive, 32, 1, paging.WithChunkTokens(8), paging.WithDevice(b))
 	if err != nil {
 		t.Fatal(err)
 	}
