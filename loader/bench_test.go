@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/tensor"
 )
 
 // bench1GB is a Llama shape of about 1 GB in F16 (483M parameters): the
 // TinyLlama block shape with 8 layers.
-func bench1GB() *Config {
-	c, _ := Preset("tinyllama-1.1b")
+func bench1GB() *arch.Config {
+	c, _ := arch.Preset("tinyllama-1.1b")
 	c.NumLayers = 8
 	return c
 }
@@ -49,7 +50,7 @@ func BenchmarkSynthesize(b *testing.B) {
 		b.Run(dt.String(), func(b *testing.B) {
 			cfg := bench1GB()
 			if testing.Short() {
-				cfg, _ = Preset("100m")
+				cfg, _ = arch.Preset("100m")
 			}
 			dir := b.TempDir()
 			bytes := cfg.NumParams() * int64(dt.Size())

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -17,7 +18,7 @@ import (
 // or in shards, and returns the directory.
 func tinyModel(t *testing.T, sharded bool) string {
 	t.Helper()
-	cfg, err := Preset("tiny")
+	cfg, err := arch.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,11 +138,11 @@ func TestOpenCorrupt(t *testing.T) {
 		}, ErrFormat, []string{q0, "needs 16384 bytes"}},
 		{"offsets outside the file", false, func(t *testing.T, dir string) {
 			rewrite(t, single(dir), func(h map[string]any) {
-				e := h[LMHeadName].(map[string]any)
+				e := h[arch.LMHeadName].(map[string]any)
 				off := e["data_offsets"].([]any)
 				e["data_offsets"] = []float64{off[0].(float64) + 1000, off[1].(float64) + 1000}
 			})
-		}, ErrFormat, []string{LMHeadName, "run past the end of the data"}},
+		}, ErrFormat, []string{arch.LMHeadName, "run past the end of the data"}},
 		{"offsets reversed", false, func(t *testing.T, dir string) {
 			rewrite(t, single(dir), func(h map[string]any) { h[q0].(map[string]any)["data_offsets"] = []int{100, 50} })
 		}, ErrFormat, []string{q0, "bad data_offsets [100, 50]"}},
@@ -160,7 +161,7 @@ func TestOpenCorrupt(t *testing.T) {
 			os.Remove(filepath.Join(dir, shardOf(t, dir, k1)))
 		}, ErrFormat, []string{IndexFile, "does not exist"}},
 		{"index points to missing tensor", true, func(t *testing.T, dir string) {
-			editIndex(t, dir, func(wm map[string]string) { wm[k1] = wm[EmbedName] })
+			editIndex(t, dir, func(wm map[string]string) { wm[k1] = wm[arch.EmbedName] })
 		}, ErrFormat, []string{IndexFile, k1, "no such tensor"}},
 		{"index names a path outside the directory", true, func(t *testing.T, dir string) {
 			editIndex(t, dir, func(wm map[string]string) { wm[k1] = "../" + wm[k1] })
@@ -176,15 +177,15 @@ func TestOpenCorrupt(t *testing.T) {
 			rewrite(t, shard, func(h map[string]any) { h[k1].(map[string]any)["shape"] = []int{1} })
 		}, ErrFormat, []string{"model-0000", k1, "shape [1]"}},
 		{"tensor in two shards", true, func(t *testing.T, dir string) {
-			shard := filepath.Join(dir, shardOf(t, dir, EmbedName))
+			shard := filepath.Join(dir, shardOf(t, dir, arch.EmbedName))
 			other := filepath.Join(dir, shardOf(t, dir, k1))
 			r := readRaw(t, shard)
 			// Append the embedding's bytes to another shard under the same name.
 			o := readRaw(t, other)
-			emb := r.tensorBytes(t, EmbedName)
-			o.header[EmbedName] = entry("F16", []int{512, 64}, int64(len(o.data)), int64(len(o.data)+len(emb)))
+			emb := r.tensorBytes(t, arch.EmbedName)
+			o.header[arch.EmbedName] = entry("F16", []int{512, 64}, int64(len(o.data)), int64(len(o.data)+len(emb)))
 			writeRaw(t, other, o.header, append(o.data, emb...), -1)
-		}, ErrFormat, []string{EmbedName, "also stored in"}},
+		}, ErrFormat, []string{arch.EmbedName, "also stored in"}},
 		{"no weights", false, func(t *testing.T, dir string) {
 			os.Remove(single(dir))
 		}, fs.ErrNotExist, []string{"no model.safetensors or model.safetensors.index.json"}},
@@ -212,8 +213,8 @@ func TestOpenCorrupt(t *testing.T) {
 			editConfig(t, dir, func(c map[string]any) { c["attention_bias"] = true })
 		}, ErrMismatch, []string{"model.layers.0.self_attn.q_proj.bias", "missing"}},
 		{"missing lm_head", false, func(t *testing.T, dir string) {
-			rewrite(t, single(dir), func(h map[string]any) { delete(h, LMHeadName) })
-		}, ErrMismatch, []string{LMHeadName, "missing"}},
+			rewrite(t, single(dir), func(h map[string]any) { delete(h, arch.LMHeadName) })
+		}, ErrMismatch, []string{arch.LMHeadName, "missing"}},
 		{"wrong shape for the config", false, func(t *testing.T, dir string) {
 			editConfig(t, dir, func(c map[string]any) { c["intermediate_size"] = 128 })
 		}, ErrMismatch, []string{"model.layers.0.mlp.gate_proj.weight", "has shape [172, 64], the config needs [128, 64]"}},
@@ -222,7 +223,7 @@ func TestOpenCorrupt(t *testing.T) {
 		}, ErrMismatch, []string{"model.layers.0.self_attn.k_proj.weight", "has shape [32, 64], the config needs [64, 64]"}},
 		{"wrong vocab for the config", false, func(t *testing.T, dir string) {
 			editConfig(t, dir, func(c map[string]any) { c["vocab_size"] = 1000 })
-		}, ErrMismatch, []string{EmbedName, "[1000, 64]"}},
+		}, ErrMismatch, []string{arch.EmbedName, "[1000, 64]"}},
 		{"integer weight", false, func(t *testing.T, dir string) {
 			r := readRaw(t, single(dir))
 			r.header["model.norm.weight"] = entry("I32", []int{64}, int64(len(r.data)), int64(len(r.data)+256))
@@ -303,19 +304,19 @@ func TestOpenExtras(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	want := []string{LMHeadName, "model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.9.mlp.gate_proj.weight"}
+	want := []string{arch.LMHeadName, "model.layers.0.self_attn.rotary_emb.inv_freq", "model.layers.9.mlp.gate_proj.weight"}
 	if strings.Join(m.Extras(), ",") != strings.Join(want, ",") {
 		t.Errorf("extras %v, want %v", m.Extras(), want)
 	}
 	for _, l := range m.Layers() {
 		for _, ti := range l.Tensors {
-			if ti.Name == LMHeadName || strings.Contains(ti.Name, "inv_freq") {
+			if ti.Name == arch.LMHeadName || strings.Contains(ti.Name, "inv_freq") {
 				t.Errorf("layer %v holds %s", l, ti.Name)
 			}
 		}
 	}
 	head := m.Layers()[len(m.Layers())-1]
-	emb, _ := m.Tensor(EmbedName)
+	emb, _ := m.Tensor(arch.EmbedName)
 	if head.Tensors[1] != emb || head.Bytes != emb.Size+64*2 {
 		t.Errorf("tied head holds %v, %d bytes", head.Tensors, head.Bytes)
 	}

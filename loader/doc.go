@@ -1,6 +1,7 @@
 // Package loader reads and writes Hugging Face Llama-family checkpoints:
-// config.json, safetensors files (one model.safetensors, or shards listed
-// in model.safetensors.index.json), and random-weight models made to order.
+// config.json (parsed by arch.ParseConfig), safetensors files (one
+// model.safetensors, or shards listed in model.safetensors.index.json), and
+// random-weight models made to order.
 //
 // Open reads only the config and the safetensors headers, so opening a
 // 100 GB model takes milliseconds and no memory; every header is validated
@@ -28,10 +29,10 @@
 //
 // ShardedWriter writes safetensors shards and the index from tensors whose
 // bytes a callback produces, and Synthesize uses it to write a random-weight
-// model of any Llama shape (Preset names a few), deterministic by seed and
+// model of any Llama shape (arch.Preset names a few), deterministic by seed and
 // fast enough to be disk-bound:
 //
-//	cfg, _ := loader.Preset("llama2-7b")
+//	cfg, _ := arch.Preset("llama2-7b")
 //	err := loader.Synthesize(ctx, dir, cfg, loader.SynthOptions{Seed: 1, MaxShardBytes: 2e9})
 //
 // Every file is written under a fresh temporary name and renamed into

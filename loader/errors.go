@@ -8,6 +8,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/internal/oneline"
 	"github.com/strata-llm/strata/tensor"
@@ -17,8 +18,8 @@ import (
 // errors.Is.
 var (
 	// ErrConfig: config.json is malformed or describes a model strata
-	// cannot run.
-	ErrConfig = errors.New("bad config")
+	// cannot run (arch.ErrConfig: the same error).
+	ErrConfig = arch.ErrConfig
 	// ErrFormat: a safetensors file or the shard index is malformed.
 	ErrFormat = errors.New("bad safetensors file")
 	// ErrMismatch: the tensors do not match what the config needs (missing,

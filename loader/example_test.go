@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
@@ -44,7 +45,7 @@ func ExampleSynthesize() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	cfg, err := loader.Preset("tiny")
+	cfg, err := arch.Preset("tiny")
 	if err != nil {
 		log.Fatal(err)
 	}

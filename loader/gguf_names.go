@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/strata-llm/strata/arch"
 )
 
 // llama.cpp's names for the tensors and metadata of Llama-family models,
@@ -113,11 +115,11 @@ func GGUFPermutesQK(arch string) bool { return arch == "llama" }
 func GGUFToHFName(name string) (string, bool) {
 	switch name {
 	case GGUFEmbedName:
-		return EmbedName, true
+		return arch.EmbedName, true
 	case GGUFNormName:
-		return NormName, true
+		return arch.NormName, true
 	case GGUFOutputName:
-		return LMHeadName, true
+		return arch.LMHeadName, true
 	}
 	rest, ok := strings.CutPrefix(name, "blk.")
 	if !ok {
@@ -129,7 +131,7 @@ func GGUFToHFName(name string) (string, bool) {
 	}
 	for _, p := range ggufBlockNames {
 		if p[0] == suffix {
-			return BlockTensorName(n, p[1]), true
+			return arch.BlockTensorName(n, p[1]), true
 		}
 	}
 	return "", false
@@ -139,11 +141,11 @@ func GGUFToHFName(name string) (string, bool) {
 // or false for a name outside the table.
 func HFToGGUFName(name string) (string, bool) {
 	switch name {
-	case EmbedName:
+	case arch.EmbedName:
 		return GGUFEmbedName, true
-	case NormName:
+	case arch.NormName:
 		return GGUFNormName, true
-	case LMHeadName:
+	case arch.LMHeadName:
 		return GGUFOutputName, true
 	}
 	rest, ok := strings.CutPrefix(name, "model.layers.")

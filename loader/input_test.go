@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/filetest"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
@@ -40,7 +41,7 @@ func TestOpenRefusesNonRegular(t *testing.T) {
 		{"config", false, func(*testing.T, string) string { return ConfigFile }},
 		{"single file", false, func(*testing.T, string) string { return SingleFile }},
 		{"index", true, func(*testing.T, string) string { return IndexFile }},
-		{"shard", true, func(t *testing.T, dir string) string { return shardOf(t, dir, EmbedName) }},
+		{"shard", true, func(t *testing.T, dir string) string { return shardOf(t, dir, arch.EmbedName) }},
 	}
 	for _, f := range files {
 		for _, k := range kinds {
@@ -133,7 +134,7 @@ func TestOpenFS(t *testing.T) {
 				t.Errorf("%s: InputFiles %v, want %v", name, got, want)
 			}
 			emb.Close()
-			if _, err := emb.ReadTensor(ctx, EmbedName); !errors.Is(err, ErrClosed) {
+			if _, err := emb.ReadTensor(ctx, arch.EmbedName); !errors.Is(err, ErrClosed) {
 				t.Errorf("read after Close: %v", err)
 			}
 		}

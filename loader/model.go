@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -80,7 +81,7 @@ type Model struct {
 	// Dir is the model directory: a path of the OS, or for a model opened
 	// by OpenFS, the directory in its file system.
 	Dir    string
-	Config *Config
+	Config *arch.Config
 
 	src     source
 	indexed bool             // the weights are listed by an index
@@ -123,11 +124,11 @@ func open(src source) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loader: %w", err)
 	}
-	cfg, err := ParseConfig(data)
+	cfg, err := arch.ParseConfig(data)
 	if err != nil {
-		var ce *configError
+		var ce *arch.ConfigError
 		if errors.As(err, &ce) {
-			return nil, &fileError{file: cfgPath, kind: ErrConfig, msg: ce.msg}
+			return nil, &fileError{file: cfgPath, kind: ErrConfig, msg: ce.Msg}
 		}
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
 
@@ -24,10 +25,10 @@ func TestOpenErrorsCloseFiles(t *testing.T) {
 			os.Remove(filepath.Join(dir, shardOf(t, dir, k1)))
 		},
 		"first shard corrupt": func(t *testing.T, dir string) {
-			os.WriteFile(filepath.Join(dir, shardOf(t, dir, EmbedName)), []byte("not a safetensors file"), 0o644)
+			os.WriteFile(filepath.Join(dir, shardOf(t, dir, arch.EmbedName)), []byte("not a safetensors file"), 0o644)
 		},
 		"last shard corrupt": func(t *testing.T, dir string) {
-			os.WriteFile(filepath.Join(dir, shardOf(t, dir, LMHeadName)), []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'}, 0o644)
+			os.WriteFile(filepath.Join(dir, shardOf(t, dir, arch.LMHeadName)), []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'}, 0o644)
 		},
 		"tensor missing after every shard opened": func(t *testing.T, dir string) {
 			shard := filepath.Join(dir, shardOf(t, dir, k1))
@@ -35,7 +36,7 @@ func TestOpenErrorsCloseFiles(t *testing.T) {
 			editIndex(t, dir, func(wm map[string]string) { wm["renamed"] = wm[k1]; delete(wm, k1) })
 		},
 		"index points at the wrong shard": func(t *testing.T, dir string) {
-			editIndex(t, dir, func(wm map[string]string) { wm[k1] = wm[EmbedName] })
+			editIndex(t, dir, func(wm map[string]string) { wm[k1] = wm[arch.EmbedName] })
 		},
 		"config claims a million blocks": func(t *testing.T, dir string) {
 			editConfig(t, dir, func(c map[string]any) { c["num_hidden_layers"] = 1 << 20 })

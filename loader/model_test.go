@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -46,7 +47,7 @@ func TestOpenFixtures(t *testing.T) {
 		t.Run(fx.name, func(t *testing.T) {
 			m := openFixture(t, fx.name)
 			// The values in the fixtures' config.json.
-			want := &Config{
+			want := &arch.Config{
 				Architecture: "LlamaForCausalLM", ModelType: "llama",
 				HiddenSize: 64, IntermediateSize: 172, NumLayers: 4, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
 				VocabSize: 512, RMSNormEps: 1e-5, RopeTheta: 10000, MaxPositionEmbeddings: 256,
@@ -202,9 +203,9 @@ func TestReadIntoConcurrentAndClose(t *testing.T) {
 		t.Errorf("short destination: %v", err)
 	}
 	// A part of a tensor: row 3 of the embedding.
-	emb, _ := m.Tensor(EmbedName)
+	emb, _ := m.Tensor(arch.EmbedName)
 	row := make([]byte, 64*2)
-	if err := m.ReadRange(ctx, emb, 3*128, row); err != nil || !bytes.Equal(row, want[EmbedName][3*128:4*128]) {
+	if err := m.ReadRange(ctx, emb, 3*128, row); err != nil || !bytes.Equal(row, want[arch.EmbedName][3*128:4*128]) {
 		t.Errorf("ReadRange row 3: %v", err)
 	}
 	if err := m.ReadRange(ctx, emb, emb.Size-10, row); err == nil {

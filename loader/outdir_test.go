@@ -7,15 +7,16 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/filetest"
 	"github.com/strata-llm/strata/tensor"
 )
 
 // tinyConfig is a small model for output tests: 2 blocks, about 100 KB of
 // F16 weights.
-func tinyConfig(t *testing.T) *Config {
+func tinyConfig(t *testing.T) *arch.Config {
 	t.Helper()
-	cfg, err := Preset("tiny")
+	cfg, err := arch.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -346,7 +347,7 @@ func FuzzIndex(f *testing.F) {
 				t.Fatalf("model file %q is not a name inside the directory", name)
 			}
 		}
-		emb, _ := m.Tensor(EmbedName)
+		emb, _ := m.Tensor(arch.EmbedName)
 		if _, err := m.ReadTensor(context.Background(), emb.Name); err != nil {
 			t.Fatalf("ReadTensor(%s): %v", emb.Name, err)
 		}
@@ -400,10 +401,10 @@ func FuzzConfig(f *testing.F) {
 	}
 	path := filepath.Join(dir, ConfigFile)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := ParseConfig(data)
+		c, err := arch.ParseConfig(data)
 		if err != nil {
-			if !errors.Is(err, ErrConfig) || !strings.HasPrefix(err.Error(), "loader: config: ") {
-				t.Fatalf("error %q does not wrap ErrConfig with the package prefix", err)
+			if !errors.Is(err, ErrConfig) || !strings.HasPrefix(err.Error(), "arch: config: ") {
+				t.Fatalf("error %q does not wrap ErrConfig with arch's prefix", err)
 			}
 			return
 		}
@@ -414,7 +415,7 @@ func FuzzConfig(f *testing.F) {
 		if err != nil {
 			t.Fatalf("MarshalJSON of a valid config: %v", err)
 		}
-		back, err := ParseConfig(out)
+		back, err := arch.ParseConfig(out)
 		if err != nil {
 			t.Fatalf("ParseConfig(MarshalJSON(c)): %v\n%s", err, out)
 		}

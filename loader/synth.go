@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/tensor"
@@ -56,7 +57,7 @@ type SynthOptions struct {
 // noise of 0.02 (each uniform over 65536 levels). Generation runs in
 // parallel with a counter-based generator (splitmix64 keyed by seed and
 // tensor name) and table lookups, so it keeps up with the disk.
-func Synthesize(ctx context.Context, dir string, cfg *Config, opts SynthOptions) error {
+func Synthesize(ctx context.Context, dir string, cfg *arch.Config, opts SynthOptions) error {
 	if cfg == nil {
 		return errors.New("loader: synthesize: nil config")
 	}
@@ -89,7 +90,7 @@ func Synthesize(ctx context.Context, dir string, cfg *Config, opts SynthOptions)
 }
 
 // synthesizeInto writes the model into the fresh directory dir.
-func synthesizeInto(ctx context.Context, dir string, c *Config, opts SynthOptions, tokFiles []string) error {
+func synthesizeInto(ctx context.Context, dir string, c *arch.Config, opts SynthOptions, tokFiles []string) error {
 	w := NewShardedWriter(dir, opts.MaxShardBytes)
 	w.Workers, w.Progress = opts.Workers, opts.Progress
 	tables := map[[2]float32]*levelTable{} // few distinct distributions
@@ -140,7 +141,7 @@ func synthesizeInto(ctx context.Context, dir string, c *Config, opts SynthOption
 }
 
 // SynthesizeOpen synthesises a model into dir and opens it.
-func SynthesizeOpen(ctx context.Context, dir string, cfg *Config, opts SynthOptions) (*Model, error) {
+func SynthesizeOpen(ctx context.Context, dir string, cfg *arch.Config, opts SynthOptions) (*Model, error) {
 	if err := Synthesize(ctx, dir, cfg, opts); err != nil {
 		return nil, err
 	}
@@ -149,7 +150,7 @@ func SynthesizeOpen(ctx context.Context, dir string, cfg *Config, opts SynthOpti
 
 // synthInit returns the centre and half-width of the uniform distribution
 // for a tensor.
-func synthInit(c *Config, spec TensorSpec) (center, halfWidth float32) {
+func synthInit(c *arch.Config, spec arch.TensorSpec) (center, halfWidth float32) {
 	const sqrt3 = 1.7320508075688772
 	std := func(s float64) float32 { return float32(s * sqrt3) }
 	name := spec.Name
@@ -158,7 +159,7 @@ func synthInit(c *Config, spec TensorSpec) (center, halfWidth float32) {
 		return 1, std(0.02)
 	case strings.HasSuffix(name, ".bias"):
 		return 0, std(0.02)
-	case name == EmbedName || name == LMHeadName:
+	case name == arch.EmbedName || name == arch.LMHeadName:
 		return 0, std(1 / math.Sqrt(float64(c.HiddenSize)))
 	}
 	in := float64(spec.Shape[len(spec.Shape)-1])

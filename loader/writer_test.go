@@ -12,6 +12,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -230,7 +231,7 @@ func TestShardedWriterFillError(t *testing.T) {
 
 func TestSynthesizeOpens(t *testing.T) {
 	ctx := context.Background()
-	base, err := Preset("tiny")
+	base, err := arch.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,20 +241,20 @@ func TestSynthesizeOpens(t *testing.T) {
 		tie    bool
 		dtype  tensor.DType
 		shard  int64
-		extra  func(c *Config)
+		extra  func(c *arch.Config)
 		biases bool
 	}{
 		{name: "llama-f16-sharded", arch: "llama", dtype: tensor.F16, shard: 50_000},
 		{name: "llama-bf16", arch: "llama", dtype: tensor.BF16},
 		{name: "llama-f32-tied", arch: "llama", dtype: tensor.F32, tie: true, shard: 100_000},
-		{name: "mistral", arch: "mistral", dtype: tensor.F16, extra: func(c *Config) { c.SlidingWindow = 128 }},
+		{name: "mistral", arch: "mistral", dtype: tensor.F16, extra: func(c *arch.Config) { c.SlidingWindow = 128 }},
 		{name: "qwen2", arch: "qwen2", dtype: tensor.BF16, shard: 70_000, biases: true},
 		{name: "qwen2-tied", arch: "qwen2", dtype: tensor.F16, tie: true, biases: true},
 		{name: "llama-attention-bias", arch: "llama", dtype: tensor.F16, biases: true,
-			extra: func(c *Config) { c.AttentionBias, c.AttentionOutputBias = true, true }},
-		{name: "llama3-rope", arch: "llama", dtype: tensor.F16, extra: func(c *Config) {
+			extra: func(c *arch.Config) { c.AttentionBias, c.AttentionOutputBias = true, true }},
+		{name: "llama3-rope", arch: "llama", dtype: tensor.F16, extra: func(c *arch.Config) {
 			c.RopeTheta = 500000
-			c.RopeScaling = &RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
+			c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
 			c.EOSTokenIDs = []int{2, 3}
 			c.HeadDim = 32 // not hidden/heads
 		}},
@@ -297,8 +298,8 @@ func TestSynthesizeOpens(t *testing.T) {
 				t.Errorf("k_proj.bias present: %v, want %v", hasBias, tc.biases)
 			}
 			head := m.Layers()[cfg.NumLayers+1]
-			_, hasLMHead := m.Tensor(LMHeadName)
-			if hasLMHead == tc.tie || head.Tensors[1].Name != map[bool]string{true: EmbedName, false: LMHeadName}[tc.tie] {
+			_, hasLMHead := m.Tensor(arch.LMHeadName)
+			if hasLMHead == tc.tie || head.Tensors[1].Name != map[bool]string{true: arch.EmbedName, false: arch.LMHeadName}[tc.tie] {
 				t.Errorf("tied %v: lm_head present %v, head layer holds %s", tc.tie, hasLMHead, head.Tensors[1].Name)
 			}
 			if tc.shard > 0 && len(m.Files()) < 2 {
@@ -319,7 +320,7 @@ func TestSynthesizeOpens(t *testing.T) {
 	}
 }
 
-func synthBytes(t *testing.T, cfg *Config, opts SynthOptions) map[string][]byte {
+func synthBytes(t *testing.T, cfg *arch.Config, opts SynthOptions) map[string][]byte {
 	t.Helper()
 	m, err := SynthesizeOpen(context.Background(), t.TempDir(), cfg, opts)
 	if err != nil {
@@ -338,7 +339,7 @@ func synthBytes(t *testing.T, cfg *Config, opts SynthOptions) map[string][]byte 
 }
 
 func TestSynthesizeDeterministic(t *testing.T) {
-	cfg, _ := Preset("tiny")
+	cfg, _ := arch.Preset("tiny")
 	cfg.NumLayers = 2
 	a := synthBytes(t, cfg, SynthOptions{Seed: 42, Workers: 1})
 	b := synthBytes(t, cfg, SynthOptions{Seed: 42, Workers: 4, MaxShardBytes: 30_000})
@@ -379,7 +380,7 @@ func TestSynthesizeDeterministic(t *testing.T) {
 // The same seed in F32, F16 and BF16 gives the same values rounded to each
 // dtype, and the values have the documented spread.
 func TestSynthesizeValues(t *testing.T) {
-	cfg, _ := Preset("tiny")
+	cfg, _ := arch.Preset("tiny")
 	cfg.NumLayers = 2
 	f32 := synthBytes(t, cfg, SynthOptions{Seed: 9, DType: tensor.F32})
 	f16 := synthBytes(t, cfg, SynthOptions{Seed: 9, DType: tensor.F16})
@@ -406,7 +407,7 @@ func TestSynthesizeValues(t *testing.T) {
 		std := math.Sqrt(sq/n - mean*mean)
 		var wantMean, wantStd float64
 		switch {
-		case name == EmbedName || name == LMHeadName:
+		case name == arch.EmbedName || name == arch.LMHeadName:
 			wantStd = 1 / math.Sqrt(64)
 		case filepath.Ext(name) == ".bias":
 			wantStd = 0.02
@@ -429,7 +430,7 @@ func TestSynthesizeValues(t *testing.T) {
 func TestSynthesizeTokenizer(t *testing.T) {
 	ctx := context.Background()
 	src := fixtures.Dir(fixtures.TinyLlamaBF16)
-	cfg, _ := Preset("tiny")
+	cfg, _ := arch.Preset("tiny")
 	dir := t.TempDir()
 	if err := Synthesize(ctx, dir, cfg, SynthOptions{Seed: 1, TokenizerFrom: src}); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/tensor"
@@ -15,7 +16,7 @@ import (
 // F16 on the CPU backend, on one thread and on all: one op is one token.
 func BenchmarkDecode100M(b *testing.B) {
 	ctx := context.Background()
-	cfg, err := loader.Preset("100m")
+	cfg, err := arch.Preset("100m")
 	if err != nil {
 		b.Fatal(err)
 	}

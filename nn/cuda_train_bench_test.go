@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/paging"
 )
@@ -37,7 +38,7 @@ func BenchmarkCUDATrain(b *testing.B) {
 	if err != nil || tokens < 2 {
 		b.Fatalf("STRATA_TRAIN_TOKENS: %v", err)
 	}
-	lc, err := loader.Preset(shape)
+	lc, err := arch.Preset(shape)
 	if err != nil {
 		b.Fatal(err)
 	}

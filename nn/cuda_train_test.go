@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -36,15 +37,15 @@ func TestCUDATrainMatchesCPU(t *testing.T) {
 	cases := []struct {
 		name   string
 		dtype  tensor.DType
-		adjust func(c *loader.Config)
+		adjust func(c *arch.Config)
 	}{
-		{"tied-mqa-f16", tensor.F16, func(c *loader.Config) { c.TieWordEmbeddings = true; c.NumKVHeads = 1 }},
-		{"llama-bias-bf16", tensor.BF16, func(c *loader.Config) { c.AttentionBias = true; c.AttentionOutputBias = true; c.RopeTheta = 1e6 }},
-		{"headdim128-f32", tensor.F32, func(c *loader.Config) { c.HeadDim = 128; c.NumHeads = 4; c.NumKVHeads = 2 }},
+		{"tied-mqa-f16", tensor.F16, func(c *arch.Config) { c.TieWordEmbeddings = true; c.NumKVHeads = 1 }},
+		{"llama-bias-bf16", tensor.BF16, func(c *arch.Config) { c.AttentionBias = true; c.AttentionOutputBias = true; c.RopeTheta = 1e6 }},
+		{"headdim128-f32", tensor.F32, func(c *arch.Config) { c.HeadDim = 128; c.NumHeads = 4; c.NumKVHeads = 2 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			lc, err := loader.Preset("tiny")
+			lc, err := arch.Preset("tiny")
 			if err != nil {
 				t.Fatal(err)
 			}

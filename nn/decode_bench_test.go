@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/tensor"
@@ -67,7 +68,7 @@ func (ms *benchModels) dir(b *testing.B, dt tensor.DType) string {
 	dir := filepath.Join(parent, fmt.Sprintf("%s-%v-seed%d", benchPreset, dt, benchSeed))
 	done := filepath.Join(dir, ".complete")
 	if _, err := os.Stat(done); err != nil {
-		cfg, err := loader.Preset(benchPreset)
+		cfg, err := arch.Preset(benchPreset)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
 )
 
 // FromLoader converts a parsed Hugging Face config to the forward pass's.
-func FromLoader(c *loader.Config) (Config, error) {
+func FromLoader(c *arch.Config) (Config, error) {
 	cfg := Config{
 		HiddenSize:       c.HiddenSize,
 		IntermediateSize: c.IntermediateSize,

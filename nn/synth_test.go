@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -13,29 +14,29 @@ import (
 // synthCase is a model shape the fixtures do not cover.
 type synthCase struct {
 	name  string
-	edit  func(c *loader.Config)
+	edit  func(c *arch.Config)
 	dtype tensor.DType
 }
 
 var synthCases = []synthCase{
-	{"mha-f32", func(c *loader.Config) { c.NumKVHeads = c.NumHeads }, tensor.F32},
-	{"gqa-f16", func(c *loader.Config) { c.NumHeads, c.NumKVHeads = 6, 2; c.HeadDim = 8 }, tensor.F16},
-	{"mqa-bf16", func(c *loader.Config) { c.NumKVHeads = 1 }, tensor.BF16},
-	{"tied", func(c *loader.Config) { c.TieWordEmbeddings = true }, tensor.F16},
-	{"qwen2-bias", func(c *loader.Config) {
+	{"mha-f32", func(c *arch.Config) { c.NumKVHeads = c.NumHeads }, tensor.F32},
+	{"gqa-f16", func(c *arch.Config) { c.NumHeads, c.NumKVHeads = 6, 2; c.HeadDim = 8 }, tensor.F16},
+	{"mqa-bf16", func(c *arch.Config) { c.NumKVHeads = 1 }, tensor.BF16},
+	{"tied", func(c *arch.Config) { c.TieWordEmbeddings = true }, tensor.F16},
+	{"qwen2-bias", func(c *arch.Config) {
 		if err := c.SetArchitecture("qwen2"); err != nil {
 			panic(err)
 		}
 		c.RopeTheta = 1e6
 	}, tensor.F32},
-	{"llama-attention-bias", func(c *loader.Config) {
+	{"llama-attention-bias", func(c *arch.Config) {
 		c.AttentionBias, c.AttentionOutputBias = true, true
 	}, tensor.F32},
-	{"rope-theta-500k-llama3", func(c *loader.Config) {
+	{"rope-theta-500k-llama3", func(c *arch.Config) {
 		c.RopeTheta = 500000
-		c.RopeScaling = &loader.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 16}
+		c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 16}
 	}, tensor.F32},
-	{"mistral-head-dim", func(c *loader.Config) {
+	{"mistral-head-dim", func(c *arch.Config) {
 		if err := c.SetArchitecture("mistral"); err != nil {
 			panic(err)
 		}
@@ -49,7 +50,7 @@ var synthCases = []synthCase{
 func TestSynthesizedAgainstReference(t *testing.T) {
 	for _, tc := range synthCases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := loader.Preset("tiny")
+			cfg, err := arch.Preset("tiny")
 			if err != nil {
 				t.Fatal(err)
 			}

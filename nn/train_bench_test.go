@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -21,7 +22,7 @@ import (
 //
 //	go test ./nn -run '^$' -bench TrainCheckpoint -benchtime 5x -cpu 1
 func BenchmarkTrainCheckpoint(b *testing.B) {
-	cfg, err := loader.Preset("tiny")
+	cfg, err := arch.Preset("tiny")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/filetest"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
@@ -15,7 +16,7 @@ import (
 // directory and loads its parameters.
 func tinySaveModel(t *testing.T) (*Params, *loader.Model) {
 	t.Helper()
-	cfg, err := loader.Preset("tiny")
+	cfg, err := arch.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

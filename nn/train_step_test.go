@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
@@ -237,7 +238,7 @@ func TestParamsSave(t *testing.T) {
 // without lm_head.weight and that its single table got both uses'
 // gradient.
 func TestParamsSaveTied(t *testing.T) {
-	cfg, err := loader.Preset("tiny")
+	cfg, err := arch.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -46,7 +47,7 @@ func TestTrainGradsFiniteDifferences(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := loader.Preset("tiny")
+			cfg, err := arch.Preset("tiny")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/paging"
@@ -415,7 +416,7 @@ func categoryPeak(bg *paging.Budget, c paging.Category) int64 {
 // checks the additions in flight against the embedding's.
 func TestTrainStagedGrads(t *testing.T) {
 	ctx := context.Background()
-	lc, err := loader.Preset("tiny")
+	lc, err := arch.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

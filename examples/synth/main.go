@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/loader"
@@ -41,13 +42,13 @@ type options struct {
 	shape                                              map[string]*int
 }
 
-func parseFlags(args []string, stderr io.Writer) (*options, *loader.Config, loader.SynthOptions, error) {
+func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader.SynthOptions, error) {
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o := &options{shape: map[string]*int{}}
 	fs.StringVar(&o.out, "out", "", "output directory (required)")
 	fs.BoolVar(&o.force, "force", false, "replace the model already in -out")
-	fs.StringVar(&o.preset, "preset", "tiny", "shape preset: "+strings.Join(loader.Presets(), ", "))
+	fs.StringVar(&o.preset, "preset", "tiny", "shape preset: "+strings.Join(arch.Presets(), ", "))
 	fs.StringVar(&o.arch, "arch", "", "architecture: llama, mistral or qwen2 (default: the preset's, llama)")
 	fs.BoolVar(&o.tie, "tie", false, "tie the LM head to the embedding table")
 	fs.StringVar(&o.dtype, "dtype", "f16", "weight dtype: f16, bf16 or f32")
@@ -76,7 +77,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *loader.Config, load
 		}
 		return nil, nil, loader.SynthOptions{}, cli.UsageError{Err: err}
 	}
-	bad := func(format string, args ...any) (*options, *loader.Config, loader.SynthOptions, error) {
+	bad := func(format string, args ...any) (*options, *arch.Config, loader.SynthOptions, error) {
 		return nil, nil, loader.SynthOptions{}, cli.Usagef(format, args...)
 	}
 	if fs.NArg() > 0 {
@@ -85,9 +86,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, *loader.Config, load
 	if o.out == "" {
 		return bad("-out DIR is required")
 	}
-	cfg, err := loader.Preset(o.preset)
+	cfg, err := arch.Preset(o.preset)
 	if err != nil {
-		return bad("-preset: unknown preset %q (have %s)", o.preset, strings.Join(loader.Presets(), ", "))
+		return bad("-preset: unknown preset %q (have %s)", o.preset, strings.Join(arch.Presets(), ", "))
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/filetest"
-	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
 
@@ -131,7 +131,7 @@ func TestOpenModelEmbeddedInPlace(t *testing.T) {
 		if err != nil || tok == nil {
 			t.Fatalf("%s: tokenizer %v, %v", name, tok, err)
 		}
-		if _, err := lm.ReadTensor(context.Background(), loader.EmbedName); err != nil {
+		if _, err := lm.ReadTensor(context.Background(), arch.EmbedName); err != nil {
 			t.Fatal(err)
 		}
 		lm.Close()

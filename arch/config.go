@@ -1,8 +1,9 @@
-package loader
+package arch
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -549,13 +550,19 @@ func (f jsonFloat) MarshalJSON() ([]byte, error) {
 	return []byte(s), nil
 }
 
-// configError is a problem with a config; Open reports it with the file's
-// path in place of "config".
-type configError struct{ msg string }
+// ErrConfig is wrapped by every error about a config: malformed, or
+// describing a model strata cannot run.
+var ErrConfig = errors.New("bad config")
 
-func (e *configError) Error() string { return "loader: config: " + e.msg }
-func (e *configError) Unwrap() error { return ErrConfig }
+// ConfigError is a problem with a config. It wraps ErrConfig; a reader of
+// config.json reports Msg with the file's path in place of "config".
+type ConfigError struct{ Msg string }
+
+func (e *ConfigError) Error() string { return "arch: config: " + e.Msg }
+
+// Unwrap returns ErrConfig.
+func (e *ConfigError) Unwrap() error { return ErrConfig }
 
 func cfgErr(format string, args ...any) error {
-	return &configError{msg: fmt.Sprintf(format, args...)}
+	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
 }

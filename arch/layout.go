@@ -1,4 +1,4 @@
-package loader
+package arch
 
 import (
 	"fmt"
@@ -61,7 +61,7 @@ func (c *Config) blockSpecs(i int) []TensorSpec {
 	)
 }
 
-// LayerTensors lists the tensors loader layer `layer` holds, in the order
+// LayerTensors lists the tensors layer `layer` holds, in the order
 // the forward pass uses them: layer 0 is the embedding, layers 1..NumLayers
 // the decoder blocks, layer NumLayers+1 the final norm and LM head (the
 // embedding table in place of lm_head.weight when the embeddings are tied).

@@ -1,4 +1,4 @@
-package loader
+package arch
 
 import (
 	"fmt"
@@ -58,7 +58,7 @@ func Preset(name string) (*Config, error) {
 			}, nil
 		}
 	}
-	return nil, fmt.Errorf("loader: unknown preset %q (have %s)", name, strings.Join(Presets(), ", "))
+	return nil, fmt.Errorf("arch: unknown preset %q (have %s)", name, strings.Join(Presets(), ", "))
 }
 
 // SetArchitecture switches c to another supported architecture ("llama",
@@ -69,7 +69,7 @@ func Preset(name string) (*Config, error) {
 func (c *Config) SetArchitecture(name string) error {
 	arch := ArchitectureFor(name)
 	if arch == "" {
-		return fmt.Errorf("loader: unsupported architecture %q (supported: %s)", name, strings.Join(Architectures(), ", "))
+		return fmt.Errorf("arch: unsupported architecture %q (supported: %s)", name, strings.Join(Architectures(), ", "))
 	}
 	c.Architecture, c.ModelType = arch, archModelType[arch]
 	switch c.ModelType {

@@ -1,4 +1,4 @@
-package loader
+package arch
 
 import (
 	"bytes"
@@ -166,7 +166,7 @@ func TestParseConfigErrors(t *testing.T) {
 			if err == nil {
 				t.Fatal("ParseConfig succeeded")
 			}
-			if !errors.Is(err, ErrConfig) || !strings.HasPrefix(err.Error(), "loader: config: ") || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, ErrConfig) || !strings.HasPrefix(err.Error(), "arch: config: ") || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q, want ErrConfig mentioning %q", err, tc.want)
 			}
 			if msg := err.Error(); strings.ContainsAny(msg, "\r\n") || len(msg) > 200 {
