@@ -33,22 +33,23 @@ type Config struct {
 	RopeTheta   float64
 	RopeScaling *RopeScaling // nil when none or "default"
 
-	TieWordEmbeddings bool
-	// AttentionBias is true when q_proj, k_proj and v_proj have biases:
-	// always for Qwen2, for Llama when attention_bias is set, never for
-	// Mistral.
-	AttentionBias bool
-	// AttentionOutputBias is true when o_proj has a bias too: Llama with
+	// TieEmbeddings (tie_word_embeddings) is true when the LM head is the
+	// embedding table: the model stores no lm_head.weight.
+	TieEmbeddings bool
+	// QKVBias is true when q_proj, k_proj and v_proj have biases: always
+	// for Qwen2, for Llama when attention_bias is set, never for Mistral.
+	QKVBias bool
+	// OutBias is true when o_proj has a bias too: Llama with
 	// attention_bias set. Qwen2 and Mistral never have one.
-	AttentionOutputBias bool
+	OutBias bool
 
-	MaxPositionEmbeddings int
+	MaxPositions int // max_position_embeddings
 	// SlidingWindow is Mistral's attention window in positions; 0 means
 	// full causal attention.
 	SlidingWindow int
 
-	BOSTokenID  int // -1 when absent
-	EOSTokenIDs []int
+	BOS int   // bos_token_id; -1 when absent
+	EOS []int // eos_token_id: none, one or several
 
 	DType tensor.DType // stored dtype named by the config (F32 if absent)
 }
@@ -56,11 +57,11 @@ type Config struct {
 // RopeScaling describes a rescaling of the rotary embedding's frequencies.
 // The only type strata supports is "llama3".
 type RopeScaling struct {
-	Type                          string // "llama3"
-	Factor                        float64
-	LowFreqFactor                 float64
-	HighFreqFactor                float64
-	OriginalMaxPositionEmbeddings int
+	Type                 string // "llama3"
+	Factor               float64
+	LowFreqFactor        float64
+	HighFreqFactor       float64
+	OriginalMaxPositions int
 }
 
 // Supported architectures and their model types.
@@ -137,7 +138,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := json.Unmarshal(data, &j); err != nil {
 		return nil, cfgErr("bad JSON: %v", err)
 	}
-	c := &Config{BOSTokenID: -1}
+	c := &Config{BOS: -1}
 
 	// Architecture and model type.
 	switch {
@@ -198,17 +199,17 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	switch mt {
 	case "llama":
-		c.MaxPositionEmbeddings = 2048
+		c.MaxPositions = 2048
 	case "mistral":
-		c.MaxPositionEmbeddings = 4096 * 32
+		c.MaxPositions = 4096 * 32
 	case "qwen2":
-		c.MaxPositionEmbeddings = 32768
+		c.MaxPositions = 32768
 	}
 	if j.MaxPositionEmbeddings != nil {
-		c.MaxPositionEmbeddings = *j.MaxPositionEmbeddings
+		c.MaxPositions = *j.MaxPositionEmbeddings
 	}
 	if j.TieWordEmbeddings != nil {
-		c.TieWordEmbeddings = *j.TieWordEmbeddings
+		c.TieEmbeddings = *j.TieWordEmbeddings
 	}
 	if j.MLPBias != nil && *j.MLPBias {
 		return nil, cfgErr("mlp_bias=true is not supported")
@@ -218,14 +219,14 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	switch mt {
 	case "qwen2":
-		c.AttentionBias = true // Qwen2's q/k/v projections always carry a bias
+		c.QKVBias = true // Qwen2's q/k/v projections always carry a bias
 		if j.UseSlidingWindow != nil && *j.UseSlidingWindow {
 			return nil, cfgErr("qwen2 use_sliding_window=true is not supported")
 		}
 	case "llama":
 		if j.AttentionBias != nil {
-			c.AttentionBias = *j.AttentionBias
-			c.AttentionOutputBias = *j.AttentionBias
+			c.QKVBias = *j.AttentionBias
+			c.OutBias = *j.AttentionBias
 		}
 	case "mistral":
 		if j.SlidingWindow != nil {
@@ -260,14 +261,14 @@ func ParseConfig(data []byte) (*Config, error) {
 		if err != nil || len(ids) != 1 {
 			return nil, cfgErr("bos_token_id %s is not one token id", oneline.JSON(j.BOSTokenID))
 		}
-		c.BOSTokenID = ids[0]
+		c.BOS = ids[0]
 	}
 	if len(j.EOSTokenID) > 0 && string(j.EOSTokenID) != "null" {
 		ids, err := parseTokenIDs(j.EOSTokenID)
 		if err != nil {
 			return nil, cfgErr("eos_token_id %s is neither a token id nor a list of them", oneline.JSON(j.EOSTokenID))
 		}
-		c.EOSTokenIDs = ids
+		c.EOS = ids
 	}
 
 	// Stored dtype: transformers 5 writes dtype, older versions torch_dtype.
@@ -317,7 +318,7 @@ func parseRope(r *ropeJSON) (*RopeScaling, error) {
 		return nil, missing("original_max_position_embeddings")
 	}
 	rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor = *r.Factor, *r.LowFreqFactor, *r.HighFreqFactor
-	rs.OriginalMaxPositionEmbeddings = *r.OriginalMaxPositionEmbeddings
+	rs.OriginalMaxPositions = *r.OriginalMaxPositionEmbeddings
 	return rs, nil
 }
 
@@ -353,7 +354,7 @@ func (c *Config) Validate() error {
 		{"hidden_size", c.HiddenSize}, {"intermediate_size", c.IntermediateSize},
 		{"num_hidden_layers", c.NumLayers}, {"num_attention_heads", c.NumHeads},
 		{"num_key_value_heads", c.NumKVHeads}, {"head_dim", c.HeadDim},
-		{"vocab_size", c.VocabSize}, {"max_position_embeddings", c.MaxPositionEmbeddings},
+		{"vocab_size", c.VocabSize}, {"max_position_embeddings", c.MaxPositions},
 	}
 	for _, s := range sizes {
 		if s.v <= 0 {
@@ -379,27 +380,27 @@ func (c *Config) Validate() error {
 		if s.Type != "llama3" {
 			return cfgErr("rope type %q is not supported (supported: default, llama3)", s.Type)
 		}
-		if !(s.Factor > 0) || !(s.LowFreqFactor > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || s.OriginalMaxPositionEmbeddings <= 0 {
+		if !(s.Factor > 0) || !(s.LowFreqFactor > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || s.OriginalMaxPositions <= 0 {
 			return cfgErr("bad llama3 rope scaling (factor %v, low_freq_factor %v, high_freq_factor %v, original_max_position_embeddings %d)",
-				s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalMaxPositionEmbeddings)
+				s.Factor, s.LowFreqFactor, s.HighFreqFactor, s.OriginalMaxPositions)
 		}
 	}
 	if c.SlidingWindow < 0 {
 		return cfgErr("sliding_window %d must not be negative", c.SlidingWindow)
 	}
-	if mt == "qwen2" && !c.AttentionBias {
-		return cfgErr("qwen2 always has q/k/v biases (AttentionBias must be true)")
+	if mt == "qwen2" && !c.QKVBias {
+		return cfgErr("qwen2 always has q/k/v biases (QKVBias must be true)")
 	}
-	if mt != "llama" && c.AttentionOutputBias {
+	if mt != "llama" && c.OutBias {
 		return cfgErr("%s has no o_proj bias", mt)
 	}
-	if mt == "mistral" && c.AttentionBias {
+	if mt == "mistral" && c.QKVBias {
 		return cfgErr("mistral has no q/k/v biases")
 	}
-	if c.BOSTokenID < -1 || c.BOSTokenID >= c.VocabSize {
-		return cfgErr("bos_token_id %d outside the vocabulary of %d", c.BOSTokenID, c.VocabSize)
+	if c.BOS < -1 || c.BOS >= c.VocabSize {
+		return cfgErr("bos_token_id %d outside the vocabulary of %d", c.BOS, c.VocabSize)
 	}
-	for _, id := range c.EOSTokenIDs {
+	for _, id := range c.EOS {
 		if id < 0 || id >= c.VocabSize {
 			return cfgErr("eos_token_id %d outside the vocabulary of %d", id, c.VocabSize)
 		}
@@ -447,23 +448,23 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 			"factor":                           jsonFloat(s.Factor),
 			"low_freq_factor":                  jsonFloat(s.LowFreqFactor),
 			"high_freq_factor":                 jsonFloat(s.HighFreqFactor),
-			"original_max_position_embeddings": s.OriginalMaxPositionEmbeddings,
+			"original_max_position_embeddings": s.OriginalMaxPositions,
 		}
 		for k, v := range scaling {
 			rope[k] = v
 		}
 	}
 	var bos any
-	if c.BOSTokenID >= 0 {
-		bos = c.BOSTokenID
+	if c.BOS >= 0 {
+		bos = c.BOS
 	}
 	var eos any
-	switch len(c.EOSTokenIDs) {
+	switch len(c.EOS) {
 	case 0:
 	case 1:
-		eos = c.EOSTokenIDs[0]
+		eos = c.EOS[0]
 	default:
-		eos = c.EOSTokenIDs
+		eos = c.EOS
 	}
 	fields := []kv{
 		{"architectures", []string{c.Architecture}},
@@ -476,7 +477,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 		{"head_dim", c.HeadDim},
 		{"hidden_act", "silu"},
 		{"vocab_size", c.VocabSize},
-		{"max_position_embeddings", c.MaxPositionEmbeddings},
+		{"max_position_embeddings", c.MaxPositions},
 		{"rms_norm_eps", jsonFloat(c.RMSNormEps)},
 		{"rope_theta", jsonFloat(c.RopeTheta)},
 		{"rope_parameters", rope},
@@ -485,7 +486,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 		fields = append(fields, kv{"rope_scaling", scaling})
 	}
 	fields = append(fields,
-		kv{"tie_word_embeddings", c.TieWordEmbeddings},
+		kv{"tie_word_embeddings", c.TieEmbeddings},
 		kv{"attention_dropout", jsonFloat(0)},
 		kv{"initializer_range", jsonFloat(0.02)},
 		kv{"use_cache", true},
@@ -496,7 +497,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 	)
 	switch c.ModelType {
 	case "llama":
-		fields = append(fields, kv{"attention_bias", c.AttentionBias}, kv{"mlp_bias", false}, kv{"pretraining_tp", 1})
+		fields = append(fields, kv{"attention_bias", c.QKVBias}, kv{"mlp_bias", false}, kv{"pretraining_tp", 1})
 	case "mistral":
 		var sw any
 		if c.SlidingWindow > 0 {
@@ -530,7 +531,7 @@ func (c *Config) Clone() *Config {
 		rs := *c.RopeScaling
 		d.RopeScaling = &rs
 	}
-	d.EOSTokenIDs = slices.Clone(c.EOSTokenIDs)
+	d.EOS = slices.Clone(c.EOS)
 	return &d
 }
 

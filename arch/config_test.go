@@ -34,7 +34,7 @@ func llamaJSON(extra map[string]any) []byte {
 }
 
 func TestParseConfigFields(t *testing.T) {
-	llama3 := &RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
+	llama3 := &RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
 	cases := []struct {
 		name  string
 		json  []byte
@@ -42,8 +42,8 @@ func TestParseConfigFields(t *testing.T) {
 	}{
 		{"defaults", llamaJSON(nil), func(t *testing.T, c *Config) {
 			if c.NumKVHeads != 32 || c.HeadDim != 128 || c.RopeTheta != 10000 || c.RMSNormEps != 1e-6 ||
-				c.BOSTokenID != -1 || c.EOSTokenIDs != nil || c.DType != tensor.F32 || c.RopeScaling != nil ||
-				c.MaxPositionEmbeddings != 2048 || c.TieWordEmbeddings || c.AttentionBias {
+				c.BOS != -1 || c.EOS != nil || c.DType != tensor.F32 || c.RopeScaling != nil ||
+				c.MaxPositions != 2048 || c.TieEmbeddings || c.QKVBias {
 				t.Errorf("defaults: %+v", c)
 			}
 		}},
@@ -54,8 +54,8 @@ func TestParseConfigFields(t *testing.T) {
 				"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
 		}), func(t *testing.T, c *Config) {
 			if c.RopeTheta != 500000 || !reflect.DeepEqual(c.RopeScaling, llama3) || c.NumKVHeads != 8 ||
-				c.DType != tensor.BF16 || c.BOSTokenID != 128000 || !reflect.DeepEqual(c.EOSTokenIDs, []int{128001, 128008, 128009}) ||
-				c.MaxPositionEmbeddings != 131072 || c.RMSNormEps != 1e-5 {
+				c.DType != tensor.BF16 || c.BOS != 128000 || !reflect.DeepEqual(c.EOS, []int{128001, 128008, 128009}) ||
+				c.MaxPositions != 131072 || c.RMSNormEps != 1e-5 {
 				t.Errorf("got %+v, scaling %+v", c, c.RopeScaling)
 			}
 		}},
@@ -83,12 +83,12 @@ func TestParseConfigFields(t *testing.T) {
 			}
 		}},
 		{"explicit head_dim and null bos", llamaJSON(map[string]any{"head_dim": 64, "bos_token_id": nil, "eos_token_id": 2}), func(t *testing.T, c *Config) {
-			if c.HeadDim != 64 || c.QDim() != 2048 || c.BOSTokenID != -1 || !reflect.DeepEqual(c.EOSTokenIDs, []int{2}) {
+			if c.HeadDim != 64 || c.QDim() != 2048 || c.BOS != -1 || !reflect.DeepEqual(c.EOS, []int{2}) {
 				t.Errorf("got %+v", c)
 			}
 		}},
 		{"llama attention_bias", llamaJSON(map[string]any{"attention_bias": true, "tie_word_embeddings": true}), func(t *testing.T, c *Config) {
-			if !c.AttentionBias || !c.AttentionOutputBias || !c.TieWordEmbeddings {
+			if !c.QKVBias || !c.OutBias || !c.TieEmbeddings {
 				t.Errorf("got %+v", c)
 			}
 		}},
@@ -96,14 +96,14 @@ func TestParseConfigFields(t *testing.T) {
 			"architectures": []string{"Qwen2ForCausalLM"}, "model_type": "qwen2", "attention_bias": false,
 			"use_sliding_window": false, "sliding_window": 4096, "rope_theta": 1000000.0,
 		}), func(t *testing.T, c *Config) {
-			if c.ModelType != "qwen2" || !c.AttentionBias || c.AttentionOutputBias || c.SlidingWindow != 0 || c.MaxPositionEmbeddings != 32768 {
+			if c.ModelType != "qwen2" || !c.QKVBias || c.OutBias || c.SlidingWindow != 0 || c.MaxPositions != 32768 {
 				t.Errorf("got %+v", c)
 			}
 		}},
 		{"mistral sliding window", llamaJSON(map[string]any{
 			"architectures": []string{"MistralForCausalLM"}, "model_type": "mistral", "sliding_window": 4096, "attention_bias": true,
 		}), func(t *testing.T, c *Config) {
-			if c.ModelType != "mistral" || c.SlidingWindow != 4096 || c.AttentionBias {
+			if c.ModelType != "mistral" || c.SlidingWindow != 4096 || c.QKVBias {
 				t.Errorf("got %+v", c)
 			}
 		}},
@@ -196,16 +196,16 @@ func TestConfigJSONRoundTrip(t *testing.T) {
 		cfgs = append(cfgs, c)
 	}
 	l3 := tiny.Clone()
-	l3.RopeTheta, l3.DType, l3.EOSTokenIDs, l3.BOSTokenID = 500000, tensor.BF16, []int{3, 4}, -1
-	l3.RopeScaling = &RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
+	l3.RopeTheta, l3.DType, l3.EOS, l3.BOS = 500000, tensor.BF16, []int{3, 4}, -1
+	l3.RopeScaling = &RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
 	q := tiny.Clone()
 	q.SetArchitecture("qwen2")
-	q.TieWordEmbeddings, q.DType, q.EOSTokenIDs, q.RMSNormEps = true, tensor.F32, nil, 1e-6
+	q.TieEmbeddings, q.DType, q.EOS, q.RMSNormEps = true, tensor.F32, nil, 1e-6
 	ms := tiny.Clone()
 	ms.SetArchitecture("mistral")
 	ms.SlidingWindow = 4096
 	ab := tiny.Clone()
-	ab.AttentionBias, ab.AttentionOutputBias = true, true
+	ab.QKVBias, ab.OutBias = true, true
 	cfgs = append(cfgs, l3, q, ms, ab)
 	for _, c := range cfgs {
 		if err := c.Validate(); err != nil {
@@ -268,7 +268,7 @@ func TestPresets(t *testing.T) {
 	if err := c.SetArchitecture("gpt2"); err == nil {
 		t.Error("SetArchitecture(gpt2) succeeded")
 	}
-	if err := c.SetArchitecture("Qwen2ForCausalLM"); err != nil || c.ModelType != "qwen2" || !c.AttentionBias {
+	if err := c.SetArchitecture("Qwen2ForCausalLM"); err != nil || c.ModelType != "qwen2" || !c.QKVBias {
 		t.Errorf("SetArchitecture(Qwen2ForCausalLM): %v %+v", err, c)
 	}
 	// Presets are fresh copies.

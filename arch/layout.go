@@ -38,19 +38,19 @@ func (c *Config) blockSpecs(i int) []TensorSpec {
 		s("input_layernorm.weight", h),
 		s("self_attn.q_proj.weight", q, h),
 	}
-	if c.AttentionBias {
+	if c.QKVBias {
 		specs = append(specs, s("self_attn.q_proj.bias", q))
 	}
 	specs = append(specs, s("self_attn.k_proj.weight", kv, h))
-	if c.AttentionBias {
+	if c.QKVBias {
 		specs = append(specs, s("self_attn.k_proj.bias", kv))
 	}
 	specs = append(specs, s("self_attn.v_proj.weight", kv, h))
-	if c.AttentionBias {
+	if c.QKVBias {
 		specs = append(specs, s("self_attn.v_proj.bias", kv))
 	}
 	specs = append(specs, s("self_attn.o_proj.weight", h, q))
-	if c.AttentionOutputBias {
+	if c.OutBias {
 		specs = append(specs, s("self_attn.o_proj.bias", h))
 	}
 	return append(specs,
@@ -75,7 +75,7 @@ func (c *Config) LayerTensors(layer int) []TensorSpec {
 		return c.blockSpecs(layer - 1)
 	case layer == c.NumLayers+1:
 		head := TensorSpec{LMHeadName, tensor.Shape{v, h}}
-		if c.TieWordEmbeddings {
+		if c.TieEmbeddings {
 			head.Name = EmbedName
 		}
 		return []TensorSpec{{NormName, tensor.Shape{h}}, head}
@@ -92,7 +92,7 @@ func (c *Config) ExpectedTensors() []TensorSpec {
 		specs = append(specs, c.blockSpecs(i)...)
 	}
 	specs = append(specs, TensorSpec{NormName, tensor.Shape{c.HiddenSize}})
-	if !c.TieWordEmbeddings {
+	if !c.TieEmbeddings {
 		specs = append(specs, TensorSpec{LMHeadName, tensor.Shape{c.VocabSize, c.HiddenSize}})
 	}
 	return specs

@@ -40,21 +40,21 @@ func Preset(name string) (*Config, error) {
 	for _, p := range presets {
 		if p.name == strings.ToLower(name) {
 			return &Config{
-				Architecture:          "LlamaForCausalLM",
-				ModelType:             "llama",
-				HiddenSize:            p.hidden,
-				IntermediateSize:      p.inter,
-				NumLayers:             p.layers,
-				NumHeads:              p.heads,
-				NumKVHeads:            p.kv,
-				HeadDim:               p.hidden / p.heads,
-				VocabSize:             p.vocab,
-				RMSNormEps:            p.eps,
-				RopeTheta:             10000,
-				MaxPositionEmbeddings: p.mx,
-				BOSTokenID:            1,
-				EOSTokenIDs:           []int{2},
-				DType:                 tensor.F16,
+				Architecture:     "LlamaForCausalLM",
+				ModelType:        "llama",
+				HiddenSize:       p.hidden,
+				IntermediateSize: p.inter,
+				NumLayers:        p.layers,
+				NumHeads:         p.heads,
+				NumKVHeads:       p.kv,
+				HeadDim:          p.hidden / p.heads,
+				VocabSize:        p.vocab,
+				RMSNormEps:       p.eps,
+				RopeTheta:        10000,
+				MaxPositions:     p.mx,
+				BOS:              1,
+				EOS:              []int{2},
+				DType:            tensor.F16,
 			}, nil
 		}
 	}
@@ -64,7 +64,7 @@ func Preset(name string) (*Config, error) {
 // SetArchitecture switches c to another supported architecture ("llama",
 // "mistral", "qwen2" or the full class name), setting the bias flags the
 // architecture implies: Qwen2 has q/k/v biases, Llama and Mistral none (set
-// AttentionBias and AttentionOutputBias afterwards for a Llama with
+// QKVBias and OutBias afterwards for a Llama with
 // attention_bias).
 func (c *Config) SetArchitecture(name string) error {
 	arch := ArchitectureFor(name)
@@ -74,11 +74,11 @@ func (c *Config) SetArchitecture(name string) error {
 	c.Architecture, c.ModelType = arch, archModelType[arch]
 	switch c.ModelType {
 	case "qwen2":
-		c.AttentionBias, c.AttentionOutputBias, c.SlidingWindow = true, false, 0
+		c.QKVBias, c.OutBias, c.SlidingWindow = true, false, 0
 	case "mistral":
-		c.AttentionBias, c.AttentionOutputBias = false, false
+		c.QKVBias, c.OutBias = false, false
 	case "llama":
-		c.AttentionBias, c.AttentionOutputBias, c.SlidingWindow = false, false, 0
+		c.QKVBias, c.OutBias, c.SlidingWindow = false, false, 0
 	}
 	return nil
 }

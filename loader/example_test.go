@@ -52,7 +52,7 @@ func ExampleSynthesize() {
 	if err := cfg.SetArchitecture("qwen2"); err != nil {
 		log.Fatal(err)
 	}
-	cfg.TieWordEmbeddings = true
+	cfg.TieEmbeddings = true
 	m, err := loader.SynthesizeOpen(context.Background(), dir, cfg, loader.SynthOptions{Seed: 1, MaxShardBytes: 100_000})
 	if err != nil {
 		log.Fatal(err)

@@ -50,8 +50,8 @@ func TestOpenFixtures(t *testing.T) {
 			want := &arch.Config{
 				Architecture: "LlamaForCausalLM", ModelType: "llama",
 				HiddenSize: 64, IntermediateSize: 172, NumLayers: 4, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
-				VocabSize: 512, RMSNormEps: 1e-5, RopeTheta: 10000, MaxPositionEmbeddings: 256,
-				BOSTokenID: 1, EOSTokenIDs: []int{2}, DType: fx.dtype,
+				VocabSize: 512, RMSNormEps: 1e-5, RopeTheta: 10000, MaxPositions: 256,
+				BOS: 1, EOS: []int{2}, DType: fx.dtype,
 			}
 			if !reflect.DeepEqual(m.Config, want) {
 				t.Errorf("config\n got %+v\nwant %+v", m.Config, want)

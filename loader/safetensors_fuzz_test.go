@@ -419,8 +419,8 @@ func FuzzConfig(f *testing.F) {
 		if err != nil {
 			t.Fatalf("ParseConfig(MarshalJSON(c)): %v\n%s", err, out)
 		}
-		if len(c.EOSTokenIDs) == 0 { // [] and null both mean none
-			c.EOSTokenIDs, back.EOSTokenIDs = nil, nil
+		if len(c.EOS) == 0 { // [] and null both mean none
+			c.EOS, back.EOS = nil, nil
 		}
 		if !reflect.DeepEqual(c, back) {
 			t.Fatalf("config changed through MarshalJSON:\n%+v\n%+v", c, back)

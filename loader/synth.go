@@ -118,15 +118,15 @@ func synthesizeInto(ctx context.Context, dir string, c *arch.Config, opts SynthO
 		return fmt.Errorf("loader: synthesize: %w", err)
 	}
 	gen := map[string]any{"_from_model_config": true}
-	if c.BOSTokenID >= 0 {
-		gen["bos_token_id"] = c.BOSTokenID
+	if c.BOS >= 0 {
+		gen["bos_token_id"] = c.BOS
 	}
-	switch len(c.EOSTokenIDs) {
+	switch len(c.EOS) {
 	case 0:
 	case 1:
-		gen["eos_token_id"] = c.EOSTokenIDs[0]
+		gen["eos_token_id"] = c.EOS[0]
 	default:
-		gen["eos_token_id"] = c.EOSTokenIDs
+		gen["eos_token_id"] = c.EOS
 	}
 	genJSON, _ := json.MarshalIndent(gen, "", "  ")
 	if err := atomicfile.WriteFile(filepath.Join(dir, "generation_config.json"), append(genJSON, '\n')); err != nil {

@@ -251,11 +251,11 @@ func TestSynthesizeOpens(t *testing.T) {
 		{name: "qwen2", arch: "qwen2", dtype: tensor.BF16, shard: 70_000, biases: true},
 		{name: "qwen2-tied", arch: "qwen2", dtype: tensor.F16, tie: true, biases: true},
 		{name: "llama-attention-bias", arch: "llama", dtype: tensor.F16, biases: true,
-			extra: func(c *arch.Config) { c.AttentionBias, c.AttentionOutputBias = true, true }},
+			extra: func(c *arch.Config) { c.QKVBias, c.OutBias = true, true }},
 		{name: "llama3-rope", arch: "llama", dtype: tensor.F16, extra: func(c *arch.Config) {
 			c.RopeTheta = 500000
-			c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
-			c.EOSTokenIDs = []int{2, 3}
+			c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
+			c.EOS = []int{2, 3}
 			c.HeadDim = 32 // not hidden/heads
 		}},
 	}
@@ -265,7 +265,7 @@ func TestSynthesizeOpens(t *testing.T) {
 			if err := cfg.SetArchitecture(tc.arch); err != nil {
 				t.Fatal(err)
 			}
-			cfg.TieWordEmbeddings = tc.tie
+			cfg.TieEmbeddings = tc.tie
 			if tc.extra != nil {
 				tc.extra(cfg)
 			}

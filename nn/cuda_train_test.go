@@ -39,8 +39,8 @@ func TestCUDATrainMatchesCPU(t *testing.T) {
 		dtype  tensor.DType
 		adjust func(c *arch.Config)
 	}{
-		{"tied-mqa-f16", tensor.F16, func(c *arch.Config) { c.TieWordEmbeddings = true; c.NumKVHeads = 1 }},
-		{"llama-bias-bf16", tensor.BF16, func(c *arch.Config) { c.AttentionBias = true; c.AttentionOutputBias = true; c.RopeTheta = 1e6 }},
+		{"tied-mqa-f16", tensor.F16, func(c *arch.Config) { c.TieEmbeddings = true; c.NumKVHeads = 1 }},
+		{"llama-bias-bf16", tensor.BF16, func(c *arch.Config) { c.QKVBias = true; c.OutBias = true; c.RopeTheta = 1e6 }},
 		{"headdim128-f32", tensor.F32, func(c *arch.Config) { c.HeadDim = 128; c.NumHeads = 4; c.NumKVHeads = 2 }},
 	}
 	for _, tc := range cases {

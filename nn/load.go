@@ -21,13 +21,13 @@ func FromLoader(c *arch.Config) (Config, error) {
 		VocabSize:        c.VocabSize,
 		RMSNormEps:       float32(c.RMSNormEps),
 		RopeTheta:        c.RopeTheta,
-		TieEmbeddings:    c.TieWordEmbeddings,
-		QKVBias:          c.AttentionBias,
-		OutBias:          c.AttentionOutputBias,
+		TieEmbeddings:    c.TieEmbeddings,
+		QKVBias:          c.QKVBias,
+		OutBias:          c.OutBias,
 		SlidingWindow:    c.SlidingWindow,
-		MaxPositions:     c.MaxPositionEmbeddings,
-		BOS:              c.BOSTokenID,
-		EOS:              append([]int(nil), c.EOSTokenIDs...),
+		MaxPositions:     c.MaxPositions,
+		BOS:              c.BOS,
+		EOS:              append([]int(nil), c.EOS...),
 	}
 	if s := c.RopeScaling; s != nil {
 		if s.Type != "llama3" {
@@ -35,7 +35,7 @@ func FromLoader(c *arch.Config) (Config, error) {
 		}
 		cfg.RopeScaling = &RopeScaling{
 			Factor: s.Factor, LowFreqFactor: s.LowFreqFactor, HighFreqFactor: s.HighFreqFactor,
-			OriginalMaxPositions: s.OriginalMaxPositionEmbeddings,
+			OriginalMaxPositions: s.OriginalMaxPositions,
 		}
 	}
 	return cfg, cfg.Validate()

@@ -22,7 +22,7 @@ var synthCases = []synthCase{
 	{"mha-f32", func(c *arch.Config) { c.NumKVHeads = c.NumHeads }, tensor.F32},
 	{"gqa-f16", func(c *arch.Config) { c.NumHeads, c.NumKVHeads = 6, 2; c.HeadDim = 8 }, tensor.F16},
 	{"mqa-bf16", func(c *arch.Config) { c.NumKVHeads = 1 }, tensor.BF16},
-	{"tied", func(c *arch.Config) { c.TieWordEmbeddings = true }, tensor.F16},
+	{"tied", func(c *arch.Config) { c.TieEmbeddings = true }, tensor.F16},
 	{"qwen2-bias", func(c *arch.Config) {
 		if err := c.SetArchitecture("qwen2"); err != nil {
 			panic(err)
@@ -30,11 +30,11 @@ var synthCases = []synthCase{
 		c.RopeTheta = 1e6
 	}, tensor.F32},
 	{"llama-attention-bias", func(c *arch.Config) {
-		c.AttentionBias, c.AttentionOutputBias = true, true
+		c.QKVBias, c.OutBias = true, true
 	}, tensor.F32},
 	{"rope-theta-500k-llama3", func(c *arch.Config) {
 		c.RopeTheta = 500000
-		c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 16}
+		c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 16}
 	}, tensor.F32},
 	{"mistral-head-dim", func(c *arch.Config) {
 		if err := c.SetArchitecture("mistral"); err != nil {

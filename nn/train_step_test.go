@@ -242,7 +242,7 @@ func TestParamsSaveTied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.NumLayers, cfg.VocabSize, cfg.TieWordEmbeddings = 1, 40, true
+	cfg.NumLayers, cfg.VocabSize, cfg.TieEmbeddings = 1, 40, true
 	src := t.TempDir()
 	lm, err := loader.SynthesizeOpen(context.Background(), src, cfg, loader.SynthOptions{Seed: 3})
 	if err != nil {

@@ -420,7 +420,7 @@ func TestTrainStagedGrads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lc.TieWordEmbeddings = true
+	lc.TieEmbeddings = true
 	lm, err := loader.SynthesizeOpen(ctx, t.TempDir(), lc, loader.SynthOptions{Seed: 3})
 	if err != nil {
 		t.Fatal(err)

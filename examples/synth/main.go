@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 	for name, dst := range map[string]*int{
 		"hidden": &cfg.HiddenSize, "layers": &cfg.NumLayers, "heads": &cfg.NumHeads, "kv-heads": &cfg.NumKVHeads,
 		"intermediate": &cfg.IntermediateSize, "vocab": &cfg.VocabSize, "head-dim": &cfg.HeadDim,
-		"max-pos": &cfg.MaxPositionEmbeddings,
+		"max-pos": &cfg.MaxPositions,
 	} {
 		if set[name] {
 			if *o.shape[name] <= 0 {
@@ -119,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 			return bad("-arch: unknown architecture %q (have llama, mistral, qwen2)", o.arch)
 		}
 	}
-	cfg.TieWordEmbeddings = o.tie
+	cfg.TieEmbeddings = o.tie
 	if set["rope-theta"] {
 		cfg.RopeTheta = o.ropeTheta
 	}
