@@ -18,8 +18,9 @@ import (
 // a Llama-family decoder. ParseConfig fills it from the JSON, applying the
 // defaults transformers applies; MarshalJSON writes it back.
 type Config struct {
-	Architecture string // "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM"
-	ModelType    string // "llama", "mistral" or "qwen2"
+	// Family is the model family: Family.Architecture() is the config's
+	// architectures[0], Family.String() its model_type.
+	Family Family
 
 	HiddenSize       int
 	IntermediateSize int
@@ -52,6 +53,30 @@ type Config struct {
 	EOS []int // eos_token_id: none, one or several
 
 	DType tensor.DType // stored dtype named by the config (F32 if absent)
+
+	// The quirks of the families to come have their place here. No
+	// supported family has them yet: Validate refuses them until one does.
+
+	// QKNorm is true when each head's queries and keys pass through an
+	// RMS norm before the rotary embedding (Qwen3).
+	QKNorm bool
+	// MoE describes a mixture-of-experts MLP (Mixtral, Qwen2-MoE,
+	// Qwen3-MoE); nil for a dense model.
+	MoE *MoE
+}
+
+// MoE is the shape of a mixture-of-experts MLP: a router picks
+// ExpertsPerToken of the Experts routed experts for each token, and every
+// token also passes through the shared experts, if any. Block i is sparse
+// when i+1 is a multiple of SparseStep; the others keep a dense MLP.
+type MoE struct {
+	Experts         int  // routed experts in a sparse block (num_experts)
+	ExpertsPerToken int  // experts each token is routed to (num_experts_per_tok)
+	ExpertSize      int  // intermediate size of one routed expert (moe_intermediate_size)
+	SharedExperts   int  // experts every token passes through; 0 for none
+	SharedSize      int  // their intermediate size (shared_expert_intermediate_size)
+	SparseStep      int  // every SparseStep-th block is sparse (decoder_sparse_step); 1 for all
+	NormTopK        bool // the chosen experts' weights are renormalised to sum to 1 (norm_topk_prob)
 }
 
 // RopeScaling describes a rescaling of the rotary embedding's frequencies.
@@ -62,34 +87,6 @@ type RopeScaling struct {
 	LowFreqFactor        float64
 	HighFreqFactor       float64
 	OriginalMaxPositions int
-}
-
-// Supported architectures and their model types.
-var archModelType = map[string]string{
-	"LlamaForCausalLM":   "llama",
-	"MistralForCausalLM": "mistral",
-	"Qwen2ForCausalLM":   "qwen2",
-}
-
-// Architectures lists the supported architecture names, sorted.
-func Architectures() []string {
-	names := make([]string, 0, len(archModelType))
-	for a := range archModelType {
-		names = append(names, a)
-	}
-	slices.Sort(names)
-	return names
-}
-
-// ArchitectureFor returns the architecture name for a model type or a short
-// name ("llama", "mistral", "qwen2"), or "" if it is not supported.
-func ArchitectureFor(modelType string) string {
-	for a, t := range archModelType {
-		if strings.EqualFold(t, modelType) || strings.EqualFold(a, modelType) {
-			return a
-		}
-	}
-	return ""
 }
 
 // ropeJSON is both spellings of the rotary settings: transformers 5's
@@ -140,26 +137,27 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	c := &Config{BOS: -1}
 
-	// Architecture and model type.
+	// The family, from the architecture or else the model type.
 	switch {
 	case len(j.Architectures) > 0:
-		c.Architecture = j.Architectures[0]
+		f, ok := familyOf(j.Architectures[0])
+		if !ok {
+			return nil, cfgErr("unsupported architecture %q (supported: %s)", j.Architectures[0], strings.Join(Architectures(), ", "))
+		}
+		c.Family = f
 	case j.ModelType != "":
-		c.Architecture = ArchitectureFor(j.ModelType)
-		if c.Architecture == "" {
+		f, err := ParseFamily(j.ModelType)
+		if err != nil {
 			return nil, cfgErr("unsupported model_type %q (supported: %s)", j.ModelType, strings.Join(Architectures(), ", "))
 		}
+		c.Family = f
 	default:
 		return nil, cfgErr("no architectures or model_type")
 	}
-	mt, ok := archModelType[c.Architecture]
-	if !ok {
-		return nil, cfgErr("unsupported architecture %q (supported: %s)", c.Architecture, strings.Join(Architectures(), ", "))
+	if j.ModelType != "" && j.ModelType != c.Family.String() {
+		return nil, cfgErr("architecture %s does not match model_type %q", c.Family.Architecture(), j.ModelType)
 	}
-	if j.ModelType != "" && j.ModelType != mt {
-		return nil, cfgErr("architecture %s does not match model_type %q", c.Architecture, j.ModelType)
-	}
-	c.ModelType = mt
+	q, _ := c.Family.quirks()
 
 	// Sizes that have no sensible default.
 	required := []struct {
@@ -192,19 +190,13 @@ func ParseConfig(data []byte) (*Config, error) {
 		c.HeadDim = c.HiddenSize / c.NumHeads
 	}
 
-	// Defaults of LlamaConfig, MistralConfig and Qwen2Config.
+	// Defaults of the family's transformers config class (LlamaConfig,
+	// MistralConfig, Qwen2Config).
 	c.RMSNormEps = 1e-6
 	if j.RMSNormEps != nil {
 		c.RMSNormEps = *j.RMSNormEps
 	}
-	switch mt {
-	case "llama":
-		c.MaxPositions = 2048
-	case "mistral":
-		c.MaxPositions = 4096 * 32
-	case "qwen2":
-		c.MaxPositions = 32768
-	}
+	c.MaxPositions = q.maxPositions
 	if j.MaxPositionEmbeddings != nil {
 		c.MaxPositions = *j.MaxPositionEmbeddings
 	}
@@ -217,20 +209,17 @@ func ParseConfig(data []byte) (*Config, error) {
 	if j.HiddenAct != nil && *j.HiddenAct != "silu" {
 		return nil, cfgErr("hidden_act %q is not supported (want silu)", *j.HiddenAct)
 	}
-	switch mt {
-	case "qwen2":
-		c.QKVBias = true // Qwen2's q/k/v projections always carry a bias
-		if j.UseSlidingWindow != nil && *j.UseSlidingWindow {
-			return nil, cfgErr("qwen2 use_sliding_window=true is not supported")
-		}
-	case "llama":
-		if j.AttentionBias != nil {
-			c.QKVBias = *j.AttentionBias
-			c.OutBias = *j.AttentionBias
-		}
-	case "mistral":
+	flag := j.AttentionBias != nil && *j.AttentionBias
+	c.QKVBias = q.qkvBias == biasAlways || q.qkvBias == biasFlag && flag
+	c.OutBias = q.outBias == biasAlways || q.outBias == biasFlag && flag
+	switch q.window {
+	case windowAlways:
 		if j.SlidingWindow != nil {
 			c.SlidingWindow = *j.SlidingWindow
+		}
+	case windowFlag:
+		if j.UseSlidingWindow != nil && *j.UseSlidingWindow {
+			return nil, cfgErr("%v use_sliding_window=true is not supported", c.Family)
 		}
 	}
 
@@ -336,16 +325,13 @@ func parseTokenIDs(raw json.RawMessage) ([]int, error) {
 }
 
 // Validate reports a configuration strata cannot run or write: an
-// unsupported architecture, non-positive sizes, heads that do not divide,
+// unsupported family or one its quirks rule out (a bias or a sliding
+// window it does not have), non-positive sizes, heads that do not divide,
 // an odd head dimension, bad rotary or norm settings, token ids outside the
 // vocabulary, or a non-float dtype.
 func (c *Config) Validate() error {
-	mt, ok := archModelType[c.Architecture]
-	if !ok {
-		return cfgErr("unsupported architecture %q (supported: %s)", c.Architecture, strings.Join(Architectures(), ", "))
-	}
-	if c.ModelType != mt {
-		return cfgErr("architecture %s does not match model_type %q", c.Architecture, c.ModelType)
+	if err := c.validateFamily(); err != nil {
+		return err
 	}
 	sizes := []struct {
 		name string
@@ -387,15 +373,6 @@ func (c *Config) Validate() error {
 	}
 	if c.SlidingWindow < 0 {
 		return cfgErr("sliding_window %d must not be negative", c.SlidingWindow)
-	}
-	if mt == "qwen2" && !c.QKVBias {
-		return cfgErr("qwen2 always has q/k/v biases (QKVBias must be true)")
-	}
-	if mt != "llama" && c.OutBias {
-		return cfgErr("%s has no o_proj bias", mt)
-	}
-	if mt == "mistral" && c.QKVBias {
-		return cfgErr("mistral has no q/k/v biases")
 	}
 	if c.BOS < -1 || c.BOS >= c.VocabSize {
 		return cfgErr("bos_token_id %d outside the vocabulary of %d", c.BOS, c.VocabSize)
@@ -467,8 +444,8 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 		eos = c.EOS
 	}
 	fields := []kv{
-		{"architectures", []string{c.Architecture}},
-		{"model_type", c.ModelType},
+		{"architectures", []string{c.Family.Architecture()}},
+		{"model_type", c.Family.String()},
 		{"hidden_size", c.HiddenSize},
 		{"intermediate_size", c.IntermediateSize},
 		{"num_hidden_layers", c.NumLayers},
@@ -495,16 +472,16 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 		kv{"dtype", dtypeName},
 		kv{"torch_dtype", dtypeName},
 	)
-	switch c.ModelType {
-	case "llama":
+	switch c.Family {
+	case Llama:
 		fields = append(fields, kv{"attention_bias", c.QKVBias}, kv{"mlp_bias", false}, kv{"pretraining_tp", 1})
-	case "mistral":
+	case Mistral:
 		var sw any
 		if c.SlidingWindow > 0 {
 			sw = c.SlidingWindow
 		}
 		fields = append(fields, kv{"sliding_window", sw})
-	case "qwen2":
+	case Qwen2:
 		fields = append(fields, kv{"use_sliding_window", false}, kv{"sliding_window", nil}, kv{"max_window_layers", c.NumLayers})
 	}
 	var b bytes.Buffer
@@ -532,6 +509,10 @@ func (c *Config) Clone() *Config {
 		d.RopeScaling = &rs
 	}
 	d.EOS = slices.Clone(c.EOS)
+	if c.MoE != nil {
+		moe := *c.MoE
+		d.MoE = &moe
+	}
 	return &d
 }
 

@@ -96,19 +96,19 @@ func TestParseConfigFields(t *testing.T) {
 			"architectures": []string{"Qwen2ForCausalLM"}, "model_type": "qwen2", "attention_bias": false,
 			"use_sliding_window": false, "sliding_window": 4096, "rope_theta": 1000000.0,
 		}), func(t *testing.T, c *Config) {
-			if c.ModelType != "qwen2" || !c.QKVBias || c.OutBias || c.SlidingWindow != 0 || c.MaxPositions != 32768 {
+			if c.Family != Qwen2 || !c.QKVBias || c.OutBias || c.SlidingWindow != 0 || c.MaxPositions != 32768 {
 				t.Errorf("got %+v", c)
 			}
 		}},
 		{"mistral sliding window", llamaJSON(map[string]any{
 			"architectures": []string{"MistralForCausalLM"}, "model_type": "mistral", "sliding_window": 4096, "attention_bias": true,
 		}), func(t *testing.T, c *Config) {
-			if c.ModelType != "mistral" || c.SlidingWindow != 4096 || c.QKVBias {
+			if c.Family != Mistral || c.SlidingWindow != 4096 || c.QKVBias {
 				t.Errorf("got %+v", c)
 			}
 		}},
 		{"model_type alone", llamaJSON(map[string]any{"architectures": nil, "model_type": "mistral", "sliding_window": nil}), func(t *testing.T, c *Config) {
-			if c.Architecture != "MistralForCausalLM" || c.SlidingWindow != 0 {
+			if c.Family != Mistral || c.SlidingWindow != 0 {
 				t.Errorf("got %+v", c)
 			}
 		}},
@@ -199,10 +199,10 @@ func TestConfigJSONRoundTrip(t *testing.T) {
 	l3.RopeTheta, l3.DType, l3.EOS, l3.BOS = 500000, tensor.BF16, []int{3, 4}, -1
 	l3.RopeScaling = &RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
 	q := tiny.Clone()
-	q.SetArchitecture("qwen2")
+	q.SetFamily(Qwen2)
 	q.TieEmbeddings, q.DType, q.EOS, q.RMSNormEps = true, tensor.F32, nil, 1e-6
 	ms := tiny.Clone()
-	ms.SetArchitecture("mistral")
+	ms.SetFamily(Mistral)
 	ms.SlidingWindow = 4096
 	ab := tiny.Clone()
 	ab.QKVBias, ab.OutBias = true, true
@@ -265,11 +265,9 @@ func TestPresets(t *testing.T) {
 		t.Errorf("unknown preset: %v", err)
 	}
 	c, _ := Preset("tiny")
-	if err := c.SetArchitecture("gpt2"); err == nil {
-		t.Error("SetArchitecture(gpt2) succeeded")
-	}
-	if err := c.SetArchitecture("Qwen2ForCausalLM"); err != nil || c.ModelType != "qwen2" || !c.QKVBias {
-		t.Errorf("SetArchitecture(Qwen2ForCausalLM): %v %+v", err, c)
+	c.SetFamily(Qwen2)
+	if err := c.Validate(); err != nil || c.Family != Qwen2 || !c.QKVBias {
+		t.Errorf("SetFamily(Qwen2): %v %+v", err, c)
 	}
 	// Presets are fresh copies.
 	c.HiddenSize = 1

@@ -40,8 +40,7 @@ func Preset(name string) (*Config, error) {
 	for _, p := range presets {
 		if p.name == strings.ToLower(name) {
 			return &Config{
-				Architecture:     "LlamaForCausalLM",
-				ModelType:        "llama",
+				Family:           Llama,
 				HiddenSize:       p.hidden,
 				IntermediateSize: p.inter,
 				NumLayers:        p.layers,
@@ -59,26 +58,4 @@ func Preset(name string) (*Config, error) {
 		}
 	}
 	return nil, fmt.Errorf("arch: unknown preset %q (have %s)", name, strings.Join(Presets(), ", "))
-}
-
-// SetArchitecture switches c to another supported architecture ("llama",
-// "mistral", "qwen2" or the full class name), setting the bias flags the
-// architecture implies: Qwen2 has q/k/v biases, Llama and Mistral none (set
-// QKVBias and OutBias afterwards for a Llama with
-// attention_bias).
-func (c *Config) SetArchitecture(name string) error {
-	arch := ArchitectureFor(name)
-	if arch == "" {
-		return fmt.Errorf("arch: unsupported architecture %q (supported: %s)", name, strings.Join(Architectures(), ", "))
-	}
-	c.Architecture, c.ModelType = arch, archModelType[arch]
-	switch c.ModelType {
-	case "qwen2":
-		c.QKVBias, c.OutBias, c.SlidingWindow = true, false, 0
-	case "mistral":
-		c.QKVBias, c.OutBias = false, false
-	case "llama":
-		c.QKVBias, c.OutBias, c.SlidingWindow = false, false, 0
-	}
-	return nil
 }

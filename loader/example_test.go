@@ -19,7 +19,7 @@ func ExampleOpen() {
 	defer m.Close()
 	c := m.Config
 	fmt.Printf("%s: %d layers, hidden %d, %d heads (%d KV), %v in %d files\n",
-		c.Architecture, c.NumLayers, c.HiddenSize, c.NumHeads, c.NumKVHeads, c.DType, len(m.Files()))
+		c.Family.Architecture(), c.NumLayers, c.HiddenSize, c.NumHeads, c.NumKVHeads, c.DType, len(m.Files()))
 	for _, l := range m.Layers() {
 		fmt.Printf("%-9s %2d tensors %6d bytes\n", l, len(l.Tensors), l.Bytes)
 	}
@@ -49,16 +49,14 @@ func ExampleSynthesize() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := cfg.SetArchitecture("qwen2"); err != nil {
-		log.Fatal(err)
-	}
+	cfg.SetFamily(arch.Qwen2)
 	cfg.TieEmbeddings = true
 	m, err := loader.SynthesizeOpen(context.Background(), dir, cfg, loader.SynthOptions{Seed: 1, MaxShardBytes: 100_000})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer m.Close()
-	fmt.Println(m.Config.ModelType, len(m.Files()), "files,", m.WeightBytes(), "bytes")
+	fmt.Println(m.Config.Family, len(m.Files()), "files,", m.WeightBytes(), "bytes")
 	for _, ti := range m.Layers()[1].Tensors[:3] {
 		fmt.Println(ti.Name, ti.Shape)
 	}

@@ -382,7 +382,7 @@ func (m *Model) group() error {
 	// weight files hold nothing of before building tables sized by it.
 	if i := firstEmptyBlock(m.tensors, c.NumLayers); i >= 0 {
 		return &fileError{file: m.Dir, tensor: c.LayerTensors(i + 1)[0].Name, kind: ErrMismatch,
-			msg: fmt.Sprintf("missing (the %s config has %d decoder blocks; the weight files hold no tensor of block %d)", c.ModelType, c.NumLayers, i)}
+			msg: fmt.Sprintf("missing (the %s config has %d decoder blocks; the weight files hold no tensor of block %d)", c.Family, c.NumLayers, i)}
 	}
 	used := map[string]bool{}
 	var problems []error
@@ -399,7 +399,7 @@ func (m *Model) group() error {
 			t, ok := m.tensors[spec.Name]
 			if !ok {
 				problems = append(problems, &fileError{file: m.Dir, tensor: spec.Name, kind: ErrMismatch,
-					msg: fmt.Sprintf("missing (the %s config needs it with shape %v)", c.ModelType, spec.Shape)})
+					msg: fmt.Sprintf("missing (the %s config needs it with shape %v)", c.Family, spec.Shape)})
 				continue
 			}
 			if !t.Shape.Equal(spec.Shape) {

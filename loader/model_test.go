@@ -48,7 +48,7 @@ func TestOpenFixtures(t *testing.T) {
 			m := openFixture(t, fx.name)
 			// The values in the fixtures' config.json.
 			want := &arch.Config{
-				Architecture: "LlamaForCausalLM", ModelType: "llama",
+				Family:     arch.Llama,
 				HiddenSize: 64, IntermediateSize: 172, NumLayers: 4, NumHeads: 4, NumKVHeads: 2, HeadDim: 16,
 				VocabSize: 512, RMSNormEps: 1e-5, RopeTheta: 10000, MaxPositions: 256,
 				BOS: 1, EOS: []int{2}, DType: fx.dtype,

@@ -237,22 +237,22 @@ func TestSynthesizeOpens(t *testing.T) {
 	}
 	cases := []struct {
 		name   string
-		arch   string
+		family arch.Family
 		tie    bool
 		dtype  tensor.DType
 		shard  int64
 		extra  func(c *arch.Config)
 		biases bool
 	}{
-		{name: "llama-f16-sharded", arch: "llama", dtype: tensor.F16, shard: 50_000},
-		{name: "llama-bf16", arch: "llama", dtype: tensor.BF16},
-		{name: "llama-f32-tied", arch: "llama", dtype: tensor.F32, tie: true, shard: 100_000},
-		{name: "mistral", arch: "mistral", dtype: tensor.F16, extra: func(c *arch.Config) { c.SlidingWindow = 128 }},
-		{name: "qwen2", arch: "qwen2", dtype: tensor.BF16, shard: 70_000, biases: true},
-		{name: "qwen2-tied", arch: "qwen2", dtype: tensor.F16, tie: true, biases: true},
-		{name: "llama-attention-bias", arch: "llama", dtype: tensor.F16, biases: true,
+		{name: "llama-f16-sharded", family: arch.Llama, dtype: tensor.F16, shard: 50_000},
+		{name: "llama-bf16", family: arch.Llama, dtype: tensor.BF16},
+		{name: "llama-f32-tied", family: arch.Llama, dtype: tensor.F32, tie: true, shard: 100_000},
+		{name: "mistral", family: arch.Mistral, dtype: tensor.F16, extra: func(c *arch.Config) { c.SlidingWindow = 128 }},
+		{name: "qwen2", family: arch.Qwen2, dtype: tensor.BF16, shard: 70_000, biases: true},
+		{name: "qwen2-tied", family: arch.Qwen2, dtype: tensor.F16, tie: true, biases: true},
+		{name: "llama-attention-bias", family: arch.Llama, dtype: tensor.F16, biases: true,
 			extra: func(c *arch.Config) { c.QKVBias, c.OutBias = true, true }},
-		{name: "llama3-rope", arch: "llama", dtype: tensor.F16, extra: func(c *arch.Config) {
+		{name: "llama3-rope", family: arch.Llama, dtype: tensor.F16, extra: func(c *arch.Config) {
 			c.RopeTheta = 500000
 			c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
 			c.EOS = []int{2, 3}
@@ -262,9 +262,7 @@ func TestSynthesizeOpens(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := base.Clone()
-			if err := cfg.SetArchitecture(tc.arch); err != nil {
-				t.Fatal(err)
-			}
+			cfg.SetFamily(tc.family)
 			cfg.TieEmbeddings = tc.tie
 			if tc.extra != nil {
 				tc.extra(cfg)

@@ -24,9 +24,7 @@ var synthCases = []synthCase{
 	{"mqa-bf16", func(c *arch.Config) { c.NumKVHeads = 1 }, tensor.BF16},
 	{"tied", func(c *arch.Config) { c.TieEmbeddings = true }, tensor.F16},
 	{"qwen2-bias", func(c *arch.Config) {
-		if err := c.SetArchitecture("qwen2"); err != nil {
-			panic(err)
-		}
+		c.SetFamily(arch.Qwen2)
 		c.RopeTheta = 1e6
 	}, tensor.F32},
 	{"llama-attention-bias", func(c *arch.Config) {
@@ -37,9 +35,7 @@ var synthCases = []synthCase{
 		c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 16}
 	}, tensor.F32},
 	{"mistral-head-dim", func(c *arch.Config) {
-		if err := c.SetArchitecture("mistral"); err != nil {
-			panic(err)
-		}
+		c.SetFamily(arch.Mistral)
 		c.HeadDim = 32 // head_dim unequal to hidden/heads
 	}, tensor.BF16},
 }

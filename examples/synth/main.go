@@ -115,9 +115,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 		cfg.HeadDim = cfg.HiddenSize / cfg.NumHeads
 	}
 	if o.arch != "" {
-		if err := cfg.SetArchitecture(o.arch); err != nil {
+		f, err := arch.ParseFamily(o.arch)
+		if err != nil {
 			return bad("-arch: unknown architecture %q (have llama, mistral, qwen2)", o.arch)
 		}
+		cfg.SetFamily(f)
 	}
 	cfg.TieEmbeddings = o.tie
 	if set["rope-theta"] {
@@ -180,7 +182,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	total := cfg.NumParams() * int64(cfg.DType.Size())
 	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d, vocab %d, %.3g M parameters, %s, %.1f MB of weights\n",
-		o.preset, cfg.Architecture, cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
+		o.preset, cfg.Family.Architecture(), cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
 		cfg.VocabSize, float64(cfg.NumParams())/1e6, cfg.DType, float64(total)/1e6)
 	start := time.Now()
 	var mu sync.Mutex

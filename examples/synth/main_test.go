@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
@@ -62,7 +63,7 @@ func TestSynthCLI(t *testing.T) {
 	}
 	defer m.Close()
 	c := m.Config
-	if c.ModelType != "qwen2" || !c.TieEmbeddings || c.DType != tensor.BF16 || c.NumLayers != 2 || c.HiddenSize != 128 ||
+	if c.Family != arch.Qwen2 || !c.TieEmbeddings || c.DType != tensor.BF16 || c.NumLayers != 2 || c.HiddenSize != 128 ||
 		c.NumHeads != 8 || c.NumKVHeads != 2 || c.HeadDim != 16 || c.RopeTheta != 1e6 || c.VocabSize != 512 || c.IntermediateSize != 172 {
 		t.Errorf("config %+v", c)
 	}
