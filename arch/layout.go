@@ -2,6 +2,8 @@ package arch
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -13,87 +15,209 @@ const (
 	LMHeadName = "lm_head.weight"
 )
 
+// blockPrefix begins the name of every tensor of a decoder block:
+// "model.layers.3.self_attn.q_proj.weight" belongs to block 3.
+const blockPrefix = "model.layers."
+
 // BlockTensorName returns the Hugging Face name of a tensor of decoder block
 // i, e.g. BlockTensorName(3, "self_attn.q_proj.weight") is
 // "model.layers.3.self_attn.q_proj.weight".
 func BlockTensorName(i int, suffix string) string {
-	return fmt.Sprintf("model.layers.%d.%s", i, suffix)
+	return blockPrefix + strconv.Itoa(i) + "." + suffix
 }
 
-// TensorSpec is a tensor the architecture needs: its name and shape
-// ([out_features, in_features] for linear weights).
-type TensorSpec struct {
+// Role says what a tensor does in the model.
+type Role int
+
+// The roles. A family to come adds its own after Down: QNorm and KNorm
+// (Qwen3's per-head norms), the router and the experts' projections.
+const (
+	Embed     Role = iota // token embedding table [vocab, hidden]
+	AttnNorm              // RMS norm weight before attention [hidden]
+	Q                     // query projection [q dim, hidden]
+	QBias                 // [q dim]
+	K                     // key projection [kv dim, hidden]
+	KBias                 // [kv dim]
+	V                     // value projection [kv dim, hidden]
+	VBias                 // [kv dim]
+	O                     // attention output projection [hidden, q dim]
+	OBias                 // [hidden]
+	MLPNorm               // RMS norm weight before the MLP [hidden]
+	Gate                  // [intermediate, hidden]
+	Up                    // [intermediate, hidden]
+	Down                  // [hidden, intermediate]
+	FinalNorm             // RMS norm weight after the last block [hidden]
+	LMHead                // [vocab, hidden]; the embedding table when tied
+	numRoles
+)
+
+var roleNames = [numRoles]string{
+	"embed", "attn_norm", "q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias",
+	"mlp_norm", "gate", "up", "down", "final_norm", "lm_head",
+}
+
+// String returns the role's name: "q", "attn_norm", "lm_head".
+func (r Role) String() string {
+	if r >= 0 && r < numRoles {
+		return roleNames[r]
+	}
+	return fmt.Sprintf("Role(%d)", int(r))
+}
+
+// Spec is a tensor the architecture needs: its name, its role and its
+// shape ([out_features, in_features] for linear weights).
+type Spec struct {
 	Name  string
+	Role  Role
 	Shape tensor.Shape
 }
 
-// blockSpecs lists the tensors of decoder block i in the order they are
-// used.
-func (c *Config) blockSpecs(i int) []TensorSpec {
+// Names is a layer's name table: the tensor name of each role, "" for a
+// role the layer does not hold. Index it with a Role.
+type Names [numRoles]string
+
+// LayerKind says what a layer holds.
+type LayerKind int
+
+// The kinds of layers, in model order.
+const (
+	Embedding LayerKind = iota // the token embedding table
+	Block                      // one decoder block
+	Head                       // final norm and LM head
+)
+
+// String returns "embedding", "block" or "head".
+func (k LayerKind) String() string {
+	switch k {
+	case Embedding:
+		return "embedding"
+	case Block:
+		return "block"
+	case Head:
+		return "head"
+	}
+	return fmt.Sprintf("LayerKind(%d)", int(k))
+}
+
+// LayerCount is the number of layers, NumLayers+2. Layers are the units
+// the runtime loads, pages and places on devices, numbered in model order:
+// layer 0 is the embedding, layers 1..NumLayers the decoder blocks (block i
+// is layer i+1), layer NumLayers+1 the final norm and LM head. With tied
+// embeddings the head layer holds the embedding table as its LM head, so
+// that tensor is in two layers.
+func (c *Config) LayerCount() int { return c.NumLayers + 2 }
+
+// BlockLayer is the layer holding decoder block i.
+func (c *Config) BlockLayer(i int) int { return i + 1 }
+
+// HeadLayer is the layer holding the final norm and the LM head.
+func (c *Config) HeadLayer() int { return c.NumLayers + 1 }
+
+// LayerKind says what layer holds, and for a decoder block its number (-1
+// otherwise). ok is false for a layer outside 0..NumLayers+1.
+func (c *Config) LayerKind(layer int) (kind LayerKind, block int, ok bool) {
+	switch {
+	case layer == 0:
+		return Embedding, -1, true
+	case layer >= 1 && layer <= c.NumLayers:
+		return Block, layer - 1, true
+	case layer == c.NumLayers+1:
+		return Head, -1, true
+	}
+	return 0, -1, false
+}
+
+// BlockTensors lists the tensors of decoder block i in the order the
+// forward pass uses them.
+func (c *Config) BlockTensors(i int) []Spec {
 	h, q, kv, in := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize
-	s := func(suffix string, shape ...int) TensorSpec {
-		return TensorSpec{BlockTensorName(i, suffix), tensor.Shape(shape)}
+	s := func(suffix string, r Role, shape ...int) Spec {
+		return Spec{BlockTensorName(i, suffix), r, tensor.Shape(shape)}
 	}
-	specs := []TensorSpec{
-		s("input_layernorm.weight", h),
-		s("self_attn.q_proj.weight", q, h),
+	specs := []Spec{
+		s("input_layernorm.weight", AttnNorm, h),
+		s("self_attn.q_proj.weight", Q, q, h),
 	}
 	if c.QKVBias {
-		specs = append(specs, s("self_attn.q_proj.bias", q))
+		specs = append(specs, s("self_attn.q_proj.bias", QBias, q))
 	}
-	specs = append(specs, s("self_attn.k_proj.weight", kv, h))
+	specs = append(specs, s("self_attn.k_proj.weight", K, kv, h))
 	if c.QKVBias {
-		specs = append(specs, s("self_attn.k_proj.bias", kv))
+		specs = append(specs, s("self_attn.k_proj.bias", KBias, kv))
 	}
-	specs = append(specs, s("self_attn.v_proj.weight", kv, h))
+	specs = append(specs, s("self_attn.v_proj.weight", V, kv, h))
 	if c.QKVBias {
-		specs = append(specs, s("self_attn.v_proj.bias", kv))
+		specs = append(specs, s("self_attn.v_proj.bias", VBias, kv))
 	}
-	specs = append(specs, s("self_attn.o_proj.weight", h, q))
+	specs = append(specs, s("self_attn.o_proj.weight", O, h, q))
 	if c.OutBias {
-		specs = append(specs, s("self_attn.o_proj.bias", h))
+		specs = append(specs, s("self_attn.o_proj.bias", OBias, h))
 	}
 	return append(specs,
-		s("post_attention_layernorm.weight", h),
-		s("mlp.gate_proj.weight", in, h),
-		s("mlp.up_proj.weight", in, h),
-		s("mlp.down_proj.weight", h, in),
+		s("post_attention_layernorm.weight", MLPNorm, h),
+		s("mlp.gate_proj.weight", Gate, in, h),
+		s("mlp.up_proj.weight", Up, in, h),
+		s("mlp.down_proj.weight", Down, h, in),
 	)
 }
 
-// LayerTensors lists the tensors layer `layer` holds, in the order
-// the forward pass uses them: layer 0 is the embedding, layers 1..NumLayers
-// the decoder blocks, layer NumLayers+1 the final norm and LM head (the
-// embedding table in place of lm_head.weight when the embeddings are tied).
-// It returns nil for a layer outside 0..NumLayers+1.
-func (c *Config) LayerTensors(layer int) []TensorSpec {
+// LayerTensors lists the tensors layer `layer` holds, in the order the
+// forward pass uses them (see LayerCount for the numbering). It returns nil
+// for a layer outside 0..NumLayers+1.
+func (c *Config) LayerTensors(layer int) []Spec {
 	v, h := c.VocabSize, c.HiddenSize
+	kind, block, ok := c.LayerKind(layer)
 	switch {
-	case layer == 0:
-		return []TensorSpec{{EmbedName, tensor.Shape{v, h}}}
-	case layer >= 1 && layer <= c.NumLayers:
-		return c.blockSpecs(layer - 1)
-	case layer == c.NumLayers+1:
-		head := TensorSpec{LMHeadName, tensor.Shape{v, h}}
-		if c.TieEmbeddings {
-			head.Name = EmbedName
-		}
-		return []TensorSpec{{NormName, tensor.Shape{h}}, head}
+	case !ok:
+		return nil
+	case kind == Embedding:
+		return []Spec{{EmbedName, Embed, tensor.Shape{v, h}}}
+	case kind == Block:
+		return c.BlockTensors(block)
 	}
-	return nil
+	head := Spec{LMHeadName, LMHead, tensor.Shape{v, h}}
+	if c.TieEmbeddings {
+		head.Name = EmbedName
+	}
+	return []Spec{{NormName, FinalNorm, tensor.Shape{h}}, head}
+}
+
+// LayerNames returns the name table of layer `layer`: what LayerTensors
+// lists, by role. The forward pass looks its weights up through it.
+func (c *Config) LayerNames(layer int) Names {
+	var n Names
+	for _, s := range c.LayerTensors(layer) {
+		n[s.Role] = s.Name
+	}
+	return n
 }
 
 // ExpectedTensors lists every tensor the architecture stores, each once, in
 // file order: embedding, blocks, final norm, then lm_head.weight unless the
 // embeddings are tied.
-func (c *Config) ExpectedTensors() []TensorSpec {
-	specs := []TensorSpec{{EmbedName, tensor.Shape{c.VocabSize, c.HiddenSize}}}
+func (c *Config) ExpectedTensors() []Spec {
+	specs := []Spec{{EmbedName, Embed, tensor.Shape{c.VocabSize, c.HiddenSize}}}
 	for i := range c.NumLayers {
-		specs = append(specs, c.blockSpecs(i)...)
+		specs = append(specs, c.BlockTensors(i)...)
 	}
-	specs = append(specs, TensorSpec{NormName, tensor.Shape{c.HiddenSize}})
+	specs = append(specs, Spec{NormName, FinalNorm, tensor.Shape{c.HiddenSize}})
 	if !c.TieEmbeddings {
-		specs = append(specs, TensorSpec{LMHeadName, tensor.Shape{c.VocabSize, c.HiddenSize}})
+		specs = append(specs, Spec{LMHeadName, LMHead, tensor.Shape{c.VocabSize, c.HiddenSize}})
 	}
 	return specs
+}
+
+// BlockOf returns the decoder block a tensor name belongs to, for a name of
+// the form model.layers.N.*, whether or not the architecture needs it.
+func BlockOf(name string) (block int, ok bool) {
+	rest, ok := strings.CutPrefix(name, blockPrefix)
+	if !ok {
+		return 0, false
+	}
+	num, _, _ := strings.Cut(rest, ".")
+	i, err := strconv.Atoi(num)
+	if err != nil || i < 0 {
+		return 0, false
+	}
+	return i, true
 }

@@ -32,42 +32,19 @@ const (
 	TokenizerConfig = "tokenizer_config.json"
 )
 
-// LayerKind says what a layer holds.
-type LayerKind int
-
-// The kinds of layers, in model order.
-const (
-	Embedding LayerKind = iota // the token embedding table
-	Block                      // one decoder block
-	Head                       // final norm and LM head
-)
-
-// String returns "embedding", "block" or "head".
-func (k LayerKind) String() string {
-	switch k {
-	case Embedding:
-		return "embedding"
-	case Block:
-		return "block"
-	case Head:
-		return "head"
-	}
-	return fmt.Sprintf("LayerKind(%d)", int(k))
-}
-
 // Layer is the unit the runtime pages: the tensors one step of the forward
-// pass needs.
+// pass needs, as arch numbers and groups them.
 type Layer struct {
-	Index   int       // position in Model.Layers
-	Kind    LayerKind //
-	Block   int       // decoder block number, -1 unless Kind is Block
+	Index   int            // position in Model.Layers
+	Kind    arch.LayerKind //
+	Block   int            // decoder block number, -1 unless Kind is arch.Block
 	Tensors []*TensorInfo
 	Bytes   int64 // sum of the tensors' sizes
 }
 
 // String names the layer: "embedding", "block 3", "head".
 func (l Layer) String() string {
-	if l.Kind == Block {
+	if l.Kind == arch.Block {
 		return fmt.Sprintf("block %d", l.Block)
 	}
 	return l.Kind.String()
@@ -381,20 +358,15 @@ func (m *Model) group() error {
 	// num_hidden_layers comes from a downloaded file: refuse blocks the
 	// weight files hold nothing of before building tables sized by it.
 	if i := firstEmptyBlock(m.tensors, c.NumLayers); i >= 0 {
-		return &fileError{file: m.Dir, tensor: c.LayerTensors(i + 1)[0].Name, kind: ErrMismatch,
+		return &fileError{file: m.Dir, tensor: c.BlockTensors(i)[0].Name, kind: ErrMismatch,
 			msg: fmt.Sprintf("missing (the %s config has %d decoder blocks; the weight files hold no tensor of block %d)", c.Family, c.NumLayers, i)}
 	}
 	used := map[string]bool{}
 	var problems []error
-	m.layers = make([]Layer, c.NumLayers+2)
+	m.layers = make([]Layer, c.LayerCount())
 	for i := range m.layers {
-		l := Layer{Index: i, Kind: Block, Block: i - 1}
-		switch i {
-		case 0:
-			l.Kind, l.Block = Embedding, -1
-		case c.NumLayers + 1:
-			l.Kind, l.Block = Head, -1
-		}
+		kind, block, _ := c.LayerKind(i)
+		l := Layer{Index: i, Kind: kind, Block: block}
 		for _, spec := range c.LayerTensors(i) {
 			t, ok := m.tensors[spec.Name]
 			if !ok {
@@ -445,12 +417,7 @@ func (m *Model) group() error {
 func firstEmptyBlock(tensors map[string]*TensorInfo, n int) int {
 	have := map[int]bool{}
 	for name := range tensors {
-		rest, ok := strings.CutPrefix(name, "model.layers.")
-		if !ok {
-			continue
-		}
-		num, _, _ := strings.Cut(rest, ".")
-		if i, err := strconv.Atoi(num); err == nil && i >= 0 && i < n {
+		if i, ok := arch.BlockOf(name); ok && i < n {
 			have[i] = true
 		}
 	}

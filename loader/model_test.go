@@ -73,7 +73,7 @@ func TestOpenFixtures(t *testing.T) {
 				}
 				return out
 			}
-			if got := names(layers[0]); !reflect.DeepEqual(got, []string{"model.embed_tokens.weight"}) || layers[0].Kind != Embedding || layers[0].Block != -1 {
+			if got := names(layers[0]); !reflect.DeepEqual(got, []string{"model.embed_tokens.weight"}) || layers[0].Kind != arch.Embedding || layers[0].Block != -1 {
 				t.Errorf("layer 0: %v %v %v", layers[0].Kind, layers[0].Block, got)
 			}
 			for i := 1; i <= 4; i++ {
@@ -82,7 +82,7 @@ func TestOpenFixtures(t *testing.T) {
 				for _, s := range blockSuffixes {
 					want = append(want, fmt.Sprintf("model.layers.%d.%s", i-1, s))
 				}
-				if got := names(l); !reflect.DeepEqual(got, want) || l.Kind != Block || l.Block != i-1 || l.Index != i {
+				if got := names(l); !reflect.DeepEqual(got, want) || l.Kind != arch.Block || l.Block != i-1 || l.Index != i {
 					t.Errorf("layer %d: %v block %d: %v", i, l.Kind, l.Block, got)
 				}
 				// q 64x64, k/v 32x64, o 64x64, gate/up 172x64, down 64x172, two norms of 64.
@@ -91,7 +91,7 @@ func TestOpenFixtures(t *testing.T) {
 					t.Errorf("layer %d: %d bytes, want %d", i, l.Bytes, wantBytes)
 				}
 			}
-			if got := names(layers[5]); !reflect.DeepEqual(got, []string{"model.norm.weight", "lm_head.weight"}) || layers[5].Kind != Head {
+			if got := names(layers[5]); !reflect.DeepEqual(got, []string{"model.norm.weight", "lm_head.weight"}) || layers[5].Kind != arch.Head {
 				t.Errorf("layer 5: %v %v", layers[5].Kind, got)
 			}
 			// 247360 parameters of 2 bytes (the shard index's total_size).

@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/atomicfile"
@@ -150,21 +149,20 @@ func SynthesizeOpen(ctx context.Context, dir string, cfg *arch.Config, opts Synt
 
 // synthInit returns the centre and half-width of the uniform distribution
 // for a tensor.
-func synthInit(c *arch.Config, spec arch.TensorSpec) (center, halfWidth float32) {
+func synthInit(c *arch.Config, spec arch.Spec) (center, halfWidth float32) {
 	const sqrt3 = 1.7320508075688772
 	std := func(s float64) float32 { return float32(s * sqrt3) }
-	name := spec.Name
-	switch {
-	case strings.HasSuffix(name, "norm.weight"):
+	switch spec.Role {
+	case arch.AttnNorm, arch.MLPNorm, arch.FinalNorm:
 		return 1, std(0.02)
-	case strings.HasSuffix(name, ".bias"):
+	case arch.QBias, arch.KBias, arch.VBias, arch.OBias:
 		return 0, std(0.02)
-	case name == arch.EmbedName || name == arch.LMHeadName:
+	case arch.Embed, arch.LMHead:
 		return 0, std(1 / math.Sqrt(float64(c.HiddenSize)))
 	}
 	in := float64(spec.Shape[len(spec.Shape)-1])
 	s := 1 / math.Sqrt(in)
-	if strings.HasSuffix(name, "o_proj.weight") || strings.HasSuffix(name, "down_proj.weight") {
+	if spec.Role == arch.O || spec.Role == arch.Down {
 		s /= math.Sqrt(2 * float64(c.NumLayers))
 	}
 	return 0, std(s)
