@@ -30,8 +30,8 @@ type Config struct {
 	HeadDim          int // defaults to HiddenSize/NumHeads
 	VocabSize        int
 
-	RMSNormEps  float64
-	RopeTheta   float64
+	RMSNormEps  float64      // rms_norm_eps; the kernels take it as NormEps()
+	RopeTheta   float64      // rope_theta
 	RopeScaling *RopeScaling // nil when none or "default"
 
 	// TieEmbeddings (tie_word_embeddings) is true when the LM head is the
@@ -387,6 +387,21 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// ContextLength is the most positions a session or a training window may
+// span: the smaller of MaxPositions and SlidingWindow (strata does not
+// implement sliding attention, so it runs only contexts within the window),
+// each when set; 0 when neither is.
+func (c *Config) ContextLength() int {
+	n := c.MaxPositions
+	if w := c.SlidingWindow; w > 0 && (n == 0 || w < n) {
+		n = w
+	}
+	return n
+}
+
+// NormEps is RMSNormEps in the float32 the norm kernels take.
+func (c *Config) NormEps() float32 { return float32(c.RMSNormEps) }
 
 // QDim is the width of the query projection, NumHeads*HeadDim.
 func (c *Config) QDim() int { return c.NumHeads * c.HeadDim }

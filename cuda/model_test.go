@@ -38,10 +38,7 @@ func TestModelsLeaveNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	prompt := []int32{1, 42, 71, 345, 81, 14}
 	generate := func(m *nn.Model) {
 		t.Helper()
@@ -126,7 +123,7 @@ func TestModelsLeaveNothing(t *testing.T) {
 	// Training with the layers paged, with room for its activations and
 	// the device's gradients beside the plan.
 	T := len(prompt) - 1
-	info.Reserve = cfg.TrainReserve(T, 2, true)
+	info.Reserve = nn.TrainReserve(cfg, T, 2, true)
 	opts := []paging.PlanOption{paging.WithChunkTokens(T), paging.WithDevice(b)}
 	probe, err = paging.Plan(info, 1<<40, paging.StrategyAggressive, T, 1, opts...)
 	if err != nil {

@@ -25,10 +25,7 @@ func BenchmarkDecode100M(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer lm.Close()
-	ncfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ncfg := lm.Config
 	for _, threads := range []int{1, 0} {
 		cpu := tensor.NewCPU(threads)
 		b.Run(fmt.Sprintf("threads=%d", cpu.Threads()), func(b *testing.B) {

@@ -3,6 +3,7 @@ package nn
 import (
 	"fmt"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/paging"
 )
 
@@ -57,7 +58,7 @@ func segmentBounds(blocks, segments int) ([]int, error) {
 //   - the forward of segments 0..K-2: their inputs and one block's buffers.
 //
 // It returns 0 for an invalid number of segments or tokens.
-func (c *Config) TrainActivationBytes(tokens, segments int) int64 {
+func TrainActivationBytes(c *arch.Config, tokens, segments int) int64 {
 	bounds, err := segmentBounds(c.NumLayers, segments)
 	if err != nil || tokens <= 0 {
 		return 0
@@ -86,17 +87,16 @@ func (c *Config) TrainActivationBytes(tokens, segments int) int64 {
 // gradients in F32, the largest layer's (a decoder block's, or the LM head's
 // with the final norm). On the CPU backend the gradients accumulate in host
 // memory and nothing is charged.
-func (c *Config) TrainGradientBytes() int64 {
-	H, QD, KVD, I := int64(c.HiddenSize), int64(c.QDim()), int64(c.KVDim()), int64(c.IntermediateSize)
-	block := 2*H + QD*H + 2*KVD*H + H*QD + 3*I*H
-	if c.QKVBias {
-		block += QD + 2*KVD
+func TrainGradientBytes(c *arch.Config) int64 {
+	var most int64
+	for _, layer := range []int{c.BlockLayer(0), c.HeadLayer()} {
+		var n int64
+		for _, s := range c.LayerTensors(layer) {
+			n += s.Shape.NumElements()
+		}
+		most = max(most, n)
 	}
-	if c.OutBias {
-		block += H
-	}
-	head := int64(c.VocabSize)*H + H
-	return 4 * max(block, head)
+	return 4 * most
 }
 
 // TrainWorkspaceBytes is the memory beside the weights that a Trainer's
@@ -105,8 +105,8 @@ func (c *Config) TrainGradientBytes() int64 {
 // activations (TrainActivationBytes) and its three rotary tables (cos, sin
 // and -sin). A device backend adds one layer's gradients
 // (TrainGradientBytes). TrainReserve gives their sum to the planner.
-func (c *Config) TrainWorkspaceBytes(tokens, segments int) int64 {
-	return c.TrainActivationBytes(tokens, segments) + c.RopeBytes(tokens)*3/2 // RopeBytes counts two tables
+func TrainWorkspaceBytes(c *arch.Config, tokens, segments int) int64 {
+	return TrainActivationBytes(c, tokens, segments) + RopeBytes(c, tokens)*3/2 // RopeBytes counts two tables
 }
 
 // TrainReserve is what a Trainer's LossAndGrads over tokens positions with
@@ -115,13 +115,13 @@ func (c *Config) TrainWorkspaceBytes(tokens, segments int) int64 {
 // many tensors, counted as one), its three rotary tables, and with
 // gradientsOnDevice (a device backend) one layer's gradients
 // (TrainGradientBytes, counted as one). A Trainer keeps no KV cache.
-func (c *Config) TrainReserve(tokens, segments int, gradientsOnDevice bool) paging.Reserve {
+func TrainReserve(c *arch.Config, tokens, segments int, gradientsOnDevice bool) paging.Reserve {
 	r := paging.Reserve{
-		{Category: paging.Activations, Bytes: c.TrainActivationBytes(tokens, segments), Per: paging.Once, Count: 1},
+		{Category: paging.Activations, Bytes: TrainActivationBytes(c, tokens, segments), Per: paging.Once, Count: 1},
 		{Category: paging.Workspace, Bytes: 4 * int64(tokens) * int64(c.HeadDim/2), Per: paging.Once, Count: 3},
 	}
 	if gradientsOnDevice {
-		r = append(r, paging.Buffer{Category: paging.Gradients, Bytes: c.TrainGradientBytes(), Per: paging.Once, Count: 1})
+		r = append(r, paging.Buffer{Category: paging.Gradients, Bytes: TrainGradientBytes(c), Per: paging.Once, Count: 1})
 	}
 	return r
 }

@@ -6,20 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
 )
-
-func TestContextLength(t *testing.T) {
-	for _, c := range []struct{ maxPos, window, want int }{
-		{0, 0, 0}, {256, 0, 256}, {256, 8, 8}, {0, 8, 8}, {4, 8, 4}, {8, 8, 8},
-	} {
-		cfg := Config{MaxPositions: c.maxPos, SlidingWindow: c.window}
-		if got := cfg.ContextLength(); got != c.want {
-			t.Errorf("max positions %d, window %d: ContextLength %d, want %d", c.maxPos, c.window, got, c.want)
-		}
-	}
-}
 
 // TestContextRefused asks sessions, pipeline sessions and training windows
 // for more positions than the fixture's context (max_position_embeddings
@@ -29,7 +19,7 @@ func TestContextRefused(t *testing.T) {
 	m0, _, done := openFixture(t, fixtures.TinyLlamaBF16)
 	defer done()
 	if got := m0.Config().MaxPositions; got != 256 {
-		t.Fatalf("FromLoader: MaxPositions %d, want the fixture's 256", got)
+		t.Fatalf("MaxPositions %d, want the fixture's 256", got)
 	}
 	ctx := context.Background()
 	cases := []struct {
@@ -47,7 +37,10 @@ func TestContextRefused(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := m0.Config()
-			cfg.SlidingWindow = c.window
+			if c.window > 0 {
+				cfg.SetFamily(arch.Mistral) // the family with a sliding window
+				cfg.SlidingWindow = c.window
+			}
 			b := tensor.NewCPU(1)
 			defer b.Close()
 			bud := newBudget(t, b, 1<<30, "cpu")

@@ -53,10 +53,7 @@ func TestCUDAFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer lm.Close()
-			cfg, err := FromLoader(lm.Config)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cfg := lm.Config
 			ref := loadReference(t, fixtures.Dir(name), cfg.NumLayers)
 			hw, err := LoadWeights(ctx, lm, b, nil)
 			if err != nil {

@@ -47,10 +47,7 @@ func BenchmarkCUDATrain(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg := lm.Config
 	L := cfg.NumLayers
 	segs := []int{1, 2, int(math.Round(math.Sqrt(float64(L)))), L}
 	if s := os.Getenv("STRATA_TRAIN_SEGMENTS"); s != "" {
@@ -144,7 +141,7 @@ func BenchmarkCUDATrain(b *testing.B) {
 	for _, segments := range segs {
 		b.Run(fmt.Sprintf("%s/T=%d/budget=%s/segments=%d", shape, tokens, limitStr, segments), func(b *testing.B) {
 			info := info
-			info.Reserve = cfg.TrainReserve(tokens, segments, true)
+			info.Reserve = TrainReserve(cfg, tokens, segments, true)
 			plan, err := paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithDevice(be))
 			if err != nil {
 				b.Skipf("%d segments: %v", segments, err)

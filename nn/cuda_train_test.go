@@ -55,10 +55,7 @@ func TestCUDATrainMatchesCPU(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer lm.Close()
-			cfg, err := FromLoader(lm.Config)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cfg := lm.Config
 			ids := make([]int32, 97)
 			for i := range ids {
 				ids[i] = int32((i*7919 + 13) % cfg.VocabSize)

@@ -94,7 +94,7 @@ type benchSetup struct {
 	cpu     *tensor.CPU
 	weights *nn.HostWeights
 	model   *nn.Model
-	cfg     nn.Config
+	cfg     *arch.Config
 	// tokenBytes is the weight bytes one decode step reads: everything
 	// but the embedding table, of which it reads one row.
 	tokenBytes int64
@@ -108,10 +108,7 @@ func loadBench(b *testing.B, ms *benchModels, dt tensor.DType, threads int) *ben
 		b.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg := lm.Config
 	cpu := tensor.NewCPU(threads)
 	hw, err := nn.LoadWeights(context.Background(), lm, cpu, nil)
 	if err != nil {

@@ -28,10 +28,7 @@ func BenchmarkSoak(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg := lm.Config
 	info, err := ModelInfo(lm, cfg)
 	if err != nil {
 		b.Fatal(err)

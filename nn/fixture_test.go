@@ -85,10 +85,7 @@ func openFixture(t *testing.T, name string) (*Model, *loader.Model, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	b := tensor.NewCPU(0)
 	w, err := LoadWeights(context.Background(), lm, b, nil)
 	if err != nil {

@@ -4,42 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
 )
-
-// FromLoader converts a parsed Hugging Face config to the forward pass's.
-func FromLoader(c *arch.Config) (Config, error) {
-	cfg := Config{
-		HiddenSize:       c.HiddenSize,
-		IntermediateSize: c.IntermediateSize,
-		NumLayers:        c.NumLayers,
-		NumHeads:         c.NumHeads,
-		NumKVHeads:       c.NumKVHeads,
-		HeadDim:          c.HeadDim,
-		VocabSize:        c.VocabSize,
-		RMSNormEps:       float32(c.RMSNormEps),
-		RopeTheta:        c.RopeTheta,
-		TieEmbeddings:    c.TieEmbeddings,
-		QKVBias:          c.QKVBias,
-		OutBias:          c.OutBias,
-		SlidingWindow:    c.SlidingWindow,
-		MaxPositions:     c.MaxPositions,
-		BOS:              c.BOS,
-		EOS:              append([]int(nil), c.EOS...),
-	}
-	if s := c.RopeScaling; s != nil {
-		if s.Type != "llama3" {
-			return Config{}, fmt.Errorf("nn: rope scaling %q is not supported (only llama3)", s.Type)
-		}
-		cfg.RopeScaling = &RopeScaling{
-			Factor: s.Factor, LowFreqFactor: s.LowFreqFactor, HighFreqFactor: s.HighFreqFactor,
-			OriginalMaxPositions: s.OriginalMaxPositions,
-		}
-	}
-	return cfg, cfg.Validate()
-}
 
 // HostWeights holds every layer of a model on a backend for the model's
 // lifetime: the simplest Weights, for models that fit.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"unsafe"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -14,7 +15,7 @@ import (
 // Model runs a Llama-family decoder on a backend, taking each layer's weights
 // from a Weights source while the layer runs.
 type Model struct {
-	cfg     Config
+	cfg     arch.Config
 	backend tensor.Backend
 	alloc   paging.Allocator
 	weights Weights
@@ -67,26 +68,30 @@ const (
 	HeadName  = "lm_head.weight"
 )
 
-// New returns a model. alloc provides the KV cache and activation buffers
-// (paging.Unbudgeted(b) when no budget applies). The model runs b's
-// operations through tensor.Checked, so that a malformed call (a weight of
-// the wrong shape, say) is an error rather than a fault in a kernel.
-func New(cfg Config, b tensor.Backend, alloc paging.Allocator, w Weights) (*Model, error) {
+// New returns a model of the architecture cfg describes (a copy is kept).
+// alloc provides the KV cache and activation buffers (paging.Unbudgeted(b)
+// when no budget applies). The model runs b's operations through
+// tensor.Checked, so that a malformed call (a weight of the wrong shape,
+// say) is an error rather than a fault in a kernel.
+func New(cfg *arch.Config, b tensor.Backend, alloc paging.Allocator, w Weights) (*Model, error) {
+	if cfg == nil {
+		return nil, errors.New("nn: no config")
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if alloc == nil {
 		alloc = paging.Unbudgeted(b)
 	}
-	m := &Model{cfg: cfg, backend: tensor.Checked(b), alloc: alloc, weights: w, hi: cfg.NumLayers}
+	m := &Model{cfg: *cfg.Clone(), backend: tensor.Checked(b), alloc: alloc, weights: w, hi: cfg.NumLayers}
 	for i := 0; i < cfg.NumLayers; i++ {
 		m.names = append(m.names, namesFor(i))
 	}
 	return m, nil
 }
 
-// Config returns the model's configuration.
-func (m *Model) Config() Config { return m.cfg }
+// Config returns a copy of the model's configuration.
+func (m *Model) Config() *arch.Config { return m.cfg.Clone() }
 
 // Backend returns the backend the model computes on, behind the checks of
 // tensor.Checked (find its capabilities with tensor's helpers, such as
@@ -97,7 +102,7 @@ func (m *Model) Backend() tensor.Backend { return m.backend }
 var ErrContextFull = errors.New("nn: context length exceeded")
 
 // ErrContextTooLong is returned when a session or a training window asks
-// for more positions than the model's context (Config.ContextLength).
+// for more positions than the model's context (arch.Config.ContextLength).
 var ErrContextTooLong = errors.New("nn: context longer than the model's")
 
 // Session holds one sequence's KV cache and the buffers of its forward pass.
@@ -127,13 +132,13 @@ type Session struct {
 
 // NewSession allocates a KV cache for maxPos positions and forward buffers
 // for prompts processed chunk tokens at a time. maxPos beyond the model's
-// context (Config.ContextLength) is an error wrapping ErrContextTooLong,
+// context (arch.Config.ContextLength) is an error wrapping ErrContextTooLong,
 // returned before anything is allocated.
 func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
 	if maxPos <= 0 || chunk <= 0 {
 		return nil, fmt.Errorf("nn: session needs positive context (%d) and chunk (%d)", maxPos, chunk)
 	}
-	if err := m.cfg.checkContext("session", maxPos); err != nil {
+	if err := checkContext(&m.cfg, "session", maxPos); err != nil {
 		return nil, err
 	}
 	if chunk > maxPos {
@@ -367,7 +372,7 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 		return nil, err
 	}
 	defer m.weights.Release(layer)
-	if err := b.RMSNorm(h, x, lw[NormName], c.RMSNormEps); err != nil {
+	if err := b.RMSNorm(h, x, lw[NormName], c.NormEps()); err != nil {
 		return nil, fmt.Errorf("nn: final norm: %w", err)
 	}
 	if hook != nil {
@@ -404,7 +409,7 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[i]
 	v := s.viewsFor(T)
 	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
-	if err := b.RMSNorm(h, x, lw[n.attnNorm], c.RMSNormEps); err != nil {
+	if err := b.RMSNorm(h, x, lw[n.attnNorm], c.NormEps()); err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
 	if err := b.MatMul(q, h, lw[n.q], lw[n.qBias]); err != nil {
@@ -441,7 +446,7 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	if err := b.Add(x, x, proj); err != nil {
 		return err
 	}
-	if err := b.RMSNorm(h, x, lw[n.mlpNorm], c.RMSNormEps); err != nil {
+	if err := b.RMSNorm(h, x, lw[n.mlpNorm], c.NormEps()); err != nil {
 		return fmt.Errorf("mlp norm: %w", err)
 	}
 	if err := b.MatMul(gate, h, lw[n.gate], nil); err != nil {

@@ -32,10 +32,7 @@ func TestConcurrentSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	info, err := ModelInfo(lm, cfg)
 	if err != nil {
 		t.Fatal(err)

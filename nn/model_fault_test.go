@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/paging"
@@ -185,7 +186,7 @@ type rig struct {
 	t      testing.TB
 	dir    string
 	lm     *loader.Model
-	cfg    Config
+	cfg    *arch.Config
 	b      *faultCPU
 	src    *faultReads
 	budget *paging.Budget
@@ -218,9 +219,7 @@ func newRig(t testing.TB, strategy paging.Strategy, extra int64, opts paging.Opt
 	if r.lm, err = loader.Open(dir); err != nil {
 		t.Fatal(err)
 	}
-	if r.cfg, err = FromLoader(r.lm.Config); err != nil {
-		t.Fatal(err)
-	}
+	r.cfg = r.lm.Config
 	info, err := ModelInfo(r.lm, r.cfg)
 	if err != nil {
 		t.Fatal(err)

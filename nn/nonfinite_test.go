@@ -22,10 +22,7 @@ func openCPU(t *testing.T, dir string) (*loader.Model, *Model, *HostWeights) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lm.Close() })
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	b := tensor.NewCPU(1)
 	t.Cleanup(func() { b.Close() })
 	hw, err := LoadWeights(context.Background(), lm, b, nil)
@@ -138,7 +135,7 @@ func TestForwardNonFiniteNamesLayer(t *testing.T) {
 				}
 			}
 			// The same across two devices.
-			p, err := NewPipeline(m.cfg, []Stage{
+			p, err := NewPipeline(&m.cfg, []Stage{
 				{Backend: tensor.NewCPU(1), Weights: hw, FirstBlock: 0, EndBlock: 2},
 				{Backend: tensor.NewCPU(1), Weights: hw, FirstBlock: 2, EndBlock: m.cfg.NumLayers},
 			})
@@ -229,7 +226,7 @@ func TestNonFiniteWeightsRefusedOnLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer lm.Close()
-		cfg, _ := FromLoader(lm.Config)
+		cfg := lm.Config
 		b := tensor.NewCPU(1)
 		defer b.Close()
 		checkErr := func(what string, err error) {

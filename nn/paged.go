@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/paging"
 )
@@ -37,14 +38,14 @@ func (s modelSource) ReadTensor(ctx context.Context, layer int, name string, dst
 }
 
 // ModelInfo describes the model to the planner: its layers, and the
-// memory a Session allocates beside them (Config.Reserve). For training,
-// replace the reserve with Config.TrainReserve.
-func ModelInfo(m *loader.Model, cfg Config) (paging.ModelInfo, error) {
+// memory a Session allocates beside them (Reserve). For training, replace
+// the reserve with TrainReserve.
+func ModelInfo(m *loader.Model, cfg *arch.Config) (paging.ModelInfo, error) {
 	layers, err := paging.DescribeSource(Source(m))
 	if err != nil {
 		return paging.ModelInfo{}, err
 	}
-	return paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: cfg.Reserve()}, nil
+	return paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: Reserve(cfg)}, nil
 }
 
 // PagedWeights serves layers from a paging.Pager: Weights under a budget.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/paging"
@@ -60,10 +61,7 @@ func TestPagedBitIdentical(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
 	const steps, maxPos, chunk = 12, 32, 8
 
@@ -148,35 +146,35 @@ func TestPagedBitIdentical(t *testing.T) {
 // up to its own byte counts, for a session (KV cache, rotary tables,
 // forward buffers, the logits only with the head) and for training.
 func TestReserveCountsWhatNNAllocates(t *testing.T) {
-	cfg := Config{HiddenSize: 64, IntermediateSize: 172, NumLayers: 5, NumHeads: 4, NumKVHeads: 2, HeadDim: 16, VocabSize: 300, RopeTheta: 1e4}
-	r := cfg.Reserve()
+	cfg := &arch.Config{HiddenSize: 64, IntermediateSize: 172, NumLayers: 5, NumHeads: 4, NumKVHeads: 2, HeadDim: 16, VocabSize: 300, RopeTheta: 1e4}
+	r := Reserve(cfg)
 	const maxPos, chunk, batch = 37, 9, 2
 	bytes := func(r paging.Reserve, cat paging.Category, blocks int) int64 {
 		return r.Bytes(cat, blocks, maxPos, chunk, batch, nil)
 	}
-	if got, want := bytes(r, paging.KVCache, cfg.NumLayers), batch*cfg.KVCacheBytes(maxPos); got != want {
+	if got, want := bytes(r, paging.KVCache, cfg.NumLayers), batch*KVCacheBytes(cfg, maxPos); got != want {
 		t.Errorf("KV cache %d, want %d", got, want)
 	}
-	if got, want := bytes(r, paging.Workspace, cfg.NumLayers), batch*cfg.RopeBytes(maxPos); got != want {
+	if got, want := bytes(r, paging.Workspace, cfg.NumLayers), batch*RopeBytes(cfg, maxPos); got != want {
 		t.Errorf("rotary tables %d, want %d", got, want)
 	}
-	if got, want := bytes(r, paging.Activations, cfg.NumLayers), batch*cfg.ActivationBytes(chunk); got != want {
+	if got, want := bytes(r, paging.Activations, cfg.NumLayers), batch*ActivationBytes(cfg, chunk); got != want {
 		t.Errorf("activations %d, want %d", got, want)
 	}
 	info := paging.ModelInfo{Layers: make([]paging.LayerInfo, cfg.NumLayers+2), NumLayers: cfg.NumLayers, Reserve: r}
 	first := info.Stage(paging.Placement{FirstBlock: 0, EndBlock: 2, Layers: []int{0, 1, 2}})
-	if got, want := bytes(first.Reserve, paging.Activations, 2), batch*(cfg.ActivationBytes(chunk)-4*chunk*int64(cfg.VocabSize)); got != want {
+	if got, want := bytes(first.Reserve, paging.Activations, 2), batch*(ActivationBytes(cfg, chunk)-4*chunk*int64(cfg.VocabSize)); got != want {
 		t.Errorf("a stage without the head: activations %d, want %d (no logits)", got, want)
 	}
 	for _, onDevice := range []bool{false, true} {
-		tr := cfg.TrainReserve(20, 2, onDevice)
+		tr := TrainReserve(cfg, 20, 2, onDevice)
 		var got int64
 		for _, c := range []paging.Category{paging.KVCache, paging.Activations, paging.Workspace, paging.Gradients} {
 			got += bytes(tr, c, cfg.NumLayers)
 		}
-		want := cfg.TrainWorkspaceBytes(20, 2)
+		want := TrainWorkspaceBytes(cfg, 20, 2)
 		if onDevice {
-			want += cfg.TrainGradientBytes()
+			want += TrainGradientBytes(cfg)
 		}
 		if got != want || bytes(tr, paging.KVCache, cfg.NumLayers) != 0 {
 			t.Errorf("training reserve (gradients on the device %v): %d, want %d and no KV cache", onDevice, got, want)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -25,20 +26,23 @@ type Stage struct {
 // contiguous ranges: each token's hidden state passes from one stage to the
 // next through host memory.
 type Pipeline struct {
-	cfg    Config
+	cfg    arch.Config
 	stages []*Model
 }
 
 // NewPipeline checks that the stages cover the decoder blocks in order,
 // each at least one block, and returns the pipeline.
-func NewPipeline(cfg Config, stages []Stage) (*Pipeline, error) {
+func NewPipeline(cfg *arch.Config, stages []Stage) (*Pipeline, error) {
+	if cfg == nil {
+		return nil, errors.New("nn: no config")
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if len(stages) == 0 {
 		return nil, errors.New("nn: pipeline with no stages")
 	}
-	p := &Pipeline{cfg: cfg}
+	p := &Pipeline{cfg: *cfg.Clone()}
 	next := 0
 	for i, st := range stages {
 		if st.FirstBlock != next || st.EndBlock <= st.FirstBlock || st.EndBlock > cfg.NumLayers {
@@ -59,8 +63,8 @@ func NewPipeline(cfg Config, stages []Stage) (*Pipeline, error) {
 	return p, nil
 }
 
-// Config returns the model's configuration.
-func (p *Pipeline) Config() Config { return p.cfg }
+// Config returns a copy of the model's configuration.
+func (p *Pipeline) Config() *arch.Config { return p.cfg.Clone() }
 
 // PipelineSession is one sequence through a Pipeline: a Session per stage,
 // each holding the KV cache of its own blocks.
@@ -74,7 +78,7 @@ type PipelineSession struct {
 // NewSession allocates each stage's KV cache and buffers.
 func (p *Pipeline) NewSession(maxPos, chunk int) (*PipelineSession, error) {
 	if maxPos > 0 {
-		if err := p.cfg.checkContext("session", maxPos); err != nil {
+		if err := checkContext(&p.cfg, "session", maxPos); err != nil {
 			return nil, err
 		}
 	}

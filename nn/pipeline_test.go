@@ -22,10 +22,7 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
 	const maxPos, chunk = 32, 8
 	one := tensor.NewCPU(1)
@@ -101,7 +98,7 @@ func TestPipelineMatchesOneDevice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Each stage's session takes what Config.Reserve told the
+			// Each stage's session takes what Reserve told the
 			// planner for the stage: its blocks' KV cache, the forward
 			// buffers with the logits only on the last stage, the rotary
 			// tables.

@@ -1,12 +1,16 @@
 package nn
 
-import "math"
+import (
+	"math"
+
+	"github.com/strata-llm/strata/arch"
+)
 
 // refModel is an independent, slow float64 Llama forward pass used to check
 // the backend path on shapes the Hugging Face fixtures do not cover. It
 // recomputes the whole sequence without a cache.
 type refModel struct {
-	cfg Config
+	cfg *arch.Config
 	w   map[string][]float64 // every weight, row-major, converted from storage
 }
 
@@ -104,7 +108,7 @@ func (r *refModel) norm(x [][]float64, w []float64) [][]float64 {
 		for _, v := range row {
 			ss += v * v
 		}
-		inv := 1 / math.Sqrt(ss/float64(len(row))+float64(r.cfg.RMSNormEps))
+		inv := 1 / math.Sqrt(ss/float64(len(row))+float64(r.cfg.NormEps()))
 		out[t] = make([]float64, len(row))
 		for i, v := range row {
 			out[t][i] = v * inv * w[i]

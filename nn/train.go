@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -43,11 +44,11 @@ type TrainOptions struct {
 //
 // Activations are allocated from the model's Allocator, charged to
 // paging.Activations; StepStats.PeakActivationBytes is their peak, and
-// Config.TrainActivationBytes predicts it. The gradients end in host F32
+// TrainActivationBytes predicts it. The gradients end in host F32
 // tensors (Grads). On a device backend each layer's gradients are computed
 // into device buffers charged to paging.Gradients, then copied out and added
 // into the Grads, so the device holds one layer's gradients at a time
-// (Config.TrainGradientBytes); on the CPU they accumulate in the Grads
+// (TrainGradientBytes); on the CPU they accumulate in the Grads
 // directly.
 //
 // A Trainer is not safe for concurrent use.
@@ -222,7 +223,7 @@ func (tr *Trainer) lossAndGrads(ctx context.Context, inputs, targets []int32, gr
 	case len(targets) != len(inputs):
 		return StepStats{}, fmt.Errorf("nn: train: %d targets for %d inputs", len(targets), len(inputs))
 	}
-	if err := c.checkContext("training window", len(inputs)); err != nil {
+	if err := checkContext(c, "training window", len(inputs)); err != nil {
 		return StepStats{}, err
 	}
 	if lossScale == 0 {
@@ -398,7 +399,7 @@ func (a *actAlloc) freeAll() {
 type pass struct {
 	tr      *Trainer
 	m       *Model
-	c       *Config
+	c       *arch.Config
 	b       tensor.Backend
 	g       tensor.GradOps
 	ctx     context.Context
@@ -872,7 +873,7 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 		}
 		return nil
 	}
-	if err := b.RMSNorm(bb.h1, bb.xIn, lw[n.attnNorm], c.RMSNormEps); err != nil {
+	if err := b.RMSNorm(bb.h1, bb.xIn, lw[n.attnNorm], c.NormEps()); err != nil {
 		return wrap("attention norm", err)
 	}
 	if err := ps.g.MatMulPrecise(bb.q, bb.h1, lw[n.q], lw[n.qBias]); err != nil {
@@ -899,7 +900,7 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := b.Add(bb.xMid, bb.xIn, bb.proj); err != nil {
 		return wrap("residual", err)
 	}
-	if err := b.RMSNorm(bb.h2, bb.xMid, lw[n.mlpNorm], c.RMSNormEps); err != nil {
+	if err := b.RMSNorm(bb.h2, bb.xMid, lw[n.mlpNorm], c.NormEps()); err != nil {
 		return wrap("mlp norm", err)
 	}
 	if err := ps.g.MatMulPrecise(bb.gate, bb.h2, lw[n.gate], nil); err != nil {
@@ -946,7 +947,7 @@ func (ps *pass) head(xL *tensor.Tensor, bw *bwdWork) error {
 	if err != nil {
 		return err
 	}
-	if err := b.RMSNorm(hn, xL, norm, c.RMSNormEps); err != nil {
+	if err := b.RMSNorm(hn, xL, norm, c.NormEps()); err != nil {
 		return fmt.Errorf("nn: train: final norm: %w", err)
 	}
 	if err := ps.callHook(layer, hn); err != nil {
@@ -999,7 +1000,7 @@ func (ps *pass) head(xL *tensor.Tensor, bw *bwdWork) error {
 	if err := g.Zero(bw.dx); err != nil {
 		return wrap("zero", err)
 	}
-	if err := g.RMSNormGrad(bw.dx, dNorm, bw.dh, xL, norm, c.RMSNormEps); err != nil {
+	if err := g.RMSNormGrad(bw.dx, dNorm, bw.dh, xL, norm, c.NormEps()); err != nil {
 		return fmt.Errorf("nn: train: final norm backward: %w", err)
 	}
 	return ps.flushGrads()
@@ -1111,7 +1112,7 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 	do("zero", func() error { return g.Zero(dh) })
 	do("gate input", func() error { return g.MatMulGradX(dh, dact, wg) })
 	do("up input", func() error { return g.MatMulGradX(dh, act, wu) })
-	do("mlp norm", func() error { return g.RMSNormGrad(dx, gmn, dh, bb.xMid, mn, c.RMSNormEps) })
+	do("mlp norm", func() error { return g.RMSNormGrad(dx, gmn, dh, bb.xMid, mn, c.NormEps()) })
 
 	// Attention: out = o(attention(rope(q(h1)), rope(k(h1)), v(h1))), h1
 	// = norm(xIn). dx is now the gradient of xMid, which is also that of
@@ -1142,7 +1143,7 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 	do("q input", func() error { return g.MatMulGradX(dh, dq, wq) })
 	do("k input", func() error { return g.MatMulGradX(dh, dk, wk) })
 	do("v input", func() error { return g.MatMulGradX(dh, dv, wv) })
-	do("attention norm", func() error { return g.RMSNormGrad(dx, gan, dh, bb.xIn, an, c.RMSNormEps) })
+	do("attention norm", func() error { return g.RMSNormGrad(dx, gan, dh, bb.xIn, an, c.NormEps()) })
 	if stepErr != nil {
 		return stepErr
 	}

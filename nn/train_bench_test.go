@@ -33,10 +33,7 @@ func BenchmarkTrainCheckpoint(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer lm.Close()
-	ncfg, err := FromLoader(lm.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ncfg := lm.Config
 	p, err := LoadParams(context.Background(), lm)
 	if err != nil {
 		b.Fatal(err)

@@ -20,10 +20,7 @@ func ExampleCheckpointSequential() {
 		panic(err)
 	}
 	defer lm.Close()
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		panic(err)
-	}
+	cfg := lm.Config
 	params, err := nn.LoadParams(ctx, lm) // F16 working copies, F32 masters
 	if err != nil {
 		panic(err)

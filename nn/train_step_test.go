@@ -24,10 +24,7 @@ func fixtureParams(t *testing.T) (*Params, *Model, *loader.Model) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lm.Close() })
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	p, err := LoadParams(context.Background(), lm)
 	if err != nil {
 		t.Fatal(err)
@@ -208,10 +205,7 @@ func TestParamsSave(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg, err := FromLoader(saved.Config)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cfg := saved.Config
 		hw, err := LoadWeights(context.Background(), saved, m.Backend(), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -313,7 +307,7 @@ func TestTrainErrors(t *testing.T) {
 	// A budget too small for the activations: an out-of-memory error and
 	// nothing left allocated.
 	cfg := m.Config()
-	budget := newBudget(t, m.Backend(), cfg.TrainActivationBytes(11, 1)/2, "cpu")
+	budget := newBudget(t, m.Backend(), TrainActivationBytes(cfg, 11, 1)/2, "cpu")
 	defer budget.Close()
 	small, err := New(m.Config(), m.Backend(), budget, p)
 	if err != nil {

@@ -59,10 +59,7 @@ func TestTrainGradsFiniteDifferences(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer lm.Close()
-			ncfg, err := FromLoader(lm.Config)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ncfg := lm.Config
 			params, err := LoadParams(context.Background(), lm)
 			if err != nil {
 				t.Fatal(err)

@@ -113,7 +113,7 @@ func TestTrainGradsMatchFixture(t *testing.T) {
 
 // openFixtureModel opens the F16 fixture with its config, the reference
 // gradients and the prompt as next-token inputs and targets.
-func openFixtureModel(t *testing.T) (lm *loader.Model, cfg Config, wantLoss float64, want map[string][]float32, inputs, targets []int32) {
+func openFixtureModel(t *testing.T) (lm *loader.Model, cfg *arch.Config, wantLoss float64, want map[string][]float32, inputs, targets []int32) {
 	t.Helper()
 	dir := fixtures.Dir(fixtures.TinyLlamaF16Sharded)
 	lm, err := loader.Open(dir)
@@ -121,9 +121,7 @@ func openFixtureModel(t *testing.T) (lm *loader.Model, cfg Config, wantLoss floa
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lm.Close() })
-	if cfg, err = FromLoader(lm.Config); err != nil {
-		t.Fatal(err)
-	}
+	cfg = lm.Config
 	wantLoss, want = fixtureGrads(t, dir)
 	inputs, targets = NextToken(referenceIDs(t, dir))
 	return lm, cfg, wantLoss, want, inputs, targets
@@ -181,7 +179,7 @@ func checkTrainFixture(t *testing.T, b tensor.Backend) {
 				}
 			}
 		}
-		if pred := cfg.TrainActivationBytes(len(inputs), segments); st.PeakActivationBytes != pred {
+		if pred := TrainActivationBytes(cfg, len(inputs), segments); st.PeakActivationBytes != pred {
 			t.Errorf("%s: peak activations %d B, TrainActivationBytes predicts %d", what, st.PeakActivationBytes, pred)
 		}
 		// A device's caching allocator rounds each block up (by under
@@ -190,8 +188,8 @@ func checkTrainFixture(t *testing.T, b tensor.Backend) {
 			t.Errorf("%s: the budget's activation peak is %d B, the trainer counted %d", what, p, st.PeakActivationBytes)
 		}
 		gp := categoryPeak(budget, paging.Gradients)
-		if onHost && gp != 0 || !onHost && (gp <= 0 || !withinRounding(b, gp, min(gp, cfg.TrainGradientBytes()))) {
-			t.Errorf("%s: gradients peaked at %d B of the budget; want 0 on the host, within (0, %d] on a device", what, gp, cfg.TrainGradientBytes())
+		if onHost && gp != 0 || !onHost && (gp <= 0 || !withinRounding(b, gp, min(gp, TrainGradientBytes(cfg)))) {
+			t.Errorf("%s: gradients peaked at %d B of the budget; want 0 on the host, within (0, %d] on a device", what, gp, TrainGradientBytes(cfg))
 		}
 		if held := budget.Used() - budget.UsedBy(paging.Cached) - deviceFixed(b); held != 0 {
 			t.Errorf("%s: %d bytes still allocated after the pass", what, held)
@@ -293,10 +291,10 @@ func checkTrainPaged(t *testing.T, b tensor.Backend) {
 			}
 			what := fmt.Sprintf("%s, %s, %d segments, %d spare bytes", b.Name(), strategy, segments, spare)
 			info := info
-			info.Reserve = cfg.TrainReserve(T, segments, !onHost)
-			extra := cfg.TrainWorkspaceBytes(T, segments)
+			info.Reserve = TrainReserve(cfg, T, segments, !onHost)
+			extra := TrainWorkspaceBytes(cfg, T, segments)
 			if !onHost {
-				extra += cfg.TrainGradientBytes()
+				extra += TrainGradientBytes(cfg)
 			}
 			// The smallest budget the strategy plans with, leaving room for
 			// the training's activations (and device gradients).
@@ -426,10 +424,7 @@ func TestTrainStagedGrads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	b := tensor.NewCPU(2)
 	defer b.Close()
 	hw, err := LoadWeights(ctx, lm, b, nil)
@@ -483,8 +478,8 @@ func TestTrainStagedGrads(t *testing.T) {
 				}
 			}
 			if staged {
-				if gp := categoryPeak(budget, paging.Gradients); gp <= 0 || gp > cfg.TrainGradientBytes() {
-					t.Errorf("staged gradients peaked at %d B, want within (0, %d]", gp, cfg.TrainGradientBytes())
+				if gp := categoryPeak(budget, paging.Gradients); gp <= 0 || gp > TrainGradientBytes(cfg) {
+					t.Errorf("staged gradients peaked at %d B, want within (0, %d]", gp, TrainGradientBytes(cfg))
 				}
 			}
 			if budget.Used() != 0 {

@@ -36,7 +36,7 @@
 // backend's memory and optional copy capabilities only, never its kernels),
 // the model's architecture beyond the layers and tensors a Source lists,
 // and the user's buffers: the KV cache, activations and workspace are a
-// Reserve the user describes buffer by buffer (nn.Config.Reserve), never
+// Reserve the user describes buffer by buffer (nn.Reserve), never
 // formulas of nn's layout kept here. It does not close what it did not
 // make: whoever makes a Pager closes it before its Budget.
 //
@@ -49,7 +49,7 @@
 // for that layout, with at most one tensor's slack for the wrap.
 //
 // A short example, with src a Source, b a tensor.Memory and r the reserve
-// of the model's user (nn.Config.Reserve):
+// of the model's user (nn.Reserve):
 //
 //	info := paging.ModelInfo{NumLayers: 32, Reserve: r}
 //	info.Layers, _ = paging.DescribeSource(src)

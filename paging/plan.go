@@ -82,7 +82,7 @@ type ModelInfo struct {
 	// Buffer PerBlock is allocated for each.
 	NumLayers int
 	// Reserve is the memory the weights' user allocates from the budget
-	// (nn.Config.Reserve computes nn's).
+	// (nn.Reserve computes nn's).
 	Reserve Reserve
 }
 
@@ -91,7 +91,7 @@ type ModelInfo struct {
 // its context length, prefill chunk and batch, ModelInfo.Stage to one
 // device's share, and WithDevice to the blocks the device's allocator
 // takes for each tensor. The user describes its own buffers
-// (nn.Config.Reserve, nn.Config.TrainReserve): paging knows none of them.
+// (nn.Reserve, nn.TrainReserve): paging knows none of them.
 type Reserve []Buffer
 
 // Buffer is Count tensors of one size that the weights' user allocates

@@ -266,7 +266,7 @@ func TestPlanLlama7BShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := func(n int64) int64 { return 4 * n }
-	info := ModelInfo{Layers: layers, NumLayers: 32, Reserve: Reserve{ // nn.Config.Reserve for the shape
+	info := ModelInfo{Layers: layers, NumLayers: 32, Reserve: Reserve{ // nn.Reserve for the shape
 		{Category: KVCache, Bytes: row(4096), Per: PerPosition, Count: 2, PerBlock: true},
 		{Category: Workspace, Bytes: row(64), Per: PerPosition, Count: 2},
 		{Category: Activations, Bytes: row(4096), Per: PerToken, Count: 7},

@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
 	_ "github.com/strata-llm/strata/cuda" // the "cuda" device driver, built with -tags cuda
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
@@ -121,10 +122,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		defer lm.Close()
-		cfg, err := nn.FromLoader(lm.Config)
-		if err != nil {
-			return err
-		}
+		cfg := lm.Config
 		if err := checkContext(cfg, prefill, o); err != nil {
 			return err
 		}
@@ -225,7 +223,7 @@ func contextLen(prefill []int, o options) (maxPrompt, positions int) {
 
 // checkContext refuses runs whose session would hold more positions than
 // the model's context, before anything is measured.
-func checkContext(cfg nn.Config, prefill []int, o options) error {
+func checkContext(cfg *arch.Config, prefill []int, o options) error {
 	limit := cfg.ContextLength()
 	maxPrompt, n := contextLen(prefill, o)
 	// Each part first: with one of them past the limit the sum may overflow.
@@ -315,10 +313,7 @@ func (s served) Acquire(ctx context.Context, layer int) (nn.LayerWeights, error)
 }
 
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, o options) (*Result, error) {
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		return nil, err
-	}
+	cfg := lm.Config
 	info, err := nn.ModelInfo(lm, cfg)
 	if err != nil {
 		return nil, err

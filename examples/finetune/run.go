@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"io"
 	"path/filepath"
@@ -226,10 +227,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			}
 		}()
 	}
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		return err
-	}
+	cfg := lm.Config
 	if o.segments > cfg.NumLayers {
 		return cli.Usagef("-checkpoint-segments %d: the model has %d blocks", o.segments, cfg.NumLayers)
 	}
@@ -455,7 +453,7 @@ func train(ctx context.Context, o *options, h *hyper, r *runner, params *nn.Para
 // update makes the pager's copies stale. One model and trainer serve every
 // step, so that the trainer's staging buffers last the run.
 type runner struct {
-	cfg     nn.Config
+	cfg     *arch.Config
 	params  *nn.Params
 	backend tensor.Backend
 	tr      *nn.Trainer
@@ -469,7 +467,7 @@ type runner struct {
 // stepWeights serves the current step's pager.
 type stepWeights struct{ nn.PagedWeights }
 
-func newRunner(o *options, opts nn.TrainOptions, cfg nn.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
+func newRunner(o *options, opts nn.TrainOptions, cfg *arch.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
 	r := &runner{cfg: cfg, params: params, backend: b}
 	_, onHost := b.(*tensor.CPU)
 	if o.gpuLimit == "" && onHost {
@@ -492,7 +490,7 @@ func newRunner(o *options, opts nn.TrainOptions, cfg nn.Config, params *nn.Param
 	}
 	// Training keeps no KV cache: its reserve is the training activations
 	// and rotary tables, and on a device one layer's gradients.
-	info := paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: cfg.TrainReserve(tokens, o.segments, !onHost)}
+	info := paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: nn.TrainReserve(cfg, tokens, o.segments, !onHost)}
 	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithDevice(b))
 	if err != nil {
 		var be *paging.BudgetError

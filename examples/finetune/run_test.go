@@ -76,10 +76,7 @@ func windowLoss(t *testing.T, dir string, ids []int32) float64 {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	b := tensor.NewCPU(1)
 	defer b.Close()
 	w, err := nn.LoadWeights(context.Background(), lm, b, nil)
@@ -210,15 +207,12 @@ func minBudget(t *testing.T, T, segments int) int64 {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	info, err := nn.ModelInfo(lm, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info.Reserve = cfg.TrainReserve(T, segments, false) // the CPU keeps the gradients on the host
+	info.Reserve = nn.TrainReserve(cfg, T, segments, false) // the CPU keeps the gradients on the host
 	_, err = paging.Plan(info, 1, paging.StrategyBalanced, 1, 1)
 	var be *paging.BudgetError
 	if !errors.As(err, &be) {

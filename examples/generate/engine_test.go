@@ -55,10 +55,7 @@ func TestEngineSessionRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lm.Close()
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := lm.Config
 	for _, devices := range []int{1, 2} {
 		var backends []tensor.Backend
 		for range devices {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/infile"
@@ -143,7 +144,7 @@ type engine struct {
 // ranges on each in proportion to their budgets when there are several),
 // opens a server per device, loads the resident layers drawing progress,
 // and opens a session.
-func openEngine(ctx context.Context, lm *loader.Model, cfg nn.Config, backends []tensor.Backend, mem *memory,
+func openEngine(ctx context.Context, lm *loader.Model, cfg *arch.Config, backends []tensor.Backend, mem *memory,
 	contextLen, chunk int, snapshot bool, bar *progress) (*engine, error) {
 	info, err := nn.ModelInfo(lm, cfg)
 	if err != nil {

@@ -178,10 +178,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		cli.InputsOf(lm, o.configFile)); err != nil {
 		return err
 	}
-	cfg, err := nn.FromLoader(lm.Config)
-	if err != nil {
-		return err
-	}
+	cfg := lm.Config
 
 	tok, err := cli.LoadTokenizer(lm)
 	if err != nil {
