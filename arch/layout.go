@@ -107,6 +107,9 @@ func (k LayerKind) String() string {
 // that tensor is in two layers.
 func (c *Config) LayerCount() int { return c.NumLayers + 2 }
 
+// EmbedLayer is the layer holding the embedding table: 0.
+func (c *Config) EmbedLayer() int { return 0 }
+
 // BlockLayer is the layer holding decoder block i.
 func (c *Config) BlockLayer(i int) int { return i + 1 }
 

@@ -120,7 +120,7 @@ func loadBench(b *testing.B, ms *benchModels, dt tensor.DType, threads int) *ben
 		b.Fatal(err)
 	}
 	s := &benchSetup{cpu: cpu, weights: hw, model: m, cfg: cfg, tokenBytes: lm.WeightBytes()}
-	if emb, ok := lm.Tensor(nn.EmbedName); ok && !cfg.TieEmbeddings {
+	if emb, ok := lm.Tensor(arch.EmbedName); ok && !cfg.TieEmbeddings {
 		s.tokenBytes -= emb.Size - emb.Size/int64(cfg.VocabSize)
 	}
 	b.Cleanup(func() {

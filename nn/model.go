@@ -19,7 +19,7 @@ type Model struct {
 	backend tensor.Backend
 	alloc   paging.Allocator
 	weights Weights
-	names   []blockNames // per decoder block
+	names   []arch.Names // the tensor names of each layer, in Weights' numbering
 	// lo and hi bound the decoder blocks this model runs: all of them,
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.
@@ -29,44 +29,17 @@ type Model struct {
 func (m *Model) embeds() bool { return m.lo == 0 }
 func (m *Model) heads() bool  { return m.hi == m.cfg.NumLayers }
 
-// Layer indexes in the numbering Weights uses.
-func (m *Model) embedLayer() int      { return 0 }
-func (m *Model) blockLayer(i int) int { return i + 1 }
-func (m *Model) headLayer() int       { return m.cfg.NumLayers + 1 }
+// Layer indexes in the numbering Weights uses, which is arch's.
+func (m *Model) embedLayer() int      { return m.cfg.EmbedLayer() }
+func (m *Model) blockLayer(i int) int { return m.cfg.BlockLayer(i) }
+func (m *Model) headLayer() int       { return m.cfg.HeadLayer() }
+
+// name is the tensor of role r in layer.
+func (m *Model) name(layer int, r arch.Role) string { return m.names[layer][r] }
 
 // NumLayers is the number of layers as Weights numbers them: the embedding,
 // the decoder blocks and the head.
-func (m *Model) NumLayers() int { return m.cfg.NumLayers + 2 }
-
-type blockNames struct {
-	attnNorm, q, k, v, o, qBias, kBias, vBias, oBias, mlpNorm, gate, up, down string
-}
-
-func namesFor(i int) blockNames {
-	p := fmt.Sprintf("model.layers.%d.", i)
-	return blockNames{
-		attnNorm: p + "input_layernorm.weight",
-		q:        p + "self_attn.q_proj.weight",
-		k:        p + "self_attn.k_proj.weight",
-		v:        p + "self_attn.v_proj.weight",
-		o:        p + "self_attn.o_proj.weight",
-		qBias:    p + "self_attn.q_proj.bias",
-		kBias:    p + "self_attn.k_proj.bias",
-		vBias:    p + "self_attn.v_proj.bias",
-		oBias:    p + "self_attn.o_proj.bias",
-		mlpNorm:  p + "post_attention_layernorm.weight",
-		gate:     p + "mlp.gate_proj.weight",
-		up:       p + "mlp.up_proj.weight",
-		down:     p + "mlp.down_proj.weight",
-	}
-}
-
-// Tensor names of the embedding and head layers.
-const (
-	EmbedName = "model.embed_tokens.weight"
-	NormName  = "model.norm.weight"
-	HeadName  = "lm_head.weight"
-)
+func (m *Model) NumLayers() int { return m.cfg.LayerCount() }
 
 // New returns a model of the architecture cfg describes (a copy is kept).
 // alloc provides the KV cache and activation buffers (paging.Unbudgeted(b)
@@ -84,8 +57,8 @@ func New(cfg *arch.Config, b tensor.Backend, alloc paging.Allocator, w Weights) 
 		alloc = paging.Unbudgeted(b)
 	}
 	m := &Model{cfg: *cfg.Clone(), backend: tensor.Checked(b), alloc: alloc, weights: w, hi: cfg.NumLayers}
-	for i := 0; i < cfg.NumLayers; i++ {
-		m.names = append(m.names, namesFor(i))
+	for l := range cfg.LayerCount() {
+		m.names = append(m.names, cfg.LayerNames(l))
 	}
 	return m, nil
 }
@@ -267,7 +240,7 @@ func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook)
 	}
 	if firstNonFiniteF32(out) >= 0 {
 		s.pos = pos0
-		d := &diagnosis{numLayers: s.m.cfg.NumLayers, backendOf: func(int) tensor.Backend { return s.m.backend }}
+		d := &diagnosis{cfg: &s.m.cfg, backendOf: func(int) tensor.Backend { return s.m.backend }}
 		out, err := s.forward(ctx, ids, all, d.hookAt)
 		return nil, d.result(out, err, pos0, len(ids), all, s.m.cfg.VocabSize)
 	}
@@ -318,7 +291,7 @@ func (s *Session) embedChunk(ctx context.Context, ids []int32, hook Hook) error 
 	}
 	err = func() error {
 		defer m.weights.Release(m.embedLayer()) // released even if the backend panics
-		return b.Embed(x, lw[EmbedName], ids)
+		return b.Embed(x, lw[m.name(m.embedLayer(), arch.Embed)], ids)
 	}()
 	if err != nil {
 		return fmt.Errorf("nn: embedding: %w", err)
@@ -372,7 +345,7 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 		return nil, err
 	}
 	defer m.weights.Release(layer)
-	if err := b.RMSNorm(h, x, lw[NormName], c.NormEps()); err != nil {
+	if err := b.RMSNorm(h, x, lw[m.name(layer, arch.FinalNorm)], c.NormEps()); err != nil {
 		return nil, fmt.Errorf("nn: final norm: %w", err)
 	}
 	if hook != nil {
@@ -383,10 +356,7 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 	if !logits {
 		return nil, nil
 	}
-	head := lw[HeadName]
-	if c.TieEmbeddings {
-		head = lw[EmbedName]
-	}
+	head := lw[m.name(layer, arch.LMHead)] // the embedding table when tied
 	in, out := h, v.logits
 	if !allRows {
 		in, out = v.lastH, v.logits1
@@ -406,19 +376,19 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 
 // block runs decoder block i on the first T rows of the session's buffers.
 func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
-	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[i]
+	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
 	v := s.viewsFor(T)
 	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
-	if err := b.RMSNorm(h, x, lw[n.attnNorm], c.NormEps()); err != nil {
+	if err := b.RMSNorm(h, x, lw[n[arch.AttnNorm]], c.NormEps()); err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
-	if err := b.MatMul(q, h, lw[n.q], lw[n.qBias]); err != nil {
+	if err := b.MatMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
 		return fmt.Errorf("q projection: %w", err)
 	}
-	if err := b.MatMul(kk, h, lw[n.k], lw[n.kBias]); err != nil {
+	if err := b.MatMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
 		return fmt.Errorf("k projection: %w", err)
 	}
-	if err := b.MatMul(vv, h, lw[n.v], lw[n.vBias]); err != nil {
+	if err := b.MatMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
 		return fmt.Errorf("v projection: %w", err)
 	}
 	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
@@ -440,25 +410,25 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	if err := b.Attention(attn, at); err != nil {
 		return err
 	}
-	if err := b.MatMul(proj, attn, lw[n.o], lw[n.oBias]); err != nil {
+	if err := b.MatMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
 		return fmt.Errorf("o projection: %w", err)
 	}
 	if err := b.Add(x, x, proj); err != nil {
 		return err
 	}
-	if err := b.RMSNorm(h, x, lw[n.mlpNorm], c.NormEps()); err != nil {
+	if err := b.RMSNorm(h, x, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
 		return fmt.Errorf("mlp norm: %w", err)
 	}
-	if err := b.MatMul(gate, h, lw[n.gate], nil); err != nil {
+	if err := b.MatMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
 		return fmt.Errorf("gate projection: %w", err)
 	}
-	if err := b.MatMul(up, h, lw[n.up], nil); err != nil {
+	if err := b.MatMul(up, h, lw[n[arch.Up]], nil); err != nil {
 		return fmt.Errorf("up projection: %w", err)
 	}
 	if err := b.SiLUMul(gate, gate, up); err != nil {
 		return err
 	}
-	if err := b.MatMul(proj, gate, lw[n.down], nil); err != nil {
+	if err := b.MatMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
 		return fmt.Errorf("down projection: %w", err)
 	}
 	return b.Add(x, x, proj)

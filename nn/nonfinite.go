@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -65,18 +66,18 @@ func f32View(v []float32) []byte {
 // finite. Its hooks download each layer's hidden state from the backend
 // that holds it; only a forward whose logits were not finite pays for that.
 type diagnosis struct {
-	numLayers int                            // decoder blocks
+	cfg       *arch.Config                   // the model's layers
 	backendOf func(layer int) tensor.Backend // where the layer's output lives
 	buf       []byte
 }
 
 // layerName names a layer in Weights' numbering.
 func (d *diagnosis) layerName(layer int) string {
-	switch {
-	case layer == 0:
+	switch kind, block, _ := d.cfg.LayerKind(layer); kind {
+	case arch.Embedding:
 		return "the embedding"
-	case layer <= d.numLayers:
-		return fmt.Sprintf("block %d", layer-1)
+	case arch.Block:
+		return fmt.Sprintf("block %d", block)
 	}
 	return "the final norm"
 }
@@ -123,5 +124,5 @@ func (d *diagnosis) result(logits []float32, err error, pos0, n int, all bool, v
 	if all {
 		pos = pos0 + i/vocab
 	}
-	return &NonFiniteError{Layer: d.numLayers + 1, Name: "the lm head", Pos: pos, Value: logits[i]}
+	return &NonFiniteError{Layer: d.cfg.HeadLayer(), Name: "the lm head", Pos: pos, Value: logits[i]}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -128,14 +129,14 @@ func TestBadOptionsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := append([]float32(nil), fp.Master(NormName)...)
+	before := append([]float32(nil), fp.Master(arch.NormName)...)
 	bad := NewLossScaler(65536, 10)
 	bad.BackoffFactor = 1
 	var oe *OptionError
 	if _, err := tr.Step(context.Background(), []int32{1, 2, 3}, []int32{2, 3, 4}, fp, NewAdamW(1e-3), bad); !errors.As(err, &oe) || oe.Option != "BackoffFactor" {
 		t.Errorf("a scaler that never backs off: %v", err)
 	}
-	for i, v := range fp.Master(NormName) {
+	for i, v := range fp.Master(arch.NormName) {
 		if v != before[i] {
 			t.Fatal("a refused step changed the weights")
 		}

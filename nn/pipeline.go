@@ -152,7 +152,7 @@ func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, h
 		for _, s := range ps.sess {
 			s.pos = pos0
 		}
-		d := &diagnosis{numLayers: ps.p.cfg.NumLayers, backendOf: ps.backendOf}
+		d := &diagnosis{cfg: &ps.p.cfg, backendOf: ps.backendOf}
 		out, err := ps.forward(ctx, ids, all, d.hookAt)
 		return nil, d.result(out, err, pos0, len(ids), all, ps.p.cfg.VocabSize)
 	}

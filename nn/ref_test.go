@@ -21,7 +21,7 @@ func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float6
 	H, T := c.HiddenSize, len(ids)
 	x := make([][]float64, T)
 	for t, id := range ids {
-		x[t] = append([]float64(nil), r.w[EmbedName][int(id)*H:(int(id)+1)*H]...)
+		x[t] = append([]float64(nil), r.w[arch.EmbedName][int(id)*H:(int(id)+1)*H]...)
 	}
 	snap := func(m [][]float64) [][]float64 {
 		out := make([][]float64, len(m))
@@ -32,11 +32,11 @@ func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float6
 	}
 	hidden = append(hidden, snap(x))
 	for l := 0; l < c.NumLayers; l++ {
-		n := namesFor(l)
-		h := r.norm(x, r.w[n.attnNorm])
-		q := r.linear(h, n.q, n.qBias, c.QDim())
-		k := r.linear(h, n.k, n.kBias, c.KVDim())
-		v := r.linear(h, n.v, n.vBias, c.KVDim())
+		n := c.LayerNames(c.BlockLayer(l))
+		h := r.norm(x, r.w[n[arch.AttnNorm]])
+		q := r.linear(h, n[arch.Q], n[arch.QBias], c.QDim())
+		k := r.linear(h, n[arch.K], n[arch.KBias], c.KVDim())
+		v := r.linear(h, n[arch.V], n[arch.VBias], c.KVDim())
 		r.rope(q, c.NumHeads)
 		r.rope(k, c.NumKVHeads)
 		attn := make([][]float64, T)
@@ -70,21 +70,21 @@ func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float6
 				}
 			}
 		}
-		o := r.linear(attn, n.o, n.oBias, H)
+		o := r.linear(attn, n[arch.O], n[arch.OBias], H)
 		for t := range x {
 			for i := range x[t] {
 				x[t][i] += o[t][i]
 			}
 		}
-		h = r.norm(x, r.w[n.mlpNorm])
-		g := r.linear(h, n.gate, "", c.IntermediateSize)
-		u := r.linear(h, n.up, "", c.IntermediateSize)
+		h = r.norm(x, r.w[n[arch.MLPNorm]])
+		g := r.linear(h, n[arch.Gate], "", c.IntermediateSize)
+		u := r.linear(h, n[arch.Up], "", c.IntermediateSize)
 		for t := range g {
 			for i := range g[t] {
 				g[t][i] = g[t][i] / (1 + math.Exp(-g[t][i])) * u[t][i]
 			}
 		}
-		d := r.linear(g, n.down, "", H)
+		d := r.linear(g, n[arch.Down], "", H)
 		for t := range x {
 			for i := range x[t] {
 				x[t][i] += d[t][i]
@@ -92,11 +92,11 @@ func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float6
 		}
 		hidden = append(hidden, snap(x))
 	}
-	h := r.norm(x, r.w[NormName])
+	h := r.norm(x, r.w[arch.NormName])
 	hidden = append(hidden, snap(h))
-	head := HeadName
+	head := arch.LMHeadName
 	if c.TieEmbeddings {
-		head = EmbedName
+		head = arch.EmbedName
 	}
 	return r.linear(h, head, "", c.VocabSize), hidden
 }

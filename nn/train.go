@@ -635,9 +635,10 @@ func (ps *pass) run() error {
 	}
 	err = func() error {
 		defer ps.m.weights.Release(ps.m.embedLayer()) // released even if the backend panics
-		table := lw[EmbedName]
+		name := ps.m.name(ps.m.embedLayer(), arch.Embed)
+		table := lw[name]
 		if table == nil {
-			return errors.New("no tensor " + EmbedName)
+			return errors.New("no tensor " + name)
 		}
 		ps.embedShape = table.Shape().Clone()
 		return b.Embed(x0, table, ps.ids)
@@ -738,7 +739,7 @@ func (ps *pass) run() error {
 
 	// The embedding's gradient needs no weights: each row of dx goes to
 	// its token's row, on the host.
-	dE, err := ps.grads.buffer(EmbedName, ps.embedShape)
+	dE, err := ps.grads.buffer(ps.m.name(ps.m.embedLayer(), arch.Embed), ps.embedShape)
 	if err != nil {
 		return err
 	}
@@ -866,23 +867,23 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 		return err
 	}
 	defer ps.m.weights.Release(layer)
-	c, b, n := ps.c, ps.b, &ps.m.names[i]
+	c, b, n := ps.c, ps.b, &ps.m.names[ps.m.blockLayer(i)]
 	wrap := func(what string, err error) error {
 		if err != nil {
 			return fmt.Errorf("nn: train: block %d: %s: %w", i, what, err)
 		}
 		return nil
 	}
-	if err := b.RMSNorm(bb.h1, bb.xIn, lw[n.attnNorm], c.NormEps()); err != nil {
+	if err := b.RMSNorm(bb.h1, bb.xIn, lw[n[arch.AttnNorm]], c.NormEps()); err != nil {
 		return wrap("attention norm", err)
 	}
-	if err := ps.g.MatMulPrecise(bb.q, bb.h1, lw[n.q], lw[n.qBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.q, bb.h1, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
 		return wrap("q projection", err)
 	}
-	if err := ps.g.MatMulPrecise(bb.k, bb.h1, lw[n.k], lw[n.kBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.k, bb.h1, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
 		return wrap("k projection", err)
 	}
-	if err := ps.g.MatMulPrecise(bb.v, bb.h1, lw[n.v], lw[n.vBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.v, bb.h1, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
 		return wrap("v projection", err)
 	}
 	if err := b.Rope(bb.q, ps.rotary(c.NumHeads, ps.sin)); err != nil {
@@ -894,19 +895,19 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := b.Attention(bb.attn, ps.attention(bb)); err != nil {
 		return wrap("attention", err)
 	}
-	if err := ps.g.MatMulPrecise(bb.proj, bb.attn, lw[n.o], lw[n.oBias]); err != nil {
+	if err := ps.g.MatMulPrecise(bb.proj, bb.attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
 		return wrap("o projection", err)
 	}
 	if err := b.Add(bb.xMid, bb.xIn, bb.proj); err != nil {
 		return wrap("residual", err)
 	}
-	if err := b.RMSNorm(bb.h2, bb.xMid, lw[n.mlpNorm], c.NormEps()); err != nil {
+	if err := b.RMSNorm(bb.h2, bb.xMid, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
 		return wrap("mlp norm", err)
 	}
-	if err := ps.g.MatMulPrecise(bb.gate, bb.h2, lw[n.gate], nil); err != nil {
+	if err := ps.g.MatMulPrecise(bb.gate, bb.h2, lw[n[arch.Gate]], nil); err != nil {
 		return wrap("gate projection", err)
 	}
-	if err := ps.g.MatMulPrecise(bb.up, bb.h2, lw[n.up], nil); err != nil {
+	if err := ps.g.MatMulPrecise(bb.up, bb.h2, lw[n[arch.Up]], nil); err != nil {
 		return wrap("up projection", err)
 	}
 	if !needOut {
@@ -915,7 +916,7 @@ func (ps *pass) forwardBlock(i int, bb *blockBufs, needOut bool) error {
 	if err := b.SiLUMul(bb.act, bb.gate, bb.up); err != nil {
 		return wrap("silu", err)
 	}
-	if err := ps.g.MatMulPrecise(bb.proj, bb.act, lw[n.down], nil); err != nil {
+	if err := ps.g.MatMulPrecise(bb.proj, bb.act, lw[n[arch.Down]], nil); err != nil {
 		return wrap("down projection", err)
 	}
 	return wrap("residual", b.Add(bb.xOut, bb.xMid, bb.proj))
@@ -931,11 +932,9 @@ func (ps *pass) head(xL *tensor.Tensor, bw *bwdWork) error {
 		return err
 	}
 	defer ps.m.weights.Release(layer)
-	headName := HeadName
-	if c.TieEmbeddings {
-		headName = EmbedName
-	}
-	norm, err := layerWeight(lw, NormName)
+	headName := ps.m.name(layer, arch.LMHead) // the embedding table when tied
+	normName := ps.m.name(layer, arch.FinalNorm)
+	norm, err := layerWeight(lw, normName)
 	if err != nil {
 		return err
 	}
@@ -993,7 +992,7 @@ func (ps *pass) head(xL *tensor.Tensor, bw *bwdWork) error {
 		}
 	}
 	ps.acts.put(logits, hn)
-	dNorm, err := ps.gradBuffer(NormName, norm.Shape())
+	dNorm, err := ps.gradBuffer(normName, norm.Shape())
 	if err != nil {
 		return err
 	}
@@ -1049,7 +1048,7 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 		return err
 	}
 	defer ps.m.weights.Release(layer)
-	c, b, g, n := ps.c, ps.b, ps.g, &ps.m.names[i]
+	c, b, g, n := ps.c, ps.b, ps.g, &ps.m.names[ps.m.blockLayer(i)]
 	// weight returns a weight and its gradient buffer; optional weights
 	// (biases) that the model lacks give nil.
 	weight := func(name string, optional bool) (*tensor.Tensor, *tensor.Tensor, error) {
@@ -1072,9 +1071,9 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 		name string
 		w, g **tensor.Tensor
 	}{
-		{n.q, &wq, &gq}, {n.k, &wk, &gk}, {n.v, &wv, &gv}, {n.o, &wo, &gO},
-		{n.gate, &wg, &gg}, {n.up, &wu, &gu}, {n.down, &wd, &gd},
-		{n.attnNorm, &an, &gan}, {n.mlpNorm, &mn, &gmn},
+		{n[arch.Q], &wq, &gq}, {n[arch.K], &wk, &gk}, {n[arch.V], &wv, &gv}, {n[arch.O], &wo, &gO},
+		{n[arch.Gate], &wg, &gg}, {n[arch.Up], &wu, &gu}, {n[arch.Down], &wd, &gd},
+		{n[arch.AttnNorm], &an, &gan}, {n[arch.MLPNorm], &mn, &gmn},
 	} {
 		if *f.w, *f.g, err = weight(f.name, false); err != nil {
 			return err
@@ -1083,7 +1082,7 @@ func (ps *pass) backwardBlock(i int, bb *blockBufs, bw *bwdWork) error {
 	for _, f := range []struct {
 		name string
 		g    **tensor.Tensor
-	}{{n.qBias, &gbq}, {n.kBias, &gbk}, {n.vBias, &gbv}, {n.oBias, &gbo}} {
+	}{{n[arch.QBias], &gbq}, {n[arch.KBias], &gbk}, {n[arch.VBias], &gbv}, {n[arch.OBias], &gbo}} {
 		if _, *f.g, err = weight(f.name, true); err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -65,19 +66,19 @@ func TestTrainStepNonFiniteWeights(t *testing.T) {
 	// each element the inputs use by about LR (the gradients, scaled down
 	// by the first norm, are far above Eps), and the ones moving up round
 	// to +Inf. The forward sees finite values: the norms scale them.
-	w := p.Master(EmbedName)
+	w := p.Master(arch.EmbedName)
 	for i := range w {
 		w[i] = 65519.9
 	}
-	p.Sync(EmbedName)
+	p.Sync(arch.EmbedName)
 	if err := p.CheckFinite(); err != nil {
 		t.Fatalf("finite weights: %v", err)
 	}
 	opt := NewAdamW(1)
 	opt.WeightDecay, opt.Eps = 0, 1e-30
 	_, err = tr.Step(context.Background(), []int32{1, 42, 71, 345}, []int32{42, 71, 345, 81}, p, opt, NewLossScaler(1, 10))
-	if !errors.Is(err, ErrNonFinite) || !strings.Contains(err.Error(), EmbedName) {
-		t.Fatalf("%v, want ErrNonFinite naming %s", err, EmbedName)
+	if !errors.Is(err, ErrNonFinite) || !strings.Contains(err.Error(), arch.EmbedName) {
+		t.Fatalf("%v, want ErrNonFinite naming %s", err, arch.EmbedName)
 	}
 }
 

@@ -124,10 +124,10 @@ func TestTrainStepOverflowSkips(t *testing.T) {
 	}
 	// A final norm of 1000 makes the LM head's gradient about 1000 times
 	// larger, the logits still far from overflowing.
-	for i := range p.Master(NormName) {
-		p.Master(NormName)[i] = 1000
+	for i := range p.Master(arch.NormName) {
+		p.Master(arch.NormName)[i] = 1000
 	}
-	p.Sync(NormName)
+	p.Sync(arch.NormName)
 	before := map[string][]byte{}
 	for _, n := range p.Names() {
 		before[n] = append([]byte(nil), p.Tensor(n).Bytes()...)
@@ -248,7 +248,7 @@ func TestParamsSaveTied(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range p.Names() {
-		if n == HeadName {
+		if n == arch.LMHeadName {
 			t.Fatal("tied parameters list lm_head.weight")
 		}
 	}
@@ -262,7 +262,7 @@ func TestParamsSaveTied(t *testing.T) {
 	}
 	defer f.Close()
 	for _, ti := range f.Tensors() {
-		if ti.Name == HeadName {
+		if ti.Name == arch.LMHeadName {
 			t.Error("the tied checkpoint holds lm_head.weight")
 		}
 	}
@@ -294,7 +294,7 @@ func TestTrainErrors(t *testing.T) {
 		{"nil grads", []int32{1, 2}, []int32{2, 3}, nil, 1},
 		{"negative scale", []int32{1, 2}, []int32{2, 3}, Grads{}, -1},
 		{"NaN scale", []int32{1, 2}, []int32{2, 3}, Grads{}, float32(math.NaN())},
-		{"wrong gradient shape", []int32{1, 2}, []int32{2, 3}, Grads{NormName: tensor.New(tensor.F32, tensor.Shape{3})}, 1},
+		{"wrong gradient shape", []int32{1, 2}, []int32{2, 3}, Grads{arch.NormName: tensor.New(tensor.F32, tensor.Shape{3})}, 1},
 	} {
 		if _, err := tr.LossAndGrads(ctx, tc.inputs, tc.targets, tc.grads, tc.scale); err == nil {
 			t.Errorf("%s: no error", tc.name)

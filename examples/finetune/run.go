@@ -283,7 +283,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 	// F16 weights get a loss scale unless -loss-scale sets one.
 	defaultScale := float32(1)
-	if params.Tensor(nn.EmbedName).DType() == tensor.F16 {
+	if params.Tensor(cfg.LayerNames(cfg.EmbedLayer())[arch.Embed]).DType() == tensor.F16 {
 		defaultScale = 65536
 	}
 	h, err := o.hyperparameters(defaultScale)
