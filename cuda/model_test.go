@@ -12,13 +12,6 @@ import (
 	"github.com/strata-llm/strata/paging"
 )
 
-// served adapts a paging.Server to nn.Weights.
-type served struct{ paging.Server }
-
-func (s served) Acquire(ctx context.Context, l int) (nn.LayerWeights, error) {
-	return s.Server.Acquire(ctx, l)
-}
-
 // TestModelsLeaveNothing runs the F16 fixture through package nn on the GPU
 // (generation with every weight resident and paged in every memory mode,
 // training resident and paged) and checks, in the backend's own
@@ -107,7 +100,7 @@ func TestModelsLeaveNothing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
-		pm, err := nn.New(cfg, b, bud, served{srv})
+		pm, err := nn.New(cfg, b, bud, srv)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +135,7 @@ func TestModelsLeaveNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tm, err := nn.New(cfg, b, bud, nn.PagedWeights{Pager: pager})
+	tm, err := nn.New(cfg, b, bud, pager)
 	if err != nil {
 		t.Fatal(err)
 	}

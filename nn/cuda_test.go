@@ -30,13 +30,6 @@ func openCUDA(t testing.TB) tensor.Backend {
 	return b
 }
 
-// pagedServed adapts a paging.Server for these tests.
-type pagedServed struct{ paging.Server }
-
-func (p pagedServed) Acquire(ctx context.Context, l int) (LayerWeights, error) {
-	return p.Server.Acquire(ctx, l)
-}
-
 // TestCUDAFixtures runs both fixtures on the GPU: logits within 2e-2 of
 // transformers at every prompt position, greedy ids equal where the margin
 // exceeds 5e-2, and then the same generation under a budget that forces
@@ -114,7 +107,7 @@ func TestCUDAFixtures(t *testing.T) {
 					if err != nil {
 						t.Fatalf("%s %s: %v", mode, st, err)
 					}
-					pm, err := New(cfg, b, bud, pagedServed{srv})
+					pm, err := New(cfg, b, bud, srv)
 					if err != nil {
 						t.Fatal(err)
 					}

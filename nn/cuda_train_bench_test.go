@@ -153,7 +153,7 @@ func BenchmarkCUDATrain(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer pager.Close()
-			m, err := New(cfg, be, budget, PagedWeights{pager})
+			m, err := New(cfg, be, budget, pager)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -52,7 +52,7 @@ func BenchmarkSoak(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pager.Close()
-	m, err := New(cfg, cpu, budget, PagedWeights{pager})
+	m, err := New(cfg, cpu, budget, pager)
 	if err != nil {
 		b.Fatal(err)
 	}

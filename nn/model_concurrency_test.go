@@ -66,7 +66,7 @@ func TestConcurrentSessions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := New(cfg, b, budget, PagedWeights{pager})
+			m, err := New(cfg, b, budget, pager)
 			if err != nil {
 				t.Fatal(err)
 			}

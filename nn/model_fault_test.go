@@ -239,7 +239,7 @@ func newRig(t testing.TB, strategy paging.Strategy, extra int64, opts paging.Opt
 	if r.pager, err = paging.NewPager(r.src, r.budget, plan, opts); err != nil {
 		t.Fatal(err)
 	}
-	if r.m, err = New(r.cfg, r.b, r.budget, PagedWeights{r.pager}); err != nil {
+	if r.m, err = New(r.cfg, r.b, r.budget, r.pager); err != nil {
 		t.Fatal(err)
 	}
 	return r

@@ -254,7 +254,7 @@ func TestNonFiniteWeightsRefusedOnLoad(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := New(cfg, b, bud, PagedWeights{pager})
+		m, err := New(cfg, b, bud, pager)
 		if err != nil {
 			t.Fatal(err)
 		}

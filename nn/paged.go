@@ -47,12 +47,3 @@ func ModelInfo(m *loader.Model, cfg *arch.Config) (paging.ModelInfo, error) {
 	}
 	return paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: Reserve(cfg)}, nil
 }
-
-// PagedWeights serves layers from a paging.Pager: Weights under a budget.
-type PagedWeights struct{ *paging.Pager }
-
-// Acquire returns the layer's tensors, loading them if they are not on the
-// device.
-func (p PagedWeights) Acquire(ctx context.Context, layer int) (LayerWeights, error) {
-	return p.Pager.Acquire(ctx, layer)
-}

@@ -106,7 +106,7 @@ func TestPagedBitIdentical(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := New(cfg, b, bud, PagedWeights{pager})
+			m, err := New(cfg, b, bud, pager)
 			if err != nil {
 				t.Fatal(err)
 			}

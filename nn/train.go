@@ -39,7 +39,7 @@ type TrainOptions struct {
 // inference forward's bit for bit; the backward runs in F32. Weights come
 // through the model's Weights, acquired in forward order and then, for the
 // backward, in reverse: a Weights that has a SetOrder(paging.Order) method
-// (PagedWeights) is told the direction, so that a paging.Pager prefetches
+// (a paging.Pager) is told the direction, so that a paging.Pager prefetches
 // the layers the backward needs next.
 //
 // Activations are allocated from the model's Allocator, charged to

@@ -317,7 +317,7 @@ func checkTrainPaged(t *testing.T, b tensor.Backend) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m, err := New(cfg, b, budget, PagedWeights{pager})
+			m, err := New(cfg, b, budget, pager)
 			if err != nil {
 				t.Fatal(err)
 			}

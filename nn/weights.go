@@ -3,12 +3,14 @@ package nn
 import (
 	"context"
 
+	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
 
-// LayerWeights maps a layer's Hugging Face tensor names
-// ("model.layers.3.self_attn.q_proj.weight") to tensors on the backend.
-type LayerWeights map[string]*tensor.Tensor
+// LayerWeights maps a layer's tensor names (arch.Config.LayerNames:
+// "model.layers.3.self_attn.q_proj.weight") to tensors on the backend. It
+// is the map paging serves, so a paging.Server is a Weights as it is.
+type LayerWeights = map[string]*tensor.Tensor
 
 // Weights gives the forward pass each layer's tensors while it runs. Layers
 // are numbered as the loader groups them: 0 is the embedding, 1..L are the
@@ -16,9 +18,15 @@ type LayerWeights map[string]*tensor.Tensor
 // table too when the embeddings are tied).
 //
 // Acquire may block while the layer is loaded; the tensors stay valid until
-// the matching Release. The paging package implements Weights under a byte
-// budget; HostWeights keeps everything loaded.
+// the matching Release. A paging.Server (a Pager or a Unified) is a Weights
+// under a byte budget; HostWeights keeps everything loaded; StageWeights
+// serves one pipeline stage's layers from a server of its own.
 type Weights interface {
 	Acquire(ctx context.Context, layer int) (LayerWeights, error)
 	Release(layer int)
 }
+
+var (
+	_ Weights = paging.Server(nil)
+	_ Weights = (*paging.Pager)(nil)
+)

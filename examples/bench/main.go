@@ -305,13 +305,6 @@ type Result struct {
 	Error           string             `json:"error,omitempty"`
 }
 
-// served adapts a paging.Server to nn.Weights.
-type served struct{ paging.Server }
-
-func (s served) Acquire(ctx context.Context, layer int) (nn.LayerWeights, error) {
-	return s.Server.Acquire(ctx, layer)
-}
-
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, o options) (*Result, error) {
 	cfg := lm.Config
 	info, err := nn.ModelInfo(lm, cfg)
@@ -347,7 +340,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		return nil, err
 	}
 	defer srv.Close()
-	m, err := nn.New(cfg, b, bud, served{srv})
+	m, err := nn.New(cfg, b, bud, srv)
 	if err != nil {
 		return nil, err
 	}

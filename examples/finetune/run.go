@@ -465,7 +465,7 @@ type runner struct {
 }
 
 // stepWeights serves the current step's pager.
-type stepWeights struct{ nn.PagedWeights }
+type stepWeights struct{ *paging.Pager }
 
 func newRunner(o *options, opts nn.TrainOptions, cfg *arch.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
 	r := &runner{cfg: cfg, params: params, backend: b}
@@ -549,9 +549,9 @@ func (r *runner) with(fn func(*nn.Trainer) error) (err error) {
 	if err != nil {
 		return err
 	}
-	r.paged.PagedWeights = nn.PagedWeights{Pager: pager}
+	r.paged.Pager = pager
 	defer func() {
-		r.paged.PagedWeights = nn.PagedWeights{}
+		r.paged.Pager = nil
 		r.moved += pager.Stats().BytesHostToDevice
 		if cerr := pager.Close(); cerr != nil && err == nil {
 			err = cerr
