@@ -13,9 +13,11 @@
 // before it is opened. OpenFS opens a model inside an fs.FS (an embedded
 // one) and reads it in place.
 //
-// The tensors are grouped into the layers the runtime pages: layer 0 is the
-// embedding, layers 1..L the decoder blocks (model.layers.i.* in layer
-// i+1), layer L+1 the final norm and LM head.
+// The tensors are grouped into the layers the runtime pages, as arch lists
+// them (arch.Config.LayerTensors): layer 0 is the embedding, layers 1..L
+// the decoder blocks (model.layers.i.* in layer i+1), layer L+1 the final
+// norm and LM head. The loader owns files; what a model of each family
+// holds, and what its config means, is arch's.
 //
 //	m, err := loader.Open("/models/llama-2-7b")
 //	if err != nil {
@@ -29,8 +31,8 @@
 //
 // ShardedWriter writes safetensors shards and the index from tensors whose
 // bytes a callback produces, and Synthesize uses it to write a random-weight
-// model of any Llama shape (arch.Preset names a few), deterministic by seed and
-// fast enough to be disk-bound:
+// model of any shape an arch.Config describes (arch.Preset names a few),
+// deterministic by seed and fast enough to be disk-bound:
 //
 //	cfg, _ := arch.Preset("llama2-7b")
 //	err := loader.Synthesize(ctx, dir, cfg, loader.SynthOptions{Seed: 1, MaxShardBytes: 2e9})

@@ -446,10 +446,11 @@ func (m *Model) Tensors() []*TensorInfo {
 	return out
 }
 
-// Layers returns the layers: 0 the embedding, 1..NumLayers the decoder
-// blocks, NumLayers+1 the final norm and LM head (with tied embeddings it
-// holds model.embed_tokens.weight in place of lm_head.weight, so that tensor
-// appears in two layers). Callers must not modify the result.
+// Layers returns the layers in arch's numbering (arch.Config.LayerTensors):
+// 0 the embedding, 1..NumLayers the decoder blocks, NumLayers+1 the final
+// norm and LM head (with tied embeddings it holds model.embed_tokens.weight
+// in place of lm_head.weight, so that tensor appears in two layers). Callers
+// must not modify the result.
 func (m *Model) Layers() []Layer { return m.layers }
 
 // WeightBytes is the size of the tensors the layers hold, each counted once.

@@ -1,0 +1,19 @@
+// Package nn runs a Llama-family decoder: the forward pass with its KV
+// cache and activation buffers (Model, Session, Pipeline across devices),
+// training (Trainer, Params, the optimizers) and sampling.
+//
+// It owns the arithmetic of the model and the buffers it allocates. It asks
+// arch for everything about the model's shape: the config (an
+// *arch.Config, loader.Model.Config as it is), each layer's tensor names by
+// role (arch.Config.LayerNames) and the layer numbering its Weights use. It
+// does not format a tensor name or switch on a family, read files (loader
+// does), or decide what stays on the device (a paging.Server, which is a
+// Weights as it is, does that under a budget).
+//
+//	lm, err := loader.Open(dir)
+//	...
+//	w, err := nn.LoadWeights(ctx, lm, b, nil) // or a paging.Pager
+//	m, err := nn.New(lm.Config, b, nil, w)
+//	s, err := m.NewSession(2048, 512)
+//	logits, err := s.Forward(ctx, ids, false, nil)
+package nn
