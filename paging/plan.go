@@ -408,8 +408,12 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 			}
 		}
 	}
-	if choice == nil { // cannot happen when budget >= MinBudgetBytes: streaming everything fits
-		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: p.MinBudgetBytes, Detail: detail}
+	if choice == nil {
+		// The searches are heuristics over part-size caps and can miss the
+		// one plan that fits at the smallest budgets; streaming every layer
+		// through a one-layer ring always fits once budget >=
+		// MinBudgetBytes, which was checked above.
+		choice, depth = full, 0
 	}
 	parts := make([]int64, n)
 	var residentCost int64

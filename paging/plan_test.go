@@ -250,6 +250,37 @@ func TestPlanRandomModels(t *testing.T) {
 	}
 }
 
+// TestPlanEveryBudgetFromTheMinimum: every budget from MinBudgetBytes up
+// plans, for every streaming strategy, also on a device whose allocator
+// rounds blocks and holds a workspace (a budget exactly at the minimum once
+// failed there: the streamed-part search found nothing).
+func TestPlanEveryBudgetFromTheMinimum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	dev := newCachingFake(32 << 20)
+	for it := range 60 {
+		src := randomSynth(rng, 2+rng.IntN(12), 6, 64)
+		info := smallDims(src, src.NumLayers())
+		for _, opts := range [][]PlanOption{nil, {WithDevice(dev)}} {
+			for _, s := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
+				_, err := Plan(info, 1, s, 8, 1, opts...)
+				var be *BudgetError
+				if !errors.As(err, &be) {
+					t.Fatalf("iteration %d %s: a 1-byte budget: %v", it, s, err)
+				}
+				for _, extra := range []int64{0, 1, 255, 1024, 4096, 1 << 16} {
+					p, err := Plan(info, be.Needed+extra, s, 8, 1, opts...)
+					if err != nil {
+						t.Fatalf("iteration %d %s, %d devices options, budget %d (+%d): %v", it, s, len(opts), be.Needed+extra, extra, err)
+					}
+					if p.PredictedPeakBytes > be.Needed+extra {
+						t.Fatalf("iteration %d %s: peak %d over budget %d", it, s, p.PredictedPeakBytes, be.Needed+extra)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestPlanLlama7BShape plans the Llama-2-7B shape (F16, 32 blocks of
 // hidden 4096 and intermediate 11008, vocabulary 32000) with nn's reserve
 // for the benchmark's context (581 positions, chunks of 512) at 2, 4 and
