@@ -68,6 +68,7 @@ type Backend struct {
 	blasErr       error
 	workspace     uintptr
 	workspaceSize int64
+	scr           scratchArena
 
 	// gemvMaxRows is the largest M that MatMul sends to the GEMV kernels
 	// rather than to cuBLAS: on an H200 with 4096x4096 F16 weights the
@@ -217,6 +218,11 @@ func (b *Backend) setup() error {
 		return fmt.Errorf("%s: recording an event: %w", b.name, cuError(err))
 	}
 	b.alloc = newAllocator(b.driverAlloc, func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }, b.syncStreams)
+	p, err := b.driverAlloc(scratchBytes)
+	if err != nil {
+		return fmt.Errorf("%s: the scratch arena: %w", b.name, err)
+	}
+	b.scr.p, b.scr.size = p, scratchBytes
 	if err := b.loadKernels(); err != nil {
 		return err
 	}
@@ -309,8 +315,8 @@ func (b *Backend) Stats() Stats {
 	b.pinnedMu.Lock()
 	s.Pinned = b.pinnedSum
 	b.pinnedMu.Unlock()
-	s.Workspace = b.workspaceSize
-	s.Reserved += b.workspaceSize
+	s.Workspace = b.workspaceSize + b.scr.size
+	s.Reserved += b.workspaceSize + b.scr.size
 	return s
 }
 
@@ -334,15 +340,15 @@ func (b *Backend) Trim() (int64, error) {
 func (b *Backend) AllocSize(n int64) int64 { return allocSize(n) }
 
 // Cached is the device bytes of freed blocks the allocator keeps for reuse
-// (Stats.Cached), which Trim returns to the driver. The scratch blocks that
-// operations take for their own length come from the same cache and are
-// counted here once the operation is done.
+// (Stats.Cached), which Trim returns to the driver. Operations take their
+// scratch from a fixed arena instead (Fixed).
 func (b *Backend) Cached() int64 { return b.alloc.snapshot().Cached }
 
 // Fixed is the device memory the backend holds outside Alloc from Open to
-// Close: the cuBLAS workspace (Stats.Workspace), none without cuBLAS. (The
-// driver's own context memory is in no account.)
-func (b *Backend) Fixed() int64 { return b.workspaceSize }
+// Close (Stats.Workspace): the cuBLAS workspace, when cuBLAS is loaded,
+// and the arena its operations take their scratch from. (The driver's own
+// context memory is in no account.)
+func (b *Backend) Fixed() int64 { return b.workspaceSize + b.scr.size }
 
 // MemInfo reports the device's free and total memory, as the driver sees
 // it (other processes' allocations included).
@@ -975,6 +981,10 @@ func (b *Backend) release() error {
 	if b.workspace != 0 {
 		keep(cuError(cu.MemFree(cu.DevicePtr(b.workspace))))
 		b.workspace, b.workspaceSize = 0, 0
+	}
+	if b.scr.p != 0 {
+		keep(cuError(cu.MemFree(cu.DevicePtr(b.scr.p))))
+		b.scr.p, b.scr.size = 0, 0
 	}
 	if b.alloc != nil {
 		keep(b.alloc.releaseAll(func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }))

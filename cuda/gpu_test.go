@@ -316,6 +316,59 @@ func TestCopyRowsOverlap(t *testing.T) {
 	}
 }
 
+// TestScratchPieces: work whose scratch exceeds the arena runs in pieces
+// that fit, with the same result: a MatMul of more rows than the arena
+// holds converted (F16 and BF16 weights through cuBLAS), and overlapping
+// copies larger than the arena, moving up and down.
+func TestScratchPieces(t *testing.T) {
+	b := openGPU(t)
+	if b.blas == nil {
+		t.Logf("no cuBLAS (%s): only the copies are checked", b.BLAS())
+	}
+	const k, n = 8192, 64
+	m := int(scratchBytes/(2*k)) + 37 // past one piece even for F16's 2 bytes a value
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
+		if b.blas == nil {
+			break
+		}
+		r := newRand(t)
+		x, xv := put(t, b, tensor.F32, tensor.Shape{m, k}, uniform(r, m*k, -1, 1))
+		w, wv := put(t, b, dt, tensor.Shape{n, k}, uniform(r, n*k, -1, 1))
+		out, _ := put(t, b, tensor.F32, tensor.Shape{m, n}, nanSlice(m*n))
+		if err := b.matmul(out, x, w, nil, pathBLAS); err != nil {
+			t.Fatal(err)
+		}
+		tol := 2e-3
+		if dt == tensor.BF16 {
+			tol = 1e-4
+		}
+		check(t, fmt.Sprintf("%v MatMul of %d rows in pieces", dt, m), get(t, b, out), tensortest.RefMatMul(xv, wv, nil, m, n, k), tol)
+	}
+	const width = 4096 // 16 KiB rows
+	rows := int(scratchBytes/(4*width))*2 + 5
+	r := newRand(t)
+	v := uniform(r, rows*width, -1, 1)
+	for _, shift := range []int{3, -3} {
+		x, _ := put(t, b, tensor.F32, tensor.Shape{rows, width}, v)
+		n := rows - 3
+		dst, src := 3, 0
+		if shift < 0 {
+			dst, src = 0, 3
+		}
+		if err := b.CopyRows(x, dst, x, src, n); err != nil {
+			t.Fatal(err)
+		}
+		want := append([]float32(nil), v...)
+		copy(want[dst*width:(dst+n)*width], v[src*width:(src+n)*width])
+		got := get(t, b, x)
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("copy by %d rows: element %d (row %d): %v, want %v", shift, i, i/width, got[i], want[i])
+			}
+		}
+	}
+}
+
 // TestUploadAsyncOrdering checks both orders UploadAsync promises: compute
 // queued after ready() sees the new bytes, and compute queued before the
 // call still sees the old ones.

@@ -23,7 +23,7 @@ var _ tensor.GradOps = (*Backend)(nil)
 // gradChunkBytes bounds the F32 copy of an F16 or BF16 weight that
 // MatMulGradX makes for cuBLAS (which has no F32×F16 product): the weight
 // is widened, exactly, a chunk of rows at a time.
-const gradChunkBytes = 64 << 20
+const gradChunkBytes = scratchBytes
 
 // Launch geometry of the attention backward kernels; AG_WARPS and AG_TILE
 // in kernels/attention_grad.cuh.
@@ -133,12 +133,12 @@ func (b *Backend) widenRows(op string, w *tensor.Tensor, chunk int64, fn func(a 
 		return err
 	}
 	rowBytes := 4 * int64(k)
-	rows := int(max(1, min(int64(n), chunk/rowBytes)))
-	scratch, err := b.alloc.get(int64(rows) * rowBytes)
+	rows := int(max(1, min(int64(n), min(chunk, scratchBytes)/rowBytes)))
+	scratch, release, err := b.scratch(op, int64(rows)*rowBytes)
 	if err != nil {
 		return fmt.Errorf("%s: %s: widening w: %w", b.name, op, err)
 	}
-	defer b.alloc.put(scratch) // stream order keeps it alive for the products
+	defer release() // stream order keeps the scratch for the products
 	cast := "cast_" + suffix(w.DType()) + "_f32"
 	for n0 := 0; n0 < n; n0 += rows {
 		r := min(rows, n-n0)
@@ -315,11 +315,11 @@ func (b *Backend) RMSNormGrad(dx, dw, dy, x, w *tensor.Tensor, eps float32) erro
 		return nil
 	}
 	return b.ops(op, func() error {
-		rs, err := b.alloc.get(4 * int64(m))
+		rs, release, err := b.scratch(op, 4*int64(m))
 		if err != nil {
-			return fmt.Errorf("%s: %s scratch: %w", b.name, op, err)
+			return err
 		}
-		defer b.alloc.put(rs) // stream order keeps it alive for the kernels
+		defer release() // stream order keeps the scratch for the kernels
 		a := new(args).ptr(dx.Ptr()).ptr(rs).ptr(dy.Ptr()).ptr(x.Ptr()).ptr(w.Ptr()).i32(h).f32(eps)
 		if err := b.run("rmsnorm_grad_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{256, 1, 1}, a); err != nil {
 			return err
@@ -377,11 +377,11 @@ func (b *Backend) AttentionGrad(g tensor.AttnGrad, at tensor.Attn) error {
 	}
 	return b.ops(op, func() error {
 		rows := int64(t) * int64(heads)
-		scratch, err := b.alloc.get(8 * rows)
+		scratch, release, err := b.scratch(op, 8*rows)
 		if err != nil {
-			return fmt.Errorf("%s: %s scratch: %w", b.name, op, err)
+			return err
 		}
-		defer b.alloc.put(scratch) // stream order keeps it alive for the kernels
+		defer release() // stream order keeps the scratch for the kernels
 		lse, dd := scratch, scratch+uintptr(4*rows)
 		blocks := uint32((t + attGradWarps - 1) / attGradWarps)
 		block := [3]uint32{32 * attGradWarps, 1, 1}
@@ -420,11 +420,11 @@ func (b *Backend) CrossEntropyGrad(logits *tensor.Tensor, targets []int32, scale
 	loss := make([]float32, rows)
 	err := b.ops(op, func() error {
 		n := int64(rows) * 4
-		scratch, err := b.alloc.get(2 * n)
+		scratch, release, err := b.scratch(op, 2*n)
 		if err != nil {
-			return fmt.Errorf("%s: %s scratch: %w", b.name, op, err)
+			return err
 		}
-		defer b.alloc.put(scratch)
+		defer release()
 		ids, lp := scratch, scratch+uintptr(n)
 		// From pageable memory the driver stages targets before returning.
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(ids), unsafe.Pointer(&targets[0]), n, b.compute); err != nil {

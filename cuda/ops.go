@@ -163,8 +163,8 @@ var gemvKernels = map[string][5]string{
 var errBLASUnsupported = errors.New("cuBLAS does not support this product on this device")
 
 func (b *Backend) gemmBLAS(out, x, w *tensor.Tensor, m, n, k int) error {
-	blas := func(xp uintptr, xt, wt int, accumulate bool) error {
-		if err := cublasMatMul(b.blas, out.Ptr(), xp, xt, w.Ptr(), wt, m, n, k, accumulate); err != nil {
+	blas := func(op, xp uintptr, xt, wt int, rows int, accumulate bool) error {
+		if err := cublasMatMul(b.blas, op, xp, xt, w.Ptr(), wt, rows, n, k, accumulate); err != nil {
 			if isBLASNotSupported(err) {
 				return errBLASUnsupported
 			}
@@ -172,39 +172,52 @@ func (b *Backend) gemmBLAS(out, x, w *tensor.Tensor, m, n, k int) error {
 		}
 		return nil
 	}
-	mk := int64(m) * int64(k)
-	switch w.DType() {
-	case tensor.F32:
-		return blas(x.Ptr(), cublasR32F, cublasR32F, false)
-	case tensor.F16:
-		// x rounded to F16 (11 significant bits), F32 accumulation.
-		scratch, err := b.alloc.get(2 * mk)
-		if err != nil {
-			return fmt.Errorf("%s: MatMul workspace: %w", b.name, err)
+	if w.DType() == tensor.F32 {
+		return blas(out.Ptr(), x.Ptr(), cublasR32F, cublasR32F, m, false)
+	}
+	// x is converted into the scratch arena, as many rows at a time as fit:
+	// F16 weights take x rounded to F16 (11 significant bits); BF16 keeps
+	// only 8, so x is split into hi + lo, both BF16, and the two products
+	// are summed in F32, which keeps about 16 bits of x at twice the
+	// arithmetic (prefill is far from arithmetic-bound at these sizes).
+	rowBytes := 2 * int64(k)
+	if w.DType() == tensor.BF16 {
+		rowBytes = 4 * int64(k)
+	}
+	block := int(min(int64(m), scratchBytes/rowBytes))
+	if block == 0 {
+		return fmt.Errorf("%s: MatMul: a row of %d needs %d bytes of scratch, the arena holds %d: %w", b.name, k, rowBytes, int64(scratchBytes), tensor.ErrOutOfMemory)
+	}
+	scratch, release, err := b.scratch("MatMul", int64(block)*rowBytes)
+	if err != nil {
+		return err
+	}
+	defer release() // stream order keeps the scratch for the products
+	for r0 := 0; r0 < m; r0 += block {
+		rows := min(block, m-r0)
+		xp, op := x.Ptr()+uintptr(int64(r0)*int64(k)*4), out.Ptr()+uintptr(int64(r0)*int64(n)*4)
+		rk := int64(rows) * int64(k)
+		if w.DType() == tensor.F16 {
+			if err := b.run1D("cast_f32_f16", rk, new(args).ptr(scratch).ptr(xp).i64(rk)); err != nil {
+				return err
+			}
+			if err := blas(op, scratch, cublasR16F, cublasR16F, rows, false); err != nil {
+				return err
+			}
+			continue
 		}
-		defer b.alloc.put(scratch) // stream order keeps it alive for the product
-		if err := b.run1D("cast_f32_f16", mk, new(args).ptr(scratch).ptr(x.Ptr()).i64(mk)); err != nil {
+		hi, lo := scratch, scratch+uintptr(2*rk)
+		if err := b.run1D("split_f32_bf16", rk, new(args).ptr(hi).ptr(lo).ptr(xp).i64(rk)); err != nil {
 			return err
 		}
-		return blas(scratch, cublasR16F, cublasR16F, false)
+		if err := blas(op, hi, cublasR16BF, cublasR16BF, rows, false); err != nil {
+			return err
+		}
+		if err := blas(op, lo, cublasR16BF, cublasR16BF, rows, true); err != nil {
+			return err
+		}
 	}
-	// BF16 keeps only 8 significant bits: x is split into hi + lo, both
-	// BF16, and the two products are summed in F32, which keeps about 16
-	// bits of x at twice the arithmetic (prefill is far from
-	// arithmetic-bound at these sizes).
-	scratch, err := b.alloc.get(4 * mk)
-	if err != nil {
-		return fmt.Errorf("%s: MatMul workspace: %w", b.name, err)
-	}
-	defer b.alloc.put(scratch)
-	hi, lo := scratch, scratch+uintptr(2*mk)
-	if err := b.run1D("split_f32_bf16", mk, new(args).ptr(hi).ptr(lo).ptr(x.Ptr()).i64(mk)); err != nil {
-		return err
-	}
-	if err := blas(hi, cublasR16BF, cublasR16BF, false); err != nil {
-		return err
-	}
-	return blas(lo, cublasR16BF, cublasR16BF, true)
+	return nil
 }
 
 func (b *Backend) gemmTiled(out, x, w *tensor.Tensor, m, n, k int) error {
@@ -293,11 +306,11 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 	}
 	return b.ops(op, func() error {
 		n := int64(len(ids)) * 4
-		idp, err := b.alloc.get(n)
+		idp, release, err := b.scratch(op, n)
 		if err != nil {
-			return fmt.Errorf("%s: %s ids: %w", b.name, op, err)
+			return err
 		}
-		defer b.alloc.put(idp) // stream order keeps it alive for the kernel
+		defer release() // stream order keeps the ids for the kernel
 		// From pageable memory the driver stages ids before returning.
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(idp), unsafe.Pointer(&ids[0]), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s ids: %w", b.name, op, cuError(err))
@@ -326,22 +339,53 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 			return nil
 		}
 		if d0 < s0+uintptr(bytes) && s0 < d0+uintptr(bytes) {
-			// Overlapping ranges: go through a scratch block.
-			tmp, err := b.alloc.get(bytes)
-			if err != nil {
-				return fmt.Errorf("%s: %s: %w", b.name, op, err)
-			}
-			defer b.alloc.put(tmp)
-			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(tmp), cu.DevicePtr(s0), bytes, b.compute); err != nil {
-				return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
-			}
-			s0 = tmp
+			return b.copyOverlapping(op, d0, s0, bytes, rb)
 		}
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0), cu.DevicePtr(s0), bytes, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
 		return nil
 	})
+}
+
+// copyOverlapping copies bytes from s0 to d0, ranges that overlap, through
+// the scratch arena in pieces of whole rows of rb bytes: from the last
+// piece back when the copy moves up, from the first on when it moves down,
+// so that no piece overwrites source bytes not yet copied.
+func (b *Backend) copyOverlapping(op string, d0, s0 uintptr, bytes, rb int64) error {
+	piece := min(bytes, scratchBytes/rb*rb)
+	if piece == 0 {
+		return fmt.Errorf("%s: %s: a row of %d bytes exceeds the scratch arena of %d: %w", b.name, op, rb, int64(scratchBytes), tensor.ErrOutOfMemory)
+	}
+	tmp, release, err := b.scratch(op, piece)
+	if err != nil {
+		return err
+	}
+	defer release()
+	copyPiece := func(off, n int64) error {
+		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(tmp), cu.DevicePtr(s0+uintptr(off)), n, b.compute); err != nil {
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+		}
+		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0+uintptr(off)), cu.DevicePtr(tmp), n, b.compute); err != nil {
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+		}
+		return nil
+	}
+	if d0 > s0 {
+		for end := bytes; end > 0; end -= piece {
+			off := max(0, end-piece)
+			if err := copyPiece(off, end-off); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for off := int64(0); off < bytes; off += piece {
+		if err := copyPiece(off, min(piece, bytes-off)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // maxHeadDim is the largest head dimension the attention kernel holds in
@@ -406,11 +450,11 @@ func (b *Backend) Argmax(x *tensor.Tensor) ([]int32, error) {
 	}
 	err := b.ops(op, func() error {
 		bytes := int64(rows) * 4
-		p, err := b.alloc.get(bytes)
+		p, release, err := b.scratch(op, bytes)
 		if err != nil {
-			return fmt.Errorf("%s: %s: %w", b.name, op, err)
+			return err
 		}
-		defer b.alloc.put(p)
+		defer release()
 		if err := b.run("argmax_f32", [3]uint32{uint32(rows), 1, 1}, [3]uint32{1024, 1, 1}, new(args).ptr(p).ptr(x.Ptr()).i32(n)); err != nil {
 			return err
 		}
