@@ -3,6 +3,7 @@ package nn
 import (
 	"context"
 	"fmt"
+	"github.com/strata-llm/strata/arch"
 	"math"
 	"sync/atomic"
 
@@ -22,6 +23,7 @@ import (
 // Params are safe for concurrent reads; updates (Optimizer.Step, Sync) must
 // not run concurrently with anything else.
 type Params struct {
+	cfg    *arch.Config
 	layers [][]*param // in Weights' numbering; a tied embedding is in two
 	byName map[string]*param
 	names  []string // each once, in layer order
@@ -36,7 +38,7 @@ type param struct {
 // LoadParams reads every weight of lm into host memory and makes its F32
 // master copy.
 func LoadParams(ctx context.Context, lm *loader.Model) (*Params, error) {
-	p := &Params{byName: map[string]*param{}}
+	p := &Params{cfg: lm.Config.Clone(), byName: map[string]*param{}}
 	for _, l := range lm.Layers() {
 		var layer []*param
 		for _, ti := range l.Tensors {
@@ -65,6 +67,9 @@ func LoadParams(ctx context.Context, lm *loader.Model) (*Params, error) {
 	}
 	return p, nil
 }
+
+// Config is the configuration of the model the parameters were read from.
+func (p *Params) Config() *arch.Config { return p.cfg }
 
 // Names lists the parameters, each once, in layer order.
 func (p *Params) Names() []string { return append([]string(nil), p.names...) }

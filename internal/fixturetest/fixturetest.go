@@ -11,6 +11,7 @@ package fixturetest
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -110,4 +111,40 @@ func Replace(t testing.TB, dir, name string, dt tensor.DType, fn func(i int, v f
 	if err := loader.WriteSafetensors(path, out, meta); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// EditConfig rewrites the config.json of the model in dir with edit, which
+// changes the decoded JSON object in place.
+func EditConfig(t testing.TB, dir string, edit func(cfg map[string]any)) {
+	t.Helper()
+	path := filepath.Join(dir, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := map[string]any{}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	edit(cfg)
+	if raw, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Mistral writes a copy of the BF16 fixture as a Mistral model whose
+// sliding attention window is window positions (the fixture has 256), and
+// returns its directory.
+func Mistral(t testing.TB, window int) string {
+	t.Helper()
+	dir := Copy(t, fixtures.TinyLlamaBF16)
+	EditConfig(t, dir, func(cfg map[string]any) {
+		cfg["architectures"], cfg["model_type"], cfg["sliding_window"] = []string{"MistralForCausalLM"}, "mistral", window
+		delete(cfg, "attention_bias")
+		delete(cfg, "mlp_bias")
+	})
+	return dir
 }
