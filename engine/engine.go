@@ -1,0 +1,495 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Memory says how much device and host memory the engine may use, and how.
+type Memory struct {
+	// Budgets are the device budgets in bytes, one per device, or one
+	// for every device. A budget of 0 (or none given) takes the default
+	// policy (see the package comment).
+	Budgets []int64
+	// Fractions, instead of Budgets: each device's budget as a fraction
+	// of its total memory, in (0, 1]; one value for every device, or one
+	// per device.
+	Fractions []float64
+	// HostCache bounds the host RAM that keeps streamed layers between
+	// uses: 0 takes the plan's choice, < 0 keeps none.
+	HostCache int64
+	// Strategy is the offload strategy; "" is none when no budget was
+	// given and balanced when one was.
+	Strategy paging.Strategy
+	// Mode is how weights reach a device; "" is explicit copies.
+	Mode paging.MemoryMode
+}
+
+// Options say where and how the engine runs a model.
+type Options struct {
+	// Devices are device specs for tensor.OpenDevice ("cpu", "cuda",
+	// "cuda:1", "auto"); the model's blocks are spread over them in
+	// contiguous ranges in proportion to their budgets. Empty means
+	// "auto".
+	Devices []string
+	// Backends, instead of Devices: backends the caller opened and
+	// closes; the engine does not close them.
+	Backends []tensor.Backend
+	// Threads is the CPU threads of CPU devices; 0 is every core.
+	Threads int
+	Memory  Memory
+	// Context is the positions a session holds; 0 is the model's context
+	// length. Chunk is the prompt tokens one forward step processes; 0 is
+	// 512 (or the context, when shorter).
+	Context, Chunk int
+	// Record keeps every allocation and paging event, for WriteSnapshot.
+	Record bool
+	// Progress, when set, is told how many weight bytes are loaded so
+	// far while Open loads the resident layers.
+	Progress func(done, total int64)
+}
+
+// DefaultChunk is the prefill chunk when Options.Chunk is 0.
+const DefaultChunk = 512
+
+// Device is one device's part of an engine.
+type Device struct {
+	Name      string             `json:"device"`
+	Placement paging.Placement   `json:"placement"`
+	Plan      *paging.PlanResult `json:"plan"`
+	// BudgetBytes is the device's budget, given or from the default
+	// policy (DefaultBudget).
+	BudgetBytes     int64 `json:"budget_bytes"`
+	DefaultBudget   bool  `json:"default_budget,omitempty"`
+	PeakDeviceBytes int64 `json:"peak_device_bytes"`
+}
+
+// Engine is a model assembled on its devices under its budgets. It is safe
+// for concurrent use; each session is not.
+type Engine struct {
+	lm       *loader.Model
+	cfg      *arch.Config
+	opts     Options
+	context  int
+	chunk    int
+	strategy paging.Strategy
+	mode     paging.MemoryMode
+
+	backends []tensor.Backend
+	owned    []tensor.Backend // opened here, closed by Close
+	devices  []Device
+	budgets  []*paging.Budget
+	servers  []paging.Server
+	stages   []nn.Stage
+	model    *nn.Model    // one device
+	pipeline *nn.Pipeline // several
+
+	mu       sync.Mutex
+	sessions map[Session]bool
+	closed   bool
+	closeErr error
+}
+
+// Session is one sequence through the engine's model: nn.Session on one
+// device, nn.PipelineSession on several.
+type Session interface {
+	// Forward runs ids at the session's next positions and returns the
+	// logits of the last position, or of every position when all is set.
+	Forward(ctx context.Context, ids []int32, all bool, hook nn.Hook) ([]float32, error)
+	Pos() int
+	Reset()
+	Close()
+}
+
+// Open assembles lm on the devices of o: it opens them, sets their
+// budgets, places the layers, plans each device, makes the budgets and
+// servers and loads every layer once, so that the resident set is in place
+// before the first token. The engine does not own lm: close it after the
+// engine.
+func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err error) {
+	cfg := lm.Config
+	e = &Engine{lm: lm, cfg: cfg, opts: o, sessions: map[Session]bool{}}
+	defer func() {
+		if err != nil {
+			e.Close()
+			e = nil
+		}
+	}()
+	maxPos := cfg.ContextLength()
+	e.context = o.Context
+	switch {
+	case e.context < 0:
+		return nil, fmt.Errorf("engine: context of %d positions", e.context)
+	case e.context == 0:
+		e.context = maxPos
+	case e.context > maxPos:
+		return nil, fmt.Errorf("engine: %w: %d positions asked, the model's context is %d", nn.ErrContextTooLong, e.context, maxPos)
+	}
+	e.chunk = o.Chunk
+	if e.chunk <= 0 {
+		e.chunk = DefaultChunk
+	}
+	e.chunk = min(e.chunk, e.context)
+
+	if err := e.openDevices(); err != nil {
+		return nil, err
+	}
+	limits, given, err := e.limits()
+	if err != nil {
+		return nil, err
+	}
+	e.strategy = o.Memory.Strategy
+	if e.strategy == "" {
+		e.strategy = paging.StrategyNone
+		if slices.Contains(given, true) {
+			e.strategy = paging.StrategyBalanced
+		}
+	}
+	e.mode = o.Memory.Mode
+	if e.mode == "" {
+		e.mode = paging.ModeExplicit
+	}
+	if e.mode != paging.ModeExplicit {
+		for _, b := range e.backends {
+			if _, ok := tensor.Managed(b); !ok {
+				return nil, fmt.Errorf("engine: memory mode %s needs a device with unified memory, such as cuda (%s has none)", e.mode, b.Name())
+			}
+		}
+	}
+
+	info, err := nn.ModelInfo(lm, cfg)
+	if err != nil {
+		return nil, err
+	}
+	parts := []paging.Placement{{FirstBlock: 0, EndBlock: cfg.NumLayers, Budget: limits[0]}}
+	for l := range lm.Layers() {
+		parts[0].Layers = append(parts[0].Layers, l)
+	}
+	if len(e.backends) > 1 {
+		if parts, err = paging.PlaceLayers(info, limits); err != nil {
+			return nil, err
+		}
+	}
+	for d, p := range parts {
+		b := e.backends[d]
+		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, paging.WithChunkTokens(e.chunk), paging.WithDevice(b))
+		if err != nil {
+			if len(parts) > 1 {
+				return nil, fmt.Errorf("device %d (%s, layers %d..%d): %w", d, b.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
+			}
+			return nil, err
+		}
+		bud, err := paging.NewBudget(b, limits[d], b.Name())
+		if err != nil {
+			return nil, err
+		}
+		e.budgets = append(e.budgets, bud)
+		if o.Record {
+			bud.RecordHistory(1 << 20)
+		}
+		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan, paging.Options{HostCacheBytes: o.Memory.HostCache})
+		if err != nil {
+			return nil, err
+		}
+		e.servers = append(e.servers, srv)
+		e.devices = append(e.devices, Device{Name: b.Name(), Placement: p, Plan: plan, BudgetBytes: limits[d], DefaultBudget: !given[d]})
+		e.stages = append(e.stages, nn.Stage{Backend: b, Alloc: bud, Weights: nn.StageWeights(srv, p.Layers), FirstBlock: p.FirstBlock, EndBlock: p.EndBlock})
+	}
+	if err := e.warmUp(ctx); err != nil {
+		return nil, err
+	}
+	if len(e.stages) == 1 {
+		st := e.stages[0]
+		e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights)
+	} else {
+		e.pipeline, err = nn.NewPipeline(cfg, e.stages)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// openDevices opens the devices of the options, or takes the caller's
+// backends.
+func (e *Engine) openDevices() error {
+	o := e.opts
+	if len(o.Backends) > 0 {
+		if len(o.Devices) > 0 {
+			return errors.New("engine: give Devices or Backends, not both")
+		}
+		e.backends = slices.Clone(o.Backends)
+		return nil
+	}
+	specs := o.Devices
+	if len(specs) == 0 {
+		specs = []string{"auto"}
+	}
+	for _, spec := range specs {
+		b, err := tensor.OpenDevice(spec, tensor.DeviceOptions{Threads: o.Threads})
+		if err != nil {
+			return err
+		}
+		e.backends = append(e.backends, b)
+		e.owned = append(e.owned, b)
+	}
+	for i, b := range e.backends {
+		for _, c := range e.backends[:i] {
+			if c.Name() == b.Name() && b.Name() != "cpu" {
+				return fmt.Errorf("engine: device %s given twice", b.Name())
+			}
+		}
+	}
+	return nil
+}
+
+// unlimited is the budget of a device with no memory of its own to bound
+// it (the CPU) when none is given.
+const unlimited = math.MaxInt64 / 4
+
+// limits returns each device's budget and whether it was given.
+func (e *Engine) limits() ([]int64, []bool, error) {
+	m := e.opts.Memory
+	n := len(e.backends)
+	if len(m.Budgets) > 0 && len(m.Fractions) > 0 {
+		return nil, nil, errors.New("engine: give budgets or fractions, not both")
+	}
+	pick := func(vals int, d int) (int, error) {
+		switch vals {
+		case 1:
+			return 0, nil
+		case n:
+			return d, nil
+		}
+		return 0, fmt.Errorf("engine: %d budgets for %d devices: give one, or one per device", vals, n)
+	}
+	limits, given := make([]int64, n), make([]bool, n)
+	for d, b := range e.backends {
+		switch {
+		case len(m.Budgets) > 0:
+			i, err := pick(len(m.Budgets), d)
+			if err != nil {
+				return nil, nil, err
+			}
+			if m.Budgets[i] < 0 {
+				return nil, nil, fmt.Errorf("engine: budget %d bytes for %s", m.Budgets[i], b.Name())
+			}
+			limits[d], given[d] = m.Budgets[i], m.Budgets[i] > 0
+		case len(m.Fractions) > 0:
+			i, err := pick(len(m.Fractions), d)
+			if err != nil {
+				return nil, nil, err
+			}
+			v, err := paging.DeviceFraction(b, m.Fractions[i])
+			if err != nil {
+				return nil, nil, err
+			}
+			limits[d], given[d] = v, true
+		}
+		if !given[d] {
+			limits[d] = DefaultBudget(b)
+		}
+	}
+	return limits, given, nil
+}
+
+// DefaultBudget is the budget of a device when none is given: its free
+// memory less 1/32 of it (at least 256 MiB) for the driver, other
+// libraries and fragmentation; no limit for a device that cannot report
+// its memory (the CPU).
+func DefaultBudget(b tensor.Memory) int64 {
+	free, _, err := tensor.FreeMemory(b)
+	if err != nil || free <= 0 {
+		return unlimited
+	}
+	return max(0, free-max(free/32, 256<<20))
+}
+
+// warmUp acquires every layer once, in order, so the resident set is
+// loaded before the clock starts on a prompt, telling Progress.
+func (e *Engine) warmUp(ctx context.Context) error {
+	layers := e.lm.Layers()
+	done, total := int64(0), e.lm.WeightBytes()
+	for d, dev := range e.devices {
+		for i, l := range dev.Placement.Layers {
+			if _, err := e.servers[d].Acquire(ctx, i); err != nil {
+				return err
+			}
+			e.servers[d].Release(i)
+			done += layers[l].Bytes
+			if e.opts.Progress != nil {
+				e.opts.Progress(min(done, total), total)
+			}
+		}
+	}
+	return nil
+}
+
+// Config returns the model's configuration.
+func (e *Engine) Config() *arch.Config { return e.cfg }
+
+// Model returns the loaded model the engine runs.
+func (e *Engine) Model() *loader.Model { return e.lm }
+
+// Context is the positions a session holds; Chunk the prompt tokens one
+// forward step processes.
+func (e *Engine) Context() int { return e.context }
+
+// Chunk is the prompt tokens one forward step processes.
+func (e *Engine) Chunk() int { return e.chunk }
+
+// Strategy and Mode are the offload strategy and memory mode in force.
+func (e *Engine) Strategy() paging.Strategy { return e.strategy }
+
+// Mode is the memory mode in force.
+func (e *Engine) Mode() paging.MemoryMode { return e.mode }
+
+// Devices describes each device's part: its layers, plan, budget and peak.
+func (e *Engine) Devices() []Device {
+	out := slices.Clone(e.devices)
+	for d := range out {
+		out[d].PeakDeviceBytes = e.budgets[d].Peak()
+	}
+	return out
+}
+
+// Backends returns the engine's backends, one per device.
+func (e *Engine) Backends() []tensor.Backend { return slices.Clone(e.backends) }
+
+// NewSession makes a session of Context positions, its KV cache and
+// buffers charged to the devices' budgets (the plans reserve room for one).
+func (e *Engine) NewSession() (Session, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errors.New("engine: closed")
+	}
+	var s Session
+	if e.model != nil {
+		ms, err := e.model.NewSession(e.context, e.chunk)
+		if err != nil {
+			return nil, err
+		}
+		s = ms
+	} else {
+		ps, err := e.pipeline.NewSession(e.context, e.chunk)
+		if err != nil {
+			return nil, err
+		}
+		s = ps
+	}
+	ts := &trackedSession{Session: s, e: e}
+	e.sessions[ts] = true
+	return ts, nil
+}
+
+// trackedSession lets Close close the sessions left open.
+type trackedSession struct {
+	Session
+	e    *Engine
+	once sync.Once
+}
+
+func (s *trackedSession) Close() {
+	s.once.Do(func() {
+		s.Session.Close()
+		s.e.mu.Lock()
+		delete(s.e.sessions, s)
+		s.e.mu.Unlock()
+	})
+}
+
+// MarkStep marks a decoded token on every device, for the bytes moved per
+// token in Stats.
+func (e *Engine) MarkStep() {
+	for _, s := range e.servers {
+		s.MarkStep()
+	}
+}
+
+// Stats adds up the devices' paging statistics; the peak is the largest
+// device's.
+func (e *Engine) Stats() paging.Stats {
+	var t paging.Stats
+	for i, s := range e.servers {
+		st := s.Stats()
+		if i == 0 {
+			t = st
+			continue
+		}
+		t.Layers += st.Layers
+		t.Acquires += st.Acquires
+		t.Hits += st.Hits
+		t.Misses += st.Misses
+		t.Loads += st.Loads
+		t.Evictions += st.Evictions
+		t.BytesDiskToHost += st.BytesDiskToHost
+		t.BytesHostToDevice += st.BytesHostToDevice
+		t.BytesPerStep += st.BytesPerStep
+		t.ResidentWeightBytes += st.ResidentWeightBytes
+		t.StreamedWeightBytes += st.StreamedWeightBytes
+		t.PinnedHostBytes += st.PinnedHostBytes
+		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
+	}
+	return t
+}
+
+// Summary is the memory summary table of every device.
+func (e *Engine) Summary() string { return paging.Summary(e.budgets...) }
+
+// WriteSnapshot writes the first device's history of allocation and paging
+// events (Options.Record) as JSON. Written after Close, it records what
+// Close found still allocated.
+func (e *Engine) WriteSnapshot(w io.Writer) error {
+	if len(e.budgets) == 0 {
+		return errors.New("engine: no device to snapshot")
+	}
+	return e.budgets[0].WriteSnapshot(w)
+}
+
+// Close closes the sessions still open, the servers, the budgets (which
+// report allocations left behind) and the devices the engine opened, in
+// that order. It is safe to call more than once and on a half-built
+// engine.
+func (e *Engine) Close() error {
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return e.closeErr
+	}
+	e.closed = true
+	var open []Session
+	for s := range e.sessions {
+		open = append(open, s)
+	}
+	e.mu.Unlock()
+	for _, s := range open {
+		s.Close()
+	}
+	var errs []error
+	for _, s := range e.servers {
+		errs = append(errs, s.Close())
+	}
+	for _, b := range e.budgets {
+		errs = append(errs, b.Close())
+	}
+	for _, b := range e.owned {
+		errs = append(errs, b.Close())
+	}
+	e.closeErr = errors.Join(errs...)
+	return e.closeErr
+}
