@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/strata-llm/strata/internal/fixturetest"
 	"runtime"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ func idList(n int) string {
 // numbers, -max-new-tokens beyond the context is clamped with one line on
 // stderr, and the report says the context filled up.
 func TestContextLimits(t *testing.T) {
-	mistral := mistralFixture(t)
+	mistral := fixturetest.Mistral(t, 8)
 	long := strings.Repeat("hello world ", 250)            // 3000 bytes, over 2000 tokens
 	huge := strings.Repeat("hello world ", 10000)[:120000] // refused before it is encoded
 	cases := []struct {

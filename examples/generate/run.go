@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
@@ -41,16 +42,11 @@ type options struct {
 	defaultModel bool
 
 	// Memory: flags, merged over the -config file.
-	gpuLimit    string
-	gpuFraction string
-	devices     string
-	hostLimit   string
-	offload     string
-	configFile  string
-	memMode     string
-	summary     bool
-	snapshot    string
-	set         map[string]bool // flags given on the command line
+	mem      cli.MemoryFlags
+	devices  string
+	summary  bool
+	snapshot string
+	set      map[string]bool // flags given on the command line
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -70,13 +66,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.chunk, "prefill-chunk", 512, "prompt tokens processed per forward step")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
-	fs.StringVar(&o.gpuLimit, "gpu-memory-limit", "", "device memory budget `size` (3.5GiB, 800MiB, 4GB, 300000B; a bare number is GiB), or per device: 0=3GiB,1=5GiB")
-	fs.StringVar(&o.gpuFraction, "gpu-memory-fraction", "", "device memory budget as a `fraction` of the device's total, or per device: 0=0.5,1=0.7")
+	o.mem.Register(fs)
 	fs.StringVar(&o.devices, "devices", "", "spread the layers over these `devices` of -device's driver: 0,1 or all (with -device cpu, CPU backends stand in for devices)")
-	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers; beyond it they are re-read from disk")
-	fs.StringVar(&o.offload, "offload", "", "offload `strategy`: none, minimal, balanced or aggressive (default: none without a budget, balanced with one)")
-	fs.StringVar(&o.configFile, "config", "", "YAML config `file` with a memory: section; flags override it")
-	fs.StringVar(&o.memMode, "memory-mode", "", "explicit, unified or unified-noprefetch (unified needs -device cuda)")
 	fs.BoolVar(&o.summary, "memory-summary", false, "print a memory summary table on stderr at exit")
 	fs.StringVar(&o.snapshot, "memory-snapshot", "", "record every allocation and paging event to this JSON `file` (draw it with examples/memviz)")
 	if err := cli.Parse(fs, args, stderr); err != nil {
@@ -140,6 +131,7 @@ type report struct {
 	StopReason    string  `json:"stop_reason"`
 
 	BudgetBytes           int64              `json:"budget_bytes"`
+	DefaultBudget         bool               `json:"default_budget,omitempty"` // no budget given: the engine's policy
 	PeakDeviceBytes       int64              `json:"peak_device_bytes"`
 	ResidentWeightBytes   int64              `json:"resident_weight_bytes"`
 	StreamedBytesPerToken float64            `json:"streamed_bytes_per_token"`
@@ -149,7 +141,7 @@ type report struct {
 	MemoryMode            paging.MemoryMode  `json:"memory_mode"`
 	Plan                  *paging.PlanResult `json:"plan"`
 	Paging                paging.Stats       `json:"paging"`
-	Devices               []deviceReport     `json:"devices,omitempty"`
+	Devices               []engine.Device    `json:"devices,omitempty"`
 	H2DBytesPerToken      float64            `json:"h2d_bytes_per_token"`
 	H2DGBps               float64            `json:"h2d_GBps"`
 	Overlap               float64            `json:"overlap"`
@@ -175,7 +167,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	defer lm.Close()
 	dir := lm.Dir
 	if err := cli.CheckOutputs([][2]string{{"-logits-out", o.logitsOut}, {"-memory-snapshot", o.snapshot}},
-		cli.InputsOf(lm, o.configFile)); err != nil {
+		cli.InputsOf(lm, o.mem.ConfigFile)); err != nil {
 		return err
 	}
 	cfg := lm.Config
@@ -232,48 +224,54 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		o.maxNew, clamped = room, true
 	}
 
-	backends, ordinals, err := openBackends(o)
-	for _, b := range backends {
-		defer cli.CloseBackend(b)
-	}
+	specs, ordinals, err := cli.DeviceSpecs(o.device, o.devices)
 	if err != nil {
 		return err
 	}
-	backend := backends[0]
-
-	mem, err := resolveMemory(o, backends, ordinals)
+	mem, err := o.mem.Resolve(o.set, ordinals)
 	if err != nil {
 		return err
+	}
+	if mem.Mode != "" && mem.Mode != paging.ModeExplicit && strings.HasPrefix(specs[0], "cpu") {
+		return cli.Usagef("-memory-mode %s needs a device with unified memory, such as -device cuda (running on cpu)", mem.Mode)
+	}
+	if o.snapshot != "" && len(specs) > 1 {
+		return cli.Usagef("-memory-snapshot records one device; drop -devices or -memory-snapshot")
 	}
 	// The last new token is sampled, never run: len(ids)+maxNew-1 positions
 	// are used, within maxPos.
 	contextLen := min(len(ids)+max(o.maxNew, 1), maxPos)
-	chunk := min(o.chunk, contextLen)
 	start := time.Now()
 	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
-	if o.snapshot != "" && len(backends) > 1 {
-		return cli.Usagef("-memory-snapshot records one device; drop -devices or -memory-snapshot")
-	}
-	eng, err := openEngine(ctx, lm, cfg, backends, mem, contextLen, chunk, o.snapshot != "", bar)
+	eng, err := engine.Open(ctx, lm, engine.Options{
+		Devices: specs, Threads: o.threads, Memory: mem,
+		Context: contextLen, Chunk: o.chunk, Record: o.snapshot != "", Progress: bar.update,
+	})
 	bar.done()
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if o.summary {
-			fmt.Fprint(stderr, eng.summary())
+			fmt.Fprint(stderr, eng.Summary())
 		}
-		if o.snapshot != "" {
-			if err := writeSnapshot(o.snapshot, eng.budgets[0]); err != nil && retErr == nil {
-				retErr = err
-			}
-		}
-		if err := eng.close(); err != nil && retErr == nil {
+		if err := eng.Close(); err != nil && retErr == nil {
 			retErr = err
+		}
+		// After Close, so that the snapshot records what Close found.
+		if o.snapshot != "" {
+			if err := atomicfile.Write(o.snapshot, eng.WriteSnapshot); err != nil && retErr == nil {
+				retErr = fmt.Errorf("-memory-snapshot: %w", err)
+			}
 		}
 	}()
 	loadTime := time.Since(start)
-	sess := eng.sess
+	backend := eng.Backends()[0]
+	sess, err := eng.NewSession()
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
 	sampler, err := nn.NewSampler(nn.SamplerConfig{Temperature: o.temperature, TopK: o.topK, TopP: o.topP, Seed: o.seed})
 	if err != nil {
 		return err
@@ -286,7 +284,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return forwardError(err, len(ids))
 	}
 	prefill := time.Since(t0)
-	eng.markStep() // closes the warm-up and the prefill
+	eng.MarkStep() // closes the warm-up and the prefill
 	if o.logitsOut != "" {
 		if err := writeLogits(o.logitsOut, logits, len(ids), cfg.VocabSize); err != nil {
 			return err
@@ -340,7 +338,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		if logits, err = sess.Forward(ctx, []int32{id}, false, nil); err != nil {
 			return forwardError(err, len(ids))
 		}
-		eng.markStep()
+		eng.MarkStep()
 	}
 	decode := time.Since(t1)
 	h2dGBps, overlap := cw.End(backend)
@@ -358,24 +356,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 
 	if o.jsonOut {
+		devs := eng.Devices()
 		r := report{
 			Model: dir, Device: backend.Name(), PromptIDs: ids, IDs: out,
 			PrefillTokS: float64(len(ids)) / prefill.Seconds(),
 			LoadSeconds: loadTime.Seconds(), PeakHostBytes: peakHostBytes(),
 			WeightBytes: lm.WeightBytes(), StopReason: stop,
-			BudgetBytes: mem.budget, Strategy: mem.strategy, MemoryMode: mem.mode, Plan: eng.plans[0],
+			BudgetBytes: devs[0].BudgetBytes, DefaultBudget: devs[0].DefaultBudget,
+			Strategy: eng.Strategy(), MemoryMode: eng.Mode(), Plan: devs[0].Plan,
 		}
-		if len(backends) > 1 {
-			r.Plan, r.BudgetBytes = nil, 0
-			for d, b := range backends {
-				r.Devices = append(r.Devices, deviceReport{
-					Device: b.Name(), Placement: eng.placement[d], Plan: eng.plans[d],
-					BudgetBytes: eng.budgets[d].Limit(), PeakDeviceBytes: eng.budgets[d].Peak(),
-				})
-				r.BudgetBytes += eng.budgets[d].Limit()
+		if len(devs) > 1 {
+			r.Plan, r.BudgetBytes, r.Devices = nil, 0, devs
+			for _, d := range devs {
+				r.BudgetBytes += d.BudgetBytes
 			}
 		}
-		st := eng.stats()
+		st := eng.Stats()
 		r.Paging = st
 		r.PeakDeviceBytes = st.PeakDeviceBytes
 		r.ResidentWeightBytes = st.ResidentWeightBytes
@@ -406,78 +402,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		return enc.Encode(r)
 	}
 	return nil
-}
-
-// deviceReport is one device's part of a run over several.
-type deviceReport struct {
-	Device          string             `json:"device"`
-	Placement       paging.Placement   `json:"placement"`
-	Plan            *paging.PlanResult `json:"plan"`
-	BudgetBytes     int64              `json:"budget_bytes"`
-	PeakDeviceBytes int64              `json:"peak_device_bytes"`
-}
-
-// openBackends opens the device of -device, or each of -devices: the
-// devices of -device's driver ("auto": the first GPU driver with a device,
-// else the CPU's) by ordinal, through tensor's registry. It returns what it
-// opened even with an error, for the caller to close.
-func openBackends(o *options) ([]tensor.Backend, []int, error) {
-	if o.devices == "" {
-		b, err := cli.OpenBackend(o.device, o.threads)
-		if err != nil {
-			return nil, nil, err
-		}
-		return []tensor.Backend{b}, []int{0}, nil
-	}
-	driver, _, err := tensor.ParseDevice(o.device)
-	if err != nil {
-		return nil, nil, cli.Usagef("-device: %v", err)
-	}
-	devices := tensor.Devices()
-	if driver == "auto" {
-		driver = "cpu"
-		for _, d := range devices {
-			if name, _, _ := strings.Cut(d, ":"); name != "cpu" {
-				driver = name
-				break
-			}
-		}
-	}
-	var ordinals []int
-	if o.devices == "all" {
-		if driver == "cpu" {
-			return nil, nil, cli.Usagef("-devices all needs a GPU device (-device cuda or auto; devices here: %s)", strings.Join(devices, ", "))
-		}
-		for _, d := range devices {
-			name, n, _ := tensor.ParseDevice(d)
-			if name == driver {
-				ordinals = append(ordinals, n)
-			}
-		}
-		if len(ordinals) == 0 {
-			return nil, nil, fmt.Errorf("-devices all: no %s device (devices here: %s)", driver, strings.Join(devices, ", "))
-		}
-	} else {
-		for _, f := range strings.Split(o.devices, ",") {
-			i, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || i < 0 {
-				return nil, nil, cli.Usagef("-devices: %q is not a device number", f)
-			}
-			if slices.Contains(ordinals, i) {
-				return nil, nil, cli.Usagef("-devices: device %d given twice", i)
-			}
-			ordinals = append(ordinals, i)
-		}
-	}
-	var bs []tensor.Backend
-	for _, i := range ordinals {
-		b, err := tensor.OpenDevice(fmt.Sprintf("%s:%d", driver, i), tensor.DeviceOptions{Threads: o.threads})
-		if err != nil {
-			return bs, nil, err
-		}
-		bs = append(bs, b)
-	}
-	return bs, ordinals, nil
 }
 
 func writeLogits(path string, logits []float32, rows, vocab int) error {

@@ -302,11 +302,11 @@ func TestDevices(t *testing.T) {
 		next := 0
 		for _, d := range r.Devices {
 			if d.Placement.FirstBlock != next || d.Plan == nil {
-				t.Errorf("%s: device %s placement %+v", c.name, d.Device, d.Placement)
+				t.Errorf("%s: device %s placement %+v", c.name, d.Name, d.Placement)
 			}
 			next = d.Placement.EndBlock
 			if d.PeakDeviceBytes > d.BudgetBytes {
-				t.Errorf("%s: device %s peaked at %d over its budget %d", c.name, d.Device, d.PeakDeviceBytes, d.BudgetBytes)
+				t.Errorf("%s: device %s peaked at %d over its budget %d", c.name, d.Name, d.PeakDeviceBytes, d.BudgetBytes)
 			}
 		}
 	}
