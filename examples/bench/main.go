@@ -32,6 +32,7 @@ import (
 
 	"github.com/strata-llm/strata/arch"
 	_ "github.com/strata-llm/strata/cuda" // the "cuda" device driver, built with -tags cuda
+	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/infile"
@@ -307,44 +308,22 @@ type Result struct {
 
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, o options) (*Result, error) {
 	cfg := lm.Config
-	info, err := nn.ModelInfo(lm, cfg)
-	if err != nil {
-		return nil, err
-	}
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	chunk := min(o.chunk, ctxLen)
-	limit := s.budget
-	if limit == 0 {
-		limit = 1 << 62
-		if mi, ok := b.(tensor.MemoryInfo); ok {
-			if free, _, err := mi.MemInfo(); err == nil && free > 0 {
-				limit = free - 512<<20 // room for the backend's own workspace
-			}
-		}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode}
+	if s.budget > 0 {
+		mem.Budgets = []int64{s.budget}
 	}
-	plan, err := paging.Plan(info, limit, s.strategy, ctxLen, 1, paging.WithChunkTokens(chunk), paging.WithDevice(b))
-	if err != nil {
-		return nil, err
-	}
-	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
-		Strategy: string(s.strategy), Mode: string(s.mode), WeightBytes: lm.WeightBytes(),
-		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode}
-	bud, err := paging.NewBudget(b, limit, b.Name())
-	if err != nil {
-		return nil, err
-	}
-	defer bud.Close()
 	start := time.Now()
-	srv, err := paging.NewServer(ctx, s.mode, nn.Source(lm), bud, plan, paging.Options{})
+	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk})
 	if err != nil {
 		return nil, err
 	}
-	defer srv.Close()
-	m, err := nn.New(cfg, b, bud, srv)
-	if err != nil {
-		return nil, err
-	}
-	sess, err := m.NewSession(ctxLen, chunk)
+	defer e.Close()
+	plan := e.Devices()[0].Plan
+	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
+		Strategy: string(e.Strategy()), Mode: string(e.Mode()), WeightBytes: lm.WeightBytes(),
+		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode}
+	sess, err := e.NewSession()
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +333,8 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	for i := range prompt {
 		prompt[i] = int32(rng.IntN(cfg.VocabSize))
 	}
-	// Warm-up: one pass loads the resident set.
+	// Warm-up: the engine loaded every layer once; one pass more settles
+	// the ring and the caches.
 	if _, err := sess.Forward(ctx, prompt[:8], false, nil); err != nil {
 		return nil, err
 	}
@@ -375,7 +355,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	step := func() error {
 		id := int32(nn.Argmax(logits))
 		logits, err = sess.Forward(ctx, []int32{id}, false, nil)
-		srv.MarkStep()
+		e.MarkStep()
 		return err
 	}
 	for range o.warmup {
@@ -383,8 +363,8 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 			return nil, err
 		}
 	}
-	srv.MarkStep()
-	before := srv.Stats().BytesHostToDevice
+	e.MarkStep()
+	before := e.Stats().BytesHostToDevice
 	cw := paging.StartCopyWindow(b)
 	t0 := time.Now()
 	for range o.decode {
@@ -394,9 +374,9 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	el := time.Since(t0)
 	r.DecodeTokS = float64(o.decode) / el.Seconds()
-	st := srv.Stats()
+	st := e.Stats()
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.H2DGBps, r.Overlap = cw.End(b)
-	r.PeakDeviceBytes = bud.Peak()
+	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
 	return r, nil
 }
