@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"io"
 	"path/filepath"
@@ -290,18 +291,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	backend, err := cli.OpenBackend(o.device, o.threads)
-	if err != nil {
+	if err := cli.CheckDevice(o.device); err != nil {
 		return err
 	}
-	defer cli.CloseBackend(backend)
+	eo := engine.Options{Devices: []string{o.device}, Threads: o.threads}
+	if o.gpuLimit != "" {
+		limit, err := paging.ParseSize(o.gpuLimit)
+		if err != nil {
+			return cli.Usagef("-gpu-memory-limit: %v", err)
+		}
+		if limit <= 0 {
+			return cli.Usagef("-gpu-memory-limit %q must be positive", o.gpuLimit)
+		}
+		eo.Memory.Budgets = []int64{limit}
+	}
 	maxT := max(len(gradIDs)-1, min(o.seqLen, len(tokens)-1))
-	r, err := newRunner(o, h.train, cfg, params, backend, maxT)
+	r, err := engine.OpenTraining(ctx, params, eo, h.train, maxT)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if err := r.close(); err != nil && retErr == nil {
+		if err := r.Close(); err != nil && retErr == nil {
 			retErr = err
 		}
 	}()
@@ -310,7 +320,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		inputs, targets := nn.NextToken(gradIDs)
 		grads := nn.Grads{}
 		var st nn.StepStats
-		if err := r.with(func(tr *nn.Trainer) (err error) {
+		if err := r.With(func(tr *nn.Trainer) (err error) {
 			st, err = tr.LossAndGrads(ctx, inputs, targets, grads, 1)
 			return err
 		}); err != nil {
@@ -401,7 +411,7 @@ func encode(ctx context.Context, tok *tokenizer.Tokenizer, text string) ([]int, 
 }
 
 // train runs the training loop, printing each step's loss.
-func train(ctx context.Context, o *options, h *hyper, r *runner, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
+func train(ctx context.Context, o *options, h *hyper, r *engine.Training, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
 	opt, scaler := h.opt, h.scaler
 	wins := windows(tokens, o.seqLen)
 	bar := newProgress(stderr, o.quiet)
@@ -415,7 +425,7 @@ func train(ctx context.Context, o *options, h *hyper, r *runner, params *nn.Para
 		inputs, targets := nn.NextToken(wins[(step-1)%len(wins)])
 		var res nn.StepResult
 		t0 := time.Now()
-		if err := r.with(func(tr *nn.Trainer) (err error) {
+		if err := r.With(func(tr *nn.Trainer) (err error) {
 			res, err = tr.Step(ctx, inputs, targets, params, opt, scaler)
 			return err
 		}); err != nil {
@@ -440,137 +450,10 @@ func train(ctx context.Context, o *options, h *hyper, r *runner, params *nn.Para
 	if o.steps > 0 {
 		fmt.Fprintf(stderr, "trained %d steps (%d skipped) in %s: loss %.4f -> %.4f; peak activations %s\n",
 			o.steps, scaler.Skipped(), time.Since(start).Round(time.Millisecond), first, last, paging.FormatSize(peakAct))
-		if r.budget != nil {
+		if bud := r.Budget(); bud != nil {
 			fmt.Fprintf(stderr, "budget %s: peak %s, weights moved %s per step\n",
-				paging.FormatSize(r.budget.Limit()), paging.FormatSize(r.budget.Peak()), paging.FormatSize(r.moved/int64(r.calls)))
+				paging.FormatSize(bud.Limit()), paging.FormatSize(bud.Peak()), paging.FormatSize(r.MovedPerCall()))
 		}
 	}
 	return nil
-}
-
-// runner gives each step a trainer over the current parameters: directly,
-// or, under a budget, through a pager made anew for every step because an
-// update makes the pager's copies stale. One model and trainer serve every
-// step, so that the trainer's staging buffers last the run.
-type runner struct {
-	cfg     *arch.Config
-	params  *nn.Params
-	backend tensor.Backend
-	tr      *nn.Trainer
-	paged   *stepWeights // nil when training directly on the parameters
-	budget  *paging.Budget
-	plan    *paging.PlanResult
-	moved   int64 // bytes the pagers moved
-	calls   int
-}
-
-// stepWeights serves the current step's pager.
-type stepWeights struct{ *paging.Pager }
-
-func newRunner(o *options, opts nn.TrainOptions, cfg *arch.Config, params *nn.Params, b tensor.Backend, tokens int) (*runner, error) {
-	r := &runner{cfg: cfg, params: params, backend: b}
-	_, onHost := b.(*tensor.CPU)
-	if o.gpuLimit == "" && onHost {
-		m, err := nn.New(cfg, b, nil, params)
-		if err != nil {
-			return nil, err
-		}
-		if r.tr, err = nn.NewTrainer(m, opts); err != nil {
-			return nil, err
-		}
-		return r, nil
-	}
-	limit, err := trainLimit(o.gpuLimit, b)
-	if err != nil {
-		return nil, err
-	}
-	layers, err := paging.DescribeSource(params)
-	if err != nil {
-		return nil, err
-	}
-	// Training keeps no KV cache: its reserve is the training activations
-	// and rotary tables, and on a device one layer's gradients.
-	info := paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: nn.TrainReserve(cfg, tokens, o.segments, !onHost)}
-	r.plan, err = paging.Plan(info, limit, paging.StrategyBalanced, 1, 1, paging.WithDevice(b))
-	if err != nil {
-		var be *paging.BudgetError
-		if errors.As(err, &be) {
-			return nil, fmt.Errorf("a budget of %s is too small for training %d positions with %d checkpoint segments: the smallest budget is %s",
-				paging.FormatSize(limit), tokens, max(o.segments, 1), paging.FormatSize(be.Needed))
-		}
-		return nil, err
-	}
-	if r.budget, err = paging.NewBudget(b, limit, b.Name()); err != nil {
-		return nil, err
-	}
-	r.paged = &stepWeights{}
-	m, err := nn.New(cfg, b, r.budget, r.paged)
-	if err == nil {
-		r.tr, err = nn.NewTrainer(m, opts)
-	}
-	if err != nil {
-		r.close()
-		return nil, err
-	}
-	return r, nil
-}
-
-// trainLimit is the budget of -gpu-memory-limit or, when none is given on a
-// device, nine tenths of its free memory.
-func trainLimit(flagValue string, b tensor.Backend) (int64, error) {
-	if flagValue == "" {
-		mi, ok := b.(tensor.MemoryInfo)
-		if !ok {
-			return 0, fmt.Errorf("%s cannot report its memory: give -gpu-memory-limit", b.Name())
-		}
-		free, _, err := mi.MemInfo()
-		if err != nil {
-			return 0, err
-		}
-		return free / 10 * 9, nil
-	}
-	limit, err := paging.ParseSize(flagValue)
-	if err != nil {
-		return 0, cli.Usagef("-gpu-memory-limit: %v", err)
-	}
-	if limit <= 0 {
-		return 0, cli.Usagef("-gpu-memory-limit %q must be positive", flagValue)
-	}
-	return limit, nil
-}
-
-// with calls fn with a trainer over the current parameters.
-func (r *runner) with(fn func(*nn.Trainer) error) (err error) {
-	r.calls++
-	if r.paged == nil {
-		return fn(r.tr)
-	}
-	pager, err := paging.NewPager(r.params, r.budget, r.plan, paging.Options{HostCacheBytes: -1})
-	if err != nil {
-		return err
-	}
-	r.paged.Pager = pager
-	defer func() {
-		r.paged.Pager = nil
-		r.moved += pager.Stats().BytesHostToDevice
-		if cerr := pager.Close(); cerr != nil && err == nil {
-			err = cerr
-		}
-	}()
-	return fn(r.tr)
-}
-
-// close frees what newRunner built, which may be only a part when it
-// failed.
-func (r *runner) close() error {
-	var err error
-	if r.tr != nil {
-		err = r.tr.Close()
-	}
-	if r.budget != nil {
-		if berr := r.budget.Close(); berr != nil && err == nil {
-			err = berr
-		}
-	}
-	return err
 }
