@@ -6,30 +6,23 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
-// CopyTimer is a backend that times its asynchronous uploads: bytes copied,
-// time the copy stream was busy, and time compute waited for copies (the
-// CUDA backend).
-type CopyTimer interface {
-	CopyStats() (bytes int64, busy, stall time.Duration)
-}
-
 // CopyWindow measures a backend's uploads between its start and End.
 type CopyWindow struct {
-	ct            CopyTimer
+	b             tensor.Memory
 	bytes0        int64
 	busy0, stall0 time.Duration
 	start         time.Time
 }
 
 // StartCopyWindow starts measuring; it returns nil for a backend that does
-// not time its copies, and a nil window's End returns zeros.
+// not time its copies (tensor.CopyTimer), and a nil window's End returns
+// zeros.
 func StartCopyWindow(b tensor.Memory) *CopyWindow {
-	ct, ok := b.(CopyTimer)
-	if !ok {
+	w := &CopyWindow{b: b, start: time.Now()}
+	var ok bool
+	if w.bytes0, w.busy0, w.stall0, ok = tensor.CopyStats(b); !ok {
 		return nil
 	}
-	w := &CopyWindow{ct: ct, start: time.Now()}
-	w.bytes0, w.busy0, w.stall0 = ct.CopyStats()
 	return w
 }
 
@@ -43,10 +36,8 @@ func (w *CopyWindow) End(b tensor.Memory) (gbps, overlap float64) {
 	if w == nil {
 		return 0, 0
 	}
-	if s, ok := b.(tensor.Syncer); ok {
-		_ = s.Sync()
-	}
-	bytes, busy, stall := w.ct.CopyStats()
+	_ = tensor.Sync(b)
+	bytes, busy, stall, _ := tensor.CopyStats(w.b)
 	bytes, busy, stall = bytes-w.bytes0, busy-w.busy0, stall-w.stall0
 	if bytes <= 0 || busy <= 0 {
 		return 0, 0

@@ -222,10 +222,10 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	}
 	p := &Pager{src: src, bg: budget, b: budget.Backend(), plan: plan, depth: plan.PrefetchDepth}
 	p.cond = sync.NewCond(&p.mu)
-	if au, ok := p.b.(tensor.AsyncUploader); ok {
+	if au, ok := tensor.AsyncUpload(p.b); ok {
 		p.async = au
 	}
-	if pa, ok := p.b.(tensor.PinnedAllocator); ok {
+	if pa, ok := tensor.Pinned(p.b); ok {
 		p.pinned = pa
 	}
 	switch {

@@ -1,6 +1,7 @@
 package paging
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -105,11 +106,10 @@ func DeviceFraction(b tensor.Memory, frac float64) (int64, error) {
 	if !(frac > 0 && frac <= 1) {
 		return 0, fmt.Errorf("paging: memory fraction %v: must be in (0, 1]", frac)
 	}
-	mi, ok := b.(tensor.MemoryInfo)
-	if !ok {
+	_, total, err := tensor.FreeMemory(b)
+	if errors.Is(err, errors.ErrUnsupported) {
 		return 0, fmt.Errorf("paging: memory fraction %v: backend %s cannot report its memory size; give the budget in bytes", frac, b.Name())
 	}
-	_, total, err := mi.MemInfo()
 	if err != nil {
 		return 0, fmt.Errorf("paging: memory fraction %v: backend %s: %w", frac, b.Name(), err)
 	}

@@ -57,7 +57,7 @@ type Unified struct {
 // plan's resident tensors to the device.
 func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, prefetch bool) (*Unified, error) {
 	b := bg.Backend()
-	m, ok := b.(tensor.ManagedAllocator)
+	m, ok := tensor.Managed(b)
 	if !ok {
 		return nil, fmt.Errorf("paging: unified memory: backend %s has no managed memory", b.Name())
 	}
@@ -129,11 +129,9 @@ func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, p
 			u.st.BytesDiskToHost += s.Bytes
 		}
 	}
-	if sy, ok := b.(tensor.Syncer); ok {
-		if err := sy.Sync(); err != nil {
-			u.Close()
-			return nil, err
-		}
+	if err := tensor.Sync(b); err != nil {
+		u.Close()
+		return nil, err
 	}
 	return u, nil
 }
@@ -221,9 +219,7 @@ func (u *Unified) Close() error {
 	}
 	u.closed = true
 	b := u.bg.Backend()
-	if sy, ok := b.(tensor.Syncer); ok {
-		_ = sy.Sync() // kernels may still read the weights
-	}
+	_ = tensor.Sync(b) // kernels may still read the weights
 	for _, ts := range u.layers {
 		for _, t := range ts {
 			b.Free(t)
