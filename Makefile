@@ -18,8 +18,12 @@ test-race:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./tensor/ ./loader/ ./nn/ ./paging/
 
+# lint also refuses a tracked file over 2 MB outside a testdata directory:
+# build outputs and models do not belong in git.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 2097152 && $$2 !~ /(^|\/)testdata\//'); \
+		if [ -n "$$big" ]; then echo "tracked files over 2 MB outside testdata:"; echo "$$big"; exit 1; fi
 	$(GO) vet ./...
 
 synth:
