@@ -1,0 +1,202 @@
+package quant
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+// The integer product, the way a CPU decodes a token: the activation
+// vector is quantized once per block (QuantizeRow, to VecDotType of the
+// weights: Q8_0 for the 32-element formats, Q8_K for the K formats), and
+// each weight row is multiplied with it in integer arithmetic, block by
+// block, before any float is touched. A row costs one pass over its
+// quantized bytes and a few float operations per block, so a product runs
+// at the speed memory delivers the weights.
+//
+// Every kernel (the Go code below and the assembly of each architecture)
+// computes the same float32 result, bit for bit, from the same bytes:
+//
+//   - The integers are exact. A block's elements are taken in chunks of 32
+//     consecutive elements; within a chunk, lane k (k = 0..7) holds the sum
+//     of the products of elements 4k..4k+3, each weight quant times its
+//     activation quant, multiplied by the chunk's integer sub-block scale
+//     where the format has one (Q4_K, Q5_K: the 6-bit scale of the 32
+//     elements; Q6_K: the signed scale of each 16). A K-format super-block
+//     adds its eight chunks' lanes together.
+//   - The floats follow one order. Eight float32 accumulators acc[k] start
+//     at +0. For each block, in order: dd = d·dx (the weight's scale times
+//     the activation's, rounded), then acc[k] += float32(lane[k])·dd, the
+//     product rounded before the add (no fused multiply-add). The row's
+//     result is ((acc0+acc4)+(acc2+acc6)) + ((acc1+acc5)+(acc3+acc7)).
+//   - Offsets: Q4_0, Q5_0 and Q6_K fold theirs (8, 16, 32) into the integer
+//     lanes. Q4_1 and Q5_1 add their min per block after the scaled lanes:
+//     acc[k] = (acc[k] + float32(lane[k])·dd) + float32(xsum[k])·(m·dx),
+//     with xsum[k] the sum of activation quants 4k..4k+3. Q4_K and Q5_K
+//     keep one more accumulator, accm += float32(Σj min_j·(bsum_2j +
+//     bsum_2j+1))·(dmin·dx) per super-block, from the activation's stored
+//     16-element sums, and the result is the reduction above minus accm.
+//   - A weight quant w times an activation quant x is |w| times x with
+//     w's sign, the negation wrapping in eight bits: w·x exactly, except for
+//     x = -128 with w < 0 in Q8_0 weights (the sign trick of the x86
+//     kernels, which every kernel reproduces). QuantizeRow never writes
+//     -128, so on its output the integer sums are the exact products.
+//
+// The float order is the one an 8-lane vector unit runs naturally; the
+// Go code spells it out, and the tests hold every kernel to it.
+
+// VecDotType returns the format the activations take in the integer
+// product with weights of type t: Q8_0 for Q4_0, Q4_1, Q5_0, Q5_1 and
+// Q8_0; Q8_K for Q4_K, Q5_K and Q6_K; F32 for every other type, which has
+// no integer product (multiply those with DotF32).
+func VecDotType(t Type) Type {
+	switch t {
+	case Q4_0, Q4_1, Q5_0, Q5_1, Q8_0:
+		return Q8_0
+	case Q4_K, Q5_K, Q6_K:
+		return Q8_K
+	}
+	return F32
+}
+
+// QuantizeRow quantizes the activations x for a product with weights of
+// type t: xq receives VecDotType(t)'s blocks, exactly what that type's
+// Quantize writes. Activations holding a NaN or an infinity, or (for Q8_0)
+// values beyond the F16 range of a block scale (|x| > 65504·127), are
+// refused with an error wrapping ErrNotFinite, so that a product never
+// hides them.
+func QuantizeRow(t Type, xq []byte, x []float32) error {
+	a := VecDotType(t)
+	if a == F32 {
+		return noIntegerProduct("quantize row", t)
+	}
+	return a.Quantize(xq, x)
+}
+
+// VecDot returns the integer product of one weight row w (n elements of
+// type t) with the activations xq (QuantizeRow's output for n elements).
+func VecDot(t Type, w, xq []byte, n int) (float32, error) {
+	var out [1]float32
+	if err := checkVecDot("vec dot", t, len(out), n, len(w), len(xq)); err != nil {
+		return 0, err
+	}
+	active.gemv[t](out[:], w, xq)
+	return out[0], nil
+}
+
+// GEMV computes out[r] = the integer product of weight row r with xq for
+// r < rows: w holds rows rows of cols elements of type t, one after the
+// other, and xq the activations (QuantizeRow's output for cols elements).
+// len(out) must be rows. A caller that splits a matrix among goroutines
+// passes each one its range of rows and out.
+func GEMV(t Type, out []float32, w []byte, rows, cols int, xq []byte) error {
+	if rows != len(out) {
+		return fmt.Errorf("quant: gemv %v: %d rows but %d outputs: %w", t, rows, len(out), ErrLength)
+	}
+	if err := checkVecDot("gemv", t, rows, cols, len(w), len(xq)); err != nil {
+		return err
+	}
+	if rows > 0 {
+		active.gemv[t](out, w, xq)
+	}
+	return nil
+}
+
+func noIntegerProduct(op string, t Type) error {
+	if !t.Known() {
+		return fmt.Errorf("quant: %s: %w: %v", op, ErrUnknownType, t)
+	}
+	return fmt.Errorf("quant: %s: %w: %v has no integer product", op, ErrUnsupported, t)
+}
+
+// checkVecDot checks the operands of rows products of n elements.
+func checkVecDot(op string, t Type, rows, n, wlen, xlen int) error {
+	a := VecDotType(t)
+	if a == F32 {
+		return noIntegerProduct(op, t)
+	}
+	if n <= 0 || n%a.BlockSize() != 0 {
+		return fmt.Errorf("quant: %s %v: %d elements is not a positive whole number of %d-element blocks: %w", op, t, n, a.BlockSize(), ErrLength)
+	}
+	rowBytes := n / t.BlockSize() * t.BlockBytes()
+	if rows < 0 || (rows > 0 && wlen/rows != rowBytes) || wlen != rows*rowBytes {
+		return fmt.Errorf("quant: %s %v: %d rows of %d elements need %d bytes of weights, have %d: %w", op, t, rows, n, rows*rowBytes, wlen, ErrLength)
+	}
+	if want := n / a.BlockSize() * a.BlockBytes(); xlen != want {
+		return fmt.Errorf("quant: %s %v: %d elements need %d bytes of %v activations, have %d: %w", op, t, n, want, a, xlen, ErrLength)
+	}
+	return nil
+}
+
+// gemvFunc computes len(out) rows of products of the weight rows in w with
+// xq; the operands are checked.
+type gemvFunc func(out []float32, w, xq []byte)
+
+// vecKernels is one implementation of the integer products, indexed by
+// weight type.
+type vecKernels struct {
+	name string
+	gemv [Q6_K + 1]gemvFunc
+}
+
+// goKernels are the Go kernels: the reference every other table matches,
+// and what runs where no assembly does.
+var goKernels = vecKernels{
+	name: "go",
+	gemv: [...]gemvFunc{
+		Q4_0: rowsOf(Q4_0, dotQ4_0Go),
+		Q4_1: rowsOf(Q4_1, dotQ4_1Go),
+		Q5_0: rowsOf(Q5_0, dotQ5_0Go),
+		Q5_1: rowsOf(Q5_1, dotQ5_1Go),
+		Q8_0: rowsOf(Q8_0, dotQ8_0Go),
+		Q4_K: rowsOf(Q4_K, dotQ4_KGo),
+		Q5_K: rowsOf(Q5_K, dotQ5_KGo),
+		Q6_K: rowsOf(Q6_K, dotQ6_KGo),
+	},
+}
+
+// rowsOf makes a gemv from a one-row product.
+func rowsOf(t Type, dot func(w, xq []byte) float32) gemvFunc {
+	return func(out []float32, w, xq []byte) {
+		rb := len(w) / len(out)
+		for r := range out {
+			out[r] = dot(w[r*rb:(r+1)*rb], xq)
+		}
+	}
+}
+
+// KernelsEnv names the environment variable that chooses the kernels of
+// the integer products: "go" for the Go kernels, "avx2" or "avx512" for
+// the x86-64 assembly (where the processor has it; otherwise the best it
+// has below the one named); unset or empty means the fastest. It is the
+// variable the tensor package's CPU backend reads for its own kernels, so
+// one setting chooses both.
+const KernelsEnv = "STRATA_CPU_KERNELS"
+
+// allKernels lists the kernel tables this machine runs, fastest first; the
+// Go table is last.
+func allKernels() []*vecKernels { return append(archKernels(), &goKernels) }
+
+// kernelsNamed returns the table called name, or the best one below it
+// that this machine runs; "" or an unknown name means the fastest.
+func kernelsNamed(name string) *vecKernels {
+	avail := allKernels()
+	rank := map[string]int{"go": 0, "avx2": 1, "avx512": 2}
+	want, ok := rank[strings.ToLower(strings.TrimSpace(name))]
+	if !ok {
+		return avail[0]
+	}
+	for _, k := range avail {
+		if rank[k.name] <= want {
+			return k
+		}
+	}
+	return &goKernels
+}
+
+// active is the table the package functions use, chosen once.
+var active = kernelsNamed(os.Getenv(KernelsEnv))
+
+// Kernels names the kernels the integer products run: "avx512", "avx2" or
+// "go". See KernelsEnv.
+func Kernels() string { return active.name }
