@@ -1,0 +1,467 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// The integer products for x86-64 with AVX2 and F16C, in the order
+// vecdot.go defines. Each gemv function computes rows products of nb
+// blocks: out[r] for the weight rows laid one after the other from w, with
+// the activation blocks at x. The rows are taken one at a time: a single
+// sequential stream of weights is what the hardware prefetchers follow
+// best (four rows interleaved, sharing the activation loads, run 1.5x
+// faster from the L2 cache but at half the speed from memory). The Go
+// wrappers in vecdot_amd64.go check the lengths.
+//
+// The integer lanes come from VPMADDUBSW, which multiplies unsigned bytes
+// by signed bytes and adds adjacent pairs into 16-bit words, then
+// VPMADDWD, which multiplies words (by 1, or by the sub-block scale) and
+// adds adjacent pairs into 32-bit lanes: lane k of a 32-byte register
+// holds bytes 4k..4k+3, as vecdot.go's lanes are defined. Neither
+// saturates: the unsigned operands are levels of at most 63 (pairs within
+// ±2·63·128), or |w| <= 128 against activation quants with w's sign (the
+// sign trick, VPABSB and VPSIGNB: pairs between -2·128·128 = -32768 and
+// 2·128·127).
+//
+// Floats: VCVTDQ2PS (exact, every lane is below 2^24 in magnitude, or
+// rounded as Go's conversion rounds), VMULPS by the block's scale
+// broadcast, VADDPS into the accumulator; never an FMA, so that each
+// product is rounded as the Go code rounds it. HSUM reduces the
+// accumulator as hsum8 does.
+
+// HSUM leaves ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) of the accumulator y
+// (x its low half) in the low lane of x; t is scratch.
+#define HSUM(y, x, t) \
+	VEXTRACTF128 $1, y, t; \
+	VADDPS t, x, x; \
+	VMOVHLPS x, x, t; \
+	VADDPS t, x, x; \
+	VMOVSHDUP x, t; \
+	VADDSS t, x, x
+
+// BROADCAST32 sets all 32-bit lanes of y (x its low half) to the constant c.
+#define BROADCAST32(c, x, y) \
+	MOVL c, AX; \
+	VMOVD AX, x; \
+	VPBROADCASTD x, y
+
+// SCALES32 leaves in Y5 eight copies of the F16 weight scale at wp times
+// the F16 activation scale at xp.
+#define SCALES32(wp, xp) \
+	VPBROADCASTW xp, X6; \
+	VCVTPH2PS X6, Y6; \
+	VPBROADCASTW wp, X5; \
+	VCVTPH2PS X5, Y5; \
+	VMULPS Y6, Y5, Y5
+
+// ADDLANES converts the integer lanes in t, multiplies them by Y5 and adds
+// them to Y0.
+#define ADDLANES(t) \
+	VCVTDQ2PS t, t; \
+	VMULPS Y5, t, t; \
+	VADDPS t, Y0, Y0
+
+// Q8_0BLK adds the Q8_0 block at wo(SI) times the activation block at
+// xo(BX) to Y0; Y15 holds sixteen 1s.
+#define Q8_0BLK(wo, xo) \
+	SCALES32(wo(SI), xo(BX)); \
+	VMOVDQU xo+2(BX), Y4; \
+	VPABSB wo+2(SI), Y7; \
+	VPSIGNB wo+2(SI), Y4, Y8; \
+	VPMADDUBSW Y8, Y7, Y7; \
+	VPMADDWD Y15, Y7, Y7; \
+	ADDLANES(Y7)
+
+// Q4_0BLK adds the Q4_0 block at wo(SI): its levels unpacked into element
+// order (the low nibbles of its 16 bytes, then the high), times the
+// activation quants, less 8 times their pair sums. Y14 holds bytes 0x0f,
+// Y12 bytes 8.
+#define Q4_0BLK(wo, xo) \
+	SCALES32(wo(SI), xo(BX)); \
+	VMOVDQU xo+2(BX), Y4; \
+	VMOVDQU wo+2(SI), X7; \
+	VPSRLW $4, X7, X8; \
+	VINSERTI128 $1, X8, Y7, Y7; \
+	VPAND Y14, Y7, Y7; \
+	VPMADDUBSW Y4, Y7, Y7; \
+	VPMADDUBSW Y4, Y12, Y9; \
+	VPSUBW Y9, Y7, Y7; \
+	VPMADDWD Y15, Y7, Y7; \
+	ADDLANES(Y7)
+
+// func gemvQ8_0AVX2(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ8_0AVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ rows+24(FP), R12
+	MOVQ nb+32(FP), R13
+	BROADCAST32($0x00010001, X15, Y15)
+
+row:
+	MOVQ x+16(FP), BX
+	MOVQ R13, CX
+	VXORPS Y0, Y0, Y0
+	SHRQ $1, CX
+	JZ one
+
+pair:
+	Q8_0BLK(0, 0)
+	Q8_0BLK(34, 34)
+	ADDQ $68, BX
+	ADDQ $68, SI
+	DECQ CX
+	JNZ pair
+
+one:
+	TESTQ $1, R13
+	JZ sum
+	Q8_0BLK(0, 0)
+	ADDQ $34, BX
+	ADDQ $34, SI
+
+sum:
+	HSUM(Y0, X0, X8)
+	MOVSS X0, 0(DI)
+	ADDQ $4, DI
+	DECQ R12
+	JNZ row
+	VZEROUPPER
+	RET
+
+// func gemvQ4_0AVX2(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ4_0AVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ rows+24(FP), R12
+	MOVQ nb+32(FP), R13
+	BROADCAST32($0x00010001, X15, Y15)
+	BROADCAST32($0x0f0f0f0f, X14, Y14)
+	BROADCAST32($0x08080808, X12, Y12)
+
+row:
+	MOVQ x+16(FP), BX
+	MOVQ R13, CX
+	VXORPS Y0, Y0, Y0
+	SHRQ $1, CX
+	JZ one
+
+pair:
+	Q4_0BLK(0, 0)
+	Q4_0BLK(18, 34)
+	ADDQ $68, BX
+	ADDQ $36, SI
+	DECQ CX
+	JNZ pair
+
+one:
+	TESTQ $1, R13
+	JZ sum
+	Q4_0BLK(0, 0)
+	ADDQ $34, BX
+	ADDQ $18, SI
+
+sum:
+	HSUM(Y0, X0, X8)
+	MOVSS X0, 0(DI)
+	ADDQ $4, DI
+	DECQ R12
+	JNZ row
+	VZEROUPPER
+	RET
+
+// wordsel<> holds the VPSHUFB controls that broadcast one 16-bit word of
+// each 128-bit lane: at 32·j, word j in both lanes (for the eight Q4_K and
+// Q5_K sub-block scales, duplicated in both lanes); at 256+32·c, word 2c
+// in the low lane and 2c+1 in the high (for Q6_K's pairs of scales).
+#define SEL(off, lo, hi) \
+	DATA wordsel<>+off+0(SB)/8, $(lo*0x0202020202020202+0x0100010001000100); \
+	DATA wordsel<>+off+8(SB)/8, $(lo*0x0202020202020202+0x0100010001000100); \
+	DATA wordsel<>+off+16(SB)/8, $(hi*0x0202020202020202+0x0100010001000100); \
+	DATA wordsel<>+off+24(SB)/8, $(hi*0x0202020202020202+0x0100010001000100)
+
+SEL(0, 0, 0)
+SEL(32, 1, 1)
+SEL(64, 2, 2)
+SEL(96, 3, 3)
+SEL(128, 4, 4)
+SEL(160, 5, 5)
+SEL(192, 6, 6)
+SEL(224, 7, 7)
+SEL(256, 0, 1)
+SEL(288, 2, 3)
+SEL(320, 4, 5)
+SEL(352, 6, 7)
+GLOBL wordsel<>(SB), RODATA|NOPTR, $384
+
+// KSCALES unpacks the packed 6-bit scales and mins of the Q4_K or Q5_K
+// super-block at SI: Y4 receives the eight scales as words, in both
+// 128-bit lanes; X3 the sum over sub-blocks j of min_j times the
+// activation's two 16-element sums of sub-block j (an exact 32-bit
+// integer) in its low lane. For j < 4 scale j and min j are the low six
+// bits of bytes j and j+4; for j >= 4 the low four bits are the nibbles of
+// byte j+4 and the top two the top bits of bytes j-4 (scale) and j (min).
+#define KSCALES \
+	MOVL 4(SI), R8; \
+	MOVL 8(SI), R9; \
+	MOVL 12(SI), R10; \
+	MOVL R8, AX; \
+	ANDL $0x3f3f3f3f, AX; \
+	MOVL R10, DX; \
+	ANDL $0x0f0f0f0f, DX; \
+	MOVL R8, R11; \
+	SHRL $2, R11; \
+	ANDL $0x30303030, R11; \
+	ORL R11, DX; \
+	SHLQ $32, DX; \
+	ORQ DX, AX; \
+	VMOVQ AX, X4; \
+	VPMOVZXBW X4, X4; \
+	VINSERTI128 $1, X4, Y4, Y4; \
+	MOVL R9, AX; \
+	ANDL $0x3f3f3f3f, AX; \
+	MOVL R10, DX; \
+	SHRL $4, DX; \
+	ANDL $0x0f0f0f0f, DX; \
+	SHRL $2, R9; \
+	ANDL $0x30303030, R9; \
+	ORL R9, DX; \
+	SHLQ $32, DX; \
+	ORQ DX, AX; \
+	VMOVQ AX, X3; \
+	VPUNPCKLBW X3, X3, X3; \
+	VPMOVZXBW X3, Y3; \
+	VPMADDWD 260(BX), Y3, Y3; \
+	VEXTRACTI128 $1, Y3, X7; \
+	VPADDD X7, X3, X3; \
+	VPSHUFD $0x4e, X3, X7; \
+	VPADDD X7, X3, X3; \
+	VPSHUFD $0xb1, X3, X7; \
+	VPADDD X7, X3, X3
+
+// KDSCALE leaves in Y5 eight copies of the F16 d at SI times the
+// activation's F32 scale, and in X2 the F16 dmin at 2(SI) times it.
+#define KDSCALE \
+	VMOVD (SI), X5; \
+	VCVTPH2PS X5, X5; \
+	VBROADCASTSS (BX), X6; \
+	VMULPS X6, X5, X5; \
+	VMOVSHDUP X5, X2; \
+	VBROADCASTSS X5, Y5
+
+// KMIN adds float(X3)·X2 (the min term of a super-block) to X1.
+#define KMIN \
+	VCVTDQ2PS X3, X3; \
+	VMULSS X2, X3, X3; \
+	VADDSS X3, X1, X1
+
+// Q4_KGRP adds to Y10 and Y11 the scaled lanes of group g of a Q4_K
+// super-block (sub-blocks 2g and 2g+1: the low and high nibbles of the
+// 32 bytes at 16+32g(SI)) times the activation quants of elements 64g on.
+// Y14 holds bytes 0x0f.
+#define Q4_KGRP(qo, xo, s0, s1) \
+	VMOVDQU qo(SI), Y6; \
+	VPSRLW $4, Y6, Y7; \
+	VPAND Y14, Y6, Y6; \
+	VPAND Y14, Y7, Y7; \
+	VPMADDUBSW xo(BX), Y6, Y6; \
+	VPMADDUBSW xo+32(BX), Y7, Y7; \
+	VPSHUFB wordsel<>+s0(SB), Y4, Y8; \
+	VPMADDWD Y8, Y6, Y6; \
+	VPSHUFB wordsel<>+s1(SB), Y4, Y9; \
+	VPMADDWD Y9, Y7, Y7; \
+	VPADDD Y6, Y10, Y10; \
+	VPADDD Y7, Y11, Y11
+
+// func gemvQ4_KAVX2(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ4_KAVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ rows+24(FP), R12
+	MOVQ nb+32(FP), R13
+	BROADCAST32($0x0f0f0f0f, X14, Y14)
+
+row:
+	MOVQ x+16(FP), BX
+	MOVQ R13, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS X1, X1, X1
+
+block:
+	KDSCALE
+	KSCALES
+	VPXOR Y10, Y10, Y10
+	VPXOR Y11, Y11, Y11
+	Q4_KGRP(16, 4, 0, 32)
+	Q4_KGRP(48, 68, 64, 96)
+	Q4_KGRP(80, 132, 128, 160)
+	Q4_KGRP(112, 196, 192, 224)
+	VPADDD Y11, Y10, Y10
+	ADDLANES(Y10)
+	KMIN
+	ADDQ $292, BX
+	ADDQ $144, SI
+	DECQ CX
+	JNZ block
+
+	HSUM(Y0, X0, X8)
+	VSUBSS X1, X0, X0
+	MOVSS X0, 0(DI)
+	ADDQ $4, DI
+	DECQ R12
+	JNZ row
+	VZEROUPPER
+	RET
+
+// Q5_KGRP is Q4_KGRP for Q5_K: the levels' fifth bits, bit j of each of
+// the 32 bytes in Y12 for sub-block j, are moved to bit 4 (a word shift by
+// sh0 or sh1, left or right as shl0 and shl1 say, then the mask 0x10 in
+// Y13) and added.
+#define Q5_KGRP(qo, xo, s0, s1, SH0, sh0, SH1, sh1) \
+	VMOVDQU qo(SI), Y6; \
+	VPSRLW $4, Y6, Y7; \
+	VPAND Y14, Y6, Y6; \
+	VPAND Y14, Y7, Y7; \
+	SH0 $sh0, Y12, Y8; \
+	VPAND Y13, Y8, Y8; \
+	VPOR Y8, Y6, Y6; \
+	SH1 $sh1, Y12, Y9; \
+	VPAND Y13, Y9, Y9; \
+	VPOR Y9, Y7, Y7; \
+	VPMADDUBSW xo(BX), Y6, Y6; \
+	VPMADDUBSW xo+32(BX), Y7, Y7; \
+	VPSHUFB wordsel<>+s0(SB), Y4, Y8; \
+	VPMADDWD Y8, Y6, Y6; \
+	VPSHUFB wordsel<>+s1(SB), Y4, Y9; \
+	VPMADDWD Y9, Y7, Y7; \
+	VPADDD Y6, Y10, Y10; \
+	VPADDD Y7, Y11, Y11
+
+// func gemvQ5_KAVX2(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ5_KAVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ rows+24(FP), R12
+	MOVQ nb+32(FP), R13
+	BROADCAST32($0x0f0f0f0f, X14, Y14)
+	BROADCAST32($0x10101010, X13, Y13)
+
+row:
+	MOVQ x+16(FP), BX
+	MOVQ R13, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS X1, X1, X1
+
+block:
+	KDSCALE
+	KSCALES
+	VMOVDQU 16(SI), Y12
+	VPXOR Y10, Y10, Y10
+	VPXOR Y11, Y11, Y11
+	Q5_KGRP(48, 4, 0, 32, VPSLLW, 4, VPSLLW, 3)
+	Q5_KGRP(80, 68, 64, 96, VPSLLW, 2, VPSLLW, 1)
+	Q5_KGRP(112, 132, 128, 160, VPSRLW, 0, VPSRLW, 1)
+	Q5_KGRP(144, 196, 192, 224, VPSRLW, 2, VPSRLW, 3)
+	VPADDD Y11, Y10, Y10
+	ADDLANES(Y10)
+	KMIN
+	ADDQ $292, BX
+	ADDQ $176, SI
+	DECQ CX
+	JNZ block
+
+	HSUM(Y0, X0, X8)
+	VSUBSS X1, X0, X0
+	MOVSS X0, 0(DI)
+	ADDQ $4, DI
+	DECQ R12
+	JNZ row
+	VZEROUPPER
+	RET
+
+// Q6_KCHUNK adds to Y10 or Y11 (acc) the lanes of one 32-element chunk of
+// a Q6_K super-block whose levels are in q (0..63): the levels times the
+// activation quants at xo(BX), less 32 times the activation pair sums,
+// times the chunk's two scales (word 2c in the low lane, 2c+1 in the high,
+// selected from Y3 or Y4 by the control at sel). Y15 holds bytes 32.
+#define Q6_KCHUNK(q, xo, scales, sel, acc) \
+	VPMADDUBSW xo(BX), q, q; \
+	VPMADDUBSW xo(BX), Y15, Y9; \
+	VPSUBW Y9, q, q; \
+	VPSHUFB wordsel<>+sel(SB), scales, Y9; \
+	VPMADDWD Y9, q, q; \
+	VPADDD q, acc, acc
+
+// Q6_KHALF adds the 128 elements of half h of a Q6_K super-block: low
+// nibbles at lo(SI) and lo+32(SI) (chunks 4h, 4h+1), their high nibbles
+// (4h+2, 4h+3), and the top two bits of each from the byte at hi(SI), at
+// bit offsets 0, 2, 4, 6 for the four chunks. Y14 holds bytes 0x0f, Y13
+// bytes 0x03.
+#define Q6_KHALF(lo, hi, xo, scales) \
+	VMOVDQU lo(SI), Y6; \
+	VMOVDQU lo+32(SI), Y7; \
+	VMOVDQU hi(SI), Y8; \
+	VPAND Y14, Y6, Y1; \
+	VPAND Y13, Y8, Y2; \
+	VPSLLW $4, Y2, Y2; \
+	VPOR Y2, Y1, Y1; \
+	Q6_KCHUNK(Y1, xo, scales, 256, Y10); \
+	VPAND Y14, Y7, Y1; \
+	VPSRLW $2, Y8, Y2; \
+	VPAND Y13, Y2, Y2; \
+	VPSLLW $4, Y2, Y2; \
+	VPOR Y2, Y1, Y1; \
+	Q6_KCHUNK(Y1, xo+32, scales, 288, Y11); \
+	VPSRLW $4, Y6, Y1; \
+	VPAND Y14, Y1, Y1; \
+	VPSRLW $4, Y8, Y2; \
+	VPAND Y13, Y2, Y2; \
+	VPSLLW $4, Y2, Y2; \
+	VPOR Y2, Y1, Y1; \
+	Q6_KCHUNK(Y1, xo+64, scales, 320, Y10); \
+	VPSRLW $4, Y7, Y1; \
+	VPAND Y14, Y1, Y1; \
+	VPSRLW $6, Y8, Y2; \
+	VPAND Y13, Y2, Y2; \
+	VPSLLW $4, Y2, Y2; \
+	VPOR Y2, Y1, Y1; \
+	Q6_KCHUNK(Y1, xo+96, scales, 352, Y11)
+
+// func gemvQ6_KAVX2(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ6_KAVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ rows+24(FP), R12
+	MOVQ nb+32(FP), R13
+	BROADCAST32($0x0f0f0f0f, X14, Y14)
+	BROADCAST32($0x03030303, X13, Y13)
+	BROADCAST32($0x20202020, X15, Y15)
+
+row:
+	MOVQ x+16(FP), BX
+	MOVQ R13, CX
+	VXORPS Y0, Y0, Y0
+
+block:
+	VPBROADCASTW 208(SI), X5
+	VCVTPH2PS X5, Y5
+	VBROADCASTSS (BX), Y6
+	VMULPS Y6, Y5, Y5
+	VPMOVSXBW 192(SI), Y3
+	VPERMQ $0xee, Y3, Y4
+	VPERMQ $0x44, Y3, Y3
+	VPXOR Y10, Y10, Y10
+	VPXOR Y11, Y11, Y11
+	Q6_KHALF(0, 128, 4, Y3)
+	Q6_KHALF(64, 160, 132, Y4)
+	VPADDD Y11, Y10, Y10
+	ADDLANES(Y10)
+	ADDQ $292, BX
+	ADDQ $210, SI
+	DECQ CX
+	JNZ block
+
+	HSUM(Y0, X0, X8)
+	MOVSS X0, 0(DI)
+	ADDQ $4, DI
+	DECQ R12
+	JNZ row
+	VZEROUPPER
+	RET
