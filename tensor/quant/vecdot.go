@@ -33,9 +33,10 @@ import (
 //     lanes. Q4_1 and Q5_1 add their min per block after the scaled lanes:
 //     acc[k] = (acc[k] + float32(lane[k])·dd) + float32(xsum[k])·(m·dx),
 //     with xsum[k] the sum of activation quants 4k..4k+3. Q4_K and Q5_K
-//     keep one more accumulator, accm += float32(Σj min_j·(bsum_2j +
-//     bsum_2j+1))·(dmin·dx) per super-block, from the activation's stored
-//     16-element sums, and the result is the reduction above minus accm.
+//     take their mins away per super-block the same way: acc[k] = (acc[k] +
+//     float32(lane[k])·dd) − float32(mlane[k])·(dmin·dx), where mlane[j] =
+//     min_j·(bsum_2j + bsum_2j+1) for sub-block j, from the activation's
+//     stored 16-element sums.
 //   - A weight quant w times an activation quant x is |w| times x with
 //     w's sign, the negation wrapping in eight bits: w·x exactly, except for
 //     x = -128 with w < 0 in Q8_0 weights (the sign trick of the x86

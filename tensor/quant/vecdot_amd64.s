@@ -191,66 +191,64 @@ SEL(320, 4, 5)
 SEL(352, 6, 7)
 GLOBL wordsel<>(SB), RODATA|NOPTR, $384
 
+// kscale<> holds the constants of KSCALES: two VPSHUFB controls (0x80
+// makes a zero byte) and three masks.
+DATA kscale<>+0(SB)/8, $0x0b0a090803020100
+DATA kscale<>+8(SB)/8, $0x0b0a090807060504
+DATA kscale<>+16(SB)/8, $0x0302010080808080
+DATA kscale<>+24(SB)/8, $0x0706050480808080
+DATA kscale<>+32(SB)/8, $0x0f0f0f0f3f3f3f3f
+DATA kscale<>+40(SB)/8, $0x000000003f3f3f3f
+DATA kscale<>+48(SB)/8, $0x0000000000000000
+DATA kscale<>+56(SB)/8, $0x0f0f0f0f00000000
+DATA kscale<>+64(SB)/8, $0x3030303000000000
+DATA kscale<>+72(SB)/8, $0x3030303000000000
+GLOBL kscale<>(SB), RODATA|NOPTR, $80
+
 // KSCALES unpacks the packed 6-bit scales and mins of the Q4_K or Q5_K
 // super-block at SI: Y4 receives the eight scales as words, in both
-// 128-bit lanes; X3 the sum over sub-blocks j of min_j times the
-// activation's two 16-element sums of sub-block j (an exact 32-bit
-// integer) in its low lane. For j < 4 scale j and min j are the low six
-// bits of bytes j and j+4; for j >= 4 the low four bits are the nibbles of
-// byte j+4 and the top two the top bits of bytes j-4 (scale) and j (min).
+// 128-bit lanes; Y3 the eight min terms, min_j times the sum of the
+// activation's two 16-element sums of sub-block j (exact 32-bit
+// integers). For j < 4 scale j and min j are the low six bits of bytes j
+// and j+4; for j >= 4 the low four bits are the nibbles of byte j+4 and
+// the top two the top bits of bytes j-4 (scale) and j (min). The 16 bytes
+// from 4(SI) are rearranged as [b0..b3, b8..b11, b4..b7, b8..b11] and
+// masked (low six bits, low nibble, low six bits, high nibble), and the
+// top bits of b0..b7 moved in: X7 = [scales 0..7, mins 0..7].
 #define KSCALES \
-	MOVL 4(SI), R8; \
-	MOVL 8(SI), R9; \
-	MOVL 12(SI), R10; \
-	MOVL R8, AX; \
-	ANDL $0x3f3f3f3f, AX; \
-	MOVL R10, DX; \
-	ANDL $0x0f0f0f0f, DX; \
-	MOVL R8, R11; \
-	SHRL $2, R11; \
-	ANDL $0x30303030, R11; \
-	ORL R11, DX; \
-	SHLQ $32, DX; \
-	ORQ DX, AX; \
-	VMOVQ AX, X4; \
-	VPMOVZXBW X4, X4; \
+	VMOVDQU 4(SI), X3; \
+	VPSHUFB kscale<>+0(SB), X3, X4; \
+	VPAND kscale<>+32(SB), X4, X7; \
+	VPSRLW $4, X4, X4; \
+	VPAND kscale<>+48(SB), X4, X4; \
+	VPOR X4, X7, X7; \
+	VPSHUFB kscale<>+16(SB), X3, X3; \
+	VPSRLW $2, X3, X3; \
+	VPAND kscale<>+64(SB), X3, X3; \
+	VPOR X3, X7, X7; \
+	VPMOVZXBW X7, X4; \
 	VINSERTI128 $1, X4, Y4, Y4; \
-	MOVL R9, AX; \
-	ANDL $0x3f3f3f3f, AX; \
-	MOVL R10, DX; \
-	SHRL $4, DX; \
-	ANDL $0x0f0f0f0f, DX; \
-	SHRL $2, R9; \
-	ANDL $0x30303030, R9; \
-	ORL R9, DX; \
-	SHLQ $32, DX; \
-	ORQ DX, AX; \
-	VMOVQ AX, X3; \
-	VPUNPCKLBW X3, X3, X3; \
+	VPUNPCKHBW X7, X7, X3; \
 	VPMOVZXBW X3, Y3; \
-	VPMADDWD 260(BX), Y3, Y3; \
-	VEXTRACTI128 $1, Y3, X7; \
-	VPADDD X7, X3, X3; \
-	VPSHUFD $0x4e, X3, X7; \
-	VPADDD X7, X3, X3; \
-	VPSHUFD $0xb1, X3, X7; \
-	VPADDD X7, X3, X3
+	VPMADDWD 260(BX), Y3, Y3
 
 // KDSCALE leaves in Y5 eight copies of the F16 d at SI times the
-// activation's F32 scale, and in X2 the F16 dmin at 2(SI) times it.
+// activation's F32 scale, and in Y2 eight of the F16 dmin at 2(SI) times
+// it.
 #define KDSCALE \
 	VMOVD (SI), X5; \
 	VCVTPH2PS X5, X5; \
 	VBROADCASTSS (BX), X6; \
 	VMULPS X6, X5, X5; \
 	VMOVSHDUP X5, X2; \
+	VBROADCASTSS X2, Y2; \
 	VBROADCASTSS X5, Y5
 
-// KMIN adds float(X3)·X2 (the min term of a super-block) to X1.
+// KMIN takes the min terms (Y3) times dmin·dx (Y2) away from Y0.
 #define KMIN \
-	VCVTDQ2PS X3, X3; \
-	VMULSS X2, X3, X3; \
-	VADDSS X3, X1, X1
+	VCVTDQ2PS Y3, Y3; \
+	VMULPS Y2, Y3, Y3; \
+	VSUBPS Y3, Y0, Y0
 
 // Q4_KGRP adds to Y10 and Y11 the scaled lanes of group g of a Q4_K
 // super-block (sub-blocks 2g and 2g+1: the low and high nibbles of the
@@ -282,7 +280,6 @@ row:
 	MOVQ x+16(FP), BX
 	MOVQ R13, CX
 	VXORPS Y0, Y0, Y0
-	VXORPS X1, X1, X1
 
 block:
 	KDSCALE
@@ -302,7 +299,6 @@ block:
 	JNZ block
 
 	HSUM(Y0, X0, X8)
-	VSUBSS X1, X0, X0
 	MOVSS X0, 0(DI)
 	ADDQ $4, DI
 	DECQ R12
@@ -347,7 +343,6 @@ row:
 	MOVQ x+16(FP), BX
 	MOVQ R13, CX
 	VXORPS Y0, Y0, Y0
-	VXORPS X1, X1, X1
 
 block:
 	KDSCALE
@@ -368,7 +363,6 @@ block:
 	JNZ block
 
 	HSUM(Y0, X0, X8)
-	VSUBSS X1, X0, X0
 	MOVSS X0, 0(DI)
 	ADDQ $4, DI
 	DECQ R12

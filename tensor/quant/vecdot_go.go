@@ -184,7 +184,6 @@ func dotQ45_KGo(w, xq []byte, five bool) float32 {
 		bb, qs = 176, 48
 	}
 	var acc [8]float32
-	var accm float32
 	for i := range len(xq) / 292 {
 		b := w[bb*i : bb*(i+1)]
 		y := (*[292]byte)(xq[292*i:])
@@ -192,8 +191,7 @@ func dotQ45_KGo(w, xq []byte, five bool) float32 {
 		dd := float32(halfToFloat(le16(b[0:])) * dx)
 		dm := float32(halfToFloat(le16(b[2:])) * dx)
 		sc := (*[12]byte)(b[4:])
-		var lane [8]int32
-		var summ int32
+		var lane, mlane [8]int32
 		for j := range 8 {
 			s, m := scaleMinK4(j, sc)
 			q := (*[32]byte)(b[qs+32*(j/2):])
@@ -210,12 +208,13 @@ func dotQ45_KGo(w, xq []byte, five bool) float32 {
 				}
 				lane[k] += int32(s) * p
 			}
-			summ += int32(m) * (bsumQ8_K(y, 2*j) + bsumQ8_K(y, 2*j+1))
+			mlane[j] = int32(m) * (bsumQ8_K(y, 2*j) + bsumQ8_K(y, 2*j+1))
 		}
-		addLanes(&acc, &lane, dd)
-		accm += float32(float32(summ) * dm)
+		for k := range acc {
+			acc[k] = acc[k] + float32(float32(lane[k])*dd) - float32(float32(mlane[k])*dm)
+		}
 	}
-	return hsum8(&acc) - accm
+	return hsum8(&acc)
 }
 
 // dotQ6_KGo: Q6_K weights (level - 32), Q8_K activations. Chunk c holds
