@@ -149,7 +149,7 @@ var goKernels = vecKernels{
 		Q4_1: rowsOf(Q4_1, dotQ4_1Go),
 		Q5_0: rowsOf(Q5_0, dotQ5_0Go),
 		Q5_1: rowsOf(Q5_1, dotQ5_1Go),
-		Q8_0: rowsOf(Q8_0, dotQ8_0Go),
+		Q8_0: gemvQ8_0Go,
 		Q4_K: rowsOf(Q4_K, dotQ4_KGo),
 		Q5_K: rowsOf(Q5_K, dotQ5_KGo),
 		Q6_K: rowsOf(Q6_K, dotQ6_KGo),

@@ -52,11 +52,48 @@ func dotQ8_0Go(w, xq []byte) float32 {
 		var lane [8]int32
 		for k := range lane {
 			e := 2 + 4*k
+			lane[k] = int32(int8(b[e]))*int32(int8(x[e])) + int32(int8(b[e+1]))*int32(int8(x[e+1])) +
+				int32(int8(b[e+2]))*int32(int8(x[e+2])) + int32(int8(b[e+3]))*int32(int8(x[e+3]))
+		}
+		addLanes(&acc, &lane, dd)
+	}
+	return hsum8(&acc)
+}
+
+// dotQ8_0SignGo is dotQ8_0Go for activations holding -128: every product
+// by signMul.
+func dotQ8_0SignGo(w, xq []byte) float32 {
+	var acc [8]float32
+	for i := range len(xq) / 34 {
+		b := (*[34]byte)(w[34*i:])
+		x := (*[34]byte)(xq[34*i:])
+		dd := float32(halfToFloat(le16(b[:])) * halfToFloat(le16(x[:])))
+		var lane [8]int32
+		for k := range lane {
+			e := 2 + 4*k
 			lane[k] = signMul(b[e], x[e]) + signMul(b[e+1], x[e+1]) + signMul(b[e+2], x[e+2]) + signMul(b[e+3], x[e+3])
 		}
 		addLanes(&acc, &lane, dd)
 	}
 	return hsum8(&acc)
+}
+
+// gemvQ8_0Go is the Go kernel of Q8_0 weights: the plain products, unless
+// an activation quant is -128 (which QuantizeRow never writes), where the
+// sign trick's product differs.
+func gemvQ8_0Go(out []float32, w, xq []byte) {
+	dot := dotQ8_0Go
+	for i := 0; i < len(xq); i += 34 {
+		for _, q := range xq[i+2 : i+34] {
+			if q == 0x80 {
+				dot = dotQ8_0SignGo
+			}
+		}
+	}
+	rb := len(w) / len(out)
+	for r := range out {
+		out[r] = dot(w[r*rb:(r+1)*rb], xq)
+	}
 }
 
 // nibbles32 unpacks the 16 bytes of a 32-element block's nibbles into the
@@ -171,56 +208,104 @@ func dotQ5_1Go(w, xq []byte) float32 {
 	return hsum8(&acc)
 }
 
-// dotQ4_KGo: Q4_K weights, Q8_K activations.
-func dotQ4_KGo(w, xq []byte) float32 { return dotQ45_KGo(w, xq, false) }
+// kScales returns a Q4_K or Q5_K super-block's scales d·dx and dmin·dx.
+func kScales(b []byte, y *[292]byte) (dd, dm float32) {
+	dx := f32le(y[0:])
+	return float32(halfToFloat(le16(b[0:])) * dx), float32(halfToFloat(le16(b[2:])) * dx)
+}
 
-// dotQ5_KGo: Q5_K weights, Q8_K activations.
-func dotQ5_KGo(w, xq []byte) float32 { return dotQ45_KGo(w, xq, true) }
-
-// dotQ45_KGo is the product of Q4_K (five = false) or Q5_K weights.
-func dotQ45_KGo(w, xq []byte, five bool) float32 {
-	bb, qs := 144, 16
-	if five {
-		bb, qs = 176, 48
+// addLanesK adds one Q4_K or Q5_K super-block's lanes and takes its min
+// terms away: acc[k] = (acc[k] + lane[k]·dd) - mlane[k]·dm.
+func addLanesK(acc *[8]float32, lane, mlane *[8]int32, dd, dm float32) {
+	for k := range acc {
+		acc[k] = acc[k] + float32(float32(lane[k])*dd) - float32(float32(mlane[k])*dm)
 	}
+}
+
+// minLanesK sets mlane[j] to min_j times the activation sums of
+// sub-block j, and returns the eight scales.
+func minLanesK(mlane *[8]int32, sc *[12]byte, y *[292]byte) (s [8]int32) {
+	for j := range mlane {
+		sj, mj := scaleMinK4(j, sc)
+		s[j] = int32(sj)
+		mlane[j] = int32(mj) * (bsumQ8_K(y, 2*j) + bsumQ8_K(y, 2*j+1))
+	}
+	return s
+}
+
+// mulLo4 and mulHi4 are the products of the low or high nibbles of q[e:e+4]
+// with the activation quants x[e:e+4], summed.
+func mulLo4(q, x *[32]byte, e int) int32 {
+	return int32(q[e]&15)*int32(int8(x[e])) + int32(q[e+1]&15)*int32(int8(x[e+1])) +
+		int32(q[e+2]&15)*int32(int8(x[e+2])) + int32(q[e+3]&15)*int32(int8(x[e+3]))
+}
+
+func mulHi4(q, x *[32]byte, e int) int32 {
+	return int32(q[e]>>4)*int32(int8(x[e])) + int32(q[e+1]>>4)*int32(int8(x[e+1])) +
+		int32(q[e+2]>>4)*int32(int8(x[e+2])) + int32(q[e+3]>>4)*int32(int8(x[e+3]))
+}
+
+// dotQ4_KGo: Q4_K weights, Q8_K activations.
+func dotQ4_KGo(w, xq []byte) float32 {
 	var acc [8]float32
 	for i := range len(xq) / 292 {
-		b := w[bb*i : bb*(i+1)]
+		b := (*[144]byte)(w[144*i:])
 		y := (*[292]byte)(xq[292*i:])
-		dx := f32le(y[0:])
-		dd := float32(halfToFloat(le16(b[0:])) * dx)
-		dm := float32(halfToFloat(le16(b[2:])) * dx)
-		sc := (*[12]byte)(b[4:])
+		dd, dm := kScales(b[:], y)
 		var lane, mlane [8]int32
-		for j := range 8 {
-			s, m := scaleMinK4(j, sc)
-			q := (*[32]byte)(b[qs+32*(j/2):])
-			sh := 4 * uint(j&1)
-			x := (*[32]byte)(y[4+32*j:])
+		s := minLanesK(&mlane, (*[12]byte)(b[4:]), y)
+		for g := range 4 {
+			q := (*[32]byte)(b[16+32*g:])
+			xl := (*[32]byte)(y[4+64*g:])
+			xh := (*[32]byte)(y[36+64*g:])
+			s0, s1 := s[2*g], s[2*g+1]
 			for k := range lane {
-				var p int32
-				for e := 4 * k; e < 4*k+4; e++ {
-					l := int32(q[e] >> sh & 15)
-					if five {
-						l |= int32(b[16+e]>>j&1) << 4
-					}
-					p += l * int32(int8(x[e]))
-				}
-				lane[k] += int32(s) * p
+				lane[k] += s0*mulLo4(q, xl, 4*k) + s1*mulHi4(q, xh, 4*k)
 			}
-			mlane[j] = int32(m) * (bsumQ8_K(y, 2*j) + bsumQ8_K(y, 2*j+1))
 		}
-		for k := range acc {
-			acc[k] = acc[k] + float32(float32(lane[k])*dd) - float32(float32(mlane[k])*dm)
-		}
+		addLanesK(&acc, &lane, &mlane, dd, dm)
 	}
 	return hsum8(&acc)
 }
 
-// dotQ6_KGo: Q6_K weights (level - 32), Q8_K activations. Chunk c holds
-// elements 32c..32c+31: in half h = c/4, group g = c%4, the low nibbles
-// (g < 2) or high nibbles of ql[64h+32(g&1):], and bits 2g, 2g+1 of
-// qh[32h:].
+// dotQ5_KGo: Q5_K weights, Q8_K activations. The fifth bit of element
+// 64g+l is bit 2g of qh[l], of 64g+32+l bit 2g+1.
+func dotQ5_KGo(w, xq []byte) float32 {
+	var acc [8]float32
+	for i := range len(xq) / 292 {
+		b := (*[176]byte)(w[176*i:])
+		y := (*[292]byte)(xq[292*i:])
+		dd, dm := kScales(b[:], y)
+		var lane, mlane [8]int32
+		s := minLanesK(&mlane, (*[12]byte)(b[4:]), y)
+		qh := (*[32]byte)(b[16:])
+		for g := range 4 {
+			q := (*[32]byte)(b[48+32*g:])
+			xl := (*[32]byte)(y[4+64*g:])
+			xh := (*[32]byte)(y[36+64*g:])
+			s0, s1 := s[2*g], s[2*g+1]
+			sh := uint(2 * g)
+			for k := range lane {
+				var hl, hh int32 // the fifth bits' part: 16 times the activations with the bit set
+				for e := 4 * k; e < 4*k+4; e++ {
+					h := qh[e] >> sh
+					hl += int32(h&1) * int32(int8(xl[e]))
+					hh += int32(h>>1&1) * int32(int8(xh[e]))
+				}
+				lane[k] += s0*(mulLo4(q, xl, 4*k)+16*hl) + s1*(mulHi4(q, xh, 4*k)+16*hh)
+			}
+		}
+		addLanesK(&acc, &lane, &mlane, dd, dm)
+	}
+	return hsum8(&acc)
+}
+
+// dotQ6_KGo: Q6_K weights (level - 32), Q8_K activations. In half h of a
+// super-block, element l of chunk 4h+c (l < 32) has its low four bits in
+// ql[64h+l] (c = 0, low nibble), ql[64h+32+l] (c = 1), ql[64h+l] (c = 2,
+// high nibble) or ql[64h+32+l] (c = 3), and its top two bits at offset 2c
+// of qh[32h+l]; chunk 4h+c's two 16-element scales are sc[8h+2c] and
+// sc[8h+2c+1].
 func dotQ6_KGo(w, xq []byte) float32 {
 	var acc [8]float32
 	for i := range len(xq) / 292 {
@@ -228,19 +313,22 @@ func dotQ6_KGo(w, xq []byte) float32 {
 		y := (*[292]byte)(xq[292*i:])
 		dd := float32(halfToFloat(le16(b[208:])) * f32le(y[0:]))
 		var lane [8]int32
-		for c := range 8 {
-			h, g := c/4, c%4
-			ql := (*[32]byte)(b[64*h+32*(g&1):])
+		for h := range 2 {
+			ql := (*[64]byte)(b[64*h:])
 			qh := (*[32]byte)(b[128+32*h:])
-			nsh, hsh := 4*uint(g/2), 2*uint(g)
-			x := (*[32]byte)(y[4+32*c:])
+			sc := (*[8]byte)(b[192+8*h:])
+			x := (*[128]byte)(y[4+128*h:])
 			for k := range lane {
-				var p int32
-				for e := 4 * k; e < 4*k+4; e++ {
-					l := int32(ql[e]>>nsh&15|(qh[e]>>hsh&3)<<4) - 32
-					p += l * int32(int8(x[e]))
+				var p0, p1, p2, p3 int32
+				for l := 4 * k; l < 4*k+4; l++ {
+					lo, hi, top := ql[l], ql[32+l], qh[l]
+					p0 += (int32(lo&15|top&3<<4) - 32) * int32(int8(x[l]))
+					p1 += (int32(hi&15|top>>2&3<<4) - 32) * int32(int8(x[32+l]))
+					p2 += (int32(lo>>4|top>>4&3<<4) - 32) * int32(int8(x[64+l]))
+					p3 += (int32(hi>>4|top>>6<<4) - 32) * int32(int8(x[96+l]))
 				}
-				lane[k] += int32(int8(b[192+2*c+k/4])) * p
+				s := k / 4
+				lane[k] += int32(int8(sc[s]))*p0 + int32(int8(sc[2+s]))*p1 + int32(int8(sc[4+s]))*p2 + int32(int8(sc[6+s]))*p3
 			}
 		}
 		addLanes(&acc, &lane, dd)
