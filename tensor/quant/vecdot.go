@@ -71,7 +71,20 @@ func QuantizeRow(t Type, xq []byte, x []float32) error {
 	if a == F32 {
 		return noIntegerProduct("quantize row", t)
 	}
-	return a.Quantize(xq, x)
+	if _, err := a.check("quantize", len(x), len(xq)); err != nil {
+		return err
+	}
+	ok := false
+	switch a {
+	case Q8_0:
+		ok = quantizeActQ8_0(xq, x)
+	case Q8_K:
+		ok = quantizeActQ8_K(xq, x)
+	}
+	if !ok {
+		return a.Quantize(xq, x) // the checked quantizer names the problem
+	}
+	return nil
 }
 
 // VecDot returns the integer product of one weight row w (n elements of

@@ -335,3 +335,70 @@ func dotQ6_KGo(w, xq []byte) float32 {
 	}
 	return hsum8(&acc)
 }
+
+// quantizeActQ8_0 writes the bytes QuantizeQ8_0 writes for finite x whose
+// block scales fit F16, with the checks in its first pass over a block and
+// without math.Round: for |p| >= 0.5, float32 |p| + 0.5 is rounded
+// without crossing an integer, so its truncation is |p| rounded half away
+// from zero; below 0.5 the result is 0. It reports false, leaving xq
+// partly written, when x holds a NaN or an infinity or a scale overflows.
+func quantizeActQ8_0(dst []byte, src []float32) bool {
+	for i := range len(src) / 32 {
+		x := (*[32]float32)(src[32*i:])
+		var mbits uint32 // the largest magnitude's bits: integer order is float order
+		var inf uint32   // bit 31 set by an exponent of all ones: a NaN or an infinity
+		for _, v := range x {
+			b := math.Float32bits(v)
+			inf |= b&0x7f800000 + 0x00800000
+			mbits = max(mbits, b&0x7fffffff)
+		}
+		if inf>>31 != 0 {
+			return false
+		}
+		d := math.Float32frombits(mbits) / 127
+		h := floatToHalf(d)
+		if h&0x7c00 == 0x7c00 {
+			return false
+		}
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		if id > math.MaxFloat32 { // a tiny block: the reference's conversions of infinities
+			QuantizeQ8_0(dst[34*i:34*i+34], src[32*i:32*i+32])
+			continue
+		}
+		b := (*[34]byte)(dst[34*i:])
+		put16(b[:], h)
+		roundQ8_0((*[32]byte)(b[2:]), x, id)
+	}
+	return true
+}
+
+// roundQ8_0 sets q[j] to x[j]·id rounded half away from zero.
+func roundQ8_0(q *[32]byte, x *[32]float32, id float32) {
+	for j, v := range x {
+		p := float32(v * id)
+		a := abs32(p)
+		r := int32(a + 0.5)
+		if a < 0.5 {
+			r = 0
+		}
+		s := int32(math.Float32bits(p)) >> 31 // 0, or -1 for a negative p
+		q[j] = byte((r ^ s) - s)
+	}
+}
+
+// quantizeActQ8_K is QuantizeQ8_K after a quick check for a NaN or an
+// infinity (it reports false if there is one).
+func quantizeActQ8_K(dst []byte, src []float32) bool {
+	var inf uint32 // as in quantizeActQ8_0
+	for _, v := range src {
+		inf |= math.Float32bits(v)&0x7f800000 + 0x00800000
+	}
+	if inf>>31 != 0 {
+		return false
+	}
+	QuantizeQ8_K(dst, src)
+	return true
+}

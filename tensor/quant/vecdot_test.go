@@ -305,3 +305,75 @@ func TestQuantizeRowNoMinus128(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeRowMatchesQuantize holds QuantizeRow's fast quantizers to
+// the reference ones byte for byte: on normal and weight-like data, on
+// values at rounding ties (k+0.5 steps, and just below 0.5 of a step), on
+// blocks of zeros, of tiny and subnormal values (where 1/d overflows), and
+// near the largest scale F16 holds; and to their errors on input they
+// refuse.
+func TestQuantizeRowMatchesQuantize(t *testing.T) {
+	g := newGen(9)
+	ties := make([]float32, 4096)
+	for i := range ties {
+		ties[i] = (float32(i%255) - 127) / 2 // halves: ties of round(x·127/127)
+		if i%32 == 0 {
+			ties[i] = 127
+		}
+		if i%7 == 0 {
+			ties[i] = math.Nextafter32(0.5, 0) * float32(1+i%3)
+		}
+	}
+	scaled := func(scale float32) []float32 {
+		x := make([]float32, 4096)
+		for i := range x {
+			x[i] = g.normal() * scale
+		}
+		return x
+	}
+	inputs := map[string][]float32{
+		"normal":   scaled(1),
+		"weights":  weights(4096, 3),
+		"ties":     ties,
+		"zeros":    make([]float32, 4096),
+		"tiny":     scaled(1e-37),
+		"subnorm":  scaled(1e-42),
+		"large":    scaled(2e6),
+		"mixed":    append(append(scaled(1e-40)[:2048], scaled(3)[:1024]...), make([]float32, 1024)...),
+		"extremes": append(scaled(1)[:4000], 8.3e6, -8.3e6, 1e-45, -1e-45, 0, 0, 1, -1, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 3, 4, 126.5, -126.5, 127, -127),
+	}
+	for _, typ := range []Type{Q8_0, Q4_K} {
+		at := VecDotType(typ)
+		for name, x := range inputs {
+			x = append(x, make([]float32, 4096-len(x))...)
+			nb, _ := at.Bytes(int64(len(x)))
+			want := make([]byte, nb)
+			werr := at.Quantize(want, x)
+			got := make([]byte, nb)
+			err := QuantizeRow(typ, got, x)
+			if (err == nil) != (werr == nil) {
+				t.Fatalf("%v %s: QuantizeRow error %v, Quantize error %v", at, name, err, werr)
+			}
+			if err == nil && string(got) != string(want) {
+				for i := range got {
+					if got[i] != want[i] {
+						t.Fatalf("%v %s: byte %d (block %d) is %#02x, Quantize writes %#02x", at, name, i, i/at.BlockBytes(), got[i], want[i])
+					}
+				}
+			}
+		}
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 1e10} {
+			x := scaled(1)
+			x[777] = bad
+			nb, _ := at.Bytes(int64(len(x)))
+			err := QuantizeRow(typ, make([]byte, nb), x)
+			werr := at.Quantize(make([]byte, nb), x)
+			if (werr == nil) != (err == nil) || (err != nil && err.Error() != werr.Error()) {
+				t.Errorf("%v with %v: QuantizeRow error %v, Quantize error %v", at, bad, err, werr)
+			}
+			if bad != 1e10 && !errors.Is(err, ErrNotFinite) {
+				t.Errorf("%v with %v: error %v, want ErrNotFinite", at, bad, err)
+			}
+		}
+	}
+}
