@@ -6,46 +6,6 @@ import (
 	"strings"
 )
 
-// The integer product, the way a CPU decodes a token: the activation
-// vector is quantized once per block (QuantizeRow, to VecDotType of the
-// weights: Q8_0 for the 32-element formats, Q8_K for the K formats), and
-// each weight row is multiplied with it in integer arithmetic, block by
-// block, before any float is touched. A row costs one pass over its
-// quantized bytes and a few float operations per block, so a product runs
-// at the speed memory delivers the weights.
-//
-// Every kernel (the Go code below and the assembly of each architecture)
-// computes the same float32 result, bit for bit, from the same bytes:
-//
-//   - The integers are exact. A block's elements are taken in chunks of 32
-//     consecutive elements; within a chunk, lane k (k = 0..7) holds the sum
-//     of the products of elements 4k..4k+3, each weight quant times its
-//     activation quant, multiplied by the chunk's integer sub-block scale
-//     where the format has one (Q4_K, Q5_K: the 6-bit scale of the 32
-//     elements; Q6_K: the signed scale of each 16). A K-format super-block
-//     adds its eight chunks' lanes together.
-//   - The floats follow one order. Eight float32 accumulators acc[k] start
-//     at +0. For each block, in order: dd = d·dx (the weight's scale times
-//     the activation's, rounded), then acc[k] += float32(lane[k])·dd, the
-//     product rounded before the add (no fused multiply-add). The row's
-//     result is ((acc0+acc4)+(acc2+acc6)) + ((acc1+acc5)+(acc3+acc7)).
-//   - Offsets: Q4_0, Q5_0 and Q6_K fold theirs (8, 16, 32) into the integer
-//     lanes. Q4_1 and Q5_1 add their min per block after the scaled lanes:
-//     acc[k] = (acc[k] + float32(lane[k])·dd) + float32(xsum[k])·(m·dx),
-//     with xsum[k] the sum of activation quants 4k..4k+3. Q4_K and Q5_K
-//     take their mins away per super-block the same way: acc[k] = (acc[k] +
-//     float32(lane[k])·dd) − float32(mlane[k])·(dmin·dx), where mlane[j] =
-//     min_j·(bsum_2j + bsum_2j+1) for sub-block j, from the activation's
-//     stored 16-element sums.
-//   - A weight quant w times an activation quant x is |w| times x with
-//     w's sign, the negation wrapping in eight bits: w·x exactly, except for
-//     x = -128 with w < 0 in Q8_0 weights (the sign trick of the x86
-//     kernels, which every kernel reproduces). QuantizeRow never writes
-//     -128, so on its output the integer sums are the exact products.
-//
-// The float order is the one an 8-lane vector unit runs naturally; the
-// Go code spells it out, and the tests hold every kernel to it.
-
 // VecDotType returns the format the activations take in the integer
 // product with weights of type t: Q8_0 for Q4_0, Q4_1, Q5_0, Q5_1 and
 // Q8_0; Q8_K for Q4_K, Q5_K and Q6_K; F32 for every other type, which has

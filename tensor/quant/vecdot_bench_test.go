@@ -195,3 +195,81 @@ func BenchmarkGEMVCached(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGEMVThreads splits the matrix's rows between two goroutines,
+// as the CPU backend does with its workers; bw is the fraction of the
+// two-thread read bandwidth (BenchmarkReadBandwidth/threads=2).
+func BenchmarkGEMVThreads(b *testing.B) {
+	bw2 := sync.OnceValue(func() float64 {
+		best := 0.0
+		for range 5 {
+			t := time.Now()
+			n := readWith(2)
+			best = max(best, float64(n)/time.Since(t).Seconds()/1e9)
+		}
+		return best
+	})()
+	for _, typ := range []Type{Q8_0, Q4_K, Q6_K} {
+		b.Run(typ.String()+"/"+Kernels()+"/threads=2", func(b *testing.B) {
+			ms, xq := benchMatrices(b, typ)
+			out := make([]float32, benchRows)
+			rb := len(ms[0]) / benchRows
+			const half = benchRows / 2
+			i := 0
+			for b.Loop() {
+				w := ms[i%len(ms)]
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					if err := GEMV(typ, out[half:], w[half*rb:], half, benchCols, xq); err != nil {
+						b.Error(err)
+					}
+				})
+				if err := GEMV(typ, out[:half], w[:half*rb], half, benchCols, xq); err != nil {
+					b.Error(err)
+				}
+				wg.Wait()
+				i++
+			}
+			gbs := float64(len(ms[0])) * float64(b.N) / b.Elapsed().Seconds() / 1e9
+			b.ReportMetric(gbs, "GB/s")
+			b.ReportMetric(gbs/bw2, "bw")
+		})
+	}
+}
+
+// ExampleGEMV multiplies a Q4_K matrix with an activation vector through
+// the integer product, and the first row again through DotF32, the
+// product with the unquantized activations.
+func ExampleGEMV() {
+	const rows, cols = 4, 512
+	w := make([]float32, rows*cols)
+	x := make([]float32, cols)
+	for i := range w {
+		w[i] = float32((i*37)%101-50) / 100
+	}
+	for i := range x {
+		x[i] = float32((i*53)%89-44) / 50
+	}
+	wq := make([]byte, rows*cols/256*144)
+	if err := Q4_K.Quantize(wq, w); err != nil {
+		fmt.Println(err)
+		return
+	}
+	xq := make([]byte, cols/256*292) // Q8_K, VecDotType(Q4_K)
+	if err := QuantizeRow(Q4_K, xq, x); err != nil {
+		fmt.Println(err)
+		return
+	}
+	out := make([]float32, rows)
+	if err := GEMV(Q4_K, out, wq, rows, cols, xq); err != nil {
+		fmt.Println(err)
+		return
+	}
+	exact, err := Q4_K.DotF32(wq[:len(wq)/rows], x)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%.4f (DotF32 %.4f)\n", out, exact)
+	// Output: [-1.0557 -0.0381 1.2127 2.3306] (DotF32 -1.0468)
+}

@@ -6,12 +6,13 @@ import (
 )
 
 // The Go kernels of the integer products: one row of weights times one
-// row of quantized activations, in the order vecdot.go defines. The
-// operands are whole, matching blocks (checked by the callers); the
-// number of blocks is taken from xq. Each product that feeds an add is
-// converted to float32 explicitly, which keeps the compiler from fusing
-// the two (Go's specification allows fusing otherwise), so the result is
-// the same on every architecture.
+// row of quantized activations, in the order the package documentation
+// defines (doc.go, "The integer product"). The operands are whole,
+// matching blocks (checked by the callers); the number of blocks is taken
+// from xq. Each product that feeds an add is converted to float32
+// explicitly, which keeps the compiler from fusing the two (Go's
+// specification allows fusing otherwise), so the result is the same on
+// every architecture.
 
 // hsum8 reduces the eight accumulators in the order every kernel uses.
 func hsum8(a *[8]float32) float32 {
