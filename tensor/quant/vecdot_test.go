@@ -377,3 +377,44 @@ func TestQuantizeRowMatchesQuantize(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelsNamed checks the choice KernelsEnv makes: a name picks that
+// table or the best one below it this machine runs; empty or unknown picks
+// the fastest.
+func TestKernelsNamed(t *testing.T) {
+	all := allKernels()
+	has := map[string]bool{}
+	for _, k := range all {
+		has[k.name] = true
+	}
+	below := func(names ...string) string {
+		for _, n := range names {
+			if has[n] {
+				return n
+			}
+		}
+		return "go"
+	}
+	for _, c := range []struct{ env, want string }{
+		{"", all[0].name},
+		{"bogus", all[0].name},
+		{"go", "go"},
+		{" GO ", "go"},
+		{"avx2", below("avx2")},
+		{"avx512", below("avx512", "avx2")},
+	} {
+		if got := kernelsNamed(c.env); got.name != c.want {
+			t.Errorf("kernelsNamed(%q) = %s, want %s", c.env, got.name, c.want)
+		}
+	}
+	if all[len(all)-1] != &goKernels {
+		t.Errorf("the Go kernels are not the last table")
+	}
+	for _, k := range all {
+		for _, typ := range vecTypes {
+			if k.gemv[typ] == nil {
+				t.Errorf("%s has no kernel for %v", k.name, typ)
+			}
+		}
+	}
+}
