@@ -82,25 +82,97 @@ var ErrContextTooLong = errors.New("nn: context longer than the model's")
 // A session is not safe for concurrent use; several sessions may share a
 // model.
 type Session struct {
-	m        *Model
-	maxPos   int
-	chunk    int
-	pos      int
-	k, v     []*tensor.Tensor // per block: [maxPos, KVDim]
-	cos      *tensor.Tensor   // [maxPos, HeadDim/2]
-	sin      *tensor.Tensor
+	m      *Model
+	maxPos int
+	chunk  int
+	pos    int
+	k, v   []*tensor.Tensor // per block: [maxPos, KVDim]
+	*buffers
+	ownBufs bool             // the buffers are this session's (not a pipeline's, shared)
+	owned   []*tensor.Tensor // the KV cache (and the buffers when ownBufs)
+	// twin, when set, is the CPU session whose blocks this session computes
+	// on another device for large chunks: the KV cache lives in twin's
+	// host tensors, and this session's k and v are one scratch pair that
+	// each block's rows are copied into and back from.
+	twin     *Session
+	host     []float32 // logits returned by Forward
+	download []byte    // one chunk's logits from the backend
+	closed   bool
+}
+
+// buffers are the activations and rotary tables of the forward pass on one
+// device: a session's own, or shared by the sessions of a pipeline's stages
+// on that device, which run one after the other.
+type buffers struct {
+	cos, sin *tensor.Tensor // [maxPos, HeadDim/2]
 	x, h     *tensor.Tensor // [chunk, Hidden]
 	q, attn  *tensor.Tensor // [chunk, QDim]
 	kk, vv   *tensor.Tensor // [chunk, KVDim]
 	proj     *tensor.Tensor // [chunk, Hidden]
 	gate     *tensor.Tensor // [chunk, Intermediate]
 	up       *tensor.Tensor
-	logits   *tensor.Tensor // [chunk, Vocab]
-	owned    []*tensor.Tensor
+	logits   *tensor.Tensor      // [chunk, Vocab], or nil without a head
 	views    map[int]*chunkViews // buffer views by row count, made once
-	host     []float32           // logits returned by Forward
-	download []byte              // one chunk's logits from the backend
-	closed   bool
+}
+
+// allocator collects a session's allocations, remembering the first that
+// failed.
+type allocator struct {
+	a     paging.Allocator
+	owned []*tensor.Tensor
+	err   error
+}
+
+func (al *allocator) alloc(cat paging.Category, shape ...int) *tensor.Tensor {
+	if al.err != nil {
+		return nil
+	}
+	t, err := al.a.Alloc(cat, tensor.F32, tensor.Shape(shape))
+	if err != nil {
+		al.err = err
+		return nil
+	}
+	al.owned = append(al.owned, t)
+	return t
+}
+
+func (al *allocator) free() {
+	for _, t := range al.owned {
+		al.a.Free(t)
+	}
+	al.owned = nil
+}
+
+// newBuffers allocates the forward buffers for chunks of chunk tokens and
+// maxPos positions, with the logits buffer when withLogits, and fills the
+// rotary tables.
+func newBuffers(c *arch.Config, b tensor.Backend, al *allocator, maxPos, chunk int, withLogits bool) (*buffers, error) {
+	bf := &buffers{}
+	bf.cos = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
+	bf.sin = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
+	bf.x = al.alloc(paging.Activations, chunk, c.HiddenSize)
+	bf.h = al.alloc(paging.Activations, chunk, c.HiddenSize)
+	bf.q = al.alloc(paging.Activations, chunk, c.QDim())
+	bf.attn = al.alloc(paging.Activations, chunk, c.QDim())
+	bf.kk = al.alloc(paging.Activations, chunk, c.KVDim())
+	bf.vv = al.alloc(paging.Activations, chunk, c.KVDim())
+	bf.proj = al.alloc(paging.Activations, chunk, c.HiddenSize)
+	bf.gate = al.alloc(paging.Activations, chunk, c.IntermediateSize)
+	bf.up = al.alloc(paging.Activations, chunk, c.IntermediateSize)
+	if withLogits {
+		bf.logits = al.alloc(paging.Activations, chunk, c.VocabSize)
+	}
+	if al.err != nil {
+		return nil, al.err
+	}
+	cos, sin := c.RopeTables(maxPos)
+	if err := uploadF32(b, bf.cos, cos); err != nil {
+		return nil, err
+	}
+	if err := uploadF32(b, bf.sin, sin); err != nil {
+		return nil, err
+	}
+	return bf, nil
 }
 
 // NewSession allocates a KV cache for maxPos positions and forward buffers
@@ -108,6 +180,12 @@ type Session struct {
 // context (arch.Config.ContextLength) is an error wrapping ErrContextTooLong,
 // returned before anything is allocated.
 func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
+	return m.newSession(maxPos, chunk, nil)
+}
+
+// newSession makes a session over bufs, a pipeline's buffers of the
+// model's device, or over buffers of its own when bufs is nil.
+func (m *Model) newSession(maxPos, chunk int, bufs *buffers) (*Session, error) {
 	if maxPos <= 0 || chunk <= 0 {
 		return nil, fmt.Errorf("nn: session needs positive context (%d) and chunk (%d)", maxPos, chunk)
 	}
@@ -118,50 +196,21 @@ func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
 		chunk = maxPos
 	}
 	c := &m.cfg
-	s := &Session{m: m, maxPos: maxPos, chunk: chunk}
-	var allocErr error // the first allocation that failed
-	alloc := func(cat paging.Category, shape ...int) *tensor.Tensor {
-		if allocErr != nil {
-			return nil
-		}
-		t, err := m.alloc.Alloc(cat, tensor.F32, tensor.Shape(shape))
-		if err != nil {
-			allocErr = err
-			return nil
-		}
-		s.owned = append(s.owned, t)
-		return t
-	}
+	s := &Session{m: m, maxPos: maxPos, chunk: chunk, buffers: bufs}
+	al := &allocator{a: m.alloc}
 	for i := m.lo; i < m.hi; i++ {
-		s.k = append(s.k, alloc(paging.KVCache, maxPos, c.KVDim()))
-		s.v = append(s.v, alloc(paging.KVCache, maxPos, c.KVDim()))
+		s.k = append(s.k, al.alloc(paging.KVCache, maxPos, c.KVDim()))
+		s.v = append(s.v, al.alloc(paging.KVCache, maxPos, c.KVDim()))
 	}
-	s.cos = alloc(paging.Workspace, maxPos, c.HeadDim/2)
-	s.sin = alloc(paging.Workspace, maxPos, c.HeadDim/2)
-	s.x = alloc(paging.Activations, chunk, c.HiddenSize)
-	s.h = alloc(paging.Activations, chunk, c.HiddenSize)
-	s.q = alloc(paging.Activations, chunk, c.QDim())
-	s.attn = alloc(paging.Activations, chunk, c.QDim())
-	s.kk = alloc(paging.Activations, chunk, c.KVDim())
-	s.vv = alloc(paging.Activations, chunk, c.KVDim())
-	s.proj = alloc(paging.Activations, chunk, c.HiddenSize)
-	s.gate = alloc(paging.Activations, chunk, c.IntermediateSize)
-	s.up = alloc(paging.Activations, chunk, c.IntermediateSize)
-	if m.heads() {
-		s.logits = alloc(paging.Activations, chunk, c.VocabSize)
+	err := al.err
+	if err == nil && bufs == nil {
+		s.buffers, err = newBuffers(c, m.backend, al, maxPos, chunk, m.heads())
+		s.ownBufs = true
 	}
-	if allocErr != nil {
+	s.owned = al.owned
+	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("nn: session buffers for %d positions: %w", maxPos, allocErr)
-	}
-	cos, sin := c.RopeTables(maxPos)
-	if err := uploadF32(m.backend, s.cos, cos); err != nil {
-		s.Close()
-		return nil, err
-	}
-	if err := uploadF32(m.backend, s.sin, sin); err != nil {
-		s.Close()
-		return nil, err
+		return nil, fmt.Errorf("nn: session buffers for %d positions: %w", maxPos, err)
 	}
 	return s, nil
 }
@@ -319,7 +368,18 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 		}
 		err = func() error {
 			defer m.weights.Release(layer)
-			return s.block(i, T, pos0, lw, scale)
+			if s.twin != nil {
+				if err := s.twinKVIn(i, pos0); err != nil {
+					return err
+				}
+			}
+			if err := s.block(i, T, pos0, lw, scale); err != nil {
+				return err
+			}
+			if s.twin != nil {
+				return s.twinKVOut(i, pos0, T)
+			}
+			return nil
 		}()
 		if err != nil {
 			return fmt.Errorf("nn: block %d: %w", i, err)
@@ -331,6 +391,58 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 		}
 	}
 	return nil
+}
+
+// twinKVIn copies block i's keys and values of the positions before pos0
+// from the stage's KV cache (the twin session's) into the scratch pair
+// this twin session computes with.
+func (s *Session) twinKVIn(i, pos0 int) error {
+	if pos0 == 0 {
+		return nil
+	}
+	j := i - s.m.lo
+	for _, kv := range [][2]*tensor.Tensor{{s.k[j], s.twin.k[j]}, {s.v[j], s.twin.v[j]}} {
+		src, err := kv[1].Rows(0, pos0)
+		if err != nil {
+			return err
+		}
+		if err := copyTensor(s.m.backend, s.twin.m.backend, kv[0], src); err != nil {
+			return fmt.Errorf("keys and values of %d positions to %s: %w", pos0, s.m.backend.Name(), err)
+		}
+	}
+	return nil
+}
+
+// twinKVOut copies the keys and values block i computed for the chunk at
+// pos0 back into the stage's KV cache.
+func (s *Session) twinKVOut(i, pos0, T int) error {
+	j := i - s.m.lo
+	for _, kv := range [][2]*tensor.Tensor{{s.k[j], s.twin.k[j]}, {s.v[j], s.twin.v[j]}} {
+		src, err := kv[0].Rows(pos0, T)
+		if err != nil {
+			return err
+		}
+		dst, err := kv[1].Rows(pos0, T)
+		if err != nil {
+			return err
+		}
+		if err := copyTensor(s.twin.m.backend, s.m.backend, dst, src); err != nil {
+			return fmt.Errorf("keys and values of %d positions from %s: %w", T, s.m.backend.Name(), err)
+		}
+	}
+	return nil
+}
+
+// copyTensor copies src (on from's device) into the first bytes of dst (on
+// to's), one of which is in host memory.
+func copyTensor(to, from tensor.Backend, dst, src *tensor.Tensor) error {
+	switch {
+	case dst.OnHost():
+		return from.Download(dst.Bytes()[:src.NumBytes()], src)
+	case src.OnHost():
+		return to.Upload(dst, 0, src.Bytes())
+	}
+	return fmt.Errorf("nn: copy between two devices (%s and %s) is not through host memory", from.Name(), to.Name())
 }
 
 // headChunk applies the final norm and, when logits is set, the LM head to
@@ -442,26 +554,26 @@ type chunkViews struct {
 	lastH, logits1                        *tensor.Tensor // the last row of h, and one row of logits
 }
 
-func (s *Session) viewsFor(T int) *chunkViews {
-	if v, ok := s.views[T]; ok {
+func (bf *buffers) viewsFor(T int) *chunkViews {
+	if v, ok := bf.views[T]; ok {
 		return v
 	}
 	v := &chunkViews{
-		x: rows(s.x, T), h: rows(s.h, T), q: rows(s.q, T), attn: rows(s.attn, T),
-		kk: rows(s.kk, T), vv: rows(s.vv, T), proj: rows(s.proj, T), gate: rows(s.gate, T), up: rows(s.up, T),
+		x: rows(bf.x, T), h: rows(bf.h, T), q: rows(bf.q, T), attn: rows(bf.attn, T),
+		kk: rows(bf.kk, T), vv: rows(bf.vv, T), proj: rows(bf.proj, T), gate: rows(bf.gate, T), up: rows(bf.up, T),
 	}
-	if s.logits != nil {
-		v.logits, v.logits1 = rows(s.logits, T), rows(s.logits, 1)
-		last, err := s.h.Rows(T-1, 1)
+	if bf.logits != nil {
+		v.logits, v.logits1 = rows(bf.logits, T), rows(bf.logits, 1)
+		last, err := bf.h.Rows(T-1, 1)
 		if err != nil {
 			panic(err) // T <= chunk, the rows of h
 		}
 		v.lastH = last
 	}
-	if s.views == nil {
-		s.views = map[int]*chunkViews{}
+	if bf.views == nil {
+		bf.views = map[int]*chunkViews{}
 	}
-	s.views[T] = v
+	bf.views[T] = v
 	return v
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/paging"
@@ -15,11 +17,42 @@ import (
 // and the final norm and LM head on the last. Weights serves the stage's
 // layers in the model's numbering (StageWeights adapts a per-stage pager);
 // Alloc charges the stage's KV cache and activations to its device budget.
+// The first stage may hold no blocks (the embedding alone), and so may the
+// last (the final norm and head alone); the others hold at least one.
+//
+// Several stages may run on one backend (a CPU+GPU placement alternates
+// between two): they share one set of activation buffers, since they run
+// one after the other, and the hidden state stays where it is between them.
 type Stage struct {
 	Backend              tensor.Backend
 	Alloc                paging.Allocator
 	Weights              Weights
 	FirstBlock, EndBlock int
+	// Twin, when set, computes the stage's blocks on another device for
+	// chunks of at least PipelineOptions.TwinMinTokens tokens (a prompt's
+	// prefill, which is compute-bound: the CPU's layers then run on the
+	// GPU, their weights streamed). The stage's KV cache stays where the
+	// stage is: before each block the twin copies in the rows of earlier
+	// positions, after it copies back the chunk's rows.
+	Twin *Twin
+}
+
+// Twin is the other device a stage's blocks run on for large chunks.
+type Twin struct {
+	Backend tensor.Backend
+	Alloc   paging.Allocator
+	Weights Weights
+}
+
+// PipelineOptions adjust a Pipeline.
+type PipelineOptions struct {
+	// TwinMinTokens is the chunk size from which stages with a Twin run
+	// on it; 0 never uses the twins.
+	TwinMinTokens int
+	// OnTwins, when set, is told before a chunk whether it runs on the
+	// twins (so that a pager can prefetch the layers that will run on its
+	// device) whenever that changes.
+	OnTwins func(twins bool)
 }
 
 // Pipeline runs a model whose layers are spread over several devices in
@@ -28,11 +61,19 @@ type Stage struct {
 type Pipeline struct {
 	cfg    arch.Config
 	stages []*Model
+	twins  []*Model         // per stage, nil without one
+	keys   []tensor.Backend // the stages' backends as given, which identify their devices
+	tkeys  []tensor.Backend // the twins' backends as given, nil without one
+	opts   PipelineOptions
+
+	mu        sync.Mutex
+	onTwins   bool // what OnTwins was last told
+	toldTwins bool
 }
 
-// NewPipeline checks that the stages cover the decoder blocks in order,
-// each at least one block, and returns the pipeline.
-func NewPipeline(cfg *arch.Config, stages []Stage) (*Pipeline, error) {
+// NewPipeline checks that the stages cover the decoder blocks in order and
+// returns the pipeline.
+func NewPipeline(cfg *arch.Config, stages []Stage, opts ...PipelineOptions) (*Pipeline, error) {
 	if cfg == nil {
 		return nil, errors.New("nn: no config")
 	}
@@ -43,10 +84,14 @@ func NewPipeline(cfg *arch.Config, stages []Stage) (*Pipeline, error) {
 		return nil, errors.New("nn: pipeline with no stages")
 	}
 	p := &Pipeline{cfg: *cfg.Clone()}
+	if len(opts) > 0 {
+		p.opts = opts[0]
+	}
 	next := 0
 	for i, st := range stages {
-		if st.FirstBlock != next || st.EndBlock <= st.FirstBlock || st.EndBlock > cfg.NumLayers {
-			return nil, fmt.Errorf("nn: pipeline stage %d holds blocks [%d, %d); want a non-empty range starting at %d within %d blocks",
+		empty := st.EndBlock == st.FirstBlock && (i == 0 || i == len(stages)-1)
+		if st.FirstBlock != next || st.EndBlock < st.FirstBlock || st.EndBlock == st.FirstBlock && !empty || st.EndBlock > cfg.NumLayers {
+			return nil, fmt.Errorf("nn: pipeline stage %d holds blocks [%d, %d); want a range starting at %d within %d blocks, empty only for the first or last stage",
 				i, st.FirstBlock, st.EndBlock, next, cfg.NumLayers)
 		}
 		m, err := New(cfg, st.Backend, st.Alloc, st.Weights)
@@ -54,7 +99,16 @@ func NewPipeline(cfg *arch.Config, stages []Stage) (*Pipeline, error) {
 			return nil, err
 		}
 		m.lo, m.hi = st.FirstBlock, st.EndBlock
-		p.stages = append(p.stages, m)
+		var twin *Model
+		var tkey tensor.Backend
+		if st.Twin != nil {
+			tkey = st.Twin.Backend
+			if twin, err = New(cfg, st.Twin.Backend, st.Twin.Alloc, st.Twin.Weights); err != nil {
+				return nil, err
+			}
+			twin.lo, twin.hi = st.FirstBlock, st.EndBlock
+		}
+		p.stages, p.twins, p.keys, p.tkeys = append(p.stages, m), append(p.twins, twin), append(p.keys, st.Backend), append(p.tkeys, tkey)
 		next = st.EndBlock
 	}
 	if next != cfg.NumLayers {
@@ -67,34 +121,102 @@ func NewPipeline(cfg *arch.Config, stages []Stage) (*Pipeline, error) {
 func (p *Pipeline) Config() *arch.Config { return p.cfg.Clone() }
 
 // PipelineSession is one sequence through a Pipeline: a Session per stage,
-// each holding the KV cache of its own blocks.
+// each holding the KV cache of its own blocks, over buffers shared by the
+// stages of one device.
 type PipelineSession struct {
-	p     *Pipeline
-	sess  []*Session
-	xfer  []byte // one chunk's hidden state on its way between stages
-	chunk int
+	p      *Pipeline
+	sess   []*Session
+	twins  []*Session // per stage, nil without a twin
+	shared []*allocator
+	run    []*Session // the sessions the current chunk runs
+	xfer   []byte     // one chunk's hidden state on its way between stages
+	chunk  int
+	closed bool
 }
 
-// NewSession allocates each stage's KV cache and buffers.
+// NewSession allocates each stage's KV cache, each device's buffers, and
+// for the twins one pair of KV rows per device that each twin block's rows
+// pass through.
 func (p *Pipeline) NewSession(maxPos, chunk int) (*PipelineSession, error) {
-	if maxPos > 0 {
-		if err := checkContext(&p.cfg, "session", maxPos); err != nil {
+	if maxPos <= 0 || chunk <= 0 {
+		return nil, fmt.Errorf("nn: session needs positive context (%d) and chunk (%d)", maxPos, chunk)
+	}
+	if err := checkContext(&p.cfg, "session", maxPos); err != nil {
+		return nil, err
+	}
+	chunk = min(chunk, maxPos)
+	c := &p.cfg
+	ps := &PipelineSession{p: p, chunk: chunk, twins: make([]*Session, len(p.stages))}
+	bufs := map[tensor.Backend]*buffers{}
+	// The logits are computed where the last stage runs: on its device,
+	// or on its twin's for large chunks.
+	heads := map[tensor.Backend]bool{p.keys[len(p.keys)-1]: true}
+	if p.twins[len(p.twins)-1] != nil {
+		heads[p.stagesTwinKey(len(p.twins)-1)] = true
+	}
+	// bufsOn returns the buffers of a device, allocating them the first
+	// time from alloc.
+	bufsOn := func(key tensor.Backend, m *Model) (*buffers, error) {
+		if bf, ok := bufs[key]; ok {
+			return bf, nil
+		}
+		al := &allocator{a: m.alloc}
+		ps.shared = append(ps.shared, al)
+		bf, err := newBuffers(c, m.backend, al, maxPos, chunk, heads[key])
+		if err != nil {
 			return nil, err
 		}
+		bufs[key] = bf
+		return bf, nil
 	}
-	ps := &PipelineSession{p: p}
-	for _, m := range p.stages {
-		s, err := m.NewSession(maxPos, chunk)
+	fail := func(m *Model, err error) (*PipelineSession, error) {
+		ps.Close()
+		return nil, fmt.Errorf("nn: pipeline stage on %s: %w", m.backend.Name(), err)
+	}
+	for k, m := range p.stages {
+		bf, err := bufsOn(p.keys[k], m)
 		if err != nil {
-			ps.Close()
-			return nil, fmt.Errorf("nn: pipeline stage on %s: %w", m.backend.Name(), err)
+			return fail(m, err)
+		}
+		s, err := m.newSession(maxPos, chunk, bf)
+		if err != nil {
+			return fail(m, err)
 		}
 		ps.sess = append(ps.sess, s)
 	}
-	ps.chunk = ps.sess[0].chunk
-	ps.xfer = make([]byte, 4*ps.chunk*p.cfg.HiddenSize)
+	scratch := map[tensor.Backend][2]*tensor.Tensor{}
+	for k, tm := range p.twins {
+		if tm == nil {
+			continue
+		}
+		key := p.stagesTwinKey(k)
+		bf, err := bufsOn(key, tm)
+		if err != nil {
+			return fail(tm, err)
+		}
+		kv, ok := scratch[key]
+		if !ok {
+			al := &allocator{a: tm.alloc}
+			ps.shared = append(ps.shared, al)
+			kv = [2]*tensor.Tensor{al.alloc(paging.KVCache, maxPos, c.KVDim()), al.alloc(paging.KVCache, maxPos, c.KVDim())}
+			if al.err != nil {
+				return fail(tm, al.err)
+			}
+			scratch[key] = kv
+		}
+		ts := &Session{m: tm, maxPos: maxPos, chunk: chunk, buffers: bf, twin: ps.sess[k]}
+		for range tm.hi - tm.lo {
+			ts.k, ts.v = append(ts.k, kv[0]), append(ts.v, kv[1])
+		}
+		ps.twins[k] = ts
+	}
+	ps.xfer = make([]byte, 4*chunk*c.HiddenSize)
 	return ps, nil
 }
+
+// stagesTwinKey is the key of stage k's twin's device, which identifies it
+// as a stage's key does, so that a twin shares its device's buffers.
+func (p *Pipeline) stagesTwinKey(k int) tensor.Backend { return p.tkeys[k] }
 
 // Pos is the number of positions processed.
 func (ps *PipelineSession) Pos() int { return ps.sess[0].pos }
@@ -109,11 +231,15 @@ func (ps *PipelineSession) Reset() {
 // Close frees every stage's buffers; it is safe to call more than once,
 // and on a nil session.
 func (ps *PipelineSession) Close() {
-	if ps == nil {
+	if ps == nil || ps.closed {
 		return
 	}
+	ps.closed = true
 	for _, s := range ps.sess {
 		s.Close()
+	}
+	for _, al := range ps.shared {
+		al.free()
 	}
 }
 
@@ -122,7 +248,7 @@ func (ps *PipelineSession) Close() {
 // a NaN or an infinity.
 func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, hook Hook) ([]float32, error) {
 	first, last := ps.sess[0], ps.sess[len(ps.sess)-1]
-	if first.closed {
+	if ps.closed {
 		return nil, errors.New("nn: session is closed")
 	}
 	if len(ids) == 0 {
@@ -139,9 +265,7 @@ func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, h
 	pos0, done := first.pos, false
 	defer func() {
 		if !done {
-			for _, s := range ps.sess {
-				s.pos = pos0
-			}
+			ps.setPos(pos0)
 		}
 	}()
 	out, err := ps.forward(ctx, ids, all, func(int) Hook { return hook })
@@ -149,9 +273,7 @@ func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, h
 		return nil, err
 	}
 	if firstNonFiniteF32(out) >= 0 {
-		for _, s := range ps.sess {
-			s.pos = pos0
-		}
+		ps.setPos(pos0)
 		d := &diagnosis{cfg: &ps.p.cfg, backendOf: ps.backendOf}
 		out, err := ps.forward(ctx, ids, all, d.hookAt)
 		return nil, d.result(out, err, pos0, len(ids), all, ps.p.cfg.VocabSize)
@@ -159,6 +281,36 @@ func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, h
 	last.host = out
 	done = true
 	return out, nil
+}
+
+func (ps *PipelineSession) setPos(pos int) {
+	for _, s := range ps.sess {
+		s.pos = pos
+	}
+}
+
+// runners returns the sessions a chunk of T tokens runs: each stage's, or
+// its twin's for a chunk large enough, telling OnTwins when that changes.
+func (ps *PipelineSession) runners(T int) []*Session {
+	p := ps.p
+	twins := p.opts.TwinMinTokens > 0 && T >= p.opts.TwinMinTokens && slices.ContainsFunc(ps.twins, func(s *Session) bool { return s != nil })
+	if p.opts.OnTwins != nil {
+		p.mu.Lock()
+		if !p.toldTwins || p.onTwins != twins {
+			p.opts.OnTwins(twins)
+			p.onTwins, p.toldTwins = twins, true
+		}
+		p.mu.Unlock()
+	}
+	ps.run = append(ps.run[:0], ps.sess...)
+	if twins {
+		for k, ts := range ps.twins {
+			if ts != nil {
+				ps.run[k] = ts
+			}
+		}
+	}
+	return ps.run
 }
 
 // forward is Session.forward across the stages.
@@ -169,21 +321,26 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 		end := min(start+ps.chunk, len(ids))
 		T, isLast := end-start, end == len(ids)
 		hook := hookAt(first.pos)
-		if err := first.embedChunk(ctx, ids[start:end], hook); err != nil {
-			return nil, err
-		}
-		for k, s := range ps.sess {
-			if k > 0 {
-				if err := ps.hand(ps.sess[k-1], s, T); err != nil {
+		run := ps.runners(T)
+		for k, s := range run {
+			if s.twin != nil {
+				s.pos = s.twin.pos
+			}
+			if k == 0 {
+				if err := s.embedChunk(ctx, ids[start:end], hook); err != nil {
 					return nil, err
 				}
+			} else if err := ps.hand(run[k-1], s, T); err != nil {
+				return nil, err
 			}
 			if err := s.blocksChunk(ctx, T, hook); err != nil {
 				return nil, err
 			}
+		}
+		for _, s := range ps.sess {
 			s.pos += T
 		}
-		rows, err := last.headChunk(ctx, T, all || isLast, all, hook)
+		rows, err := run[len(run)-1].headChunk(ctx, T, all || isLast, all, hook)
 		if err != nil {
 			return nil, err
 		}
@@ -193,26 +350,48 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 }
 
 // backendOf returns the backend holding a layer's output, in Weights'
-// numbering.
+// numbering, for the chunk being run.
 func (ps *PipelineSession) backendOf(layer int) tensor.Backend {
-	for _, s := range ps.sess {
-		if layer <= s.m.hi { // the embedding is the first stage's, the head the last's
+	run := ps.run
+	if len(run) == 0 {
+		run = ps.sess
+	}
+	if layer == 0 {
+		return run[0].m.backend
+	}
+	for _, s := range run {
+		if layer-1 >= s.m.lo && layer-1 < s.m.hi { // block layer-1
 			return s.m.backend
 		}
 	}
-	return ps.sess[len(ps.sess)-1].m.backend
+	return run[len(run)-1].m.backend
 }
 
-// hand copies the first T rows of the hidden state from one stage's device
-// to the next's, through host memory.
+// hand passes the first T rows of the hidden state from one stage to the
+// next: nothing to do on one device (they share the buffers), a copy into
+// or out of host memory when either is the host, else through host memory.
 func (ps *PipelineSession) hand(from, to *Session, T int) error {
-	src, dst := rows(from.x, T), rows(to.x, T)
-	buf := ps.xfer[:src.NumBytes()]
-	if err := from.m.backend.Download(buf, src); err != nil {
-		return fmt.Errorf("nn: hidden state from %s: %w", from.m.backend.Name(), err)
+	if from.buffers == to.buffers {
+		return nil
 	}
-	if err := to.m.backend.Upload(dst, 0, buf); err != nil {
-		return fmt.Errorf("nn: hidden state to %s: %w", to.m.backend.Name(), err)
+	src, dst := rows(from.x, T), rows(to.x, T)
+	switch {
+	case dst.OnHost():
+		if err := from.m.backend.Download(dst.Bytes(), src); err != nil {
+			return fmt.Errorf("nn: hidden state from %s: %w", from.m.backend.Name(), err)
+		}
+	case src.OnHost():
+		if err := to.m.backend.Upload(dst, 0, src.Bytes()); err != nil {
+			return fmt.Errorf("nn: hidden state to %s: %w", to.m.backend.Name(), err)
+		}
+	default:
+		buf := ps.xfer[:src.NumBytes()]
+		if err := from.m.backend.Download(buf, src); err != nil {
+			return fmt.Errorf("nn: hidden state from %s: %w", from.m.backend.Name(), err)
+		}
+		if err := to.m.backend.Upload(dst, 0, buf); err != nil {
+			return fmt.Errorf("nn: hidden state to %s: %w", to.m.backend.Name(), err)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,171 @@
+package nn
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// countingAlloc counts the bytes allocated by category and frees.
+type countingAlloc struct {
+	b     tensor.Backend
+	bytes map[paging.Category]int64
+	live  int
+}
+
+func (c *countingAlloc) Alloc(cat paging.Category, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	t, err := c.b.Alloc(dt, shape)
+	if err == nil {
+		c.bytes[cat] += t.NumBytes()
+		c.live++
+	}
+	return t, err
+}
+
+func (c *countingAlloc) Free(t *tensor.Tensor) {
+	if t != nil {
+		c.live--
+	}
+	c.b.Free(t)
+}
+
+// TestHybridStages places the F16 fixture's layers on two CPU backends
+// standing in for a GPU and the CPU, alternating as a hybrid placement
+// does, with stages of the embedding or the head alone, and CPU stages
+// with twins on the "GPU" for large chunks: logits and ids are
+// bit-identical to one device for every placement, stages on one device
+// share one set of activation buffers, a prompt longer than a chunk runs
+// its second chunk on the twins with the earlier positions' keys copied in,
+// and decode after it reads the keys the twins copied back.
+func TestHybridStages(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config // 4 blocks
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
+	const maxPos, chunk, steps = 32, 4, 8
+	ref := tensor.NewCPU(1)
+	defer ref.Close()
+	hw, err := LoadWeights(ctx, lm, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	rm, err := New(cfg, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLogits, wantIDs := generateIDs(t, rm, prompt, steps, maxPos, chunk)
+
+	type place struct {
+		gpu    bool
+		lo, hi int
+		twin   bool
+	}
+	for _, tc := range []struct {
+		name   string
+		places []place
+		twinAt int
+	}{
+		{"alternating", []place{{true, 0, 1, false}, {false, 1, 2, false}, {true, 2, 3, false}, {false, 3, 4, false}}, 0},
+		{"embedding and head alone on the CPU", []place{{false, 0, 0, false}, {true, 0, 2, false}, {false, 2, 3, false}, {true, 3, 4, false}, {false, 4, 4, false}}, 0},
+		{"CPU stages with twins", []place{{true, 0, 1, false}, {false, 1, 3, true}, {true, 3, 4, false}}, chunk},
+		{"twins at both ends", []place{{false, 0, 2, true}, {true, 2, 3, false}, {false, 3, 4, true}}, chunk},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu, cpu := tensor.NewCPU(1), tensor.NewCPU(1)
+			defer gpu.Close()
+			defer cpu.Close()
+			ga := &countingAlloc{b: gpu, bytes: map[paging.Category]int64{}}
+			ca := &countingAlloc{b: cpu, bytes: map[paging.Category]int64{}}
+			var told []bool
+			var stages []Stage
+			gpuBlocks, cpuBlocks, twinStages := 0, 0, 0
+			for _, p := range tc.places {
+				st := Stage{Backend: cpu, Alloc: ca, Weights: hw, FirstBlock: p.lo, EndBlock: p.hi}
+				if p.gpu {
+					st.Backend, st.Alloc = gpu, ga
+					gpuBlocks += p.hi - p.lo
+				} else {
+					cpuBlocks += p.hi - p.lo
+				}
+				if p.twin {
+					st.Twin = &Twin{Backend: gpu, Alloc: ga, Weights: hw}
+					twinStages++
+				}
+				stages = append(stages, st)
+			}
+			pl, err := NewPipeline(cfg, stages, PipelineOptions{TwinMinTokens: tc.twinAt, OnTwins: func(on bool) { told = append(told, on) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps, err := pl.NewSession(maxPos, chunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// One set of activations per device, the KV cache of each
+			// device's own blocks, and one scratch pair for the twins.
+			act := ActivationBytes(cfg, chunk)
+			kv := func(blocks int) int64 { return int64(blocks) * 2 * 4 * int64(maxPos) * int64(cfg.KVDim()) }
+			logits := 4 * int64(chunk) * int64(cfg.VocabSize)
+			gpuAct, cpuAct := act-logits, act-logits
+			lastGPU := tc.places[len(tc.places)-1].gpu
+			if lastGPU || tc.places[len(tc.places)-1].twin {
+				gpuAct += logits
+			}
+			if !lastGPU {
+				cpuAct += logits
+			}
+			wantGPUKV := kv(gpuBlocks)
+			if twinStages > 0 {
+				wantGPUKV += kv(1)
+			}
+			if ga.bytes[paging.Activations] != gpuAct || ca.bytes[paging.Activations] != cpuAct {
+				t.Errorf("activations: %d on the GPU, %d on the CPU; want %d and %d (one set per device)",
+					ga.bytes[paging.Activations], ca.bytes[paging.Activations], gpuAct, cpuAct)
+			}
+			if ga.bytes[paging.KVCache] != wantGPUKV || ca.bytes[paging.KVCache] != kv(cpuBlocks) {
+				t.Errorf("KV cache: %d on the GPU, %d on the CPU; want %d and %d",
+					ga.bytes[paging.KVCache], ca.bytes[paging.KVCache], wantGPUKV, kv(cpuBlocks))
+			}
+			logitsAll, err := ps.Forward(ctx, prompt, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := append([]float32(nil), logitsAll...)
+			last := logitsAll[len(logitsAll)-cfg.VocabSize:]
+			var ids []int32
+			for range steps {
+				id := int32(Argmax(last))
+				ids = append(ids, id)
+				if last, err = ps.Forward(ctx, []int32{id}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, last...)
+			}
+			if fmt.Sprint(ids) != fmt.Sprint(wantIDs) {
+				t.Errorf("ids %v, one device %v", ids, wantIDs)
+			}
+			for i := range wantLogits {
+				if got[i] != wantLogits[i] {
+					t.Fatalf("logit %d: %v, one device %v", i, got[i], wantLogits[i])
+				}
+			}
+			if tc.twinAt > 0 && (len(told) < 2 || !told[0] || told[len(told)-1]) {
+				t.Errorf("OnTwins told %v; want the prompt's chunks on the twins, then decode off them", told)
+			}
+			ps.Close()
+			if ga.live != 0 || ca.live != 0 {
+				t.Errorf("after Close %d tensors live on the GPU, %d on the CPU", ga.live, ca.live)
+			}
+		})
+	}
+}
