@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/paging"
@@ -132,6 +134,7 @@ type PipelineSession struct {
 	xfer   []byte     // one chunk's hidden state on its way between stages
 	chunk  int
 	closed bool
+	busy   map[string]time.Duration // wall time by device name, see Busy
 }
 
 // NewSession allocates each stage's KV cache, each device's buffers, and
@@ -322,6 +325,7 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 		T, isLast := end-start, end == len(ids)
 		hook := hookAt(first.pos)
 		run := ps.runners(T)
+		t0 := time.Now()
 		for k, s := range run {
 			if s.twin != nil {
 				s.pos = s.twin.pos
@@ -330,8 +334,11 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 				if err := s.embedChunk(ctx, ids[start:end], hook); err != nil {
 					return nil, err
 				}
-			} else if err := ps.hand(run[k-1], s, T); err != nil {
-				return nil, err
+			} else {
+				if err := ps.hand(run[k-1], s, T); err != nil {
+					return nil, err
+				}
+				t0 = ps.account(run[k-1], t0) // a hand-over waits for the device it leaves
 			}
 			if err := s.blocksChunk(ctx, T, hook); err != nil {
 				return nil, err
@@ -344,9 +351,29 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 		if err != nil {
 			return nil, err
 		}
+		ps.account(run[len(run)-1], t0)
 		out = append(out, rows...)
 	}
 	return out, nil
+}
+
+// account adds the time since t0 to s's device and returns now.
+func (ps *PipelineSession) account(s *Session, t0 time.Time) time.Time {
+	now := time.Now()
+	if ps.busy == nil {
+		ps.busy = map[string]time.Duration{}
+	}
+	ps.busy[s.m.backend.Name()] += now.Sub(t0)
+	return now
+}
+
+// Busy returns, by device name, the wall time the session's forward passes
+// spent on each device's stages so far: from the start of a stage to the
+// end of the hand-over that leaves it (which waits for the device's
+// queued work), so that the times add up to the forward's. Hybrid reports
+// divide them by the tokens decoded.
+func (ps *PipelineSession) Busy() map[string]time.Duration {
+	return maps.Clone(ps.busy)
 }
 
 // backendOf returns the backend holding a layer's output, in Weights'
