@@ -113,13 +113,22 @@ const ringAlign = 256
 
 func alignUp(n int64) int64 { return (n + ringAlign - 1) &^ (ringAlign - 1) }
 
+// hostAlign is the alignment of every tensor in a host copy of a streamed
+// part: host tensors viewed in it (HostLayer) are aligned for any element
+// type and for the CPU's wide loads. Host copies take their tensors' bytes
+// each so padded, and the host cache counts them so.
+const hostAlign = 64
+
+func alignHost(n int64) int64 { return (n + hostAlign - 1) &^ (hostAlign - 1) }
+
 type entry struct {
 	layer    int
 	specs    []TensorSpec
 	res, str []int   // indices into specs: resident and streamed tensors
-	strOff   []int64 // offsets of the streamed tensors in the host cache's buffer
+	strOff   []int64 // offsets of the streamed tensors in the host cache's buffer, each hostAlign-aligned
 	resBytes int64
 	strBytes int64
+	hostSize int64 // the host cache's buffer for the streamed part: its tensors, each padded to hostAlign
 	strSlab  int64 // bytes of the streamed part laid out in the ring, each tensor aligned
 	// strBySize orders the streamed tensors (indices into str) largest
 	// first, as layout places them.
@@ -265,9 +274,10 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		all := len(lp.Streamed) == 0 && lp.StreamedBytes == total && total > 0
 		for i, s := range specs {
 			if all || streamed[s.Name] {
-				e.strOff = append(e.strOff, e.strBytes)
+				e.strOff = append(e.strOff, e.hostSize)
 				e.str = append(e.str, i)
 				e.strBytes += s.Bytes
+				e.hostSize += alignHost(s.Bytes)
 				e.strSlab += alignUp(s.Bytes)
 				delete(streamed, s.Name)
 			} else {
@@ -1089,8 +1099,8 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 		case e.host != nil:
 			buf, cached, cachedPinned = e.host, true, e.hostPinned
 			p.st.HostCacheHits++
-		case p.hostUsed+e.strBytes <= p.hostCap:
-			p.hostUsed += e.strBytes // reserved; returned if the load fails
+		case p.hostUsed+e.hostSize <= p.hostCap:
+			p.hostUsed += e.hostSize // reserved; returned if the load fails
 			admitted = true
 			p.st.HostCacheMisses++
 		default:
@@ -1100,13 +1110,13 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 	}
 	pinned := false
 	if admitted {
-		buf, pinned = p.hostAlloc(e.strBytes)
+		buf, pinned = p.hostAlloc(e.hostSize)
 	}
 	dropAdmission := func() {
 		if admitted {
 			p.hostFree(buf, pinned)
 			p.mu.Lock()
-			p.hostUsed -= e.strBytes
+			p.hostUsed -= e.hostSize
 			p.mu.Unlock()
 		}
 	}

@@ -264,7 +264,8 @@ type PlanResult struct {
 	RingBytes      int64 `json:"ring_bytes"`
 	RingSlackBytes int64 `json:"ring_slack_bytes"`
 	PrefetchDepth  int   `json:"prefetch_depth"`
-	// HostCacheBytes is the host RAM worth keeping streamed parts in.
+	// HostCacheBytes is the host RAM worth keeping streamed parts in: what
+	// they take in the pager's host copies, each tensor padded to 64 bytes.
 	HostCacheBytes int64 `json:"host_cache_bytes"`
 	// DeviceOverheadBytes is what the device's allocator adds to the
 	// resident tensors and the ring (its block sizes, WithDevice).
@@ -416,7 +417,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		choice, depth = full, 0
 	}
 	parts := make([]int64, n)
-	var residentCost int64
+	var residentCost, hostBytes int64
 	for l := range n {
 		c := choice[l]
 		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].moved[c]}
@@ -426,6 +427,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		for ui, u := range units[l] {
 			if mask&(1<<ui) != 0 {
 				lp.Streamed = append(lp.Streamed, u.names...)
+				hostBytes += u.host
 			}
 		}
 		slices.Sort(lp.Streamed)
@@ -458,7 +460,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		ringCharge = ringCost(choice, depth)
 	}
 	if strategy != StrategyAggressive {
-		p.HostCacheBytes = p.StreamedBytes
+		p.HostCacheBytes = hostBytes
 	}
 	p.DeviceOverheadBytes = residentCost - p.ResidentBytes + ringCharge - p.RingBytes
 	p.PredictedPeakBytes = p.ResidentBytes + p.RingBytes + p.DeviceOverheadBytes + fixed
@@ -473,6 +475,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 type unit struct {
 	names []string
 	bytes int64   // the tensors' bytes: what streaming the unit moves
+	host  int64   // what a host copy of them takes, each tensor padded (alignHost)
 	cost  int64   // what the device's allocator takes for them when resident
 	sizes []int64 // their sizes in the ring, each aligned
 }
@@ -487,7 +490,7 @@ func layerUnits(l int, li LayerInfo, size func(int64) int64) ([]unit, int64, err
 		if li.Bytes == 0 {
 			return nil, 0, nil
 		}
-		return []unit{{names: []string{""}, bytes: li.Bytes, cost: size(li.Bytes), sizes: []int64{alignUp(li.Bytes)}}}, li.Bytes, nil
+		return []unit{{names: []string{""}, bytes: li.Bytes, host: alignHost(li.Bytes), cost: size(li.Bytes), sizes: []int64{alignUp(li.Bytes)}}}, li.Bytes, nil
 	}
 	if err := checkSpecs(l, li.Tensors); err != nil {
 		return nil, 0, err
@@ -495,7 +498,7 @@ func layerUnits(l int, li LayerInfo, size func(int64) int64) ([]unit, int64, err
 	var us []unit
 	var sum int64
 	for _, t := range li.Tensors {
-		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes, cost: size(t.Bytes), sizes: []int64{alignUp(t.Bytes)}})
+		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes, host: alignHost(t.Bytes), cost: size(t.Bytes), sizes: []int64{alignUp(t.Bytes)}})
 		sum += t.Bytes
 	}
 	if li.Bytes != 0 && li.Bytes != sum {
@@ -505,7 +508,7 @@ func layerUnits(l int, li LayerInfo, size func(int64) int64) ([]unit, int64, err
 		slices.SortFunc(us, func(a, b unit) int { return cmp.Compare(b.bytes, a.bytes) })
 		a, b := us[len(us)-2], us[len(us)-1]
 		us = append(us[:len(us)-2], unit{names: append(slices.Clone(a.names), b.names...),
-			bytes: a.bytes + b.bytes, cost: a.cost + b.cost, sizes: append(slices.Clone(a.sizes), b.sizes...)})
+			bytes: a.bytes + b.bytes, host: a.host + b.host, cost: a.cost + b.cost, sizes: append(slices.Clone(a.sizes), b.sizes...)})
 	}
 	return us, sum, nil
 }
