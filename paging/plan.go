@@ -191,6 +191,11 @@ type planOptions struct {
 	maxPrefetch int
 	allocSize   func(int64) int64 // nil: a tensor takes its bytes
 	deviceFixed int64
+	whole       []int // layers streamed whole (WithStreamedWhole)
+	sequence    []int // another cyclic order the ring serves (WithSequence)
+	// depth is the prefetch depth to plan for, or -1 for the strategy's
+	// choice (PlanHybrid compares depths).
+	depth int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
@@ -200,6 +205,21 @@ func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk =
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).
 func WithMaxPrefetch(n int) PlanOption { return func(o *planOptions) { o.maxPrefetch = n } }
+
+// WithStreamedWhole makes the planner stream the given layers whole: none
+// of their bytes stays resident, and the rest of the budget goes to the
+// other layers. PlanHybrid gives it the layers the CPU computes in decode,
+// which only pass through the ring (in prefill). StrategyNone refuses it.
+func WithStreamedWhole(layers []int) PlanOption {
+	return func(o *planOptions) { o.whole = slices.Clone(layers) }
+}
+
+// WithSequence sizes the ring for a walk over the layers in this cyclic
+// order too (Pager.SetSequence): any PrefetchDepth+1 consecutive layers of
+// it fit, as any of 0..n-1 do. The sequence lists each layer at most once.
+func WithSequence(layers []int) PlanOption {
+	return func(o *planOptions) { o.sequence = slices.Clone(layers) }
+}
 
 // WithDevice plans for b's memory as a Budget over b charges it: when b's
 // allocator caches blocks (tensor.CachingAllocator), each resident tensor,
@@ -303,10 +323,18 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if _, err := ParseStrategy(string(strategy)); err != nil {
 		return nil, err
 	}
-	o := planOptions{chunk: min(DefaultChunkTokens, contextLen), maxPrefetch: 2}
+	o := planOptions{chunk: min(DefaultChunkTokens, contextLen), maxPrefetch: 2, depth: -1}
 	for _, f := range opts {
 		f(&o)
 	}
+	return plan(model, budget, strategy, contextLen, batch, o)
+}
+
+// errNoPlanAtDepth is plan's answer when no plan at the depth asked for
+// (planOptions.depth) fits the budget.
+var errNoPlanAtDepth = errors.New("paging: plan: no plan at that prefetch depth fits")
+
+func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch int, o planOptions) (*PlanResult, error) {
 	switch {
 	case len(model.Layers) == 0:
 		return nil, fmt.Errorf("paging: plan: model has no layers")
@@ -322,11 +350,21 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if err := model.Reserve.check(); err != nil {
 		return nil, err
 	}
+	n := len(model.Layers)
+	forced := make([]bool, n)
+	if err := checkLayerList("layer to stream whole", o.whole, n, forced); err != nil {
+		return nil, err
+	}
+	if err := checkLayerList("layer of the sequence", o.sequence, n, make([]bool, n)); err != nil {
+		return nil, err
+	}
+	if strategy == StrategyNone && len(o.whole) > 0 {
+		return nil, fmt.Errorf("paging: plan none: streams nothing, yet layers %v are to stream whole", o.whole)
+	}
 	size := o.allocSize
 	if size == nil {
 		size = func(n int64) int64 { return n }
 	}
-	n := len(model.Layers)
 	units := make([][]unit, n)
 	var W, Wc, lmax int64 // weight bytes, what they take on the device, the largest layer
 	for l, li := range model.Layers {
@@ -361,11 +399,18 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		opt[l] = subsetSums(units[l])
 	}
 	full := make([]int, n) // option index of the whole layer
+	var forcedSum, forcedMoved int64
 	for l := range opt {
 		full[l] = len(opt[l].sums) - 1
+		if forced[l] { // the whole layer is its only option
+			opt[l] = opt[l].only(full[l])
+			full[l] = 0
+			forcedSum += opt[l].sums[0]
+			forcedMoved += opt[l].moved[0]
+		}
 	}
 	ringCost := func(choice []int, d int) int64 {
-		if rb := ringBytes(ringParts(opt, choice), d); rb > 0 {
+		if rb := ringBytesOver(ringParts(opt, choice), d, o.sequence); rb > 0 {
 			return size(rb)
 		}
 		return 0
@@ -386,6 +431,9 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	var choice []int
 	depth := 0
 	X := Wc - avail
+	search := func(d int) ([]int, int64) {
+		return chooseStreamed(opt, forced, forcedSum, Wc, X, avail, d, ringCost)
+	}
 	switch {
 	case strategy == StrategyAggressive:
 		choice = full
@@ -395,15 +443,25 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 				break
 			}
 		}
-	case X <= 0: // none, or everything fits
+	case X <= 0 && len(o.whole) == 0: // none, or everything fits
 		choice = make([]int, n)
+	case o.depth >= 0:
+		depth = min(o.depth, n-1)
+		if choice, _ = search(depth); choice == nil && ringCost(full, depth) <= avail {
+			choice = full
+		}
+		if choice == nil {
+			return nil, fmt.Errorf("%w: depth %d, budget %d", errNoPlanAtDepth, depth, budget)
+		}
 	case strategy == StrategyMinimal:
-		choice, _ = chooseStreamed(opt, Wc, X, avail, 0, ringCost)
+		choice, _ = search(0)
 	case strategy == StrategyBalanced:
-		bound := X + X/20 + lring
-		choice, _ = chooseStreamed(opt, Wc, X, avail, 0, ringCost)
+		// Prefetch when it streams at most a twentieth more than the least
+		// there is to stream, and a layer.
+		bound := max(X, forcedMoved) + max(X, 0)/20 + lring
+		choice, _ = search(0)
 		for d := min(o.maxPrefetch, n-1); d >= 1; d-- {
-			if c, moved := chooseStreamed(opt, Wc, X, avail, d, ringCost); c != nil && moved <= bound {
+			if c, moved := search(d); c != nil && moved <= bound {
 				choice, depth = c, d
 				break
 			}
@@ -455,8 +513,11 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if p.StreamedBytes > 0 {
 		p.PrefetchDepth = depth
 		p.RingSlots = depth + 1
-		p.RingBytes = ringBytes(ringParts(opt, choice), depth)
+		p.RingBytes = ringBytesOver(ringParts(opt, choice), depth, o.sequence)
 		p.RingSlackBytes = p.RingBytes - windowMax(parts, depth)
+		if o.sequence != nil {
+			p.RingSlackBytes = p.RingBytes - max(windowMax(parts, depth), windowMax(pick(parts, o.sequence), depth))
+		}
 		ringCharge = ringCost(choice, depth)
 	}
 	if strategy != StrategyAggressive {
@@ -468,6 +529,30 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		return nil, fmt.Errorf("paging: plan %s: internal error: predicted peak %d exceeds budget %d", strategy, p.PredictedPeakBytes, budget)
 	}
 	return p, nil
+}
+
+// checkLayerList checks that list names layers of n, each once, marking
+// them in seen.
+func checkLayerList(what string, list []int, n int, seen []bool) error {
+	for _, l := range list {
+		if l < 0 || l >= n {
+			return fmt.Errorf("paging: plan: %s %d: have layers 0..%d", what, l, n-1)
+		}
+		if seen[l] {
+			return fmt.Errorf("paging: plan: %s %d listed twice", what, l)
+		}
+		seen[l] = true
+	}
+	return nil
+}
+
+// pick returns the elements of xs at the indices in idx, in that order.
+func pick[T any](xs []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for i, j := range idx {
+		out[i] = xs[j]
+	}
+	return out
 }
 
 // A unit is a group of tensors the planner places together; layers with
@@ -565,6 +650,11 @@ func subsetSums(us []unit) layerOptions {
 		o.parts = append(o.parts, op.part)
 	}
 	return o
+}
+
+// only returns the options reduced to option i.
+func (o *layerOptions) only(i int) layerOptions {
+	return layerOptions{sums: []int64{o.sums[i]}, masks: []uint32{o.masks[i]}, moved: []int64{o.moved[i]}, parts: []ringPart{o.parts[i]}}
 }
 
 func ringParts(opt []layerOptions, choice []int) []ringPart {
@@ -727,13 +817,24 @@ func ringBytes(parts []ringPart, d int) int64 {
 	return best
 }
 
+// ringBytesOver is ringBytes for a walk over the layers in their order and,
+// when seq is not nil, over seq's.
+func ringBytesOver(parts []ringPart, d int, seq []int) int64 {
+	rb := ringBytes(parts, d)
+	if seq != nil {
+		rb = max(rb, ringBytes(pick(parts, seq), d))
+	}
+	return rb
+}
+
 // chooseStreamed picks per-layer streamed parts for prefetch depth d that
 // free at least X bytes net of the ring (sum - ring >= X) with the fewest
-// streamed bytes. It tries every cap c on the part size and b on the gap a
+// streamed bytes. The forced layers have one option, which frees
+// forcedSum in all; the search chooses among the others. It tries every cap c on the part size and b on the gap a
 // part may leave at the ring's end (ringBytes): with parts <= c the ring is
 // about (d+1)c, plus b with prefetch, so it first streams that much more
 // than X, then moves the target to X plus the ring it actually got.
-func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]int, int) int64) ([]int, int64) {
+func chooseStreamed(opt []layerOptions, forced []bool, forcedSum, W, X, avail int64, d int, ring func([]int, int) int64) ([]int, int64) {
 	n := len(opt)
 	seenSum, seenGap := map[int64]bool{}, map[int64]bool{}
 	var caps, gaps []int64
@@ -758,11 +859,19 @@ func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]in
 	order := make([]int, 0, n)
 	for r := range stride {
 		for l := r; l < n; l += stride {
-			order = append(order, l)
+			if !forced[l] {
+				order = append(order, l)
+			}
 		}
 	}
 	var best []int
 	bestSum := int64(math.MaxInt64)
+	if forcedSum > 0 { // the forced layers alone may free enough: the fewest bytes there are
+		ch := make([]int, n)
+		if W-forcedSum+ring(ch, d) <= avail {
+			return ch, forcedSum
+		}
+	}
 	for _, b := range gaps {
 		for _, c := range caps {
 			target := X + int64(d+1)*c
@@ -770,7 +879,7 @@ func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]in
 				target += b
 			}
 			for range 4 {
-				ch, sum := greedyParts(opt, order, c, b, target)
+				ch, sum := greedyParts(opt, order, c, b, target, forcedSum)
 				if ch == nil {
 					break
 				}
@@ -791,10 +900,14 @@ func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]in
 // greedyParts streams the largest part <= c whose gap at the ring's end is
 // at most b of each layer in order until the next would reach target, then
 // picks, among the layers left, the part that reaches target with the
-// least overshoot.
-func greedyParts(opt []layerOptions, order []int, c, b, target int64) ([]int, int64) {
+// least overshoot. The layers outside order keep option 0, which frees
+// base in all.
+func greedyParts(opt []layerOptions, order []int, c, b, target, base int64) ([]int, int64) {
 	ch := make([]int, len(opt))
-	var sum int64
+	sum := base
+	if sum >= target {
+		return ch, sum
+	}
 	for k, l := range order {
 		bi := opt[l].bestAtMost(c, b)
 		if sum+opt[l].sums[bi] < target {
