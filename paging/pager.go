@@ -19,13 +19,13 @@ import (
 )
 
 // Order is the direction in which layers are expected to be used next; the
-// pager prefetches along it.
+// pager prefetches along it, over the sequence (SetSequence).
 type Order int32
 
 // The access orders.
 const (
-	Forward Order = iota // 0, 1, ..., n-1, 0, ... (decoding)
-	Reverse              // n-1, ..., 1, 0, n-1, ... (a backward pass)
+	Forward Order = iota // 0, 1, ..., n-1, 0, ... (decoding): the sequence in its order
+	Reverse              // n-1, ..., 1, 0, n-1, ... (a backward pass): the sequence backwards
 )
 
 // Options adjust a Pager.
@@ -62,6 +62,11 @@ var (
 // are the oldest and never the ones about to be used, and the ring never
 // fragments: Plan sizes it for that walk (PlanResult.RingBytes).
 //
+// Prefetch follows the layer acquired last: the depth layers after it in
+// the sequence (SetSequence) load while it computes, and once it is
+// released, the next one too, so that copies go on while the caller
+// computes elsewhere (layers on the CPU) before its next Acquire.
+//
 // Acquire pins a layer (it is never evicted while pinned) and Release
 // unpins it. Concurrent Acquires of one layer load it once. Parts that are
 // neither pinned nor in the ring are evicted least recently used first when
@@ -78,8 +83,9 @@ type Pager struct {
 	depth      int
 	layers     []*entry
 	order      atomic.Int32
-	pinned     tensor.PinnedAllocator // nil when the backend has none
-	async      tensor.AsyncUploader   // nil when the backend has none
+	seq        atomic.Pointer[sequence] // nil: every layer in order
+	pinned     tensor.PinnedAllocator   // nil when the backend has none
+	async      tensor.AsyncUploader     // nil when the backend has none
 	reads      readBufs
 	unregister func() // removes the pager from its budget's evictors
 
@@ -99,6 +105,7 @@ type Pager struct {
 	pinnedBytes  int64
 	inflight     int
 	cursor       int    // the layer acquired last: prefetch follows it
+	advanced     bool   // the cursor was released since: prefetch follows the layer after it
 	changes      uint64 // counts releases, evictions and finished loads
 	closed       bool
 	st           Stats
@@ -344,21 +351,118 @@ func (p *Pager) NumLayers() int { return len(p.layers) }
 // SetOrder sets the direction prefetch follows from now on.
 func (p *Pager) SetOrder(o Order) { p.order.Store(int32(o)) }
 
-func (p *Pager) next(layer, k int) int {
+// SetSequence sets the cyclic order of layers that prefetch follows from
+// now on (Forward: as listed; Reverse: backwards); nil or empty restores
+// every layer, 0..n-1. Layers left out are never prefetched: decoding with
+// some layers computed on the CPU (HostLayer) sets the sequence of the
+// others, so that the copies of the next streamed layers run while the CPU
+// computes, and the layers the CPU computes are never uploaded. A layer
+// outside the sequence that is acquired anyway prefetches the layers of the
+// sequence that follow it by number. The ring holds any PrefetchDepth+1
+// consecutive layers of 0..n-1; for a sequence it holds those of the
+// sequence when the plan was made WithSequence of it (PlanHybrid does).
+// Prefetches under way for layers the new sequence leaves out finish or
+// are dropped; parts loaded in the old order may stand in the way of the
+// new walk for up to two passes, during which a prefetch may find no room
+// (its layer then loads on demand). Set the sequence before the last
+// Release of the pass before, or the prefetch after that Release follows
+// the old order. It refuses a layer out of range or listed twice.
+func (p *Pager) SetSequence(layers []int) error {
 	n := len(p.layers)
-	if Order(p.order.Load()) == Reverse {
-		return ((layer-k)%n + n) % n
+	if len(layers) == 0 {
+		p.seq.Store(nil)
+		return nil
 	}
-	return (layer + k) % n
+	s := &sequence{layers: slices.Clone(layers), pos: make([]int, n), after: make([]int, n), before: make([]int, n)}
+	for l := range s.pos {
+		s.pos[l] = -1
+	}
+	for i, l := range layers {
+		if l < 0 || l >= n {
+			return fmt.Errorf("paging: sequence: layer %d: have layers 0..%d", l, n-1)
+		}
+		if s.pos[l] >= 0 {
+			return fmt.Errorf("paging: sequence: layer %d listed twice", l)
+		}
+		s.pos[l] = i
+	}
+	// For a layer outside the sequence, the sequence's layers nearest
+	// above and below it by number, cyclically.
+	for l := range n {
+		s.after[l], s.before[l] = -1, -1
+		for k := 1; k < n && (s.after[l] < 0 || s.before[l] < 0); k++ {
+			if i := s.pos[(l+k)%n]; i >= 0 && s.after[l] < 0 {
+				s.after[l] = i
+			}
+			if i := s.pos[(l-k+n)%n]; i >= 0 && s.before[l] < 0 {
+				s.before[l] = i
+			}
+		}
+	}
+	p.seq.Store(s)
+	return nil
 }
 
-// window is the layer and the depth layers after it in the access order.
+// sequence is a cyclic order of some of the layers (SetSequence).
+type sequence struct {
+	layers []int
+	pos    []int // each layer's index in layers, or -1
+	// after and before are, for a layer outside layers, the index in
+	// layers of the nearest layer above and below it by number.
+	after, before []int
+}
+
+// next is the k-th layer after layer in the access order, k >= 1.
+func (p *Pager) next(layer, k int) int {
+	rev := Order(p.order.Load()) == Reverse
+	s := p.seq.Load()
+	if s == nil {
+		n := len(p.layers)
+		if rev {
+			return ((layer-k)%n + n) % n
+		}
+		return (layer + k) % n
+	}
+	m := len(s.layers)
+	i := s.pos[layer]
+	switch {
+	case i < 0 && rev:
+		i, k = s.before[layer], k-1
+	case i < 0:
+		i, k = s.after[layer], k-1
+	}
+	if rev {
+		return s.layers[((i-k)%m+m)%m]
+	}
+	return s.layers[(i+k)%m]
+}
+
+// window is the layer and the depth layers after it in the access order
+// (fewer when the sequence is shorter).
 func (p *Pager) window(layer int) []int {
 	w := []int{layer}
 	for k := 1; k <= p.depth; k++ {
-		w = append(w, p.next(layer, k))
+		j := p.next(layer, k)
+		if slices.Contains(w, j) {
+			break
+		}
+		w = append(w, j)
 	}
 	return w
+}
+
+// aheadLocked returns the layers prefetch loads now, and those its loads
+// must not evict: the depth layers after the cursor, sparing the cursor
+// too while it is acquired; once it is released, the layer after it and
+// the depth layers after that one, so that the copies go on while the
+// caller computes elsewhere (on the CPU) before its next Acquire.
+func (p *Pager) aheadLocked() (targets, protect []int) {
+	if p.advanced {
+		w := p.window(p.next(p.cursor, 1))
+		return w, w
+	}
+	w := p.window(p.cursor)
+	return w[1:], w
 }
 
 // Acquire returns the layer's tensors by name, loading the layer if it is
@@ -407,8 +511,8 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 			for k, i := range e.str {
 				m[e.specs[i].Name] = e.strT[k]
 			}
-			p.cursor = layer
-			p.prefetchLocked(layer)
+			p.cursor, p.advanced = layer, false
+			p.prefetchLocked()
 			p.mu.Unlock()
 			if !missed {
 				p.bg.record(Event{Kind: EventHit, Layer: layer, Pager: p.id})
@@ -454,6 +558,10 @@ func (p *Pager) Release(layer int) {
 	e.lastUse = p.bg.Stamp()
 	if e.pins == 0 {
 		p.changedLocked()
+		if layer == p.cursor && !p.advanced {
+			p.advanced = true
+			p.prefetchLocked()
+		}
 	}
 }
 
@@ -468,15 +576,16 @@ func (p *Pager) Prefetch(layer int) {
 	p.startPrefetchLocked(layer, loadExplicit)
 }
 
-// prefetchLocked starts loads of the depth layers after layer, in order,
-// up to the first it cannot start: a later layer placed in the ring before
-// an earlier one would leave the earlier one no room in the window's
-// stretch of the ring.
-func (p *Pager) prefetchLocked(layer int) {
+// prefetchLocked starts loads of the layers ahead of the cursor
+// (aheadLocked), in order, up to the first it cannot start: a later layer
+// placed in the ring before an earlier one would leave the earlier one no
+// room in the window's stretch of the ring.
+func (p *Pager) prefetchLocked() {
 	if p.depth <= 0 {
 		return
 	}
-	for _, j := range p.window(layer)[1:] {
+	targets, _ := p.aheadLocked()
+	for _, j := range targets {
 		if !p.startPrefetchLocked(j, loadWindow) {
 			return
 		}
@@ -541,15 +650,17 @@ const (
 
 // protectLocked returns the layers whose ring parts a load of layer must
 // not evict: for a demand load the layer and the depth layers after it,
-// for a prefetch the cursor's window (and, for an explicit one, the layer).
-// stale reports a window prefetch whose layer is no longer in the window.
+// for a prefetch those ahead of the cursor (aheadLocked; and, for an
+// explicit one, the layer). stale reports a window prefetch whose layer
+// is no longer ahead.
 func (p *Pager) protectLocked(layer int, mode loadMode) (protect []int, stale bool) {
 	switch mode {
 	case loadWindow:
-		w := p.window(p.cursor)
-		return w, !slices.Contains(w[1:], layer)
+		targets, protect := p.aheadLocked()
+		return protect, !slices.Contains(targets, layer)
 	case loadExplicit:
-		return append(p.window(p.cursor), layer), false
+		_, protect := p.aheadLocked()
+		return append(slices.Clone(protect), layer), false
 	}
 	return p.window(layer), false
 }
