@@ -40,7 +40,18 @@ type Options struct {
 	HostCacheBytes int64
 	// Order is the initial prefetch order (SetOrder changes it).
 	Order Order
+	// HostLayers are the layers computed on the CPU from host memory
+	// (HostLayer). Each must be streamed whole by the plan
+	// (WithStreamedWhole). NewPager reserves their host copies under
+	// HostCacheBytes, so that other streamed parts never take their room,
+	// and fails with an error wrapping ErrHostMemory when they do not fit.
+	HostLayers []int
 }
+
+// ErrHostMemory is wrapped by NewPager, HostLayer and PlanHybrid when the
+// host memory limit (Options.HostCacheBytes, -host-memory-limit) cannot hold
+// the layers the CPU computes.
+var ErrHostMemory = errors.New("host memory limit too small for the CPU's layers")
 
 var (
 	errClosed          = errors.New("paging: pager closed")
@@ -101,7 +112,8 @@ type Pager struct {
 	ringHead     int64          // where the next part goes
 	ringUsed     int64          // bytes held by placed parts, wrap gaps included
 	hostCap      int64
-	hostUsed     int64
+	hostUsed     int64 // bytes of host copies held
+	hostReserved int64 // bytes reserved for host layers not yet read
 	pinnedBytes  int64
 	inflight     int
 	cursor       int    // the layer acquired last: prefetch follows it
@@ -150,6 +162,11 @@ type entry struct {
 	slot       *ringSlot
 	host       []byte // streamed part cached in host RAM, or nil
 	hostPinned bool
+	// held marks a host layer (Options.HostLayers, HostLayer): its host
+	// copy, once read, stays until Close, and its room is reserved until
+	// then. hostFilling is set while a load or HostLayer reads the host
+	// copy.
+	held, hostFilling bool
 	// ready holds the waits of asynchronous uploads into the layer's
 	// tensors that no compute has been ordered after yet; the first
 	// Acquire (or an eviction) runs them.
@@ -306,6 +323,9 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		}
 		p.layers = append(p.layers, e)
 	}
+	if err := p.reserveHostLayers(opts.HostLayers); err != nil {
+		return nil, err
+	}
 	p.ringCap = plan.RingBytes &^ (ringAlign - 1)
 	if ringNeed > p.ringCap {
 		return nil, fmt.Errorf("paging: plan's ring of %d bytes cannot hold layer %d's streamed part (%d bytes with each tensor %d-byte aligned)",
@@ -323,6 +343,41 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	p.id = budget.newPagerID()
 	p.unregister = budget.Register(pagerEvictor{p})
 	return p, nil
+}
+
+// reserveHostLayers marks the host layers and reserves their room in the
+// host cache.
+func (p *Pager) reserveHostLayers(layers []int) error {
+	var need int64
+	for _, l := range layers {
+		if l < 0 || l >= len(p.layers) {
+			return fmt.Errorf("paging: host layer %d: have layers 0..%d", l, len(p.layers)-1)
+		}
+		e := p.layers[l]
+		if e.held {
+			return fmt.Errorf("paging: host layer %d listed twice", l)
+		}
+		if err := e.checkHostLayer(); err != nil {
+			return err
+		}
+		e.held = true
+		need += e.hostSize
+	}
+	if need > p.hostCap {
+		return fmt.Errorf("paging: host layers %v: %w: they take %s (%d bytes) of host memory, the limit is %s (%d bytes)",
+			layers, ErrHostMemory, FormatSize(need), need, FormatSize(p.hostCap), p.hostCap)
+	}
+	p.hostReserved = need
+	return nil
+}
+
+// checkHostLayer refuses a layer the plan keeps in part on the device.
+func (e *entry) checkHostLayer() error {
+	if len(e.res) > 0 {
+		return fmt.Errorf("paging: host layer %d: the plan keeps %s of it resident; only a layer streamed whole is computed from host memory (WithStreamedWhole)",
+			e.layer, FormatSize(e.resBytes))
+	}
+	return nil
 }
 
 func mapKeys(m map[string]bool) []string {
@@ -1203,15 +1258,22 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 	}
 	streamed := pt == streamedPart
 	var buf []byte // the streamed part, whole, when it is or will be cached
-	cached, cachedPinned, admitted := false, false, false
+	cached, cachedPinned, admitted, held := false, false, false, false
 	if streamed {
 		p.mu.Lock()
+		for e.hostFilling { // HostLayer is reading it: use its copy
+			if err := p.waitLocked(ctx); err != nil {
+				p.mu.Unlock()
+				return fmt.Errorf("paging: layer %d: waiting for its host copy: %w", e.layer, err)
+			}
+		}
 		switch {
 		case e.host != nil:
 			buf, cached, cachedPinned = e.host, true, e.hostPinned
 			p.st.HostCacheHits++
-		case p.hostUsed+e.hostSize <= p.hostCap:
-			p.hostUsed += e.hostSize // reserved; returned if the load fails
+		case e.held || p.hostUsed+p.hostReserved+e.hostSize <= p.hostCap:
+			held = e.held
+			p.admitHostLocked(e, held) // returned if the load fails
 			admitted = true
 			p.st.HostCacheMisses++
 		default:
@@ -1227,7 +1289,7 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 		if admitted {
 			p.hostFree(buf, pinned)
 			p.mu.Lock()
-			p.hostUsed -= e.hostSize
+			p.dropHostLocked(e, held)
 			p.mu.Unlock()
 		}
 	}
@@ -1288,13 +1350,152 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 			dropAdmission()
 			return nil
 		}
-		e.host, e.hostPinned = buf, pinned
-		if pinned {
-			p.pinnedBytes += int64(len(buf))
-		}
+		p.keepHostLocked(e, buf, pinned)
 		p.mu.Unlock()
 	}
 	return nil
+}
+
+// admitHostLocked counts e's host copy in the host cache's use while it is
+// read: from the room reserved for it when held (a host layer), else from
+// the free room, which the caller has checked.
+func (p *Pager) admitHostLocked(e *entry, held bool) {
+	if held {
+		p.hostReserved -= e.hostSize
+	}
+	p.hostUsed += e.hostSize
+	e.hostFilling = true
+}
+
+// dropHostLocked undoes admitHostLocked for a read that failed.
+func (p *Pager) dropHostLocked(e *entry, held bool) {
+	p.hostUsed -= e.hostSize
+	if held {
+		p.hostReserved += e.hostSize
+	}
+	e.hostFilling = false
+	p.changedLocked()
+}
+
+// keepHostLocked makes buf, read whole, e's host copy.
+func (p *Pager) keepHostLocked(e *entry, buf []byte, pinned bool) {
+	e.host, e.hostPinned, e.hostFilling = buf, pinned, false
+	if pinned {
+		p.pinnedBytes += int64(len(buf))
+	}
+	p.changedLocked()
+}
+
+// HostLayer returns the layer's tensors as host tensors, for the CPU to
+// compute the layer from: views into the pager's host copy of it (pinned
+// memory when the backend has it), each aligned to 64 bytes. It reads the
+// layer into the host cache if it is not there, and keeps it there until
+// Close: a prefill that streams the layer to the device uploads from the
+// same copy. The map is the caller's; the tensors stay valid until Close.
+//
+// Only a layer the plan streams whole can be a host layer. Its bytes count
+// in the host cache's use: a layer not listed in Options.HostLayers (whose
+// room NewPager reserved) fails with an error wrapping ErrHostMemory when
+// the cache has no room for it. On any error nothing of the layer is held.
+func (p *Pager) HostLayer(ctx context.Context, layer int) (map[string]*tensor.Tensor, error) {
+	if layer < 0 || layer >= len(p.layers) {
+		return nil, fmt.Errorf("paging: host layer %d: have layers 0..%d", layer, len(p.layers)-1)
+	}
+	e := p.layers[layer]
+	if err := e.checkHostLayer(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("paging: host layer %d: %w", layer, errClosed)
+		}
+		if e.host != nil || len(e.str) == 0 {
+			e.held = true // an ordinary cached copy becomes a host layer's: counted already
+			m, err := e.hostViews()
+			p.mu.Unlock()
+			return m, err
+		}
+		if !e.hostFilling {
+			break
+		}
+		if err := p.waitLocked(ctx); err != nil { // a load is reading it into the cache
+			p.mu.Unlock()
+			return nil, fmt.Errorf("paging: host layer %d: %w", layer, err)
+		}
+	}
+	held := e.held
+	if !held && p.hostUsed+p.hostReserved+e.hostSize > p.hostCap {
+		free := p.hostCap - p.hostUsed - p.hostReserved
+		p.mu.Unlock()
+		return nil, fmt.Errorf("paging: host layer %d: %w: it takes %s (%d bytes), the host cache has %s (%d bytes) free of %s",
+			layer, ErrHostMemory, FormatSize(e.hostSize), e.hostSize, FormatSize(free), free, FormatSize(p.hostCap))
+	}
+	p.admitHostLocked(e, held)
+	p.inflight++ // Close waits for the read
+	p.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.life, cancel)
+	defer stop()
+	buf, pinned := p.hostAlloc(e.hostSize)
+	err := p.readHost(ctx, e, buf)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.endReadLocked()
+	if err == nil && p.closed {
+		err = errClosed
+	}
+	if err != nil {
+		p.dropHostLocked(e, held)
+		if ferr := p.hostFree(buf, pinned); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		return nil, fmt.Errorf("paging: host layer %d: %w", layer, err)
+	}
+	p.keepHostLocked(e, buf, pinned)
+	e.held = true
+	p.st.BytesDiskToHost += e.strBytes
+	p.st.HostLayerLoads++
+	return e.hostViews()
+}
+
+// endReadLocked marks the end of a HostLayer read.
+func (p *Pager) endReadLocked() {
+	p.inflight--
+	p.changedLocked()
+}
+
+// readHost reads e's streamed tensors from the source into buf, laid out
+// as the host cache lays them out.
+func (p *Pager) readHost(ctx context.Context, e *entry, buf []byte) error {
+	for k, i := range e.str {
+		s := e.specs[i]
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := p.src.ReadTensor(ctx, e.layer, s.Name, buf[e.strOff[k]:e.strOff[k]+s.Bytes]); err != nil {
+			return fmt.Errorf("tensor %s: reading: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// hostViews returns host tensors viewing e's host copy.
+func (e *entry) hostViews() (map[string]*tensor.Tensor, error) {
+	m := make(map[string]*tensor.Tensor, len(e.str))
+	for k, i := range e.str {
+		s := e.specs[i]
+		off := e.strOff[k]
+		t, err := tensor.FromBytes(s.DType, s.Shape, e.host[off:off+s.Bytes:off+s.Bytes])
+		if err != nil {
+			return nil, fmt.Errorf("paging: host layer %d tensor %s: %w", e.layer, s.Name, err)
+		}
+		m[s.Name] = t
+	}
+	return m, nil
 }
 
 // readBufs recycles the buffers that tensors outside the host cache are
@@ -1416,7 +1617,7 @@ func (p *Pager) Close() error {
 		e.host, e.hostPinned = nil, false
 	}
 	ring := p.ring
-	p.ring, p.ringUsed, p.ringHead, p.hostUsed = nil, 0, 0, 0
+	p.ring, p.ringUsed, p.ringHead, p.hostUsed, p.hostReserved = nil, 0, 0, 0, 0
 	p.mu.Unlock()
 	p.bg.Free(ring)
 	return errors.Join(errs...)
