@@ -31,16 +31,25 @@ const (
 	// device, streamed from host RAM or straight from disk, with no host
 	// cache: the smallest footprint on both.
 	StrategyAggressive Strategy = "aggressive"
+	// StrategyHybrid computes some of the layers that do not stay on the
+	// device on the CPU in decode, and streams the others, the split
+	// chosen from measured rates (PlanHybrid, HybridAuto or
+	// HybridForced).
+	StrategyHybrid Strategy = "hybrid"
+	// StrategyCPU computes every layer that does not stay on the device
+	// on the CPU in decode, and streams none (PlanHybrid, HybridAllCPU).
+	StrategyCPU Strategy = "cpu"
 )
 
 // ParseStrategy accepts the strategy names ("none", "minimal", "balanced",
-// "aggressive"), case-insensitive.
+// "aggressive", "hybrid", "cpu"), case-insensitive. Plan takes the first
+// four; the last two need measured rates and plan with PlanHybrid.
 func ParseStrategy(s string) (Strategy, error) {
 	switch st := Strategy(strings.ToLower(strings.TrimSpace(s))); st {
-	case StrategyNone, StrategyMinimal, StrategyBalanced, StrategyAggressive:
+	case StrategyNone, StrategyMinimal, StrategyBalanced, StrategyAggressive, StrategyHybrid, StrategyCPU:
 		return st, nil
 	}
-	return "", fmt.Errorf("paging: unknown offload strategy %q (want none, minimal, balanced or aggressive)", s)
+	return "", fmt.Errorf("paging: unknown offload strategy %q (want none, minimal, balanced, aggressive, hybrid or cpu)", s)
 }
 
 // ErrBudgetTooSmall is wrapped by Plan when no plan of the strategy fits.
@@ -84,6 +93,10 @@ type ModelInfo struct {
 	// Reserve is the memory the weights' user allocates from the budget
 	// (nn.Reserve computes nn's).
 	Reserve Reserve
+	// NoEmbedding says that Layers[0] is not the embedding (a later
+	// device's share, Stage): PlanHybrid counts a token's read of the
+	// embedding as one row.
+	NoEmbedding bool
 }
 
 // Reserve is the device memory that the weights' user allocates from the
@@ -323,6 +336,9 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if _, err := ParseStrategy(string(strategy)); err != nil {
 		return nil, err
 	}
+	if strategy == StrategyHybrid || strategy == StrategyCPU {
+		return nil, fmt.Errorf("paging: plan %s: the split between the CPU and the device needs measured rates: plan with PlanHybrid", strategy)
+	}
 	o := planOptions{chunk: min(DefaultChunkTokens, contextLen), maxPrefetch: 2, depth: -1}
 	for _, f := range opts {
 		f(&o)
@@ -455,7 +471,7 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		}
 	case strategy == StrategyMinimal:
 		choice, _ = search(0)
-	case strategy == StrategyBalanced:
+	case strategy == StrategyBalanced || strategy == StrategyHybrid || strategy == StrategyCPU:
 		// Prefetch when it streams at most a twentieth more than the least
 		// there is to stream, and a layer.
 		bound := max(X, forcedMoved) + max(X, 0)/20 + lring

@@ -134,12 +134,12 @@ type Bounds struct {
 	Hybrid float64 `json:"hybrid_tok_s"`
 }
 
-// Bounds returns the bounds for nonResident bytes per token; 0 bytes has
-// no bound (+Inf).
+// Bounds returns the bounds for nonResident bytes per token; for 0 bytes,
+// which the bandwidths do not bound, they are 0.
 func (r Rates) Bounds(nonResident int64) Bounds {
 	per := func(rate float64) float64 {
 		if nonResident <= 0 {
-			return math.Inf(1)
+			return 0
 		}
 		return rate / float64(nonResident)
 	}
@@ -182,7 +182,8 @@ const (
 //     pager's sequence and its ring holds depth+1 of them: the copy of
 //     the layer at a place of that sequence starts once the layer depth+1
 //     places before it has computed (Pager prefetches that far ahead once
-//     a layer is released);
+//     a layer is released); with depth 0, which does not prefetch, once
+//     the computation reaches the layer;
 //   - each change between the CPU and the device, from one layer to the
 //     next (the last layer of a token to the first of the next included),
 //     takes rates.Handoff.
@@ -282,7 +283,12 @@ func (s *sim) step() bool {
 	// last token is not spared the sharing of the link with the CPU.
 	if !s.copying && nc > 0 {
 		t, j := s.nextCopy/nc, s.nextCopy%nc
-		if G := t*s.m + s.copyG[j]; s.doneG >= G-s.depth {
+		G := t*s.m + s.copyG[j]
+		ready := s.doneG >= G-s.depth // the place depth+1 before it has computed
+		if s.depth == 0 {             // no prefetch: the computation has reached it
+			ready = s.x >= t*len(s.seq)+s.copyLayer(j)
+		}
+		if ready {
 			s.copying, s.copyRem = true, float64(s.seq[s.copyLayer(j)].CopyBytes)
 			s.nextCopy++
 			changed = true

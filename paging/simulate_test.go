@@ -38,8 +38,8 @@ func TestSimulateDecode(t *testing.T) {
 		// Three layers on the device, one after the other.
 		{"resident", places(rl(100), rl(100), rl(100)), plain, 1, 3, func(b Breakdown) bool { return near(b.GPU, secs(3)) && b.Copy == 0 }},
 		{"resident, device time left out", places(rl(100), rl(100)), noGPU, 1, 0, nil},
-		// Depth 0: a copy starts once the layer before has computed, so
-		// copy and compute alternate: 1+1 per layer.
+		// Depth 0 does not prefetch: a copy starts when the computation
+		// reaches its layer, so copy and compute alternate: 1+1 a layer.
 		{"streamed, depth 0", places(sl(100, 100), sl(100, 100)), plain, 0, 4, func(b Breakdown) bool { return near(b.CopyWait, secs(2)) }},
 		// Depth 1: copy k runs while layer k-1 computes: a second a layer.
 		{"streamed, depth 1", places(sl(100, 100), sl(100, 100)), plain, 1, 2, func(b Breakdown) bool { return near(b.Copy, secs(2)) && near(b.GPU, secs(2)) }},
@@ -52,12 +52,15 @@ func TestSimulateDecode(t *testing.T) {
 		{"C/S, copy faster", places(cl(100), sl(50, 0), cl(100), sl(50, 0)), noGPU, 1, 2, func(b Breakdown) bool { return near(b.CPU, secs(2)) && near(b.Copy, secs(1)) }},
 		// ... or the link does (copies of 3, the CPU's second hidden).
 		{"C/S, copy slower", places(cl(100), sl(300, 0), cl(100), sl(300, 0)), noGPU, 1, 6, nil},
-		{"C/S, copy slower, depth 0", places(cl(100), sl(300, 0), cl(100), sl(300, 0)), noGPU, 0, 6, nil},
-		// C S S, CPU 2, copies 1: with depth 0 the second copy waits for
-		// the first layer to compute ([2,3) after C [0,2)): 3 a token;
-		// with depth 1 both copies run during C: 2.
-		{"C S S, depth 0", places(cl(200), sl(100, 0), sl(100, 0)), noGPU, 0, 3, nil},
+		// Without prefetch nothing overlaps: 1 + 3 a pair.
+		{"C/S, copy slower, depth 0", places(cl(100), sl(300, 0), cl(100), sl(300, 0)), noGPU, 0, 8, nil},
+		// C S S, CPU 2, copies 1. Depth 1: the device's sequence is
+		// S1 S2 and a copy may start once the device's layer two places
+		// before it has computed, the same layer a token earlier: both
+		// copies run beside C ([0,1) and [1,2) beside [0,2)): 2 a token.
+		// Depth 0: C, then each copy: 4.
 		{"C S S, depth 1", places(cl(200), sl(100, 0), sl(100, 0)), noGPU, 1, 2, nil},
+		{"C S S, depth 0", places(cl(200), sl(100, 0), sl(100, 0)), noGPU, 0, 4, nil},
 		// Four changes between the CPU and the device a token (the last
 		// layer to the first included), 0.1 each.
 		{"handoffs", places(cl(100), rl(0), cl(100), rl(0)), Rates{CPU: 100, Handoff: 100 * time.Millisecond}, 1, 2.4,
@@ -121,7 +124,7 @@ func TestRatesBounds(t *testing.T) {
 	if b := (Rates{H2D: 50, CPU: 50}).Bounds(100); b.Hybrid != 1 {
 		t.Errorf("shared rates of 0 are not the rates alone: %+v", b)
 	}
-	if b := r.Bounds(0); !math.IsInf(b.Hybrid, 1) {
+	if b := r.Bounds(0); b != (Bounds{}) {
 		t.Errorf("nothing to read: %+v", b)
 	}
 	for _, p := range []Place{Resident, Streamed, OnCPU} {
