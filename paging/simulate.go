@@ -224,6 +224,7 @@ type sim struct {
 	cidx  []int // each layer's index among the token's copies, or -1
 	m     int   // the device's layers per token
 	copyG []int // the device place of each copy of a token
+	copyL []int // the index in seq of each copy of a token
 
 	now float64
 	// the computation: layer x (over all tokens) in a phase
@@ -263,7 +264,7 @@ func newSim(seq []LayerPlace, rates Rates, depth int) *sim {
 		}
 		if lp.Place == Streamed {
 			c = len(s.copyG)
-			s.copyG = append(s.copyG, g)
+			s.copyG, s.copyL = append(s.copyG, g), append(s.copyL, len(s.gpos))
 		}
 		s.gpos, s.cidx = append(s.gpos, g), append(s.cidx, c)
 	}
@@ -286,10 +287,10 @@ func (s *sim) step() bool {
 		G := t*s.m + s.copyG[j]
 		ready := s.doneG >= G-s.depth // the place depth+1 before it has computed
 		if s.depth == 0 {             // no prefetch: the computation has reached it
-			ready = s.x >= t*len(s.seq)+s.copyLayer(j)
+			ready = s.x >= t*len(s.seq)+s.copyL[j]
 		}
 		if ready {
-			s.copying, s.copyRem = true, float64(s.seq[s.copyLayer(j)].CopyBytes)
+			s.copying, s.copyRem = true, float64(s.seq[s.copyL[j]].CopyBytes)
 			s.nextCopy++
 			changed = true
 		}
@@ -335,16 +336,6 @@ func (s *sim) step() bool {
 		}
 	}
 	return changed
-}
-
-// copyLayer is the index in seq of a token's j-th copy.
-func (s *sim) copyLayer(j int) int {
-	for i, c := range s.cidx {
-		if c == j {
-			return i
-		}
-	}
-	return -1
 }
 
 func (s *sim) run() error {
