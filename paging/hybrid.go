@@ -197,16 +197,15 @@ func PlanHybrid(model ModelInfo, budget int64, contextLen, batch int, rates Rate
 
 // hybridSearch is what PlanHybrid's search needs.
 type hybridSearch struct {
-	model              ModelInfo
-	budget             int64
-	strategy           Strategy
-	contextLen, batch  int
-	rates              Rates
-	o                  planOptions
-	read, host         []int64 // per layer: what a token reads, and its host copy
-	hostLimit          int64
-	first              []int // the embedding, when it is a candidate
-	plans, simulations int
+	model             ModelInfo
+	budget            int64
+	strategy          Strategy
+	contextLen, batch int
+	rates             Rates
+	o                 planOptions
+	read, host        []int64 // per layer: what a token reads, and its host copy
+	hostLimit         int64
+	first             []int // the embedding, when it is a candidate
 }
 
 // hybridCandidate is one split evaluated.
@@ -280,16 +279,8 @@ func (h *hybridSearch) allCPU(base *PlanResult) (*hybridCandidate, error) {
 	if base.StreamedBytes == 0 {
 		return h.bestDepth(nil)
 	}
-	var order []int // the embedding, then the layers in order
-	if h.first != nil {
-		order = append(order, 0)
-	}
-	for l := 1; l < n; l++ {
-		order = append(order, l)
-	}
-	for k := 1; k <= len(order); k++ {
-		cpu := slices.Clone(order[:k])
-		slices.Sort(cpu)
+	for k := 1; k <= n; k++ {
+		cpu := forwardLayers(k) // the embedding and the first blocks
 		var best *hybridCandidate
 		for d := 0; d <= min(h.o.maxPrefetch, n-1); d++ {
 			c, err := h.eval(cpu, d)
@@ -386,7 +377,6 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 	if len(cpu) > 0 {
 		o.whole, o.sequence = cpu, complement(len(h.model.Layers), cpu)
 	}
-	h.plans++
 	gpu, err := plan(h.model, h.budget, h.strategy, h.contextLen, h.batch, o)
 	if errors.Is(err, errNoPlanAtDepth) {
 		return nil, nil
@@ -405,7 +395,6 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 		}
 		c.places = append(c.places, pl)
 	}
-	h.simulations++
 	if c.t, c.b, err = SimulateDecode(c.places, h.rates, gpu.PrefetchDepth); err != nil {
 		return nil, err
 	}
@@ -445,6 +434,15 @@ func (h *hybridSearch) result(mode HybridMode, c *hybridCandidate) *HybridPlan {
 	}
 	hp.Bounds = h.rates.Bounds(hp.StreamedBytes + hp.CPUBytes)
 	return hp
+}
+
+// forwardLayers returns 0..k-1.
+func forwardLayers(k int) []int {
+	out := make([]int, k)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
 
 // complement returns the layers of 0..n-1 not in xs (sorted), in order.

@@ -232,6 +232,18 @@ func TestPlanHybridModes(t *testing.T) {
 			}
 		}
 	}
+	// A later device's share: layer 0 is a block, and the first on the CPU.
+	stage := info
+	stage.NoEmbedding = true
+	budget := fixed + W/2
+	hp, err := PlanHybrid(stage, budget, 16, 1, rates, HybridOptions{Mode: HybridAllCPU}, WithChunkTokens(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHybrid(t, "cpu, no embedding", stage, budget, hp)
+	if k := len(hp.CPULayers); k == 0 || !slices.Equal(hp.CPULayers, forward(k)) || hp.StreamedBytes != 0 {
+		t.Errorf("cpu, no embedding: CPU layers %v, streams %d", hp.CPULayers, hp.StreamedBytes)
+	}
 	for _, mode := range []HybridMode{HybridAuto, HybridAllCPU} {
 		hp, err := PlanHybrid(info, 1<<40, 16, 1, rates, HybridOptions{Mode: mode}, WithChunkTokens(8))
 		if err != nil {
