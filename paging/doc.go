@@ -20,20 +20,31 @@
 //     the streaming ring is and how deep to prefetch, given the memory the
 //     model's user reserves beside the weights (ModelInfo.Reserve); it
 //     refuses a budget that cannot work and says the smallest one that can.
+//   - PlanHybrid plans decode over the device, the link and the CPU at
+//     once: of the layers that do not stay on the device, some are
+//     computed on the CPU from host memory while the copies of the others
+//     stream, the split chosen to minimise SimulateDecode's prediction
+//     from measured Rates (strategies hybrid and cpu). Its device plan
+//     streams the CPU's layers whole, for a prefill that runs every layer
+//     on the device.
 //   - Pager implements Acquire/Release over a Source: resident weights stay,
 //     streamed weights pass through the ring (one allocation, the streamed
-//     tensors views into it), the next layers are prefetched while the
-//     current one computes, and a bounded host cache (pinned when the
-//     backend can) saves re-reading the source. Unified serves the same
-//     from managed memory.
+//     tensors views into it), the next layers of its sequence (every
+//     layer, or those SetSequence gives) are prefetched while the current
+//     one computes, and a bounded host cache (pinned when the backend can)
+//     saves re-reading the source. HostLayer hands the CPU a layer as host
+//     tensors in that cache, kept there for the pager's life. Unified
+//     serves the same from managed memory.
 //   - Summary and WriteSnapshot show where the memory went;
 //     examples/memviz draws a snapshot.
 //
 // What paging owns: the device bytes of one budget and their accounts, the
-// residency of weights (which stay, which stream, where in the ring they
-// go, when they load), and the host copies of streamed weights. What it
-// must not know: how the weights are computed with (it depends on the
-// backend's memory and optional copy capabilities only, never its kernels),
+// residency of weights (which stay, which stream, which the CPU computes
+// from host memory in decode, where in the ring they go, when they load),
+// and the host copies of streamed weights. What it must not know: how the
+// weights are computed with (it depends on the backend's memory and
+// optional copy capabilities only, never its kernels; the speeds it plans
+// with are Rates its user measures),
 // the model's architecture beyond the layers and tensors a Source lists,
 // and the user's buffers: the KV cache, activations and workspace are a
 // Reserve the user describes buffer by buffer (nn.Reserve), never
@@ -73,4 +84,16 @@
 //	pager.Release(3)
 //	pager.MarkStep() // after each token: bytes moved per token
 //	fmt.Print(budget.Summary())
+//
+// With the CPU computing part of the model in decode (rates measured by
+// the user; hostLimit the host memory limit, 0 for none):
+//
+//	hp, err := paging.PlanHybrid(info, limit, 4096, 1, rates, paging.HybridOptions{HostBytes: hostLimit})
+//	...
+//	pager, err := paging.NewPager(src, budget, hp.GPU, paging.Options{HostLayers: hp.CPULayers, HostCacheBytes: hostLimit})
+//	// prefill: every layer through Acquire, then for decode:
+//	err = pager.SetSequence(hp.Sequence)
+//	// each token, layer by layer: pager.HostLayer(ctx, l) for the layers
+//	// in hp.CPULayers (host tensors for the CPU), Acquire/Release for
+//	// the others
 package paging

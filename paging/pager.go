@@ -19,13 +19,13 @@ import (
 )
 
 // Order is the direction in which layers are expected to be used next; the
-// pager prefetches along it.
+// pager prefetches along it, over the sequence (SetSequence).
 type Order int32
 
 // The access orders.
 const (
-	Forward Order = iota // 0, 1, ..., n-1, 0, ... (decoding)
-	Reverse              // n-1, ..., 1, 0, n-1, ... (a backward pass)
+	Forward Order = iota // 0, 1, ..., n-1, 0, ... (decoding): the sequence in its order
+	Reverse              // n-1, ..., 1, 0, n-1, ... (a backward pass): the sequence backwards
 )
 
 // Options adjust a Pager.
@@ -40,7 +40,18 @@ type Options struct {
 	HostCacheBytes int64
 	// Order is the initial prefetch order (SetOrder changes it).
 	Order Order
+	// HostLayers are the layers computed on the CPU from host memory
+	// (HostLayer). Each must be streamed whole by the plan
+	// (WithStreamedWhole). NewPager reserves their host copies under
+	// HostCacheBytes, so that other streamed parts never take their room,
+	// and fails with an error wrapping ErrHostMemory when they do not fit.
+	HostLayers []int
 }
+
+// ErrHostMemory is wrapped by NewPager, HostLayer and PlanHybrid when the
+// host memory limit (Options.HostCacheBytes, -host-memory-limit) cannot hold
+// the layers the CPU computes.
+var ErrHostMemory = errors.New("host memory limit too small for the CPU's layers")
 
 var (
 	errClosed          = errors.New("paging: pager closed")
@@ -62,6 +73,11 @@ var (
 // are the oldest and never the ones about to be used, and the ring never
 // fragments: Plan sizes it for that walk (PlanResult.RingBytes).
 //
+// Prefetch follows the layer acquired last: the depth layers after it in
+// the sequence (SetSequence) load while it computes, and once it is
+// released, the next one too, so that copies go on while the caller
+// computes elsewhere (layers on the CPU) before its next Acquire.
+//
 // Acquire pins a layer (it is never evicted while pinned) and Release
 // unpins it. Concurrent Acquires of one layer load it once. Parts that are
 // neither pinned nor in the ring are evicted least recently used first when
@@ -78,8 +94,9 @@ type Pager struct {
 	depth      int
 	layers     []*entry
 	order      atomic.Int32
-	pinned     tensor.PinnedAllocator // nil when the backend has none
-	async      tensor.AsyncUploader   // nil when the backend has none
+	seq        atomic.Pointer[sequence] // nil: every layer in order
+	pinned     tensor.PinnedAllocator   // nil when the backend has none
+	async      tensor.AsyncUploader     // nil when the backend has none
 	reads      readBufs
 	unregister func() // removes the pager from its budget's evictors
 
@@ -95,10 +112,12 @@ type Pager struct {
 	ringHead     int64          // where the next part goes
 	ringUsed     int64          // bytes held by placed parts, wrap gaps included
 	hostCap      int64
-	hostUsed     int64
+	hostUsed     int64 // bytes of host copies held
+	hostReserved int64 // bytes reserved for host layers not yet read
 	pinnedBytes  int64
 	inflight     int
 	cursor       int    // the layer acquired last: prefetch follows it
+	advanced     bool   // the cursor was released since: prefetch follows the layer after it
 	changes      uint64 // counts releases, evictions and finished loads
 	closed       bool
 	st           Stats
@@ -113,13 +132,22 @@ const ringAlign = 256
 
 func alignUp(n int64) int64 { return (n + ringAlign - 1) &^ (ringAlign - 1) }
 
+// hostAlign is the alignment of every tensor in a host copy of a streamed
+// part: host tensors viewed in it (HostLayer) are aligned for any element
+// type and for the CPU's wide loads. Host copies take their tensors' bytes
+// each so padded, and the host cache counts them so.
+const hostAlign = 64
+
+func alignHost(n int64) int64 { return (n + hostAlign - 1) &^ (hostAlign - 1) }
+
 type entry struct {
 	layer    int
 	specs    []TensorSpec
 	res, str []int   // indices into specs: resident and streamed tensors
-	strOff   []int64 // offsets of the streamed tensors in the host cache's buffer
+	strOff   []int64 // offsets of the streamed tensors in the host cache's buffer, each hostAlign-aligned
 	resBytes int64
 	strBytes int64
+	hostSize int64 // the host cache's buffer for the streamed part: its tensors, each padded to hostAlign
 	strSlab  int64 // bytes of the streamed part laid out in the ring, each tensor aligned
 	// strBySize orders the streamed tensors (indices into str) largest
 	// first, as layout places them.
@@ -134,6 +162,11 @@ type entry struct {
 	slot       *ringSlot
 	host       []byte // streamed part cached in host RAM, or nil
 	hostPinned bool
+	// held marks a host layer (Options.HostLayers, HostLayer): its host
+	// copy, once read, stays until Close, and its room is reserved until
+	// then. hostFilling is set while a load or HostLayer reads the host
+	// copy.
+	held, hostFilling bool
 	// ready holds the waits of asynchronous uploads into the layer's
 	// tensors that no compute has been ordered after yet; the first
 	// Acquire (or an eviction) runs them.
@@ -265,9 +298,10 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		all := len(lp.Streamed) == 0 && lp.StreamedBytes == total && total > 0
 		for i, s := range specs {
 			if all || streamed[s.Name] {
-				e.strOff = append(e.strOff, e.strBytes)
+				e.strOff = append(e.strOff, e.hostSize)
 				e.str = append(e.str, i)
 				e.strBytes += s.Bytes
+				e.hostSize += alignHost(s.Bytes)
 				e.strSlab += alignUp(s.Bytes)
 				delete(streamed, s.Name)
 			} else {
@@ -289,6 +323,9 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		}
 		p.layers = append(p.layers, e)
 	}
+	if err := p.reserveHostLayers(opts.HostLayers); err != nil {
+		return nil, err
+	}
 	p.ringCap = plan.RingBytes &^ (ringAlign - 1)
 	if ringNeed > p.ringCap {
 		return nil, fmt.Errorf("paging: plan's ring of %d bytes cannot hold layer %d's streamed part (%d bytes with each tensor %d-byte aligned)",
@@ -306,6 +343,41 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	p.id = budget.newPagerID()
 	p.unregister = budget.Register(pagerEvictor{p})
 	return p, nil
+}
+
+// reserveHostLayers marks the host layers and reserves their room in the
+// host cache.
+func (p *Pager) reserveHostLayers(layers []int) error {
+	var need int64
+	for _, l := range layers {
+		if l < 0 || l >= len(p.layers) {
+			return fmt.Errorf("paging: host layer %d: have layers 0..%d", l, len(p.layers)-1)
+		}
+		e := p.layers[l]
+		if e.held {
+			return fmt.Errorf("paging: host layer %d listed twice", l)
+		}
+		if err := e.checkHostLayer(); err != nil {
+			return err
+		}
+		e.held = true
+		need += e.hostSize
+	}
+	if need > p.hostCap {
+		return fmt.Errorf("paging: host layers %v: %w: they take %s (%d bytes) of host memory, the limit is %s (%d bytes)",
+			layers, ErrHostMemory, FormatSize(need), need, FormatSize(p.hostCap), p.hostCap)
+	}
+	p.hostReserved = need
+	return nil
+}
+
+// checkHostLayer refuses a layer the plan keeps in part on the device.
+func (e *entry) checkHostLayer() error {
+	if len(e.res) > 0 {
+		return fmt.Errorf("paging: host layer %d: the plan keeps %s of it resident; only a layer streamed whole is computed from host memory (WithStreamedWhole)",
+			e.layer, FormatSize(e.resBytes))
+	}
+	return nil
 }
 
 func mapKeys(m map[string]bool) []string {
@@ -334,21 +406,118 @@ func (p *Pager) NumLayers() int { return len(p.layers) }
 // SetOrder sets the direction prefetch follows from now on.
 func (p *Pager) SetOrder(o Order) { p.order.Store(int32(o)) }
 
-func (p *Pager) next(layer, k int) int {
+// SetSequence sets the cyclic order of layers that prefetch follows from
+// now on (Forward: as listed; Reverse: backwards); nil or empty restores
+// every layer, 0..n-1. Layers left out are never prefetched: decoding with
+// some layers computed on the CPU (HostLayer) sets the sequence of the
+// others, so that the copies of the next streamed layers run while the CPU
+// computes, and the layers the CPU computes are never uploaded. A layer
+// outside the sequence that is acquired anyway prefetches the layers of the
+// sequence that follow it by number. The ring holds any PrefetchDepth+1
+// consecutive layers of 0..n-1; for a sequence it holds those of the
+// sequence when the plan was made WithSequence of it (PlanHybrid does).
+// Prefetches under way for layers the new sequence leaves out finish or
+// are dropped; parts loaded in the old order may stand in the way of the
+// new walk for up to two passes, during which a prefetch may find no room
+// (its layer then loads on demand). Set the sequence before the last
+// Release of the pass before, or the prefetch after that Release follows
+// the old order. It refuses a layer out of range or listed twice.
+func (p *Pager) SetSequence(layers []int) error {
 	n := len(p.layers)
-	if Order(p.order.Load()) == Reverse {
-		return ((layer-k)%n + n) % n
+	if len(layers) == 0 {
+		p.seq.Store(nil)
+		return nil
 	}
-	return (layer + k) % n
+	s := &sequence{layers: slices.Clone(layers), pos: make([]int, n), after: make([]int, n), before: make([]int, n)}
+	for l := range s.pos {
+		s.pos[l] = -1
+	}
+	for i, l := range layers {
+		if l < 0 || l >= n {
+			return fmt.Errorf("paging: sequence: layer %d: have layers 0..%d", l, n-1)
+		}
+		if s.pos[l] >= 0 {
+			return fmt.Errorf("paging: sequence: layer %d listed twice", l)
+		}
+		s.pos[l] = i
+	}
+	// For a layer outside the sequence, the sequence's layers nearest
+	// above and below it by number, cyclically.
+	for l := range n {
+		s.after[l], s.before[l] = -1, -1
+		for k := 1; k < n && (s.after[l] < 0 || s.before[l] < 0); k++ {
+			if i := s.pos[(l+k)%n]; i >= 0 && s.after[l] < 0 {
+				s.after[l] = i
+			}
+			if i := s.pos[(l-k+n)%n]; i >= 0 && s.before[l] < 0 {
+				s.before[l] = i
+			}
+		}
+	}
+	p.seq.Store(s)
+	return nil
 }
 
-// window is the layer and the depth layers after it in the access order.
+// sequence is a cyclic order of some of the layers (SetSequence).
+type sequence struct {
+	layers []int
+	pos    []int // each layer's index in layers, or -1
+	// after and before are, for a layer outside layers, the index in
+	// layers of the nearest layer above and below it by number.
+	after, before []int
+}
+
+// next is the k-th layer after layer in the access order, k >= 1.
+func (p *Pager) next(layer, k int) int {
+	rev := Order(p.order.Load()) == Reverse
+	s := p.seq.Load()
+	if s == nil {
+		n := len(p.layers)
+		if rev {
+			return ((layer-k)%n + n) % n
+		}
+		return (layer + k) % n
+	}
+	m := len(s.layers)
+	i := s.pos[layer]
+	switch {
+	case i < 0 && rev:
+		i, k = s.before[layer], k-1
+	case i < 0:
+		i, k = s.after[layer], k-1
+	}
+	if rev {
+		return s.layers[((i-k)%m+m)%m]
+	}
+	return s.layers[(i+k)%m]
+}
+
+// window is the layer and the depth layers after it in the access order
+// (fewer when the sequence is shorter).
 func (p *Pager) window(layer int) []int {
 	w := []int{layer}
 	for k := 1; k <= p.depth; k++ {
-		w = append(w, p.next(layer, k))
+		j := p.next(layer, k)
+		if slices.Contains(w, j) {
+			break
+		}
+		w = append(w, j)
 	}
 	return w
+}
+
+// aheadLocked returns the layers prefetch loads now, and those its loads
+// must not evict: the depth layers after the cursor, sparing the cursor
+// too while it is acquired; once it is released, the layer after it and
+// the depth layers after that one, so that the copies go on while the
+// caller computes elsewhere (on the CPU) before its next Acquire.
+func (p *Pager) aheadLocked() (targets, protect []int) {
+	if p.advanced {
+		w := p.window(p.next(p.cursor, 1))
+		return w, w
+	}
+	w := p.window(p.cursor)
+	return w[1:], w
 }
 
 // Acquire returns the layer's tensors by name, loading the layer if it is
@@ -397,8 +566,8 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 			for k, i := range e.str {
 				m[e.specs[i].Name] = e.strT[k]
 			}
-			p.cursor = layer
-			p.prefetchLocked(layer)
+			p.cursor, p.advanced = layer, false
+			p.prefetchLocked()
 			p.mu.Unlock()
 			if !missed {
 				p.bg.record(Event{Kind: EventHit, Layer: layer, Pager: p.id})
@@ -444,6 +613,10 @@ func (p *Pager) Release(layer int) {
 	e.lastUse = p.bg.Stamp()
 	if e.pins == 0 {
 		p.changedLocked()
+		if layer == p.cursor && !p.advanced {
+			p.advanced = true
+			p.prefetchLocked()
+		}
 	}
 }
 
@@ -458,15 +631,16 @@ func (p *Pager) Prefetch(layer int) {
 	p.startPrefetchLocked(layer, loadExplicit)
 }
 
-// prefetchLocked starts loads of the depth layers after layer, in order,
-// up to the first it cannot start: a later layer placed in the ring before
-// an earlier one would leave the earlier one no room in the window's
-// stretch of the ring.
-func (p *Pager) prefetchLocked(layer int) {
+// prefetchLocked starts loads of the layers ahead of the cursor
+// (aheadLocked), in order, up to the first it cannot start: a later layer
+// placed in the ring before an earlier one would leave the earlier one no
+// room in the window's stretch of the ring.
+func (p *Pager) prefetchLocked() {
 	if p.depth <= 0 {
 		return
 	}
-	for _, j := range p.window(layer)[1:] {
+	targets, _ := p.aheadLocked()
+	for _, j := range targets {
 		if !p.startPrefetchLocked(j, loadWindow) {
 			return
 		}
@@ -531,15 +705,17 @@ const (
 
 // protectLocked returns the layers whose ring parts a load of layer must
 // not evict: for a demand load the layer and the depth layers after it,
-// for a prefetch the cursor's window (and, for an explicit one, the layer).
-// stale reports a window prefetch whose layer is no longer in the window.
+// for a prefetch those ahead of the cursor (aheadLocked; and, for an
+// explicit one, the layer). stale reports a window prefetch whose layer
+// is no longer ahead.
 func (p *Pager) protectLocked(layer int, mode loadMode) (protect []int, stale bool) {
 	switch mode {
 	case loadWindow:
-		w := p.window(p.cursor)
-		return w, !slices.Contains(w[1:], layer)
+		targets, protect := p.aheadLocked()
+		return protect, !slices.Contains(targets, layer)
 	case loadExplicit:
-		return append(p.window(p.cursor), layer), false
+		_, protect := p.aheadLocked()
+		return append(slices.Clone(protect), layer), false
 	}
 	return p.window(layer), false
 }
@@ -1082,15 +1258,22 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 	}
 	streamed := pt == streamedPart
 	var buf []byte // the streamed part, whole, when it is or will be cached
-	cached, cachedPinned, admitted := false, false, false
+	cached, cachedPinned, admitted, held := false, false, false, false
 	if streamed {
 		p.mu.Lock()
+		for e.hostFilling { // HostLayer is reading it: use its copy
+			if err := p.waitLocked(ctx); err != nil {
+				p.mu.Unlock()
+				return fmt.Errorf("paging: layer %d: waiting for its host copy: %w", e.layer, err)
+			}
+		}
 		switch {
 		case e.host != nil:
 			buf, cached, cachedPinned = e.host, true, e.hostPinned
 			p.st.HostCacheHits++
-		case p.hostUsed+e.strBytes <= p.hostCap:
-			p.hostUsed += e.strBytes // reserved; returned if the load fails
+		case e.held || p.hostUsed+p.hostReserved+e.hostSize <= p.hostCap:
+			held = e.held
+			p.admitHostLocked(e, held) // returned if the load fails
 			admitted = true
 			p.st.HostCacheMisses++
 		default:
@@ -1100,13 +1283,13 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 	}
 	pinned := false
 	if admitted {
-		buf, pinned = p.hostAlloc(e.strBytes)
+		buf, pinned = p.hostAlloc(e.hostSize)
 	}
 	dropAdmission := func() {
 		if admitted {
 			p.hostFree(buf, pinned)
 			p.mu.Lock()
-			p.hostUsed -= e.strBytes
+			p.dropHostLocked(e, held)
 			p.mu.Unlock()
 		}
 	}
@@ -1167,13 +1350,152 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 			dropAdmission()
 			return nil
 		}
-		e.host, e.hostPinned = buf, pinned
-		if pinned {
-			p.pinnedBytes += int64(len(buf))
-		}
+		p.keepHostLocked(e, buf, pinned)
 		p.mu.Unlock()
 	}
 	return nil
+}
+
+// admitHostLocked counts e's host copy in the host cache's use while it is
+// read: from the room reserved for it when held (a host layer), else from
+// the free room, which the caller has checked.
+func (p *Pager) admitHostLocked(e *entry, held bool) {
+	if held {
+		p.hostReserved -= e.hostSize
+	}
+	p.hostUsed += e.hostSize
+	e.hostFilling = true
+}
+
+// dropHostLocked undoes admitHostLocked for a read that failed.
+func (p *Pager) dropHostLocked(e *entry, held bool) {
+	p.hostUsed -= e.hostSize
+	if held {
+		p.hostReserved += e.hostSize
+	}
+	e.hostFilling = false
+	p.changedLocked()
+}
+
+// keepHostLocked makes buf, read whole, e's host copy.
+func (p *Pager) keepHostLocked(e *entry, buf []byte, pinned bool) {
+	e.host, e.hostPinned, e.hostFilling = buf, pinned, false
+	if pinned {
+		p.pinnedBytes += int64(len(buf))
+	}
+	p.changedLocked()
+}
+
+// HostLayer returns the layer's tensors as host tensors, for the CPU to
+// compute the layer from: views into the pager's host copy of it (pinned
+// memory when the backend has it), each aligned to 64 bytes. It reads the
+// layer into the host cache if it is not there, and keeps it there until
+// Close: a prefill that streams the layer to the device uploads from the
+// same copy. The map is the caller's; the tensors stay valid until Close.
+//
+// Only a layer the plan streams whole can be a host layer. Its bytes count
+// in the host cache's use: a layer not listed in Options.HostLayers (whose
+// room NewPager reserved) fails with an error wrapping ErrHostMemory when
+// the cache has no room for it. On any error nothing of the layer is held.
+func (p *Pager) HostLayer(ctx context.Context, layer int) (map[string]*tensor.Tensor, error) {
+	if layer < 0 || layer >= len(p.layers) {
+		return nil, fmt.Errorf("paging: host layer %d: have layers 0..%d", layer, len(p.layers)-1)
+	}
+	e := p.layers[layer]
+	if err := e.checkHostLayer(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("paging: host layer %d: %w", layer, errClosed)
+		}
+		if e.host != nil || len(e.str) == 0 {
+			e.held = true // an ordinary cached copy becomes a host layer's: counted already
+			m, err := e.hostViews()
+			p.mu.Unlock()
+			return m, err
+		}
+		if !e.hostFilling {
+			break
+		}
+		if err := p.waitLocked(ctx); err != nil { // a load is reading it into the cache
+			p.mu.Unlock()
+			return nil, fmt.Errorf("paging: host layer %d: %w", layer, err)
+		}
+	}
+	held := e.held
+	if !held && p.hostUsed+p.hostReserved+e.hostSize > p.hostCap {
+		free := p.hostCap - p.hostUsed - p.hostReserved
+		p.mu.Unlock()
+		return nil, fmt.Errorf("paging: host layer %d: %w: it takes %s (%d bytes), the host cache has %s (%d bytes) free of %s",
+			layer, ErrHostMemory, FormatSize(e.hostSize), e.hostSize, FormatSize(free), free, FormatSize(p.hostCap))
+	}
+	p.admitHostLocked(e, held)
+	p.inflight++ // Close waits for the read
+	p.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.life, cancel)
+	defer stop()
+	buf, pinned := p.hostAlloc(e.hostSize)
+	err := p.readHost(ctx, e, buf)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.endReadLocked()
+	if err == nil && p.closed {
+		err = errClosed
+	}
+	if err != nil {
+		p.dropHostLocked(e, held)
+		if ferr := p.hostFree(buf, pinned); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		return nil, fmt.Errorf("paging: host layer %d: %w", layer, err)
+	}
+	p.keepHostLocked(e, buf, pinned)
+	e.held = true
+	p.st.BytesDiskToHost += e.strBytes
+	p.st.HostLayerLoads++
+	return e.hostViews()
+}
+
+// endReadLocked marks the end of a HostLayer read.
+func (p *Pager) endReadLocked() {
+	p.inflight--
+	p.changedLocked()
+}
+
+// readHost reads e's streamed tensors from the source into buf, laid out
+// as the host cache lays them out.
+func (p *Pager) readHost(ctx context.Context, e *entry, buf []byte) error {
+	for k, i := range e.str {
+		s := e.specs[i]
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := p.src.ReadTensor(ctx, e.layer, s.Name, buf[e.strOff[k]:e.strOff[k]+s.Bytes]); err != nil {
+			return fmt.Errorf("tensor %s: reading: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// hostViews returns host tensors viewing e's host copy.
+func (e *entry) hostViews() (map[string]*tensor.Tensor, error) {
+	m := make(map[string]*tensor.Tensor, len(e.str))
+	for k, i := range e.str {
+		s := e.specs[i]
+		off := e.strOff[k]
+		t, err := tensor.FromBytes(s.DType, s.Shape, e.host[off:off+s.Bytes:off+s.Bytes])
+		if err != nil {
+			return nil, fmt.Errorf("paging: host layer %d tensor %s: %w", e.layer, s.Name, err)
+		}
+		m[s.Name] = t
+	}
+	return m, nil
 }
 
 // readBufs recycles the buffers that tensors outside the host cache are
@@ -1295,7 +1617,7 @@ func (p *Pager) Close() error {
 		e.host, e.hostPinned = nil, false
 	}
 	ring := p.ring
-	p.ring, p.ringUsed, p.ringHead, p.hostUsed = nil, 0, 0, 0
+	p.ring, p.ringUsed, p.ringHead, p.hostUsed, p.hostReserved = nil, 0, 0, 0, 0
 	p.mu.Unlock()
 	p.bg.Free(ring)
 	return errors.Join(errs...)

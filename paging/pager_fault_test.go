@@ -262,7 +262,7 @@ func consistentNow(p *Pager, fb *fakeBackend) error {
 	if p.ringCap > 0 && (p.ring == nil || p.ring.NumBytes() != p.ringCap) {
 		problems = append(problems, fmt.Sprintf("ring of %d bytes is %v", p.ringCap, p.ring))
 	}
-	var ring, host, pinned int64
+	var ring, host, pinned, reserved int64
 	var slots []*entry
 	for _, e := range p.layers {
 		if e.pins != 0 || e.waiters != 0 || e.loading {
@@ -287,6 +287,15 @@ func consistentNow(p *Pager, fb *fakeBackend) error {
 		if e.hostPinned {
 			pinned += int64(len(e.host))
 		}
+		if e.hostFilling {
+			problems = append(problems, fmt.Sprintf("layer %d: a host copy still filling", e.layer))
+		}
+		if e.held && e.host == nil {
+			reserved += e.hostSize
+		}
+	}
+	if reserved != p.hostReserved {
+		problems = append(problems, fmt.Sprintf("host room reserved for host layers %d, their copies not read %d", p.hostReserved, reserved))
 	}
 	if ring != p.ringUsed {
 		problems = append(problems, fmt.Sprintf("ring use %d, streamed parts in it %d", p.ringUsed, ring))

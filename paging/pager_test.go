@@ -596,7 +596,7 @@ func TestHostCache(t *testing.T) {
 		read := src.reads.Load() - before
 		st := pg.Stats()
 		limit := st.HostCacheLimit
-		if tc.host == 0 && limit != plan.StreamedBytes || tc.host < 0 && limit != 0 {
+		if tc.host == 0 && limit != plan.HostCacheBytes || tc.host < 0 && limit != 0 {
 			t.Errorf("host %d: limit %d", tc.host, limit)
 		}
 		if read < plan.StreamedBytes-limit || read > plan.StreamedBytes {
@@ -617,6 +617,50 @@ func TestHostCache(t *testing.T) {
 		}
 		if _, _, pinned := fb.outstanding(); pinned != 0 {
 			t.Errorf("%d pinned bytes after Close", pinned)
+		}
+	}
+}
+
+// TestHostCachePadded: host copies put each tensor at a 64-byte offset, so
+// that they take more than the tensors' bytes when sizes are uneven; the
+// plan's host cache counts them so and holds every streamed part, and each
+// tensor of a host copy is aligned.
+func TestHostCachePadded(t *testing.T) {
+	src := unevenSynth(rand.New(rand.NewPCG(11, 12)), 8)
+	info := smallDims(src, src.NumLayers())
+	W, _ := totalAndMax(info)
+	p0, _ := Plan(info, 1<<40, StrategyMinimal, 4, 1)
+	budget := max(p0.KVCacheBytes+p0.ActivationBytes+p0.WorkspaceBytes+W/2, p0.MinBudgetBytes)
+	plan, err := Plan(info, budget, StrategyMinimal, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.HostCacheBytes <= plan.StreamedBytes {
+		t.Fatalf("host cache %d for %d streamed bytes of uneven tensors: no padding counted", plan.HostCacheBytes, plan.StreamedBytes)
+	}
+	bg := newBudget(t, newFake(), budget, "")
+	defer bg.Close()
+	free := nnReserve(t, bg, plan)
+	defer free()
+	pg, err := NewPager(src, bg, plan, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	sweep(t, pg, src, forward(src.NumLayers()))
+	before := src.reads.Load()
+	sweep(t, pg, src, forward(src.NumLayers()))
+	if read := src.reads.Load() - before; read != 0 {
+		t.Errorf("the plan's host cache of %d bytes did not keep every streamed part: %d bytes read again", plan.HostCacheBytes, read)
+	}
+	if st := pg.Stats(); st.HostCacheBytes != plan.HostCacheBytes {
+		t.Errorf("host cache holds %d bytes, plan says %d", st.HostCacheBytes, plan.HostCacheBytes)
+	}
+	for _, e := range pg.layers {
+		for _, off := range e.strOff {
+			if off%hostAlign != 0 {
+				t.Errorf("layer %d: a tensor at offset %d of its host copy", e.layer, off)
+			}
 		}
 	}
 }

@@ -87,6 +87,7 @@ func (m ModelInfo) Stage(p Placement) ModelInfo {
 		s.Layers[i] = m.Layers[l]
 	}
 	s.NumLayers = p.EndBlock - p.FirstBlock
+	s.NoEmbedding = m.NoEmbedding || !slices.Contains(p.Layers, 0)
 	if !slices.Contains(p.Layers, len(m.Layers)-1) {
 		s.Reserve = slices.DeleteFunc(slices.Clone(m.Reserve), func(b Buffer) bool { return b.LastLayer })
 	}

@@ -31,16 +31,25 @@ const (
 	// device, streamed from host RAM or straight from disk, with no host
 	// cache: the smallest footprint on both.
 	StrategyAggressive Strategy = "aggressive"
+	// StrategyHybrid computes some of the layers that do not stay on the
+	// device on the CPU in decode, and streams the others, the split
+	// chosen from measured rates (PlanHybrid, HybridAuto or
+	// HybridForced).
+	StrategyHybrid Strategy = "hybrid"
+	// StrategyCPU computes every layer that does not stay on the device
+	// on the CPU in decode, and streams none (PlanHybrid, HybridAllCPU).
+	StrategyCPU Strategy = "cpu"
 )
 
 // ParseStrategy accepts the strategy names ("none", "minimal", "balanced",
-// "aggressive"), case-insensitive.
+// "aggressive", "hybrid", "cpu"), case-insensitive. Plan takes the first
+// four; the last two need measured rates and plan with PlanHybrid.
 func ParseStrategy(s string) (Strategy, error) {
 	switch st := Strategy(strings.ToLower(strings.TrimSpace(s))); st {
-	case StrategyNone, StrategyMinimal, StrategyBalanced, StrategyAggressive:
+	case StrategyNone, StrategyMinimal, StrategyBalanced, StrategyAggressive, StrategyHybrid, StrategyCPU:
 		return st, nil
 	}
-	return "", fmt.Errorf("paging: unknown offload strategy %q (want none, minimal, balanced or aggressive)", s)
+	return "", fmt.Errorf("paging: unknown offload strategy %q (want none, minimal, balanced, aggressive, hybrid or cpu)", s)
 }
 
 // ErrBudgetTooSmall is wrapped by Plan when no plan of the strategy fits.
@@ -84,6 +93,10 @@ type ModelInfo struct {
 	// Reserve is the memory the weights' user allocates from the budget
 	// (nn.Reserve computes nn's).
 	Reserve Reserve
+	// NoEmbedding says that Layers[0] is not the embedding (a later
+	// device's share, Stage): PlanHybrid counts a token's read of the
+	// embedding as one row.
+	NoEmbedding bool
 }
 
 // Reserve is the device memory that the weights' user allocates from the
@@ -191,6 +204,11 @@ type planOptions struct {
 	maxPrefetch int
 	allocSize   func(int64) int64 // nil: a tensor takes its bytes
 	deviceFixed int64
+	whole       []int // layers streamed whole (WithStreamedWhole)
+	sequence    []int // another cyclic order the ring serves (WithSequence)
+	// depth is the prefetch depth to plan for, or -1 for the strategy's
+	// choice (PlanHybrid compares depths).
+	depth int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
@@ -200,6 +218,21 @@ func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk =
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).
 func WithMaxPrefetch(n int) PlanOption { return func(o *planOptions) { o.maxPrefetch = n } }
+
+// WithStreamedWhole makes the planner stream the given layers whole: none
+// of their bytes stays resident, and the rest of the budget goes to the
+// other layers. PlanHybrid gives it the layers the CPU computes in decode,
+// which only pass through the ring (in prefill). StrategyNone refuses it.
+func WithStreamedWhole(layers []int) PlanOption {
+	return func(o *planOptions) { o.whole = slices.Clone(layers) }
+}
+
+// WithSequence sizes the ring for a walk over the layers in this cyclic
+// order too (Pager.SetSequence): any PrefetchDepth+1 consecutive layers of
+// it fit, as any of 0..n-1 do. The sequence lists each layer at most once.
+func WithSequence(layers []int) PlanOption {
+	return func(o *planOptions) { o.sequence = slices.Clone(layers) }
+}
 
 // WithDevice plans for b's memory as a Budget over b charges it: when b's
 // allocator caches blocks (tensor.CachingAllocator), each resident tensor,
@@ -264,7 +297,8 @@ type PlanResult struct {
 	RingBytes      int64 `json:"ring_bytes"`
 	RingSlackBytes int64 `json:"ring_slack_bytes"`
 	PrefetchDepth  int   `json:"prefetch_depth"`
-	// HostCacheBytes is the host RAM worth keeping streamed parts in.
+	// HostCacheBytes is the host RAM worth keeping streamed parts in: what
+	// they take in the pager's host copies, each tensor padded to 64 bytes.
 	HostCacheBytes int64 `json:"host_cache_bytes"`
 	// DeviceOverheadBytes is what the device's allocator adds to the
 	// resident tensors and the ring (its block sizes, WithDevice).
@@ -302,10 +336,21 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if _, err := ParseStrategy(string(strategy)); err != nil {
 		return nil, err
 	}
-	o := planOptions{chunk: min(DefaultChunkTokens, contextLen), maxPrefetch: 2}
+	if strategy == StrategyHybrid || strategy == StrategyCPU {
+		return nil, fmt.Errorf("paging: plan %s: the split between the CPU and the device needs measured rates: plan with PlanHybrid", strategy)
+	}
+	o := planOptions{chunk: min(DefaultChunkTokens, contextLen), maxPrefetch: 2, depth: -1}
 	for _, f := range opts {
 		f(&o)
 	}
+	return plan(model, budget, strategy, contextLen, batch, o)
+}
+
+// errNoPlanAtDepth is plan's answer when no plan at the depth asked for
+// (planOptions.depth) fits the budget.
+var errNoPlanAtDepth = errors.New("paging: plan: no plan at that prefetch depth fits")
+
+func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch int, o planOptions) (*PlanResult, error) {
 	switch {
 	case len(model.Layers) == 0:
 		return nil, fmt.Errorf("paging: plan: model has no layers")
@@ -321,11 +366,21 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if err := model.Reserve.check(); err != nil {
 		return nil, err
 	}
+	n := len(model.Layers)
+	forced := make([]bool, n)
+	if err := checkLayerList("layer to stream whole", o.whole, n, forced); err != nil {
+		return nil, err
+	}
+	if err := checkLayerList("layer of the sequence", o.sequence, n, make([]bool, n)); err != nil {
+		return nil, err
+	}
+	if strategy == StrategyNone && len(o.whole) > 0 {
+		return nil, fmt.Errorf("paging: plan none: streams nothing, yet layers %v are to stream whole", o.whole)
+	}
 	size := o.allocSize
 	if size == nil {
 		size = func(n int64) int64 { return n }
 	}
-	n := len(model.Layers)
 	units := make([][]unit, n)
 	var W, Wc, lmax int64 // weight bytes, what they take on the device, the largest layer
 	for l, li := range model.Layers {
@@ -360,11 +415,18 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		opt[l] = subsetSums(units[l])
 	}
 	full := make([]int, n) // option index of the whole layer
+	var forcedSum, forcedMoved int64
 	for l := range opt {
 		full[l] = len(opt[l].sums) - 1
+		if forced[l] { // the whole layer is its only option
+			opt[l] = opt[l].only(full[l])
+			full[l] = 0
+			forcedSum += opt[l].sums[0]
+			forcedMoved += opt[l].moved[0]
+		}
 	}
 	ringCost := func(choice []int, d int) int64 {
-		if rb := ringBytes(ringParts(opt, choice), d); rb > 0 {
+		if rb := ringBytesOver(ringParts(opt, choice), d, o.sequence); rb > 0 {
 			return size(rb)
 		}
 		return 0
@@ -385,6 +447,9 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	var choice []int
 	depth := 0
 	X := Wc - avail
+	search := func(d int) ([]int, int64) {
+		return chooseStreamed(opt, forced, forcedSum, Wc, X, avail, d, ringCost)
+	}
 	switch {
 	case strategy == StrategyAggressive:
 		choice = full
@@ -394,15 +459,25 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 				break
 			}
 		}
-	case X <= 0: // none, or everything fits
+	case X <= 0 && len(o.whole) == 0: // none, or everything fits
 		choice = make([]int, n)
+	case o.depth >= 0:
+		depth = min(o.depth, n-1)
+		if choice, _ = search(depth); choice == nil && ringCost(full, depth) <= avail {
+			choice = full
+		}
+		if choice == nil {
+			return nil, fmt.Errorf("%w: depth %d, budget %d", errNoPlanAtDepth, depth, budget)
+		}
 	case strategy == StrategyMinimal:
-		choice, _ = chooseStreamed(opt, Wc, X, avail, 0, ringCost)
-	case strategy == StrategyBalanced:
-		bound := X + X/20 + lring
-		choice, _ = chooseStreamed(opt, Wc, X, avail, 0, ringCost)
+		choice, _ = search(0)
+	case strategy == StrategyBalanced || strategy == StrategyHybrid || strategy == StrategyCPU:
+		// Prefetch when it streams at most a twentieth more than the least
+		// there is to stream, and a layer.
+		bound := max(X, forcedMoved) + max(X, 0)/20 + lring
+		choice, _ = search(0)
 		for d := min(o.maxPrefetch, n-1); d >= 1; d-- {
-			if c, moved := chooseStreamed(opt, Wc, X, avail, d, ringCost); c != nil && moved <= bound {
+			if c, moved := search(d); c != nil && moved <= bound {
 				choice, depth = c, d
 				break
 			}
@@ -416,7 +491,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		choice, depth = full, 0
 	}
 	parts := make([]int64, n)
-	var residentCost int64
+	var residentCost, hostBytes int64
 	for l := range n {
 		c := choice[l]
 		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].moved[c]}
@@ -426,6 +501,7 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		for ui, u := range units[l] {
 			if mask&(1<<ui) != 0 {
 				lp.Streamed = append(lp.Streamed, u.names...)
+				hostBytes += u.host
 			}
 		}
 		slices.Sort(lp.Streamed)
@@ -453,12 +529,15 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if p.StreamedBytes > 0 {
 		p.PrefetchDepth = depth
 		p.RingSlots = depth + 1
-		p.RingBytes = ringBytes(ringParts(opt, choice), depth)
+		p.RingBytes = ringBytesOver(ringParts(opt, choice), depth, o.sequence)
 		p.RingSlackBytes = p.RingBytes - windowMax(parts, depth)
+		if o.sequence != nil {
+			p.RingSlackBytes = p.RingBytes - max(windowMax(parts, depth), windowMax(pick(parts, o.sequence), depth))
+		}
 		ringCharge = ringCost(choice, depth)
 	}
 	if strategy != StrategyAggressive {
-		p.HostCacheBytes = p.StreamedBytes
+		p.HostCacheBytes = hostBytes
 	}
 	p.DeviceOverheadBytes = residentCost - p.ResidentBytes + ringCharge - p.RingBytes
 	p.PredictedPeakBytes = p.ResidentBytes + p.RingBytes + p.DeviceOverheadBytes + fixed
@@ -468,11 +547,36 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	return p, nil
 }
 
+// checkLayerList checks that list names layers of n, each once, marking
+// them in seen.
+func checkLayerList(what string, list []int, n int, seen []bool) error {
+	for _, l := range list {
+		if l < 0 || l >= n {
+			return fmt.Errorf("paging: plan: %s %d: have layers 0..%d", what, l, n-1)
+		}
+		if seen[l] {
+			return fmt.Errorf("paging: plan: %s %d listed twice", what, l)
+		}
+		seen[l] = true
+	}
+	return nil
+}
+
+// pick returns the elements of xs at the indices in idx, in that order.
+func pick[T any](xs []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for i, j := range idx {
+		out[i] = xs[j]
+	}
+	return out
+}
+
 // A unit is a group of tensors the planner places together; layers with
 // more than maxUnits tensors have their smallest ones grouped.
 type unit struct {
 	names []string
 	bytes int64   // the tensors' bytes: what streaming the unit moves
+	host  int64   // what a host copy of them takes, each tensor padded (alignHost)
 	cost  int64   // what the device's allocator takes for them when resident
 	sizes []int64 // their sizes in the ring, each aligned
 }
@@ -487,7 +591,7 @@ func layerUnits(l int, li LayerInfo, size func(int64) int64) ([]unit, int64, err
 		if li.Bytes == 0 {
 			return nil, 0, nil
 		}
-		return []unit{{names: []string{""}, bytes: li.Bytes, cost: size(li.Bytes), sizes: []int64{alignUp(li.Bytes)}}}, li.Bytes, nil
+		return []unit{{names: []string{""}, bytes: li.Bytes, host: alignHost(li.Bytes), cost: size(li.Bytes), sizes: []int64{alignUp(li.Bytes)}}}, li.Bytes, nil
 	}
 	if err := checkSpecs(l, li.Tensors); err != nil {
 		return nil, 0, err
@@ -495,7 +599,7 @@ func layerUnits(l int, li LayerInfo, size func(int64) int64) ([]unit, int64, err
 	var us []unit
 	var sum int64
 	for _, t := range li.Tensors {
-		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes, cost: size(t.Bytes), sizes: []int64{alignUp(t.Bytes)}})
+		us = append(us, unit{names: []string{t.Name}, bytes: t.Bytes, host: alignHost(t.Bytes), cost: size(t.Bytes), sizes: []int64{alignUp(t.Bytes)}})
 		sum += t.Bytes
 	}
 	if li.Bytes != 0 && li.Bytes != sum {
@@ -505,7 +609,7 @@ func layerUnits(l int, li LayerInfo, size func(int64) int64) ([]unit, int64, err
 		slices.SortFunc(us, func(a, b unit) int { return cmp.Compare(b.bytes, a.bytes) })
 		a, b := us[len(us)-2], us[len(us)-1]
 		us = append(us[:len(us)-2], unit{names: append(slices.Clone(a.names), b.names...),
-			bytes: a.bytes + b.bytes, cost: a.cost + b.cost, sizes: append(slices.Clone(a.sizes), b.sizes...)})
+			bytes: a.bytes + b.bytes, host: a.host + b.host, cost: a.cost + b.cost, sizes: append(slices.Clone(a.sizes), b.sizes...)})
 	}
 	return us, sum, nil
 }
@@ -562,6 +666,11 @@ func subsetSums(us []unit) layerOptions {
 		o.parts = append(o.parts, op.part)
 	}
 	return o
+}
+
+// only returns the options reduced to option i.
+func (o *layerOptions) only(i int) layerOptions {
+	return layerOptions{sums: []int64{o.sums[i]}, masks: []uint32{o.masks[i]}, moved: []int64{o.moved[i]}, parts: []ringPart{o.parts[i]}}
 }
 
 func ringParts(opt []layerOptions, choice []int) []ringPart {
@@ -724,13 +833,24 @@ func ringBytes(parts []ringPart, d int) int64 {
 	return best
 }
 
+// ringBytesOver is ringBytes for a walk over the layers in their order and,
+// when seq is not nil, over seq's.
+func ringBytesOver(parts []ringPart, d int, seq []int) int64 {
+	rb := ringBytes(parts, d)
+	if seq != nil {
+		rb = max(rb, ringBytes(pick(parts, seq), d))
+	}
+	return rb
+}
+
 // chooseStreamed picks per-layer streamed parts for prefetch depth d that
 // free at least X bytes net of the ring (sum - ring >= X) with the fewest
-// streamed bytes. It tries every cap c on the part size and b on the gap a
+// streamed bytes. The forced layers have one option, which frees
+// forcedSum in all; the search chooses among the others. It tries every cap c on the part size and b on the gap a
 // part may leave at the ring's end (ringBytes): with parts <= c the ring is
 // about (d+1)c, plus b with prefetch, so it first streams that much more
 // than X, then moves the target to X plus the ring it actually got.
-func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]int, int) int64) ([]int, int64) {
+func chooseStreamed(opt []layerOptions, forced []bool, forcedSum, W, X, avail int64, d int, ring func([]int, int) int64) ([]int, int64) {
 	n := len(opt)
 	seenSum, seenGap := map[int64]bool{}, map[int64]bool{}
 	var caps, gaps []int64
@@ -755,11 +875,19 @@ func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]in
 	order := make([]int, 0, n)
 	for r := range stride {
 		for l := r; l < n; l += stride {
-			order = append(order, l)
+			if !forced[l] {
+				order = append(order, l)
+			}
 		}
 	}
 	var best []int
 	bestSum := int64(math.MaxInt64)
+	if forcedSum > 0 { // the forced layers alone may free enough: the fewest bytes there are
+		ch := make([]int, n)
+		if W-forcedSum+ring(ch, d) <= avail {
+			return ch, forcedSum
+		}
+	}
 	for _, b := range gaps {
 		for _, c := range caps {
 			target := X + int64(d+1)*c
@@ -767,7 +895,7 @@ func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]in
 				target += b
 			}
 			for range 4 {
-				ch, sum := greedyParts(opt, order, c, b, target)
+				ch, sum := greedyParts(opt, order, c, b, target, forcedSum)
 				if ch == nil {
 					break
 				}
@@ -788,10 +916,14 @@ func chooseStreamed(opt []layerOptions, W, X, avail int64, d int, ring func([]in
 // greedyParts streams the largest part <= c whose gap at the ring's end is
 // at most b of each layer in order until the next would reach target, then
 // picks, among the layers left, the part that reaches target with the
-// least overshoot.
-func greedyParts(opt []layerOptions, order []int, c, b, target int64) ([]int, int64) {
+// least overshoot. The layers outside order keep option 0, which frees
+// base in all.
+func greedyParts(opt []layerOptions, order []int, c, b, target, base int64) ([]int, int64) {
 	ch := make([]int, len(opt))
-	var sum int64
+	sum := base
+	if sum >= target {
+		return ch, sum
+	}
 	for k, l := range order {
 		bi := opt[l].bestAtMost(c, b)
 		if sum+opt[l].sums[bi] < target {

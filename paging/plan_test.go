@@ -3,8 +3,11 @@ package paging
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/strata-llm/strata/tensor"
 )
 
 // TestReserveScales: Plan scales the reserve's buffers to the context,
@@ -316,6 +319,137 @@ func TestPlanLlama7BShape(t *testing.T) {
 		if p.PrefetchDepth < 1 || p.RingSlackBytes >= 32<<20 || p.PredictedPeakBytes > gib<<30 ||
 			float64(p.StreamedBytes) > 1.01*float64(separate[gib]) {
 			t.Errorf("%d GiB: %s; slack %d", gib, p, p.RingSlackBytes)
+		}
+	}
+}
+
+// TestPlanStreamedWhole: layers WithStreamedWhole names keep nothing
+// resident, the budget's room goes to the other layers instead, and the
+// plan still fits; bad lists are refused.
+func TestPlanStreamedWhole(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for it := range 80 {
+		src := randomSynth(rng, 3+rng.IntN(10), 6, 64)
+		if it%4 == 0 {
+			src = llamaSynth(4+rng.IntN(6), 64, 172, 32, 256)
+		}
+		n := src.NumLayers()
+		info := smallDims(src, n)
+		W, _ := totalAndMax(info)
+		lmax := ringLayer(info)
+		var whole []int
+		var F int64
+		for l := range n {
+			if rng.IntN(3) == 0 {
+				whole = append(whole, l)
+				F += info.Layers[l].Bytes
+			}
+		}
+		p0, err := Plan(info, 1<<40, StrategyMinimal, 8, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fixed := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes
+		budget := fixed + 3*lmax + rng.Int64N(W+1)
+		X := W - (budget - fixed)
+		for _, s := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
+			name := fmt.Sprintf("iteration %d %s, whole %v", it, s, whole)
+			p, err := Plan(info, budget, s, 8, 1, WithStreamedWhole(whole))
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if p.PredictedPeakBytes > budget || p.ResidentBytes+p.StreamedBytes != W {
+				t.Fatalf("%s: peak %d over budget %d, or resident %d + streamed %d != %d", name, p.PredictedPeakBytes, budget, p.ResidentBytes, p.StreamedBytes, W)
+			}
+			for _, l := range whole {
+				if lp := p.Layers[l]; lp.ResidentBytes != 0 || lp.StreamedBytes != lp.Bytes {
+					t.Errorf("%s: layer %d keeps %d of %d bytes resident", name, l, lp.ResidentBytes, lp.Bytes)
+				}
+			}
+			if s == StrategyAggressive {
+				continue
+			}
+			others := p.StreamedBytes - F
+			if bound := max(X-F, 0) + max(X, 0)/20 + int64(p.RingSlots)*lmax; others > bound {
+				t.Errorf("%s: the other layers stream %d, bound %d (to free %d, %d streamed whole)", name, others, bound, X, F)
+			}
+		}
+	}
+	info := planModel()
+	for _, tc := range []struct {
+		s     Strategy
+		whole []int
+	}{
+		{StrategyBalanced, []int{-1}},
+		{StrategyBalanced, []int{len(info.Layers)}},
+		{StrategyMinimal, []int{2, 3, 2}},
+		{StrategyNone, []int{1}},
+	} {
+		if _, err := Plan(info, 1<<40, tc.s, 64, 1, WithStreamedWhole(tc.whole)); err == nil {
+			t.Errorf("%s with layers %v to stream whole planned", tc.s, tc.whole)
+		}
+	}
+}
+
+// TestPlanSequence: WithSequence sizes the ring for windows of a second
+// cyclic order. The model alternates large and small layers, so that the
+// order of the large ones alone has larger windows than 0..n-1.
+func TestPlanSequence(t *testing.T) {
+	var ls [][]TensorSpec
+	var large []int
+	for l := range 12 {
+		ts := []TensorSpec{spec(fmt.Sprintf("layers.%d.w", l), tensor.F16, tensor.Shape{4, 512})}
+		if l%2 == 0 { // eight tensors: the gap a part leaves at the ring's end is small
+			large = append(large, l)
+			for k := range 7 {
+				ts = append(ts, spec(fmt.Sprintf("layers.%d.w%d", l, k), tensor.F16, tensor.Shape{8, 512}))
+			}
+		}
+		ls = append(ls, ts)
+	}
+	info := smallDims(newSynth(ls), len(ls))
+	p0, err := Plan(info, 1<<40, StrategyAggressive, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	W, _ := totalAndMax(info)
+	fixed := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes
+	windows := func(p *PlanResult, seq []int) int64 {
+		var most int64
+		for i := range seq {
+			var sum int64
+			for j := range min(p.RingSlots, len(seq)) {
+				sum += alignUp(p.Layers[seq[(i+j)%len(seq)]].StreamedBytes)
+			}
+			most = max(most, sum)
+		}
+		return most
+	}
+	for _, s := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
+		for _, pct := range []int64{30, 60, 90} {
+			budget := fixed + W*pct/100
+			without, err := Plan(info, budget, s, 8, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := Plan(info, budget, s, 8, 1, WithSequence(large))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := windows(p, large); w > p.RingBytes || p.PredictedPeakBytes > budget {
+				t.Errorf("%s at %d%%: the sequence's windows take %d, ring %d; peak %d, budget %d", s, pct, w, p.RingBytes, p.PredictedPeakBytes, budget)
+			}
+			if w := windows(p, forward(len(ls))); w > p.RingBytes {
+				t.Errorf("%s at %d%%: windows of 0..n-1 take %d, ring %d", s, pct, w, p.RingBytes)
+			}
+			if s == StrategyAggressive && p.PrefetchDepth > 0 && windows(without, large) <= without.RingBytes {
+				t.Errorf("aggressive at %d%%: the ring without the sequence holds its windows already: the test shows nothing", pct)
+			}
+		}
+	}
+	for _, seq := range [][]int{{0, 1, 0}, {12}, {-1}} {
+		if _, err := Plan(info, 1<<40, StrategyBalanced, 8, 1, WithSequence(seq)); err == nil {
+			t.Errorf("sequence %v planned", seq)
 		}
 	}
 }

@@ -43,6 +43,11 @@ type Stats struct {
 	HostCacheBytes    int64 `json:"host_cache_bytes"`
 	HostCacheLimit    int64 `json:"host_cache_limit"`
 	PinnedHostBytes   int64 `json:"pinned_host_bytes"`
+	// HostLayerBytes is the host memory held by the layers the CPU
+	// computes (HostLayer), counted in HostCacheBytes; HostLayerLoads
+	// counts the host layers HostLayer read from the source.
+	HostLayerBytes int64 `json:"host_layer_bytes"`
+	HostLayerLoads int64 `json:"host_layer_loads"`
 
 	// PrefetchWait is the time Acquire spent waiting for loads already
 	// under way (prefetches that had not finished); DemandWait the time
@@ -133,6 +138,9 @@ func (p *Pager) Stats() Stats {
 		if e.pins > 0 {
 			s.PinnedLayers++
 		}
+		if e.held && e.host != nil {
+			s.HostLayerBytes += int64(len(e.host))
+		}
 	}
 	return s
 }
@@ -189,9 +197,9 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 			ps.Pager, ps.Strategy, ps.Layers, FormatSize(ps.ResidentWeightBytes), FormatSize(ps.StreamedWeightBytes), FormatSize(ps.RingBytes), ps.PinnedLayers)
 		fmt.Fprintf(sb, "   acquires %d: hits %d, misses %d (hit rate %.1f%%); loads %d, evictions %d, prefetches %d (%d skipped, %d stale, %d without room); %d parts outside the ring\n",
 			ps.Acquires, ps.Hits, ps.Misses, 100*ps.HitRate(), ps.Loads, ps.Evictions, ps.Prefetches, ps.PrefetchSkipped, ps.PrefetchStale, ps.PrefetchNoRoom, ps.OutsideRing)
-		fmt.Fprintf(sb, "   moved: disk->host %s, host->device %s; host cache %s of %s (hits %d, misses %d), pinned %s\n",
+		fmt.Fprintf(sb, "   moved: disk->host %s, host->device %s; host cache %s of %s (hits %d, misses %d), pinned %s, held by CPU layers %s\n",
 			FormatSize(ps.BytesDiskToHost), FormatSize(ps.BytesHostToDevice), FormatSize(ps.HostCacheBytes), FormatSize(ps.HostCacheLimit),
-			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes))
+			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes), FormatSize(ps.HostLayerBytes))
 		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
 			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))
 	}

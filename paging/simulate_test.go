@@ -1,0 +1,144 @@
+package paging
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"testing"
+	"time"
+)
+
+// Layer places for the simulator's tests: bytes at rates of 100 bytes a
+// second, so that 100 bytes take a second.
+func rl(read int64) LayerPlace { return LayerPlace{Place: Resident, ReadBytes: read} }
+func sl(copy, read int64) LayerPlace {
+	return LayerPlace{Place: Streamed, CopyBytes: copy, ReadBytes: read}
+}
+func cl(read int64) LayerPlace     { return LayerPlace{Place: OnCPU, ReadBytes: read} }
+func secs(x float64) time.Duration { return time.Duration(x * 1e9) }
+func near(a, b time.Duration) bool {
+	return math.Abs(float64(a-b)) <= 1e-6*math.Max(1, math.Abs(float64(b)))
+}
+func places(ls ...LayerPlace) []LayerPlace { return ls }
+
+// TestSimulateDecode checks the simulator against timelines worked out by
+// hand (in the comments: [start, end) of each activity in seconds, once
+// the cycle has settled).
+func TestSimulateDecode(t *testing.T) {
+	plain := Rates{H2D: 100, CPU: 100, Device: 100}
+	noGPU := Rates{H2D: 100, CPU: 100}
+	for _, tc := range []struct {
+		name  string
+		seq   []LayerPlace
+		rates Rates
+		depth int
+		want  float64 // seconds a token
+		check func(b Breakdown) bool
+	}{
+		// Three layers on the device, one after the other.
+		{"resident", places(rl(100), rl(100), rl(100)), plain, 1, 3, func(b Breakdown) bool { return near(b.GPU, secs(3)) && b.Copy == 0 }},
+		{"resident, device time left out", places(rl(100), rl(100)), noGPU, 1, 0, nil},
+		// Depth 0 does not prefetch: a copy starts when the computation
+		// reaches its layer, so copy and compute alternate: 1+1 a layer.
+		{"streamed, depth 0", places(sl(100, 100), sl(100, 100)), plain, 0, 4, func(b Breakdown) bool { return near(b.CopyWait, secs(2)) }},
+		// Depth 1: copy k runs while layer k-1 computes: a second a layer.
+		{"streamed, depth 1", places(sl(100, 100), sl(100, 100)), plain, 1, 2, func(b Breakdown) bool { return near(b.Copy, secs(2)) && near(b.GPU, secs(2)) }},
+		// The device slower than the link: copies wait for the ring,
+		// compute takes 2 a layer.
+		{"streamed, device bound", places(sl(100, 200), sl(100, 200)), plain, 1, 4, nil},
+		// CPU and streamed layers alternate, the copy of each streamed
+		// layer during the CPU layer before it: the CPU bounds (1 a
+		// layer, copies of 0.5 hidden) ...
+		{"C/S, copy faster", places(cl(100), sl(50, 0), cl(100), sl(50, 0)), noGPU, 1, 2, func(b Breakdown) bool { return near(b.CPU, secs(2)) && near(b.Copy, secs(1)) }},
+		// ... or the link does (copies of 3, the CPU's second hidden).
+		{"C/S, copy slower", places(cl(100), sl(300, 0), cl(100), sl(300, 0)), noGPU, 1, 6, nil},
+		// Without prefetch nothing overlaps: 1 + 3 a pair.
+		{"C/S, copy slower, depth 0", places(cl(100), sl(300, 0), cl(100), sl(300, 0)), noGPU, 0, 8, nil},
+		// C S S, CPU 2, copies 1. Depth 1: the device's sequence is
+		// S1 S2 and a copy may start once the device's layer two places
+		// before it has computed, the same layer a token earlier: both
+		// copies run beside C ([0,1) and [1,2) beside [0,2)): 2 a token.
+		// Depth 0: C, then each copy: 4.
+		{"C S S, depth 1", places(cl(200), sl(100, 0), sl(100, 0)), noGPU, 1, 2, nil},
+		{"C S S, depth 0", places(cl(200), sl(100, 0), sl(100, 0)), noGPU, 0, 4, nil},
+		// Four changes between the CPU and the device a token (the last
+		// layer to the first included), 0.1 each.
+		{"handoffs", places(cl(100), rl(0), cl(100), rl(0)), Rates{CPU: 100, Handoff: 100 * time.Millisecond}, 1, 2.4,
+			func(b Breakdown) bool { return b.Handoffs == 4 && near(b.Handoff, secs(0.4)) }},
+		{"no change, no handoff", places(cl(100), cl(100)), Rates{CPU: 100, Handoff: time.Second}, 1, 2, func(b Breakdown) bool { return b.Handoffs == 0 }},
+		// Both paths at half speed while both run: the CPU layer and the
+		// copy of the next streamed one take 2 together.
+		{"shared, even", places(cl(100), sl(100, 0)), Rates{H2D: 100, H2DShared: 50, CPU: 100, CPUShared: 50}, 1, 2, nil},
+		// C of 100 and one streamed layer a token, whose copy is 50;
+		// with depth 1 the copy for token t+1 may start once token
+		// t-1's streamed layer has computed. In the cycle C runs beside
+		// a copy, both at 50, for 1 (50 of C done, the copy done); the
+		// next copy waits for this token's streamed layer, so C ends
+		// alone at 100 in 0.5: 1.5 a token.
+		{"shared, uneven", places(cl(100), sl(50, 0)), Rates{H2D: 100, H2DShared: 50, CPU: 100, CPUShared: 50}, 1, 1.5,
+			func(b Breakdown) bool { return near(b.CPU, secs(1.5)) && near(b.Copy, secs(1)) }},
+	} {
+		got, b, err := SimulateDecode(tc.seq, tc.rates, tc.depth)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if !near(got, secs(tc.want)) || tc.check != nil && !tc.check(b) {
+			t.Errorf("%s: %v a token (%+v), want %vs", tc.name, got, b, tc.want)
+		}
+	}
+}
+
+func TestSimulateDecodeRefuses(t *testing.T) {
+	ok := Rates{H2D: 1, CPU: 1}
+	for _, tc := range []struct {
+		name  string
+		seq   []LayerPlace
+		rates Rates
+		depth int
+		bad   bool // ErrBadRates
+	}{
+		{"no layers", nil, ok, 1, false},
+		{"negative depth", places(rl(1)), ok, -1, false},
+		{"negative bytes", places(sl(-1, 1)), ok, 1, false},
+		{"unknown place", places(LayerPlace{Place: 7}), ok, 1, false},
+		{"no link", places(sl(1, 1)), Rates{CPU: 1}, 1, true},
+		{"no CPU", places(cl(1)), Rates{H2D: 1}, 1, true},
+		{"negative", places(rl(1)), Rates{H2D: 1, CPU: 1, Device: -1}, 1, true},
+		{"NaN", places(rl(1)), Rates{H2D: math.NaN(), CPU: 1}, 1, true},
+		{"negative handoff", places(rl(1)), Rates{H2D: 1, CPU: 1, Handoff: -1}, 1, true},
+	} {
+		_, _, err := SimulateDecode(tc.seq, tc.rates, tc.depth)
+		if err == nil || errors.Is(err, ErrBadRates) != tc.bad {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
+
+func TestRatesBounds(t *testing.T) {
+	r := Rates{H2D: 55e9, CPU: 92e9, H2DShared: 52e9, CPUShared: 83e9}
+	b := r.Bounds(10e9)
+	if math.Abs(b.Stream-5.5) > 1e-9 || math.Abs(b.CPU-9.2) > 1e-9 || math.Abs(b.Hybrid-13.5) > 1e-9 {
+		t.Errorf("bounds %+v", b)
+	}
+	if b := (Rates{H2D: 50, CPU: 50}).Bounds(100); b.Hybrid != 1 {
+		t.Errorf("shared rates of 0 are not the rates alone: %+v", b)
+	}
+	if b := r.Bounds(0); b != (Bounds{}) {
+		t.Errorf("nothing to read: %+v", b)
+	}
+	for _, p := range []Place{Resident, Streamed, OnCPU} {
+		data, err := json.Marshal(LayerPlace{Place: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back LayerPlace
+		if err := json.Unmarshal(data, &back); err != nil || back.Place != p {
+			t.Errorf("%s: %s -> %v, %v", p, data, back.Place, err)
+		}
+	}
+	var back LayerPlace
+	if err := json.Unmarshal([]byte(`{"place":"gpu"}`), &back); err == nil {
+		t.Error("unknown place read")
+	}
+}
