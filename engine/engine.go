@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
@@ -34,6 +35,10 @@ type Memory struct {
 	Strategy paging.Strategy
 	// Mode is how weights reach a device; "" is explicit copies.
 	Mode paging.MemoryMode
+	// CPULayers, with the hybrid strategy, is how many layers the CPU
+	// computes: 0 lets the planner choose from the measured rates, < 0
+	// none.
+	CPULayers int
 }
 
 // Options say where and how the engine runs a model.
@@ -55,6 +60,12 @@ type Options struct {
 	Context, Chunk int
 	// Record keeps every allocation and paging event, for WriteSnapshot.
 	Record bool
+	// Rates, when set, are the rates the hybrid planner plans with instead
+	// of those MeasureRates measures at Open.
+	Rates *paging.Rates
+	// TwinMinTokens is the prompt chunk from which a hybrid placement
+	// computes its CPU layers on the GPU; 0 is DefaultTwinMinTokens.
+	TwinMinTokens int
 	// Progress, when set, is told how many weight bytes are loaded so
 	// far while Open loads the resident layers.
 	Progress func(done, total int64)
@@ -86,14 +97,18 @@ type Engine struct {
 	strategy paging.Strategy
 	mode     paging.MemoryMode
 
-	backends []tensor.Backend
-	owned    []tensor.Backend // opened here, closed by Close
-	devices  []Device
-	budgets  []*paging.Budget
-	servers  []paging.Server
-	stages   []nn.Stage
-	model    *nn.Model    // one device
-	pipeline *nn.Pipeline // several
+	backends  []tensor.Backend
+	owned     []tensor.Backend // opened here, closed by Close
+	devices   []Device
+	budgets   []*paging.Budget
+	servers   []paging.Server
+	stages    []nn.Stage
+	model     *nn.Model    // one device
+	pipeline  *nn.Pipeline // several, or a GPU and the CPU
+	pipeOpts  nn.PipelineOptions
+	cpu       tensor.Backend // the hybrid strategy's CPU
+	hybrid    *Hybrid
+	hostAlloc *pinnedHost
 
 	mu       sync.Mutex
 	sessions map[Session]bool
@@ -171,6 +186,15 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	info, err := nn.ModelInfo(lm, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if isHybrid(e.strategy) {
+		if err := e.openHybrid(ctx, info, limits[0]); err != nil {
+			return nil, err
+		}
+		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
+			return nil, err
+		}
+		return e, nil
 	}
 	parts := []paging.Placement{{FirstBlock: 0, EndBlock: cfg.NumLayers, Budget: limits[0]}}
 	for l := range lm.Layers() {
@@ -401,6 +425,17 @@ type trackedSession struct {
 	once sync.Once
 }
 
+// Busy is the wall time the session's forward passes spent on each
+// device, by name (nn.PipelineSession.Busy); nil on one device.
+func (s *trackedSession) Busy() map[string]time.Duration {
+	if b, ok := s.Session.(interface {
+		Busy() map[string]time.Duration
+	}); ok {
+		return b.Busy()
+	}
+	return nil
+}
+
 func (s *trackedSession) Close() {
 	s.once.Do(func() {
 		s.Session.Close()
@@ -445,8 +480,17 @@ func (e *Engine) Stats() paging.Stats {
 	return t
 }
 
-// Summary is the memory summary table of every device.
-func (e *Engine) Summary() string { return paging.Summary(e.budgets...) }
+// Summary is the memory summary table of every device, with the hybrid
+// plan when layers run on the CPU.
+func (e *Engine) Summary() string {
+	s := paging.Summary(e.budgets...)
+	if h := e.hybrid; h != nil {
+		s += h.Plan.String() + "\n"
+		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",
+			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, h.Rates.Device/1e9, h.Rates.Handoff)
+	}
+	return s
+}
 
 // WriteSnapshot writes the first device's history of allocation and paging
 // events (Options.Record) as JSON. Written after Close, it records what

@@ -46,6 +46,33 @@ type MemoryConfig struct {
 	MaxHostMemory     string `yaml:"max_host_memory"`
 	MemoryMode        string `yaml:"memory_mode"`
 	GPUMemoryFraction string `yaml:"gpu_memory_fraction"`
+	// CPULayers and CPUThreads are the hybrid strategy's: how many layers
+	// the CPU computes ("auto" or empty lets the planner choose, a count
+	// forces it) and how many threads it computes them with (0 or empty
+	// is every core).
+	CPULayers  string `yaml:"cpu_layers"`
+	CPUThreads string `yaml:"cpu_threads"`
+}
+
+// ParseCPULayers reads a cpu_layers value: "auto" (or empty) is 0, which
+// lets the planner choose; "none" or a negative count is -1; a count
+// forces that many.
+func ParseCPULayers(s string) (int, error) {
+	switch v := strings.ToLower(strings.TrimSpace(s)); v {
+	case "", "auto":
+		return 0, nil
+	case "none":
+		return -1, nil
+	default:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return 0, fmt.Errorf("cpu layers %q: want auto, none or a count", s)
+		}
+		if n == 0 {
+			return -1, nil // zero layers on the CPU
+		}
+		return max(n, -1), nil
+	}
 }
 
 // PerDevice returns device's value from "V" (the same for every device) or
@@ -185,6 +212,14 @@ func (m *MemoryConfig) Validate() error {
 	if m.GPUMemoryFraction != "" {
 		if err := eachDevice(m.GPUMemoryFraction, func(v string) error { _, err := ParseFraction(v); return err }); err != nil {
 			return fmt.Errorf("memory.gpu_memory_fraction: %w", err)
+		}
+	}
+	if _, err := ParseCPULayers(m.CPULayers); err != nil {
+		return fmt.Errorf("memory.cpu_layers: %w", err)
+	}
+	if m.CPUThreads != "" {
+		if n, err := strconv.Atoi(strings.TrimSpace(m.CPUThreads)); err != nil || n < 0 {
+			return fmt.Errorf("memory.cpu_threads: %q is not a thread count", m.CPUThreads)
 		}
 	}
 	return nil

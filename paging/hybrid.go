@@ -217,15 +217,20 @@ type hybridCandidate struct {
 	b      Breakdown
 }
 
-// better reports c a better split than o: faster by more than a
-// thousandth, or as fast with fewer CPU layers, or as fast with a deeper
-// prefetch (which helps prefill).
+// better reports c a better split than o: faster in decode by more than a
+// hundredth, or about as fast with more bytes resident on the device
+// (which a prefill, streaming every layer that is not, runs faster with:
+// a deeper ring of whole layers takes room from the resident set), or as
+// fast and as resident with fewer CPU layers.
 func (c *hybridCandidate) better(o *hybridCandidate) bool {
 	if o == nil {
 		return true
 	}
-	if d := float64(c.t - o.t); math.Abs(d) > 1e-3*float64(o.t) {
+	if d := float64(c.t - o.t); math.Abs(d) > 1e-2*float64(o.t) {
 		return d < 0
+	}
+	if c.gpu.ResidentBytes != o.gpu.ResidentBytes {
+		return c.gpu.ResidentBytes > o.gpu.ResidentBytes
 	}
 	if len(c.cpu) != len(o.cpu) {
 		return len(c.cpu) < len(o.cpu)
@@ -374,10 +379,17 @@ func (h *hybridSearch) bestDepth(cpu []int) (*hybridCandidate, error) {
 func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 	o := h.o
 	o.depth = d
+	model := h.model
 	if len(cpu) > 0 {
 		o.whole, o.sequence = cpu, complement(len(h.model.Layers), cpu)
+		// The CPU's blocks keep their KV cache in host memory; the device
+		// holds one block's keys and values for when a large chunk runs
+		// them there (nn's twins), in place of one per block.
+		if nb := h.blocksAmong(cpu); nb > 0 {
+			model.NumLayers += 1 - nb
+		}
 	}
-	gpu, err := plan(h.model, h.budget, h.strategy, h.contextLen, h.batch, o)
+	gpu, err := plan(model, h.budget, h.strategy, h.contextLen, h.batch, o)
 	if errors.Is(err, errNoPlanAtDepth) {
 		return nil, nil
 	}
@@ -399,6 +411,27 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// blocksAmong counts the decoder blocks among layers: not the embedding
+// (layer 0, unless the share has none) nor the head (the last layer, when
+// the share has one more layer than blocks besides the embedding).
+func (h *hybridSearch) blocksAmong(layers []int) int {
+	n, first := len(h.model.Layers), 0
+	if !h.model.NoEmbedding {
+		first = 1
+	}
+	last := n
+	if n-first > h.model.NumLayers {
+		last = n - 1
+	}
+	k := 0
+	for _, l := range layers {
+		if l >= first && l < last {
+			k++
+		}
+	}
+	return k
 }
 
 func (h *hybridSearch) hostBytes(cpu []int) int64 {

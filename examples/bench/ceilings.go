@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -20,6 +21,13 @@ type Ceilings struct {
 	PinnedGBps   float64 `json:"pinned_GBps"`
 	PageableGBps float64 `json:"pageable_GBps"`
 	DeviceGBps   float64 `json:"device_GBps"`
+	// The hybrid strategy's rates (engine.MeasureRates): the CPU's product
+	// over F16 weights in host memory at Threads, alone and while pinned
+	// copies run, and the copies' rate while the CPU computes.
+	CPUGBps       float64 `json:"cpu_GBps,omitempty"`
+	CPUSharedGBps float64 `json:"cpu_shared_GBps,omitempty"`
+	H2DSharedGBps float64 `json:"h2d_shared_GBps,omitempty"`
+	Threads       int     `json:"threads,omitempty"`
 }
 
 // median of n timings of f.
@@ -36,7 +44,7 @@ func median(n int, f func() error) (time.Duration, error) {
 	return ts[len(ts)/2], nil
 }
 
-func measureCeilings(b tensor.Backend) (*Ceilings, error) {
+func measureCeilings(b tensor.Backend, threads int) (*Ceilings, error) {
 	const size = 256 << 20 // about one 7B-shape decoder layer (405 MB) in two
 	c := &Ceilings{Kind: "ceilings", Device: b.Name(), CopyBytes: size}
 	dst, err := b.Alloc(tensor.F32, tensor.Shape{size / 4})
@@ -118,5 +126,22 @@ func measureCeilings(b tensor.Backend) (*Ceilings, error) {
 		return nil, err
 	}
 	c.DeviceGBps = 2 * float64(dev) / d.Seconds() / 1e9
+
+	// The CPU beside the device, for the hybrid bounds.
+	if _, ok := tensor.AsyncUpload(b); ok {
+		cpu, err := tensor.OpenDevice("cpu", tensor.DeviceOptions{Threads: threads})
+		if err != nil {
+			return nil, err
+		}
+		defer cpu.Close()
+		r, err := engine.MeasureRates(context.Background(), b, cpu, tensor.F16, 4096)
+		if err != nil {
+			return nil, fmt.Errorf("hybrid rates: %w", err)
+		}
+		c.CPUGBps, c.CPUSharedGBps, c.H2DSharedGBps = r.CPU/1e9, r.CPUShared/1e9, r.H2DShared/1e9
+		if t, ok := cpu.(interface{ Threads() int }); ok {
+			c.Threads = t.Threads()
+		}
+	}
 	return c, nil
 }

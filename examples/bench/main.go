@@ -102,11 +102,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	defer cli.CloseBackend(b)
 	var results []any
 	if o.ceilings {
-		c, err := measureCeilings(b)
+		c, err := measureCeilings(b, o.threads)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "ceilings on %s: pinned H2D %.1f GB/s, pageable %.1f GB/s, device %.0f GB/s\n", b.Name(), c.PinnedGBps, c.PageableGBps, c.DeviceGBps)
+		fmt.Fprintf(stdout, "ceilings on %s: pinned H2D %.1f GB/s, pageable %.1f GB/s, device %.0f GB/s; CPU %.1f GB/s (%d threads), with copies: CPU %.1f + H2D %.1f GB/s\n",
+			b.Name(), c.PinnedGBps, c.PageableGBps, c.DeviceGBps, c.CPUGBps, c.Threads, c.CPUSharedGBps, c.H2DSharedGBps)
 		results = append(results, c)
 	}
 	if o.model != "" {
@@ -283,6 +284,22 @@ func parseRuns(s string) ([]runSpec, error) {
 	return out, nil
 }
 
+// HybridResult is a CPU+GPU run's placement and its measured times.
+type HybridResult struct {
+	CPULayers     []int         `json:"cpu_layers"`
+	ResidentBytes int64         `json:"resident_bytes"`
+	StreamedBytes int64         `json:"streamed_bytes"` // per token, over the link
+	CPUBytes      int64         `json:"cpu_bytes"`      // per token, read by the CPU
+	HostBytes     int64         `json:"host_layer_bytes"`
+	PredictedTokS float64       `json:"predicted_tok_s"`
+	Rates         paging.Rates  `json:"rates"`
+	Bounds        paging.Bounds `json:"bounds"`
+	// MeasuredMs is the wall time per decoded token on each device's
+	// stages, by device name.
+	MeasuredMs map[string]float64 `json:"measured_ms_per_token"`
+	Threads    int                `json:"threads"`
+}
+
 // Result is one strata run (Kind "strata") or one baseline run from
 // hf_baseline.py (Kind "transformers" or "accelerate").
 type Result struct {
@@ -303,6 +320,10 @@ type Result struct {
 	Overlap         float64            `json:"overlap"`
 	PeakDeviceBytes int64              `json:"peak_device_bytes"`
 	LoadSeconds     float64            `json:"load_s"`
+	// Hybrid is set for the CPU+GPU strategies (hybrid, cpu): the plan's
+	// split and prediction, the rates measured at start, the bounds from
+	// them, and the measured time per token on each side.
+	Hybrid *HybridResult `json:"hybrid,omitempty"`
 	Error           string             `json:"error,omitempty"`
 }
 
@@ -328,6 +349,14 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		return nil, err
 	}
 	defer sess.Close()
+	if h := e.Hybrid(); h != nil {
+		p := h.Plan
+		r.StreamedBytes = p.StreamedBytes
+		r.Hybrid = &HybridResult{CPULayers: p.CPULayers, ResidentBytes: p.ResidentBytes, StreamedBytes: p.StreamedBytes,
+			CPUBytes: p.CPUBytes, HostBytes: p.HostLayerBytes, PredictedTokS: p.PredictedTokS, Rates: h.Rates, Bounds: p.Bounds,
+			MeasuredMs: map[string]float64{}, Threads: h.Threads}
+		fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]int32, maxPrompt)
 	for i := range prompt {
@@ -366,6 +395,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	e.MarkStep()
 	before := e.Stats().BytesHostToDevice
 	cw := paging.StartCopyWindow(b)
+	busy0 := busyOf(sess)
 	t0 := time.Now()
 	for range o.decode {
 		if err := step(); err != nil {
@@ -378,5 +408,19 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.H2DGBps, r.Overlap = cw.End(b)
 	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
+	if r.Hybrid != nil {
+		for dev, d := range busyOf(sess) {
+			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)
+		}
+	}
 	return r, nil
+}
+
+// busyOf is the session's wall time on each device so far (nil on one
+// device).
+func busyOf(s engine.Session) map[string]time.Duration {
+	if b, ok := s.(interface{ Busy() map[string]time.Duration }); ok {
+		return b.Busy()
+	}
+	return nil
 }

@@ -19,7 +19,13 @@ type Row struct {
 	// cross the link per token) or, with nothing streamed, the device-memory
 	// bound (device GB/s over the weight bytes).
 	BoundTokS   float64 `json:"bound_tok_s"`
-	Bound       string  `json:"bound"` // "stream" or "device"
+	Bound       string  `json:"bound"` // "stream", "cpu", "hybrid" or "device"
+	// CPUBoundTokS and HybridBoundTokS are the same run's bytes that are
+	// not resident on the device over the CPU's read rate, and over the
+	// CPU's and the link's rates together (measured at the same time): the
+	// bounds of computing them on the CPU, and of the hybrid split.
+	CPUBoundTokS    float64 `json:"cpu_bound_tok_s,omitempty"`
+	HybridBoundTokS float64 `json:"hybrid_bound_tok_s,omitempty"`
 	OfBound     float64 `json:"of_bound"`
 	VsBaseline  float64 `json:"vs_baseline"` // decode tok/s over the baseline's
 	BaselineRun string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident
@@ -68,15 +74,8 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 	rows := make([]Row, 0, len(results))
 	for _, r := range results {
 		row := Row{Result: r}
-		if ceil != nil && r.Error == "" {
-			if r.StreamedBytes > 0 && ceil.PinnedGBps > 0 {
-				row.Bound, row.BoundTokS = "stream", ceil.PinnedGBps*1e9/float64(r.StreamedBytes)
-			} else if ceil.DeviceGBps > 0 && r.WeightBytes > 0 {
-				row.Bound, row.BoundTokS = "device", ceil.DeviceGBps*1e9/float64(r.WeightBytes)
-			}
-			if row.BoundTokS > 0 {
-				row.OfBound = r.DecodeTokS / row.BoundTokS
-			}
+		if r.Error == "" {
+			bounds(&row, ceil)
 		}
 		if base := baseline(results, r); base != nil && base.DecodeTokS > 0 {
 			row.VsBaseline, row.BaselineRun = r.DecodeTokS/base.DecodeTokS, base.Kind+" "+base.Run
@@ -103,6 +102,44 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// bounds fills a row's bounds. A run's non-resident bytes per token are
+// what it streams, plus what its CPU reads in a CPU+GPU run; the rates are
+// the run's own (a CPU+GPU run measures them at start) or the ceilings'.
+// The row is judged against the bound of what it does: the hybrid bound for
+// the hybrid strategy, the CPU bound for cpu, the stream bound when it
+// streams, else the device-memory bound.
+func bounds(row *Row, c *Ceilings) {
+	r := row.Result
+	nonResident := r.StreamedBytes
+	var rates paging.Rates
+	if h := r.Hybrid; h != nil {
+		nonResident = h.StreamedBytes + h.CPUBytes
+		rates = h.Rates
+	} else if c != nil {
+		rates = paging.Rates{H2D: c.PinnedGBps * 1e9, CPU: c.CPUGBps * 1e9, H2DShared: c.H2DSharedGBps * 1e9, CPUShared: c.CPUSharedGBps * 1e9}
+	}
+	if nonResident > 0 {
+		b := rates.Bounds(nonResident)
+		if c != nil && c.PinnedGBps > 0 && r.Hybrid == nil {
+			b.Stream = c.PinnedGBps * 1e9 / float64(nonResident)
+		}
+		row.CPUBoundTokS, row.HybridBoundTokS = b.CPU, b.Hybrid
+		switch r.Strategy {
+		case string(paging.StrategyHybrid):
+			row.Bound, row.BoundTokS = "hybrid", b.Hybrid
+		case string(paging.StrategyCPU):
+			row.Bound, row.BoundTokS = "cpu", b.CPU
+		default:
+			row.Bound, row.BoundTokS = "stream", b.Stream
+		}
+	} else if c != nil && c.DeviceGBps > 0 && r.WeightBytes > 0 {
+		row.Bound, row.BoundTokS = "device", c.DeviceGBps*1e9/float64(r.WeightBytes)
+	}
+	if row.BoundTokS > 0 {
+		row.OfBound = r.DecodeTokS / row.BoundTokS
+	}
 }
 
 // baseline is accelerate at the same model and budget, else transformers
@@ -133,15 +170,15 @@ func markdown(c *Ceilings, rows []Row) string {
 		fmt.Fprintf(&sb, "Ceilings on %s: host-to-device %.1f GB/s pinned, %.1f GB/s pageable (%s copies); device memory %.0f GB/s (read + write).\n\n",
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
-	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | prefill 128 | prefill 512 | moved/token | H2D GB/s | overlap | peak device | bound tok/s | of bound | vs baseline |\n")
-	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | CPU bound | hybrid bound | bound tok/s | of bound | predicted | vs baseline |\n")
+	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
 		budget := "none"
 		if r.BudgetBytes > 0 {
 			budget = paging.FormatSize(r.BudgetBytes)
 		}
 		if r.Error != "" {
-			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s |||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
+			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s |||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
 		}
 		vs := "-"
@@ -156,9 +193,21 @@ func markdown(c *Ceilings, rows []Row) string {
 		if r.OfBound > 0 {
 			of = fmt.Sprintf("%.0f%%", 100*r.OfBound)
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %.1f | %.2f | %s | %s | %s | %s |\n",
+		cpuReads, predicted := "-", "-"
+		if h := r.Hybrid; h != nil {
+			cpuReads = fmt.Sprintf("%s (%d layers)", paging.FormatSize(h.CPUBytes), len(h.CPULayers))
+			predicted = fmt.Sprintf("%.2f", h.PredictedTokS)
+		}
+		opt := func(v float64) string {
+			if v <= 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f", v)
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, r.PrefillTokS["128"], r.PrefillTokS["512"],
-			paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), bound, of, vs)
+			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes),
+			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, vs)
 	}
 	return sb.String()
 }

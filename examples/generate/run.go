@@ -116,6 +116,19 @@ func parseIDs(s string) ([]int32, error) {
 	return ids, nil
 }
 
+// hybridReport is the -json report of a CPU+GPU placement.
+type hybridReport struct {
+	*engine.Hybrid
+	// MeasuredMsPerToken is the wall time per decoded token spent on each
+	// device's stages (the GPU's includes waiting for its copies), by
+	// device name.
+	MeasuredMsPerToken map[string]float64 `json:"measured_ms_per_token"`
+	// HostLayerBytes is the host memory the CPU's layers hold;
+	// HostBufferBytes the CPU stages' activations and KV cache.
+	HostLayerBytes  int64 `json:"host_layer_bytes"`
+	HostBufferBytes int64 `json:"host_buffer_bytes"`
+}
+
 // report is the -json output.
 type report struct {
 	Model         string  `json:"model"`
@@ -145,6 +158,10 @@ type report struct {
 	H2DBytesPerToken      float64            `json:"h2d_bytes_per_token"`
 	H2DGBps               float64            `json:"h2d_GBps"`
 	Overlap               float64            `json:"overlap"`
+	// Hybrid is the CPU+GPU placement (-offload hybrid or cpu): the plan
+	// with its predicted per-token time of each path, the rates measured
+	// at start, and what each device took per decoded token.
+	Hybrid *hybridReport `json:"hybrid,omitempty"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
@@ -232,6 +249,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
+	if !o.set["threads"] && o.mem.Threads > 0 {
+		o.threads = o.mem.Threads // the -config file's cpu_threads
+	}
+	if (mem.Strategy == paging.StrategyHybrid || mem.Strategy == paging.StrategyCPU) && strings.HasPrefix(specs[0], "cpu") {
+		return cli.Usagef("-offload %s computes beside a GPU: give -device cuda (running on cpu)", mem.Strategy)
+	}
 	if mem.Mode != "" && mem.Mode != paging.ModeExplicit && strings.HasPrefix(specs[0], "cpu") {
 		return cli.Usagef("-memory-mode %s needs a device with unified memory, such as -device cuda (running on cpu)", mem.Mode)
 	}
@@ -318,6 +341,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	var out []int32
 	stop := "max_new_tokens"
 	cw := paging.StartCopyWindow(backend)
+	busy0 := busyOf(sess)
 	t1 := time.Now()
 	for len(out) < o.maxNew {
 		if err := ctx.Err(); err != nil {
@@ -372,6 +396,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			}
 		}
 		st := eng.Stats()
+		if h := eng.Hybrid(); h != nil {
+			hr := &hybridReport{Hybrid: h, MeasuredMsPerToken: map[string]float64{},
+				HostLayerBytes: st.HostLayerBytes, HostBufferBytes: eng.HostHeldBytes()}
+			if steps := len(out) - 1; steps > 0 {
+				for dev, d := range busyOf(sess) {
+					hr.MeasuredMsPerToken[dev] = float64(d-busy0[dev]) / 1e6 / float64(steps)
+				}
+			}
+			r.Hybrid = hr
+		}
 		r.Paging = st
 		r.PeakDeviceBytes = st.PeakDeviceBytes
 		r.ResidentWeightBytes = st.ResidentWeightBytes
@@ -400,6 +434,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(r)
+	}
+	return nil
+}
+
+// busyOf is the session's wall time on each device so far (nil on one
+// device).
+func busyOf(s engine.Session) map[string]time.Duration {
+	if b, ok := s.(interface{ Busy() map[string]time.Duration }); ok {
+		return b.Busy()
 	}
 	return nil
 }

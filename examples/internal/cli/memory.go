@@ -71,7 +71,10 @@ func DeviceSpecs(device, devices string) (specs []string, ordinals []int, err er
 // with the same names and the same YAML config file (its memory: section);
 // flags given on the command line override the file.
 type MemoryFlags struct {
-	GPULimit, GPUFraction, HostLimit, Offload, ConfigFile, Mode string
+	GPULimit, GPUFraction, HostLimit, Offload, ConfigFile, Mode, CPULayers string
+	// Threads is the -config file's cpu_threads once Resolve has read it
+	// (0 when it sets none).
+	Threads int
 }
 
 // Register adds the flags to fs.
@@ -79,7 +82,8 @@ func (m *MemoryFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&m.GPULimit, "gpu-memory-limit", "", "device memory budget `size` (3.5GiB, 800MiB, 4GB, 300000B; a bare number is GiB), or per device: 0=3GiB,1=5GiB")
 	fs.StringVar(&m.GPUFraction, "gpu-memory-fraction", "", "device memory budget as a `fraction` of the device's total, or per device: 0=0.5,1=0.7")
 	fs.StringVar(&m.HostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers; beyond it they are re-read from disk")
-	fs.StringVar(&m.Offload, "offload", "", "offload `strategy`: none, minimal, balanced or aggressive (default: none without a budget, balanced with one)")
+	fs.StringVar(&m.Offload, "offload", "", "offload `strategy`: none, minimal, balanced, aggressive, hybrid (the CPU computes some of the layers that do not fit while the rest stream) or cpu (the CPU computes every layer that does not fit) (default: none without a budget, balanced with one)")
+	fs.StringVar(&m.CPULayers, "cpu-layers", "", "with -offload hybrid: how many layers the CPU computes: auto (the planner's choice from the rates it measures), none, or a `count`")
 	fs.StringVar(&m.ConfigFile, "config", "", "YAML config `file` with a memory: section; flags override it")
 	fs.StringVar(&m.Mode, "memory-mode", "", "explicit, unified or unified-noprefetch (unified needs a device with unified memory, such as cuda)")
 }
@@ -111,6 +115,10 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 	hostLimit := pick("host-memory-limit", m.HostLimit, fc.MaxHostMemory)
 	offload := pick("offload", m.Offload, fc.OffloadStrategy)
 	mode := pick("memory-mode", m.Mode, fc.MemoryMode)
+	cpuLayers := pick("cpu-layers", m.CPULayers, fc.CPULayers)
+	if fc.CPUThreads != "" {
+		m.Threads, _ = strconv.Atoi(strings.TrimSpace(fc.CPUThreads)) // checked by LoadConfigFile
+	}
 	fraction := pick("gpu-memory-fraction", m.GPUFraction, fc.GPUMemoryFraction)
 	if set["gpu-memory-fraction"] && set["gpu-memory-limit"] {
 		return mem, Usagef("give -gpu-memory-limit or -gpu-memory-fraction, not both")
@@ -165,6 +173,12 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 		if mem.Mode, err = paging.ParseMemoryMode(mode); err != nil {
 			return mem, Usagef("-memory-mode: %v", err)
 		}
+	}
+	if mem.CPULayers, err = paging.ParseCPULayers(cpuLayers); err != nil {
+		return mem, Usagef("-cpu-layers: %v", err)
+	}
+	if cpuLayers != "" && mem.Strategy != paging.StrategyHybrid {
+		return mem, Usagef("-cpu-layers needs -offload hybrid")
 	}
 	return mem, nil
 }
