@@ -324,7 +324,7 @@ type Result struct {
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
 	Hybrid *HybridResult `json:"hybrid,omitempty"`
-	Error           string             `json:"error,omitempty"`
+	Error  string        `json:"error,omitempty"`
 }
 
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, o options) (*Result, error) {
@@ -419,7 +419,9 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 // busyOf is the session's wall time on each device so far (nil on one
 // device).
 func busyOf(s engine.Session) map[string]time.Duration {
-	if b, ok := s.(interface{ Busy() map[string]time.Duration }); ok {
+	if b, ok := s.(interface {
+		Busy() map[string]time.Duration
+	}); ok {
 		return b.Busy()
 	}
 	return nil

@@ -18,17 +18,17 @@ type Row struct {
 	// BoundTokS is the streaming bound (pinned GB/s over the bytes that must
 	// cross the link per token) or, with nothing streamed, the device-memory
 	// bound (device GB/s over the weight bytes).
-	BoundTokS   float64 `json:"bound_tok_s"`
-	Bound       string  `json:"bound"` // "stream", "cpu", "hybrid" or "device"
+	BoundTokS float64 `json:"bound_tok_s"`
+	Bound     string  `json:"bound"` // "stream", "cpu", "hybrid" or "device"
 	// CPUBoundTokS and HybridBoundTokS are the same run's bytes that are
 	// not resident on the device over the CPU's read rate, and over the
 	// CPU's and the link's rates together (measured at the same time): the
 	// bounds of computing them on the CPU, and of the hybrid split.
 	CPUBoundTokS    float64 `json:"cpu_bound_tok_s,omitempty"`
 	HybridBoundTokS float64 `json:"hybrid_bound_tok_s,omitempty"`
-	OfBound     float64 `json:"of_bound"`
-	VsBaseline  float64 `json:"vs_baseline"` // decode tok/s over the baseline's
-	BaselineRun string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident
+	OfBound         float64 `json:"of_bound"`
+	VsBaseline      float64 `json:"vs_baseline"` // decode tok/s over the baseline's
+	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident
 }
 
 func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {

@@ -441,7 +441,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 // busyOf is the session's wall time on each device so far (nil on one
 // device).
 func busyOf(s engine.Session) map[string]time.Duration {
-	if b, ok := s.(interface{ Busy() map[string]time.Duration }); ok {
+	if b, ok := s.(interface {
+		Busy() map[string]time.Duration
+	}); ok {
 		return b.Busy()
 	}
 	return nil
