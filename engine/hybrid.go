@@ -59,11 +59,12 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 
 	rates := o.Rates
 	if rates == nil {
+		block := info.Layers[e.cfg.BlockLayer(0)].Tensors
 		dt := tensor.F16
-		if ls := e.lm.Layers(); len(ls) > 1 && len(ls[1].Tensors) > 0 {
-			dt = ls[1].Tensors[len(ls[1].Tensors)-1].DType
+		if len(block) > 0 {
+			dt = block[len(block)-1].DType
 		}
-		r, err := MeasureRates(ctx, gpu, cpu, dt, e.cfg.HiddenSize)
+		r, err := MeasureRates(ctx, gpu, cpu, dt, e.cfg.HiddenSize, block)
 		if err != nil {
 			return err
 		}

@@ -14,23 +14,27 @@ import (
 )
 
 // rateBytes is the size the copies and the GPU's product are measured
-// over, cpuRateBytes the CPU's: large enough to leave the caches far behind
-// (a host's last-level cache can hold 100 MB and more, which made a first
-// measurement over 128 MiB read 145 GB/s on a host whose memory gives 90),
-// small enough that all of MeasureRates takes about a second.
-const (
-	rateBytes    = 256 << 20
-	cpuRateBytes = 1 << 30
-)
+// over: large enough to leave the caches far behind, small enough that all
+// of MeasureRates takes about a second.
+const rateBytes = 256 << 20
+
+// cpuRateMinBytes is the least the CPU's measurement reads per pass: the
+// block's products are repeated up to it (a small model's block is read
+// from the caches, as it is when the model runs).
+const cpuRateMinBytes = 256 << 20
 
 // MeasureRates measures what the hybrid planner needs, on the machine as it
-// is now: pinned copies from host memory to gpu, the CPU's matrix-vector
-// product over weights of dtype dt in host memory on cpu (at its threads),
-// both at once, the GPU's product over weights in its own memory, and the
-// hand-over of a hidden state of hidden floats between them. The device
-// memory it takes is freed (and the allocator's cache trimmed) before it
-// returns, so a budget made afterwards finds the device as it was.
-func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType, hidden int) (r paging.Rates, err error) {
+// is now: pinned copies from host memory to gpu; the CPU's products, on
+// cpu at its threads, over weights shaped as block's matrices (one decoder
+// block of the model, as the CPU computes it: from pinned host memory, one
+// product per matrix); both at once; the GPU's product over weights of
+// dtype dt in its own memory; and the hand-over of a hidden state of
+// hidden floats between them. A first version measured the CPU over one
+// large matrix and read 120 GB/s where the model's blocks ran at 85: the
+// products' shapes and count matter. The device memory it takes is freed
+// (and the allocator's cache trimmed) before it returns, so a budget made
+// afterwards finds the device as it was.
+func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType, hidden int, block []paging.TensorSpec) (r paging.Rates, err error) {
 	pa, ok1 := tensor.Pinned(gpu)
 	au, ok2 := tensor.AsyncUpload(gpu)
 	if !ok1 || !ok2 {
@@ -70,20 +74,40 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 	defer pa.FreePinned(pinned)
 	fillRandom(pinned, dt)
 
-	// The host side: weights in ordinary host memory for the CPU, the
-	// pinned bytes repeated to cpuRateBytes.
+	// The host side: the block's matrices in pinned host memory, each with
+	// its input and output, repeated to cpuRateMinBytes.
 	ck := tensor.Checked(cpu)
-	hostBytes := make([]byte, cpuRateBytes/len(pinned)*len(pinned))
-	for off := 0; off < len(hostBytes); off += len(pinned) {
-		copy(hostBytes[off:], pinned)
+	type product struct{ w, x, y *tensor.Tensor }
+	var products []product
+	var cpuBytes float64
+	defer func() {
+		for _, p := range products {
+			pa.FreePinned(p.w.Bytes())
+		}
+	}()
+	for len(products) == 0 || cpuBytes < cpuRateMinBytes {
+		n0 := len(products)
+		for _, ts := range block {
+			if len(ts.Shape) != 2 || !ts.DType.IsFloat() {
+				continue
+			}
+			b, err := pa.AllocPinned(ts.Bytes)
+			if err != nil {
+				return r, fmt.Errorf("engine: measuring rates: %w", err)
+			}
+			fillRandom(b, ts.DType)
+			w, err := tensor.FromBytes(ts.DType, ts.Shape, b)
+			if err != nil {
+				pa.FreePinned(b)
+				return r, err
+			}
+			products = append(products, product{w, tensor.New(tensor.F32, tensor.Shape{1, ts.Shape[1]}), tensor.New(tensor.F32, tensor.Shape{1, ts.Shape[0]})})
+			cpuBytes += float64(ts.Bytes)
+		}
+		if len(products) == n0 {
+			return r, errors.New("engine: measuring rates: the block has no matrix")
+		}
 	}
-	nHost := len(hostBytes) / k / dt.Size()
-	wHost, err := tensor.FromBytes(dt, tensor.Shape{nHost, k}, hostBytes)
-	if err != nil {
-		return r, err
-	}
-	xHost := tensor.New(tensor.F32, tensor.Shape{1, k})
-	yHost := tensor.New(tensor.F32, tensor.Shape{1, nHost})
 	hbuf := make([]byte, 4*hidden)
 	hDev, err := gpu.Alloc(tensor.F32, tensor.Shape{1, hidden})
 	if err != nil {
@@ -101,7 +125,14 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		}
 		return tensor.Sync(gpu)
 	}
-	cpuOnce := func() error { return ck.MatMul(yHost, xHost, wHost, nil) }
+	cpuOnce := func() error {
+		for _, p := range products {
+			if err := ck.MatMul(p.y, p.x, p.w, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	gpuOnce := func() error {
 		if err := gk.MatMul(yDev, xDev, wDev, nil); err != nil {
 			return err
@@ -114,7 +145,7 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		}
 		return gpu.Upload(hDev, 0, hbuf)
 	}
-	bytes, cpuBytes := float64(wDev.NumBytes()), float64(wHost.NumBytes())
+	bytes := float64(wDev.NumBytes())
 	rate := func(d time.Duration) float64 { return bytes / d.Seconds() }
 	cpuRate := func(d time.Duration) float64 { return cpuBytes / d.Seconds() }
 	var d time.Duration
@@ -168,21 +199,26 @@ func best(n int, f func() error) (time.Duration, error) {
 }
 
 // fillRandom writes small finite values of dtype dt, so that the pages are
-// real (not the zero page) and the products run on ordinary numbers.
+// real (not the zero page) and the products run on ordinary numbers: a
+// random 64 KiB pattern, repeated.
 func fillRandom(b []byte, dt tensor.DType) {
 	rng := rand.New(rand.NewPCG(1, 2))
+	pat := make([]byte, min(len(b), 64<<10))
 	switch dt.Size() {
 	case 2:
-		for i := 0; i+1 < len(b); i += 2 {
-			v := uint16(0x3000 | rng.IntN(0x0400)) // about 0.1 .. 0.2 in F16; small in BF16 too
+		for i := 0; i+1 < len(pat); i += 2 {
+			v := uint16(0x3000 | rng.IntN(0x0400)) // about 0.1 .. 0.2 in F16
 			if dt == tensor.BF16 {
 				v = uint16(0x3d00 | rng.IntN(0x80))
 			}
-			b[i], b[i+1] = byte(v), byte(v>>8)
+			pat[i], pat[i+1] = byte(v), byte(v>>8)
 		}
 	default:
-		for i := 0; i+3 < len(b); i += 4 {
-			b[i], b[i+1], b[i+2], b[i+3] = 0, byte(rng.IntN(256)), 0x80|byte(rng.IntN(64)), 0x3d
+		for i := 0; i+3 < len(pat); i += 4 {
+			pat[i], pat[i+1], pat[i+2], pat[i+3] = 0, byte(rng.IntN(256)), 0x80|byte(rng.IntN(64)), 0x3d
 		}
+	}
+	for off := 0; off < len(b); off += len(pat) {
+		copy(b[off:], pat)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/strata-llm/strata/engine"
+	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -28,6 +29,16 @@ type Ceilings struct {
 	CPUSharedGBps float64 `json:"cpu_shared_GBps,omitempty"`
 	H2DSharedGBps float64 `json:"h2d_shared_GBps,omitempty"`
 	Threads       int     `json:"threads,omitempty"`
+}
+
+// llama7BBlock is the matrices of a Llama-2-7B decoder block in F16, the
+// shapes the CPU's rate is measured over for the ceilings.
+func llama7BBlock() []paging.TensorSpec {
+	var out []paging.TensorSpec
+	for _, s := range [][2]int{{4096, 4096}, {4096, 4096}, {4096, 4096}, {4096, 4096}, {11008, 4096}, {11008, 4096}, {4096, 11008}} {
+		out = append(out, paging.TensorSpec{DType: tensor.F16, Shape: tensor.Shape{s[0], s[1]}, Bytes: 2 * int64(s[0]) * int64(s[1])})
+	}
+	return out
 }
 
 // median of n timings of f.
@@ -134,7 +145,7 @@ func measureCeilings(b tensor.Backend, threads int) (*Ceilings, error) {
 			return nil, err
 		}
 		defer cpu.Close()
-		r, err := engine.MeasureRates(context.Background(), b, cpu, tensor.F16, 4096)
+		r, err := engine.MeasureRates(context.Background(), b, cpu, tensor.F16, 4096, llama7BBlock())
 		if err != nil {
 			return nil, fmt.Errorf("hybrid rates: %w", err)
 		}
