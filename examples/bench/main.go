@@ -9,8 +9,9 @@
 //	bench -report results.jsonl,hf.jsonl [-md table.md] [-json table.json]
 //
 // A run is BUDGET[:STRATEGY[:MODE]]: BUDGET is "none" or a size (4GiB),
-// STRATEGY one of none, minimal, balanced, aggressive (default balanced
-// with a budget), MODE explicit, unified or unified-noprefetch. Each run
+// STRATEGY one of none, minimal, balanced, aggressive, hybrid (hybrid=N
+// puts N layers on the CPU), cpu (default balanced with a budget), MODE
+// explicit, unified or unified-noprefetch. Each run
 // appends one JSON object to -out. run-gpu.sh drives a whole comparison on
 // a GPU machine.
 package main
@@ -237,14 +238,19 @@ func checkContext(cfg *arch.Config, prefill []int, o options) error {
 
 // runSpec is one measured configuration.
 type runSpec struct {
-	budget   int64 // 0: none
-	label    string
-	strategy paging.Strategy
-	mode     paging.MemoryMode
+	budget    int64 // 0: none
+	label     string
+	strategy  paging.Strategy
+	mode      paging.MemoryMode
+	cpuLayers int // hybrid=N: N layers on the CPU (engine.Memory.CPULayers)
 }
 
 func (s runSpec) String() string {
-	return fmt.Sprintf("%s:%s:%s", s.label, s.strategy, s.mode)
+	st := string(s.strategy)
+	if s.cpuLayers != 0 {
+		st = fmt.Sprintf("%s=%d", st, max(s.cpuLayers, 0))
+	}
+	return fmt.Sprintf("%s:%s:%s", s.label, st, s.mode)
 }
 
 func parseRuns(s string) ([]runSpec, error) {
@@ -263,11 +269,20 @@ func parseRuns(s string) ([]runSpec, error) {
 			spec.budget, spec.strategy = n, paging.StrategyBalanced
 		}
 		if len(parts) > 1 {
-			st, err := paging.ParseStrategy(parts[1])
+			name, n, forced := strings.Cut(parts[1], "=")
+			st, err := paging.ParseStrategy(name)
 			if err != nil {
 				return nil, fmt.Errorf("run %q: %w", r, err)
 			}
 			spec.strategy = st
+			if forced {
+				if st != paging.StrategyHybrid {
+					return nil, fmt.Errorf("run %q: a count of CPU layers needs the hybrid strategy", r)
+				}
+				if spec.cpuLayers, err = paging.ParseCPULayers(n); err != nil {
+					return nil, fmt.Errorf("run %q: %w", r, err)
+				}
+			}
 		}
 		if len(parts) > 2 {
 			m, err := paging.ParseMemoryMode(parts[2])
@@ -330,7 +345,7 @@ type Result struct {
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
