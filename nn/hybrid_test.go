@@ -169,3 +169,86 @@ func TestHybridStages(t *testing.T) {
 		})
 	}
 }
+
+// failingWeights fails the acquisition of one layer while armed.
+type failingWeights struct {
+	Weights
+	layer int
+	armed bool
+}
+
+func (f *failingWeights) Acquire(ctx context.Context, layer int) (LayerWeights, error) {
+	if f.armed && layer == f.layer {
+		f.armed = false
+		return nil, fmt.Errorf("injected failure loading layer %d", layer)
+	}
+	return f.Weights.Acquire(ctx, layer)
+}
+
+// TestHybridStageFailure: a CPU stage whose weights fail to load fails the
+// forward with that error, adds no positions, and the retried forward and
+// the decode after it are exact, on the stages and on the twins.
+func TestHybridStageFailure(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	ref := tensor.NewCPU(1)
+	defer ref.Close()
+	hw, err := LoadWeights(ctx, lm, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	rm, err := New(cfg, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265}
+	const maxPos, chunk, steps = 32, 4, 4
+	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
+	for _, twinAt := range []int{0, chunk} {
+		gpu, cpu := tensor.NewCPU(1), tensor.NewCPU(1)
+		defer gpu.Close()
+		defer cpu.Close()
+		fw := &failingWeights{Weights: hw, layer: cfg.BlockLayer(2), armed: true}
+		twin := &Twin{Backend: gpu, Weights: fw}
+		stages := []Stage{
+			{Backend: gpu, Weights: hw, FirstBlock: 0, EndBlock: 2},
+			{Backend: cpu, Weights: fw, FirstBlock: 2, EndBlock: 3, Twin: twin},
+			{Backend: gpu, Weights: hw, FirstBlock: 3, EndBlock: 4},
+		}
+		pl, err := NewPipeline(cfg, stages, PipelineOptions{TwinMinTokens: twinAt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := pl.NewSession(maxPos, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ps.Forward(ctx, prompt, true, nil); err == nil || ps.Pos() != 0 {
+			t.Fatalf("twins from %d: the injected failure gave %v, position %d", twinAt, err, ps.Pos())
+		}
+		got, err := ps.Forward(ctx, prompt, true, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := append([]float32(nil), got...)
+		last := got[len(got)-cfg.VocabSize:]
+		for range steps {
+			if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, last...)
+		}
+		for i := range wantLogits {
+			if all[i] != wantLogits[i] {
+				t.Fatalf("twins from %d: logit %d after the retry: %v, want %v", twinAt, i, all[i], wantLogits[i])
+			}
+		}
+		ps.Close()
+	}
+}
