@@ -368,11 +368,10 @@ func (b *Backend) MemInfo() (free, total int64, err error) {
 // caching allocator; an allocation the device cannot hold returns an error
 // wrapping tensor.ErrOutOfMemory.
 func (b *Backend) Alloc(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
-	n := shape.NumElements()
-	if n < 0 || dt.Size() == 0 {
-		return nil, fmt.Errorf("%s: Alloc: invalid tensor %v %v", b.name, dt, shape)
+	bytes, err := dt.ShapeBytes(shape)
+	if err != nil {
+		return nil, fmt.Errorf("%s: Alloc: %w", b.name, err)
 	}
-	bytes := n * int64(dt.Size())
 	if bytes == 0 {
 		return tensor.NewDevice(dt, shape, 0), nil
 	}
@@ -787,11 +786,10 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 // concurrent managed access.
 func (b *Backend) AllocManaged(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
 	const op = "AllocManaged"
-	n := shape.NumElements()
-	if n < 0 || dt.Size() == 0 {
-		return nil, fmt.Errorf("%s: %s: invalid tensor %v %v", b.name, op, dt, shape)
+	bytes, err := dt.ShapeBytes(shape)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", b.name, op, err)
 	}
-	bytes := n * int64(dt.Size())
 	if bytes == 0 {
 		return tensor.NewDevice(dt, shape, 0), nil
 	}

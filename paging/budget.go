@@ -213,14 +213,14 @@ func (bg *Budget) Free(t *tensor.Tensor) {
 }
 
 func tensorBytes(dt tensor.DType, shape tensor.Shape) (int64, error) {
-	n := shape.NumElements()
-	if n < 0 || dt.Size() == 0 {
-		return 0, fmt.Errorf("invalid tensor %v %v", dt, shape)
+	n, err := dt.ShapeBytes(shape)
+	if err != nil {
+		return 0, err
 	}
-	if n > (1<<62)/int64(dt.Size()) {
+	if n > 1<<62 {
 		return 0, fmt.Errorf("tensor %v %v too large", dt, shape)
 	}
-	return n * int64(dt.Size()), nil
+	return n, nil
 }
 
 // allocSize is what an allocation of n bytes takes from the device.

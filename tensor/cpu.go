@@ -46,11 +46,11 @@ func (c *CPU) Close() error {
 
 // Alloc returns a zero-filled host tensor.
 func (c *CPU) Alloc(dt DType, shape Shape) (*Tensor, error) {
-	if dt.Size() == 0 {
-		return nil, fmt.Errorf("tensor: cpu: alloc: invalid dtype %v", dt)
+	n, err := dt.ShapeBytes(shape)
+	if err != nil {
+		return nil, fmt.Errorf("tensor: cpu: alloc: %w", err)
 	}
-	n := shape.NumElements()
-	if n < 0 || n > maxAllocBytes/int64(dt.Size()) {
+	if n > maxAllocBytes {
 		return nil, fmt.Errorf("tensor: cpu: alloc %v %v: invalid or too large shape", dt, shape)
 	}
 	return New(dt, shape), nil

@@ -19,22 +19,22 @@ type Tensor struct {
 
 // New returns a zero-filled host tensor.
 func New(dt DType, shape Shape) *Tensor {
-	n := shape.NumElements()
-	if n < 0 || dt.Size() == 0 {
-		panic(fmt.Sprintf("tensor: invalid tensor %v %v", dt, shape))
+	n, err := dt.ShapeBytes(shape)
+	if err != nil {
+		panic(fmt.Sprintf("tensor: invalid tensor %v %v: %v", dt, shape, err))
 	}
-	return &Tensor{dtype: dt, shape: shape.Clone(), data: make([]byte, n*int64(dt.Size())), bytes: n * int64(dt.Size())}
+	return &Tensor{dtype: dt, shape: shape.Clone(), data: make([]byte, n), bytes: n}
 }
 
 // FromBytes wraps host bytes without copying. len(b) must equal the tensor's
 // byte size.
 func FromBytes(dt DType, shape Shape, b []byte) (*Tensor, error) {
-	n := shape.NumElements()
-	if n < 0 || dt.Size() == 0 {
-		return nil, fmt.Errorf("tensor: invalid tensor %v %v", dt, shape)
+	n, err := dt.ShapeBytes(shape)
+	if err != nil {
+		return nil, err
 	}
-	if int64(len(b)) != n*int64(dt.Size()) {
-		return nil, fmt.Errorf("tensor: %v %v needs %d bytes, got %d", dt, shape, n*int64(dt.Size()), len(b))
+	if int64(len(b)) != n {
+		return nil, fmt.Errorf("tensor: %v %v needs %d bytes, got %d", dt, shape, n, len(b))
 	}
 	return &Tensor{dtype: dt, shape: shape.Clone(), data: b, bytes: int64(len(b))}, nil
 }
@@ -47,8 +47,8 @@ func FromF32(shape Shape, v []float32) (*Tensor, error) {
 // NewDevice describes backend-owned memory at address ptr. Backends call it;
 // the tensor has no host storage.
 func NewDevice(dt DType, shape Shape, ptr uintptr) *Tensor {
-	n := shape.NumElements()
-	return &Tensor{dtype: dt, shape: shape.Clone(), ptr: ptr, bytes: n * int64(dt.Size())}
+	n, _ := dt.ShapeBytes(shape) // the backend checked it when it allocated
+	return &Tensor{dtype: dt, shape: shape.Clone(), ptr: ptr, bytes: n}
 }
 
 // DType returns the element type.
@@ -58,7 +58,7 @@ func (t *Tensor) DType() DType { return t.dtype }
 func (t *Tensor) Shape() Shape { return t.shape }
 
 // Len is the number of elements.
-func (t *Tensor) Len() int { return int(t.bytes) / t.dtype.Size() }
+func (t *Tensor) Len() int { return int(t.shape.NumElements()) }
 
 // NumBytes is the size of the storage in bytes.
 func (t *Tensor) NumBytes() int64 { return t.bytes }
@@ -194,11 +194,10 @@ func (t *Tensor) Rows(start, n int) (*Tensor, error) {
 // not be freed (free t), and is valid only while t is. Backends that read
 // with wide loads want off aligned (256 bytes serves every kernel).
 func (t *Tensor) View(off int64, dt DType, shape Shape) (*Tensor, error) {
-	n := shape.NumElements()
-	if n < 0 || dt.Size() == 0 {
-		return nil, fmt.Errorf("tensor: invalid view %v %v", dt, shape)
+	bytes, err := dt.ShapeBytes(shape)
+	if err != nil {
+		return nil, fmt.Errorf("tensor: invalid view: %w", err)
 	}
-	bytes := n * int64(dt.Size())
 	if off < 0 || off > t.bytes || bytes > t.bytes-off {
 		return nil, fmt.Errorf("tensor: view of %d bytes at offset %d exceeds the %d bytes of %v", bytes, off, t.bytes, t)
 	}
