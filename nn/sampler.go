@@ -45,6 +45,7 @@ type Sampler struct {
 	rng   *rand.Rand
 	idx   []int
 	probs []float64
+	heap  []int // the heap's storage, apart from idx
 }
 
 // NewSampler returns a sampler for cfg.
@@ -68,55 +69,208 @@ func Argmax(logits []float32) int {
 }
 
 // Sample picks the next token from one position's logits.
+//
+// It never sorts the whole vocabulary: with top-k the k best candidates
+// are selected with a heap of k and only they are sorted; with top-p alone
+// a heap over every token (built in linear time) gives them in order until
+// the kept mass reaches top-p, usually after a few dozen of a vocabulary of
+// 150,000. The distribution is the one a full sort gives: candidates in
+// descending order of logit (ties by token id), the weights
+// exp((logit - max) / T), their sum over the candidates (in token-id order
+// over the whole vocabulary, in candidate order under top-k), the top-p
+// prefix cut where its mass first reaches TopP of that sum, and the token
+// drawn by walking the prefix in order (with neither filter, every token
+// in id order).
 func (s *Sampler) Sample(logits []float32) int {
 	if s.cfg.Temperature == 0 {
 		return Argmax(logits)
 	}
-	// Candidates sorted by logit, descending, cut to top-k.
-	s.idx = s.idx[:0]
-	for i := range logits {
-		s.idx = append(s.idx, i)
+	n := len(logits)
+	maxL := math.Inf(-1)
+	for _, v := range logits {
+		if f := float64(v); f > maxL {
+			maxL = f
+		}
 	}
-	sort.SliceStable(s.idx, func(a, b int) bool { return logits[s.idx[a]] > logits[s.idx[b]] })
-	n := len(s.idx)
+	w := func(i int) float64 { return math.Exp((float64(logits[i]) - maxL) / s.cfg.Temperature) }
+	k := n
 	if s.cfg.TopK > 0 && s.cfg.TopK < n {
-		n = s.cfg.TopK
+		k = s.cfg.TopK
 	}
-	cand := s.idx[:n]
-	// Softmax with temperature over the candidates.
-	s.probs = s.probs[:0]
-	maxL := float64(logits[cand[0]])
-	sum := 0.0
-	for _, i := range cand {
-		p := math.Exp((float64(logits[i]) - maxL) / s.cfg.Temperature)
-		s.probs = append(s.probs, p)
-		sum += p
+	topP := s.cfg.TopP > 0 && s.cfg.TopP < 1
+	// cand holds the candidates in order as far as they are needed; next
+	// gives the following one, for top-p over the whole vocabulary.
+	s.idx, s.probs = s.idx[:0], s.probs[:0]
+	var sum float64
+	var next func() (int, bool)
+	if k < n {
+		s.idx = topKIndices(s.idx, logits, k)
+		for _, i := range s.idx {
+			p := w(i)
+			s.probs = append(s.probs, p)
+			sum += p
+		}
+		j := 0
+		next = func() (int, bool) {
+			if j == len(s.idx) {
+				return 0, false
+			}
+			j++
+			return j - 1, true
+		}
+	} else {
+		for i := range logits {
+			sum += w(i)
+		}
+		if !topP {
+			// Every token, with no filter: the draw walks them in id
+			// order, which is the same distribution as any other order.
+			r := s.rng.Float64() * sum
+			for i := range logits {
+				if r -= w(i); r < 0 {
+					return i
+				}
+			}
+			return n - 1
+		}
+		h := newLogitHeap(logits, s.heap)
+		defer func() { s.heap = h.h[:0] }()
+		next = func() (int, bool) {
+			if h.len() == 0 {
+				return 0, false
+			}
+			i := h.pop()
+			s.idx = append(s.idx, i)
+			s.probs = append(s.probs, w(i))
+			return len(s.idx) - 1, true
+		}
 	}
-	for i := range s.probs {
-		s.probs[i] /= sum
-	}
-	// Top-p: the smallest prefix whose mass reaches TopP, at least one
-	// token (a tiny TopP keeps the first; 0 is unset).
-	if p := s.cfg.TopP; p > 0 && p < 1 {
-		acc := 0.0
-		for i, q := range s.probs {
-			acc += q
-			if acc >= p {
-				s.probs = s.probs[:i+1]
-				cand = cand[:i+1]
+	kept := sum
+	if topP {
+		acc, target, cut := 0.0, s.cfg.TopP*sum, 0
+		for {
+			j, ok := next()
+			if !ok {
+				break
+			}
+			acc += s.probs[j]
+			cut = j + 1
+			if acc >= target {
 				break
 			}
 		}
-		sum = acc
-	} else {
-		sum = 1
+		s.idx, s.probs, kept = s.idx[:cut], s.probs[:cut], acc
 	}
-	r := s.rng.Float64() * sum
-	for i, q := range s.probs {
+	r := s.rng.Float64() * kept
+	for j, q := range s.probs {
 		r -= q
 		if r < 0 {
-			return cand[i]
+			return s.idx[j]
 		}
 	}
-	return cand[len(cand)-1]
+	return s.idx[len(s.idx)-1]
+}
+
+// before orders candidates: the larger logit first, the smaller id on
+// ties; a NaN counts as the smallest logit.
+func before(logits []float32, a, b int) bool {
+	la, lb := logits[a], logits[b]
+	switch {
+	case la > lb || lb != lb && la == la:
+		return true
+	case la == lb || la != la && lb != lb:
+		return a < b
+	}
+	return false
+}
+
+// topKIndices appends the k best token ids to dst, in order: a heap of the
+// k best so far with the worst on top, then a sort of the k.
+func topKIndices(dst []int, logits []float32, k int) []int {
+	h := dst[:0]
+	worse := func(a, b int) bool { return before(logits, b, a) } // a is worse than b
+	down := func(i int) {
+		for {
+			l, r, m := 2*i+1, 2*i+2, i
+			if l < len(h) && worse(h[l], h[m]) {
+				m = l
+			}
+			if r < len(h) && worse(h[r], h[m]) {
+				m = r
+			}
+			if m == i {
+				return
+			}
+			h[i], h[m] = h[m], h[i]
+			i = m
+		}
+	}
+	for i := range logits {
+		if len(h) < k {
+			h = append(h, i)
+			for c := len(h) - 1; c > 0; {
+				p := (c - 1) / 2
+				if !worse(h[c], h[p]) {
+					break
+				}
+				h[c], h[p] = h[p], h[c]
+				c = p
+			}
+			continue
+		}
+		if before(logits, i, h[0]) {
+			h[0] = i
+			down(0)
+		}
+	}
+	sort.Slice(h, func(a, b int) bool { return before(logits, h[a], h[b]) })
+	return h
+}
+
+// logitHeap pops token ids best first.
+type logitHeap struct {
+	logits []float32
+	h      []int
+}
+
+// newLogitHeap heapifies every token id, in linear time, in buf's storage.
+func newLogitHeap(logits []float32, buf []int) *logitHeap {
+	h := &logitHeap{logits: logits, h: buf[:0]}
+	for i := range logits {
+		h.h = append(h.h, i)
+	}
+	for i := len(h.h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+	return h
+}
+
+func (h *logitHeap) len() int { return len(h.h) }
+
+func (h *logitHeap) down(i int) {
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(h.h) && before(h.logits, h.h[l], h.h[m]) {
+			m = l
+		}
+		if r < len(h.h) && before(h.logits, h.h[r], h.h[m]) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		h.h[i], h.h[m] = h.h[m], h.h[i]
+		i = m
+	}
+}
+
+func (h *logitHeap) pop() int {
+	top := h.h[0]
+	last := len(h.h) - 1
+	h.h[0] = h.h[last]
+	h.h = h.h[:last]
+	if last > 0 {
+		h.down(0)
+	}
+	return top
 }
