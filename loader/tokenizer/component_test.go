@@ -534,3 +534,31 @@ func TestUnicodeNormalizers(t *testing.T) {
 		}
 	}
 }
+
+// TestUnicodeNormalizersLongRuns: runs of more than 30 combining marks are
+// ordered and composed whole, with no U+034F inserted (x/text's stream-safe
+// format does that; Hugging Face's normalizers do not). The wanted strings
+// are Hugging Face's output.
+func TestUnicodeNormalizersLongRuns(t *testing.T) {
+	acute, grave := "\u0301", "\u0316" // classes 230 and 220
+	cases := []struct{ form, in, want string }{
+		{"NFC", "a" + strings.Repeat(acute, 40), "\u00e1" + strings.Repeat(acute, 39)},
+		{"NFD", "a" + strings.Repeat(acute, 40), "a" + strings.Repeat(acute, 40)},
+		{"NFC", "a" + strings.Repeat(acute, 30) + grave + "b", "\u00e1" + grave + strings.Repeat(acute, 29) + "b"},
+		{"NFD", "a" + strings.Repeat(acute, 30) + grave + "b", "a" + grave + strings.Repeat(acute, 30) + "b"},
+		{"NFKC", "\u1100\u1161\u11a8" + strings.Repeat(acute, 36), "\uac01" + strings.Repeat(acute, 36)},
+		{"NFKD", "\u00c5" + strings.Repeat(acute, 31) + "\u212b", "A\u030a" + strings.Repeat(acute, 31) + "A\u030a"},
+		{"NFC", "\u00c5" + strings.Repeat(acute, 31) + "\u212b", "\u01fa" + strings.Repeat(acute, 30) + "\u00c5"},
+		// A U+034F of the text stays, once.
+		{"NFC", "a" + strings.Repeat(acute, 35) + "\u034f" + acute, "\u00e1" + strings.Repeat(acute, 34) + "\u034f" + acute},
+	}
+	for _, c := range cases {
+		n, err := parseNormalizer(json.RawMessage(`{"type":"` + c.form + `"}`))
+		if err != nil {
+			t.Fatalf("%s: %v", c.form, err)
+		}
+		if got := n.normalize(c.in); got != c.want {
+			t.Errorf("%s(%+q)\n got %+q\nwant %+q", c.form, c.in, got, c.want)
+		}
+	}
+}
