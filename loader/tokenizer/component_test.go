@@ -418,7 +418,8 @@ func TestParseErrors(t *testing.T) {
 		{"BertNormalizer", with("normalizer", map[string]any{"type": "BertNormalizer"}), `"BertNormalizer"`, true},
 		{"nested", with("normalizer", map[string]any{"type": "Sequence", "normalizers": []any{map[string]any{"type": "Lowercase"}}}), `"Lowercase"`, true},
 		{"pre", with("pre_tokenizer", map[string]any{"type": "BertPreTokenizer"}), `"BertPreTokenizer"`, true},
-		{"lookahead", with("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `\s+(?!\S)`}, "behavior": "Isolated"}), "(?!", true},
+		{"intersection", with("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `[\w&&[^\d]]+`}, "behavior": "Isolated"}), "intersection", true},
+		{"bad regex", with("normalizer", map[string]any{"type": "Replace", "pattern": map[string]any{"Regex": `a(?=b`}, "content": ""}), "a(?=b", true},
 		{"behavior", with("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"String": " "}, "behavior": "Sideways"}), `"Sideways"`, false},
 		{"decoder", with("decoder", map[string]any{"type": "WordPiece"}), `"WordPiece"`, true},
 		{"post", with("post_processor", map[string]any{"type": "Mystery"}), `"Mystery"`, true},
@@ -484,18 +485,29 @@ func TestMergeForms(t *testing.T) {
 	}
 }
 
-// Oniguruma's \s, \d and \w are Unicode classes; Go's are ASCII.
+// Oniguruma's \s, \d and \w are Unicode classes (Go's are ASCII);
+// expressions with lookaround, backreferences, atomic groups or word
+// boundaries run on regexp2, the others on Go's regexp.
 func TestTranslateOnig(t *testing.T) {
 	cases := []struct {
 		expr, in string
 		want     []string
+		regexp2  bool // the expression needs regexp2
 	}{
-		{`\s+`, "a\u00a0\u3000b\u0085c", []string{"\u00a0\u3000", "\u0085"}},
-		{`[^\s\p{L}]+`, "a\u00a0!?b", []string{"!?"}},
-		{`\d+`, "x١٢y", []string{"١٢"}},
-		{`\w+`, "été_1 ok", []string{"été_1", "ok"}},
-		{`\S+`, "ab\u2028cd", []string{"ab", "cd"}},
-		{`[]a]+|\[`, "]a[", []string{"]a", "["}},
+		{`\s+`, "a\u00a0\u3000b\u0085c", []string{"\u00a0\u3000", "\u0085"}, false},
+		{`[^\s\p{L}]+`, "a\u00a0!?b", []string{"!?"}, false},
+		{`\d+`, "x١٢y", []string{"١٢"}, false},
+		{`[\D]+`, "x١٢y", []string{"x", "y"}, false},
+		{`\w+`, "été_1 ok", []string{"été_1", "ok"}, false},
+		{`\S+`, "ab\u2028cd", []string{"ab", "cd"}, false},
+		{`[]a]+|\[`, "]a[", []string{"]a", "["}, false},
+		{`\s+(?!\S)|\s+`, "a   b  ", []string{"  ", " ", "  "}, true},
+		{`(?<=\d)(?=(?:\d{3})+(?!\d))`, "1234567", []string{"", ""}, true},
+		{`\b\w+\b`, "été ab", []string{"été", "ab"}, true},
+		{`(\w)\1`, "abbcdd", []string{"bb", "dd"}, true},
+		{`(?>\d+)\.|\d++`, "12.34", []string{"12.", "34"}, true},
+		{`x\Z`, "x\n", []string{"x"}, true},
+		{`[\w\d]\b`, "aa b", []string{"a", "b"}, true},
 	}
 	for _, c := range cases {
 		re, err := compileOnig(c.expr)
@@ -503,11 +515,14 @@ func TestTranslateOnig(t *testing.T) {
 			t.Errorf("%s: %v", c.expr, err)
 			continue
 		}
-		if got := re.FindAllString(c.in, -1); !reflect.DeepEqual(got, c.want) {
+		if got := spanTexts(c.in, re.matches(c.in)); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%s on %q: %q, want %q", c.expr, c.in, got, c.want)
 		}
+		if (re.re2 != nil) != c.regexp2 {
+			t.Errorf("%s: on regexp2 %v, want %v", c.expr, re.re2 != nil, c.regexp2)
+		}
 	}
-	for _, expr := range []string{`\bx`, `[\S]`, `[[:alpha:]]`, `a(?=b)`} {
+	for _, expr := range []string{`[\S]`, `[\W]`, `[[:alpha:]]`, `[a-c&&b]`, `[a[b]]`, `a(?=b`} {
 		if _, err := compileOnig(expr); err == nil {
 			t.Errorf("%s: no error", expr)
 		}

@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"regexp"
 	"slices"
 	"strings"
 	"unicode"
@@ -39,13 +38,13 @@ func (p prependNormalizer) normalize(s string) string {
 // expression, left to right; used by the Replace normalizer and decoder.
 type replacer struct {
 	literal string
-	re      *regexp.Regexp
+	re      *onigRegexp
 	content string
 }
 
 func (r replacer) replace(s string) string {
 	if r.re != nil {
-		return r.re.ReplaceAllLiteralString(s, r.content)
+		return r.re.replaceAll(s, r.content)
 	}
 	if r.literal == "" {
 		return s
