@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 func TestAppendLossy(t *testing.T) {
@@ -485,9 +487,9 @@ func TestMergeForms(t *testing.T) {
 	}
 }
 
-// Oniguruma's \s, \d and \w are Unicode classes (Go's are ASCII);
-// expressions with lookaround, backreferences, atomic groups or word
-// boundaries run on regexp2, the others on Go's regexp.
+// Oniguruma's \s, \d and \w are Unicode classes (Go's are ASCII), its ^
+// and $ line anchors; expressions with lookaround, backreferences, atomic
+// groups or word boundaries run on regexp2, the others on Go's regexp.
 func TestTranslateOnig(t *testing.T) {
 	cases := []struct {
 		expr, in string
@@ -499,11 +501,19 @@ func TestTranslateOnig(t *testing.T) {
 		{`\d+`, "x١٢y", []string{"١٢"}, false},
 		{`[\D]+`, "x١٢y", []string{"x", "y"}, false},
 		{`\w+`, "été_1 ok", []string{"été_1", "ok"}, false},
+		// Oniguruma's word characters: Alphabetic (Ⓐ, Ⅻ), marks (U+0903),
+		// ² and ½; not ⑴ nor U+200D.
+		{`\w+`, "aⒶⅫ\u0903²½⑴b\u200dc", []string{"aⒶⅫ\u0903²½", "b", "c"}, false},
 		{`\S+`, "ab\u2028cd", []string{"ab", "cd"}, false},
 		{`[]a]+|\[`, "]a[", []string{"]a", "["}, false},
+		{`\h+|[\h]`, "ab f0 z", []string{"ab", "f0"}, false},
+		{`a{,2}`, "aaa", []string{"aa", "a"}, false},
+		{`\u00e9|\p{^L}`, "é1x", []string{"é", "1"}, false},
+		{`^a|b$`, "ab\nab", []string{"a", "b", "a", "b"}, false},
+		{`(?m)a.b`, "a\nb", []string{"a\nb"}, false},
 		{`\s+(?!\S)|\s+`, "a   b  ", []string{"  ", " ", "  "}, true},
 		{`(?<=\d)(?=(?:\d{3})+(?!\d))`, "1234567", []string{"", ""}, true},
-		{`\b\w+\b`, "été ab", []string{"été", "ab"}, true},
+		{`\b\w+\b`, "été Ⓐb", []string{"été", "Ⓐb"}, true},
 		{`(\w)\1`, "abbcdd", []string{"bb", "dd"}, true},
 		{`(?>\d+)\.|\d++`, "12.34", []string{"12.", "34"}, true},
 		{`x\Z`, "x\n", []string{"x"}, true},
@@ -522,9 +532,25 @@ func TestTranslateOnig(t *testing.T) {
 			t.Errorf("%s: on regexp2 %v, want %v", c.expr, re.re2 != nil, c.regexp2)
 		}
 	}
-	for _, expr := range []string{`[\S]`, `[\W]`, `[[:alpha:]]`, `[a-c&&b]`, `[a[b]]`, `a(?=b`} {
+	for _, expr := range []string{`[\S]`, `[\W]`, `[[:alpha:]]`, `[a-c&&b]`, `[a[b]]`, `(?y)a`, `a(?=b`} {
 		if _, err := compileOnig(expr); err == nil {
 			t.Errorf("%s: no error", expr)
+		}
+	}
+}
+
+// TestOnigWordClass: onigWord holds exactly Alphabetic, M, Nd, Pc and the
+// six Latin-1 characters of Oniguruma's word table, by Go's Unicode tables.
+func TestOnigWordClass(t *testing.T) {
+	re := regexp.MustCompile(`^[` + onigWord + `]$`)
+	latin1 := "\u00b2\u00b3\u00b9\u00bc\u00bd\u00be"
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if r >= 0xd800 && r < 0xe000 {
+			continue
+		}
+		want := unicode.In(r, unicode.L, unicode.Nl, unicode.Other_Alphabetic, unicode.M, unicode.Nd, unicode.Pc) || strings.ContainsRune(latin1, r)
+		if got := re.MatchString(string(r)); got != want {
+			t.Fatalf("%U: in onigWord %v, want %v", r, got, want)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
@@ -16,12 +17,21 @@ import (
 // these expressions), and with regexp2, a backtracking engine of .NET
 // syntax, where they need what Go's lacks (lookaround, backreferences,
 // atomic groups, possessive quantifiers, Unicode word boundaries).
-// translateOnig gives \s, \d and \w the Unicode meaning they have in
-// Oniguruma.
+// translateOnig rewrites what the syntaxes mean differently: \s, \d, \w
+// and \h become explicit Unicode classes, ^ and $ match at every line, the
+// option m is dot-all.
 const (
 	onigSpace = `\t\n\x0B\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}`
-	onigWord  = `\p{L}\p{M}\p{Nd}\p{Pc}`
+	onigHex   = `0-9a-fA-F`
 )
+
+// onigWord is Oniguruma's \w: Alphabetic, marks, decimal digits, connector
+// punctuation, and the Latin-1 superscripts and fractions (² ³ ¹ ¼ ½ ¾) of
+// its 8-bit word table. Alphabetic is L, Nl and Other_Alphabetic, which
+// Go's regexp cannot name: the ranges are the characters of
+// Other_Alphabetic outside L, Nl and M (circled and squared letters).
+const onigWord = `\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{B2}\x{B3}\x{B9}\x{BC}-\x{BE}` +
+	`\x{24B6}-\x{24E9}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169}\x{1F170}-\x{1F189}`
 
 // onigEngine is the engine an expression is translated for.
 type onigEngine int
@@ -113,13 +123,15 @@ func (r *onigRegexp) replaceAll(s, content string) string {
 }
 
 // translateOnig rewrites an Oniguruma expression for the engine: \s \S \d
-// \D \w \W as Unicode classes inside and outside brackets, \b and \B
-// (regexp2 only) as lookarounds on word characters. What has no equivalent
-// is an error: negated classes inside brackets (but \D), POSIX brackets,
-// class intersection and nested classes, and for Go's regexp the word
-// boundaries.
+// \D \w \W \h \H as Unicode classes inside and outside brackets, \b and \B
+// (regexp2 only) as lookarounds on Oniguruma's word characters, \uHHHH as
+// \x{HHHH}, \p{^X} as \P{X}, {,n} as {0,n}, the inline option m as s, and
+// ^ and $ as line anchors. What has no equivalent is an error: negated
+// classes inside brackets (but \D), POSIX brackets, class intersection and
+// nested classes, and for Go's regexp the word boundaries.
 func translateOnig(expr string, engine onigEngine) (string, error) {
 	var b strings.Builder
+	b.WriteString("(?m)") // Ruby syntax: ^ and $ are line anchors
 	inClass := false
 	rs := []rune(expr)
 	for i := 0; i < len(rs); i++ {
@@ -129,11 +141,11 @@ func translateOnig(expr string, engine onigEngine) (string, error) {
 			i++
 			e := rs[i]
 			switch {
-			case inClass && (e == 's' || e == 'd' || e == 'w'):
-				b.WriteString(map[rune]string{'s': onigSpace, 'd': `\p{Nd}`, 'w': onigWord}[e])
+			case inClass && (e == 's' || e == 'd' || e == 'w' || e == 'h'):
+				b.WriteString(map[rune]string{'s': onigSpace, 'd': `\p{Nd}`, 'w': onigWord, 'h': onigHex}[e])
 			case inClass && e == 'D':
 				b.WriteString(`\P{Nd}`)
-			case inClass && (e == 'S' || e == 'W'):
+			case inClass && (e == 'S' || e == 'W' || e == 'H'):
 				return "", fmt.Errorf(`\%c inside brackets has no equivalent`, e)
 			case e == 's':
 				b.WriteString("[" + onigSpace + "]")
@@ -147,6 +159,10 @@ func translateOnig(expr string, engine onigEngine) (string, error) {
 				b.WriteString("[" + onigWord + "]")
 			case e == 'W':
 				b.WriteString("[^" + onigWord + "]")
+			case e == 'h':
+				b.WriteString("[" + onigHex + "]")
+			case e == 'H':
+				b.WriteString("[^" + onigHex + "]")
 			case (e == 'b' || e == 'B') && !inClass:
 				if engine == engineGo {
 					return "", errors.New(`word boundaries (\b, \B) are ASCII-only in Go`)
@@ -157,6 +173,17 @@ func translateOnig(expr string, engine onigEngine) (string, error) {
 				} else {
 					fmt.Fprintf(&b, `(?:(?<=%s)(?=%s)|(?<!%s)(?!%s))`, w, w, w, w)
 				}
+			case e == 'u' && i+4 < len(rs) && isHex(rs[i+1:i+5]):
+				fmt.Fprintf(&b, `\x{%s}`, string(rs[i+1:i+5]))
+				i += 4
+			case (e == 'p' || e == 'P') && i+2 < len(rs) && rs[i+1] == '{' && rs[i+2] == '^':
+				if e == 'p' {
+					e = 'P'
+				} else {
+					e = 'p'
+				}
+				b.WriteString(`\` + string(e) + "{")
+				i += 2
 			default:
 				b.WriteRune('\\')
 				b.WriteRune(e)
@@ -181,9 +208,63 @@ func translateOnig(expr string, engine onigEngine) (string, error) {
 		case c == ']' && inClass:
 			inClass = false
 			b.WriteRune(c)
+		case c == '(' && !inClass && i+1 < len(rs) && rs[i+1] == '?':
+			n, err := translateOptions(&b, rs[i:])
+			if err != nil {
+				return "", err
+			}
+			i += n - 1
+		case c == '{' && !inClass && i+1 < len(rs) && rs[i+1] == ',' && i > 0:
+			// {,n} is {0,n} when n is a number and the brace closes.
+			j := i + 2
+			for j < len(rs) && rs[j] >= '0' && rs[j] <= '9' {
+				j++
+			}
+			if j > i+2 && j < len(rs) && rs[j] == '}' {
+				b.WriteString("{0")
+			} else {
+				b.WriteRune(c)
+			}
 		default:
 			b.WriteRune(c)
 		}
 	}
 	return b.String(), nil
+}
+
+// translateOptions writes the group opening at the start of rs, "(?...",
+// and returns how many runes it took. Inline options (?imx-imx) and
+// (?imx-imx: keep i and x; Ruby's m (dot matches newline) is s in Go and
+// .NET. Other groups ((?:, (?=, (?<name>, ...) are written as they are.
+func translateOptions(b *strings.Builder, rs []rune) (int, error) {
+	j := 2
+	for j < len(rs) && (rs[j] == '-' || unicode.IsLetter(rs[j])) {
+		j++
+	}
+	if j == 2 || j >= len(rs) || (rs[j] != ')' && rs[j] != ':') {
+		b.WriteString("(?")
+		return 2, nil
+	}
+	b.WriteString("(?")
+	for _, o := range rs[2:j] {
+		switch o {
+		case 'i', 'x', '-':
+			b.WriteRune(o)
+		case 'm':
+			b.WriteRune('s')
+		default:
+			return 0, fmt.Errorf("inline option %q has no equivalent", o)
+		}
+	}
+	b.WriteRune(rs[j])
+	return j + 1, nil
+}
+
+func isHex(rs []rune) bool {
+	for _, r := range rs {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", r) {
+			return false
+		}
+	}
+	return true
 }
