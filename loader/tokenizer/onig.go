@@ -96,6 +96,11 @@ func (r *onigRegexp) matches(s string) []span {
 	_ = r.re2.FindRunesMatches(rs, 0, func(v regexp2.MatchView) bool {
 		i, n, _ := v.GroupRange(0)
 		start := byteAt(i)
+		// An empty match just after a match is dropped, as Oniguruma's
+		// iterator in Hugging Face's library (and Go's regexp) does.
+		if n == 0 && len(out) > 0 && out[len(out)-1].end == start {
+			return true
+		}
 		out = append(out, span{start, byteAt(i + n), true})
 		return true
 	})

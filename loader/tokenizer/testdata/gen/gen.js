@@ -204,7 +204,7 @@ const realPatterns = {
 };
 // Patterns that can match the empty string: every behaviour is recorded,
 // since empty matches are where the behaviours could differ.
-const emptyMatches = new Set(["(?<=\\d)(?=(?:\\d{3})+(?!\\d))", "x*", "\\b"]);
+const emptyMatches = new Set(["(?<=\\d)(?=(?:\\d{3})+(?!\\d))", "x*", "\\b", "\\p{L}+|(?=\\p{N})"]);
 const constructPatterns = [
   "\\s+(?!\\S)|\\s+",
   "(?<=\\d)(?=(?:\\d{3})+(?!\\d))",
@@ -230,6 +230,7 @@ const constructPatterns = [
   "\\d{,2}",
   "x*",
   "\\b",
+  "\\p{L}+|(?=\\p{N})",
 ];
 
 function splitCases(texts) {
