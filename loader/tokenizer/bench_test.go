@@ -101,3 +101,38 @@ func BenchmarkStream(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSplit measures the split expressions alone: Llama 3's through
+// its scanner and through regexp2 (what it would cost without the scanner),
+// Mistral-Nemo's through regexp2, one like Llama 3's without lookahead through
+// Go's regexp (which, on such expressions, is slower than regexp2).
+func BenchmarkSplit(b *testing.B) {
+	text := benchText(1 << 16)
+	scan, err := newRegexMatcher(llama3Pattern)
+	if err != nil {
+		b.Fatal(err)
+	}
+	compiled := func(expr string) matcher {
+		re, err := compileOnig(expr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return re
+	}
+	for _, c := range []struct {
+		name string
+		m    matcher
+	}{
+		{"llama3/scanner", scan},
+		{"llama3/regexp2", compiled(llama3Pattern)},
+		{"mistral-nemo/regexp2", compiled(`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`)},
+		{"no-lookahead/regexp", compiled(`[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s+`)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				c.m.matches(text)
+			}
+		})
+	}
+}

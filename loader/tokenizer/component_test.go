@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 func TestAppendLossy(t *testing.T) {
@@ -418,7 +420,8 @@ func TestParseErrors(t *testing.T) {
 		{"BertNormalizer", with("normalizer", map[string]any{"type": "BertNormalizer"}), `"BertNormalizer"`, true},
 		{"nested", with("normalizer", map[string]any{"type": "Sequence", "normalizers": []any{map[string]any{"type": "Lowercase"}}}), `"Lowercase"`, true},
 		{"pre", with("pre_tokenizer", map[string]any{"type": "BertPreTokenizer"}), `"BertPreTokenizer"`, true},
-		{"lookahead", with("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `\s+(?!\S)`}, "behavior": "Isolated"}), "(?!", true},
+		{"intersection", with("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `[\w&&[^\d]]+`}, "behavior": "Isolated"}), "intersection", true},
+		{"bad regex", with("normalizer", map[string]any{"type": "Replace", "pattern": map[string]any{"Regex": `a(?=b`}, "content": ""}), "a(?=b", true},
 		{"behavior", with("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"String": " "}, "behavior": "Sideways"}), `"Sideways"`, false},
 		{"decoder", with("decoder", map[string]any{"type": "WordPiece"}), `"WordPiece"`, true},
 		{"post", with("post_processor", map[string]any{"type": "Mystery"}), `"Mystery"`, true},
@@ -484,18 +487,37 @@ func TestMergeForms(t *testing.T) {
 	}
 }
 
-// Oniguruma's \s, \d and \w are Unicode classes; Go's are ASCII.
+// Oniguruma's \s, \d and \w are Unicode classes (Go's are ASCII), its ^
+// and $ line anchors; expressions with lookaround, backreferences, atomic
+// groups or word boundaries run on regexp2, the others on Go's regexp.
 func TestTranslateOnig(t *testing.T) {
 	cases := []struct {
 		expr, in string
 		want     []string
+		regexp2  bool // the expression needs regexp2
 	}{
-		{`\s+`, "a\u00a0\u3000b\u0085c", []string{"\u00a0\u3000", "\u0085"}},
-		{`[^\s\p{L}]+`, "a\u00a0!?b", []string{"!?"}},
-		{`\d+`, "x١٢y", []string{"١٢"}},
-		{`\w+`, "été_1 ok", []string{"été_1", "ok"}},
-		{`\S+`, "ab\u2028cd", []string{"ab", "cd"}},
-		{`[]a]+|\[`, "]a[", []string{"]a", "["}},
+		{`\s+`, "a\u00a0\u3000b\u0085c", []string{"\u00a0\u3000", "\u0085"}, false},
+		{`[^\s\p{L}]+`, "a\u00a0!?b", []string{"!?"}, false},
+		{`\d+`, "x١٢y", []string{"١٢"}, false},
+		{`[\D]+`, "x١٢y", []string{"x", "y"}, false},
+		{`\w+`, "été_1 ok", []string{"été_1", "ok"}, false},
+		// Oniguruma's word characters: Alphabetic (Ⓐ, Ⅻ), marks (U+0903),
+		// ² and ½; not ⑴ nor U+200D.
+		{`\w+`, "aⒶⅫ\u0903²½⑴b\u200dc", []string{"aⒶⅫ\u0903²½", "b", "c"}, false},
+		{`\S+`, "ab\u2028cd", []string{"ab", "cd"}, false},
+		{`[]a]+|\[`, "]a[", []string{"]a", "["}, false},
+		{`\h+|[\h]`, "ab f0 z", []string{"ab", "f0"}, false},
+		{`a{,2}`, "aaa", []string{"aa", "a"}, false},
+		{`\u00e9|\p{^L}`, "é1x", []string{"é", "1"}, false},
+		{`^a|b$`, "ab\nab", []string{"a", "b", "a", "b"}, false},
+		{`(?m)a.b`, "a\nb", []string{"a\nb"}, false},
+		{`\s+(?!\S)|\s+`, "a   b  ", []string{"  ", " ", "  "}, true},
+		{`(?<=\d)(?=(?:\d{3})+(?!\d))`, "1234567", []string{"", ""}, true},
+		{`\b\w+\b`, "été Ⓐb", []string{"été", "Ⓐb"}, true},
+		{`(\w)\1`, "abbcdd", []string{"bb", "dd"}, true},
+		{`(?>\d+)\.|\d++`, "12.34", []string{"12.", "34"}, true},
+		{`x\Z`, "x\n", []string{"x"}, true},
+		{`[\w\d]\b`, "aa b", []string{"a", "b"}, true},
 	}
 	for _, c := range cases {
 		re, err := compileOnig(c.expr)
@@ -503,13 +525,32 @@ func TestTranslateOnig(t *testing.T) {
 			t.Errorf("%s: %v", c.expr, err)
 			continue
 		}
-		if got := re.FindAllString(c.in, -1); !reflect.DeepEqual(got, c.want) {
+		if got := spanTexts(c.in, re.matches(c.in)); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%s on %q: %q, want %q", c.expr, c.in, got, c.want)
 		}
+		if (re.re2 != nil) != c.regexp2 {
+			t.Errorf("%s: on regexp2 %v, want %v", c.expr, re.re2 != nil, c.regexp2)
+		}
 	}
-	for _, expr := range []string{`\bx`, `[\S]`, `[[:alpha:]]`, `a(?=b)`} {
+	for _, expr := range []string{`[\S]`, `[\W]`, `[[:alpha:]]`, `[a-c&&b]`, `[a[b]]`, `(?y)a`, `a(?=b`} {
 		if _, err := compileOnig(expr); err == nil {
 			t.Errorf("%s: no error", expr)
+		}
+	}
+}
+
+// TestOnigWordClass: onigWord holds exactly Alphabetic, M, Nd, Pc and the
+// six Latin-1 characters of Oniguruma's word table, by Go's Unicode tables.
+func TestOnigWordClass(t *testing.T) {
+	re := regexp.MustCompile(`^[` + onigWord + `]$`)
+	latin1 := "\u00b2\u00b3\u00b9\u00bc\u00bd\u00be"
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if r >= 0xd800 && r < 0xe000 {
+			continue
+		}
+		want := unicode.In(r, unicode.L, unicode.Nl, unicode.Other_Alphabetic, unicode.M, unicode.Nd, unicode.Pc) || strings.ContainsRune(latin1, r)
+		if got := re.MatchString(string(r)); got != want {
+			t.Fatalf("%U: in onigWord %v, want %v", r, got, want)
 		}
 	}
 }
@@ -531,6 +572,34 @@ func TestUnicodeNormalizers(t *testing.T) {
 		}
 		if got := n.normalize(in); got != want {
 			t.Errorf("%s(%q) = %q, want %q", form, in, got, want)
+		}
+	}
+}
+
+// TestUnicodeNormalizersLongRuns: runs of more than 30 combining marks are
+// ordered and composed whole, with no U+034F inserted (x/text's stream-safe
+// format does that; Hugging Face's normalizers do not). The wanted strings
+// are Hugging Face's output.
+func TestUnicodeNormalizersLongRuns(t *testing.T) {
+	acute, grave := "\u0301", "\u0316" // classes 230 and 220
+	cases := []struct{ form, in, want string }{
+		{"NFC", "a" + strings.Repeat(acute, 40), "\u00e1" + strings.Repeat(acute, 39)},
+		{"NFD", "a" + strings.Repeat(acute, 40), "a" + strings.Repeat(acute, 40)},
+		{"NFC", "a" + strings.Repeat(acute, 30) + grave + "b", "\u00e1" + grave + strings.Repeat(acute, 29) + "b"},
+		{"NFD", "a" + strings.Repeat(acute, 30) + grave + "b", "a" + grave + strings.Repeat(acute, 30) + "b"},
+		{"NFKC", "\u1100\u1161\u11a8" + strings.Repeat(acute, 36), "\uac01" + strings.Repeat(acute, 36)},
+		{"NFKD", "\u00c5" + strings.Repeat(acute, 31) + "\u212b", "A\u030a" + strings.Repeat(acute, 31) + "A\u030a"},
+		{"NFC", "\u00c5" + strings.Repeat(acute, 31) + "\u212b", "\u01fa" + strings.Repeat(acute, 30) + "\u00c5"},
+		// A U+034F of the text stays, once.
+		{"NFC", "a" + strings.Repeat(acute, 35) + "\u034f" + acute, "\u00e1" + strings.Repeat(acute, 34) + "\u034f" + acute},
+	}
+	for _, c := range cases {
+		n, err := parseNormalizer(json.RawMessage(`{"type":"` + c.form + `"}`))
+		if err != nil {
+			t.Fatalf("%s: %v", c.form, err)
+		}
+		if got := n.normalize(c.in); got != c.want {
+			t.Errorf("%s(%+q)\n got %+q\nwant %+q", c.form, c.in, got, c.want)
 		}
 	}
 }

@@ -11,20 +11,30 @@
 // config's add_bos_token/add_eos_token say which special tokens
 // Encode(text, true) adds.
 //
-// Supported components: normalizers Sequence, Prepend, Replace, Strip;
-// pre-tokenizers ByteLevel, Metaspace, Split, Sequence, Digits,
-// WhitespaceSplit, Punctuation; decoders ByteLevel, Metaspace, Replace,
-// ByteFallback, Fuse, Strip, Sequence; post-processors TemplateProcessing,
-// ByteLevel, RobertaProcessing, BertProcessing, Sequence. Anything else is
-// an error at load time that names it and wraps ErrUnsupported; among
-// those are the Unigram and WordPiece models and the Unicode normalizers
-// (NFC, NFKC, ...), which need Unicode tables this package does not carry.
+// Supported components: normalizers Sequence, Prepend, Replace, Strip, NFC,
+// NFD, NFKC, NFKD; pre-tokenizers ByteLevel, Metaspace, Split, Sequence,
+// Digits, WhitespaceSplit, Punctuation; decoders ByteLevel, Metaspace,
+// Replace, ByteFallback, Fuse, Strip, Sequence; post-processors
+// TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing,
+// Sequence. Anything else is an error at load time that names it and wraps
+// ErrUnsupported; among those are the Unigram and WordPiece models.
 //
-// The split expressions of GPT-2, Llama 3 and Qwen2 need a lookahead that
-// Go's regexp lacks; they are matched by hand-written scanners. Other
-// expressions (Split, Replace) are compiled with Go's regexp after \s, \d
-// and \w are given the Unicode meaning they have in Oniguruma, the engine
-// Hugging Face uses; ones Go cannot express (lookaround, \b) are rejected.
+// The Unicode normalizers are exact also past 30 combining marks in a row,
+// where golang.org/x/text's stream-safe format would insert U+034F.
+//
+// Hugging Face compiles split and replace expressions with Oniguruma. The
+// split expressions of GPT-2, Llama 3 and Qwen2 are matched by
+// hand-written scanners; other expressions run on Go's regexp when it can
+// run them, and on github.com/dlclark/regexp2 when they need lookaround
+// (Mistral-Nemo's \s+(?!\S)), backreferences, atomic groups or word
+// boundaries. Either way they are first rewritten to mean what they mean
+// in Oniguruma: Unicode \s, \d, \w and \b, ^ and $ at every line. Class
+// intersection, nested classes and POSIX brackets are rejected, and (?i)
+// folds one character to one character (Oniguruma also matches ß to ss).
+//
+// Tests compare the package with Hugging Face's library on the real
+// tokenizer files of Llama 3, Qwen3, Llama 2 and Mistral-Nemo (see
+// testdata/README.md).
 //
 // Stream decodes generated ids one at a time, holding back text that the
 // next ids may still change, so that what it returns adds up to Decode of

@@ -24,7 +24,7 @@ const (
 
 // ErrUnsupported is wrapped by the error Load and Parse return for a
 // tokenizer.json component this package does not implement (a Unigram
-// model, an NFC normalizer, a split expression Go cannot compile, ...).
+// model, a split expression with a class intersection, ...).
 var ErrUnsupported = errors.New("unsupported")
 
 // ErrUnknownID is wrapped by the error Decode and Stream.Add return for an
