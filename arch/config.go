@@ -54,29 +54,36 @@ type Config struct {
 
 	DType tensor.DType // stored dtype named by the config (F32 if absent)
 
-	// The quirks of the families to come have their place here. No
-	// supported family has them yet: Validate refuses them until one does.
-
 	// QKNorm is true when each head's queries and keys pass through an
-	// RMS norm before the rotary embedding (Qwen3).
+	// RMS norm over the head (q_norm, k_norm of [HeadDim]) before the
+	// rotary embedding: always for Qwen3 and Qwen3-MoE, never otherwise.
 	QKNorm bool
-	// MoE describes a mixture-of-experts MLP (Mixtral, Qwen2-MoE,
-	// Qwen3-MoE); nil for a dense model.
+	// MoE describes the mixture-of-experts MLP of Mixtral, Qwen2-MoE and
+	// Qwen3-MoE; nil for a dense model.
 	MoE *MoE
 }
 
-// MoE is the shape of a mixture-of-experts MLP: a router picks
-// ExpertsPerToken of the Experts routed experts for each token, and every
-// token also passes through the shared experts, if any. Block i is sparse
-// when i+1 is a multiple of SparseStep; the others keep a dense MLP.
+// MoE is the shape of a mixture-of-experts MLP. In a sparse block a router
+// [Experts, hidden] scores the experts of each token; the token goes
+// through the ExpertsPerToken best, weighted by their softmax over all the
+// experts (renormalised over the chosen ones when NormTopK), and through
+// the shared expert, if any, weighted by a sigmoid gate. Block i is sparse
+// when i+1 is a multiple of SparseStep and i is not in DenseLayers; the
+// others have a dense MLP of IntermediateSize.
 type MoE struct {
-	Experts         int  // routed experts in a sparse block (num_experts)
-	ExpertsPerToken int  // experts each token is routed to (num_experts_per_tok)
-	ExpertSize      int  // intermediate size of one routed expert (moe_intermediate_size)
-	SharedExperts   int  // experts every token passes through; 0 for none
-	SharedSize      int  // their intermediate size (shared_expert_intermediate_size)
-	SparseStep      int  // every SparseStep-th block is sparse (decoder_sparse_step); 1 for all
-	NormTopK        bool // the chosen experts' weights are renormalised to sum to 1 (norm_topk_prob)
+	Experts         int // routed experts in a sparse block (num_experts, num_local_experts)
+	ExpertsPerToken int // experts each token is routed to (num_experts_per_tok)
+	// ExpertSize is the intermediate size of one routed expert
+	// (moe_intermediate_size; Mixtral's intermediate_size).
+	ExpertSize int
+	// SharedExperts is 1 when every token also passes through a shared
+	// expert of intermediate size SharedSize (Qwen2-MoE's shared_expert
+	// and shared_expert_intermediate_size), 0 for none.
+	SharedExperts int
+	SharedSize    int
+	SparseStep    int   // every SparseStep-th block is sparse (decoder_sparse_step); 1 for all
+	DenseLayers   []int // blocks with a dense MLP whatever SparseStep says (mlp_only_layers), ascending
+	NormTopK      bool  // the chosen experts' weights are renormalised to sum to 1 (norm_topk_prob)
 }
 
 // RopeScaling describes a rescaling of the rotary embedding's frequencies.
@@ -142,13 +149,13 @@ func ParseConfig(data []byte) (*Config, error) {
 	case len(j.Architectures) > 0:
 		f, ok := familyOf(j.Architectures[0])
 		if !ok {
-			return nil, cfgErr("unsupported architecture %q (supported: %s)", j.Architectures[0], strings.Join(Architectures(), ", "))
+			return nil, cfgErr("unsupported architecture %q (supported: the classes of %s)", j.Architectures[0], modelTypes())
 		}
 		c.Family = f
 	case j.ModelType != "":
 		f, err := ParseFamily(j.ModelType)
 		if err != nil {
-			return nil, cfgErr("unsupported model_type %q (supported: %s)", j.ModelType, strings.Join(Architectures(), ", "))
+			return nil, cfgErr("unsupported model_type %q (supported: %s)", j.ModelType, modelTypes())
 		}
 		c.Family = f
 	default:
@@ -178,11 +185,16 @@ func ParseConfig(data []byte) (*Config, error) {
 		*r.dst = *r.p
 	}
 	c.NumKVHeads = c.NumHeads
+	if q.kvHeads > 0 {
+		c.NumKVHeads = q.kvHeads
+	}
 	if j.NumKeyValueHeads != nil {
 		c.NumKVHeads = *j.NumKeyValueHeads
 	}
 	if j.HeadDim != nil {
 		c.HeadDim = *j.HeadDim
+	} else if q.headDim > 0 {
+		c.HeadDim = q.headDim
 	} else if c.NumHeads > 0 {
 		if c.HiddenSize%c.NumHeads != 0 {
 			return nil, cfgErr("hidden_size %d is not a multiple of num_attention_heads %d and head_dim is not given", c.HiddenSize, c.NumHeads)
@@ -191,8 +203,11 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 
 	// Defaults of the family's transformers config class (LlamaConfig,
-	// MistralConfig, Qwen2Config).
+	// MistralConfig, Qwen2Config...).
 	c.RMSNormEps = 1e-6
+	if q.normEps > 0 {
+		c.RMSNormEps = q.normEps
+	}
 	if j.RMSNormEps != nil {
 		c.RMSNormEps = *j.RMSNormEps
 	}
@@ -212,6 +227,10 @@ func ParseConfig(data []byte) (*Config, error) {
 	flag := j.AttentionBias != nil && *j.AttentionBias
 	c.QKVBias = q.qkvBias == biasAlways || q.qkvBias == biasFlag && flag
 	c.OutBias = q.outBias == biasAlways || q.outBias == biasFlag && flag
+	c.QKNorm = q.qkNorm
+	if err := parseFamilyFields(data, c, q); err != nil {
+		return nil, err
+	}
 	switch q.window {
 	case windowAlways:
 		if j.SlidingWindow != nil {
@@ -226,6 +245,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	// Rotary embedding: rope_parameters (transformers 5) wins over the
 	// older top-level rope_theta and rope_scaling.
 	c.RopeTheta = 10000
+	if q.ropeTheta > 0 {
+		c.RopeTheta = q.ropeTheta
+	}
 	if j.RopeTheta != nil {
 		c.RopeTheta = *j.RopeTheta
 	}
@@ -498,6 +520,10 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 		fields = append(fields, kv{"sliding_window", sw})
 	case Qwen2:
 		fields = append(fields, kv{"use_sliding_window", false}, kv{"sliding_window", nil}, kv{"max_window_layers", c.NumLayers})
+	default:
+		for _, f := range c.familyJSON() {
+			fields = append(fields, kv(f))
+		}
 	}
 	var b bytes.Buffer
 	b.WriteString("{\n")
@@ -526,6 +552,7 @@ func (c *Config) Clone() *Config {
 	d.EOS = slices.Clone(c.EOS)
 	if c.MoE != nil {
 		moe := *c.MoE
+		moe.DenseLayers = slices.Clone(c.MoE.DenseLayers)
 		d.MoE = &moe
 	}
 	return &d

@@ -10,19 +10,24 @@
 //     family's transformers class) and written back by MarshalJSON; the
 //     forward pass reads it as it is. Validate is the one set of rules a
 //     config must meet. Preset names a few shapes for synthetic models.
-//   - The families and their quirks: Family (Llama, Mistral, Qwen2) and one
+//   - The families and their quirks: Family (Llama, Mistral, Qwen2, Qwen3,
+//     and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE) and one
 //     table of what sets each apart: which projections carry biases, whether
-//     a sliding window applies, the default context. The quirks of the
-//     families to come have their place in Config (QKNorm for Qwen3, MoE for
-//     the mixtures of experts) and in the table; until a family has them,
-//     Validate refuses them.
+//     a sliding window applies, per-head q/k norms (Config.QKNorm), the
+//     layout of the experts (Config.MoE: which blocks are sparse, the
+//     router, the routed experts and a shared one), the defaults of the
+//     family's transformers config. Fields of routing schemes strata does
+//     not run (a sigmoid score, grouped top-k...) are refused by name.
 //   - The rotary embedding's frequencies (InvFreq, RopeTables, llama3
 //     scaling) and the context a model can run (ContextLength).
 //   - Tensor names, roles and shapes: Role says what a tensor does (Q,
-//     OBias, MLPNorm, LMHead...); BlockTensors, LayerTensors and
-//     ExpectedTensors give each tensor's Spec (name, role, shape), and
-//     LayerNames the name of each role in a layer, which is how the forward
-//     pass finds its weights.
+//     OBias, MLPNorm, LMHead, Router, ExpertUp...); BlockTensors,
+//     LayerTensors and ExpectedTensors give each tensor's Spec (name, role,
+//     shape, and the expert of an expert's projection), LayerNames the name
+//     of each role in a layer and LayerExperts those of each routed expert,
+//     which is how the forward pass finds its weights. A sparse block is one
+//     layer; each expert's tensors are told apart by role and expert index
+//     (ExpertTensors), so that they can be paged one expert at a time.
 //   - The layer numbering, the units the runtime loads, pages and places:
 //     layer 0 is the embedding, layers 1..NumLayers the decoder blocks,
 //     layer NumLayers+1 the final norm and LM head, which with tied

@@ -35,5 +35,5 @@ func ExampleParseConfig_error() {
 	_, err := arch.ParseConfig([]byte(`{"model_type": "gpt2"}`))
 	fmt.Println(err)
 	// Output:
-	// arch: config: unsupported model_type "gpt2" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)
+	// arch: config: unsupported model_type "gpt2" (supported: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe)
 }

@@ -29,8 +29,8 @@ func BlockTensorName(i int, suffix string) string {
 // Role says what a tensor does in the model.
 type Role int
 
-// The roles. A family to come adds its own after Down: QNorm and KNorm
-// (Qwen3's per-head norms), the router and the experts' projections.
+// The roles of every family. A block with a mixture of experts holds
+// Router and the experts' roles in place of Gate, Up and Down.
 const (
 	Embed     Role = iota // token embedding table [vocab, hidden]
 	AttnNorm              // RMS norm weight before attention [hidden]
@@ -48,12 +48,30 @@ const (
 	Down                  // [hidden, intermediate]
 	FinalNorm             // RMS norm weight after the last block [hidden]
 	LMHead                // [vocab, hidden]; the embedding table when tied
+)
+
+// The roles of the q/k norms and of the mixtures of experts. A sparse
+// block holds one tensor of each expert role per routed expert
+// (Role.IsExpert, Spec.Expert).
+const (
+	QNorm       Role = LMHead + 1 + iota // RMS norm weight of each query head [head dim] (Qwen3)
+	KNorm                                // RMS norm weight of each key head [head dim]
+	Router                               // scores of the routed experts [experts, hidden]
+	ExpertGate                           // one routed expert's gate projection [expert size, hidden]
+	ExpertUp                             // [expert size, hidden]
+	ExpertDown                           // [hidden, expert size]
+	SharedGate                           // the shared expert's gate projection [shared size, hidden]
+	SharedUp                             // [shared size, hidden]
+	SharedDown                           // [hidden, shared size]
+	SharedScale                          // the shared expert's gate [1, hidden]: its output is scaled by sigmoid(h·w)
 	numRoles
 )
 
 var roleNames = [numRoles]string{
 	"embed", "attn_norm", "q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias",
 	"mlp_norm", "gate", "up", "down", "final_norm", "lm_head",
+	"q_norm", "k_norm", "router", "expert_gate", "expert_up", "expert_down",
+	"shared_gate", "shared_up", "shared_down", "shared_scale",
 }
 
 // String returns the role's name: "q", "attn_norm", "lm_head".
@@ -65,15 +83,18 @@ func (r Role) String() string {
 }
 
 // Spec is a tensor the architecture needs: its name, its role and its
-// shape ([out_features, in_features] for linear weights).
+// shape ([out_features, in_features] for linear weights), and for the
+// roles of a routed expert (Role.IsExpert) the expert it belongs to.
 type Spec struct {
-	Name  string
-	Role  Role
-	Shape tensor.Shape
+	Name   string
+	Role   Role
+	Shape  tensor.Shape
+	Expert int // the routed expert, 0..MoE.Experts-1, for an expert role; 0 otherwise
 }
 
 // Names is a layer's name table: the tensor name of each role, "" for a
-// role the layer does not hold. Index it with a Role.
+// role the layer does not hold. Index it with a Role. The experts' roles
+// are in the tables of LayerExperts, one per expert.
 type Names [numRoles]string
 
 // LayerKind says what a layer holds.
@@ -133,9 +154,9 @@ func (c *Config) LayerKind(layer int) (kind LayerKind, block int, ok bool) {
 // BlockTensors lists the tensors of decoder block i in the order the
 // forward pass uses them.
 func (c *Config) BlockTensors(i int) []Spec {
-	h, q, kv, in := c.HiddenSize, c.QDim(), c.KVDim(), c.IntermediateSize
+	h, q, kv := c.HiddenSize, c.QDim(), c.KVDim()
 	s := func(suffix string, r Role, shape ...int) Spec {
-		return Spec{BlockTensorName(i, suffix), r, tensor.Shape(shape)}
+		return Spec{Name: BlockTensorName(i, suffix), Role: r, Shape: tensor.Shape(shape)}
 	}
 	specs := []Spec{
 		s("input_layernorm.weight", AttnNorm, h),
@@ -144,9 +165,15 @@ func (c *Config) BlockTensors(i int) []Spec {
 	if c.QKVBias {
 		specs = append(specs, s("self_attn.q_proj.bias", QBias, q))
 	}
+	if c.QKNorm {
+		specs = append(specs, s("self_attn.q_norm.weight", QNorm, c.HeadDim))
+	}
 	specs = append(specs, s("self_attn.k_proj.weight", K, kv, h))
 	if c.QKVBias {
 		specs = append(specs, s("self_attn.k_proj.bias", KBias, kv))
+	}
+	if c.QKNorm {
+		specs = append(specs, s("self_attn.k_norm.weight", KNorm, c.HeadDim))
 	}
 	specs = append(specs, s("self_attn.v_proj.weight", V, kv, h))
 	if c.QKVBias {
@@ -156,12 +183,8 @@ func (c *Config) BlockTensors(i int) []Spec {
 	if c.OutBias {
 		specs = append(specs, s("self_attn.o_proj.bias", OBias, h))
 	}
-	return append(specs,
-		s("post_attention_layernorm.weight", MLPNorm, h),
-		s("mlp.gate_proj.weight", Gate, in, h),
-		s("mlp.up_proj.weight", Up, in, h),
-		s("mlp.down_proj.weight", Down, h, in),
-	)
+	specs = append(specs, s("post_attention_layernorm.weight", MLPNorm, h))
+	return append(specs, c.mlpTensors(i)...)
 }
 
 // LayerTensors lists the tensors layer `layer` holds, in the order the
@@ -174,23 +197,26 @@ func (c *Config) LayerTensors(layer int) []Spec {
 	case !ok:
 		return nil
 	case kind == Embedding:
-		return []Spec{{EmbedName, Embed, tensor.Shape{v, h}}}
+		return []Spec{{Name: EmbedName, Role: Embed, Shape: tensor.Shape{v, h}}}
 	case kind == Block:
 		return c.BlockTensors(block)
 	}
-	head := Spec{LMHeadName, LMHead, tensor.Shape{v, h}}
+	head := Spec{Name: LMHeadName, Role: LMHead, Shape: tensor.Shape{v, h}}
 	if c.TieEmbeddings {
 		head.Name = EmbedName
 	}
-	return []Spec{{NormName, FinalNorm, tensor.Shape{h}}, head}
+	return []Spec{{Name: NormName, Role: FinalNorm, Shape: tensor.Shape{h}}, head}
 }
 
 // LayerNames returns the name table of layer `layer`: what LayerTensors
-// lists, by role. The forward pass looks its weights up through it.
+// lists, by role, but for the routed experts' tensors (see LayerExperts).
+// The forward pass looks its weights up through it.
 func (c *Config) LayerNames(layer int) Names {
 	var n Names
 	for _, s := range c.LayerTensors(layer) {
-		n[s.Role] = s.Name
+		if !s.Role.IsExpert() {
+			n[s.Role] = s.Name
+		}
 	}
 	return n
 }
@@ -199,13 +225,13 @@ func (c *Config) LayerNames(layer int) Names {
 // file order: embedding, blocks, final norm, then lm_head.weight unless the
 // embeddings are tied.
 func (c *Config) ExpectedTensors() []Spec {
-	specs := []Spec{{EmbedName, Embed, tensor.Shape{c.VocabSize, c.HiddenSize}}}
+	specs := []Spec{{Name: EmbedName, Role: Embed, Shape: tensor.Shape{c.VocabSize, c.HiddenSize}}}
 	for i := range c.NumLayers {
 		specs = append(specs, c.BlockTensors(i)...)
 	}
-	specs = append(specs, Spec{NormName, FinalNorm, tensor.Shape{c.HiddenSize}})
+	specs = append(specs, Spec{Name: NormName, Role: FinalNorm, Shape: tensor.Shape{c.HiddenSize}})
 	if !c.TieEmbeddings {
-		specs = append(specs, Spec{LMHeadName, LMHead, tensor.Shape{c.VocabSize, c.HiddenSize}})
+		specs = append(specs, Spec{Name: LMHeadName, Role: LMHead, Shape: tensor.Shape{c.VocabSize, c.HiddenSize}})
 	}
 	return specs
 }

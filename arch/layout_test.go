@@ -21,7 +21,19 @@ func layoutConfigs(t *testing.T) map[string]*Config {
 	bias.QKVBias, bias.OutBias = true, true
 	gqa := tiny.Clone()
 	gqa.NumHeads, gqa.NumKVHeads, gqa.HeadDim = 8, 2, 32 // q dim 256 != hidden 64
-	return map[string]*Config{"llama": tiny, "qwen2-tied": qwen, "llama-attention-bias": bias, "gqa-head-dim": gqa}
+	qwen3 := tiny.Clone()
+	qwen3.SetFamily(Qwen3)
+	qwen3.HeadDim, qwen3.QKVBias, qwen3.OutBias = 32, true, true
+	mixtral := tiny.Clone()
+	mixtral.SetFamily(Mixtral)
+	qwen3MoE := tiny.Clone()
+	qwen3MoE.SetFamily(Qwen3MoE)
+	qwen3MoE.MoE = &MoE{Experts: 6, ExpertsPerToken: 2, ExpertSize: 24, SparseStep: 2, DenseLayers: []int{3}}
+	qwen2MoE := tiny.Clone()
+	qwen2MoE.SetFamily(Qwen2MoE)
+	qwen2MoE.MoE = &MoE{Experts: 4, ExpertsPerToken: 1, ExpertSize: 24, SharedExperts: 1, SharedSize: 40, SparseStep: 1}
+	return map[string]*Config{"llama": tiny, "qwen2-tied": qwen, "llama-attention-bias": bias, "gqa-head-dim": gqa,
+		"qwen3-bias": qwen3, "mixtral": mixtral, "qwen3-moe-step-2": qwen3MoE, "qwen2-moe-shared": qwen2MoE}
 }
 
 func TestBlockNames(t *testing.T) {
@@ -91,15 +103,25 @@ func TestLayers(t *testing.T) {
 				}
 				specs := c.LayerTensors(layer)
 				names := c.LayerNames(layer)
+				experts := c.LayerExperts(layer)
 				roles := map[Role]bool{}
+				perExpert := map[[2]int]bool{}
 				for _, s := range specs {
-					if roles[s.Role] {
+					if s.Role.IsExpert() {
+						if k := [2]int{int(s.Role), s.Expert}; perExpert[k] {
+							t.Errorf("layer %d has two %v tensors of expert %d", layer, s.Role, s.Expert)
+						} else {
+							perExpert[k] = true
+						}
+						if s.Expert >= len(experts) || experts[s.Expert][s.Role] != s.Name || names[s.Role] != "" {
+							t.Errorf("layer %d: %s is not expert %d's %v in LayerExperts alone", layer, s.Name, s.Expert, s.Role)
+						}
+					} else if roles[s.Role] {
 						t.Errorf("layer %d has two %v tensors", layer, s.Role)
-					}
-					roles[s.Role] = true
-					if names[s.Role] != s.Name {
+					} else if names[s.Role] != s.Name {
 						t.Errorf("layer %d: LayerNames[%v] = %q, LayerTensors says %q", layer, s.Role, names[s.Role], s.Name)
 					}
+					roles[s.Role] = true
 					if want, ok := stored[s.Name]; !ok || !want.Equal(s.Shape) {
 						t.Errorf("layer %d: %s %v is not stored with that shape (%v, %v)", layer, s.Name, s.Shape, want, ok)
 					}
@@ -123,6 +145,20 @@ func TestLayers(t *testing.T) {
 					}
 					if c.OutBias {
 						want++
+					}
+					if c.QKNorm {
+						want += 2
+					}
+					if c.Sparse(block) {
+						want += 1 - 3 + 3*c.MoE.Experts + 4*c.MoE.SharedExperts // router, experts, shared expert and its gate
+						if len(experts) != c.MoE.Experts || len(perExpert) != 3*c.MoE.Experts || roles[Gate] || !roles[Router] {
+							t.Errorf("sparse block %d: %d expert tables, %d expert tensors, roles %v", block, len(experts), len(perExpert), roles)
+						}
+					} else if experts != nil || roles[Router] || !roles[Gate] {
+						t.Errorf("dense block %d: expert tables %v, roles %v", block, experts, roles)
+					}
+					if roles[QNorm] != c.QKNorm || roles[KNorm] != c.QKNorm {
+						t.Errorf("block %d q/k norms %v, config says %v", block, roles, c.QKNorm)
 					}
 					if len(specs) != want || layer != c.BlockLayer(block) {
 						t.Errorf("block %d (layer %d): %d tensors, want %d", block, layer, len(specs), want)
