@@ -247,8 +247,10 @@ func TestPresets(t *testing.T) {
 		{"tiny", 247360, 247360}, // the fixtures' total_parameters
 		{"100m", 100e6, 140e6},
 		{"1b", 1.0e9, 1.2e9},
-		{"tinyllama-1.1b", 1.100e9, 1.101e9}, // TinyLlama-1.1B: 1,100,048,384
-		{"llama2-7b", 6.738e9, 6.739e9},      // Llama-2-7b: 6,738,415,616
+		{"tinyllama-1.1b", 1.100e9, 1.101e9},        // TinyLlama-1.1B: 1,100,048,384
+		{"llama2-7b", 6.738e9, 6.739e9},             // Llama-2-7b: 6,738,415,616
+		{"mixtral-8x7b", 46702792704, 46702792704},  // Mixtral-8x7B-v0.1
+		{"qwen3-30b-a3b", 30532122624, 30532122624}, // Qwen3-30B-A3B
 	} {
 		c, err := Preset(tc.name)
 		if err != nil {
