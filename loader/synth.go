@@ -50,9 +50,10 @@ type SynthOptions struct {
 //
 // The weights are uniform random values chosen so that activations keep a
 // sane scale through any number of layers: projections have standard
-// deviation 1/sqrt(in_features) (o_proj and down_proj a further
-// 1/sqrt(2*layers), so the residual stream grows slowly), the embedding and
-// LM head 1/sqrt(hidden), norm weights are 1 plus noise of 0.02, biases
+// deviation 1/sqrt(in_features) (o_proj and the down projections of the
+// MLP and the experts a further 1/sqrt(2*layers), so the residual stream
+// grows slowly), the embedding and LM head 1/sqrt(hidden), norm weights (the
+// q/k norms too) are 1 plus noise of 0.02, biases
 // noise of 0.02 (each uniform over 65536 levels). Generation runs in
 // parallel with a counter-based generator (splitmix64 keyed by seed and
 // tensor name) and table lookups, so it keeps up with the disk.
@@ -153,7 +154,7 @@ func synthInit(c *arch.Config, spec arch.Spec) (center, halfWidth float32) {
 	const sqrt3 = 1.7320508075688772
 	std := func(s float64) float32 { return float32(s * sqrt3) }
 	switch spec.Role {
-	case arch.AttnNorm, arch.MLPNorm, arch.FinalNorm:
+	case arch.AttnNorm, arch.MLPNorm, arch.FinalNorm, arch.QNorm, arch.KNorm:
 		return 1, std(0.02)
 	case arch.QBias, arch.KBias, arch.VBias, arch.OBias:
 		return 0, std(0.02)
@@ -162,7 +163,7 @@ func synthInit(c *arch.Config, spec arch.Spec) (center, halfWidth float32) {
 	}
 	in := float64(spec.Shape[len(spec.Shape)-1])
 	s := 1 / math.Sqrt(in)
-	if spec.Role == arch.O || spec.Role == arch.Down {
+	if spec.Role == arch.O || spec.Role == arch.Down || spec.Role == arch.ExpertDown || spec.Role == arch.SharedDown {
 		s /= math.Sqrt(2 * float64(c.NumLayers))
 	}
 	return 0, std(s)
