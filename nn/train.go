@@ -151,6 +151,9 @@ func NewTrainer(m *Model, opts TrainOptions) (*Trainer, error) {
 	if _, ok := tensor.CheckedGrad(m.backend); !ok {
 		return nil, fmt.Errorf("nn: train: backend %s has no backward operations (tensor.GradOps)", m.backend.Name())
 	}
+	if c := &m.cfg; c.QKNorm || c.MoE != nil {
+		return nil, fmt.Errorf("nn: train: %v models cannot be trained: the backward pass has no q/k norms or experts", c.Family)
+	}
 	return &Trainer{m: m, opts: opts, bounds: bounds}, nil
 }
 
