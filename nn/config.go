@@ -28,10 +28,16 @@ func (e *contextError) Unwrap() error { return ErrContextTooLong }
 
 // ActivationBytes is what one session's forward buffers take for chunks of
 // up to chunk tokens: the residual stream, norm output, q, k, v, attention
-// output, projection output, gate, up and logits, all F32.
+// output, projection output, gate and up (of the widest MLP, dense or
+// expert), logits, and for a mixture of experts the buffers of its routing
+// and its experts' outputs, all F32.
 func ActivationBytes(c *arch.Config, chunk int) int64 {
-	perTok := 3*c.HiddenSize + 2*c.QDim() + 2*c.KVDim() + 2*c.IntermediateSize + c.VocabSize
-	return 4 * int64(chunk) * int64(perTok)
+	perTok := 3*c.HiddenSize + 2*c.QDim() + 2*c.KVDim() + 2*c.MLPSize() + c.VocabSize
+	n := 4 * int64(chunk) * int64(perTok)
+	for _, b := range moeReserve(c) {
+		n += int64(chunk) * b.Bytes * int64(b.Count)
+	}
+	return n
 }
 
 // KVCacheBytes is the F32 key and value cache for maxPos positions.
@@ -49,17 +55,18 @@ func RopeBytes(c *arch.Config, maxPos int) int64 { return 2 * 4 * int64(maxPos) 
 // [maxPos, HeadDim/2] (RopeBytes, charged to Workspace), and the forward
 // buffers of a chunk (ActivationBytes): x, the norm's output and the
 // projection's [chunk, Hidden], q and the attention's output [chunk, QDim],
-// k and v [chunk, KVDim], gate and up [chunk, Intermediate], and, on the
-// stage that holds the LM head, the logits [chunk, Vocab]. All F32.
+// k and v [chunk, KVDim], gate and up [chunk, MLPSize], on the stage that
+// holds the LM head the logits [chunk, Vocab], and the mixture of experts'
+// buffers. All F32.
 func Reserve(c *arch.Config) paging.Reserve {
 	row := func(n int) int64 { return 4 * int64(n) }
-	return paging.Reserve{
+	return append(paging.Reserve{
 		{Category: paging.KVCache, Bytes: row(c.KVDim()), Per: paging.PerPosition, Count: 2, PerBlock: true},
 		{Category: paging.Workspace, Bytes: row(c.HeadDim / 2), Per: paging.PerPosition, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.HiddenSize), Per: paging.PerToken, Count: 3},
 		{Category: paging.Activations, Bytes: row(c.QDim()), Per: paging.PerToken, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.KVDim()), Per: paging.PerToken, Count: 2},
-		{Category: paging.Activations, Bytes: row(c.IntermediateSize), Per: paging.PerToken, Count: 2},
+		{Category: paging.Activations, Bytes: row(c.MLPSize()), Per: paging.PerToken, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.VocabSize), Per: paging.PerToken, Count: 1, LastLayer: true},
-	}
+	}, moeReserve(c)...)
 }

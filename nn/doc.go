@@ -1,14 +1,18 @@
 // Package nn runs a Llama-family decoder: the forward pass with its KV
 // cache and activation buffers (Model, Session, Pipeline across devices),
-// training (Trainer, Params, the optimizers) and sampling.
+// training (Trainer, Params, the optimizers) and sampling. The forward pass
+// also runs Qwen3's per-head q/k norms and the mixtures of experts of
+// Mixtral, Qwen2-MoE and Qwen3-MoE (moe.go: the routing on the host, each
+// expert run once per chunk on the tokens that chose it); training does
+// not.
 //
 // It owns the arithmetic of the model and the buffers it allocates. It asks
 // arch for everything about the model's shape: the config (an
 // *arch.Config, loader.Model.Config as it is), each layer's tensor names by
-// role (arch.Config.LayerNames) and the layer numbering its Weights use. It
-// does not format a tensor name or switch on a family, read files (loader
-// does), or decide what stays on the device (a paging.Server, which is a
-// Weights as it is, does that under a budget).
+// role (arch.Config.LayerNames, LayerExperts) and the layer numbering its
+// Weights use. It does not format a tensor name or switch on a family,
+// read files (loader does), or decide what stays on the device (a
+// paging.Server, which is a Weights as it is, does that under a budget).
 //
 //	lm, err := loader.Open(dir)
 //	...

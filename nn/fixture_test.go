@@ -99,7 +99,8 @@ func openFixture(t *testing.T, name string) (*Model, *loader.Model, func()) {
 }
 
 func TestFixtures(t *testing.T) {
-	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16} {
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16,
+		fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
 		t.Run(name, func(t *testing.T) {
 			m, _, done := openFixture(t, name)
 			defer done()

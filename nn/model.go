@@ -19,7 +19,8 @@ type Model struct {
 	backend tensor.Backend
 	alloc   paging.Allocator
 	weights Weights
-	names   []arch.Names // the tensor names of each layer, in Weights' numbering
+	names   []arch.Names   // the tensor names of each layer, in Weights' numbering
+	experts [][]arch.Names // the routed experts' names of each layer; nil for a layer without
 	// lo and hi bound the decoder blocks this model runs: all of them,
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.
@@ -59,6 +60,7 @@ func New(cfg *arch.Config, b tensor.Backend, alloc paging.Allocator, w Weights) 
 	m := &Model{cfg: *cfg.Clone(), backend: tensor.Checked(b), alloc: alloc, weights: w, hi: cfg.NumLayers}
 	for l := range cfg.LayerCount() {
 		m.names = append(m.names, cfg.LayerNames(l))
+		m.experts = append(m.experts, cfg.LayerExperts(l))
 	}
 	return m, nil
 }
@@ -109,10 +111,13 @@ type buffers struct {
 	q, attn  *tensor.Tensor // [chunk, QDim]
 	kk, vv   *tensor.Tensor // [chunk, KVDim]
 	proj     *tensor.Tensor // [chunk, Hidden]
-	gate     *tensor.Tensor // [chunk, Intermediate]
+	gate     *tensor.Tensor // [chunk, MLPSize]: the widest MLP's, dense or expert
 	up       *tensor.Tensor
 	logits   *tensor.Tensor      // [chunk, Vocab], or nil without a head
 	views    map[int]*chunkViews // buffer views by row count, made once
+	moe      *moeBuffers         // the mixture of experts' buffers, or nil for a dense model
+	// The widths of the views: the dense MLP's, and the heads of q and k.
+	inter, heads, kvHeads, headDim int
 }
 
 // allocator collects a session's allocations, remembering the first that
@@ -147,7 +152,12 @@ func (al *allocator) free() {
 // maxPos positions, with the logits buffer when withLogits, and fills the
 // rotary tables.
 func newBuffers(c *arch.Config, b tensor.Backend, al *allocator, maxPos, chunk int, withLogits bool) (*buffers, error) {
-	bf := &buffers{}
+	bf := &buffers{heads: c.NumHeads, kvHeads: c.NumKVHeads, headDim: c.HeadDim}
+	for i := range c.NumLayers {
+		if !c.Sparse(i) {
+			bf.inter = c.IntermediateSize // a dense MLP's width; 0 when every block is sparse
+		}
+	}
 	bf.cos = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
 	bf.sin = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
 	bf.x = al.alloc(paging.Activations, chunk, c.HiddenSize)
@@ -157,13 +167,21 @@ func newBuffers(c *arch.Config, b tensor.Backend, al *allocator, maxPos, chunk i
 	bf.kk = al.alloc(paging.Activations, chunk, c.KVDim())
 	bf.vv = al.alloc(paging.Activations, chunk, c.KVDim())
 	bf.proj = al.alloc(paging.Activations, chunk, c.HiddenSize)
-	bf.gate = al.alloc(paging.Activations, chunk, c.IntermediateSize)
-	bf.up = al.alloc(paging.Activations, chunk, c.IntermediateSize)
+	bf.gate = al.alloc(paging.Activations, chunk, c.MLPSize())
+	bf.up = al.alloc(paging.Activations, chunk, c.MLPSize())
 	if withLogits {
 		bf.logits = al.alloc(paging.Activations, chunk, c.VocabSize)
 	}
+	if c.MoE != nil {
+		bf.moe = newMoEBuffers(c, al, chunk)
+	}
 	if al.err != nil {
 		return nil, al.err
+	}
+	if bf.moe != nil {
+		if err := bf.moe.clearZero(b); err != nil {
+			return nil, err
+		}
 	}
 	cos, sin := c.RopeTables(maxPos)
 	if err := uploadF32(b, bf.cos, cos); err != nil {
@@ -503,6 +521,16 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	if err := b.MatMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
 		return fmt.Errorf("v projection: %w", err)
 	}
+	if c.QKNorm {
+		// Each head's queries and keys are normalised on their own: rows
+		// of HeadDim in the [T*heads, HeadDim] views.
+		if err := b.RMSNorm(v.qHeads, v.qHeads, lw[n[arch.QNorm]], c.NormEps()); err != nil {
+			return fmt.Errorf("q norm: %w", err)
+		}
+		if err := b.RMSNorm(v.kHeads, v.kHeads, lw[n[arch.KNorm]], c.NormEps()); err != nil {
+			return fmt.Errorf("k norm: %w", err)
+		}
+	}
 	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
 	if err := b.Rope(q, rot); err != nil {
 		return err
@@ -531,6 +559,12 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 	if err := b.RMSNorm(h, x, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
 		return fmt.Errorf("mlp norm: %w", err)
 	}
+	if c.Sparse(i) {
+		if err := s.moe(i, T, lw); err != nil {
+			return err
+		}
+		return b.Add(x, x, proj)
+	}
 	if err := b.MatMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
 		return fmt.Errorf("gate projection: %w", err)
 	}
@@ -549,9 +583,11 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 // chunkViews are the session's buffers cut to T rows, so that a decode step
 // (T = 1, again and again) allocates nothing.
 type chunkViews struct {
-	x, h, q, attn, kk, vv, proj, gate, up *tensor.Tensor
-	logits                                *tensor.Tensor // T rows, or nil without a head
-	lastH, logits1                        *tensor.Tensor // the last row of h, and one row of logits
+	x, h, q, attn, kk, vv, proj *tensor.Tensor
+	gate, up                    *tensor.Tensor // [T, IntermediateSize], for a dense MLP
+	qHeads, kHeads              *tensor.Tensor // q and kk as [T*heads, HeadDim], for the q/k norms
+	logits                      *tensor.Tensor // T rows, or nil without a head
+	lastH, logits1              *tensor.Tensor // the last row of h, and one row of logits
 }
 
 func (bf *buffers) viewsFor(T int) *chunkViews {
@@ -560,7 +596,9 @@ func (bf *buffers) viewsFor(T int) *chunkViews {
 	}
 	v := &chunkViews{
 		x: rows(bf.x, T), h: rows(bf.h, T), q: rows(bf.q, T), attn: rows(bf.attn, T),
-		kk: rows(bf.kk, T), vv: rows(bf.vv, T), proj: rows(bf.proj, T), gate: rows(bf.gate, T), up: rows(bf.up, T),
+		kk: rows(bf.kk, T), vv: rows(bf.vv, T), proj: rows(bf.proj, T),
+		gate: view(bf.gate, T, bf.inter), up: view(bf.up, T, bf.inter),
+		qHeads: view(bf.q, T*bf.heads, bf.headDim), kHeads: view(bf.kk, T*bf.kvHeads, bf.headDim),
 	}
 	if bf.logits != nil {
 		v.logits, v.logits1 = rows(bf.logits, T), rows(bf.logits, 1)
@@ -574,6 +612,16 @@ func (bf *buffers) viewsFor(T int) *chunkViews {
 		bf.views = map[int]*chunkViews{}
 	}
 	bf.views[T] = v
+	return v
+}
+
+// view is the first n rows of width w of t's storage, which the session
+// sizes to hold them.
+func view(t *tensor.Tensor, n, w int) *tensor.Tensor {
+	v, err := t.View(0, tensor.F32, tensor.Shape{n, w})
+	if err != nil {
+		panic(err) // the buffers are sized for the widest view of a chunk
+	}
 	return v
 }
 

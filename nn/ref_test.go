@@ -2,6 +2,7 @@ package nn
 
 import (
 	"math"
+	"slices"
 
 	"github.com/strata-llm/strata/arch"
 )
@@ -37,6 +38,10 @@ func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float6
 		q := r.linear(h, n[arch.Q], n[arch.QBias], c.QDim())
 		k := r.linear(h, n[arch.K], n[arch.KBias], c.KVDim())
 		v := r.linear(h, n[arch.V], n[arch.VBias], c.KVDim())
+		if c.QKNorm {
+			r.headNorm(q, r.w[n[arch.QNorm]])
+			r.headNorm(k, r.w[n[arch.KNorm]])
+		}
 		r.rope(q, c.NumHeads)
 		r.rope(k, c.NumKVHeads)
 		attn := make([][]float64, T)
@@ -77,14 +82,12 @@ func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float6
 			}
 		}
 		h = r.norm(x, r.w[n[arch.MLPNorm]])
-		g := r.linear(h, n[arch.Gate], "", c.IntermediateSize)
-		u := r.linear(h, n[arch.Up], "", c.IntermediateSize)
-		for t := range g {
-			for i := range g[t] {
-				g[t][i] = g[t][i] / (1 + math.Exp(-g[t][i])) * u[t][i]
-			}
+		var d [][]float64
+		if c.Sparse(l) {
+			d = r.moe(h, c.BlockLayer(l))
+		} else {
+			d = r.mlp(h, n[arch.Gate], n[arch.Up], n[arch.Down], c.IntermediateSize)
 		}
-		d := r.linear(g, n[arch.Down], "", H)
 		for t := range x {
 			for i := range x[t] {
 				x[t][i] += d[t][i]
@@ -99,6 +102,89 @@ func (r *refModel) forward(ids []int32) (logits [][]float64, hidden [][][]float6
 		head = arch.EmbedName
 	}
 	return r.linear(h, head, "", c.VocabSize), hidden
+}
+
+// mlp is the SwiGLU MLP down(silu(gate·x) * up·x) of width size.
+func (r *refModel) mlp(x [][]float64, gate, up, down string, size int) [][]float64 {
+	g := r.linear(x, gate, "", size)
+	u := r.linear(x, up, "", size)
+	for t := range g {
+		for i := range g[t] {
+			g[t][i] = g[t][i] / (1 + math.Exp(-g[t][i])) * u[t][i]
+		}
+	}
+	return r.linear(g, down, "", r.cfg.HiddenSize)
+}
+
+// moe is the mixture of experts of a sparse block's layer, token by token:
+// the softmax of the router's scores over all the experts, the k largest
+// (renormalised when NormTopK) weighting their experts' outputs, plus the
+// shared expert's output weighted by the sigmoid of its gate.
+func (r *refModel) moe(x [][]float64, layer int) [][]float64 {
+	c, m := r.cfg, r.cfg.MoE
+	n, experts := c.LayerNames(layer), c.LayerExperts(layer)
+	scores := r.linear(x, n[arch.Router], "", m.Experts)
+	out := make([][]float64, len(x))
+	for t := range x {
+		out[t] = make([]float64, c.HiddenSize)
+		mx := slices.Max(scores[t])
+		p := make([]float64, m.Experts)
+		sum := 0.0
+		for e, s := range scores[t] {
+			p[e] = math.Exp(s - mx)
+			sum += p[e]
+		}
+		order := make([]int, m.Experts)
+		for e := range order {
+			order[e] = e
+			p[e] /= sum
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return -cmpFloat(p[a], p[b]) })
+		chosen := order[:m.ExpertsPerToken]
+		norm := 1.0
+		if m.NormTopK {
+			norm = 0
+			for _, e := range chosen {
+				norm += p[e]
+			}
+		}
+		row := [][]float64{x[t]}
+		for _, e := range chosen {
+			y := r.mlp(row, experts[e][arch.ExpertGate], experts[e][arch.ExpertUp], experts[e][arch.ExpertDown], m.ExpertSize)[0]
+			for i := range y {
+				out[t][i] += p[e] / norm * y[i]
+			}
+		}
+		if m.SharedExperts > 0 {
+			y := r.mlp(row, n[arch.SharedGate], n[arch.SharedUp], n[arch.SharedDown], m.SharedSize)[0]
+			g := r.linear(row, n[arch.SharedScale], "", 1)[0][0]
+			for i := range y {
+				out[t][i] += y[i] / (1 + math.Exp(-g))
+			}
+		}
+	}
+	return out
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// headNorm applies the RMS norm with weight w to each head of each row of
+// x, heads of w's length.
+func (r *refModel) headNorm(x [][]float64, w []float64) {
+	d := len(w)
+	for t := range x {
+		for h := 0; h+d <= len(x[t]); h += d {
+			copy(x[t][h:h+d], r.norm([][]float64{x[t][h : h+d]}, w)[0])
+		}
+	}
 }
 
 func (r *refModel) norm(x [][]float64, w []float64) [][]float64 {

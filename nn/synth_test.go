@@ -38,6 +38,31 @@ var synthCases = []synthCase{
 		c.SetFamily(arch.Mistral)
 		c.HeadDim = 32 // head_dim unequal to hidden/heads
 	}, tensor.BF16},
+	{"qwen3-bias-tied", func(c *arch.Config) {
+		c.SetFamily(arch.Qwen3)
+		c.HeadDim, c.QKVBias, c.OutBias, c.TieEmbeddings = 24, true, true, true
+	}, tensor.F16},
+	{"mixtral-top2", func(c *arch.Config) { c.SetFamily(arch.Mixtral) }, tensor.BF16},
+	{"mixtral-top1-tied", func(c *arch.Config) {
+		c.SetFamily(arch.Mixtral)
+		c.MoE.Experts, c.MoE.ExpertsPerToken, c.TieEmbeddings = 5, 1, true
+	}, tensor.F32},
+	{"qwen3-moe-mlp-only-layers", func(c *arch.Config) {
+		c.SetFamily(arch.Qwen3MoE)
+		// Block 1 dense (mlp_only_layers), the others sparse; every token
+		// picks 3 of 6.
+		c.MoE = &arch.MoE{Experts: 6, ExpertsPerToken: 3, ExpertSize: 20, SparseStep: 1, DenseLayers: []int{1}, NormTopK: true}
+	}, tensor.F16},
+	{"qwen2-moe-shared-sparse-step-2", func(c *arch.Config) {
+		c.SetFamily(arch.Qwen2MoE)
+		// Block 1 sparse (decoder_sparse_step 2), the others dense.
+		c.MoE = &arch.MoE{Experts: 4, ExpertsPerToken: 2, ExpertSize: 24, SharedExperts: 1, SharedSize: 60, SparseStep: 2}
+	}, tensor.F32},
+	{"qwen2-moe-top1-renormalised-no-bias", func(c *arch.Config) {
+		c.SetFamily(arch.Qwen2MoE)
+		c.QKVBias = false
+		c.MoE = &arch.MoE{Experts: 3, ExpertsPerToken: 1, ExpertSize: 16, SharedExperts: 1, SharedSize: 90, SparseStep: 1, NormTopK: true}
+	}, tensor.BF16},
 }
 
 // TestSynthesizedAgainstReference runs models of other shapes, written by

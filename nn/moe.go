@@ -1,0 +1,338 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// A sparse block's MLP runs in these steps, with the backend's existing
+// kernels and the routing on the host:
+//
+//  1. The router's scores [T, experts] (and the shared expert's gate
+//     [T, 1]) are computed on the device and downloaded: a few floats per
+//     token.
+//  2. On the host, as transformers does in float32: a softmax over all the
+//     experts, the k best (the lower index first among equals), their
+//     weights renormalised to sum to 1 when NormTopK; the shared expert's
+//     weight is the sigmoid of its gate. The chosen (token, expert) pairs
+//     are grouped by expert, in expert order, each group's tokens in order;
+//     pair p of the grouping is row p of out. The weights of out's rows and
+//     the shared expert's weights are uploaded in one table.
+//  3. Each expert chosen by some token runs once on its tokens' rows of h
+//     (gathered with Embed, or h itself when every token chose it, as in a
+//     decode step): so a chunk reads each expert's weights once. Its output
+//     rows land in out.
+//  4. out's rows are multiplied by their weights, and each token's rows
+//     are gathered back and summed into proj, then the shared expert's
+//     output, weighted, is added.
+//
+// The weighting is Rope with a head size of 2 and a zero sine table: it
+// turns each pair of columns (a, b) of row r into (a·w_r, b·w_r), exactly,
+// where w_r is row r of the cosine table (arch requires an even hidden size
+// for a mixture of experts).
+
+// moeBuffers are a device's buffers for the mixtures of experts, and the
+// host's routing scratch.
+type moeBuffers struct {
+	scores *tensor.Tensor // [chunk, Experts] the router's
+	gateSh *tensor.Tensor // [chunk, 1] the shared expert's gate, or nil
+	rows   *tensor.Tensor // [chunk, Hidden]: an expert's tokens' rows; one slot of out, gathered back; the shared expert's output
+	out    *tensor.Tensor // [chunk*k, Hidden] the chosen experts' outputs, grouped by expert
+	// weight holds the weight of each row of out, then the shared expert's
+	// weight of each token ([chunk*(k+1), 1]); zero is the zero sine table
+	// of the same shape.
+	weight, zero *tensor.Tensor
+	views        map[moeView]*tensor.Tensor // views of the buffers, made once
+	r            routing
+}
+
+// moeView names a view of one of moeBuffers' tensors: n rows of width w
+// from row off.
+type moeView struct {
+	t         *tensor.Tensor
+	off, n, w int
+}
+
+// moeReserve is what newMoEBuffers allocates for each token of a chunk,
+// F32: the router's scores, the gathered rows and k expert outputs of
+// Hidden, the two weight tables of k+1 rows, and the shared expert's gate.
+func moeReserve(c *arch.Config) paging.Reserve {
+	m := c.MoE
+	if m == nil {
+		return nil
+	}
+	row := func(n int) int64 { return 4 * int64(n) }
+	r := paging.Reserve{
+		{Category: paging.Activations, Bytes: row(m.Experts), Per: paging.PerToken, Count: 1},
+		{Category: paging.Activations, Bytes: row(c.HiddenSize), Per: paging.PerToken, Count: 1 + m.ExpertsPerToken},
+		{Category: paging.Activations, Bytes: row(m.ExpertsPerToken + 1), Per: paging.PerToken, Count: 2},
+	}
+	if m.SharedExperts > 0 {
+		r = append(r, paging.Buffer{Category: paging.Activations, Bytes: row(1), Per: paging.PerToken, Count: 1})
+	}
+	return r
+}
+
+func newMoEBuffers(c *arch.Config, al *allocator, chunk int) *moeBuffers {
+	m := c.MoE
+	k := m.ExpertsPerToken
+	mb := &moeBuffers{views: map[moeView]*tensor.Tensor{}}
+	mb.scores = al.alloc(paging.Activations, chunk, m.Experts)
+	if m.SharedExperts > 0 {
+		mb.gateSh = al.alloc(paging.Activations, chunk, 1)
+	}
+	mb.rows = al.alloc(paging.Activations, chunk, c.HiddenSize)
+	mb.out = al.alloc(paging.Activations, chunk*k, c.HiddenSize)
+	mb.weight = al.alloc(paging.Activations, chunk*(k+1), 1)
+	mb.zero = al.alloc(paging.Activations, chunk*(k+1), 1)
+	mb.r = routing{
+		raw:    make([]byte, 4*chunk*m.Experts),
+		rawSh:  make([]byte, 4*chunk),
+		expert: make([]int32, chunk*k),
+		weight: make([]float32, chunk*k),
+		count:  make([]int, m.Experts),
+		start:  make([]int, m.Experts),
+		tokens: make([]int32, chunk*k),
+		table:  make([]float32, chunk*(k+1)),
+		slots:  make([][]int32, k),
+	}
+	for j := range mb.r.slots {
+		mb.r.slots[j] = make([]int32, chunk)
+	}
+	return mb
+}
+
+// clearZero fills the zero table.
+func (mb *moeBuffers) clearZero(b tensor.Backend) error {
+	return uploadF32(b, mb.zero, make([]float32, mb.zero.Len()))
+}
+
+// view returns n rows of width w of t from row off (of width w).
+func (mb *moeBuffers) view(t *tensor.Tensor, off, n, w int) *tensor.Tensor {
+	key := moeView{t, off, n, w}
+	if v, ok := mb.views[key]; ok {
+		return v
+	}
+	v, err := t.View(4*int64(off)*int64(w), tensor.F32, tensor.Shape{n, w})
+	if err != nil {
+		panic(err) // the buffers are sized for a chunk's rows
+	}
+	if len(mb.views) >= 1<<12 {
+		clear(mb.views) // prefill makes views of many sizes; decode reuses a few
+	}
+	mb.views[key] = v
+	return v
+}
+
+// routing is the host's side of a sparse block: the routing of a chunk's
+// tokens and its grouping by expert.
+type routing struct {
+	raw, rawSh []byte    // the router's scores and the shared gate, downloaded
+	expert     []int32   // [T*k] each token's chosen experts, best first
+	weight     []float32 // [T*k] their weights
+	count      []int     // [experts] the tokens that chose each expert
+	start      []int     // [experts] the first row of out of each expert
+	tokens     []int32   // [T*k] the token of each row of out
+	table      []float32 // [T*k+T] the weight of each row of out, then each token's shared weight
+	slots      [][]int32 // [k][T] the row of out holding token t's j-th expert's output
+}
+
+// route picks each of T tokens' k experts from the router's scores [T, E]
+// and groups the choices by expert into r's tables, as transformers does in
+// float32: a softmax over all the experts, the k largest probabilities (the
+// lower index first among equals) and, when norm, those divided by their
+// sum.
+func (r *routing) route(scores []float32, T, E, k int, norm bool) {
+	clear(r.count[:E])
+	for t := range T {
+		row := scores[t*E : (t+1)*E]
+		mx := float32(math.Inf(-1))
+		for _, v := range row {
+			mx = max(mx, v)
+		}
+		var sum float32
+		for _, v := range row {
+			sum += float32(math.Exp(float64(v - mx)))
+		}
+		ex, w := r.expert[t*k:(t+1)*k], r.weight[t*k:(t+1)*k]
+		for j := range k {
+			best := int32(-1)
+			for e, v := range row {
+				if best >= 0 && v <= row[best] || taken(ex[:j], int32(e)) {
+					continue
+				}
+				best = int32(e)
+			}
+			ex[j] = best
+			w[j] = float32(math.Exp(float64(row[best]-mx))) / sum
+		}
+		if norm {
+			var s float32
+			for _, v := range w {
+				s += v
+			}
+			for j := range w {
+				w[j] /= s
+			}
+		}
+		for _, e := range ex {
+			r.count[e]++
+		}
+	}
+	next := 0
+	for e := range E {
+		r.start[e] = next
+		next += r.count[e]
+	}
+	fill := r.count[:E] // reused as each expert's rows filled so far
+	clear(fill)
+	for t := range T {
+		for j, e := range r.expert[t*k : (t+1)*k] {
+			row := r.start[e] + fill[e]
+			fill[e]++
+			r.tokens[row] = int32(t)
+			r.table[row] = r.weight[t*k+j]
+			r.slots[j][t] = int32(row)
+		}
+	}
+	// fill now holds each expert's count again.
+}
+
+// taken reports whether e is in chosen.
+func taken(chosen []int32, e int32) bool {
+	for _, c := range chosen {
+		if c == e {
+			return true
+		}
+	}
+	return false
+}
+
+// f32s views b, a multiple of 4 bytes, as float32s.
+func f32s(b []byte) []float32 { return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4) }
+
+// moe runs the mixture of experts of sparse block i on the first T rows of
+// h (the MLP norm's output), leaving its output in the first T rows of
+// proj.
+func (s *Session) moe(i, T int, lw LayerWeights) error {
+	m, b, c := s.m, s.m.backend, &s.m.cfg
+	layer := m.blockLayer(i)
+	n, experts := &m.names[layer], m.experts[layer]
+	mc, mb, v := c.MoE, s.buffers.moe, s.viewsFor(T)
+	E, k, H := mc.Experts, mc.ExpertsPerToken, c.HiddenSize
+	h, proj := v.h, v.proj
+	r := &mb.r
+
+	scores := mb.view(mb.scores, 0, T, E)
+	if err := b.MatMul(scores, h, lw[n[arch.Router]], nil); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	var gateSh *tensor.Tensor
+	if mc.SharedExperts > 0 {
+		gateSh = mb.view(mb.gateSh, 0, T, 1)
+		if err := b.MatMul(gateSh, h, lw[n[arch.SharedScale]], nil); err != nil {
+			return fmt.Errorf("shared expert gate: %w", err)
+		}
+	}
+	if err := b.Download(r.raw[:4*T*E], scores); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK)
+	if gateSh != nil {
+		if err := b.Download(r.rawSh[:4*T], gateSh); err != nil {
+			return fmt.Errorf("shared expert gate: %w", err)
+		}
+		for t, g := range f32s(r.rawSh[:4*T]) {
+			r.table[T*k+t] = float32(1 / (1 + math.Exp(-float64(g))))
+		}
+	}
+	nw := T * k
+	if gateSh != nil {
+		nw += T
+	}
+	if err := b.Upload(mb.weight, 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.table[0])), 4*nw)); err != nil {
+		return fmt.Errorf("routing weights: %w", err)
+	}
+
+	size := mc.ExpertSize
+	for e := range E {
+		cnt := r.count[e]
+		if cnt == 0 {
+			continue
+		}
+		in := h
+		if cnt < T { // else every token chose e: its rows are h's, in order
+			in = mb.view(mb.rows, 0, cnt, H)
+			if err := b.Embed(in, h, r.tokens[r.start[e]:r.start[e]+cnt]); err != nil {
+				return fmt.Errorf("expert %d: tokens: %w", e, err)
+			}
+		}
+		en := &experts[e]
+		gate, up := mb.view(s.gate, 0, cnt, size), mb.view(s.up, 0, cnt, size)
+		if err := b.MatMul(gate, in, lw[en[arch.ExpertGate]], nil); err != nil {
+			return fmt.Errorf("expert %d gate projection: %w", e, err)
+		}
+		if err := b.MatMul(up, in, lw[en[arch.ExpertUp]], nil); err != nil {
+			return fmt.Errorf("expert %d up projection: %w", e, err)
+		}
+		if err := b.SiLUMul(gate, gate, up); err != nil {
+			return err
+		}
+		if err := b.MatMul(mb.view(mb.out, r.start[e], cnt, H), gate, lw[en[arch.ExpertDown]], nil); err != nil {
+			return fmt.Errorf("expert %d down projection: %w", e, err)
+		}
+	}
+	if err := scaleRows(b, mb.view(mb.out, 0, T*k, H), mb.weight, mb.zero, 0); err != nil {
+		return fmt.Errorf("routing weights: %w", err)
+	}
+	for j := range k {
+		dst := proj
+		if j > 0 {
+			dst = mb.view(mb.rows, 0, T, H)
+		}
+		if err := b.Embed(dst, mb.view(mb.out, 0, T*k, H), r.slots[j][:T]); err != nil {
+			return fmt.Errorf("experts' outputs: %w", err)
+		}
+		if j > 0 {
+			if err := b.Add(proj, proj, dst); err != nil {
+				return err
+			}
+		}
+	}
+	if gateSh == nil {
+		return nil
+	}
+
+	sn := mc.SharedSize
+	gate, up, out := mb.view(s.gate, 0, T, sn), mb.view(s.up, 0, T, sn), mb.view(mb.rows, 0, T, H)
+	if err := b.MatMul(gate, h, lw[n[arch.SharedGate]], nil); err != nil {
+		return fmt.Errorf("shared expert gate projection: %w", err)
+	}
+	if err := b.MatMul(up, h, lw[n[arch.SharedUp]], nil); err != nil {
+		return fmt.Errorf("shared expert up projection: %w", err)
+	}
+	if err := b.SiLUMul(gate, gate, up); err != nil {
+		return err
+	}
+	if err := b.MatMul(out, gate, lw[n[arch.SharedDown]], nil); err != nil {
+		return fmt.Errorf("shared expert down projection: %w", err)
+	}
+	if err := scaleRows(b, out, mb.weight, mb.zero, T*k); err != nil {
+		return fmt.Errorf("shared expert weights: %w", err)
+	}
+	return b.Add(proj, proj, out)
+}
+
+// scaleRows multiplies row r of x [n, width] (width even) by row pos0+r of
+// the table w [rows, 1], zero being a zero table of w's shape: Rope over
+// heads of size 2 whose angle has that cosine and a zero sine, which
+// computes (a·w - b·0, b·w + a·0) for each pair of columns, exactly a·w and
+// b·w.
+func scaleRows(b tensor.Backend, x, w, zero *tensor.Tensor, pos0 int) error {
+	return b.Rope(x, tensor.Rotary{Cos: w, Sin: zero, Heads: x.Shape()[1] / 2, HeadDim: 2, Pos0: pos0})
+}
