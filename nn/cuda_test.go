@@ -30,7 +30,8 @@ func openCUDA(t testing.TB) tensor.Backend {
 	return b
 }
 
-// TestCUDAFixtures runs both fixtures on the GPU: logits within 2e-2 of
+// TestCUDAFixtures runs the fixtures (Llama, Qwen3 and the mixtures of
+// experts Mixtral and Qwen3-MoE) on the GPU: logits within 2e-2 of
 // transformers at every prompt position, greedy ids equal where the margin
 // exceeds 5e-2, and then the same generation under a budget that forces
 // streaming, for every strategy and memory mode, identical to the resident
@@ -39,7 +40,8 @@ func openCUDA(t testing.TB) tensor.Backend {
 func TestCUDAFixtures(t *testing.T) {
 	b := openCUDA(t)
 	ctx := context.Background()
-	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16} {
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16,
+		fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
 		t.Run(name, func(t *testing.T) {
 			lm, err := loader.Open(fixtures.Dir(name))
 			if err != nil {
