@@ -84,6 +84,9 @@ type MoE struct {
 	SparseStep    int   // every SparseStep-th block is sparse (decoder_sparse_step); 1 for all
 	DenseLayers   []int // blocks with a dense MLP whatever SparseStep says (mlp_only_layers), ascending
 	NormTopK      bool  // the chosen experts' weights are renormalised to sum to 1 (norm_topk_prob)
+	// Synthetic, when set, replaces the router's choice of experts by a
+	// synthetic one (see SyntheticRouting); nil for a real model.
+	Synthetic *SyntheticRouting
 }
 
 // RopeScaling describes a rescaling of the rotary embedding's frequencies.
@@ -553,6 +556,10 @@ func (c *Config) Clone() *Config {
 	if c.MoE != nil {
 		moe := *c.MoE
 		moe.DenseLayers = slices.Clone(c.MoE.DenseLayers)
+		if c.MoE.Synthetic != nil {
+			syn := *c.MoE.Synthetic
+			moe.Synthetic = &syn
+		}
 		d.MoE = &moe
 	}
 	return &d

@@ -9,6 +9,22 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
+// SyntheticRouting is the routing of a synthetic model, which synth
+// writes into config.json as strata_synthetic_routing (transformers ignores
+// it) so that benchmarks of expert paging can choose how experts are used,
+// and label their reports synthetic routing. Each block draws each token's
+// experts, in place of the router's top-k, from a popularity of Zipf
+// exponent Skew over an order of the experts of its own (0: uniform), and
+// keeps each of its k choices from the previous position with probability
+// Locality (0: each token draws anew). The chosen experts' weights are
+// still the router's softmax, renormalised when NormTopK. The draw for a
+// position depends only on Seed, the block and the position.
+type SyntheticRouting struct {
+	Skew     float64
+	Locality float64
+	Seed     uint64
+}
+
 // experts is how a family lays out and configures its mixture of experts;
 // nil for a dense family.
 type experts = *expertLayout
@@ -202,6 +218,10 @@ func (c *Config) validateMoE(x experts) error {
 		return cfgErr("%v always has a shared expert", f)
 	case !x.shared && m.SharedExperts > 0:
 		return cfgErr("%v has no shared expert", f)
+	case m.Synthetic != nil && !(m.Synthetic.Skew >= 0 && m.Synthetic.Skew <= 100):
+		return cfgErr("strata_synthetic_routing skew %v must be in 0..100", m.Synthetic.Skew)
+	case m.Synthetic != nil && !(m.Synthetic.Locality >= 0 && m.Synthetic.Locality < 1):
+		return cfgErr("strata_synthetic_routing locality %v must be in [0, 1)", m.Synthetic.Locality)
 	case c.HiddenSize%2 != 0:
 		// The forward weights the experts' rows with a rotation of pairs
 		// of columns (a rotary embedding of head size 2).
@@ -250,6 +270,9 @@ func (c *Config) familyJSON() []jsonField {
 	if m == nil || x == nil {
 		return out
 	}
+	if syn := m.Synthetic; syn != nil {
+		add(syntheticRoutingField, map[string]any{"skew": jsonFloat(syn.Skew), "locality": jsonFloat(syn.Locality), "seed": syn.Seed})
+	}
 	if !x.qwen {
 		add("num_local_experts", m.Experts)
 		add("num_experts_per_tok", m.ExpertsPerToken)
@@ -293,7 +316,15 @@ type familyFieldsJSON struct {
 	NormTopKProb                 *bool    `json:"norm_topk_prob"`
 	QKVBias                      *bool    `json:"qkv_bias"`
 	LayerTypes                   []string `json:"layer_types"`
+	SyntheticRouting             *struct {
+		Skew     *float64 `json:"skew"`
+		Locality *float64 `json:"locality"`
+		Seed     *uint64  `json:"seed"`
+	} `json:"strata_synthetic_routing"`
 }
+
+// syntheticRoutingField is the config field of SyntheticRouting.
+const syntheticRoutingField = "strata_synthetic_routing"
 
 // unsupportedFields are config fields of other mixtures of experts that
 // change what the model computes, with the values that change nothing
@@ -355,11 +386,20 @@ func parseFamilyFields(data []byte, c *Config, q quirks) error {
 	}
 	x := q.experts
 	if x == nil {
+		if j.SyntheticRouting != nil {
+			return cfgErr("%s: %v has no experts", syntheticRoutingField, c.Family)
+		}
 		return nil // a dense family: transformers reads none of the rest
 	}
 	m := &MoE{Experts: x.defExperts, ExpertsPerToken: x.defPerToken, ExpertSize: x.defExpertSize, SparseStep: 1}
 	if x.shared {
 		m.SharedExperts, m.SharedSize = 1, x.defSharedSize
+	}
+	if syn := j.SyntheticRouting; syn != nil {
+		if syn.Skew == nil || syn.Locality == nil || syn.Seed == nil {
+			return cfgErr("%s needs skew, locality and seed", syntheticRoutingField)
+		}
+		m.Synthetic = &SyntheticRouting{Skew: *syn.Skew, Locality: *syn.Locality, Seed: *syn.Seed}
 	}
 	switch e, le := j.NumExperts, j.NumLocalExperts; {
 	case e != nil && le != nil && *e != *le:

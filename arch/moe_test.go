@@ -120,6 +120,10 @@ func TestParseMoEConfigs(t *testing.T) {
 				t.Errorf("qwen2_moe qkv_bias false: %+v", c)
 			}
 		}, &MoE{Experts: 60, ExpertsPerToken: 4, ExpertSize: 1408, SharedExperts: 1, SharedSize: 40, SparseStep: 1}},
+		{"synthetic routing", mixtralJSON(map[string]any{
+			"strata_synthetic_routing": map[string]any{"skew": 1.2, "locality": 0.5, "seed": uint64(1) << 60},
+		}), func(c *Config) {}, &MoE{Experts: 8, ExpertsPerToken: 2, ExpertSize: 96, SparseStep: 1, NormTopK: true,
+			Synthetic: &SyntheticRouting{Skew: 1.2, Locality: 0.5, Seed: 1 << 60}}},
 		{"llama ignores expert fields", llamaJSON(map[string]any{"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 5}), func(c *Config) {}, nil},
 	}
 	for _, tc := range cases {
@@ -178,6 +182,14 @@ func TestParseMoEConfigErrors(t *testing.T) {
 		{"qwen3_moe sliding window", qwen3MoEJSON(map[string]any{"use_sliding_window": true}), "use_sliding_window=true is not supported"},
 		{"qwen3 sliding window", familyJSONOf("Qwen3ForCausalLM", "qwen3", map[string]any{"use_sliding_window": true, "head_dim": 16}), "use_sliding_window=true is not supported"},
 		{"odd hidden size", mixtralJSON(map[string]any{"hidden_size": 65, "head_dim": 16}), "hidden_size 65 must be even"},
+		{"synthetic routing without a seed", mixtralJSON(map[string]any{"strata_synthetic_routing": map[string]any{"skew": 1, "locality": 0.5}}),
+			"strata_synthetic_routing needs skew, locality and seed"},
+		{"synthetic routing always local", qwen3MoEJSON(map[string]any{"strata_synthetic_routing": map[string]any{"skew": 1, "locality": 1, "seed": 3}}),
+			"locality 1 must be in [0, 1)"},
+		{"synthetic routing negative skew", qwen3MoEJSON(map[string]any{"strata_synthetic_routing": map[string]any{"skew": -1, "locality": 0, "seed": 3}}),
+			"skew -1 must be in 0..100"},
+		{"synthetic routing of a dense model", llamaJSON(map[string]any{"strata_synthetic_routing": map[string]any{"skew": 1, "locality": 0, "seed": 3}}),
+			"strata_synthetic_routing: llama has no experts"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
