@@ -21,6 +21,7 @@ type Model struct {
 	weights Weights
 	names   []arch.Names   // the tensor names of each layer, in Weights' numbering
 	experts [][]arch.Names // the routed experts' names of each layer; nil for a layer without
+	synth   *synthRouter   // the synthetic routing of a synthetic model, or nil
 	// lo and hi bound the decoder blocks this model runs: all of them,
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.
@@ -62,6 +63,7 @@ func New(cfg *arch.Config, b tensor.Backend, alloc paging.Allocator, w Weights) 
 		m.names = append(m.names, cfg.LayerNames(l))
 		m.experts = append(m.experts, cfg.LayerExperts(l))
 	}
+	m.synth = newSynthRouter(cfg)
 	return m, nil
 }
 
@@ -560,7 +562,7 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 		return fmt.Errorf("mlp norm: %w", err)
 	}
 	if c.Sparse(i) {
-		if err := s.moe(i, T, lw); err != nil {
+		if err := s.moe(i, T, pos0, lw); err != nil {
 			return err
 		}
 		return b.Add(x, x, proj)

@@ -3,6 +3,7 @@ package nn
 import (
 	"fmt"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/strata-llm/strata/arch"
@@ -146,8 +147,9 @@ type routing struct {
 // and groups the choices by expert into r's tables, as transformers does in
 // float32: a softmax over all the experts, the k largest probabilities (the
 // lower index first among equals) and, when norm, those divided by their
-// sum.
-func (r *routing) route(scores []float32, T, E, k int, norm bool) {
+// sum. With syn, syn draws the experts of block for the tokens at positions
+// pos0.., and the softmax weighs them.
+func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRouter, block, pos0 int) {
 	clear(r.count[:E])
 	for t := range T {
 		row := scores[t*E : (t+1)*E]
@@ -160,16 +162,21 @@ func (r *routing) route(scores []float32, T, E, k int, norm bool) {
 			sum += float32(math.Exp(float64(v - mx)))
 		}
 		ex, w := r.expert[t*k:(t+1)*k], r.weight[t*k:(t+1)*k]
+		if syn != nil {
+			syn.pick(block, pos0+t, ex)
+		}
 		for j := range k {
-			best := int32(-1)
-			for e, v := range row {
-				if best >= 0 && v <= row[best] || taken(ex[:j], int32(e)) {
-					continue
+			if syn == nil {
+				best := int32(-1)
+				for e, v := range row {
+					if best >= 0 && v <= row[best] || taken(ex[:j], int32(e)) {
+						continue
+					}
+					best = int32(e)
 				}
-				best = int32(e)
+				ex[j] = best
 			}
-			ex[j] = best
-			w[j] = float32(math.Exp(float64(row[best]-mx))) / sum
+			w[j] = float32(math.Exp(float64(row[ex[j]]-mx))) / sum
 		}
 		if norm {
 			var s float32
@@ -219,7 +226,7 @@ func f32s(b []byte) []float32 { return unsafe.Slice((*float32)(unsafe.Pointer(&b
 // moe runs the mixture of experts of sparse block i on the first T rows of
 // h (the MLP norm's output), leaving its output in the first T rows of
 // proj.
-func (s *Session) moe(i, T int, lw LayerWeights) error {
+func (s *Session) moe(i, T, pos0 int, lw LayerWeights) error {
 	m, b, c := s.m, s.m.backend, &s.m.cfg
 	layer := m.blockLayer(i)
 	n, experts := &m.names[layer], m.experts[layer]
@@ -242,7 +249,7 @@ func (s *Session) moe(i, T int, lw LayerWeights) error {
 	if err := b.Download(r.raw[:4*T*E], scores); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
-	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK)
+	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK, m.synth, i, pos0)
 	if gateSh != nil {
 		if err := b.Download(r.rawSh[:4*T], gateSh); err != nil {
 			return fmt.Errorf("shared expert gate: %w", err)
@@ -336,3 +343,90 @@ func (s *Session) moe(i, T int, lw LayerWeights) error {
 func scaleRows(b tensor.Backend, x, w, zero *tensor.Tensor, pos0 int) error {
 	return b.Rope(x, tensor.Rotary{Cos: w, Sin: zero, Heads: x.Shape()[1] / 2, HeadDim: 2, Pos0: pos0})
 }
+
+// synthRouter draws the experts of arch.SyntheticRouting: for each block,
+// an order of the experts whose ranks have Zipf popularity, and for each
+// position and slot a draw that is kept from the previous position with
+// probability Locality. Every draw is a hash of the seed, the block, the
+// slot and the position, so a position's experts do not depend on how the
+// sequence was cut into chunks.
+type synthRouter struct {
+	syn   arch.SyntheticRouting
+	cdf   [][]float64 // [block][rank] the popularity of ranks 0..rank, the last 1
+	order [][]int32   // [block][rank] the expert of each rank
+}
+
+func newSynthRouter(c *arch.Config) *synthRouter {
+	m := c.MoE
+	if m == nil || m.Synthetic == nil {
+		return nil
+	}
+	g := &synthRouter{syn: *m.Synthetic}
+	E := m.Experts
+	for block := range c.NumLayers {
+		order := make([]int32, E)
+		for e := range order {
+			order[e] = int32(e)
+		}
+		for e := E - 1; e > 0; e-- { // Fisher-Yates
+			j := int(hashKeys(g.syn.Seed, uint64(block), 0, uint64(e)) % uint64(e+1))
+			order[e], order[j] = order[j], order[e]
+		}
+		cdf := make([]float64, E)
+		total := 0.0
+		for r := range cdf {
+			total += math.Pow(float64(r+1), -g.syn.Skew)
+			cdf[r] = total
+		}
+		for r := range cdf {
+			cdf[r] /= total
+		}
+		cdf[E-1] = 1
+		g.order, g.cdf = append(g.order, order), append(g.cdf, cdf)
+	}
+	return g
+}
+
+// pick fills ex with the distinct experts of the token at position pos in
+// block.
+func (g *synthRouter) pick(block, pos int, ex []int32) {
+	seed, b := g.syn.Seed, uint64(block)
+	for j := range ex {
+		// The last position up to pos where slot j drew anew.
+		q := pos
+		for q > 0 && unitFloat(hashKeys(seed, b, 1, uint64(j), uint64(q))) < g.syn.Locality {
+			q--
+		}
+		for a := 0; ; a++ {
+			var e int32
+			if a < 64 {
+				u := unitFloat(hashKeys(seed, b, 2+uint64(a), uint64(j), uint64(q)))
+				r, _ := slices.BinarySearch(g.cdf[block], u)
+				e = g.order[block][min(r, len(g.order[block])-1)]
+			} else { // a popular expert the earlier slots hold: the first free one
+				for e = 0; taken(ex[:j], e); e++ {
+				}
+			}
+			if !taken(ex[:j], e) {
+				ex[j] = e
+				break
+			}
+		}
+	}
+}
+
+// hashKeys mixes keys into 64 random bits (splitmix64's finaliser over each
+// key in turn).
+func hashKeys(keys ...uint64) uint64 {
+	h := uint64(0x9e3779b97f4a7c15)
+	for _, k := range keys {
+		h ^= k + 0x9e3779b97f4a7c15 + h<<6 + h>>2
+		h = (h ^ h>>30) * 0xbf58476d1ce4e5b9
+		h = (h ^ h>>27) * 0x94d049bb133111eb
+		h ^= h >> 31
+	}
+	return h
+}
+
+// unitFloat maps 64 random bits to [0, 1).
+func unitFloat(h uint64) float64 { return float64(h>>11) / (1 << 53) }
