@@ -1,12 +1,18 @@
 // Command synth writes a random-weight Llama-family model in Hugging Face
 // format (config.json, safetensors shards and index), for demos, tests and
-// benchmarks of models larger than the GPU.
+// benchmarks of models larger than the GPU, mixtures of experts included.
 //
 //	go run ./examples/synth -out /tmp/llama7b -preset llama2-7b -dtype f16
 //	go run ./examples/synth -out /tmp/tiny -preset tiny -tokenizer-from loader/fixtures/tiny-llama-bf16
+//	go run ./examples/synth -out /tmp/mixtral -preset mixtral-8x7b -router-skew 1.2 -router-locality 0.5
 //
 // Shape flags override the preset. The same flags and seed give the same
-// bytes. It prints the bytes written and the write speed. The model is
+// bytes. A random router picks experts in its own way, neither uniformly
+// nor like a trained one; -router-skew writes synthetic routing into
+// config.json instead (arch.SyntheticRouting: Zipf popularity of exponent
+// -router-skew, 0 for uniform, and -router-locality, the chance that a
+// token keeps each of the previous token's experts), which strata runs and
+// reports label as synthetic. It prints the bytes written and the write speed. The model is
 // written into a temporary directory beside -out and takes its place when
 // complete; a directory that already holds a model is replaced only with
 // -force, and one that holds anything else is refused.
@@ -38,7 +44,7 @@ type options struct {
 	out, preset, arch, dtype, shardSize, tokenizerFrom string
 	tie, force                                         bool
 	seed                                               int64
-	ropeTheta                                          float64
+	ropeTheta, routerSkew, routerLocality              float64
 	shape                                              map[string]*int
 }
 
@@ -49,22 +55,26 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 	fs.StringVar(&o.out, "out", "", "output directory (required)")
 	fs.BoolVar(&o.force, "force", false, "replace the model already in -out")
 	fs.StringVar(&o.preset, "preset", "tiny", "shape preset: "+strings.Join(arch.Presets(), ", "))
-	fs.StringVar(&o.arch, "arch", "", "architecture: llama, mistral or qwen2 (default: the preset's, llama)")
+	fs.StringVar(&o.arch, "arch", "", "architecture: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe (default: the preset's)")
 	fs.BoolVar(&o.tie, "tie", false, "tie the LM head to the embedding table")
 	fs.StringVar(&o.dtype, "dtype", "f16", "weight dtype: f16, bf16 or f32")
 	fs.Int64Var(&o.seed, "seed", 1, "random seed")
 	fs.StringVar(&o.shardSize, "shard-size", "2GB", "largest shard (e.g. 500MB, 2GB, 1GiB); 0 writes one file")
-	fs.Float64Var(&o.ropeTheta, "rope-theta", 0, "rotary base (default: the preset's, 10000)")
+	fs.Float64Var(&o.ropeTheta, "rope-theta", 0, "rotary base (default: the preset's)")
 	fs.StringVar(&o.tokenizerFrom, "tokenizer-from", "", "copy tokenizer.json and tokenizer_config.json from this model directory")
+	fs.Float64Var(&o.routerSkew, "router-skew", 0, "synthetic routing: Zipf exponent of the experts' popularity, 0 for uniform (default: the router's own choice)")
+	fs.Float64Var(&o.routerLocality, "router-locality", 0, "synthetic routing: chance a token keeps each expert of the previous token (with -router-skew)")
 	for _, f := range []struct{ name, help string }{
 		{"hidden", "hidden size"}, {"layers", "number of decoder blocks"}, {"heads", "attention heads"},
 		{"kv-heads", "key/value heads"}, {"intermediate", "MLP intermediate size"}, {"vocab", "vocabulary size"},
 		{"head-dim", "head dimension (default hidden/heads)"}, {"max-pos", "max_position_embeddings"},
+		{"experts", "routed experts of a mixture of experts"}, {"experts-per-tok", "experts each token is routed to"},
+		{"expert-size", "intermediate size of a routed expert (moe_intermediate_size)"},
 	} {
 		o.shape[f.name] = fs.Int(f.name, 0, f.help+" (overrides the preset)")
 	}
 	usage := func() {
-		fmt.Fprintln(stderr, "usage: synth -out DIR [-force] [-preset NAME] [shape flags] [-arch A] [-tie] [-dtype D] [-seed S] [-shard-size SIZE] [-rope-theta X] [-tokenizer-from DIR]")
+		fmt.Fprintln(stderr, "usage: synth -out DIR [-force] [-preset NAME] [shape flags] [-arch A] [-tie] [-dtype D] [-seed S] [-shard-size SIZE] [-rope-theta X] [-tokenizer-from DIR] [-router-skew S [-router-locality P]]")
 		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
@@ -114,12 +124,41 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 		}
 		cfg.HeadDim = cfg.HiddenSize / cfg.NumHeads
 	}
+	family := cfg.Family
 	if o.arch != "" {
 		f, err := arch.ParseFamily(o.arch)
 		if err != nil {
-			return bad("-arch: unknown architecture %q (have llama, mistral, qwen2)", o.arch)
+			return bad("-arch: unknown architecture %q (have llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe)", o.arch)
 		}
-		cfg.SetFamily(f)
+		family = f
+	}
+	// Switching family, or changing the sizes of the preset's, keeps what
+	// the family requires (a Mixtral's experts are as wide as
+	// -intermediate).
+	cfg.SetFamily(family)
+	for name, dst := range map[string]func(m *arch.MoE) *int{
+		"experts":         func(m *arch.MoE) *int { return &m.Experts },
+		"experts-per-tok": func(m *arch.MoE) *int { return &m.ExpertsPerToken },
+		"expert-size":     func(m *arch.MoE) *int { return &m.ExpertSize },
+	} {
+		if !set[name] {
+			continue
+		}
+		if cfg.MoE == nil {
+			return bad("-%s: %s has no experts", name, cfg.Family)
+		}
+		if *o.shape[name] <= 0 {
+			return bad("-%s must be positive, got %d", name, *o.shape[name])
+		}
+		*dst(cfg.MoE) = *o.shape[name]
+	}
+	switch {
+	case set["router-locality"] && !set["router-skew"]:
+		return bad("-router-locality needs -router-skew")
+	case set["router-skew"] && cfg.MoE == nil:
+		return bad("-router-skew: %s has no experts", cfg.Family)
+	case set["router-skew"]:
+		cfg.MoE.Synthetic = &arch.SyntheticRouting{Skew: o.routerSkew, Locality: o.routerLocality, Seed: uint64(o.seed)}
 	}
 	cfg.TieEmbeddings = o.tie
 	if set["rope-theta"] {
@@ -143,6 +182,24 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 		return bad("%s", strings.TrimPrefix(err.Error(), "loader: config: "))
 	}
 	return o, cfg, loader.SynthOptions{DType: dt, Seed: o.seed, MaxShardBytes: shard, TokenizerFrom: o.tokenizerFrom}, nil
+}
+
+// experts describes the mixture of experts, if any, for the summary line.
+func experts(c *arch.Config) string {
+	m := c.MoE
+	if m == nil {
+		return ""
+	}
+	s := fmt.Sprintf(" %d experts of %d, %d per token,", m.Experts, m.ExpertSize, m.ExpertsPerToken)
+	if m.SharedExperts > 0 {
+		s += fmt.Sprintf(" a shared expert of %d,", m.SharedSize)
+	}
+	if syn := m.Synthetic; syn != nil {
+		s += fmt.Sprintf(" synthetic routing (skew %g, locality %g),", syn.Skew, syn.Locality)
+	} else {
+		s += " routing by the random router,"
+	}
+	return s
 }
 
 // parseSize reads a byte count with an optional unit: B, KB, MB, GB, TB
@@ -181,9 +238,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	total := cfg.NumParams() * int64(cfg.DType.Size())
-	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d, vocab %d, %.3g M parameters, %s, %.1f MB of weights\n",
+	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d,%s vocab %d, %.3g M parameters, %s, %.1f MB of weights\n",
 		o.preset, cfg.Family.Architecture(), cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
-		cfg.VocabSize, float64(cfg.NumParams())/1e6, cfg.DType, float64(total)/1e6)
+		experts(cfg), cfg.VocabSize, float64(cfg.NumParams())/1e6, cfg.DType, float64(total)/1e6)
 	start := time.Now()
 	var mu sync.Mutex
 	last := start

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -33,6 +34,13 @@ func TestBadFlags(t *testing.T) {
 		{"-out", out, "-rope-theta", "0"},
 		{"-out", out, "-tokenizer-from", filepath.Join(out, "none")},
 		{"-out", out, "extra"},
+		{"-out", out, "-experts", "4"},
+		{"-out", out, "-router-skew", "1"},
+		{"-out", out, "-preset", "mixtral-8x7b", "-router-locality", "0.5"},
+		{"-out", out, "-preset", "mixtral-8x7b", "-router-skew", "1", "-router-locality", "1"},
+		{"-out", out, "-preset", "mixtral-8x7b", "-router-skew", "-1"},
+		{"-out", out, "-preset", "mixtral-8x7b", "-experts-per-tok", "9"},
+		{"-out", out, "-preset", "qwen3-30b-a3b", "-expert-size", "0"},
 	} {
 		_, _, err := runArgs(args...)
 		if !cli.IsUsage(err) || strings.Contains(err.Error(), "\n") {
@@ -75,6 +83,53 @@ func TestSynthCLI(t *testing.T) {
 	}
 	if !fileExists(filepath.Join(out, "tokenizer.json")) {
 		t.Error("tokenizer not copied")
+	}
+}
+
+// TestSynthMoE writes small models of the mixture-of-experts presets'
+// families, one with synthetic routing, and reads them back.
+func TestSynthMoE(t *testing.T) {
+	small := []string{"-hidden", "64", "-layers", "2", "-heads", "4", "-kv-heads", "2", "-vocab", "512", "-dtype", "bf16"}
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		check func(c *arch.Config) bool
+		says  string
+	}{
+		{"mixtral, synthetic routing", []string{"-preset", "mixtral-8x7b", "-intermediate", "48", "-experts", "4", "-experts-per-tok", "1",
+			"-router-skew", "1.2", "-router-locality", "0.5", "-seed", "7"},
+			func(c *arch.Config) bool {
+				return c.Family == arch.Mixtral && c.RopeTheta == 1e6 && reflect.DeepEqual(*c.MoE, arch.MoE{Experts: 4, ExpertsPerToken: 1,
+					ExpertSize: 48, SparseStep: 1, NormTopK: true, Synthetic: &arch.SyntheticRouting{Skew: 1.2, Locality: 0.5, Seed: 7}})
+			}, "4 experts of 48, 1 per token, synthetic routing (skew 1.2, locality 0.5)"},
+		{"qwen3-moe", []string{"-preset", "qwen3-30b-a3b", "-head-dim", "16", "-experts", "8", "-experts-per-tok", "2", "-expert-size", "24"},
+			func(c *arch.Config) bool {
+				return c.Family == arch.Qwen3MoE && c.QKNorm && c.HeadDim == 16 && c.MoE.Synthetic == nil &&
+					c.MoE.Experts == 8 && c.MoE.ExpertsPerToken == 2 && c.MoE.ExpertSize == 24 && c.MoE.NormTopK
+			}, "8 experts of 24, 2 per token, routing by the random router"},
+		{"qwen2-moe from the tiny preset", []string{"-arch", "qwen2_moe", "-experts", "4", "-experts-per-tok", "2", "-expert-size", "32", "-router-skew", "0"},
+			func(c *arch.Config) bool {
+				return c.Family == arch.Qwen2MoE && c.QKVBias && c.MoE.SharedExperts == 1 && c.MoE.Synthetic != nil && c.MoE.Synthetic.Skew == 0
+			}, "a shared expert of 5632"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := t.TempDir()
+			stdout, _, err := runArgs(append(append([]string{"-out", out}, small...), tc.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(stdout, tc.says) {
+				t.Errorf("stdout %q does not say %q", stdout, tc.says)
+			}
+			m, err := loader.Open(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if !tc.check(m.Config) {
+				t.Errorf("config %+v, MoE %+v", m.Config, m.Config.MoE)
+			}
+		})
 	}
 }
 
