@@ -15,7 +15,8 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
-// TestCUDAHybridFixtures runs both fixtures on a GPU and the CPU with the
+// TestCUDAHybridFixtures runs the fixtures (Llama, Qwen3 and the mixtures
+// of experts Mixtral and Qwen3-MoE) on a GPU and the CPU with the
 // hybrid and cpu strategies, under a budget that leaves layers off the
 // GPU, with the rates measured on the machine and with rates that force
 // CPU layers: the logits at every prompt position are within the GPU
@@ -31,7 +32,8 @@ func TestCUDAHybridFixtures(t *testing.T) {
 	defer gpu.Close()
 	ctx := context.Background()
 	cpuHeavy := paging.Rates{H2D: 1e9, CPU: 50e9, H2DShared: 1e9, CPUShared: 50e9, Device: 1e12}
-	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16} {
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16,
+		fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
 		lm := openFixture(t, name)
 		ids, wantLogits := fixtureReference(t, name)
 		for _, tc := range []struct {
