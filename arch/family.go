@@ -60,7 +60,7 @@ type quirks struct {
 
 var families = map[Family]quirks{
 	Llama:   {modelType: "llama", architecture: "LlamaForCausalLM", maxPositions: 2048, qkvBias: biasFlag, outBias: biasFlag},
-	Mistral: {modelType: "mistral", architecture: "MistralForCausalLM", maxPositions: 4096 * 32, window: windowAlways},
+	Mistral: {modelType: "mistral", architecture: "MistralForCausalLM", maxPositions: 4096 * 32, kvHeads: 8, window: windowAlways},
 	Qwen2:   {modelType: "qwen2", architecture: "Qwen2ForCausalLM", maxPositions: 32768, qkvBias: biasAlways, window: windowFlag},
 	Qwen3: {modelType: "qwen3", architecture: "Qwen3ForCausalLM", maxPositions: 32768, headDim: 128, kvHeads: 32,
 		qkvBias: biasFlag, outBias: biasFlag, window: windowFlag, qkNorm: true},

@@ -179,7 +179,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 		return bad("-shard-size: %v", err)
 	}
 	if err := cfg.Validate(); err != nil {
-		return bad("%s", strings.TrimPrefix(err.Error(), "loader: config: "))
+		return bad("%s", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "arch: config: "), "loader: config: "))
 	}
 	return o, cfg, loader.SynthOptions{DType: dt, Seed: o.seed, MaxShardBytes: shard, TokenizerFrom: o.tokenizerFrom}, nil
 }
