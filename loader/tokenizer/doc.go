@@ -36,6 +36,12 @@
 // tokenizer files of Llama 3, Qwen3, Llama 2 and Mistral-Nemo (see
 // testdata/README.md).
 //
+// FromGGUF builds the same tokenizers from the vocabulary of a GGUF file
+// (llama.cpp's tokenizer.ggml.* metadata: the "llama" SentencePiece kind,
+// with scores or merges, and the "gpt2" byte-level kind with GPT-2's,
+// Llama 3's or Qwen2's pre-tokenizer), and GGUFVocab writes a tokenizer
+// of those forms as such a vocabulary.
+//
 // Stream decodes generated ids one at a time, holding back text that the
 // next ids may still change, so that what it returns adds up to Decode of
 // all the ids.

@@ -256,7 +256,11 @@ func parsePreTokenizer(raw json.RawMessage) (preTokenizer, error) {
 		if !ok {
 			return nil, fmt.Errorf("pre_tokenizer Split: unknown behavior %q", v.Behavior)
 		}
-		return splitPreTokenizer{m: m, behavior: b, invert: v.Invert}, nil
+		sp := splitPreTokenizer{m: m, behavior: b, invert: v.Invert}
+		if v.Pattern.Regex != nil {
+			sp.regex = *v.Pattern.Regex
+		}
+		return sp, nil
 	case "Digits":
 		var v struct {
 			Individual bool `json:"individual_digits"`

@@ -64,6 +64,7 @@ type splitPreTokenizer struct {
 	m        matcher
 	behavior splitBehavior
 	invert   bool
+	regex    string // the expression m matches, for a Regex pattern
 }
 
 func (sp splitPreTokenizer) preTokenize(p piece, emit func(piece)) {

@@ -47,6 +47,9 @@ type Tokenizer struct {
 	known     []bool   // by id: tokens[id] is a token
 	bos, eos  int
 	cleanup   bool
+	// scores are the SentencePiece scores of a GGUF vocabulary whose
+	// merges were derived from them (FromGGUF); nil otherwise.
+	scores []float32
 	// maxTokenBytes is MaxTokenBytes: the most input bytes one token
 	// stands for, 0 when unbounded.
 	maxTokenBytes int
