@@ -69,12 +69,23 @@ type NonFiniteError struct {
 	File   string // the weight file's path
 	Tensor string
 	DType  tensor.DType
-	Index  int64   // the element, counted row-major from the tensor's start
-	Value  float64 // NaN, +Inf or -Inf
-	Bits   uint32  // the element's bit pattern in DType
+	// Index is the element, counted row-major from the tensor's start;
+	// for a quantized tensor, the first element of the block whose scale
+	// is not finite.
+	Index int64
+	Value float64 // NaN, +Inf or -Inf
+	Bits  uint32  // the element's bit pattern in DType (a quantized block's scale's)
 }
 
 func (e *NonFiniteError) Error() string {
+	if e.DType.IsQuantized() {
+		scale := "F16"
+		if e.DType == tensor.Q8_K {
+			scale = "F32"
+		}
+		return fmt.Sprintf("loader: %s: tensor %s: the %v block at element %d has a scale of %v (%s bits %#x); weights must be finite",
+			quoteOdd(e.File), quoteOdd(e.Tensor), e.DType, e.Index, e.Value, scale, e.Bits)
+	}
 	return fmt.Sprintf("loader: %s: tensor %s: element %d is %v (%v bits %#0*x); weights must be finite",
 		quoteOdd(e.File), quoteOdd(e.Tensor), e.Index, e.Value, e.DType, 2*e.DType.Size(), e.Bits)
 }

@@ -50,13 +50,14 @@ func (l Layer) String() string {
 	return l.Kind.String()
 }
 
-// Model is an opened Hugging Face model directory: the parsed config, the
-// validated headers of its safetensors files, and its tensors grouped into
-// layers. Opening reads only the headers; tensor bytes are read on demand.
-// A Model is safe for concurrent use.
+// Model is an opened Hugging Face model directory or GGUF file: the parsed
+// config, the validated headers of its weight files, and its tensors
+// grouped into layers. Opening reads only the headers; tensor bytes are
+// read on demand. A Model is safe for concurrent use.
 type Model struct {
 	// Dir is the model directory: a path of the OS, or for a model opened
-	// by OpenFS, the directory in its file system.
+	// by OpenFS, the directory in its file system; for a GGUF model, the
+	// file's path.
 	Dir    string
 	Config *arch.Config
 
@@ -69,20 +70,34 @@ type Model struct {
 	extras  []string
 	bytes   int64
 
+	gguf       *GGUFFile // the file of a GGUF model, else nil
+	ggufExtras []string  // its tensors of types strata does not store
+
 	checked sync.Map // *TensorInfo -> struct{}: read whole and found finite
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Open opens the model in dir: config.json, and model.safetensors or the
-// shards listed in model.safetensors.index.json (model.safetensors wins when
-// both exist). It validates every header and checks that each tensor the
-// architecture needs is present with the shape the config implies. Tensors
-// it does not need (a rotary inv_freq, say) are ignored and listed by
-// Extras. A file that is not a regular file (a named pipe, a device) is
+// Open opens the model at path: a Hugging Face directory (config.json, and
+// model.safetensors or the shards listed in model.safetensors.index.json;
+// model.safetensors wins when both exist), or a GGUF file (a path ending in
+// .gguf, or any file starting with GGUF's magic), whose metadata gives the
+// config (GGUFConfig) and whose tensors are named as Hugging Face names
+// them. It validates every header and checks that each tensor the
+// architecture needs is present with the shape the config implies.
+// Tensors it does not need (a rotary inv_freq, say) are ignored and listed
+// by Extras. A file that is not a regular file (a named pipe, a device) is
 // refused before it is opened.
-func Open(dir string) (*Model, error) { return open(source{dir: dir}) }
+func Open(path string) (*Model, error) {
+	if st, err := os.Stat(path); err == nil && !st.IsDir() {
+		if !isGGUFPath(path) && st.Mode().IsRegular() {
+			return nil, &fileError{file: path, kind: ErrFormat, msg: "is a file that is not GGUF; give a model directory or a GGUF file"}
+		}
+		return openGGUF(path)
+	}
+	return open(source{dir: path})
+}
 
 // OpenFS is Open for the model in directory dir of fsys (an embedded
 // model: "." for the root). Its weight files are read in place, through
@@ -264,8 +279,12 @@ type bytesFile struct{ *bytes.Reader }
 func (bytesFile) Close() error { return nil }
 
 // FS returns the model directory as a file system, for the files beside
-// the weights (the tokenizer, say).
+// the weights (the tokenizer, say). A GGUF model's holds only config.json,
+// its config as MarshalJSON writes it (the tokenizer is Tokenizer's).
 func (m *Model) FS() fs.FS {
+	if m.gguf != nil {
+		return ggufConfigFS(m.Config)
+	}
 	if m.src.fsys == nil {
 		return os.DirFS(m.Dir)
 	}
@@ -278,12 +297,15 @@ func (m *Model) FS() fs.FS {
 
 // InputFiles lists the paths of the files a run of this model reads: the
 // config, the index and the weight files, and the tokenizer and generation
-// files that are present. A command checks its outputs against them
-// (atomicfile.CheckNotInput). A model opened by OpenFS has none on disk:
-// InputFiles returns nil.
+// files that are present; for a GGUF model, the file. A command checks its
+// outputs against them (atomicfile.CheckNotInput). A model opened by
+// OpenFS has none on disk: InputFiles returns nil.
 func (m *Model) InputFiles() []string {
 	if m.src.fsys != nil {
 		return nil
+	}
+	if m.gguf != nil {
+		return []string{m.Dir}
 	}
 	out := []string{m.src.path(ConfigFile)}
 	if m.indexed {
@@ -379,9 +401,13 @@ func (m *Model) group() error {
 					msg: fmt.Sprintf("has shape %v, the config needs %v", t.Shape, spec.Shape)})
 				continue
 			}
-			if !t.DType.IsFloat() {
+			if !t.DType.IsFloat() && !(t.DType.IsQuantized() && quantizable(spec.Role)) {
+				want := "a float type"
+				if quantizable(spec.Role) {
+					want = "a float or quantized type"
+				}
 				problems = append(problems, &fileError{file: m.src.path(t.File), tensor: t.Name, kind: ErrMismatch,
-					msg: fmt.Sprintf("has dtype %v, want a float type", t.DType)})
+					msg: fmt.Sprintf("has dtype %v, want %s", t.DType, want)})
 				continue
 			}
 			used[t.Name] = true
@@ -410,6 +436,17 @@ func (m *Model) group() error {
 	}
 	slices.Sort(m.extras)
 	return nil
+}
+
+// quantizable reports whether a tensor of the role may be quantized: the
+// weights of the linear layers and the embedding table, not the norms and
+// biases.
+func quantizable(r arch.Role) bool {
+	switch r {
+	case arch.Embed, arch.Q, arch.K, arch.V, arch.O, arch.Gate, arch.Up, arch.Down, arch.LMHead:
+		return true
+	}
+	return false
 }
 
 // firstEmptyBlock returns the first of decoder blocks 0..n-1 that no tensor
@@ -514,7 +551,9 @@ func (m *Model) ReadRange(ctx context.Context, t *TensorInfo, off int64, dst []b
 	return f.readRange(ctx, t, off, dst, true)
 }
 
-// Section returns a reader of t's bytes, as stored: nothing is checked.
+// Section returns a reader of t's bytes, as stored: nothing is checked,
+// and the rows of a GGUF llama's query and key projections are in the
+// file's order (ReadInto and ReadRange give Hugging Face's).
 func (m *Model) Section(t *TensorInfo) (*io.SectionReader, error) {
 	f, err := m.fileOf(t)
 	if err != nil {

@@ -35,6 +35,11 @@ type TensorInfo struct {
 	File   string
 	Offset int64
 	Size   int64
+
+	// qkHeads is set on the query and key projections of a GGUF file of
+	// the llama architecture, whose rows are stored in llama.cpp's order:
+	// the number of heads the rows are un-permuted in, 0 for none.
+	qkHeads int
 }
 
 // String describes the tensor and where its bytes are.
@@ -294,10 +299,19 @@ func (f *File) ReadRange(ctx context.Context, t *TensorInfo, off int64, dst []by
 	return f.readRange(ctx, t, off, dst, false)
 }
 
-// readRange reads len(dst) bytes of t from offset off. With check, an
-// element of a float tensor that the range holds whole and that is a NaN or
-// an infinity is an error (a *NonFiniteError).
+// readRange reads len(dst) bytes of t from offset off, in Hugging Face's
+// row order (see readPermuted). With check, an element of a float tensor
+// that the range holds whole and that is a NaN or an infinity, or a block
+// of a quantized tensor whose scale is, is an error (a *NonFiniteError).
 func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []byte, check bool) error {
+	if t.qkHeads > 0 {
+		return f.readPermuted(ctx, t, off, dst, check)
+	}
+	return f.readStored(ctx, t, off, dst, check)
+}
+
+// readStored is readRange of the bytes as the file stores them.
+func (f *File) readStored(ctx context.Context, t *TensorInfo, off int64, dst []byte, check bool) error {
 	select {
 	case <-f.closed:
 		return &fileError{file: f.Path, tensor: t.Name, kind: ErrClosed, msg: "file is closed"}
@@ -309,13 +323,14 @@ func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []by
 	if t.Offset < 0 || t.Offset+t.Size > f.size {
 		return &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("bytes [%d, %d) outside the file's %d bytes", t.Offset, t.Offset+t.Size, f.size)}
 	}
-	size := int64(max(t.DType.Size(), 1))
+	size := int64(max(t.DType.BlockBytes(), 1))
 	for done := 0; done < len(dst); {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		// Pieces after the first start on an element of the tensor, so
-		// that the check below sees every element the range holds whole.
+		// Pieces after the first start on an element (a block) of the
+		// tensor, so that the check below sees every one the range holds
+		// whole.
 		n := min(readPiece-int((off+int64(done))%size), len(dst)-done)
 		if _, err := f.r.ReadAt(dst[done:done+n], t.Offset+off+int64(done)); err != nil {
 			if err == io.EOF {
@@ -342,6 +357,9 @@ func (f *File) readRange(ctx context.Context, t *TensorInfo, off int64, dst []by
 // b, the tensor's bytes from offset at, holds whole is a NaN or an
 // infinity. readRange runs it on each piece right after reading it.
 func (f *File) checkFinite(t *TensorInfo, at int64, b []byte) error {
+	if t.DType.IsQuantized() {
+		return f.checkScales(t, at, b)
+	}
 	if !t.DType.IsFloat() {
 		return nil
 	}

@@ -1,0 +1,394 @@
+package loader
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
+)
+
+// The model config of a GGUF file, read from and written to its metadata
+// ({arch}.* keys, GGUFConfigKeys) the way llama.cpp reads and writes it.
+
+// GGUFArchitectures lists the general.architecture values a GGUF model
+// may have: "llama" (Llama, and Mistral: a sliding window makes the file
+// a Mistral) and "qwen2".
+func GGUFArchitectures() []string { return []string{"llama", "qwen2"} }
+
+// GGUFRopeFreqsName is the tensor of llama3 rope scaling factors: llama.cpp
+// divides the frequency of rotary pair i by element i.
+const GGUFRopeFreqsName = "rope_freqs.weight"
+
+// GGUFConfig returns the config the metadata and tensors of g describe,
+// validated (arch.Config.Validate). Every size comes from the metadata
+// except the vocabulary, the token embedding's rows; tied embeddings are
+// a file without output.weight; a llama file has q/k/v biases when block
+// 0 has attn_q.bias, an o_proj bias when it has attn_output.bias; llama3
+// rope scaling is recovered from rope_freqs.weight; BOS and EOS (with the
+// end-of-turn and end-of-message tokens) are those of the tokenizer; the
+// dtype is the float type holding the most bytes. An architecture strata
+// does not run is an error naming it.
+func GGUFConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
+	c, err := ggufConfig(ctx, g)
+	if err != nil {
+		var ce *arch.ConfigError
+		var fe *fileError
+		switch {
+		case errors.As(err, &ce):
+			return nil, &fileError{file: g.Path, kind: ErrConfig, msg: ce.Msg}
+		case errors.As(err, &fe):
+			return nil, err
+		}
+		return nil, &fileError{file: g.Path, kind: ErrConfig, msg: err.Error()}
+	}
+	return c, nil
+}
+
+func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
+	md := g.Metadata
+	name, err := md.String("general.architecture")
+	if err != nil {
+		return nil, err
+	}
+	c := &arch.Config{BOS: -1}
+	switch name {
+	case "llama":
+		c.SetFamily(arch.Llama)
+	case "qwen2":
+		c.SetFamily(arch.Qwen2)
+	default:
+		return nil, fmt.Errorf("GGUF architecture %q is not supported yet (supported: %s)", name, strings.Join(GGUFArchitectures(), ", "))
+	}
+	key := func(k string) string { return name + "." + k }
+	if n, err := md.Uint(key("expert_count")); err == nil && n > 0 {
+		return nil, fmt.Errorf("a %s model with %d experts (a mixture of experts) is not supported yet", name, n)
+	}
+
+	sizes := []struct {
+		key      string
+		dst      *int
+		required bool
+	}{
+		{"block_count", &c.NumLayers, true},
+		{"embedding_length", &c.HiddenSize, true},
+		{"feed_forward_length", &c.IntermediateSize, true},
+		{"attention.head_count", &c.NumHeads, true},
+		{"attention.head_count_kv", &c.NumKVHeads, false},
+		{"context_length", &c.MaxPositions, true},
+	}
+	for _, s := range sizes {
+		v, err := md.Uint(key(s.key))
+		switch {
+		case errors.Is(err, ErrNoKey) && !s.required:
+			continue
+		case err != nil:
+			return nil, err
+		case v > 1<<24:
+			return nil, fmt.Errorf("metadata %s is %d, implausibly large", key(s.key), v)
+		}
+		*s.dst = int(v)
+	}
+	if _, ok := md.Get(key("attention.head_count_kv")); !ok {
+		c.NumKVHeads = c.NumHeads
+	}
+	if c.NumHeads > 0 {
+		c.HeadDim = c.HiddenSize / c.NumHeads
+	}
+	var kl, vl uint64
+	if kl, err = optUint(md, key("attention.key_length")); err != nil {
+		return nil, err
+	}
+	if vl, err = optUint(md, key("attention.value_length")); err != nil {
+		return nil, err
+	}
+	switch {
+	case kl != 0 && vl != 0 && kl != vl:
+		return nil, fmt.Errorf("metadata %s %d differs from %s %d: strata needs one head size", key("attention.key_length"), kl, key("attention.value_length"), vl)
+	case kl > 1<<24:
+		return nil, fmt.Errorf("metadata %s is %d, implausibly large", key("attention.key_length"), kl)
+	case kl != 0:
+		c.HeadDim = int(kl)
+	case vl != 0 && vl <= 1<<24:
+		c.HeadDim = int(vl)
+	}
+	if rd, err := optUint(md, key("rope.dimension_count")); err != nil {
+		return nil, err
+	} else if rd != 0 && rd != uint64(c.HeadDim) {
+		return nil, fmt.Errorf("metadata %s is %d, the head size %d: a partial rotary embedding is not supported", key("rope.dimension_count"), rd, c.HeadDim)
+	}
+	if c.RMSNormEps, err = ggufFloat(md, key("attention.layer_norm_rms_epsilon")); err != nil {
+		return nil, err
+	}
+	c.RopeTheta = 10000
+	if v, err := ggufFloat(md, key("rope.freq_base")); err == nil {
+		c.RopeTheta = v
+	} else if !errors.Is(err, ErrNoKey) {
+		return nil, err
+	}
+	if typ, err := md.String(key("rope.scaling.type")); err == nil && typ != "none" {
+		return nil, fmt.Errorf("metadata %s is %q: rope scaling other than llama3's (rope_freqs.weight) is not supported", key("rope.scaling.type"), typ)
+	} else if err != nil && !errors.Is(err, ErrNoKey) {
+		return nil, err
+	}
+	if name == "llama" {
+		if w, err := optUint(md, key("attention.sliding_window")); err != nil {
+			return nil, err
+		} else if w > 0 {
+			c.SetFamily(arch.Mistral)
+			c.SlidingWindow = int(min(w, 1<<30))
+		}
+		_, c.QKVBias = g.Tensor("blk.0.attn_q.bias")
+		_, c.OutBias = g.Tensor("blk.0.attn_output.bias")
+	}
+
+	// The vocabulary is the embedding's rows.
+	if t, ok := g.Tensor(GGUFEmbedName); ok && len(t.Dims) == 2 && t.Dims[1] <= 1<<24 {
+		c.VocabSize = int(t.Dims[1])
+	} else if v, err := md.Uint(key("vocab_size")); err == nil && v <= 1<<24 {
+		c.VocabSize = int(v)
+	}
+	_, hasOutput := g.Tensor(GGUFOutputName)
+	c.TieEmbeddings = !hasOutput
+
+	if err := ggufSpecialIDs(md, c); err != nil {
+		return nil, err
+	}
+	if t, ok := g.Tensor(GGUFRopeFreqsName); ok {
+		if c.RopeScaling, err = ropeScalingOf(ctx, g, t, c); err != nil {
+			return nil, err
+		}
+	}
+	c.DType = ggufFloatDType(g)
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// optUint is md.Uint with 0 for a missing key.
+func optUint(md *GGUFMetadata, key string) (uint64, error) {
+	v, err := md.Uint(key)
+	if errors.Is(err, ErrNoKey) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// ggufFloat reads a float key. A float32 is read as the shortest decimal
+// that rounds to it, which is what was written into it (1e-05, not
+// 9.999999747378752e-06).
+func ggufFloat(md *GGUFMetadata, key string) (float64, error) {
+	v, err := md.Float(key)
+	if err != nil {
+		return 0, err
+	}
+	raw, _ := md.Get(key)
+	if f, ok := raw.(float32); ok {
+		if d, err := strconv.ParseFloat(strconv.FormatFloat(float64(f), 'g', -1, 32), 64); err == nil {
+			return d, nil
+		}
+	}
+	return v, nil
+}
+
+// ggufSpecialIDs sets c's BOS and EOS: the tokenizer's when the file has
+// one, else the ids the metadata names; the end-of-turn and
+// end-of-message tokens end generation too.
+func ggufSpecialIDs(md *GGUFMetadata, c *arch.Config) error {
+	v, ok, err := ggufVocab(md)
+	if err != nil {
+		return err
+	}
+	if ok {
+		c.BOS = v.BOS
+		if v.EOS >= 0 {
+			c.EOS = append(c.EOS, v.EOS)
+		}
+	} else {
+		if id, err := md.Uint("tokenizer.ggml.bos_token_id"); err == nil {
+			c.BOS = int(min(id, math.MaxInt32))
+		}
+		if id, err := md.Uint("tokenizer.ggml.eos_token_id"); err == nil {
+			c.EOS = append(c.EOS, int(min(id, math.MaxInt32)))
+		}
+	}
+	for _, k := range []string{"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
+		if id, err := md.Uint(k); err == nil && !slices.Contains(c.EOS, int(min(id, math.MaxInt32))) {
+			c.EOS = append(c.EOS, int(min(id, math.MaxInt32)))
+		}
+	}
+	return nil
+}
+
+// ggufFloatDType is the float dtype of the tensors of g holding the most
+// bytes, F32 when there are none.
+func ggufFloatDType(g *GGUFFile) tensor.DType {
+	bytes := map[tensor.DType]int64{}
+	for _, t := range g.Tensors() {
+		if dt, ok := tensor.FromQuant(t.Type); ok && dt.IsFloat() {
+			bytes[dt] += t.Size
+		}
+	}
+	best := tensor.F32
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
+		if bytes[dt] > bytes[best] {
+			best = dt
+		}
+	}
+	return best
+}
+
+// Llama 3's rope scaling, the one llama.cpp stores as factors.
+const (
+	llama3LowFreqFactor  = 1
+	llama3HighFreqFactor = 4
+	llama3OriginalCtx    = 8192
+)
+
+// ropeScalingOf recovers the llama3 rope scaling whose factors t holds:
+// the largest factor is the scaling factor; the others must be those of
+// Llama 3.1's low and high frequency factors (1 and 4) and original
+// context (8192, or {arch}.rope.scaling.original_context_length).
+func ropeScalingOf(ctx context.Context, g *GGUFFile, t *GGUFTensor, c *arch.Config) (*arch.RopeScaling, error) {
+	half := c.HeadDim / 2
+	if t.Type != quant.F32 || len(t.Dims) != 1 || t.Dims[0] != int64(half) {
+		return nil, fmt.Errorf("tensor %s is %v %v, want F32 [%d] (the head size / 2)", t.Name, t.Type, t.Dims, half)
+	}
+	raw := make([]byte, t.Size)
+	if err := g.ReadTensorBytes(ctx, t.Name, raw); err != nil {
+		return nil, err
+	}
+	factors := make([]float64, half)
+	var top float64
+	for i := range factors {
+		f := float64(math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])))
+		if !(f > 0) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("tensor %s: factor %d is %v", t.Name, i, f)
+		}
+		factors[i] = f
+		top = max(top, f)
+	}
+	orig := uint64(llama3OriginalCtx)
+	if v, err := g.Metadata.Uint(g.arch() + ".rope.scaling.original_context_length"); err == nil {
+		orig = v
+	}
+	rs := &arch.RopeScaling{Type: "llama3", Factor: top, LowFreqFactor: llama3LowFreqFactor,
+		HighFreqFactor: llama3HighFreqFactor, OriginalMaxPositions: int(min(orig, 1<<30))}
+	want := llama3Factors(c.HeadDim, c.RopeTheta, rs)
+	for i, f := range factors {
+		if math.Abs(f-want[i]) > 1e-5*want[i] {
+			return nil, fmt.Errorf("tensor %s: factor %d is %v where llama3 scaling by %v (low and high frequency factors %v and %v, original context %d) gives %v; other scalings are not supported",
+				t.Name, i, f, top, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPositions, want[i])
+		}
+	}
+	return rs, nil
+}
+
+// arch returns the file's general.architecture, "" when it has none.
+func (g *GGUFFile) arch() string {
+	s, _ := g.Metadata.String("general.architecture")
+	return s
+}
+
+// llama3Factors are the factors llama.cpp's converter writes as
+// rope_freqs.weight for llama3 scaling: the rotary frequencies of a head
+// of size headDim are divided by them.
+func llama3Factors(headDim int, theta float64, s *arch.RopeScaling) []float64 {
+	lowWavelen := float64(s.OriginalMaxPositions) / s.LowFreqFactor
+	highWavelen := float64(s.OriginalMaxPositions) / s.HighFreqFactor
+	out := make([]float64, headDim/2)
+	for i := range out {
+		freq := 1 / math.Pow(theta, float64(2*i)/float64(headDim))
+		wavelen := 2 * math.Pi / freq
+		switch {
+		case wavelen < highWavelen:
+			out[i] = 1
+		case wavelen > lowWavelen:
+			out[i] = s.Factor
+		default:
+			smooth := (float64(s.OriginalMaxPositions)/wavelen - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
+			out[i] = 1 / ((1-smooth)/s.Factor + smooth)
+		}
+	}
+	return out
+}
+
+// GGUFArchitecture is the general.architecture llama.cpp names c's family
+// by: "llama" for Llama and Mistral, "qwen2".
+func GGUFArchitecture(c *arch.Config) (string, error) {
+	switch c.Family {
+	case arch.Llama, arch.Mistral:
+		return "llama", nil
+	case arch.Qwen2:
+		return "qwen2", nil
+	}
+	return "", fmt.Errorf("loader: the %v family has no GGUF architecture strata writes", c.Family)
+}
+
+// GGUFConfigKVs returns the metadata that describes c to llama.cpp (and
+// GGUFConfig): general.architecture and the {arch}.* sizes as llama.cpp's
+// converter types them (uint32 counts, float32 epsilon and rotary base),
+// the head size when it is not hidden/heads, Mistral's sliding window,
+// and BOS and EOS (up to three EOS: the end-of-turn and end-of-message
+// ids hold the second and third). A llama3 rope scaling is no metadata
+// but the tensor GGUFRopeFreqs returns.
+func GGUFConfigKVs(c *arch.Config) ([]GGUFKV, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	a, err := GGUFArchitecture(c)
+	if err != nil {
+		return nil, err
+	}
+	u := func(v int) uint32 { return uint32(v) }
+	kvs := []GGUFKV{
+		{"general.architecture", a},
+		{a + ".context_length", u(c.MaxPositions)},
+		{a + ".embedding_length", u(c.HiddenSize)},
+		{a + ".block_count", u(c.NumLayers)},
+		{a + ".feed_forward_length", u(c.IntermediateSize)},
+		{a + ".attention.head_count", u(c.NumHeads)},
+		{a + ".attention.head_count_kv", u(c.NumKVHeads)},
+		{a + ".attention.layer_norm_rms_epsilon", float32(c.RMSNormEps)},
+		{a + ".rope.freq_base", float32(c.RopeTheta)},
+		{a + ".rope.dimension_count", u(c.HeadDim)},
+	}
+	if c.HeadDim*c.NumHeads != c.HiddenSize {
+		kvs = append(kvs, GGUFKV{a + ".attention.key_length", u(c.HeadDim)}, GGUFKV{a + ".attention.value_length", u(c.HeadDim)})
+	}
+	if c.SlidingWindow > 0 {
+		kvs = append(kvs, GGUFKV{a + ".attention.sliding_window", u(c.SlidingWindow)})
+	}
+	kvs = append(kvs, GGUFKV{a + ".vocab_size", u(c.VocabSize)})
+	if c.BOS >= 0 {
+		kvs = append(kvs, GGUFKV{"tokenizer.ggml.bos_token_id", u(c.BOS)})
+	}
+	for i, k := range []string{"eos", "eot", "eom"} {
+		if i < len(c.EOS) {
+			kvs = append(kvs, GGUFKV{"tokenizer.ggml." + k + "_token_id", u(c.EOS[i])})
+		}
+	}
+	return kvs, nil
+}
+
+// GGUFRopeFreqs returns the rope_freqs.weight factors of c's llama3 rope
+// scaling, nil when it has none.
+func GGUFRopeFreqs(c *arch.Config) []float32 {
+	if c.RopeScaling == nil {
+		return nil
+	}
+	f := llama3Factors(c.HeadDim, c.RopeTheta, c.RopeScaling)
+	out := make([]float32, len(f))
+	for i, v := range f {
+		out[i] = float32(v)
+	}
+	return out
+}
