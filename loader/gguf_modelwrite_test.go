@@ -1,0 +1,211 @@
+package loader_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"math"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
+)
+
+// TestWriteGGUFModel: WriteGGUFModel writes the fixture, from the rows
+// ReadRows gives, as the converter would: the tensors of the F16 model
+// and of its Q8_0 quantization have the bytes of the independently built
+// files, the norms are F32 and the logits of the F16 one are those of the
+// safetensors model.
+func TestWriteGGUFModel(t *testing.T) {
+	ctx := context.Background()
+	for _, base := range []quant.Type{quant.F16, quant.Q8_0} {
+		t.Run(base.String(), func(t *testing.T) {
+			src, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			types, fallbacks, err := loader.GGUFTensorTypes(src.Config, base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if base == quant.Q8_0 && len(fallbacks) != src.Config.NumLayers || base == quant.F16 && len(fallbacks) != 0 {
+				t.Errorf("fallbacks %q", fallbacks)
+			}
+			tok, _ := src.Tokenizer()
+			v, err := tok.GGUFVocab(src.Config.VocabSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "out.gguf")
+			var last, total int64
+			err = loader.WriteGGUFModel(ctx, path, loader.GGUFModel{Config: src.Config, Vocab: v, Name: "tiny", Types: types,
+				FileType: loader.GGUFFileType(base),
+				Rows: func(spec arch.Spec, r0, r1 int, dst []float32) error {
+					ti, _ := src.Tensor(spec.Name)
+					return src.ReadRows(ctx, ti, r0, r1, dst)
+				},
+				Progress: func(w, tot int64) { last, total = w, tot }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := loader.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if last != total || total != m.WeightBytes() {
+				t.Errorf("progress ended at %d of %d, the model has %d bytes", last, total, m.WeightBytes())
+			}
+			if name, _ := m.GGUF().Metadata.String("general.name"); name != "tiny" {
+				t.Errorf("general.name %q", name)
+			}
+			want := linearQ8
+			if base == quant.F16 {
+				want = storedTypes
+			}
+			p, _ := fixtureParts(t, fixtures.TinyLlamaF16Sharded, want)
+			for _, pt := range p.tensors {
+				gt, ok := m.GGUF().Tensor(pt.Name)
+				if !ok {
+					t.Fatalf("no tensor %s", pt.Name)
+				}
+				got := make([]byte, gt.Size)
+				if err := m.GGUF().ReadTensorBytes(ctx, pt.Name, got); err != nil {
+					t.Fatal(err)
+				}
+				if len(gt.Dims) == 1 {
+					if gt.Type != quant.F32 {
+						t.Errorf("%s is %v, want F32", pt.Name, gt.Type)
+					}
+					continue
+				}
+				if gt.Type != pt.Type || !bytes.Equal(got, pt.Data) {
+					t.Errorf("%s: %v, want the bytes of the %v built by the test", pt.Name, gt.Type, pt.Type)
+				}
+			}
+			if base != quant.F16 {
+				return
+			}
+			wantLogits, err := logitsOf(t, src, prompt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := logitsOf(t, m, prompt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range wantLogits {
+				if math.Float32bits(got[i]) != math.Float32bits(wantLogits[i]) {
+					t.Fatalf("logit %d is %v, the safetensors model's %v", i, got[i], wantLogits[i])
+				}
+			}
+		})
+	}
+}
+
+// testValue is element i of a tensor written by TestGGUFConfigRoundTrip.
+func testValue(name string, i int) float32 {
+	h := 0
+	for _, c := range name {
+		h = h*31 + int(c)
+	}
+	return float32(math.Sin(float64(h%1000)+float64(i)*0.37)) * 0.1
+}
+
+// TestGGUFConfigRoundTrip: configs of every family and quirk written by
+// WriteGGUFModel open as themselves, and every tensor reads back with the
+// values written: llama biases permuted and un-permuted, qwen2's stored
+// as they are.
+func TestGGUFConfigRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	tiny := func(edit func(c *arch.Config)) *arch.Config {
+		c, _ := arch.Preset("tiny")
+		c.NumLayers = 2
+		edit(c)
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  *arch.Config
+	}{
+		{"llama", tiny(func(c *arch.Config) {})},
+		{"llama tied, three EOS", tiny(func(c *arch.Config) { c.TieEmbeddings, c.EOS = true, []int{2, 7, 9} })},
+		{"llama with attention biases", tiny(func(c *arch.Config) { c.QKVBias, c.OutBias = true, true })},
+		{"llama3 rope scaling", tiny(func(c *arch.Config) {
+			c.RopeTheta, c.MaxPositions = 500000, 131072
+			c.RopeScaling = &arch.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
+		})},
+		{"llama head size 32", tiny(func(c *arch.Config) { c.HeadDim = 32 })},
+		{"mistral", tiny(func(c *arch.Config) { c.SetFamily(arch.Mistral); c.SlidingWindow = 4096; c.RMSNormEps = 1e-6 })},
+		{"qwen2", tiny(func(c *arch.Config) { c.SetFamily(arch.Qwen2); c.RopeTheta = 1e6; c.BOS = -1 })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.cfg
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			types, _, err := loader.GGUFTensorTypes(c, quant.F16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "m.gguf")
+			rows := func(spec arch.Spec, r0, r1 int, dst []float32) error {
+				cols := spec.Shape[len(spec.Shape)-1]
+				for i := range dst {
+					dst[i] = testValue(spec.Name, r0*cols+i)
+				}
+				return nil
+			}
+			if err := loader.WriteGGUFModel(ctx, path, loader.GGUFModel{Config: c, Types: types, Rows: rows}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := loader.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if !reflect.DeepEqual(m.Config, c) {
+				t.Errorf("config\n got %+v\nwant %+v", m.Config, c)
+			}
+			if rs := m.Config.RopeScaling; rs != nil && !reflect.DeepEqual(*rs, *c.RopeScaling) {
+				t.Errorf("rope scaling %+v, want %+v", *rs, *c.RopeScaling)
+			}
+			for _, spec := range c.ExpectedTensors() {
+				ti, ok := m.Tensor(spec.Name)
+				if !ok {
+					t.Fatalf("no %s", spec.Name)
+				}
+				n := int(spec.Shape.NumElements())
+				rows := n / spec.Shape[len(spec.Shape)-1]
+				got := make([]float32, n)
+				if err := m.ReadRows(ctx, ti, 0, rows, got); err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range got {
+					want := testValue(spec.Name, i)
+					if ti.DType == tensor.F16 {
+						want = tensor.F16ToF32One(tensor.F16FromF32(want))
+					}
+					if v != want {
+						t.Fatalf("%s: element %d is %v, want %v", spec.Name, i, v, want)
+					}
+				}
+			}
+			// Qwen2's biases are stored in Hugging Face's order.
+			if c.Family == arch.Qwen2 {
+				gt, _ := m.GGUF().Tensor("blk.0.attn_q.bias")
+				raw := make([]byte, gt.Size)
+				m.GGUF().ReadTensorBytes(ctx, gt.Name, raw)
+				if v := math.Float32frombits(binary.LittleEndian.Uint32(raw[4:])); v != testValue("model.layers.0.self_attn.q_proj.bias", 1) {
+					t.Errorf("qwen2 q bias element 1 stored as %v", v)
+				}
+			}
+		})
+	}
+}
