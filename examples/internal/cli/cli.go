@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -102,37 +101,27 @@ func NotifyContext(parent context.Context) (ctx context.Context, stop func()) {
 	}
 }
 
-// OpenModel opens the model in dir, after checking that it is a
-// directory, or, when dir is empty, the embedded fixture, read in place:
+// OpenModel opens the model at path, a Hugging Face model directory or a
+// GGUF file, or, when path is empty, the embedded fixture, read in place:
 // nothing is written to disk.
-func OpenModel(dir, fixture string) (*loader.Model, error) {
-	if dir == "" {
+func OpenModel(path, fixture string) (*loader.Model, error) {
+	if path == "" {
 		return loader.OpenFS(fixtures.FS(), fixture)
 	}
-	st, err := os.Stat(dir)
-	if err != nil {
+	if _, err := os.Stat(path); err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err // the path is in the message already
 		}
-		return nil, fmt.Errorf("model directory %s: %w", dir, err)
+		return nil, fmt.Errorf("model %s: %w", path, err)
 	}
-	if !st.IsDir() {
-		return nil, fmt.Errorf("model directory %s: not a directory", dir)
-	}
-	return loader.Open(dir)
+	return loader.Open(path)
 }
 
-// LoadTokenizer loads the tokenizer of lm, or returns nil when lm has no
-// tokenizer.json.
+// LoadTokenizer loads the tokenizer of lm (tokenizer.json, or a GGUF
+// file's own), or returns nil when lm has none.
 func LoadTokenizer(lm *loader.Model) (*tokenizer.Tokenizer, error) {
-	if _, err := fs.Stat(lm.FS(), tokenizer.TokenizerFile); errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if lm.InputFiles() == nil { // embedded
-		return tokenizer.LoadFS(lm.FS())
-	}
-	return tokenizer.Load(lm.Dir) // its errors name the files
+	return lm.Tokenizer()
 }
 
 // InputsOf lists the files a run on lm reads, with its directory and the
