@@ -52,8 +52,8 @@ type options struct {
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny BF16 model)")
-	fs.StringVar(&o.prompt, "prompt", "", "prompt `text` (needs tokenizer.json in the model directory)")
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` or GGUF file (default: the embedded tiny BF16 model)")
+	fs.StringVar(&o.prompt, "prompt", "", "prompt `text` (needs the model's tokenizer: tokenizer.json, or a GGUF file's own)")
 	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token `ids` (overrides -prompt and the tokenizer)")
 	fs.IntVar(&o.maxNew, "max-new-tokens", 32, "tokens to generate; 0 only runs the prompt")
 	fs.Float64Var(&o.temperature, "temperature", 0, "sampling temperature; 0 is greedy")
