@@ -13,6 +13,7 @@ import (
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/tokenizer"
+	"github.com/strata-llm/strata/tensor"
 	"github.com/strata-llm/strata/tensor/quant"
 )
 
@@ -257,14 +258,19 @@ func permuteFloats(dst, span []float32, g0, g1, d, cols int) []float32 {
 // when base is a 4- or 5-bit format or Q6_K, base when it is Q8_0 or a
 // float type. Q4_K is thus llama.cpp's Q4_K_S without its few Q5_K
 // tensors. A tensor whose rows are not whole blocks of its type is F16
-// instead (Q8_0 for a head that cannot be Q6_K but can be Q8_0); fallbacks
-// lists them, one line each.
+// instead (BF16 when c's dtype is BF16, so that no value changes; Q8_0 for
+// a head that cannot be Q6_K but can be Q8_0); fallbacks lists them, one
+// line each.
 func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Type, fallbacks []string, err error) {
 	switch base {
 	case quant.F32, quant.F16, quant.BF16, quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
 		quant.Q4_K, quant.Q5_K, quant.Q6_K:
 	default:
 		return nil, nil, fmt.Errorf("loader: GGUF type %v is not one strata writes models in", base)
+	}
+	half := quant.F16
+	if c.DType == tensor.BF16 {
+		half = quant.BF16
 	}
 	types = map[string]quant.Type{}
 	for _, spec := range c.ExpectedTensors() {
@@ -280,7 +286,7 @@ func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Ty
 		}
 		typ := want
 		if cols%int64(want.BlockSize()) != 0 {
-			typ = quant.F16
+			typ = half
 			if head && cols%int64(quant.Q8_0.BlockSize()) == 0 && base.BlockSize() > 1 {
 				typ = quant.Q8_0
 			}
