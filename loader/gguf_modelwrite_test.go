@@ -209,3 +209,48 @@ func TestGGUFConfigRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestGGUFTensorTypes: the recipe of each base type, on shapes whose rows
+// are and are not whole blocks.
+func TestGGUFTensorTypes(t *testing.T) {
+	c, _ := arch.Preset("tiny")
+	c.NumLayers = 1
+	k := c.Clone() // rows of 256 but down_proj's
+	k.HiddenSize, k.HeadDim = 256, 64
+	for _, tc := range []struct {
+		name      string
+		cfg       *arch.Config
+		base      quant.Type
+		tie       bool
+		dtype     tensor.DType
+		q, down   quant.Type // the q projection's and down_proj's types
+		embed     quant.Type
+		head      quant.Type
+		fallbacks int
+	}{
+		{"f16", c, quant.F16, false, tensor.F16, quant.F16, quant.F16, quant.F16, quant.F16, 0},
+		{"q8_0", c, quant.Q8_0, false, tensor.F16, quant.Q8_0, quant.F16, quant.Q8_0, quant.Q8_0, 1},
+		{"q8_0 of bf16", c, quant.Q8_0, false, tensor.BF16, quant.Q8_0, quant.BF16, quant.Q8_0, quant.Q8_0, 1},
+		{"q4_0: head Q8_0 for want of Q6_K", c, quant.Q4_0, false, tensor.F16, quant.Q4_0, quant.F16, quant.Q4_0, quant.Q8_0, 2},
+		{"q4_k on rows of 64", c, quant.Q4_K, false, tensor.F16, quant.F16, quant.F16, quant.F16, quant.Q8_0, 9},
+		{"q4_k", k, quant.Q4_K, false, tensor.F16, quant.Q4_K, quant.F16, quant.Q4_K, quant.Q6_K, 1},
+		{"q4_k tied", k, quant.Q4_K, true, tensor.F16, quant.Q4_K, quant.F16, quant.Q6_K, 0, 1},
+		{"q6_k", k, quant.Q6_K, false, tensor.F16, quant.Q6_K, quant.F16, quant.Q6_K, quant.Q6_K, 1},
+	} {
+		cfg := tc.cfg.Clone()
+		cfg.TieEmbeddings, cfg.DType = tc.tie, tc.dtype
+		types, fb, err := loader.GGUFTensorTypes(cfg, tc.base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := []quant.Type{types["model.layers.0.self_attn.q_proj.weight"], types["model.layers.0.mlp.down_proj.weight"],
+			types[arch.EmbedName], types[arch.LMHeadName], types[arch.NormName], types["model.layers.0.input_layernorm.weight"]}
+		want := []quant.Type{tc.q, tc.down, tc.embed, tc.head, quant.F32, quant.F32}
+		if !reflect.DeepEqual(got, want) || len(fb) != tc.fallbacks {
+			t.Errorf("%s: q, down, embed, head, norms %v, want %v; fallbacks %q", tc.name, got, want, fb)
+		}
+	}
+	if _, _, err := loader.GGUFTensorTypes(c, quant.Q2_K); err == nil {
+		t.Error("Q2_K accepted")
+	}
+}
