@@ -1,8 +1,10 @@
 // Command synth writes a random-weight Llama-family model in Hugging Face
-// format (config.json, safetensors shards and index), for demos, tests and
-// benchmarks of models larger than the GPU, mixtures of experts included.
+// format (config.json, safetensors shards and index), or as a GGUF file,
+// quantized or not, for demos, tests and benchmarks of models larger than
+// the GPU, mixtures of experts included (in safetensors only).
 //
 //	go run ./examples/synth -out /tmp/llama7b -preset llama2-7b -dtype f16
+//	go run ./examples/synth -out /tmp/llama7b-q4_k.gguf -preset llama2-7b -dtype q4_k
 //	go run ./examples/synth -out /tmp/tiny -preset tiny -tokenizer-from loader/fixtures/tiny-llama-bf16
 //	go run ./examples/synth -out /tmp/mixtral -preset mixtral-8x7b -router-skew 1.2 -router-locality 0.5
 //
@@ -16,6 +18,13 @@
 // written into a temporary directory beside -out and takes its place when
 // complete; a directory that already holds a model is replaced only with
 // -force, and one that holds anything else is refused.
+//
+// An -out ending in .gguf is written as a GGUF file (loader.SynthesizeGGUF),
+// as a quantized -dtype always is: the F32 model of the seed, each tensor
+// stored as examples/convert would store it (norms F32, the LM head Q6_K
+// for the 4- to 6-bit types), quantized as it is written, so that the 7B
+// shape needs no more memory than the tiny one. An existing file is
+// replaced only with -force.
 package main
 
 import (
@@ -26,6 +35,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,13 +46,15 @@ import (
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 func main() { cli.Main("synth", run) }
 
 type options struct {
 	out, preset, arch, dtype, shardSize, tokenizerFrom string
-	tie, force                                         bool
+	tie, force, gguf                                   bool
+	base                                               quant.Type // the GGUF file's
 	seed                                               int64
 	ropeTheta, routerSkew, routerLocality              float64
 	shape                                              map[string]*int
@@ -52,12 +64,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o := &options{shape: map[string]*int{}}
-	fs.StringVar(&o.out, "out", "", "output directory (required)")
+	fs.StringVar(&o.out, "out", "", "output directory, or a .gguf file (required)")
 	fs.BoolVar(&o.force, "force", false, "replace the model already in -out")
 	fs.StringVar(&o.preset, "preset", "tiny", "shape preset: "+strings.Join(arch.Presets(), ", "))
 	fs.StringVar(&o.arch, "arch", "", "architecture: llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe (default: the preset's)")
 	fs.BoolVar(&o.tie, "tie", false, "tie the LM head to the embedding table")
-	fs.StringVar(&o.dtype, "dtype", "f16", "weight dtype: f16, bf16 or f32")
+	fs.StringVar(&o.dtype, "dtype", "f16", "weight dtype: f16, bf16 or f32; or "+quantNames()+" (a GGUF file)")
 	fs.Int64Var(&o.seed, "seed", 1, "random seed")
 	fs.StringVar(&o.shardSize, "shard-size", "2GB", "largest shard (e.g. 500MB, 2GB, 1GiB); 0 writes one file")
 	fs.Float64Var(&o.ropeTheta, "rope-theta", 0, "rotary base (default: the preset's)")
@@ -164,11 +176,27 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 	if set["rope-theta"] {
 		cfg.RopeTheta = o.ropeTheta
 	}
+	o.gguf = strings.EqualFold(filepath.Ext(o.out), ".gguf")
 	dt, err := tensor.ParseDType(o.dtype)
-	if err != nil || !dt.IsFloat() {
-		return bad("-dtype: unknown dtype %q (have f16, bf16, f32)", o.dtype)
+	switch {
+	case err == nil && dt.IsFloat():
+		o.base, _ = dt.Quant()
+	case err == nil && isQuantBase(dt):
+		if !o.gguf {
+			return bad("-dtype %s writes a GGUF file: give -out FILE.gguf", o.dtype)
+		}
+		o.base, _ = dt.Quant()
+		dt = tensor.F16 // the config's, and the fallback for rows that are not whole blocks
+	default:
+		return bad("-dtype: unknown dtype %q (have f16, bf16, f32, %s)", o.dtype, quantNames())
 	}
 	cfg.DType = dt
+	if o.gguf && set["shard-size"] {
+		return bad("-shard-size does not apply to a GGUF file")
+	}
+	if _, err := loader.GGUFArchitecture(cfg); o.gguf && err != nil {
+		return bad("-out %s: the %v family is not written as GGUF yet (llama, mistral and qwen2 are)", o.out, cfg.Family)
+	}
 	if o.tokenizerFrom != "" {
 		if st, err := os.Stat(o.tokenizerFrom); err != nil || !st.IsDir() {
 			return bad("-tokenizer-from: %s is not a directory", o.tokenizerFrom)
@@ -202,6 +230,19 @@ func experts(c *arch.Config) string {
 	return s
 }
 
+// quantBases are the quantized -dtype values.
+var quantBases = []tensor.DType{tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K}
+
+func isQuantBase(dt tensor.DType) bool { return slices.Contains(quantBases, dt) }
+
+func quantNames() string {
+	var s []string
+	for _, d := range quantBases {
+		s = append(s, strings.ToLower(d.String()))
+	}
+	return strings.Join(s, ", ")
+}
+
 // parseSize reads a byte count with an optional unit: B, KB, MB, GB, TB
 // (powers of 1000, as Hugging Face counts shard sizes) or KiB, MiB, GiB,
 // TiB.
@@ -232,6 +273,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, cfg, opts, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.gguf {
+		return runGGUF(ctx, o, cfg, opts, stdout, stderr)
 	}
 	if err := checkOut(o); err != nil {
 		return err
@@ -294,5 +338,68 @@ func checkOut(o *options) error {
 	if hasModel && !o.force {
 		return cli.Usagef("-out %s already holds a model: give -force to replace it", o.out)
 	}
+	return nil
+}
+
+// runGGUF writes the model as a GGUF file.
+func runGGUF(ctx context.Context, o *options, cfg *arch.Config, opts loader.SynthOptions, stdout, stderr io.Writer) error {
+	if err := atomicfile.CheckNotInput("-out", o.out, o.tokenizerFrom); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	if err := atomicfile.Check("-out", o.out); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	if st, err := os.Stat(o.out); err == nil {
+		switch {
+		case st.IsDir():
+			return cli.Usagef("-out %s is a directory", o.out)
+		case !o.force:
+			return cli.Usagef("-out %s exists: give -force to replace it", o.out)
+		}
+	}
+	types, _, err := loader.GGUFTensorTypes(cfg, o.base)
+	if err != nil {
+		return err
+	}
+	var total int64
+	for _, spec := range cfg.ExpectedTensors() {
+		n, _ := types[spec.Name].Bytes(spec.Shape.NumElements())
+		total += n
+	}
+	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d, vocab %d, %.3g M parameters, %s GGUF, %.1f MB of weights\n",
+		o.preset, cfg.Family.Architecture(), cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
+		cfg.VocabSize, float64(cfg.NumParams())/1e6, o.base, float64(total)/1e6)
+	start := time.Now()
+	var mu sync.Mutex
+	last := start
+	opts.Progress = func(written, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); now.Sub(last) >= time.Second {
+			last = now
+			fmt.Fprintf(stderr, "synth: %5.1f%%  %.0f MB/s\n", 100*float64(written)/float64(total),
+				float64(written)/1e6/now.Sub(start).Seconds())
+		}
+	}
+	fallbacks, err := loader.SynthesizeGGUF(ctx, o.out, cfg, o.base, opts)
+	if err != nil {
+		return err
+	}
+	for _, f := range fallbacks {
+		fmt.Fprintf(stderr, "synth: %s\n", f)
+	}
+	elapsed := time.Since(start)
+	m, err := loader.Open(o.out)
+	if err != nil {
+		return fmt.Errorf("the model written does not open: %w", err)
+	}
+	defer m.Close()
+	st, err := os.Stat(o.out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "synth: wrote %s: %d bytes (%.2f GB), %.2f bits per weight, in %.2fs, %.0f MB/s\n",
+		o.out, st.Size(), float64(st.Size())/1e9, 8*float64(m.WeightBytes())/float64(cfg.NumParams()),
+		elapsed.Seconds(), float64(st.Size())/1e6/elapsed.Seconds())
 	return nil
 }
