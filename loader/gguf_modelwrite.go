@@ -99,6 +99,7 @@ func WriteGGUFModel(ctx context.Context, path string, m GGUFModel) error {
 		total += int64(len(data))
 	}
 	var written atomic.Int64
+	scratch := &rowScratch{} // the tensors are written one at a time
 	for _, spec := range c.ExpectedTensors() {
 		name, ok := HFToGGUFName(spec.Name)
 		if !ok {
@@ -121,7 +122,7 @@ func WriteGGUFModel(ctx context.Context, path string, m GGUFModel) error {
 				heads = c.NumKVHeads
 			}
 		}
-		w := &rowWriter{ctx: ctx, spec: spec, typ: typ, heads: heads, rows: m.Rows, workers: m.Workers}
+		w := &rowWriter{ctx: ctx, spec: spec, typ: typ, heads: heads, rows: m.Rows, workers: m.Workers, rowScratch: scratch}
 		if w.workers <= 0 {
 			w.workers = runtime.GOMAXPROCS(0)
 		}
@@ -160,8 +161,13 @@ type rowWriter struct {
 	cols     int
 	nrows    int
 	rowBytes int
+	*rowScratch
+}
 
-	src, perm []float32 // reused between calls
+// rowScratch holds the buffers a rowWriter reuses from call to call; the
+// writers of a file share one.
+type rowScratch struct {
+	src, perm []float32
 	out       []byte
 }
 

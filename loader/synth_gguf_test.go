@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/strata-llm/strata/arch"
@@ -91,4 +92,30 @@ func TestSynthesizeGGUF(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSynthesizeGGUFMemory: writing a model of 134 MB takes a few chunks'
+// worth of memory, not a tensor's or the model's.
+func TestSynthesizeGGUFMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 134 MB")
+	}
+	c, _ := arch.Preset("tiny")
+	c.HiddenSize, c.NumHeads, c.NumKVHeads, c.HeadDim, c.IntermediateSize, c.NumLayers, c.VocabSize = 1024, 16, 16, 64, 2816, 4, 8000
+	var peak uint64
+	var ms runtime.MemStats
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	_, err := loader.SynthesizeGGUF(context.Background(), path, c, quant.F16, loader.SynthOptions{Seed: 1,
+		Progress: func(int64, int64) {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapAlloc)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(path)
+	if peak == 0 || peak > 100<<20 {
+		t.Errorf("the heap peaked at %d MB writing a file of %d MB", peak>>20, st.Size()>>20)
+	}
+	t.Logf("the heap peaked at %d MB writing a file of %d MB", peak>>20, st.Size()>>20)
 }
