@@ -35,9 +35,10 @@
 //     HeadLayer).
 //
 // It must not know files (the loader reads config.json and the weights, and
-// a GGUF reader will fill a Config from its metadata), devices, kernels or
-// buffers (nn), or budgets and paging (paging): of this module it imports
-// only tensor, for dtypes and shapes, and internal/oneline for messages.
+// fills a Config from a GGUF file's metadata: loader.GGUFConfig), devices,
+// kernels or buffers (nn), or budgets and paging (paging): of this module
+// it imports only tensor, for dtypes and shapes, and internal/oneline for
+// messages.
 //
 //	cfg, err := arch.ParseConfig(data) // data: the bytes of config.json
 //	if err != nil {
