@@ -2,7 +2,9 @@ package tokenizer
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -264,5 +266,77 @@ func TestGGUFVocabRefuses(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s: %v; want one line with %q", tc.name, err, tc.msg)
 		}
+	}
+}
+
+// TestGGUFVocabParity: the real tokenizers of the parity test written as
+// GGUF vocabularies (Llama 3 as "llama-bpe", Qwen3 as "qwen2", Llama 2 as
+// the llama kind, with its merges and by its scores alone) and read back
+// encode and decode the corpus as Hugging Face's library does;
+// Mistral-Nemo's pre-tokenizer has no GGUF name strata knows and is
+// refused.
+func TestGGUFVocabParity(t *testing.T) {
+	for _, tc := range []struct {
+		name, model, pre string
+		scoresOnly       bool
+	}{
+		{"llama3", "gpt2", "llama-bpe", false},
+		{"qwen3", "gpt2", "qwen2", false},
+		{"llama2", "llama", "", false},
+		{"llama2", "llama", "", true},
+		{"mistral_nemo", "", "", false},
+	} {
+		t.Run(fmt.Sprintf("%s/scores-only=%v", tc.name, tc.scoresOnly), func(t *testing.T) {
+			src, err := Parse(readTestdata(t, tc.name+"/tokenizer.json.gz"), readTestdata(t, tc.name+"/tokenizer_config.json.gz"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := src.GGUFVocab(src.VocabSize())
+			if tc.model == "" {
+				if !errors.Is(err, ErrUnsupported) {
+					t.Fatalf("GGUFVocab: %v, want an error wrapping ErrUnsupported", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Model != tc.model || v.Pre != tc.pre {
+				t.Errorf("model %q pre %q", v.Model, v.Pre)
+			}
+			if tc.scoresOnly {
+				v.Merges = nil
+			}
+			tok, err := FromGGUF(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ref struct {
+				Cases []struct {
+					Text    string `json:"text"`
+					IDs     []int  `json:"ids"`
+					Special []int  `json:"special"`
+					Decoded string `json:"decoded"`
+				} `json:"cases"`
+			}
+			unmarshalTestdata(t, tc.name+"/cases.json", &ref)
+			f := failures{t: t, what: tc.name}
+			for _, c := range ref.Cases {
+				got, err := tok.Encode(c.Text, false)
+				if err != nil || !slices.Equal(got, c.IDs) {
+					f.errorf("Encode(%q)\n got %v, %v\nwant %v", c.Text, got, err, c.IDs)
+					continue
+				}
+				got, err = tok.Encode(c.Text, true)
+				if err != nil || !slices.Equal(got, c.Special) {
+					f.errorf("Encode(%q, true)\n got %v, %v\nwant %v", c.Text, got, err, c.Special)
+				}
+				dec, err := tok.Decode(c.IDs)
+				if err != nil || dec != c.Decoded {
+					f.errorf("Decode(%v) = %q, %v; want %q", c.IDs, dec, err, c.Decoded)
+				}
+			}
+			f.done(len(ref.Cases))
+		})
 	}
 }
