@@ -225,7 +225,7 @@ var halfFields = map[tensor.DType][]int{
 
 // hostWeights returns n rows of k elements of dt: random values quantized,
 // or raw random bytes with random finite F16 scales.
-func hostWeights(t *testing.T, r *rand.Rand, dt tensor.DType, n, k int, raw bool) []byte {
+func hostWeights(t testing.TB, r *rand.Rand, dt tensor.DType, n, k int, raw bool) []byte {
 	t.Helper()
 	qt, _ := dt.Quant()
 	size, err := qt.Bytes(int64(n * k))
