@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -394,6 +395,63 @@ func TestQuantEmbed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestQuantRefusals checks that quantized operands the kernels do not
+// read fail with an error, never a kernel that reads blocks as floats.
+func TestQuantRefusals(t *testing.T) {
+	b := openGPU(t)
+	alloc := func(dt tensor.DType, shape ...int) *tensor.Tensor {
+		x, err := b.Alloc(dt, shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Free(x) })
+		return x
+	}
+	x, out := alloc(tensor.F32, 1, 256), alloc(tensor.F32, 1, 4)
+	q8k := alloc(tensor.Q8_K, 4, 256)
+	if err := b.MatMul(out, x, q8k, nil); err == nil {
+		t.Error("MatMul with Q8_K weights: no error")
+	}
+	if err := b.Embed(alloc(tensor.F32, 1, 256), q8k, []int32{1}); err == nil {
+		t.Error("Embed of a Q8_K table: no error")
+	}
+	if err := b.RMSNorm(x, x, alloc(tensor.Q8_0, 256), 1e-5); err == nil {
+		t.Error("RMSNorm with Q8_0 weights: no error")
+	}
+	if err := b.matmulGradX(x, out, alloc(tensor.Q4_K, 4, 256), pathTiled, gradChunkBytes); err == nil {
+		t.Error("MatMulGradX (tiled) with Q4_K weights: no error")
+	}
+}
+
+// TestQuantCopyRows checks that CopyRows moves whole blocks of quantized
+// rows (a Q6_K row of 3 blocks is 630 bytes), overlapping or not.
+func TestQuantCopyRows(t *testing.T) {
+	b := openGPU(t)
+	const n, k = 9, 768
+	host := hostWeights(t, newRand(t), tensor.Q6_K, n, k, true)
+	rb := len(host) / n
+	w, err := b.Alloc(tensor.Q6_K, tensor.Shape{n, k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(w)
+	if err := b.Upload(w, 0, host); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CopyRows(w, 1, w, 0, 5); err != nil { // rows 0..4 to 1..5, overlapping
+		t.Fatal(err)
+	}
+	want := slices.Clone(host)
+	copy(want[rb:], host[:5*rb])
+	got := make([]byte, len(host))
+	if err := b.Download(got, w); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("CopyRows of Q6_K rows: bytes differ from the rows moved")
 	}
 }
 

@@ -13,12 +13,21 @@ import (
 )
 
 // suffix names a kernel variant by the dtype of its weight-like operand.
+// A quantized dtype gets its format's name, which only the quantized
+// kernels carry: an operation that has no kernel for it fails to find one
+// rather than reading the blocks as floats.
 func suffix(dt tensor.DType) string {
 	switch dt {
 	case tensor.F16:
 		return "f16"
 	case tensor.BF16:
 		return "bf16"
+	}
+	if dt.IsQuantized() {
+		if f, ok := quantFormatOf(dt); ok {
+			return f.name
+		}
+		return dt.String()
 	}
 	return "f32"
 }
@@ -337,6 +346,12 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 		return err
 	}
 	rb := dst.Shape()[1:].NumElements() * int64(dst.DType().Size())
+	if dst.DType().IsQuantized() { // Size is 0: a row is whole blocks
+		var err error
+		if rb, err = dst.DType().ShapeBytes(dst.Shape()[1:]); err != nil {
+			return fmt.Errorf("cuda: %s: %w", op, err)
+		}
+	}
 	bytes := int64(n) * rb
 	if bytes == 0 {
 		return nil
