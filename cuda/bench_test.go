@@ -366,3 +366,130 @@ func BenchmarkManagedStreaming(b *testing.B) {
 		})
 	}
 }
+
+// quantWeightSet allocates [n, k] weights of the quantized dt, raw random
+// bytes with finite scales (what the bytes hold does not change the
+// time), enough matrices that together they exceed 512 MiB and so the L2
+// cache.
+func quantWeightSet(b *testing.B, be *Backend, dt tensor.DType, n, k int) []*tensor.Tensor {
+	host := hostWeights(b, newRand(b), dt, n, k, true)
+	ws := make([]*tensor.Tensor, max(4, (512<<20+len(host)-1)/len(host)))
+	for i := range ws {
+		w, err := be.Alloc(dt, tensor.Shape{n, k})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { be.Free(w) })
+		if err := be.Upload(w, 0, host); err != nil {
+			b.Fatal(err)
+		}
+		ws[i] = w
+	}
+	return ws
+}
+
+// BenchmarkQuantGEMV times the decode product (M = 1) with quantized
+// weights on a 7B model's MLP shapes, N×K = 11008×4096 (gate, up) and
+// 4096×11008 (down), next to F16, and reports the stored bytes read per
+// second (GB/s) and the time per product; 8 products on rotating
+// matrices per iteration, synced, so launch cost is included as in
+// decode. The copy sub-benchmark measures the device in the same run: a
+// device-to-device copy of 1 GiB, GB/s counting the bytes read and
+// written, the rate the GEMVs' GB/s are to be compared with.
+func BenchmarkQuantGEMV(b *testing.B) {
+	be := openGPU(b)
+	b.Run("copy", func(b *testing.B) {
+		const size = 1 << 30
+		src, err := be.Alloc(tensor.F32, tensor.Shape{size / 4})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer be.Free(src)
+		dst, err := be.Alloc(tensor.F32, tensor.Shape{size / 4})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer be.Free(dst)
+		for b.Loop() {
+			if err := be.CopyRows(dst, 0, src, 0, size/4); err != nil {
+				b.Fatal(err)
+			}
+			if err := be.Sync(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(2*size*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	})
+	const perIter = 8
+	for _, s := range []struct{ n, k int }{{11008, 4096}, {4096, 11008}} {
+		for _, dt := range []tensor.DType{tensor.F16, tensor.Q8_0, tensor.Q6_K, tensor.Q5_K, tensor.Q4_K, tensor.Q4_0} {
+			b.Run(fmt.Sprintf("%v/N%d_K%d", dt, s.n, s.k), func(b *testing.B) {
+				var ws []*tensor.Tensor
+				if dt.IsQuantized() {
+					ws = quantWeightSet(b, be, dt, s.n, s.k)
+				} else {
+					ws = weightSet(b, be, dt, (512<<20)/(2*s.n*s.k)+1, s.n, s.k)
+				}
+				x, _ := put(b, be, tensor.F32, tensor.Shape{1, s.k}, uniform(newRand(b), s.k, -1, 1))
+				out, _ := put(b, be, tensor.F32, tensor.Shape{1, s.n}, make([]float32, s.n))
+				i := 0
+				for b.Loop() {
+					for range perIter {
+						if err := be.MatMul(out, x, ws[i%len(ws)], nil); err != nil {
+							b.Fatal(err)
+						}
+						i++
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+				b.ReportMetric(float64(ws[0].NumBytes())/sec/1e9, "GB/s")
+				b.ReportMetric(sec*1e6, "us/product")
+			})
+		}
+	}
+}
+
+// BenchmarkQuantMatMulPaths compares, for Q4_K and Q8_0 weights (N = K =
+// 4096) and growing M, the GEMV kernels and the prefill path (weights
+// dequantized to F16 for cuBLAS, x cast to F16), to place the M from which
+// MatMul sends quantized weights to cuBLAS (gemvMaxRows).
+func BenchmarkQuantMatMulPaths(b *testing.B) {
+	be := openGPU(b)
+	const n, k, perIter = 4096, 4096, 8
+	for _, dt := range []tensor.DType{tensor.Q4_K, tensor.Q8_0} {
+		ws := quantWeightSet(b, be, dt, n, k)
+		for _, m := range []int{1, 2, 4, 8, 16, 64, 512} {
+			x, _ := put(b, be, tensor.F32, tensor.Shape{m, k}, uniform(newRand(b), m*k, -1, 1))
+			out, _ := put(b, be, tensor.F32, tensor.Shape{m, n}, make([]float32, m*n))
+			for _, p := range []struct {
+				name string
+				p    mmPath
+			}{{"gemv", pathGEMV}, {"blas", pathBLAS}} {
+				if p.p == pathBLAS && be.blas == nil || p.p == pathGEMV && m > 64 {
+					continue
+				}
+				b.Run(fmt.Sprintf("%v/M%d/%s", dt, m, p.name), func(b *testing.B) {
+					i := 0
+					for b.Loop() {
+						for range perIter {
+							if err := be.matmul(out, x, ws[i%len(ws)], nil, p.p); err != nil {
+								b.Fatal(err)
+							}
+							i++
+						}
+						if err := be.Sync(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+					b.ReportMetric(sec*1e6, "us/product")
+					b.ReportMetric(float64(ws[0].NumBytes())/sec/1e9, "GB/s")
+					b.ReportMetric(2*float64(m)*n*k/sec/1e12, "TFLOP/s")
+				})
+			}
+		}
+	}
+}

@@ -17,6 +17,12 @@
 //     accumulation, GEMV kernels for decode that read F16/BF16 weights at
 //     memory speed, and the backward's products in F32 (F16/BF16 weights
 //     widened exactly, a bounded chunk of rows at a time);
+//   - quantized weights (ggml's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
+//     and Q6_K blocks, quant.go and kernels/quant.cuh): GEMV kernels for
+//     decode that read the blocks themselves with F32 activations and
+//     accumulation, prefill through cuBLAS on weights dequantized to F16
+//     a block of rows at a time, Embed of quantized tables dequantized
+//     exactly;
 //   - the device's memory: a caching allocator, so that the decode loop
 //     does not call cuMemAlloc, reported as a tensor.CachingAllocator
 //     (AllocSize, Cached, Trim, and Fixed for the cuBLAS workspace) for a
@@ -56,4 +62,7 @@
 //
 // The kernels' PTX is generated: edit kernels/*.cu, then run make cuda-ptx
 // (nvcc); TestPTXUpToDate fails while the PTX is older than its sources.
+// Where nvcc is installed, TestQuantKernelsOnHost also runs the quantized
+// kernels' bodies on CPU threads (testdata/quanthost.cu) against
+// tensor/quant, without a GPU.
 package cuda

@@ -8,6 +8,7 @@
 #   memcheck.log   compute-sanitizer memcheck (leaks included) on the tests
 #   racecheck.log  compute-sanitizer racecheck on the shared-memory kernels
 #   memcheck-grad.log, racecheck-grad.log  the same on the backward kernels
+#   memcheck-quant.log, racecheck-quant.log  the same on the quantized ones
 #   bench.log      GEMV/GEMM paths, H2D pinned vs pageable
 #   ncu.log        with GPU_CHECK_NCU=1: Nsight Compute kernel times and DRAM
 #                  traffic of the GEMV variants and cuBLAS (clocks untouched)
@@ -37,7 +38,7 @@ if command -v ptxas >/dev/null 2>&1; then
 fi
 
 cd cuda # the PTX freshness test reads kernels/ relative to the package
-timeout 150 "$BIN" -test.v -test.count=1 -test.timeout 140s >"$OUT/test.log" 2>&1
+timeout 300 "$BIN" -test.v -test.count=1 -test.timeout 290s >"$OUT/test.log" 2>&1
 echo "tests: exit $?"
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
@@ -62,16 +63,28 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
 		-test.run 'TestAttentionGradShapes|TestGradOps/auto/(RMSNormGrad|BiasGrad|CrossEntropyGrad)' \
 		>"$OUT/racecheck-grad.log" 2>&1
 	echo "racecheck (grad): exit $?"
+	# The quantized weights' kernels (GEMV through shared memory, the
+	# dequantization that reads granules at the tensor's edges byte by byte).
+	timeout 150 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
+		"$BIN" -test.short -test.count=1 -test.timeout 140s \
+		-test.run 'TestQuantMatMul|TestQuantEmbed|TestQuantRefusals' \
+		>"$OUT/memcheck-quant.log" 2>&1
+	echo "memcheck (quant): exit $?"
+	timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 \
+		"$BIN" -test.short -test.count=1 -test.timeout 140s \
+		-test.run 'TestQuant(MatMul|Embed)/.*/(gemv|blas)' \
+		>"$OUT/racecheck-quant.log" 2>&1
+	echo "racecheck (quant): exit $?"
 fi
 
-timeout 120 "$BIN" -test.run '^$' -test.bench . -test.benchtime 0.5s -test.count=1 -test.timeout 110s >"$OUT/bench.log" 2>&1
+timeout 240 "$BIN" -test.run '^$' -test.bench . -test.benchtime 0.5s -test.count=1 -test.timeout 230s >"$OUT/bench.log" 2>&1
 echo "bench: exit $?"
 
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ "${GPU_CHECK_NCU:-0}" = 1 ] && [ -n "$NCU" ]; then
 	timeout 150 "$NCU" --clock-control none --print-summary per-kernel \
 		--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-		"$BIN" -test.run '^$' -test.bench 'BenchmarkGEMVVariants' -test.benchtime 3x >"$OUT/ncu.log" 2>&1
+		"$BIN" -test.run '^$' -test.bench 'BenchmarkGEMVVariants|BenchmarkQuantGEMV' -test.benchtime 3x >"$OUT/ncu.log" 2>&1
 	echo "ncu: exit $?"
 fi
 
@@ -84,5 +97,7 @@ grep -E 'TestDevices|device 0:|cuBLAS|driver free' "$OUT/test.log" | head -5
 [ -f "$OUT/racecheck.log" ] && grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^(ok|PASS|FAIL)' "$OUT/racecheck.log" | head -5
 [ -f "$OUT/memcheck-grad.log" ] && grep -E 'ERROR SUMMARY|LEAK SUMMARY|^(ok|PASS|FAIL)' "$OUT/memcheck-grad.log" | head -5
 [ -f "$OUT/racecheck-grad.log" ] && grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^(ok|PASS|FAIL)' "$OUT/racecheck-grad.log" | head -5
+[ -f "$OUT/memcheck-quant.log" ] && grep -E 'ERROR SUMMARY|LEAK SUMMARY|^(ok|PASS|FAIL)' "$OUT/memcheck-quant.log" | head -5
+[ -f "$OUT/racecheck-quant.log" ] && grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^(ok|PASS|FAIL)' "$OUT/racecheck-quant.log" | head -5
 grep -E '^Benchmark' "$OUT/bench.log"
 [ -f "$OUT/ncu.log" ] && grep -E '^  [a-z_0-9]+.*\(|gpu__time_duration|dram__bytes_read|dram__throughput' "$OUT/ncu.log" | head -60

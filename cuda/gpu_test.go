@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -207,6 +208,251 @@ func TestMatMulPaths(t *testing.T) {
 		// M = 3 goes to cuBLAS, which rounds x to F16.
 		check(t, "MatMul on a view", get(t, b, out), tensortest.RefMatMul(xv[k:], wv, nil, 3, n, k), 2e-3)
 	})
+}
+
+// putQuant uploads n rows of k elements of the quantized dt (hostWeights:
+// quantized random values, or raw random bytes with finite scales) and
+// returns the tensor with its values as quant.Dequantize reads them.
+func putQuant(t testing.TB, b *Backend, r *rand.Rand, dt tensor.DType, n, k int, raw bool) (*tensor.Tensor, []float64) {
+	t.Helper()
+	host := hostWeights(t, r, dt, n, k, raw)
+	w, err := b.Alloc(dt, tensor.Shape{n, k})
+	if err != nil {
+		t.Fatalf("Alloc %v [%d %d]: %v", dt, n, k, err)
+	}
+	t.Cleanup(func() { b.Free(w) })
+	if err := b.Upload(w, 0, host); err != nil {
+		t.Fatal(err)
+	}
+	return w, dequantized(t, dt, host, n*k)
+}
+
+func dequantized(t testing.TB, dt tensor.DType, b []byte, n int) []float64 {
+	t.Helper()
+	qt, _ := dt.Quant()
+	v := make([]float32, n)
+	if err := qt.Dequantize(v, b); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float64, n)
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// TestQuantMatMul checks MatMul with quantized weights on every path
+// against a float64 product over quant.Dequantize's weights: the GEMV
+// kernels (also what the tiled path and, for small M, the precise one
+// run) within 1e-5; the prefill's F16 products through cuBLAS within the
+// F16 path's tolerance (x and the weights rounded to F16); MatMulPrecise's
+// F32 products over weights dequantized exactly within 1e-5. The shapes
+// cut pieces and row groups short (N = 7, 33, 513; K = 3 or 43 blocks of
+// 256) and take 1, 2 and more rows of x.
+func TestQuantMatMul(t *testing.T) {
+	b := openGPU(t)
+	paths := []struct {
+		name string
+		p    mmPath
+		tol  float64
+	}{{"gemv", pathGEMV, 1e-5}, {"tiled", pathTiled, 1e-5}, {"precise", pathPrecise, 1e-5}, {"blas", pathBLAS, 3e-3}, {"auto", pathAuto, 0}}
+	shapes := []struct{ m, n, k int }{{2, 300, 512}, {3, 33, 768}, {64, 256, 1024}, {1, 7, 11008}}
+	if !testing.Short() { // -short: the shapes compute-sanitizer gets through in time
+		shapes = append(shapes, struct{ m, n, k int }{1, 4096, 4096}, struct{ m, n, k int }{5, 513, 2816})
+	}
+	r := newRand(t)
+	for _, f := range quantFormats {
+		for _, s := range shapes {
+			w, wv := putQuant(t, b, r, f.dt, s.n, s.k, s.n*s.k > 1<<20)
+			x, xv := put(t, b, tensor.F32, tensor.Shape{s.m, s.k}, uniform(r, s.m*s.k, -1, 1))
+			bias, bv := put(t, b, tensor.F32, tensor.Shape{s.n}, uniform(r, s.n, -1, 1))
+			want := tensortest.RefMatMul(xv, wv, bv, s.m, s.n, s.k)
+			for _, p := range paths {
+				if (p.p == pathBLAS || p.p == pathPrecise) && b.blas == nil {
+					continue
+				}
+				t.Run(fmt.Sprintf("%v/%s/M%d_N%d_K%d", f.dt, p.name, s.m, s.n, s.k), func(t *testing.T) {
+					out, _ := put(t, b, tensor.F32, tensor.Shape{s.m, s.n}, nanSlice(s.m*s.n))
+					if err := b.matmul(out, x, w, bias, p.p); err != nil {
+						t.Fatal(err)
+					}
+					tol := p.tol
+					if p.p == pathAuto {
+						tol = 1e-5
+						if s.m > b.gemvMaxRows && b.blas != nil {
+							tol = 3e-3
+						}
+					}
+					check(t, "MatMul", get(t, b, out), want, tol)
+				})
+			}
+		}
+	}
+	// Views: rows of w from row 1 (Q6_K rows of 3 blocks are 630 bytes,
+	// Q8_0's of 3 blocks 102, so the view starts at an odd 16-byte
+	// offset), x 4 bytes past an allocation (copied to scratch for the
+	// GEMV), and Q4_K/Q5_K weights 8 bytes past one (dequantized to F32
+	// for the F32 GEMV kernel).
+	for _, f := range quantFormats {
+		t.Run(fmt.Sprintf("%v/views", f.dt), func(t *testing.T) {
+			const m, n = 3, 40
+			k := 3 * f.dt.BlockSize()
+			if f.dt.BlockSize() == 32 {
+				k = 3 * 256
+			}
+			wAll, wv := putQuant(t, b, r, f.dt, n+1, k, false)
+			w, err := wAll.Rows(1, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wv = wv[k:]
+			xAll, _ := put(t, b, tensor.F32, tensor.Shape{m*k + 1}, make([]float32, m*k+1))
+			x, err := xAll.View(4, tensor.F32, tensor.Shape{m, k})
+			if err != nil {
+				t.Fatal(err)
+			}
+			xh := uniform(r, m*k, -1, 1)
+			if err := b.Upload(x, 0, f32Bytes(xh)); err != nil {
+				t.Fatal(err)
+			}
+			xv := make([]float64, len(xh))
+			for i, v := range xh {
+				xv[i] = float64(v)
+			}
+			want := tensortest.RefMatMul(xv, wv, nil, m, n, k)
+			for _, p := range []int{0, 3} { // gemv, blas
+				p := paths[p]
+				if p.p == pathBLAS && b.blas == nil {
+					continue
+				}
+				out, _ := put(t, b, tensor.F32, tensor.Shape{m, n}, nanSlice(m*n))
+				if err := b.matmul(out, x, w, nil, p.p); err != nil {
+					t.Fatal(err)
+				}
+				check(t, "MatMul "+p.name+" (views)", get(t, b, out), want, p.tol)
+			}
+			if !f.align16 {
+				return
+			}
+			host := hostWeights(t, r, f.dt, n, k, true)
+			big, err := b.Alloc(f.dt, tensor.Shape{n + 1, k})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Free(big)
+			w8, err := big.View(8, f.dt, tensor.Shape{n, k})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Upload(w8, 0, host); err != nil {
+				t.Fatal(err)
+			}
+			out, _ := put(t, b, tensor.F32, tensor.Shape{m, n}, nanSlice(m*n))
+			if err := b.matmul(out, x, w8, nil, pathGEMV); err != nil {
+				t.Fatal(err)
+			}
+			check(t, "MatMul (w 8 bytes past a boundary)", get(t, b, out), tensortest.RefMatMul(xv, dequantized(t, f.dt, host, n*k), nil, m, n, k), 1e-5)
+		})
+	}
+}
+
+func f32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}
+
+// TestQuantEmbed checks Embed of quantized tables bit for bit against
+// quant.Dequantize's rows, into an aligned out and into one 4 bytes past
+// an allocation (which goes through scratch).
+func TestQuantEmbed(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	for _, f := range quantFormats {
+		t.Run(f.dt.String(), func(t *testing.T) {
+			const v, d = 37, 768
+			table, tv := putQuant(t, b, r, f.dt, v, d, true)
+			ids := []int32{0, v - 1, 5, 5, 17, 36, 2}
+			want := tensortest.RefEmbed(tv, d, ids)
+			for _, off := range []int64{0, 4} {
+				all, _ := put(t, b, tensor.F32, tensor.Shape{len(ids)*d + 4}, nanSlice(len(ids)*d+4))
+				out, err := all.View(off, tensor.F32, tensor.Shape{len(ids), d})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Embed(out, table, ids); err != nil {
+					t.Fatal(err)
+				}
+				got := get(t, b, out)
+				bad := 0
+				for i, w := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(float32(w)) {
+						if bad++; bad <= 3 {
+							t.Errorf("out offset %d: element %d (row %d): got %g, want %g", off, i, ids[i/d], got[i], w)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestQuantRefusals checks that quantized operands the kernels do not
+// read fail with an error, never a kernel that reads blocks as floats.
+func TestQuantRefusals(t *testing.T) {
+	b := openGPU(t)
+	alloc := func(dt tensor.DType, shape ...int) *tensor.Tensor {
+		x, err := b.Alloc(dt, shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Free(x) })
+		return x
+	}
+	x, out := alloc(tensor.F32, 1, 256), alloc(tensor.F32, 1, 4)
+	q8k := alloc(tensor.Q8_K, 4, 256)
+	if err := b.MatMul(out, x, q8k, nil); err == nil {
+		t.Error("MatMul with Q8_K weights: no error")
+	}
+	if err := b.Embed(alloc(tensor.F32, 1, 256), q8k, []int32{1}); err == nil {
+		t.Error("Embed of a Q8_K table: no error")
+	}
+	if err := b.RMSNorm(x, x, alloc(tensor.Q8_0, 256), 1e-5); err == nil {
+		t.Error("RMSNorm with Q8_0 weights: no error")
+	}
+	if err := b.matmulGradX(x, out, alloc(tensor.Q4_K, 4, 256), pathTiled, gradChunkBytes); err == nil {
+		t.Error("MatMulGradX (tiled) with Q4_K weights: no error")
+	}
+}
+
+// TestQuantCopyRows checks that CopyRows moves whole blocks of quantized
+// rows (a Q6_K row of 3 blocks is 630 bytes), overlapping or not.
+func TestQuantCopyRows(t *testing.T) {
+	b := openGPU(t)
+	const n, k = 9, 768
+	host := hostWeights(t, newRand(t), tensor.Q6_K, n, k, true)
+	rb := len(host) / n
+	w, err := b.Alloc(tensor.Q6_K, tensor.Shape{n, k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(w)
+	if err := b.Upload(w, 0, host); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CopyRows(w, 1, w, 0, 5); err != nil { // rows 0..4 to 1..5, overlapping
+		t.Fatal(err)
+	}
+	want := slices.Clone(host)
+	copy(want[rb:], host[:5*rb])
+	got := make([]byte, len(host))
+	if err := b.Download(got, w); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("CopyRows of Q6_K rows: bytes differ from the rows moved")
+	}
 }
 
 // TestAttentionCaches runs attention over F16 and BF16 caches and a long

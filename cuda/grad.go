@@ -123,9 +123,9 @@ func (b *Backend) gemmPrecise(out, x, w *tensor.Tensor, m, n, k int, chunk int64
 
 // widenRows calls fn with w in F32 (its own storage when it is F32, else
 // widened exactly into scratch, at most chunk bytes and at least one row at
-// a time) as the address of rows n0..n0+rows, in order, until fn says
-// stop. The scratch is returned to the allocator in stream order after the
-// last use.
+// a time; a quantized w is dequantized) as the address of rows
+// n0..n0+rows, in order, until fn says stop. The scratch is returned to
+// the allocator in stream order after the last use.
 func (b *Backend) widenRows(op string, w *tensor.Tensor, chunk int64, fn func(a uintptr, n0, rows int) (stop bool, err error)) error {
 	n, k := w.Shape()[0], w.Shape()[1]
 	if w.DType() == tensor.F32 {
@@ -140,12 +140,22 @@ func (b *Backend) widenRows(op string, w *tensor.Tensor, chunk int64, fn func(a 
 	}
 	defer release() // stream order keeps the scratch for the products
 	cast := "cast_" + suffix(w.DType()) + "_f32"
+	qf, quantized := quantFormatOf(w.DType())
+	if w.DType().IsQuantized() && !quantized {
+		return fmt.Errorf("cuda: %s: no kernels for %v weights", op, w.DType())
+	}
 	for n0 := 0; n0 < n; n0 += rows {
 		r := min(rows, n-n0)
 		cnt := int64(r) * int64(k)
-		src := w.Ptr() + uintptr(int64(n0)*int64(k)*int64(w.DType().Size()))
-		if err := b.run1D(cast, cnt, new(args).ptr(scratch).ptr(src).i64(cnt)); err != nil {
-			return err
+		if quantized {
+			if err := b.dequantRows(qf, scratch, w, 0, n0, r, false); err != nil {
+				return err
+			}
+		} else {
+			src := w.Ptr() + uintptr(int64(n0)*int64(k)*int64(w.DType().Size()))
+			if err := b.run1D(cast, cnt, new(args).ptr(scratch).ptr(src).i64(cnt)); err != nil {
+				return err
+			}
 		}
 		if stop, err := fn(scratch, n0, r); stop || err != nil {
 			return err

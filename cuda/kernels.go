@@ -111,7 +111,12 @@ var requiredKernels = func() []string {
 	for _, d := range []string{"_d64", "_d128", "_d256"} {
 		k = append(k, "attention_grad_q_f32"+d, "attention_grad_kv_f32"+d)
 	}
-	return append(k, "rmsnorm_grad_w_f32", "bias_grad_f32", "silu_mul_grad_f32", "cross_entropy_grad_f32", "gemm_grad_w_f32")
+	k = append(k, "rmsnorm_grad_w_f32", "bias_grad_f32", "silu_mul_grad_f32", "cross_entropy_grad_f32", "gemm_grad_w_f32")
+	// The quantized weights' kernels (quant.go; kernels/quant.cuh).
+	for _, f := range quantFormats {
+		k = append(k, "gemv_"+f.name+"_m1", "gemv_"+f.name+"_m2", "dequant_"+f.name+"_f32", "dequant_"+f.name+"_f16")
+	}
+	return k
 }()
 
 // run launches kernel name on the compute stream. The caller holds opsMu

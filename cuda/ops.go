@@ -13,12 +13,21 @@ import (
 )
 
 // suffix names a kernel variant by the dtype of its weight-like operand.
+// A quantized dtype gets its format's name, which only the quantized
+// kernels carry: an operation that has no kernel for it fails to find one
+// rather than reading the blocks as floats.
 func suffix(dt tensor.DType) string {
 	switch dt {
 	case tensor.F16:
 		return "f16"
 	case tensor.BF16:
 		return "bf16"
+	}
+	if dt.IsQuantized() {
+		if f, ok := quantFormatOf(dt); ok {
+			return f.name
+		}
+		return dt.String()
 	}
 	return "f32"
 }
@@ -74,7 +83,10 @@ const (
 // rows (decode) go to the GEMV kernels, which read F16/BF16/F32 weights
 // directly at memory speed; larger M goes to cuBLAS with F32 accumulation,
 // after casting x to the weight type (cuBLAS has no F16×F32 product), or
-// to the built-in tiled kernel when cuBLAS is not loaded.
+// to the built-in tiled kernel when cuBLAS is not loaded. Quantized
+// weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) go to their own
+// GEMV kernels, or for larger M are dequantized to F16 block by block for
+// cuBLAS (quant.go).
 func (b *Backend) MatMul(out, x, w, bias *tensor.Tensor) error {
 	return b.matmul(out, x, w, bias, pathAuto)
 }
@@ -93,6 +105,8 @@ func (b *Backend) matmul(out, x, w, bias *tensor.Tensor, path mmPath) error {
 		switch {
 		case k == 0:
 			err = b.memsetAsync(out.Ptr(), out.NumBytes())
+		case w.DType().IsQuantized():
+			err = b.matmulQuant(out, x, w, m, n, k, path)
 		case path == pathGEMV || (path == pathAuto || path == pathPrecise) && m <= b.gemvMaxRows:
 			err = b.gemv(out, x, w, m, n, k)
 		case path == pathPrecise && b.blas != nil:
@@ -292,9 +306,10 @@ func (b *Backend) Add(out, x, y *tensor.Tensor) error {
 	})
 }
 
-// Embed gathers rows of table [V, D] (F32, F16 or BF16) into out
-// [len(ids), D] F32. The kernel reads the rows the ids name: tensor.Checked
-// refuses an id outside [0, V) before anything runs.
+// Embed gathers rows of table [V, D] (F32, F16 or BF16, or quantized:
+// its rows dequantized exactly) into out [len(ids), D] F32. The kernel
+// reads the rows the ids name: tensor.Checked refuses an id outside
+// [0, V) before anything runs.
 func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 	const op = "Embed"
 	if err := b.devices(op, []string{"out", "table"}, out, table); err != nil {
@@ -305,6 +320,9 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 		return nil
 	}
 	return b.ops(op, func() error {
+		if table.DType().IsQuantized() {
+			return b.embedQuant(out, table, ids)
+		}
 		n := int64(len(ids)) * 4
 		idp, release, err := b.scratch(op, n)
 		if err != nil {
@@ -328,6 +346,12 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 		return err
 	}
 	rb := dst.Shape()[1:].NumElements() * int64(dst.DType().Size())
+	if dst.DType().IsQuantized() { // Size is 0: a row is whole blocks
+		var err error
+		if rb, err = dst.DType().ShapeBytes(dst.Shape()[1:]); err != nil {
+			return fmt.Errorf("cuda: %s: %w", op, err)
+		}
+	}
 	bytes := int64(n) * rb
 	if bytes == 0 {
 		return nil

@@ -1,0 +1,4 @@
+// Dequantization kernels for Q6_K weights; see quant.cuh.
+#include "quant.cuh"
+
+QUANT_DEQUANT(FmtQ6_K, q6_k)

@@ -1,0 +1,4 @@
+// GEMV kernels for Q5_1 weights; see quant.cuh.
+#include "quant.cuh"
+
+QUANT_GEMV(FmtQ5_1, q5_1)

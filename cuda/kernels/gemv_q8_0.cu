@@ -1,0 +1,4 @@
+// GEMV kernels for Q8_0 weights; see quant.cuh.
+#include "quant.cuh"
+
+QUANT_GEMV(FmtQ8_0, q8_0)

@@ -1,0 +1,236 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"strconv"
+	"unsafe"
+
+	"github.com/strata-llm/strata/tensor"
+	"gorgonia.org/cu"
+)
+
+// Matrix products and embeddings with quantized weights (kernels/quant.cuh).
+//
+// Decode (M up to gemvMaxRows, and every M on the GEMV path) runs the
+// GEMV kernels, which read the quantized blocks directly: F32 x, F32
+// accumulation, within 1e-5 relative of the F32 product over the
+// dequantized weights. Prefill (larger M, with cuBLAS) dequantizes the
+// weight to F16 in row blocks in the scratch arena and multiplies each
+// block with cuBLAS, x cast to F16 once per pass, as the F16 path does:
+// its error is the F16 path's, both operands rounded to F16. MatMulPrecise
+// dequantizes to F32 instead (exactly) for an F32 product. Without cuBLAS
+// every M goes to the GEMV kernels, two rows of x at a time.
+
+// matmulQuant is matmul for a quantized w; the caller holds opsMu and has
+// entered the context.
+func (b *Backend) matmulQuant(out, x, w *tensor.Tensor, m, n, k int, path mmPath) error {
+	f, ok := quantFormatOf(w.DType())
+	if !ok {
+		return fmt.Errorf("cuda: MatMul: no kernels for %v weights", w.DType())
+	}
+	switch {
+	case path == pathGEMV || path == pathTiled || (path == pathAuto || path == pathPrecise) && (m <= b.gemvMaxRows || b.blas == nil):
+		return b.gemvQuant(out, x, w, f, m, n, k)
+	case path == pathPrecise:
+		chunk := b.preciseChunk
+		if chunk <= 0 {
+			chunk = gradChunkBytes
+		}
+		err := b.gemmPrecise(out, x, w, m, n, k, chunk)
+		if err == errBLASUnsupported {
+			err = b.gemvQuant(out, x, w, f, m, n, k)
+		}
+		return err
+	case b.blas == nil:
+		return fmt.Errorf("%s: %s", b.name, b.BLAS())
+	}
+	err := b.gemmQuant(out, x, w, f, m, n, k)
+	if err == errBLASUnsupported && path == pathAuto {
+		err = b.gemvQuant(out, x, w, f, m, n, k)
+	}
+	return err
+}
+
+// gemvQuant runs the GEMV kernels over x, two rows at a time (then one).
+// They need x 16-byte aligned, as an allocation and its row views are (K
+// is whole blocks of 32): another view is copied into scratch first. Q4_K and Q5_K
+// need w 16-byte aligned too, as every tensor Alloc, a row view or the
+// pager's ring gives is; another view of one goes through gemvWidened.
+func (b *Backend) gemvQuant(out, x, w *tensor.Tensor, f quantFormat, m, n, k int) error {
+	if f.align16 && w.Ptr()%16 != 0 {
+		return b.gemvWidened(out, x, w, f, m, n, k)
+	}
+	var xs uintptr // scratch for x, when x is not aligned
+	if x.Ptr()%16 != 0 {
+		p, release, err := b.scratch("MatMul", 2*int64(k)*4)
+		if err != nil {
+			return err
+		}
+		defer release() // stream order keeps the copies for the kernels
+		xs = p
+	}
+	warps := f.gemvWarps(k)
+	for r := 0; r < m; {
+		rows := min(2, m-r)
+		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
+		if xs != 0 {
+			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(xs), cu.DevicePtr(xp), int64(rows)*int64(k)*4, b.compute); err != nil {
+				return fmt.Errorf("%s: MatMul: copying x: %w", b.name, cuError(err))
+			}
+			xp = xs
+		}
+		perBlock := quantRows / rows // rows of w a block takes at a time (QROWS)
+		grid := [3]uint32{uint32((n + perBlock - 1) / perBlock), 1, 1}
+		a := new(args).ptr(out.Ptr() + uintptr(int64(r)*int64(n)*4)).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
+		if err := b.run("gemv_"+f.name+"_m"+strconv.Itoa(rows), grid, [3]uint32{uint32(32 * warps), 1, 1}, a); err != nil {
+			return err
+		}
+		r += rows
+	}
+	return nil
+}
+
+// gemvWidened is the GEMV for a w the quantized kernels cannot read in
+// place: rows of w dequantized to F32 in scratch, each block multiplied by
+// the F32 GEMV kernel, one row of x at a time.
+func (b *Backend) gemvWidened(out, x, w *tensor.Tensor, f quantFormat, m, n, k int) error {
+	rowBytes := 4 * int64(k)
+	rows := int(min(int64(n), scratchBytes/rowBytes))
+	if rows == 0 {
+		return fmt.Errorf("%s: MatMul: a row of %d needs %d bytes of scratch, the arena holds %d: %w", b.name, k, rowBytes, int64(scratchBytes), tensor.ErrOutOfMemory)
+	}
+	scratch, release, err := b.scratch("MatMul", int64(rows)*rowBytes)
+	if err != nil {
+		return err
+	}
+	defer release()
+	const warpsPerBlock = 8
+	for n0 := 0; n0 < n; n0 += rows {
+		r := min(rows, n-n0)
+		if err := b.dequantRows(f, scratch, w, 0, n0, r, false); err != nil {
+			return err
+		}
+		grid := [3]uint32{uint32((r + warpsPerBlock - 1) / warpsPerBlock), 1, 1}
+		for i := range m {
+			op := out.Ptr() + uintptr((int64(i)*int64(n)+int64(n0))*4)
+			xp := x.Ptr() + uintptr(int64(i)*int64(k)*4)
+			a := new(args).ptr(op).ptr(xp).ptr(scratch).i32(1).i32(r).i32(k)
+			if err := b.run("gemv_f32_any", grid, [3]uint32{32 * warpsPerBlock, 1, 1}, a); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// gemmQuant is the prefill product through cuBLAS: x cast to F16 (mb rows
+// at a time) and w dequantized to F16 (nb rows at a time) in the scratch
+// arena, each pair of blocks multiplied into its block of out. In
+// column-major terms out is C[N,M] (ldc N), a w block is A[K,rows] (lda K)
+// used transposed, an x block is B[K,rows] (ldb K).
+func (b *Backend) gemmQuant(out, x, w *tensor.Tensor, f quantFormat, m, n, k int) error {
+	rowBytes := 2 * int64(k)
+	fit := scratchBytes / rowBytes // rows of K halves the arena holds
+	if fit < 2 {
+		return fmt.Errorf("%s: MatMul: two rows of %d need %d bytes of scratch, the arena holds %d: %w", b.name, k, 2*rowBytes, int64(scratchBytes), tensor.ErrOutOfMemory)
+	}
+	mb := int(min(int64(m), fit/2))
+	nb := int(min(int64(n), fit-int64(mb)))
+	scratch, release, err := b.scratch("MatMul", int64(mb+nb)*rowBytes)
+	if err != nil {
+		return err
+	}
+	defer release() // stream order keeps the scratch for the products
+	x16, w16 := scratch, scratch+uintptr(int64(mb)*rowBytes)
+	for r0 := 0; r0 < m; r0 += mb {
+		rows := min(mb, m-r0)
+		rk := int64(rows) * int64(k)
+		xp := x.Ptr() + uintptr(int64(r0)*int64(k)*4)
+		if err := b.run1D("cast_f32_f16", rk, new(args).ptr(x16).ptr(xp).i64(rk)); err != nil {
+			return err
+		}
+		for n0 := 0; n0 < n; n0 += nb {
+			cols := min(nb, n-n0)
+			if err := b.dequantRows(f, w16, w, 0, n0, cols, true); err != nil {
+				return err
+			}
+			op := out.Ptr() + uintptr((int64(r0)*int64(n)+int64(n0))*4)
+			err := cublasGemm(b.blas, true, false, cols, rows, k, w16, cublasR16F, k, x16, cublasR16F, k, 0, op, n)
+			switch {
+			case isBLASNotSupported(err):
+				return errBLASUnsupported
+			case err != nil:
+				return fmt.Errorf("%s: MatMul: %w", b.name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// dequantRows decodes rows of the quantized w into dst (row-major, K
+// elements a row, 16-byte aligned): rows r0..r0+rows-1, or those the ids
+// at device address ids name (ids != 0), as F32 (exact) or F16.
+func (b *Backend) dequantRows(f quantFormat, dst uintptr, w *tensor.Tensor, ids uintptr, r0, rows int, f16 bool) error {
+	n, k := w.Shape()[0], w.Shape()[1]
+	pieces := (k/w.DType().BlockSize() + f.pieceBlocks - 1) / f.pieceBlocks
+	items := int64(rows) * int64(pieces) // one warp each
+	blocks := min((items+quantWarps-1)/quantWarps, int64(b.info.SMs)*32)
+	name := "dequant_" + f.name + "_f32"
+	if f16 {
+		name = "dequant_" + f.name + "_f16"
+	}
+	a := new(args).ptr(dst).ptr(w.Ptr()).ptr(ids).i32(r0).i32(rows).i32(k).i32(n)
+	return b.run(name, [3]uint32{uint32(max(blocks, 1)), 1, 1}, [3]uint32{32 * quantWarps, 1, 1}, a)
+}
+
+// embedQuant is Embed for a quantized table: the rows the ids name,
+// dequantized exactly to F32 straight into out, or through scratch in
+// pieces when out is not 16-byte aligned. The caller holds opsMu and has
+// entered the context.
+func (b *Backend) embedQuant(out, table *tensor.Tensor, ids []int32) error {
+	const op = "Embed"
+	f, ok := quantFormatOf(table.DType())
+	if !ok {
+		return fmt.Errorf("cuda: %s: no kernels for %v tables", op, table.DType())
+	}
+	d := int64(table.Shape()[1])
+	idBytes := (int64(len(ids))*4 + 255) &^ 255
+	chunk := len(ids)
+	need := idBytes
+	direct := out.Ptr()%16 == 0
+	if !direct {
+		chunk = int(min(int64(len(ids)), (scratchBytes-idBytes)/(4*d)))
+		if chunk <= 0 {
+			return fmt.Errorf("%s: %s: %d ids and a row of %d floats exceed the scratch arena of %d bytes: %w", b.name, op, len(ids), d, int64(scratchBytes), tensor.ErrOutOfMemory)
+		}
+		need += int64(chunk) * 4 * d
+	}
+	p, release, err := b.scratch(op, need)
+	if err != nil {
+		return err
+	}
+	defer release() // stream order keeps the ids for the kernels
+	// From pageable memory the driver stages ids before returning.
+	if err := cu.MemcpyHtoDAsync(cu.DevicePtr(p), unsafe.Pointer(&ids[0]), int64(len(ids))*4, b.compute); err != nil {
+		return fmt.Errorf("%s: %s ids: %w", b.name, op, cuError(err))
+	}
+	for i0 := 0; i0 < len(ids); i0 += chunk {
+		c := min(chunk, len(ids)-i0)
+		dst := out.Ptr() + uintptr(int64(i0)*4*d)
+		if !direct {
+			dst = p + uintptr(idBytes)
+		}
+		if err := b.dequantRows(f, dst, table, p+uintptr(4*i0), 0, c, false); err != nil {
+			return err
+		}
+		if direct {
+			continue
+		}
+		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(out.Ptr()+uintptr(int64(i0)*4*d)), cu.DevicePtr(dst), int64(c)*4*d, b.compute); err != nil {
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+		}
+	}
+	return nil
+}

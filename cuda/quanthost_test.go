@@ -1,0 +1,258 @@
+package cuda
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/tensortest"
+)
+
+// TestQuantKernelsOnHost runs the bodies of the quantized-weight kernels
+// (kernels/quant.cuh) on the CPU through testdata/quanthost.cu, built with
+// nvcc where it is installed (make cuda-deps CUDA_DEPS_PKGS="nvidia-cuda-dev
+// nvidia-cuda-toolkit"), one host thread per GPU thread: the GEMV against
+// a float64 product over quant.Dequantize's weights within 1e-5, the
+// dequantization bit-exact with it (F32) or its rounding to F16, no read
+// outside the weights, no misaligned vector access. The shapes cover
+// pieces and row groups cut short, more warps than pieces, fewer blocks
+// than row groups, and weights at odd byte offsets; the weights are
+// quantized values and raw random bytes (every bit pattern of the
+// scales, levels and high bits) with finite F16 scales; x is centred or
+// offset (the GEMV's sums of x cancel most there).
+func TestQuantKernelsOnHost(t *testing.T) {
+	nvcc, err := exec.LookPath("nvcc")
+	if err != nil {
+		t.Skipf("nvcc not found (make cuda-deps CUDA_DEPS_PKGS=\"nvidia-cuda-dev nvidia-cuda-toolkit\"): %v", err)
+	}
+	if testing.Short() {
+		t.Skip("builds the kernels' host harness with nvcc")
+	}
+	bin := filepath.Join(t.TempDir(), "quanthost")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, nvcc, "-O2", "-std=c++17", "-Xcompiler", "-pthread", "-o", bin, "testdata/quanthost.cu").CombinedOutput(); err != nil {
+		t.Fatalf("nvcc: %v\n%s", err, out)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	var cases []*hostCase
+	for id, f := range quantFormats {
+		qk := f.dt.BlockSize()
+		small, big := qk, qk*(f.pieceBlocks+5) // one block; a piece and a part
+		offs := []int{0, 2, 6, 9}
+		if f.align16 {
+			offs = []int{0, 16, 48, 0}
+		}
+		for i, g := range []struct{ m, n, k, nblocks, nwarps int }{
+			{1, 13, big, 2, 4},
+			{2, 7, big, 1, 3},
+			{2, 5, small, 3, 1},
+			{1, 1, small, 1, 2},
+			{1, 9, big, 4, 2},
+			{2, 6, 3 * big, 2, 4},
+		} {
+			c := &hostCase{op: 1, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: offs[i%len(offs)], n: g.n, k: g.k, m: g.m}
+			c.w = hostWeights(t, r, f.dt, g.n, g.k, i%2 == 1)
+			c.x = make([]float32, g.m*g.k)
+			for j := range c.x {
+				c.x[j] = 2*r.Float32() - 1
+				if i%3 == 2 {
+					c.x[j] += 0.75
+				}
+			}
+			c.name = fmt.Sprintf("%v/gemv/M%d_N%d_K%d_off%d_%dx%d", f.dt, g.m, g.n, g.k, c.woff, g.nblocks, g.nwarps)
+			cases = append(cases, c)
+		}
+		const n = 9
+		c := &hostCase{op: 2, f: f, id: id, nblocks: 2, nwarps: 3, woff: offs[1], n: n, k: big, ids: []int32{n - 1, 0, 3, 3, -1, n, 5}}
+		c.rows = len(c.ids)
+		c.w = hostWeights(t, r, f.dt, n, big, true)
+		c.name = fmt.Sprintf("%v/dequant_f32/ids", f.dt)
+		cases = append(cases, c)
+		c = &hostCase{op: 3, f: f, id: id, nblocks: 5, nwarps: 4, woff: offs[2], n: n, k: big, r0: 2, rows: n - 2}
+		c.w = hostWeights(t, r, f.dt, n, big, false)
+		c.name = fmt.Sprintf("%v/dequant_f16/rows", f.dt)
+		cases = append(cases, c)
+		c = &hostCase{op: 2, f: f, id: id, nblocks: 1, nwarps: 1, woff: offs[3], n: 3, k: small, r0: 0, rows: 3}
+		c.w = hostWeights(t, r, f.dt, 3, small, true)
+		c.name = fmt.Sprintf("%v/dequant_f32/small", f.dt)
+		cases = append(cases, c)
+	}
+
+	var req bytes.Buffer
+	for _, c := range cases {
+		c.request(&req)
+	}
+	req.Write(make([]byte, 4)) // op 0: end
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Stdin = &req
+	var resp, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &resp, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("quanthost: %v\n%s", err, stderr.Bytes())
+	}
+	for _, c := range cases {
+		if !t.Run(c.name, func(t *testing.T) { c.check(t, &resp) }) {
+			t.Logf("failing case %s", c.name)
+		}
+	}
+	if resp.Len() != 0 {
+		t.Errorf("%d bytes left over in the harness's output", resp.Len())
+	}
+}
+
+type hostCase struct {
+	name                  string
+	op                    int32 // 1 gemv, 2 dequant to F32, 3 dequant to F16
+	f                     quantFormat
+	id                    int
+	nblocks, nwarps, woff int
+	n, k, m               int
+	rows, r0              int
+	ids                   []int32
+	w                     []byte
+	x                     []float32
+}
+
+func (c *hostCase) request(b *bytes.Buffer) {
+	put := func(vs ...int) {
+		for _, v := range vs {
+			binary.Write(b, binary.LittleEndian, int32(v))
+		}
+	}
+	put(int(c.op), c.id, c.nblocks, c.nwarps, c.woff, c.n, c.k)
+	if c.op == 1 {
+		put(c.m)
+		b.Write(c.w)
+		binary.Write(b, binary.LittleEndian, c.x)
+		return
+	}
+	put(c.rows, c.r0, len(c.ids))
+	binary.Write(b, binary.LittleEndian, c.ids)
+	b.Write(c.w)
+}
+
+func (c *hostCase) check(t *testing.T, resp *bytes.Buffer) {
+	var violations int64
+	binary.Read(resp, binary.LittleEndian, &violations)
+	if violations != 0 {
+		t.Errorf("%d reads outside the weights or misaligned accesses", violations)
+	}
+	qt, _ := c.f.dt.Quant()
+	rowBytes := c.k / qt.BlockSize() * qt.BlockBytes()
+	row := func(i int) []float32 {
+		src := make([]byte, rowBytes) // a row outside w decodes as zero bytes
+		if i >= 0 && i < c.n {
+			src = c.w[i*rowBytes : (i+1)*rowBytes]
+		}
+		out := make([]float32, c.k)
+		if err := qt.Dequantize(out, src); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	switch c.op {
+	case 1:
+		got := make([]float32, c.m*c.n)
+		binary.Read(resp, binary.LittleEndian, got)
+		want := make([]float64, c.m*c.n)
+		for i := range c.n {
+			w := row(i)
+			for m := range c.m {
+				var s float64
+				for k, v := range w {
+					s += float64(v) * float64(c.x[m*c.k+k])
+				}
+				want[m*c.n+i] = s
+			}
+		}
+		if e := tensortest.RelErr(got, want); !(e <= 1e-5) {
+			t.Errorf("GEMV: relative error %.3g > 1e-5\ngot  %v\nwant %v", e, got[:min(8, len(got))], want[:min(8, len(want))])
+		} else {
+			t.Logf("GEMV: relative error %.2g", e)
+		}
+	case 2, 3:
+		n := c.rows * c.k
+		var got []float32
+		if c.op == 2 {
+			got = make([]float32, n)
+			binary.Read(resp, binary.LittleEndian, got)
+		} else {
+			h := make([]uint16, n)
+			binary.Read(resp, binary.LittleEndian, h)
+			got = make([]float32, n)
+			tensor.F16ToF32(got, h)
+		}
+		bad := 0
+		for i := range c.rows {
+			src := c.r0 + i
+			if c.ids != nil {
+				src = int(c.ids[i])
+			}
+			want := row(src)
+			if c.op == 3 {
+				h := make([]uint16, len(want))
+				tensor.F32ToF16(h, want)
+				tensor.F16ToF32(want, h)
+			}
+			for k, v := range want {
+				if g := got[i*c.k+k]; math.Float32bits(g) != math.Float32bits(v) {
+					if bad++; bad <= 5 {
+						t.Errorf("row %d (source %d) element %d: got %g, want %g", i, src, k, g, v)
+					}
+				}
+			}
+		}
+		if bad > 5 {
+			t.Errorf("%d values differ", bad)
+		}
+	}
+}
+
+// halfFields are the byte offsets of the F16 scales in a block.
+var halfFields = map[tensor.DType][]int{
+	tensor.Q8_0: {0}, tensor.Q4_0: {0}, tensor.Q5_0: {0}, tensor.Q4_1: {0, 2}, tensor.Q5_1: {0, 2},
+	tensor.Q4_K: {0, 2}, tensor.Q5_K: {0, 2}, tensor.Q6_K: {208},
+}
+
+// hostWeights returns n rows of k elements of dt: random values quantized,
+// or raw random bytes with random finite F16 scales.
+func hostWeights(t testing.TB, r *rand.Rand, dt tensor.DType, n, k int, raw bool) []byte {
+	t.Helper()
+	qt, _ := dt.Quant()
+	size, err := qt.Bytes(int64(n * k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, size)
+	if !raw {
+		v := make([]float32, n*k)
+		for i := range v {
+			v[i] = float32(r.NormFloat64())
+		}
+		if err := qt.Quantize(b, v); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	bb := qt.BlockBytes()
+	for blk := 0; blk < len(b); blk += bb {
+		for _, off := range halfFields[dt] {
+			// sign, exponent 2^-9..2^0, any mantissa
+			h := uint16(r.IntN(2))<<15 | uint16(6+r.IntN(10))<<10 | uint16(r.IntN(1024))
+			binary.LittleEndian.PutUint16(b[blk+off:], h)
+		}
+	}
+	return b
+}

@@ -1,0 +1,250 @@
+// quanthost runs the bodies of the quantized-weight kernels
+// (kernels/quant.cuh) on the CPU, for quanthost_test.go: one host thread per
+// GPU thread of a block, blocks one after another, with barriers for
+// __syncwarp and __syncthreads and a shared array for the warp sum. The
+// device-only instructions have host versions in quant.cuh that compute
+// the same bits and report what would fault or be misaligned on the GPU.
+//
+// It reads requests from stdin and writes one response per request to
+// stdout, all little-endian:
+//
+//   request:  int32 op (0 end, 1 gemv, 2 dequant to F32, 3 dequant to F16),
+//             int32 format (the order of formats below), int32 nblocks,
+//             int32 nwarps, int32 woff (the weights' byte offset from a
+//             256-byte boundary), int32 N, int32 K, then
+//     gemv:    int32 M, the N rows of w, M*K float32 x
+//     dequant: int32 rows, int32 r0, int32 nids, nids int32 ids (none: the
+//              rows r0..r0+rows-1), the N rows of w
+//   response: int64 violations, then M*N float32 (gemv), rows*K float32
+//             (dequant to F32) or rows*K uint16 halves (to F16)
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "../kernels/quant.cuh"
+
+static std::atomic<long long> violations;
+void qhost_violation() { violations++; }
+const uint8_t *qhost_lo, *qhost_hi;
+
+struct Barrier {
+	std::mutex mu;
+	std::condition_variable cv;
+	int n, count = 0;
+	long gen = 0;
+	explicit Barrier(int n) : n(n) {}
+	void wait() {
+		std::unique_lock<std::mutex> l(mu);
+		const long g = gen;
+		if (++count == n) {
+			count = 0;
+			gen++;
+			cv.notify_all();
+			return;
+		}
+		cv.wait(l, [&] { return gen != g; });
+	}
+};
+
+struct Block {
+	Barrier all;
+	std::vector<Barrier*> warps;
+	float slots[QWARPS][32];
+	explicit Block(int nwarps) : all(32 * nwarps) {
+		for (int i = 0; i < nwarps; i++) warps.push_back(new Barrier(32));
+	}
+	~Block() {
+		for (Barrier* b : warps) delete b;
+	}
+};
+
+static thread_local Block* tblock;
+static thread_local int twarp, tlane;
+
+struct HostSync {
+	static void warp() { tblock->warps[twarp]->wait(); }
+	static void block() { tblock->all.wait(); }
+	static float sum(float v) {
+		tblock->slots[twarp][tlane] = v;
+		warp();
+		float s = 0.0f;
+		for (int i = 0; i < 32; i++) s += tblock->slots[twarp][i];
+		warp();
+		return s;
+	}
+};
+
+// launch runs body(ctx, shared) for every thread of nblocks blocks of
+// nwarps warps; shared is the block's shared memory, filled with garbage.
+template <class Body>
+static void launch(int nblocks, int nwarps, size_t shared, Body body) {
+	for (int b = 0; b < nblocks; b++) {
+		Block blk(nwarps);
+		std::vector<uint8_t> mem(shared + 16, 0xCD);  // shared memory starts as garbage
+		uint8_t* sm = mem.data() + ((16 - ((uintptr_t)mem.data() & 15)) & 15);
+		std::vector<std::thread> ts;
+		for (int t = 0; t < 32 * nwarps; t++)
+			ts.emplace_back([&, t] {
+				tblock = &blk;
+				twarp = t / 32;
+				tlane = t % 32;
+				Ctx c;
+				c.lane = tlane;
+				c.warp = twarp;
+				c.nwarps = nwarps;
+				c.block = b;
+				c.nblocks = nblocks;
+				body(c, sm);
+			});
+		for (std::thread& t : ts) t.join();
+	}
+}
+
+static void readn(void* p, size_t n) {
+	if (n && fread(p, 1, n, stdin) != n) {
+		fprintf(stderr, "quanthost: short read\n");
+		exit(2);
+	}
+}
+static int32_t read32() {
+	int32_t v;
+	readn(&v, 4);
+	return v;
+}
+static void writen(const void* p, size_t n) {
+	if (n && fwrite(p, 1, n, stdout) != n) {
+		fprintf(stderr, "quanthost: short write\n");
+		exit(2);
+	}
+}
+
+// aligned returns n bytes at a 256-byte boundary plus off inside buf, with
+// the bytes around them poisoned.
+static uint8_t* aligned(std::vector<uint8_t>& buf, size_t n, int off) {
+	buf.assign(n + off + 512, 0xA5);
+	uint8_t* p = buf.data() + ((256 - ((uintptr_t)buf.data() & 255)) & 255);
+	return p + off;
+}
+
+template <class F>
+static void gemv(int nblocks, int nwarps, int woff, int N, int K) {
+	const int M = read32();
+	const long long wbytes = (long long)N * (K / F::QK) * F::BB;
+	std::vector<uint8_t> wbuf, xbuf, obuf;
+	uint8_t* w = aligned(wbuf, wbytes, woff);
+	readn(w, wbytes);
+	float* x = (float*)aligned(xbuf, (size_t)M * K * 4, 0);
+	readn(x, (size_t)M * K * 4);
+	float* out = (float*)aligned(obuf, (size_t)M * N * 4, 0);
+	qhost_lo = w;
+	qhost_hi = w + wbytes;
+	violations = 0;
+	constexpr size_t stage = QWARPS * Geo<F, 4>::BYTES; // enough for QROWS(1) and QROWS(2)
+	auto run = [&](auto mtag) {
+		constexpr int MM = decltype(mtag)::value;
+		launch(nblocks, nwarps, stage + QWARPS * 4 * 4, [&](const Ctx& c, uint8_t* sm) {
+			gemv_block<F, MM, QROWS(MM), HostSync>(c, sm, (float*)(sm + stage), out, x, w, N, K);
+		});
+	};
+	switch (M) {
+	case 1:
+		run(std::integral_constant<int, 1>());
+		break;
+	case 2:
+		run(std::integral_constant<int, 2>());
+		break;
+	default:
+		fprintf(stderr, "quanthost: M = %d\n", M);
+		exit(2);
+	}
+	const long long v = violations;
+	writen(&v, 8);
+	writen(out, (size_t)M * N * 4);
+}
+
+template <class F, typename T>
+static void dequant(int nblocks, int nwarps, int woff, int N, int K) {
+	const int rows = read32(), r0 = read32(), nids = read32();
+	std::vector<int> ids(nids);
+	readn(ids.data(), (size_t)nids * 4);
+	const long long wbytes = (long long)N * (K / F::QK) * F::BB;
+	std::vector<uint8_t> wbuf, obuf;
+	uint8_t* w = aligned(wbuf, wbytes, woff);
+	readn(w, wbytes);
+	T* out = (T*)aligned(obuf, (size_t)rows * K * sizeof(T), 0);
+	qhost_lo = w;
+	qhost_hi = w + wbytes;
+	violations = 0;
+	launch(nblocks, nwarps, QWARPS * Geo<F, 1>::BYTES, [&](const Ctx& c, uint8_t* sm) {
+		dequant_block<F, T, HostSync>(c, sm, out, w, nids ? ids.data() : nullptr, r0, rows, K, N);
+	});
+	const long long v = violations;
+	writen(&v, 8);
+	writen(out, (size_t)rows * K * sizeof(T));
+}
+
+template <class F>
+static void serve(int op, int nblocks, int nwarps, int woff, int N, int K) {
+	switch (op) {
+	case 1:
+		gemv<F>(nblocks, nwarps, woff, N, K);
+		break;
+	case 2:
+		dequant<F, float>(nblocks, nwarps, woff, N, K);
+		break;
+	case 3:
+		dequant<F, __half>(nblocks, nwarps, woff, N, K);
+		break;
+	default:
+		fprintf(stderr, "quanthost: op %d\n", op);
+		exit(2);
+	}
+}
+
+int main() {
+	for (;;) {
+		const int op = read32();
+		if (op == 0) break;
+		const int format = read32(), nblocks = read32(), nwarps = read32(), woff = read32(), N = read32(), K = read32();
+		if (nwarps < 1 || nwarps > QWARPS) {
+			fprintf(stderr, "quanthost: %d warps\n", nwarps);
+			return 2;
+		}
+		switch (format) {
+		case 0:
+			serve<FmtQ8_0>(op, nblocks, nwarps, woff, N, K);
+			break;
+		case 1:
+			serve<FmtQ4_0>(op, nblocks, nwarps, woff, N, K);
+			break;
+		case 2:
+			serve<FmtQ4_1>(op, nblocks, nwarps, woff, N, K);
+			break;
+		case 3:
+			serve<FmtQ5_0>(op, nblocks, nwarps, woff, N, K);
+			break;
+		case 4:
+			serve<FmtQ5_1>(op, nblocks, nwarps, woff, N, K);
+			break;
+		case 5:
+			serve<FmtQ4_K>(op, nblocks, nwarps, woff, N, K);
+			break;
+		case 6:
+			serve<FmtQ5_K>(op, nblocks, nwarps, woff, N, K);
+			break;
+		case 7:
+			serve<FmtQ6_K>(op, nblocks, nwarps, woff, N, K);
+			break;
+		default:
+			fprintf(stderr, "quanthost: format %d\n", format);
+			return 2;
+		}
+		fflush(stdout);
+	}
+	return 0;
+}
