@@ -29,7 +29,9 @@ const (
 )
 
 // MatMul computes out[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N]). x and out are F32;
-// w and bias may be F32, F16 or BF16 and are read in their stored type.
+// w and bias may be F32, F16 or BF16 and are read in their stored type; w
+// may also be quantized, multiplied in integers after x is quantized to 8
+// bits per element (see matMulQuant).
 //
 // One row of x (decode) streams the weights once through the gemv kernel,
 // split across the pool in blocks of rows. Several rows (prefill) use the
@@ -40,6 +42,9 @@ const (
 func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 	if err := operands("MatMul", out, x, w, bias); err != nil {
 		return err
+	}
+	if w.dtype.IsQuantized() {
+		return c.matMulQuant(out, x, w, bias)
 	}
 	m, k, n := x.shape[0], x.shape[1], w.shape[0]
 	if m == 0 || n == 0 {
