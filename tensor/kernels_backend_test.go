@@ -19,7 +19,7 @@ func TestCPUBackendKernels(t *testing.T) {
 				if c.Kernels() != name {
 					t.Fatalf("backend runs %q kernels, want %q", c.Kernels(), name)
 				}
-				tensortest.TestBackend(t, c)
+				tensortest.TestBackend(t, c, tensortest.QuantizedActivations())
 			})
 		}
 	}
@@ -56,7 +56,7 @@ func fuzzKernels(f *testing.F, name string) {
 	if c.Kernels() != name {
 		f.Skipf("this machine has no %s kernels", name)
 	}
-	tensortest.FuzzMatMul(f, c)
+	tensortest.FuzzMatMul(f, c, tensortest.QuantizedActivations())
 }
 
 // TestCPUNoAllocs checks, on every kernel table, that the operations of a
