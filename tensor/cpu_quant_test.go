@@ -10,6 +10,7 @@ import (
 
 	"github.com/strata-llm/strata/tensor"
 	"github.com/strata-llm/strata/tensor/quant"
+	"github.com/strata-llm/strata/tensor/tensortest"
 )
 
 // quantDTypes are the quantized weight types, those with an integer
@@ -43,6 +44,21 @@ func quantTensor(t testing.TB, dt tensor.DType, shape tensor.Shape, v []float32)
 	return w
 }
 
+// blocksTensor returns random blocks of dt (tensortest.RandomBlocks) as a
+// host tensor.
+func blocksTensor(t testing.TB, r *rand.Rand, dt tensor.DType, shape tensor.Shape) *tensor.Tensor {
+	t.Helper()
+	b, err := tensortest.RandomBlocks(r, dt, int(shape.NumElements()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := tensor.FromBytes(dt, shape, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
 // TestCPUMatMulQuant checks the quantized product against quant's own
 // integer product, row by row: the CPU quantizes each row of x with
 // quant.QuantizeRow and multiplies with quant.GEMV over ranges of weight
@@ -64,7 +80,7 @@ func TestCPUMatMulQuant(t *testing.T) {
 					c := tensor.NewCPU(threads)
 					defer c.Close()
 					x, _ := tensor.FromF32(tensor.Shape{s.m, k}, normals(r, s.m*k))
-					w := quantTensor(t, dt, tensor.Shape{s.n, k}, normals(r, s.n*k))
+					w := blocksTensor(t, r, dt, tensor.Shape{s.n, k})
 					bias, _ := tensor.FromF32(tensor.Shape{s.n}, normals(r, s.n))
 					out := tensor.New(tensor.F32, tensor.Shape{s.m, s.n})
 					for i := range out.F32() {
