@@ -27,8 +27,9 @@
 // A backend's test calls it with options suited to its arithmetic:
 //
 //	func TestCPU(t *testing.T) {
-//		// Default tolerance 1e-5; the quantized products also match the
-//		// rounded activations of quant.QuantizeRow within it.
+//		// Default tolerance 1e-5; each quantized product also matches,
+//		// within it, the exact product or the one over the activations
+//		// rounded by quant.QuantizeRow.
 //		tensortest.TestBackend(t, tensor.NewCPU(0), tensortest.QuantizedActivations())
 //	}
 //

@@ -43,10 +43,11 @@ func QuantTypes(dts ...tensor.DType) Option {
 }
 
 // QuantizedActivations says that the backend multiplies quantized weights
-// as ggml's CPU product does, with each row of x rounded to the blocks of
-// quant.VecDotType of the weights. The suite then also checks the product
-// against the float64 product of the dequantized weights with the rounded
-// activations, within Tolerance.
+// either exactly or as ggml's CPU product does, with each row of x rounded
+// to the blocks of quant.VecDotType of the weights (RoundActivations). The
+// suite then holds every product to Tolerance against one of the two
+// float64 references: over the dequantized weights with x as given, or
+// with x rounded.
 func QuantizedActivations() Option { return func(c *config) { c.quantizesX = true } }
 
 func newConfig(opts []Option) config {
