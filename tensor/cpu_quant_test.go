@@ -59,21 +59,29 @@ func blocksTensor(t testing.TB, r *rand.Rand, dt tensor.DType, shape tensor.Shap
 	return w
 }
 
-// TestCPUMatMulQuant checks the quantized product against quant's own
-// integer product, row by row: the CPU quantizes each row of x with
+// TestCPUMatMulQuant checks the quantized product. Below
+// QuantGemmRows rows of x the CPU quantizes each row of x with
 // quant.QuantizeRow and multiplies with quant.GEMV over ranges of weight
 // rows, so every element must be VecDot's, bit for bit, plus the bias in
-// F32, whatever the threads and the split.
+// F32, whatever the threads and the split. From QuantGemmRows rows it
+// dequantizes the weights for the gemm, so every element must be that of
+// the product with F32 weights holding the dequantized values.
 func TestCPUMatMulQuant(t *testing.T) {
 	shapes := []struct{ m, n, blocks int }{
 		{1, 2048, 8}, {1, 7, 1}, {3, 130, 3}, {37, 300, 2}, {1, 1, 1}, {64, 5, 4},
-		{300, 20, 16}, // x quantized on the pool
+		{31, 10, 80},  // x quantized on the pool
+		{300, 20, 16}, // the gemm for every format
+		{128, 130, 2}, // the gemm from its first row count for the K formats
 	}
 	for _, dt := range quantDTypes {
 		typ, _ := dt.Quant()
 		for _, s := range shapes {
 			for _, threads := range []int{1, 3} {
+				gemm := s.m >= tensor.QuantGemmRows(dt)
 				name := fmt.Sprintf("%v/M%d_N%d_K%d/threads=%d", dt, s.m, s.n, s.blocks*dt.BlockSize(), threads)
+				if gemm {
+					name += "/gemm"
+				}
 				t.Run(name, func(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(s.m*s.n), uint64(dt)))
 					k := s.blocks * dt.BlockSize()
@@ -88,6 +96,22 @@ func TestCPUMatMulQuant(t *testing.T) {
 					}
 					if err := c.MatMul(out, x, w, bias); err != nil {
 						t.Fatal(err)
+					}
+					if gemm {
+						wf := tensor.New(tensor.F32, w.Shape())
+						if err := typ.Dequantize(wf.F32(), w.Bytes()); err != nil {
+							t.Fatal(err)
+						}
+						want := tensor.New(tensor.F32, out.Shape())
+						if err := c.MatMul(want, x, wf, bias); err != nil {
+							t.Fatal(err)
+						}
+						for i, v := range want.F32() {
+							if got := out.F32()[i]; math.Float32bits(got) != math.Float32bits(v) {
+								t.Fatalf("out[%d,%d] = %v, want %v (F32 weights)", i/s.n, i%s.n, got, v)
+							}
+						}
+						return
 					}
 					xq := make([]byte, k/quant.VecDotType(typ).BlockSize()*quant.VecDotType(typ).BlockBytes())
 					rb := int(w.NumBytes()) / s.n
@@ -139,7 +163,8 @@ func TestCPUMatMulQuantF16Bias(t *testing.T) {
 }
 
 // TestCPUMatMulQuantActivations checks activations the 8-bit formats
-// cannot hold: an error wrapping quant.ErrNotFinite that names the row.
+// cannot hold, where the CPU quantizes them (fewer rows than
+// QuantGemmRows): an error wrapping quant.ErrNotFinite that names the row.
 func TestCPUMatMulQuantActivations(t *testing.T) {
 	c := tensor.NewCPU(2)
 	defer c.Close()
@@ -151,8 +176,8 @@ func TestCPUMatMulQuantActivations(t *testing.T) {
 	}{
 		{tensor.Q8_0, float32(math.NaN()), 3, 256, 2},
 		{tensor.Q4_K, float32(math.Inf(-1)), 3, 256, 2},
-		{tensor.Q4_0, 1e30, 3, 256, 2}, // beyond the F16 scale of a Q8_0 block
-		{tensor.Q6_K, float32(math.NaN()), 300, 512, 250},
+		{tensor.Q4_0, 1e30, 3, 256, 2},                     // beyond the F16 scale of a Q8_0 block
+		{tensor.Q6_K, float32(math.NaN()), 120, 1024, 100}, // x quantized on the pool
 	} {
 		t.Run(fmt.Sprintf("%v/%v/M%d", tc.dt, tc.v, tc.rows), func(t *testing.T) {
 			x := tensor.New(tensor.F32, tensor.Shape{tc.rows, tc.k})

@@ -86,10 +86,12 @@ func testNoAllocs(t *testing.T, c tensor.Backend) {
 	kc, vc, attn := f32(64, kvHeads*hd), f32(64, kvHeads*hd), f32(16, heads*hd)
 	wq := tensor.New(tensor.F16, tensor.Shape{heads * hd, hidden})
 	wg := tensor.New(tensor.BF16, tensor.Shape{inter, hidden})
-	// Quantized weights: an embedding table, and projections in a
-	// 32-element and a K format (zero blocks, whose scales are finite).
+	// Quantized weights: an embedding table, and projections in 32-element
+	// and K formats (zero blocks, whose scales are finite). Q4_1's prefill
+	// runs on the gemm, the others' in integers.
 	table := tensor.New(tensor.Q6_K, tensor.Shape{32, 256})
 	w8 := tensor.New(tensor.Q8_0, tensor.Shape{inter, hidden})
+	w41 := tensor.New(tensor.Q4_1, tensor.Shape{heads * hd, hidden})
 	x4, y4 := f32(16, 256), f32(16, 96)
 	w4 := tensor.New(tensor.Q4_K, tensor.Shape{96, 256})
 	x41, _ := x4.Rows(0, 1)
@@ -106,6 +108,7 @@ func testNoAllocs(t *testing.T, c tensor.Backend) {
 		for _, err := range []error{
 			c.Embed(x4, table, ids[:x4.Shape()[0]]),
 			c.RMSNorm(h, x, norm, 1e-5),
+			c.MatMul(q, h, w41, nil),
 			c.MatMul(q, h, wq, nil),
 			c.Attention(attn, tensor.Attn{Q: q, K: kc, V: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Pos0: pos, Scale: 0.25}),
 			c.MatMul(gate, h, wg, nil),
