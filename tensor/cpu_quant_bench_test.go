@@ -157,11 +157,17 @@ func BenchmarkMatMulDecode(b *testing.B) {
 	}
 }
 
-// BenchmarkMatMulPrefill multiplies 128 rows of activations with the
-// 1.1B model's gate projection: compute, not memory, bounds it.
+// BenchmarkMatMulPrefill multiplies 16 and 128 rows of activations with
+// the 1.1B model's gate projection: compute, not memory, bounds it. The
+// quantized products of 16 rows run in integers, those of 128 on the gemm
+// (quantGemmRows).
 func BenchmarkMatMulPrefill(b *testing.B) {
-	const m, n, k = 128, 5632, 2048
-	for _, dt := range []tensor.DType{tensor.F16, tensor.Q8_0, tensor.Q4_K} {
+	const n, k = 5632, 2048
+	for _, c := range []struct {
+		m  int
+		dt tensor.DType
+	}{{16, tensor.F16}, {16, tensor.Q8_0}, {16, tensor.Q4_K}, {128, tensor.F16}, {128, tensor.Q8_0}, {128, tensor.Q4_K}} {
+		m, dt := c.m, c.dt
 		for _, threads := range []int{1, 2} {
 			b.Run(fmt.Sprintf("M%d_%dx%d/%v/threads=%d", m, n, k, dt, threads), func(b *testing.B) {
 				c := tensor.NewCPU(threads)
