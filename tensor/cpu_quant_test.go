@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
@@ -243,5 +244,56 @@ func TestCPUEmbedQuant(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCPUMatMulQuantConcurrent runs quantized products of every method
+// from several goroutines on one backend, whose calls share pooled
+// buffers, and checks each against the same product on a backend of its
+// own; run it under -race.
+func TestCPUMatMulQuantConcurrent(t *testing.T) {
+	c := tensor.NewCPU(2)
+	defer c.Close()
+	type job struct{ out, x, w, want *tensor.Tensor }
+	var jobs []job
+	r := rand.New(rand.NewPCG(7, 7))
+	for _, dt := range []tensor.DType{tensor.Q8_0, tensor.Q4_K} {
+		for _, m := range []int{1, 7, 40, 130} {
+			const n, k = 96, 512
+			x, _ := tensor.FromF32(tensor.Shape{m, k}, normals(r, m*k))
+			w := blocksTensor(t, r, dt, tensor.Shape{n, k})
+			want := tensor.New(tensor.F32, tensor.Shape{m, n})
+			own := tensor.NewCPU(1)
+			if err := own.MatMul(want, x, w, nil); err != nil {
+				t.Fatal(err)
+			}
+			own.Close()
+			jobs = append(jobs, job{tensor.New(tensor.F32, tensor.Shape{m, n}), x, w, want})
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(jobs))
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 20 {
+				j := jobs[(g+i)%len(jobs)]
+				out := tensor.New(tensor.F32, j.out.Shape())
+				if err := c.MatMul(out, j.x, j.w, nil); err != nil {
+					errs <- err
+					return
+				}
+				for e, v := range j.want.F32() {
+					if out.F32()[e] != v {
+						errs <- fmt.Errorf("goroutine %d, %v %v: element %d is %v, want %v", g, j.w.DType(), j.x.Shape(), e, out.F32()[e], v)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
