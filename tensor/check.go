@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"unsafe"
+
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // The argument checks of every operation of Kernels and GradOps, written
@@ -19,6 +21,9 @@ func CheckShape(op, name string, t *Tensor, dt DType, want ...int) error {
 	if t == nil {
 		return fmt.Errorf("tensor: %s: %s is nil", op, name)
 	}
+	if t.dtype.IsQuantized() && t.dtype != dt {
+		return quantizedOperand(op, name, t, onlyWeights)
+	}
 	if dt == Invalid && !t.dtype.IsFloat() || dt != Invalid && t.dtype != dt {
 		return fmt.Errorf("tensor: %s: %s has dtype %v", op, name, t.dtype)
 	}
@@ -33,11 +38,43 @@ func CheckShape(op, name string, t *Tensor, dt DType, want ...int) error {
 	return nil
 }
 
+const onlyWeights = "only MatMul's w and Embed's table may be quantized"
+
+// quantizedOperand is the error of a quantized operand where op takes a
+// float one; why says what op would take.
+func quantizedOperand(op, name string, t *Tensor, why string) error {
+	return fmt.Errorf("tensor: %s: %s has dtype %v: %w (%s)", op, name, t.dtype, ErrQuantized, why)
+}
+
+// checkWeight is CheckShape for MatMul's w and Embed's table, [rows,
+// cols]: a float type, or a quantized one with a product (all but Q8_K,
+// the activations' format of the K formats' products).
+func checkWeight(op, name string, t *Tensor, rows, cols int) error {
+	if t == nil || !t.dtype.IsQuantized() {
+		return CheckShape(op, name, t, Invalid, rows, cols)
+	}
+	if q, _ := t.dtype.Quant(); quant.VecDotType(q) == quant.F32 {
+		return fmt.Errorf("tensor: %s: %s has dtype %v, the format of activations in the K formats' products, not of weights", op, name, t.dtype)
+	}
+	return CheckShape(op, name, t, t.dtype, rows, cols)
+}
+
+// checkFloatWeight refuses a quantized weight w of a training operation.
+func checkFloatWeight(op, name string, w *Tensor) error {
+	if w != nil && w.dtype.IsQuantized() {
+		return quantizedOperand(op, name, w, "training needs float weights")
+	}
+	return nil
+}
+
 // checkLike returns an error naming op unless t is a tensor of dtype dt and
 // of like's shape.
 func checkLike(op, name string, t *Tensor, dt DType, like Shape) error {
 	if t == nil {
 		return fmt.Errorf("tensor: %s: %s is nil", op, name)
+	}
+	if t.dtype.IsQuantized() && t.dtype != dt {
+		return quantizedOperand(op, name, t, onlyWeights)
 	}
 	if t.dtype != dt {
 		return fmt.Errorf("tensor: %s: %s has dtype %v", op, name, t.dtype)
@@ -104,7 +141,7 @@ func checkMatMul(out, x, w, bias *Tensor) error {
 		return err
 	}
 	m, k := x.shape[0], x.shape[1]
-	if err := CheckShape(op, "w", w, Invalid, -1, k); err != nil {
+	if err := checkWeight(op, "w", w, -1, k); err != nil {
 		return err
 	}
 	n := w.shape[0]
@@ -169,8 +206,8 @@ func checkElementwise(op string, out, a, b *Tensor, an, bn string) error {
 	if a == nil {
 		return fmt.Errorf("tensor: %s: %s is nil", op, an)
 	}
-	if a.dtype != F32 {
-		return fmt.Errorf("tensor: %s: %s has dtype %v", op, an, a.dtype)
+	if err := checkLike(op, an, a, F32, a.shape); err != nil {
+		return err
 	}
 	if err := checkLike(op, bn, b, F32, a.shape); err != nil {
 		return err
@@ -194,7 +231,7 @@ func checkAdd(out, a, b *Tensor) error {
 
 func checkEmbed(out, table *Tensor, ids []int32) error {
 	const op = "Embed"
-	if err := CheckShape(op, "table", table, Invalid, -1, -1); err != nil {
+	if err := checkWeight(op, "table", table, -1, -1); err != nil {
 		return err
 	}
 	v, d := table.shape[0], table.shape[1]
@@ -219,6 +256,9 @@ func checkCopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error {
 	}
 	if dst.dtype != src.dtype {
 		return fmt.Errorf("tensor: %s: dst is %v, src is %v", op, dst.dtype, src.dtype)
+	}
+	if dst.dtype.IsQuantized() {
+		return quantizedOperand(op, "dst", dst, onlyWeights)
 	}
 	if len(dst.shape) == 0 || len(src.shape) == 0 {
 		return fmt.Errorf("tensor: %s: dst %v and src %v must have rows", op, dst.shape, src.shape)
@@ -268,8 +308,21 @@ func checkZero(t *Tensor) error {
 	return nil
 }
 
+// checkMatMulPrecise checks MatMul's arguments for its training form,
+// which needs float weights.
+func checkMatMulPrecise(out, x, w, bias *Tensor) error {
+	const op = "MatMulPrecise"
+	if err := checkFloatWeight(op, "w", w); err != nil {
+		return err
+	}
+	return checkMatMul(out, x, w, bias)
+}
+
 func checkMatMulGradX(dx, dy, w *Tensor) error {
 	const op = "MatMulGradX"
+	if err := checkFloatWeight(op, "w", w); err != nil {
+		return err
+	}
 	if err := CheckShape(op, "dy", dy, F32, -1, -1); err != nil {
 		return err
 	}
@@ -311,6 +364,9 @@ func checkBiasGrad(db, dy *Tensor) error {
 
 func checkRMSNormGrad(dx, dw, dy, x, w *Tensor) error {
 	const op = "RMSNormGrad"
+	if err := checkFloatWeight(op, "w", w); err != nil {
+		return err
+	}
 	if err := CheckShape(op, "x", x, F32, -1, -1); err != nil {
 		return err
 	}
@@ -341,8 +397,8 @@ func checkSiLUMulGrad(dgate, dup, dout, gate, up *Tensor) error {
 	if gate == nil {
 		return fmt.Errorf("tensor: %s: gate is nil", op)
 	}
-	if gate.dtype != F32 {
-		return fmt.Errorf("tensor: %s: gate has dtype %v", op, gate.dtype)
+	if err := checkLike(op, "gate", gate, F32, gate.shape); err != nil {
+		return err
 	}
 	if err := checkLike(op, "up", up, F32, gate.shape); err != nil {
 		return err

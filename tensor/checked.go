@@ -121,7 +121,7 @@ func (c *checked) Attention(out *Tensor, a Attn) error {
 }
 
 func (c *checkedGrad) MatMulPrecise(out, x, w, bias *Tensor) error {
-	if err := checkMatMul(out, x, w, bias); err != nil {
+	if err := checkMatMulPrecise(out, x, w, bias); err != nil {
 		return err
 	}
 	return c.g.MatMulPrecise(out, x, w, bias)

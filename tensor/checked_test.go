@@ -59,6 +59,18 @@ func TestCheckedStopsMalformedCalls(t *testing.T) {
 			sq := f32(3, 3)
 			return g.MatMulGradX(sq, f32(3, 3), sq)
 		}, true},
+		{"MatMul/quantized w", func(b tensor.Backend, _ tensor.GradOps) error {
+			return b.MatMul(f32(2, 3), f32(2, 32), tensor.New(tensor.Q8_0, tensor.Shape{3, 32}), nil)
+		}, false},
+		{"MatMul/Q8_K w", func(b tensor.Backend, _ tensor.GradOps) error {
+			return b.MatMul(f32(2, 3), f32(2, 256), tensor.New(tensor.Q8_K, tensor.Shape{3, 256}), nil)
+		}, true},
+		{"MatMul/quantized x", func(b tensor.Backend, _ tensor.GradOps) error {
+			return b.MatMul(f32(2, 3), tensor.New(tensor.Q8_0, tensor.Shape{2, 32}), f32(3, 32), nil)
+		}, true},
+		{"MatMulGradX/quantized w", func(_ tensor.Backend, g tensor.GradOps) error {
+			return g.MatMulGradX(f32(2, 32), dy, tensor.New(tensor.Q8_0, tensor.Shape{3, 32}))
+		}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			k := &counting{CPU: cpu}

@@ -37,9 +37,18 @@ const (
 // of nr rows stored k-major, and each task converts a block of weight rows
 // to F32 and multiplies it with every panel, keeping an mr×nr tile of out
 // in registers.
+//
+// Quantized weights are multiplied in integers, x quantized to 8 bits per
+// element (matMulQuant), except from quantGemmRows rows of x, where the
+// gemm is faster: it dequantizes each block of weight rows to F32 as it
+// converts F16 ones, and so computes the F32 product over the dequantized
+// weights, without the error of rounding x.
 func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 	if err := operands("MatMul", out, x, w, bias); err != nil {
 		return err
+	}
+	if w.dtype.IsQuantized() && (c.k.gemm == nil || x.shape[0] < quantGemmRows(w.dtype)) {
+		return c.matMulQuant(out, x, w, bias)
 	}
 	m, k, n := x.shape[0], x.shape[1], w.shape[0]
 	if m == 0 || n == 0 {
@@ -48,9 +57,12 @@ func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 	mm := matmulPool.Get().(*matmul)
 	defer mm.release()
 	*mm = matmul{k: c.k, m: m, n: n, kd: k, x: x.F32(), out: out.F32(), wdt: w.dtype, scratch: mm.scratch}
-	if w.dtype == F32 {
+	switch {
+	case w.dtype.IsQuantized():
+		mm.wq = w.data
+	case w.dtype == F32:
 		mm.w32 = w.F32()
-	} else {
+	default:
 		mm.w16 = w.U16()
 	}
 	if bias != nil {
@@ -105,6 +117,7 @@ type matmul struct {
 	wdt      DType
 	w32      []float32 // F32 weights
 	w16      []uint16  // F16 or BF16 weights
+	wq       []byte    // quantized weights (packed prefill only)
 	bias     fvec
 	hasBias  bool
 
@@ -263,8 +276,14 @@ func (mm *matmul) gemmBlock(bn int) {
 		copy(wbuf, mm.w32[n0*kd:n1*kd])
 	case F16:
 		k.cvtF16(wbuf, mm.w16[n0*kd:n1*kd])
-	default:
+	case BF16:
 		k.cvtBF16(wbuf, mm.w16[n0*kd:n1*kd])
+	default:
+		typ, _ := mm.wdt.Quant()
+		rb := kd / typ.BlockSize() * typ.BlockBytes()
+		if err := typ.Dequantize(wbuf[:rows*kd], mm.wq[n0*rb:n1*rb]); err != nil {
+			panic(err) // unreachable: whole rows of whole blocks
+		}
 	}
 	for k0 := 0; k0 < kd; k0 += kc {
 		kl := min(kc, kd-k0)

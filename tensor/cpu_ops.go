@@ -163,11 +163,15 @@ func (c *CPU) Add(out, a, b *Tensor) error {
 	return nil
 }
 
-// Embed gathers rows of table [V, D] (any float type) into out [len(ids), D]
-// F32. (Checked refuses an id outside [0, V) before anything is written.)
+// Embed gathers rows of table [V, D] (any float type, or quantized: the
+// rows are dequantized) into out [len(ids), D] F32. (Checked refuses an id
+// outside [0, V) before anything is written.)
 func (c *CPU) Embed(out, table *Tensor, ids []int32) error {
 	if err := operands("Embed", out, table); err != nil {
 		return err
+	}
+	if table.dtype.IsQuantized() {
+		return embedQuant(out, table, ids)
 	}
 	d := table.shape[1]
 	o := out.F32()

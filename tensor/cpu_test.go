@@ -16,7 +16,7 @@ func TestCPUBackend(t *testing.T) {
 		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
 			c := tensor.NewCPU(threads)
 			defer c.Close()
-			tensortest.TestBackend(t, c)
+			tensortest.TestBackend(t, c, tensortest.QuantizedActivations())
 		})
 	}
 }
@@ -158,7 +158,7 @@ func TestCPUZeroK(t *testing.T) {
 func FuzzCPUMatMul(f *testing.F) {
 	c := tensor.NewCPU(0)
 	defer c.Close()
-	tensortest.FuzzMatMul(f, c)
+	tensortest.FuzzMatMul(f, c, tensortest.QuantizedActivations())
 }
 
 func FuzzCPUMatMulGrad(f *testing.F) {

@@ -19,3 +19,8 @@ func KernelNames() []string {
 	}
 	return names
 }
+
+// QuantGemmRows is the number of rows of x from which the CPU's MatMul
+// multiplies quantized weights of dt on the gemm, dequantized, rather than
+// in integers.
+func QuantGemmRows(dt DType) int { return quantGemmRows(dt) }

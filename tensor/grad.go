@@ -7,7 +7,9 @@ package tensor
 // columns], contiguous and row-major, as in Kernels. "Adds into" means the
 // result is accumulated into the destination, which the caller zeroes (with
 // Zero) when it wants the plain gradient. An operation that "sets" its
-// destinations overwrites them.
+// destinations overwrites them. No operand may be quantized: training needs
+// float weights, and MatMulPrecise, MatMulGradX and RMSNormGrad refuse
+// quantized ones with an error wrapping ErrQuantized.
 //
 // The rotary embedding needs no backward of its own: the gradient of
 // Rope(x, Rotary{Cos: cos, Sin: sin, ...}) is Rope(dy, Rotary{Cos: cos,

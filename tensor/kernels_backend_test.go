@@ -19,7 +19,7 @@ func TestCPUBackendKernels(t *testing.T) {
 				if c.Kernels() != name {
 					t.Fatalf("backend runs %q kernels, want %q", c.Kernels(), name)
 				}
-				tensortest.TestBackend(t, c)
+				tensortest.TestBackend(t, c, tensortest.QuantizedActivations())
 			})
 		}
 	}
@@ -56,7 +56,7 @@ func fuzzKernels(f *testing.F, name string) {
 	if c.Kernels() != name {
 		f.Skipf("this machine has no %s kernels", name)
 	}
-	tensortest.FuzzMatMul(f, c)
+	tensortest.FuzzMatMul(f, c, tensortest.QuantizedActivations())
 }
 
 // TestCPUNoAllocs checks, on every kernel table, that the operations of a
@@ -86,6 +86,17 @@ func testNoAllocs(t *testing.T, c tensor.Backend) {
 	kc, vc, attn := f32(64, kvHeads*hd), f32(64, kvHeads*hd), f32(16, heads*hd)
 	wq := tensor.New(tensor.F16, tensor.Shape{heads * hd, hidden})
 	wg := tensor.New(tensor.BF16, tensor.Shape{inter, hidden})
+	// Quantized weights: an embedding table, and projections in 32-element
+	// and K formats (zero blocks, whose scales are finite). Q4_1's prefill
+	// runs on the gemm, the others' in integers.
+	table := tensor.New(tensor.Q6_K, tensor.Shape{32, 256})
+	w8 := tensor.New(tensor.Q8_0, tensor.Shape{inter, hidden})
+	w41 := tensor.New(tensor.Q4_1, tensor.Shape{heads * hd, hidden})
+	x4, y4 := f32(16, 256), f32(16, 96)
+	w4 := tensor.New(tensor.Q4_K, tensor.Shape{96, 256})
+	x41, _ := x4.Rows(0, 1)
+	y41, _ := y4.Rows(0, 1)
+	ids := []int32{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3}
 	norm := tensor.New(tensor.F16, tensor.Shape{hidden})
 	x1, _ := x.Rows(0, 1)
 	h1, _ := h.Rows(0, 1)
@@ -93,14 +104,17 @@ func testNoAllocs(t *testing.T, c tensor.Backend) {
 	g1, _ := gate.Rows(0, 1)
 	u1, _ := up.Rows(0, 1)
 	a1, _ := attn.Rows(0, 1)
-	step := func(x, h, q, gate, up, attn *tensor.Tensor, pos int) {
+	step := func(x, h, q, gate, up, attn, x4, y4 *tensor.Tensor, pos int) {
 		for _, err := range []error{
+			c.Embed(x4, table, ids[:x4.Shape()[0]]),
 			c.RMSNorm(h, x, norm, 1e-5),
+			c.MatMul(q, h, w41, nil),
 			c.MatMul(q, h, wq, nil),
 			c.Attention(attn, tensor.Attn{Q: q, K: kc, V: vc, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Pos0: pos, Scale: 0.25}),
 			c.MatMul(gate, h, wg, nil),
-			c.MatMul(up, h, wg, nil),
+			c.MatMul(up, h, w8, nil),
 			c.SiLUMul(gate, gate, up),
+			c.MatMul(y4, x4, w4, nil),
 			c.Add(x, x, h),
 		} {
 			if err != nil {
@@ -112,8 +126,8 @@ func testNoAllocs(t *testing.T, c tensor.Backend) {
 		name string
 		run  func()
 	}{
-		{"decode", func() { step(x1, h1, q1, g1, u1, a1, 40) }},
-		{"prefill", func() { step(x, h, q, gate, up, attn, 0) }},
+		{"decode", func() { step(x1, h1, q1, g1, u1, a1, x41, y41, 40) }},
+		{"prefill", func() { step(x, h, q, gate, up, attn, x4, y4, 0) }},
 	} {
 		tc.run()
 		if n := testing.AllocsPerRun(50, tc.run); n != 0 {

@@ -73,10 +73,13 @@ func (t *Tensor) Ptr() uintptr { return t.ptr }
 func (t *Tensor) OnHost() bool { return t.data != nil || t.bytes == 0 }
 
 // Reshape returns a tensor sharing t's storage with another shape of the same
-// element count.
+// element count; a quantized tensor's rows must stay whole blocks.
 func (t *Tensor) Reshape(shape Shape) (*Tensor, error) {
 	if shape.NumElements() != int64(t.Len()) {
 		return nil, fmt.Errorf("tensor: cannot reshape %v to %v", t.shape, shape)
+	}
+	if t.dtype.IsQuantized() && (len(shape) == 0 || shape[len(shape)-1]%t.dtype.BlockSize() != 0) {
+		return nil, fmt.Errorf("tensor: cannot reshape %v %v to %v: a row is not whole blocks of %d", t.dtype, t.shape, shape, t.dtype.BlockSize())
 	}
 	u := *t
 	u.shape = shape.Clone()

@@ -29,3 +29,28 @@ func TestView(t *testing.T) {
 		}
 	}
 }
+
+// TestReshapeQuantized checks that a quantized tensor reshapes only to rows
+// of whole blocks: a row that splits a block has no storage of its own.
+func TestReshapeQuantized(t *testing.T) {
+	x := New(Q8_0, Shape{2, 64})
+	for _, tc := range []struct {
+		shape Shape
+		ok    bool
+	}{
+		{Shape{4, 32}, true}, {Shape{128}, true}, {Shape{1, 2, 64}, true},
+		{Shape{8, 16}, false}, {Shape{64, 2}, false}, {Shape{}, false}, {Shape{2, 2, 32}, true},
+	} {
+		r, err := x.Reshape(tc.shape)
+		if (err == nil) != tc.ok {
+			t.Errorf("Reshape(%v) of Q8_0 [2, 64]: %v, %v", tc.shape, r, err)
+			continue
+		}
+		if err == nil && (r.NumBytes() != x.NumBytes() || !r.Shape().Equal(tc.shape)) {
+			t.Errorf("Reshape(%v): %v of %d bytes", tc.shape, r, r.NumBytes())
+		}
+	}
+	if _, err := New(F16, Shape{2, 64}).Reshape(Shape{8, 16}); err != nil {
+		t.Errorf("a float tensor refuses a reshape: %v", err)
+	}
+}

@@ -14,15 +14,29 @@
 // interface: tensors are made with Alloc and Upload and read back with
 // Download.
 //
-// A backend's test calls it with a tolerance suited to its arithmetic:
+// Its Quant section covers quantized weights: MatMul in every quantized
+// weight type (QuantWeightTypes) against the float64 product over the
+// dequantized weights, within QuantTolerance (default 2e-2; rounding the
+// activations to 8 bits per block, as the CPU does, costs 0.5-0.7% of the
+// product, up to 1.8% on the suite's small products); Embed of quantized
+// tables, exactly against the dequantized rows; and the refusal of a
+// quantized operand anywhere else, with an error wrapping
+// tensor.ErrQuantized. The weights are random blocks (RandomBlocks), so that
+// every bit pattern of a format occurs.
+//
+// A backend's test calls it with options suited to its arithmetic:
 //
 //	func TestCPU(t *testing.T) {
-//		tensortest.TestBackend(t, tensor.NewCPU(0)) // default tolerance 1e-5
+//		// Default tolerance 1e-5; each quantized product also matches,
+//		// within it, the exact product or the one over the activations
+//		// rounded by quant.QuantizeRow.
+//		tensortest.TestBackend(t, tensor.NewCPU(0), tensortest.QuantizedActivations())
 //	}
 //
 //	func TestCUDA(t *testing.T) {
 //		b := openCUDA(t) // t.Skip, with the reason, when "cuda" does not open
-//		tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2))
+//		tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2),
+//			tensortest.QuantTypes(tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K))
 //	}
 //
 // TestGradOps does the same for the backward operations of a backend that

@@ -1,6 +1,7 @@
 package tensortest
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -39,6 +40,58 @@ func TestGradOps(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("RopeInverse", s.testRopeInverse)
 	t.Run("Errors", s.testGradErrors)
 	t.Run("Aliasing", s.testGradAliasing)
+	t.Run("Quantized", s.testGradQuantized)
+}
+
+// testGradQuantized checks that the backward operations refuse quantized
+// operands, weights above all, with an error wrapping tensor.ErrQuantized:
+// training needs float weights.
+func (s *gradSuite) testGradQuantized(t *testing.T) {
+	mk := func(dt tensor.DType) func(shape ...int) *tensor.Tensor {
+		return func(shape ...int) *tensor.Tensor {
+			x, _ := s.put(t, dt, shape, make([]float32, tensor.Shape(shape).NumElements()))
+			return x
+		}
+	}
+	f32s, q8s, q4k := mk(tensor.F32), mk(tensor.Q8_0), mk(tensor.Q4_K)
+	g := s.g
+	x, dy := f32s(2, 256), f32s(2, 3)
+	for _, c := range []struct {
+		name   string
+		call   func() error
+		weight bool // a quantized weight: the error says training needs float ones
+	}{
+		{"MatMulPrecise/w", func() error { return g.MatMulPrecise(f32s(2, 3), x, q4k(3, 256), nil) }, true},
+		{"MatMulGradX/w", func() error { return g.MatMulGradX(f32s(2, 256), dy, q4k(3, 256)) }, true},
+		{"RMSNormGrad/w", func() error { return g.RMSNormGrad(f32s(2, 256), nil, f32s(2, 256), x, q8s(256), 1e-5) }, true},
+		{"MatMulGradW/dw", func() error { return g.MatMulGradW(q8s(3, 256), dy, x) }, false},
+		{"MatMulGradW/x", func() error { return g.MatMulGradW(f32s(3, 256), dy, q8s(2, 256)) }, false},
+		{"BiasGrad/dy", func() error { return g.BiasGrad(f32s(32), q8s(2, 32)) }, false},
+		{"SiLUMulGrad/gate", func() error {
+			return g.SiLUMulGrad(f32s(2, 32), f32s(2, 32), f32s(2, 32), q8s(2, 32), f32s(2, 32))
+		}, false},
+		{"AttentionGrad/k", func() error {
+			return g.AttentionGrad(tensor.AttnGrad{DQ: f32s(3, 64), DK: f32s(3, 32), DV: f32s(3, 32), DOut: f32s(3, 64), Out: f32s(3, 64)},
+				tensor.Attn{Q: f32s(3, 64), K: q8s(3, 32), V: f32s(3, 32), Heads: 2, KVHeads: 1, HeadDim: 32, Scale: 0.2})
+		}, false},
+		{"CrossEntropyGrad/logits", func() error { _, err := g.CrossEntropyGrad(q8s(2, 32), []int32{0, 1}, 1); return err }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Fatalf("panicked instead of returning an error: %v", p)
+				}
+			}()
+			err := c.call()
+			switch {
+			case !errors.Is(err, tensor.ErrQuantized):
+				t.Fatalf("error %v, want one wrapping tensor.ErrQuantized", err)
+			case c.weight && !strings.Contains(err.Error(), "training needs float weights"):
+				t.Fatalf("error %v, want one saying that training needs float weights", err)
+			}
+			t.Logf("error: %v", err)
+		})
+	}
 }
 
 // testGradAliasing checks that outputs sharing storage with an operand

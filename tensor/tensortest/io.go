@@ -9,8 +9,21 @@ import (
 )
 
 // Encode returns the little-endian bytes of v stored as dt (F32, F16 or
-// BF16; F16 and BF16 round to nearest even).
+// BF16, which round to nearest even; or a quantized type, whole blocks that
+// quant's reference quantizer writes).
 func Encode(dt tensor.DType, v []float32) ([]byte, error) {
+	if dt.IsQuantized() {
+		q, _ := dt.Quant()
+		n, err := q.Bytes(int64(len(v)))
+		if err != nil {
+			return nil, fmt.Errorf("tensortest: encode %d values as %v: %w", len(v), dt, err)
+		}
+		b := make([]byte, n)
+		if err := q.Quantize(b, v); err != nil {
+			return nil, fmt.Errorf("tensortest: encode as %v: %w", dt, err)
+		}
+		return b, nil
+	}
 	switch dt {
 	case tensor.F32:
 		b := make([]byte, 4*len(v))
@@ -34,9 +47,17 @@ func Encode(dt tensor.DType, v []float32) ([]byte, error) {
 	return nil, fmt.Errorf("tensortest: cannot encode %v", dt)
 }
 
-// Decode converts the little-endian bytes of n values of float type dt to
-// float32.
+// Decode converts the little-endian bytes of values of float type dt to
+// float32, or dequantizes whole blocks of a quantized type.
 func Decode(dt tensor.DType, b []byte) ([]float32, error) {
+	if dt.IsQuantized() {
+		q, _ := dt.Quant()
+		out := make([]float32, len(b)/q.BlockBytes()*q.BlockSize())
+		if err := q.Dequantize(out, b); err != nil {
+			return nil, fmt.Errorf("tensortest: decode %v: %w", dt, err)
+		}
+		return out, nil
+	}
 	switch dt {
 	case tensor.F32:
 		out := make([]float32, len(b)/4)
@@ -61,7 +82,8 @@ func Decode(dt tensor.DType, b []byte) ([]float32, error) {
 }
 
 // Stored returns the values v takes once stored as dt, in float64: what a
-// backend reads back, and so what a reference must compute with.
+// backend reads back, and so what a reference must compute with (for a
+// quantized type, the dequantized values).
 func Stored(dt tensor.DType, v []float32) ([]float64, error) {
 	b, err := Encode(dt, v)
 	if err != nil {
@@ -79,7 +101,7 @@ func Stored(dt tensor.DType, v []float32) ([]float64, error) {
 }
 
 // FromF32 allocates a tensor of dt and shape on b and uploads v into it,
-// converted to dt.
+// converted (or quantized) to dt.
 func FromF32(b tensor.Backend, dt tensor.DType, shape tensor.Shape, v []float32) (*tensor.Tensor, error) {
 	if int64(len(v)) != shape.NumElements() {
 		return nil, fmt.Errorf("tensortest: %d values for shape %v", len(v), shape)
@@ -99,7 +121,8 @@ func FromF32(b tensor.Backend, dt tensor.DType, shape tensor.Shape, v []float32)
 	return t, nil
 }
 
-// ToF32 downloads a float tensor from b and converts it to float32.
+// ToF32 downloads a float tensor from b and converts it to float32 (a
+// quantized one is dequantized).
 func ToF32(b tensor.Backend, t *tensor.Tensor) ([]float32, error) {
 	buf := make([]byte, t.NumBytes())
 	if err := b.Download(buf, t); err != nil {

@@ -123,6 +123,69 @@ func TestStored(t *testing.T) {
 	}
 }
 
+// TestStoredQuantized checks the quantized values of a Q8_0 block worked
+// out by hand (the scale is 127/127 = 1, so the values round to integers,
+// halves away from zero), and the same block as the rounded activations
+// of a product with Q4_0 weights, whose activations are Q8_0 blocks.
+func TestStoredQuantized(t *testing.T) {
+	v := make([]float32, 32)
+	copy(v, []float32{127, 1.4, -63.5, 0.49})
+	want := make([]float64, 32)
+	copy(want, []float64{127, 1, -64, 0})
+	got, err := tensortest.Stored(tensor.Q8_0, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "Stored(Q8_0)", got, want)
+	got, err = tensortest.RoundActivations(tensor.Q4_0, append(v, v...), 2, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "RoundActivations(Q4_0)", got, append(want, want...))
+	if _, err := tensortest.Stored(tensor.Q8_0, v[:31]); err == nil {
+		t.Error("Stored(Q8_0) of 31 values succeeded")
+	}
+	if _, err := tensortest.RoundActivations(tensor.F16, v, 1, 32); err == nil {
+		t.Error("RoundActivations for F16 weights succeeded")
+	}
+}
+
+// TestRandomBlocks checks that random blocks decode to finite weights of
+// order one in every quantized weight type, and that other types and
+// partial blocks are refused.
+func TestRandomBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, dt := range tensortest.QuantWeightTypes() {
+		n := 64 * dt.BlockSize()
+		b, err := tensortest.RandomBlocks(r, dt, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := tensortest.Decode(dt, b)
+		if err != nil || len(v) != n {
+			t.Fatalf("%v: %d values, %v", dt, len(v), err)
+		}
+		var ss float64
+		for i, x := range v {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				t.Fatalf("%v: element %d is %v", dt, i, x)
+			}
+			ss += float64(x) * float64(x)
+		}
+		if rms := math.Sqrt(ss / float64(n)); rms < 0.1 || rms > 10 {
+			t.Errorf("%v: RMS %g, want weights of order one", dt, rms)
+		}
+	}
+	for _, c := range []struct {
+		dt tensor.DType
+		n  int
+	}{{tensor.Q8_K, 256}, {tensor.F16, 32}, {tensor.Q4_K, 255}} {
+		if _, err := tensortest.RandomBlocks(r, c.dt, c.n); err == nil {
+			t.Errorf("RandomBlocks(%v, %d) succeeded", c.dt, c.n)
+		}
+	}
+}
+
 func TestFromToF32(t *testing.T) {
 	cpu := tensor.NewCPU(1)
 	defer cpu.Close()

@@ -16,7 +16,10 @@ import (
 type Option func(*config)
 
 type config struct {
-	tol float64
+	tol        float64
+	quantTol   float64
+	quantTypes []tensor.DType
+	quantizesX bool
 }
 
 // Tolerance sets the largest relative error ||out-ref||/||ref|| accepted
@@ -24,8 +27,31 @@ type config struct {
 // GPU backend needs about 1e-2).
 func Tolerance(rel float64) Option { return func(c *config) { c.tol = rel } }
 
+// QuantTolerance sets the largest relative error accepted for MatMul with
+// quantized weights against the float64 product over the dequantized
+// weights (default 2e-2: the contract's error of rounding the activations
+// to 8 bits per block is about 0.5-0.7% on the suite's normal activations,
+// and up to 1.8% on its small random K-format products).
+func QuantTolerance(rel float64) Option { return func(c *config) { c.quantTol = rel } }
+
+// QuantTypes lists the quantized weight types the backend computes with,
+// when it is not all of them (QuantWeightTypes()). The suite checks MatMul
+// and Embed in these, and that the others are an error rather than a
+// wrong result.
+func QuantTypes(dts ...tensor.DType) Option {
+	return func(c *config) { c.quantTypes = append([]tensor.DType(nil), dts...) }
+}
+
+// QuantizedActivations says that the backend multiplies quantized weights
+// either exactly or as ggml's CPU product does, with each row of x rounded
+// to the blocks of quant.VecDotType of the weights (RoundActivations). The
+// suite then holds every product to Tolerance against one of the two
+// float64 references: over the dequantized weights with x as given, or
+// with x rounded.
+func QuantizedActivations() Option { return func(c *config) { c.quantizesX = true } }
+
 func newConfig(opts []Option) config {
-	c := config{tol: 1e-5}
+	c := config{tol: 1e-5, quantTol: 2e-2, quantTypes: QuantWeightTypes()}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -53,6 +79,7 @@ func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("Attention", s.testAttention)
 	t.Run("Errors", s.testErrors)
 	t.Run("Aliasing", s.testAliasing)
+	t.Run("Quant", s.testQuant)
 }
 
 type suite struct {
@@ -153,15 +180,21 @@ func compare(t *testing.T, tol float64, what string, got []float32, want []float
 
 func (s *suite) testMemory(t *testing.T) {
 	r := rng(t)
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.I32, tensor.I64} {
+	dts := []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.I32, tensor.I64}
+	for _, dt := range append(dts, QuantWeightTypes()...) {
 		t.Run(dt.String(), func(t *testing.T) {
 			shape := tensor.Shape{3, 5}
+			size := int64(15 * dt.Size())
+			if dt.IsQuantized() { // rows of two blocks
+				shape = tensor.Shape{3, 2 * dt.BlockSize()}
+				size = int64(6 * dt.BlockBytes())
+			}
 			x, err := s.b.Alloc(dt, shape)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s.b.Free(x)
-			if x.DType() != dt || !x.Shape().Equal(shape) || x.NumBytes() != int64(15*dt.Size()) {
+			if x.DType() != dt || !x.Shape().Equal(shape) || x.NumBytes() != size {
 				t.Fatalf("Alloc(%v, %v) = %v with %d bytes", dt, shape, x, x.NumBytes())
 			}
 			want := make([]byte, x.NumBytes())
@@ -180,7 +213,7 @@ func (s *suite) testMemory(t *testing.T) {
 			}
 			// A partial upload changes only its range.
 			part := []byte{1, 2, 3, 4, 5}
-			off := int64(dt.Size())
+			off := int64(dt.BlockBytes())
 			if err := s.b.Upload(x, off, part); err != nil {
 				t.Fatal(err)
 			}
