@@ -670,7 +670,7 @@ func (p *Pager) startPrefetchLocked(j int, mode loadMode) bool {
 	placed := false
 	if !e.strLoaded && e.slot == nil && p.ring != nil {
 		protect, _ := p.protectLocked(j, mode)
-		if !p.placeLocked(e, protect) {
+		if !p.placeLocked(e, protect, keepReserved) {
 			p.st.PrefetchNoRoom++
 			return false
 		}
@@ -917,7 +917,7 @@ func (p *Pager) ringReserve(ctx context.Context, e *entry, protect []int) (bool,
 		return true, nil
 	case p.ring == nil:
 		return false, nil
-	case p.placeLocked(e, protect), p.placeLocked(e, nil):
+	case p.placeLocked(e, protect, keepReserved), p.placeLocked(e, nil, takeReserved):
 		return true, nil
 	}
 	p.st.OutsideRing++
@@ -977,8 +977,12 @@ func (p *Pager) layout(e *entry, start int64) (*ringSlot, bool) {
 // the head is blocked (the walk changed direction, several users share the
 // pager) it tries offset 0 and the end of every placed part, and takes the
 // place whose victims were used least recently. Parts pinned, loading,
-// waited for, reserved or protected are never victims.
-func (p *Pager) placeLocked(e *entry, protect []int) bool {
+// waited for or protected are never victims; a place reserved by a
+// prefetch that has not started loading is one only with takeReserved (a
+// demand load that found no other room: the prefetch, when it runs, finds
+// its place gone and skips), since with concurrent users such reservations
+// could otherwise fill the ring while nothing is loading.
+func (p *Pager) placeLocked(e *entry, protect []int, reserved reservedPolicy) bool {
 	if p.ring == nil {
 		return false
 	}
@@ -997,7 +1001,7 @@ func (p *Pager) placeLocked(e *entry, protect []int) bool {
 			if o == e || o.slot == nil || !o.slot.overlaps(s, p.ringCap) {
 				continue
 			}
-			if !o.strLoaded || o.pins > 0 || o.waiters > 0 || o.loading || slices.Contains(protect, o.layer) {
+			if o.pins > 0 || o.waiters > 0 || o.loading || slices.Contains(protect, o.layer) || !o.strLoaded && reserved == keepReserved {
 				return place{}, false
 			}
 			pl.victims = append(pl.victims, o)
@@ -1023,13 +1027,26 @@ func (p *Pager) placeLocked(e *entry, protect []int) bool {
 		return false
 	}
 	for _, v := range best.victims {
-		p.evictRingLocked(v)
+		if v.strLoaded {
+			p.evictRingLocked(v)
+		} else {
+			p.releaseSlotLocked(v) // a prefetch's reservation
+		}
 	}
 	e.slot = best.slot
 	p.ringUsed += best.slot.end - best.slot.start
 	p.ringHead = best.slot.end % p.ringCap
 	return true
 }
+
+// reservedPolicy says whether placeLocked may take the places prefetches
+// reserved and have not started loading into.
+type reservedPolicy bool
+
+const (
+	keepReserved reservedPolicy = false
+	takeReserved reservedPolicy = true
+)
 
 // releaseSlotLocked gives back a slot reserved for a load that did not
 // happen. The head goes back to its start when it was the latest placed.
