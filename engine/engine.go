@@ -548,9 +548,13 @@ func (e *Engine) Stats() paging.Stats {
 }
 
 // Summary is the memory summary table of every device, with the hybrid
-// plan when layers run on the CPU.
+// plan when layers run on the CPU and the experts' report (ExpertReport)
+// when experts are paged.
 func (e *Engine) Summary() string {
 	s := paging.Summary(e.budgets...)
+	if r := e.Experts(); r != nil {
+		s += r.String() + "\n"
+	}
 	if h := e.hybrid; h != nil {
 		s += h.Plan.String() + "\n"
 		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",

@@ -108,6 +108,7 @@ func TestOpenPagesExperts(t *testing.T) {
 				}
 				e.MarkStep()
 			}
+			e.Experts() // settles the prefetches under way
 			st = e.Stats()
 			if st.ExpertHits+st.ExpertMisses != st.ExpertAcquires || st.ExpertAcquires == 0 {
 				t.Errorf("%d hits + %d misses != %d acquires", st.ExpertHits, st.ExpertMisses, st.ExpertAcquires)
@@ -130,9 +131,24 @@ func TestOpenPagesExperts(t *testing.T) {
 					}
 				}
 			}
+			r := e.Experts()
+			if r == nil || r.Experts != total || r.Misses != st.ExpertMisses || r.Guessed != guessed || r.Routing != "router" || r.ExpertBytes != eb {
+				t.Fatalf("report %+v, stats %+v", r, st)
+			}
+			w := r.Since(e2r(opened), steps)
+			if w.Tokens != steps || w.Misses != st.ExpertMisses-opened.ExpertMisses || w.MissesPerToken != float64(w.Misses)/steps ||
+				w.HitRate != float64(w.Hits)/float64(w.Acquires) || !strings.Contains(w.String(), "per token over 8") {
+				t.Errorf("window %+v", w)
+			}
 			if !strings.Contains(e.Summary(), "experts: cache") {
 				t.Errorf("summary without the expert cache:\n%s", e.Summary())
 			}
 		})
 	}
+}
+
+// e2r is the report of stats taken earlier, as Engine.Experts reports.
+func e2r(st paging.Stats) *ExpertReport {
+	return &ExpertReport{Acquires: st.ExpertAcquires, Hits: st.ExpertHits, Misses: st.ExpertMisses, BytesMoved: st.ExpertBytesMoved,
+		Prefetches: st.ExpertPrefetches, PrefetchHits: st.ExpertPrefetchHits}
 }
