@@ -123,3 +123,70 @@ func fixtureReference(t *testing.T, name string) ([]int32, []float32) {
 func nnModelInfo(lm *loader.Model) (paging.ModelInfo, error) { return nn.ModelInfo(lm, lm.Config) }
 
 func asBudgetError(err error, be **paging.BudgetError) bool { return errors.As(err, be) }
+
+// TestCUDAExpertPaging runs the Mixtral and Qwen3-MoE fixtures on a GPU
+// with their experts paged through caches of a few experts, with each
+// policy: the logits at every prompt position are within the GPU
+// tolerance (2e-2) of transformers', the budget is never exceeded, experts
+// are evicted and loaded again, and a few decode steps move the bytes of
+// the missed and prefetched experts only. It skips without a CUDA device.
+func TestCUDAExpertPaging(t *testing.T) {
+	gpu, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer gpu.Close()
+	ctx := context.Background()
+	for _, name := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		lm := openFixture(t, name)
+		ids, wantLogits := fixtureReference(t, name)
+		k := lm.Config.MoE.ExpertsPerToken
+		for _, policy := range []paging.ExpertPolicy{paging.ExpertLRU, paging.ExpertLFU} {
+			t.Run(name+"/"+string(policy), func(t *testing.T) {
+				const ctxLen, chunk = 32, 4
+				p, err := paging.Plan(mustInfo(t, lm), 1<<40, paging.StrategyBalanced, ctxLen, 1, paging.WithChunkTokens(chunk),
+					paging.WithDevice(gpu), paging.WithExpertCache(k))
+				if err != nil {
+					t.Fatal(err)
+				}
+				budget := p.PredictedPeakBytes - p.ExpertCacheBytes + int64(k+2)*p.ExpertSlotBytes
+				e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: chunk,
+					Memory: Memory{Budgets: []int64{budget}, ExpertPolicy: policy}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				s, err := e.NewSession()
+				if err != nil {
+					t.Fatal(err)
+				}
+				logits, err := s.Forward(ctx, ids, true, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var worst float64
+				for i := range wantLogits {
+					worst = max(worst, math.Abs(float64(logits[i]-wantLogits[i])))
+				}
+				t.Logf("logits: max abs difference from transformers %.3g", worst)
+				if !(worst <= 2e-2) {
+					t.Errorf("logits differ from transformers by %g, want <= 2e-2", worst)
+				}
+				last := logits[len(logits)-lm.Config.VocabSize:]
+				for range 6 {
+					if last, err = s.Forward(ctx, []int32{int32(nn.Argmax(last))}, false, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+				x := e.Experts()
+				t.Logf("%s", x)
+				if x == nil || x.Slots >= x.Experts || x.Misses == 0 || x.BytesMoved != (x.Misses+x.Prefetches)*x.ExpertBytes {
+					t.Errorf("experts did not page as counted: %+v", x)
+				}
+				if e.Devices()[0].PeakDeviceBytes > budget {
+					t.Errorf("peak %d over the budget %d", e.Devices()[0].PeakDeviceBytes, budget)
+				}
+			})
+		}
+	}
+}

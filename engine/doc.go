@@ -12,6 +12,11 @@
 // no limit. The offload strategy is then "none" (everything resident) if
 // no budget was given for any device, and "balanced" otherwise.
 //
+// A mixture of experts in explicit memory pages its experts one by one
+// (paging.WithExpertCache): each device keeps its other weights as the
+// strategy says and caches what experts the rest of its budget holds;
+// Experts reports the caches.
+//
 // What it owns: the order of assembly and teardown, the default budget
 // policy, the warm-up that loads the resident layers. What it must not
 // know: file formats (loader), a family's tensors (arch), kernels

@@ -39,6 +39,9 @@ type Memory struct {
 	// computes: 0 lets the planner choose from the measured rates, < 0
 	// none.
 	CPULayers int
+	// ExpertPolicy is the expert cache's eviction policy for a mixture
+	// of experts; "" is paging.DefaultExpertPolicy.
+	ExpertPolicy paging.ExpertPolicy
 }
 
 // Options say where and how the engine runs a model.
@@ -207,7 +210,12 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	}
 	for d, p := range parts {
 		b := e.backends[d]
-		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, paging.WithChunkTokens(e.chunk), paging.WithDevice(b))
+		opts := []paging.PlanOption{paging.WithChunkTokens(e.chunk), paging.WithDevice(b)}
+		if cfg.MoE != nil && e.mode == paging.ModeExplicit {
+			// Each expert is a unit of its own, in an expert cache.
+			opts = append(opts, paging.WithExpertCache(cfg.MoE.ExpertsPerToken))
+		}
+		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, opts...)
 		if err != nil {
 			if len(parts) > 1 {
 				return nil, fmt.Errorf("device %d (%s, layers %d..%d): %w", d, b.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
@@ -222,7 +230,8 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if o.Record {
 			bud.RecordHistory(1 << 20)
 		}
-		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan, paging.Options{HostCacheBytes: o.Memory.HostCache})
+		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
+			paging.Options{HostCacheBytes: o.Memory.HostCache, ExpertPolicy: o.Memory.ExpertPolicy})
 		if err != nil {
 			return nil, err
 		}
@@ -341,7 +350,8 @@ func DefaultBudget(b tensor.Memory) int64 {
 }
 
 // warmUp acquires every layer once, in order, so the resident set is
-// loaded before the clock starts on a prompt, telling Progress.
+// loaded before the clock starts on a prompt, telling Progress; and every
+// expert, when the expert cache holds them all.
 func (e *Engine) warmUp(ctx context.Context) error {
 	layers := e.lm.Layers()
 	done, total := int64(0), e.lm.WeightBytes()
@@ -351,6 +361,9 @@ func (e *Engine) warmUp(ctx context.Context) error {
 				return err
 			}
 			e.servers[d].Release(i)
+			if err := warmExperts(ctx, e.servers[d], dev.Plan, i); err != nil {
+				return err
+			}
 			done += layers[l].Bytes
 			if e.opts.Progress != nil {
 				e.opts.Progress(min(done, total), total)
@@ -358,6 +371,41 @@ func (e *Engine) warmUp(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// warmExperts loads the experts of a server's layer when its expert cache
+// holds every expert, so that none waits for the first token that
+// chooses it; a cache that holds fewer fills as tokens choose.
+func warmExperts(ctx context.Context, srv paging.Server, plan *paging.PlanResult, layer int) error {
+	es, ok := srv.(paging.ExpertServer)
+	if !ok || plan.Experts == 0 || plan.ExpertSlots < plan.Experts || !es.PagesExperts(layer) {
+		return nil
+	}
+	n := plan.Layers[layer].Experts
+	for lo := 0; lo < n; lo += plan.ExpertSlots {
+		var group []int
+		for x := lo; x < min(lo+plan.ExpertSlots, n); x++ {
+			group = append(group, x)
+		}
+		if _, err := es.AcquireExperts(ctx, layer, group); err != nil {
+			return err
+		}
+		es.ReleaseExperts(layer, group)
+	}
+	return nil
+}
+
+// ExpertGuesses returns how many experts the forward passes guessed ahead
+// for the next sparse block in decode steps, to prefetch them, and how many
+// of those the block chose (nn.Model.ExpertGuesses).
+func (e *Engine) ExpertGuesses() (guessed, right int64) {
+	if e.model != nil {
+		return e.model.ExpertGuesses()
+	}
+	if e.pipeline != nil {
+		return e.pipeline.ExpertGuesses()
+	}
+	return 0, 0
 }
 
 // Config returns the model's configuration.
@@ -476,14 +524,37 @@ func (e *Engine) Stats() paging.Stats {
 		t.StreamedWeightBytes += st.StreamedWeightBytes
 		t.PinnedHostBytes += st.PinnedHostBytes
 		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
+		t.ExpertSlots += st.ExpertSlots
+		t.ExpertsTotal += st.ExpertsTotal
+		t.ExpertCacheBytes += st.ExpertCacheBytes
+		t.ExpertsCached += st.ExpertsCached
+		t.ExpertsPinned += st.ExpertsPinned
+		t.ExpertAcquires += st.ExpertAcquires
+		t.ExpertHits += st.ExpertHits
+		t.ExpertMisses += st.ExpertMisses
+		t.ExpertEvictions += st.ExpertEvictions
+		t.ExpertPrefetches += st.ExpertPrefetches
+		t.ExpertPrefetchHits += st.ExpertPrefetchHits
+		t.ExpertPrefetchNoRoom += st.ExpertPrefetchNoRoom
+		t.ExpertPrefetchSkipped += st.ExpertPrefetchSkipped
+		t.ExpertBytesMoved += st.ExpertBytesMoved
+		t.ExpertBytesPerStep += st.ExpertBytesPerStep
+		t.ExpertMissesPerStep += st.ExpertMissesPerStep
+		if t.ExpertPolicy == "" {
+			t.ExpertPolicy = st.ExpertPolicy
+		}
 	}
 	return t
 }
 
 // Summary is the memory summary table of every device, with the hybrid
-// plan when layers run on the CPU.
+// plan when layers run on the CPU and the experts' report (ExpertReport)
+// when experts are paged.
 func (e *Engine) Summary() string {
 	s := paging.Summary(e.budgets...)
+	if r := e.Experts(); r != nil {
+		s += r.String() + "\n"
+	}
 	if h := e.hybrid; h != nil {
 		s += h.Plan.String() + "\n"
 		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",

@@ -4,7 +4,11 @@
 // also runs Qwen3's per-head q/k norms and the mixtures of experts of
 // Mixtral, Qwen2-MoE and Qwen3-MoE (moe.go: the routing on the host, each
 // expert run once per chunk on the tokens that chose it); training does
-// not.
+// not. When its Weights page experts one by one (ExpertWeights, a
+// paging.Pager planned WithExpertCache), a sparse block acquires only the
+// experts its tokens chose, and in a decode step guesses the next sparse
+// block's from that block's router and prefetches them (ExpertGuesses
+// counts how often the guess is right).
 //
 // It owns the arithmetic of the model and the buffers it allocates. It asks
 // arch for everything about the model's shape: the config (an

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/strata-llm/strata/arch"
@@ -22,6 +23,9 @@ type Model struct {
 	names   []arch.Names   // the tensor names of each layer, in Weights' numbering
 	experts [][]arch.Names // the routed experts' names of each layer; nil for a layer without
 	synth   *synthRouter   // the synthetic routing of a synthetic model, or nil
+	// guessed and guessRight count the experts guessed for a sparse block
+	// ahead of it, and those it chose (ExpertGuesses).
+	guessed, guessRight atomic.Int64
 	// lo and hi bound the decoder blocks this model runs: all of them,
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.
@@ -99,6 +103,7 @@ type Session struct {
 	// host tensors, and this session's k and v are one scratch pair that
 	// each block's rows are copied into and back from.
 	twin     *Session
+	guesses  *guesses  // the experts guessed ahead in decode steps, made on first use
 	host     []float32 // logits returned by Forward
 	download []byte    // one chunk's logits from the backend
 	closed   bool
@@ -393,7 +398,7 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 					return err
 				}
 			}
-			if err := s.block(i, T, pos0, lw, scale); err != nil {
+			if err := s.block(ctx, i, T, pos0, lw, scale); err != nil {
 				return err
 			}
 			if s.twin != nil {
@@ -507,7 +512,7 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 }
 
 // block runs decoder block i on the first T rows of the session's buffers.
-func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
+func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32) error {
 	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
 	v := s.viewsFor(T)
 	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
@@ -562,7 +567,7 @@ func (s *Session) block(i, T, pos0 int, lw LayerWeights, scale float32) error {
 		return fmt.Errorf("mlp norm: %w", err)
 	}
 	if c.Sparse(i) {
-		if err := s.moe(i, T, pos0, lw); err != nil {
+		if err := s.moe(ctx, i, T, pos0, lw); err != nil {
 			return err
 		}
 		return b.Add(x, x, proj)

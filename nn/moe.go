@@ -1,6 +1,7 @@
 package nn
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -101,6 +102,9 @@ func newMoEBuffers(c *arch.Config, al *allocator, chunk int) *moeBuffers {
 		tokens: make([]int32, chunk*k),
 		table:  make([]float32, chunk*(k+1)),
 		slots:  make([][]int32, k),
+		used:   make([]int, 0, m.Experts),
+
+		rawGuess: make([]byte, 4*m.Experts),
 	}
 	for j := range mb.r.slots {
 		mb.r.slots[j] = make([]int32, chunk)
@@ -141,6 +145,8 @@ type routing struct {
 	tokens     []int32   // [T*k] the token of each row of out
 	table      []float32 // [T*k+T] the weight of each row of out, then each token's shared weight
 	slots      [][]int32 // [k][T] the row of out holding token t's j-th expert's output
+	used       []int     // the experts some token chose, ascending
+	rawGuess   []byte    // the next sparse block's router scores of a decode step
 }
 
 // route picks each of T tokens' k experts from the router's scores [T, E]
@@ -165,17 +171,10 @@ func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRout
 		if syn != nil {
 			syn.pick(block, pos0+t, ex)
 		}
+		if syn == nil {
+			topK(row, ex)
+		}
 		for j := range k {
-			if syn == nil {
-				best := int32(-1)
-				for e, v := range row {
-					if best >= 0 && v <= row[best] || taken(ex[:j], int32(e)) {
-						continue
-					}
-					best = int32(e)
-				}
-				ex[j] = best
-			}
 			w[j] = float32(math.Exp(float64(row[ex[j]]-mx))) / sum
 		}
 		if norm {
@@ -210,6 +209,21 @@ func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRout
 	// fill now holds each expert's count again.
 }
 
+// topK fills ex with the indices of the len(ex) largest scores, best
+// first, the lower index first among equals.
+func topK(row []float32, ex []int32) {
+	for j := range ex {
+		best := int32(-1)
+		for e, v := range row {
+			if best >= 0 && v <= row[best] || taken(ex[:j], int32(e)) {
+				continue
+			}
+			best = int32(e)
+		}
+		ex[j] = best
+	}
+}
+
 // taken reports whether e is in chosen.
 func taken(chosen []int32, e int32) bool {
 	for _, c := range chosen {
@@ -225,8 +239,11 @@ func f32s(b []byte) []float32 { return unsafe.Slice((*float32)(unsafe.Pointer(&b
 
 // moe runs the mixture of experts of sparse block i on the first T rows of
 // h (the MLP norm's output), leaving its output in the first T rows of
-// proj.
-func (s *Session) moe(i, T, pos0 int, lw LayerWeights) error {
+// proj. When the model's Weights page the block's experts (ExpertWeights)
+// it acquires the chosen ones, at most ExpertSlots at a time, and in a
+// decode step guesses the next sparse block's experts and prefetches
+// them (guessNext).
+func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) error {
 	m, b, c := s.m, s.m.backend, &s.m.cfg
 	layer := m.blockLayer(i)
 	n, experts := &m.names[layer], m.experts[layer]
@@ -250,6 +267,10 @@ func (s *Session) moe(i, T, pos0 int, lw LayerWeights) error {
 		return fmt.Errorf("router: %w", err)
 	}
 	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK, m.synth, i, pos0)
+	ew := m.pagedExperts(layer)
+	if ew != nil {
+		s.scoreGuess(i, T, pos0, r.expert[(T-1)*k:T*k])
+	}
 	if gateSh != nil {
 		if err := b.Download(r.rawSh[:4*T], gateSh); err != nil {
 			return fmt.Errorf("shared expert gate: %w", err)
@@ -266,32 +287,43 @@ func (s *Session) moe(i, T, pos0 int, lw LayerWeights) error {
 		return fmt.Errorf("routing weights: %w", err)
 	}
 
-	size := mc.ExpertSize
+	r.used = r.used[:0]
 	for e := range E {
-		cnt := r.count[e]
-		if cnt == 0 {
-			continue
+		if r.count[e] > 0 {
+			r.used = append(r.used, e)
 		}
-		in := h
-		if cnt < T { // else every token chose e: its rows are h's, in order
-			in = mb.view(mb.rows, 0, cnt, H)
-			if err := b.Embed(in, h, r.tokens[r.start[e]:r.start[e]+cnt]); err != nil {
-				return fmt.Errorf("expert %d: tokens: %w", e, err)
+	}
+	if ew == nil {
+		for _, e := range r.used {
+			if err := s.expert(e, T, lw, &experts[e]); err != nil {
+				return err
 			}
 		}
-		en := &experts[e]
-		gate, up := mb.view(s.gate, 0, cnt, size), mb.view(s.up, 0, cnt, size)
-		if err := b.MatMul(gate, in, lw[en[arch.ExpertGate]], nil); err != nil {
-			return fmt.Errorf("expert %d gate projection: %w", e, err)
-		}
-		if err := b.MatMul(up, in, lw[en[arch.ExpertUp]], nil); err != nil {
-			return fmt.Errorf("expert %d up projection: %w", e, err)
-		}
-		if err := b.SiLUMul(gate, gate, up); err != nil {
-			return err
-		}
-		if err := b.MatMul(mb.view(mb.out, r.start[e], cnt, H), gate, lw[en[arch.ExpertDown]], nil); err != nil {
-			return fmt.Errorf("expert %d down projection: %w", e, err)
+	} else {
+		slots := max(ew.ExpertSlots(), 1)
+		for g := 0; g < len(r.used); g += slots {
+			group := r.used[g:min(g+slots, len(r.used))]
+			ws, err := ew.AcquireExperts(ctx, layer, group)
+			if err != nil {
+				return fmt.Errorf("experts: %w", err)
+			}
+			err = func() error {
+				defer ew.ReleaseExperts(layer, group) // released even if the backend panics
+				if g == 0 && T == 1 {
+					if err := s.guessNext(ctx, ew, i, pos0); err != nil {
+						return err
+					}
+				}
+				for _, e := range group {
+					if err := s.expert(e, T, ws[e], &experts[e]); err != nil {
+						return err
+					}
+				}
+				return nil
+			}()
+			if err != nil {
+				return err
+			}
 		}
 	}
 	if err := scaleRows(b, mb.view(mb.out, 0, T*k, H), mb.weight, mb.zero, 0); err != nil {
@@ -333,6 +365,165 @@ func (s *Session) moe(i, T, pos0 int, lw LayerWeights) error {
 		return fmt.Errorf("shared expert weights: %w", err)
 	}
 	return b.Add(proj, proj, out)
+}
+
+// expert runs expert e on its tokens' rows of h (the first T rows),
+// its weights in lw under the names en, leaving its output in its rows of
+// out.
+func (s *Session) expert(e, T int, lw LayerWeights, en *arch.Names) error {
+	b, c, mb := s.m.backend, &s.m.cfg, s.buffers.moe
+	r, H, size := &mb.r, c.HiddenSize, c.MoE.ExpertSize
+	h := s.viewsFor(T).h
+	cnt := r.count[e]
+	in := h
+	if cnt < T { // else every token chose e: its rows are h's, in order
+		in = mb.view(mb.rows, 0, cnt, H)
+		if err := b.Embed(in, h, r.tokens[r.start[e]:r.start[e]+cnt]); err != nil {
+			return fmt.Errorf("expert %d: tokens: %w", e, err)
+		}
+	}
+	gate, up := mb.view(s.gate, 0, cnt, size), mb.view(s.up, 0, cnt, size)
+	if err := b.MatMul(gate, in, lw[en[arch.ExpertGate]], nil); err != nil {
+		return fmt.Errorf("expert %d gate projection: %w", e, err)
+	}
+	if err := b.MatMul(up, in, lw[en[arch.ExpertUp]], nil); err != nil {
+		return fmt.Errorf("expert %d up projection: %w", e, err)
+	}
+	if err := b.SiLUMul(gate, gate, up); err != nil {
+		return err
+	}
+	if err := b.MatMul(mb.view(mb.out, r.start[e], cnt, H), gate, lw[en[arch.ExpertDown]], nil); err != nil {
+		return fmt.Errorf("expert %d down projection: %w", e, err)
+	}
+	return nil
+}
+
+// pagedExperts returns the model's Weights as ExpertWeights when they page
+// layer's experts, else nil.
+func (m *Model) pagedExperts(layer int) ExpertWeights {
+	if ew, ok := m.weights.(ExpertWeights); ok && ew.PagesExperts(layer) {
+		return ew
+	}
+	return nil
+}
+
+// guesses are a session's guesses of the experts of its sparse blocks in
+// decode steps, and what each block chose last (synthetic routing guesses
+// from it).
+type guesses struct {
+	next     [][]int32 // [block] the experts guessed for the block at position nextPos[block]
+	nextPos  []int
+	last     [][]int32 // [block] the experts the block chose at position lastPos[block]
+	lastPos  []int
+	prefetch []int // scratch: the guess as PrefetchExperts takes it
+}
+
+func (s *Session) guessState() *guesses {
+	if s.guesses == nil {
+		n, k := s.m.cfg.NumLayers, s.m.cfg.MoE.ExpertsPerToken
+		g := &guesses{next: make([][]int32, n), nextPos: make([]int, n), last: make([][]int32, n), lastPos: make([]int, n), prefetch: make([]int, k)}
+		for i := range n {
+			g.next[i], g.last[i] = make([]int32, k), make([]int32, k)
+			g.nextPos[i], g.lastPos[i] = -1, -1
+		}
+		s.guesses = g
+	}
+	return s.guesses
+}
+
+// scoreGuess counts how many of the experts guessed for block i at this
+// decode step it chose (chosen, the last token's), and remembers chosen.
+func (s *Session) scoreGuess(i, T, pos0 int, chosen []int32) {
+	g := s.guessState()
+	pos := pos0 + T - 1
+	if T == 1 && g.nextPos[i] == pos {
+		right := 0
+		for _, e := range g.next[i] {
+			if taken(chosen, e) {
+				right++
+			}
+		}
+		s.m.guessed.Add(int64(len(g.next[i])))
+		s.m.guessRight.Add(int64(right))
+	}
+	g.nextPos[i] = -1
+	copy(g.last[i], chosen)
+	g.lastPos[i] = pos
+}
+
+// guessNext guesses, in a decode step at pos0, the experts of the next
+// sparse block of the model's share after block i, when its experts are
+// paged, and prefetches them. The guess is the next block's router applied
+// to this block's hidden state h (its k best scores); a block's router
+// weights are resident (the planner keeps them so, paging.WithExpertCache),
+// and its experts load while this block computes. Under synthetic routing
+// the router does not choose, so the guess is what the next block chose
+// at the position before (which synthetic routing keeps with its
+// locality).
+func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) error {
+	m, c := s.m, &s.m.cfg
+	j := i + 1
+	for j < m.hi && !c.Sparse(j) {
+		j++
+	}
+	if j >= m.hi {
+		return nil
+	}
+	layer := m.blockLayer(j)
+	if !ew.PagesExperts(layer) || ew.ExpertSlots() >= m.shareExperts() {
+		return nil // no experts paged there, or every one stays cached
+	}
+	g := s.guessState()
+	guess := g.next[j]
+	if m.synth != nil {
+		if g.lastPos[j] != pos0-1 {
+			return nil
+		}
+		copy(guess, g.last[j])
+	} else {
+		b, mb, E := m.backend, s.buffers.moe, c.MoE.Experts
+		err := func() error {
+			rw, err := ew.AcquireResident(ctx, layer)
+			if err != nil {
+				return err
+			}
+			defer m.weights.Release(layer) // released even if the backend panics
+			scores := mb.view(mb.scores, 0, 1, E)
+			if err := b.MatMul(scores, s.viewsFor(1).h, rw[m.names[layer][arch.Router]], nil); err != nil {
+				return err
+			}
+			return b.Download(mb.r.rawGuess, scores)
+		}()
+		if err != nil {
+			return fmt.Errorf("block %d router: %w", j, err)
+		}
+		topK(f32s(mb.r.rawGuess), guess)
+	}
+	g.nextPos[j] = pos0
+	for k, e := range guess {
+		g.prefetch[k] = int(e)
+	}
+	ew.PrefetchExperts(layer, g.prefetch)
+	return nil
+}
+
+// shareExperts is the number of routed experts in the model's share of
+// the blocks.
+func (m *Model) shareExperts() int {
+	n := 0
+	for i := m.lo; i < m.hi; i++ {
+		if m.cfg.Sparse(i) {
+			n += m.cfg.MoE.Experts
+		}
+	}
+	return n
+}
+
+// ExpertGuesses returns how many experts the model's sessions guessed for
+// the next sparse block in decode steps (the prefetch of paged experts)
+// and how many of those the block then chose.
+func (m *Model) ExpertGuesses() (guessed, right int64) {
+	return m.guessed.Load(), m.guessRight.Load()
 }
 
 // scaleRows multiplies row r of x [n, width] (width even) by row pos0+r of

@@ -10,8 +10,12 @@ import (
 )
 
 // Source adapts an opened model directory to paging.Source, in the layer
-// numbering Weights uses.
+// numbering Weights uses. It is a paging.ExpertSource: the routed experts
+// of a mixture of experts and their routers are named, for plans that page
+// experts one by one.
 func Source(m *loader.Model) paging.Source { return modelSource{m} }
+
+var _ paging.ExpertSource = modelSource{}
 
 type modelSource struct{ m *loader.Model }
 
@@ -27,6 +31,28 @@ func (s modelSource) LayerTensors(layer int) []paging.TensorSpec {
 		specs = append(specs, paging.TensorSpec{Name: t.Name, DType: t.DType, Shape: t.Shape, Bytes: t.Size})
 	}
 	return specs
+}
+
+// LayerExperts names the tensors of each routed expert of a sparse block
+// (arch.Config.LayerExperts): gate, up and down projections.
+func (s modelSource) LayerExperts(layer int) [][]string {
+	xs := s.m.Config.LayerExperts(layer)
+	if xs == nil {
+		return nil
+	}
+	out := make([][]string, len(xs))
+	for e, n := range xs {
+		out[e] = []string{n[arch.ExpertGate], n[arch.ExpertUp], n[arch.ExpertDown]}
+	}
+	return out
+}
+
+// LayerRouting names a sparse block's router.
+func (s modelSource) LayerRouting(layer int) []string {
+	if s.m.Config.LayerExperts(layer) == nil {
+		return nil
+	}
+	return []string{s.m.Config.LayerNames(layer)[arch.Router]}
 }
 
 func (s modelSource) ReadTensor(ctx context.Context, layer int, name string, dst []byte) error {

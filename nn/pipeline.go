@@ -449,9 +449,26 @@ func (s stageSource) ReadTensor(ctx context.Context, l int, name string, dst []b
 	return s.src.ReadTensor(ctx, s.layers[l], name, dst)
 }
 
+// LayerExperts forwards to the source's when it is a paging.ExpertSource.
+func (s stageSource) LayerExperts(l int) [][]string {
+	if es, ok := s.src.(paging.ExpertSource); ok && l >= 0 && l < len(s.layers) {
+		return es.LayerExperts(s.layers[l])
+	}
+	return nil
+}
+
+// LayerRouting forwards to the source's when it is a paging.ExpertSource.
+func (s stageSource) LayerRouting(l int) []string {
+	if es, ok := s.src.(paging.ExpertSource); ok && l >= 0 && l < len(s.layers) {
+		return es.LayerRouting(s.layers[l])
+	}
+	return nil
+}
+
 // StageWeights serves a stage's layers, numbered as the model numbers
 // them, from a server that numbers them 0..len(layers)-1 (a pager over
-// StageSource).
+// StageSource). It is an ExpertWeights, whose PagesExperts is false
+// unless the server is a paging.ExpertServer paging the layer's experts.
 func StageWeights(srv paging.Server, layers []int) Weights {
 	local := map[int]int{}
 	for i, l := range layers {
@@ -477,4 +494,68 @@ func (w stageWeights) Release(layer int) {
 	if l, ok := w.local[layer]; ok {
 		w.srv.Release(l)
 	}
+}
+
+var _ ExpertWeights = stageWeights{}
+
+// experts returns the server's expert paging and the server's number of
+// layer, when it pages the layer's experts.
+func (w stageWeights) experts(layer int) (paging.ExpertServer, int, bool) {
+	es, ok := w.srv.(paging.ExpertServer)
+	l, on := w.local[layer]
+	if !ok || !on || !es.PagesExperts(l) {
+		return nil, 0, false
+	}
+	return es, l, true
+}
+
+func (w stageWeights) PagesExperts(layer int) bool {
+	_, _, ok := w.experts(layer)
+	return ok
+}
+
+func (w stageWeights) ExpertSlots() int {
+	if es, ok := w.srv.(paging.ExpertServer); ok {
+		return es.ExpertSlots()
+	}
+	return 0
+}
+
+func (w stageWeights) AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]LayerWeights, error) {
+	es, l, ok := w.experts(layer)
+	if !ok {
+		return nil, fmt.Errorf("nn: layer %d: no experts paged on this stage", layer)
+	}
+	return es.AcquireExperts(ctx, l, experts)
+}
+
+func (w stageWeights) ReleaseExperts(layer int, experts []int) {
+	if es, l, ok := w.experts(layer); ok {
+		es.ReleaseExperts(l, experts)
+	}
+}
+
+func (w stageWeights) PrefetchExperts(layer int, experts []int) {
+	if es, l, ok := w.experts(layer); ok {
+		es.PrefetchExperts(l, experts)
+	}
+}
+
+func (w stageWeights) AcquireResident(ctx context.Context, layer int) (LayerWeights, error) {
+	es, l, ok := w.experts(layer)
+	if !ok {
+		return nil, fmt.Errorf("nn: layer %d: no experts paged on this stage", layer)
+	}
+	return es.AcquireResident(ctx, l)
+}
+
+// ExpertGuesses adds up the stages' Model.ExpertGuesses, twins included.
+func (p *Pipeline) ExpertGuesses() (guessed, right int64) {
+	for _, m := range slices.Concat(p.stages, p.twins) {
+		if m != nil {
+			g, r := m.ExpertGuesses()
+			guessed, right = guessed+g, right+r
+		}
+	}
+	return guessed, right
 }

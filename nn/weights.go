@@ -30,3 +30,25 @@ var (
 	_ Weights = paging.Server(nil)
 	_ Weights = (*paging.Pager)(nil)
 )
+
+// ExpertWeights is a Weights that serves the routed experts of some
+// sparse blocks one by one, outside the layer's map (a paging.Pager whose
+// plan caches experts, paging.WithExpertCache): the forward pass acquires
+// the experts a chunk's tokens chose, at most ExpertSlots at once, and
+// prefetches those it guesses the next sparse block will choose, from
+// that block's router (AcquireResident). A Weights without it, or whose
+// PagesExperts is false for a layer, serves the layer's experts in its
+// map, as HostWeights does.
+type ExpertWeights interface {
+	PagesExperts(layer int) bool
+	ExpertSlots() int
+	AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]LayerWeights, error)
+	ReleaseExperts(layer int, experts []int)
+	PrefetchExperts(layer int, experts []int)
+	AcquireResident(ctx context.Context, layer int) (LayerWeights, error)
+}
+
+var (
+	_ ExpertWeights = paging.ExpertServer(nil)
+	_ ExpertWeights = (*paging.Pager)(nil)
+)

@@ -194,13 +194,14 @@ memory:
   max_gpu_memory: 3.5
   max_host_memory: 16GiB
   memory_mode: unified-noprefetch
+  expert_policy: lfu
 `)
 	fc, err := LoadConfigFile(good)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := fc.Memory
-	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" {
+	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" || m.ExpertPolicy != "lfu" {
 		t.Errorf("%+v", m)
 	}
 	if n, err := ParseSize(m.MaxGPUMemory); err != nil || n != 3758096384 {
@@ -224,6 +225,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"strategy", "memory:\n  offload_strategy: lazy\n", []string{"offload_strategy", "lazy"}},
 		{"size", "memory:\n  max_gpu_memory: lots\n", []string{"max_gpu_memory", "lots"}},
 		{"mode", "memory:\n  memory_mode: magic\n", []string{"memory_mode", "magic"}},
+		{"expert policy", "memory:\n  expert_policy: fifo\n", []string{"expert_policy", "fifo"}},
 		{"key", "memory:\n  offload_strategy: none\n  max_gpu_mem: 3GiB\n", []string{"line 3", `unknown key "max_gpu_mem"`}},
 		{"fraction", "memory:\n  gpu_memory_fraction: 2\n", []string{"gpu_memory_fraction"}},
 		{"syntax", "memory: [\n", []string{"yaml"}},

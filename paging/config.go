@@ -52,6 +52,9 @@ type MemoryConfig struct {
 	// is every core).
 	CPULayers  string `yaml:"cpu_layers"`
 	CPUThreads string `yaml:"cpu_threads"`
+	// ExpertPolicy is the expert cache's eviction policy for a mixture of
+	// experts: lru or lfu (ParseExpertPolicy).
+	ExpertPolicy string `yaml:"expert_policy"`
 }
 
 // ParseCPULayers reads a cpu_layers value: "auto" (or empty) is 0, which
@@ -216,6 +219,9 @@ func (m *MemoryConfig) Validate() error {
 	}
 	if _, err := ParseCPULayers(m.CPULayers); err != nil {
 		return fmt.Errorf("memory.cpu_layers: %w", err)
+	}
+	if _, err := ParseExpertPolicy(m.ExpertPolicy); err != nil {
+		return fmt.Errorf("memory.expert_policy: %w", err)
 	}
 	if m.CPUThreads != "" {
 		if n, err := strconv.Atoi(strings.TrimSpace(m.CPUThreads)); err != nil || n < 0 {

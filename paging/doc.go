@@ -35,6 +35,14 @@
 //     saves re-reading the source. HostLayer hands the CPU a layer as host
 //     tensors in that cache, kept there for the pager's life. Unified
 //     serves the same from managed memory.
+//   - Planned WithExpertCache, a mixture of experts (an ExpertSource)
+//     pages each expert as a unit of its own: the layers without their
+//     experts are placed first (their routers resident), the rest of the
+//     budget is an expert cache of whole experts (one allocation of
+//     slots), and AcquireExperts/ReleaseExperts/PrefetchExperts move
+//     only the experts a step uses that the cache lacks, evicting by LRU
+//     or aged LFU (ExpertPolicy). AcquireResident serves a layer's router
+//     ahead of it, for guessing its experts.
 //   - Summary and WriteSnapshot show where the memory went;
 //     examples/memviz draws a snapshot.
 //

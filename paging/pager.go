@@ -46,6 +46,10 @@ type Options struct {
 	// HostCacheBytes, so that other streamed parts never take their room,
 	// and fails with an error wrapping ErrHostMemory when they do not fit.
 	HostLayers []int
+	// ExpertPolicy chooses the experts the expert cache evicts, when the
+	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
+	// PrefetchDepth < 0 turns PrefetchExperts off too.
+	ExpertPolicy ExpertPolicy
 }
 
 // ErrHostMemory is wrapped by NewPager, HostLayer and PlanHybrid when the
@@ -98,7 +102,8 @@ type Pager struct {
 	pinned     tensor.PinnedAllocator   // nil when the backend has none
 	async      tensor.AsyncUploader     // nil when the backend has none
 	reads      readBufs
-	unregister func() // removes the pager from its budget's evictors
+	unregister func()       // removes the pager from its budget's evictors
+	ex         *expertCache // nil without experts in the plan
 
 	life     context.Context // cancelled by Close
 	stopLife context.CancelFunc
@@ -275,6 +280,15 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		p.hostCap = plan.HostCacheBytes
 	}
 	p.order.Store(int32(opts.Order))
+	var es ExpertSource
+	var experts [][][]string // each layer's experts' tensors, with an expert cache
+	if plan.Experts > 0 {
+		var ok bool
+		if es, ok = src.(ExpertSource); !ok {
+			return nil, fmt.Errorf("paging: plan has an expert cache, the source lists no experts")
+		}
+		experts = make([][][]string, n)
+	}
 	var ringNeed int64
 	ringNeedLayer := 0
 	for l := range n {
@@ -291,12 +305,40 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		if total != lp.Bytes {
 			return nil, fmt.Errorf("paging: layer %d: plan says %d bytes, source has %d", l, lp.Bytes, total)
 		}
+		isExpert := map[string]bool{}
+		if es != nil {
+			names := es.LayerExperts(l)
+			if err := checkExperts(l, specs, names, es.LayerRouting(l)); err != nil {
+				return nil, err
+			}
+			if len(names) != lp.Experts {
+				return nil, fmt.Errorf("paging: layer %d: plan caches %d experts, source has %d", l, lp.Experts, len(names))
+			}
+			size := make(map[string]int64, len(specs))
+			for _, s := range specs {
+				size[s.Name] = s.Bytes
+			}
+			var bytes int64
+			for _, ns := range names {
+				for _, name := range ns {
+					isExpert[name] = true
+					bytes += size[name]
+				}
+			}
+			if bytes != lp.ExpertBytes {
+				return nil, fmt.Errorf("paging: layer %d: plan caches %d bytes of experts, source has %d", l, lp.ExpertBytes, bytes)
+			}
+			experts[l] = names
+		}
 		streamed := map[string]bool{}
 		for _, name := range lp.Streamed {
 			streamed[name] = true
 		}
 		all := len(lp.Streamed) == 0 && lp.StreamedBytes == total && total > 0
 		for i, s := range specs {
+			if isExpert[s.Name] {
+				continue // in the expert cache
+			}
 			if all || streamed[s.Name] {
 				e.strOff = append(e.strOff, e.hostSize)
 				e.str = append(e.str, i)
@@ -337,6 +379,12 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 			return nil, fmt.Errorf("paging: allocating the ring: %w", err)
 		}
 		p.ring = ring
+	}
+	if experts != nil {
+		if err := p.newExpertCache(experts, opts); err != nil {
+			budget.Free(p.ring)
+			return nil, err
+		}
 	}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
@@ -599,8 +647,64 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 	}
 }
 
-// Release unpins a layer from Acquire. Releasing a layer that is not pinned
-// does nothing (and is counted in Stats.BadReleases).
+// AcquireResident returns the tensors the plan keeps resident of the
+// layer, loading them if they are not on the device (its streamed part is
+// left as it is), and pins the layer until the matching Release, as
+// Acquire does. Planned WithExpertCache, a layer's routing tensors are
+// among them: a user guesses the experts of a layer ahead of it from
+// these, without waiting for its streamed part. The map is the caller's.
+func (p *Pager) AcquireResident(ctx context.Context, layer int) (map[string]*tensor.Tensor, error) {
+	if layer < 0 || layer >= len(p.layers) {
+		return nil, fmt.Errorf("paging: acquire layer %d: have layers 0..%d", layer, len(p.layers)-1)
+	}
+	e := p.layers[layer]
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("paging: acquire the resident part of layer %d: %w", layer, errClosed)
+		}
+		if e.resLoaded {
+			if err := e.awaitUploads(); err != nil {
+				p.evictHeldLocked(e)
+				if e.ringLoaded() {
+					p.evictRingLocked(e)
+				}
+				p.mu.Unlock()
+				return nil, fmt.Errorf("paging: acquire the resident part of layer %d: %w", layer, err)
+			}
+			e.pins++
+			e.lastUse = p.bg.Stamp()
+			m := make(map[string]*tensor.Tensor, len(e.res))
+			for k, i := range e.res {
+				m[e.specs[i].Name] = e.resT[k]
+			}
+			p.mu.Unlock()
+			return m, nil
+		}
+		e.waiters++
+		p.mu.Unlock()
+		err := p.loadShared(ctx, layer, loadResident)
+		p.mu.Lock()
+		e.waiters--
+		p.changedLocked()
+		if err != nil {
+			if ctx.Err() != nil {
+				p.mu.Unlock()
+				return nil, fmt.Errorf("paging: acquire the resident part of layer %d: %w", layer, ctx.Err())
+			}
+			if errors.Is(err, errPrefetchSkipped) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				continue // a load started by someone else gave up: load it ourselves
+			}
+			p.mu.Unlock()
+			return nil, err
+		}
+	}
+}
+
+// Release unpins a layer from Acquire (or AcquireResident). Releasing a
+// layer that is not pinned does nothing (and is counted in
+// Stats.BadReleases).
 func (p *Pager) Release(layer int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -701,6 +805,7 @@ const (
 	loadDemand   loadMode = iota // Acquire
 	loadWindow                   // prefetch of the layers after the cursor
 	loadExplicit                 // Prefetch
+	loadResident                 // AcquireResident: the resident part alone
 )
 
 // protectLocked returns the layers whose ring parts a load of layer must
@@ -757,7 +862,7 @@ func (ld *loadState) abandon() {
 // the time it runs is dropped.
 func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) {
 	e := p.layers[layer]
-	prefetch := mode != loadDemand
+	prefetch := mode != loadDemand && mode != loadResident
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -769,6 +874,13 @@ func (p *Pager) load(ctx context.Context, layer int, mode loadMode) (err error) 
 	}
 	protect, stale := p.protectLocked(layer, mode)
 	needRes, needStr := !e.resLoaded, !e.strLoaded
+	if mode == loadResident {
+		needStr = false
+		if !needRes {
+			p.mu.Unlock()
+			return nil
+		}
+	}
 	if prefetch && needStr && e.slot == nil {
 		// Its place went to a demand load, or was given back: placing
 		// it now could put it before the layers due first.
@@ -1608,6 +1720,9 @@ func (p *Pager) Close() error {
 	p.unregister()
 	p.stopLife()
 	p.pf.Wait()
+	if p.ex != nil {
+		p.ex.pf.Wait()
+	}
 	p.mu.Lock()
 	for p.inflight > 0 {
 		p.cond.Wait()
@@ -1633,10 +1748,16 @@ func (p *Pager) Close() error {
 		}
 		e.host, e.hostPinned = nil, false
 	}
+	errs = append(errs, p.closeExpertsLocked()...)
 	ring := p.ring
 	p.ring, p.ringUsed, p.ringHead, p.hostUsed, p.hostReserved = nil, 0, 0, 0, 0
+	var slab *tensor.Tensor
+	if p.ex != nil {
+		slab, p.ex.slab = p.ex.slab, nil
+	}
 	p.mu.Unlock()
 	p.bg.Free(ring)
+	p.bg.Free(slab)
 	return errors.Join(errs...)
 }
 

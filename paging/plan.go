@@ -78,6 +78,12 @@ func (e *BudgetError) Unwrap() error { return ErrBudgetTooSmall }
 type LayerInfo struct {
 	Bytes   int64        `json:"bytes"`
 	Tensors []TensorSpec `json:"tensors,omitempty"`
+	// Experts names the tensors of each of the layer's experts and
+	// Routing the tensors that choose them (ExpertSource). Planned
+	// WithExpertCache, the experts go to the expert cache and the routing
+	// stays resident; otherwise they are tensors of the layer like any.
+	Experts [][]string `json:"experts,omitempty"`
+	Routing []string   `json:"routing,omitempty"`
 }
 
 // ModelInfo is what the planner needs to know about a model: its layers,
@@ -188,6 +194,13 @@ func DescribeSource(src Source) ([]LayerInfo, error) {
 		for _, s := range specs {
 			out[l].Bytes += s.Bytes
 		}
+		if es, ok := src.(ExpertSource); ok {
+			experts, routing := es.LayerExperts(l), es.LayerRouting(l)
+			if err := checkExperts(l, specs, experts, routing); err != nil {
+				return nil, err
+			}
+			out[l].Experts, out[l].Routing = cloneNames(experts), slices.Clone(routing)
+		}
 	}
 	return out, nil
 }
@@ -209,6 +222,12 @@ type planOptions struct {
 	// depth is the prefetch depth to plan for, or -1 for the strategy's
 	// choice (PlanHybrid compares depths).
 	depth int
+	// expertMin > 0 puts the layers' experts in an expert cache of at
+	// least that many (WithExpertCache).
+	expertMin int
+	// extraFixed is device memory the planner of the layers leaves for
+	// the expert cache and the routing tensors (planExperts).
+	extraFixed int64
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
@@ -248,12 +267,29 @@ func WithDevice(b tensor.Memory) PlanOption {
 	}
 }
 
+// WithExpertCache plans the layers' experts (LayerInfo.Experts) as units
+// of their own: the planner places the other weights of every layer
+// first, the tensors that choose the experts (LayerInfo.Routing) resident,
+// as the strategy places layers, then gives the rest of the budget to an
+// expert cache holding whole experts, at least perStep of them (the
+// experts of one layer a step uses at once) and at most every expert.
+// StrategyNone needs room for every expert; StrategyAggressive keeps only
+// perStep. Layers without experts are planned as without the option.
+func WithExpertCache(perStep int) PlanOption {
+	return func(o *planOptions) { o.expertMin = max(perStep, 1) }
+}
+
 // LayerPlan is one layer's part of a plan.
 type LayerPlan struct {
 	Layer         int   `json:"layer"`
 	Bytes         int64 `json:"bytes"`
 	ResidentBytes int64 `json:"resident_bytes"`
 	StreamedBytes int64 `json:"streamed_bytes"`
+	// ExpertBytes are the layer's experts, which the expert cache holds
+	// (WithExpertCache): Bytes = ResidentBytes + StreamedBytes +
+	// ExpertBytes. Experts is how many.
+	ExpertBytes int64 `json:"expert_bytes,omitempty"`
+	Experts     int   `json:"experts,omitempty"`
 	// Streamed names the tensors that pass through the ring; the others
 	// stay resident. Empty when the layer is wholly resident (or planned
 	// from Bytes alone).
@@ -300,12 +336,24 @@ type PlanResult struct {
 	// HostCacheBytes is the host RAM worth keeping streamed parts in: what
 	// they take in the pager's host copies, each tensor padded to 64 bytes.
 	HostCacheBytes int64 `json:"host_cache_bytes"`
+	// The expert cache (WithExpertCache): ExpertSlots of the model's
+	// Experts fit in it, each slot of ExpertSlotBytes (the largest expert,
+	// each of its tensors 256-byte aligned), in one allocation of
+	// ExpertCacheBytes. ExpertBytes are the weight bytes of every expert,
+	// in WeightBytes but neither resident nor streamed.
+	Experts          int   `json:"experts,omitempty"`
+	ExpertSlots      int   `json:"expert_slots,omitempty"`
+	ExpertSlotBytes  int64 `json:"expert_slot_bytes,omitempty"`
+	ExpertCacheBytes int64 `json:"expert_cache_bytes,omitempty"`
+	ExpertBytes      int64 `json:"expert_bytes,omitempty"`
 	// DeviceOverheadBytes is what the device's allocator adds to the
-	// resident tensors and the ring (its block sizes, WithDevice).
+	// resident tensors, the ring and the expert cache (its block sizes,
+	// WithDevice).
 	DeviceOverheadBytes int64 `json:"device_overhead_bytes,omitempty"`
-	// PredictedPeakBytes = resident + ring + device overhead + KV cache +
-	// activations + workspace: what the budget holds once every resident
-	// layer is loaded and nn has allocated its reserve.
+	// PredictedPeakBytes = resident + ring + expert cache + device
+	// overhead + KV cache + activations + workspace: what the budget holds
+	// once every resident layer is loaded and nn has allocated its
+	// reserve.
 	PredictedPeakBytes int64 `json:"predicted_peak_bytes"`
 	// MinBudgetBytes is the smallest budget any streaming strategy plans
 	// with: a ring for the largest layer, the KV cache, activations and
@@ -316,9 +364,14 @@ type PlanResult struct {
 
 // String summarises the plan on one line.
 func (p *PlanResult) String() string {
-	return fmt.Sprintf("%s plan for %s budget: %s resident (%d of %d layers whole), %s streamed per pass through a ring of %d (%s), prefetch %d, KV cache %s, activations %s, predicted peak %s",
+	experts := ""
+	if p.Experts > 0 {
+		experts = fmt.Sprintf(", expert cache %s (%d of %d experts, %.1f%%)",
+			FormatSize(p.ExpertCacheBytes), p.ExpertSlots, p.Experts, 100*float64(p.ExpertSlots)/float64(p.Experts))
+	}
+	return fmt.Sprintf("%s plan for %s budget: %s resident (%d of %d layers whole), %s streamed per pass through a ring of %d (%s), prefetch %d%s, KV cache %s, activations %s, predicted peak %s",
 		p.Strategy, FormatSize(p.Budget), FormatSize(p.ResidentBytes), len(p.ResidentLayers), len(p.Layers),
-		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth,
+		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth, experts,
 		FormatSize(p.KVCacheBytes), FormatSize(p.ActivationBytes), FormatSize(p.PredictedPeakBytes))
 }
 
@@ -342,6 +395,9 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	o := planOptions{chunk: min(DefaultChunkTokens, contextLen), maxPrefetch: 2, depth: -1}
 	for _, f := range opts {
 		f(&o)
+	}
+	if o.expertMin > 0 && hasExperts(model) {
+		return planExperts(model, budget, strategy, contextLen, batch, o)
 	}
 	return plan(model, budget, strategy, contextLen, batch, o)
 }
@@ -409,7 +465,7 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		ActivationBytes: reserve(Activations),
 		WorkspaceBytes:  reserve(Workspace) + reserve(Gradients) + o.deviceFixed,
 	}
-	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes
+	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes + o.extraFixed
 	opt := make([]layerOptions, n)
 	for l := range units {
 		opt[l] = subsetSums(units[l])

@@ -50,3 +50,59 @@ func checkSpecs(layer int, specs []TensorSpec) error {
 	}
 	return nil
 }
+
+// ExpertSource is a Source whose layers hold experts: groups of tensors of
+// which a step uses a few, chosen as it runs (the routed experts of a
+// mixture of experts). Planned WithExpertCache, each expert is a unit of
+// its own: the Pager keeps the experts out of its layers and loads them
+// one by one into an expert cache (AcquireExperts), and the tensors that
+// choose a layer's experts stay resident, so that a user can guess the
+// experts of a layer before it runs (AcquireResident).
+type ExpertSource interface {
+	Source
+	// LayerExperts names the tensors of each expert of the layer, indexed
+	// by expert, among LayerTensors(layer); nil for a layer without
+	// experts.
+	LayerExperts(layer int) [][]string
+	// LayerRouting names the tensors of the layer that choose its experts
+	// (its router), among LayerTensors(layer).
+	LayerRouting(layer int) []string
+}
+
+// checkExperts checks a layer's experts and routing tensors against its
+// specs: every name is one of its tensors, no tensor belongs to two
+// experts or to an expert and the routing, and no expert is empty.
+func checkExperts(layer int, specs []TensorSpec, experts [][]string, routing []string) error {
+	have := map[string]bool{}
+	for _, s := range specs {
+		have[s.Name] = true
+	}
+	owner := map[string]string{}
+	claim := func(name, who string) error {
+		if !have[name] {
+			return fmt.Errorf("paging: layer %d: %s names tensor %s, which the layer does not have", layer, who, name)
+		}
+		if prev, ok := owner[name]; ok {
+			return fmt.Errorf("paging: layer %d: tensor %s is listed by %s and by %s", layer, name, prev, who)
+		}
+		owner[name] = who
+		return nil
+	}
+	for e, names := range experts {
+		who := fmt.Sprintf("expert %d", e)
+		if len(names) == 0 {
+			return fmt.Errorf("paging: layer %d: %s has no tensors", layer, who)
+		}
+		for _, n := range names {
+			if err := claim(n, who); err != nil {
+				return err
+			}
+		}
+	}
+	for _, n := range routing {
+		if err := claim(n, "the routing"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -64,6 +64,37 @@ type Stats struct {
 	MaxStepBytes  int64   `json:"max_step_bytes"`
 	LastStepBytes int64   `json:"last_step_bytes"`
 
+	// The expert cache (a plan WithExpertCache): ExpertSlots experts of
+	// ExpertsTotal fit in its ExpertCacheBytes; ExpertsCached are in it
+	// now, ExpertsPinned acquired and not released. ExpertAcquires counts
+	// the experts AcquireExperts returned: ExpertHits found in the cache
+	// (or on their way into it), ExpertMisses loaded for it.
+	// ExpertPrefetches counts the experts PrefetchExperts started loading
+	// and ExpertPrefetchHits those of them acquired at their layer's next
+	// visit, the one they were prefetched for (PrefetchAccuracy); ExpertPrefetchNoRoom the prefetches that
+	// found no slot, ExpertPrefetchSkipped the calls dropped because as
+	// many prefetches were under way as allowed. ExpertBytesMoved are the
+	// bytes uploaded for experts; ExpertBytesPerStep and
+	// ExpertMissesPerStep their mean and the misses' per step after the
+	// first (MarkStep).
+	ExpertPolicy          ExpertPolicy `json:"expert_policy,omitempty"`
+	ExpertSlots           int          `json:"expert_slots,omitempty"`
+	ExpertsTotal          int          `json:"experts,omitempty"`
+	ExpertCacheBytes      int64        `json:"expert_cache_bytes,omitempty"`
+	ExpertsCached         int          `json:"experts_cached,omitempty"`
+	ExpertsPinned         int          `json:"experts_pinned,omitempty"`
+	ExpertAcquires        int64        `json:"expert_acquires,omitempty"`
+	ExpertHits            int64        `json:"expert_hits,omitempty"`
+	ExpertMisses          int64        `json:"expert_misses,omitempty"`
+	ExpertEvictions       int64        `json:"expert_evictions,omitempty"`
+	ExpertPrefetches      int64        `json:"expert_prefetches,omitempty"`
+	ExpertPrefetchHits    int64        `json:"expert_prefetch_hits,omitempty"`
+	ExpertPrefetchNoRoom  int64        `json:"expert_prefetch_no_room,omitempty"`
+	ExpertPrefetchSkipped int64        `json:"expert_prefetch_skipped,omitempty"`
+	ExpertBytesMoved      int64        `json:"expert_bytes_moved,omitempty"`
+	ExpertBytesPerStep    float64      `json:"expert_bytes_per_step,omitempty"`
+	ExpertMissesPerStep   float64      `json:"expert_misses_per_step,omitempty"`
+
 	ResidentWeightBytes int64 `json:"resident_weight_bytes"` // resident parts on the device now
 	StreamedWeightBytes int64 `json:"streamed_weight_bytes"` // streamed parts on the device now
 	RingBytes           int64 `json:"ring_bytes"`
@@ -78,6 +109,23 @@ func (s Stats) HitRate() float64 {
 		return 0
 	}
 	return float64(s.Hits) / float64(s.Acquires)
+}
+
+// ExpertHitRate is ExpertHits / ExpertAcquires, or 0 before any.
+func (s Stats) ExpertHitRate() float64 {
+	if s.ExpertAcquires == 0 {
+		return 0
+	}
+	return float64(s.ExpertHits) / float64(s.ExpertAcquires)
+}
+
+// PrefetchAccuracy is ExpertPrefetchHits / ExpertPrefetches, or 0 before
+// any prefetch.
+func (s Stats) PrefetchAccuracy() float64 {
+	if s.ExpertPrefetches == 0 {
+		return 0
+	}
+	return float64(s.ExpertPrefetchHits) / float64(s.ExpertPrefetches)
 }
 
 // steps turns the bytes moved to the device into per-step figures: the
@@ -113,7 +161,11 @@ func (k *steps) mean() float64 {
 func (p *Pager) MarkStep() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.steps.mark(&p.st)
+	d := p.steps.mark(&p.st)
+	if p.ex != nil {
+		p.ex.steps.mark(&p.st)
+	}
+	return d
 }
 
 // Stats returns the pager's counters now.
@@ -140,6 +192,20 @@ func (p *Pager) Stats() Stats {
 		}
 		if e.held && e.host != nil {
 			s.HostLayerBytes += int64(len(e.host))
+		}
+	}
+	if x := p.ex; x != nil {
+		s.ExpertPolicy, s.ExpertSlots, s.ExpertsTotal = x.policy, len(x.slots), x.total
+		s.ExpertCacheBytes = int64(len(x.slots)) * x.slotBytes
+		s.ExpertBytesPerStep, s.ExpertMissesPerStep = x.steps.means()
+		for _, e := range x.slots {
+			if e != nil && e.loaded {
+				s.ExpertsCached++
+				s.StreamedWeightBytes += e.bytes
+			}
+			if e != nil && e.pins > 0 {
+				s.ExpertsPinned++
+			}
 		}
 	}
 	return s
@@ -202,6 +268,14 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes), FormatSize(ps.HostLayerBytes))
 		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
 			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))
+		if ps.ExpertSlots > 0 {
+			fmt.Fprintf(sb, "   experts: cache %s holds %d of %d (%s), %d cached, %d pinned; acquires %d: hits %d, misses %d (hit rate %.1f%%), evictions %d\n",
+				FormatSize(ps.ExpertCacheBytes), ps.ExpertSlots, ps.ExpertsTotal, ps.ExpertPolicy, ps.ExpertsCached, ps.ExpertsPinned,
+				ps.ExpertAcquires, ps.ExpertHits, ps.ExpertMisses, 100*ps.ExpertHitRate(), ps.ExpertEvictions)
+			fmt.Fprintf(sb, "   expert prefetches %d: %d used (accuracy %.1f%%), %d without room, %d skipped; per step after the first: %.2f misses, %s moved\n",
+				ps.ExpertPrefetches, ps.ExpertPrefetchHits, 100*ps.PrefetchAccuracy(), ps.ExpertPrefetchNoRoom, ps.ExpertPrefetchSkipped,
+				ps.ExpertMissesPerStep, FormatSize(int64(ps.ExpertBytesPerStep)))
+		}
 	}
 	fmt.Fprintf(sb, "%s\n", rule)
 }

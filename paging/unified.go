@@ -65,6 +65,9 @@ func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, p
 	if n != len(plan.Layers) {
 		return nil, fmt.Errorf("paging: plan has %d layers, source has %d", len(plan.Layers), n)
 	}
+	if plan.Experts > 0 {
+		return nil, fmt.Errorf("paging: unified memory serves whole layers: plan without an expert cache (WithExpertCache)")
+	}
 	u := &Unified{src: src, bg: bg, m: m, plan: plan, prefetch: prefetch,
 		layers: make([][]*tensor.Tensor, n), names: make([][]string, n), streamed: make([][]bool, n),
 		bytes: make([]int64, n), pins: make([]int, n)}

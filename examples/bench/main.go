@@ -8,12 +8,17 @@
 //	bench -model DIR -name llama2-7b -device cuda -runs none,4GiB:balanced,4GiB:balanced:unified -out results.jsonl
 //	bench -report results.jsonl,hf.jsonl [-md table.md] [-json table.json]
 //
-// A run is BUDGET[:STRATEGY[:MODE]]: BUDGET is "none" or a size (4GiB),
-// STRATEGY one of none, minimal, balanced, aggressive, hybrid (hybrid=N
-// puts N layers on the CPU), cpu (default balanced with a budget), MODE
-// explicit, unified or unified-noprefetch. Each run
-// appends one JSON object to -out. run-gpu.sh drives a whole comparison on
-// a GPU machine.
+// A run is BUDGET[:STRATEGY[:MODE[:POLICY]]]: BUDGET is "none" or a size
+// (4GiB), STRATEGY one of none, minimal, balanced, aggressive, hybrid
+// (hybrid=N puts N layers on the CPU), cpu (default balanced with a
+// budget), MODE explicit, unified or unified-noprefetch, POLICY the expert
+// cache's of a mixture of experts, lru or lfu. Each run appends one JSON
+// object to -out. A mixture of experts' run reports its experts (hit rate,
+// misses and bytes per token, prefetch accuracy, guesses right, and
+// whether its routing is synthetic), and the report judges it against the
+// bound of its measured misses: their bytes over the link plus the
+// weights a token reads from device memory. run-gpu.sh drives a whole
+// comparison on a GPU machine.
 package main
 
 import (
@@ -51,7 +56,7 @@ func main() {
 
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut string
-	prefill                                             string
+	prefill, hostLimit                                  string
 	decode, warmup, threads, chunk                      int
 	ceilings                                            bool
 }
@@ -68,6 +73,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
 	fs.IntVar(&o.chunk, "chunk", 512, "prefill chunk")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (cpu device)")
+	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
@@ -95,6 +101,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-chunk %d must be >= 1", o.chunk)
 	case o.threads < 0:
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
+	}
+	var hostCache int64
+	if o.hostLimit != "" {
+		n, err := paging.ParseSize(o.hostLimit)
+		if err != nil {
+			return fmt.Errorf("-host-memory-limit: %w", err)
+		}
+		hostCache = n
+		if n == 0 {
+			hostCache = -1 // none at all
+		}
 	}
 	b, err := cli.OpenBackend(o.device, o.threads)
 	if err != nil {
@@ -140,7 +157,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			if err := ctx.Err(); err != nil {
 				return err // nothing is appended for an interrupted comparison
 			}
-			r, err := measure(ctx, b, lm, name, s, prefill, o)
+			r, err := measure(ctx, b, lm, name, s, prefill, hostCache, o)
 			if err != nil {
 				r = &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 					Strategy: string(s.strategy), Mode: string(s.mode), Error: err.Error()}
@@ -148,6 +165,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			} else {
 				fmt.Fprintf(stdout, "%-12s %-36s decode %8.2f tok/s  prefill %v tok/s  %s/token  %.1f GB/s  overlap %.2f  peak %s\n",
 					name, s, r.DecodeTokS, fmtRates(r.PrefillTokS), paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes))
+				if r.Experts != nil {
+					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Experts)
+				}
 			}
 			results = append(results, r)
 		}
@@ -242,13 +262,17 @@ type runSpec struct {
 	label     string
 	strategy  paging.Strategy
 	mode      paging.MemoryMode
-	cpuLayers int // hybrid=N: N layers on the CPU (engine.Memory.CPULayers)
+	cpuLayers int                 // hybrid=N: N layers on the CPU (engine.Memory.CPULayers)
+	policy    paging.ExpertPolicy // the expert cache's; "" for the default
 }
 
 func (s runSpec) String() string {
 	st := string(s.strategy)
 	if s.cpuLayers != 0 {
 		st = fmt.Sprintf("%s=%d", st, max(s.cpuLayers, 0))
+	}
+	if s.policy != "" {
+		return fmt.Sprintf("%s:%s:%s:%s", s.label, st, s.mode, s.policy)
 	}
 	return fmt.Sprintf("%s:%s:%s", s.label, st, s.mode)
 }
@@ -292,7 +316,14 @@ func parseRuns(s string) ([]runSpec, error) {
 			spec.mode = m
 		}
 		if len(parts) > 3 {
-			return nil, fmt.Errorf("run %q: want BUDGET[:STRATEGY[:MODE]]", r)
+			p, err := paging.ParseExpertPolicy(parts[3])
+			if err != nil || parts[3] == "" {
+				return nil, fmt.Errorf("run %q: expert policy %q: want lru or lfu", r, parts[3])
+			}
+			spec.policy = p
+		}
+		if len(parts) > 4 {
+			return nil, fmt.Errorf("run %q: want BUDGET[:STRATEGY[:MODE[:POLICY]]]", r)
 		}
 		out = append(out, spec)
 	}
@@ -339,13 +370,16 @@ type Result struct {
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
 	Hybrid *HybridResult `json:"hybrid,omitempty"`
-	Error  string        `json:"error,omitempty"`
+	// Experts is a mixture of experts' expert cache over the timed decode
+	// steps; StreamedBytes are then the other weights' streamed bytes.
+	Experts *engine.ExpertReport `json:"experts,omitempty"`
+	Error   string               `json:"error,omitempty"`
 }
 
-func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, o options) (*Result, error) {
+func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -409,6 +443,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	e.MarkStep()
 	before := e.Stats().BytesHostToDevice
+	experts0 := e.Experts()
 	cw := paging.StartCopyWindow(b)
 	busy0 := busyOf(sess)
 	t0 := time.Now()
@@ -423,6 +458,9 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.H2DGBps, r.Overlap = cw.End(b)
 	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
+	if x := e.Experts(); x != nil {
+		r.Experts = x.Since(experts0, o.decode)
+	}
 	if r.Hybrid != nil {
 		for dev, d := range busyOf(sess) {
 			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/paging"
@@ -17,9 +18,14 @@ type Row struct {
 	Result
 	// BoundTokS is the streaming bound (pinned GB/s over the bytes that must
 	// cross the link per token) or, with nothing streamed, the device-memory
-	// bound (device GB/s over the weight bytes).
+	// bound (device GB/s over the weight bytes). A mixture of experts whose
+	// experts are paged has the experts bound: the time of the bytes its
+	// measured misses and the other weights' streaming move over the link
+	// (pinned GB/s), plus that of the bytes a token reads from device
+	// memory (device GB/s): the weights other than the experts and the
+	// experts it acquired.
 	BoundTokS float64 `json:"bound_tok_s"`
-	Bound     string  `json:"bound"` // "stream", "cpu", "hybrid" or "device"
+	Bound     string  `json:"bound"` // "stream", "cpu", "hybrid", "device" or "experts"
 	// CPUBoundTokS and HybridBoundTokS are the same run's bytes that are
 	// not resident on the device over the CPU's read rate, and over the
 	// CPU's and the link's rates together (measured at the same time): the
@@ -112,6 +118,15 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 // streams, else the device-memory bound.
 func bounds(row *Row, c *Ceilings) {
 	r := row.Result
+	if x := r.Experts; x != nil {
+		if c != nil && c.PinnedGBps > 0 && c.DeviceGBps > 0 {
+			link := float64(r.StreamedBytes) + x.MissesPerToken*float64(x.ExpertBytes)
+			hbm := float64(r.WeightBytes-x.WeightBytes) + x.AcquiresPerToken*float64(x.ExpertBytes)
+			row.Bound, row.BoundTokS = "experts", 1/(link/(c.PinnedGBps*1e9)+hbm/(c.DeviceGBps*1e9))
+			row.OfBound = r.DecodeTokS / row.BoundTokS
+		}
+		return
+	}
 	nonResident := r.StreamedBytes
 	var rates paging.Rates
 	if h := r.Hybrid; h != nil {
@@ -170,15 +185,15 @@ func markdown(c *Ceilings, rows []Row) string {
 		fmt.Fprintf(&sb, "Ceilings on %s: host-to-device %.1f GB/s pinned, %.1f GB/s pageable (%s copies); device memory %.0f GB/s (read + write).\n\n",
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
-	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | CPU bound | hybrid bound | bound tok/s | of bound | predicted | vs baseline |\n")
-	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
+	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, r := range rows {
 		budget := "none"
 		if r.BudgetBytes > 0 {
 			budget = paging.FormatSize(r.BudgetBytes)
 		}
 		if r.Error != "" {
-			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s |||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
+			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s ||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
 		}
 		vs := "-"
@@ -204,10 +219,25 @@ func markdown(c *Ceilings, rows []Row) string {
 			}
 			return fmt.Sprintf("%.1f", v)
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, r.PrefillTokS["128"], r.PrefillTokS["512"],
 			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes),
-			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, vs)
+			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs)
 	}
 	return sb.String()
+}
+
+// expertCell is a mixture of experts' experts in the table: the cache, its
+// hit rate, misses per token, prefetch accuracy, guesses right and the
+// routing when synthetic.
+func expertCell(x *engine.ExpertReport) string {
+	if x == nil {
+		return "-"
+	}
+	s := fmt.Sprintf("%d of %d cached (%s): hit %.1f%%, %.2f misses/token, prefetch %.0f%%, guesses %.0f%%",
+		x.Slots, x.Experts, x.Policy, 100*x.HitRate, x.MissesPerToken, 100*x.PrefetchAccuracy, 100*x.GuessAccuracy)
+	if x.Routing != "router" {
+		s += ", " + x.Routing
+	}
+	return s
 }

@@ -5,8 +5,15 @@
 # then, on the GPU machine, from the repository root:
 #   OUT=bench-out examples/bench/run-gpu.sh
 # STEPS picks what runs (default: all of synth-tiny synth-7b ceilings tiny 7b
-# hf-tiny hf-7b report);
-# MODELS is where the synthesised models go (16 GB).
+# hf-tiny hf-7b report); the mixtures of experts are steps of their own,
+# not in the default: synth-mixtral mixtral hf-mixtral (Mixtral-8x7B shape,
+# 93 GB in F16) and synth-qwen3moe qwen3moe hf-qwen3moe (Qwen3-30B-A3B
+# shape, 61 GB),
+# each synthesised once with uniform routing and given a second config
+# with skewed, temporally local routing (the same weights, hard-linked);
+# reports say "synthetic routing".
+# MODELS is where the synthesised models go (16 GB, and the MoE ones'
+# sizes: a disk of 64 GB holds one of them at most).
 set -uo pipefail
 BIN=${BIN:-bin}
 OUT=${OUT:-bench-out}
@@ -26,6 +33,25 @@ if has synth-7b; then
 	log synth llama2-7b
 	"$BIN/synth" -out "$MODELS/llama2-7b" -preset llama2-7b -dtype f16 -seed 1 -shard-size 4GB
 fi
+# routing DIR OUT SKEW LOCALITY: a copy of DIR's model (weights hard-linked)
+# whose config.json asks for synthetic routing of that skew and locality.
+routing() {
+	mkdir -p "$2" && ln -f "$1"/*.safetensors "$1"/*.json "$2"/ && rm -f "$2/config.json" &&
+		python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["strata_synthetic_routing"] = {"skew": float(sys.argv[3]), "locality": float(sys.argv[4]), "seed": 1}
+json.dump(c, open(sys.argv[2], "w"), indent=2)' "$1/config.json" "$2/config.json" "$3" "$4"
+}
+if has synth-mixtral; then
+	log synth mixtral-8x7b
+	"$BIN/synth" -out "$MODELS/mixtral-8x7b" -preset mixtral-8x7b -dtype f16 -seed 1 -shard-size 4GB -router-skew 0 &&
+		routing "$MODELS/mixtral-8x7b" "$MODELS/mixtral-8x7b-skewed" 1.2 0.5
+fi
+if has synth-qwen3moe; then
+	log synth qwen3-30b-a3b
+	"$BIN/synth" -out "$MODELS/qwen3-30b-a3b" -preset qwen3-30b-a3b -dtype f16 -seed 1 -shard-size 4GB -router-skew 0 &&
+		routing "$MODELS/qwen3-30b-a3b" "$MODELS/qwen3-30b-a3b-skewed" 1.2 0.5
+fi
 if has ceilings; then
 	log ceilings
 	"$BIN/bench" -ceilings -device cuda -out "$OUT/strata.jsonl"
@@ -43,6 +69,23 @@ if has 7b; then
 	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode 6 -warmup 1 -prefill 128 -out "$OUT/strata.jsonl" \
 		-runs ${RUNS_7B_SLOW:-4GiB:aggressive}
 fi
+# The mixtures of experts: experts paged one by one, each policy, uniform
+# routing (the worst case) and skewed. Prefill of 128 tokens uses most
+# experts of every block; the decode steps are what the bound judges.
+if has mixtral; then
+	for m in mixtral-8x7b mixtral-8x7b-skewed; do
+		log strata $m
+		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 -out "$OUT/strata.jsonl" \
+			-runs ${RUNS_MIXTRAL:-24GiB:balanced:explicit:lru,24GiB:balanced:explicit:lfu}
+	done
+fi
+if has qwen3moe; then
+	for m in qwen3-30b-a3b qwen3-30b-a3b-skewed; do
+		log strata $m
+		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 -out "$OUT/strata.jsonl" \
+			-runs ${RUNS_QWEN3MOE:-8GiB:balanced:explicit:lru,8GiB:balanced:explicit:lfu}
+	done
+fi
 export PYTHONUNBUFFERED=1
 if has hf-tiny; then
 	log hf tinyllama-1.1b
@@ -53,6 +96,15 @@ if has hf-7b; then
 	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs resident --decode "$DECODE" --out "$OUT/hf.jsonl"
 	# accelerate streams the offloaded weights synchronously (about 1 token/s at 4 GiB): fewer steps.
 	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs ${HF_7B_BUDGETS:-4GiB} --decode "${HF_DECODE:-12}" --warmup 2 --out "$OUT/hf.jsonl"
+fi
+if has hf-mixtral; then
+	log hf mixtral-8x7b
+	# accelerate offloads whole modules: a few tokens are enough.
+	python3 examples/bench/hf_baseline.py --model "$MODELS/mixtral-8x7b" --name mixtral-8x7b --runs 24GiB --prefill 128 --decode 3 --warmup 1 --out "$OUT/hf.jsonl"
+fi
+if has hf-qwen3moe; then
+	log hf qwen3-30b-a3b
+	python3 examples/bench/hf_baseline.py --model "$MODELS/qwen3-30b-a3b" --name qwen3-30b-a3b --runs 8GiB --prefill 128 --decode 3 --warmup 1 --out "$OUT/hf.jsonl"
 fi
 if has report; then
 	log report

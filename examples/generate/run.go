@@ -162,6 +162,11 @@ type report struct {
 	// with its predicted per-token time of each path, the rates measured
 	// at start, and what each device took per decoded token.
 	Hybrid *hybridReport `json:"hybrid,omitempty"`
+	// Experts is a mixture of experts' expert cache over the decode steps
+	// (the prefill's first token excluded): hit rate, misses and bytes per
+	// token, prefetch accuracy, guesses right, and the routing (router or
+	// synthetic).
+	Experts *engine.ExpertReport `json:"experts,omitempty"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
@@ -342,6 +347,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	stop := "max_new_tokens"
 	cw := paging.StartCopyWindow(backend)
 	busy0 := busyOf(sess)
+	experts0 := eng.Experts()
 	t1 := time.Now()
 	for len(out) < o.maxNew {
 		if err := ctx.Err(); err != nil {
@@ -405,6 +411,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 				}
 			}
 			r.Hybrid = hr
+		}
+		if x := eng.Experts(); x != nil {
+			r.Experts = x.Since(experts0, max(len(out)-1, 0))
 		}
 		r.Paging = st
 		r.PeakDeviceBytes = st.PeakDeviceBytes

@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+)
+
+// expertBudget is the budget of one device that holds lm's layers
+// resident and slots experts, for Open with the options given.
+func expertBudget(t *testing.T, lm *loader.Model, contextLen, chunk, slots int) int64 {
+	t.Helper()
+	info, err := nn.ModelInfo(lm, lm.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := paging.Plan(info, 1<<40, paging.StrategyBalanced, contextLen, 1, paging.WithChunkTokens(chunk), paging.WithExpertCache(lm.Config.MoE.ExpertsPerToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.PredictedPeakBytes - p.ExpertCacheBytes + int64(slots)*p.ExpertSlotBytes
+}
+
+// TestOpenPagesExperts: a mixture of experts through Open pages its
+// experts in an expert cache the plan sizes, on one device and on two;
+// decoding moves only missed and prefetched experts, Stats and the
+// summary report the cache and ExpertGuesses the guesses; the logits are
+// the model's run directly. With no budget the cache holds every expert,
+// loaded by Open.
+func TestOpenPagesExperts(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyQwen3MoEF16)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 18}
+	const steps, chunk = 8, 8
+	ctxLen := len(prompt) + steps
+	want := reference(t, lm, prompt, steps)
+	cfg := lm.Config
+	k := cfg.MoE.ExpertsPerToken
+	var eb int64
+	x0 := cfg.LayerExperts(cfg.BlockLayer(0))[0]
+	for _, r := range []arch.Role{arch.ExpertGate, arch.ExpertUp, arch.ExpertDown} {
+		ti, _ := lm.Tensor(x0[r])
+		eb += ti.Size
+	}
+	slots := k + 4
+	for _, tc := range []struct {
+		name    string
+		devices int
+		budget  int64
+		policy  paging.ExpertPolicy
+	}{
+		{"no budget", 1, 0, ""},
+		{"one device, lru", 1, expertBudget(t, lm, ctxLen, chunk, slots), paging.ExpertLRU},
+		{"one device, lfu", 1, expertBudget(t, lm, ctxLen, chunk, slots), paging.ExpertLFU},
+		{"two devices", 2, expertBudget(t, lm, ctxLen, chunk, 2*slots) / 2, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: chunk, Memory: Memory{ExpertPolicy: tc.policy}}
+			if tc.budget > 0 {
+				o.Memory.Budgets = []int64{tc.budget}
+			}
+			e, err := Open(context.Background(), lm, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := e.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+			total := cfg.NumLayers * cfg.MoE.Experts
+			st := e.Stats()
+			if st.ExpertsTotal != total || st.ExpertSlots == 0 {
+				t.Fatalf("stats: %d experts in %d slots, want %d experts", st.ExpertsTotal, st.ExpertSlots, total)
+			}
+			if tc.budget == 0 && (st.ExpertSlots != total || st.ExpertsCached != total) {
+				t.Errorf("no budget: %d slots, %d cached after Open, want every expert", st.ExpertSlots, st.ExpertsCached)
+			}
+			if tc.budget > 0 && st.ExpertSlots >= total {
+				t.Errorf("budget %d: the cache holds all %d experts", tc.budget, total)
+			}
+			if tc.policy != "" && st.ExpertPolicy != tc.policy {
+				t.Errorf("policy %s, want %s", st.ExpertPolicy, tc.policy)
+			}
+			opened := st
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits, err := s.Forward(context.Background(), prompt, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.MarkStep()
+			for i := range steps {
+				for j := range logits {
+					if logits[j] != want[i][j] {
+						t.Fatalf("step %d logit %d: %v, direct %v", i, j, logits[j], want[i][j])
+					}
+				}
+				if logits, err = s.Forward(context.Background(), []int32{int32(nn.Argmax(logits))}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				e.MarkStep()
+			}
+			e.Experts() // settles the prefetches under way
+			st = e.Stats()
+			if st.ExpertHits+st.ExpertMisses != st.ExpertAcquires || st.ExpertAcquires == 0 {
+				t.Errorf("%d hits + %d misses != %d acquires", st.ExpertHits, st.ExpertMisses, st.ExpertAcquires)
+			}
+			if st.ExpertBytesMoved != (st.ExpertMisses+st.ExpertPrefetches)*eb {
+				t.Errorf("%d expert bytes moved for %d misses and %d prefetches of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches, eb)
+			}
+			guessed, right := e.ExpertGuesses()
+			if tc.budget > 0 && (guessed != int64(steps*(cfg.NumLayers-tc.devices)*k) || right > guessed) {
+				// A guess is for the next sparse block on the same device.
+				t.Errorf("%d experts guessed (%d right), want %d", guessed, right, steps*(cfg.NumLayers-tc.devices)*k)
+			}
+			if tc.budget == 0 && (guessed != 0 || st.ExpertMisses != opened.ExpertMisses) {
+				t.Errorf("every expert cached: %d guessed, %d misses after Open", guessed, st.ExpertMisses-opened.ExpertMisses)
+			}
+			if tc.budget > 0 {
+				for _, d := range e.Devices() {
+					if d.PeakDeviceBytes > d.BudgetBytes || d.Plan.Experts == 0 {
+						t.Errorf("%s: peak %d over budget %d, or no expert cache (%d experts)", d.Name, d.PeakDeviceBytes, d.BudgetBytes, d.Plan.Experts)
+					}
+				}
+			}
+			r := e.Experts()
+			if r == nil || r.Experts != total || r.Misses != st.ExpertMisses || r.Guessed != guessed || r.Routing != "router" || r.ExpertBytes != eb {
+				t.Fatalf("report %+v, stats %+v", r, st)
+			}
+			w := r.Since(e2r(opened), steps)
+			if w.Tokens != steps || w.Misses != st.ExpertMisses-opened.ExpertMisses || w.MissesPerToken != float64(w.Misses)/steps ||
+				w.HitRate != float64(w.Hits)/float64(w.Acquires) || !strings.Contains(w.String(), "per token over 8") {
+				t.Errorf("window %+v", w)
+			}
+			if !strings.Contains(e.Summary(), "experts: cache") {
+				t.Errorf("summary without the expert cache:\n%s", e.Summary())
+			}
+		})
+	}
+}
+
+// e2r is the report of stats taken earlier, as Engine.Experts reports.
+func e2r(st paging.Stats) *ExpertReport {
+	return &ExpertReport{Acquires: st.ExpertAcquires, Hits: st.ExpertHits, Misses: st.ExpertMisses, BytesMoved: st.ExpertBytesMoved,
+		Prefetches: st.ExpertPrefetches, PrefetchHits: st.ExpertPrefetchHits}
+}

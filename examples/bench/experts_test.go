@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/strata-llm/strata/engine"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+)
+
+// TestParseRunsPolicy: a run's fourth part is the expert cache's policy.
+func TestParseRunsPolicy(t *testing.T) {
+	specs, err := parseRuns("24GiB:balanced:explicit:lfu,8GiB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if specs[0].policy != paging.ExpertLFU || specs[0].String() != "24GiB:balanced:explicit:lfu" || specs[1].policy != "" || specs[1].String() != "8GiB:balanced:explicit" {
+		t.Errorf("specs %+v, %q", specs, specs[0].String())
+	}
+	for _, bad := range []string{"1GiB:balanced:explicit:fifo", "1GiB:balanced:explicit:", "1GiB:balanced:explicit:lru:x"} {
+		if _, err := parseRuns(bad); err == nil {
+			t.Errorf("run %q accepted", bad)
+		}
+	}
+}
+
+// TestBenchExperts measures the Mixtral fixture with its experts paged: the
+// result carries the experts over the timed decode steps, and the report
+// judges it against the experts bound.
+func TestBenchExperts(t *testing.T) {
+	dir := fixtures.Dir(fixtures.TinyMixtralBF16)
+	lm, err := loader.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := nn.ModelInfo(lm, lm.Config)
+	lm.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const decode = 4
+	ctxLen := 16 + 1 + decode + 1 // the shortest prompt a run times, the warm-up and the decode steps
+	p, err := paging.Plan(info, 1<<40, paging.StrategyBalanced, ctxLen, 1, paging.WithChunkTokens(8), paging.WithExpertCache(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := p.PredictedPeakBytes - p.ExpertCacheBytes + 4*p.ExpertSlotBytes
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	var stdout bytes.Buffer
+	args := []string{"-model", dir, "-device", "cpu", "-prefill", "8", "-warmup", "1", "-decode", fmt.Sprint(decode), "-chunk", "8",
+		"-runs", fmt.Sprintf("%dB:balanced:explicit:lfu", budget), "-out", out}
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), "experts [router]: cache of 4 of 24") {
+		t.Errorf("output without the experts:\n%s", stdout.String())
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	if !sc.Scan() {
+		t.Fatal("no result")
+	}
+	var r Result
+	if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	x := r.Experts
+	if x == nil || x.Tokens != decode || x.Policy != paging.ExpertLFU || x.Slots != 4 || x.AcquiresPerToken != 6 {
+		t.Fatalf("experts %+v", x)
+	}
+	// The report's bound, from made-up ceilings.
+	row := Row{Result: r}
+	bounds(&row, &Ceilings{PinnedGBps: 50, DeviceGBps: 4000})
+	link := float64(r.StreamedBytes) + x.MissesPerToken*float64(x.ExpertBytes)
+	hbm := float64(r.WeightBytes-x.WeightBytes) + 6*float64(x.ExpertBytes)
+	want := 1 / (link/50e9 + hbm/4000e9)
+	if row.Bound != "experts" || math.Abs(row.BoundTokS-want) > 1e-9*want || row.OfBound != r.DecodeTokS/row.BoundTokS {
+		t.Errorf("bound %s %v (of bound %v), want experts %v", row.Bound, row.BoundTokS, row.OfBound, want)
+	}
+	r.Experts = &engine.ExpertReport{Slots: 3, Experts: 9, Policy: "lru", Routing: "synthetic routing (skew 1.2, locality 0.5)"}
+	if md := markdown(nil, []Row{{Result: r}}); !strings.Contains(md, "3 of 9 cached (lru)") || !strings.Contains(md, "synthetic routing (skew 1.2") {
+		t.Errorf("table without the experts:\n%s", md)
+	}
+}

@@ -1,0 +1,514 @@
+package nn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// expertRig serves a mixture of experts through a pager whose plan caches
+// experts, under a budget of the layers resident (or streamed, when
+// extra < 0) and a cache of a few experts.
+type expertRig struct {
+	lm     *loader.Model
+	b      *tensor.CPU
+	budget *paging.Budget
+	pager  *paging.Pager
+	m      *Model
+	limit  int64
+	slots  int
+}
+
+const (
+	expertMaxPos = 48
+	expertChunk  = 8
+)
+
+// newExpertRig pages lm's experts with a cache of slots experts. With
+// stream, the budget is the smallest the strategy plans with, so the
+// layers stream too and the cache holds the least it may (slots must be
+// the experts per token: the planner places the layers first); otherwise
+// the layers stay resident.
+func newExpertRig(t *testing.T, lm *loader.Model, src paging.Source, st paging.Strategy, slots int, stream bool, opts paging.Options) *expertRig {
+	return newExpertRigFor(t, lm, src, st, slots, stream, opts, expertMaxPos)
+}
+
+// newExpertRigFor is newExpertRig for sessions of maxPos positions.
+func newExpertRigFor(t *testing.T, lm *loader.Model, src paging.Source, st paging.Strategy, slots int, stream bool, opts paging.Options, maxPos int) *expertRig {
+	t.Helper()
+	cfg := lm.Config
+	info, err := ModelInfo(lm, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := cfg.MoE.ExpertsPerToken
+	planOpts := []paging.PlanOption{paging.WithChunkTokens(expertChunk), paging.WithExpertCache(k)}
+	full, err := paging.Plan(info, 1<<40, paging.StrategyBalanced, maxPos, 1, planOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := full.PredictedPeakBytes - full.ExpertCacheBytes + int64(slots)*full.ExpertSlotBytes
+	if stream {
+		_, err := paging.Plan(info, 1, st, maxPos, 1, planOpts...)
+		var be *paging.BudgetError
+		if !errors.As(err, &be) {
+			t.Fatalf("a 1-byte budget planned: %v", err)
+		}
+		limit = be.Needed + int64(slots-k)*full.ExpertSlotBytes
+	}
+	plan, err := paging.Plan(info, limit, st, maxPos, 1, planOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != paging.StrategyAggressive && plan.ExpertSlots != slots || stream && plan.StreamedBytes == 0 {
+		t.Fatalf("plan at %d: %d expert slots (want %d), %d bytes streamed", limit, plan.ExpertSlots, slots, plan.StreamedBytes)
+	}
+	r := &expertRig{lm: lm, b: tensor.NewCPU(1), limit: limit, slots: plan.ExpertSlots}
+	r.budget = newBudget(t, r.b, limit, "cpu")
+	if r.pager, err = paging.NewPager(src, r.budget, plan, opts); err != nil {
+		t.Fatal(err)
+	}
+	if r.m, err = New(cfg, r.b, r.budget, r.pager); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := r.pager.Close(); err != nil {
+			t.Error(err)
+		}
+		if r.budget.Peak() > limit {
+			t.Errorf("budget peaked at %d over its limit %d", r.budget.Peak(), limit)
+		}
+		if err := r.budget.Close(); err != nil {
+			t.Error(err)
+		}
+		r.b.Close()
+	})
+	return r
+}
+
+// expertBytes is one routed expert's bytes in lm.
+func expertBytes(lm *loader.Model) int64 {
+	var n int64
+	for _, name := range Source(lm).(paging.ExpertSource).LayerExperts(lm.Config.BlockLayer(0))[0] {
+		ti, _ := lm.Tensor(name)
+		n += ti.Size
+	}
+	return n
+}
+
+// decodeMarked runs the prompt and greedy steps in a new session,
+// marking a step after each, and returns every logit it saw.
+func decodeMarked(t *testing.T, m *Model, mark func(), prompt []int32, steps int) []float32 {
+	t.Helper()
+	s, err := m.NewSession(expertMaxPos, expertChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	logits, err := s.Forward(ctx, prompt, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append([]float32(nil), logits...)
+	mark()
+	last := logits[len(logits)-m.cfg.VocabSize:]
+	for range steps {
+		if last, err = s.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, last...)
+		mark()
+	}
+	return all
+}
+
+// residentReference is the logits of the prompt and greedy steps with
+// every weight resident and no budget.
+func residentReference(t *testing.T, lm *loader.Model, prompt []int32, steps int) []float32 {
+	t.Helper()
+	b := tensor.NewCPU(1)
+	defer b.Close()
+	hw, err := LoadWeights(context.Background(), lm, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	m, err := New(lm.Config, b, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decodeMarked(t, m, func() {}, prompt, steps)
+}
+
+func sameLogits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d logits, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%s: logit %d is %v, resident run %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+var expertPrompt = []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3, 9, 100}
+
+// TestPagedExpertsBitIdentical runs the Mixtral and Qwen3-MoE fixtures
+// with their experts paged through caches of a few experts, the layers
+// resident or streaming, with and without prefetch: the logits are
+// bit-identical to a run with every weight resident, the budget is never
+// exceeded, experts are evicted and loaded again, and the bytes moved for
+// experts are the misses' and prefetches' experts, per step too.
+func TestPagedExpertsBitIdentical(t *testing.T) {
+	for _, name := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		t.Run(name, func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			const steps = 12
+			want := residentReference(t, lm, expertPrompt, steps)
+			k := lm.Config.MoE.ExpertsPerToken
+			eb := expertBytes(lm)
+			for _, tc := range []struct {
+				st       paging.Strategy
+				slots    int
+				stream   bool
+				prefetch bool
+			}{
+				{paging.StrategyBalanced, k, false, false},
+				{paging.StrategyBalanced, k + 3, false, true},
+				{paging.StrategyBalanced, k, true, true},
+				{paging.StrategyMinimal, k, true, false},
+				{paging.StrategyAggressive, k, true, true},
+			} {
+				label := fmt.Sprintf("%s, %d slots, stream %v, prefetch %v", tc.st, tc.slots, tc.stream, tc.prefetch)
+				t.Run(label, func(t *testing.T) {
+					opts := paging.Options{}
+					if !tc.prefetch {
+						opts.PrefetchDepth = -1
+					}
+					r := newExpertRig(t, lm, Source(lm), tc.st, tc.slots, tc.stream, opts)
+					got := decodeMarked(t, r.m, func() { r.pager.MarkStep() }, expertPrompt, steps)
+					sameLogits(t, label, got, want)
+					r.pager.SettleExperts()
+					st := r.pager.Stats()
+					if st.ExpertSlots >= st.ExpertsTotal || st.ExpertEvictions == 0 || st.ExpertMisses == 0 {
+						t.Errorf("experts did not page: %d slots of %d, %d evictions, %d misses", st.ExpertSlots, st.ExpertsTotal, st.ExpertEvictions, st.ExpertMisses)
+					}
+					if st.ExpertBytesMoved != (st.ExpertMisses+st.ExpertPrefetches)*eb {
+						t.Errorf("%d expert bytes moved for %d misses and %d prefetches of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches, eb)
+					}
+					if !tc.prefetch {
+						if st.ExpertPrefetches != 0 {
+							t.Errorf("prefetch off: %d prefetches", st.ExpertPrefetches)
+						}
+						if d := st.ExpertBytesPerStep - st.ExpertMissesPerStep*float64(eb); d > 1e-6*st.ExpertBytesPerStep || d < -1e-6*st.ExpertBytesPerStep || st.ExpertMissesPerStep == 0 {
+							t.Errorf("per step: %v expert bytes for %v misses of %d bytes", st.ExpertBytesPerStep, st.ExpertMissesPerStep, eb)
+						}
+					} else if tc.slots > k && st.ExpertPrefetches == 0 {
+						t.Error("no expert prefetched")
+					} else if tc.slots == k && st.ExpertPrefetches != 0 {
+						t.Errorf("%d experts prefetched into a cache that the experts computing fill", st.ExpertPrefetches)
+					}
+					if st.ExpertsPinned != 0 || st.PinnedLayers != 0 {
+						t.Errorf("%d experts and %d layers pinned after the run", st.ExpertsPinned, st.PinnedLayers)
+					}
+					if g, _ := r.m.ExpertGuesses(); tc.prefetch && g == 0 {
+						t.Error("no experts guessed")
+					}
+				})
+			}
+		})
+	}
+}
+
+// writeModel writes lm's tensors, changed by edit, and its config into a
+// new model directory.
+func writeModel(t *testing.T, lm *loader.Model, edit func(name string, data []byte)) *loader.Model {
+	t.Helper()
+	dir := t.TempDir()
+	var ts []loader.NamedTensor
+	for _, l := range lm.Layers() {
+		for _, ti := range l.Tensors {
+			host, err := lm.ReadTensor(context.Background(), ti.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			edit(ti.Name, host.Bytes())
+			ts = append(ts, loader.NamedTensor{Name: ti.Name, T: host})
+		}
+	}
+	if err := loader.WriteSafetensors(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(lm.Dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := loader.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { out.Close() })
+	return out
+}
+
+// TestExpertGuessCounted forces the guesses of the next block's experts
+// right or wrong and checks that they are counted so: the Mixtral fixture
+// with its attention outputs and experts' down projections zero leaves the
+// hidden state the same through every block, so each block's MLP norm
+// input is the same; with the MLP norms equal the next block's router sees
+// the very state its guess saw (every guess right), with each block's
+// norm the negation of the one before it sees its opposite, and chooses
+// its k worst experts (every guess wrong, for k <= experts/2).
+func TestExpertGuessCounted(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyMixtralBF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	norm0, err := lm.ReadTensor(context.Background(), cfg.LayerNames(cfg.BlockLayer(0))[arch.MLPNorm])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		right bool
+	}{{"right", true}, {"wrong", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			edited := writeModel(t, lm, func(name string, data []byte) {
+				switch {
+				case strings.HasSuffix(name, "o_proj.weight") || strings.HasSuffix(name, ".w2.weight"):
+					clear(data)
+				case strings.HasSuffix(name, "post_attention_layernorm.weight"):
+					copy(data, norm0.Bytes())
+					var block int
+					fmt.Sscanf(strings.TrimPrefix(name, "model.layers."), "%d", &block)
+					if !tc.right && block%2 == 1 {
+						for i := 1; i < len(data); i += 2 {
+							data[i] ^= 0x80 // the BF16 sign bit
+						}
+					}
+				}
+			})
+			r := newExpertRig(t, edited, Source(edited), paging.StrategyBalanced, 2*cfg.MoE.ExpertsPerToken, false, paging.Options{})
+			const steps = 10
+			decodeMarked(t, r.m, func() {}, expertPrompt, steps)
+			guessed, right := r.m.ExpertGuesses()
+			want := int64(steps * (cfg.NumLayers - 1) * cfg.MoE.ExpertsPerToken)
+			if guessed != want {
+				t.Errorf("%d experts guessed, want %d (%d steps, %d blocks with a next, %d experts)", guessed, want, steps, cfg.NumLayers-1, cfg.MoE.ExpertsPerToken)
+			}
+			switch {
+			case tc.right && right != guessed:
+				t.Errorf("%d of %d guesses right, want all", right, guessed)
+			case !tc.right && right != 0:
+				t.Errorf("%d of %d guesses right, want none", right, guessed)
+			}
+			r.pager.SettleExperts()
+			if st := r.pager.Stats(); tc.right && st.ExpertPrefetchHits != st.ExpertPrefetches {
+				t.Errorf("every guess right, yet %d of %d prefetched experts used", st.ExpertPrefetchHits, st.ExpertPrefetches)
+			}
+		})
+	}
+}
+
+// expertFaults is an ExpertSource whose reads of one tensor fail a number
+// of times.
+type expertFaults struct {
+	paging.ExpertSource
+	mu    sync.Mutex
+	name  string
+	fails int
+}
+
+var errExpertFault = errors.New("injected expert read fault")
+
+func (s *expertFaults) ReadTensor(ctx context.Context, layer int, name string, dst []byte) error {
+	s.mu.Lock()
+	fail := name == s.name && s.fails > 0
+	if fail {
+		s.fails--
+	}
+	s.mu.Unlock()
+	if fail {
+		return fmt.Errorf("expert faults: %s: %w", name, errExpertFault)
+	}
+	return s.ExpertSource.ReadTensor(ctx, layer, name, dst)
+}
+
+// TestExpertLoadFaultRetry: a forward whose expert load fails returns the
+// error with nothing pinned, and the same session's retry gives the logits
+// of a run without faults.
+func TestExpertLoadFaultRetry(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyQwen3MoEF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	want := residentReference(t, lm, expertPrompt, 0)
+	cfg := lm.Config
+	for _, x := range []int{0, 5, 11, 15} { // whichever the prompt chooses fails on its first read
+		src := &expertFaults{ExpertSource: Source(lm).(paging.ExpertSource), name: cfg.LayerExperts(cfg.BlockLayer(1))[x][arch.ExpertUp], fails: 1}
+		r := newExpertRig(t, lm, src, paging.StrategyBalanced, cfg.MoE.Experts/2, false, paging.Options{PrefetchDepth: -1})
+		s, err := r.m.NewSession(expertMaxPos, expertChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		_, err = s.Forward(ctx, expertPrompt, true, nil)
+		if st := r.pager.Stats(); st.ExpertsPinned != 0 || st.PinnedLayers != 0 {
+			t.Errorf("expert %d: after the fault %d experts and %d layers pinned", x, st.ExpertsPinned, st.PinnedLayers)
+		}
+		if err == nil {
+			s.Close()
+			continue // the prompt did not choose the expert
+		}
+		if !errors.Is(err, errExpertFault) || s.Pos() != 0 {
+			t.Fatalf("expert %d: forward: %v at position %d, want the injected fault at 0", x, err, s.Pos())
+		}
+		got, err := s.Forward(ctx, expertPrompt, true, nil)
+		if err != nil {
+			t.Fatalf("expert %d: retry: %v", x, err)
+		}
+		sameLogits(t, fmt.Sprintf("expert %d retry", x), got, want)
+		s.Close()
+		return
+	}
+	t.Fatal("the prompt chose none of the failing experts")
+}
+
+// TestExpertsTwoSessions runs two sessions of one model concurrently over
+// a cache too small for both at once: each gets the logits of a run alone.
+// Run with -race.
+func TestExpertsTwoSessions(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyMixtralBF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	const steps = 8
+	want := residentReference(t, lm, expertPrompt, steps)
+	r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, lm.Config.MoE.ExpertsPerToken+1, false, paging.Options{})
+	var wg sync.WaitGroup
+	got := make([][]float32, 2)
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = decodeMarked(t, r.m, func() {}, expertPrompt, steps)
+		}()
+	}
+	wg.Wait()
+	for i := range got {
+		sameLogits(t, fmt.Sprintf("session %d", i), got[i], want)
+	}
+	if st := r.pager.Stats(); st.ExpertsPinned != 0 || st.ExpertAcquires == 0 {
+		t.Errorf("%d experts pinned, %d acquires", st.ExpertsPinned, st.ExpertAcquires)
+	}
+}
+
+// TestExpertPolicies measures the expert cache's policies on synthetic
+// routing with a cache of a quarter of the experts, prefetch off, for two
+// shapes: under uniform routing each hits the cached fraction (less a
+// margin for a finite run), under skewed routing more. The hit rates are
+// logged (go test -v): which policy misses less (the README's table).
+func TestExpertPolicies(t *testing.T) {
+	if raceEnabled || testing.Short() {
+		t.Skip("a measurement of thousands of decode steps: run without -race or -short")
+	}
+	for _, shape := range []struct {
+		name                  string
+		blocks, experts, topK int
+	}{
+		{"4 blocks of 32 experts, top-4", 4, 32, 4},
+		{"8 blocks of 8 experts, top-2", 8, 8, 2},
+	} {
+		t.Run(shape.name, func(t *testing.T) {
+			cfg, err := arch.Preset("tiny")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.SetFamily(arch.Qwen3MoE)
+			cfg.NumLayers, cfg.VocabSize, cfg.MaxPositions = shape.blocks, 97, 2048
+			cfg.MoE = &arch.MoE{Experts: shape.experts, ExpertsPerToken: shape.topK, ExpertSize: 16, SparseStep: 1, NormTopK: true}
+			lm, err := loader.SynthesizeOpen(context.Background(), t.TempDir(), cfg, loader.SynthOptions{DType: tensor.F16, Seed: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			const steps = 1500
+			total := cfg.NumLayers * cfg.MoE.Experts
+			slots := total / 4
+			fraction := float64(slots) / float64(total)
+			rate := map[string]float64{}
+			for _, rc := range []struct {
+				name           string
+				skew, locality float64
+			}{
+				{"uniform", 0, 0},
+				{"skew 1.2", 1.2, 0},
+				{"skew 1.2, locality 0.5", 1.2, 0.5},
+				{"skew 0.8, locality 0.3", 0.8, 0.3},
+			} {
+				for _, policy := range []paging.ExpertPolicy{paging.ExpertLRU, paging.ExpertLFU} {
+					key := rc.name + " " + string(policy)
+					r := newExpertRigFor(t, lm, Source(lm), paging.StrategyBalanced, slots, false, paging.Options{ExpertPolicy: policy, PrefetchDepth: -1}, steps+8)
+					c := lm.Config.Clone()
+					c.MoE.Synthetic = &arch.SyntheticRouting{Skew: rc.skew, Locality: rc.locality, Seed: 11}
+					m, err := New(c, r.b, r.budget, r.pager)
+					if err != nil {
+						t.Fatal(err)
+					}
+					s, err := m.NewSession(steps+8, expertChunk)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ctx := context.Background()
+					if _, err := s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, false, nil); err != nil {
+						t.Fatal(err)
+					}
+					before := r.pager.Stats()
+					for i := range steps - 1 {
+						if _, err := s.Forward(ctx, []int32{int32(i % cfg.VocabSize)}, false, nil); err != nil {
+							t.Fatal(err)
+						}
+					}
+					s.Close()
+					st := r.pager.Stats()
+					rate[key] = float64(st.ExpertHits-before.ExpertHits) / float64(st.ExpertAcquires-before.ExpertAcquires)
+					t.Logf("%-26s hit rate %.3f (cached fraction %.3f)", key, rate[key], fraction)
+				}
+			}
+			for _, policy := range []string{"lru", "lfu"} {
+				if u := rate["uniform "+policy]; u < fraction-0.015 {
+					t.Errorf("%s under uniform routing: hit rate %.3f below the cached fraction %.3f", policy, u, fraction)
+				}
+				for _, skewed := range []string{"skew 1.2 ", "skew 1.2, locality 0.5 ", "skew 0.8, locality 0.3 "} {
+					if rate[skewed+policy] <= rate["uniform "+policy] {
+						t.Errorf("%s: %shit rate %.3f, no better than uniform routing's %.3f", policy, skewed, rate[skewed+policy], rate["uniform "+policy])
+					}
+				}
+			}
+		})
+	}
+}

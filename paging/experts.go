@@ -1,0 +1,835 @@
+package paging
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// ExpertPolicy chooses which cached expert makes room for another.
+type ExpertPolicy string
+
+// The expert cache's eviction policies.
+const (
+	// ExpertLRU evicts the least recently used expert, its recency
+	// counted in visits of its own layer: an expert its layer did not use
+	// for more visits goes first, and among those alike, the one whose
+	// layer comes last in the walk from the layer acquired now (it is
+	// needed last), then the least recently used. Plain LRU would evict,
+	// in a cyclic walk over the layers, the experts of the layers about to
+	// run.
+	ExpertLRU ExpertPolicy = "lru"
+	// ExpertLFU evicts the expert least likely to be used again, judged
+	// by how often it was used, its uses aged: each use counts 1, halved
+	// every 16 x (the pager's experts) expert acquires since (16E/k
+	// tokens for E experts of a layer, k a token), so that what was
+	// popular a while ago gives way. Counts within a factor of about 1.4
+	// of each other compare equal, an expert used at its layer's last
+	// visit ranks as one used twice as often, and ties go to the expert
+	// whose layer is needed last, then the least recently used. Every
+	// expert's count is kept while it is out of the cache too, so a
+	// popular expert evicted comes back with its count.
+	ExpertLFU ExpertPolicy = "lfu"
+)
+
+// DefaultExpertPolicy is the policy of a Pager whose Options name none.
+// Neither policy misses less on every routing (TestExpertPolicies in nn
+// measures them on synthetic routing): LFU where a few experts are
+// popular, LRU where a token keeps its experts from the token before,
+// which trained routers are reported to do.
+const DefaultExpertPolicy = ExpertLRU
+
+// ParseExpertPolicy accepts "lru" and "lfu", case-insensitive; empty is
+// DefaultExpertPolicy.
+func ParseExpertPolicy(s string) (ExpertPolicy, error) {
+	switch p := ExpertPolicy(strings.ToLower(strings.TrimSpace(s))); p {
+	case "":
+		return DefaultExpertPolicy, nil
+	case ExpertLRU, ExpertLFU:
+		return p, nil
+	}
+	return "", fmt.Errorf("paging: unknown expert cache policy %q (want lru or lfu)", s)
+}
+
+// ExpertServer is a Server that pages a model's experts one by one (a
+// Pager whose plan has an expert cache, WithExpertCache): the layers'
+// maps from Acquire leave the experts out, and AcquireExperts serves them.
+type ExpertServer interface {
+	// PagesExperts reports whether the layer's experts are served by
+	// AcquireExperts rather than in its map from Acquire.
+	PagesExperts(layer int) bool
+	// ExpertSlots is the most experts AcquireExperts holds at once.
+	ExpertSlots() int
+	// AcquireExperts returns the tensors of the given experts of the
+	// layer by expert and name, loading the missing ones, and pins them
+	// until ReleaseExperts.
+	AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]map[string]*tensor.Tensor, error)
+	// ReleaseExperts unpins experts from AcquireExperts.
+	ReleaseExperts(layer int, experts []int)
+	// PrefetchExperts starts loading experts likely to be acquired soon.
+	PrefetchExperts(layer int, experts []int)
+	// SettleExperts waits for the prefetches under way to end.
+	SettleExperts()
+	// AcquireResident returns the layer's resident tensors (its routing
+	// among them), loading them if they are not on the device, and pins
+	// the layer until Release.
+	AcquireResident(ctx context.Context, layer int) (map[string]*tensor.Tensor, error)
+}
+
+var _ ExpertServer = (*Pager)(nil)
+
+// ErrExpertCacheFull is wrapped by AcquireExperts when more experts are
+// asked for at once than the expert cache holds.
+var ErrExpertCacheFull = errors.New("more experts at once than the expert cache holds")
+
+// expertCache is a Pager's cache of experts: one device allocation of
+// slots of slotBytes, each holding one expert, its tensors views into the
+// slot at aligned offsets. Guarded by the pager's mu.
+type expertCache struct {
+	policy    ExpertPolicy
+	slab      *tensor.Tensor
+	slotBytes int64
+	slots     []*expertEntry   // the expert in each slot, nil when free
+	layers    [][]*expertEntry // by layer, nil for a layer without experts
+	total     int
+	prefetch  bool
+	pf        errgroup.Group
+	// prefetching counts the prefetch loads under way (SettleExperts).
+	prefetching int
+	// accesses counts expert acquires: the clock of LFU's aging, whose
+	// counts halve every halfLife of them; sum is every expert's count
+	// together, as of sumAt accesses.
+	accesses uint64
+	halfLife float64
+	sum      float64
+	sumAt    uint64
+	// pass counts the passes over the layers: it moves on when an
+	// acquire's layer is not after the one before (cur). visits counts
+	// each layer's acquires.
+	pass   uint64
+	cur    int
+	visits []uint64
+	steps  expertSteps
+}
+
+// expertPrefetchLoads bounds the prefetches of experts under way at once.
+const expertPrefetchLoads = 4
+
+type expertEntry struct {
+	layer, expert int
+	specs         []TensorSpec
+	offs          []int64 // the tensors' offsets in a slot, each ringAlign-aligned
+	hostOffs      []int64 // and in the host copy, each hostAlign-aligned
+	bytes         int64
+	hostSize      int64
+
+	slot       int // -1 when not in the cache
+	loaded     bool
+	loading    bool
+	prefetched bool // brought by PrefetchExperts and not acquired since
+	// prefetchedAt is its layer's visits when it was prefetched: it is
+	// just prefetched (fresh) until its layer's next visit.
+	prefetchedAt uint64
+	pins         int
+	t            []*tensor.Tensor // views into the slot, when loaded
+	ready        []func() error   // waits of asynchronous uploads into t
+	host         []byte           // the host copy, or nil
+	hostPinned   bool
+
+	lastUse uint64  // the budget's stamp of the last acquire or release
+	usePass uint64  // the pass of the last acquire
+	count   float64 // LFU: the aged uses, as of countAt accesses
+	countAt uint64
+	logUses float64 // log2(count + uses0), for worth
+}
+
+// uses0 keeps the logarithm of an expert's count finite before its first
+// use.
+const uses0 = 1e-3
+
+func (e *expertEntry) awaitUploads() error {
+	var errs []error
+	for _, r := range e.ready {
+		if err := r(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	e.ready = nil
+	return errors.Join(errs...)
+}
+
+// newExpertEntry lays out expert x of layer l, whose tensors are names
+// among specs (by name in byName).
+func newExpertEntry(l, x int, byName map[string]TensorSpec, names []string) *expertEntry {
+	e := &expertEntry{layer: l, expert: x, slot: -1, logUses: math.Log2(uses0)}
+	for _, n := range names {
+		s := byName[n]
+		e.offs = append(e.offs, e.slabBytes())
+		e.specs = append(e.specs, s)
+		e.hostOffs = append(e.hostOffs, e.hostSize)
+		e.bytes += s.Bytes
+		e.hostSize += alignHost(s.Bytes)
+	}
+	return e
+}
+
+// slabBytes is what the expert's tensors take in a slot.
+func (e *expertEntry) slabBytes() int64 {
+	var n int64
+	for _, s := range e.specs {
+		n += alignUp(s.Bytes)
+	}
+	return n
+}
+
+// newExpertCache sets up the expert cache the plan sizes, over the experts
+// src lists, and allocates it. experts are each layer's experts' tensor
+// names, checked by NewPager.
+func (p *Pager) newExpertCache(experts [][][]string, opts Options) error {
+	plan := p.plan
+	x := &expertCache{policy: opts.ExpertPolicy, slotBytes: plan.ExpertSlotBytes, layers: make([][]*expertEntry, len(p.layers)),
+		slots: make([]*expertEntry, plan.ExpertSlots), prefetch: opts.PrefetchDepth >= 0}
+	if x.policy == "" {
+		x.policy = DefaultExpertPolicy
+	}
+	if _, err := ParseExpertPolicy(string(x.policy)); err != nil {
+		return err
+	}
+	for l, names := range experts {
+		byName := map[string]TensorSpec{}
+		for _, s := range p.layers[l].specs {
+			byName[s.Name] = s
+		}
+		for e, ns := range names {
+			en := newExpertEntry(l, e, byName, ns)
+			if en.slabBytes() > x.slotBytes {
+				return fmt.Errorf("paging: layer %d expert %d: %d bytes with each tensor %d-byte aligned, the plan's expert slots hold %d",
+					l, e, en.slabBytes(), ringAlign, x.slotBytes)
+			}
+			x.layers[l] = append(x.layers[l], en)
+			x.total++
+		}
+	}
+	if x.total != plan.Experts {
+		return fmt.Errorf("paging: plan has %d experts, source has %d", plan.Experts, x.total)
+	}
+	if x.total > 0 && len(x.slots) == 0 {
+		return fmt.Errorf("paging: plan caches none of the %d experts", x.total)
+	}
+	x.halfLife = 16 * float64(x.total)
+	x.visits = make([]uint64, len(p.layers))
+	x.cur = len(x.layers) // the first acquire starts a pass
+	x.pf.SetLimit(expertPrefetchLoads)
+	if n := int64(len(x.slots)) * x.slotBytes; n > 0 {
+		slab, err := p.bg.alloc(StreamedWeights, tensor.F32, tensor.Shape{int(n / 4)}, -1, mayEvict)
+		if err != nil {
+			return fmt.Errorf("paging: allocating the expert cache: %w", err)
+		}
+		x.slab = slab
+	}
+	p.ex = x
+	return nil
+}
+
+// PagesExperts reports whether the layer's experts are in the expert
+// cache, served by AcquireExperts and left out of Acquire's map.
+func (p *Pager) PagesExperts(layer int) bool {
+	return p.ex != nil && layer >= 0 && layer < len(p.ex.layers) && p.ex.layers[layer] != nil
+}
+
+// ExpertSlots is the number of experts the expert cache holds, the most
+// AcquireExperts pins at once; 0 without an expert cache.
+func (p *Pager) ExpertSlots() int {
+	if p.ex == nil {
+		return 0
+	}
+	return len(p.ex.slots)
+}
+
+// expertEntries returns the entries of experts of layer, checking them.
+func (p *Pager) expertEntries(what string, layer int, experts []int) ([]*expertEntry, error) {
+	if !p.PagesExperts(layer) {
+		return nil, fmt.Errorf("paging: %s experts of layer %d: the layer has no experts in the expert cache", what, layer)
+	}
+	all := p.ex.layers[layer]
+	out := make([]*expertEntry, 0, len(experts))
+	for i, x := range experts {
+		if x < 0 || x >= len(all) {
+			return nil, fmt.Errorf("paging: %s expert %d of layer %d: have experts 0..%d", what, x, layer, len(all)-1)
+		}
+		if slices.Contains(experts[:i], x) {
+			return nil, fmt.Errorf("paging: %s experts of layer %d: expert %d listed twice", what, layer, x)
+		}
+		out = append(out, all[x])
+	}
+	return out, nil
+}
+
+// AcquireExperts returns the tensors of the layer's experts by expert and
+// name, loading the missing ones into the expert cache, and pins them
+// until ReleaseExperts; the tensors keep their stored dtype and stay valid
+// until then. A missing expert is uploaded from the host cache when it
+// holds it, else read from the source (and kept in the host cache when it
+// has room); to make room it evicts unpinned experts of any layer, as the
+// policy (Options.ExpertPolicy) chooses, sparing those just prefetched
+// while others will do. When every slot it could use is pinned or loading
+// for another caller, it waits for one (until ctx ends: a caller holding
+// experts pinned while it asks for more than the rest of the cache waits
+// for itself). More experts than the cache holds
+// (ExpertSlots) fail with an error wrapping ErrExpertCacheFull. On any
+// error nothing is pinned; the experts it did load stay cached.
+func (p *Pager) AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]map[string]*tensor.Tensor, error) {
+	es, err := p.expertEntries("acquire", layer, experts)
+	if err != nil {
+		return nil, err
+	}
+	x := p.ex
+	if len(es) > len(x.slots) {
+		return nil, fmt.Errorf("paging: acquire %d experts of layer %d: %w: it holds %d", len(es), layer, ErrExpertCacheFull, len(x.slots))
+	}
+	fail := func(err error) error {
+		return fmt.Errorf("paging: acquire experts %v of layer %d: %w", experts, layer, err)
+	}
+	missed := map[*expertEntry]bool{}
+	p.mu.Lock()
+	if layer <= x.cur {
+		x.pass++
+	}
+	x.cur = layer
+	x.visits[layer]++
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, fail(errClosed)
+		}
+		if err := ctx.Err(); err != nil {
+			p.mu.Unlock()
+			return nil, fail(err)
+		}
+		var need []*expertEntry
+		waiting := false
+		for _, e := range es {
+			switch {
+			case e.loaded:
+			case e.loading:
+				waiting = true
+			default:
+				need = append(need, e)
+			}
+		}
+		if len(need) > 0 {
+			if !p.reserveExpertsLocked(need, es, false) {
+				// Every slot it could take is pinned or loading for
+				// someone else: wait for a release or a load to end.
+				if err := p.waitExpertsLocked(ctx); err != nil {
+					p.mu.Unlock()
+					return nil, fail(err)
+				}
+				continue
+			}
+			for _, e := range need {
+				missed[e] = true
+			}
+			p.inflight++ // Close waits for the load
+			p.mu.Unlock()
+			err := p.loadExperts(ctx, need)
+			p.mu.Lock()
+			p.inflight--
+			p.changedLocked()
+			if err != nil {
+				p.mu.Unlock()
+				return nil, fail(err)
+			}
+			continue
+		}
+		if waiting {
+			if err := p.waitExpertsLocked(ctx); err != nil {
+				p.mu.Unlock()
+				return nil, fail(err)
+			}
+			continue
+		}
+		break
+	}
+	// Every expert is loaded: order compute after their copies, then pin.
+	for _, e := range es {
+		if err := e.awaitUploads(); err != nil {
+			p.evictExpertLocked(e) // the copy never landed
+			p.mu.Unlock()
+			return nil, fail(err)
+		}
+	}
+	stamp := p.bg.Stamp()
+	out := make(map[int]map[string]*tensor.Tensor, len(es))
+	for _, e := range es {
+		e.pins++
+		e.lastUse, e.usePass = stamp, x.pass
+		x.touchLocked(e)
+		p.st.ExpertAcquires++
+		if missed[e] {
+			p.st.ExpertMisses++
+		} else {
+			p.st.ExpertHits++
+		}
+		if e.prefetched && e.prefetchedAt+1 == x.visits[layer] { // the visit it was prefetched for
+			p.st.ExpertPrefetchHits++
+		}
+		e.prefetched = false
+		m := make(map[string]*tensor.Tensor, len(e.specs))
+		for k, s := range e.specs {
+			m[s.Name] = e.t[k]
+		}
+		out[e.expert] = m
+	}
+	p.mu.Unlock()
+	return out, nil
+}
+
+// ReleaseExperts unpins experts from AcquireExperts. Releasing an expert
+// that is not pinned does nothing (and is counted in Stats.BadReleases).
+func (p *Pager) ReleaseExperts(layer int, experts []int) {
+	if !p.PagesExperts(layer) {
+		p.mu.Lock()
+		p.st.BadReleases++
+		p.mu.Unlock()
+		return
+	}
+	all := p.ex.layers[layer]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	stamp := p.bg.Stamp()
+	for _, x := range experts {
+		if x < 0 || x >= len(all) || all[x].pins == 0 {
+			p.st.BadReleases++
+			continue
+		}
+		all[x].pins--
+		all[x].lastUse = stamp
+	}
+	p.changedLocked()
+}
+
+// PrefetchExperts starts loading the layer's experts that are not in the
+// cache, in the background, into slots that are free or hold experts
+// neither pinned, loading nor just prefetched (the policy choosing among
+// them); it stops at the first it finds no room for. It does nothing
+// without an expert cache for the layer, with prefetch off
+// (Options.PrefetchDepth < 0), or for experts out of range. Errors
+// surface on AcquireExperts, which loads what a prefetch did not.
+func (p *Pager) PrefetchExperts(layer int, experts []int) {
+	es, err := p.expertEntries("prefetch", layer, experts)
+	if err != nil || !p.ex.prefetch {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	var start []*expertEntry
+	for _, e := range es {
+		if e.loaded || e.loading {
+			continue
+		}
+		if !p.reserveExpertsLocked([]*expertEntry{e}, es, true) {
+			p.st.ExpertPrefetchNoRoom++
+			break
+		}
+		e.prefetched, e.prefetchedAt = true, p.ex.visits[layer]
+		e.lastUse = p.bg.Stamp()
+		start = append(start, e)
+	}
+	if len(start) == 0 {
+		return
+	}
+	p.ex.prefetching++
+	if !p.ex.pf.TryGo(func() error {
+		p.loadExperts(p.life, start) // errors surface on AcquireExperts
+		p.mu.Lock()
+		p.ex.prefetching--
+		p.changedLocked()
+		p.mu.Unlock()
+		return nil
+	}) {
+		p.ex.prefetching--
+		for _, e := range start {
+			p.unreserveExpertLocked(e)
+			e.prefetched = false
+		}
+		p.st.ExpertPrefetchSkipped++
+		return
+	}
+	p.st.ExpertPrefetches += int64(len(start))
+}
+
+// SettleExperts waits for the expert prefetches under way to end, so that
+// Stats counts every byte they move (a report at the end of a run).
+func (p *Pager) SettleExperts() {
+	if p.ex == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.ex.prefetching > 0 {
+		p.cond.Wait()
+	}
+}
+
+// reserveExpertsLocked finds slots for need, which are neither loaded nor
+// loading, evicting cached experts if it must, and marks them loading. It
+// never evicts an expert pinned, loading or in keep; a prefetch never
+// evicts one prefetched for its layer's next visit, which has not come
+// yet (fresh), and a demand load only when nothing else will do. It reports false, changing nothing, when
+// there are not enough slots.
+func (p *Pager) reserveExpertsLocked(need, keep []*expertEntry, prefetch bool) bool {
+	x := p.ex
+	var free []int
+	var victims []*expertEntry
+	for s, o := range x.slots {
+		switch {
+		case o == nil:
+			free = append(free, s)
+		case o.pins == 0 && !o.loading && !slices.Contains(keep, o) && !(prefetch && x.fresh(o)):
+			victims = append(victims, o)
+		}
+	}
+	if len(free)+len(victims) < len(need) {
+		return false
+	}
+	if len(free) < len(need) {
+		for _, v := range x.victims(victims, len(need)-len(free)) {
+			free = append(free, v.slot)
+			p.evictExpertLocked(v)
+		}
+	}
+	for i, e := range need {
+		e.slot, e.loading = free[i], true
+		x.slots[e.slot] = e
+	}
+	return true
+}
+
+// unreserveExpertLocked gives back the slot of a load that did not happen.
+func (p *Pager) unreserveExpertLocked(e *expertEntry) {
+	p.ex.slots[e.slot] = nil
+	e.slot, e.loading = -1, false
+	p.changedLocked()
+}
+
+// victims returns the n of the evictable experts vs to go first: those
+// not fresh from a prefetch before those that are, then as the policy says
+// (ExpertLRU, ExpertLFU). Each expert's standing is worked out once.
+func (x *expertCache) victims(vs []*expertEntry, n int) []*expertEntry {
+	type standing struct {
+		e          *expertEntry
+		prefetched bool
+		rank       float64 // LFU's worth, or minus LRU's age: the lower goes first
+		far        int     // the layer's next use: the further goes first
+	}
+	ss := make([]standing, len(vs))
+	logMean := x.logMeanCount()
+	for i, e := range vs {
+		ss[i] = standing{e: e, prefetched: x.fresh(e), far: x.nextUse(e), rank: -float64(x.age(e))}
+		if x.policy == ExpertLFU {
+			ss[i].rank = x.worth(e, logMean)
+		}
+	}
+	first := func(a, b standing) int {
+		if a.prefetched != b.prefetched {
+			if a.prefetched {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(b.far, a.far), cmp.Compare(a.e.lastUse, b.e.lastUse))
+	}
+	if n*8 < len(ss) { // a few of many: select them
+		for i := range n {
+			m := i
+			for j := i + 1; j < len(ss); j++ {
+				if first(ss[j], ss[m]) < 0 {
+					m = j
+				}
+			}
+			ss[i], ss[m] = ss[m], ss[i]
+		}
+	} else {
+		slices.SortFunc(ss, first)
+	}
+	out := make([]*expertEntry, n)
+	for i := range out {
+		out[i] = ss[i].e
+	}
+	return out
+}
+
+// fresh reports an expert prefetched for its layer's next visit, which
+// has not come yet.
+func (x *expertCache) fresh(e *expertEntry) bool {
+	return e.prefetched && e.prefetchedAt == x.visits[e.layer]
+}
+
+// age is the visits of e's layer since e was last used: 0 for an
+// expert its layer used at its last visit.
+func (x *expertCache) age(e *expertEntry) uint64 {
+	last := x.pass // the pass of the layer's last visit
+	if e.layer > x.cur {
+		last--
+	}
+	return last - min(e.usePass, last)
+}
+
+// worth is how likely LFU deems e to be used again, in whole steps: the
+// base-2 logarithm of its aged count over the mean of every expert's
+// (logMean, logMeanCount), rounded (so that the counts of experts used
+// alike, which differ by chance, compare equal), plus 1 when e was used at
+// its layer's last visit.
+func (x *expertCache) worth(e *expertEntry, logMean float64) float64 {
+	w := math.Round(e.logUses - float64(x.accesses-e.countAt)/x.halfLife - logMean)
+	if e.usePass == x.pass || e.usePass+1 == x.pass && e.layer > x.cur {
+		w++
+	}
+	return w
+}
+
+// logMeanCount is the base-2 logarithm of the mean of every expert's
+// aged count.
+func (x *expertCache) logMeanCount() float64 {
+	return math.Log2(x.sum/float64(x.total)) - float64(x.accesses-x.sumAt)/x.halfLife
+}
+
+// nextUse is how many layers on from the one acquired now e's layer comes
+// in a walk over the layers in order: 1 for the next, the number of layers
+// for the layer acquired now.
+func (x *expertCache) nextUse(e *expertEntry) int {
+	n := len(x.layers)
+	return (e.layer-x.cur-1+2*n)%n + 1
+}
+
+// agedCount is e's LFU count now.
+func (x *expertCache) agedCount(e *expertEntry) float64 {
+	return e.count * math.Exp2(-float64(x.accesses-e.countAt)/x.halfLife)
+}
+
+// touchLocked counts an acquire of e.
+func (x *expertCache) touchLocked(e *expertEntry) {
+	x.accesses++
+	e.count = x.agedCount(e) + 1
+	e.countAt = x.accesses
+	e.logUses = math.Log2(e.count + uses0)
+	x.sum = x.sum*math.Exp2(-float64(x.accesses-x.sumAt)/x.halfLife) + 1
+	x.sumAt = x.accesses
+}
+
+// evictExpertLocked drops a cached expert from its slot; its host copy
+// stays.
+func (p *Pager) evictExpertLocked(e *expertEntry) {
+	_ = e.awaitUploads() // later uploads into the slot land after these
+	p.ex.slots[e.slot] = nil
+	e.slot, e.loaded, e.t, e.prefetched = -1, false, nil, false
+	p.st.ExpertEvictions++
+	p.changedLocked()
+}
+
+// waitExpertsLocked waits for a release or the end of a load, or until
+// retryRoomAfter has passed.
+func (p *Pager) waitExpertsLocked(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, retryRoomAfter)
+	defer cancel()
+	err := p.waitLocked(wctx)
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return nil
+	}
+	return err
+}
+
+// loadExperts loads es, whose slots are reserved, a few at a time, and
+// commits each: loaded, or its slot given back when its load failed. It
+// returns the loads' errors.
+func (p *Pager) loadExperts(ctx context.Context, es []*expertEntry) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.life, cancel)
+	defer stop()
+	var g errgroup.Group
+	g.SetLimit(expertPrefetchLoads)
+	errs := make([]error, len(es))
+	for i, e := range es {
+		g.Go(func() error {
+			ts, ready, err := p.loadExpert(ctx, e)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if err == nil && p.closed {
+				err = errClosed
+			}
+			if err != nil {
+				for _, r := range ready {
+					_ = r()
+				}
+				p.unreserveExpertLocked(e)
+				e.prefetched = false
+				errs[i] = err
+				return nil
+			}
+			e.t, e.ready, e.loaded, e.loading = ts, ready, true, false
+			p.changedLocked()
+			return nil
+		})
+	}
+	g.Wait()
+	return errors.Join(errs...)
+}
+
+// loadExpert uploads e into its slot: from its host copy when there is
+// one, else read from the source, into a host copy kept in the host
+// cache when it has room.
+func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Tensor, ready []func() error, err error) {
+	x := p.ex
+	base := int64(e.slot) * x.slotBytes
+	for k, s := range e.specs {
+		t, err := x.slab.View(base+e.offs[k], s.DType, s.Shape)
+		if err != nil {
+			return nil, nil, fmt.Errorf("paging: layer %d expert %d tensor %s: %w", e.layer, e.expert, s.Name, err)
+		}
+		ts = append(ts, t)
+	}
+	p.mu.Lock()
+	buf, cachedPinned := e.host, e.hostPinned
+	cached, admitted := buf != nil, false
+	switch {
+	case cached:
+		p.st.HostCacheHits++
+	case p.hostUsed+p.hostReserved+e.hostSize <= p.hostCap:
+		p.hostUsed += e.hostSize // returned if the load fails
+		admitted = true
+		p.st.HostCacheMisses++
+	default:
+		p.st.HostCacheMisses++
+	}
+	p.mu.Unlock()
+	pinned := false
+	if admitted {
+		buf, pinned = p.hostAlloc(e.hostSize)
+	}
+	defer func() {
+		if err == nil || !admitted {
+			return
+		}
+		for _, r := range ready { // the copies read buf
+			_ = r()
+		}
+		ready = nil
+		_ = p.hostFree(buf, pinned)
+		p.mu.Lock()
+		p.hostUsed -= e.hostSize
+		p.mu.Unlock()
+	}()
+	for k, s := range e.specs {
+		var src []byte
+		var tmp *[]byte
+		if buf != nil {
+			src = buf[e.hostOffs[k] : e.hostOffs[k]+s.Bytes]
+		}
+		if !cached {
+			if src == nil {
+				tmp = p.reads.get(s.Bytes)
+				src = (*tmp)[:s.Bytes]
+			}
+			if err := ctx.Err(); err != nil {
+				p.reads.put(tmp)
+				return nil, ready, err
+			}
+			if err := p.src.ReadTensor(ctx, e.layer, s.Name, src); err != nil {
+				p.reads.put(tmp)
+				return nil, ready, fmt.Errorf("paging: layer %d expert %d tensor %s: reading: %w", e.layer, e.expert, s.Name, err)
+			}
+			p.mu.Lock()
+			p.st.BytesDiskToHost += s.Bytes
+			p.mu.Unlock()
+		}
+		var err error
+		if p.async != nil && (pinned || cached && cachedPinned) {
+			var r func() error
+			if r, err = p.async.UploadAsync(ctx, ts[k], 0, src); err == nil {
+				ready = append(ready, r)
+			}
+		} else {
+			err = p.b.Upload(ts[k], 0, src)
+		}
+		p.reads.put(tmp)
+		if err != nil {
+			return nil, ready, fmt.Errorf("paging: layer %d expert %d tensor %s: upload: %w", e.layer, e.expert, s.Name, err)
+		}
+		p.mu.Lock()
+		p.st.BytesHostToDevice += s.Bytes
+		p.st.ExpertBytesMoved += s.Bytes
+		p.mu.Unlock()
+	}
+	if admitted {
+		p.mu.Lock()
+		e.host, e.hostPinned = buf, pinned
+		if pinned {
+			p.pinnedBytes += int64(len(buf))
+		}
+		p.mu.Unlock()
+	}
+	return ts, ready, nil
+}
+
+// closeExpertsLocked frees the expert cache's host copies; the caller holds mu,
+// with every load ended.
+func (p *Pager) closeExpertsLocked() []error {
+	x := p.ex
+	if x == nil {
+		return nil
+	}
+	var errs []error
+	for _, es := range x.layers {
+		for _, e := range es {
+			if err := e.awaitUploads(); err != nil {
+				errs = append(errs, fmt.Errorf("paging: layer %d expert %d: %w", e.layer, e.expert, err))
+			}
+			e.t, e.loaded, e.loading, e.slot, e.pins = nil, false, false, -1, 0
+			if err := p.hostFree(e.host, e.hostPinned); err != nil {
+				errs = append(errs, fmt.Errorf("paging: freeing pinned host memory of layer %d expert %d: %w", e.layer, e.expert, err))
+			}
+			if e.hostPinned {
+				p.pinnedBytes -= int64(len(e.host))
+			}
+			e.host, e.hostPinned = nil, false
+		}
+	}
+	clear(x.slots)
+	return errs
+}
+
+// expertSteps turns the expert counters into per-step figures, as steps
+// does the bytes moved: the first step is left out of the means.
+type expertSteps struct {
+	lastBytes, lastMisses, sumBytes, sumMisses, count int64
+}
+
+func (k *expertSteps) mark(st *Stats) {
+	db, dm := st.ExpertBytesMoved-k.lastBytes, st.ExpertMisses-k.lastMisses
+	k.lastBytes, k.lastMisses = st.ExpertBytesMoved, st.ExpertMisses
+	if st.Steps > 1 {
+		k.sumBytes += db
+		k.sumMisses += dm
+		k.count++
+	}
+}
+
+func (k *expertSteps) means() (bytes, misses float64) {
+	if k.count == 0 {
+		return 0, 0
+	}
+	return float64(k.sumBytes) / float64(k.count), float64(k.sumMisses) / float64(k.count)
+}

@@ -1,0 +1,379 @@
+package paging
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// newExpertPager pages m under a budget that holds its layers resident
+// and slots experts.
+func newExpertPager(t *testing.T, m *moeSynth, slots int, opts Options) (*Pager, *Budget, *fakeBackend, int64) {
+	t.Helper()
+	info, limit := moeBudget(t, m, slots, 8)
+	p, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ExpertSlots != slots || p.StreamedBytes != 0 {
+		t.Fatalf("plan caches %d experts and streams %d bytes, want %d and none", p.ExpertSlots, p.StreamedBytes, slots)
+	}
+	fb := newFake()
+	bg := newBudget(t, fb, limit, "fake")
+	pg, err := NewPager(m, bg, p, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pg.Close(); err != nil {
+			t.Error(err)
+		}
+		if bg.Peak() > limit {
+			t.Errorf("budget peaked at %d over its limit %d", bg.Peak(), limit)
+		}
+		if err := bg.Close(); err != nil {
+			t.Error(err)
+		}
+		if n, live, pinned := fb.outstanding(); n != 0 || live != 0 || pinned != 0 {
+			t.Errorf("after Close the backend holds %d tensors (%d bytes), %d pinned", n, live, pinned)
+		}
+	})
+	return pg, bg, fb, limit
+}
+
+// acquireCheck acquires experts, checks their bytes and releases them.
+func acquireCheck(t *testing.T, pg *Pager, m *moeSynth, b tensor.Memory, l int, xs ...int) {
+	t.Helper()
+	ws, err := pg.AcquireExperts(context.Background(), l, xs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range xs {
+		if err := m.checkExpert(b, l, x, ws[x]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pg.ReleaseExperts(l, xs)
+}
+
+// TestPagerExperts: experts load into the cache on a miss, are hits while
+// cached, and the policy chooses whom a miss evicts (LRU the least
+// recently used, LFU the least used); a layer's map from Acquire leaves
+// its experts out, AcquireResident serves its router; the bytes moved are
+// the misses' experts'.
+func TestPagerExperts(t *testing.T) {
+	for _, tc := range []struct {
+		policy ExpertPolicy
+		// After experts 0 (three times), 1 and 2 of layer 1 in a cache of
+		// 3, expert 3 evicts:
+		victim int
+	}{
+		{ExpertLRU, 0},
+		{ExpertLFU, 1},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			m := newMoESynth(2, 6, 8, 16)
+			pg, _, fb, _ := newExpertPager(t, m, 3, Options{ExpertPolicy: tc.policy})
+			if !pg.PagesExperts(1) || pg.PagesExperts(0) || pg.ExpertSlots() != 3 {
+				t.Fatalf("PagesExperts(1) %v, (0) %v, slots %d", pg.PagesExperts(1), pg.PagesExperts(0), pg.ExpertSlots())
+			}
+			ctx := context.Background()
+			lw, err := pg.Acquire(ctx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(lw) != 4 || lw["b0.router"] == nil || lw["b0.e0.gate"] != nil {
+				t.Errorf("layer 1's map has %d tensors (router %v, an expert's %v): want its 4 without the experts", len(lw), lw["b0.router"] != nil, lw["b0.e0.gate"] != nil)
+			}
+			pg.Release(1)
+			rw, err := pg.AcquireResident(ctx, 2)
+			if err != nil || rw["b1.router"] == nil {
+				t.Fatalf("AcquireResident(2): %v, router %v", err, rw["b1.router"])
+			}
+			pg.Release(2)
+			for _, x := range []int{0, 0, 0, 1, 2} {
+				acquireCheck(t, pg, m, fb, 1, x)
+			}
+			st := pg.Stats()
+			if st.ExpertMisses != 3 || st.ExpertHits != 2 || st.ExpertEvictions != 0 || st.ExpertsCached != 3 {
+				t.Fatalf("after 5 acquires of 3 experts: %d misses, %d hits, %d evictions, %d cached", st.ExpertMisses, st.ExpertHits, st.ExpertEvictions, st.ExpertsCached)
+			}
+			acquireCheck(t, pg, m, fb, 1, 3)
+			before := pg.Stats().ExpertMisses
+			acquireCheck(t, pg, m, fb, 1, tc.victim)
+			if pg.Stats().ExpertMisses != before+1 {
+				t.Errorf("%s: expert %d was not the one evicted", tc.policy, tc.victim)
+			}
+			st = pg.Stats()
+			if st.ExpertBytesMoved != st.ExpertMisses*m.expertBytes() {
+				t.Errorf("%d expert bytes moved for %d misses of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, m.expertBytes())
+			}
+			// Experts of another layer share the cache; a batch takes up
+			// to every slot.
+			acquireCheck(t, pg, m, fb, 2, 5, 4, 0)
+			if _, err := pg.AcquireExperts(ctx, 2, []int{0, 1, 2, 3}); !errors.Is(err, ErrExpertCacheFull) {
+				t.Errorf("4 experts in a cache of 3: %v", err)
+			}
+			for _, bad := range [][]int{{6}, {-1}, {1, 1}} {
+				if _, err := pg.AcquireExperts(ctx, 1, bad); err == nil {
+					t.Errorf("experts %v acquired", bad)
+				}
+			}
+			if _, err := pg.AcquireExperts(ctx, 0, []int{0}); err == nil {
+				t.Error("experts of the embedding acquired")
+			}
+			if st := pg.Stats(); st.ExpertsPinned != 0 || st.BadReleases != 0 {
+				t.Errorf("%d experts pinned, %d bad releases", st.ExpertsPinned, st.BadReleases)
+			}
+			pg.ReleaseExperts(1, []int{0})
+			if pg.Stats().BadReleases != 1 {
+				t.Error("a release of an expert not pinned was not counted")
+			}
+			if s := pg.bg.Summary(); !bytes.Contains([]byte(s), []byte("experts: cache")) {
+				t.Errorf("summary without the expert cache:\n%s", s)
+			}
+		})
+	}
+}
+
+// TestPagerExpertsHostCache: an evicted expert comes back from the host
+// cache, not the source; without a host cache it is read again.
+func TestPagerExpertsHostCache(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		host  int64
+		reads int64 // of the source, in experts, for 4 misses of 3 experts
+	}{
+		{"host cache", 0, 3},
+		{"none", -1, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMoESynth(1, 4, 8, 16)
+			pg, _, fb, _ := newExpertPager(t, m, 2, Options{HostCacheBytes: tc.host, ExpertPolicy: ExpertLRU})
+			before := m.reads.Load()
+			for _, x := range []int{0, 1, 2, 0} {
+				acquireCheck(t, pg, m, fb, 1, x)
+			}
+			if got := m.reads.Load() - before; got != tc.reads*m.expertBytes() {
+				t.Errorf("read %d bytes from the source, want %d experts' (%d)", got, tc.reads, tc.reads*m.expertBytes())
+			}
+			if st := pg.Stats(); st.ExpertMisses != 4 {
+				t.Errorf("%d misses, want 4", st.ExpertMisses)
+			}
+		})
+	}
+}
+
+// waitExperts waits for the pager's expert prefetches to end.
+func waitExperts(t *testing.T, pg *Pager) {
+	t.Helper()
+	pg.SettleExperts()
+}
+
+// TestPrefetchExperts: prefetched experts acquired later are hits counted
+// as prefetch hits (accuracy); prefetch never evicts a pinned expert or
+// one just prefetched, and is off with PrefetchDepth < 0.
+func TestPrefetchExperts(t *testing.T) {
+	ctx := context.Background()
+	t.Run("accuracy", func(t *testing.T) {
+		m := newMoESynth(2, 6, 8, 16)
+		pg, _, fb, _ := newExpertPager(t, m, 4, Options{})
+		pg.PrefetchExperts(1, []int{0, 1}) // right
+		pg.PrefetchExperts(2, []int{5})    // wrong
+		waitExperts(t, pg)
+		acquireCheck(t, pg, m, fb, 1, 0, 1)
+		acquireCheck(t, pg, m, fb, 2, 4)
+		acquireCheck(t, pg, m, fb, 1, 0) // a hit, but not the prefetch's again
+		st := pg.Stats()
+		if st.ExpertPrefetches != 3 || st.ExpertPrefetchHits != 2 || st.ExpertHits != 3 || st.ExpertMisses != 1 {
+			t.Errorf("prefetches %d (hits %d), acquires: %d hits, %d misses; want 3 (2), 3 and 1", st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertHits, st.ExpertMisses)
+		}
+		if acc := st.PrefetchAccuracy(); acc < 0.66 || acc > 0.67 {
+			t.Errorf("prefetch accuracy %v, want 2/3", acc)
+		}
+		if st.ExpertBytesMoved != (st.ExpertMisses+st.ExpertPrefetches)*m.expertBytes() {
+			t.Errorf("%d bytes moved for %d misses and %d prefetches", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches)
+		}
+	})
+	t.Run("spares pinned and just prefetched", func(t *testing.T) {
+		m := newMoESynth(2, 6, 8, 16)
+		pg, _, _, _ := newExpertPager(t, m, 3, Options{})
+		if _, err := pg.AcquireExperts(ctx, 1, []int{0}); err != nil {
+			t.Fatal(err)
+		}
+		pg.PrefetchExperts(2, []int{0, 1})
+		waitExperts(t, pg)
+		pg.PrefetchExperts(2, []int{2}) // every other slot pinned or just prefetched
+		waitExperts(t, pg)
+		st := pg.Stats()
+		if st.ExpertPrefetches != 2 || st.ExpertPrefetchNoRoom != 1 || st.ExpertEvictions != 0 {
+			t.Errorf("prefetches %d, no room %d, evictions %d; want 2, 1 and 0", st.ExpertPrefetches, st.ExpertPrefetchNoRoom, st.ExpertEvictions)
+		}
+		// A demand load takes a prefetched expert's slot when nothing
+		// else will do, and the pinned one stays.
+		if _, err := pg.AcquireExperts(ctx, 2, []int{3}); err != nil {
+			t.Fatal(err)
+		}
+		if st := pg.Stats(); st.ExpertEvictions != 1 || st.ExpertsPinned != 2 {
+			t.Errorf("%d evictions, %d pinned; want 1 and 2", st.ExpertEvictions, st.ExpertsPinned)
+		}
+		pg.ReleaseExperts(1, []int{0})
+		pg.ReleaseExperts(2, []int{3})
+	})
+	t.Run("fresh until the layer's next visit", func(t *testing.T) {
+		m := newMoESynth(2, 6, 8, 16)
+		pg, _, fb, _ := newExpertPager(t, m, 3, Options{})
+		pg.PrefetchExperts(1, []int{0, 1, 2})
+		waitExperts(t, pg)
+		pg.PrefetchExperts(1, []int{4}) // the three are fresh
+		waitExperts(t, pg)
+		acquireCheck(t, pg, m, fb, 1, 0) // the visit: 1 and 2 were wrong guesses
+		pg.PrefetchExperts(1, []int{4})
+		waitExperts(t, pg)
+		acquireCheck(t, pg, m, fb, 1, 4)
+		acquireCheck(t, pg, m, fb, 1, 2) // cached still (4 took 1's slot), but not at the visit it was prefetched for
+		st := pg.Stats()
+		if st.ExpertPrefetchNoRoom != 1 || st.ExpertPrefetches != 4 || st.ExpertPrefetchHits != 2 || st.ExpertMisses != 0 {
+			t.Errorf("no room %d, prefetches %d, prefetch hits %d, misses %d; want 1, 4, 2 and 0", st.ExpertPrefetchNoRoom, st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertMisses)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		m := newMoESynth(1, 4, 8, 16)
+		pg, _, _, _ := newExpertPager(t, m, 2, Options{PrefetchDepth: -1})
+		pg.PrefetchExperts(1, []int{0})
+		waitExperts(t, pg)
+		if st := pg.Stats(); st.ExpertPrefetches != 0 || st.ExpertsCached != 0 {
+			t.Errorf("prefetch off: %d prefetches, %d cached", st.ExpertPrefetches, st.ExpertsCached)
+		}
+	})
+}
+
+// TestExpertLoadFaults: a failed read leaves nothing pinned and no slot
+// taken by the expert that failed; the experts that loaded stay cached,
+// and the next acquire loads the rest and serves the right bytes. A failed
+// prefetch leaves the expert to the acquire that follows.
+func TestExpertLoadFaults(t *testing.T) {
+	ctx := context.Background()
+	m := newMoESynth(2, 6, 8, 16)
+	pg, _, fb, _ := newExpertPager(t, m, 4, Options{})
+	m.mu.Lock()
+	m.fail["b0.e2.up"] = 1
+	m.mu.Unlock()
+	if _, err := pg.AcquireExperts(ctx, 1, []int{1, 2, 3}); !errors.Is(err, errExpertRead) {
+		t.Fatalf("acquire with a failing read: %v", err)
+	}
+	st := pg.Stats()
+	if st.ExpertsPinned != 0 || st.ExpertsCached != 2 || st.ExpertAcquires != 0 {
+		t.Errorf("after the failure: %d pinned, %d cached, %d acquires; want 0, 2, 0", st.ExpertsPinned, st.ExpertsCached, st.ExpertAcquires)
+	}
+	acquireCheck(t, pg, m, fb, 1, 1, 2, 3)
+	if st := pg.Stats(); st.ExpertMisses != 1 || st.ExpertHits != 2 {
+		t.Errorf("after the retry: %d misses, %d hits; want 1 and 2", st.ExpertMisses, st.ExpertHits)
+	}
+	m.mu.Lock()
+	m.fail["b1.e0.down"] = 1
+	m.mu.Unlock()
+	pg.PrefetchExperts(2, []int{0})
+	waitExperts(t, pg)
+	acquireCheck(t, pg, m, fb, 2, 0)
+	if st := pg.Stats(); st.ExpertPrefetchHits != 0 || st.ExpertMisses != 2 || st.ExpertsPinned != 0 {
+		t.Errorf("after a failed prefetch: %d prefetch hits, %d misses, %d pinned", st.ExpertPrefetchHits, st.ExpertMisses, st.ExpertsPinned)
+	}
+}
+
+// TestExpertsConcurrent: several callers acquire overlapping experts of
+// two layers from a small cache at once, some batches as large as the
+// cache, with prefetches in between; each gets its experts' bytes, none
+// waits for ever, and nothing stays pinned. Run with -race.
+func TestExpertsConcurrent(t *testing.T) {
+	m := newMoESynth(2, 8, 8, 16)
+	pg, _, fb, _ := newExpertPager(t, m, 4, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 200 {
+				l := 1 + rng.IntN(2)
+				xs := rng.Perm(8)[:1+rng.IntN(4)]
+				ws, err := pg.AcquireExperts(ctx, l, xs)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, x := range xs {
+					if err := m.checkExpert(fb, l, x, ws[x]); err != nil {
+						errs <- err
+						return
+					}
+				}
+				pg.PrefetchExperts(3-l, rng.Perm(8)[:2])
+				pg.ReleaseExperts(l, xs)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	waitExperts(t, pg)
+	if st := pg.Stats(); st.ExpertsPinned != 0 || st.ExpertAcquires == 0 {
+		t.Errorf("%d experts pinned after every release, %d acquires", st.ExpertsPinned, st.ExpertAcquires)
+	}
+}
+
+// BenchmarkAcquireExperts measures the pager's own cost of a sparse
+// block's AcquireExperts and ReleaseExperts at the Qwen3-30B-A3B scale of
+// the cache's bookkeeping (48 blocks of 128 experts, 8 a token, 480
+// slots), on tiny experts so that the copies cost little; a quarter of
+// the experts asked for miss.
+func BenchmarkAcquireExperts(b *testing.B) {
+	for _, policy := range []ExpertPolicy{ExpertLRU, ExpertLFU} {
+		b.Run(string(policy), func(b *testing.B) {
+			m := newMoESynth(48, 128, 8, 8)
+			info := smallDims(m, 48)
+			p, err := Plan(info, 1<<40, StrategyBalanced, 8, 1, WithExpertCache(8))
+			if err != nil {
+				b.Fatal(err)
+			}
+			limit := p.PredictedPeakBytes - p.ExpertCacheBytes + 480*p.ExpertSlotBytes
+			if p, err = Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(8)); err != nil {
+				b.Fatal(err)
+			}
+			bg, err := NewBudget(newFake(), limit, "fake")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bg.Close()
+			pg, err := NewPager(m, bg, p, Options{ExpertPolicy: policy, PrefetchDepth: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pg.Close()
+			rng := rand.New(rand.NewPCG(1, 2))
+			ctx := context.Background()
+			l := 0
+			for b.Loop() {
+				l = l%48 + 1
+				xs := rng.Perm(32)[:8] // a quarter of a block's experts: many hits
+				if _, err := pg.AcquireExperts(ctx, l, xs); err != nil {
+					b.Fatal(err)
+				}
+				pg.ReleaseExperts(l, xs)
+			}
+			st := pg.Stats()
+			b.ReportMetric(st.ExpertHitRate(), "hit-rate")
+		})
+	}
+}
