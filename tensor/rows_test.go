@@ -69,3 +69,110 @@ func TestSiLUMulRowsIndependent(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulRows: each row of MatMulRows has the bits of the one-row
+// MatMul of that row, for every weight type (float and quantized), numbers
+// of rows on both sides of the thresholds where MatMul changes kernels (2
+// rows for the gemm, 32 and 128 for quantized weights), widths that are
+// and are not multiples of the kernels' steps, with and without a bias, on
+// every kernel table and thread count; through tensor.MatMulRows, which
+// finds the CPU's behind the checks.
+func TestMatMulRows(t *testing.T) {
+	for _, name := range tensor.KernelNames() {
+		for _, threads := range []int{1, 3} {
+			for _, c := range []struct {
+				dt   tensor.DType
+				n, k int
+				bias bool
+			}{
+				{tensor.F32, 70, 96, true},
+				{tensor.F16, 130, 256, false},
+				{tensor.BF16, 67, 40, true},
+				{tensor.F16, 4, 2048, false},
+				{tensor.Q8_0, 70, 256, false},
+				{tensor.Q4_0, 33, 64, true},
+				{tensor.Q4_K, 40, 512, false},
+				{tensor.Q6_K, 9, 256, false},
+			} {
+				t.Run(fmt.Sprintf("%s/threads=%d/%v_%dx%d", name, threads, c.dt, c.n, c.k), func(t *testing.T) {
+					b := tensor.NewCPUKernels(threads, name)
+					defer b.Close()
+					checkMatMulRows(t, b, c.dt, c.n, c.k, c.bias, []int{1, 2, 5, 33, 130})
+				})
+			}
+		}
+	}
+}
+
+func checkMatMulRows(t *testing.T, b tensor.Backend, dt tensor.DType, n, k int, withBias bool, ms []int) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(uint64(n), uint64(k)))
+	var w *tensor.Tensor
+	if dt.IsQuantized() {
+		blocks, err := tensortest.RandomBlocks(r, dt, n*k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w, err = b.Alloc(dt, tensor.Shape{n, k}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Upload(w, 0, blocks); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		wv := make([]float32, n*k)
+		for i := range wv {
+			wv[i] = r.Float32()*2 - 1
+		}
+		var err error
+		if w, err = tensortest.FromF32(b, dt, tensor.Shape{n, k}, wv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var bias *tensor.Tensor
+	if withBias {
+		bv := make([]float32, n)
+		for i := range bv {
+			bv[i] = r.Float32()
+		}
+		bias = rowsOf(t, b, bv, n, 0, 1)
+		var err error
+		if bias, err = bias.Reshape(tensor.Shape{n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cb := tensor.Checked(b)
+	for _, m := range ms {
+		xv := make([]float32, m*k)
+		for i := range xv {
+			xv[i] = r.Float32()*4 - 2
+		}
+		out, err := b.Alloc(tensor.F32, tensor.Shape{m, n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tensor.MatMulRows(cb, out, rowsOf(t, b, xv, k, 0, m), w, bias); err != nil {
+			t.Fatal(err)
+		}
+		got, err := tensortest.ToF32(b, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range m {
+			one, err := b.Alloc(tensor.F32, tensor.Shape{1, n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cb.MatMul(one, rowsOf(t, b, xv, k, i, i+1), w, bias); err != nil {
+				t.Fatal(err)
+			}
+			want, err := tensortest.ToF32(b, one)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j, ok := sameBits(got[i*n:(i+1)*n], want); !ok {
+				t.Fatalf("%d rows: row %d column %d: %v, alone %v", m, i, j, got[i*n+j], want[j])
+			}
+		}
+	}
+}
