@@ -176,3 +176,84 @@ func checkMatMulRows(t *testing.T, b tensor.Backend, dt tensor.DType, n, k int, 
 		}
 	}
 }
+
+// TestAttentionBlocksMatchesAttention: on the CPU, each row of
+// AttentionBlocks has the bits Attention gives it over a contiguous cache
+// of the same positions, for sequences whose blocks are spread over the
+// pool, chunks longer than one task, and decode rows, on every kernel
+// table and thread count.
+func TestAttentionBlocksMatchesAttention(t *testing.T) {
+	const heads, kvHeads, d, bs = 6, 2, 40, 8
+	kw, qw := kvHeads*d, heads*d
+	for _, name := range tensor.KernelNames() {
+		for _, threads := range []int{1, 3} {
+			for _, seqs := range [][][2]int{ // {pos0, rows}
+				{{0, 1}, {13, 1}, {40, 1}},
+				{{0, 75}, {8, 1}, {31, 9}},
+				{{100, 1}},
+			} {
+				t.Run(fmt.Sprintf("%s/threads=%d/%v", name, threads, seqs), func(t *testing.T) {
+					b := tensor.Checked(tensor.NewCPUKernels(threads, name))
+					defer b.Close()
+					r := rand.New(rand.NewPCG(uint64(len(seqs)), uint64(threads)))
+					rnd := func(n int) []float32 {
+						v := make([]float32, n)
+						for i := range v {
+							v[i] = r.Float32()*4 - 2
+						}
+						return v
+					}
+					nb := 0
+					for _, s := range seqs {
+						nb += (s[0] + s[1] + bs - 1) / bs
+					}
+					perm := r.Perm(nb)
+					kp, vp := make([]float32, nb*bs*kw), make([]float32, nb*bs*kw)
+					var q, kin, vin []float32
+					var sb []tensor.SeqBlocks
+					type want struct{ q, k, v []float32 }
+					var alone []want
+					for _, s := range seqs {
+						n := s[0] + s[1]
+						sq := tensor.SeqBlocks{Pos0: s[0], Rows: s[1]}
+						for range (n + bs - 1) / bs {
+							sq.Blocks = append(sq.Blocks, int32(perm[0]))
+							perm = perm[1:]
+						}
+						k, v, qs := rnd(n*kw), rnd(n*kw), rnd(s[1]*qw)
+						for j := range s[0] {
+							dst := (int(sq.Blocks[j/bs])*bs + j%bs) * kw
+							copy(kp[dst:dst+kw], k[j*kw:])
+							copy(vp[dst:dst+kw], v[j*kw:])
+						}
+						q, kin, vin = append(q, qs...), append(kin, k[s[0]*kw:]...), append(vin, v[s[0]*kw:]...)
+						sb, alone = append(sb, sq), append(alone, want{qs, k, v})
+					}
+					T := len(q) / qw
+					out := rowsOf(t, b, make([]float32, T*qw), qw, 0, T)
+					at := tensor.AttnBlocks{Q: rowsOf(t, b, q, qw, 0, T), K: rowsOf(t, b, kin, kw, 0, T), V: rowsOf(t, b, vin, kw, 0, T),
+						KPool: rowsOf(t, b, kp, kw, 0, nb*bs), VPool: rowsOf(t, b, vp, kw, 0, nb*bs), Seqs: sb,
+						Heads: heads, KVHeads: kvHeads, HeadDim: d, BlockSize: bs, Scale: 0.15}
+					if err := b.AttentionBlocks(out, at); err != nil {
+						t.Fatal(err)
+					}
+					row := 0
+					for i, s := range seqs {
+						w := alone[i]
+						n := s[0] + s[1]
+						o1 := rowsOf(t, b, make([]float32, s[1]*qw), qw, 0, s[1])
+						a := tensor.Attn{Q: rowsOf(t, b, w.q, qw, 0, s[1]), K: rowsOf(t, b, w.k, kw, 0, n), V: rowsOf(t, b, w.v, kw, 0, n),
+							Heads: heads, KVHeads: kvHeads, HeadDim: d, Pos0: s[0], Scale: 0.15}
+						if err := b.Attention(o1, a); err != nil {
+							t.Fatal(err)
+						}
+						if j, ok := sameBits(out.F32()[row*qw:(row+s[1])*qw], o1.F32()); !ok {
+							t.Fatalf("sequence %d element %d: %v in blocks, %v contiguous", i, j, out.F32()[row*qw+j], o1.F32()[j])
+						}
+						row += s[1]
+					}
+				})
+			}
+		}
+	}
+}
