@@ -7,6 +7,7 @@
 //	bench -ceilings -device cuda -out results.jsonl
 //	bench -model DIR -name llama2-7b -device cuda -runs none,4GiB:balanced,4GiB:balanced:unified -out results.jsonl
 //	bench -report results.jsonl,hf.jsonl [-md table.md] [-json table.json]
+//	bench -model DIR -device cuda -runs none,4GiB -streams 4 -out results.jsonl
 //
 // A run is BUDGET[:STRATEGY[:MODE[:POLICY]]]: BUDGET is "none" or a size
 // (4GiB), STRATEGY one of none, minimal, balanced, aggressive, hybrid
@@ -18,7 +19,10 @@
 // whether its routing is synthetic), and the report judges it against the
 // bound of its measured misses: their bytes over the link plus the
 // weights a token reads from device memory. run-gpu.sh drives a whole
-// comparison on a GPU machine.
+// comparison on a GPU machine. With -streams N a run also decodes N
+// requests at once through the engine's batcher and reports their
+// aggregate tok/s, the p50 and p99 of the inter-token latency and of the
+// time to first token.
 package main
 
 import (
@@ -57,7 +61,7 @@ func main() {
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut string
 	prefill, hostLimit                                  string
-	decode, warmup, threads, chunk                      int
+	decode, warmup, threads, chunk, streams             int
 	ceilings                                            bool
 }
 
@@ -72,6 +76,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")
 	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
 	fs.IntVar(&o.chunk, "chunk", 512, "prefill chunk")
+	fs.IntVar(&o.streams, "streams", 0, "also decode `N` requests at once through the engine's batcher: aggregate tok/s, inter-token latency and time to first token")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
@@ -101,6 +106,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-chunk %d must be >= 1", o.chunk)
 	case o.threads < 0:
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
+	case o.streams < 0:
+		return fmt.Errorf("-streams %d must be >= 0", o.streams)
 	}
 	var hostCache int64
 	if o.hostLimit != "" {
@@ -167,6 +174,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 					name, s, r.DecodeTokS, fmtRates(r.PrefillTokS), paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes))
 				if r.Experts != nil {
 					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Experts)
+				}
+				if r.Streams != nil {
+					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Streams)
 				}
 			}
 			results = append(results, r)
@@ -373,7 +383,9 @@ type Result struct {
 	// Experts is a mixture of experts' expert cache over the timed decode
 	// steps; StreamedBytes are then the other weights' streamed bytes.
 	Experts *engine.ExpertReport `json:"experts,omitempty"`
-	Error   string               `json:"error,omitempty"`
+	// Streams is the batched decode of -streams.
+	Streams *StreamsResult `json:"streams,omitempty"`
+	Error   string         `json:"error,omitempty"`
 }
 
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, o options) (*Result, error) {
@@ -465,6 +477,13 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		for dev, d := range busyOf(sess) {
 			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)
 		}
+	}
+	if o.streams > 0 {
+		sess.Close() // its KV cache makes room for the batcher's pool
+		if r.Streams, err = measureStreams(ctx, e, o.streams, o); err != nil {
+			return nil, fmt.Errorf("-streams %d: %w", o.streams, err)
+		}
+		r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
 	}
 	return r, nil
 }

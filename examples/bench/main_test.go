@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -25,6 +28,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-decode", "0"}, "-decode 0"},
 		{[]string{"-warmup", "-1"}, "-warmup -1"},
 		{[]string{"-chunk", "0"}, "-chunk 0"},
+		{[]string{"-streams", "-1"}, "-streams -1"},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
@@ -37,5 +41,38 @@ func TestBenchFlags(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestBenchStreams: -streams 3 decodes three requests at once through the
+// batcher and reports them, in the output and in the JSON line: the
+// aggregate rate, latencies that are positive and ordered (p50 <= p99), a
+// mean batch above one, the KV pool.
+func TestBenchStreams(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	var stdout bytes.Buffer
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "12", "-streams", "3", "-out", out}
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), "3 streams: decode") {
+		t.Errorf("output %q", stdout.String())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	s := r.Streams
+	if s == nil {
+		t.Fatalf("no streams in %s", data)
+	}
+	t.Logf("%s", s)
+	if s.Streams != 3 || !(s.DecodeTokS > 0) || !(s.InterTokenP50Ms > 0) || s.InterTokenP50Ms > s.InterTokenP99Ms ||
+		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 {
+		t.Errorf("streams %+v", s)
 	}
 }

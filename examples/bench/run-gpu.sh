@@ -5,7 +5,8 @@
 # then, on the GPU machine, from the repository root:
 #   OUT=bench-out examples/bench/run-gpu.sh
 # STEPS picks what runs (default: all of synth-tiny synth-7b ceilings tiny 7b
-# hf-tiny hf-7b report); the mixtures of experts are steps of their own,
+# hf-tiny hf-7b report; 7b-streams, the batched decode of -streams, is a
+# step of its own); the mixtures of experts are steps of their own,
 # not in the default: synth-mixtral mixtral hf-mixtral (Mixtral-8x7B shape,
 # 93 GB in F16) and synth-qwen3moe qwen3moe hf-qwen3moe (Qwen3-30B-A3B
 # shape, 61 GB),
@@ -68,6 +69,16 @@ if has 7b; then
 	# aggressive reads every layer from disk for every token: fewer steps.
 	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode 6 -warmup 1 -prefill 128 -out "$OUT/strata.jsonl" \
 		-runs ${RUNS_7B_SLOW:-4GiB:aggressive}
+fi
+# Batched decode: 1, 4 and 16 requests at once through the batcher, the 7B
+# shape resident and at 4 GiB (aggregate tok/s, inter-token latency and
+# time to first token in the "streams" field of each result).
+if has 7b-streams; then
+	for n in ${STREAMS:-1 4 16}; do
+		log strata llama2-7b streams=$n
+		"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode "$DECODE" -prefill 128 -streams "$n" \
+			-out "$OUT/strata.jsonl" -runs ${RUNS_7B_STREAMS:-none,4GiB:balanced}
+	done
 fi
 # The mixtures of experts: experts paged one by one, each policy, uniform
 # routing (the worst case) and skewed. Prefill of 128 tokens uses most
