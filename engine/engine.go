@@ -42,6 +42,13 @@ type Memory struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture
 	// of experts; "" is paging.DefaultExpertPolicy.
 	ExpertPolicy paging.ExpertPolicy
+	// KVCache places the KV cache: "" or paging.KVDevice keeps it all on
+	// the device; KVHost keeps every block's in host memory; KVAuto lets
+	// the planner choose per block (see paging.KVAuto): with the rates
+	// (Options.Rates, or measured at Open on a GPU) it picks the count
+	// of host blocks with the least predicted decode time. One device,
+	// not the hybrid strategies.
+	KVCache paging.KVPlacement
 }
 
 // Options say where and how the engine runs a model.
@@ -112,6 +119,8 @@ type Engine struct {
 	cpu       tensor.Backend // the hybrid strategy's CPU
 	hybrid    *Hybrid
 	hostAlloc *pinnedHost
+	kv        *KVReport     // the KV cache's placement, nil when all on the devices
+	kvRates   *paging.Rates // the rates KVAuto planned with
 
 	mu       sync.Mutex
 	sessions map[Session]bool
@@ -190,6 +199,10 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	if err != nil {
 		return nil, err
 	}
+	kv, err := e.kvPlacement()
+	if err != nil {
+		return nil, err
+	}
 	if isHybrid(e.strategy) {
 		if err := e.openHybrid(ctx, info, limits[0]); err != nil {
 			return nil, err
@@ -215,7 +228,11 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 			// Each expert is a unit of its own, in an expert cache.
 			opts = append(opts, paging.WithExpertCache(cfg.MoE.ExpertsPerToken))
 		}
-		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, opts...)
+		kvOpts, err := e.kvPlanOptions(ctx, kv, info)
+		if err != nil {
+			return nil, err
+		}
+		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, append(opts, kvOpts...)...)
 		if err != nil {
 			if len(parts) > 1 {
 				return nil, fmt.Errorf("device %d (%s, layers %d..%d): %w", d, b.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
@@ -230,8 +247,12 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if o.Record {
 			bud.RecordHistory(1 << 20)
 		}
+		hostCache, err := e.placeKV(b, plan)
+		if err != nil {
+			return nil, err
+		}
 		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
-			paging.Options{HostCacheBytes: o.Memory.HostCache, ExpertPolicy: o.Memory.ExpertPolicy})
+			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy})
 		if err != nil {
 			return nil, err
 		}
@@ -244,7 +265,9 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	}
 	if len(e.stages) == 1 {
 		st := e.stages[0]
-		e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights)
+		if e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights); err == nil && e.kv != nil {
+			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens})
+		}
 	} else {
 		e.pipeline, err = nn.NewPipeline(cfg, e.stages)
 	}
@@ -553,6 +576,9 @@ func (e *Engine) Stats() paging.Stats {
 func (e *Engine) Summary() string {
 	s := paging.Summary(e.budgets...)
 	if r := e.Experts(); r != nil {
+		s += r.String() + "\n"
+	}
+	if r := e.KV(); r != nil {
 		s += r.String() + "\n"
 	}
 	if h := e.hybrid; h != nil {

@@ -1,0 +1,153 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// KVReport says where the KV cache is and what keeping some of it in host
+// memory cost so far.
+type KVReport struct {
+	Placement paging.KVPlacement `json:"placement"`
+	// HostBlocks are the decoder blocks whose cache is in host memory;
+	// HostBytes what they hold there (pinned where the device copies
+	// from it), DeviceBytes the device's part of the cache (ScratchBytes
+	// of it the copies a prefill chunk attends over).
+	HostBlocks   []int `json:"host_blocks"`
+	HostBytes    int64 `json:"host_bytes"`
+	DeviceBytes  int64 `json:"device_bytes"`
+	ScratchBytes int64 `json:"scratch_bytes"`
+	// DeviceMinTokens is the chunk from which a host block attends on
+	// the device over the scratch; smaller ones (decode) attend on the CPU.
+	DeviceMinTokens int `json:"device_min_tokens"`
+	// Rates are what the placement was predicted with (KVAuto on a GPU),
+	// or nil.
+	Rates *paging.Rates `json:"rates,omitempty"`
+	nn.KVStats
+}
+
+// String summarises the report on one line.
+func (r *KVReport) String() string {
+	return fmt.Sprintf("KV cache %s: %s on the device (%s scratch), %s in host memory for %d blocks; CPU attention %v in %d block steps, %s uploaded for prefill, %s downloaded",
+		r.Placement, paging.FormatSize(r.DeviceBytes), paging.FormatSize(r.ScratchBytes), paging.FormatSize(r.HostBytes), len(r.HostBlocks),
+		r.CPUAttention, r.CPUAttentions, paging.FormatSize(r.UploadBytes), paging.FormatSize(r.DownloadBytes))
+}
+
+// kvPlacement checks the KV cache placement against the devices and
+// strategy.
+func (e *Engine) kvPlacement() (paging.KVPlacement, error) {
+	kv := e.opts.Memory.KVCache
+	if kv == "" || kv == paging.KVDevice {
+		return paging.KVDevice, nil
+	}
+	if _, err := paging.ParseKVPlacement(string(kv)); err != nil {
+		return "", fmt.Errorf("engine: %w", err)
+	}
+	switch {
+	case len(e.backends) > 1:
+		return "", fmt.Errorf("engine: KV cache placed %s: a KV cache in host memory runs on one device (%d given)", kv, len(e.backends))
+	case isHybrid(e.strategy):
+		return "", fmt.Errorf("engine: KV cache placed %s: the %s strategy keeps its CPU layers' KV cache in host memory and its GPU layers' on the device", kv, e.strategy)
+	}
+	if _, ok := tensor.AsyncUpload(e.backends[0]); !ok {
+		if kv == paging.KVHost {
+			return "", fmt.Errorf("engine: KV cache placed host: %s has no memory of its own to keep it out of", e.backends[0].Name())
+		}
+		return paging.KVDevice, nil // auto on the CPU: it is in host memory
+	}
+	return kv, nil
+}
+
+// kvPlanOptions are the planner's options for placement kv: with auto, the
+// rates to predict with (Options.Rates, or measured now).
+func (e *Engine) kvPlanOptions(ctx context.Context, kv paging.KVPlacement, info paging.ModelInfo) ([]paging.PlanOption, error) {
+	if kv == paging.KVDevice {
+		return nil, nil
+	}
+	opts := []paging.PlanOption{paging.WithKVPlacement(kv)}
+	if kv != paging.KVAuto {
+		return opts, nil
+	}
+	if err := e.openCPU(); err != nil {
+		return nil, err
+	}
+	rates := e.opts.Rates
+	if rates == nil {
+		block := info.Layers[e.cfg.BlockLayer(0)].Tensors
+		dt := tensor.F16
+		if len(block) > 0 {
+			dt = block[len(block)-1].DType
+		}
+		r, err := MeasureRates(ctx, e.backends[0], e.cpu, dt, e.cfg.HiddenSize, block)
+		if err != nil {
+			return nil, err
+		}
+		rates = &r
+	}
+	e.kvRates = rates
+	return append(opts, paging.WithKVRates(*rates)), nil
+}
+
+// openCPU opens the CPU backend that attends over host KV caches, once.
+func (e *Engine) openCPU() error {
+	if e.cpu != nil {
+		return nil
+	}
+	cpu, err := tensor.OpenDevice("cpu", tensor.DeviceOptions{Threads: e.opts.Threads})
+	if err != nil {
+		return err
+	}
+	e.owned = append(e.owned, cpu)
+	e.cpu = cpu
+	return nil
+}
+
+// placeKV prepares the host side of a plan that keeps some blocks' KV
+// cache in host memory: the CPU that attends over it and the pinned
+// allocator, within the host memory limit (Memory.HostCache), whose rest
+// goes to the host cache of streamed layers. It returns that cache's
+// bound for the pager.
+func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult) (int64, error) {
+	limit := e.opts.Memory.HostCache
+	if len(plan.KVHostBlocks) == 0 {
+		return limit, nil
+	}
+	if limit != 0 && plan.KVHostBytes > max(limit, 0) {
+		return 0, fmt.Errorf("engine: the KV cache of %d blocks in host memory takes %s (%d bytes), over the host memory limit of %s (-host-memory-limit)",
+			len(plan.KVHostBlocks), paging.FormatSize(plan.KVHostBytes), plan.KVHostBytes, paging.FormatSize(max(limit, 0)))
+	}
+	if limit > 0 {
+		limit -= plan.KVHostBytes
+		if limit == 0 {
+			limit = -1 // nothing left for streamed layers
+		}
+	}
+	if err := e.openCPU(); err != nil {
+		return 0, err
+	}
+	e.hostAlloc = pinnedAllocator(dev, e.cpu)
+	minTokens := e.opts.TwinMinTokens
+	if minTokens == 0 {
+		minTokens = DefaultTwinMinTokens
+	}
+	e.kv = &KVReport{Placement: plan.KVPlacement, HostBlocks: plan.KVHostBlocks, HostBytes: plan.KVHostBytes,
+		DeviceBytes: plan.KVCacheBytes, ScratchBytes: plan.KVScratchBytes, DeviceMinTokens: minTokens, Rates: e.kvRates}
+	return limit, nil
+}
+
+// KV reports where the KV cache is and the work of its host part so far,
+// or nil when it is all on the devices.
+func (e *Engine) KV() *KVReport {
+	if e.kv == nil {
+		return nil
+	}
+	r := *e.kv
+	if e.model != nil {
+		r.KVStats = e.model.KVStats()
+	}
+	return &r
+}

@@ -1,0 +1,134 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// TestKVCacheInHostMemory: the F16 fixture at its full context under a
+// budget 100 KiB short of what the KV cache on the device needs is
+// refused with the cache on the device (as every long prompt under a small
+// budget was); placed auto or host it runs, with logits bit-identical to
+// the model run directly, for a prompt of several chunks (the larger ones
+// attending on the device over the uploaded rows) and decode steps
+// attending on the CPU; the plan and the report say which blocks' caches
+// are in host memory, the budget's peak stays within the plan's and the
+// budget, and the pinned host memory is returned at Close.
+func TestKVCacheInHostMemory(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 400, 8, 91, 17}
+	const steps, ctx = 6, 256
+	want := reference(t, lm, prompt, steps)
+	info, err := nn.ModelInfo(lm, lm.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := newFakeGPU()
+	_, err = paging.Plan(info, 1, paging.StrategyBalanced, ctx, 1, paging.WithChunkTokens(4), paging.WithDevice(probe))
+	var be *paging.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("probe plan: %v", err)
+	}
+	budget := be.Needed - 100<<10
+	for _, kv := range []paging.KVPlacement{paging.KVDevice, paging.KVAuto, paging.KVHost} {
+		t.Run(string(kv), func(t *testing.T) {
+			gpu := newFakeGPU()
+			defer gpu.Close()
+			o := Options{Backends: []tensor.Backend{gpu}, Context: ctx, Chunk: 4, TwinMinTokens: 4, Rates: &testRates,
+				Memory: Memory{Budgets: []int64{budget}, KVCache: kv}}
+			e, err := Open(context.Background(), lm, o)
+			if kv == paging.KVDevice {
+				if !errors.Is(err, paging.ErrBudgetTooSmall) || !strings.Contains(err.Error(), "-kv-cache") {
+					t.Fatalf("KV cache on the device at %d bytes: %v, want a budget error naming -kv-cache", budget, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := e.Devices()[0].Plan
+			t.Logf("%s", plan)
+			if len(plan.KVHostBlocks) == 0 || kv == paging.KVHost && len(plan.KVHostBlocks) != lm.Config.NumLayers {
+				t.Fatalf("host blocks %v", plan.KVHostBlocks)
+			}
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, s, prompt, steps)
+			for i := range want {
+				for j := range want[i] {
+					if got[i][j] != want[i][j] {
+						t.Fatalf("step %d logit %d: %v, direct %v", i, j, got[i][j], want[i][j])
+					}
+				}
+			}
+			r := e.KV()
+			t.Logf("%s", r)
+			if r == nil || r.CPUAttentions < int64(steps*len(plan.KVHostBlocks)) || r.UploadBytes == 0 || r.HostBytes != plan.KVHostBytes ||
+				!strings.Contains(e.Summary(), "KV cache") {
+				t.Errorf("report %+v", r)
+			}
+			if peak := e.Devices()[0].PeakDeviceBytes; peak > plan.PredictedPeakBytes || peak > budget {
+				t.Errorf("peak %d, planned %d, budget %d", peak, plan.PredictedPeakBytes, budget)
+			}
+			if e.HostHeldBytes() < plan.KVHostBytes {
+				t.Errorf("host memory held %d, the host KV cache is %d", e.HostHeldBytes(), plan.KVHostBytes)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if gpu.pinned != 0 {
+				t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned)
+			}
+		})
+	}
+}
+
+// TestKVCacheRefusals: a host KV cache larger than the host memory limit,
+// host KV on a device that has no memory of its own, on several devices
+// and with the hybrid strategy, and an unknown placement are refused with
+// one line naming the problem.
+func TestKVCacheRefusals(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	for _, tc := range []struct {
+		name     string
+		backends func() []tensor.Backend
+		mem      Memory
+		want     string
+	}{
+		{"host memory limit", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} },
+			Memory{KVCache: paging.KVHost, HostCache: 100 << 10, Budgets: []int64{8 << 20}}, "over the host memory limit of 100.00 KiB"},
+		{"no host memory at all", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} },
+			Memory{KVCache: paging.KVHost, HostCache: -1, Budgets: []int64{8 << 20}}, "over the host memory limit"},
+		{"the CPU", func() []tensor.Backend { return cpus(1) }, Memory{KVCache: paging.KVHost}, "no memory of its own"},
+		{"two devices", func() []tensor.Backend { return []tensor.Backend{newFakeGPU(), newFakeGPU()} }, Memory{KVCache: paging.KVAuto}, "one device (2 given)"},
+		{"hybrid", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} },
+			Memory{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, Budgets: []int64{8 << 20}}, "hybrid strategy"},
+		{"unknown", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} }, Memory{KVCache: "disk"}, "unknown KV cache placement"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := tc.backends()
+			defer func() {
+				for _, b := range bs {
+					b.Close()
+				}
+			}()
+			e, err := Open(context.Background(), lm, Options{Backends: bs, Context: 256, Chunk: 4, Rates: &testRates, Memory: tc.mem})
+			if err == nil {
+				e.Close()
+				t.Fatal("opened")
+			}
+			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q, want one line containing %q", err, tc.want)
+			}
+		})
+	}
+}
