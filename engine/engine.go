@@ -578,7 +578,8 @@ func (e *Engine) Summary() string {
 	if r := e.Experts(); r != nil {
 		s += r.String() + "\n"
 	}
-	if r := e.KV(); r != nil {
+	if e.kv != nil {
+		r := e.KV()
 		s += r.String() + "\n"
 	}
 	if h := e.hybrid; h != nil {

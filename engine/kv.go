@@ -139,15 +139,34 @@ func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult) (int64, er
 	return limit, nil
 }
 
-// KV reports where the KV cache is and the work of its host part so far,
-// or nil when it is all on the devices.
+// KV reports where the KV cache is and the work of its host part so far:
+// with a host part (Memory.KVCache), its blocks, bytes and counters; with
+// the hybrid strategies, the CPU layers' blocks as the host part (their
+// caches are where the CPU computes them); otherwise all of it on the
+// devices, as planned.
 func (e *Engine) KV() *KVReport {
-	if e.kv == nil {
-		return nil
+	if e.kv != nil {
+		r := *e.kv
+		if e.model != nil {
+			r.KVStats = e.model.KVStats()
+		}
+		return &r
 	}
-	r := *e.kv
-	if e.model != nil {
-		r.KVStats = e.model.KVStats()
+	r := &KVReport{Placement: paging.KVDevice, HostBlocks: []int{}}
+	for _, d := range e.devices {
+		r.DeviceBytes += d.Plan.KVCacheBytes
 	}
-	return &r
+	if h := e.hybrid; h != nil && e.cfg.NumLayers > 0 {
+		perBlock := nn.KVCacheBytes(e.cfg, e.context) / int64(e.cfg.NumLayers)
+		for _, l := range h.Plan.CPULayers {
+			if b := l - e.cfg.BlockLayer(0); b >= 0 && b < e.cfg.NumLayers {
+				r.HostBlocks = append(r.HostBlocks, b)
+			}
+		}
+		r.HostBytes = int64(len(r.HostBlocks)) * perBlock
+		if len(r.HostBlocks) > 0 {
+			r.Placement = paging.KVAuto
+		}
+	}
+	return r
 }

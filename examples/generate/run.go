@@ -167,6 +167,10 @@ type report struct {
 	// token, prefetch accuracy, guesses right, and the routing (router or
 	// synthetic).
 	Experts *engine.ExpertReport `json:"experts,omitempty"`
+	// KV is where the KV cache is (bytes on the device and in host
+	// memory, by block) and, for a part in host memory, the time the CPU
+	// spent attending over it and the rows moved (engine.KVReport).
+	KV *engine.KVReport `json:"kv"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
@@ -416,6 +420,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			r.Experts = x.Since(experts0, max(len(out)-1, 0))
 		}
 		r.Paging = st
+		r.KV = eng.KV()
 		r.PeakDeviceBytes = st.PeakDeviceBytes
 		r.ResidentWeightBytes = st.ResidentWeightBytes
 		r.StreamedBytesPerToken = st.BytesPerStep
