@@ -24,8 +24,9 @@ type KVReport struct {
 	// DeviceMinTokens is the chunk from which a host block attends on
 	// the device over the scratch; smaller ones (decode) attend on the CPU.
 	DeviceMinTokens int `json:"device_min_tokens"`
-	// Rates are what the placement was predicted with (KVAuto on a GPU),
-	// or nil.
+	// Rates are the rates measured at Open (or Options.Rates) that auto
+	// placed the cache by, and that bound a decode step; nil with the
+	// cache on the device.
 	Rates *paging.Rates `json:"rates,omitempty"`
 	nn.KVStats
 }
@@ -63,15 +64,14 @@ func (e *Engine) kvPlacement() (paging.KVPlacement, error) {
 }
 
 // kvPlanOptions are the planner's options for placement kv: with auto, the
-// rates to predict with (Options.Rates, or measured now).
+// rates to predict with (Options.Rates, or measured now; host measures
+// them too, for KVReport.Rates).
 func (e *Engine) kvPlanOptions(ctx context.Context, kv paging.KVPlacement, info paging.ModelInfo) ([]paging.PlanOption, error) {
 	if kv == paging.KVDevice {
 		return nil, nil
 	}
 	opts := []paging.PlanOption{paging.WithKVPlacement(kv)}
-	if kv != paging.KVAuto {
-		return opts, nil
-	}
+	// The rates are measured for host too, for the report's decode bound.
 	if err := e.openCPU(); err != nil {
 		return nil, err
 	}
@@ -89,7 +89,10 @@ func (e *Engine) kvPlanOptions(ctx context.Context, kv paging.KVPlacement, info 
 		rates = &r
 	}
 	e.kvRates = rates
-	return append(opts, paging.WithKVRates(*rates)), nil
+	if kv == paging.KVAuto {
+		opts = append(opts, paging.WithKVRates(*rates))
+	}
+	return opts, nil
 }
 
 // openCPU opens the CPU backend that attends over host KV caches, once.
