@@ -3,6 +3,7 @@ package paging
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -163,4 +164,30 @@ func predictKV(p *PlanResult, r Rates) time.Duration {
 		s += float64(p.KVHostBytes)/cpu + float64(2*n)*r.Handoff.Seconds()
 	}
 	return time.Duration(s * 1e9)
+}
+
+// KVUploadMaxPos is the longest context at which a decode step of a block
+// whose KV cache is in host memory is predicted faster uploading the
+// cache's rows to the device and attending there than attending on the
+// CPU: rowBytes per position (keys and values) cross the link at the
+// shared H2D rate instead of being read by the CPU at its shared rate and
+// paying two hand-overs (the query down, the output up). Uploading wins
+// at short contexts, where the hand-overs dominate; with a CPU no faster
+// than the link it always wins (math.MaxInt); 0 when it never does.
+func KVUploadMaxPos(r Rates, rowBytes int64) int {
+	h2d, cpu := r.H2DShared, r.CPUShared
+	if h2d == 0 {
+		h2d = r.H2D
+	}
+	if cpu == 0 {
+		cpu = r.CPU
+	}
+	if h2d <= 0 || rowBytes <= 0 {
+		return 0
+	}
+	if cpu <= 0 || cpu <= h2d {
+		return math.MaxInt
+	}
+	perPos := float64(rowBytes) * (1/h2d - 1/cpu) // seconds more per position uploaded
+	return int(2 * r.Handoff.Seconds() / perPos)
 }

@@ -2,6 +2,7 @@ package paging
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -125,5 +126,28 @@ func TestPlanKVPredicted(t *testing.T) {
 	}
 	if _, err := Plan(info, budget, StrategyBalanced, ctx, 1, WithKVPlacement(KVAuto), WithKVRates(Rates{H2D: -1})); !errors.Is(err, ErrBadRates) {
 		t.Errorf("bad rates: %v", err)
+	}
+}
+
+// TestKVUploadMaxPos: uploading a host block's rows beats the CPU's round
+// trip only at short contexts on the H200's rates (55 GB/s link, 92 GB/s
+// CPU, 20 us hand-over, 7B rows of 32 KiB: about 170 positions), always
+// with a CPU slower than the link, never without a hand-over cost.
+func TestKVUploadMaxPos(t *testing.T) {
+	h200 := Rates{H2D: 55e9, CPU: 92e9, Handoff: 20 * time.Microsecond}
+	for _, tc := range []struct {
+		name   string
+		r      Rates
+		row    int64
+		lo, hi int
+	}{
+		{"H200, 7B rows", h200, 32 << 10, 150, 190},
+		{"CPU slower than the link", Rates{H2D: 55e9, CPU: 20e9, Handoff: time.Microsecond}, 32 << 10, math.MaxInt, math.MaxInt},
+		{"no hand-over cost", Rates{H2D: 55e9, CPU: 92e9}, 32 << 10, 0, 0},
+		{"no link", Rates{CPU: 92e9}, 32 << 10, 0, 0},
+	} {
+		if got := KVUploadMaxPos(tc.r, tc.row); got < tc.lo || got > tc.hi {
+			t.Errorf("%s: %d positions, want %d..%d", tc.name, got, tc.lo, tc.hi)
+		}
 	}
 }
