@@ -42,6 +42,11 @@ type HostKV struct {
 	// DeviceMinTokens is the chunk from which a host block attends on the
 	// device; 0 always attends on the CPU.
 	DeviceMinTokens int
+	// DeviceMaxPos, when > 0, has smaller chunks (decode steps) attend on
+	// the device too, over uploaded rows, while the context is at most
+	// this long: at short contexts the upload costs less than the CPU's
+	// round trip (paging.KVUploadMaxPos predicts where).
+	DeviceMaxPos int
 }
 
 // KVStats count the work of the KV caches in host memory.
@@ -71,8 +76,8 @@ func (m *Model) SetHostKV(h HostKV) error {
 	if h.CPU == nil || h.Alloc == nil {
 		return errors.New("nn: host KV cache needs a CPU backend and a host allocator")
 	}
-	if h.DeviceMinTokens < 0 {
-		return fmt.Errorf("nn: host KV cache: device chunk of %d tokens", h.DeviceMinTokens)
+	if h.DeviceMinTokens < 0 || h.DeviceMaxPos < 0 {
+		return fmt.Errorf("nn: host KV cache: device chunk of %d tokens, context of %d positions", h.DeviceMinTokens, h.DeviceMaxPos)
 	}
 	for _, b := range h.Blocks {
 		if b < m.lo || b >= m.hi {
@@ -133,7 +138,7 @@ func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator) (*hostKVSession, 
 		hs.free()
 		return nil, nil, nil, fmt.Errorf("host KV cache: %w", al.err)
 	}
-	if h.DeviceMinTokens > 0 && chunk >= h.DeviceMinTokens {
+	if h.DeviceMinTokens > 0 && chunk >= h.DeviceMinTokens || h.DeviceMaxPos > 0 {
 		for range min(len(h.Blocks), paging.KVScratchBuffers) {
 			hs.scratch = append(hs.scratch, [2]*tensor.Tensor{
 				dev.alloc(paging.KVCache, maxPos, c.KVDim()), dev.alloc(paging.KVCache, maxPos, c.KVDim())})
@@ -188,7 +193,7 @@ func (s *Session) attend(ctx context.Context, i, T, pos0 int, q, kk, vv, attn *t
 	if err := s.downloadRows(vc, pos0, vv); err != nil {
 		return fmt.Errorf("values to host memory: %w", err)
 	}
-	if hs.scratch != nil && T >= hs.cfg.DeviceMinTokens {
+	if hs.onDevice(T, pos0) {
 		return s.attendScratch(ctx, i, T, pos0, q, kk, vv, attn, at)
 	}
 	cq, ca := rows(hs.q, T), rows(hs.attn, T)
@@ -258,6 +263,13 @@ func (s *Session) attendScratch(ctx context.Context, i, T, pos0 int, q, kk, vv, 
 	}
 	at.Q, at.K, at.V = q, sc[0], sc[1]
 	return b.Attention(attn, at)
+}
+
+// onDevice reports whether a chunk of T tokens at pos0 attends on the
+// device over the scratch.
+func (hs *hostKVSession) onDevice(T, pos0 int) bool {
+	h := hs.cfg
+	return hs.scratch != nil && (h.DeviceMinTokens > 0 && T >= h.DeviceMinTokens || pos0+T <= h.DeviceMaxPos)
 }
 
 // nextHostBlock is the host block after block i, or -1.

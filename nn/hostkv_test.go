@@ -76,19 +76,22 @@ func TestHostKVMatchesDevice(t *testing.T) {
 	wantLogits, wantIDs := generateIDs(t, ref, prompt, steps, maxPos, chunk)
 	perBlock := int64(2 * 4 * maxPos * cfg.KVDim())
 	for _, tc := range []struct {
-		name   string
-		blocks []int
-		devMin int
+		name           string
+		blocks         []int
+		devMin, devMax int
 	}{
-		{"last block, CPU attention", []int{3}, 0},
-		{"two blocks, prefill on the device", []int{0, 2}, 4},
-		{"every block, CPU attention", []int{0, 1, 2, 3}, 0},
-		{"every block, prefill on the device", []int{0, 1, 2, 3}, 4},
+		{"last block, CPU attention", []int{3}, 0, 0},
+		{"two blocks, prefill on the device", []int{0, 2}, 4, 0},
+		{"every block, CPU attention", []int{0, 1, 2, 3}, 0, 0},
+		{"every block, prefill on the device", []int{0, 1, 2, 3}, 4, 0},
+		{"every block, decode on the device up to 15 positions", []int{0, 1, 2, 3}, 4, 15},
+		{"one block, all on the device", []int{1}, 0, maxPos},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clear(r.devA.bytes)
 			clear(r.cpA.bytes)
 			m := r.model(t, tc.blocks, tc.devMin, r.cpu)
+			m.hostKV.DeviceMaxPos = tc.devMax
 			got, ids := generateIDs(t, m, prompt, steps, maxPos, chunk)
 			if !slices.Equal(ids, wantIDs) {
 				t.Fatalf("ids %v, all on the device %v", ids, wantIDs)
@@ -100,7 +103,7 @@ func TestHostKVMatchesDevice(t *testing.T) {
 			}
 			n := int64(len(tc.blocks))
 			scratch := int64(0)
-			if tc.devMin > 0 {
+			if tc.devMin > 0 || tc.devMax > 0 {
 				scratch = min(n, paging.KVScratchBuffers)
 			}
 			if h, d := r.cpA.bytes[paging.KVCache], r.devA.bytes[paging.KVCache]; h != n*perBlock || d != (int64(cfg.NumLayers)-n+scratch)*perBlock {
@@ -108,11 +111,13 @@ func TestHostKVMatchesDevice(t *testing.T) {
 			}
 			st := m.KVStats()
 			t.Logf("%+v", st)
-			if st.CPUAttentions < int64(steps)*n || st.CPUAttention <= 0 {
-				t.Errorf("%d CPU attentions, want at least %d decode steps x %d blocks", st.CPUAttentions, steps, n)
+			// Decode steps past devMax positions attend on the CPU.
+			cpuSteps := int64(min(steps, len(prompt)+steps-tc.devMax))
+			if st.CPUAttentions < cpuSteps*n || cpuSteps > 0 && st.CPUAttention <= 0 || tc.devMax == maxPos && st.CPUAttentions != 0 {
+				t.Errorf("%d CPU attentions, want at least %d decode steps x %d blocks", st.CPUAttentions, cpuSteps, n)
 			}
-			if (st.UploadBytes > 0) != (tc.devMin > 0) {
-				t.Errorf("uploaded %d bytes of KV rows with device chunks from %d tokens", st.UploadBytes, tc.devMin)
+			if (st.UploadBytes > 0) != (tc.devMin > 0 || tc.devMax > 0) {
+				t.Errorf("uploaded %d bytes of KV rows with device chunks from %d tokens, up to %d positions", st.UploadBytes, tc.devMin, tc.devMax)
 			}
 			if r.devA.live != 0 || r.cpA.live != 0 {
 				t.Errorf("left allocated after Close: device %d, host %d tensors", r.devA.live, r.cpA.live)
