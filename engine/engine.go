@@ -266,7 +266,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	if len(e.stages) == 1 {
 		st := e.stages[0]
 		if e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights); err == nil && e.kv != nil {
-			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens})
+			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos})
 		}
 	} else {
 		e.pipeline, err = nn.NewPipeline(cfg, e.stages)

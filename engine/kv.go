@@ -24,6 +24,10 @@ type KVReport struct {
 	// DeviceMinTokens is the chunk from which a host block attends on
 	// the device over the scratch; smaller ones (decode) attend on the CPU.
 	DeviceMinTokens int `json:"device_min_tokens"`
+	// DeviceMaxPos is the context up to which a decode step uploads a
+	// host block's rows and attends on the device instead, where the rates
+	// predict that faster (paging.KVUploadMaxPos); 0 never.
+	DeviceMaxPos int `json:"device_max_pos"`
 	// Rates are the rates measured at Open (or Options.Rates) that auto
 	// placed the cache by, and that bound a decode step; nil with the
 	// cache on the device.
@@ -33,9 +37,9 @@ type KVReport struct {
 
 // String summarises the report on one line.
 func (r *KVReport) String() string {
-	return fmt.Sprintf("KV cache %s: %s on the device (%s scratch), %s in host memory for %d blocks; CPU attention %v in %d block steps, %s uploaded for prefill, %s downloaded",
+	return fmt.Sprintf("KV cache %s: %s on the device (%s scratch), %s in host memory for %d blocks; decode attends on the device up to %d positions, then on the CPU; CPU attention %v in %d block steps, %s uploaded, %s downloaded",
 		r.Placement, paging.FormatSize(r.DeviceBytes), paging.FormatSize(r.ScratchBytes), paging.FormatSize(r.HostBytes), len(r.HostBlocks),
-		r.CPUAttention, r.CPUAttentions, paging.FormatSize(r.UploadBytes), paging.FormatSize(r.DownloadBytes))
+		r.DeviceMaxPos, r.CPUAttention, r.CPUAttentions, paging.FormatSize(r.UploadBytes), paging.FormatSize(r.DownloadBytes))
 }
 
 // kvPlacement checks the KV cache placement against the devices and
@@ -139,6 +143,10 @@ func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult) (int64, er
 	}
 	e.kv = &KVReport{Placement: plan.KVPlacement, HostBlocks: plan.KVHostBlocks, HostBytes: plan.KVHostBytes,
 		DeviceBytes: plan.KVCacheBytes, ScratchBytes: plan.KVScratchBytes, DeviceMinTokens: minTokens, Rates: e.kvRates}
+	if e.kvRates != nil && plan.ContextLen > 0 {
+		row := plan.KVHostBytes / int64(len(plan.KVHostBlocks)) / int64(plan.ContextLen)
+		e.kv.DeviceMaxPos = min(paging.KVUploadMaxPos(*e.kvRates, row), plan.ContextLen)
+	}
 	return limit, nil
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -18,7 +19,8 @@ import (
 // budget was); placed auto or host it runs, with logits bit-identical to
 // the model run directly, for a prompt of several chunks (the larger ones
 // attending on the device over the uploaded rows) and decode steps
-// attending on the CPU; the plan and the report say which blocks' caches
+// attending on the CPU, or, where the rates say uploading the rows is
+// faster, on the device; the plan and the report say which blocks' caches
 // are in host memory, the budget's peak stays within the plan's and the
 // budget, and the pinned host memory is returned at Close.
 func TestKVCacheInHostMemory(t *testing.T) {
@@ -37,11 +39,19 @@ func TestKVCacheInHostMemory(t *testing.T) {
 		t.Fatalf("probe plan: %v", err)
 	}
 	budget := be.Needed - 100<<10
-	for _, kv := range []paging.KVPlacement{paging.KVDevice, paging.KVAuto, paging.KVHost} {
-		t.Run(string(kv), func(t *testing.T) {
+	// fastCPU attends faster than the link uploads (decode on the CPU);
+	// testRates' CPU is no faster (decode over uploaded rows).
+	fastCPU := paging.Rates{H2D: 10e9, CPU: 20e9, Device: 1e12}
+	for _, tc := range []struct {
+		kv     paging.KVPlacement
+		rates  *paging.Rates
+		upload bool
+	}{{paging.KVDevice, &fastCPU, false}, {paging.KVAuto, &fastCPU, false}, {paging.KVHost, &fastCPU, false}, {paging.KVHost, &testRates, true}} {
+		kv := tc.kv
+		t.Run(fmt.Sprintf("%s upload=%v", kv, tc.upload), func(t *testing.T) {
 			gpu := newFakeGPU()
 			defer gpu.Close()
-			o := Options{Backends: []tensor.Backend{gpu}, Context: ctx, Chunk: 4, TwinMinTokens: 4, Rates: &testRates,
+			o := Options{Backends: []tensor.Backend{gpu}, Context: ctx, Chunk: 4, TwinMinTokens: 4, Rates: tc.rates,
 				Memory: Memory{Budgets: []int64{budget}, KVCache: kv}}
 			e, err := Open(context.Background(), lm, o)
 			if kv == paging.KVDevice {
@@ -72,9 +82,11 @@ func TestKVCacheInHostMemory(t *testing.T) {
 			}
 			r := e.KV()
 			t.Logf("%s", r)
-			if r == nil || r.CPUAttentions < int64(steps*len(plan.KVHostBlocks)) || r.UploadBytes == 0 || r.HostBytes != plan.KVHostBytes ||
-				!strings.Contains(e.Summary(), "KV cache") {
-				t.Errorf("report %+v", r)
+			if r == nil || r.UploadBytes == 0 || r.HostBytes != plan.KVHostBytes || !strings.Contains(e.Summary(), "KV cache") {
+				t.Fatalf("report %+v", r)
+			}
+			if tc.upload && (r.CPUAttentions != 0 || r.DeviceMaxPos != ctx) || !tc.upload && (r.CPUAttentions < int64(steps*len(plan.KVHostBlocks)) || r.DeviceMaxPos != 0) {
+				t.Errorf("%d CPU attentions, decode on the device up to %d positions; want upload %v", r.CPUAttentions, r.DeviceMaxPos, tc.upload)
 			}
 			if peak := e.Devices()[0].PeakDeviceBytes; peak > plan.PredictedPeakBytes || peak > budget {
 				t.Errorf("peak %d, planned %d, budget %d", peak, plan.PredictedPeakBytes, budget)
