@@ -197,7 +197,7 @@ func (s *Session) attend(ctx context.Context, i, T, pos0 int, q, kk, vv, attn *t
 		return s.attendScratch(ctx, i, T, pos0, q, kk, vv, attn, at)
 	}
 	cq, ca := rows(hs.q, T), rows(hs.attn, T)
-	if err := b.Download(cq.Bytes(), q); err != nil {
+	if err := s.fetch(cq.Bytes(), q); err != nil {
 		return fmt.Errorf("queries to host memory: %w", err)
 	}
 	s.m.kv.down.Add(cq.NumBytes())
@@ -215,13 +215,25 @@ func (s *Session) attend(ctx context.Context, i, T, pos0 int, q, kk, vv, attn *t
 	return nil
 }
 
+// fetch downloads src, which the device computed, into dst once the
+// device's compute queued so far is done; where the device can
+// (tensor.ComputeDownload) without waiting for its asynchronous copies,
+// so that the pager's prefetches of the next layers keep streaming while
+// the CPU attends.
+func (s *Session) fetch(dst []byte, src *tensor.Tensor) error {
+	if cd, ok := tensor.ComputeDownload(s.m.backend); ok {
+		return cd.DownloadCompute(dst, src)
+	}
+	return s.m.backend.Download(dst, src)
+}
+
 // downloadRows copies the T rows of src into dst's rows from pos0.
 func (s *Session) downloadRows(dst *tensor.Tensor, pos0 int, src *tensor.Tensor) error {
 	d, err := dst.Rows(pos0, src.Shape()[0])
 	if err != nil {
 		return err
 	}
-	if err := s.m.backend.Download(d.Bytes(), src); err != nil {
+	if err := s.fetch(d.Bytes(), src); err != nil {
 		return err
 	}
 	s.m.kv.down.Add(d.NumBytes())

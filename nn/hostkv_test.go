@@ -233,3 +233,56 @@ func TestHostKVFaults(t *testing.T) {
 		t.Error("host KV of block 4 of 4 accepted")
 	}
 }
+
+// computeDownloader is a CPU backend standing in for a GPU whose Download
+// waits for its copy engine: it counts the downloads that wait for
+// compute alone.
+type computeDownloader struct {
+	*tensor.CPU
+	computeOnly int
+}
+
+func (c *computeDownloader) DownloadCompute(dst []byte, src *tensor.Tensor) error {
+	c.computeOnly++
+	return c.Download(dst, src)
+}
+
+// TestHostKVDownloadsSkipCopies: the queries, keys and values a host block
+// sends down in a decode step are downloaded without waiting for the
+// device's copies in flight (the pager's prefetches of the next layers),
+// where the device can: three downloads per host block per step.
+func TestHostKVDownloadsSkipCopies(t *testing.T) {
+	r := newHostKVRig(t)
+	dev := &computeDownloader{CPU: tensor.NewCPU(1)}
+	defer dev.Close()
+	w, err := LoadWeights(context.Background(), r.lm, dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	m, err := New(r.lm.Config, dev, nil, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetHostKV(HostKV{Blocks: []int{0, 3}, CPU: r.cpu, Alloc: r.cpA}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.NewSession(16, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Forward(context.Background(), []int32{1, 2, 3}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := dev.computeOnly
+	const steps = 5
+	for i := range steps {
+		if _, err := s.Forward(context.Background(), []int32{int32(10 + i)}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := dev.computeOnly - before; got != 3*2*steps {
+		t.Errorf("%d downloads past the copies in %d steps of 2 host blocks, want %d", got, steps, 3*2*steps)
+	}
+}
