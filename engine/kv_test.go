@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -142,5 +143,24 @@ func TestKVCacheRefusals(t *testing.T) {
 				t.Errorf("error %q, want one line containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestAutoChunk: under a budget, the prefill chunk grows with the budget
+// while its activations take at most an eighth of it (the 7B shape: 1,024
+// tokens at 4 GiB, 2,048 at 8 GiB, 4,096 at most), and never below
+// DefaultChunk.
+func TestAutoChunk(t *testing.T) {
+	cfg, err := arch.Preset("llama2-7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		budget int64
+		want   int
+	}{{1 << 30, 512}, {4 << 30, 1024}, {8 << 30, 2048}, {80 << 30, 4096}} {
+		if got := AutoChunk(cfg, tc.budget); got != tc.want {
+			t.Errorf("%d GiB: chunk %d, want %d", tc.budget>>30, got, tc.want)
+		}
 	}
 }
