@@ -73,7 +73,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
 	fs.IntVar(&o.promptTokens, "prompt-tokens", 16, "prompt `tokens` before the decode steps (their prefill is timed too): the context the timed steps attend over")
 	fs.StringVar(&o.kvCache, "kv-cache", "", "where the KV cache lives: device (default), host or auto (see generate -help)")
-	fs.IntVar(&o.chunk, "chunk", 512, "prefill chunk")
+	fs.IntVar(&o.chunk, "chunk", 0, "prefill chunk (0: the engine's choice, 512 or larger under a budget: engine.AutoChunk)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
@@ -99,8 +99,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-decode %d must be >= 1", o.decode)
 	case o.warmup < 0:
 		return fmt.Errorf("-warmup %d must be >= 0", o.warmup)
-	case o.chunk < 1:
-		return fmt.Errorf("-chunk %d must be >= 1", o.chunk)
+	case o.chunk < 0:
+		return fmt.Errorf("-chunk %d must be >= 0", o.chunk)
 	case o.threads < 0:
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
 	case o.promptTokens < 1:
@@ -378,6 +378,7 @@ type Result struct {
 	Overlap         float64            `json:"overlap"`
 	PeakDeviceBytes int64              `json:"peak_device_bytes"`
 	LoadSeconds     float64            `json:"load_s"`
+	Chunk           int                `json:"chunk"` // the prefill chunk
 	// Hybrid is set for the CPU+GPU strategies (hybrid, cpu): the plan's
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
@@ -455,7 +456,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	plan := e.Devices()[0].Plan
 	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 		Strategy: string(e.Strategy()), Mode: string(e.Mode()), WeightBytes: lm.WeightBytes(),
-		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode}
+		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, Chunk: e.Chunk()}
 	sess, err := e.NewSession()
 	if err != nil {
 		return nil, err

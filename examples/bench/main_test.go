@@ -27,7 +27,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-decode", "9223372036854775807"}, "need more positions"},
 		{[]string{"-decode", "0"}, "-decode 0"},
 		{[]string{"-warmup", "-1"}, "-warmup -1"},
-		{[]string{"-chunk", "0"}, "-chunk 0"},
+		{[]string{"-chunk", "-1"}, "-chunk -1"},
 		{[]string{"-prompt-tokens", "0"}, "-prompt-tokens 0"},
 		{[]string{"-prompt-tokens", "250"}, "need more positions"},
 		{[]string{"-kv-cache", "disk"}, "-kv-cache"},
