@@ -164,3 +164,65 @@ func TestAutoChunk(t *testing.T) {
 		}
 	}
 }
+
+// failingPinned is a fake GPU whose pinned allocations fail from the n-th.
+type failingPinned struct {
+	*fakeGPU
+	n int
+}
+
+func (f *failingPinned) AllocPinned(n int64) ([]byte, error) {
+	if f.n--; f.n <= 0 {
+		return nil, tensor.ErrOutOfMemory
+	}
+	return f.fakeGPU.AllocPinned(n)
+}
+
+// TestKVCacheHostFaults: a session whose host KV cache cannot be pinned,
+// at any of its allocations, fails with an error wrapping ErrOutOfMemory,
+// leaves no pinned host memory and no device bytes behind, and the engine
+// still runs a session once memory is there.
+func TestKVCacheHostFaults(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	for n := 1; n < 64; n++ {
+		gpu := &failingPinned{fakeGPU: newFakeGPU(), n: 1 << 30}
+		e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: 64, Chunk: 4, TwinMinTokens: 4,
+			Rates: &testRates, Memory: Memory{Budgets: []int64{4 << 20}, KVCache: paging.KVHost}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pinned0 := gpu.pinned
+		used0 := e.budgets[0].UsedBy(paging.KVCache) + e.budgets[0].UsedBy(paging.Activations)
+		gpu.n = n
+		s, err := e.NewSession()
+		if err == nil {
+			s.Close()
+			e.Close()
+			gpu.Close()
+			if n == 1 {
+				t.Fatal("no pinned allocation failed")
+			}
+			return // every allocation of a session was failed in turn
+		}
+		if !errors.Is(err, tensor.ErrOutOfMemory) {
+			t.Fatalf("pinned allocation %d failed: %v", n, err)
+		}
+		if gpu.pinned != pinned0 || e.budgets[0].UsedBy(paging.KVCache)+e.budgets[0].UsedBy(paging.Activations) != used0 {
+			t.Fatalf("pinned allocation %d failed: pinned %d bytes (before %d), device %d bytes (before %d)", n, gpu.pinned, pinned0, e.budgets[0].UsedBy(paging.KVCache)+e.budgets[0].UsedBy(paging.Activations), used0)
+		}
+		gpu.n = 1 << 30
+		s, err = e.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Forward(context.Background(), []int32{1, 2, 3, 4, 5}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		gpu.Close()
+	}
+	t.Fatal("sessions kept failing")
+}
