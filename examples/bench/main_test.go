@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
 
@@ -71,5 +72,25 @@ func TestBenchPromptTokens(t *testing.T) {
 	// 4 blocks x 2 x 4 bytes x KVDim 32 x (100 + 1 + 3/2) positions.
 	if r.KV == nil || r.KV.Placement != "device" || r.KV.PromptTokens != 100 || r.KV.DeviceKVReadPerToken != 4*8*32*102.5 || r.KV.HostKVReadPerToken != 0 {
 		t.Errorf("kv %+v", r.KV)
+	}
+}
+
+// TestBoundsHostKV: a run with its KV cache in host memory is judged
+// against the decode bound with the host KV reads counted, not the
+// streaming bound alone.
+func TestBoundsHostKV(t *testing.T) {
+	c := &Ceilings{PinnedGBps: 50, DeviceGBps: 4000}
+	r := Result{Strategy: "balanced", StreamedBytes: 10e9, WeightBytes: 13e9, DecodeTokS: 3,
+		KV: &KVResult{KVReport: &engine.KVReport{HostBlocks: []int{30, 31}}, DecodeBoundTokS: 4}}
+	row := Row{Result: r}
+	bounds(&row, c)
+	if row.Bound != "stream+host KV" || row.BoundTokS != 4 || row.OfBound != 0.75 {
+		t.Errorf("bound %q %.2f tok/s, of bound %.2f; want stream+host KV 4, 0.75", row.Bound, row.BoundTokS, row.OfBound)
+	}
+	r.KV = nil
+	row = Row{Result: r}
+	bounds(&row, c)
+	if row.Bound != "stream" || row.BoundTokS != 5 {
+		t.Errorf("without host KV: bound %q %.2f tok/s, want stream 5", row.Bound, row.BoundTokS)
 	}
 }
