@@ -37,9 +37,13 @@ type KVReport struct {
 
 // String summarises the report on one line.
 func (r *KVReport) String() string {
-	return fmt.Sprintf("KV cache %s: %s on the device (%s scratch), %s in host memory for %d blocks; decode attends on the device up to %d positions, then on the CPU; CPU attention %v in %d block steps, %s uploaded, %s downloaded",
+	where := "decode attends on the CPU"
+	if r.DeviceMaxPos > 0 {
+		where = fmt.Sprintf("decode attends on the device over uploaded rows up to %d positions, then on the CPU", r.DeviceMaxPos)
+	}
+	return fmt.Sprintf("KV cache %s: %s on the device (%s scratch), %s in host memory for %d blocks; %s; CPU attention %v in %d block steps, %s uploaded, %s downloaded",
 		r.Placement, paging.FormatSize(r.DeviceBytes), paging.FormatSize(r.ScratchBytes), paging.FormatSize(r.HostBytes), len(r.HostBlocks),
-		r.DeviceMaxPos, r.CPUAttention, r.CPUAttentions, paging.FormatSize(r.UploadBytes), paging.FormatSize(r.DownloadBytes))
+		where, r.CPUAttention, r.CPUAttentions, paging.FormatSize(r.UploadBytes), paging.FormatSize(r.DownloadBytes))
 }
 
 // kvPlacement checks the KV cache placement against the devices and
