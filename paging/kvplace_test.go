@@ -8,23 +8,6 @@ import (
 	"time"
 )
 
-// llama7BKV is the 7B shape's model info with nn's reserve.
-func llama7BKV(t *testing.T) ModelInfo {
-	t.Helper()
-	layers, err := DescribeSource(llamaSynth(32, 4096, 11008, 4096, 32000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	row := func(n int64) int64 { return 4 * n }
-	return ModelInfo{Layers: layers, NumLayers: 32, Reserve: Reserve{
-		{Category: KVCache, Bytes: row(4096), Per: PerPosition, Count: 2, PerBlock: true},
-		{Category: Workspace, Bytes: row(64), Per: PerPosition, Count: 2},
-		{Category: Activations, Bytes: row(4096), Per: PerToken, Count: 7},
-		{Category: Activations, Bytes: row(11008), Per: PerToken, Count: 2},
-		{Category: Activations, Bytes: row(32000), Per: PerToken, Count: 1, LastLayer: true},
-	}}
-}
-
 func TestParseKVPlacement(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
@@ -48,7 +31,7 @@ func TestParseKVPlacement(t *testing.T) {
 // scratch included, stays within the budget. A budget that holds the
 // whole cache keeps it on the device under auto.
 func TestPlanKVPlacement(t *testing.T) {
-	info := llama7BKV(t)
+	info := llama7B(t)
 	const ctx, budget = 8064, 4 << 30
 	perBlock := int64(2 * 4 * 4096 * ctx)
 	_, err := Plan(info, budget, StrategyBalanced, ctx, 1, WithKVPlacement(KVDevice))
@@ -100,7 +83,7 @@ func TestPlanKVPlacement(t *testing.T) {
 // moves KV to the host even where it fits on the device; a slow CPU keeps
 // it on the device while it fits; the choice is the least prediction.
 func TestPlanKVPredicted(t *testing.T) {
-	info := llama7BKV(t)
+	info := llama7B(t)
 	const ctx, budget = 4096, 8 << 30
 	for _, tc := range []struct {
 		name  string
@@ -149,5 +132,48 @@ func TestKVUploadMaxPos(t *testing.T) {
 		if got := KVUploadMaxPos(tc.r, tc.row); got < tc.lo || got > tc.hi {
 			t.Errorf("%s: %d positions, want %d..%d", tc.name, got, tc.lo, tc.hi)
 		}
+	}
+}
+
+// TestPlanHybridKV: the hybrid planner at 4 GiB with an 8,064-position
+// context refuses the KV cache on the device, and with it in host memory
+// (host, or auto) plans every block's cache there and the scratch on the
+// device, within the budget.
+func TestPlanHybridKV(t *testing.T) {
+	info := llama7B(t)
+	const ctx, budget = 8064, 4 << 30
+	rates := Rates{H2D: 55e9, CPU: 92e9, H2DShared: 52e9, CPUShared: 83e9, Device: 4e12, Handoff: 20 * time.Microsecond}
+	if _, err := PlanHybrid(info, budget, ctx, 1, rates, HybridOptions{}, WithChunkTokens(512)); !errors.Is(err, ErrBudgetTooSmall) {
+		t.Fatalf("device KV: %v, want ErrBudgetTooSmall", err)
+	}
+	for _, kv := range []KVPlacement{KVHost, KVAuto} {
+		hp, err := PlanHybrid(info, budget, ctx, 1, rates, HybridOptions{}, WithChunkTokens(512), WithKVPlacement(kv))
+		if err != nil {
+			t.Fatalf("%s: %v", kv, err)
+		}
+		t.Logf("%s: %s; %s", kv, hp, hp.GPU)
+		g := hp.GPU
+		cpuBlocks := 0
+		for _, l := range hp.CPULayers {
+			if l >= 1 && l <= 32 {
+				cpuBlocks++
+			}
+		}
+		// The device keeps the scratch and, when the CPU has blocks, the
+		// one block its twins compute large chunks in; every other
+		// block's cache is in host memory (the CPU's where it computes).
+		perBlock := int64(2 * 4 * 4096 * ctx)
+		twin := int64(0)
+		if cpuBlocks > 0 {
+			twin = perBlock
+		}
+		if len(g.KVHostBlocks) != 32-cpuBlocks || g.KVHostBytes != int64(32-cpuBlocks)*perBlock ||
+			g.KVCacheBytes != g.KVScratchBytes+twin || g.KVScratchBytes != 2*perBlock || g.PredictedPeakBytes > budget {
+			t.Errorf("%s: %d CPU blocks; host blocks %d (%d bytes), device KV %d (scratch %d), peak %d",
+				kv, cpuBlocks, len(g.KVHostBlocks), g.KVHostBytes, g.KVCacheBytes, g.KVScratchBytes, g.PredictedPeakBytes)
+		}
+	}
+	if _, err := PlanHybrid(info, budget, ctx, 1, rates, HybridOptions{}, WithKVPlacement("disk")); err == nil {
+		t.Error("unknown placement accepted")
 	}
 }
