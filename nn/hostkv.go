@@ -100,6 +100,19 @@ func (m *Model) KVStats() KVStats {
 	}
 }
 
+// KVStats adds up the stages' Model.KVStats.
+func (p *Pipeline) KVStats() KVStats {
+	var t KVStats
+	for _, m := range p.stages {
+		st := m.KVStats()
+		t.CPUAttention += st.CPUAttention
+		t.CPUAttentions += st.CPUAttentions
+		t.UploadBytes += st.UploadBytes
+		t.DownloadBytes += st.DownloadBytes
+	}
+	return t
+}
+
 // hostKVSession is a session's part of HostKV.
 type hostKVSession struct {
 	cfg     *HostKV

@@ -286,3 +286,62 @@ func TestHostKVDownloadsSkipCopies(t *testing.T) {
 		t.Errorf("%d downloads past the copies in %d steps of 2 host blocks, want %d", got, steps, 3*2*steps)
 	}
 }
+
+// TestHostKVPipeline: a pipeline whose "GPU" stages keep their blocks'
+// KV cache in host memory (one HostKV for every stage, each taking its
+// own blocks) beside a CPU stage gives logits bit-identical to one device,
+// and the pipeline's KVStats count the GPU stages' CPU attention.
+func TestHostKVPipeline(t *testing.T) {
+	r := newHostKVRig(t)
+	cfg := r.lm.Config
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78}
+	const maxPos, chunk, steps = 32, 4, 6
+	ref, err := New(cfg, r.dev, nil, r.w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := generateIDs(t, ref, prompt, steps, maxPos, chunk)
+	other := tensor.NewCPU(2)
+	defer other.Close()
+	ow, err := LoadWeights(context.Background(), r.lm, other, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ow.Close()
+	hk := &HostKV{Blocks: []int{0, 1, 3}, CPU: r.cpu, Alloc: r.cpA, DeviceMinTokens: 4}
+	p, err := NewPipeline(cfg, []Stage{
+		{Backend: r.dev, Alloc: r.devA, Weights: r.w, FirstBlock: 0, EndBlock: 2, HostKV: hk},
+		{Backend: other, Weights: ow, FirstBlock: 2, EndBlock: 3},
+		{Backend: r.dev, Alloc: r.devA, Weights: r.w, FirstBlock: 3, EndBlock: 4, HostKV: hk},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.NewSession(maxPos, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	logits, err := s.Forward(ctx, prompt, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := slices.Clone(logits)
+	last := logits[len(logits)-cfg.VocabSize:]
+	for range steps {
+		if last, err = s.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, last...)
+	}
+	s.Close()
+	if !slices.Equal(got, want) {
+		t.Fatal("logits differ from one device's")
+	}
+	if st := p.KVStats(); st.CPUAttentions < 3*steps || st.UploadBytes == 0 {
+		t.Errorf("pipeline KV stats %+v: want the CPU attending for 3 blocks in %d steps and prefill uploads", st, steps)
+	}
+	if r.cpA.live != 0 || r.devA.live != 0 {
+		t.Errorf("left allocated: host %d, device %d", r.cpA.live, r.devA.live)
+	}
+}
