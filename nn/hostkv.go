@@ -131,8 +131,10 @@ type hostKVSession struct {
 
 // allocHostKV allocates the session's host caches and buffers (the
 // blocks' k and v it returns, per block of the model's range, nil for a
-// device block) and the device scratch from dev.
-func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator) (*hostKVSession, []*tensor.Tensor, []*tensor.Tensor, error) {
+// device block) and the device scratch from dev: the session's own, or,
+// with shared buffers (a pipeline's stages on one device), theirs, grown
+// as far as this stage needs.
+func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator, shared *buffers) (*hostKVSession, []*tensor.Tensor, []*tensor.Tensor, error) {
 	h := m.hostKV
 	c := &m.cfg
 	hs := &hostKVSession{cfg: h, onHost: make([]bool, m.hi-m.lo)}
@@ -152,13 +154,19 @@ func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator) (*hostKVSession, 
 		return nil, nil, nil, fmt.Errorf("host KV cache: %w", al.err)
 	}
 	if h.DeviceMinTokens > 0 && chunk >= h.DeviceMinTokens || h.DeviceMaxPos > 0 {
-		for range min(len(h.Blocks), paging.KVScratchBuffers) {
+		if shared != nil {
+			hs.scratch = shared.kvScratch
+		}
+		for len(hs.scratch) < min(len(h.Blocks), paging.KVScratchBuffers) {
 			hs.scratch = append(hs.scratch, [2]*tensor.Tensor{
 				dev.alloc(paging.KVCache, maxPos, c.KVDim()), dev.alloc(paging.KVCache, maxPos, c.KVDim())})
 		}
 		if dev.err != nil {
 			hs.free()
 			return nil, nil, nil, fmt.Errorf("device scratch for the host KV cache: %w", dev.err)
+		}
+		if shared != nil {
+			shared.kvScratch = hs.scratch
 		}
 	}
 	return hs, k, v, nil

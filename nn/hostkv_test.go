@@ -290,7 +290,8 @@ func TestHostKVDownloadsSkipCopies(t *testing.T) {
 // TestHostKVPipeline: a pipeline whose "GPU" stages keep their blocks'
 // KV cache in host memory (one HostKV for every stage, each taking its
 // own blocks) beside a CPU stage gives logits bit-identical to one device,
-// and the pipeline's KVStats count the GPU stages' CPU attention.
+// the GPU stages share the device scratch, and the pipeline's KVStats
+// count the GPU stages' CPU attention.
 func TestHostKVPipeline(t *testing.T) {
 	r := newHostKVRig(t)
 	cfg := r.lm.Config
@@ -337,6 +338,10 @@ func TestHostKVPipeline(t *testing.T) {
 	s.Close()
 	if !slices.Equal(got, want) {
 		t.Fatal("logits differ from one device's")
+	}
+	// The two GPU stages share one scratch pair of pairs.
+	if got, want := r.devA.bytes[paging.KVCache], int64(2*2*4*maxPos*cfg.KVDim()); got != want {
+		t.Errorf("device KV bytes %d, want %d: the scratch of two blocks, shared by the stages", got, want)
 	}
 	if st := p.KVStats(); st.CPUAttentions < 3*steps || st.UploadBytes == 0 {
 		t.Errorf("pipeline KV stats %+v: want the CPU attending for 3 blocks in %d steps and prefill uploads", st, steps)

@@ -128,6 +128,9 @@ type buffers struct {
 	logits   *tensor.Tensor      // [chunk, Vocab], or nil without a head
 	views    map[int]*chunkViews // buffer views by row count, made once
 	moe      *moeBuffers         // the mixture of experts' buffers, or nil for a dense model
+	// kvScratch are the device copies host KV blocks attend over in
+	// prefill (HostKV), shared by the stages of a device.
+	kvScratch [][2]*tensor.Tensor
 	// The widths of the views: the dense MLP's, and the heads of q and k.
 	inter, heads, kvHeads, headDim int
 }
@@ -231,7 +234,7 @@ func (m *Model) newSession(maxPos, chunk int, bufs *buffers) (*Session, error) {
 	var err error
 	var hk, hv []*tensor.Tensor // the host caches, when some blocks' are there
 	if m.hostKV != nil {
-		s.hkv, hk, hv, err = m.allocHostKV(maxPos, chunk, al)
+		s.hkv, hk, hv, err = m.allocHostKV(maxPos, chunk, al, bufs)
 	}
 	for i := m.lo; i < m.hi && err == nil; i++ {
 		if hk != nil && hk[i-m.lo] != nil {
