@@ -230,7 +230,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		return nil, err
 	}
 	if isHybrid(e.strategy) {
-		if err := e.openHybrid(ctx, info, limits[0]); err != nil {
+		if err := e.openHybrid(ctx, info, limits[0], kv); err != nil {
 			return nil, err
 		}
 		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -59,8 +60,6 @@ func (e *Engine) kvPlacement() (paging.KVPlacement, error) {
 	switch {
 	case len(e.backends) > 1:
 		return "", fmt.Errorf("engine: KV cache placed %s: a KV cache in host memory runs on one device (%d given)", kv, len(e.backends))
-	case isHybrid(e.strategy):
-		return "", fmt.Errorf("engine: KV cache placed %s: the %s strategy keeps its CPU layers' KV cache in host memory and its GPU layers' on the device", kv, e.strategy)
 	}
 	if _, ok := tensor.AsyncUpload(e.backends[0]); !ok {
 		if kv == paging.KVHost {
@@ -162,9 +161,13 @@ func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult) (int64, er
 func (e *Engine) KV() *KVReport {
 	if e.kv != nil {
 		r := *e.kv
-		if e.model != nil {
+		switch {
+		case e.model != nil:
 			r.KVStats = e.model.KVStats()
+		case e.pipeline != nil:
+			r.KVStats = e.pipeline.KVStats()
 		}
+		r.HostBlocks = slices.Clone(r.HostBlocks)
 		return &r
 	}
 	r := &KVReport{Placement: paging.KVDevice, HostBlocks: []int{}}

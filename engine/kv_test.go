@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -106,8 +107,8 @@ func TestKVCacheInHostMemory(t *testing.T) {
 }
 
 // TestKVCacheRefusals: a host KV cache larger than the host memory limit,
-// host KV on a device that has no memory of its own, on several devices
-// and with the hybrid strategy, and an unknown placement are refused with
+// host KV on a device that has no memory of its own, on several devices,
+// and an unknown placement are refused with
 // one line naming the problem.
 func TestKVCacheRefusals(t *testing.T) {
 	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
@@ -123,8 +124,6 @@ func TestKVCacheRefusals(t *testing.T) {
 			Memory{KVCache: paging.KVHost, HostCache: -1, Budgets: []int64{8 << 20}}, "over the host memory limit"},
 		{"the CPU", func() []tensor.Backend { return cpus(1) }, Memory{KVCache: paging.KVHost}, "no memory of its own"},
 		{"two devices", func() []tensor.Backend { return []tensor.Backend{newFakeGPU(), newFakeGPU()} }, Memory{KVCache: paging.KVAuto}, "one device (2 given)"},
-		{"hybrid", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} },
-			Memory{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, Budgets: []int64{8 << 20}}, "hybrid strategy"},
 		{"unknown", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} }, Memory{KVCache: "disk"}, "unknown KV cache placement"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -225,4 +224,83 @@ func TestKVCacheHostFaults(t *testing.T) {
 		gpu.Close()
 	}
 	t.Fatal("sessions kept failing")
+}
+
+// TestKVCacheHybrid: the hybrid strategy (two layers on the CPU) with the
+// KV cache in host memory,
+// under a budget between the least it needs so and the least it needs
+// with the cache on the device (which is refused), gives logits
+// bit-identical to the model run directly; the CPU attends for the GPU's
+// blocks in decode, the report counts every block's cache in host memory,
+// the peak stays within the budget and the pinned memory is returned.
+func TestKVCacheHybrid(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 400, 8, 91, 17}
+	const steps, ctx = 6, 256
+	want := reference(t, lm, prompt, steps)
+	info, err := nn.ModelInfo(lm, lm.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rates := paging.Rates{H2D: 10e9, CPU: 20e9, Device: 1e12}
+	need := func(kv paging.KVPlacement) int64 {
+		_, err := paging.PlanHybrid(info, 1, ctx, 1, rates, paging.HybridOptions{Mode: paging.HybridForced, CPULayers: 2}, paging.WithChunkTokens(4), paging.WithDevice(newFakeGPU()), paging.WithKVPlacement(kv))
+		var be *paging.BudgetError
+		if !errors.As(err, &be) {
+			t.Fatalf("probe plan: %v", err)
+		}
+		return be.Needed
+	}
+	hostNeed, devNeed := need(paging.KVHost), need(paging.KVDevice)
+	budget := hostNeed + (devNeed-hostNeed)/2
+	t.Logf("least budget: %d with the KV cache in host memory, %d on the device; testing at %d", hostNeed, devNeed, budget)
+	for _, kv := range []paging.KVPlacement{paging.KVDevice, paging.KVHost} {
+		gpu := newFakeGPU()
+		o := Options{Backends: []tensor.Backend{gpu}, Context: ctx, Chunk: 4, TwinMinTokens: 4, Rates: &rates,
+			Memory: Memory{Budgets: []int64{budget}, Strategy: paging.StrategyHybrid, CPULayers: 2, KVCache: kv}}
+		e, err := Open(context.Background(), lm, o)
+		if kv == paging.KVDevice {
+			if !errors.Is(err, paging.ErrBudgetTooSmall) {
+				t.Fatalf("device KV at %d bytes: %v, want ErrBudgetTooSmall", budget, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s", e.Hybrid().Plan)
+		s, err := e.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := decode(t, s, prompt, steps)
+		for i := range want {
+			for j := range want[i] {
+				if got[i][j] != want[i][j] {
+					t.Fatalf("step %d logit %d: %v, direct %v", i, j, got[i][j], want[i][j])
+				}
+			}
+		}
+		r := e.KV()
+		t.Logf("%s", r)
+		gpuBlocks := 0
+		for b := range lm.Config.NumLayers {
+			if !slices.Contains(e.Hybrid().Plan.CPULayers, lm.Config.BlockLayer(b)) {
+				gpuBlocks++
+			}
+		}
+		if gpuBlocks == 0 || r.Placement != paging.KVHost || r.CPUAttentions < int64(steps*gpuBlocks) || len(r.HostBlocks) != lm.Config.NumLayers || r.HostBytes != nn.KVCacheBytes(lm.Config, ctx) {
+			t.Errorf("%d GPU blocks; report %+v", gpuBlocks, r)
+		}
+		if peak := e.Devices()[0].PeakDeviceBytes; peak > budget {
+			t.Errorf("peak %d over the budget %d", peak, budget)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if gpu.pinned != 0 {
+			t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned)
+		}
+		gpu.Close()
+	}
 }
