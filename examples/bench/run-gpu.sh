@@ -100,9 +100,9 @@ if has 7b-long; then
 		-runs none
 	for kv in host auto; do
 		"$BIN/bench" -device cuda -model "$M" -name "llama2-7b-8k-kv-$kv" -kv-cache $kv -prefill 512 -prompt-tokens 8000 -decode 16 -warmup 2 -out "$OUT/strata.jsonl" \
-			-runs ${RUNS_7B_8K:-4GiB:balanced}
+			-runs ${RUNS_7B_8K:-4GiB:balanced,4GiB:hybrid}
 		"$BIN/bench" -device cuda -model "$M" -name "llama2-7b-32k-kv-$kv" -kv-cache $kv -prefill 512 -prompt-tokens 32000 -decode 8 -warmup 1 -out "$OUT/strata.jsonl" \
-			-runs ${RUNS_7B_32K:-8GiB:balanced}
+			-runs ${RUNS_7B_32K:-8GiB:balanced,8GiB:hybrid}
 	done
 fi
 # The mixtures of experts: experts paged one by one, each policy, uniform
