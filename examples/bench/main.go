@@ -22,6 +22,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -409,8 +410,10 @@ type KVResult struct {
 }
 
 // kvResult is a run's KVResult from the engine's reports before (kv0) and
-// after the timed decode steps.
-func kvResult(kv, kv0 *engine.KVReport, plan *paging.PlanResult, cfg *arch.Config, o options) *KVResult {
+// after the timed decode steps. With the hybrid strategies the CPU reads
+// its layers and the host KV while the link streams, and the bound is the
+// slower of the two (at their shared rates).
+func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options) *KVResult {
 	if kv == nil {
 		return nil
 	}
@@ -424,7 +427,18 @@ func kvResult(kv, kv0 *engine.KVReport, plan *paging.PlanResult, cfg *arch.Confi
 	r.DeviceKVReadPerToken = (float64(cfg.NumLayers) - nHost) * perBlock
 	r.CPUAttentionMsPerToken = float64(kv.CPUAttention-kv0.CPUAttention) / 1e6 / float64(o.decode)
 	if rt := kv.Rates; rt != nil && rt.H2D > 0 && rt.CPU > 0 {
-		link := float64(plan.StreamedBytes) / rt.H2D
+		if h := res.Hybrid; h != nil {
+			h2d, cpu := cmp.Or(rt.H2DShared, rt.H2D), cmp.Or(rt.CPUShared, rt.CPU)
+			link := float64(h.StreamedBytes) / h2d
+			if t := max(link, float64(h.CPUBytes)/cpu); t > 0 {
+				r.DecodeBoundNoKVReadTokS = 1 / t
+			}
+			if t := max(link, (float64(h.CPUBytes)+r.HostKVReadPerToken)/cpu); t > 0 {
+				r.DecodeBoundTokS = 1 / t
+			}
+			return r
+		}
+		link := float64(res.StreamedBytes) / rt.H2D
 		dev := 0.0
 		if rt.Device > 0 {
 			dev = r.DeviceKVReadPerToken / rt.Device
@@ -530,7 +544,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	if x := e.Experts(); x != nil {
 		r.Experts = x.Since(experts0, o.decode)
 	}
-	r.KV = kvResult(e.KV(), kv0, plan, cfg, o)
+	r.KV = kvResult(e.KV(), kv0, r, cfg, o)
 	if r.Hybrid != nil {
 		for dev, d := range busyOf(sess) {
 			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)

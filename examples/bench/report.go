@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -155,8 +156,8 @@ func bounds(row *Row, c *Ceilings) {
 	}
 	// A KV cache in host memory: the CPU reads it each step besides what
 	// streams (KVResult's bound, from the engine's rates).
-	if k := r.KV; k != nil && k.KVReport != nil && len(k.HostBlocks) > 0 && r.Hybrid == nil && k.DecodeBoundTokS > 0 {
-		row.Bound, row.BoundTokS = "stream+host KV", k.DecodeBoundTokS
+	if k := r.KV; k != nil && k.KVReport != nil && len(k.HostBlocks) > 0 && k.DecodeBoundTokS > 0 {
+		row.Bound, row.BoundTokS = cmp.Or(row.Bound, "stream")+"+host KV", k.DecodeBoundTokS
 	}
 	if row.BoundTokS > 0 {
 		row.OfBound = r.DecodeTokS / row.BoundTokS
