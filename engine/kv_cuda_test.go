@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/strata-llm/strata/loader/fixtures"
@@ -18,7 +19,9 @@ import (
 // decode over rows uploaded to the device (rates with a slow CPU), and
 // auto with the rates measured on the machine. The prompt runs in chunks
 // of 4 from 4 tokens, so its later chunks upload the earlier rows on the
-// copy engine into the alternating scratch. It checks: the prompt's
+// copy engine into the alternating scratch; and the hybrid strategy with
+// two layers on the CPU and the GPU's blocks' caches in host memory. It
+// checks: the prompt's
 // logits at every position within the GPU tolerance (2e-2) of
 // transformers'; 8 greedy decode steps' logits within 2e-2 of the same
 // GPU with the whole cache on the device and no budget (and the same ids
@@ -63,27 +66,58 @@ func TestCUDAKVCacheInHostMemory(t *testing.T) {
 		hostNeed, devNeed := need(paging.KVHost), need(paging.KVDevice)
 		budget := hostNeed + (devNeed-hostNeed)/2
 		t.Logf("%s: least budget with the KV cache in host memory %d bytes, on the device %d: testing at %d", name, hostNeed, devNeed, budget)
+		// The hybrid strategy with two layers on the CPU: its budget is
+		// found the same way.
+		needHybrid := func(kv paging.KVPlacement) int64 {
+			_, err := paging.PlanHybrid(info, 1, ctxLen, 1, fastCPU, paging.HybridOptions{Mode: paging.HybridForced, CPULayers: 2},
+				paging.WithChunkTokens(chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv))
+			var be *paging.BudgetError
+			if !asBudgetError(err, &be) {
+				t.Fatalf("probe hybrid plan: %v", err)
+			}
+			return be.Needed
+		}
+		hHost, hDev := needHybrid(paging.KVHost), needHybrid(paging.KVDevice)
+		hybridBudget := hHost + (hDev-hHost)/2
 		for _, tc := range []struct {
 			what       string
 			kv         paging.KVPlacement
 			rates      *paging.Rates
-			cpu, never bool // decode attends on the CPU in every step / in none
+			cpu, never bool // decode attends on the CPU in every step of the GPU's blocks / in none
+			hybrid     bool
 		}{
-			{"host, decode on the CPU", paging.KVHost, &fastCPU, true, false},
-			{"host, decode over uploaded rows", paging.KVHost, &slowCPU, false, true},
-			{"auto, measured rates", paging.KVAuto, nil, false, false},
+			{"host, decode on the CPU", paging.KVHost, &fastCPU, true, false, false},
+			{"host, decode over uploaded rows", paging.KVHost, &slowCPU, false, true, false},
+			{"auto, measured rates", paging.KVAuto, nil, false, false, false},
+			{"hybrid, two CPU layers, host, decode on the CPU", paging.KVHost, &fastCPU, true, false, true},
 		} {
 			t.Run(name+"/"+tc.what, func(t *testing.T) {
+				mem := Memory{Budgets: []int64{budget}, KVCache: tc.kv}
+				if tc.hybrid {
+					mem = Memory{Budgets: []int64{hybridBudget}, KVCache: tc.kv, Strategy: paging.StrategyHybrid, CPULayers: 2}
+				}
 				e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: chunk, TwinMinTokens: chunk,
-					Memory: Memory{Budgets: []int64{budget}, KVCache: tc.kv}, Rates: tc.rates})
+					Memory: mem, Rates: tc.rates})
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer e.Close()
 				plan := e.Devices()[0].Plan
 				t.Logf("%s", plan)
+				if h := e.Hybrid(); h != nil {
+					t.Logf("%s", h.Plan)
+				}
 				if len(plan.KVHostBlocks) == 0 {
 					t.Fatalf("no block's KV cache in host memory")
+				}
+				// The blocks the GPU computes, whose attention the CPU
+				// takes over in decode (the CPU's own blocks attend on the
+				// CPU anyway).
+				n := int64(0)
+				for b := range lm.Config.NumLayers {
+					if h := e.Hybrid(); h == nil || !slices.Contains(h.Plan.CPULayers, lm.Config.BlockLayer(b)) {
+						n++
+					}
 				}
 				s, err := e.NewSession()
 				if err != nil {
@@ -122,15 +156,14 @@ func TestCUDAKVCacheInHostMemory(t *testing.T) {
 				}
 				r := e.KV()
 				t.Logf("%s", r)
-				n := int64(len(plan.KVHostBlocks))
 				if d := r.CPUAttentions - kv0.CPUAttentions; tc.cpu && d != steps*n || tc.never && d != 0 {
 					t.Errorf("%d CPU attentions in %d steps of %d host blocks (want every step: %v, none: %v)", d, steps, n, tc.cpu, tc.never)
 				}
 				if r.UploadBytes == 0 {
 					t.Errorf("no KV rows uploaded for the prompt's later chunks")
 				}
-				if peak := e.Devices()[0].PeakDeviceBytes; peak > budget || peak > plan.PredictedPeakBytes {
-					t.Errorf("peak %d, budget %d, planned %d", peak, budget, plan.PredictedPeakBytes)
+				if peak := e.Devices()[0].PeakDeviceBytes; peak > mem.Budgets[0] || peak > plan.PredictedPeakBytes {
+					t.Errorf("peak %d, budget %d, planned %d", peak, mem.Budgets[0], plan.PredictedPeakBytes)
 				}
 				s.Close()
 				if err := e.Close(); err != nil {
