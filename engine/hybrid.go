@@ -68,7 +68,17 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		}
 		rates = &r
 	}
-	ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: o.Memory.HostCache}
+	// With the KV cache in host memory, every block's is there (the
+	// CPU's blocks' and the GPU's): the host memory limit holds it and
+	// the CPU's layers.
+	hostLimit, kvAll := o.Memory.HostCache, nn.KVCacheBytes(e.cfg, e.context)
+	if kv == paging.KVHost && hostLimit != 0 {
+		if kvAll >= max(hostLimit, 0) {
+			return kvOverLimit(kvAll, hostLimit)
+		}
+		hostLimit -= kvAll
+	}
+	ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: hostLimit}
 	switch {
 	case e.strategy == paging.StrategyCPU:
 		ho.Mode = paging.HybridAllCPU
@@ -81,9 +91,14 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	}
 	e.hybrid = &Hybrid{Plan: hp, Rates: *rates, CPU: cpu.Name(), Threads: cpuThreads(cpu)}
 	e.kvRates = rates
-	hostCache, err := e.placeKV(gpu, hp.GPU)
-	if err != nil {
+	if _, err := e.placeKV(gpu, hp.GPU); err != nil {
 		return err
+	}
+	if e.kv != nil && kv == paging.KVAuto && hostLimit > 0 {
+		if kvAll+hp.HostLayerBytes > hostLimit {
+			return kvOverLimit(kvAll+hp.HostLayerBytes, hostLimit)
+		}
+		hostLimit -= kvAll
 	}
 
 	bud, err := paging.NewBudget(gpu, limit, gpu.Name())
@@ -94,7 +109,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	if o.Record {
 		bud.RecordHistory(1 << 20)
 	}
-	pager, err := paging.NewPager(nn.Source(e.lm), bud, hp.GPU, paging.Options{HostCacheBytes: hostCache, HostLayers: hp.CPULayers})
+	pager, err := paging.NewPager(nn.Source(e.lm), bud, hp.GPU, paging.Options{HostCacheBytes: hostLimit, HostLayers: hp.CPULayers})
 	if err != nil {
 		return err
 	}

@@ -127,8 +127,7 @@ func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult) (int64, er
 		return limit, nil
 	}
 	if limit != 0 && plan.KVHostBytes > max(limit, 0) {
-		return 0, fmt.Errorf("engine: the KV cache of %d blocks in host memory takes %s (%d bytes), over the host memory limit of %s (-host-memory-limit)",
-			len(plan.KVHostBlocks), paging.FormatSize(plan.KVHostBytes), plan.KVHostBytes, paging.FormatSize(max(limit, 0)))
+		return 0, kvOverLimit(plan.KVHostBytes, limit)
 	}
 	if limit > 0 {
 		limit -= plan.KVHostBytes
@@ -151,6 +150,13 @@ func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult) (int64, er
 		e.kv.DeviceMaxPos = min(paging.KVUploadMaxPos(*e.kvRates, row), plan.ContextLen)
 	}
 	return limit, nil
+}
+
+// kvOverLimit is the error of a KV cache in host memory that, with what
+// else the host holds, takes need bytes, over the host memory limit.
+func kvOverLimit(need, limit int64) error {
+	return fmt.Errorf("engine: the KV cache in host memory needs %s (%d bytes) of host memory, over the host memory limit of %s (-host-memory-limit)",
+		paging.FormatSize(need), need, paging.FormatSize(max(limit, 0)))
 }
 
 // KV reports where the KV cache is and the work of its host part so far:

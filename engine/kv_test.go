@@ -106,7 +106,9 @@ func TestKVCacheInHostMemory(t *testing.T) {
 	}
 }
 
-// TestKVCacheRefusals: a host KV cache larger than the host memory limit,
+// TestKVCacheRefusals: a host KV cache larger than the host memory limit
+// (with the hybrid strategy, every block's cache and nothing left for the
+// CPU's layers),
 // host KV on a device that has no memory of its own, on several devices,
 // and an unknown placement are refused with
 // one line naming the problem.
@@ -123,6 +125,8 @@ func TestKVCacheRefusals(t *testing.T) {
 		{"no host memory at all", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} },
 			Memory{KVCache: paging.KVHost, HostCache: -1, Budgets: []int64{8 << 20}}, "over the host memory limit"},
 		{"the CPU", func() []tensor.Backend { return cpus(1) }, Memory{KVCache: paging.KVHost}, "no memory of its own"},
+		{"hybrid: the whole cache over the limit", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} },
+			Memory{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, HostCache: 256 << 10, Budgets: []int64{8 << 20}}, "over the host memory limit of 256.00 KiB"},
 		{"two devices", func() []tensor.Backend { return []tensor.Backend{newFakeGPU(), newFakeGPU()} }, Memory{KVCache: paging.KVAuto}, "one device (2 given)"},
 		{"unknown", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} }, Memory{KVCache: "disk"}, "unknown KV cache placement"},
 	} {
