@@ -89,6 +89,19 @@ type AsyncUploader interface {
 // AsyncUpload returns m's asynchronous copy engine, if it has one.
 func AsyncUpload(m Memory) (AsyncUploader, bool) { return capability[AsyncUploader](m) }
 
+// ComputeDownloader is a backend whose Download waits for its
+// asynchronous copies as well as its compute, and that can also download
+// a tensor after the compute queued before it alone: the copies in flight
+// (a pager's prefetches) keep running. Only for a tensor that no copy in
+// flight writes.
+type ComputeDownloader interface {
+	DownloadCompute(dst []byte, src *Tensor) error
+}
+
+// ComputeDownload returns m's download that waits for compute alone, if
+// it has one.
+func ComputeDownload(m Memory) (ComputeDownloader, bool) { return capability[ComputeDownloader](m) }
+
 // ManagedAllocator is a backend with unified (managed) memory: tensors
 // addressable from host and device whose pages the driver migrates on
 // demand or when prefetched. Prefetches are ordered with the backend's
