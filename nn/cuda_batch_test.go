@@ -12,9 +12,10 @@ import (
 // TestCUDABatch runs the batch test's mix of sequences (random prompt
 // lengths, joins at random steps, prompts cut into chunks that share
 // steps with decode rows) on the GPU, on every fixture: each sequence's
-// logits within 2e-3 of the same sequence alone in a batch on the GPU
+// logits within 1e-2 of the same sequence alone in a batch on the GPU
 // (the GPU's products of several rows round as they like, so not bit for
-// bit), within 2e-2 of the CPU batch's, and its greedy ids those of the
+// bit: cuBLAS's path casts the rows to F16 where the one-row GEMV keeps
+// them F32, a few 1e-3 on the F16 fixture on the H200), within 2e-2 of the CPU batch's, and its greedy ids those of the
 // CPU batch where the CPU's margin between the two best exceeds 5e-2. It
 // logs the differences it measures. Skips without a CUDA device.
 func TestCUDABatch(t *testing.T) {
@@ -67,7 +68,7 @@ func TestCUDABatch(t *testing.T) {
 				for j := range s.logits {
 					da, dc := maxAbsDiff(s.logits[j], alone.logits[j]), maxAbsDiff(s.logits[j], cpu[i].logits[j])
 					worstAlone, worstCPU = max(worstAlone, da), max(worstCPU, dc)
-					if da > 2e-3 || dc > 2e-2 {
+					if da > 1e-2 || dc > 2e-2 {
 						t.Errorf("sequence %d token %d: logits %g from alone on the GPU, %g from the CPU batch", i, j, da, dc)
 					}
 					if g, c := Argmax(s.logits[j]), Argmax(cpu[i].logits[j]); g != c && margin(cpu[i].logits[j]) > 5e-2 {
