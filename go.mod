@@ -3,6 +3,7 @@ module github.com/strata-llm/strata
 go 1.26.0
 
 require (
+	github.com/ardanlabs/jinja v1.8.0
 	github.com/dlclark/regexp2/v2 v2.13.0
 	github.com/x448/float16 v0.8.4
 	go.yaml.in/yaml/v3 v3.0.6
