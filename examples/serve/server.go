@@ -509,8 +509,12 @@ func (s *server) serve(ctx context.Context, ln net.Listener, drain time.Duration
 	fmt.Fprintf(log, "serve: %v: draining %d running and %d queued requests (at most %v)\n", context.Cause(ctx), st.Running, st.Queued, drain)
 	dctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
+	// The handlers get a little longer than the batcher, to write the
+	// answers of the requests it ended.
+	sctx, cancelShutdown := context.WithTimeout(context.Background(), drain+2*time.Second)
+	defer cancelShutdown()
 	shut := make(chan error, 1)
-	go func() { shut <- hs.Shutdown(dctx) }()
+	go func() { shut <- hs.Shutdown(sctx) }()
 	berr := s.b.Close(dctx)
 	if err := <-shut; err != nil {
 		hs.Close()
