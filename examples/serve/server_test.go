@@ -35,20 +35,27 @@ type testServer struct {
 	url string
 }
 
-func newTestServer(t *testing.T, o engine.BatchOptions, noChat bool) *testServer {
+// testOptions adjust a test server.
+type testOptions struct {
+	batch  engine.BatchOptions
+	mem    engine.Memory
+	noChat bool
+}
+
+func newTestServer(t *testing.T, o testOptions) *testServer {
 	t.Helper()
 	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaBF16))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lm.Close() })
-	tok := fixtureTokenizer(t, !noChat)
-	eng, err := engine.Open(t.Context(), lm, engine.Options{Devices: []string{"cpu"}, Threads: 1})
+	tok := fixtureTokenizer(t, !o.noChat)
+	eng, err := engine.Open(t.Context(), lm, engine.Options{Devices: []string{"cpu"}, Threads: 1, Memory: o.mem})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	b, err := eng.NewBatcher(o)
+	b, err := eng.NewBatcher(o.batch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +243,7 @@ func decode(t *testing.T, b []byte) completion {
 // TestEndpoints: each endpoint's answer, and each bad request's status
 // and OpenAI error, with the parameter at fault.
 func TestEndpoints(t *testing.T) {
-	ts := newTestServer(t, engine.BatchOptions{}, false)
+	ts := newTestServer(t, testOptions{})
 	prompt := "Hello, world!"
 	ids := encode(t, ts.tok, prompt, true)
 	want8 := text(t, ts.tok, greedy(t, ts.eng, ids, 8))
@@ -389,7 +396,7 @@ func TestEndpoints(t *testing.T) {
 // TestNoChatTemplate: a model without a chat template answers a chat
 // request 400, saying so; its completions still run.
 func TestNoChatTemplate(t *testing.T) {
-	ts := newTestServer(t, engine.BatchOptions{}, true)
+	ts := newTestServer(t, testOptions{noChat: true})
 	status, _, body := post(t, t.Context(), ts.url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}]}`)
 	if c := decode(t, body); status != 400 || c.Error == nil || !strings.Contains(c.Error.Message, "has no chat template") {
 		t.Errorf("status %d: %s", status, body)
@@ -431,7 +438,7 @@ func events(t *testing.T, r io.Reader) []string {
 // of JSON, then the finish reason, the usage when asked for, and
 // "data: [DONE]"; the text is that of the same request unstreamed.
 func TestStream(t *testing.T) {
-	ts := newTestServer(t, engine.BatchOptions{}, false)
+	ts := newTestServer(t, testOptions{})
 	for _, tc := range []struct {
 		name, path, body string
 		chat             bool
