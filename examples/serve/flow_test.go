@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -18,8 +19,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // waitFor polls cond for up to 10 s.
@@ -430,21 +435,46 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// startRun runs the command with args on a free port of the loopback and
+// returns its address and a stop that ends its context (as cli.Main does
+// on the first SIGINT or SIGTERM) and returns run's error and stderr.
+func startRun(t *testing.T, args ...string) (addr string, stop func() (error, string)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	var stderr syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"-addr", "127.0.0.1:0", "-device", "cpu", "-threads", "1"}, args...), io.Discard, &stderr)
+	}()
+	re := regexp.MustCompile(`http://(\S+) `)
+	var m []string
+	waitFor(t, "serve to listen", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("run: %v", err)
+		default:
+		}
+		m = re.FindStringSubmatch(stderr.String())
+		return m != nil
+	})
+	return m[1], func() (error, string) {
+		cancel()
+		select {
+		case err := <-done:
+			return err, stderr.String()
+		case <-time.After(30 * time.Second):
+			t.Fatal("run did not return after its context ended")
+			return nil, ""
+		}
+	}
+}
+
 // TestRun: the command serves the embedded model until its context ends
 // (cli.Main cancels it on the first SIGINT or SIGTERM), then drains and
 // returns without error.
 func TestRun(t *testing.T) {
-	ctx, stop := context.WithCancel(t.Context())
-	defer stop()
-	var stderr syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-device", "cpu", "-threads", "1"}, io.Discard, &stderr)
-	}()
-	addr := regexp.MustCompile(`http://(\S+) `)
-	var m []string
-	waitFor(t, "serve to listen", func() bool { m = addr.FindStringSubmatch(stderr.String()); return m != nil })
-	resp, err := http.Post("http://"+m[1]+"/v1/completions", "application/json", strings.NewReader(`{"model":"tiny-llama-bf16","prompt":"Hi","max_tokens":3}`))
+	addr, stop := startRun(t)
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"tiny-llama-bf16","prompt":"Hi","max_tokens":3}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,17 +482,50 @@ func TestRun(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("status %d", resp.StatusCode)
 	}
-	stop()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not return after its context ended")
+	if err, stderr := stop(); err != nil || !strings.Contains(stderr, "serve: drained") {
+		t.Errorf("run: %v, stderr %q", err, stderr)
 	}
-	if !strings.Contains(stderr.String(), "serve: drained") {
-		t.Errorf("stderr %q", stderr.String())
+}
+
+// TestGGUF: a GGUF file's tokenizer.chat_template is the chat endpoint's
+// template, and the file's base name the model's id.
+func TestGGUF(t *testing.T) {
+	src, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaBF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	types, _, err := loader.GGUFTensorTypes(src.Config, quant.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := fixtureTokenizer(t, true)
+	v, err := tok.GGUFVocab(src.Config.VocabSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.ChatTemplate == "" {
+		t.Fatal("the vocabulary has no chat template")
+	}
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	err = loader.WriteGGUFModel(t.Context(), path, loader.GGUFModel{Config: src.Config, Vocab: v, Types: types, FileType: loader.GGUFFileType(quant.F32),
+		Rows: func(spec arch.Spec, r0, r1 int, dst []float32) error {
+			ti, _ := src.Tensor(spec.Name)
+			return src.ReadRows(t.Context(), ti, r0, r1, dst)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, stop := startRun(t, "-model", path)
+	defer stop()
+	status, _, body := post(t, t.Context(), "http://"+addr+"/v1/chat/completions",
+		`{"model":"tiny","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_tokens":4}`)
+	if c := decode(t, body); status != 200 || c.Model != "tiny" || c.Choices[0].Message == nil || c.Usage.CompletionTokens == 0 {
+		t.Errorf("status %d: %s", status, body)
+	}
+	status, _, body = post(t, t.Context(), "http://"+addr+"/v1/chat/completions", `{"messages":[{"role":"assistant","content":"a"}]}`)
+	if status != 400 || !strings.Contains(string(body), "must alternate") {
+		t.Errorf("the template's exception: status %d: %s", status, body)
 	}
 }
 
