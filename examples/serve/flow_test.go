@@ -183,32 +183,56 @@ func (w *gateWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// TestCancelMidStream: a client that goes away after the first chunk
-// ends its request within a few steps (not at max_tokens), gets no
-// [DONE], and the KV cache it held is given back.
+// TestCancelMidStream: a client that goes away after its first chunk
+// ends its request at the batcher's next steps (not at max_tokens), gets
+// no [DONE], and the KV cache it held is given back. A request the test
+// reads at its own pace runs beside it, so that the batcher (which waits
+// for each reader) cannot run ahead of the test.
 func TestCancelMidStream(t *testing.T) {
-	ts := newTestServer(t, testOptions{noChat: true})
+	ts := newTestServer(t, testOptions{batch: engine.BatchOptions{MaxSequences: 2}, noChat: true})
 	used := ts.eng.Devices()[0].UsedBytes
+	pctx, release := context.WithCancel(t.Context())
+	defer release()
+	pacer, err := ts.b.Submit(pctx, engine.Request{Prompt: []int32{1, 5}, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pause := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-pause:
+				return
+			case _, ok := <-pacer:
+				if !ok {
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
 	ctx, cancel := context.WithCancel(t.Context())
 	req := httptest.NewRequestWithContext(ctx, "POST", "/v1/completions",
 		strings.NewReader(`{"prompt":"Hi","max_tokens":240,"temperature":0,"stream":true}`))
 	w := &gateWriter{h: http.Header{}, first: make(chan struct{}), release: make(chan struct{})}
+	close(w.release)
 	done := make(chan struct{})
 	go func() {
 		ts.s.handler().ServeHTTP(w, req)
 		close(done)
 	}()
 	<-w.first
+	close(pause) // the batcher stops within the pacer's buffer of steps
 	cancel()
-	close(w.release)
+	release()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler did not return after the client went away")
 	}
 	waitFor(t, "the batcher to be idle", idle(ts.b))
-	if st := ts.b.Stats(); st.GenTokens >= 100 {
-		t.Errorf("%d tokens generated for a client that left after the first", st.GenTokens)
+	if st := ts.b.Stats(); st.GenTokens >= 240 {
+		t.Errorf("%d tokens generated: the request ran to max_tokens after its client left", st.GenTokens)
 	}
 	if strings.Contains(w.buf.String(), "[DONE]") {
 		t.Errorf("a client that left was answered [DONE]: %s", w.buf.String())
@@ -217,6 +241,55 @@ func TestCancelMidStream(t *testing.T) {
 		t.Errorf("%d bytes in use after the request, %d before", now, used)
 	}
 }
+
+// TestSlowClient: a streamed request whose client does not read holds up
+// neither the batcher nor the other requests; past the server's limit of
+// unread text it ends.
+func TestSlowClient(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pending int
+	}{
+		{"within the limit", defaultMaxPending},
+		{"past the limit", 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := newTestServer(t, testOptions{noChat: true})
+			ts.s.maxPending = tc.pending
+			prompt := encode(t, ts.tok, "Hello, world!", true)
+			if n := len(greedy(t, ts.eng, prompt, 100)); n != 100 {
+				t.Fatalf("the prompt's greedy generation ends after %d tokens", n)
+			}
+			req := httptest.NewRequestWithContext(t.Context(), "POST", "/v1/completions",
+				strings.NewReader(`{"prompt":"Hello, world!","max_tokens":100,"temperature":0,"stream":true}`))
+			w := &gateWriter{h: http.Header{}, first: make(chan struct{}), release: make(chan struct{})}
+			done := make(chan struct{})
+			go func() {
+				ts.s.handler().ServeHTTP(w, req)
+				close(done)
+			}()
+			<-w.first // the client takes no more until released
+			pctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			status, _, body := post(t, pctx, ts.url+"/v1/completions", `{"prompt":"Hi","max_tokens":30}`)
+			if status != 200 {
+				t.Errorf("another request: status %d: %s", status, body)
+			}
+			waitFor(t, "the batcher to be idle", idle(ts.b))
+			gen := ts.b.Stats().GenTokens - int64(decode(t, body).Usage.CompletionTokens)
+			close(w.release)
+			<-done
+			switch {
+			case tc.pending == defaultMaxPending && (gen != 100 || !strings.HasSuffix(w.buf.String(), "data: [DONE]\n\n")):
+				t.Errorf("%d tokens generated, the stream ends %q: want 100 and [DONE]", gen, tail(w.buf.String()))
+			case tc.pending < defaultMaxPending && (gen >= 100 || strings.Contains(w.buf.String(), "[DONE]")):
+				t.Errorf("%d tokens generated, the stream ends %q: want the request ended early", gen, tail(w.buf.String()))
+			}
+		})
+	}
+}
+
+func tail(s string) string { return s[max(0, len(s)-60):] }
 
 // TestDrain: when serve's context ends (SIGTERM), it stops accepting
 // connections and lets the requests under way finish; with a deadline too

@@ -32,13 +32,19 @@ type server struct {
 	// defaultMaxTokens is a completion's max_tokens when none is given
 	// (OpenAI's 16); a chat's runs to the context's end.
 	defaultMaxTokens int
-	draining         atomic.Bool
+	// maxPending is the text a streamed request's client may leave
+	// unread before the request ends (defaultMaxPending).
+	maxPending int
+	draining   atomic.Bool
 }
+
+// defaultMaxPending is a server's maxPending.
+const defaultMaxPending = 1 << 20
 
 // newServer makes a server; tok is required, and the chat template is
 // the tokenizer's (a model without one refuses chat requests).
 func newServer(eng *engine.Engine, b *engine.Batcher, tok *tokenizer.Tokenizer, name string) *server {
-	s := &server{eng: eng, b: b, tok: tok, name: name, created: time.Now().Unix(), m: newMetrics(eng, b), defaultMaxTokens: 16}
+	s := &server{eng: eng, b: b, tok: tok, name: name, created: time.Now().Unix(), m: newMetrics(eng, b), defaultMaxTokens: 16, maxPending: defaultMaxPending}
 	s.tmpl, s.tmplErr = chat.FromTokenizer(tok)
 	return s
 }
@@ -301,18 +307,22 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, req *apiReques
 	if isChat {
 		out.id, out.object = newID("chatcmpl-"), "chat.completion"
 	}
-	var emit func(string) error
+	emit := func(t string) error { out.text = append(out.text, t...); return nil }
+	var p *pipe
 	if req.Stream {
 		out.sse = &sse{w: w, rc: http.NewResponseController(w)}
-		emit = out.chunk
-	} else {
-		emit = func(t string) error { out.text = append(out.text, t...); return nil }
+		p = newPipe(out.chunk, s.maxPending, func() { out.sse.rc.SetWriteDeadline(time.Now()) })
+		emit = p.emit
 	}
 	finish, n, err := s.run(r.Context(), engine.Request{Prompt: ids, MaxTokens: maxTokens, Sampler: sampler}, stops, emit)
+	var perr error
+	if p != nil {
+		perr = p.close()
+	}
 	usage := &apiUsage{PromptTokens: len(ids), CompletionTokens: n, TotalTokens: len(ids) + n}
 	switch {
-	case err != nil && r.Context().Err() != nil:
-		// The client went away: nobody to answer.
+	case err != nil && r.Context().Err() != nil, perr != nil:
+		// The client went away, or does not read: nobody to answer.
 	case err != nil && (out.sse == nil || !out.sse.started):
 		writeAPIError(w, engineError(err))
 	case err != nil:
