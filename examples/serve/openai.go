@@ -35,6 +35,9 @@ type apiRequest struct {
 	BestOf              *int            `json:"best_of"`
 	Echo                bool            `json:"echo"`
 	Logprobs            json.RawMessage `json:"logprobs"`
+	PresencePenalty     *float64        `json:"presence_penalty"`
+	FrequencyPenalty    *float64        `json:"frequency_penalty"`
+	LogitBias           map[string]any  `json:"logit_bias"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -184,9 +187,16 @@ func (r *apiRequest) stops() ([]string, *apiError) {
 }
 
 // check refuses what serve does not do: more than one choice, echo,
-// log probabilities.
+// log probabilities, penalties, logit biases (their neutral values pass,
+// as clients send them).
 func (r *apiRequest) check() *apiError {
 	switch {
+	case r.PresencePenalty != nil && *r.PresencePenalty != 0:
+		return badRequest("presence_penalty", "presence_penalty is not supported (0 only)")
+	case r.FrequencyPenalty != nil && *r.FrequencyPenalty != 0:
+		return badRequest("frequency_penalty", "frequency_penalty is not supported (0 only)")
+	case len(r.LogitBias) > 0:
+		return badRequest("logit_bias", "logit_bias is not supported")
 	case r.N != nil && *r.N != 1:
 		return badRequest("n", "n %d: only one choice per request (n 1)", *r.N)
 	case r.BestOf != nil && *r.BestOf != 1:
