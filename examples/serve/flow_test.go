@@ -129,7 +129,7 @@ func TestBusyAndDraining(t *testing.T) {
 	defer cancel()
 	// A request nobody reads holds the only sequence; a second fills the
 	// queue.
-	if _, err := ts.b.Submit(ctx, engine.Request{Prompt: []int32{1, 5}}); err != nil {
+	if _, err := ts.b.Submit(ctx, engine.Request{Prompt: []int32{1, 5}, IgnoreEOS: true}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the first request to run", func() bool { return ts.b.Stats().Running == 1 })
