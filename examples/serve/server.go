@@ -56,7 +56,7 @@ func (s *server) handler() http.Handler {
 	mux.Handle("/v1/completions", s.endpoint("/v1/completions", http.MethodPost, s.completions))
 	mux.Handle("/v1/chat/completions", s.endpoint("/v1/chat/completions", http.MethodPost, s.chatCompletions))
 	mux.Handle("/v1/models", s.endpoint("/v1/models", http.MethodGet, s.models))
-	mux.Handle("/v1/models/{id}", s.endpoint("/v1/models/{id}", http.MethodGet, s.model))
+	mux.Handle("/v1/models/{id...}", s.endpoint("/v1/models/{id}", http.MethodGet, s.model))
 	mux.Handle("/health", s.endpoint("/health", http.MethodGet, s.health))
 	mux.Handle("/metrics", s.endpoint("/metrics", http.MethodGet, s.m.handler().ServeHTTP))
 	mux.Handle("/", s.endpoint("other", "", func(w http.ResponseWriter, r *http.Request) {

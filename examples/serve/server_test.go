@@ -512,3 +512,22 @@ func TestStream(t *testing.T) {
 		})
 	}
 }
+
+// TestModelNameWithSlash: a model's id may hold slashes, as Hugging
+// Face's names do ("org/name").
+func TestModelNameWithSlash(t *testing.T) {
+	ts := newTestServer(t, testOptions{noChat: true})
+	ts.s.name = "org/tiny" // before any request
+	resp, err := http.Get(ts.url + "/v1/models/org/tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"id":"org/tiny"`) {
+		t.Errorf("status %d: %s", resp.StatusCode, body)
+	}
+	if status, _, body := post(t, t.Context(), ts.url+"/v1/completions", `{"model":"org/tiny","prompt":"a","max_tokens":1}`); status != 200 {
+		t.Errorf("status %d: %s", status, body)
+	}
+}
