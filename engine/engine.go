@@ -118,6 +118,9 @@ type Device struct {
 	BudgetBytes     int64 `json:"budget_bytes"`
 	DefaultBudget   bool  `json:"default_budget,omitempty"`
 	PeakDeviceBytes int64 `json:"peak_device_bytes"`
+	// UsedBytes is what the budget holds charged when Devices is called:
+	// the weights in place, the sessions' KV caches and buffers.
+	UsedBytes int64 `json:"used_bytes"`
 }
 
 // Engine is a model assembled on its devices under its budgets. It is safe
@@ -476,11 +479,13 @@ func (e *Engine) Strategy() paging.Strategy { return e.strategy }
 // Mode is the memory mode in force.
 func (e *Engine) Mode() paging.MemoryMode { return e.mode }
 
-// Devices describes each device's part: its layers, plan, budget and peak.
+// Devices describes each device's part: its layers, plan, budget, peak
+// and the bytes it holds now.
 func (e *Engine) Devices() []Device {
 	out := slices.Clone(e.devices)
 	for d := range out {
 		out[d].PeakDeviceBytes = e.budgets[d].Peak()
+		out[d].UsedBytes = e.budgets[d].Used()
 	}
 	return out
 }

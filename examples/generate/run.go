@@ -261,11 +261,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if !o.set["threads"] && o.mem.Threads > 0 {
 		o.threads = o.mem.Threads // the -config file's cpu_threads
 	}
-	if (mem.Strategy == paging.StrategyHybrid || mem.Strategy == paging.StrategyCPU) && strings.HasPrefix(specs[0], "cpu") {
-		return cli.Usagef("-offload %s computes beside a GPU: give -device cuda (running on cpu)", mem.Strategy)
-	}
-	if mem.Mode != "" && mem.Mode != paging.ModeExplicit && strings.HasPrefix(specs[0], "cpu") {
-		return cli.Usagef("-memory-mode %s needs a device with unified memory, such as -device cuda (running on cpu)", mem.Mode)
+	if err := cli.CheckPlacement(mem, specs); err != nil {
+		return err
 	}
 	if o.snapshot != "" && len(specs) > 1 {
 		return cli.Usagef("-memory-snapshot records one device; drop -devices or -memory-snapshot")

@@ -196,3 +196,17 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 	}
 	return mem, nil
 }
+
+// CheckPlacement refuses, as usage errors, memory settings the devices of
+// specs (from DeviceSpecs) cannot run: the hybrid and cpu strategies
+// compute beside a GPU, and the unified memory modes need one.
+func CheckPlacement(mem engine.Memory, specs []string) error {
+	onCPU := len(specs) > 0 && strings.HasPrefix(specs[0], "cpu")
+	if (mem.Strategy == paging.StrategyHybrid || mem.Strategy == paging.StrategyCPU) && onCPU {
+		return Usagef("-offload %s computes beside a GPU: give -device cuda (running on cpu)", mem.Strategy)
+	}
+	if mem.Mode != "" && mem.Mode != paging.ModeExplicit && onCPU {
+		return Usagef("-memory-mode %s needs a device with unified memory, such as -device cuda (running on cpu)", mem.Mode)
+	}
+	return nil
+}
