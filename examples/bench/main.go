@@ -409,8 +409,9 @@ type Result struct {
 // device and in host memory), the context the timed steps attended over,
 // the KV bytes a step read on each side, the CPU's attention time per
 // step, and the decode bound with those reads counted: per token the
-// streamed weights over the H2D rate plus the host KV bytes over the CPU
-// rate (the engine's measured rates; 0 without them).
+// slowest of the streamed weights over the H2D rate and the host KV bytes
+// over the CPU rate, which overlap (the engine's measured rates; 0
+// without them).
 type KVResult struct {
 	*engine.KVReport
 	PromptTokens            int     `json:"prompt_tokens"`
@@ -459,7 +460,15 @@ func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options
 		if link == 0 {
 			r.DecodeBoundNoKVReadTokS = 0
 		}
-		if t := link + r.HostKVReadPerToken/rt.CPU + dev; t > 0 {
+		// The CPU attends over the host KV while the copy engine streams
+		// the next layers and the GPU reads its own KV: the three overlap,
+		// so the bound is the slowest of them (the CPU at its rate beside
+		// copies when there are any).
+		cpu := rt.CPU
+		if link > 0 {
+			cpu = cmp.Or(rt.CPUShared, rt.CPU)
+		}
+		if t := max(link, r.HostKVReadPerToken/cpu, dev); t > 0 {
 			r.DecodeBoundTokS = 1 / t
 		}
 	}
