@@ -26,6 +26,7 @@ var (
 	_ tensor.MemoryInfo       = (*Backend)(nil)
 	_ tensor.ManagedAllocator = (*Backend)(nil)
 	_ tensor.CachingAllocator = (*Backend)(nil)
+	_ tensor.LaunchCounter    = (*Backend)(nil)
 )
 
 // Backend runs strata's tensor operations on one CUDA device. Its methods
@@ -69,6 +70,9 @@ type Backend struct {
 	workspace     uintptr
 	workspaceSize int64
 	scr           scratchArena
+
+	// counts are the launches issued so far (Launches).
+	counts struct{ kernels, copies, library, graphs atomic.Int64 }
 
 	// gemvMaxRows is the largest M that MatMul sends to the GEMV kernels
 	// rather than to cuBLAS: on an H200 with 4096x4096 F16 weights the
@@ -320,6 +324,14 @@ func (b *Backend) Stats() Stats {
 	return s
 }
 
+// Launches counts the kernel launches, copies, cuBLAS calls and graph
+// replays the backend has issued since Open (tensor.LaunchCounter). A
+// graph's replay counts once; the launches captured into it counted when
+// it was captured.
+func (b *Backend) Launches() tensor.Launches {
+	return tensor.Launches{Kernels: b.counts.kernels.Load(), Copies: b.counts.copies.Load(), Library: b.counts.library.Load(), Graphs: b.counts.graphs.Load()}
+}
+
 // Trim returns the cached device blocks to the driver and reports how many
 // bytes it released.
 func (b *Backend) Trim() (int64, error) {
@@ -435,6 +447,7 @@ func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 		return nil
 	}
 	return b.ops(op, func() error {
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -467,6 +480,7 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 		err := b.compute.Wait(b.copyTail, 0)
 		b.copyMu.Unlock()
 		if err == nil {
+			b.counts.copies.Add(1)
 			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
 		}
 		if err == nil {
@@ -734,6 +748,7 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 		timed = tStart.Record(b.copy) == nil
 	}
 	if err == nil {
+		b.counts.copies.Add(1)
 		err = cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.copy)
 	}
 	if err == nil && timed {

@@ -138,6 +138,7 @@ func (b *Backend) runShared(name string, grid, block [3]uint32, shmem int, a *ar
 			return fmt.Errorf("%s: %s: allowing %d bytes of shared memory: %w", b.name, name, shmem, err)
 		}
 	}
+	b.counts.kernels.Add(1)
 	if err := launch(f, grid, block, uint32(shmem), b.compute, a); err != nil {
 		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
 	}
@@ -155,6 +156,7 @@ func (b *Backend) run1D(name string, n int64, a *args) error {
 
 // memsetAsync zeroes n bytes at p on the compute stream.
 func (b *Backend) memsetAsync(p uintptr, n int64) error {
+	b.counts.copies.Add(1)
 	if err := cu.MemsetD8Async(cu.DevicePtr(p), 0, n, b.compute); err != nil {
 		return fmt.Errorf("%s: memset: %w", b.name, cuError(err))
 	}

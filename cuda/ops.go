@@ -178,6 +178,7 @@ var errBLASUnsupported = errors.New("cuBLAS does not support this product on thi
 
 func (b *Backend) gemmBLAS(out, x, w *tensor.Tensor, m, n, k int) error {
 	blas := func(op, xp uintptr, xt, wt int, rows int, accumulate bool) error {
+		b.counts.library.Add(1)
 		if err := cublasMatMul(b.blas, op, xp, xt, w.Ptr(), wt, rows, n, k, accumulate); err != nil {
 			if isBLASNotSupported(err) {
 				return errBLASUnsupported
@@ -330,6 +331,7 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 		}
 		defer release() // stream order keeps the ids for the kernel
 		// From pageable memory the driver stages ids before returning.
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(idp), unsafe.Pointer(&ids[0]), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s ids: %w", b.name, op, cuError(err))
 		}
@@ -365,6 +367,7 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 		if d0 < s0+uintptr(bytes) && s0 < d0+uintptr(bytes) {
 			return b.copyOverlapping(op, d0, s0, bytes, rb)
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0), cu.DevicePtr(s0), bytes, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -387,9 +390,11 @@ func (b *Backend) copyOverlapping(op string, d0, s0 uintptr, bytes, rb int64) er
 	}
 	defer release()
 	copyPiece := func(off, n int64) error {
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(tmp), cu.DevicePtr(s0+uintptr(off)), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0+uintptr(off)), cu.DevicePtr(tmp), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -482,6 +487,7 @@ func (b *Backend) Argmax(x *tensor.Tensor) ([]int32, error) {
 		if err := b.run("argmax_f32", [3]uint32{uint32(rows), 1, 1}, [3]uint32{1024, 1, 1}, new(args).ptr(p).ptr(x.Ptr()).i32(n)); err != nil {
 			return err
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cu.DevicePtr(p), bytes, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -525,6 +531,7 @@ func (b *Backend) Cast(dst, src *tensor.Tensor) error {
 	}
 	return b.ops(op, func() error {
 		if kernel == "" {
+			b.counts.copies.Add(1)
 			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(dst.Ptr()), cu.DevicePtr(src.Ptr()), src.NumBytes(), b.compute); err != nil {
 				return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 			}
