@@ -74,6 +74,16 @@ type Backend struct {
 	// counts are the launches issued so far (Launches).
 	counts struct{ kernels, copies, library, graphs atomic.Int64 }
 
+	// Graph capture (graph.go): captureTid is the OS thread of the
+	// goroutine inside Capture's f (0 when none), whose operations run
+	// without opsMu, which Capture holds; gate keeps uploads and
+	// prefetches, which touch the compute stream without opsMu, out of a
+	// capture; graphs are the live graphs, destroyed by Close.
+	captureTid atomic.Int64
+	gate       sync.RWMutex
+	graphsMu   sync.Mutex
+	graphs     map[*graph]struct{}
+
 	// gemvMaxRows is the largest M that MatMul sends to the GEMV kernels
 	// rather than to cuBLAS: on an H200 with 4096x4096 F16 weights the
 	// kernels take 13.3 and 14.4 us for M = 1 and 2, cuBLAS (with the cast
@@ -186,7 +196,7 @@ func Open(device int) (*Backend, error) {
 	}
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
-		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2,
+		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()
@@ -724,10 +734,15 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 	if len(src) == 0 {
 		return func() error { return nil }, nil
 	}
+	if b.capturing() {
+		return nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
 	if err := b.enter(op); err != nil {
 		return nil, err
 	}
 	defer b.leave()
+	b.gate.RLock() // not into a capture on the compute stream
+	defer b.gate.RUnlock()
 	before, err := b.getEvent()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
@@ -770,6 +785,10 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 	var rerr error
 	ready = func() error {
 		once.Do(func() {
+			if b.capturing() {
+				rerr = fmt.Errorf("%s: UploadAsync ready: %w", b.name, errCapturing)
+				return
+			}
 			if rerr = b.enter("UploadAsync ready"); rerr != nil {
 				return
 			}
@@ -859,10 +878,15 @@ func (b *Backend) prefetch(op string, t *tensor.Tensor, toDevice bool) error {
 	if err := b.managed(op, t); err != nil || t.NumBytes() == 0 {
 		return err
 	}
+	if b.capturing() {
+		return fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
 	if err := b.enter(op); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // not into a capture on the compute stream
+	defer b.gate.RUnlock()
 	ev, err := b.getEvent()
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", b.name, op, err)
@@ -987,6 +1011,7 @@ func (b *Backend) release() error {
 	if b.evict != (cu.Stream{}) {
 		keep(cuError(b.evict.Synchronize()))
 	}
+	keep(b.releaseGraphs())
 	if b.blas != nil {
 		cublasDestroy(b.blas)
 		b.blas = nil

@@ -63,6 +63,9 @@ func (b *Backend) ops(op string, f func() error) error {
 		return err
 	}
 	defer b.leave()
+	if b.capturing() { // Capture holds opsMu for this goroutine
+		return f()
+	}
 	b.opsMu.Lock()
 	defer b.opsMu.Unlock()
 	return f()
@@ -264,7 +267,7 @@ func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
 func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	const op = "Rope"
 	cos, sin, heads, headDim, pos0 := r.Cos, r.Sin, r.Heads, r.HeadDim, r.Pos0
-	if err := b.devices(op, []string{"x", "cos", "sin"}, x, cos, sin); err != nil {
+	if err := b.devices(op, []string{"x", "cos", "sin", "PosAt"}, x, cos, sin, r.PosAt); err != nil {
 		return err
 	}
 	half, t := headDim/2, x.Shape()[0]
@@ -273,6 +276,9 @@ func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(x.Ptr()).ptr(cos.Ptr()).ptr(sin.Ptr()).i32(t).i32(heads).i32(headDim).i32(pos0)
+		if r.PosAt != nil { // read when the kernel runs, clamped to [0, pos0]
+			return b.run1D("rope_f32_at", int64(t)*int64(heads)*int64(half), a.ptr(r.PosAt.Ptr()))
+		}
 		return b.run1D("rope_f32", int64(t)*int64(heads)*int64(half), a)
 	})
 }
@@ -435,7 +441,7 @@ func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 	if t > 65535 {
 		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}
-	if err := b.devices(op, []string{"out", "q", "k", "v"}, out, q, k, v); err != nil {
+	if err := b.devices(op, []string{"out", "q", "k", "v", "PosAt"}, out, q, k, v, at.PosAt); err != nil {
 		return err
 	}
 	if t == 0 {
@@ -443,6 +449,11 @@ func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
+		// Graph capture: the _at kernels read pos0 from at.PosAt when they
+		// run, clamped to [0, pos0] (tensor.Attn.PosAt).
+		if at.PosAt != nil {
+			return b.run("attention_"+suffix(k.DType())+"_at", [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a.ptr(at.PosAt.Ptr()))
+		}
 		return b.run("attention_"+suffix(k.DType()), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
 	})
 }

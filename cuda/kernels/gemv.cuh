@@ -113,6 +113,55 @@ __device__ void gemv_any(float* out, const float* __restrict__ x, const W* __res
 	}
 }
 
+// Gate and up products of a gated MLP in one pass (tensor.GateUpSiLU):
+// out[m,n] = silu(x[m,:] . wg[n,:]) * (x[m,:] . wu[n,:]). One warp per
+// row n reads row n of both matrices, U/2 loads of each in flight, and
+// accumulates each product in the order gemv_vec does, so the two dot
+// products are those of two gemv_vec launches.
+template <typename W, int M>
+__device__ void gemv_gate_up(float* out, const float* __restrict__ x, const W* __restrict__ wg, const W* __restrict__ wu, int N, int K) {
+	constexpr int E = 16 / sizeof(W);
+	constexpr int U = 4;
+	const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	const int lane = threadIdx.x & 31;
+	if (n >= N) return;
+	const uint4* gr = reinterpret_cast<const uint4*>(wg + (long long)n * K);
+	const uint4* ur = reinterpret_cast<const uint4*>(wu + (long long)n * K);
+	const int chunks = K / E;
+	float ag[M], au[M];
+#pragma unroll
+	for (int m = 0; m < M; m++) ag[m] = au[m] = 0.0f;
+	int c0 = lane;
+	for (; c0 + 32 * (U - 1) < chunks; c0 += 32 * U) {
+		uint4 gv[U], uv[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			gv[u] = load_stream(gr + c0 + 32 * u);
+			uv[u] = load_stream(ur + c0 + 32 * u);
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			gemv_chunk<W, M>(ag, gv[u], x, K, c0 + 32 * u);
+			gemv_chunk<W, M>(au, uv[u], x, K, c0 + 32 * u);
+		}
+	}
+	for (; c0 < chunks; c0 += 32) {
+		gemv_chunk<W, M>(ag, load_stream(gr + c0), x, K, c0);
+		gemv_chunk<W, M>(au, load_stream(ur + c0), x, K, c0);
+	}
+#pragma unroll
+	for (int m = 0; m < M; m++) {
+		const float g = warp_sum(ag[m]);
+		const float u = warp_sum(au[m]);
+		if (lane == 0) out[(long long)m * N + n] = g / (1.0f + expf(-g)) * u;
+	}
+}
+
+#define GEMV_GATE_UP(T, SUFFIX, M)                                                                                            \
+	extern "C" __global__ void gemv_gate_up_##SUFFIX##_m##M(float* out, const float* x, const T* wg, const T* wu, int N, int K) { \
+		gemv_gate_up<T, M>(out, x, wg, wu, N, K);                                                                     \
+	}
+
 #define GEMV_VEC(T, SUFFIX, M)                                                                                \
 	extern "C" __global__ void gemv_##SUFFIX##_m##M(float* out, const float* x, const T* w, int N, int K) { \
 		gemv_vec<T, M>(out, x, w, N, K);                                                                \
@@ -121,6 +170,8 @@ __device__ void gemv_any(float* out, const float* __restrict__ x, const W* __res
 	GEMV_VEC(T, SUFFIX, 1)                                                                                       \
 	GEMV_VEC(T, SUFFIX, 2)                                                                                       \
 	GEMV_VEC(T, SUFFIX, 4)                                                                                       \
+	GEMV_GATE_UP(T, SUFFIX, 1)                                                                                   \
+	GEMV_GATE_UP(T, SUFFIX, 2)                                                                                   \
 	extern "C" __global__ void gemv_##SUFFIX##_any(float* out, const float* x, const T* w, int M, int N, int K) { \
 		gemv_any<T>(out, x, w, M, N, K);                                                                     \
 	}
