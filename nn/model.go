@@ -30,6 +30,8 @@ type Model struct {
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.
 	lo, hi int
+	// noGraphs turns decode graphs off (SetGraphs; graph.go).
+	noGraphs atomic.Bool
 }
 
 func (m *Model) embeds() bool { return m.lo == 0 }
@@ -103,9 +105,11 @@ type Session struct {
 	// host tensors, and this session's k and v are one scratch pair that
 	// each block's rows are copied into and back from.
 	twin     *Session
-	guesses  *guesses  // the experts guessed ahead in decode steps, made on first use
-	host     []float32 // logits returned by Forward
-	download []byte    // one chunk's logits from the backend
+	guesses  *guesses       // the experts guessed ahead in decode steps, made on first use
+	graphs   *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
+	posAt    *tensor.Tensor // I32 [1]: the position decode graphs read
+	host     []float32      // logits returned by Forward
+	download []byte         // one chunk's logits from the backend
 	closed   bool
 }
 
@@ -227,6 +231,9 @@ func (m *Model) newSession(maxPos, chunk int, bufs *buffers) (*Session, error) {
 		s.k = append(s.k, al.alloc(paging.KVCache, maxPos, c.KVDim()))
 		s.v = append(s.v, al.alloc(paging.KVCache, maxPos, c.KVDim()))
 	}
+	if p := al.alloc(paging.Workspace, 1); p != nil {
+		s.posAt = view32(p)
+	}
 	err := al.err
 	if err == nil && bufs == nil {
 		s.buffers, err = newBuffers(c, m.backend, al, maxPos, chunk, m.heads())
@@ -264,6 +271,9 @@ func (s *Session) Close() {
 		return
 	}
 	s.closed = true
+	if s.graphs != nil {
+		s.graphs.close()
+	}
 	for _, t := range s.owned {
 		s.m.alloc.Free(t)
 	}
@@ -382,6 +392,12 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 	m, c := s.m, &s.m.cfg
 	x, pos0 := s.viewsFor(T).x, s.pos
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
+	gs := s.graphsFor(T, hook)
+	if gs != nil {
+		if err := gs.setPosition(m.backend, pos0); err != nil {
+			return fmt.Errorf("nn: decode graphs' position: %w", err)
+		}
+	}
 	for i := m.lo; i < m.hi; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -398,7 +414,13 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 					return err
 				}
 			}
-			if err := s.block(ctx, i, T, pos0, lw, scale); err != nil {
+			var err error
+			if gs != nil {
+				err = s.blockGraphed(ctx, gs, i, pos0, lw, scale)
+			} else {
+				err = s.block(ctx, i, T, pos0, lw, scale, nil)
+			}
+			if err != nil {
 				return err
 			}
 			if s.twin != nil {
@@ -511,8 +533,11 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), n), nil
 }
 
-// block runs decoder block i on the first T rows of the session's buffers.
-func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32) error {
+// block runs decoder block i on the first T rows of the session's buffers,
+// at positions pos0 onwards; or, when posAt is set (a decode graph's
+// capture), at the position posAt holds when the block runs, pos0 being
+// its bound.
+func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor) error {
 	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
 	v := s.viewsFor(T)
 	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
@@ -538,32 +563,22 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 			return fmt.Errorf("k norm: %w", err)
 		}
 	}
-	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
-	if err := b.Rope(q, rot); err != nil {
-		return err
-	}
-	rot.Heads = c.NumKVHeads
-	if err := b.Rope(kk, rot); err != nil {
-		return err
-	}
+	// q and k rotated, k's and v's rows appended to the caches: one pass
+	// where the backend fuses it (tensor.RopeKV).
+	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0, PosAt: posAt}
 	kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
-	if err := b.CopyRows(kc, pos0, kk, 0, T); err != nil {
+	if err := tensor.RopeKV(b, q, kk, vv, kc, vc, rot); err != nil {
 		return err
 	}
-	if err := b.CopyRows(vc, pos0, vv, 0, T); err != nil {
-		return err
-	}
-	at := tensor.Attn{Q: q, K: kc, V: vc, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale}
+	at := tensor.Attn{Q: q, K: kc, V: vc, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale, PosAt: posAt}
 	if err := b.Attention(attn, at); err != nil {
 		return err
 	}
 	if err := b.MatMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
 		return fmt.Errorf("o projection: %w", err)
 	}
-	if err := b.Add(x, x, proj); err != nil {
-		return err
-	}
-	if err := b.RMSNorm(h, x, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
+	// The residual and the MLP's norm in one pass (tensor.AddRMSNorm).
+	if err := tensor.AddRMSNorm(b, h, x, proj, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
 		return fmt.Errorf("mlp norm: %w", err)
 	}
 	if c.Sparse(i) {
@@ -572,14 +587,10 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 		}
 		return b.Add(x, x, proj)
 	}
-	if err := b.MatMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
-		return fmt.Errorf("gate projection: %w", err)
-	}
-	if err := b.MatMul(up, h, lw[n[arch.Up]], nil); err != nil {
-		return fmt.Errorf("up projection: %w", err)
-	}
-	if err := b.SiLUMul(gate, gate, up); err != nil {
-		return err
+	// silu(gate) * up, both products in one pass over their weights
+	// where the backend fuses them (tensor.GateUpSiLU).
+	if err := tensor.GateUpSiLU(b, gate, up, h, lw[n[arch.Gate]], lw[n[arch.Up]]); err != nil {
+		return fmt.Errorf("gate and up projections: %w", err)
 	}
 	if err := b.MatMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
 		return fmt.Errorf("down projection: %w", err)
@@ -628,6 +639,15 @@ func view(t *tensor.Tensor, n, w int) *tensor.Tensor {
 	v, err := t.View(0, tensor.F32, tensor.Shape{n, w})
 	if err != nil {
 		panic(err) // the buffers are sized for the widest view of a chunk
+	}
+	return v
+}
+
+// view32 is a one-element F32 tensor seen as I32.
+func view32(t *tensor.Tensor) *tensor.Tensor {
+	v, err := t.View(0, tensor.I32, tensor.Shape{1})
+	if err != nil {
+		panic(err) // four bytes as four bytes
 	}
 	return v
 }
