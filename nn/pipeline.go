@@ -119,6 +119,18 @@ func NewPipeline(cfg *arch.Config, stages []Stage, opts ...PipelineOptions) (*Pi
 	return p, nil
 }
 
+// SetGraphs turns decode graphs on or off for every stage (Model.SetGraphs).
+func (p *Pipeline) SetGraphs(on bool) {
+	for _, m := range p.stages {
+		m.SetGraphs(on)
+	}
+	for _, m := range p.twins {
+		if m != nil {
+			m.SetGraphs(on)
+		}
+	}
+}
+
 // Config returns a copy of the model's configuration.
 func (p *Pipeline) Config() *arch.Config { return p.cfg.Clone() }
 

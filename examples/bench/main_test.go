@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -36,6 +38,31 @@ func TestBenchFlags(t *testing.T) {
 			t.Errorf("%v: output %q", c.args, out.String())
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestReportLaunches checks the launches-per-token column: a run's count,
+// marked when its decode steps ran as graphs, and "-" for a run whose
+// device does not count launches.
+func TestReportLaunches(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "results.jsonl")
+	lines := `{"kind":"strata","model":"m","device":"cuda:0","run":"none","decode_tok_s":250,"decode_tokens":64,"launches":{"kernels":0,"copies":320,"library":0,"graphs":2048},"launches_per_token":37,"graphs":true}
+{"kind":"strata","model":"m","device":"cuda:0","run":"none","decode_tok_s":180,"decode_tokens":64,"launches":{"kernels":22400,"copies":512,"library":0,"graphs":0},"launches_per_token":358}
+{"kind":"strata","model":"m","device":"cpu","run":"none","decode_tok_s":20,"decode_tokens":64}
+`
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-report", path}, &out); err != nil {
+		t.Fatal(err)
+	}
+	table := out.String()
+	for _, want := range []string{"| launches/token |", "| 250.00 | 37.0 (graphs: 32.0 replays) |", "| 180.00 | 358.0 |", "| 20.00 | - |"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q:\n%s", want, table)
 		}
 	}
 }
