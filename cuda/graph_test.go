@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -24,9 +25,21 @@ type miniStep struct {
 	heads, kvHeads, headDim, maxPos     int
 }
 
-func newMiniStep(t *testing.T, b *Backend, x0 []float32, weights map[string][]float32) *miniStep {
+// blockDims are a decoder block's sizes.
+type blockDims struct{ d, heads, kvHeads, headDim, inter, maxPos int }
+
+// smallBlock is the block of TestGraphReplay; llama7B a Llama-2-7B block.
+var (
+	smallBlock = blockDims{d: 256, heads: 4, kvHeads: 2, headDim: 64, inter: 512, maxPos: 96}
+	llama7B    = blockDims{d: 4096, heads: 32, kvHeads: 32, headDim: 128, inter: 11008, maxPos: 4096}
+)
+
+// newMiniStep uploads a block of dims with the weights weights gives by
+// name and size (n1, n2: the norms; q, k, v, o; g, u, d: the MLP) and the
+// residual x0.
+func newMiniStep(t testing.TB, b *Backend, dims blockDims, x0 []float32, weights func(name string, n int) []float32) *miniStep {
 	t.Helper()
-	const d, heads, kvHeads, headDim, inter, maxPos = 256, 4, 2, 64, 512, 96
+	d, heads, kvHeads, headDim, inter, maxPos := dims.d, dims.heads, dims.kvHeads, dims.headDim, dims.inter, dims.maxPos
 	s := &miniStep{b: tensor.Checked(b), heads: heads, kvHeads: kvHeads, headDim: headDim, maxPos: maxPos}
 	f32 := func(shape tensor.Shape, v []float32) *tensor.Tensor {
 		if v == nil {
@@ -36,7 +49,7 @@ func newMiniStep(t *testing.T, b *Backend, x0 []float32, weights map[string][]fl
 		return x
 	}
 	w16 := func(name string, shape tensor.Shape) *tensor.Tensor {
-		x, _ := put(t, b, tensor.F16, shape, weights[name])
+		x, _ := put(t, b, tensor.F16, shape, weights(name, int(shape.NumElements())))
 		return x
 	}
 	s.x = f32(tensor.Shape{1, d}, x0)
@@ -108,7 +121,7 @@ func (s *miniStep) run(pos, bound int) error {
 	return b.Add(s.x, s.x, s.proj)
 }
 
-func (s *miniStep) setPos(t *testing.T, p int) {
+func (s *miniStep) setPos(t testing.TB, p int) {
 	t.Helper()
 	var buf [4]byte
 	binary.LittleEndian.PutUint32(buf[:], uint32(p))
@@ -130,17 +143,9 @@ func (s *miniStep) setPos(t *testing.T, p int) {
 func TestGraphReplay(t *testing.T) {
 	b := openGPU(t)
 	r := newRand(t)
-	weights := map[string][]float32{}
-	for name, n := range map[string]int{"n1": 256, "n2": 256, "q": 256 * 256, "o": 256 * 256, "k": 128 * 256, "v": 128 * 256,
-		"g": 512 * 256, "u": 512 * 256, "d": 256 * 512} {
-		lo, hi := float32(-0.1), float32(0.1)
-		if n == 256 {
-			lo, hi = 0.8, 1.2
-		}
-		weights[name] = uniform(r, n, lo, hi)
-	}
+	weights := randomWeights(r)
 	x0 := uniform(r, 256, -1, 1)
-	eager, graphed := newMiniStep(t, b, x0, weights), newMiniStep(t, b, x0, weights)
+	eager, graphed := newMiniStep(t, b, smallBlock, x0, weights), newMiniStep(t, b, smallBlock, x0, weights)
 	const steps, bucket = 80, 32
 	var g tensor.Graph
 	var bound int
@@ -198,6 +203,23 @@ func TestGraphReplay(t *testing.T) {
 	t.Logf("graph: %.1f launches per step (%+v over %d steps, the position upload included), %.1f us per step", float64(graphL.Total())/steps, graphL, steps, us(graphTime)/steps)
 	if graphL.Graphs != steps || graphL.Kernels != 0 {
 		t.Errorf("graph path: %+v, want one graph launch and no kernel launch per step", graphL)
+	}
+}
+
+// randomWeights gives each weight of a block its values, the same on
+// every call for a name: norms near 1, products' weights within ±0.1.
+func randomWeights(r *rand.Rand) func(name string, n int) []float32 {
+	seen := map[string][]float32{}
+	return func(name string, n int) []float32 {
+		if v, ok := seen[name]; ok && len(v) == n {
+			return v
+		}
+		lo, hi := float32(-0.1), float32(0.1)
+		if name == "n1" || name == "n2" {
+			lo, hi = 0.8, 1.2
+		}
+		seen[name] = uniform(r, n, lo, hi)
+		return seen[name]
 	}
 }
 
