@@ -42,7 +42,9 @@ func copyRate(b *testing.B, be *Backend) float64 {
 // BenchmarkGEMVShapes times the F16 and BF16 decode GEMV (M = 1) on the
 // 7B and 8B models' shapes: N = K = 4096 (q, o; 32 MiB, the hard one),
 // 11008×4096 and 4096×11008 (Llama-2-7B's MLP), 14336×4096 and 4096×14336
-// (Llama-3-8B's MLP); and the fused gate-up GEMV (GateUpSiLU) on the two
+// (Llama-3-8B's MLP), with the default kernel (one row per warp) and the
+// candidates r1 and r2 (kernels/gemv.cuh: each batch's loads in flight
+// together; one or two rows per warp); and the fused gate-up GEMV (GateUpSiLU) on the two
 // MLP shapes against the two products and SiLUMul it replaces. Each
 // iteration queues 8 products on rotating matrices (past the 60 MB L2)
 // and syncs: "launch" launches each from the host as eager decode does,
@@ -71,8 +73,15 @@ func BenchmarkGEMVShapes(b *testing.B) {
 				}
 				return nil
 			}
-			for _, mode := range []string{"launch", "graph"} {
+			for _, mode := range []string{"launch", "launch-r1", "launch-r2", "graph"} {
 				b.Run(fmt.Sprintf("%v/N%d_K%d/%s", dt, s.n, s.k, mode), func(b *testing.B) {
+					switch mode {
+					case "launch-r1":
+						be.gemvRows = 1
+					case "launch-r2":
+						be.gemvRows = 2
+					}
+					defer func() { be.gemvRows = 0 }()
 					run := queue
 					if mode == "graph" {
 						g, err := be.Capture(queue)

@@ -350,3 +350,38 @@ func TestRopeKVCaches(t *testing.T) {
 		}
 	}
 }
+
+// TestGEMVRowsPerWarp checks the candidate M = 1 GEMV kernels (gemv_*_r1
+// and _r2, Backend.gemvRows) against the default one on shapes whose N is
+// odd (the r2 kernel's last warp has one row) or not a multiple of the
+// block's rows, and K with a tail of chunks: within 1e-6 relative, as they
+// add each row's products in the same order.
+func TestGEMVRowsPerWarp(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16, tensor.F32} {
+		for _, s := range []struct{ n, k int }{{4096, 4096}, {4097, 512}, {33, 2056}, {1, 8}, {11008, 4096}} {
+			x, _ := put(t, b, tensor.F32, tensor.Shape{1, s.k}, uniform(r, s.k, -1, 1))
+			w, _ := put(t, b, dt, tensor.Shape{s.n, s.k}, uniform(r, s.n*s.k, -1, 1))
+			var outs [3][]float32
+			for rows := range 3 {
+				b.gemvRows = rows
+				out, _ := put(t, b, tensor.F32, tensor.Shape{1, s.n}, nanSlice(s.n))
+				if err := b.MatMul(out, x, w, nil); err != nil {
+					t.Fatal(err)
+				}
+				outs[rows] = get(t, b, out)
+			}
+			b.gemvRows = 0
+			want := make([]float64, s.n)
+			for i, v := range outs[0] {
+				want[i] = float64(v)
+			}
+			for rows := 1; rows < 3; rows++ {
+				if e := tensortest.RelErr(outs[rows], want); !(e <= 1e-6) {
+					t.Errorf("%v N=%d K=%d: %d rows per warp differ from one by %.3g", dt, s.n, s.k, rows, e)
+				}
+			}
+		}
+	}
+}

@@ -5,6 +5,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -155,10 +156,15 @@ func (b *Backend) gemv(out, x, w *tensor.Tensor, m, n, k int) error {
 		xp := x.Ptr() + uintptr(r*k*4)
 		op := out.Ptr() + uintptr(r*n*4)
 		var err error
-		if vec {
+		switch {
+		case vec && rows == 1 && (b.gemvRows == 1 || b.gemvRows == 2):
+			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
+			per := warpsPerBlock * b.gemvRows
+			err = b.run("gemv_"+sfx+"_r"+strconv.Itoa(b.gemvRows), [3]uint32{uint32((n + per - 1) / per), 1, 1}, block, a)
+		case vec:
 			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
 			err = b.run(gemvKernels[sfx][rows], grid, block, a)
-		} else {
+		default:
 			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(rows).i32(n).i32(k)
 			err = b.run("gemv_"+sfx+"_any", grid, block, a)
 		}

@@ -113,6 +113,67 @@ __device__ void gemv_any(float* out, const float* __restrict__ x, const W* __res
 	}
 }
 
+// R rows of w per warp, M = 1, with the loads of a batch in flight
+// together. ptxas 11.8 schedules gemv_vec's eight loads of a batch next
+// to their uses (two or three in flight per warp, the SASS shows), to
+// save registers; here every accumulator passes through a select on a
+// value of every load of the batch (a select that never changes it, as
+// sentinel never matches in practice and adding 0 keeps the value), so no
+// product can start before the whole batch has landed and ptxas issues
+// the 8 loads back to back. With R = 2 each lane also reads its x once
+// for both rows. A warp whose rows pass N reads row N-1 in their place
+// and writes only its rows below N. Each row's sum is accumulated as
+// gemv_vec accumulates it. (Backend.gemvRows selects it;
+// BenchmarkGEMVShapes measures it against gemv_vec.)
+template <typename W, int R>
+__device__ void gemv_rows(float* out, const float* __restrict__ x, const W* __restrict__ w, int N, int K) {
+	const int sentinel = ~N;
+	constexpr int E = 16 / sizeof(W);
+	constexpr int U = 8 / R;
+	const int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+	const int lane = threadIdx.x & 31;
+	if (n0 >= N) return;
+	const uint4* wr[R];
+#pragma unroll
+	for (int r = 0; r < R; r++) wr[r] = reinterpret_cast<const uint4*>(w + (long long)min(n0 + r, N - 1) * K);
+	const int chunks = K / E;
+	float acc[R];
+#pragma unroll
+	for (int r = 0; r < R; r++) acc[r] = 0.0f;
+	int c0 = lane;
+	for (; c0 + 32 * (U - 1) < chunks; c0 += 32 * U) {
+		uint4 wv[U][R];
+#pragma unroll
+		for (int u = 0; u < U; u++)
+#pragma unroll
+			for (int r = 0; r < R; r++) wv[u][r] = load_stream(wr[r] + c0 + 32 * u);
+		unsigned landed = 0;
+#pragma unroll
+		for (int u = 0; u < U; u++)
+#pragma unroll
+			for (int r = 0; r < R; r++) landed ^= wv[u][r].x;
+#pragma unroll
+		for (int r = 0; r < R; r++) acc[r] = landed == (unsigned)sentinel ? acc[r] + 0.0f : acc[r];
+#pragma unroll
+		for (int u = 0; u < U; u++)
+#pragma unroll
+			for (int r = 0; r < R; r++) gemv_chunk<W, 1>(&acc[r], wv[u][r], x, K, c0 + 32 * u);
+	}
+	for (; c0 < chunks; c0 += 32)
+#pragma unroll
+		for (int r = 0; r < R; r++) gemv_chunk<W, 1>(&acc[r], load_stream(wr[r] + c0), x, K, c0);
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		const float s = warp_sum(acc[r]);
+		if (lane == 0 && n0 + r < N) out[n0 + r] = s;
+	}
+}
+
+#define GEMV_ROWS(T, SUFFIX, R)                                                                                     \
+	extern "C" __global__ void gemv_##SUFFIX##_r##R(float* out, const float* x, const T* w, int N, int K) { \
+		gemv_rows<T, R>(out, x, w, N, K);                                                                   \
+	}
+
 // Gate and up products of a gated MLP in one pass (tensor.GateUpSiLU):
 // out[m,n] = silu(x[m,:] . wg[n,:]) * (x[m,:] . wu[n,:]). One warp per
 // row n reads row n of both matrices, U/2 loads of each in flight, and
@@ -172,6 +233,8 @@ __device__ void gemv_gate_up(float* out, const float* __restrict__ x, const W* _
 	GEMV_VEC(T, SUFFIX, 4)                                                                                       \
 	GEMV_GATE_UP(T, SUFFIX, 1)                                                                                   \
 	GEMV_GATE_UP(T, SUFFIX, 2)                                                                                   \
+	GEMV_ROWS(T, SUFFIX, 1)                                                                                      \
+	GEMV_ROWS(T, SUFFIX, 2)                                                                                      \
 	extern "C" __global__ void gemv_##SUFFIX##_any(float* out, const float* x, const T* w, int M, int N, int K) { \
 		gemv_any<T>(out, x, w, M, N, K);                                                                     \
 	}
