@@ -10,7 +10,52 @@ var (
 	_ tensor.AddRMSNormer = (*Backend)(nil)
 	_ tensor.RopeKVer     = (*Backend)(nil)
 	_ tensor.GateUpper    = (*Backend)(nil)
+	_ tensor.ManyMatMuler = (*Backend)(nil)
 )
+
+// MatMulMany computes outs[i] = x·ws[i]ᵀ. Up to three products of one row
+// of x with F32, F16 or BF16 weights of one dtype whose rows are 16-byte
+// aligned run as one GEMV launch over all their rows (gemv_many_*); any
+// other call is a MatMul for each.
+func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tensor.Tensor) error {
+	const op = "MatMulMany"
+	for i := range outs {
+		if err := b.devices(op, []string{"out", "x", "w"}, outs[i], x, ws[i]); err != nil {
+			return err
+		}
+	}
+	m, k := x.Shape()[0], x.Shape()[1]
+	fused := m == 1 && len(ws) >= 1 && len(ws) <= 3 && k > 0 && x.Ptr()%16 == 0
+	for _, w := range ws {
+		dt := w.DType()
+		fused = fused && dt == ws[0].DType() && !dt.IsQuantized() && k%(16/dt.Size()) == 0 && w.Ptr()%16 == 0
+	}
+	if !fused {
+		for i := range outs {
+			if err := b.MatMul(outs[i], x, ws[i], nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var o [3]uintptr
+	var w [3]uintptr
+	var n [3]int
+	rows := 0
+	for i := range ws {
+		o[i], w[i], n[i] = outs[i].Ptr(), ws[i].Ptr(), ws[i].Shape()[0]
+		rows += n[i]
+	}
+	if rows == 0 {
+		return nil
+	}
+	const warpsPerBlock = 8
+	return b.ops(op, func() error {
+		a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x.Ptr()).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
+		grid := [3]uint32{uint32((rows + warpsPerBlock - 1) / warpsPerBlock), 1, 1}
+		return b.run("gemv_many_"+suffix(ws[0].DType()), grid, [3]uint32{32 * warpsPerBlock, 1, 1}, a)
+	})
+}
 
 // AddRMSNorm computes x += d, then out = RMSNorm(x, w, eps), in one kernel
 // that reads each row once and writes the new residual and the normed row.

@@ -544,14 +544,23 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 	if err := b.RMSNorm(h, x, lw[n[arch.AttnNorm]], c.NormEps()); err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
-	if err := b.MatMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
-		return fmt.Errorf("q projection: %w", err)
-	}
-	if err := b.MatMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
-		return fmt.Errorf("k projection: %w", err)
-	}
-	if err := b.MatMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
-		return fmt.Errorf("v projection: %w", err)
+	if lw[n[arch.QBias]] == nil && lw[n[arch.KBias]] == nil && lw[n[arch.VBias]] == nil {
+		// One pass over the three weights where the backend fuses it
+		// (tensor.MatMulMany).
+		err := tensor.MatMulMany(b, []*tensor.Tensor{q, kk, vv}, h, []*tensor.Tensor{lw[n[arch.Q]], lw[n[arch.K]], lw[n[arch.V]]})
+		if err != nil {
+			return fmt.Errorf("q, k and v projections: %w", err)
+		}
+	} else {
+		if err := b.MatMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
+			return fmt.Errorf("q projection: %w", err)
+		}
+		if err := b.MatMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
+			return fmt.Errorf("k projection: %w", err)
+		}
+		if err := b.MatMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
+			return fmt.Errorf("v projection: %w", err)
+		}
 	}
 	if c.QKNorm {
 		// Each head's queries and keys are normalised on their own: rows

@@ -26,6 +26,32 @@ type GateUpper interface {
 	GateUpSiLU(out, up, x, wGate, wUp *Tensor) error
 }
 
+// ManyMatMuler computes several products of one x in one pass (see
+// MatMulMany).
+type ManyMatMuler interface {
+	MatMulMany(outs []*Tensor, x *Tensor, ws []*Tensor) error
+}
+
+// MatMulMany computes outs[i] = x·ws[i]ᵀ for every i, each as MatMul
+// computes it (no bias): a decoder block's q, k and v projections, which a
+// backend may run as one launch over all the weights' rows. outs and ws
+// have the same length; the outputs are apart from each other and from
+// the inputs.
+func MatMulMany(b Backend, outs []*Tensor, x *Tensor, ws []*Tensor) error {
+	if err := checkMatMulMany(outs, x, ws); err != nil {
+		return err
+	}
+	if f, ok := capability[ManyMatMuler](b); ok {
+		return f.MatMulMany(outs, x, ws)
+	}
+	for i := range outs {
+		if err := b.MatMul(outs[i], x, ws[i], nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // AddRMSNorm computes x += d, then out = x / sqrt(mean(x²) + eps) * w, row
 // by row: x and d are F32 [M, D], w is [D] in any float type, out is F32
 // [M, D] apart from the others. It is exactly Add(x, x, d) followed by
@@ -99,6 +125,27 @@ func GateUpSiLU(b Backend, out, up, x, wGate, wUp *Tensor) error {
 		return err
 	}
 	return b.SiLUMul(out, out, up)
+}
+
+func checkMatMulMany(outs []*Tensor, x *Tensor, ws []*Tensor) error {
+	const op = "MatMulMany"
+	if len(outs) != len(ws) {
+		return fmt.Errorf("tensor: %s: %d outputs for %d weights", op, len(outs), len(ws))
+	}
+	for i := range outs {
+		if err := checkMatMul(outs[i], x, ws[i], nil); err != nil {
+			return fmt.Errorf("%w (%s's product %d)", err, op, i)
+		}
+		for j := range i {
+			if Overlap(outs[i], outs[j]) {
+				return fmt.Errorf("tensor: %s: outputs %d and %d overlap", op, j, i)
+			}
+			if Overlap(outs[i], ws[j]) || Overlap(outs[j], ws[i]) {
+				return fmt.Errorf("tensor: %s: an output overlaps a weight", op)
+			}
+		}
+	}
+	return nil
 }
 
 func checkAddRMSNorm(out, x, d, w *Tensor) error {

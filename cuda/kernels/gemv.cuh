@@ -113,6 +113,52 @@ __device__ void gemv_any(float* out, const float* __restrict__ x, const W* __res
 	}
 }
 
+// Several products of one x in one launch, M = 1 (tensor.MatMulMany: a
+// decoder block's q, k and v): warp g takes row g of the matrices laid end
+// to end, so the grid covers n0+n1+n2 rows instead of three launches of
+// fewer rows each (N = 4096 is one wave of warps, too short to keep HBM
+// busy). Each row is summed as gemv_vec sums it, so the products are
+// those of three gemv_*_m1 launches. Matrices past the first count may be
+// empty (n = 0).
+template <typename W>
+__device__ void gemv_many(float* out0, float* out1, float* out2, const float* __restrict__ x, const W* __restrict__ w0,
+			  const W* __restrict__ w1, const W* __restrict__ w2, int n0, int n1, int n2, int K) {
+	int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+	float* out = out0;
+	const W* w = w0;
+	int N = n0;
+	if (g >= n0) {
+		g -= n0, out = out1, w = w1, N = n1;
+		if (g >= n1) g -= n1, out = out2, w = w2, N = n2;
+	}
+	if (g >= N) return;
+	// gemv_vec<W, 1> for the row: blockIdx and threadIdx name the row
+	// there, so its loop is repeated here with the row given.
+	constexpr int E = 16 / sizeof(W);
+	constexpr int U = 8;
+	const int lane = threadIdx.x & 31;
+	const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)g * K);
+	const int chunks = K / E;
+	float acc = 0.0f;
+	int c0 = lane;
+	for (; c0 + 32 * (U - 1) < chunks; c0 += 32 * U) {
+		uint4 wv[U];
+#pragma unroll
+		for (int u = 0; u < U; u++) wv[u] = load_stream(wr + c0 + 32 * u);
+#pragma unroll
+		for (int u = 0; u < U; u++) gemv_chunk<W, 1>(&acc, wv[u], x, K, c0 + 32 * u);
+	}
+	for (; c0 < chunks; c0 += 32) gemv_chunk<W, 1>(&acc, load_stream(wr + c0), x, K, c0);
+	const float s = warp_sum(acc);
+	if (lane == 0) out[g] = s;
+}
+
+#define GEMV_MANY(T, SUFFIX)                                                                                                \
+	extern "C" __global__ void gemv_many_##SUFFIX(float* out0, float* out1, float* out2, const float* x, const T* w0,   \
+						      const T* w1, const T* w2, int n0, int n1, int n2, int K) {               \
+		gemv_many<T>(out0, out1, out2, x, w0, w1, w2, n0, n1, n2, K);                                            \
+	}
+
 // R rows of w per warp, M = 1, with the loads of a batch in flight
 // together. ptxas 11.8 schedules gemv_vec's eight loads of a batch next
 // to their uses (two or three in flight per warp, the SASS shows), to
@@ -235,6 +281,7 @@ __device__ void gemv_gate_up(float* out, const float* __restrict__ x, const W* _
 	GEMV_GATE_UP(T, SUFFIX, 2)                                                                                   \
 	GEMV_ROWS(T, SUFFIX, 1)                                                                                      \
 	GEMV_ROWS(T, SUFFIX, 2)                                                                                      \
+	GEMV_MANY(T, SUFFIX)                                                                                         \
 	extern "C" __global__ void gemv_##SUFFIX##_any(float* out, const float* x, const T* w, int M, int N, int K) { \
 		gemv_any<T>(out, x, w, M, N, K);                                                                     \
 	}

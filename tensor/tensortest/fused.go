@@ -177,6 +177,55 @@ func (s *suite) testFused(t *testing.T) {
 			})
 		}
 	}
+	for _, dt := range weightTypes {
+		for _, sh := range []struct {
+			m, k int
+			ns   []int
+		}{{1, 64, []int{96, 32, 32}}, {1, 4096, []int{512, 128, 128}}, {2, 72, []int{40, 8, 8}}, {1, 64, []int{17}}, {3, 16, []int{5, 7}}, {1, 7, []int{3, 3, 3}}} {
+			t.Run(fmt.Sprintf("MatMulMany/%v_M%d_K%d_N%v", dt, sh.m, sh.k, sh.ns), func(t *testing.T) {
+				r := rng(t)
+				x, xv := s.put(t, tensor.F32, tensor.Shape{sh.m, sh.k}, uniform(r, sh.m*sh.k, -1, 1))
+				var outs, ws []*tensor.Tensor
+				var wvs [][]float64
+				for _, n := range sh.ns {
+					w, wv := s.put(t, dt, tensor.Shape{n, sh.k}, uniform(r, n*sh.k, -0.5, 0.5))
+					ws, wvs = append(ws, w), append(wvs, wv)
+					outs = append(outs, s.poisoned(t, tensor.Shape{sh.m, n}))
+				}
+				if err := tensor.MatMulMany(s.b, outs, x, ws); err != nil {
+					t.Fatal(err)
+				}
+				for i, n := range sh.ns {
+					one := s.poisoned(t, tensor.Shape{sh.m, n})
+					if err := s.b.MatMul(one, x, ws[i], nil); err != nil {
+						t.Fatal(err)
+					}
+					got := s.get(t, outs[i])
+					s.compare(t, fmt.Sprintf("MatMulMany's product %d", i), got, RefMatMul(xv, wvs[i], nil, sh.m, n, sh.k))
+					s.same(t, fmt.Sprintf("MatMulMany's product %d against MatMul", i), got, s.get(t, one))
+				}
+			})
+		}
+	}
+	t.Run("MatMulMany/malformed", func(t *testing.T) {
+		x, _ := s.put(t, tensor.F32, tensor.Shape{1, 8}, make([]float32, 8))
+		w, _ := s.put(t, tensor.F32, tensor.Shape{4, 8}, make([]float32, 32))
+		o1, _ := s.put(t, tensor.F32, tensor.Shape{1, 4}, make([]float32, 4))
+		o2, _ := s.put(t, tensor.F32, tensor.Shape{1, 5}, make([]float32, 5))
+		for _, c := range []struct {
+			name     string
+			outs, ws []*tensor.Tensor
+		}{
+			{"lengths", []*tensor.Tensor{o1}, []*tensor.Tensor{w, w}},
+			{"same output twice", []*tensor.Tensor{o1, o1}, []*tensor.Tensor{w, w}},
+			{"output of the wrong width", []*tensor.Tensor{o1, o2}, []*tensor.Tensor{w, w}},
+			{"output is x", []*tensor.Tensor{x}, []*tensor.Tensor{w}},
+		} {
+			if err := tensor.MatMulMany(s.b, c.outs, x, c.ws); err == nil {
+				t.Errorf("MatMulMany with %s: no error", c.name)
+			}
+		}
+	})
 	for _, c := range []struct {
 		t, heads, kvHeads, headDim, pos int
 		posAt                           bool
