@@ -10,11 +10,11 @@ import (
 	"github.com/strata-llm/strata/tensor"
 )
 
-// TestCUDADecodeGraphs decodes 120 greedy steps of each fixture on the GPU
+// TestCUDADecodeGraphs decodes 150 greedy steps of each fixture on the GPU
 // with graphs (each dense block captured once and replayed, the position
 // read from device memory) and without, and checks the logits of every
 // step agree within 1e-5 (the graphs run the same kernels; only where the
-// position comes from differs). The steps cross the buckets of 64 and 128
+// position comes from differs). Positions 6..155 cross the buckets of 64 and 128
 // positions, so every block is captured three times. It logs, for each
 // path, the launches per token (kernels, copies, cuBLAS calls, graph
 // replays) and the wall time per token, and the graphs' counts; the
@@ -41,7 +41,7 @@ func TestCUDADecodeGraphs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			const steps, maxPos = 120, 160
+			const steps, maxPos = 150, 160
 			prompt := []int32{1, 42, 71, 345, 81, 14}
 			run := func(graphs bool) ([][]float32, tensor.Launches, time.Duration, GraphStats) {
 				m.SetGraphs(graphs)
