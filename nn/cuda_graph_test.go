@@ -14,8 +14,8 @@ import (
 // with graphs (each dense block captured once and replayed, the position
 // read from device memory) and without, and checks the logits of every
 // step agree within 1e-5 (the graphs run the same kernels; only where the
-// position comes from differs). Positions 6..155 cross the buckets of 64 and 128
-// positions, so every block is captured three times. It logs, for each
+// position comes from differs). Positions 6..155 cross the buckets of 64
+// and 128 positions, so every block is captured three times. It logs, for each
 // path, the launches per token (kernels, copies, cuBLAS calls, graph
 // replays) and the wall time per token, and the graphs' counts; the
 // mixtures of experts' sparse blocks stay eager.
