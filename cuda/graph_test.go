@@ -385,3 +385,73 @@ func TestGEMVRowsPerWarp(t *testing.T) {
 		}
 	}
 }
+
+// TestCaptureConcurrent captures and replays graphs on one goroutine while
+// others run eager operations and asynchronous uploads on the same
+// backend: the other goroutines' work must stay out of the graphs (it
+// waits while a capture runs) and every result must be right.
+func TestCaptureConcurrent(t *testing.T) {
+	b := openGPU(t)
+	const n, rounds = 4096, 200
+	ones := make([]float32, n)
+	for i := range ones {
+		ones[i] = 1
+	}
+	x, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, ones)
+	captured, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, make([]float32, n))
+	eager, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, make([]float32, n))
+	dst, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, make([]float32, n))
+	src := make([]byte, 4*n)
+	errs := make(chan error, 3)
+	done := make(chan struct{})
+	go func() { // captures of captured = x + x, replayed
+		defer func() { done <- struct{}{} }()
+		for range rounds {
+			g, err := b.Capture(func() error { return b.Add(captured, x, x) })
+			if err != nil {
+				errs <- err
+				return
+			}
+			if err := g.Replay(); err != nil {
+				errs <- err
+				return
+			}
+			g.Close()
+		}
+	}()
+	go func() { // eager: eager = x + eager, rounds times
+		defer func() { done <- struct{}{} }()
+		for range rounds {
+			if err := b.Add(eager, x, eager); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	go func() { // uploads on the copy stream
+		defer func() { done <- struct{}{} }()
+		for range rounds {
+			ready, err := b.UploadAsync(t.Context(), dst, 0, src)
+			if err == nil {
+				err = ready()
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	for range 3 {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if v := get(t, b, captured); v[0] != 2 || v[n-1] != 2 {
+		t.Errorf("captured x + x: %v ... %v, want 2", v[0], v[n-1])
+	}
+	if v := get(t, b, eager); v[0] != rounds || v[n-1] != rounds {
+		t.Errorf("eager sum of %d ones: %v ... %v (an eager Add went into a graph?)", rounds, v[0], v[n-1])
+	}
+}
