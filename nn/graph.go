@@ -50,8 +50,9 @@ const GraphPositionBytes = 4
 // graphKey is what a block's graph bakes in besides the session: the
 // bound of the position and the addresses of the layer's tensors.
 type graphKey struct {
-	bound int
-	fp    string
+	bound    int
+	fp       string
+	residual bool // the block adds the previous block's output first
 }
 
 // layerGraphs are one block's graphs in one session.
@@ -139,11 +140,12 @@ func (gs *sessionGraphs) setPosition(b tensor.Backend, pos int) error {
 }
 
 // blockGraphed runs decoder block i of a decode step at pos0 (uploaded to
-// posAt already) as a graph when it can, else eagerly.
-func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 int, lw LayerWeights, scale float32) error {
+// posAt already) as a graph when it can, else eagerly (see block for
+// residual).
+func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 int, lw LayerWeights, scale float32, residual bool) error {
 	if s.m.cfg.Sparse(i) {
 		gs.eager++
-		return s.block(ctx, i, 1, pos0, lw, scale, nil)
+		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 	}
 	lg := gs.layers[i]
 	if lg == nil {
@@ -152,9 +154,9 @@ func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 i
 	}
 	if lg.eager {
 		gs.eager++
-		return s.block(ctx, i, 1, pos0, lw, scale, nil)
+		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 	}
-	key := graphKey{bound: s.bucket(pos0), fp: s.fingerprint(s.m.blockLayer(i), lw)}
+	key := graphKey{bound: s.bucket(pos0), fp: s.fingerprint(s.m.blockLayer(i), lw), residual: residual}
 	g := lg.graphs[key]
 	if g == nil {
 		again := lg.seen && lg.last == key
@@ -166,16 +168,16 @@ func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 i
 		lg.last, lg.seen = key, true
 		if !again || lg.eager {
 			gs.eager++
-			return s.block(ctx, i, 1, pos0, lw, scale, nil)
+			return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 		}
 		var err error
-		g, err = gs.g.Capture(func() error { return s.block(ctx, i, 1, key.bound, lw, scale, gs.posAt) })
+		g, err = gs.g.Capture(func() error { return s.block(ctx, i, 1, key.bound, lw, scale, gs.posAt, residual) })
 		if err != nil {
 			// Not capturable here: this block stays eager, and the step
 			// runs it so (reporting the block's own error, if any).
 			lg.giveUp()
 			gs.eager++
-			return s.block(ctx, i, 1, pos0, lw, scale, nil)
+			return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 		}
 		gs.captures++
 		if len(lg.graphs) >= graphsPerLayer {

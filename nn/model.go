@@ -104,12 +104,15 @@ type Session struct {
 	// on another device for large chunks: the KV cache lives in twin's
 	// host tensors, and this session's k and v are one scratch pair that
 	// each block's rows are copied into and back from.
-	twin     *Session
-	guesses  *guesses       // the experts guessed ahead in decode steps, made on first use
-	graphs   *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
-	posAt    *tensor.Tensor // I32 [1]: the position decode graphs read
-	host     []float32      // logits returned by Forward
-	download []byte         // one chunk's logits from the backend
+	twin    *Session
+	guesses *guesses       // the experts guessed ahead in decode steps, made on first use
+	graphs  *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
+	posAt   *tensor.Tensor // I32 [1]: the position decode graphs read
+	// pending is set between blocksChunk and headChunk when the last
+	// block's output (proj) is not yet added to x: the final norm adds it.
+	pending  bool
+	host     []float32 // logits returned by Forward
+	download []byte    // one chunk's logits from the backend
 	closed   bool
 }
 
@@ -358,7 +361,7 @@ func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows
 	if err := s.embedChunk(ctx, ids, hook); err != nil {
 		return nil, err
 	}
-	if err := s.blocksChunk(ctx, T, hook); err != nil {
+	if err := s.blocksChunk(ctx, T, hook, true); err != nil {
 		return nil, err
 	}
 	s.pos += T
@@ -387,8 +390,10 @@ func (s *Session) embedChunk(ctx context.Context, ids []int32, hook Hook) error 
 }
 
 // blocksChunk runs the model's decoder blocks on the first T rows of x, at
-// positions s.pos onwards.
-func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
+// positions s.pos onwards. headNext says this session's headChunk comes
+// next, which adds the last block's output to x with the final norm;
+// otherwise x has it added when blocksChunk returns.
+func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook, headNext bool) error {
 	m, c := s.m, &s.m.cfg
 	x, pos0 := s.viewsFor(T).x, s.pos
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
@@ -397,6 +402,18 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 		if err := gs.setPosition(m.backend, pos0); err != nil {
 			return fmt.Errorf("nn: decode graphs' position: %w", err)
 		}
+	}
+	// A block leaves its output in proj; the next block's norm (or the
+	// final norm) adds it to x in the same pass (tensor.AddRMSNorm). A
+	// hook, and the hand-over to another stage, see x with it added.
+	s.pending = false
+	pending := false
+	flush := func() error {
+		if !pending {
+			return nil
+		}
+		pending = false
+		return m.backend.Add(x, x, s.viewsFor(T).proj)
 	}
 	for i := m.lo; i < m.hi; i++ {
 		if err := ctx.Err(); err != nil {
@@ -416,13 +433,14 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 			}
 			var err error
 			if gs != nil {
-				err = s.blockGraphed(ctx, gs, i, pos0, lw, scale)
+				err = s.blockGraphed(ctx, gs, i, pos0, lw, scale, pending)
 			} else {
-				err = s.block(ctx, i, T, pos0, lw, scale, nil)
+				err = s.block(ctx, i, T, pos0, lw, scale, nil, pending)
 			}
 			if err != nil {
 				return err
 			}
+			pending = true
 			if s.twin != nil {
 				return s.twinKVOut(i, pos0, T)
 			}
@@ -432,11 +450,20 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 			return fmt.Errorf("nn: block %d: %w", i, err)
 		}
 		if hook != nil {
+			if err := flush(); err != nil {
+				return fmt.Errorf("nn: block %d: %w", i, err)
+			}
 			if err := hook(layer, x); err != nil {
 				return err
 			}
 		}
 	}
+	if !headNext { // another stage takes x
+		if err := flush(); err != nil {
+			return fmt.Errorf("nn: block %d: %w", m.hi-1, err)
+		}
+	}
+	s.pending = pending
 	return nil
 }
 
@@ -504,8 +531,15 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 		return nil, err
 	}
 	defer m.weights.Release(layer)
-	if err := b.RMSNorm(h, x, lw[m.name(layer, arch.FinalNorm)], c.NormEps()); err != nil {
-		return nil, fmt.Errorf("nn: final norm: %w", err)
+	var err2 error
+	if s.pending {
+		s.pending = false
+		err2 = tensor.AddRMSNorm(b, h, x, v.proj, lw[m.name(layer, arch.FinalNorm)], c.NormEps())
+	} else {
+		err2 = b.RMSNorm(h, x, lw[m.name(layer, arch.FinalNorm)], c.NormEps())
+	}
+	if err2 != nil {
+		return nil, fmt.Errorf("nn: final norm: %w", err2)
 	}
 	if hook != nil {
 		if err := hook(layer, h); err != nil {
@@ -536,12 +570,20 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 // block runs decoder block i on the first T rows of the session's buffers,
 // at positions pos0 onwards; or, when posAt is set (a decode graph's
 // capture), at the position posAt holds when the block runs, pos0 being
-// its bound.
-func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor) error {
+// its bound. When residual is set, the previous block's output in proj is
+// added to x first (with the norm, in one pass); the block leaves its own
+// output in proj, not added to x.
+func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor, residual bool) error {
 	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
 	v := s.viewsFor(T)
 	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
-	if err := b.RMSNorm(h, x, lw[n[arch.AttnNorm]], c.NormEps()); err != nil {
+	var err error
+	if residual {
+		err = tensor.AddRMSNorm(b, h, x, proj, lw[n[arch.AttnNorm]], c.NormEps())
+	} else {
+		err = b.RMSNorm(h, x, lw[n[arch.AttnNorm]], c.NormEps())
+	}
+	if err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
 	if lw[n[arch.QBias]] == nil && lw[n[arch.KBias]] == nil && lw[n[arch.VBias]] == nil {
@@ -591,10 +633,7 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 		return fmt.Errorf("mlp norm: %w", err)
 	}
 	if c.Sparse(i) {
-		if err := s.moe(ctx, i, T, pos0, lw); err != nil {
-			return err
-		}
-		return b.Add(x, x, proj)
+		return s.moe(ctx, i, T, pos0, lw) // its output in proj
 	}
 	// silu(gate) * up, both products in one pass over their weights
 	// where the backend fuses them (tensor.GateUpSiLU).
@@ -604,7 +643,7 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 	if err := b.MatMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
 		return fmt.Errorf("down projection: %w", err)
 	}
-	return b.Add(x, x, proj)
+	return nil // the output in proj, added to x by the next norm
 }
 
 // chunkViews are the session's buffers cut to T rows, so that a decode step

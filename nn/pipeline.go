@@ -352,7 +352,7 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 				}
 				t0 = ps.account(run[k-1], t0) // a hand-over waits for the device it leaves
 			}
-			if err := s.blocksChunk(ctx, T, hook); err != nil {
+			if err := s.blocksChunk(ctx, T, hook, k == len(run)-1); err != nil {
 				return nil, err
 			}
 		}
