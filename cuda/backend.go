@@ -427,6 +427,12 @@ func (b *Backend) Free(t *tensor.Tensor) {
 	defer b.leave()
 	blk, ok := b.alloc.put(t.Ptr())
 	if ok && blk.managed {
+		// Not while another goroutine captures: the synchronisation would
+		// end its capture. (Inside a capture it ends this one's.)
+		if capt := b.capturing(); !capt {
+			b.gate.RLock()
+			defer b.gate.RUnlock()
+		}
 		b.syncStreams()
 		cu.MemFree(cu.DevicePtr(t.Ptr()))
 	}
@@ -512,10 +518,15 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 // Sync waits for all queued work on both streams and reports the first
 // asynchronous error (a faulting kernel, say).
 func (b *Backend) Sync() error {
+	if b.capturing() {
+		return fmt.Errorf("%s: Sync: %w", b.name, errCapturing)
+	}
 	if err := b.enter("Sync"); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // a synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
 	if err := b.syncStreams(); err != nil {
 		return fmt.Errorf("%s: Sync: %w", b.name, err)
 	}
@@ -567,10 +578,15 @@ func (b *Backend) FreePinned(buf []byte) error {
 		return fmt.Errorf("cuda: FreePinned: empty buffer")
 	}
 	p := unsafe.Pointer(&buf[0])
+	if b.capturing() {
+		return fmt.Errorf("%s: FreePinned: %w", b.name, errCapturing)
+	}
 	if err := b.enter("FreePinned"); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // its synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
 	b.pinnedMu.Lock()
 	n, ok := b.pinned[p]
 	if ok {
