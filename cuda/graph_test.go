@@ -455,3 +455,51 @@ func TestCaptureConcurrent(t *testing.T) {
 		t.Errorf("eager sum of %d ones: %v ... %v (an eager Add went into a graph?)", rounds, v[0], v[n-1])
 	}
 }
+
+// TestLaunchCounts checks what Launches counts for a few operations: a
+// decode product is one kernel (two with a bias), a prefill product with
+// F16 weights a cast kernel and a cuBLAS call, a Download one copy, a
+// graph's replay one graph launch and nothing else.
+func TestLaunchCounts(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	x1, _ := put(t, b, tensor.F32, tensor.Shape{1, 256}, uniform(r, 256, -1, 1))
+	x64, _ := put(t, b, tensor.F32, tensor.Shape{64, 256}, uniform(r, 64*256, -1, 1))
+	w, _ := put(t, b, tensor.F16, tensor.Shape{128, 256}, uniform(r, 128*256, -1, 1))
+	bias, _ := put(t, b, tensor.F16, tensor.Shape{128}, uniform(r, 128, -1, 1))
+	o1, _ := put(t, b, tensor.F32, tensor.Shape{1, 128}, make([]float32, 128))
+	o64, _ := put(t, b, tensor.F32, tensor.Shape{64, 128}, make([]float32, 64*128))
+	g, err := b.Capture(func() error { return b.MatMul(o1, x1, w, nil) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	cases := []struct {
+		name string
+		op   func() error
+		want tensor.Launches
+	}{
+		{"decode product", func() error { return b.MatMul(o1, x1, w, nil) }, tensor.Launches{Kernels: 1}},
+		{"decode product with a bias", func() error { return b.MatMul(o1, x1, w, bias) }, tensor.Launches{Kernels: 2}},
+		{"download", func() error { return b.Download(make([]byte, 512), o1) }, tensor.Launches{Copies: 1}},
+		{"graph replay", g.Replay, tensor.Launches{Graphs: 1}},
+	}
+	if b.blas != nil {
+		cases = append(cases, struct {
+			name string
+			op   func() error
+			want tensor.Launches
+		}{"prefill product", func() error { return b.MatMul(o64, x64, w, nil) }, tensor.Launches{Kernels: 1, Library: 1}})
+	}
+	for _, c := range cases {
+		l0 := b.Launches()
+		if err := c.op(); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := b.Launches().Sub(l0); got != c.want {
+			t.Errorf("%s: launches %+v, want %+v", c.name, got, c.want)
+		} else {
+			t.Logf("%s: %+v", c.name, got)
+		}
+	}
+}
