@@ -42,7 +42,9 @@ func copyRate(b *testing.B, be *Backend) float64 {
 // BenchmarkGEMVShapes times the F16 and BF16 decode GEMV (M = 1) on the
 // 7B and 8B models' shapes: N = K = 4096 (q, o; 32 MiB, the hard one),
 // 11008×4096 and 4096×11008 (Llama-2-7B's MLP), 14336×4096 and 4096×14336
-// (Llama-3-8B's MLP), with the default kernel (one row per warp) and the
+// (Llama-3-8B's MLP), and TinyLlama-1.1B's 2048×2048, 5632×2048 and
+// 2048×5632 (8 to 23 MiB: one short wave of warps, where the decode of a
+// small model spends its time), with the default kernel (one row per warp) and the
 // candidates r1 and r2 (kernels/gemv.cuh: each batch's loads in flight
 // together; one or two rows per warp); and the fused gate-up GEMV (GateUpSiLU) on the two
 // MLP shapes against the two products and SiLUMul it replaces. Each
@@ -57,7 +59,7 @@ func BenchmarkGEMVShapes(b *testing.B) {
 	ceiling := copyRate(b, be)
 	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
 	const perIter = 8
-	shapes := []struct{ n, k int }{{4096, 4096}, {11008, 4096}, {4096, 11008}, {14336, 4096}, {4096, 14336}}
+	shapes := []struct{ n, k int }{{4096, 4096}, {11008, 4096}, {4096, 11008}, {14336, 4096}, {4096, 14336}, {2048, 2048}, {5632, 2048}, {2048, 5632}}
 	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
 		for _, s := range shapes {
 			ws := weightSet(b, be, dt, (512<<20)/(2*s.n*s.k)+1, s.n, s.k)
