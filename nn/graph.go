@@ -67,7 +67,7 @@ type layerGraphs struct {
 // sessionGraphs are a session's graphs and the position they read.
 type sessionGraphs struct {
 	g      tensor.Grapher
-	posAt  *tensor.Tensor // the session's posAt
+	posAt  *tensor.Tensor // the buffers' posAt
 	layers map[int]*layerGraphs
 	// Counters since the session opened, for tests and benchmarks.
 	captures, replays, eager int64
@@ -95,9 +95,10 @@ func (m *Model) SetGraphs(on bool) { m.noGraphs.Store(!on) }
 
 // graphsFor returns the session's graph state for a chunk of T tokens, or
 // nil when the chunk runs eagerly (not a decode step, a hook, a hybrid
-// twin, graphs off, or a backend without them).
+// twin, a KV cache in host memory, a batch's stage, graphs off, or a
+// backend without them).
 func (s *Session) graphsFor(T int, hook Hook) *sessionGraphs {
-	if T != 1 || hook != nil || s.twin != nil || s.m.noGraphs.Load() {
+	if T != 1 || hook != nil || s.twin != nil || s.hkv != nil || s.batch != nil || s.m.noGraphs.Load() {
 		return nil
 	}
 	if s.graphs == nil {

@@ -32,6 +32,10 @@ type Model struct {
 	lo, hi int
 	// noGraphs turns decode graphs off (SetGraphs; graph.go).
 	noGraphs atomic.Bool
+	// hostKV, when set, keeps some blocks' KV cache in host memory
+	// (SetHostKV); kv counts that work.
+	hostKV *HostKV
+	kv     kvCounters
 }
 
 func (m *Model) embeds() bool { return m.lo == 0 }
@@ -107,12 +111,15 @@ type Session struct {
 	twin    *Session
 	guesses *guesses       // the experts guessed ahead in decode steps, made on first use
 	graphs  *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
-	posAt   *tensor.Tensor // I32 [1]: the position decode graphs read
 	// pending is set between blocksChunk and headChunk when the last
 	// block's output (proj) is not yet added to x: the final norm adds it.
-	pending  bool
-	host     []float32 // logits returned by Forward
-	download []byte    // one chunk's logits from the backend
+	pending bool
+	hkv     *hostKVSession // the blocks whose KV cache is in host memory, or nil
+	host    []float32      // logits returned by Forward
+	// batch, when set, makes this session one stage of a Batch: its rows
+	// belong to several sequences, k and v are the Batch's block pools.
+	batch    *batchStep
+	download []byte // one chunk's logits from the backend
 	closed   bool
 }
 
@@ -121,15 +128,21 @@ type Session struct {
 // on that device, which run one after the other.
 type buffers struct {
 	cos, sin *tensor.Tensor // [maxPos, HeadDim/2]
-	x, h     *tensor.Tensor // [chunk, Hidden]
-	q, attn  *tensor.Tensor // [chunk, QDim]
-	kk, vv   *tensor.Tensor // [chunk, KVDim]
-	proj     *tensor.Tensor // [chunk, Hidden]
-	gate     *tensor.Tensor // [chunk, MLPSize]: the widest MLP's, dense or expert
-	up       *tensor.Tensor
-	logits   *tensor.Tensor      // [chunk, Vocab], or nil without a head
-	views    map[int]*chunkViews // buffer views by row count, made once
-	moe      *moeBuffers         // the mixture of experts' buffers, or nil for a dense model
+	// posAt is the position decode graphs read (graph.go), I32 [1]: one
+	// per device, as the stages on it run the same positions.
+	posAt   *tensor.Tensor
+	x, h    *tensor.Tensor // [chunk, Hidden]
+	q, attn *tensor.Tensor // [chunk, QDim]
+	kk, vv  *tensor.Tensor // [chunk, KVDim]
+	proj    *tensor.Tensor // [chunk, Hidden]
+	gate    *tensor.Tensor // [chunk, MLPSize]: the widest MLP's, dense or expert
+	up      *tensor.Tensor
+	logits  *tensor.Tensor      // [chunk, Vocab], or nil without a head
+	views   map[int]*chunkViews // buffer views by row count, made once
+	moe     *moeBuffers         // the mixture of experts' buffers, or nil for a dense model
+	// kvScratch are the device copies host KV blocks attend over in
+	// prefill (HostKV), shared by the stages of a device.
+	kvScratch [][2]*tensor.Tensor
 	// The widths of the views: the dense MLP's, and the heads of q and k.
 	inter, heads, kvHeads, headDim int
 }
@@ -174,6 +187,9 @@ func newBuffers(c *arch.Config, b tensor.Backend, al *allocator, maxPos, chunk i
 	}
 	bf.cos = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
 	bf.sin = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
+	if p := al.alloc(paging.Workspace, 1); p != nil {
+		bf.posAt = view32(p)
+	}
 	bf.x = al.alloc(paging.Activations, chunk, c.HiddenSize)
 	bf.h = al.alloc(paging.Activations, chunk, c.HiddenSize)
 	bf.q = al.alloc(paging.Activations, chunk, c.QDim())
@@ -230,14 +246,22 @@ func (m *Model) newSession(maxPos, chunk int, bufs *buffers) (*Session, error) {
 	c := &m.cfg
 	s := &Session{m: m, maxPos: maxPos, chunk: chunk, buffers: bufs}
 	al := &allocator{a: m.alloc}
-	for i := m.lo; i < m.hi; i++ {
+	var err error
+	var hk, hv []*tensor.Tensor // the host caches, when some blocks' are there
+	if m.hostKV != nil {
+		s.hkv, hk, hv, err = m.allocHostKV(maxPos, chunk, al, bufs)
+	}
+	for i := m.lo; i < m.hi && err == nil; i++ {
+		if hk != nil && hk[i-m.lo] != nil {
+			s.k, s.v = append(s.k, hk[i-m.lo]), append(s.v, hv[i-m.lo])
+			continue
+		}
 		s.k = append(s.k, al.alloc(paging.KVCache, maxPos, c.KVDim()))
 		s.v = append(s.v, al.alloc(paging.KVCache, maxPos, c.KVDim()))
 	}
-	if p := al.alloc(paging.Workspace, 1); p != nil {
-		s.posAt = view32(p)
+	if err == nil {
+		err = al.err
 	}
-	err := al.err
 	if err == nil && bufs == nil {
 		s.buffers, err = newBuffers(c, m.backend, al, maxPos, chunk, m.heads())
 		s.ownBufs = true
@@ -281,6 +305,7 @@ func (s *Session) Close() {
 		s.m.alloc.Free(t)
 	}
 	s.owned = nil
+	s.hkv.free()
 }
 
 // Hook, when non-nil, sees the hidden state after the embedding (layer 0),
@@ -358,6 +383,7 @@ func (s *Session) forward(ctx context.Context, ids []int32, all bool, hookAt fun
 // last row.
 func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows bool, hook Hook) ([]float32, error) {
 	T := len(ids)
+	s.hkv.startChunk()
 	if err := s.embedChunk(ctx, ids, hook); err != nil {
 		return nil, err
 	}
@@ -586,7 +612,7 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 	if err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
-	if lw[n[arch.QBias]] == nil && lw[n[arch.KBias]] == nil && lw[n[arch.VBias]] == nil {
+	if s.batch == nil && lw[n[arch.QBias]] == nil && lw[n[arch.KBias]] == nil && lw[n[arch.VBias]] == nil {
 		// One pass over the three weights where the backend fuses it
 		// (tensor.MatMulMany).
 		err := tensor.MatMulMany(b, []*tensor.Tensor{q, kk, vv}, h, []*tensor.Tensor{lw[n[arch.Q]], lw[n[arch.K]], lw[n[arch.V]]})
@@ -594,13 +620,13 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 			return fmt.Errorf("q, k and v projections: %w", err)
 		}
 	} else {
-		if err := b.MatMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
+		if err := s.matMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
 			return fmt.Errorf("q projection: %w", err)
 		}
-		if err := b.MatMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
+		if err := s.matMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
 			return fmt.Errorf("k projection: %w", err)
 		}
-		if err := b.MatMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
+		if err := s.matMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
 			return fmt.Errorf("v projection: %w", err)
 		}
 	}
@@ -614,18 +640,39 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 			return fmt.Errorf("k norm: %w", err)
 		}
 	}
-	// q and k rotated, k's and v's rows appended to the caches: one pass
-	// where the backend fuses it (tensor.RopeKV).
-	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0, PosAt: posAt}
-	kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
-	if err := tensor.RopeKV(b, q, kk, vv, kc, vc, rot); err != nil {
-		return err
+	switch {
+	case s.batch != nil:
+		kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
+		if err := s.batch.attention(b, s, attn, q, kk, vv, kc, vc, scale); err != nil {
+			return err
+		}
+	case s.hkv == nil || !s.hkv.onHost[i-s.m.lo]:
+		// q and k rotated, k's and v's rows appended to the caches on the
+		// device: one pass where the backend fuses it (tensor.RopeKV).
+		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0, PosAt: posAt}
+		kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
+		if err := tensor.RopeKV(b, q, kk, vv, kc, vc, rot); err != nil {
+			return err
+		}
+		at := tensor.Attn{Q: q, K: kc, V: vc, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale, PosAt: posAt}
+		if err := b.Attention(attn, at); err != nil {
+			return err
+		}
+	default:
+		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
+		if err := b.Rope(q, rot); err != nil {
+			return err
+		}
+		rot.Heads = c.NumKVHeads
+		if err := b.Rope(kk, rot); err != nil {
+			return err
+		}
+		at := tensor.Attn{Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale}
+		if err := s.attend(ctx, i, T, pos0, q, kk, vv, attn, at); err != nil {
+			return err
+		}
 	}
-	at := tensor.Attn{Q: q, K: kc, V: vc, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale, PosAt: posAt}
-	if err := b.Attention(attn, at); err != nil {
-		return err
-	}
-	if err := b.MatMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
+	if err := s.matMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
 		return fmt.Errorf("o projection: %w", err)
 	}
 	// The residual and the MLP's norm in one pass (tensor.AddRMSNorm).
@@ -635,15 +682,37 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 	if c.Sparse(i) {
 		return s.moe(ctx, i, T, pos0, lw) // its output in proj
 	}
-	// silu(gate) * up, both products in one pass over their weights
-	// where the backend fuses them (tensor.GateUpSiLU).
-	if err := tensor.GateUpSiLU(b, gate, up, h, lw[n[arch.Gate]], lw[n[arch.Up]]); err != nil {
-		return fmt.Errorf("gate and up projections: %w", err)
+	if s.batch == nil {
+		// silu(gate) * up, both products in one pass over their weights
+		// where the backend fuses them (tensor.GateUpSiLU).
+		if err := tensor.GateUpSiLU(b, gate, up, h, lw[n[arch.Gate]], lw[n[arch.Up]]); err != nil {
+			return fmt.Errorf("gate and up projections: %w", err)
+		}
+	} else {
+		if err := s.matMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
+			return fmt.Errorf("gate projection: %w", err)
+		}
+		if err := s.matMul(up, h, lw[n[arch.Up]], nil); err != nil {
+			return fmt.Errorf("up projection: %w", err)
+		}
+		if err := b.SiLUMul(gate, gate, up); err != nil {
+			return err
+		}
 	}
-	if err := b.MatMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
+	if err := s.matMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
 		return fmt.Errorf("down projection: %w", err)
 	}
 	return nil // the output in proj, added to x by the next norm
+}
+
+// matMul is the backend's MatMul, or in a batch tensor.MatMulRows, whose
+// rows have the bits of one-row products: a sequence's results then do not
+// depend on the other rows of the step.
+func (s *Session) matMul(out, x, w, bias *tensor.Tensor) error {
+	if s.batch != nil {
+		return tensor.MatMulRows(s.m.backend, out, x, w, bias)
+	}
+	return s.m.backend.MatMul(out, x, w, bias)
 }
 
 // chunkViews are the session's buffers cut to T rows, so that a decode step
