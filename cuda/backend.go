@@ -531,6 +531,7 @@ func (b *Backend) DownloadCompute(dst []byte, src *tensor.Tensor) error {
 		return nil
 	}
 	return b.ops(op, func() error {
+		b.counts.copies.Add(1)
 		err := cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
 		if err == nil {
 			err = b.compute.Synchronize()
