@@ -104,9 +104,12 @@ type Backend interface {
 // dimensions is rotated by the angles of that position, read from the F32
 // tables Cos and Sin [maxPos, HeadDim/2]. The pairs are (j, j+HeadDim/2),
 // Hugging Face's rotate_half convention.
+//
+// PosAt, when set, holds the position of row 0 instead (see PosAt).
 type Rotary struct {
 	Cos, Sin             *Tensor
 	Heads, HeadDim, Pos0 int
+	PosAt                *Tensor
 }
 
 // Attn is causal grouped-query attention, for T queries at positions
@@ -116,10 +119,13 @@ type Rotary struct {
 // Query row t sees positions 0..Pos0+t; query head h reads KV head
 // h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
 // (not NaN) and softmaxed in F32.
+//
+// PosAt, when set, holds the position of query row 0 instead (see PosAt).
 type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
+	PosAt                         *Tensor
 }
 
 // AttnBlocks is causal grouped-query attention for the rows of several

@@ -20,6 +20,7 @@ type config struct {
 	quantTol   float64
 	quantTypes []tensor.DType
 	quantizesX bool
+	fusedTol   float64
 }
 
 // Tolerance sets the largest relative error ||out-ref||/||ref|| accepted
@@ -51,7 +52,7 @@ func QuantTypes(dts ...tensor.DType) Option {
 func QuantizedActivations() Option { return func(c *config) { c.quantizesX = true } }
 
 func newConfig(opts []Option) config {
-	c := config{tol: 1e-5, quantTol: 2e-2, quantTypes: QuantWeightTypes()}
+	c := config{tol: 1e-5, quantTol: 2e-2, quantTypes: QuantWeightTypes(), fusedTol: 1e-5}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -81,6 +82,8 @@ func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("Errors", s.testErrors)
 	t.Run("Aliasing", s.testAliasing)
 	t.Run("Quant", s.testQuant)
+	t.Run("PosAt", s.testPosAt)
+	t.Run("Fused", s.testFused)
 }
 
 type suite struct {
