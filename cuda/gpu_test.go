@@ -615,6 +615,79 @@ func TestScratchPieces(t *testing.T) {
 	}
 }
 
+// TestDownloadComputedLeavesCopies: DownloadComputed of a small tensor
+// returns the compute's result while a large UploadAsync copy is still on
+// its way (Download waits for it): the hand-over of a hidden state to the
+// CPU does not wait for prefetch copies. It logs both times.
+func TestDownloadComputedLeavesCopies(t *testing.T) {
+	b := openGPU(t)
+	const n = 128 << 20 // 512 MiB of F32: a copy of about 10 ms
+	pinned, err := b.AllocPinned(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(pinned)
+	dst, err := b.Alloc(tensor.F32, tensor.Shape{n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(dst)
+	x, _ := put(t, b, tensor.F32, tensor.Shape{1, 4096}, make([]float32, 4096))
+	one := make([]float32, 4096)
+	for i := range one {
+		one[i] = float32(i)
+	}
+	y, _ := put(t, b, tensor.F32, tensor.Shape{1, 4096}, one)
+	host := make([]byte, 4*4096)
+	for _, tc := range []struct {
+		name  string
+		down  func([]byte, *tensor.Tensor) error
+		waits bool
+	}{
+		{"Download", b.Download, true},
+		{"DownloadComputed", b.DownloadComputed, false},
+	} {
+		if err := b.Upload(x, 0, make([]byte, 4*4096)); err != nil { // x = 0 until the Add
+			t.Fatal(err)
+		}
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		ready, err := b.UploadAsync(context.Background(), dst, 0, pinned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Add(x, y, y); err != nil { // x = 2y
+			t.Fatal(err)
+		}
+		if err := tc.down(host, x); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(t0)
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		copyTime := time.Since(t0)
+		if err := ready(); err != nil {
+			t.Fatal(err)
+		}
+		got := unsafe.Slice((*float32)(unsafe.Pointer(&host[0])), 4096)
+		for i := range got {
+			if got[i] != 2*float32(i) {
+				t.Fatalf("%s: element %d = %v, want %v", tc.name, i, got[i], 2*float32(i))
+			}
+		}
+		t.Logf("%s of 16 KiB behind a 512 MiB UploadAsync: returned after %v, the copy landed after %v", tc.name, took, copyTime)
+		switch {
+		case tc.waits && took < copyTime/2:
+			t.Errorf("%s returned after %v, before the copy (%v): it should wait for it", tc.name, took, copyTime)
+		case !tc.waits && took > copyTime/2:
+			t.Errorf("%s returned after %v, with the copy (%v): it waited for a copy no compute needs", tc.name, took, copyTime)
+		}
+	}
+}
+
 // TestUploadAsyncOrdering checks both orders UploadAsync promises: compute
 // queued after ready() sees the new bytes, and compute queued before the
 // call still sees the old ones.

@@ -168,3 +168,22 @@ type CachingAllocator interface {
 
 // Caching returns m's caching allocator, if it has one.
 func Caching(m Memory) (CachingAllocator, bool) { return capability[CachingAllocator](m) }
+
+// ComputeDownloader is a backend whose DownloadComputed copies src into dst
+// once the compute queued before the call has finished, without waiting
+// for UploadAsync copies that no compute has been ordered after (Download
+// waits for every queued copy). Handing an activation from the device to
+// the host then leaves the copies of layers still to come running: the
+// copy engine streams them while the host computes.
+type ComputeDownloader interface {
+	DownloadComputed(dst []byte, src *Tensor) error
+}
+
+// DownloadComputed copies src into dst with m's DownloadComputed when m is
+// a ComputeDownloader, else with its Download.
+func DownloadComputed(m Memory, dst []byte, src *Tensor) error {
+	if d, ok := capability[ComputeDownloader](m); ok {
+		return d.DownloadComputed(dst, src)
+	}
+	return m.Download(dst, src)
+}
