@@ -170,6 +170,92 @@ func TestHybridStages(t *testing.T) {
 	}
 }
 
+// handCounter is a CPU backend standing in for a GPU that counts the
+// downloads that wait for its copies and those that wait for its compute
+// only.
+type handCounter struct {
+	*tensor.CPU
+	downloads, computed int
+}
+
+func (h *handCounter) Download(dst []byte, src *tensor.Tensor) error {
+	h.downloads++
+	return h.CPU.Download(dst, src)
+}
+
+func (h *handCounter) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	h.computed++
+	return h.CPU.Download(dst, src)
+}
+
+// TestHybridHandoffLeavesCopies: the hidden state leaves a device stage
+// for the CPU through DownloadComputed, which does not wait for the copies
+// a pager queued for later layers, in every chunk and decode step, and the
+// logits are the one device's.
+func TestHybridHandoffLeavesCopies(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	ref := tensor.NewCPU(1)
+	defer ref.Close()
+	hw, err := LoadWeights(ctx, lm, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	rm, err := New(cfg, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78}
+	const maxPos, chunk, steps = 32, 4, 5
+	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
+	gpu, cpu := &handCounter{CPU: tensor.NewCPU(1)}, tensor.NewCPU(1)
+	defer gpu.Close()
+	defer cpu.Close()
+	stages := []Stage{ // two hand-overs from the "GPU" to the CPU a forward
+		{Backend: gpu, Weights: hw, FirstBlock: 0, EndBlock: 1},
+		{Backend: cpu, Weights: hw, FirstBlock: 1, EndBlock: 2},
+		{Backend: gpu, Weights: hw, FirstBlock: 2, EndBlock: 3},
+		{Backend: cpu, Weights: hw, FirstBlock: 3, EndBlock: 4},
+	}
+	pl, err := NewPipeline(cfg, stages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := pl.NewSession(maxPos, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	got, err := ps.Forward(ctx, prompt, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := append([]float32(nil), got...)
+	last := got[len(got)-cfg.VocabSize:]
+	for range steps {
+		if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, last...)
+	}
+	for i := range wantLogits {
+		if all[i] != wantLogits[i] {
+			t.Fatalf("logit %d: %v, one device %v", i, all[i], wantLogits[i])
+		}
+	}
+	forwards := (len(prompt)+chunk-1)/chunk + steps
+	if gpu.computed != 2*forwards || gpu.downloads != 0 {
+		t.Errorf("hand-overs from the GPU: %d by DownloadComputed and %d by Download over %d forwards; want %d and 0",
+			gpu.computed, gpu.downloads, forwards, 2*forwards)
+	}
+}
+
 // failingWeights fails the acquisition of one layer while armed.
 type failingWeights struct {
 	Weights
