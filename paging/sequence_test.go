@@ -36,7 +36,8 @@ func planAtDepth(t testing.TB, info ModelInfo, budget int64, cpu, seq []int, d i
 // TestPagerSequence decodes over a sequence with gaps, the way a hybrid
 // plan does: after a prefill pass over every layer, the pager follows the
 // sequence, forward or backwards, each Acquire after the loads under way
-// are done (as when the CPU computes the layers between). The layers left
+// are done (as when the CPU computes the layers between), with prefetch
+// filling the ring (PrefetchFill) or not. The layers left
 // out are never loaded again (the source, with no host cache, is read on
 // every load), every streamed layer of the sequence loads once a token
 // when the ring cannot hold them all, prefetch brings every one before its
@@ -53,15 +54,16 @@ func TestPagerSequence(t *testing.T) {
 		cpu, seq := hybridSplit(n)
 		for _, pct := range []int64{40, 70} {
 			for _, d := range []int{1, 2} {
-				for _, rev := range []bool{false, true} {
-					name := fmt.Sprintf("%s/%d%%/depth %d/reverse=%v", m.name, pct, d, rev)
+				for _, c := range []struct{ rev, fill bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+					rev := c.rev
+					name := fmt.Sprintf("%s/%d%%/depth %d/reverse=%v/fill=%v", m.name, pct, d, rev, c.fill)
 					p0 := planAtDepth(t, info, 1<<40, cpu, seq, d)
 					budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W*pct/100
 					plan := planAtDepth(t, info, budget, cpu, seq, d)
 					fb := newFake()
 					bg := newBudget(t, fb, budget, "fake:0")
 					free := nnReserve(t, bg, plan)
-					pg, err := NewPager(m.src, bg, plan, Options{HostCacheBytes: -1})
+					pg, err := NewPager(m.src, bg, plan, Options{HostCacheBytes: -1, PrefetchFill: c.fill})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -275,4 +277,83 @@ func TestSetSequence(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// TestPagerFillsRing: with PrefetchFill, a Release followed by no Acquire
+// (the CPU computing its layers) loads the sequence's next streamed parts
+// as far as the ring has room, each prefetch that ends starting the next;
+// without it, the depth+1 after the released layer. The parts loaded
+// ahead are the walk's next ones, in order, and all fit in the ring.
+func TestPagerFillsRing(t *testing.T) {
+	src := llamaSynth(10, 64, 172, 32, 256)
+	n := src.NumLayers()
+	info := smallDims(src, n)
+	W, _ := totalAndMax(info)
+	cpu, seq := hybridSplit(n)
+	const d = 1
+	p0 := planAtDepth(t, info, 1<<40, cpu, seq, d)
+	budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W*60/100
+	plan := planAtDepth(t, info, budget, cpu, seq, d)
+	ahead := map[bool]int{}
+	for _, fill := range []bool{false, true} {
+		fb := newFake()
+		bg := newBudget(t, fb, budget, "fake:0")
+		free := nnReserve(t, bg, plan)
+		pg, err := NewPager(src, bg, plan, Options{HostCacheBytes: -1, PrefetchFill: fill})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pg.SetSequence(seq); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 { // settle the ring into the walk's order
+			for _, l := range seq {
+				waitIdle(pg)
+				sweep(t, pg, src, []int{l})
+			}
+		}
+		waitIdle(pg)
+		// Where the walk stands now: its last layer released. The parts
+		// ahead, in the walk's order, up to the first not loaded.
+		var loaded, bytes, next int64
+		for _, l := range seq {
+			e := pg.layers[l]
+			if len(e.str) == 0 {
+				continue
+			}
+			if !e.ringLoaded() {
+				next = e.strSlab
+				break
+			}
+			loaded++
+			bytes += e.strSlab
+		}
+		if fill && next > 0 && bytes+next <= pg.ringCap {
+			t.Errorf("fill: the next part (%d bytes) fits beside the %d loaded ahead in the %d-byte ring, and is not loaded", next, bytes, pg.ringCap)
+		}
+		ahead[fill] = int(loaded)
+		streamed := 0
+		for _, l := range seq {
+			if len(pg.layers[l].str) > 0 {
+				streamed++
+			}
+		}
+		t.Logf("fill=%v: %d of %d streamed parts ahead loaded (%d bytes of a %d-byte ring)", fill, loaded, streamed, bytes, pg.ringCap)
+		if bytes > pg.ringCap {
+			t.Errorf("fill=%v: %d bytes loaded ahead in a ring of %d", fill, bytes, pg.ringCap)
+		}
+		free()
+		if err := pg.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := bg.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	if ahead[false] > d+1 {
+		t.Errorf("without fill %d parts ahead loaded, want at most depth+1 = %d", ahead[false], d+1)
+	}
+	if ahead[true] <= d+1 {
+		t.Errorf("with fill %d parts ahead loaded, want more than depth+1 = %d", ahead[true], d+1)
+	}
 }
