@@ -401,6 +401,12 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
+	if p.fill {
+		// As many as the walk ahead: the ring's room bounds them. With
+		// depth+1, the loads of a fill that end together each found the
+		// others' slots taken and started nothing more.
+		p.pf.SetLimit(n + 1)
+	}
 	p.id = budget.newPagerID()
 	p.unregister = budget.Register(pagerEvictor{p})
 	return p, nil
