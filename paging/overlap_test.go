@@ -252,8 +252,9 @@ func TestHybridOverlapTimed(t *testing.T) {
 // the pipeline's OnTwins sets the sequence of every layer, and a chunk
 // runs every layer on the device (the CPU's on their twins, whose keys and
 // values then go back to the host), its compute taking compute times a
-// decode step's. It returns the time of each of passes chunks.
-func prefillTimed(t *testing.T, src *synthSource, hp *HybridPlan, rates Rates, fill, computeOnly bool, settle, passes int, compute float64) []time.Duration {
+// decode step's. It returns the time of each of passes chunks, and the
+// pager's counters over them.
+func prefillTimed(t *testing.T, src *synthSource, hp *HybridPlan, rates Rates, fill, computeOnly bool, settle, passes int, compute float64) ([]time.Duration, Stats) {
 	t.Helper()
 	ctx := context.Background()
 	g := &timedGPU{fakeBackend: newFake(), h2d: rates.H2D, device: rates.Device}
@@ -322,6 +323,7 @@ func prefillTimed(t *testing.T, src *synthSource, hp *HybridPlan, rates Rates, f
 	if err := pg.SetSequence(nil); err != nil { // OnTwins(true)
 		t.Fatal(err)
 	}
+	st0 := pg.Stats()
 	var times []time.Duration
 	for range passes {
 		t0 := g.now()
@@ -334,7 +336,9 @@ func prefillTimed(t *testing.T, src *synthSource, hp *HybridPlan, rates Rates, f
 		toHost() // the logits
 		times = append(times, g.now()-t0)
 	}
-	return times
+	st := pg.Stats()
+	return times, Stats{Misses: st.Misses - st0.Misses, PrefetchNoRoom: st.PrefetchNoRoom - st0.PrefetchNoRoom,
+		OutsideRing: st.OutsideRing - st0.OutsideRing, Evictions: st.Evictions - st0.Evictions}
 }
 
 // TestHybridPrefillTimed: a prompt's chunk after decode, every layer on the
@@ -369,9 +373,10 @@ func TestHybridPrefillTimed(t *testing.T) {
 			streamed += lp.StreamedBytes
 		}
 		bound := seconds(streamed, rates.H2D)
-		fixed := prefillTimed(t, src, hp, rates, true, true, 3, 3, 4)
-		old := prefillTimed(t, src, hp, rates, false, false, 3, 3, 4)
-		t.Logf("%s: prefill chunks after decode: %s (the link's bound %.1f ms); as it was:%s", tc.name, ms(fixed), float64(bound)/1e6, ms(old))
+		fixed, fst := prefillTimed(t, src, hp, rates, true, true, 3, 3, 4)
+		old, ost := prefillTimed(t, src, hp, rates, false, false, 3, 3, 4)
+		t.Logf("%s: prefill chunks after decode: %s (the link's bound %.1f ms; %d misses, %d prefetches without room, %d parts outside the ring); as it was:%s (%d misses, %d without room, %d outside)",
+			tc.name, ms(fixed), float64(bound)/1e6, fst.Misses, fst.PrefetchNoRoom, fst.OutsideRing, ms(old), ost.Misses, ost.PrefetchNoRoom, ost.OutsideRing)
 		for i, d := range fixed {
 			if float64(d) > 1.1*float64(bound) {
 				t.Errorf("%s: chunk %d took %.1f ms, the link's bound is %.1f ms", tc.name, i, float64(d)/1e6, float64(bound)/1e6)
