@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/strata-llm/strata/tensor"
 )
 
 // hybridSplit returns, for n layers, the layers a hybrid plan might give
@@ -355,5 +357,86 @@ func TestPagerFillsRing(t *testing.T) {
 	}
 	if ahead[true] <= d+1 {
 		t.Errorf("with fill %d parts ahead loaded, want more than depth+1 = %d", ahead[true], d+1)
+	}
+}
+
+// gatedAsync is a backend whose UploadAsync waits for its gate to open,
+// but for the first free calls.
+type gatedAsync struct {
+	*fakeBackend
+	mu   sync.Mutex
+	free int
+	gate chan struct{}
+}
+
+func (g *gatedAsync) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (func() error, error) {
+	g.mu.Lock()
+	wait := g.free <= 0
+	g.free--
+	g.mu.Unlock()
+	if wait {
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	copy(dst.Bytes()[off:], src)
+	return func() error { return nil }, nil
+}
+
+// TestPagerFillStartsAtOnce: an Acquire and a Release start the loads of
+// every part the ring has room for at once, not depth+1 of them with the
+// others left to the loads' ends: loads may all end together, and each
+// would find the others still holding their places in the prefetch group.
+// Here the copies of the walk's first layer pass, the others wait at a
+// gate while the test counts the loads under way.
+func TestPagerFillStartsAtOnce(t *testing.T) {
+	src := llamaSynth(10, 64, 172, 32, 256)
+	n := src.NumLayers()
+	info := smallDims(src, n)
+	W, _ := totalAndMax(info)
+	cpu, seq := hybridSplit(n)
+	const d = 1
+	p0 := planAtDepth(t, info, 1<<40, cpu, seq, d)
+	budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W*60/100
+	plan := planAtDepth(t, info, budget, cpu, seq, d)
+	be := &gatedAsync{fakeBackend: newFake(), gate: make(chan struct{})}
+	bg := newBudget(t, be, budget, "fake:0")
+	free := nnReserve(t, bg, plan)
+	pg, err := NewPager(src, bg, plan, Options{HostCacheBytes: 1 << 30, PrefetchFill: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.SetSequence(seq); err != nil {
+		t.Fatal(err)
+	}
+	first := seq[0]
+	be.free = len(pg.layers[first].str)
+	sweep(t, pg, src, []int{first})
+	pg.mu.Lock()
+	var started int
+	var bytes int64
+	for _, l := range seq[1:] {
+		e := pg.layers[l]
+		if len(e.str) > 0 && (e.loading || e.queued) {
+			started++
+			bytes += e.strSlab
+		}
+	}
+	ring := pg.ringCap
+	pg.mu.Unlock()
+	close(be.gate)
+	waitIdle(pg)
+	t.Logf("after the walk's first layer: %d loads under way (%d bytes of a %d-byte ring)", started, bytes, ring)
+	if started <= d+1 {
+		t.Errorf("after the walk's first layer %d loads under way; want more than depth+1 = %d", started, d+1)
+	}
+	free()
+	if err := pg.Close(); err != nil {
+		t.Error(err)
+	}
+	if err := bg.Close(); err != nil {
+		t.Error(err)
 	}
 }
