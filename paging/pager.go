@@ -567,10 +567,18 @@ func (p *Pager) window(layer int) []int { return p.walk(layer, p.depth, -1) }
 // ending before a layer met already or before stop.
 func (p *Pager) walk(layer, k, stop int) []int {
 	w := []int{layer}
+	var seen []bool // for a long walk; a short one looks in w
+	if k > 8 {
+		seen = make([]bool, len(p.layers))
+		seen[layer] = true
+	}
 	for i := 1; i <= k; i++ {
 		j := p.next(layer, i)
-		if j == stop || slices.Contains(w, j) {
+		if j == stop || seen != nil && seen[j] || seen == nil && slices.Contains(w, j) {
 			break
+		}
+		if seen != nil {
+			seen[j] = true
 		}
 		w = append(w, j)
 	}
