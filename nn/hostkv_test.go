@@ -242,7 +242,7 @@ type computeDownloader struct {
 	computeOnly int
 }
 
-func (c *computeDownloader) DownloadCompute(dst []byte, src *tensor.Tensor) error {
+func (c *computeDownloader) DownloadComputed(dst []byte, src *tensor.Tensor) error {
 	c.computeOnly++
 	return c.Download(dst, src)
 }
