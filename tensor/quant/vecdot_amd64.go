@@ -43,8 +43,9 @@ func gemvQ6_KVNNI(out *float32, w, x *byte, rows, nb int)
 // lengths the callers have checked, so that a mistake inside the package
 // panics instead of reading past a slice.
 func asmGemv(t Type, f func(out *float32, w, x *byte, rows, nb int)) gemvFunc {
-	xbb := VecDotType(t).BlockBytes()
-	wbb := t.BlockBytes()
+	a, _ := actOf(t)
+	xbb := a.blockBytes()
+	wbb := t.BlockBytes() // a weight block matches an activation block
 	return func(out []float32, w, xq []byte) {
 		nb := len(xq) / xbb
 		if len(out) == 0 || nb == 0 || len(xq) != nb*xbb || len(w) != len(out)*nb*wbb {
@@ -54,15 +55,13 @@ func asmGemv(t Type, f func(out *float32, w, x *byte, rows, nb int)) gemvFunc {
 	}
 }
 
-// avx2Kernels need AVX2 and F16C (Intel Haswell, AMD Zen and later).
+// avx2Kernels need AVX2 and F16C (Intel Haswell, AMD Zen and later). The
+// assembly in vecdot_amd64.s still takes ggml's 8-bit activations, which
+// QuantizeRow no longer writes: until it takes QuantizeRow's, both tables
+// run the Go kernels.
 var avx2Kernels = func() vecKernels {
 	k := goKernels
 	k.name = "avx2"
-	k.gemv[Q8_0] = asmGemv(Q8_0, gemvQ8_0AVX2)
-	k.gemv[Q4_0] = asmGemv(Q4_0, gemvQ4_0AVX2)
-	k.gemv[Q4_K] = asmGemv(Q4_K, gemvQ4_KAVX2)
-	k.gemv[Q5_K] = asmGemv(Q5_K, gemvQ5_KAVX2)
-	k.gemv[Q6_K] = asmGemv(Q6_K, gemvQ6_KAVX2)
 	return k
 }()
 
@@ -72,10 +71,6 @@ var avx2Kernels = func() vecKernels {
 var avx512Kernels = func() vecKernels {
 	k := avx2Kernels
 	k.name = "avx512"
-	k.gemv[Q8_0] = asmGemv(Q8_0, gemvQ8_0VNNI)
-	k.gemv[Q4_K] = asmGemv(Q4_K, gemvQ4_KVNNI)
-	k.gemv[Q5_K] = asmGemv(Q5_K, gemvQ5_KVNNI)
-	k.gemv[Q6_K] = asmGemv(Q6_K, gemvQ6_KVNNI)
 	return k
 }()
 
