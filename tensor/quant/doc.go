@@ -37,8 +37,8 @@
 // or 0.005% (blocks of 256) to each product, 1/128 of what ggml's 8-bit
 // Q8_0 and Q8_K activations cost; DotF32 is the exact alternative.
 //
-// The kernels are Go everywhere, and x86-64 assembly with AVX2 or
-// AVX512_VNNI for some formats, chosen at run time (KernelsEnv overrides
+// The kernels are Go everywhere, and x86-64 assembly for Q8_0, Q4_0, Q4_K,
+// Q5_K and Q6_K with AVX2 or AVX512_VNNI, chosen at run time (KernelsEnv overrides
 // the choice; the purego build tag leaves the assembly out). Every kernel
 // computes the same float32 result, bit for bit, from the same bytes:
 //

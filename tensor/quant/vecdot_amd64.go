@@ -28,6 +28,9 @@ func gemvQ5_KAVX2(out *float32, w, x *byte, rows, nb int)
 func gemvQ6_KAVX2(out *float32, w, x *byte, rows, nb int)
 
 //go:noescape
+func gemvQ4_0VNNI(out *float32, w, x *byte, rows, nb int)
+
+//go:noescape
 func gemvQ8_0VNNI(out *float32, w, x *byte, rows, nb int)
 
 //go:noescape
@@ -55,22 +58,28 @@ func asmGemv(t Type, f func(out *float32, w, x *byte, rows, nb int)) gemvFunc {
 	}
 }
 
-// avx2Kernels need AVX2 and F16C (Intel Haswell, AMD Zen and later). The
-// assembly in vecdot_amd64.s still takes ggml's 8-bit activations, which
-// QuantizeRow no longer writes: until it takes QuantizeRow's, both tables
-// run the Go kernels.
+// avx2Kernels need AVX2 and F16C (Intel Haswell, AMD Zen and later).
 var avx2Kernels = func() vecKernels {
 	k := goKernels
 	k.name = "avx2"
+	k.gemv[Q8_0] = asmGemv(Q8_0, gemvQ8_0AVX2)
+	k.gemv[Q4_0] = asmGemv(Q4_0, gemvQ4_0AVX2)
+	k.gemv[Q4_K] = asmGemv(Q4_K, gemvQ4_KAVX2)
+	k.gemv[Q5_K] = asmGemv(Q5_K, gemvQ5_KAVX2)
+	k.gemv[Q6_K] = asmGemv(Q6_K, gemvQ6_KAVX2)
 	return k
 }()
 
 // avx512Kernels need AVX512_VNNI and AVX512VL as well: the AVX2 kernels
-// with VNNI's multiply-adds on 256-bit registers, for the formats where
-// they are faster (see vecdot_amd64.s).
+// with VNNI's multiply-adds on 256-bit registers (see vecdot_amd64.s).
 var avx512Kernels = func() vecKernels {
 	k := avx2Kernels
 	k.name = "avx512"
+	k.gemv[Q8_0] = asmGemv(Q8_0, gemvQ8_0VNNI)
+	k.gemv[Q4_0] = asmGemv(Q4_0, gemvQ4_0VNNI)
+	k.gemv[Q4_K] = asmGemv(Q4_K, gemvQ4_KVNNI)
+	k.gemv[Q5_K] = asmGemv(Q5_K, gemvQ5_KVNNI)
+	k.gemv[Q6_K] = asmGemv(Q6_K, gemvQ6_KVNNI)
 	return k
 }()
 
