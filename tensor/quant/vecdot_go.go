@@ -29,23 +29,24 @@ func addLanes(acc *[8]float32, lane *[8]int32, dd float32) {
 // 2k+1, 16+2k and 17+2k. The arithmetic is int32's, wrapping as the
 // kernels' does (on QuantizeRow's output nothing wraps).
 func chunkLanes(lane *[8]int32, w *[32]int32, x []byte, sa, sb int32) {
-	x = x[:64]
-	q := func(e int) int32 { return int32(int16(le16(x[2*e:]))) }
-	for k := range lane {
-		e := 2 * k
-		lane[k] += sa*(w[e]*q(e)+w[e+1]*q(e+1)) + sb*(w[e+16]*q(e+16)+w[e+17]*q(e+17))
+	c := (*[64]byte)(x)
+	for k := range 8 {
+		lo, hi := c[4*k:4*k+4], c[32+4*k:32+4*k+4]
+		a := w[2*k]*int32(int16(uint16(lo[0])|uint16(lo[1])<<8)) + w[2*k+1]*int32(int16(uint16(lo[2])|uint16(lo[3])<<8))
+		b := w[16+2*k]*int32(int16(uint16(hi[0])|uint16(hi[1])<<8)) + w[17+2*k]*int32(int16(uint16(hi[2])|uint16(hi[3])<<8))
+		lane[k] += sa*a + sb*b
 	}
 }
 
 // chunkSums sets s[k] to the sum of the activation quants of lane k of
 // one chunk.
 func chunkSums(s *[8]int32, x []byte) {
-	var one [32]int32
-	for e := range one {
-		one[e] = 1
+	c := (*[64]byte)(x)
+	for k := range 8 {
+		lo, hi := c[4*k:4*k+4], c[32+4*k:32+4*k+4]
+		s[k] = int32(int16(uint16(lo[0])|uint16(lo[1])<<8)) + int32(int16(uint16(lo[2])|uint16(lo[3])<<8)) +
+			int32(int16(uint16(hi[0])|uint16(hi[1])<<8)) + int32(int16(uint16(hi[2])|uint16(hi[3])<<8))
 	}
-	*s = [8]int32{}
-	chunkLanes(s, &one, x, 1, 1)
 }
 
 // actBlocks returns the number of blocks of a row of activations xq in
@@ -55,15 +56,18 @@ func actBlocks(a actFormat, xq []byte) int { return len(xq) / a.blockBytes() }
 // dotQ8_0Go: Q8_0 weights.
 func dotQ8_0Go(w, xq []byte) float32 {
 	var acc [8]float32
-	var q [32]int32
 	nb := actBlocks(act32, xq)
 	for i := range nb {
 		b := (*[34]byte)(w[34*i:])
-		for e := range q {
-			q[e] = int32(int8(b[2+e]))
-		}
+		c := (*[64]byte)(xq[64*i:])
 		var lane [8]int32
-		chunkLanes(&lane, &q, xq[64*i:], 1, 1)
+		for k := range lane {
+			lo, hi := c[4*k:4*k+4], c[32+4*k:32+4*k+4]
+			lane[k] = int32(int8(b[2+2*k]))*int32(int16(uint16(lo[0])|uint16(lo[1])<<8)) +
+				int32(int8(b[3+2*k]))*int32(int16(uint16(lo[2])|uint16(lo[3])<<8)) +
+				int32(int8(b[18+2*k]))*int32(int16(uint16(hi[0])|uint16(hi[1])<<8)) +
+				int32(int8(b[19+2*k]))*int32(int16(uint16(hi[2])|uint16(hi[3])<<8))
+		}
 		addLanes(&acc, &lane, float32(halfToFloat(le16(b[:]))*actScale(act32, xq, nb, i)))
 	}
 	return hsum8(&acc)
@@ -170,27 +174,37 @@ func addLanesK(acc *[8]float32, lane, mlane *[8]int32, dd, dm float32) {
 // dotQ45_KGo is the product of Q4_K or Q5_K weights (super-blocks of bb
 // bytes, 4-bit levels from byte 16+qoff on, the fifth bits at 16 for
 // Q5_K): sub-block j's lanes times its 6-bit scale, and mlane[j] its
-// 6-bit min times the activation sum of sub-block j.
+// 6-bit min times the activation sum of sub-block j. Group g of 32 bytes
+// holds sub-block 2g in its low nibbles and 2g+1 in its high; the fifth
+// bit of element l of sub-block j is bit j of qh[l].
 func dotQ45_KGo(w, xq []byte, bb, qoff int, fifth bool) float32 {
 	var acc [8]float32
-	var q [32]int32
+	var q0, q1 [32]int32
 	nb := actBlocks(actK, xq)
 	for i := range nb {
 		b := w[bb*i : bb*(i+1)]
 		dd, dm := kScales(b, actScale(actK, xq, nb, i))
 		sc := (*[12]byte)(b[4:])
+		qh := (*[32]byte)(b[16:])
 		var lane, mlane [8]int32
-		for j := range 8 {
-			s, m := scaleMinK4(j, sc)
-			mlane[j] = int32(m) * actSum(xq, nb, i, j)
-			g, sh := j/2, uint(4*(j%2))
-			for l := range q {
-				q[l] = int32(b[16+qoff+32*g+l] >> sh & 15)
-				if fifth {
-					q[l] += int32(b[16+l]>>j&1) << 4
+		for g := range 4 {
+			qs := (*[32]byte)(b[16+qoff+32*g:])
+			for l, v := range qs {
+				q0[l], q1[l] = int32(v&15), int32(v>>4)
+			}
+			if fifth {
+				for l, h := range qh {
+					q0[l] += int32(h>>(2*g)&1) << 4
+					q1[l] += int32(h>>(2*g+1)&1) << 4
 				}
 			}
-			chunkLanes(&lane, &q, xq[2*(256*i+32*j):], int32(s), int32(s))
+			s0, m0 := scaleMinK4(2*g, sc)
+			s1, m1 := scaleMinK4(2*g+1, sc)
+			mlane[2*g] = int32(m0) * actSum(xq, nb, i, 2*g)
+			mlane[2*g+1] = int32(m1) * actSum(xq, nb, i, 2*g+1)
+			x := xq[2*(256*i+64*g):]
+			chunkLanes(&lane, &q0, x, int32(s0), int32(s0))
+			chunkLanes(&lane, &q1, x[64:], int32(s1), int32(s1))
 		}
 		addLanesK(&acc, &lane, &mlane, dd, dm)
 	}
@@ -208,22 +222,26 @@ func dotQ5_KGo(w, xq []byte) float32 { return dotQ45_KGo(w, xq, 176, 32, true) }
 // qh[32h+l]; element i of the super-block has the signed scale sc[i/16].
 func dotQ6_KGo(w, xq []byte) float32 {
 	var acc [8]float32
-	var q [32]int32
+	var q [4][32]int32
 	nb := actBlocks(actK, xq)
 	for i := range nb {
 		b := (*[210]byte)(w[210*i:])
 		dd := float32(halfToFloat(le16(b[208:])) * actScale(actK, xq, nb, i))
 		var lane [8]int32
 		for h := range 2 {
+			ql := (*[64]byte)(b[64*h:])
+			qh := (*[32]byte)(b[128+32*h:])
+			for l, t := range qh {
+				lo, hi := ql[l], ql[32+l]
+				q[0][l] = int32(lo&15|t&3<<4) - 32
+				q[1][l] = int32(hi&15|t>>2&3<<4) - 32
+				q[2][l] = int32(lo>>4|t>>4&3<<4) - 32
+				q[3][l] = int32(hi>>4|t>>6<<4) - 32
+			}
 			for c := range 4 {
-				for l := range q {
-					lo := b[64*h+32*(c&1)+l] >> (4 * (c >> 1)) & 15
-					top := b[128+32*h+l] >> (2 * c) & 3
-					q[l] = int32(lo|top<<4) - 32
-				}
 				ch := 4*h + c
 				sa, sb := int32(int8(b[192+2*ch])), int32(int8(b[192+2*ch+1]))
-				chunkLanes(&lane, &q, xq[2*(256*i+32*ch):], sa, sb)
+				chunkLanes(&lane, &q[c], xq[2*(256*i+32*ch):], sa, sb)
 			}
 		}
 		addLanes(&acc, &lane, dd)
