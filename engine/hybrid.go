@@ -85,7 +85,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	case o.Memory.CPULayers != 0:
 		ho.Mode, ho.CPULayers = paging.HybridForced, max(o.Memory.CPULayers, 0)
 	}
-	hp, err := paging.PlanHybrid(info, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv))
+	hp, err := paging.PlanHybrid(info, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv), paging.WithKVPositions(e.kvPositions()))
 	if err != nil {
 		return err
 	}

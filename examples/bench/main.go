@@ -508,7 +508,10 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		mem.Budgets = []int64{s.budget}
 	}
 	start := time.Now()
-	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads, NoGraphs: !o.graphs})
+	// With -streams the plan keeps room for the batcher's KV pool, so that
+	// the pool does not take the place of resident weights.
+	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
+		KVPositions: streamsPositions(o), NoGraphs: !o.graphs})
 	if err != nil {
 		return nil, err
 	}
