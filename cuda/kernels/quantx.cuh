@@ -1,0 +1,480 @@
+// The integer GEMV of quantized weights: x rounded to 16-bit integers once
+// per product, the weights' levels multiplied with them by dp2a (two int16
+// times two int8 into an int32, one instruction), the blocks' scales applied
+// in float once per 16 or 32 elements. quantx.cu, gemvx_<format>.cu and
+// gemvxb_<format>.cu instantiate it:
+//
+//   quantx16            x[M,K] (F32) into X16 blocks (below)
+//   gemvx_<f>_m{1,2,4,8}  out[M,N] = x[M,K] . w[N,K]^T from the X16 blocks
+//                       (gemvxb_<f>.cu: m4, m8),
+//                       up to 1, 2, 4 or 8 rows of x a launch, each weight
+//                       block staged and unpacked once for all of them
+//
+// X16, the activations of one product: for each row and each 32 elements
+// of x (a block) the scale d = max|x|/32767 and the levels
+// q = rint(x * (32767/max|x|)), |q| <= 32767, so x ~ d*q, and the integer
+// sum of the levels of each 16 elements (the offsets and minimums of the
+// weight formats multiply it). Three arrays: q (int16, K a row), d (F32,
+// K/32 a row) and s (int32, K/16 a row). A block with a NaN or an
+// infinity gets d = NaN, so that its row's products are NaN rather than
+// silently finite.
+//
+// Error: rounding x to 16 bits moves each element by at most d/2, 1/65534 of
+// its block's largest magnitude, so a product's relative error is about
+// 1/65534/sqrt(12) times its blocks' ratio of largest to rms magnitude.
+// Measured (TestActivationRounding: Q8_0, Q4_K, Q6_K rows of 4096 and 11008
+// from Gaussian values, Gaussian x): 1.6e-5 to 2.4e-5, 3.4e-5 to 7e-5 with
+// one outlier feature 20 times the rest in every 32; the host harness's
+// cases agree. Everything after the rounding is exact in int32 (a 32-element
+// sum is at most 32*128*32767 < 2^28) up to the float scales: the host
+// harness finds the products within 4e-7 of the float64 product of the
+// dequantized weights and d*q. 8-bit activations (dp4a, as ggml's integer
+// kernels) cost 0.4% to 1.7% a product and F16 activations (HFMA2) 2e-4
+// before any F16 accumulation; the F32-x kernels of quant.cuh stay for
+// MatMulPrecise.
+#pragma once
+
+#include "quant.cuh"
+
+// Rows of w a GEMV block takes at a time for up to MM rows of x.
+#define QXROWS(MM) ((MM) == 1 ? 4 : (MM) == 2 ? 2 : 1)
+
+// dp2a_lo and dp2a_hi: c plus the two int16 of a times bytes 0, 1 (lo) or
+// 2, 3 (hi) of b, signed. Native from compute capability 6.1 (the PTX is
+// for 7.0); the plain version serves the host and older device passes.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+#define QDP2A 1
+#endif
+QFN int dp2a_lo(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	return __dp2a_lo((int)a, (int)b, c);
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)(b & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)((b >> 8) & 0xffu);
+#endif
+}
+QFN int dp2a_hi(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	return __dp2a_hi((int)a, (int)b, c);
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)((b >> 16) & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 24);
+#endif
+}
+
+// dot4 adds the four signed bytes of w times the four int16 in xa (low,
+// high) and xb to s: two instructions.
+QFN int dot4(int s, uint32_t xa, uint32_t xb, uint32_t w) { return dp2a_hi(xb, w, dp2a_lo(xa, w, s)); }
+
+// dot8 adds bytes of w0 and w1 times the 8 int16 of xv.
+QFN int dot8(int s, const uint4& xv, uint32_t w0, uint32_t w1) { return dot4(dot4(s, xv.x, xv.y, w0), xv.z, xv.w, w1); }
+
+QFN float fdiv_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+	return __fdiv_rn(a, b);
+#else
+	return a / b;
+#endif
+}
+
+QFN int rint_i(float f) {
+#ifdef __CUDA_ARCH__
+	return __float2int_rn(f);
+#else
+	return (int)nearbyintf(f);
+#endif
+}
+
+QFN float nan_f() { return as_float(0x7fc00000u); }
+
+// ldq8 reads 8 levels of X16 (16-byte aligned; L1-cached: every warp of
+// the SM reads the same x).
+QFN uint4 ldq8(const int16_t* p) {
+#ifdef __CUDA_ARCH__
+	return __ldg(reinterpret_cast<const uint4*>(p));
+#else
+	if ((uintptr_t)p & 15) qhost_violation();
+	uint4 v;
+	memcpy(&v, p, 16);
+	return v;
+#endif
+}
+
+// quantx16_block rounds block i of x (elements 32i..32i+31, rows of K
+// back to back) into X16: levels at q + 32i, scale d[i], sums s[2i],
+// s[2i+1]. x needs only 4-byte alignment.
+QFN void quantx16_block(int16_t* __restrict__ q, float* __restrict__ d, int* __restrict__ s, const float* __restrict__ x, long long i) {
+	const float* p = x + 32 * i;
+	float v[32];
+	float amax = 0.0f;
+	bool finite = true;
+#pragma unroll
+	for (int j = 0; j < 32; j++) {
+		v[j] = p[j];
+		const float a = fabsf(v[j]);
+		finite = finite && a <= 3.402823466e38f;  // false for NaN and infinities
+		amax = fmaxf(amax, a);
+	}
+	const float inv = amax > 0.0f && finite ? fdiv_rn(32767.0f, amax) : 0.0f;
+	uint32_t w[16];
+	int s0 = 0, s1 = 0;
+#pragma unroll
+	for (int j = 0; j < 32; j += 2) {
+		const int a = rint_i(fmul_rn(v[j], inv)), b = rint_i(fmul_rn(v[j + 1], inv));
+		w[j / 2] = (uint32_t)(a & 0xffff) | ((uint32_t)b << 16);
+		if (j < 16)
+			s0 += a + b;
+		else
+			s1 += a + b;
+	}
+#pragma unroll
+	for (int k = 0; k < 4; k++) st16(q + 32 * i + 8 * k, make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]));
+	d[i] = finite ? fdiv_rn(amax, 32767.0f) : nan_f();
+	s[2 * i] = s0;
+	s[2 * i + 1] = s1;
+}
+
+// XQ is the X16 of up to MM rows of x for one launch; the rows from M on
+// read row M-1 (their sums are computed and dropped).
+struct XQ {
+	const int16_t* q;
+	const float* d;
+	const int* s;
+	int K, M;
+};
+
+QFN long long xrow(const XQ& x, int m) { return (long long)(m < x.M ? m : x.M - 1); }
+// xq8 returns the levels of elements e..e+7 (e a multiple of 8) of row m.
+QFN uint4 xq8(const XQ& x, int m, long long e) { return ldq8(x.q + xrow(x, m) * x.K + e); }
+// xd returns the scale of the block at element e (a multiple of 32).
+QFN float xd(const XQ& x, int m, long long e) { return x.d[xrow(x, m) * (x.K / 32) + e / 32]; }
+// xs returns the sum of the levels of elements e..e+15 (e a multiple of 16).
+QFN int xs(const XQ& x, int m, long long e) { return x.s[xrow(x, m) * (x.K / 16) + e / 16]; }
+
+template <int MM, int R>
+QFN void izero(int (&s)[R][MM]) {
+#pragma unroll
+	for (int r = 0; r < R; r++)
+#pragma unroll
+		for (int m = 0; m < MM; m++) s[r][m] = 0;
+}
+
+// Each format's integer unit (a lane's work, as F::dot in quant.cuh):
+// idot<MM,R>(acc, bp, j, x, e) adds unit j of the R blocks at bp[r] (in
+// shared memory) times rows m < MM of x (e: the block's first element) to
+// acc[r][m]. The levels go into signed bytes: nibbles (and fifth or sixth
+// bits) masked into place, Q8_0's bytes as they are; the formats' offsets
+// (q-8, q-16, q-32) and minimums multiply the sums of x.
+
+struct IQ8_0 {
+	typedef FmtQ8_0 F;
+	template <int MM, int R>
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int, const XQ& x, long long e) {
+		int s[R][MM];
+		izero(s);
+		Words qw[R];
+#pragma unroll
+		for (int r = 0; r < R; r++) qw[r] = words_at(bp[r] + 2);
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			uint32_t w0[R], w1[R];
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				w0[r] = word(qw[r], 2 * c);
+				w1[r] = word(qw[r], 2 * c + 1);
+			}
+#pragma unroll
+			for (int m = 0; m < MM; m++) {
+				const uint4 xv = xq8(x, m, e + 8 * c);
+#pragma unroll
+				for (int r = 0; r < R; r++) s[r][m] = dot8(s[r][m], xv, w0[r], w1[r]);
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const float dw = half_to_f32(sh_u16(bp[r]));
+#pragma unroll
+			for (int m = 0; m < MM; m++) acc[r][m] += dw * xd(x, m, e) * (float)s[r][m];
+		}
+	}
+};
+
+// The 32-element nibble formats (FmtNib32): byte j holds element j (low
+// nibble) and j+16 (high).
+template <int BB_, int QS, int QH, bool HAS_MIN, bool HAS_HIGH>
+struct INib32 {
+	typedef FmtNib32<BB_, QS, QH, HAS_MIN, HAS_HIGH> F;
+	template <int MM, int R>
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int, const XQ& x, long long e) {
+		int s[R][MM];
+		izero(s);
+		uint32_t qh[R];
+		Words qw[R];
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			qh[r] = HAS_HIGH ? sh_word(bp[r] + QH) : 0u;
+			qw[r] = words_at(bp[r] + QS);
+		}
+#pragma unroll
+		for (int c = 0; c < 2; c++) {  // words 2c, 2c+1: elements 8c..8c+7 and 16+8c..16+8c+7
+			uint32_t l0[R], l1[R], h0[R], h1[R];
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				const uint32_t q0 = word(qw[r], 2 * c), q1 = word(qw[r], 2 * c + 1);
+				l0[r] = q0 & 0x0F0F0F0Fu;
+				l1[r] = q1 & 0x0F0F0F0Fu;
+				h0[r] = (q0 >> 4) & 0x0F0F0F0Fu;
+				h1[r] = (q1 >> 4) & 0x0F0F0F0Fu;
+				if (HAS_HIGH) {
+					l0[r] |= spread4(qh[r] >> (8 * c)) << 4;
+					l1[r] |= spread4(qh[r] >> (8 * c + 4)) << 4;
+					h0[r] |= spread4(qh[r] >> (16 + 8 * c)) << 4;
+					h1[r] |= spread4(qh[r] >> (20 + 8 * c)) << 4;
+				}
+			}
+#pragma unroll
+			for (int m = 0; m < MM; m++) {
+				const uint4 xl = xq8(x, m, e + 8 * c), xh = xq8(x, m, e + 16 + 8 * c);
+#pragma unroll
+				for (int r = 0; r < R; r++) s[r][m] = dot8(dot8(s[r][m], xl, l0[r], l1[r]), xh, h0[r], h1[r]);
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const float dw = half_to_f32(sh_u16(bp[r]));
+			const float mw = HAS_MIN ? half_to_f32(sh_u16(bp[r] + 2)) : 0.0f;
+#pragma unroll
+			for (int m = 0; m < MM; m++) {
+				const int sx = xs(x, m, e) + xs(x, m, e + 16);
+				const float dx = xd(x, m, e);
+				if (HAS_MIN)
+					acc[r][m] += dx * (dw * (float)s[r][m] + mw * (float)sx);
+				else
+					acc[r][m] += dx * dw * (float)(s[r][m] - (HAS_HIGH ? 16 : 8) * sx);
+			}
+		}
+	}
+};
+typedef INib32<18, 2, 0, false, false> IQ4_0;
+typedef INib32<20, 4, 0, true, false> IQ4_1;
+typedef INib32<22, 6, 2, false, true> IQ5_0;
+typedef INib32<24, 8, 4, true, true> IQ5_1;
+
+// Q4_K and Q5_K (FmtK45): unit g is group g, elements 64g..64g+63, read
+// with 16-byte loads (16-byte aligned blocks); sub-block 2g (the low
+// nibbles) and 2g+1 (the high ones) are one block of x each.
+template <bool FIVE>
+struct IK45 {
+	typedef FmtK45<FIVE> F;
+	template <int MM, int R>
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int g, const XQ& x, long long e) {
+		int s1[R][MM], s2[R][MM];
+		izero(s1);
+		izero(s2);
+		const long long eg = e + 64 * g;
+#pragma unroll 1
+		for (int part = 0; part < 2; part++) {  // bytes 16part..16part+15 of the group
+			uint32_t lo[R][4], hi[R][4];
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				const uint4 q4 = ld128(bp[r] + F::QS + 32 * g + 16 * part);
+				const uint4 h4 = FIVE ? ld128(bp[r] + 16 + 16 * part) : make_uint4(0, 0, 0, 0);
+				const uint32_t q[4] = {q4.x, q4.y, q4.z, q4.w}, hw[4] = {h4.x, h4.y, h4.z, h4.w};
+#pragma unroll
+				for (int c = 0; c < 4; c++) {
+					lo[r][c] = q[c] & 0x0F0F0F0Fu;
+					hi[r][c] = (q[c] >> 4) & 0x0F0F0F0Fu;
+					if (FIVE) {
+						// qh bytes shifted by 2g: bit 8k is the fifth bit of
+						// byte k's low nibble, bit 8k+1 of its high one.
+						const uint32_t h = hw[c] >> (2 * g);
+						lo[r][c] |= (h << 4) & 0x10101010u;
+						hi[r][c] |= (h << 3) & 0x10101010u;
+					}
+				}
+			}
+#pragma unroll
+			for (int m = 0; m < MM; m++)
+#pragma unroll
+				for (int cc = 0; cc < 2; cc++) {
+					const uint4 xl = xq8(x, m, eg + 16 * part + 8 * cc), xh = xq8(x, m, eg + 32 + 16 * part + 8 * cc);
+#pragma unroll
+					for (int r = 0; r < R; r++) {
+						s1[r][m] = dot8(s1[r][m], xl, lo[r][2 * cc], lo[r][2 * cc + 1]);
+						s2[r][m] = dot8(s2[r][m], xh, hi[r][2 * cc], hi[r][2 * cc + 1]);
+					}
+				}
+		}
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const uint4 hd = ld128(bp[r]);  // d, dmin, then the 12 scale bytes
+			const float d = half_to_f32(hd.x & 0xffffu), dmin = half_to_f32(hd.x >> 16);
+			const uint32_t sh = (16 * g) & 31;
+			const uint32_t a0 = hd.y >> sh, a1 = hd.z >> sh, a2 = hd.w >> sh;
+			const uint32_t sc = g < 2 ? a0 & 0x3F3Fu : (a2 & 0x0F0Fu) | ((a0 >> 2) & 0x3030u);
+			const uint32_t mn = g < 2 ? a1 & 0x3F3Fu : ((a2 >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
+			const float d1 = fmul_rn(d, (float)(sc & 0xffu)), m1 = fmul_rn(dmin, (float)(mn & 0xffu));
+			const float d2 = fmul_rn(d, (float)(sc >> 8)), m2 = fmul_rn(dmin, (float)(mn >> 8));
+#pragma unroll
+			for (int m = 0; m < MM; m++) {
+				const int x1 = xs(x, m, eg) + xs(x, m, eg + 16), x2 = xs(x, m, eg + 32) + xs(x, m, eg + 48);
+				acc[r][m] += xd(x, m, eg) * (d1 * (float)s1[r][m] - m1 * (float)x1);
+				acc[r][m] += xd(x, m, eg + 32) * (d2 * (float)s2[r][m] - m2 * (float)x2);
+			}
+		}
+	}
+};
+typedef IK45<false> IQ4_K;
+typedef IK45<true> IQ5_K;
+
+// Q6_K (FmtQ6_K): unit j = 2h+kk is the 32 bytes ql[64h+32kk..]: elements
+// 128h+32kk+l (low nibbles, qh bits 2kk) and 128h+64+32kk+l (high, qh
+// bits 2kk+4), a scale each 16; levels q-32 by the sums of x.
+struct IQ6_K {
+	typedef FmtQ6_K F;
+	template <int MM, int R>
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int j, const XQ& x, long long e) {
+		const int h = j >> 1, kk = j & 1;
+		const long long el = e + 128 * h + 32 * kk, eh = el + 64;
+		Words qw[R], hw[R];
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			qw[r] = words_at(bp[r] + 64 * h + 32 * kk);
+			hw[r] = words_at(bp[r] + 128 + 32 * h);
+		}
+#pragma unroll 1
+		for (int hf = 0; hf < 2; hf++) {  // l < 16, then l >= 16: one scale each
+			int sl[R][MM], shh[R][MM];
+			izero(sl);
+			izero(shh);
+#pragma unroll
+			for (int cc = 0; cc < 2; cc++) {
+				uint32_t lo[R][2], hi[R][2];
+#pragma unroll
+				for (int r = 0; r < R; r++)
+#pragma unroll
+					for (int i = 0; i < 2; i++) {
+						const int c = 2 * cc + i;
+						const uint32_t q = word(qw[r], c);
+						// qh bytes shifted by 2kk: the low nibbles' top bits at
+						// 8k..8k+1, the high nibbles' at 8k+4..8k+5.
+						const uint32_t t = word(hw[r], c) >> (2 * kk);
+						lo[r][i] = (q & 0x0F0F0F0Fu) | ((t << 4) & 0x30303030u);
+						hi[r][i] = ((q >> 4) & 0x0F0F0F0Fu) | (t & 0x30303030u);
+					}
+#pragma unroll
+				for (int m = 0; m < MM; m++) {
+					const uint4 xl = xq8(x, m, el + 16 * hf + 8 * cc), xh = xq8(x, m, eh + 16 * hf + 8 * cc);
+#pragma unroll
+					for (int r = 0; r < R; r++) {
+						sl[r][m] = dot8(sl[r][m], xl, lo[r][0], lo[r][1]);
+						shh[r][m] = dot8(shh[r][m], xh, hi[r][0], hi[r][1]);
+					}
+				}
+			}
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				const float d = half_to_f32(sh_u16(bp[r] + 208));
+				const uint8_t* sc = bp[r] + 192 + 8 * h + 2 * kk + hf;
+				const float dl = fmul_rn(d, (float)(int8_t)sc[0]), dh = fmul_rn(d, (float)(int8_t)sc[4]);
+#pragma unroll
+				for (int m = 0; m < MM; m++) {
+					acc[r][m] += xd(x, m, el) * dl * (float)(sl[r][m] - 32 * xs(x, m, el + 16 * hf));
+					acc[r][m] += xd(x, m, eh) * dh * (float)(shh[r][m] - 32 * xs(x, m, eh + 16 * hf));
+				}
+				qw[r].a += 4;
+				hw[r].a += 4;
+			}
+		}
+	}
+};
+
+// gemvx_block: out[m*N + n] = sum_k x[m*K + k] * w(n, k) for the rows m <
+// x.M (at most MM) of x, from their X16 levels. The work is laid out as
+// gemv_block's (quant.cuh): R rows of w a block at a time, the warps taking
+// the pieces of those rows in turn, each lane one unit of each row, the
+// warps' sums added in warp order.
+#pragma nv_exec_check_disable
+template <class I, int MM, int R, class S>
+QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __restrict__ out, const XQ& x,
+		     const uint8_t* __restrict__ w, int N) {
+	typedef typename I::F F;
+	typedef Geo<F, R> Gm;
+	const int K = x.K;
+	uint8_t* sm = stage_mem + c.warp * Gm::BYTES;
+	const int nb = K / F::QK, pieces = (nb + F::PB - 1) / F::PB;
+	const long long rowBytes = (long long)nb * F::BB;
+	const uint8_t* lo = w;
+	const uint8_t* hi = w + (long long)N * rowBytes;
+	const int groups = (N + R - 1) / R;
+	for (int grp = c.block; grp < groups; grp += c.nblocks) {
+		const long long n0 = (long long)grp * R;
+		const int nvalid = (int)min((long long)R, N - n0);
+		float acc[R][MM];
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int m = 0; m < MM; m++) acc[r][m] = 0.0f;
+		for (int p = c.warp; p < pieces; p += c.nwarps) {
+			const int b0 = p * F::PB, cnt = min(F::PB, nb - b0);
+			int off[R];
+			stage<F, R, 8>(sm, w + n0 * rowBytes + (long long)b0 * F::BB, rowBytes, cnt * F::BB, nvalid, lo, hi, c.lane, off);
+			S::warp();
+			for (int u = c.lane; u < cnt * F::UPB; u += 32) {
+				const int blk = u / F::UPB, j = u % F::UPB;
+				const uint8_t* bp[R];
+#pragma unroll
+				for (int r = 0; r < R; r++) bp[r] = sm + r * Gm::REG + off[r] + blk * F::BB;
+				I::template idot<MM, R>(acc, bp, j, x, (long long)(b0 + blk) * F::QK);
+			}
+			S::warp();
+		}
+#pragma unroll
+		for (int r = 0; r < R; r++)
+#pragma unroll
+			for (int m = 0; m < MM; m++) {
+				const float s = S::sum(acc[r][m]);
+				if (c.lane == 0) red[(c.warp * R + r) * MM + m] = s;
+			}
+		S::block();
+		const int t = c.warp * 32 + c.lane;
+		if (t < R * MM) {
+			const int r = t / MM, m = t % MM;
+			float s = 0.0f;
+			for (int i = 0; i < c.nwarps; i++) s += red[(i * R + r) * MM + m];
+			if (r < nvalid && m < x.M) out[(long long)m * N + n0 + r] = s;
+		}
+		S::block();  // red is rewritten by the next group
+	}
+}
+
+template <class I, int MM>
+__device__ __forceinline__ void gemvx_q(float* out, const int16_t* xq, const float* xdp, const int* xsp, const uint8_t* w, int N, int K, int M) {
+	constexpr int R = QXROWS(MM);
+	__shared__ __align__(16) uint8_t stage_mem[QWARPS * Geo<typename I::F, R>::BYTES];
+	__shared__ float red[QWARPS * R * MM];
+	XQ x;
+	x.q = xq;
+	x.d = xdp;
+	x.s = xsp;
+	x.K = K;
+	x.M = M;
+	gemvx_block<I, MM, R, DevSync>(dev_ctx(), stage_mem, red, out, x, w, N);
+}
+
+// gemvx_<f>_m<MM>(out, xq, xd, xs, w, N, K, M): M (1..MM) rows of x. Launch
+// with at most QWARPS warps a block. MINB blocks of QWARPS warps an SM bound
+// the registers: 5 (96 registers, 20 warps an SM) where ptxas needs no
+// spills there; Q6_K, whose unit reads two unaligned fields of 4 rows,
+// gets 4 (128). The stage issues up to 8 16-byte loads a lane at once.
+#define QUANT_GEMVX1(I, NAME, MM, MINB)                                                                                                               \
+	extern "C" __global__ void __launch_bounds__(32 * QWARPS, MINB)                                                                               \
+	    gemvx_##NAME##_m##MM(float* out, const int16_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K, int M) { \
+		gemvx_q<I, MM>(out, xq, xd, xs, w, N, K, M);                                                                                  \
+	}
+// gemvx_<f>.cu has the kernels for 1 and 2 rows, gemvxb_<f>.cu those for
+// 4 and 8 (batched decode), to keep each PTX file small.
+#define QUANT_GEMVX(I, NAME, MINB)     \
+	QUANT_GEMVX1(I, NAME, 1, MINB) \
+	QUANT_GEMVX1(I, NAME, 2, MINB)
+#define QUANT_GEMVX_BATCH(I, NAME, MINB) \
+	QUANT_GEMVX1(I, NAME, 4, MINB)   \
+	QUANT_GEMVX1(I, NAME, 8, MINB)
