@@ -41,6 +41,48 @@ const (
 	quantRows  = 4
 )
 
+// The integer GEMV (kernels/quantx.cuh): kernels for up to 1, 2, 4 and
+// quantMaxRows rows of x, a block taking quantXRows(mm) rows of w at a time
+// (QXROWS).
+const quantMaxRows = 8
+
+// gemvxRows returns the rows of x of the integer kernel that runs m (1..8)
+// rows: the fewest of 1, 2, 4, 8 that hold them.
+func gemvxRows(m int) int {
+	mm := 1
+	for mm < m {
+		mm *= 2
+	}
+	return mm
+}
+
+// quantXRows is QXROWS: 4 rows of w a block for one row of x, 2 for two,
+// else 1.
+func quantXRows(mm int) int {
+	switch mm {
+	case 1:
+		return 4
+	case 2:
+		return 2
+	}
+	return 1
+}
+
+// x16Geom places the X16 of rows rows of k elements in one allocation:
+// the int16 levels from 0, the F32 scales (one a 32) from d, the int32
+// sums (one a 16) from s, each 256-byte aligned; bytes in all.
+type x16Geom struct{ d, s, bytes int64 }
+
+func x16Layout(rows, k int) x16Geom {
+	up := func(v int64) int64 { return (v + 255) &^ 255 }
+	n := int64(rows) * int64(k)
+	var g x16Geom
+	g.d = up(2 * n)
+	g.s = g.d + up(n/32*4)
+	g.bytes = g.s + up(n/16*4)
+	return g
+}
+
 // quantFormatOf returns the kernels of a quantized dtype, or false.
 func quantFormatOf(dt tensor.DType) (quantFormat, bool) {
 	for _, f := range quantFormats {

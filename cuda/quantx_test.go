@@ -174,3 +174,28 @@ func TestActivationRounding(t *testing.T) {
 		}
 	}
 }
+
+// TestX16Layout checks the integer GEMV's launch arithmetic: the kernel
+// for 1..8 rows of x, and the X16 arrays of up to 8 rows of real and odd
+// row lengths placed 256-byte aligned, without overlap, each as large as
+// its rows need.
+func TestX16Layout(t *testing.T) {
+	for m, want := range []int{0, 1, 2, 4, 4, 8, 8, 8, 8} {
+		if m == 0 {
+			continue
+		}
+		if got := gemvxRows(m); got != want {
+			t.Errorf("gemvxRows(%d) = %d, want %d", m, got, want)
+		}
+		if r := quantXRows(gemvxRows(m)); r*gemvxRows(m) > 8 || r < 1 {
+			t.Errorf("quantXRows(%d) = %d: more than 8 sums a lane (the host harness's red)", gemvxRows(m), r)
+		}
+	}
+	for _, s := range []struct{ rows, k int }{{1, 32}, {1, 4096}, {3, 11008}, {8, 11008}, {8, 96}} {
+		g := x16Layout(s.rows, s.k)
+		n := int64(s.rows * s.k)
+		if g.d%256 != 0 || g.s%256 != 0 || g.d < 2*n || g.s-g.d < n/32*4 || g.bytes-g.s < n/16*4 {
+			t.Errorf("x16Layout(%d, %d) = %+v: levels need %d bytes, scales %d, sums %d, each 256-byte aligned", s.rows, s.k, g, 2*n, n/8, n/4)
+		}
+	}
+}
