@@ -65,7 +65,8 @@ func (b *Backend) matmulQuant(out, x, w *tensor.Tensor, m, n, k int, path mmPath
 // gemvQuantInt runs the integer GEMV kernels over x, up to 8 rows at a
 // time: each chunk of rows rounded to X16 in scratch (quantx16 reads any
 // F32 view), then one launch of the kernel for the fewest rows (1, 2, 4,
-// 8) that holds the chunk. Q4_K and Q5_K need w 16-byte aligned, as for
+// 8) that holds the chunk, with as many blocks as the SMs hold at once
+// (fewer for fewer row groups). Q4_K and Q5_K need w 16-byte aligned, as for
 // the F32-x kernels; another view goes through gemvWidened.
 func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k int) error {
 	if f.align16 && w.Ptr()%16 != 0 {
@@ -88,8 +89,8 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 			return err
 		}
 		mm := gemvxRows(c)
-		perBlock := quantXRows(mm)
-		grid := [3]uint32{uint32((n + perBlock - 1) / perBlock), 1, 1}
+		groups := (n + f.xRows(mm) - 1) / f.xRows(mm)
+		grid := [3]uint32{uint32(min(groups, b.info.SMs*(quantSMWarps/warps))), 1, 1}
 		a := new(args).ptr(out.Ptr() + uintptr(int64(r)*int64(n)*4)).ptr(q).ptr(d).ptr(s).ptr(w.Ptr()).i32(n).i32(k).i32(c)
 		if err := b.run("gemvx_"+f.name+"_m"+strconv.Itoa(mm), grid, [3]uint32{uint32(32 * warps), 1, 1}, a); err != nil {
 			return err

@@ -17,20 +17,23 @@ type quantFormat struct {
 	// and needs the weights 16-byte aligned (their rows are 16-byte
 	// multiples); MatMul sends other views another way.
 	align16 bool
+	// xrows1 is I::ROWS1 of kernels/quantx.cuh: the rows of w an integer
+	// GEMV block takes at a time for one row of x.
+	xrows1 int
 }
 
 // quantFormats lists the formats with kernels, in the order of
 // testdata/quanthost.cu's format numbers. Q8_K, an activation format of
 // ggml that files do not store, has none.
 var quantFormats = []quantFormat{
-	{tensor.Q8_0, "q8_0", 32, false},
-	{tensor.Q4_0, "q4_0", 32, false},
-	{tensor.Q4_1, "q4_1", 32, false},
-	{tensor.Q5_0, "q5_0", 32, false},
-	{tensor.Q5_1, "q5_1", 32, false},
-	{tensor.Q4_K, "q4_k", 8, true},
-	{tensor.Q5_K, "q5_k", 8, true},
-	{tensor.Q6_K, "q6_k", 8, false},
+	{tensor.Q8_0, "q8_0", 32, false, 4},
+	{tensor.Q4_0, "q4_0", 32, false, 4},
+	{tensor.Q4_1, "q4_1", 32, false, 4},
+	{tensor.Q5_0, "q5_0", 32, false, 4},
+	{tensor.Q5_1, "q5_1", 32, false, 4},
+	{tensor.Q4_K, "q4_k", 8, true, 4},
+	{tensor.Q5_K, "q5_k", 8, true, 2},
+	{tensor.Q6_K, "q6_k", 8, false, 2},
 }
 
 // Launch geometry of the quantized kernels (QWARPS and QROWS in
@@ -42,9 +45,14 @@ const (
 )
 
 // The integer GEMV (kernels/quantx.cuh): kernels for up to 1, 2, 4 and
-// quantMaxRows rows of x, a block taking quantXRows(mm) rows of w at a time
-// (QXROWS).
-const quantMaxRows = 8
+// quantMaxRows rows of x, a block taking f.xRows(mm) rows of w at a time
+// (QXROWS). The kernels are bounded to 128 registers, quantSMWarps warps
+// an SM; MatMul launches about as many blocks as fit at once, and each
+// loops over row groups, loading its next piece while it computes.
+const (
+	quantMaxRows = 8
+	quantSMWarps = 16
+)
 
 // gemvxRows returns the rows of x of the integer kernel that runs m (1..8)
 // rows: the fewest of 1, 2, 4, 8 that hold them.
@@ -56,12 +64,12 @@ func gemvxRows(m int) int {
 	return mm
 }
 
-// quantXRows is QXROWS: 4 rows of w a block for one row of x, 2 for two,
-// else 1.
-func quantXRows(mm int) int {
+// xRows is QXROWS: the rows of w an integer GEMV block takes at a time
+// for the kernel of mm rows of x.
+func (f quantFormat) xRows(mm int) int {
 	switch mm {
 	case 1:
-		return 4
+		return f.xrows1
 	case 2:
 		return 2
 	}

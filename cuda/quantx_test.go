@@ -187,8 +187,10 @@ func TestX16Layout(t *testing.T) {
 		if got := gemvxRows(m); got != want {
 			t.Errorf("gemvxRows(%d) = %d, want %d", m, got, want)
 		}
-		if r := quantXRows(gemvxRows(m)); r*gemvxRows(m) > 8 || r < 1 {
-			t.Errorf("quantXRows(%d) = %d: more than 8 sums a lane (the host harness's red)", gemvxRows(m), r)
+		for _, f := range quantFormats {
+			if r := f.xRows(gemvxRows(m)); r*gemvxRows(m) > 8 || r < 1 || r > 4 {
+				t.Errorf("%v: xRows(%d) = %d: want 1 to 4 rows and at most 8 sums a lane (the host harness's red)", f.dt, gemvxRows(m), r)
+			}
 		}
 	}
 	for _, s := range []struct{ rows, k int }{{1, 32}, {1, 4096}, {3, 11008}, {8, 11008}, {8, 96}} {

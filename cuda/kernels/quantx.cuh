@@ -36,8 +36,10 @@
 
 #include "quant.cuh"
 
-// Rows of w a GEMV block takes at a time for up to MM rows of x.
-#define QXROWS(MM) ((MM) == 1 ? 4 : (MM) == 2 ? 2 : 1)
+// Rows of w a GEMV block takes at a time for up to MM rows of x: 2 for
+// MM = 2 and 1 from 4 on; for one row of x, I::ROWS1 (4, or 2 for Q5_K and
+// Q6_K, whose pieces of 4 rows in flight do not fit in the registers).
+#define QXROWS(I, MM) ((MM) == 1 ? I::ROWS1 : (MM) == 2 ? 2 : 1)
 
 // dp2a_lo and dp2a_hi: c plus the two int16 of a times bytes 0, 1 (lo) or
 // 2, 3 (hi) of b, signed. Native from compute capability 6.1 (the PTX is
@@ -60,12 +62,36 @@ QFN int dp2a_hi(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
-// dot4 adds the four signed bytes of w times the four int16 in xa (low,
-// high) and xb to s: two instructions.
-QFN int dot4(int s, uint32_t xa, uint32_t xb, uint32_t w) { return dp2a_hi(xb, w, dp2a_lo(xa, w, s)); }
+// dp2u_lo and dp2u_hi are dp2a_lo and dp2a_hi with the bytes of b
+// unsigned (the levels of the 4-, 5- and 6-bit formats, which may sit in
+// the high nibble of their bytes).
+QFN int dp2u_lo(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	int d;
+	asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	return d;
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)(b & 0xffu) + (int)(int16_t)(a >> 16) * (int)((b >> 8) & 0xffu);
+#endif
+}
+QFN int dp2u_hi(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	int d;
+	asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	return d;
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)((b >> 16) & 0xffu) + (int)(int16_t)(a >> 16) * (int)(b >> 24);
+#endif
+}
 
-// dot8 adds bytes of w0 and w1 times the 8 int16 of xv.
+// dot4 adds the four signed bytes of w times the four int16 in xa (low,
+// high) and xb to s: two instructions; dot4u the four unsigned bytes.
+QFN int dot4(int s, uint32_t xa, uint32_t xb, uint32_t w) { return dp2a_hi(xb, w, dp2a_lo(xa, w, s)); }
+QFN int dot4u(int s, uint32_t xa, uint32_t xb, uint32_t w) { return dp2u_hi(xb, w, dp2u_lo(xa, w, s)); }
+
+// dot8 adds bytes of w0 and w1 times the 8 int16 of xv; dot8u unsigned.
 QFN int dot8(int s, const uint4& xv, uint32_t w0, uint32_t w1) { return dot4(dot4(s, xv.x, xv.y, w0), xv.z, xv.w, w1); }
+QFN int dot8u(int s, const uint4& xv, uint32_t w0, uint32_t w1) { return dot4u(dot4u(s, xv.x, xv.y, w0), xv.z, xv.w, w1); }
 
 QFN float fdiv_rn(float a, float b) {
 #ifdef __CUDA_ARCH__
@@ -141,13 +167,15 @@ struct XQ {
 	int K, M;
 };
 
+// Element indices e within a row are ints (K < 2^31) and never negative,
+// so that e/32 is a shift; the row offsets are 64-bit.
 QFN long long xrow(const XQ& x, int m) { return (long long)(m < x.M ? m : x.M - 1); }
 // xq8 returns the levels of elements e..e+7 (e a multiple of 8) of row m.
-QFN uint4 xq8(const XQ& x, int m, long long e) { return ldq8(x.q + xrow(x, m) * x.K + e); }
+QFN uint4 xq8(const XQ& x, int m, int e) { return ldq8(x.q + xrow(x, m) * x.K + e); }
 // xd returns the scale of the block at element e (a multiple of 32).
-QFN float xd(const XQ& x, int m, long long e) { return x.d[xrow(x, m) * (x.K / 32) + e / 32]; }
+QFN float xd(const XQ& x, int m, int e) { return x.d[xrow(x, m) * (x.K >> 5) + (e >> 5)]; }
 // xs returns the sum of the levels of elements e..e+15 (e a multiple of 16).
-QFN int xs(const XQ& x, int m, long long e) { return x.s[xrow(x, m) * (x.K / 16) + e / 16]; }
+QFN int xs(const XQ& x, int m, int e) { return x.s[xrow(x, m) * (x.K >> 4) + (e >> 4)]; }
 
 template <int MM, int R>
 QFN void izero(int (&s)[R][MM]) {
@@ -166,8 +194,9 @@ QFN void izero(int (&s)[R][MM]) {
 
 struct IQ8_0 {
 	typedef FmtQ8_0 F;
+	static constexpr int ROWS1 = 4;
 	template <int MM, int R>
-	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int, const XQ& x, long long e) {
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int, const XQ& x, int e) {
 		int s[R][MM];
 		izero(s);
 		Words qw[R];
@@ -202,10 +231,12 @@ struct IQ8_0 {
 template <int BB_, int QS, int QH, bool HAS_MIN, bool HAS_HIGH>
 struct INib32 {
 	typedef FmtNib32<BB_, QS, QH, HAS_MIN, HAS_HIGH> F;
+	static constexpr int ROWS1 = 4;
 	template <int MM, int R>
-	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int, const XQ& x, long long e) {
-		int s[R][MM];
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int, const XQ& x, int e) {
+		int s[R][MM], sh[R][MM];  // the low and the high nibbles' sums
 		izero(s);
+		izero(sh);
 		uint32_t qh[R];
 		Words qw[R];
 #pragma unroll
@@ -221,8 +252,10 @@ struct INib32 {
 				const uint32_t q0 = word(qw[r], 2 * c), q1 = word(qw[r], 2 * c + 1);
 				l0[r] = q0 & 0x0F0F0F0Fu;
 				l1[r] = q1 & 0x0F0F0F0Fu;
-				h0[r] = (q0 >> 4) & 0x0F0F0F0Fu;
-				h1[r] = (q1 >> 4) & 0x0F0F0F0Fu;
+				// Without fifth bits the high nibbles stay in place, 16 times
+				// their level (sh below); with them they move down.
+				h0[r] = HAS_HIGH ? (q0 >> 4) & 0x0F0F0F0Fu : q0 & 0xF0F0F0F0u;
+				h1[r] = HAS_HIGH ? (q1 >> 4) & 0x0F0F0F0Fu : q1 & 0xF0F0F0F0u;
 				if (HAS_HIGH) {
 					l0[r] |= spread4(qh[r] >> (8 * c)) << 4;
 					l1[r] |= spread4(qh[r] >> (8 * c + 4)) << 4;
@@ -234,7 +267,10 @@ struct INib32 {
 			for (int m = 0; m < MM; m++) {
 				const uint4 xl = xq8(x, m, e + 8 * c), xh = xq8(x, m, e + 16 + 8 * c);
 #pragma unroll
-				for (int r = 0; r < R; r++) s[r][m] = dot8(dot8(s[r][m], xl, l0[r], l1[r]), xh, h0[r], h1[r]);
+				for (int r = 0; r < R; r++) {
+					s[r][m] = dot8u(s[r][m], xl, l0[r], l1[r]);
+					sh[r][m] = dot8u(sh[r][m], xh, h0[r], h1[r]);
+				}
 			}
 		}
 #pragma unroll
@@ -243,12 +279,15 @@ struct INib32 {
 			const float mw = HAS_MIN ? half_to_f32(sh_u16(bp[r] + 2)) : 0.0f;
 #pragma unroll
 			for (int m = 0; m < MM; m++) {
+				// The sum of the levels times x: the high nibbles' at most
+				// 16*15*16*32767 < 2^27 without fifth bits.
+				const int sv = HAS_HIGH ? s[r][m] + sh[r][m] : s[r][m] + (sh[r][m] >> 4);
 				const int sx = xs(x, m, e) + xs(x, m, e + 16);
 				const float dx = xd(x, m, e);
 				if (HAS_MIN)
-					acc[r][m] += dx * (dw * (float)s[r][m] + mw * (float)sx);
+					acc[r][m] += dx * (dw * (float)sv + mw * (float)sx);
 				else
-					acc[r][m] += dx * dw * (float)(s[r][m] - (HAS_HIGH ? 16 : 8) * sx);
+					acc[r][m] += dx * dw * (float)(sv - (HAS_HIGH ? 16 : 8) * sx);
 			}
 		}
 	}
@@ -264,12 +303,13 @@ typedef INib32<24, 8, 4, true, true> IQ5_1;
 template <bool FIVE>
 struct IK45 {
 	typedef FmtK45<FIVE> F;
+	static constexpr int ROWS1 = FIVE ? 2 : 4;
 	template <int MM, int R>
-	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int g, const XQ& x, long long e) {
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int g, const XQ& x, int e) {
 		int s1[R][MM], s2[R][MM];
 		izero(s1);
 		izero(s2);
-		const long long eg = e + 64 * g;
+		const int eg = e + 64 * g;
 #pragma unroll 1
 		for (int part = 0; part < 2; part++) {  // bytes 16part..16part+15 of the group
 			uint32_t lo[R][4], hi[R][4];
@@ -280,8 +320,9 @@ struct IK45 {
 				const uint32_t q[4] = {q4.x, q4.y, q4.z, q4.w}, hw[4] = {h4.x, h4.y, h4.z, h4.w};
 #pragma unroll
 				for (int c = 0; c < 4; c++) {
+					// Q4_K's high nibbles stay in place, 16 times their level.
 					lo[r][c] = q[c] & 0x0F0F0F0Fu;
-					hi[r][c] = (q[c] >> 4) & 0x0F0F0F0Fu;
+					hi[r][c] = FIVE ? (q[c] >> 4) & 0x0F0F0F0Fu : q[c] & 0xF0F0F0F0u;
 					if (FIVE) {
 						// qh bytes shifted by 2g: bit 8k is the fifth bit of
 						// byte k's low nibble, bit 8k+1 of its high one.
@@ -298,8 +339,8 @@ struct IK45 {
 					const uint4 xl = xq8(x, m, eg + 16 * part + 8 * cc), xh = xq8(x, m, eg + 32 + 16 * part + 8 * cc);
 #pragma unroll
 					for (int r = 0; r < R; r++) {
-						s1[r][m] = dot8(s1[r][m], xl, lo[r][2 * cc], lo[r][2 * cc + 1]);
-						s2[r][m] = dot8(s2[r][m], xh, hi[r][2 * cc], hi[r][2 * cc + 1]);
+						s1[r][m] = dot8u(s1[r][m], xl, lo[r][2 * cc], lo[r][2 * cc + 1]);
+						s2[r][m] = dot8u(s2[r][m], xh, hi[r][2 * cc], hi[r][2 * cc + 1]);
 					}
 				}
 		}
@@ -311,13 +352,16 @@ struct IK45 {
 			const uint32_t a0 = hd.y >> sh, a1 = hd.z >> sh, a2 = hd.w >> sh;
 			const uint32_t sc = g < 2 ? a0 & 0x3F3Fu : (a2 & 0x0F0Fu) | ((a0 >> 2) & 0x3030u);
 			const uint32_t mn = g < 2 ? a1 & 0x3F3Fu : ((a2 >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
-			const float d1 = fmul_rn(d, (float)(sc & 0xffu)), m1 = fmul_rn(dmin, (float)(mn & 0xffu));
-			const float d2 = fmul_rn(d, (float)(sc >> 8)), m2 = fmul_rn(dmin, (float)(mn >> 8));
+			const int sc1 = (int)(sc & 0xffu), sc2 = (int)(sc >> 8), mn1 = (int)(mn & 0xffu), mn2 = (int)(mn >> 8);
 #pragma unroll
 			for (int m = 0; m < MM; m++) {
-				const int x1 = xs(x, m, eg) + xs(x, m, eg + 16), x2 = xs(x, m, eg + 32) + xs(x, m, eg + 48);
-				acc[r][m] += xd(x, m, eg) * (d1 * (float)s1[r][m] - m1 * (float)x1);
-				acc[r][m] += xd(x, m, eg + 32) * (d2 * (float)s2[r][m] - m2 * (float)x2);
+				// Scales and minimums in int32: a sub-block's sum is at most
+				// 32*31*32767 < 2^25, times a 6-bit scale < 2^31; the sums of
+				// x at most 32*32767, times a 6-bit minimum.
+				const int v1 = s1[r][m] * sc1, v2 = (FIVE ? s2[r][m] : s2[r][m] >> 4) * sc2;
+				const int x1 = (xs(x, m, eg) + xs(x, m, eg + 16)) * mn1, x2 = (xs(x, m, eg + 32) + xs(x, m, eg + 48)) * mn2;
+				acc[r][m] += xd(x, m, eg) * (d * (float)v1 - dmin * (float)x1);
+				acc[r][m] += xd(x, m, eg + 32) * (d * (float)v2 - dmin * (float)x2);
 			}
 		}
 	}
@@ -330,10 +374,11 @@ typedef IK45<true> IQ5_K;
 // bits 2kk+4), a scale each 16; levels q-32 by the sums of x.
 struct IQ6_K {
 	typedef FmtQ6_K F;
+	static constexpr int ROWS1 = 2;
 	template <int MM, int R>
-	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int j, const XQ& x, long long e) {
+	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int j, const XQ& x, int e) {
 		const int h = j >> 1, kk = j & 1;
-		const long long el = e + 128 * h + 32 * kk, eh = el + 64;
+		const int el = e + 128 * h + 32 * kk, eh = el + 64;
 		Words qw[R], hw[R];
 #pragma unroll
 		for (int r = 0; r < R; r++) {
@@ -387,11 +432,73 @@ struct IQ6_K {
 	}
 };
 
+// Staged is a piece of R rows on its way to shared memory (stage in
+// quant.cuh, split in two): stage_issue computes where each row's granules
+// are and issues the 16-byte loads of the rows wholly inside the tensor
+// into v; stage_commit stores them, and reads the other rows byte by byte.
+// Between the two the warp computes on the previous piece, so a warp
+// always has a piece in flight.
+template <class F, int R>
+struct Staged {
+	uint4 v[R][Geo<F, R>::T];
+	const uint8_t* a[R];
+	int ng[R];
+	bool fast[R];
+};
+
+template <class F, int R>
+QFN void stage_issue(Staged<F, R>& st, const uint8_t* src, long long stride, int len, int nvalid, const uint8_t* lo,
+		     const uint8_t* hi, int lane) {
+	typedef Geo<F, R> Gm;
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		const uint8_t* s = src + r * stride;
+		const int off = (int)((uintptr_t)s & 15);
+		st.ng[r] = r < nvalid ? (off + len + 15) >> 4 : 0;
+		st.a[r] = s - off;
+		st.fast[r] = st.ng[r] > 0 && st.a[r] >= lo && st.a[r] + 16 * st.ng[r] <= hi;
+		if (st.fast[r]) {
+			// Lanes past the last granule load it again (a request the lane
+			// that needs it makes too), so that every v is defined.
+#pragma unroll
+			for (int t = 0; t < Gm::T; t++) st.v[r][t] = ldg16(st.a[r] + 16 * min(lane + 32 * t, st.ng[r] - 1));
+		}
+	}
+}
+
+// stage_commit writes the piece to sm: row r's granules from sm + r*REG, so
+// that its first byte lands at its address modulo 16.
+template <class F, int R>
+QFN void stage_commit(const Staged<F, R>& st, uint8_t* sm, const uint8_t* lo, const uint8_t* hi, int lane) {
+	typedef Geo<F, R> Gm;
+#pragma unroll
+	for (int r = 0; r < R; r++) {
+		if (st.fast[r]) {
+#pragma unroll
+			for (int t = 0; t < Gm::T; t++) {
+				const int g = lane + 32 * t;
+				if (g < st.ng[r]) st16(sm + r * Gm::REG + 16 * g, st.v[r][t]);
+			}
+		} else {
+#pragma unroll 1
+			for (int g = lane; g < st.ng[r]; g += 32)
+#pragma unroll 1
+				for (int k = 0; k < 16; k++) {
+					const uint8_t* p = st.a[r] + 16 * g + k;
+					sm[r * Gm::REG + 16 * g + k] = p >= lo && p < hi ? ldg8(p) : 0;
+				}
+		}
+	}
+}
+
 // gemvx_block: out[m*N + n] = sum_k x[m*K + k] * w(n, k) for the rows m <
 // x.M (at most MM) of x, from their X16 levels. The work is laid out as
-// gemv_block's (quant.cuh): R rows of w a block at a time, the warps taking
-// the pieces of those rows in turn, each lane one unit of each row, the
-// warps' sums added in warp order.
+// gemv_block's (quant.cuh): R rows of w a block at a time (grid-stride over
+// the row groups), the warps taking the pieces of those rows in turn, each
+// lane one unit of each row, the warps' sums added in warp order (so the
+// result does not depend on the grid). Each warp issues the loads of its
+// next piece, of this group or the block's next one, before it computes on
+// the current one.
 #pragma nv_exec_check_disable
 template <class I, int MM, int R, class S>
 QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __restrict__ out, const XQ& x,
@@ -405,6 +512,14 @@ QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __rest
 	const uint8_t* lo = w;
 	const uint8_t* hi = w + (long long)N * rowBytes;
 	const int groups = (N + R - 1) / R;
+	Staged<F, R> st;
+	auto issue = [&](int grp, int p) {
+		const long long n0 = (long long)grp * R;
+		const int b0 = p * F::PB, cnt = min(F::PB, nb - b0);
+		stage_issue<F, R>(st, w + n0 * rowBytes + (long long)b0 * F::BB, rowBytes, cnt * F::BB, (int)min((long long)R, N - n0), lo, hi,
+				  c.lane);
+	};
+	if (c.block < groups && c.warp < pieces) issue(c.block, c.warp);
 	for (int grp = c.block; grp < groups; grp += c.nblocks) {
 		const long long n0 = (long long)grp * R;
 		const int nvalid = (int)min((long long)R, N - n0);
@@ -416,14 +531,20 @@ QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __rest
 		for (int p = c.warp; p < pieces; p += c.nwarps) {
 			const int b0 = p * F::PB, cnt = min(F::PB, nb - b0);
 			int off[R];
-			stage<F, R, 8>(sm, w + n0 * rowBytes + (long long)b0 * F::BB, rowBytes, cnt * F::BB, nvalid, lo, hi, c.lane, off);
+			stage_commit<F, R>(st, sm, lo, hi, c.lane);
+#pragma unroll
+			for (int r = 0; r < R; r++) off[r] = (int)((uintptr_t)(w + (n0 + r) * rowBytes + (long long)b0 * F::BB) & 15);
 			S::warp();
+			if (p + c.nwarps < pieces)
+				issue(grp, p + c.nwarps);
+			else if (grp + c.nblocks < groups)
+				issue(grp + c.nblocks, c.warp);
 			for (int u = c.lane; u < cnt * F::UPB; u += 32) {
 				const int blk = u / F::UPB, j = u % F::UPB;
 				const uint8_t* bp[R];
 #pragma unroll
 				for (int r = 0; r < R; r++) bp[r] = sm + r * Gm::REG + off[r] + blk * F::BB;
-				I::template idot<MM, R>(acc, bp, j, x, (long long)(b0 + blk) * F::QK);
+				I::template idot<MM, R>(acc, bp, j, x, (b0 + blk) * F::QK);
 			}
 			S::warp();
 		}
@@ -448,7 +569,7 @@ QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __rest
 
 template <class I, int MM>
 __device__ __forceinline__ void gemvx_q(float* out, const int16_t* xq, const float* xdp, const int* xsp, const uint8_t* w, int N, int K, int M) {
-	constexpr int R = QXROWS(MM);
+	constexpr int R = QXROWS(I, MM);
 	__shared__ __align__(16) uint8_t stage_mem[QWARPS * Geo<typename I::F, R>::BYTES];
 	__shared__ float red[QWARPS * R * MM];
 	XQ x;

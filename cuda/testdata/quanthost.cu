@@ -205,7 +205,7 @@ static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
 	auto run = [&](auto mtag) {
 		constexpr int MM = decltype(mtag)::value;
 		launch(nblocks, nwarps, stage + QWARPS * 8 * 4, [&](const Ctx& c, uint8_t* sm) {
-			gemvx_block<I, MM, QXROWS(MM), HostSync>(c, sm, (float*)(sm + stage), out, xq, w, N);
+			gemvx_block<I, MM, QXROWS(I, MM), HostSync>(c, sm, (float*)(sm + stage), out, xq, w, N);
 		});
 	};
 	if (M == 1)
