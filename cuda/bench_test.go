@@ -428,7 +428,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 			dt   tensor.DType
 			f32x bool
 		}{{tensor.F16, false}, {tensor.Q8_0, false}, {tensor.Q6_K, false}, {tensor.Q5_K, false}, {tensor.Q4_K, false}, {tensor.Q4_0, false},
-			{tensor.Q8_0, true}, {tensor.Q4_K, true}} {
+			{tensor.Q8_0, true}, {tensor.Q6_K, true}, {tensor.Q5_K, true}, {tensor.Q4_K, true}, {tensor.Q4_0, true}} {
 			dt, path, name := c.dt, pathAuto, c.dt.String()
 			if c.f32x {
 				path, name = pathTiled, name+"-f32x"
@@ -467,7 +467,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 // for up to 8 rows of x), the F32-x GEMV (gemv-f32x: two rows a launch,
 // up to M = 8) and the prefill path (weights dequantized to F16 for
 // cuBLAS, x cast to F16), to place the M from which MatMul sends quantized
-// weights to cuBLAS (gemvMaxRows).
+// weights to cuBLAS (quantGEMVMaxRows).
 func BenchmarkQuantMatMulPaths(b *testing.B) {
 	be := openGPU(b)
 	const n, k, perIter = 4096, 4096, 8

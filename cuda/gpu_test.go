@@ -282,7 +282,7 @@ func TestQuantMatMul(t *testing.T) {
 					}
 					got := get(t, b, out)
 					switch {
-					case p.p == pathGEMV || p.p == pathAuto && (s.m <= b.gemvMaxRows || b.blas == nil):
+					case p.p == pathGEMV || p.p == pathAuto && (s.m <= quantGEMVMaxRows || b.blas == nil):
 						checkX16(t, "MatMul", got, want16, want)
 					case p.p == pathAuto:
 						check(t, "MatMul", got, want, 3e-3)

@@ -14,16 +14,16 @@ import (
 // Matrix products and embeddings with quantized weights (kernels/quant.cuh,
 // kernels/quantx.cuh).
 //
-// Decode (M up to gemvMaxRows, and every M on the GEMV path) runs the
+// Decode (M up to quantGEMVMaxRows, and every M on the GEMV path) runs the
 // integer GEMV kernels: x rounded once per product to 16-bit levels a 32
 // elements (quantx16), the quantized blocks read directly and multiplied
 // with dp2a, up to 8 rows of x for each read of w. Against the F32 product
 // over the dequantized weights its relative error is that of rounding x,
 // 2e-5 to 7e-5 (quantx.cuh says how it was measured); against the product
-// with the rounded x it is within 1e-6. MatMulPrecise, and the tiled path
-// tests ask for, run the F32-x GEMV kernels instead: F32 x, F32
-// accumulation, within 1e-5 relative of the F32 product over the
-// dequantized weights. Prefill (larger M, with cuBLAS) dequantizes the
+// with the rounded x it is within 1e-6. MatMulPrecise (M up to
+// gemvMaxRows), and the tiled path tests ask for, run the F32-x GEMV
+// kernels instead: F32 x, F32 accumulation, within 1e-5 relative of the
+// F32 product over the dequantized weights. Prefill (larger M, with cuBLAS) dequantizes the
 // weight to F16 in row blocks in the scratch arena and multiplies each
 // block with cuBLAS, x cast to F16 once per pass, as the F16 path does:
 // its error is the F16 path's, both operands rounded to F16. MatMulPrecise
@@ -38,7 +38,7 @@ func (b *Backend) matmulQuant(out, x, w *tensor.Tensor, m, n, k int, path mmPath
 		return fmt.Errorf("cuda: MatMul: no kernels for %v weights", w.DType())
 	}
 	switch {
-	case path == pathGEMV || path == pathAuto && (m <= b.gemvMaxRows || b.blas == nil):
+	case path == pathGEMV || path == pathAuto && (m <= quantGEMVMaxRows || b.blas == nil):
 		return b.gemvQuantInt(out, x, w, f, m, n, k)
 	case path == pathTiled || path == pathPrecise && (m <= b.gemvMaxRows || b.blas == nil):
 		return b.gemvQuant(out, x, w, f, m, n, k)

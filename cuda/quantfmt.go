@@ -54,6 +54,14 @@ const (
 	quantSMWarps = 16
 )
 
+// quantGEMVMaxRows is the largest M that MatMul sends to the integer GEMV
+// rather than to cuBLAS for quantized weights (gemvMaxRows for the F32-x
+// kernels of MatMulPrecise): one launch reads w once for up to 8 rows of
+// x, where the prefill path writes and reads w again as F16, 3.6 (Q4_K)
+// to 1.9 (Q8_0) times the stored bytes. BenchmarkQuantMatMulPaths
+// measures the crossing.
+const quantGEMVMaxRows = quantMaxRows
+
 // gemvxRows returns the rows of x of the integer kernel that runs m (1..8)
 // rows: the fewest of 1, 2, 4, 8 that hold them.
 func gemvxRows(m int) int {
