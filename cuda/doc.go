@@ -66,5 +66,6 @@
 // (nvcc); TestPTXUpToDate fails while the PTX is older than its sources.
 // Where nvcc is installed, TestQuantKernelsOnHost also runs the quantized
 // kernels' bodies on CPU threads (testdata/quanthost.cu) against
-// tensor/quant, without a GPU.
+// tensor/quant, without a GPU, and TestQuantSASS counts the instructions a
+// weight of their GEMVs in the sm_90 SASS (testdata/quantprobe.cu).
 package cuda
