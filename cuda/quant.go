@@ -85,7 +85,9 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 		c := min(rows, m-r)
 		blocks := int64(c) * int64(k/32)
 		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
-		if err := b.run1D("quantx16", blocks, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
+		// A warp a block of x, 8 warps a block of the launch.
+		qgrid := [3]uint32{uint32(min((blocks+7)/8, int64(b.info.SMs)*8)), 1, 1}
+		if err := b.run("quantx16", qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
 			return err
 		}
 		mm := gemvxRows(c)

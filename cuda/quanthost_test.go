@@ -59,7 +59,7 @@ func TestQuantKernelsOnHost(t *testing.T) {
 			{1, 9, big, 4, 2},
 			{2, 6, 3 * big, 2, 4},
 		} {
-			c := &hostCase{op: 1, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: offs[i%len(offs)], n: g.n, k: g.k, m: g.m}
+			c := &hostCase{op: 1, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: offs[i%len(offs)], n: g.n, k: g.k, m: g.m, nanRow: -1}
 			c.w = hostWeights(t, r, f.dt, g.n, g.k, i%2 == 1)
 			c.x = make([]float32, g.m*g.k)
 			for j := range c.x {
@@ -89,6 +89,15 @@ func TestQuantKernelsOnHost(t *testing.T) {
 				for j := range 32 {
 					ci.x[2*32+j] = 0
 				}
+			}
+			if i == 3 || i == 5 {
+				// A NaN (M = 5) or an infinity (M = 7) in row 1: its products
+				// are NaN, the other rows' as without.
+				ci.x[g.k+3] = float32(math.NaN())
+				if i == 5 {
+					ci.x[g.k+3] = float32(math.Inf(-1))
+				}
+				ci.nanRow = 1
 			}
 			ci.name = fmt.Sprintf("%v/gemvx/M%d_N%d_K%d_off%d_%dx%d", f.dt, ci.m, g.n, g.k, c.woff, g.nblocks, g.nwarps)
 			cases = append(cases, &ci)
@@ -142,6 +151,7 @@ type hostCase struct {
 	ids                   []int32
 	w                     []byte
 	x                     []float32
+	nanRow                int // the row of x with a NaN or an infinity (op 4), or -1
 }
 
 func (c *hostCase) request(b *bytes.Buffer) {
@@ -281,8 +291,20 @@ func (c *hostCase) checkX16(t *testing.T, resp *bytes.Buffer, row func(int) []fl
 	for i, f := range c.x {
 		exact[i] = float64(f)
 	}
-	er := tensortest.RelErr(got, productRef(w, wx.values(), c.m, c.n, c.k))
-	ex := tensortest.RelErr(got, productRef(w, exact, c.m, c.n, c.k))
+	want16, want := productRef(w, wx.values(), c.m, c.n, c.k), productRef(w, exact, c.m, c.n, c.k)
+	if r := c.nanRow; r >= 0 {
+		for i, v := range got[r*c.n : (r+1)*c.n] {
+			if !math.IsNaN(float64(v)) {
+				t.Errorf("row %d of x has a NaN or an infinity; out[%d] = %g, want NaN", r, r*c.n+i, v)
+			}
+		}
+		// The other rows against their references.
+		got = append(got[:r*c.n:r*c.n], got[(r+1)*c.n:]...)
+		want16 = append(want16[:r*c.n:r*c.n], want16[(r+1)*c.n:]...)
+		want = append(want[:r*c.n:r*c.n], want[(r+1)*c.n:]...)
+	}
+	er := tensortest.RelErr(got, want16)
+	ex := tensortest.RelErr(got, want)
 	if !(er <= 1e-5) || !(ex <= 2e-4) {
 		t.Errorf("GEMV: relative error %.3g against the rounded x (want <= 1e-5), %.3g against x (want <= 2e-4)\ngot %v", er, ex, got[:min(8, len(got))])
 	} else {

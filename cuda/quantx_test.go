@@ -41,8 +41,10 @@ func quantX16(x []float32) x16 {
 			inv = float32(32767) / amax
 		}
 		for j, f := range v {
-			p := f * inv
-			q := int32(math.RoundToEven(float64(p)))
+			var q int32 // 0 in a block of zeros or with a NaN or an infinity
+			if inv != 0 {
+				q = int32(math.RoundToEven(float64(f * inv)))
+			}
 			r.q[32*i+j] = int16(q)
 			r.s[2*i+j/16] += q
 		}

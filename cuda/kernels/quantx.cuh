@@ -4,7 +4,7 @@
 // in float once per 16 or 32 elements. quantx.cu, gemvx_<format>.cu and
 // gemvxb_<format>.cu instantiate it:
 //
-//   quantx16            x[M,K] (F32) into X16 blocks (below)
+//   quantx16            x[M,K] (F32) into X16 blocks (below), a warp a block
 //   gemvx_<f>_m{1,2,4,8}  out[M,N] = x[M,K] . w[N,K]^T from the X16 blocks
 //                       (gemvxb_<f>.cu: m4, m8),
 //                       up to 1, 2, 4 or 8 rows of x a launch, each weight
@@ -124,38 +124,34 @@ QFN uint4 ldq8(const int16_t* p) {
 #endif
 }
 
-// quantx16_block rounds block i of x (elements 32i..32i+31, rows of K
-// back to back) into X16: levels at q + 32i, scale d[i], sums s[2i],
-// s[2i+1]. x needs only 4-byte alignment.
-QFN void quantx16_block(int16_t* __restrict__ q, float* __restrict__ d, int* __restrict__ s, const float* __restrict__ x, long long i) {
-	const float* p = x + 32 * i;
-	float v[32];
-	float amax = 0.0f;
-	bool finite = true;
-#pragma unroll
-	for (int j = 0; j < 32; j++) {
-		v[j] = p[j];
-		const float a = fabsf(v[j]);
-		finite = finite && a <= 3.402823466e38f;  // false for NaN and infinities
-		amax = fmaxf(amax, a);
+// quantx16_warp rounds blocks of x (32 elements each, rows of K back to
+// back) into X16, one warp a block, blocks c.block*c.nwarps + c.warp and on
+// by the launch's warps: lane l reads element l (one coalesced load a
+// block), the largest magnitude and the sums come from warp reductions
+// (S::max, S::sum: the sums of up to 16 levels are integers below 2^24,
+// exact in float in any order), lane l writes level l, lane 0 the scale
+// and the sums. x needs only 4-byte alignment.
+#pragma nv_exec_check_disable
+template <class S>
+QFN void quantx16_warp(const Ctx& c, int16_t* __restrict__ q, float* __restrict__ d, int* __restrict__ s, const float* __restrict__ x,
+		       long long n) {
+	const long long stride = (long long)c.nblocks * c.nwarps;
+	for (long long i = (long long)c.block * c.nwarps + c.warp; i < n; i += stride) {
+		const float v = x[32 * i + c.lane];
+		const float a = fabsf(v);
+		const float amax = S::max(a);
+		// 1 where some lane holds a NaN or an infinity.
+		const float bad = S::max(a <= 3.402823466e38f ? 0.0f : 1.0f);
+		const float inv = amax > 0.0f && bad == 0.0f ? fdiv_rn(32767.0f, amax) : 0.0f;
+		const int l = inv != 0.0f ? rint_i(fmul_rn(v, inv)) : 0;  // 0 for a NaN lane, not a conversion of NaN
+		q[32 * i + c.lane] = (int16_t)l;
+		const float s0 = S::sum(c.lane < 16 ? (float)l : 0.0f), s1 = S::sum(c.lane < 16 ? 0.0f : (float)l);
+		if (c.lane == 0) {
+			d[i] = bad == 0.0f ? fdiv_rn(amax, 32767.0f) : nan_f();
+			s[2 * i] = (int)s0;
+			s[2 * i + 1] = (int)s1;
+		}
 	}
-	const float inv = amax > 0.0f && finite ? fdiv_rn(32767.0f, amax) : 0.0f;
-	uint32_t w[16];
-	int s0 = 0, s1 = 0;
-#pragma unroll
-	for (int j = 0; j < 32; j += 2) {
-		const int a = rint_i(fmul_rn(v[j], inv)), b = rint_i(fmul_rn(v[j + 1], inv));
-		w[j / 2] = (uint32_t)(a & 0xffff) | ((uint32_t)b << 16);
-		if (j < 16)
-			s0 += a + b;
-		else
-			s1 += a + b;
-	}
-#pragma unroll
-	for (int k = 0; k < 4; k++) st16(q + 32 * i + 8 * k, make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]));
-	d[i] = finite ? fdiv_rn(amax, 32767.0f) : nan_f();
-	s[2 * i] = s0;
-	s[2 * i + 1] = s1;
 }
 
 // XQ is the X16 of up to MM rows of x for one launch; the rows from M on

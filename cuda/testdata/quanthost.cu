@@ -80,6 +80,15 @@ struct HostSync {
 		warp();
 		return s;
 	}
+	// max as the device's shuffles: fmaxf, which drops a NaN.
+	static float max(float v) {
+		tblock->slots[twarp][tlane] = v;
+		warp();
+		float m = tblock->slots[twarp][0];
+		for (int i = 1; i < 32; i++) m = fmaxf(m, tblock->slots[twarp][i]);
+		warp();
+		return m;
+	}
 };
 
 // launch runs body(ctx, shared) for every thread of nblocks blocks of
@@ -171,8 +180,8 @@ static void gemv(int nblocks, int nwarps, int woff, int N, int K) {
 }
 
 // gemvx runs the integer GEMV of M rows of x (1 to 8) with the kernel of
-// the fewest rows that holds them, as MatMul does: quantx16's blocks one by
-// one, then the GEMV.
+// the fewest rows that holds them, as MatMul does: quantx16 (on a grid of
+// 2 blocks of nwarps warps, so that warps loop), then the GEMV.
 template <class I>
 static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
 	typedef typename I::F F;
@@ -191,7 +200,7 @@ static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
 	float* d = (float*)aligned(dbuf, (size_t)M * K / 32 * 4, 0);
 	int* s = (int*)aligned(sbuf, (size_t)M * K / 16 * 4, 0);
 	float* out = (float*)aligned(obuf, (size_t)M * N * 4, 0);
-	for (long long i = 0; i < (long long)M * K / 32; i++) quantx16_block(q, d, s, x, i);
+	launch(2, nwarps, 0, [&](const Ctx& c, uint8_t*) { quantx16_warp<HostSync>(c, q, d, s, x, (long long)M * K / 32); });
 	qhost_lo = w;
 	qhost_hi = w + wbytes;
 	violations = 0;
