@@ -462,6 +462,41 @@ func BenchmarkQuantGEMV(b *testing.B) {
 	}
 }
 
+// BenchmarkQuantX16 times quantx16 alone, the rounding of x that every
+// integer GEMV launch is preceded by, for 1 and 8 rows of the 7B MLP's
+// row lengths (8 launches per iteration, synced, as BenchmarkQuantGEMV).
+func BenchmarkQuantX16(b *testing.B) {
+	be := openGPU(b)
+	const perIter = 8
+	for _, k := range []int{4096, 11008} {
+		for _, m := range []int{1, 8} {
+			b.Run(fmt.Sprintf("M%d_K%d", m, k), func(b *testing.B) {
+				x, _ := put(b, be, tensor.F32, tensor.Shape{m, k}, uniform(newRand(b), m*k, -1, 1))
+				lay := x16Layout(m, k)
+				q, err := be.Alloc(tensor.F32, tensor.Shape{int(lay.bytes / 4)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer be.Free(q)
+				blocks := int64(m * k / 32)
+				grid := [3]uint32{uint32(min((blocks+7)/8, int64(be.info.SMs)*8)), 1, 1}
+				for b.Loop() {
+					for range perIter {
+						a := new(args).ptr(q.Ptr()).ptr(q.Ptr() + uintptr(lay.d)).ptr(q.Ptr() + uintptr(lay.s)).ptr(x.Ptr()).i64(blocks)
+						if err := be.ops("quantx16", func() error { return be.run("quantx16", grid, [3]uint32{256, 1, 1}, a) }); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N*perIter)*1e6, "us/op")
+			})
+		}
+	}
+}
+
 // BenchmarkQuantMatMulPaths compares, for Q4_K and Q8_0 weights (N = K =
 // 4096) and growing M, the integer GEMV (gemv: each launch reads w once
 // for up to 8 rows of x), the F32-x GEMV (gemv-f32x: two rows a launch,
