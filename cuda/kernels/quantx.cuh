@@ -380,8 +380,12 @@ struct IQ6_K {
 		for (int r = 0; r < R; r++) {
 			qw[r] = words_at(bp[r] + 64 * h + 32 * kk);
 			hw[r] = words_at(bp[r] + 128 + 32 * h);
+			// The shift by 2kk joins the funnel shift (at most 24 + 2): the
+			// bits it brings in from the next byte are masked off below.
+			hw[r].sh += 2 * kk;
 		}
-#pragma unroll 1
+		constexpr int HF_UNROLL = MM <= 2 ? 2 : 1;  // the 8-row kernel spills when unrolled
+#pragma unroll HF_UNROLL
 		for (int hf = 0; hf < 2; hf++) {  // l < 16, then l >= 16: one scale each
 			int sl[R][MM], shh[R][MM];
 			izero(sl);
@@ -397,7 +401,7 @@ struct IQ6_K {
 						const uint32_t q = word(qw[r], c);
 						// qh bytes shifted by 2kk: the low nibbles' top bits at
 						// 8k..8k+1, the high nibbles' at 8k+4..8k+5.
-						const uint32_t t = word(hw[r], c) >> (2 * kk);
+						const uint32_t t = word(hw[r], c);
 						lo[r][i] = (q & 0x0F0F0F0Fu) | ((t << 4) & 0x30303030u);
 						hi[r][i] = ((q >> 4) & 0x0F0F0F0Fu) | (t & 0x30303030u);
 					}
