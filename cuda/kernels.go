@@ -103,6 +103,7 @@ var requiredKernels = func() []string {
 		k = append(k, "rmsnorm_"+t, "bias_add_"+t, "embed_"+t, "attention_"+t, "gemm_"+t,
 			"gemv_"+t+"_m1", "gemv_"+t+"_m2", "gemv_"+t+"_m4", "gemv_"+t+"_any")
 	}
+	k = append(k, "kv_write_blocks_f32", "attention_blocks_f32")
 	k = append(k, "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
 	// The backward kernels (grad.go; kernels/grad.cu, kernels/attention_grad*).
 	for _, t := range []string{"f32", "f16", "bf16"} {
