@@ -707,14 +707,14 @@ struct Geo {
 // row's start modulo 16) by the 16-byte granules covering them; lo and hi
 // bound the weight tensor. Every lane computes the same off. A row whose
 // granules lie inside the tensor (all but, at times, the first and the
-// last) is loaded with 16-byte loads, issued for up to INFLIGHT granules a
-// lane (RW rows) before the first store; the others byte by byte, leaving
-// the bytes outside the tensor as zero.
-template <class F, int R, int INFLIGHT = 12>
+// last) is loaded with 16-byte loads, issued for up to 12 granules a lane
+// (RW rows) before the first store; the others byte by byte, leaving the
+// bytes outside the tensor as zero.
+template <class F, int R>
 QFN void stage(uint8_t* sm, const uint8_t* src, long long stride, int len, int nvalid, const uint8_t* lo, const uint8_t* hi,
 	       int lane, int (&off)[R]) {
 	typedef Geo<F, R> Gm;
-	constexpr int RW = R < INFLIGHT / Gm::T ? R : (INFLIGHT / Gm::T > 0 ? INFLIGHT / Gm::T : 1);
+	constexpr int RW = R < 12 / Gm::T ? R : (12 / Gm::T > 0 ? 12 / Gm::T : 1);
 #pragma unroll
 	for (int r0 = 0; r0 < R; r0 += RW) {
 		uint4 v[RW][Gm::T];

@@ -184,9 +184,10 @@ QFN void izero(int (&s)[R][MM]) {
 // Each format's integer unit (a lane's work, as F::dot in quant.cuh):
 // idot<MM,R>(acc, bp, j, x, e) adds unit j of the R blocks at bp[r] (in
 // shared memory) times rows m < MM of x (e: the block's first element) to
-// acc[r][m]. The levels go into signed bytes: nibbles (and fifth or sixth
-// bits) masked into place, Q8_0's bytes as they are; the formats' offsets
-// (q-8, q-16, q-32) and minimums multiply the sums of x.
+// acc[r][m]. The levels go into bytes: nibbles (and fifth or sixth bits)
+// masked into place (unsigned; 4-bit high nibbles left in place, 16 times
+// their level), Q8_0's signed bytes as they are; the formats' offsets (q-8,
+// q-16, q-32) and minimums multiply the sums of x.
 
 struct IQ8_0 {
 	typedef FmtQ8_0 F;
@@ -583,9 +584,9 @@ __device__ __forceinline__ void gemvx_q(float* out, const int16_t* xq, const flo
 
 // gemvx_<f>_m<MM>(out, xq, xd, xs, w, N, K, M): M (1..MM) rows of x. Launch
 // with at most QWARPS warps a block. MINB blocks of QWARPS warps an SM bound
-// the registers: 5 (96 registers, 20 warps an SM) where ptxas needs no
-// spills there; Q6_K, whose unit reads two unaligned fields of 4 rows,
-// gets 4 (128). The stage issues up to 8 16-byte loads a lane at once.
+// the registers: 4 for every format (128 registers, 16 warps an SM; the
+// piece in flight takes up to 48 of them), which MatMul's grid assumes
+// (quantSMWarps in quantfmt.go).
 #define QUANT_GEMVX1(I, NAME, MM, MINB)                                                                                                               \
 	extern "C" __global__ void __launch_bounds__(32 * QWARPS, MINB)                                                                               \
 	    gemvx_##NAME##_m##MM(float* out, const int16_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K, int M) { \
