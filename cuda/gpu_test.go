@@ -371,9 +371,10 @@ func TestQuantMatMul(t *testing.T) {
 // TestQuantGEMVRows checks the integer GEMV for every M from 1 to 9 and
 // 17 (the kernels for 1, 2, 4 and 8 rows, rows left over in the 4- and
 // 8-row kernels, several launches), rows of x with different scales and a
-// row with a NaN (its products NaN, the others' unchanged), and that no
-// output past the M rows is written: out is a view whose allocation
-// continues with sentinels.
+// row with a NaN (its products NaN, the others' unchanged), that no output
+// past the M rows is written (out is a view whose allocation continues
+// with sentinels), and that a row batched gives what it gives alone
+// (batched decode, issue 17).
 func TestQuantGEMVRows(t *testing.T) {
 	b := openGPU(t)
 	r := newRand(t)
@@ -407,6 +408,32 @@ func TestQuantGEMVRows(t *testing.T) {
 					}
 				}
 				checkX16(t, "MatMul", got[:m*n], tensortest.RefMatMul(quantX16(xh).values(), wv, nil, m, n, k), tensortest.RefMatMul(xv, wv, nil, m, n, k))
+				// Each row alone (the 1-row kernel) against its row of the
+				// batch: the same products, summed in the same order, so
+				// within 1e-6 (logged: whether bit for bit).
+				same := 0
+				for i := range min(m, 3) {
+					xi, err := x.Rows(i, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					oi, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, nanSlice(n))
+					if err := b.matmul(oi, xi, w, nil, pathGEMV); err != nil {
+						t.Fatal(err)
+					}
+					alone := get(t, b, oi)
+					want := make([]float64, n)
+					for j, v := range alone {
+						want[j] = float64(v)
+						if math.Float32bits(v) == math.Float32bits(got[i*n+j]) {
+							same++
+						}
+					}
+					if e := tensortest.RelErr(got[i*n:(i+1)*n], want); !(e <= 1e-6) {
+						t.Errorf("row %d in a batch of %d against alone: relative difference %.3g > 1e-6", i, m, e)
+					}
+				}
+				t.Logf("rows batched against alone: %d of %d outputs bit-identical", same, min(m, 3)*n)
 				if m < 3 {
 					return
 				}
