@@ -32,7 +32,7 @@ var quantFormats = []quantFormat{
 	{tensor.Q5_0, "q5_0", 32, false, 4},
 	{tensor.Q5_1, "q5_1", 32, false, 4},
 	{tensor.Q4_K, "q4_k", 8, true, 4},
-	{tensor.Q5_K, "q5_k", 8, true, 2},
+	{tensor.Q5_K, "q5_k", 8, true, 4},
 	{tensor.Q6_K, "q6_k", 8, false, 2},
 }
 

@@ -37,8 +37,9 @@
 #include "quant.cuh"
 
 // Rows of w a GEMV block takes at a time for up to MM rows of x: 2 for
-// MM = 2 and 1 from 4 on; for one row of x, I::ROWS1 (4, or 2 for Q5_K and
-// Q6_K, whose pieces of 4 rows in flight do not fit in the registers).
+// MM = 2 and 1 from 4 on; for one row of x, I::ROWS1 (4, or 2 for Q6_K,
+// whose unit with pieces of 4 rows in flight does not fit in 128
+// registers).
 #define QXROWS(I, MM) ((MM) == 1 ? I::ROWS1 : (MM) == 2 ? 2 : 1)
 
 // dp2a_lo and dp2a_hi: c plus the two int16 of a times bytes 0, 1 (lo) or
@@ -300,7 +301,7 @@ typedef INib32<24, 8, 4, true, true> IQ5_1;
 template <bool FIVE>
 struct IK45 {
 	typedef FmtK45<FIVE> F;
-	static constexpr int ROWS1 = FIVE ? 2 : 4;
+	static constexpr int ROWS1 = 4;
 	template <int MM, int R>
 	static QFN void idot(float (&acc)[R][MM], const uint8_t* const (&bp)[R], int g, const XQ& x, int e) {
 		int s1[R][MM], s2[R][MM];
@@ -434,18 +435,30 @@ struct IQ6_K {
 };
 
 // Staged is a piece of R rows on its way to shared memory (stage in
-// quant.cuh, split in two): stage_issue computes where each row's granules
-// are and issues the 16-byte loads of the rows wholly inside the tensor
-// into v; stage_commit stores them, and reads the other rows byte by byte.
-// Between the two the warp computes on the previous piece, so a warp
-// always has a piece in flight.
+// quant.cuh, split in two): stage_issue issues the 16-byte loads of the
+// rows whose granules lie wholly inside the tensor into v; stage_commit
+// stores them, and reads the other rows byte by byte. Between the two the
+// warp computes on the previous piece, so a warp always has a piece in
+// flight. Both work out where each row's granules are from the same
+// arguments (stage_rows), so that only the loaded granules stay in
+// registers meanwhile.
 template <class F, int R>
 struct Staged {
 	uint4 v[R][Geo<F, R>::T];
-	const uint8_t* a[R];
-	int ng[R];
-	bool fast[R];
 };
+
+// stage_row returns the first granule of row r of the piece at src and how
+// many granules cover it (0 for rows past nvalid), and whether they all lie
+// inside [lo, hi).
+QFN const uint8_t* stage_row(const uint8_t* src, long long stride, int len, int nvalid, const uint8_t* lo, const uint8_t* hi, int r,
+			     int& ng, bool& fast) {
+	const uint8_t* s = src + r * stride;
+	const int off = (int)((uintptr_t)s & 15);
+	ng = r < nvalid ? (off + len + 15) >> 4 : 0;
+	const uint8_t* a = s - off;
+	fast = ng > 0 && a >= lo && a + 16 * ng <= hi;
+	return a;
+}
 
 template <class F, int R>
 QFN void stage_issue(Staged<F, R>& st, const uint8_t* src, long long stride, int len, int nvalid, const uint8_t* lo,
@@ -453,39 +466,42 @@ QFN void stage_issue(Staged<F, R>& st, const uint8_t* src, long long stride, int
 	typedef Geo<F, R> Gm;
 #pragma unroll
 	for (int r = 0; r < R; r++) {
-		const uint8_t* s = src + r * stride;
-		const int off = (int)((uintptr_t)s & 15);
-		st.ng[r] = r < nvalid ? (off + len + 15) >> 4 : 0;
-		st.a[r] = s - off;
-		st.fast[r] = st.ng[r] > 0 && st.a[r] >= lo && st.a[r] + 16 * st.ng[r] <= hi;
-		if (st.fast[r]) {
+		int ng;
+		bool fast;
+		const uint8_t* a = stage_row(src, stride, len, nvalid, lo, hi, r, ng, fast);
+		if (fast) {
 			// Lanes past the last granule load it again (a request the lane
 			// that needs it makes too), so that every v is defined.
 #pragma unroll
-			for (int t = 0; t < Gm::T; t++) st.v[r][t] = ldg16(st.a[r] + 16 * min(lane + 32 * t, st.ng[r] - 1));
+			for (int t = 0; t < Gm::T; t++) st.v[r][t] = ldg16(a + 16 * min(lane + 32 * t, ng - 1));
 		}
 	}
 }
 
-// stage_commit writes the piece to sm: row r's granules from sm + r*REG, so
-// that its first byte lands at its address modulo 16.
+// stage_commit writes the piece stage_issue loaded (same arguments) to sm:
+// row r's granules from sm + r*REG, so that its first byte lands at its
+// address modulo 16.
 template <class F, int R>
-QFN void stage_commit(const Staged<F, R>& st, uint8_t* sm, const uint8_t* lo, const uint8_t* hi, int lane) {
+QFN void stage_commit(const Staged<F, R>& st, uint8_t* sm, const uint8_t* src, long long stride, int len, int nvalid, const uint8_t* lo,
+		      const uint8_t* hi, int lane) {
 	typedef Geo<F, R> Gm;
 #pragma unroll
 	for (int r = 0; r < R; r++) {
-		if (st.fast[r]) {
+		int ng;
+		bool fast;
+		const uint8_t* a = stage_row(src, stride, len, nvalid, lo, hi, r, ng, fast);
+		if (fast) {
 #pragma unroll
 			for (int t = 0; t < Gm::T; t++) {
 				const int g = lane + 32 * t;
-				if (g < st.ng[r]) st16(sm + r * Gm::REG + 16 * g, st.v[r][t]);
+				if (g < ng) st16(sm + r * Gm::REG + 16 * g, st.v[r][t]);
 			}
 		} else {
 #pragma unroll 1
-			for (int g = lane; g < st.ng[r]; g += 32)
+			for (int g = lane; g < ng; g += 32)
 #pragma unroll 1
 				for (int k = 0; k < 16; k++) {
-					const uint8_t* p = st.a[r] + 16 * g + k;
+					const uint8_t* p = a + 16 * g + k;
 					sm[r * Gm::REG + 16 * g + k] = p >= lo && p < hi ? ldg8(p) : 0;
 				}
 		}
@@ -532,7 +548,7 @@ QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __rest
 		for (int p = c.warp; p < pieces; p += c.nwarps) {
 			const int b0 = p * F::PB, cnt = min(F::PB, nb - b0);
 			int off[R];
-			stage_commit<F, R>(st, sm, lo, hi, c.lane);
+			stage_commit<F, R>(st, sm, w + n0 * rowBytes + (long long)b0 * F::BB, rowBytes, cnt * F::BB, nvalid, lo, hi, c.lane);
 #pragma unroll
 			for (int r = 0; r < R; r++) off[r] = (int)((uintptr_t)(w + (n0 + r) * rowBytes + (long long)b0 * F::BB) & 15);
 			S::warp();
