@@ -393,7 +393,9 @@ func quantWeightSet(b *testing.B, be *Backend, dt tensor.DType, n, k int) []*ten
 // 4096×11008 (down), next to F16, and reports the stored bytes read per
 // second (GB/s) and the time per product; 8 products on rotating
 // matrices per iteration, synced, so launch cost is included as in
-// decode. The copy sub-benchmark measures the device in the same run: a
+// decode. Quantized weights run MatMul's integer GEMV (quantx16 and
+// gemvx, both timed) and, as <dtype>-f32x, the F32-x GEMV kernels that
+// MatMulPrecise runs. The copy sub-benchmark measures the device in the same run: a
 // device-to-device copy of 1 GiB, GB/s counting the bytes read and
 // written, the rate the GEMVs' GB/s are to be compared with.
 func BenchmarkQuantGEMV(b *testing.B) {
@@ -422,8 +424,16 @@ func BenchmarkQuantGEMV(b *testing.B) {
 	})
 	const perIter = 8
 	for _, s := range []struct{ n, k int }{{11008, 4096}, {4096, 11008}} {
-		for _, dt := range []tensor.DType{tensor.F16, tensor.Q8_0, tensor.Q6_K, tensor.Q5_K, tensor.Q4_K, tensor.Q4_0} {
-			b.Run(fmt.Sprintf("%v/N%d_K%d", dt, s.n, s.k), func(b *testing.B) {
+		for _, c := range []struct {
+			dt   tensor.DType
+			f32x bool
+		}{{tensor.F16, false}, {tensor.Q8_0, false}, {tensor.Q6_K, false}, {tensor.Q5_K, false}, {tensor.Q4_K, false}, {tensor.Q4_0, false},
+			{tensor.Q8_0, true}, {tensor.Q6_K, true}, {tensor.Q5_K, true}, {tensor.Q4_K, true}, {tensor.Q4_0, true}} {
+			dt, path, name := c.dt, pathAuto, c.dt.String()
+			if c.f32x {
+				path, name = pathTiled, name+"-f32x"
+			}
+			b.Run(fmt.Sprintf("%s/N%d_K%d", name, s.n, s.k), func(b *testing.B) {
 				var ws []*tensor.Tensor
 				if dt.IsQuantized() {
 					ws = quantWeightSet(b, be, dt, s.n, s.k)
@@ -435,7 +445,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 				i := 0
 				for b.Loop() {
 					for range perIter {
-						if err := be.MatMul(out, x, ws[i%len(ws)], nil); err != nil {
+						if err := be.matmul(out, x, ws[i%len(ws)], nil, path); err != nil {
 							b.Fatal(err)
 						}
 						i++
@@ -452,23 +462,60 @@ func BenchmarkQuantGEMV(b *testing.B) {
 	}
 }
 
+// BenchmarkQuantX16 times quantx16 alone, the rounding of x that every
+// integer GEMV launch is preceded by, for 1 and 8 rows of the 7B MLP's
+// row lengths (8 launches per iteration, synced, as BenchmarkQuantGEMV).
+func BenchmarkQuantX16(b *testing.B) {
+	be := openGPU(b)
+	const perIter = 8
+	for _, k := range []int{4096, 11008} {
+		for _, m := range []int{1, 8} {
+			b.Run(fmt.Sprintf("M%d_K%d", m, k), func(b *testing.B) {
+				x, _ := put(b, be, tensor.F32, tensor.Shape{m, k}, uniform(newRand(b), m*k, -1, 1))
+				lay := x16Layout(m, k)
+				q, err := be.Alloc(tensor.F32, tensor.Shape{int(lay.bytes / 4)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer be.Free(q)
+				blocks := int64(m * k / 32)
+				grid := [3]uint32{uint32(min((blocks+7)/8, int64(be.info.SMs)*8)), 1, 1}
+				for b.Loop() {
+					for range perIter {
+						a := new(args).ptr(q.Ptr()).ptr(q.Ptr() + uintptr(lay.d)).ptr(q.Ptr() + uintptr(lay.s)).ptr(x.Ptr()).i64(blocks)
+						if err := be.ops("quantx16", func() error { return be.run("quantx16", grid, [3]uint32{256, 1, 1}, a) }); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(b.Elapsed().Seconds()/float64(b.N*perIter)*1e6, "us/op")
+			})
+		}
+	}
+}
+
 // BenchmarkQuantMatMulPaths compares, for Q4_K and Q8_0 weights (N = K =
-// 4096) and growing M, the GEMV kernels and the prefill path (weights
-// dequantized to F16 for cuBLAS, x cast to F16), to place the M from which
-// MatMul sends quantized weights to cuBLAS (gemvMaxRows).
+// 4096) and growing M, the integer GEMV (gemv: each launch reads w once
+// for up to 8 rows of x), the F32-x GEMV (gemv-f32x: two rows a launch,
+// up to M = 8) and the prefill path (weights dequantized to F16 for
+// cuBLAS, x cast to F16), to place the M from which MatMul sends quantized
+// weights to cuBLAS (quantGEMVMaxRows).
 func BenchmarkQuantMatMulPaths(b *testing.B) {
 	be := openGPU(b)
 	const n, k, perIter = 4096, 4096, 8
 	for _, dt := range []tensor.DType{tensor.Q4_K, tensor.Q8_0} {
 		ws := quantWeightSet(b, be, dt, n, k)
-		for _, m := range []int{1, 2, 4, 8, 16, 64, 512} {
+		for _, m := range []int{1, 2, 3, 4, 5, 8, 16, 64, 512} {
 			x, _ := put(b, be, tensor.F32, tensor.Shape{m, k}, uniform(newRand(b), m*k, -1, 1))
 			out, _ := put(b, be, tensor.F32, tensor.Shape{m, n}, make([]float32, m*n))
 			for _, p := range []struct {
 				name string
 				p    mmPath
-			}{{"gemv", pathGEMV}, {"blas", pathBLAS}} {
-				if p.p == pathBLAS && be.blas == nil || p.p == pathGEMV && m > 64 {
+			}{{"gemv", pathGEMV}, {"gemv-f32x", pathTiled}, {"blas", pathBLAS}} {
+				if p.p == pathBLAS && be.blas == nil || p.p == pathGEMV && m > 64 || p.p == pathTiled && m > 8 {
 					continue
 				}
 				b.Run(fmt.Sprintf("%v/M%d/%s", dt, m, p.name), func(b *testing.B) {

@@ -18,9 +18,11 @@
 //     memory speed, and the backward's products in F32 (F16/BF16 weights
 //     widened exactly, a bounded chunk of rows at a time);
 //   - quantized weights (ggml's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
-//     and Q6_K blocks, quant.go and kernels/quant.cuh): GEMV kernels for
-//     decode that read the blocks themselves with F32 activations and
-//     accumulation, prefill through cuBLAS on weights dequantized to F16
+//     and Q6_K blocks, quant.go and kernels/quant*.cuh): GEMV kernels for
+//     decode that read the blocks themselves, integer products (dp2a) on x
+//     rounded to 16 bits a 32 elements, up to 8 rows of x a read of the
+//     weights (MatMulPrecise: F32 activations and accumulation), prefill
+//     through cuBLAS on weights dequantized to F16
 //     a block of rows at a time, Embed of quantized tables dequantized
 //     exactly;
 //   - decode without the host's launch cost: graph capture
@@ -72,5 +74,6 @@
 // (nvcc); TestPTXUpToDate fails while the PTX is older than its sources.
 // Where nvcc is installed, TestQuantKernelsOnHost also runs the quantized
 // kernels' bodies on CPU threads (testdata/quanthost.cu) against
-// tensor/quant, without a GPU.
+// tensor/quant, without a GPU, and TestQuantSASS counts the instructions a
+// weight of their GEMVs in the sm_90 SASS (testdata/quantprobe.cu).
 package cuda

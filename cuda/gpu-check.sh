@@ -63,16 +63,16 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
 		-test.run 'TestAttentionGradShapes|TestGradOps/auto/(RMSNormGrad|BiasGrad|CrossEntropyGrad)' \
 		>"$OUT/racecheck-grad.log" 2>&1
 	echo "racecheck (grad): exit $?"
-	# The quantized weights' kernels (GEMV through shared memory, the
+	# The quantized weights' kernels (the GEMVs through shared memory, the
 	# dequantization that reads granules at the tensor's edges byte by byte).
 	timeout 150 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
 		"$BIN" -test.short -test.count=1 -test.timeout 140s \
-		-test.run 'TestQuantMatMul|TestQuantEmbed|TestQuantRefusals' \
+		-test.run 'TestQuantMatMul|TestQuantGEMVRows|TestQuantEmbed|TestQuantRefusals' \
 		>"$OUT/memcheck-quant.log" 2>&1
 	echo "memcheck (quant): exit $?"
 	timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 \
 		"$BIN" -test.short -test.count=1 -test.timeout 140s \
-		-test.run 'TestQuant(MatMul|Embed)/.*/(gemv|blas)' \
+		-test.run 'TestQuant(MatMul|Embed)/.*/(gemv|tiled|blas)|TestQuantGEMVRows/Q4_K' \
 		>"$OUT/racecheck-quant.log" 2>&1
 	echo "racecheck (quant): exit $?"
 fi

@@ -242,20 +242,22 @@ func dequantized(t testing.TB, dt tensor.DType, b []byte, n int) []float64 {
 }
 
 // TestQuantMatMul checks MatMul with quantized weights on every path
-// against a float64 product over quant.Dequantize's weights: the GEMV
-// kernels (also what the tiled path and, for small M, the precise one
-// run) within 1e-5; the prefill's F16 products through cuBLAS within the
-// F16 path's tolerance (x and the weights rounded to F16); MatMulPrecise's
-// F32 products over weights dequantized exactly within 1e-5. The shapes
-// cut pieces and row groups short (N = 7, 33, 513; K = 3 or 43 blocks of
-// 256) and take 1, 2 and more rows of x.
+// against a float64 product over quant.Dequantize's weights: the integer
+// GEMV kernels (the GEMV path, and auto for small M) within 1e-5 of the
+// product with x rounded as quantx16 rounds it (quantX16) and within 2e-4
+// of the one with x as given; the F32-x GEMV kernels (the tiled path, and
+// precise for small M) within 1e-5; the prefill's F16 products through
+// cuBLAS within the F16 path's tolerance (x and the weights rounded to
+// F16); MatMulPrecise's F32 products over weights dequantized exactly
+// within 1e-5. The shapes cut pieces and row groups short (N = 7, 33, 513;
+// K = 3 or 43 blocks of 256) and take 1, 2 and more rows of x.
 func TestQuantMatMul(t *testing.T) {
 	b := openGPU(t)
 	paths := []struct {
 		name string
 		p    mmPath
 		tol  float64
-	}{{"gemv", pathGEMV, 1e-5}, {"tiled", pathTiled, 1e-5}, {"precise", pathPrecise, 1e-5}, {"blas", pathBLAS, 3e-3}, {"auto", pathAuto, 0}}
+	}{{"gemv", pathGEMV, 0}, {"tiled", pathTiled, 1e-5}, {"precise", pathPrecise, 1e-5}, {"blas", pathBLAS, 3e-3}, {"auto", pathAuto, 0}}
 	shapes := []struct{ m, n, k int }{{2, 300, 512}, {3, 33, 768}, {64, 256, 1024}, {1, 7, 11008}}
 	if !testing.Short() { // -short: the shapes compute-sanitizer gets through in time
 		shapes = append(shapes, struct{ m, n, k int }{1, 4096, 4096}, struct{ m, n, k int }{5, 513, 2816})
@@ -264,9 +266,11 @@ func TestQuantMatMul(t *testing.T) {
 	for _, f := range quantFormats {
 		for _, s := range shapes {
 			w, wv := putQuant(t, b, r, f.dt, s.n, s.k, s.n*s.k > 1<<20)
-			x, xv := put(t, b, tensor.F32, tensor.Shape{s.m, s.k}, uniform(r, s.m*s.k, -1, 1))
+			xh := uniform(r, s.m*s.k, -1, 1)
+			x, xv := put(t, b, tensor.F32, tensor.Shape{s.m, s.k}, xh)
 			bias, bv := put(t, b, tensor.F32, tensor.Shape{s.n}, uniform(r, s.n, -1, 1))
 			want := tensortest.RefMatMul(xv, wv, bv, s.m, s.n, s.k)
+			want16 := tensortest.RefMatMul(quantX16(xh).values(), wv, bv, s.m, s.n, s.k)
 			for _, p := range paths {
 				if (p.p == pathBLAS || p.p == pathPrecise) && b.blas == nil {
 					continue
@@ -276,14 +280,15 @@ func TestQuantMatMul(t *testing.T) {
 					if err := b.matmul(out, x, w, bias, p.p); err != nil {
 						t.Fatal(err)
 					}
-					tol := p.tol
-					if p.p == pathAuto {
-						tol = 1e-5
-						if s.m > b.gemvMaxRows && b.blas != nil {
-							tol = 3e-3
-						}
+					got := get(t, b, out)
+					switch {
+					case p.p == pathGEMV || p.p == pathAuto && (s.m <= quantGEMVMaxRows || b.blas == nil):
+						checkX16(t, "MatMul", got, want16, want)
+					case p.p == pathAuto:
+						check(t, "MatMul", got, want, 3e-3)
+					default:
+						check(t, "MatMul", got, want, p.tol)
 					}
-					check(t, "MatMul", get(t, b, out), want, tol)
 				})
 			}
 		}
@@ -320,7 +325,8 @@ func TestQuantMatMul(t *testing.T) {
 				xv[i] = float64(v)
 			}
 			want := tensortest.RefMatMul(xv, wv, nil, m, n, k)
-			for _, p := range []int{0, 3} { // gemv, blas
+			want16 := tensortest.RefMatMul(quantX16(xh).values(), wv, nil, m, n, k)
+			for _, p := range []int{0, 1, 3} { // gemv, tiled, blas
 				p := paths[p]
 				if p.p == pathBLAS && b.blas == nil {
 					continue
@@ -329,7 +335,11 @@ func TestQuantMatMul(t *testing.T) {
 				if err := b.matmul(out, x, w, nil, p.p); err != nil {
 					t.Fatal(err)
 				}
-				check(t, "MatMul "+p.name+" (views)", get(t, b, out), want, p.tol)
+				if p.p == pathGEMV {
+					checkX16(t, "MatMul gemv (views)", get(t, b, out), want16, want)
+				} else {
+					check(t, "MatMul "+p.name+" (views)", get(t, b, out), want, p.tol)
+				}
 			}
 			if !f.align16 {
 				return
@@ -347,12 +357,117 @@ func TestQuantMatMul(t *testing.T) {
 			if err := b.Upload(w8, 0, host); err != nil {
 				t.Fatal(err)
 			}
-			out, _ := put(t, b, tensor.F32, tensor.Shape{m, n}, nanSlice(m*n))
-			if err := b.matmul(out, x, w8, nil, pathGEMV); err != nil {
-				t.Fatal(err)
+			for _, p := range []mmPath{pathGEMV, pathTiled} {
+				out, _ := put(t, b, tensor.F32, tensor.Shape{m, n}, nanSlice(m*n))
+				if err := b.matmul(out, x, w8, nil, p); err != nil {
+					t.Fatal(err)
+				}
+				check(t, "MatMul (w 8 bytes past a boundary)", get(t, b, out), tensortest.RefMatMul(xv, dequantized(t, f.dt, host, n*k), nil, m, n, k), 1e-5)
 			}
-			check(t, "MatMul (w 8 bytes past a boundary)", get(t, b, out), tensortest.RefMatMul(xv, dequantized(t, f.dt, host, n*k), nil, m, n, k), 1e-5)
 		})
+	}
+}
+
+// TestQuantGEMVRows checks the integer GEMV for every M from 1 to 9 and
+// 17 (the kernels for 1, 2, 4 and 8 rows, rows left over in the 4- and
+// 8-row kernels, several launches), rows of x with different scales and a
+// row with a NaN (its products NaN, the others' unchanged), that no output
+// past the M rows is written (out is a view whose allocation continues
+// with sentinels), and that a row batched gives what it gives alone
+// (batched decode, issue 17).
+func TestQuantGEMVRows(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	const n = 75
+	for _, f := range quantFormats {
+		k := 4 * 256
+		w, wv := putQuant(t, b, r, f.dt, n, k, false)
+		for _, m := range []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 17} {
+			t.Run(fmt.Sprintf("%v/M%d", f.dt, m), func(t *testing.T) {
+				xh := uniform(r, m*k, -1, 1)
+				for i := range xh {
+					xh[i] *= float32(1 + i/k) // row i scaled by i+1
+				}
+				x, xv := put(t, b, tensor.F32, tensor.Shape{m, k}, xh)
+				const sentinel = 12345
+				all, _ := put(t, b, tensor.F32, tensor.Shape{(m + 1) * n}, make([]float32, (m+1)*n))
+				if err := b.Upload(all, 0, f32Bytes(append(nanSlice(m*n), slices.Repeat([]float32{sentinel}, n)...))); err != nil {
+					t.Fatal(err)
+				}
+				out, err := all.View(0, tensor.F32, tensor.Shape{m, n})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := b.matmul(out, x, w, nil, pathGEMV); err != nil {
+					t.Fatal(err)
+				}
+				got := get(t, b, all)
+				for i, v := range got[m*n:] {
+					if v != sentinel {
+						t.Fatalf("out[%d], past the %d rows, was written: %g", m*n+i, m, v)
+					}
+				}
+				checkX16(t, "MatMul", got[:m*n], tensortest.RefMatMul(quantX16(xh).values(), wv, nil, m, n, k), tensortest.RefMatMul(xv, wv, nil, m, n, k))
+				// Each row alone (the 1-row kernel) against its row of the
+				// batch: the same products, summed in the same order, so
+				// within 1e-6 (logged: whether bit for bit).
+				same := 0
+				for i := range min(m, 3) {
+					xi, err := x.Rows(i, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					oi, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, nanSlice(n))
+					if err := b.matmul(oi, xi, w, nil, pathGEMV); err != nil {
+						t.Fatal(err)
+					}
+					alone := get(t, b, oi)
+					want := make([]float64, n)
+					for j, v := range alone {
+						want[j] = float64(v)
+						if math.Float32bits(v) == math.Float32bits(got[i*n+j]) {
+							same++
+						}
+					}
+					if e := tensortest.RelErr(got[i*n:(i+1)*n], want); !(e <= 1e-6) {
+						t.Errorf("row %d in a batch of %d against alone: relative difference %.3g > 1e-6", i, m, e)
+					}
+				}
+				t.Logf("rows batched against alone: %d of %d outputs bit-identical", same, min(m, 3)*n)
+				if m < 3 {
+					return
+				}
+				// A NaN in row 1 makes that row NaN and leaves the others.
+				xh[k+7] = float32(math.NaN())
+				if err := b.Upload(x, 0, f32Bytes(xh)); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.matmul(out, x, w, nil, pathGEMV); err != nil {
+					t.Fatal(err)
+				}
+				got2 := get(t, b, out)
+				for i, v := range got2 {
+					if row := i / n; row == 1 && !math.IsNaN(float64(v)) {
+						t.Fatalf("row 1 has a NaN in x; out[%d] = %g", i, v)
+					} else if row != 1 && math.Float32bits(v) != math.Float32bits(got[i]) {
+						t.Fatalf("row %d changed with a NaN in row 1: out[%d] = %g, was %g", row, i, v, got[i])
+					}
+				}
+			})
+		}
+	}
+}
+
+// checkX16 checks a product of the integer GEMV: within 1e-5 of want16
+// (the product with x rounded to X16) and 2e-4 of want (x as given),
+// logging both errors.
+func checkX16(t testing.TB, what string, got []float32, want16, want []float64) {
+	t.Helper()
+	e16, e := tensortest.RelErr(got, want16), tensortest.RelErr(got, want)
+	if !(e16 <= 1e-5) || !(e <= 2e-4) {
+		t.Errorf("%s: relative error %.3g against the product with x rounded to X16 (want <= 1e-5), %.3g against x (want <= 2e-4)", what, e16, e)
+	} else {
+		t.Logf("%s: relative error %.2g against the product with x rounded to X16, %.2g against x", what, e16, e)
 	}
 }
 

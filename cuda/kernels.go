@@ -120,7 +120,11 @@ var requiredKernels = func() []string {
 	// The quantized weights' kernels (quant.go; kernels/quant.cuh).
 	for _, f := range quantFormats {
 		k = append(k, "gemv_"+f.name+"_m1", "gemv_"+f.name+"_m2", "dequant_"+f.name+"_f32", "dequant_"+f.name+"_f16")
+		for _, mm := range []string{"1", "2", "4", "8"} {
+			k = append(k, "gemvx_"+f.name+"_m"+mm)
+		}
 	}
+	k = append(k, "quantx16")
 	return k
 }()
 

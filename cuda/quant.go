@@ -11,17 +11,24 @@ import (
 	"gorgonia.org/cu"
 )
 
-// Matrix products and embeddings with quantized weights (kernels/quant.cuh).
+// Matrix products and embeddings with quantized weights (kernels/quant.cuh,
+// kernels/quantx.cuh).
 //
-// Decode (M up to gemvMaxRows, and every M on the GEMV path) runs the
-// GEMV kernels, which read the quantized blocks directly: F32 x, F32
-// accumulation, within 1e-5 relative of the F32 product over the
-// dequantized weights. Prefill (larger M, with cuBLAS) dequantizes the
+// Decode (M up to quantGEMVMaxRows, and every M on the GEMV path) runs the
+// integer GEMV kernels: x rounded once per product to 16-bit levels a 32
+// elements (quantx16), the quantized blocks read directly and multiplied
+// with dp2a, up to 8 rows of x for each read of w. Against the F32 product
+// over the dequantized weights its relative error is that of rounding x,
+// 2e-5 to 7e-5 (quantx.cuh says how it was measured); against the product
+// with the rounded x it is within 1e-6. MatMulPrecise (M up to
+// gemvMaxRows), and the tiled path tests ask for, run the F32-x GEMV
+// kernels instead: F32 x, F32 accumulation, within 1e-5 relative of the
+// F32 product over the dequantized weights. Prefill (larger M, with cuBLAS) dequantizes the
 // weight to F16 in row blocks in the scratch arena and multiplies each
 // block with cuBLAS, x cast to F16 once per pass, as the F16 path does:
 // its error is the F16 path's, both operands rounded to F16. MatMulPrecise
 // dequantizes to F32 instead (exactly) for an F32 product. Without cuBLAS
-// every M goes to the GEMV kernels, two rows of x at a time.
+// every M goes to the GEMV kernels.
 
 // matmulQuant is matmul for a quantized w; the caller holds opsMu and has
 // entered the context.
@@ -31,7 +38,9 @@ func (b *Backend) matmulQuant(out, x, w *tensor.Tensor, m, n, k int, path mmPath
 		return fmt.Errorf("cuda: MatMul: no kernels for %v weights", w.DType())
 	}
 	switch {
-	case path == pathGEMV || path == pathTiled || (path == pathAuto || path == pathPrecise) && (m <= b.gemvMaxRows || b.blas == nil):
+	case path == pathGEMV || path == pathAuto && (m <= quantGEMVMaxRows || b.blas == nil):
+		return b.gemvQuantInt(out, x, w, f, m, n, k)
+	case path == pathTiled || path == pathPrecise && (m <= b.gemvMaxRows || b.blas == nil):
 		return b.gemvQuant(out, x, w, f, m, n, k)
 	case path == pathPrecise:
 		chunk := b.preciseChunk
@@ -48,9 +57,48 @@ func (b *Backend) matmulQuant(out, x, w *tensor.Tensor, m, n, k int, path mmPath
 	}
 	err := b.gemmQuant(out, x, w, f, m, n, k)
 	if err == errBLASUnsupported && path == pathAuto {
-		err = b.gemvQuant(out, x, w, f, m, n, k)
+		err = b.gemvQuantInt(out, x, w, f, m, n, k)
 	}
 	return err
+}
+
+// gemvQuantInt runs the integer GEMV kernels over x, up to 8 rows at a
+// time: each chunk of rows rounded to X16 in scratch (quantx16 reads any
+// F32 view), then one launch of the kernel for the fewest rows (1, 2, 4,
+// 8) that holds the chunk, with as many blocks as the SMs hold at once
+// (fewer for fewer row groups). Q4_K and Q5_K need w 16-byte aligned, as for
+// the F32-x kernels; another view goes through gemvWidened.
+func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k int) error {
+	if f.align16 && w.Ptr()%16 != 0 {
+		return b.gemvWidened(out, x, w, f, m, n, k)
+	}
+	rows := min(m, quantMaxRows)
+	lay := x16Layout(rows, k)
+	p, release, err := b.scratch("MatMul", lay.bytes)
+	if err != nil {
+		return err
+	}
+	defer release() // stream order keeps the levels for the kernels
+	q, d, s := p, p+uintptr(lay.d), p+uintptr(lay.s)
+	warps := f.gemvWarps(k)
+	for r := 0; r < m; r += rows {
+		c := min(rows, m-r)
+		blocks := int64(c) * int64(k/32)
+		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
+		// A warp a block of x, 8 warps a block of the launch.
+		qgrid := [3]uint32{uint32(min((blocks+7)/8, int64(b.info.SMs)*8)), 1, 1}
+		if err := b.run("quantx16", qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
+			return err
+		}
+		mm := gemvxRows(c)
+		groups := (n + f.xRows(mm) - 1) / f.xRows(mm)
+		grid := [3]uint32{uint32(min(groups, b.info.SMs*(quantSMWarps/warps))), 1, 1}
+		a := new(args).ptr(out.Ptr() + uintptr(int64(r)*int64(n)*4)).ptr(q).ptr(d).ptr(s).ptr(w.Ptr()).i32(n).i32(k).i32(c)
+		if err := b.run("gemvx_"+f.name+"_m"+strconv.Itoa(mm), grid, [3]uint32{uint32(32 * warps), 1, 1}, a); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // gemvQuant runs the GEMV kernels over x, two rows at a time (then one).

@@ -17,20 +17,23 @@ type quantFormat struct {
 	// and needs the weights 16-byte aligned (their rows are 16-byte
 	// multiples); MatMul sends other views another way.
 	align16 bool
+	// xrows1 is I::ROWS1 of kernels/quantx.cuh: the rows of w an integer
+	// GEMV block takes at a time for one row of x.
+	xrows1 int
 }
 
 // quantFormats lists the formats with kernels, in the order of
 // testdata/quanthost.cu's format numbers. Q8_K, an activation format of
 // ggml that files do not store, has none.
 var quantFormats = []quantFormat{
-	{tensor.Q8_0, "q8_0", 32, false},
-	{tensor.Q4_0, "q4_0", 32, false},
-	{tensor.Q4_1, "q4_1", 32, false},
-	{tensor.Q5_0, "q5_0", 32, false},
-	{tensor.Q5_1, "q5_1", 32, false},
-	{tensor.Q4_K, "q4_k", 8, true},
-	{tensor.Q5_K, "q5_k", 8, true},
-	{tensor.Q6_K, "q6_k", 8, false},
+	{tensor.Q8_0, "q8_0", 32, false, 4},
+	{tensor.Q4_0, "q4_0", 32, false, 4},
+	{tensor.Q4_1, "q4_1", 32, false, 4},
+	{tensor.Q5_0, "q5_0", 32, false, 4},
+	{tensor.Q5_1, "q5_1", 32, false, 4},
+	{tensor.Q4_K, "q4_k", 8, true, 4},
+	{tensor.Q5_K, "q5_k", 8, true, 4},
+	{tensor.Q6_K, "q6_k", 8, false, 2},
 }
 
 // Launch geometry of the quantized kernels (QWARPS and QROWS in
@@ -40,6 +43,61 @@ const (
 	quantWarps = 4
 	quantRows  = 4
 )
+
+// The integer GEMV (kernels/quantx.cuh): kernels for up to 1, 2, 4 and
+// quantMaxRows rows of x, a block taking f.xRows(mm) rows of w at a time
+// (QXROWS). The kernels are bounded to 128 registers, quantSMWarps warps
+// an SM; MatMul launches about as many blocks as fit at once, and each
+// loops over row groups, loading its next piece while it computes.
+const (
+	quantMaxRows = 8
+	quantSMWarps = 16
+)
+
+// quantGEMVMaxRows is the largest M that MatMul sends to the integer GEMV
+// rather than to cuBLAS for quantized weights (gemvMaxRows for the F32-x
+// kernels of MatMulPrecise): one launch reads w once for up to 8 rows of
+// x, where the prefill path writes and reads w again as F16, 3.6 (Q4_K)
+// to 1.9 (Q8_0) times the stored bytes. BenchmarkQuantMatMulPaths
+// measures the crossing.
+const quantGEMVMaxRows = quantMaxRows
+
+// gemvxRows returns the rows of x of the integer kernel that runs m (1..8)
+// rows: the fewest of 1, 2, 4, 8 that hold them.
+func gemvxRows(m int) int {
+	mm := 1
+	for mm < m {
+		mm *= 2
+	}
+	return mm
+}
+
+// xRows is QXROWS: the rows of w an integer GEMV block takes at a time
+// for the kernel of mm rows of x.
+func (f quantFormat) xRows(mm int) int {
+	switch mm {
+	case 1:
+		return f.xrows1
+	case 2:
+		return 2
+	}
+	return 1
+}
+
+// x16Geom places the X16 of rows rows of k elements in one allocation:
+// the int16 levels from 0, the F32 scales (one a 32) from d, the int32
+// sums (one a 16) from s, each 256-byte aligned; bytes in all.
+type x16Geom struct{ d, s, bytes int64 }
+
+func x16Layout(rows, k int) x16Geom {
+	up := func(v int64) int64 { return (v + 255) &^ 255 }
+	n := int64(rows) * int64(k)
+	var g x16Geom
+	g.d = up(2 * n)
+	g.s = g.d + up(n/32*4)
+	g.bytes = g.s + up(n/16*4)
+	return g
+}
 
 // quantFormatOf returns the kernels of a quantized dtype, or false.
 func quantFormatOf(dt tensor.DType) (quantFormat, bool) {

@@ -59,7 +59,7 @@ func TestQuantKernelsOnHost(t *testing.T) {
 			{1, 9, big, 4, 2},
 			{2, 6, 3 * big, 2, 4},
 		} {
-			c := &hostCase{op: 1, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: offs[i%len(offs)], n: g.n, k: g.k, m: g.m}
+			c := &hostCase{op: 1, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: offs[i%len(offs)], n: g.n, k: g.k, m: g.m, nanRow: -1}
 			c.w = hostWeights(t, r, f.dt, g.n, g.k, i%2 == 1)
 			c.x = make([]float32, g.m*g.k)
 			for j := range c.x {
@@ -70,6 +70,37 @@ func TestQuantKernelsOnHost(t *testing.T) {
 			}
 			c.name = fmt.Sprintf("%v/gemv/M%d_N%d_K%d_off%d_%dx%d", f.dt, g.m, g.n, g.k, c.woff, g.nblocks, g.nwarps)
 			cases = append(cases, c)
+			// The integer GEMV on the same weights, with 1 to 8 rows of x
+			// (3, 5 and 7 run on the kernels for 4 and 8, rows left over).
+			ci := *c
+			ci.op, ci.m = 4, []int{1, 2, 3, 5, 8, 7}[i]
+			ci.x = make([]float32, ci.m*g.k)
+			for j := range ci.x {
+				ci.x[j] = 2*r.Float32() - 1
+				if i%3 == 2 {
+					ci.x[j] += 0.75
+				}
+				if j%32 == 5 && i%2 == 0 {
+					ci.x[j] *= 16 // an outlier a block
+				}
+			}
+			if i == 4 {
+				ci.x[3*32] = 0 // a block of zeros
+				for j := range 32 {
+					ci.x[2*32+j] = 0
+				}
+			}
+			if i == 3 || i == 5 {
+				// A NaN (M = 5) or an infinity (M = 7) in row 1: its products
+				// are NaN, the other rows' as without.
+				ci.x[g.k+3] = float32(math.NaN())
+				if i == 5 {
+					ci.x[g.k+3] = float32(math.Inf(-1))
+				}
+				ci.nanRow = 1
+			}
+			ci.name = fmt.Sprintf("%v/gemvx/M%d_N%d_K%d_off%d_%dx%d", f.dt, ci.m, g.n, g.k, c.woff, g.nblocks, g.nwarps)
+			cases = append(cases, &ci)
 		}
 		const n = 9
 		c := &hostCase{op: 2, f: f, id: id, nblocks: 2, nwarps: 3, woff: offs[1], n: n, k: big, ids: []int32{n - 1, 0, 3, 3, -1, n, 5}}
@@ -120,6 +151,7 @@ type hostCase struct {
 	ids                   []int32
 	w                     []byte
 	x                     []float32
+	nanRow                int // the row of x with a NaN or an infinity (op 4), or -1
 }
 
 func (c *hostCase) request(b *bytes.Buffer) {
@@ -129,7 +161,7 @@ func (c *hostCase) request(b *bytes.Buffer) {
 		}
 	}
 	put(int(c.op), c.id, c.nblocks, c.nwarps, c.woff, c.n, c.k)
-	if c.op == 1 {
+	if c.op == 1 || c.op == 4 {
 		put(c.m)
 		b.Write(c.w)
 		binary.Write(b, binary.LittleEndian, c.x)
@@ -179,6 +211,8 @@ func (c *hostCase) check(t *testing.T, resp *bytes.Buffer) {
 		} else {
 			t.Logf("GEMV: relative error %.2g", e)
 		}
+	case 4:
+		c.checkX16(t, resp, row)
 	case 2, 3:
 		n := c.rows * c.k
 		var got []float32
@@ -214,6 +248,67 @@ func (c *hostCase) check(t *testing.T, resp *bytes.Buffer) {
 		if bad > 5 {
 			t.Errorf("%d values differ", bad)
 		}
+	}
+}
+
+// checkX16 checks the integer GEMV's response: x's X16 bit for bit against
+// quantX16, the product within 1e-5 of the float64 product of the
+// dequantized weights and the rounded x (d*q), and within 2e-4 of the one
+// with x as given (the rounding's own error, logged).
+func (c *hostCase) checkX16(t *testing.T, resp *bytes.Buffer, row func(int) []float32) {
+	got := make([]float32, c.m*c.n)
+	binary.Read(resp, binary.LittleEndian, got)
+	var gx x16
+	gx.q = make([]int16, c.m*c.k)
+	gx.d = make([]float32, c.m*c.k/32)
+	gx.s = make([]int32, c.m*c.k/16)
+	binary.Read(resp, binary.LittleEndian, gx.q)
+	binary.Read(resp, binary.LittleEndian, gx.d)
+	binary.Read(resp, binary.LittleEndian, gx.s)
+	wx := quantX16(c.x)
+	bad := 0
+	for i := range wx.q {
+		if gx.q[i] != wx.q[i] {
+			if bad++; bad <= 5 {
+				t.Errorf("X16 level %d: got %d, want %d (x %g)", i, gx.q[i], wx.q[i], c.x[i])
+			}
+		}
+	}
+	for i := range wx.d {
+		if math.Float32bits(gx.d[i]) != math.Float32bits(wx.d[i]) || gx.s[2*i] != wx.s[2*i] || gx.s[2*i+1] != wx.s[2*i+1] {
+			if bad++; bad <= 5 {
+				t.Errorf("X16 block %d: got d %g, sums %d %d; want %g, %d %d", i, gx.d[i], gx.s[2*i], gx.s[2*i+1], wx.d[i], wx.s[2*i], wx.s[2*i+1])
+			}
+		}
+	}
+	w := make([]float64, c.n*c.k)
+	for i := range c.n {
+		for k, v := range row(i) {
+			w[i*c.k+k] = float64(v)
+		}
+	}
+	exact := make([]float64, len(c.x))
+	for i, f := range c.x {
+		exact[i] = float64(f)
+	}
+	want16, want := productRef(w, wx.values(), c.m, c.n, c.k), productRef(w, exact, c.m, c.n, c.k)
+	if r := c.nanRow; r >= 0 {
+		for i, v := range got[r*c.n : (r+1)*c.n] {
+			if !math.IsNaN(float64(v)) {
+				t.Errorf("row %d of x has a NaN or an infinity; out[%d] = %g, want NaN", r, r*c.n+i, v)
+			}
+		}
+		// The other rows against their references.
+		got = append(got[:r*c.n:r*c.n], got[(r+1)*c.n:]...)
+		want16 = append(want16[:r*c.n:r*c.n], want16[(r+1)*c.n:]...)
+		want = append(want[:r*c.n:r*c.n], want[(r+1)*c.n:]...)
+	}
+	er := tensortest.RelErr(got, want16)
+	ex := tensortest.RelErr(got, want)
+	if !(er <= 1e-5) || !(ex <= 2e-4) {
+		t.Errorf("GEMV: relative error %.3g against the rounded x (want <= 1e-5), %.3g against x (want <= 2e-4)\ngot %v", er, ex, got[:min(8, len(got))])
+	} else {
+		t.Logf("GEMV: relative error %.2g against the rounded x, %.2g against x", er, ex)
 	}
 }
 

@@ -863,6 +863,7 @@ struct DevSync {
 	static __device__ __forceinline__ void warp() { __syncwarp(); }
 	static __device__ __forceinline__ void block() { __syncthreads(); }
 	static __device__ __forceinline__ float sum(float v) { return warp_sum(v); }
+	static __device__ __forceinline__ float max(float v) { return warp_max(v); }
 };
 
 __device__ __forceinline__ Ctx dev_ctx() {

@@ -8,15 +8,18 @@
 // It reads requests from stdin and writes one response per request to
 // stdout, all little-endian:
 //
-//   request:  int32 op (0 end, 1 gemv, 2 dequant to F32, 3 dequant to F16),
+//   request:  int32 op (0 end, 1 gemv, 2 dequant to F32, 3 dequant to F16,
+//             4 integer gemv: quantx16, then gemvx),
 //             int32 format (the order of formats below), int32 nblocks,
 //             int32 nwarps, int32 woff (the weights' byte offset from a
 //             256-byte boundary), int32 N, int32 K, then
-//     gemv:    int32 M, the N rows of w, M*K float32 x
+//     gemv:    int32 M, the N rows of w, M*K float32 x (both gemvs)
 //     dequant: int32 rows, int32 r0, int32 nids, nids int32 ids (none: the
 //              rows r0..r0+rows-1), the N rows of w
 //   response: int64 violations, then M*N float32 (gemv), rows*K float32
-//             (dequant to F32) or rows*K uint16 halves (to F16)
+//             (dequant to F32) or rows*K uint16 halves (to F16); the
+//             integer gemv adds x's X16: M*K int16 levels, M*K/32 float32
+//             scales, M*K/16 int32 sums
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -26,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "../kernels/quant.cuh"
+#include "../kernels/quantx.cuh"
 
 static std::atomic<long long> violations;
 void qhost_violation() { violations++; }
@@ -76,6 +79,15 @@ struct HostSync {
 		for (int i = 0; i < 32; i++) s += tblock->slots[twarp][i];
 		warp();
 		return s;
+	}
+	// max as the device's shuffles: fmaxf, which drops a NaN.
+	static float max(float v) {
+		tblock->slots[twarp][tlane] = v;
+		warp();
+		float m = tblock->slots[twarp][0];
+		for (int i = 1; i < 32; i++) m = fmaxf(m, tblock->slots[twarp][i]);
+		warp();
+		return m;
 	}
 };
 
@@ -167,6 +179,60 @@ static void gemv(int nblocks, int nwarps, int woff, int N, int K) {
 	writen(out, (size_t)M * N * 4);
 }
 
+// gemvx runs the integer GEMV of M rows of x (1 to 8) with the kernel of
+// the fewest rows that holds them, as MatMul does: quantx16 (on a grid of
+// 2 blocks of nwarps warps, so that warps loop), then the GEMV.
+template <class I>
+static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
+	typedef typename I::F F;
+	const int M = read32();
+	if (M < 1 || M > 8) {
+		fprintf(stderr, "quanthost: M = %d\n", M);
+		exit(2);
+	}
+	const long long wbytes = (long long)N * (K / F::QK) * F::BB;
+	std::vector<uint8_t> wbuf, xbuf, qbuf, dbuf, sbuf, obuf;
+	uint8_t* w = aligned(wbuf, wbytes, woff);
+	readn(w, wbytes);
+	float* x = (float*)aligned(xbuf, (size_t)M * K * 4, 0);
+	readn(x, (size_t)M * K * 4);
+	int16_t* q = (int16_t*)aligned(qbuf, (size_t)M * K * 2, 0);
+	float* d = (float*)aligned(dbuf, (size_t)M * K / 32 * 4, 0);
+	int* s = (int*)aligned(sbuf, (size_t)M * K / 16 * 4, 0);
+	float* out = (float*)aligned(obuf, (size_t)M * N * 4, 0);
+	launch(2, nwarps, 0, [&](const Ctx& c, uint8_t*) { quantx16_warp<HostSync>(c, q, d, s, x, (long long)M * K / 32); });
+	qhost_lo = w;
+	qhost_hi = w + wbytes;
+	violations = 0;
+	XQ xq;
+	xq.q = q;
+	xq.d = d;
+	xq.s = s;
+	xq.K = K;
+	xq.M = M;
+	constexpr size_t stage = QWARPS * Geo<F, 4>::BYTES;  // enough for every QXROWS
+	auto run = [&](auto mtag) {
+		constexpr int MM = decltype(mtag)::value;
+		launch(nblocks, nwarps, stage + QWARPS * 8 * 4, [&](const Ctx& c, uint8_t* sm) {
+			gemvx_block<I, MM, QXROWS(I, MM), HostSync>(c, sm, (float*)(sm + stage), out, xq, w, N);
+		});
+	};
+	if (M == 1)
+		run(std::integral_constant<int, 1>());
+	else if (M == 2)
+		run(std::integral_constant<int, 2>());
+	else if (M <= 4)
+		run(std::integral_constant<int, 4>());
+	else
+		run(std::integral_constant<int, 8>());
+	const long long v = violations;
+	writen(&v, 8);
+	writen(out, (size_t)M * N * 4);
+	writen(q, (size_t)M * K * 2);
+	writen(d, (size_t)M * K / 32 * 4);
+	writen(s, (size_t)M * K / 16 * 4);
+}
+
 template <class F, typename T>
 static void dequant(int nblocks, int nwarps, int woff, int N, int K) {
 	const int rows = read32(), r0 = read32(), nids = read32();
@@ -188,8 +254,9 @@ static void dequant(int nblocks, int nwarps, int woff, int N, int K) {
 	writen(out, (size_t)rows * K * sizeof(T));
 }
 
-template <class F>
+template <class I>
 static void serve(int op, int nblocks, int nwarps, int woff, int N, int K) {
+	typedef typename I::F F;
 	switch (op) {
 	case 1:
 		gemv<F>(nblocks, nwarps, woff, N, K);
@@ -199,6 +266,9 @@ static void serve(int op, int nblocks, int nwarps, int woff, int N, int K) {
 		break;
 	case 3:
 		dequant<F, __half>(nblocks, nwarps, woff, N, K);
+		break;
+	case 4:
+		gemvx<I>(nblocks, nwarps, woff, N, K);
 		break;
 	default:
 		fprintf(stderr, "quanthost: op %d\n", op);
@@ -217,28 +287,28 @@ int main() {
 		}
 		switch (format) {
 		case 0:
-			serve<FmtQ8_0>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ8_0>(op, nblocks, nwarps, woff, N, K);
 			break;
 		case 1:
-			serve<FmtQ4_0>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ4_0>(op, nblocks, nwarps, woff, N, K);
 			break;
 		case 2:
-			serve<FmtQ4_1>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ4_1>(op, nblocks, nwarps, woff, N, K);
 			break;
 		case 3:
-			serve<FmtQ5_0>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ5_0>(op, nblocks, nwarps, woff, N, K);
 			break;
 		case 4:
-			serve<FmtQ5_1>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ5_1>(op, nblocks, nwarps, woff, N, K);
 			break;
 		case 5:
-			serve<FmtQ4_K>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ4_K>(op, nblocks, nwarps, woff, N, K);
 			break;
 		case 6:
-			serve<FmtQ5_K>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ5_K>(op, nblocks, nwarps, woff, N, K);
 			break;
 		case 7:
-			serve<FmtQ6_K>(op, nblocks, nwarps, woff, N, K);
+			serve<IQ6_K>(op, nblocks, nwarps, woff, N, K);
 			break;
 		default:
 			fprintf(stderr, "quanthost: format %d\n", format);

@@ -1,0 +1,4 @@
+// Integer GEMV kernels for Q4_1 weights; see quantx.cuh.
+#include "quantx.cuh"
+
+QUANT_GEMVX(IQ4_1, q4_1, 4)

@@ -1,0 +1,4 @@
+// Integer GEMV kernels for Q5_1 weights; see quantx.cuh.
+#include "quantx.cuh"
+
+QUANT_GEMVX(IQ5_1, q5_1, 4)

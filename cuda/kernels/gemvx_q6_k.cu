@@ -1,0 +1,4 @@
+// Integer GEMV kernels for Q6_K weights; see quantx.cuh.
+#include "quantx.cuh"
+
+QUANT_GEMVX(IQ6_K, q6_k, 4)

@@ -1,0 +1,4 @@
+// Integer GEMV kernels for Q8_0 weights; see quantx.cuh.
+#include "quantx.cuh"
+
+QUANT_GEMVX(IQ8_0, q8_0, 4)
