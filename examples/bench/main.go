@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")
 	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
 	fs.IntVar(&o.chunk, "chunk", 512, "prefill chunk")
-	fs.IntVar(&o.threads, "threads", 0, "CPU threads (cpu device)")
+	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
@@ -384,7 +384,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		mem.Budgets = []int64{s.budget}
 	}
 	start := time.Now()
-	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk})
+	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads})
 	if err != nil {
 		return nil, err
 	}
