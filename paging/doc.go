@@ -32,7 +32,11 @@
 //     tensors views into it), the next layers of its sequence (every
 //     layer, or those SetSequence gives) are prefetched while the current
 //     one computes, and a bounded host cache (pinned when the backend can)
-//     saves re-reading the source. HostLayer hands the CPU a layer as host
+//     saves re-reading the source; the parts it cannot keep (every part,
+//     under the aggressive strategy) are read on several goroutines into
+//     a small ring of pinned staging buffers and copied asynchronously
+//     from there, a buffer reused once its copies have landed
+//     (tensor.StagedUploader). HostLayer hands the CPU a layer as host
 //     tensors in that cache, kept there for the pager's life. Unified
 //     serves the same from managed memory.
 //   - Planned WithExpertCache, a mixture of experts (an ExpertSource)

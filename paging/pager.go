@@ -34,9 +34,10 @@ type Options struct {
 	// turns prefetch off.
 	PrefetchDepth int
 	// HostCacheBytes bounds the host RAM that keeps streamed layers
-	// between uses: 0 takes the plan's HostCacheBytes, < 0 keeps none
-	// (every streamed load reads the source). Beyond it, layers are
-	// re-read from the source.
+	// between uses and stages the others (the staging ring, StagingSlots):
+	// 0 takes the plan's HostCacheBytes and StagingBytes, < 0 keeps none
+	// (every streamed load reads the source into pageable memory). Beyond
+	// it, layers are re-read from the source.
 	HostCacheBytes int64
 	// Order is the initial prefetch order (SetOrder changes it).
 	Order Order
@@ -46,6 +47,14 @@ type Options struct {
 	// HostCacheBytes, so that other streamed parts never take their room,
 	// and fails with an error wrapping ErrHostMemory when they do not fit.
 	HostLayers []int
+	// StagingSlots overrides the buffers of the staging ring when > 0; < 0
+	// turns it off. 0 takes one per load that runs at once (the prefetch
+	// depth plus one), at most three. The ring is set up only on a
+	// backend with pinned memory and staged uploads
+	// (tensor.StagedUploader), when the host cache cannot keep every
+	// streamed part, and takes its bytes from HostCacheBytes first: as
+	// many buffers as fit, each the size of the largest streamed part.
+	StagingSlots int
 	// ExpertPolicy chooses the experts the expert cache evicts, when the
 	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
 	// PrefetchDepth < 0 turns PrefetchExperts off too.
@@ -102,6 +111,7 @@ type Pager struct {
 	pinned     tensor.PinnedAllocator   // nil when the backend has none
 	async      tensor.AsyncUploader     // nil when the backend has none
 	reads      readBufs
+	stage      *staging     // the staging ring; nil without one
 	unregister func()       // removes the pager from its budget's evictors
 	ex         *expertCache // nil without experts in the plan
 
@@ -120,6 +130,7 @@ type Pager struct {
 	hostUsed     int64 // bytes of host copies held
 	hostReserved int64 // bytes reserved for host layers not yet read
 	pinnedBytes  int64
+	stageBytes   int64 // the staging ring's buffers, charged to hostCap
 	inflight     int
 	cursor       int    // the layer acquired last: prefetch follows it
 	advanced     bool   // the cursor was released since: prefetch follows the layer after it
@@ -129,6 +140,7 @@ type Pager struct {
 	steps        steps
 	prefetchWait time.Duration
 	demandWait   time.Duration
+	stagingWait  time.Duration
 }
 
 // ringAlign is the alignment of every tensor in the ring: 256 bytes serves
@@ -277,7 +289,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	case opts.HostCacheBytes > 0:
 		p.hostCap = opts.HostCacheBytes
 	case opts.HostCacheBytes == 0:
-		p.hostCap = plan.HostCacheBytes
+		p.hostCap = plan.HostCacheBytes + plan.StagingBytes
 	}
 	p.order.Store(int32(opts.Order))
 	var es ExpertSource
@@ -386,6 +398,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 			return nil, err
 		}
 	}
+	p.newStaging(opts)
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
 	p.id = budget.newPagerID()
@@ -1400,7 +1413,7 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 		case e.host != nil:
 			buf, cached, cachedPinned = e.host, true, e.hostPinned
 			p.st.HostCacheHits++
-		case e.held || p.hostUsed+p.hostReserved+e.hostSize <= p.hostCap:
+		case e.held || e.hostSize <= p.hostRoomLocked():
 			held = e.held
 			p.admitHostLocked(e, held) // returned if the load fails
 			admitted = true
@@ -1409,6 +1422,9 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 			p.st.HostCacheMisses++
 		}
 		p.mu.Unlock()
+	}
+	if streamed && !cached && !admitted && p.stages(e) {
+		return p.uploadStaged(ctx, e, ts, ld)
 	}
 	pinned := false
 	if admitted {
@@ -1485,6 +1501,12 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 	return nil
 }
 
+// hostRoomLocked is the room the host limit leaves for host copies: not
+// held by copies, reserved for host layers or taken by the staging ring.
+func (p *Pager) hostRoomLocked() int64 {
+	return p.hostCap - p.hostUsed - p.hostReserved - p.stageBytes
+}
+
 // admitHostLocked counts e's host copy in the host cache's use while it is
 // read: from the room reserved for it when held (a host layer), else from
 // the free room, which the caller has checked.
@@ -1555,8 +1577,7 @@ func (p *Pager) HostLayer(ctx context.Context, layer int) (map[string]*tensor.Te
 		}
 	}
 	held := e.held
-	if !held && p.hostUsed+p.hostReserved+e.hostSize > p.hostCap {
-		free := p.hostCap - p.hostUsed - p.hostReserved
+	if free := p.hostRoomLocked(); !held && e.hostSize > free {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("paging: host layer %d: %w: it takes %s (%d bytes), the host cache has %s (%d bytes) free of %s",
 			layer, ErrHostMemory, FormatSize(e.hostSize), e.hostSize, FormatSize(free), free, FormatSize(p.hostCap))
@@ -1729,6 +1750,14 @@ func (p *Pager) Close() error {
 	}
 	p.reads.release()
 	var errs []error
+	if p.stage != nil {
+		p.mu.Unlock()
+		if err := p.stage.close(p.pinned); err != nil {
+			errs = append(errs, err)
+		}
+		p.mu.Lock()
+		p.stage, p.stageBytes = nil, 0
+	}
 	for _, e := range p.layers {
 		if err := e.awaitUploads(); err != nil {
 			errs = append(errs, fmt.Errorf("paging: layer %d: %w", e.layer, err))

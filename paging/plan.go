@@ -336,6 +336,13 @@ type PlanResult struct {
 	// HostCacheBytes is the host RAM worth keeping streamed parts in: what
 	// they take in the pager's host copies, each tensor padded to 64 bytes.
 	HostCacheBytes int64 `json:"host_cache_bytes"`
+	// StagingBytes is the pinned host memory a Pager reads streamed parts
+	// into on their way to the device when it keeps no host copy of them
+	// (the staging ring, Options.StagingSlots): the aggressive strategy's,
+	// a buffer of the largest streamed part for each load that runs at
+	// once (the prefetch depth plus one, at most three). The other
+	// strategies' host cache keeps every streamed part: none.
+	StagingBytes int64 `json:"staging_bytes,omitempty"`
 	// The expert cache (WithExpertCache): ExpertSlots of the model's
 	// Experts fit in it, each slot of ExpertSlotBytes (the largest expert,
 	// each of its tensors 256-byte aligned), in one allocation of
@@ -364,14 +371,17 @@ type PlanResult struct {
 
 // String summarises the plan on one line.
 func (p *PlanResult) String() string {
-	experts := ""
+	extra := ""
 	if p.Experts > 0 {
-		experts = fmt.Sprintf(", expert cache %s (%d of %d experts, %.1f%%)",
+		extra = fmt.Sprintf(", expert cache %s (%d of %d experts, %.1f%%)",
 			FormatSize(p.ExpertCacheBytes), p.ExpertSlots, p.Experts, 100*float64(p.ExpertSlots)/float64(p.Experts))
+	}
+	if p.StagingBytes > 0 {
+		extra += fmt.Sprintf(", host staging %s", FormatSize(p.StagingBytes))
 	}
 	return fmt.Sprintf("%s plan for %s budget: %s resident (%d of %d layers whole), %s streamed per pass through a ring of %d (%s), prefetch %d%s, KV cache %s, activations %s, predicted peak %s",
 		p.Strategy, FormatSize(p.Budget), FormatSize(p.ResidentBytes), len(p.ResidentLayers), len(p.Layers),
-		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth, experts,
+		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth, extra,
 		FormatSize(p.KVCacheBytes), FormatSize(p.ActivationBytes), FormatSize(p.PredictedPeakBytes))
 }
 
@@ -547,19 +557,22 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		choice, depth = full, 0
 	}
 	parts := make([]int64, n)
-	var residentCost, hostBytes int64
+	var residentCost, hostBytes, partHost int64
 	for l := range n {
 		c := choice[l]
 		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].moved[c]}
 		lp.ResidentBytes = lp.Bytes - lp.StreamedBytes
 		residentCost += opt[l].sums[full[l]] - opt[l].sums[c]
 		mask := opt[l].masks[c]
+		var host int64
 		for ui, u := range units[l] {
 			if mask&(1<<ui) != 0 {
 				lp.Streamed = append(lp.Streamed, u.names...)
-				hostBytes += u.host
+				host += u.host
 			}
 		}
+		hostBytes += host
+		partHost = max(partHost, host)
 		slices.Sort(lp.Streamed)
 		if lp.Streamed != nil && lp.Streamed[0] == "" { // planned from Bytes alone
 			lp.Streamed = nil
@@ -594,6 +607,8 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	}
 	if strategy != StrategyAggressive {
 		p.HostCacheBytes = hostBytes
+	} else {
+		p.StagingBytes = int64(stagingSlots(p.PrefetchDepth)) * partHost
 	}
 	p.DeviceOverheadBytes = residentCost - p.ResidentBytes + ringCharge - p.RingBytes
 	p.PredictedPeakBytes = p.ResidentBytes + p.RingBytes + p.DeviceOverheadBytes + fixed
