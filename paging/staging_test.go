@@ -359,8 +359,9 @@ func (r *stagedRig) staged(t *testing.T) int {
 // TestStagingOverlaps: under the aggressive strategy, with reads from the
 // source, copies to the device and compute each taking time, a cyclic scan
 // through the staging ring takes about the longest of the three per step,
-// not their sum, and far less than the same scan without the ring (reads
-// by one goroutine into pageable memory, synchronous copies). Every layer
+// not their sum, and far less than the same scan without the ring and the
+// host cache (reads by one goroutine into pageable memory, synchronous
+// copies: the aggressive strategy before the ring). Every layer
 // holds its bytes, and the fake sees no staging buffer refilled before its
 // copies landed. The times are sleeps: on a loaded machine a scan may run
 // late, so a scan that misses the bounds is measured again, up to three
@@ -376,7 +377,7 @@ func TestStagingOverlaps(t *testing.T) {
 	sum := 8*tensorRead + layerCopy + compute
 	bound := max(tensorRead, layerCopy, compute)
 
-	off := newStagedRig(t, 10, readPerKiB, copyPerKiB, Options{StagingSlots: -1})
+	off := newStagedRig(t, 10, readPerKiB, copyPerKiB, Options{StagingSlots: -1, HostCacheBytes: -1})
 	if off.p.stage != nil {
 		t.Fatal("StagingSlots -1 left the staging ring on")
 	}
