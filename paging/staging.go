@@ -18,10 +18,11 @@ import (
 // and neither the read nor the copy overlapped anything.
 //
 // A load takes a free buffer (waiting, in order, when none is), reads the
-// part's tensors into it on up to stagingReaders goroutines, and queues
-// each tensor's copy on the backend's copy stream as soon as its read is
-// done (tensor.StagedUploader), so that the copies of the first tensors
-// run while the last are read. The copies' ready waits go with the layer,
+// part's tensors into it on up to stagingReaders goroutines (a large
+// tensor of a RangeSource in pieces of stagingPiece bytes), and queues
+// each tensor's or piece's copy on the backend's copy stream as soon as
+// its read is done (tensor.StagedUploader), so that the first copies run
+// while the rest is read. The copies' ready waits go with the layer,
 // as every asynchronous upload's do; their landed waits go to a goroutine
 // that gives the buffer back once every copy out of it has landed, so a
 // buffer is never refilled under a copy still reading it, and the load
@@ -47,12 +48,18 @@ func stagingSlots(depth int) int { return min(max(depth, 0)+1, maxStagingSlots) 
 // copy over the link at up to 50, so several read at once.
 const stagingReaders = 8
 
+// stagingPiece is the size of the pieces a RangeSource's tensors are read
+// and copied in (whole rows, at least one): a 7B model's MLP projections
+// (86 MiB) in six, its embedding table (250 MiB) in sixteen.
+const stagingPiece = 16 << 20
+
 // staging is the staging ring.
 type staging struct {
-	up   tensor.StagedUploader
-	size int64    // each buffer's bytes
-	bufs [][]byte // every buffer, for Close
-	free chan []byte
+	up    tensor.StagedUploader
+	size  int64    // each buffer's bytes
+	piece int64    // the bytes of a piece read from a RangeSource (stagingPiece)
+	bufs  [][]byte // every buffer, for Close
+	free  chan []byte
 	// returns runs the goroutines that give a buffer back once its copies
 	// have landed.
 	returns sync.WaitGroup
@@ -87,7 +94,7 @@ func (p *Pager) newStaging(opts Options) {
 		slots = opts.StagingSlots
 	}
 	slots = int(min(int64(slots), room/size))
-	s := &staging{up: up, size: size}
+	s := &staging{up: up, size: size, piece: stagingPiece}
 	for range slots {
 		b, err := p.pinned.AllocPinned(size)
 		if err != nil {
@@ -129,35 +136,42 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 	waited := time.Since(start)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	type readDone struct {
-		k   int
-		err error
-	}
-	jobs := make(chan int, len(e.str))
-	for _, k := range e.strBySize { // the largest first: the longest reads start first
-		jobs <- k
+	pieces := s.pieces(e, p.src)
+	jobs := make(chan stagePiece, len(pieces))
+	for _, pc := range pieces {
+		jobs <- pc
 	}
 	close(jobs)
-	results := make(chan readDone, len(e.str))
-	for range min(stagingReaders, len(e.str)) {
+	type readDone struct {
+		pc  stagePiece
+		err error
+	}
+	rs, ranged := p.src.(RangeSource)
+	results := make(chan readDone, len(pieces))
+	for range min(stagingReaders, len(pieces)) {
 		go func() {
-			for k := range jobs {
-				sp := e.specs[e.str[k]]
+			for pc := range jobs {
+				sp := e.specs[e.str[pc.k]]
+				dst := buf[e.strOff[pc.k]+pc.off : e.strOff[pc.k]+pc.off+pc.n]
 				err := rctx.Err()
-				if err == nil {
-					err = p.src.ReadTensor(rctx, e.layer, sp.Name, buf[e.strOff[k]:e.strOff[k]+sp.Bytes])
+				switch {
+				case err != nil:
+				case ranged && pc.n < sp.Bytes:
+					err = rs.ReadTensorRange(rctx, e.layer, sp.Name, pc.off, dst)
+				default:
+					err = p.src.ReadTensor(rctx, e.layer, sp.Name, dst)
 				}
 				if err != nil {
 					err = fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, sp.Name, err)
 				}
-				results <- readDone{k, err}
+				results <- readDone{pc, err}
 			}
 		}()
 	}
 	var landed []func() error
 	var err error
 	nReady := len(ld.ready)
-	for range e.str {
+	for range pieces {
 		r := <-results
 		if err != nil {
 			continue // draining the readers
@@ -167,9 +181,10 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 			cancel()
 			continue
 		}
-		sp := e.specs[e.str[r.k]]
-		src := buf[e.strOff[r.k] : e.strOff[r.k]+sp.Bytes]
-		ready, land, uerr := s.up.UploadStaged(ctx, ts[r.k], 0, src)
+		pc := r.pc
+		sp := e.specs[e.str[pc.k]]
+		src := buf[e.strOff[pc.k]+pc.off : e.strOff[pc.k]+pc.off+pc.n]
+		ready, land, uerr := s.up.UploadStaged(ctx, ts[pc.k], pc.off, src)
 		if uerr != nil {
 			err = fmt.Errorf("paging: layer %d tensor %s: upload: %w", e.layer, sp.Name, uerr)
 			cancel()
@@ -177,11 +192,11 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 		}
 		ld.ready = append(ld.ready, ready)
 		landed = append(landed, land)
-		ld.moved += sp.Bytes
+		ld.moved += pc.n
 		p.mu.Lock()
-		p.st.BytesDiskToHost += sp.Bytes
-		p.st.BytesHostToDevice += sp.Bytes
-		p.st.BytesStaged += sp.Bytes
+		p.st.BytesDiskToHost += pc.n
+		p.st.BytesHostToDevice += pc.n
+		p.st.BytesStaged += pc.n
 		p.mu.Unlock()
 	}
 	p.mu.Lock()
@@ -195,6 +210,39 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 	}
 	s.giveBack(buf, landed)
 	return err
+}
+
+// stagePiece is a piece of a streamed tensor read into a staging buffer
+// and copied on its own: n bytes at off of e.str[k].
+type stagePiece struct {
+	k      int
+	off, n int64
+}
+
+// pieces splits e's streamed tensors, the largest first, into the pieces
+// they are read and copied in: whole tensors, or, from a RangeSource,
+// pieces of whole rows of about s.piece bytes.
+func (s *staging) pieces(e *entry, src Source) []stagePiece {
+	_, ranged := src.(RangeSource)
+	var out []stagePiece
+	for _, k := range e.strBySize {
+		sp := e.specs[e.str[k]]
+		step := sp.Bytes
+		if ranged && len(sp.Shape) > 1 && sp.Bytes > s.piece {
+			if rows := int64(sp.Shape[0]); sp.Bytes%rows == 0 {
+				row := sp.Bytes / rows
+				step = max(1, s.piece/row) * row
+			}
+		}
+		if step == 0 { // an empty tensor: one empty piece
+			out = append(out, stagePiece{k: k})
+			continue
+		}
+		for off := int64(0); off < sp.Bytes; off += step {
+			out = append(out, stagePiece{k: k, off: off, n: min(step, sp.Bytes-off)})
+		}
+	}
+	return out
 }
 
 // giveBack returns buf to the free buffers once the copies out of it have
