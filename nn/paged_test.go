@@ -1,8 +1,10 @@
 package nn
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/arch"
@@ -179,5 +181,54 @@ func TestReserveCountsWhatNNAllocates(t *testing.T) {
 		if got != want || bytes(tr, paging.KVCache, cfg.NumLayers) != 0 {
 			t.Errorf("training reserve (gradients on the device %v): %d, want %d and no KV cache", onDevice, got, want)
 		}
+	}
+}
+
+// TestSourceRanges: the model source reads any run of whole rows of a
+// tensor as its whole read holds them, on every fixture, and refuses a
+// tensor it does not have and a range outside the tensor.
+func TestSourceRanges(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{fixtures.TinyLlamaBF16, fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16} {
+		t.Run(name, func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			src := Source(lm).(paging.RangeSource)
+			ranges := 0
+			for l := range src.NumLayers() {
+				for _, s := range src.LayerTensors(l) {
+					whole := make([]byte, s.Bytes)
+					if err := src.ReadTensor(ctx, l, s.Name, whole); err != nil {
+						t.Fatal(err)
+					}
+					row := s.Bytes / int64(max(s.Shape[0], 1))
+					for _, rows := range []int64{1, 3, 64} {
+						for off := int64(0); off < s.Bytes; off += rows * row {
+							part := make([]byte, min(rows*row, s.Bytes-off))
+							if err := src.ReadTensorRange(ctx, l, s.Name, off, part); err != nil {
+								t.Fatalf("layer %d %s: %d bytes at %d: %v", l, s.Name, len(part), off, err)
+							}
+							if !bytes.Equal(part, whole[off:off+int64(len(part))]) {
+								t.Fatalf("layer %d %s: %d bytes at %d differ from the whole read's", l, s.Name, len(part), off)
+							}
+							ranges++
+						}
+					}
+				}
+			}
+			if ranges == 0 {
+				t.Fatal("no range read")
+			}
+			s := src.LayerTensors(0)[0]
+			if err := src.ReadTensorRange(ctx, 0, "no.such.tensor", 0, make([]byte, 2)); err == nil || !strings.HasPrefix(err.Error(), "nn: ") {
+				t.Errorf("a tensor the model lacks: %v", err)
+			}
+			if err := src.ReadTensorRange(ctx, 0, s.Name, s.Bytes-1, make([]byte, 2)); err == nil {
+				t.Error("a range past the tensor's end was read")
+			}
+		})
 	}
 }
