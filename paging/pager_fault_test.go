@@ -205,30 +205,61 @@ func (b asyncFaultBackend) UploadAsync(ctx context.Context, dst *tensor.Tensor, 
 	}, nil
 }
 
-// stagedFaultBackend adds staged uploads to the asynchronous ones: a copy
-// lands on the first of its waits (ready or landed), which fail alike, and
-// a source buffer changed before then (a staging buffer refilled under its
-// copy) is recorded as a violation.
+// stagedFaultBackend adds staged uploads to the asynchronous ones. A
+// staged copy lands on the first of its waits (ready or landed); a source
+// buffer changed before then (a staging buffer refilled under its copy) is
+// recorded as a violation. Only ready, which runs in the request that
+// uses the layer, goes through the wait seam: its fault says the copy
+// never landed (landed runs on the pager's own goroutine, after the
+// request that queued the copy may have ended).
 type stagedFaultBackend struct{ asyncFaultBackend }
 
 func (b stagedFaultBackend) UploadStaged(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (ready, landed func() error, err error) {
-	r, err := b.UploadAsync(ctx, dst, off, src)
-	if err != nil {
+	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	if b.f.hit(seamUpload) {
+		return nil, nil, fmt.Errorf("fault backend: staged upload: %w", errInjected)
+	}
+	for i := range dst.Bytes()[off : off+int64(len(src))] {
+		dst.Bytes()[off+int64(i)] = 0xA5 // nothing has landed yet
+	}
+	var c *pendingCopy
+	if len(src) > 0 {
+		lo := uintptr(unsafe.Pointer(&src[0]))
+		c = &pendingCopy{lo, lo + uintptr(len(src))}
+		b.mu.Lock()
+		b.inflight[c] = true
+		b.mu.Unlock()
+	}
 	want := bytes.Clone(src)
-	var once sync.Once
-	wait := func() error {
-		once.Do(func() {
+	var landOnce, readyOnce sync.Once
+	land := func() {
+		landOnce.Do(func() {
+			b.mu.Lock()
+			if c != nil {
+				delete(b.inflight, c)
+			}
 			if !bytes.Equal(src, want) {
-				b.mu.Lock()
 				b.violations = append(b.violations, fmt.Sprintf("a staged copy's %d source bytes changed before it landed", len(src)))
-				b.mu.Unlock()
+			}
+			b.mu.Unlock()
+			copy(dst.Bytes()[off:], want)
+			b.uploads.Add(int64(len(src)))
+		})
+	}
+	var rerr error
+	ready = func() error {
+		land()
+		readyOnce.Do(func() {
+			if b.f.hit(seamWait) {
+				rerr = fmt.Errorf("fault backend: copy failed: %w", errInjected)
 			}
 		})
-		return r()
+		return rerr
 	}
-	return wait, wait, nil
+	landed = func() error { land(); return nil }
+	return ready, landed, nil
 }
 
 // hidePinned exposes only the Backend methods: a backend with pageable host
