@@ -35,9 +35,10 @@ type Options struct {
 	PrefetchDepth int
 	// HostCacheBytes bounds the host RAM that keeps streamed layers
 	// between uses and stages the others (the staging ring, StagingSlots):
-	// 0 takes the plan's HostCacheBytes and StagingBytes, < 0 keeps none
-	// (every streamed load reads the source into pageable memory). Beyond
-	// it, layers are re-read from the source.
+	// 0 takes the plan's HostCacheBytes, and its StagingBytes for a
+	// staging ring when the pager sets one up; < 0 keeps none (every
+	// streamed load reads the source into pageable memory). Beyond it,
+	// layers are re-read from the source.
 	HostCacheBytes int64
 	// Order is the initial prefetch order (SetOrder changes it).
 	Order Order
@@ -289,7 +290,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	case opts.HostCacheBytes > 0:
 		p.hostCap = opts.HostCacheBytes
 	case opts.HostCacheBytes == 0:
-		p.hostCap = plan.HostCacheBytes + plan.StagingBytes
+		p.hostCap = plan.HostCacheBytes
 	}
 	p.order.Store(int32(opts.Order))
 	var es ExpertSource
@@ -398,7 +399,11 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 			return nil, err
 		}
 	}
-	p.newStaging(opts)
+	planned := int64(0) // the plan's staging bytes, beside the host limit it takes
+	if opts.HostCacheBytes == 0 {
+		planned = plan.StagingBytes
+	}
+	p.newStaging(opts, planned)
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
 	p.id = budget.newPagerID()

@@ -69,10 +69,12 @@ type staging struct {
 // memory and staged uploads and the host cache cannot keep every streamed
 // part: slots buffers of the largest streamed part (stagingSlots of the
 // prefetch depth unless Options.StagingSlots says otherwise), as many as
-// the host limit has room for beside the host layers. A buffer the backend
+// the plan's staging bytes (planned, when the host limit is the plan's)
+// and the host limit have room for beside the host layers. The host limit
+// grows by what the ring takes of planned. A buffer the backend
 // cannot pin is left out; none leaves the pager without staging. NewPager
 // calls it before the pager is shared.
-func (p *Pager) newStaging(opts Options) {
+func (p *Pager) newStaging(opts Options, planned int64) {
 	up, ok := tensor.StagedUpload(p.b)
 	if !ok || p.pinned == nil || opts.StagingSlots < 0 {
 		return
@@ -89,6 +91,7 @@ func (p *Pager) newStaging(opts Options) {
 	if size == 0 || streamed <= room {
 		return // nothing streams, or the host cache keeps it all
 	}
+	room += planned
 	slots := stagingSlots(p.depth)
 	if opts.StagingSlots > 0 {
 		slots = opts.StagingSlots
@@ -114,6 +117,7 @@ func (p *Pager) newStaging(opts Options) {
 		s.free <- b
 	}
 	p.stage, p.stageBytes = s, int64(len(s.bufs))*size
+	p.hostCap += min(planned, p.stageBytes)
 }
 
 // stages reports whether a load of e's streamed part that the host cache
