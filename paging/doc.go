@@ -36,7 +36,11 @@
 //     under the aggressive strategy) are read on several goroutines into
 //     a small ring of pinned staging buffers and copied asynchronously
 //     from there, a buffer reused once its copies have landed
-//     (tensor.StagedUploader). HostLayer hands the CPU a layer as host
+//     (tensor.StagedUploader). A tensor two adjacent layers share (tied
+//     embeddings: the head's weight is the embedding table) is planned,
+//     moved and counted once, as the earlier layer's in the walk (the
+//     head's), whose copy serves the next token's embedding
+//     (LayerPlan.Shared). HostLayer hands the CPU a layer as host
 //     tensors in that cache, kept there for the pager's life. Unified
 //     serves the same from managed memory.
 //   - Planned WithExpertCache, a mixture of experts (an ExpertSource)
