@@ -52,13 +52,23 @@ func generateIDs(t *testing.T, m *Model, prompt []int32, steps, maxPos, chunk in
 	return all, ids
 }
 
-// TestPagedBitIdentical runs the F16 fixture with every strategy under a
-// budget that holds only the ring, and under one with room to spare, and
-// asserts the logits and ids are bit-identical to running with every weight
-// resident; the budget's peak never passes its limit and nothing is left
-// allocated after Close.
+// TestPagedBitIdentical runs the F16 fixtures (Llama, and Qwen3 with tied
+// embeddings) with every strategy under a budget that holds only the
+// ring, and under one with room to spare, and asserts the logits and ids
+// are bit-identical to running with every weight resident; the budget's
+// peak never passes its limit and nothing is left allocated after Close.
+// With tied embeddings the plan shares the table between the embedding and
+// the head, and a decoded token streams it once: under the aggressive
+// strategy a token moves the plan's streamed bytes, the layers' bytes less
+// the table.
 func TestPagedBitIdentical(t *testing.T) {
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16} {
+		t.Run(name, func(t *testing.T) { testPagedBitIdentical(t, name) })
+	}
+}
+
+func testPagedBitIdentical(t *testing.T, fixture string) {
+	lm, err := loader.Open(fixtures.Dir(fixture))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +141,18 @@ func TestPagedBitIdentical(t *testing.T) {
 			if bud.Peak() > budget {
 				t.Errorf("%s: peak %d over the budget %d", strategy, bud.Peak(), budget)
 			}
+			var layerBytes int64
+			for _, lp := range plan.Layers {
+				layerBytes += lp.Bytes
+			}
+			if tied := cfg.TieEmbeddings; tied != (plan.SharedBytes > 0) || tied && (plan.Layers[0].Shared == nil || plan.Layers[0].Shared.From != len(plan.Layers)-1) {
+				t.Errorf("%s: tied embeddings %v, the plan shares %d bytes (first layer: %+v)", strategy, tied, plan.SharedBytes, plan.Layers[0].Shared)
+			}
+			if strategy == paging.StrategyAggressive && budget == minBudget {
+				if got := decodeBytes(t, m, pager, prompt, maxPos, chunk); got != plan.StreamedBytes || plan.StreamedBytes != layerBytes-plan.SharedBytes {
+					t.Errorf("aggressive: a token moves %d bytes, the plan streams %d per pass, the layers list %d (shared %d)", got, plan.StreamedBytes, layerBytes, plan.SharedBytes)
+				}
+			}
 			if err := pager.Close(); err != nil {
 				t.Error(err)
 			}
@@ -142,6 +164,28 @@ func TestPagedBitIdentical(t *testing.T) {
 			}
 		}
 	}
+}
+
+// decodeBytes is the bytes a decoded token moves to the device, the mean
+// of three after a prompt.
+func decodeBytes(t *testing.T, m *Model, pager *paging.Pager, prompt []int32, maxPos, chunk int) int64 {
+	t.Helper()
+	s, err := m.NewSession(maxPos, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Forward(ctx, prompt, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := pager.Stats().BytesHostToDevice
+	for i := range 3 {
+		if _, err := s.Forward(ctx, []int32{int32(i + 5)}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return (pager.Stats().BytesHostToDevice - before) / 3
 }
 
 // TestReserveCountsWhatNNAllocates: the reserve nn gives the planner adds
