@@ -238,7 +238,7 @@ func TestPagerStagedGPU(t *testing.T) {
 
 // pinnedRate is the copy rate in GB/s from pinned host memory of n bytes
 // to the device, the best of five.
-func pinnedRate(t *testing.T, b *Backend, n int64) float64 {
+func pinnedRate(t testing.TB, b *Backend, n int64) float64 {
 	t.Helper()
 	host, err := b.AllocPinned(n)
 	if err != nil {
@@ -268,4 +268,72 @@ func pinnedRate(t *testing.T, b *Backend, n int64) float64 {
 	gbps := float64(n) / best.Seconds() / 1e9
 	t.Logf("pinned copy rate: %.1f GB/s (%s, best of 5)", gbps, paging.FormatSize(n))
 	return gbps
+}
+
+// BenchmarkPagerStaged streams the 7B-shaped host model (TestPagerStagedGPU)
+// with the aggressive strategy, one pass over its layers an iteration
+// (acquire and release, no compute), through the staging ring and without
+// it; it reports the rate in GB/s and as a share of the pinned copy rate.
+func BenchmarkPagerStaged(b *testing.B) {
+	g := openGPU(b)
+	src := newHostModel(12)
+	info, err := paging.DescribeSource(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var largest int64
+	for _, li := range info {
+		largest = max(largest, li.Bytes)
+	}
+	model := paging.ModelInfo{Layers: info, NumLayers: len(info) - 2}
+	probe, err := paging.Plan(model, 1<<40, paging.StrategyAggressive, 16, 1, paging.WithDevice(g))
+	if err != nil {
+		b.Fatal(err)
+	}
+	budget := probe.MinBudgetBytes + 3*largest
+	plan, err := paging.Plan(model, budget, paging.StrategyAggressive, 16, 1, paging.WithDevice(g))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pinned := pinnedRate(b, g, largest)
+	for _, bc := range []struct {
+		name string
+		opts paging.Options
+	}{
+		{"staged", paging.Options{}},
+		{"pageable", paging.Options{StagingSlots: -1, HostCacheBytes: -1}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			bud, err := paging.NewBudget(g, budget, g.Name())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bud.Close()
+			p, err := paging.NewPager(src, bud, plan, bc.opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			ctx := context.Background()
+			pass := func() {
+				for l := range src.NumLayers() {
+					if _, err := p.Acquire(ctx, l); err != nil {
+						b.Fatal(err)
+					}
+					p.Release(l)
+				}
+			}
+			pass() // warm the ring
+			before := p.Stats().BytesHostToDevice
+			for b.Loop() {
+				pass()
+			}
+			if err := g.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			gbps := float64(p.Stats().BytesHostToDevice-before) / b.Elapsed().Seconds() / 1e9
+			b.ReportMetric(gbps, "GB/s")
+			b.ReportMetric(100*gbps/pinned, "%pinned")
+		})
+	}
 }
