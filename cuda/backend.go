@@ -19,14 +19,16 @@ import (
 
 // Interfaces the backend implements.
 var (
-	_ tensor.Backend          = (*Backend)(nil)
-	_ tensor.Syncer           = (*Backend)(nil)
-	_ tensor.PinnedAllocator  = (*Backend)(nil)
-	_ tensor.AsyncUploader    = (*Backend)(nil)
-	_ tensor.StagedUploader   = (*Backend)(nil)
-	_ tensor.MemoryInfo       = (*Backend)(nil)
-	_ tensor.ManagedAllocator = (*Backend)(nil)
-	_ tensor.CachingAllocator = (*Backend)(nil)
+	_ tensor.Backend           = (*Backend)(nil)
+	_ tensor.Syncer            = (*Backend)(nil)
+	_ tensor.PinnedAllocator   = (*Backend)(nil)
+	_ tensor.AsyncUploader     = (*Backend)(nil)
+	_ tensor.StagedUploader    = (*Backend)(nil)
+	_ tensor.ComputeDownloader = (*Backend)(nil)
+	_ tensor.MemoryInfo        = (*Backend)(nil)
+	_ tensor.ManagedAllocator  = (*Backend)(nil)
+	_ tensor.CachingAllocator  = (*Backend)(nil)
+	_ tensor.LaunchCounter     = (*Backend)(nil)
 )
 
 // Backend runs strata's tensor operations on one CUDA device. Its methods
@@ -72,11 +74,30 @@ type Backend struct {
 	workspaceSize int64
 	scr           scratchArena
 
+	// counts are the launches issued so far (Launches).
+	counts struct{ kernels, copies, library, graphs atomic.Int64 }
+
+	// Graph capture (graph.go): captureTid is the OS thread of the
+	// goroutine inside Capture's f (0 when none), whose operations run
+	// without opsMu, which Capture holds; gate keeps uploads and
+	// prefetches, which touch the compute stream without opsMu, out of a
+	// capture; graphs are the live graphs, destroyed by Close.
+	captureTid atomic.Int64
+	gate       sync.RWMutex
+	graphsMu   sync.Mutex
+	graphs     map[*graph]struct{}
+
 	// gemvMaxRows is the largest M that MatMul sends to the GEMV kernels
 	// rather than to cuBLAS: on an H200 with 4096x4096 F16 weights the
 	// kernels take 13.3 and 14.4 us for M = 1 and 2, cuBLAS (with the cast
 	// of x) 19.3 us, and cuBLAS wins from M = 4 on (PERF.md).
 	gemvMaxRows int
+	// gemvRows picks the M = 1 GEMV kernel: 0, gemv_*_m1 (one row per
+	// warp); 1 or 2, gemv_*_r1 or _r2 (that many rows per warp, each
+	// batch of loads in flight together; kernels/gemv.cuh).
+	// BenchmarkGEMVShapes sets it on its backend to compare them; the
+	// default stays 0 until an H200 run says otherwise.
+	gemvRows int
 
 	// gradPath is the implementation MatMulGradX and MatMulGradW use:
 	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or
@@ -184,7 +205,7 @@ func Open(device int) (*Backend, error) {
 	}
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
-		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2,
+		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()
@@ -322,6 +343,14 @@ func (b *Backend) Stats() Stats {
 	return s
 }
 
+// Launches counts the kernel launches, copies, cuBLAS calls and graph
+// replays the backend has issued since Open (tensor.LaunchCounter). A
+// graph's replay counts once; the launches captured into it counted when
+// it was captured.
+func (b *Backend) Launches() tensor.Launches {
+	return tensor.Launches{Kernels: b.counts.kernels.Load(), Copies: b.counts.copies.Load(), Library: b.counts.library.Load(), Graphs: b.counts.graphs.Load()}
+}
+
 // Trim returns the cached device blocks to the driver and reports how many
 // bytes it released.
 func (b *Backend) Trim() (int64, error) {
@@ -401,6 +430,12 @@ func (b *Backend) Free(t *tensor.Tensor) {
 	defer b.leave()
 	blk, ok := b.alloc.put(t.Ptr())
 	if ok && blk.managed {
+		// Not while another goroutine captures: the synchronisation would
+		// end its capture. (Inside a capture it ends this one's.)
+		if capt := b.capturing(); !capt {
+			b.gate.RLock()
+			defer b.gate.RUnlock()
+		}
 		b.syncStreams()
 		cu.MemFree(cu.DevicePtr(t.Ptr()))
 	}
@@ -437,6 +472,7 @@ func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 		return nil
 	}
 	return b.ops(op, func() error {
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -454,7 +490,27 @@ func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 // Download copies src into dst after the work queued before it, including
 // UploadAsync copies, has finished.
 func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
-	const op = "Download"
+	return b.download("Download", dst, src, afterCopies)
+}
+
+// DownloadComputed copies src into dst after the compute queued before it
+// has finished; UploadAsync copies that no compute waits for go on
+// (tensor.ComputeDownloader). A hand-over of the hidden state to the CPU
+// uses it, so that prefetch copies stream while the CPU computes.
+func (b *Backend) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	return b.download("DownloadComputed", dst, src, computeOnly)
+}
+
+// downloadWait says what a download waits for besides the compute queued
+// before it.
+type downloadWait bool
+
+const (
+	afterCopies downloadWait = true  // every UploadAsync copy queued so far
+	computeOnly downloadWait = false // nothing more
+)
+
+func (b *Backend) download(op string, dst []byte, src *tensor.Tensor, wait downloadWait) error {
 	if err := b.device(op, "src", src); err != nil {
 		return err
 	}
@@ -465,10 +521,14 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 		return nil
 	}
 	return b.ops(op, func() error {
-		b.copyMu.Lock()
-		err := b.compute.Wait(b.copyTail, 0)
-		b.copyMu.Unlock()
+		var err error
+		if wait == afterCopies {
+			b.copyMu.Lock()
+			err = b.compute.Wait(b.copyTail, 0)
+			b.copyMu.Unlock()
+		}
 		if err == nil {
+			b.counts.copies.Add(1)
 			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
 		}
 		if err == nil {
@@ -484,10 +544,15 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 // Sync waits for all queued work on both streams and reports the first
 // asynchronous error (a faulting kernel, say).
 func (b *Backend) Sync() error {
+	if b.capturing() {
+		return fmt.Errorf("%s: Sync: %w", b.name, errCapturing)
+	}
 	if err := b.enter("Sync"); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // a synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
 	if err := b.syncStreams(); err != nil {
 		return fmt.Errorf("%s: Sync: %w", b.name, err)
 	}
@@ -539,10 +604,15 @@ func (b *Backend) FreePinned(buf []byte) error {
 		return fmt.Errorf("cuda: FreePinned: empty buffer")
 	}
 	p := unsafe.Pointer(&buf[0])
+	if b.capturing() {
+		return fmt.Errorf("%s: FreePinned: %w", b.name, errCapturing)
+	}
 	if err := b.enter("FreePinned"); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // its synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
 	b.pinnedMu.Lock()
 	n, ok := b.pinned[p]
 	if ok {
@@ -742,10 +812,15 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 		nop := func() error { return nil }
 		return nop, nop, nil
 	}
+	if b.capturing() {
+		return nil, nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
 	if err := b.enter(op); err != nil {
 		return nil, nil, err
 	}
 	defer b.leave()
+	b.gate.RLock() // not into a capture on the compute stream
+	defer b.gate.RUnlock()
 	before, err := b.getEvent()
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
@@ -770,6 +845,7 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 		timed = tStart.Record(b.copy) == nil
 	}
 	if err == nil {
+		b.counts.copies.Add(1)
 		err = cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.copy)
 	}
 	if err == nil && timed {
@@ -803,6 +879,10 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 	ready = func() error {
 		once.Do(func() {
 			defer release()
+			if b.capturing() {
+				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, errCapturing)
+				return
+			}
 			if rerr = b.enter(op + " ready"); rerr != nil {
 				return
 			}
@@ -832,10 +912,16 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 	landed = func() error {
 		lonce.Do(func() {
 			defer release()
+			if b.capturing() {
+				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, errCapturing)
+				return
+			}
 			if lerr = b.enter(op + " landed"); lerr != nil {
 				return
 			}
 			defer b.leave()
+			b.gate.RLock() // a synchronisation would end another goroutine's capture
+			defer b.gate.RUnlock()
 			if err := done.Synchronize(); err != nil {
 				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, cuError(err))
 			}
@@ -909,10 +995,15 @@ func (b *Backend) prefetch(op string, t *tensor.Tensor, toDevice bool) error {
 	if err := b.managed(op, t); err != nil || t.NumBytes() == 0 {
 		return err
 	}
+	if b.capturing() {
+		return fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
 	if err := b.enter(op); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // not into a capture on the compute stream
+	defer b.gate.RUnlock()
 	ev, err := b.getEvent()
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", b.name, op, err)
@@ -1037,6 +1128,7 @@ func (b *Backend) release() error {
 	if b.evict != (cu.Stream{}) {
 		keep(cuError(b.evict.Synchronize()))
 	}
+	keep(b.releaseGraphs())
 	if b.blas != nil {
 		cublasDestroy(b.blas)
 		b.blas = nil

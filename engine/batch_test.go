@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
 
 func collect(t *testing.T, ch <-chan Token) ([]int32, Token) {
@@ -90,5 +96,339 @@ func TestBatcher(t *testing.T) {
 	}
 	if _, err := b.Submit(context.Background(), Request{Prompt: []int32{1}}); !errors.Is(err, ErrDraining) {
 		t.Errorf("after Close: %v", err)
+	}
+}
+
+// budgetsUsed is the bytes in use on the engine's device budgets.
+func budgetsUsed(e *Engine) []int64 {
+	var u []int64
+	for _, b := range e.budgets {
+		u = append(u, b.Used())
+	}
+	return u
+}
+
+// TestBatcherMatchesAlone: on every fixture and on one device, two, a
+// budget that streams the layers (or pages the experts) and the hybrid
+// strategy (the CPU's layers and the fake GPU's), requests of random
+// prompt lengths and lengths, submitted in two waves so that some join
+// while others decode, with one cancelled mid-stream and one larger than
+// the KV pool, get the greedy ids each gets alone; the refused request is
+// ErrBusy, the cancelled one ends with its context's error; when they all
+// end every KV block is free, and after Close the budgets are back at
+// their values before the batcher.
+func TestBatcherMatchesAlone(t *testing.T) {
+	type config struct {
+		name     string
+		fixture  string
+		devices  int
+		hybrid   bool
+		strategy paging.Strategy
+		budget   func(t *testing.T, lm *loader.Model) int64
+		kvBlocks int // 0: the default, one context's worth
+	}
+	const ctxLen, block = 32, 4
+	var configs []config
+	for _, f := range []string{fixtures.TinyLlamaBF16, fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		configs = append(configs, config{name: "one device", fixture: f, devices: 1, kvBlocks: 6})
+	}
+	configs = append(configs,
+		config{name: "two devices", fixture: fixtures.TinyQwen3F16, devices: 2, kvBlocks: 6},
+		config{name: "streamed", fixture: fixtures.TinyLlamaF16Sharded, devices: 1, strategy: paging.StrategyBalanced,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+		config{name: "experts paged", fixture: fixtures.TinyQwen3MoEF16, devices: 1,
+			budget: func(t *testing.T, lm *loader.Model) int64 {
+				return expertBudget(t, lm, ctxLen, 8, lm.Config.MoE.ExpertsPerToken+2)
+			}},
+		config{name: "hybrid", fixture: fixtures.TinyLlamaF16Sharded, hybrid: true, strategy: paging.StrategyHybrid,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+	)
+	for _, tc := range configs {
+		t.Run(tc.name+"/"+tc.fixture, func(t *testing.T) {
+			lm := openFixture(t, tc.fixture)
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, Memory: Memory{Strategy: tc.strategy}}
+			if tc.hybrid {
+				gpu := newFakeGPU()
+				defer gpu.Close()
+				o.Backends, o.TwinMinTokens, o.Rates = []tensor.Backend{gpu}, 4, &testRates
+			}
+			if tc.budget != nil {
+				o.Memory.Budgets = []int64{tc.budget(t, lm)}
+			}
+			e, err := Open(context.Background(), lm, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if tc.hybrid && (e.Hybrid() == nil || len(e.Hybrid().Plan.CPULayers) == 0) {
+				t.Fatalf("no layer on the CPU under the hybrid strategy")
+			}
+			before := budgetsUsed(e)
+			b, err := e.NewBatcher(BatchOptions{MaxSequences: 4, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := b.Stats()
+			t.Logf("KV pool of %d blocks of %d positions", st.KVBlocks, st.BlockSize)
+			r := rand.New(rand.NewPCG(uint64(len(tc.name)), uint64(len(tc.fixture))))
+			vocab := lm.Config.VocabSize
+			var reqs []Request
+			for range 7 {
+				p := make([]int32, 1+r.IntN(12))
+				for j := range p {
+					p[j] = int32(r.IntN(vocab))
+				}
+				reqs = append(reqs, Request{Prompt: p, MaxTokens: 1 + r.IntN(8), IgnoreEOS: true})
+			}
+			// Too large for the pool: every position of the context.
+			huge := Request{Prompt: []int32{1, 2}, IgnoreEOS: true}
+			if tc.kvBlocks > 0 { // a pool smaller than one context
+				if _, err := b.Submit(context.Background(), huge); !errors.Is(err, ErrBusy) {
+					t.Errorf("a request of %d positions in a pool of %d: %v", ctxLen, st.KVBlocks*block, err)
+				}
+			}
+			got := make([][]int32, len(reqs))
+			ends := make([]Token, len(reqs))
+			var wg sync.WaitGroup
+			submit := func(i int, first chan<- struct{}) {
+				ch, err := b.Submit(context.Background(), reqs[i])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for tok := range ch {
+						if tok.Emitted {
+							got[i] = append(got[i], tok.ID)
+							if first != nil {
+								close(first)
+								first = nil
+							}
+						}
+						ends[i] = tok
+					}
+				}()
+			}
+			first := make(chan struct{})
+			for i := range 3 {
+				if i == 0 {
+					submit(i, first)
+				} else {
+					submit(i, nil)
+				}
+			}
+			<-first // the first wave decodes: the second joins it
+			for i := 3; i < len(reqs); i++ {
+				submit(i, nil)
+			}
+			cctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			// More tokens than the stream holds: its reader, which stops
+			// reading after the second, cancels it mid-way.
+			cch, err := b.Submit(cctx, Request{Prompt: []int32{3, 1, 4, 1, 5}, MaxTokens: 18, IgnoreEOS: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cend Token
+			for tok := range cch {
+				if tok.Emitted && tok.GeneratedTokens == 2 {
+					time.Sleep(10 * time.Millisecond) // the stream fills
+					cancel()
+				}
+				cend = tok
+			}
+			if !errors.Is(cend.Err, context.Canceled) {
+				t.Errorf("the cancelled request ended with %+v", cend)
+			}
+			wg.Wait()
+			st = b.Stats()
+			if st.KVBlocksFree != st.KVBlocks || st.Running != 0 || st.Queued != 0 {
+				t.Errorf("after every request: %d of %d blocks free, %d running, %d queued", st.KVBlocksFree, st.KVBlocks, st.Running, st.Queued)
+			}
+			if st.BatchSizeSum <= st.Steps {
+				t.Errorf("%d steps ran %d sequences in all: nothing was batched", st.Steps, st.BatchSizeSum)
+			}
+			t.Logf("%d steps, mean batch %.2f, mean time to first token %v, mean inter-token latency %v", st.Steps,
+				float64(st.BatchSizeSum)/float64(st.Steps), st.TimeToFirstTokenSum/time.Duration(max(st.FirstTokens, 1)), st.InterTokenLatencySum/time.Duration(max(st.InterTokens, 1)))
+			for i, req := range reqs {
+				ch, err := b.Submit(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				alone, end := collect(t, ch)
+				if fmt.Sprint(got[i]) != fmt.Sprint(alone) || ends[i].Finish != FinishLength || end.Finish != FinishLength {
+					t.Errorf("request %d (prompt %d tokens): %v in the batch (end %+v), %v alone (end %+v)", i, len(req.Prompt), got[i], ends[i], alone, end)
+				}
+			}
+			if err := b.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if tc.strategy == paging.StrategyBalanced && e.Stats().BytesHostToDevice == 0 {
+				t.Error("nothing was streamed under the budget")
+			}
+			if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Errorf("budgets at %v after the batcher, %v before", after, before)
+			}
+		})
+	}
+}
+
+// TestBatcherStreamsOncePerStep: under a budget that streams layers, a
+// batch of sequences moves each streamed byte once per step, as one
+// session moves it once per token: with the room for its KV pool planned
+// (Options.KVPositions), a batched step moves the bytes of a session's
+// decode step and loads as many layers, nothing is read again from disk
+// and no weight the plan keeps resident leaves the device; a pool larger
+// than the plan's room is refused with ErrKVRoom (before, it took the
+// resident weights' place and every step loaded them again from disk),
+// leaving the budget as it was; the default pool is the room the plan
+// left beside a session's room, at least one context.
+func TestBatcherStreamsOncePerStep(t *testing.T) {
+	const ctxLen, block, seqs = 32, 4, 4
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	for _, tc := range []struct {
+		name        string
+		kvPositions int // Options.KVPositions
+		kvBlocks    int // BatchOptions.KVBlocks
+		wantErr     error
+		wantBlocks  int // the pool's blocks, at least
+	}{
+		{name: "pool planned", kvPositions: seqs * 16, kvBlocks: seqs * 16 / block, wantBlocks: seqs * 16 / block},
+		{name: "pool beyond the plan", kvBlocks: seqs * 16 / block, wantErr: ErrKVRoom},
+		{name: "default pool, planned", kvPositions: seqs*16 + 2*ctxLen, wantBlocks: ctxLen/block + 4},
+		{name: "default pool", wantBlocks: ctxLen / block},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu := newFakeGPU()
+			defer gpu.Close()
+			e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions,
+				Memory: Memory{Strategy: paging.StrategyBalanced, Budgets: []int64{500 << 10}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			plan := e.Devices()[0].Plan
+			if plan.StreamedBytes == 0 {
+				t.Fatal("the budget streams nothing")
+			}
+			// A session's decode steps: the bytes and loads of one pass.
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := []int32{1, 2, 3}
+			for range 4 {
+				if _, err := s.Forward(context.Background(), ids, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				e.MarkStep()
+				ids = []int32{5}
+			}
+			st0 := e.Stats()
+			if _, err := s.Forward(context.Background(), ids, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			e.MarkStep()
+			st1 := e.Stats()
+			s.Close()
+			pass, loads := st1.LastStepBytes, st1.Loads-st0.Loads
+			t.Logf("plan streams %d bytes (depth %d); a session's decode step moves %d bytes in %d loads", plan.StreamedBytes, plan.PrefetchDepth, pass, loads)
+			if pass == 0 || loads == 0 {
+				t.Fatalf("a session's step moved %d bytes in %d loads: nothing streams", pass, loads)
+			}
+			before := budgetsUsed(e)
+			resident := e.budgets[0].UsedBy(paging.ResidentWeights)
+			b, err := e.NewBatcher(BatchOptions{MaxSequences: seqs, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("a pool of %d blocks of %d positions in a plan for one context of %d: %v, want %v", tc.kvBlocks, block, ctxLen, err, tc.wantErr)
+				}
+				t.Log(err)
+				if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Errorf("budget at %v after the refused pool, %v before", after, before)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close(context.Background())
+			if got := b.Stats().KVBlocks; got < tc.wantBlocks {
+				t.Errorf("pool of %d blocks, want at least %d", got, tc.wantBlocks)
+			}
+			if got := e.budgets[0].UsedBy(paging.ResidentWeights); got != resident {
+				t.Errorf("resident weights %d bytes with the pool, %d before it", got, resident)
+			}
+			stB := e.Stats()
+			var chs []<-chan Token
+			for i := range seqs {
+				ch, err := b.Submit(context.Background(), Request{Prompt: []int32{1, int32(i + 2)}, MaxTokens: 10, IgnoreEOS: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				chs = append(chs, ch)
+			}
+			for _, ch := range chs {
+				if _, end := collect(t, ch); end.Err != nil {
+					t.Fatal(end.Err)
+				}
+			}
+			bs, stA := b.Stats(), e.Stats()
+			steps := stA.Steps - stB.Steps
+			if steps != bs.Steps || steps == 0 {
+				t.Fatalf("%d steps marked on the engine for %d batched steps", steps, bs.Steps)
+			}
+			moved, disk, batchLoads := stA.BytesHostToDevice-stB.BytesHostToDevice, stA.BytesDiskToHost-stB.BytesDiskToHost, stA.Loads-stB.Loads
+			t.Logf("%d batched steps of %.1f rows: %d bytes moved (%d a step, the most %d), %d loads, %d misses, %d prefetches, %d bytes read from disk",
+				steps, float64(bs.StepRowsSum)/float64(bs.Steps), moved, moved/steps, stA.MaxStepBytes, batchLoads, stA.Misses-stB.Misses, stA.Prefetches-stB.Prefetches, disk)
+			// A prefetch the session's last step started may land before
+			// or after the batch's first (and a step's, the next's): one layer
+			// either way.
+			if moved <= (steps-1)*pass || moved >= (steps+1)*pass || stA.MaxStepBytes >= 2*pass {
+				t.Errorf("%d batched steps moved %d bytes (the most in a step %d), want %d a step, as a session's", steps, moved, stA.MaxStepBytes, pass)
+			}
+			if batchLoads < steps*loads-1 || batchLoads > steps*loads+1 {
+				t.Errorf("%d batched steps loaded %d layers, want %d a step, as a session's", steps, batchLoads, loads)
+			}
+			if disk != 0 {
+				t.Errorf("the batched steps read %d bytes from disk again: the host cache or the resident weights were lost", disk)
+			}
+		})
+	}
+}
+
+// TestBatcherRefusesHostKV: the batch's KV pool lives on the devices, so
+// an engine whose KV cache is placed in host memory (-kv-cache host, and
+// the hybrid strategy with it) refuses a batcher with an error naming the
+// placement, and its budget is as it was.
+func TestBatcherRefusesHostKV(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	for _, m := range []Memory{
+		{KVCache: paging.KVHost, Budgets: []int64{8 << 20}},
+		{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, Budgets: []int64{400 << 10}},
+	} {
+		t.Run(string(m.Strategy), func(t *testing.T) {
+			gpu := newFakeGPU()
+			defer gpu.Close()
+			e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: 32, Chunk: 8, Rates: &testRates, Memory: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			before := budgetsUsed(e)
+			b, err := e.NewBatcher(BatchOptions{})
+			if err == nil {
+				b.Close(context.Background())
+				t.Fatal("a batcher over a KV cache in host memory was made")
+			}
+			if !strings.Contains(err.Error(), "host") {
+				t.Errorf("error %q does not name the host placement", err)
+			}
+			if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Errorf("budget at %v after the refusal, %v before", after, before)
+			}
+		})
 	}
 }

@@ -42,6 +42,13 @@ type Memory struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture
 	// of experts; "" is paging.DefaultExpertPolicy.
 	ExpertPolicy paging.ExpertPolicy
+	// KVCache places the KV cache: "" or paging.KVDevice keeps it all on
+	// the device; KVHost keeps every block's in host memory; KVAuto lets
+	// the planner choose per block (see paging.KVAuto): with the rates
+	// (Options.Rates, or measured at Open on a GPU) it picks the count
+	// of host blocks with the least predicted decode time. One device,
+	// not the hybrid strategies.
+	KVCache paging.KVPlacement
 }
 
 // Options say where and how the engine runs a model.
@@ -58,9 +65,18 @@ type Options struct {
 	Threads int
 	Memory  Memory
 	// Context is the positions a session holds; 0 is the model's context
-	// length. Chunk is the prompt tokens one forward step processes; 0 is
-	// 512 (or the context, when shorter).
+	// length. Chunk is the prompt tokens one forward step processes; 0
+	// is DefaultChunk, or AutoChunk's choice under a budget given to a
+	// strategy that streams (either one no longer than the context).
 	Context, Chunk int
+	// KVPositions is the KV cache positions the plans keep room for on
+	// each device, all the sequences' together: 0 is one Context, a
+	// session's. A Batcher's KV pool takes this room: to batch many
+	// sequences under a budget, give the positions of the pool
+	// (BatchOptions.KVBlocks times BlockSize) here, so that the plan
+	// streams more of the weights instead of the pool taking the room of
+	// the resident ones.
+	KVPositions int
 	// Record keeps every allocation and paging event, for WriteSnapshot.
 	Record bool
 	// Rates, when set, are the rates the hybrid planner plans with instead
@@ -72,10 +88,36 @@ type Options struct {
 	// Progress, when set, is told how many weight bytes are loaded so
 	// far while Open loads the resident layers.
 	Progress func(done, total int64)
+	// NoGraphs runs decode steps eagerly, launch by launch, on a backend
+	// that could capture them as graphs (nn.Model.SetGraphs).
+	NoGraphs bool
 }
 
-// DefaultChunk is the prefill chunk when Options.Chunk is 0.
+// DefaultChunk is the prefill chunk when Options.Chunk is 0 and every
+// layer stays on the device.
 const DefaultChunk = 512
+
+// MaxAutoChunk bounds AutoChunk.
+const MaxAutoChunk = 4096
+
+// AutoChunk is the prefill chunk when Options.Chunk is 0 under a strategy
+// that may stream (any but none): the largest power of two from
+// DefaultChunk up to MaxAutoChunk whose activations (nn.ActivationBytes)
+// take at most an eighth of budget, the smallest device's. Each chunk
+// streams the weights that do not stay on the device once, so a long
+// prompt streams them prompt/chunk times, and a larger chunk amortises
+// them (the 7B shape at 4 GiB streams about 10 GiB a pass: an 8,000-token
+// prompt in chunks of 512 spends 16 passes, over 3 s at 55 GB/s, on
+// copies alone); the eighth bounds what the activations, held for the
+// whole session, take from the weights that decode keeps resident (1,024
+// tokens for the 7B shape at 4 GiB, 2,048 at 8 GiB).
+func AutoChunk(cfg *arch.Config, budget int64) int {
+	c := DefaultChunk
+	for c*2 <= MaxAutoChunk && nn.ActivationBytes(cfg, c*2) <= budget/8 {
+		c *= 2
+	}
+	return c
+}
 
 // Device is one device's part of an engine.
 type Device struct {
@@ -87,6 +129,9 @@ type Device struct {
 	BudgetBytes     int64 `json:"budget_bytes"`
 	DefaultBudget   bool  `json:"default_budget,omitempty"`
 	PeakDeviceBytes int64 `json:"peak_device_bytes"`
+	// UsedBytes is what the budget holds charged when Devices is called:
+	// the weights in place, the sessions' KV caches and buffers.
+	UsedBytes int64 `json:"used_bytes"`
 }
 
 // Engine is a model assembled on its devices under its budgets. It is safe
@@ -112,6 +157,8 @@ type Engine struct {
 	cpu       tensor.Backend // the hybrid strategy's CPU
 	hybrid    *Hybrid
 	hostAlloc *pinnedHost
+	kv        *KVReport     // the KV cache's placement, nil when all on the devices
+	kvRates   *paging.Rates // the rates KVAuto planned with
 
 	mu       sync.Mutex
 	sessions map[Session]bool
@@ -154,12 +201,6 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	case e.context > maxPos:
 		return nil, fmt.Errorf("engine: %w: %d positions asked, the model's context is %d", nn.ErrContextTooLong, e.context, maxPos)
 	}
-	e.chunk = o.Chunk
-	if e.chunk <= 0 {
-		e.chunk = DefaultChunk
-	}
-	e.chunk = min(e.chunk, e.context)
-
 	if err := e.openDevices(); err != nil {
 		return nil, err
 	}
@@ -173,6 +214,17 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if slices.Contains(given, true) {
 			e.strategy = paging.StrategyBalanced
 		}
+	}
+	e.chunk = o.Chunk
+	if e.chunk <= 0 {
+		e.chunk = DefaultChunk
+		if e.strategy != paging.StrategyNone && slices.Contains(given, true) {
+			e.chunk = AutoChunk(cfg, slices.Min(limits))
+		}
+	}
+	e.chunk = min(e.chunk, e.context)
+	if o.KVPositions < 0 {
+		return nil, fmt.Errorf("engine: KV cache room of %d positions", o.KVPositions)
 	}
 	e.mode = o.Memory.Mode
 	if e.mode == "" {
@@ -190,13 +242,18 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	if err != nil {
 		return nil, err
 	}
+	kv, err := e.kvPlacement()
+	if err != nil {
+		return nil, err
+	}
 	if isHybrid(e.strategy) {
-		if err := e.openHybrid(ctx, info, limits[0]); err != nil {
+		if err := e.openHybrid(ctx, info, limits[0], kv); err != nil {
 			return nil, err
 		}
 		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
 			return nil, err
 		}
+		e.pipeline.SetGraphs(!o.NoGraphs)
 		return e, nil
 	}
 	parts := []paging.Placement{{FirstBlock: 0, EndBlock: cfg.NumLayers, Budget: limits[0]}}
@@ -210,12 +267,16 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	}
 	for d, p := range parts {
 		b := e.backends[d]
-		opts := []paging.PlanOption{paging.WithChunkTokens(e.chunk), paging.WithDevice(b)}
+		opts := []paging.PlanOption{paging.WithChunkTokens(e.chunk), paging.WithDevice(b), paging.WithKVPositions(e.kvPositions())}
 		if cfg.MoE != nil && e.mode == paging.ModeExplicit {
 			// Each expert is a unit of its own, in an expert cache.
 			opts = append(opts, paging.WithExpertCache(cfg.MoE.ExpertsPerToken))
 		}
-		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, opts...)
+		kvOpts, err := e.kvPlanOptions(ctx, kv, info)
+		if err != nil {
+			return nil, err
+		}
+		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, append(opts, kvOpts...)...)
 		if err != nil {
 			if len(parts) > 1 {
 				return nil, fmt.Errorf("device %d (%s, layers %d..%d): %w", d, b.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
@@ -230,8 +291,12 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if o.Record {
 			bud.RecordHistory(1 << 20)
 		}
+		hostCache, err := e.placeKV(b, plan)
+		if err != nil {
+			return nil, err
+		}
 		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
-			paging.Options{HostCacheBytes: o.Memory.HostCache, ExpertPolicy: o.Memory.ExpertPolicy})
+			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy})
 		if err != nil {
 			return nil, err
 		}
@@ -244,14 +309,28 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	}
 	if len(e.stages) == 1 {
 		st := e.stages[0]
-		e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights)
-	} else {
-		e.pipeline, err = nn.NewPipeline(cfg, e.stages)
+		if e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights); err == nil && e.kv != nil {
+			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos})
+		}
+		if err == nil {
+			e.model.SetGraphs(!o.NoGraphs)
+		}
+	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages); err == nil {
+		e.pipeline.SetGraphs(!o.NoGraphs)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// kvPositions is the KV positions the plans keep room for beyond one
+// context (Options.KVPositions), or 0 for one context.
+func (e *Engine) kvPositions() int {
+	if e.opts.KVPositions <= e.context {
+		return 0
+	}
+	return e.opts.KVPositions
 }
 
 // openDevices opens the devices of the options, or takes the caller's
@@ -427,11 +506,13 @@ func (e *Engine) Strategy() paging.Strategy { return e.strategy }
 // Mode is the memory mode in force.
 func (e *Engine) Mode() paging.MemoryMode { return e.mode }
 
-// Devices describes each device's part: its layers, plan, budget and peak.
+// Devices describes each device's part: its layers, plan, budget, peak
+// and the bytes it holds now.
 func (e *Engine) Devices() []Device {
 	out := slices.Clone(e.devices)
 	for d := range out {
 		out[d].PeakDeviceBytes = e.budgets[d].Peak()
+		out[d].UsedBytes = e.budgets[d].Used()
 	}
 	return out
 }
@@ -557,6 +638,10 @@ func (e *Engine) Stats() paging.Stats {
 func (e *Engine) Summary() string {
 	s := paging.Summary(e.budgets...)
 	if r := e.Experts(); r != nil {
+		s += r.String() + "\n"
+	}
+	if e.kv != nil {
+		r := e.KV()
 		s += r.String() + "\n"
 	}
 	if h := e.hybrid; h != nil {

@@ -55,6 +55,9 @@ type MemoryConfig struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture of
 	// experts: lru or lfu (ParseExpertPolicy).
 	ExpertPolicy string `yaml:"expert_policy"`
+	// KVCache places the KV cache: auto, device or host
+	// (ParseKVPlacement).
+	KVCache string `yaml:"kv_cache"`
 }
 
 // ParseCPULayers reads a cpu_layers value: "auto" (or empty) is 0, which
@@ -222,6 +225,9 @@ func (m *MemoryConfig) Validate() error {
 	}
 	if _, err := ParseExpertPolicy(m.ExpertPolicy); err != nil {
 		return fmt.Errorf("memory.expert_policy: %w", err)
+	}
+	if _, err := ParseKVPlacement(m.KVCache); err != nil {
+		return fmt.Errorf("memory.kv_cache: %w", err)
 	}
 	if m.CPUThreads != "" {
 		if n, err := strconv.Atoi(strings.TrimSpace(m.CPUThreads)); err != nil || n < 0 {

@@ -106,7 +106,13 @@ func (h *HybridPlan) String() string {
 //
 // The CPU's layers are spread evenly among the others (a Bresenham
 // spread), so that each streamed layer's copy runs while the CPU computes
-// the layers before it. The decode time of each split is SimulateDecode's.
+// the layers before it. The decode time of each split is
+// SimulateDecodeWith's, for a pager that fills its ring
+// (Options.PrefetchFill: give it one).
+//
+// WithKVPlacement places the KV cache: host puts every block's in host
+// memory (the device keeps the scratch), auto does when the budget cannot
+// hold it on the device.
 //
 // It fails as Plan does for a budget too small (a *BudgetError), with an
 // error wrapping ErrBadRates for rates that cannot describe a machine
@@ -138,6 +144,19 @@ func PlanHybrid(model ModelInfo, budget int64, contextLen, batch int, rates Rate
 	}
 	if o.whole != nil || o.sequence != nil {
 		return nil, fmt.Errorf("paging: hybrid plan: the layers streamed whole and the sequence are PlanHybrid's to choose")
+	}
+	// The KV cache (WithKVPlacement): host puts every block's in host
+	// memory; auto does when the budget cannot hold it on the device.
+	switch o.kv {
+	case "", KVDevice:
+	case KVHost:
+		o.hostKV = model.NumLayers
+	case KVAuto:
+		if _, err := plan(model, budget, strategy, contextLen, batch, o); errors.Is(err, ErrBudgetTooSmall) {
+			o.hostKV = model.NumLayers
+		}
+	default:
+		return nil, fmt.Errorf("paging: hybrid plan: unknown KV cache placement %q (want auto, device or host)", o.kv)
 	}
 	base, err := plan(model, budget, strategy, contextLen, batch, o)
 	if err != nil {
@@ -387,6 +406,11 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 		// them there (nn's twins), in place of one per block.
 		if nb := h.blocksAmong(cpu); nb > 0 {
 			model.NumLayers += 1 - nb
+			if o.hostKV > 0 {
+				// The device's blocks keep theirs in host memory too
+				// (WithKVPlacement): the twins' block stays.
+				o.hostKV = model.NumLayers - 1
+			}
 		}
 	}
 	gpu, err := plan(model, h.budget, h.strategy, h.contextLen, h.batch, o)
@@ -407,7 +431,7 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 		}
 		c.places = append(c.places, pl)
 	}
-	if c.t, c.b, err = SimulateDecode(c.places, h.rates, gpu.PrefetchDepth); err != nil {
+	if c.t, c.b, err = SimulateDecodeWith(c.places, h.rates, SimPrefetch{Depth: gpu.PrefetchDepth, RingBytes: gpu.RingBytes}); err != nil {
 		return nil, err
 	}
 	return c, nil

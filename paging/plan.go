@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -118,7 +119,8 @@ type Reserve []Buffer
 type Buffer struct {
 	Category Category `json:"category"`
 	// Bytes is one tensor's size for each position of the context
-	// (PerPosition), each token of a chunk (PerToken), or in all (Once).
+	// (PerPosition), each token of a chunk (PerToken), each sequence
+	// (PerSequence), or in all (Once).
 	Bytes int64 `json:"bytes"`
 	Per   Per   `json:"per"`
 	// Count is the number of such tensors for each sequence of the batch
@@ -139,6 +141,7 @@ const (
 	Once        Per = iota // a fixed size, once per device
 	PerPosition            // the context length, for each sequence
 	PerToken               // the prefill chunk, for each sequence
+	PerSequence            // a fixed size, for each sequence
 )
 
 // Bytes returns the bytes the reserve's buffers of cat take for contextLen
@@ -157,6 +160,8 @@ func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int, size 
 			n, count = n*int64(contextLen), count*int64(batch)
 		case PerToken:
 			n, count = n*int64(chunk), count*int64(batch)
+		case PerSequence:
+			count *= int64(batch)
 		}
 		if b.PerBlock {
 			count *= int64(blocks)
@@ -171,7 +176,7 @@ func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int, size 
 
 func (r Reserve) check() error {
 	for i, b := range r {
-		if b.Bytes < 0 || b.Count < 0 || b.Per < Once || b.Per > PerToken || b.Category < KVCache || b.Category >= Cached {
+		if b.Bytes < 0 || b.Count < 0 || b.Per < Once || b.Per > PerSequence || b.Category < KVCache || b.Category >= Cached {
 			return fmt.Errorf("paging: plan: reserve buffer %d %+v: want bytes and count >= 0, a known Per and a category of nn's buffers", i, b)
 		}
 	}
@@ -228,11 +233,28 @@ type planOptions struct {
 	// extraFixed is device memory the planner of the layers leaves for
 	// the expert cache and the routing tensors (planExperts).
 	extraFixed int64
+	// kv places the KV cache (WithKVPlacement), kvRates predicts its
+	// auto placement (WithKVRates); hostKV is the count of decoder blocks
+	// whose KV cache is in host memory in the plan being made (the last
+	// ones).
+	kv      KVPlacement
+	kvRates *Rates
+	hostKV  int
+	// kvPositions > 0 sizes the device KV cache for that many positions
+	// in all, instead of contextLen for each of batch sequences
+	// (WithKVPositions).
+	kvPositions int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
 // prefill chunk), which sizes the activations.
 func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk = n } }
+
+// WithKVPositions sizes the KV cache the plan keeps room for by n
+// positions in all, shared by the sequences (a pool of KV blocks that a
+// batch of sequences of different lengths shares out), instead of the
+// context length for each sequence of the batch; n <= 0 changes nothing.
+func WithKVPositions(n int) PlanOption { return func(o *planOptions) { o.kvPositions = n } }
 
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).
@@ -378,9 +400,22 @@ type PlanResult struct {
 	// the device's allocator takes it (WithDevice); WorkspaceBytes
 	// includes gradients and the memory the device holds outside
 	// allocations.
-	KVCacheBytes    int64 `json:"kv_cache_bytes"`
-	ActivationBytes int64 `json:"activation_bytes"`
-	WorkspaceBytes  int64 `json:"workspace_bytes"`
+	KVCacheBytes int64 `json:"kv_cache_bytes"`
+	// KVPlacement says where the KV cache is: device (every block's),
+	// host (every block's) or auto (some of each). KVHostBlocks are the
+	// decoder blocks whose KV cache is in host memory, KVHostBytes what
+	// they hold there; KVCacheBytes (device memory) counts the others'
+	// and KVScratchBytes, the device copies a prefill chunk attends over
+	// (KVScratchBuffers blocks' worth at most). KVPredicted is KVAuto's
+	// predicted decode time for a token at a full context (WithKVRates;
+	// 0 without rates).
+	KVPlacement     KVPlacement   `json:"kv_placement"`
+	KVHostBlocks    []int         `json:"kv_host_blocks"`
+	KVHostBytes     int64         `json:"kv_host_bytes"`
+	KVScratchBytes  int64         `json:"kv_scratch_bytes,omitempty"`
+	KVPredicted     time.Duration `json:"kv_predicted_ns,omitempty"`
+	ActivationBytes int64         `json:"activation_bytes"`
+	WorkspaceBytes  int64         `json:"workspace_bytes"`
 	// ResidentBytes stay on the device once loaded; StreamedBytes pass
 	// through the ring on every sweep over the layers.
 	ResidentBytes  int64 `json:"resident_bytes"`
@@ -457,10 +492,15 @@ func (p *PlanResult) String() string {
 			extra += fmt.Sprintf(", layer %d shares %s with layer %d (planned once)", lp.Layer, FormatSize(lp.Shared.Bytes), lp.Shared.From)
 		}
 	}
+	kv := FormatSize(p.KVCacheBytes)
+	if n := len(p.KVHostBlocks); n > 0 {
+		kv = fmt.Sprintf("%s on the device (%s of it scratch), %s in host memory for %d blocks (%d..%d)",
+			kv, FormatSize(p.KVScratchBytes), FormatSize(p.KVHostBytes), n, p.KVHostBlocks[0], p.KVHostBlocks[n-1])
+	}
 	return fmt.Sprintf("%s plan for %s budget: %s resident (%d of %d layers whole), %s streamed per pass through a ring of %d (%s), prefetch %d%s, KV cache %s, activations %s, predicted peak %s",
 		p.Strategy, FormatSize(p.Budget), FormatSize(p.ResidentBytes), len(p.ResidentLayers), len(p.Layers),
 		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth, extra,
-		FormatSize(p.KVCacheBytes), FormatSize(p.ActivationBytes), FormatSize(p.PredictedPeakBytes))
+		kv, FormatSize(p.ActivationBytes), FormatSize(p.PredictedPeakBytes))
 }
 
 // Plan decides, before anything is loaded, which weights stay on the device
@@ -484,10 +524,12 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	for _, f := range opts {
 		f(&o)
 	}
-	if o.expertMin > 0 && hasExperts(model) {
-		return planExperts(model, budget, strategy, contextLen, batch, o)
-	}
-	return plan(model, budget, strategy, contextLen, batch, o)
+	return planKV(model, budget, strategy, contextLen, batch, o, func(o planOptions) (*PlanResult, error) {
+		if o.expertMin > 0 && hasExperts(model) {
+			return planExperts(model, budget, strategy, contextLen, batch, o)
+		}
+		return plan(model, budget, strategy, contextLen, batch, o)
+	})
 }
 
 // errNoPlanAtDepth is plan's answer when no plan at the depth asked for
@@ -550,8 +592,18 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		}
 		lmax = max(lmax, bytes)
 	}
+	if o.hostKV < 0 || o.hostKV > model.NumLayers {
+		return nil, fmt.Errorf("paging: plan: KV cache of %d blocks in host memory, the model has %d", o.hostKV, model.NumLayers)
+	}
 	reserve := func(cat Category) int64 {
-		return model.Reserve.Bytes(cat, model.NumLayers, contextLen, o.chunk, batch, o.allocSize)
+		blocks := model.NumLayers
+		if cat == KVCache {
+			blocks = kvDeviceBlocks(model.NumLayers, o.hostKV)
+			if o.kvPositions > 0 {
+				return model.Reserve.Bytes(cat, blocks, o.kvPositions, o.chunk, 1, o.allocSize)
+			}
+		}
+		return model.Reserve.Bytes(cat, blocks, contextLen, o.chunk, batch, o.allocSize)
 	}
 	p := &PlanResult{
 		Strategy:        strategy,
@@ -563,6 +615,16 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		KVCacheBytes:    reserve(KVCache),
 		ActivationBytes: reserve(Activations),
 		WorkspaceBytes:  reserve(Workspace) + reserve(Gradients) + o.deviceFixed,
+		KVPlacement:     KVDevice,
+		KVHostBlocks:    hostKVBlocks(model.NumLayers, o.hostKV),
+	}
+	if o.hostKV > 0 {
+		p.KVPlacement = KVHost
+		p.KVHostBytes = model.Reserve.Bytes(KVCache, o.hostKV, contextLen, o.chunk, batch, nil)
+		p.KVScratchBytes = model.Reserve.Bytes(KVCache, min(o.hostKV, KVScratchBuffers), contextLen, o.chunk, batch, o.allocSize)
+		if o.hostKV < model.NumLayers {
+			p.KVPlacement = KVAuto
+		}
 	}
 	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes + o.extraFixed
 	opt := make([]layerOptions, n)
@@ -592,6 +654,11 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	p.MinBudgetBytes = fixed + lring
 	detail := fmt.Sprintf("weights %s (largest layer %s), KV cache %s for %d positions x %d, activations %s for %d tokens, workspace %s",
 		FormatSize(W), FormatSize(lmax), FormatSize(p.KVCacheBytes), contextLen, batch, FormatSize(p.ActivationBytes), o.chunk*batch, FormatSize(p.WorkspaceBytes))
+	if o.hostKV > 0 {
+		detail += fmt.Sprintf(" (KV cache of %d blocks in host memory, %s of device scratch)", o.hostKV, FormatSize(p.KVScratchBytes))
+	} else if o.kv == "" || o.kv == KVDevice {
+		detail += " (every block's KV cache on the device; placed auto or host, -kv-cache, it moves to host memory)"
+	}
 	if strategy == StrategyNone && budget < fixed+Wc {
 		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: fixed + Wc, Detail: "every layer resident: " + detail}
 	}

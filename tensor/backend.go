@@ -39,18 +39,18 @@ type Memory interface {
 // copy of a weight is ever made.
 //
 // MatMul's w and Embed's table may also be quantized: one of ggml's block
-// formats (DType.IsQuantized) other than Q8_K, which is the activations'
-// format of the K formats' products and no weight's. They are read in
+// formats (DType.IsQuantized) other than Q8_K, which is ggml's format of
+// the activations in the K formats' products and no weight's. They are read in
 // their stored blocks. Embed's rows are the dequantized values exactly
 // (quant's Dequantize). MatMul's product is that over the dequantized
-// weights, within the error of rounding each row of x to 8 bits per block
-// as ggml's CPU product does (Q8_0 blocks of 32 elements for the 32-element
-// formats, Q8_K blocks of 256 for the K formats): on normal activations a
-// relative RMS error of about 0.5% of the product for Q8_0 blocks and 0.6%
-// for Q8_K, up to 1.2% when a few channels are 20 times larger than the
-// rest, as real hidden states' are. A backend may compute it more exactly.
-// One that quantizes x refuses activations the 8-bit blocks cannot hold
-// (NaN, infinities, and for Q8_0 magnitudes beyond 65504·127) with an error
+// weights, within the error of rounding each row of x to 16 bits per
+// block as the CPU's integer product does (quant.QuantizeRow: blocks of 32
+// elements for the 32-element formats, of 256 for the K formats): on
+// normal activations a relative RMS error of about 0.004% of the product
+// for blocks of 32 and 0.005% for blocks of 256, twice that when a few
+// channels are 20 times larger than the rest, as real hidden states' are.
+// A backend may compute it more exactly. One that quantizes x refuses
+// activations holding a NaN or an infinity with an error
 // wrapping quant.ErrNotFinite. No other operand of any operation may be
 // quantized (ErrQuantized).
 //
@@ -84,6 +84,11 @@ type Kernels interface {
 	// Attention computes causal grouped-query attention (see Attn) into
 	// out [T, a.Heads*a.HeadDim] F32.
 	Attention(out *Tensor, a Attn) error
+	// AttentionBlocks writes the keys and values of the rows of several
+	// sequences into a cache of fixed-size blocks and computes their
+	// causal grouped-query attention over it (see AttnBlocks) into out
+	// [T, a.Heads*a.HeadDim] F32.
+	AttentionBlocks(out *Tensor, a AttnBlocks) error
 }
 
 // Backend is a device: its memory and the kernels that compute on it. All
@@ -99,9 +104,12 @@ type Backend interface {
 // dimensions is rotated by the angles of that position, read from the F32
 // tables Cos and Sin [maxPos, HeadDim/2]. The pairs are (j, j+HeadDim/2),
 // Hugging Face's rotate_half convention.
+//
+// PosAt, when set, holds the position of row 0 instead (see PosAt).
 type Rotary struct {
 	Cos, Sin             *Tensor
 	Heads, HeadDim, Pos0 int
+	PosAt                *Tensor
 }
 
 // Attn is causal grouped-query attention, for T queries at positions
@@ -111,8 +119,49 @@ type Rotary struct {
 // Query row t sees positions 0..Pos0+t; query head h reads KV head
 // h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
 // (not NaN) and softmaxed in F32.
+//
+// PosAt, when set, holds the position of query row 0 instead (see PosAt).
 type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
+	PosAt                         *Tensor
+}
+
+// AttnBlocks is causal grouped-query attention for the rows of several
+// sequences whose keys and values live in a paged cache: two pools, KPool
+// and VPool [blocks*BlockSize, KVHeads*HeadDim] of one float type (a
+// backend may read only F32 pools, and says so with an error), cut into
+// blocks of BlockSize positions that the sequences share out, each
+// sequence finding its positions through its block table: position j of a
+// sequence is row Blocks[j/BlockSize]*BlockSize + j%BlockSize of the pools.
+//
+// Q [T, Heads*HeadDim] F32 holds the sequences' rows one sequence after
+// another in the order of Seqs, and K and V [T, KVHeads*HeadDim] F32 those
+// rows' keys and values. The operation first writes each row's key and
+// value into the pools at the row's position, then row r of a sequence,
+// at position Pos0+r, attends to the sequence's positions 0..Pos0+r. So a
+// row's result is what Attention gives it over a contiguous cache of the
+// same positions. Heads, KVHeads, HeadDim and Scale are as in Attn.
+//
+// A block a sequence's rows are written into is that sequence's alone in
+// the call: no other sequence's table lists it among the blocks it reads.
+// Sequences may share the blocks they only read (a common prefix).
+type AttnBlocks struct {
+	Q, K, V      *Tensor
+	KPool, VPool *Tensor
+	Seqs         []SeqBlocks
+	Heads        int
+	KVHeads      int
+	HeadDim      int
+	BlockSize    int
+	Scale        float32
+}
+
+// SeqBlocks is one sequence of AttnBlocks: its next Rows rows of Q, K and
+// V, at positions Pos0..Pos0+Rows-1, and its block table, whose first
+// entries cover positions 0..Pos0+Rows-1 (further entries are not read).
+type SeqBlocks struct {
+	Rows, Pos0 int
+	Blocks     []int32
 }

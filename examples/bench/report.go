@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -34,7 +35,7 @@ type Row struct {
 	HybridBoundTokS float64 `json:"hybrid_bound_tok_s,omitempty"`
 	OfBound         float64 `json:"of_bound"`
 	VsBaseline      float64 `json:"vs_baseline"` // decode tok/s over the baseline's
-	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident
+	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident (compiled when it ran)
 }
 
 func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
@@ -115,7 +116,8 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 // the run's own (a CPU+GPU run measures them at start) or the ceilings'.
 // The row is judged against the bound of what it does: the hybrid bound for
 // the hybrid strategy, the CPU bound for cpu, the stream bound when it
-// streams, else the device-memory bound.
+// streams, else the device-memory bound; with a KV cache in host memory,
+// the bound with its reads counted.
 func bounds(row *Row, c *Ceilings) {
 	r := row.Result
 	if x := r.Experts; x != nil {
@@ -152,6 +154,11 @@ func bounds(row *Row, c *Ceilings) {
 	} else if c != nil && c.DeviceGBps > 0 && r.WeightBytes > 0 {
 		row.Bound, row.BoundTokS = "device", c.DeviceGBps*1e9/float64(r.WeightBytes)
 	}
+	// A KV cache in host memory: the CPU reads it each step besides what
+	// streams (KVResult's bound, from the engine's rates).
+	if k := r.KV; k != nil && k.KVReport != nil && len(k.HostBlocks) > 0 && k.DecodeBoundTokS > 0 {
+		row.Bound, row.BoundTokS = cmp.Or(row.Bound, "stream")+"+host KV", k.DecodeBoundTokS
+	}
 	if row.BoundTokS > 0 {
 		row.OfBound = r.DecodeTokS / row.BoundTokS
 	}
@@ -169,7 +176,9 @@ func baseline(all []Result, r Result) *Result {
 		if b.Kind == "accelerate" && b.BudgetBytes == r.BudgetBytes && r.BudgetBytes > 0 {
 			return b
 		}
-		if b.Kind == "transformers" && b.BudgetBytes == 0 {
+		// The compiled run (static cache, torch.compile) is the stronger
+		// resident baseline, when it ran.
+		if b.BudgetBytes == 0 && (b.Kind == "transformers-compiled" || b.Kind == "transformers" && (resident == nil || resident.Kind != "transformers-compiled")) {
 			resident = b
 		}
 	}
@@ -185,15 +194,15 @@ func markdown(c *Ceilings, rows []Row) string {
 		fmt.Fprintf(&sb, "Ceilings on %s: host-to-device %.1f GB/s pinned, %.1f GB/s pageable (%s copies); device memory %.0f GB/s (read + write).\n\n",
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
-	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | host staging | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
-	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | host staging | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
+	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, r := range rows {
 		budget := "none"
 		if r.BudgetBytes > 0 {
 			budget = paging.FormatSize(r.BudgetBytes)
 		}
 		if r.Error != "" {
-			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s ||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
+			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s |||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
 		}
 		vs := "-"
@@ -223,8 +232,8 @@ func markdown(c *Ceilings, rows []Row) string {
 		if r.StagingSlots > 0 {
 			staging = fmt.Sprintf("%s pinned (%d buffers), %s/token", paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)))
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, r.PrefillTokS["128"], r.PrefillTokS["512"],
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %s | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, launchCell(&r.Result), r.PrefillTokS["128"], r.PrefillTokS["512"],
 			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), staging,
 			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs)
 	}
@@ -244,4 +253,17 @@ func expertCell(x *engine.ExpertReport) string {
 		s += ", " + x.Routing
 	}
 	return s
+}
+
+// launchCell is a run's launches per decoded token, marked "graphs" when
+// its decode steps could run as captured graphs; "-" where the device did
+// not count them.
+func launchCell(r *Result) string {
+	if r.Launches == nil {
+		return "-"
+	}
+	if r.Graphs {
+		return fmt.Sprintf("%.1f (graphs: %.1f replays)", r.LaunchesPerToken, float64(r.Launches.Graphs)/float64(max(r.DecodeTokens, 1)))
+	}
+	return fmt.Sprintf("%.1f", r.LaunchesPerToken)
 }
