@@ -276,3 +276,40 @@ func TestSourceRanges(t *testing.T) {
 		})
 	}
 }
+
+// TestStageSourceRanges: a stage of a source that reads ranges reads them
+// too, in its own numbering, and refuses a layer it lacks; a stage of a
+// source that does not read ranges does not claim to.
+func TestStageSourceRanges(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaBF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	ctx := context.Background()
+	st, ok := StageSource(Source(lm), []int{2, 3}).(paging.RangeSource)
+	if !ok {
+		t.Fatal("a stage of the model source reads no ranges")
+	}
+	s := st.LayerTensors(1)[1]
+	whole := make([]byte, s.Bytes)
+	if err := st.ReadTensor(ctx, 1, s.Name, whole); err != nil {
+		t.Fatal(err)
+	}
+	part := make([]byte, s.Bytes/2)
+	if err := st.ReadTensorRange(ctx, 1, s.Name, s.Bytes/4, part); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(part, whole[s.Bytes/4:s.Bytes/4+int64(len(part))]) {
+		t.Errorf("stage layer 1 %s: a range differs from the whole read's", s.Name)
+	}
+	if err := st.ReadTensorRange(ctx, 2, s.Name, 0, part); err == nil || !strings.HasPrefix(err.Error(), "nn: stage has no layer 2") {
+		t.Errorf("a layer the stage lacks: %v", err)
+	}
+	if _, ok := StageSource(wholeSource{Source(lm)}, []int{0}).(paging.RangeSource); ok {
+		t.Error("a stage of a source without ranges claims to read them")
+	}
+}
+
+// wholeSource hides a source's ranges.
+type wholeSource struct{ paging.Source }
