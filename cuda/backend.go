@@ -23,6 +23,7 @@ var (
 	_ tensor.Syncer            = (*Backend)(nil)
 	_ tensor.PinnedAllocator   = (*Backend)(nil)
 	_ tensor.AsyncUploader     = (*Backend)(nil)
+	_ tensor.StagedUploader    = (*Backend)(nil)
 	_ tensor.ComputeDownloader = (*Backend)(nil)
 	_ tensor.MemoryInfo        = (*Backend)(nil)
 	_ tensor.ManagedAllocator  = (*Backend)(nil)
@@ -53,6 +54,7 @@ type Backend struct {
 	evFree    []cu.Event
 	evAll     []cu.Event
 	tevFree   []cu.Event // timing events, for CopyStats
+	evBlock   []cu.Event // events with blocking synchronisation, for UploadStaged
 	spans     []span     // timed spans not yet read
 	copyBytes int64
 	copyBusy  time.Duration
@@ -750,6 +752,20 @@ func (b *Backend) getEvent() (cu.Event, error) {
 	return b.popEventLocked(&b.evFree, cu.DisableTiming)
 }
 
+// getBlockingEvent returns an event the host waits on by sleeping
+// (UploadStaged's landed), from a pool of its own.
+func (b *Backend) getBlockingEvent() (cu.Event, error) {
+	b.evMu.Lock()
+	defer b.evMu.Unlock()
+	return b.popEventLocked(&b.evBlock, cu.DisableTiming|cu.BlockingSyncEvent)
+}
+
+func (b *Backend) putBlockingEvent(ev cu.Event) {
+	b.evMu.Lock()
+	b.evBlock = append(b.evBlock, ev)
+	b.evMu.Unlock()
+}
+
 // putEvent returns an event to the pool. Re-recording it later does not
 // disturb waits already queued on it.
 func (b *Backend) putEvent(ev cu.Event) {
@@ -767,36 +783,56 @@ func (b *Backend) putEvent(ev cu.Event) {
 // after ready guarantees; from pinned memory (AllocPinned) the copy runs
 // at full link speed.
 func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (ready func() error, err error) {
-	const op = "UploadAsync"
+	ready, _, err = b.uploadAsync(ctx, "UploadAsync", dst, off, src, false)
+	return ready, err
+}
+
+// UploadStaged queues the copy UploadAsync queues and also returns landed,
+// which blocks the calling goroutine until the copy has finished (an event
+// recorded after it on the copy stream, with blocking synchronisation, so
+// that the waiting thread sleeps rather than spins) and returns its error:
+// src may then be reused. The event goes back to the backend's pool once
+// both ready and landed have run.
+func (b *Backend) UploadStaged(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (ready, landed func() error, err error) {
+	return b.uploadAsync(ctx, "UploadStaged", dst, off, src, true)
+}
+
+// uploadAsync is UploadAsync, and with staged UploadStaged.
+func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor, off int64, src []byte, staged bool) (ready, landed func() error, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("cuda: %s: %w", op, err)
+		return nil, nil, fmt.Errorf("cuda: %s: %w", op, err)
 	}
 	if err := b.device(op, "dst", dst); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if off < 0 || off+int64(len(src)) > dst.NumBytes() {
-		return nil, fmt.Errorf("cuda: %s: %d bytes at offset %d do not fit in %v (%d bytes)", op, len(src), off, dst, dst.NumBytes())
+		return nil, nil, fmt.Errorf("cuda: %s: %d bytes at offset %d do not fit in %v (%d bytes)", op, len(src), off, dst, dst.NumBytes())
 	}
 	if len(src) == 0 {
-		return func() error { return nil }, nil
+		nop := func() error { return nil }
+		return nop, nop, nil
 	}
 	if b.capturing() {
-		return nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+		return nil, nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
 	}
 	if err := b.enter(op); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer b.leave()
 	b.gate.RLock() // not into a capture on the compute stream
 	defer b.gate.RUnlock()
 	before, err := b.getEvent()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
+		return nil, nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
 	}
 	defer b.putEvent(before)
-	done, err := b.getEvent()
+	getDone, putDone := b.getEvent, b.putEvent
+	if staged {
+		getDone, putDone = b.getBlockingEvent, b.putBlockingEvent
+	}
+	done, err := getDone()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
+		return nil, nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
 	}
 	tStart, tEnd, got := b.timedPair()
 	timed := got
@@ -824,18 +860,30 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 	}
 	b.copyMu.Unlock()
 	if err != nil {
-		b.putEvent(done)
-		return nil, fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+		putDone(done)
+		return nil, nil, fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+	}
+	// done goes back to its pool when the last of the waits has run.
+	users := atomic.Int32{}
+	users.Store(1)
+	if staged {
+		users.Store(2)
+	}
+	release := func() {
+		if users.Add(-1) == 0 {
+			putDone(done)
+		}
 	}
 	var once sync.Once
 	var rerr error
 	ready = func() error {
 		once.Do(func() {
+			defer release()
 			if b.capturing() {
-				rerr = fmt.Errorf("%s: UploadAsync ready: %w", b.name, errCapturing)
+				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, errCapturing)
 				return
 			}
-			if rerr = b.enter("UploadAsync ready"); rerr != nil {
+			if rerr = b.enter(op + " ready"); rerr != nil {
 				return
 			}
 			defer b.leave()
@@ -846,18 +894,41 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 				timed = sStart.Record(b.compute) == nil
 			}
 			if err := b.compute.Wait(done, 0); err != nil {
-				rerr = fmt.Errorf("%s: UploadAsync ready: %w", b.name, cuError(err))
+				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, cuError(err))
 			}
 			if timed {
 				timed = sEnd.Record(b.compute) == nil
 			}
 			b.opsMu.Unlock()
 			b.addSpan(sStart, sEnd, got, timed && rerr == nil, 0, true)
-			b.putEvent(done)
 		})
 		return rerr
 	}
-	return ready, nil
+	if !staged {
+		return ready, nil, nil
+	}
+	var lonce sync.Once
+	var lerr error
+	landed = func() error {
+		lonce.Do(func() {
+			defer release()
+			if b.capturing() {
+				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, errCapturing)
+				return
+			}
+			if lerr = b.enter(op + " landed"); lerr != nil {
+				return
+			}
+			defer b.leave()
+			b.gate.RLock() // a synchronisation would end another goroutine's capture
+			defer b.gate.RUnlock()
+			if err := done.Synchronize(); err != nil {
+				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, cuError(err))
+			}
+		})
+		return lerr
+	}
+	return ready, landed, nil
 }
 
 // AllocManaged allocates managed (unified) memory for a tensor. It refuses
@@ -1084,7 +1155,7 @@ func (b *Backend) release() error {
 	for i := range b.evAll {
 		keep(cuError(cu.DestroyEvent(&b.evAll[i])))
 	}
-	b.evAll, b.evFree, b.tevFree, b.spans = nil, nil, nil, nil
+	b.evAll, b.evFree, b.tevFree, b.evBlock, b.spans = nil, nil, nil, nil, nil
 	b.evMu.Unlock()
 	if b.copyTail != (cu.Event{}) {
 		keep(cuError(cu.DestroyEvent(&b.copyTail)))

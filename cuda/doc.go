@@ -38,7 +38,9 @@
 //     (AllocSize, Cached, Trim, and Fixed for the cuBLAS workspace) for a
 //     budget that holds every device byte; pinned host memory
 //     (tensor.PinnedAllocator); uploads on a copy stream ordered by events
-//     and timed (tensor.AsyncUploader, tensor.CopyTimer); unified memory
+//     and timed (tensor.AsyncUploader, tensor.CopyTimer), which the host
+//     can also wait for one by one, to reuse a pinned staging buffer once
+//     its copy has landed (tensor.StagedUploader); unified memory
 //     (tensor.ManagedAllocator); tensor.Syncer and tensor.MemoryInfo.
 //
 // What it must not know: the rules of the operations' arguments (shapes,

@@ -941,6 +941,58 @@ func TestUploadAsyncOrdering(t *testing.T) {
 	}
 }
 
+// TestUploadStagedLanded reuses one pinned staging buffer for a copy into
+// each of several tensors, refilling it as soon as landed returns: every
+// tensor must hold the values its round staged (a landed that returned
+// before the copy read the buffer lets the next round's values in), with
+// ready run before landed in some rounds and after it in others.
+func TestUploadStagedLanded(t *testing.T) {
+	b := openGPU(t)
+	const n, rounds = 16 << 20, 6 // 64 MiB of F32 a round
+	pinned, err := b.AllocPinned(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(pinned)
+	src := unsafe.Slice((*float32)(unsafe.Pointer(&pinned[0])), n)
+	var dsts []*tensor.Tensor
+	for r := range rounds {
+		dst, _ := put(t, b, tensor.F32, tensor.Shape{n}, nanSlice(n))
+		dsts = append(dsts, dst)
+		for i := range src {
+			src[i] = float32(r*1000 + i%1000)
+		}
+		ready, landed, err := b.UploadStaged(context.Background(), dst, 0, pinned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r%2 == 0 {
+			err = errors.Join(ready(), landed())
+		} else {
+			err = errors.Join(landed(), ready())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for r, dst := range dsts {
+		got := get(t, b, dst)
+		for _, i := range []int{0, n / 2, n - 1} {
+			if want := float32(r*1000 + i%1000); got[i] != want {
+				t.Fatalf("round %d: element %d = %v, want %v (landed returned before the copy read the buffer)", r, i, got[i], want)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := b.UploadStaged(ctx, dsts[0], 0, pinned); !errors.Is(err, context.Canceled) {
+		t.Errorf("UploadStaged with a cancelled context: %v", err)
+	}
+}
+
 // TestCachingAllocator checks that a repeated decode step stops calling
 // the driver, and that Trim gives the cache back.
 func TestCachingAllocator(t *testing.T) {

@@ -604,6 +604,10 @@ func (e *Engine) Stats() paging.Stats {
 		t.ResidentWeightBytes += st.ResidentWeightBytes
 		t.StreamedWeightBytes += st.StreamedWeightBytes
 		t.PinnedHostBytes += st.PinnedHostBytes
+		t.StagingSlots += st.StagingSlots
+		t.StagingBytes += st.StagingBytes
+		t.BytesStaged += st.BytesStaged
+		t.StagingWait += st.StagingWait
 		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
 		t.ExpertSlots += st.ExpertSlots
 		t.ExpertsTotal += st.ExpertsTotal

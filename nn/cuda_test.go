@@ -35,7 +35,9 @@ func openCUDA(t testing.TB) tensor.Backend {
 // transformers at every prompt position, greedy ids equal where the margin
 // exceeds 5e-2, and then the same generation under a budget that forces
 // streaming, for every strategy and memory mode, identical to the resident
-// GPU run. (cuda.TestModelsLeaveNothing checks that nothing stays
+// GPU run (the aggressive strategy's through the staging ring; Qwen3's
+// tied table shared by the embedding and the head, planned and moved
+// once). (cuda.TestModelsLeaveNothing checks that nothing stays
 // allocated.)
 func TestCUDAFixtures(t *testing.T) {
 	b := openCUDA(t)
@@ -133,7 +135,11 @@ func TestCUDAFixtures(t *testing.T) {
 					if bud.Peak() > budget {
 						t.Errorf("%s %s: peak %d over budget %d", mode, st, bud.Peak(), budget)
 					}
-					t.Logf("%s %s: budget %d of %d weight bytes, moved %d bytes to the device, %d misses", mode, st, budget, lm.WeightBytes(), stats.BytesHostToDevice, stats.Misses)
+					if cfg.TieEmbeddings != (plan.SharedBytes > 0) {
+						t.Errorf("%s %s: tied embeddings %v, the plan shares %d bytes", mode, st, cfg.TieEmbeddings, plan.SharedBytes)
+					}
+					t.Logf("%s %s: budget %d of %d weight bytes, moved %d bytes to the device, %d misses; shared by the embedding and the head %d bytes; staging ring %d bytes, %d bytes staged",
+						mode, st, budget, lm.WeightBytes(), stats.BytesHostToDevice, stats.Misses, plan.SharedBytes, stats.StagingBytes, stats.BytesStaged)
 				}
 			}
 		})

@@ -1,8 +1,10 @@
 package nn
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/arch"
@@ -50,13 +52,23 @@ func generateIDs(t *testing.T, m *Model, prompt []int32, steps, maxPos, chunk in
 	return all, ids
 }
 
-// TestPagedBitIdentical runs the F16 fixture with every strategy under a
-// budget that holds only the ring, and under one with room to spare, and
-// asserts the logits and ids are bit-identical to running with every weight
-// resident; the budget's peak never passes its limit and nothing is left
-// allocated after Close.
+// TestPagedBitIdentical runs the F16 fixtures (Llama, and Qwen3 with tied
+// embeddings) with every strategy under a budget that holds only the
+// ring, and under one with room to spare, and asserts the logits and ids
+// are bit-identical to running with every weight resident; the budget's
+// peak never passes its limit and nothing is left allocated after Close.
+// With tied embeddings the plan shares the table between the embedding and
+// the head, and a decoded token streams it once: under the aggressive
+// strategy a token moves the plan's streamed bytes, the layers' bytes less
+// the table.
 func TestPagedBitIdentical(t *testing.T) {
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16} {
+		t.Run(name, func(t *testing.T) { testPagedBitIdentical(t, name) })
+	}
+}
+
+func testPagedBitIdentical(t *testing.T, fixture string) {
+	lm, err := loader.Open(fixtures.Dir(fixture))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +141,18 @@ func TestPagedBitIdentical(t *testing.T) {
 			if bud.Peak() > budget {
 				t.Errorf("%s: peak %d over the budget %d", strategy, bud.Peak(), budget)
 			}
+			var layerBytes int64
+			for _, lp := range plan.Layers {
+				layerBytes += lp.Bytes
+			}
+			if tied := cfg.TieEmbeddings; tied != (plan.SharedBytes > 0) || tied && (plan.Layers[0].Shared == nil || plan.Layers[0].Shared.From != len(plan.Layers)-1) {
+				t.Errorf("%s: tied embeddings %v, the plan shares %d bytes (first layer: %+v)", strategy, tied, plan.SharedBytes, plan.Layers[0].Shared)
+			}
+			if strategy == paging.StrategyAggressive && budget == minBudget {
+				if got := decodeBytes(t, m, pager, prompt, maxPos, chunk); got != plan.StreamedBytes || plan.StreamedBytes != layerBytes-plan.SharedBytes {
+					t.Errorf("aggressive: a token moves %d bytes, the plan streams %d per pass, the layers list %d (shared %d)", got, plan.StreamedBytes, layerBytes, plan.SharedBytes)
+				}
+			}
 			if err := pager.Close(); err != nil {
 				t.Error(err)
 			}
@@ -140,6 +164,28 @@ func TestPagedBitIdentical(t *testing.T) {
 			}
 		}
 	}
+}
+
+// decodeBytes is the bytes a decoded token moves to the device, the mean
+// of three after a prompt.
+func decodeBytes(t *testing.T, m *Model, pager *paging.Pager, prompt []int32, maxPos, chunk int) int64 {
+	t.Helper()
+	s, err := m.NewSession(maxPos, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Forward(ctx, prompt, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := pager.Stats().BytesHostToDevice
+	for i := range 3 {
+		if _, err := s.Forward(ctx, []int32{int32(i + 5)}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return (pager.Stats().BytesHostToDevice - before) / 3
 }
 
 // TestReserveCountsWhatNNAllocates: the reserve nn gives the planner adds
@@ -181,3 +227,89 @@ func TestReserveCountsWhatNNAllocates(t *testing.T) {
 		}
 	}
 }
+
+// TestSourceRanges: the model source reads any run of whole rows of a
+// tensor as its whole read holds them, on every fixture, and refuses a
+// tensor it does not have and a range outside the tensor.
+func TestSourceRanges(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{fixtures.TinyLlamaBF16, fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16} {
+		t.Run(name, func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			src := Source(lm).(paging.RangeSource)
+			ranges := 0
+			for l := range src.NumLayers() {
+				for _, s := range src.LayerTensors(l) {
+					whole := make([]byte, s.Bytes)
+					if err := src.ReadTensor(ctx, l, s.Name, whole); err != nil {
+						t.Fatal(err)
+					}
+					row := s.Bytes / int64(max(s.Shape[0], 1))
+					for _, rows := range []int64{1, 3, 64} {
+						for off := int64(0); off < s.Bytes; off += rows * row {
+							part := make([]byte, min(rows*row, s.Bytes-off))
+							if err := src.ReadTensorRange(ctx, l, s.Name, off, part); err != nil {
+								t.Fatalf("layer %d %s: %d bytes at %d: %v", l, s.Name, len(part), off, err)
+							}
+							if !bytes.Equal(part, whole[off:off+int64(len(part))]) {
+								t.Fatalf("layer %d %s: %d bytes at %d differ from the whole read's", l, s.Name, len(part), off)
+							}
+							ranges++
+						}
+					}
+				}
+			}
+			if ranges == 0 {
+				t.Fatal("no range read")
+			}
+			s := src.LayerTensors(0)[0]
+			if err := src.ReadTensorRange(ctx, 0, "no.such.tensor", 0, make([]byte, 2)); err == nil || !strings.HasPrefix(err.Error(), "nn: ") {
+				t.Errorf("a tensor the model lacks: %v", err)
+			}
+			if err := src.ReadTensorRange(ctx, 0, s.Name, s.Bytes-1, make([]byte, 2)); err == nil {
+				t.Error("a range past the tensor's end was read")
+			}
+		})
+	}
+}
+
+// TestStageSourceRanges: a stage of a source that reads ranges reads them
+// too, in its own numbering, and refuses a layer it lacks; a stage of a
+// source that does not read ranges does not claim to.
+func TestStageSourceRanges(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaBF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	ctx := context.Background()
+	st, ok := StageSource(Source(lm), []int{2, 3}).(paging.RangeSource)
+	if !ok {
+		t.Fatal("a stage of the model source reads no ranges")
+	}
+	s := st.LayerTensors(1)[1]
+	whole := make([]byte, s.Bytes)
+	if err := st.ReadTensor(ctx, 1, s.Name, whole); err != nil {
+		t.Fatal(err)
+	}
+	part := make([]byte, s.Bytes/2)
+	if err := st.ReadTensorRange(ctx, 1, s.Name, s.Bytes/4, part); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(part, whole[s.Bytes/4:s.Bytes/4+int64(len(part))]) {
+		t.Errorf("stage layer 1 %s: a range differs from the whole read's", s.Name)
+	}
+	if err := st.ReadTensorRange(ctx, 2, s.Name, 0, part); err == nil || !strings.HasPrefix(err.Error(), "nn: stage has no layer 2") {
+		t.Errorf("a layer the stage lacks: %v", err)
+	}
+	if _, ok := StageSource(wholeSource{Source(lm)}, []int{0}).(paging.RangeSource); ok {
+		t.Error("a stage of a source without ranges claims to read them")
+	}
+}
+
+// wholeSource hides a source's ranges.
+type wholeSource struct{ paging.Source }

@@ -451,9 +451,23 @@ func (ps *PipelineSession) hand(from, to *Session, T int) error {
 
 // StageSource restricts a paging.Source to the given layers (in the model's
 // numbering), renumbered 0..len(layers)-1, so that a stage's pager plans
-// and loads only its own layers.
+// and loads only its own layers. It reads ranges (paging.RangeSource) when
+// src does.
 func StageSource(src paging.Source, layers []int) paging.Source {
+	if _, ok := src.(paging.RangeSource); ok {
+		return rangedStageSource{stageSource{src, layers}}
+	}
 	return stageSource{src, layers}
+}
+
+// rangedStageSource is a stageSource over a paging.RangeSource.
+type rangedStageSource struct{ stageSource }
+
+func (s rangedStageSource) ReadTensorRange(ctx context.Context, l int, name string, off int64, dst []byte) error {
+	if l < 0 || l >= len(s.layers) {
+		return fmt.Errorf("nn: stage has no layer %d", l)
+	}
+	return s.src.(paging.RangeSource).ReadTensorRange(ctx, s.layers[l], name, off, dst)
 }
 
 type stageSource struct {

@@ -33,8 +33,16 @@
 //     tensors views into it), the next layers of its sequence (every
 //     layer, or those SetSequence gives) are prefetched while the current
 //     one computes (with PrefetchFill, as many as the ring has room for,
-//     while the caller computes elsewhere too), and a bounded host cache (pinned when the backend can)
-//     saves re-reading the source. HostLayer hands the CPU a layer as host
+//     while the caller computes elsewhere too), and a bounded host cache
+//     (pinned when the backend can) saves re-reading the source; the parts
+//     it cannot keep (every part, under the aggressive strategy) are read
+//     on several goroutines into a small ring of pinned staging buffers
+//     and copied asynchronously from there, a buffer reused once its
+//     copies have landed (tensor.StagedUploader). A tensor two adjacent
+//     layers share (tied embeddings: the head's weight is the embedding
+//     table) is planned, moved and counted once, as the earlier layer's in
+//     the walk (the head's), whose copy serves the next token's embedding
+//     (LayerPlan.Shared). HostLayer hands the CPU a layer as host
 //     tensors in that cache, kept there for the pager's life. Unified
 //     serves the same from managed memory.
 //   - Planned WithExpertCache, a mixture of experts (an ExpertSource)

@@ -161,6 +161,8 @@ type synthSource struct {
 	blockLayer int
 	block      chan struct{}
 	started    chan struct{}
+	// tied are the tensors listed by two layers (tiedSynth).
+	tied map[string]bool
 }
 
 func newSynth(layerTensors [][]TensorSpec) *synthSource {
@@ -206,6 +208,16 @@ func llamaSynth(blocks, hidden, inter, kvDim, vocab int) *synthSource {
 	return newSynth(ls)
 }
 
+// tiedSynth is llamaSynth with tied embeddings: the head's weight is the
+// embedding table, listed by the first layer and the last.
+func tiedSynth(blocks, hidden, inter, kvDim, vocab int) *synthSource {
+	s := llamaSynth(blocks, hidden, inter, kvDim, vocab)
+	last := s.layers[len(s.layers)-1]
+	last[1].Name = "model.embed_tokens.weight"
+	s.tied = map[string]bool{last[1].Name: true}
+	return s
+}
+
 func spec(name string, dt tensor.DType, s tensor.Shape) TensorSpec {
 	return TensorSpec{Name: name, DType: dt, Shape: s, Bytes: s.NumElements() * int64(dt.Size())}
 }
@@ -246,8 +258,12 @@ func (s *synthSource) ReadTensor(ctx context.Context, l int, name string, dst []
 	return fmt.Errorf("synth: layer %d has no tensor %s", l, name)
 }
 
-// pattern returns the tensor's bytes, computed once.
+// pattern returns the tensor's bytes, computed once. A tensor that
+// several layers list (tied embeddings) has the same bytes in each.
 func (s *synthSource) pattern(l int, name string, n int64) []byte {
+	if s.tied[name] {
+		l = -1
+	}
 	key := fmt.Sprintf("%d/%s", l, name)
 	if b, ok := s.patterns.Load(key); ok {
 		return b.([]byte)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -43,9 +44,11 @@ type Options struct {
 	// depth > 0.
 	PrefetchFill bool
 	// HostCacheBytes bounds the host RAM that keeps streamed layers
-	// between uses: 0 takes the plan's HostCacheBytes, < 0 keeps none
-	// (every streamed load reads the source). Beyond it, layers are
-	// re-read from the source.
+	// between uses and stages the others (the staging ring, StagingSlots):
+	// 0 takes the plan's HostCacheBytes, and its StagingBytes for a
+	// staging ring when the pager sets one up; < 0 keeps none (every
+	// streamed load reads the source into pageable memory). Beyond it,
+	// layers are re-read from the source.
 	HostCacheBytes int64
 	// Order is the initial prefetch order (SetOrder changes it).
 	Order Order
@@ -55,6 +58,14 @@ type Options struct {
 	// HostCacheBytes, so that other streamed parts never take their room,
 	// and fails with an error wrapping ErrHostMemory when they do not fit.
 	HostLayers []int
+	// StagingSlots overrides the buffers of the staging ring when > 0; < 0
+	// turns it off. 0 takes one per load that runs at once (the prefetch
+	// depth plus one), at most three. The ring is set up only on a
+	// backend with pinned memory and staged uploads
+	// (tensor.StagedUploader), when the host cache cannot keep every
+	// streamed part, and takes its bytes from HostCacheBytes first: as
+	// many buffers as fit, each the size of the largest streamed part.
+	StagingSlots int
 	// ExpertPolicy chooses the experts the expert cache evicts, when the
 	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
 	// PrefetchDepth < 0 turns PrefetchExperts off too.
@@ -114,6 +125,7 @@ type Pager struct {
 	pinned     tensor.PinnedAllocator   // nil when the backend has none
 	async      tensor.AsyncUploader     // nil when the backend has none
 	reads      readBufs
+	stage      *staging     // the staging ring; nil without one
 	unregister func()       // removes the pager from its budget's evictors
 	ex         *expertCache // nil without experts in the plan
 
@@ -132,6 +144,7 @@ type Pager struct {
 	hostUsed     int64 // bytes of host copies held
 	hostReserved int64 // bytes reserved for host layers not yet read
 	pinnedBytes  int64
+	stageBytes   int64 // the staging ring's buffers, charged to hostCap
 	inflight     int
 	cursor       int    // the layer acquired last: prefetch follows it
 	advanced     bool   // the cursor was released since: prefetch follows the layer after it
@@ -141,6 +154,7 @@ type Pager struct {
 	steps        steps
 	prefetchWait time.Duration
 	demandWait   time.Duration
+	stagingWait  time.Duration
 }
 
 // ringAlign is the alignment of every tensor in the ring: 256 bytes serves
@@ -188,6 +202,15 @@ type entry struct {
 	// tensors that no compute has been ordered after yet; the first
 	// Acquire (or an eviction) runs them.
 	ready []func() error
+
+	// shared are the tensors (indices into specs) the layer borrows from
+	// its lender's copy (LayerPlan.Shared): neither in res nor in str.
+	// lender is that layer, or -1; lentRes says the tensors are in the
+	// lender's resident part.
+	shared   []int
+	lender   int
+	lentRes  bool
+	lentPins int // pins of the lender held for this layer's acquires
 
 	pins, waiters int
 	loading       bool
@@ -309,11 +332,22 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		if err := checkSpecs(l, specs); err != nil {
 			return nil, err
 		}
-		e := &entry{layer: l, specs: specs}
+		e := &entry{layer: l, specs: specs, lender: -1}
 		lp := plan.Layers[l]
 		var total int64
 		for _, s := range specs {
 			total += s.Bytes
+		}
+		isShared := map[string]bool{}
+		var sharedBytes int64
+		if sh := lp.Shared; sh != nil {
+			if sh.From < 0 || sh.From >= n || sh.From == l {
+				return nil, fmt.Errorf("paging: layer %d: plan shares its tensors with layer %d: have layers 0..%d", l, sh.From, n-1)
+			}
+			e.lender = sh.From
+			for _, name := range sh.Names {
+				isShared[name] = true
+			}
 		}
 		if total != lp.Bytes {
 			return nil, fmt.Errorf("paging: layer %d: plan says %d bytes, source has %d", l, lp.Bytes, total)
@@ -347,10 +381,20 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		for _, name := range lp.Streamed {
 			streamed[name] = true
 		}
-		all := len(lp.Streamed) == 0 && lp.StreamedBytes == total && total > 0
 		for i, s := range specs {
-			if isExpert[s.Name] {
-				continue // in the expert cache
+			if isShared[s.Name] {
+				e.shared = append(e.shared, i)
+				sharedBytes += s.Bytes
+				delete(isShared, s.Name)
+			}
+		}
+		if len(isShared) > 0 || lp.Shared != nil && sharedBytes != lp.Shared.Bytes {
+			return nil, fmt.Errorf("paging: layer %d: plan shares tensors %v (%d bytes) with layer %d, the source's layer has %d bytes of them", l, lp.Shared.Names, lp.Shared.Bytes, lp.Shared.From, sharedBytes)
+		}
+		all := len(lp.Streamed) == 0 && lp.StreamedBytes == total-sharedBytes && total > sharedBytes
+		for i, s := range specs {
+			if isExpert[s.Name] || slices.Contains(e.shared, i) {
+				continue // in the expert cache, or the lender's
 			}
 			if all || streamed[s.Name] {
 				e.strOff = append(e.strOff, e.hostSize)
@@ -378,6 +422,9 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		}
 		p.layers = append(p.layers, e)
 	}
+	if err := p.checkLenders(); err != nil {
+		return nil, err
+	}
 	if err := p.reserveHostLayers(opts.HostLayers); err != nil {
 		return nil, err
 	}
@@ -399,6 +446,11 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 			return nil, err
 		}
 	}
+	planned := int64(0) // the plan's staging bytes, beside the host limit it takes
+	if opts.HostCacheBytes == 0 {
+		planned = plan.StagingBytes
+	}
+	p.newStaging(opts, planned)
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
 	if p.fill {
@@ -410,6 +462,32 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	p.id = budget.newPagerID()
 	p.unregister = budget.Register(pagerEvictor{p})
 	return p, nil
+}
+
+// checkLenders checks that each layer's shared tensors are its lender's
+// own, alike, and notes where the lender keeps them.
+func (p *Pager) checkLenders() error {
+	for _, e := range p.layers {
+		if e.lender < 0 {
+			continue
+		}
+		a := p.layers[e.lender]
+		if a.lender >= 0 {
+			return fmt.Errorf("paging: layer %d: plan shares its tensors with layer %d, which shares tensors of its own with layer %d", e.layer, a.layer, a.lender)
+		}
+		e.lentRes = true
+		for _, i := range e.shared {
+			s := e.specs[i]
+			k := slices.IndexFunc(a.specs, func(o TensorSpec) bool { return o.Name == s.Name })
+			if k < 0 || a.specs[k].DType != s.DType || !a.specs[k].Shape.Equal(s.Shape) {
+				return fmt.Errorf("paging: layer %d: plan shares tensor %s with layer %d, which has no such %v %v tensor", e.layer, s.Name, a.layer, s.DType, s.Shape)
+			}
+			if !slices.Contains(a.res, k) {
+				e.lentRes = false
+			}
+		}
+	}
+	return nil
 }
 
 // reserveHostLayers marks the host layers and reserves their room in the
@@ -443,6 +521,9 @@ func (e *entry) checkHostLayer() error {
 	if len(e.res) > 0 {
 		return fmt.Errorf("paging: host layer %d: the plan keeps %s of it resident; only a layer streamed whole is computed from host memory (WithStreamedWhole)",
 			e.layer, FormatSize(e.resBytes))
+	}
+	if len(e.shared) > 0 {
+		return fmt.Errorf("paging: host layer %d: the plan shares %d of its tensors with layer %d's device copy; a plan WithStreamedWhole shares nothing", e.layer, len(e.shared), e.lender)
 	}
 	return nil
 }
@@ -599,10 +680,27 @@ func (p *Pager) aheadLocked() (targets, protect []int) {
 	}
 	if p.advanced {
 		w := p.walk(p.next(p.cursor, 1), k, p.cursor)
-		return w, w
+		return w, p.withLenders(w)
 	}
 	w := p.walk(p.cursor, k, -1)
-	return w[1:], w
+	return w[1:], p.withLenders(w)
+}
+
+// withLenders returns layers and the lenders of those that borrow
+// tensors (LayerPlan.Shared): a borrower's Acquire needs its lender on the
+// device too, so a load must not evict it (the plan sized the ring for
+// the lender beside the borrower's window).
+func (p *Pager) withLenders(layers []int) []int {
+	out := layers
+	for _, l := range layers {
+		if a := p.layers[l].lender; a >= 0 && !slices.Contains(out, a) {
+			if len(out) == len(layers) {
+				out = slices.Clone(layers)
+			}
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Acquire returns the layer's tensors by name, loading the layer if it is
@@ -610,6 +708,12 @@ func (p *Pager) aheadLocked() (targets, protect []int) {
 // keep their stored dtype. The map is the caller's; the tensors are the
 // pager's and stay valid until Release (or Close). Acquire then starts
 // prefetching the next layers in the access order.
+//
+// A layer that shares tensors with the layer before it (LayerPlan.Shared:
+// tied embeddings) gets them from that layer's copy, which it pins too
+// (its resident part alone when they are resident) until the matching
+// Release. It waits for either layer's load holding no pin, and pins both
+// at once.
 func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tensor, error) {
 	if layer < 0 || layer >= len(p.layers) {
 		return nil, fmt.Errorf("paging: acquire layer %d: have layers 0..%d", layer, len(p.layers)-1)
@@ -634,6 +738,14 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 				p.mu.Unlock()
 				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
 			}
+			lent, err := p.lendLocked(ctx, e, false)
+			if err == errLenderLoaded {
+				continue // the lender was loaded: look again
+			}
+			if err != nil {
+				p.mu.Unlock()
+				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
+			}
 			e.pins++
 			e.lastUse = p.bg.Stamp()
 			p.st.Acquires++
@@ -651,6 +763,7 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 			for k, i := range e.str {
 				m[e.specs[i].Name] = e.strT[k]
 			}
+			maps.Copy(m, lent)
 			p.cursor, p.advanced = layer, false
 			p.prefetchLocked()
 			p.mu.Unlock()
@@ -684,12 +797,81 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 	}
 }
 
+// errLenderLoaded is lendLocked's word that it loaded the lender, and let
+// go of the lock to do it.
+var errLenderLoaded = errors.New("paging: lender loaded")
+
+// lendLocked pins e's lender for an Acquire of e (resident: an
+// AcquireResident) and returns the shared tensors it holds: its resident
+// part must be on the device, and, unless the shared tensors are there or
+// resident is set, its streamed part too. Layers without a lender need
+// nothing. When the lender lacks a part, lendLocked loads it, holding no
+// pin and letting go of the lock meanwhile, and returns errLenderLoaded:
+// the caller looks at e again.
+func (p *Pager) lendLocked(ctx context.Context, e *entry, resident bool) (map[string]*tensor.Tensor, error) {
+	if e.lender < 0 {
+		return nil, nil
+	}
+	a := p.layers[e.lender]
+	resOnly := resident || e.lentRes
+	if !a.resLoaded || !resOnly && !a.strLoaded {
+		mode := loadDemand
+		if resOnly {
+			mode = loadResident
+		}
+		a.waiters++
+		p.mu.Unlock()
+		err := p.loadShared(ctx, a.layer, mode)
+		p.mu.Lock()
+		a.waiters--
+		p.changedLocked()
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("the tensors it shares with layer %d: %w", a.layer, ctx.Err())
+		case errors.Is(err, errPrefetchSkipped) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			// a load started by someone else gave up: look again
+		default:
+			return nil, fmt.Errorf("the tensors it shares with layer %d: %w", a.layer, err)
+		}
+		return nil, errLenderLoaded
+	}
+	if err := a.awaitUploads(); err != nil {
+		p.evictHeldLocked(a)
+		if a.ringLoaded() {
+			p.evictRingLocked(a)
+		}
+		return nil, fmt.Errorf("the tensors it shares with layer %d: %w", a.layer, err)
+	}
+	a.pins++
+	a.lastUse = p.bg.Stamp()
+	e.lentPins++
+	lent := make(map[string]*tensor.Tensor, len(e.shared))
+	for _, i := range e.shared {
+		name := e.specs[i].Name
+		for k, j := range a.res {
+			if a.specs[j].Name == name {
+				lent[name] = a.resT[k]
+			}
+		}
+		for k, j := range a.str {
+			if a.specs[j].Name == name && !resOnly {
+				lent[name] = a.strT[k]
+			}
+		}
+	}
+	return lent, nil
+}
+
 // AcquireResident returns the tensors the plan keeps resident of the
 // layer, loading them if they are not on the device (its streamed part is
 // left as it is), and pins the layer until the matching Release, as
 // Acquire does. Planned WithExpertCache, a layer's routing tensors are
 // among them: a user guesses the experts of a layer ahead of it from
 // these, without waiting for its streamed part. The map is the caller's.
+// A layer that shares tensors with the layer before it pins that layer's
+// resident part too, and its map has the shared tensors when they are
+// there.
 func (p *Pager) AcquireResident(ctx context.Context, layer int) (map[string]*tensor.Tensor, error) {
 	if layer < 0 || layer >= len(p.layers) {
 		return nil, fmt.Errorf("paging: acquire layer %d: have layers 0..%d", layer, len(p.layers)-1)
@@ -710,12 +892,21 @@ func (p *Pager) AcquireResident(ctx context.Context, layer int) (map[string]*ten
 				p.mu.Unlock()
 				return nil, fmt.Errorf("paging: acquire the resident part of layer %d: %w", layer, err)
 			}
+			lent, err := p.lendLocked(ctx, e, true)
+			if err == errLenderLoaded {
+				continue
+			}
+			if err != nil {
+				p.mu.Unlock()
+				return nil, fmt.Errorf("paging: acquire the resident part of layer %d: %w", layer, err)
+			}
 			e.pins++
 			e.lastUse = p.bg.Stamp()
 			m := make(map[string]*tensor.Tensor, len(e.res))
 			for k, i := range e.res {
 				m[e.specs[i].Name] = e.resT[k]
 			}
+			maps.Copy(m, lent)
 			p.mu.Unlock()
 			return m, nil
 		}
@@ -739,9 +930,9 @@ func (p *Pager) AcquireResident(ctx context.Context, layer int) (map[string]*ten
 	}
 }
 
-// Release unpins a layer from Acquire (or AcquireResident). Releasing a
-// layer that is not pinned does nothing (and is counted in
-// Stats.BadReleases).
+// Release unpins a layer from Acquire (or AcquireResident), and the layer
+// it borrows shared tensors from. Releasing a layer that is not pinned
+// does nothing (and is counted in Stats.BadReleases).
 func (p *Pager) Release(layer int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -749,12 +940,22 @@ func (p *Pager) Release(layer int) {
 		p.st.BadReleases++
 		return
 	}
+	p.releaseLocked(layer, false)
+	if e := p.layers[layer]; e.lentPins > 0 {
+		e.lentPins--
+		p.releaseLocked(e.lender, true)
+	}
+}
+
+// releaseLocked unpins a pinned layer; lend releases a lender, which
+// leaves prefetch as it is.
+func (p *Pager) releaseLocked(layer int, lend bool) {
 	e := p.layers[layer]
 	e.pins--
 	e.lastUse = p.bg.Stamp()
 	if e.pins == 0 {
 		p.changedLocked()
-		if layer == p.cursor && !p.advanced {
+		if layer == p.cursor && !p.advanced && !lend {
 			p.advanced = true
 			p.prefetchLocked()
 		}
@@ -875,9 +1076,9 @@ func (p *Pager) protectLocked(layer int, mode loadMode) (protect []int, stale bo
 		return protect, !slices.Contains(targets, layer)
 	case loadExplicit:
 		_, protect := p.aheadLocked()
-		return append(slices.Clone(protect), layer), false
+		return p.withLenders(append(slices.Clone(protect), layer)), false
 	}
-	return p.window(layer), false
+	return p.withLenders(p.window(layer)), false
 }
 
 // loadShared loads a layer once however many callers ask at the same time.
@@ -1455,7 +1656,7 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 		case e.host != nil:
 			buf, cached, cachedPinned = e.host, true, e.hostPinned
 			p.st.HostCacheHits++
-		case e.held || p.hostUsed+p.hostReserved+e.hostSize <= p.hostCap:
+		case e.held || e.hostSize <= p.hostRoomLocked():
 			held = e.held
 			p.admitHostLocked(e, held) // returned if the load fails
 			admitted = true
@@ -1464,6 +1665,9 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 			p.st.HostCacheMisses++
 		}
 		p.mu.Unlock()
+	}
+	if streamed && !cached && !admitted && p.stages(e) {
+		return p.uploadStaged(ctx, e, ts, ld)
 	}
 	pinned := false
 	if admitted {
@@ -1540,6 +1744,12 @@ func (p *Pager) upload(ctx context.Context, e *entry, pt part, ts []*tensor.Tens
 	return nil
 }
 
+// hostRoomLocked is the room the host limit leaves for host copies: not
+// held by copies, reserved for host layers or taken by the staging ring.
+func (p *Pager) hostRoomLocked() int64 {
+	return p.hostCap - p.hostUsed - p.hostReserved - p.stageBytes
+}
+
 // admitHostLocked counts e's host copy in the host cache's use while it is
 // read: from the room reserved for it when held (a host layer), else from
 // the free room, which the caller has checked.
@@ -1610,8 +1820,7 @@ func (p *Pager) HostLayer(ctx context.Context, layer int) (map[string]*tensor.Te
 		}
 	}
 	held := e.held
-	if !held && p.hostUsed+p.hostReserved+e.hostSize > p.hostCap {
-		free := p.hostCap - p.hostUsed - p.hostReserved
+	if free := p.hostRoomLocked(); !held && e.hostSize > free {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("paging: host layer %d: %w: it takes %s (%d bytes), the host cache has %s (%d bytes) free of %s",
 			layer, ErrHostMemory, FormatSize(e.hostSize), e.hostSize, FormatSize(free), free, FormatSize(p.hostCap))
@@ -1784,6 +1993,14 @@ func (p *Pager) Close() error {
 	}
 	p.reads.release()
 	var errs []error
+	if p.stage != nil {
+		p.mu.Unlock()
+		if err := p.stage.close(p.pinned); err != nil {
+			errs = append(errs, err)
+		}
+		p.mu.Lock()
+		p.stage, p.stageBytes = nil, 0
+	}
 	for _, e := range p.layers {
 		if err := e.awaitUploads(); err != nil {
 			errs = append(errs, fmt.Errorf("paging: layer %d: %w", e.layer, err))
@@ -1794,7 +2011,7 @@ func (p *Pager) Close() error {
 		}
 		e.resT, e.strT, e.slot = nil, nil, nil
 		e.resLoaded, e.strLoaded = len(e.res) == 0, len(e.str) == 0
-		e.pins = 0
+		e.pins, e.lentPins = 0, 0
 		if err := p.hostFree(e.host, e.hostPinned); err != nil {
 			errs = append(errs, fmt.Errorf("paging: freeing pinned host memory of layer %d: %w", e.layer, err))
 		}

@@ -1,6 +1,7 @@
 package paging
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -204,6 +205,63 @@ func (b asyncFaultBackend) UploadAsync(ctx context.Context, dst *tensor.Tensor, 
 	}, nil
 }
 
+// stagedFaultBackend adds staged uploads to the asynchronous ones. A
+// staged copy lands on the first of its waits (ready or landed); a source
+// buffer changed before then (a staging buffer refilled under its copy) is
+// recorded as a violation. Only ready, which runs in the request that
+// uses the layer, goes through the wait seam: its fault says the copy
+// never landed (landed runs on the pager's own goroutine, after the
+// request that queued the copy may have ended).
+type stagedFaultBackend struct{ asyncFaultBackend }
+
+func (b stagedFaultBackend) UploadStaged(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (ready, landed func() error, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	if b.f.hit(seamUpload) {
+		return nil, nil, fmt.Errorf("fault backend: staged upload: %w", errInjected)
+	}
+	for i := range dst.Bytes()[off : off+int64(len(src))] {
+		dst.Bytes()[off+int64(i)] = 0xA5 // nothing has landed yet
+	}
+	var c *pendingCopy
+	if len(src) > 0 {
+		lo := uintptr(unsafe.Pointer(&src[0]))
+		c = &pendingCopy{lo, lo + uintptr(len(src))}
+		b.mu.Lock()
+		b.inflight[c] = true
+		b.mu.Unlock()
+	}
+	want := bytes.Clone(src)
+	var landOnce, readyOnce sync.Once
+	land := func() {
+		landOnce.Do(func() {
+			b.mu.Lock()
+			if c != nil {
+				delete(b.inflight, c)
+			}
+			if !bytes.Equal(src, want) {
+				b.violations = append(b.violations, fmt.Sprintf("a staged copy's %d source bytes changed before it landed", len(src)))
+			}
+			b.mu.Unlock()
+			copy(dst.Bytes()[off:], want)
+			b.uploads.Add(int64(len(src)))
+		})
+	}
+	var rerr error
+	ready = func() error {
+		land()
+		readyOnce.Do(func() {
+			if b.f.hit(seamWait) {
+				rerr = fmt.Errorf("fault backend: copy failed: %w", errInjected)
+			}
+		})
+		return rerr
+	}
+	landed = func() error { land(); return nil }
+	return ready, landed, nil
+}
+
 // hidePinned exposes only the Backend methods: a backend with pageable host
 // memory and synchronous uploads.
 type hidePinned struct{ tensor.Memory }
@@ -228,7 +286,8 @@ func (s faultSource) ReadTensor(ctx context.Context, l int, name string, dst []b
 // tensors (the ring is one), the backend holding exactly those, the ring's
 // use equal to the slots of the streamed parts in it, no two of which
 // overlap and none of which is reserved with no load, and the host cache
-// and pinned host bytes equal to the cached parts.
+// and pinned host bytes equal to the cached parts and the staging ring,
+// every staging buffer back.
 func consistent(p *Pager, fb *fakeBackend) error {
 	// A load abandoned by a cancelled Acquire may start after settle
 	// returns and hold tensors for a moment: judge the state that lasts.
@@ -303,13 +362,17 @@ func consistentNow(p *Pager, fb *fakeBackend) error {
 	if host != p.hostUsed || pinned != p.pinnedBytes {
 		problems = append(problems, fmt.Sprintf("host cache %d (pinned %d) counted, %d (pinned %d) held", p.hostUsed, p.pinnedBytes, host, pinned))
 	}
+	stage := p.stageBytes
+	if s := p.stage; s != nil && len(s.free) != len(s.bufs) {
+		problems = append(problems, fmt.Sprintf("%d of %d staging buffers not back", len(s.bufs)-len(s.free), len(s.bufs)))
+	}
 	p.mu.Unlock()
 	_, live, pinnedLive := fb.outstanding()
 	if live != all {
 		problems = append(problems, fmt.Sprintf("backend holds %d bytes, budget's live tensors %d", live, all))
 	}
-	if pinnedLive != pinned {
-		problems = append(problems, fmt.Sprintf("backend holds %d pinned bytes, host cache %d", pinnedLive, pinned))
+	if pinnedLive != pinned+stage {
+		problems = append(problems, fmt.Sprintf("backend holds %d pinned bytes, host cache %d, staging ring %d", pinnedLive, pinned, stage))
 	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
@@ -373,7 +436,9 @@ func (a *faultTally) add(b faultTally) {
 
 // TestPagerFaults injects one fault per request at every call of every seam
 // a clean request goes through, for backends with pageable memory, pinned
-// memory, and pinned memory with asynchronous copies; three strategies;
+// memory, pinned memory with asynchronous copies, and with staged copies
+// (the staging ring, which the aggressive strategy and a host limit
+// smaller than the streamed parts use); three strategies;
 // faults that fail the call and faults that cancel the request; on a warm
 // pager (layers and host cache loaded) and on a cold one (a new pager per
 // fault, so the fault lands while the host cache fills).
@@ -398,6 +463,10 @@ func TestPagerFaults(t *testing.T) {
 			b := newFaultBackend(f)
 			return asyncFaultBackend{b}, b
 		}, []string{seamAlloc, seamUpload, seamPinned, seamRead, seamWait}}, // wait last: see faultSweep
+		{"pinned-staged", func(f *faults) (tensor.Memory, *faultBackend) {
+			b := newFaultBackend(f)
+			return stagedFaultBackend{asyncFaultBackend{b}}, b
+		}, []string{seamAlloc, seamUpload, seamPinned, seamRead, seamWait}},
 	}
 	for _, kind := range kinds {
 		for _, strategy := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
@@ -499,6 +568,9 @@ func faultSweep(t *testing.T, be tensor.Memory, fb *faultBackend, f *faults, str
 	if err := request(ctx, p, be, base); err != nil {
 		t.Fatalf("clean request: %v", err)
 	}
+	if _, ok := tensor.StagedUpload(be); ok && strategy == StrategyAggressive && p.Stats().BytesStaged == 0 {
+		t.Fatal("the aggressive strategy staged nothing on a backend with staged uploads")
+	}
 	calls := map[string]int{}
 	for _, seam := range seams {
 		calls[seam] = max(f.count(seam), 1)
@@ -594,7 +666,7 @@ seams:
 		// buffer before undo runs the waits of the copies already queued
 		// from it (on a GPU the DMA reads freed memory). The fix is to run
 		// undo's waits before freeing the buffer.
-		known = append(known, fmt.Sprintf("pinned host buffer freed under an in-flight copy, %d times: %s", len(v), v[0]))
+		known = append(known, fmt.Sprintf("pinned host memory freed or refilled under an in-flight copy, %d times: %s", len(v), v[0]))
 	}
 	return tally, known
 }

@@ -212,8 +212,9 @@ func indexOf(s []int, v int) int {
 	return -1
 }
 
-// TestRandomised runs random models, budgets, strategies, access orders and
-// numbers of concurrent acquirers, checking every acquired tensor's bytes,
+// TestRandomised runs random models (a third with a tensor the first and
+// the last layer share, as tied embeddings), budgets, strategies, access
+// orders and numbers of concurrent acquirers, checking every acquired tensor's bytes,
 // the budget, and that the counters add up.
 func TestRandomised(t *testing.T) {
 	iters := 60
@@ -224,6 +225,11 @@ func TestRandomised(t *testing.T) {
 	for it := range iters {
 		src := randomSynth(rng, 2+rng.IntN(9), 5, 48)
 		n := src.NumLayers()
+		if rng.IntN(3) == 0 { // tied: the last layer lists the first layer's first tensor too
+			shared := src.layers[0][0]
+			src.layers[n-1] = append(src.layers[n-1], shared)
+			src.tied = map[string]bool{shared.Name: true}
+		}
 		info := smallDims(src, n)
 		W, lmax := totalAndMax(info)
 		strategies := []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive, StrategyNone}

@@ -316,6 +316,75 @@ type LayerPlan struct {
 	// stay resident. Empty when the layer is wholly resident (or planned
 	// from Bytes alone).
 	Streamed []string `json:"streamed,omitempty"`
+	// Shared are the layer's tensors that the layer before it holds
+	// (tied embeddings: the embedding table, which the head holds). They
+	// are planned once, as the other layer's: resident there, or streamed
+	// with it, its device copy serving both Acquires, since the two are
+	// adjacent in the walk (the head ends a token, the embedding starts
+	// the next). Bytes = ResidentBytes + StreamedBytes + ExpertBytes +
+	// Shared.Bytes.
+	Shared *SharedTensors `json:"shared,omitempty"`
+}
+
+// SharedTensors are tensors a layer shares with the layer before it in
+// the cyclic order of layers (From), under the same names.
+type SharedTensors struct {
+	From  int      `json:"from"`
+	Names []string `json:"names"`
+	Bytes int64    `json:"bytes"`
+}
+
+// sharedTensors finds, for each layer, the tensors the layer before it in
+// the cyclic order also lists, with the same name, dtype and shape: the
+// embedding table of a model with tied embeddings, which the head (the
+// last layer) lists too. A layer that lends tensors borrows none, so that
+// a borrowed tensor is always its lender's own.
+func sharedTensors(layers []LayerInfo) []*SharedTensors {
+	n := len(layers)
+	out := make([]*SharedTensors, n)
+	lends := make([]bool, n)
+	for l := 0; l < n && n > 1; l++ {
+		a := (l - 1 + n) % n
+		if out[a] != nil || lends[l] {
+			continue
+		}
+		have := map[string]TensorSpec{}
+		for _, t := range layers[a].Tensors {
+			have[t.Name] = t
+		}
+		for _, t := range layers[l].Tensors {
+			if o, ok := have[t.Name]; ok && o.DType == t.DType && o.Shape.Equal(t.Shape) && o.Bytes == t.Bytes {
+				if out[l] == nil {
+					out[l] = &SharedTensors{From: a}
+				}
+				out[l].Names = append(out[l].Names, t.Name)
+				out[l].Bytes += t.Bytes
+			}
+		}
+		if out[l] != nil {
+			slices.Sort(out[l].Names)
+			lends[a] = true
+		}
+	}
+	return out
+}
+
+// withoutShared returns li without the tensors sh names.
+func withoutShared(li LayerInfo, sh *SharedTensors) LayerInfo {
+	if sh == nil {
+		return li
+	}
+	out := li
+	out.Tensors = nil
+	for _, t := range li.Tensors {
+		if !slices.Contains(sh.Names, t.Name) {
+			out.Tensors = append(out.Tensors, t)
+		}
+	}
+	if out.Bytes != 0 { // 0: the tensors' sum
+		out.Bytes -= sh.Bytes
+	}
+	return out
 }
 
 // PlanResult is what the planner decides before anything is loaded.
@@ -368,9 +437,20 @@ type PlanResult struct {
 	RingBytes      int64 `json:"ring_bytes"`
 	RingSlackBytes int64 `json:"ring_slack_bytes"`
 	PrefetchDepth  int   `json:"prefetch_depth"`
+	// SharedBytes are the bytes of the tensors two layers share (tied
+	// embeddings, LayerPlan.Shared), planned once: WeightBytes,
+	// ResidentBytes and StreamedBytes count them once.
+	SharedBytes int64 `json:"shared_bytes,omitempty"`
 	// HostCacheBytes is the host RAM worth keeping streamed parts in: what
 	// they take in the pager's host copies, each tensor padded to 64 bytes.
 	HostCacheBytes int64 `json:"host_cache_bytes"`
+	// StagingBytes is the pinned host memory a Pager reads streamed parts
+	// into on their way to the device when it keeps no host copy of them
+	// (the staging ring, Options.StagingSlots): the aggressive strategy's,
+	// a buffer of the largest streamed part for each load that runs at
+	// once (the prefetch depth plus one, at most three). The other
+	// strategies' host cache keeps every streamed part: none.
+	StagingBytes int64 `json:"staging_bytes,omitempty"`
 	// The expert cache (WithExpertCache): ExpertSlots of the model's
 	// Experts fit in it, each slot of ExpertSlotBytes (the largest expert,
 	// each of its tensors 256-byte aligned), in one allocation of
@@ -399,10 +479,18 @@ type PlanResult struct {
 
 // String summarises the plan on one line.
 func (p *PlanResult) String() string {
-	experts := ""
+	extra := ""
 	if p.Experts > 0 {
-		experts = fmt.Sprintf(", expert cache %s (%d of %d experts, %.1f%%)",
+		extra = fmt.Sprintf(", expert cache %s (%d of %d experts, %.1f%%)",
 			FormatSize(p.ExpertCacheBytes), p.ExpertSlots, p.Experts, 100*float64(p.ExpertSlots)/float64(p.Experts))
+	}
+	if p.StagingBytes > 0 {
+		extra += fmt.Sprintf(", host staging %s", FormatSize(p.StagingBytes))
+	}
+	for _, lp := range p.Layers {
+		if lp.Shared != nil {
+			extra += fmt.Sprintf(", layer %d shares %s with layer %d (planned once)", lp.Layer, FormatSize(lp.Shared.Bytes), lp.Shared.From)
+		}
 	}
 	kv := FormatSize(p.KVCacheBytes)
 	if n := len(p.KVHostBlocks); n > 0 {
@@ -411,7 +499,7 @@ func (p *PlanResult) String() string {
 	}
 	return fmt.Sprintf("%s plan for %s budget: %s resident (%d of %d layers whole), %s streamed per pass through a ring of %d (%s), prefetch %d%s, KV cache %s, activations %s, predicted peak %s",
 		p.Strategy, FormatSize(p.Budget), FormatSize(p.ResidentBytes), len(p.ResidentLayers), len(p.Layers),
-		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth, experts,
+		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth, extra,
 		kv, FormatSize(p.ActivationBytes), FormatSize(p.PredictedPeakBytes))
 }
 
@@ -479,10 +567,21 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if size == nil {
 		size = func(n int64) int64 { return n }
 	}
+	// Tensors two adjacent layers share are planned once, as the earlier
+	// layer's; not when the walk follows another sequence or some layers
+	// stream whole (PlanHybrid: the CPU may compute one of the two).
+	var shared []*SharedTensors
+	if o.whole == nil && o.sequence == nil {
+		shared = sharedTensors(model.Layers)
+	} else {
+		shared = make([]*SharedTensors, n)
+	}
+	borrows := make([]bool, n)
 	units := make([][]unit, n)
 	var W, Wc, lmax int64 // weight bytes, what they take on the device, the largest layer
 	for l, li := range model.Layers {
-		us, bytes, err := layerUnits(l, li, size)
+		borrows[l] = shared[l] != nil
+		us, bytes, err := layerUnits(l, withoutShared(li, shared[l]), size)
 		if err != nil {
 			return nil, err
 		}
@@ -544,7 +643,7 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		}
 	}
 	ringCost := func(choice []int, d int) int64 {
-		if rb := ringBytesOver(ringParts(opt, choice), d, o.sequence); rb > 0 {
+		if rb := ringBytesOver(ringParts(opt, choice), d, o.sequence, borrows); rb > 0 {
 			return size(rb)
 		}
 		return 0
@@ -614,19 +713,26 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		choice, depth = full, 0
 	}
 	parts := make([]int64, n)
-	var residentCost, hostBytes int64
+	var residentCost, hostBytes, partHost int64
 	for l := range n {
 		c := choice[l]
-		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].moved[c]}
+		lp := LayerPlan{Layer: l, Bytes: model.Layers[l].Bytes, StreamedBytes: opt[l].moved[c], Shared: shared[l]}
 		lp.ResidentBytes = lp.Bytes - lp.StreamedBytes
+		if lp.Shared != nil {
+			lp.ResidentBytes -= lp.Shared.Bytes
+			p.SharedBytes += lp.Shared.Bytes
+		}
 		residentCost += opt[l].sums[full[l]] - opt[l].sums[c]
 		mask := opt[l].masks[c]
+		var host int64
 		for ui, u := range units[l] {
 			if mask&(1<<ui) != 0 {
 				lp.Streamed = append(lp.Streamed, u.names...)
-				hostBytes += u.host
+				host += u.host
 			}
 		}
+		hostBytes += host
+		partHost = max(partHost, host)
 		slices.Sort(lp.Streamed)
 		if lp.Streamed != nil && lp.Streamed[0] == "" { // planned from Bytes alone
 			lp.Streamed = nil
@@ -652,15 +758,17 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	if p.StreamedBytes > 0 {
 		p.PrefetchDepth = depth
 		p.RingSlots = depth + 1
-		p.RingBytes = ringBytesOver(ringParts(opt, choice), depth, o.sequence)
-		p.RingSlackBytes = p.RingBytes - windowMax(parts, depth)
+		p.RingBytes = ringBytesOver(ringParts(opt, choice), depth, o.sequence, borrows)
+		p.RingSlackBytes = p.RingBytes - windowMax(parts, depth, borrows)
 		if o.sequence != nil {
-			p.RingSlackBytes = p.RingBytes - max(windowMax(parts, depth), windowMax(pick(parts, o.sequence), depth))
+			p.RingSlackBytes = p.RingBytes - max(windowMax(parts, depth, borrows), windowMax(pick(parts, o.sequence), depth, nil))
 		}
 		ringCharge = ringCost(choice, depth)
 	}
 	if strategy != StrategyAggressive {
 		p.HostCacheBytes = hostBytes
+	} else {
+		p.StagingBytes = int64(stagingSlots(p.PrefetchDepth)) * partHost
 	}
 	p.DeviceOverheadBytes = residentCost - p.ResidentBytes + ringCharge - p.RingBytes
 	p.PredictedPeakBytes = p.ResidentBytes + p.RingBytes + p.DeviceOverheadBytes + fixed
@@ -804,19 +912,31 @@ func ringParts(opt []layerOptions, choice []int) []ringPart {
 	return out
 }
 
-// windowMax is the largest sum of d+1 cyclically consecutive parts.
-func windowMax(parts []int64, d int) int64 {
+// windowMax is the largest sum of d+1 cyclically consecutive parts, a
+// window starting at a layer that borrows (borrows[i]) taking the part
+// before it too.
+func windowMax(parts []int64, d int, borrows []bool) int64 {
 	n := len(parts)
 	d = min(d, n-1)
 	var best int64
 	for i := range n {
 		var s int64
-		for j := 0; j <= d; j++ {
-			s += parts[(i+j)%n]
+		for j := windowStart(i, d, borrows); j <= d; j++ {
+			s += parts[(i+j+n)%n]
 		}
 		best = max(best, s)
 	}
 	return best
+}
+
+// windowStart is where the window of d+1 layers starting at layer i
+// begins, relative to i: -1 when i borrows tensors from the layer before
+// it (LayerPlan.Shared), which stays on the device while i is in use.
+func windowStart(i, d int, borrows []bool) int {
+	if borrows != nil && borrows[i] && d+1 < len(borrows) {
+		return -1
+	}
+	return 0
 }
 
 // ringPart is a layer's streamed part as the ring holds it.
@@ -928,16 +1048,21 @@ func placeBeforeEnd(desc []int64, room int64) int64 {
 // allocations: below the smallest tensor a part leaves for after the end.
 // Without prefetch (d = 0) no other part is held when a part loads, and a
 // part that would run into itself starts at offset 0 instead: the largest
-// part is enough.
-func ringBytes(parts []ringPart, d int) int64 {
+// part is enough (but for a borrower's window, which holds its lender's).
+//
+// A window starting at a layer that borrows tensors from the layer before
+// it (borrows, LayerPlan.Shared) holds that layer's part too: the Pager
+// keeps the lender acquired while the borrower is.
+func ringBytes(parts []ringPart, d int, borrows []bool) int64 {
 	n := len(parts)
 	d = min(d, n-1)
 	var best int64
 	for i := range n {
 		var sum, gap int64
 		first := true
-		for j := 0; j <= d; j++ {
-			rp := parts[(i+j)%n]
+		start := windowStart(i, d, borrows)
+		for j := start; j <= d; j++ {
+			rp := parts[(i+j+n)%n]
 			if rp.slab == 0 {
 				continue
 			}
@@ -948,7 +1073,7 @@ func ringBytes(parts []ringPart, d int) int64 {
 				gap = max(gap, rp.anyGap)
 			}
 		}
-		if d > 0 {
+		if d > 0 || start < 0 { // more than one part held: one may wrap
 			sum += gap
 		}
 		best = max(best, sum)
@@ -957,11 +1082,11 @@ func ringBytes(parts []ringPart, d int) int64 {
 }
 
 // ringBytesOver is ringBytes for a walk over the layers in their order and,
-// when seq is not nil, over seq's.
-func ringBytesOver(parts []ringPart, d int, seq []int) int64 {
-	rb := ringBytes(parts, d)
+// when seq is not nil, over seq's (plans with a sequence share nothing).
+func ringBytesOver(parts []ringPart, d int, seq []int, borrows []bool) int64 {
+	rb := ringBytes(parts, d, borrows)
 	if seq != nil {
-		rb = max(rb, ringBytes(pick(parts, seq), d))
+		rb = max(rb, ringBytes(pick(parts, seq), d, nil))
 	}
 	return rb
 }

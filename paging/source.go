@@ -30,6 +30,19 @@ type Source interface {
 	ReadTensor(ctx context.Context, layer int, name string, dst []byte) error
 }
 
+// RangeSource is a Source that also reads part of a tensor. The pager's
+// staging ring (Options.StagingSlots) uses it to read a large tensor in
+// pieces on several goroutines, and to queue each piece's copy as soon as
+// it is read: a read from the page cache runs at a few GB/s on one thread,
+// a copy over the link several times faster.
+type RangeSource interface {
+	Source
+	// ReadTensorRange reads len(dst) bytes of the named tensor of the
+	// layer, from off bytes into its stored bytes, honouring ctx. The
+	// pager asks for whole rows (of the tensor's first dimension).
+	ReadTensorRange(ctx context.Context, layer int, name string, off int64, dst []byte) error
+}
+
 func checkSpecs(layer int, specs []TensorSpec) error {
 	seen := map[string]bool{}
 	for _, s := range specs {

@@ -48,6 +48,15 @@ type Stats struct {
 	// counts the host layers HostLayer read from the source.
 	HostLayerBytes int64 `json:"host_layer_bytes"`
 	HostLayerLoads int64 `json:"host_layer_loads"`
+	// The staging ring (Options.StagingSlots): StagingSlots pinned buffers
+	// of StagingBytes in all, host memory beside the host cache's and
+	// within its limit (HostCacheLimit). BytesStaged are the bytes read
+	// into them and copied out; StagingWait is the time loads waited for
+	// a free buffer (all of them holding copies not yet landed).
+	StagingSlots int           `json:"staging_slots,omitempty"`
+	StagingBytes int64         `json:"staging_bytes,omitempty"`
+	BytesStaged  int64         `json:"bytes_staged,omitempty"`
+	StagingWait  time.Duration `json:"staging_wait_ns,omitempty"`
 
 	// PrefetchWait is the time Acquire spent waiting for loads already
 	// under way (prefetches that had not finished); DemandWait the time
@@ -178,6 +187,10 @@ func (p *Pager) Stats() Stats {
 	s.PrefetchWait, s.DemandWait = p.prefetchWait, p.demandWait
 	s.BytesPerStep = p.steps.mean()
 	s.HostCacheBytes, s.HostCacheLimit, s.PinnedHostBytes = p.hostUsed, p.hostCap, p.pinnedBytes
+	if p.stage != nil {
+		s.StagingSlots, s.StagingBytes = len(p.stage.bufs), p.stageBytes
+	}
+	s.StagingWait = p.stagingWait
 	s.RingBytes = p.ringCap
 	s.PeakDeviceBytes = peak
 	for _, e := range p.layers {
@@ -266,6 +279,10 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 		fmt.Fprintf(sb, "   moved: disk->host %s, host->device %s; host cache %s of %s (hits %d, misses %d), pinned %s, held by CPU layers %s\n",
 			FormatSize(ps.BytesDiskToHost), FormatSize(ps.BytesHostToDevice), FormatSize(ps.HostCacheBytes), FormatSize(ps.HostCacheLimit),
 			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes), FormatSize(ps.HostLayerBytes))
+		if ps.StagingSlots > 0 {
+			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer\n",
+				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond))
+		}
 		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
 			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))
 		if ps.ExpertSlots > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/strata-llm/strata/tensor"
@@ -45,11 +46,14 @@ type Unified struct {
 	names    [][]string
 	streamed [][]bool // per tensor: passes through the "ring"
 	bytes    []int64  // streamed bytes per layer
-	pins     []int
-	charged  [2]int64 // resident, ring
-	closed   bool
-	st       Stats
-	steps    steps
+	// shared are the tensors each layer borrows from the layer before it
+	// (LayerPlan.Shared), served from that layer's allocation.
+	shared  [][]string
+	pins    []int
+	charged [2]int64 // resident, ring
+	closed  bool
+	st      Stats
+	steps   steps
 }
 
 // NewUnified allocates the model's weights in managed memory on the
@@ -70,7 +74,7 @@ func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, p
 	}
 	u := &Unified{src: src, bg: bg, m: m, plan: plan, prefetch: prefetch,
 		layers: make([][]*tensor.Tensor, n), names: make([][]string, n), streamed: make([][]bool, n),
-		bytes: make([]int64, n), pins: make([]int, n)}
+		bytes: make([]int64, n), pins: make([]int, n), shared: make([][]string, n)}
 	u.st.Strategy, u.st.Device, u.st.Layers = plan.Strategy, bg.Device(), n
 	if err := bg.reserve(ResidentWeights, plan.ResidentBytes); err != nil {
 		return nil, err
@@ -93,8 +97,24 @@ func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, p
 		for _, name := range lp.Streamed {
 			str[name] = true
 		}
-		whole := len(lp.Streamed) == 0 && lp.StreamedBytes > 0 && lp.StreamedBytes == lp.Bytes
+		isShared := map[string]bool{}
+		var sharedBytes int64
+		if sh := lp.Shared; sh != nil {
+			if sh.From < 0 || sh.From >= n || sh.From == l || plan.Layers[sh.From].Shared != nil {
+				u.Close()
+				return nil, fmt.Errorf("paging: unified memory: layer %d: plan shares its tensors with layer %d, which cannot lend them", l, sh.From)
+			}
+			for _, name := range sh.Names {
+				isShared[name] = true
+			}
+			sharedBytes = sh.Bytes
+		}
+		whole := len(lp.Streamed) == 0 && lp.StreamedBytes > 0 && lp.StreamedBytes == lp.Bytes-sharedBytes
 		for _, s := range specs {
+			if isShared[s.Name] {
+				u.shared[l] = append(u.shared[l], s.Name) // the lender's
+				continue
+			}
 			t, err := m.AllocManaged(s.DType, s.Shape)
 			if err != nil {
 				u.Close()
@@ -132,6 +152,14 @@ func NewUnified(ctx context.Context, src Source, bg *Budget, plan *PlanResult, p
 			u.st.BytesDiskToHost += s.Bytes
 		}
 	}
+	for l, names := range u.shared {
+		for _, name := range names {
+			if from := plan.Layers[l].Shared.From; !slices.Contains(u.names[from], name) {
+				u.Close()
+				return nil, fmt.Errorf("paging: unified memory: layer %d: plan shares tensor %s with layer %d, which does not have it", l, name, from)
+			}
+		}
+	}
 	if err := tensor.Sync(b); err != nil {
 		u.Close()
 		return nil, err
@@ -162,9 +190,17 @@ func (u *Unified) Acquire(ctx context.Context, layer int) (map[string]*tensor.Te
 		u.st.BytesHostToDevice += u.bytes[layer]
 	}
 	u.pins[layer]++
-	m := make(map[string]*tensor.Tensor, len(u.layers[layer]))
+	m := make(map[string]*tensor.Tensor, len(u.layers[layer])+len(u.shared[layer]))
 	for i, t := range u.layers[layer] {
 		m[u.names[layer][i]] = t
+	}
+	if names := u.shared[layer]; len(names) > 0 {
+		from := u.plan.Layers[layer].Shared.From
+		for i, name := range u.names[from] {
+			if slices.Contains(names, name) {
+				m[name] = u.layers[from][i]
+			}
+		}
 	}
 	return m, nil
 }

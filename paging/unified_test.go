@@ -58,15 +58,26 @@ func (m *managedFake) AdviseDeviceAccess(t *tensor.Tensor) error {
 	return nil
 }
 
-// TestUnifiedPrefetch checks the unified-memory mode's bookkeeping: the
+// TestUnifiedPrefetch checks the unified-memory mode's bookkeeping, for a
+// model and its twin with tied embeddings (the table allocated once): the
 // data of every acquired layer, device-resident pages exactly the plan's
 // resident tensors, every streamed tensor mapped for the device and left in
 // host memory, the bytes read over the link per cyclic sweep equal to the
 // streamed bytes, and everything freed at Close.
 func TestUnifiedPrefetch(t *testing.T) {
-	src := llamaSynth(8, 64, 96, 32, 200)
+	for _, src := range []*synthSource{llamaSynth(8, 64, 96, 32, 200), tiedSynth(8, 64, 96, 32, 200)} {
+		testUnifiedPrefetch(t, src)
+	}
+}
+
+func testUnifiedPrefetch(t *testing.T, src *synthSource) {
 	info := smallDims(src, 8)
 	total, _ := totalAndMax(info)
+	tensors := 0 // managed allocations: a tied table once
+	for l := range src.NumLayers() {
+		tensors += len(src.LayerTensors(l))
+	}
+	tensors -= len(src.tied)
 	for _, c := range []struct {
 		frac     float64
 		strategy Strategy
@@ -86,6 +97,9 @@ func TestUnifiedPrefetch(t *testing.T) {
 		u, err := NewUnified(context.Background(), src, bg, plan, true)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if live, _, _ := be.outstanding(); live != tensors {
+			t.Errorf("%.0f%%: %d managed tensors, the model has %d", 100*frac, live, tensors)
 		}
 		free := nnReserve(t, bg, plan)
 		n := src.NumLayers()

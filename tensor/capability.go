@@ -89,6 +89,27 @@ type AsyncUploader interface {
 // AsyncUpload returns m's asynchronous copy engine, if it has one.
 func AsyncUpload(m Memory) (AsyncUploader, bool) { return capability[AsyncUploader](m) }
 
+// StagedUploader is an AsyncUploader whose copies the host can also wait
+// for, one by one: a caller that reads weights into a few pinned staging
+// buffers and copies from them reuses a buffer as soon as the copies out
+// of it have landed, without waiting for everything queued (Sync) and
+// without making compute wait.
+type StagedUploader interface {
+	AsyncUploader
+	// UploadStaged queues the copy UploadAsync queues, on the same terms,
+	// and returns two waits. ready orders compute after the copy, as
+	// UploadAsync's does. landed blocks the calling goroutine until the
+	// copy has read all of src, and returns the copy's error; src may be
+	// reused once it has returned. Call each at most once and both
+	// eventually, in either order and from any goroutine: the backend may
+	// hold what it tracks the copy with until both have run.
+	UploadStaged(ctx context.Context, dst *Tensor, off int64, src []byte) (ready, landed func() error, err error)
+}
+
+// StagedUpload returns m's asynchronous copy engine with host-side waits,
+// if it has one.
+func StagedUpload(m Memory) (StagedUploader, bool) { return capability[StagedUploader](m) }
+
 // ManagedAllocator is a backend with unified (managed) memory: tensors
 // addressable from host and device whose pages the driver migrates on
 // demand or when prefetched. Prefetches are ordered with the backend's

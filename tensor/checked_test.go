@@ -2,6 +2,7 @@ package tensor_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -117,6 +118,18 @@ func (copyTimer) CopyStats() (int64, time.Duration, time.Duration) {
 	return 42, time.Second, time.Millisecond
 }
 
+// stagedUploader is a backend whose staged uploads copy at once.
+type stagedUploader struct{ memoryOnly }
+
+func (s stagedUploader) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (func() error, error) {
+	return func() error { return nil }, s.Upload(dst, off, src)
+}
+
+func (s stagedUploader) UploadStaged(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (ready, landed func() error, err error) {
+	ready, err = s.UploadAsync(ctx, dst, off, src)
+	return ready, ready, err
+}
+
 // computeDownloader is a backend whose DownloadComputed writes a mark, so
 // that a test tells it from Download.
 type computeDownloader struct{ memoryOnly }
@@ -192,6 +205,12 @@ func TestCheckedFront(t *testing.T) {
 	}
 	if _, ok := tensor.Pinned(b); ok {
 		t.Error("the CPU backend has pinned memory")
+	}
+	if _, ok := tensor.StagedUpload(tensor.Checked(stagedUploader{memoryOnly{cpu}})); !ok {
+		t.Error("StagedUpload does not find the staged uploads behind a front")
+	}
+	if _, ok := tensor.StagedUpload(b); ok {
+		t.Error("the CPU backend has staged uploads")
 	}
 	if _, _, err := tensor.FreeMemory(b); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("FreeMemory of the CPU backend: %v, want errors.ErrUnsupported", err)

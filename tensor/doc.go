@@ -21,7 +21,8 @@
 //     operands are their memory, and the limits of their kernels.
 //   - Optional capabilities, each a small interface with one helper that
 //     finds it, behind a Checked front too: Sync (Syncer), Pinned
-//     (PinnedAllocator), AsyncUpload (AsyncUploader), Managed
+//     (PinnedAllocator), AsyncUpload (AsyncUploader), StagedUpload
+//     (StagedUploader: copies the host can wait for), Managed
 //     (ManagedAllocator), FreeMemory (MemoryInfo), CopyStats (CopyTimer),
 //     Caching (CachingAllocator), and CheckedGrad for GradOps.
 //   - The registry of device drivers: a device package registers its

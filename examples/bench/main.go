@@ -405,8 +405,16 @@ type Result struct {
 	H2DGBps         float64            `json:"h2d_GBps"`
 	Overlap         float64            `json:"overlap"`
 	PeakDeviceBytes int64              `json:"peak_device_bytes"`
-	LoadSeconds     float64            `json:"load_s"`
-	Chunk           int                `json:"chunk"` // the prefill chunk
+	// StagingBytes is the pinned host memory of the pager's staging ring
+	// (the aggressive strategy's), in StagingSlots buffers, beside the
+	// host cache's PinnedHostBytes; StagedPerToken the bytes per decoded
+	// token that went through it.
+	StagingBytes    int64   `json:"staging_bytes,omitempty"`
+	StagingSlots    int     `json:"staging_slots,omitempty"`
+	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
+	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
+	LoadSeconds     float64 `json:"load_s"`
+	Chunk           int     `json:"chunk"` // the prefill chunk
 	// Hybrid is set for the CPU+GPU strategies (hybrid, cpu): the plan's
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
@@ -585,7 +593,8 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		}
 	}
 	e.MarkStep()
-	before := e.Stats().BytesHostToDevice
+	st0 := e.Stats()
+	before, staged0 := st0.BytesHostToDevice, st0.BytesStaged
 	experts0 := e.Experts()
 	cw := paging.StartCopyWindow(b)
 	busy0 := busyOf(sess)
@@ -605,6 +614,12 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.DecodeTokS = float64(o.decode) / el.Seconds()
 	st := e.Stats()
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
+	r.StagingBytes, r.StagingSlots, r.PinnedHostBytes = st.StagingBytes, st.StagingSlots, st.PinnedHostBytes
+	r.StagedPerToken = float64(st.BytesStaged-staged0) / float64(o.decode)
+	if r.StagingSlots > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer\n",
+			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), st.StagingWait.Round(time.Millisecond))
+	}
 	r.H2DGBps, r.Overlap = cw.End(b)
 	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
 	if x := e.Experts(); x != nil {

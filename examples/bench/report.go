@@ -194,8 +194,8 @@ func markdown(c *Ceilings, rows []Row) string {
 		fmt.Fprintf(&sb, "Ceilings on %s: host-to-device %.1f GB/s pinned, %.1f GB/s pageable (%s copies); device memory %.0f GB/s (read + write).\n\n",
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
-	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
-	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | host staging | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
+	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, r := range rows {
 		budget := "none"
 		if r.BudgetBytes > 0 {
@@ -228,9 +228,13 @@ func markdown(c *Ceilings, rows []Row) string {
 			}
 			return fmt.Sprintf("%.1f", v)
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %s | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		staging := "-"
+		if r.StagingSlots > 0 {
+			staging = fmt.Sprintf("%s pinned (%d buffers), %s/token", paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)))
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %s | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, launchCell(&r.Result), r.PrefillTokS["128"], r.PrefillTokS["512"],
-			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes),
+			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), staging,
 			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs)
 	}
 	return sb.String()
