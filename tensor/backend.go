@@ -79,7 +79,11 @@ type Kernels interface {
 	Embed(out, table *Tensor, ids []int32) error
 	// CopyRows copies n rows of src starting at row srcRow into dst starting
 	// at row dstRow; both have the same row length (the product of all but
-	// the first dimension) and dtype.
+	// the first dimension) and dtype. It is also the KV cache's append: src
+	// F32 and dst a cache dtype (IsCacheDType) other than F32 converts the
+	// rows on the way, F16 and BF16 rounded to nearest even, Q8_0 quantized
+	// block by block as quant.QuantizeQ8_0 does (the rows whole blocks);
+	// such a dst must not overlap src.
 	CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error
 	// Attention computes causal grouped-query attention (see Attn) into
 	// out [T, a.Heads*a.HeadDim] F32.
@@ -106,8 +110,9 @@ type Rotary struct {
 
 // Attn is causal grouped-query attention, for T queries at positions
 // Pos0..Pos0+T-1. Q is [T, Heads*HeadDim] F32; K and V are the caches
-// [maxPos, KVHeads*HeadDim] holding positions 0..Pos0+T-1, of one float
-// type (a backend may read only F32 caches, and says so with an error).
+// [maxPos, KVHeads*HeadDim] holding positions 0..Pos0+T-1, both of one
+// cache dtype (IsCacheDType: F32, F16, BF16, or Q8_0 with rows of whole
+// blocks; a backend may read fewer, and says so with an error).
 // Query row t sees positions 0..Pos0+t; query head h reads KV head
 // h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
 // (not NaN) and softmaxed in F32.
@@ -116,3 +121,11 @@ type Attn struct {
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
 }
+
+// IsCacheDType reports whether a KV cache may be stored in dt: F32, F16,
+// BF16, or Q8_0, ggml's blocks of 32 values with one F16 scale each
+// (34 bytes: 8.5 bits a value), laid along a cache row, so that a head of
+// 32 or more dimensions (a multiple of 32) has scales of its own and
+// smaller heads share blocks. Attention reads such caches; CopyRows
+// appends F32 rows to them.
+func IsCacheDType(dt DType) bool { return dt == F32 || dt == F16 || dt == BF16 || dt == Q8_0 }
