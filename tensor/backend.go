@@ -116,10 +116,16 @@ type Rotary struct {
 // Query row t sees positions 0..Pos0+t; query head h reads KV head
 // h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
 // (not NaN) and softmaxed in F32.
+//
+// A backend may compute the products of scores and values with inputs
+// rounded to F16 or BF16 (tensor cores) and F32 accumulation, an error of
+// about 1e-3 relative; Precise asks for F32 throughout, as training's
+// forward does (its gradients are held to an F32 reference).
 type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
+	Precise                       bool
 }
 
 // IsCacheDType reports whether a KV cache may be stored in dt: F32, F16,
