@@ -339,11 +339,15 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 }
 
 // CopyRows copies n rows of src from row srcRow into dst from row dstRow;
-// same dtype and row length; dst and src may be the same tensor.
+// same dtype and row length; dst and src may be the same tensor. F32 rows
+// into an F16, BF16 or Q8_0 cache are converted (kvAppend).
 func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
 	const op = "CopyRows"
 	if err := b.devices(op, []string{"dst", "src"}, dst, src); err != nil {
 		return err
+	}
+	if dst.DType() != src.DType() {
+		return b.kvAppend(dst, dstRow, src, srcRow, n)
 	}
 	rb := dst.Shape()[1:].NumElements() * int64(dst.DType().Size())
 	if dst.DType().IsQuantized() { // Size is 0: a row is whole blocks
@@ -369,6 +373,30 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
 		return nil
+	})
+}
+
+// kvAppend writes n F32 rows of src from row srcRow into the cache dst
+// from row dstRow, rounded to F16 or BF16 (the cast kernels) or quantized
+// to Q8_0 blocks as quant.QuantizeQ8_0 does (kv_append_q8_0).
+func (b *Backend) kvAppend(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
+	const op = "CopyRows"
+	width := dst.Shape()[1:].NumElements()
+	elems := int64(n) * width
+	if elems == 0 {
+		return nil
+	}
+	sp := src.Ptr() + uintptr(int64(srcRow)*width*4)
+	return b.ops(op, func() error {
+		switch dst.DType() {
+		case tensor.F16, tensor.BF16:
+			dp := dst.Ptr() + uintptr(int64(dstRow)*width*2)
+			return b.run1D("cast_f32_"+suffix(dst.DType()), elems, new(args).ptr(dp).ptr(sp).i64(elems))
+		case tensor.Q8_0:
+			dp := dst.Ptr() + uintptr(int64(dstRow)*width/32*34)
+			return b.run1D("kv_append_q8_0", elems/32, new(args).ptr(dp).ptr(sp).i64(elems/32))
+		}
+		return fmt.Errorf("cuda: %s: no conversion from %v to %v", op, src.DType(), dst.DType())
 	})
 }
 
@@ -416,30 +444,119 @@ func (b *Backend) copyOverlapping(op string, d0, s0 uintptr, bytes, rb int64) er
 // registers (32 lanes x ATT_PER in kernels/attention.cu).
 const maxHeadDim = 256
 
+// The attention kernels' choices (kernels/attention_split.cuh and
+// flash_attention.cuh).
+const (
+	// splitMaxRows is the most queries the decode kernel takes: it
+	// reads the cache once per query, the tiled kernel once per 64.
+	splitMaxRows = 4
+	// splitChunk is the fewest positions a block of the decode kernel
+	// walks; a cache of up to this many positions takes one pass.
+	splitChunk = 256
+	// splitMax is the most splits of a query's positions: longer caches
+	// take longer chunks, so the partials stay small.
+	splitMax = 128
+	// flashMinRows is the fewest queries the tiled prefill kernel takes.
+	flashMinRows = 16
+)
+
+// attnPlan is how Attention runs a call: its kernel, and for the decode
+// kernel the chunk and number of splits of each query's positions.
+type attnPlan struct {
+	kernel        string
+	chunk, splits int
+}
+
+// planAttention chooses Attention's kernel: for head dimensions of 64 and
+// 128 (flash) or 64, 128 and 256 (split), the tiled tensor-core kernel for
+// prefill of at least flashMinRows queries where the device has it
+// (compute capability 8.0), the split decode kernel for up to
+// splitMaxRows queries, splitting the positions when the cache is longer
+// than splitChunk; the one-block-a-query kernel otherwise. The vector
+// loads of the new kernels need q and the caches 16-byte aligned. A
+// precise call (tensor.Attn.Precise) never takes the tensor-core kernel.
+// has reports whether a kernel is loaded.
+func planAttention(t, headDim, pos0 int, dt tensor.DType, aligned, precise bool, has func(string) bool) attnPlan {
+	sfx := suffix(dt)
+	old := attnPlan{kernel: "attention_" + sfx}
+	if !aligned {
+		return old
+	}
+	d := fmt.Sprintf("_d%d", headDim)
+	if !precise && t >= flashMinRows && (headDim == 64 || headDim == 128) && has("flash_attention_"+sfx+d) {
+		return attnPlan{kernel: "flash_attention_" + sfx + d}
+	}
+	if t > splitMaxRows || headDim != 64 && headDim != 128 && headDim != 256 {
+		return old
+	}
+	// Chunks of splitChunk positions (a 7B layer at 8,192 positions: 32
+	// splits of 32 heads, about 8 blocks an SM, each with two steps of
+	// loads in flight a warp), at most splitMax of them.
+	n := pos0 + t // the longest query's positions
+	splits := min((n+splitChunk-1)/splitChunk, splitMax)
+	chunk := (n + splits - 1) / splits
+	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: chunk, splits: splits}
+}
+
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the caches k and v. The caches may be
-// F32, F16 or BF16 (both the same); softmax is F32. The kernel holds a head
-// of at most maxHeadDim dimensions and takes at most 65535 queries a call.
+// F32, F16, BF16 or Q8_0 (both the same); softmax is F32. planAttention
+// chooses the kernel: tiled with tensor cores for prefill, split across
+// the sequence for decode over long caches, one block a query otherwise
+// (which holds a head of at most maxHeadDim dimensions and takes at most
+// 65535 queries a call).
 func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 	const op = "Attention"
-	q, k, v, heads, kvHeads, headDim, pos0, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Pos0, at.Scale
+	q, k, v, headDim, pos0 := at.Q, at.K, at.V, at.HeadDim, at.Pos0
 	if headDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, headDim, maxHeadDim)
-	}
-	t := q.Shape()[0]
-	if t > 65535 {
-		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}
 	if err := b.devices(op, []string{"out", "q", "k", "v"}, out, q, k, v); err != nil {
 		return err
 	}
+	t := q.Shape()[0]
 	if t == 0 {
 		return nil
 	}
-	return b.ops(op, func() error {
-		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
-		return b.run("attention_"+suffix(k.DType()), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
-	})
+	aligned := q.Ptr()%16 == 0 && k.Ptr()%16 == 0 && v.Ptr()%16 == 0 && out.Ptr()%16 == 0
+	plan := planAttention(t, headDim, pos0, k.DType(), aligned, at.Precise, func(name string) bool { _, ok := b.kernels[name]; return ok })
+	if plan.kernel == "attention_"+suffix(k.DType()) && t > 65535 {
+		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
+	}
+	return b.ops(op, func() error { return b.attention(out, at, plan) })
+}
+
+// attention launches plan's kernels; the caller holds opsMu.
+func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) error {
+	q, k, v, heads, kvHeads, headDim, pos0, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Pos0, at.Scale
+	t := q.Shape()[0]
+	switch {
+	case strings.HasPrefix(plan.kernel, "flash_"):
+		const rows = 64 // FA_BR
+		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(t).i32(heads).i32(kvHeads).i32(pos0).f32(scale)
+		return b.run(plan.kernel, [3]uint32{uint32((t + rows - 1) / rows), uint32(heads), 1}, [3]uint32{128, 1, 1}, a)
+	case strings.HasPrefix(plan.kernel, "attention_split_"):
+		grid := [3]uint32{uint32(heads), uint32(t), uint32(plan.splits)}
+		block := [3]uint32{128, 1, 1} // SPLIT_WARPS
+		if plan.splits == 1 {
+			a := new(args).ptr(out.Ptr()).ptr(0).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk)
+			return b.run(plan.kernel, grid, block, a)
+		}
+		n := int64(heads) * int64(t) * int64(plan.splits) * int64(headDim+2) * 4
+		part, release, err := b.scratch("Attention", n)
+		if err != nil {
+			return err
+		}
+		defer release() // stream order keeps the partials for the merge
+		a := new(args).ptr(out.Ptr()).ptr(part).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk)
+		if err := b.run(plan.kernel, grid, block, a); err != nil {
+			return err
+		}
+		m := new(args).ptr(out.Ptr()).ptr(part).i32(heads).i32(plan.splits)
+		return b.run(fmt.Sprintf("attention_merge_d%d", headDim), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{uint32(headDim), 1, 1}, m)
+	}
+	a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
+	return b.run(plan.kernel, [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
 }
 
 // Argmax returns, for each row of x (F32 [rows, n], or [n] as one row),
