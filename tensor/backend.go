@@ -1,6 +1,10 @@
 package tensor
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // ErrOutOfMemory is returned (wrapped) when a backend or a budget cannot
 // satisfy an allocation. Callers branch on it with errors.Is.
@@ -135,3 +139,19 @@ type Attn struct {
 // smaller heads share blocks. Attention reads such caches; CopyRows
 // appends F32 rows to them.
 func IsCacheDType(dt DType) bool { return dt == F32 || dt == F16 || dt == BF16 || dt == Q8_0 }
+
+// ParseCacheDType reads a KV cache dtype by name: f32, f16, bf16 or q8_0
+// (any case); "" is F32.
+func ParseCacheDType(s string) (DType, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "f32":
+		return F32, nil
+	case "f16":
+		return F16, nil
+	case "bf16":
+		return BF16, nil
+	case "q8_0":
+		return Q8_0, nil
+	}
+	return Invalid, fmt.Errorf("tensor: unknown KV cache dtype %q (want f32, f16, bf16 or q8_0)", s)
+}
