@@ -195,13 +195,14 @@ memory:
   max_host_memory: 16GiB
   memory_mode: unified-noprefetch
   expert_policy: lfu
+  kv_dtype: q8_0
 `)
 	fc, err := LoadConfigFile(good)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := fc.Memory
-	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" || m.ExpertPolicy != "lfu" {
+	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" || m.ExpertPolicy != "lfu" || m.KVDType != "q8_0" {
 		t.Errorf("%+v", m)
 	}
 	if n, err := ParseSize(m.MaxGPUMemory); err != nil || n != 3758096384 {
@@ -226,6 +227,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"size", "memory:\n  max_gpu_memory: lots\n", []string{"max_gpu_memory", "lots"}},
 		{"mode", "memory:\n  memory_mode: magic\n", []string{"memory_mode", "magic"}},
 		{"expert policy", "memory:\n  expert_policy: fifo\n", []string{"expert_policy", "fifo"}},
+		{"kv dtype", "memory:\n  kv_dtype: q4_0\n", []string{"kv_dtype", "q4_0"}},
 		{"key", "memory:\n  offload_strategy: none\n  max_gpu_mem: 3GiB\n", []string{"line 3", `unknown key "max_gpu_mem"`}},
 		{"fraction", "memory:\n  gpu_memory_fraction: 2\n", []string{"gpu_memory_fraction"}},
 		{"syntax", "memory: [\n", []string{"yaml"}},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/internal/oneline"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // MemoryMode says how weights reach the device.
@@ -55,6 +56,9 @@ type MemoryConfig struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture of
 	// experts: lru or lfu (ParseExpertPolicy).
 	ExpertPolicy string `yaml:"expert_policy"`
+	// KVDType is the stored dtype of the KV cache: f32 (the default),
+	// f16, bf16 or q8_0 (tensor.ParseCacheDType).
+	KVDType string `yaml:"kv_dtype"`
 }
 
 // ParseCPULayers reads a cpu_layers value: "auto" (or empty) is 0, which
@@ -222,6 +226,9 @@ func (m *MemoryConfig) Validate() error {
 	}
 	if _, err := ParseExpertPolicy(m.ExpertPolicy); err != nil {
 		return fmt.Errorf("memory.expert_policy: %w", err)
+	}
+	if _, err := tensor.ParseCacheDType(m.KVDType); err != nil {
+		return fmt.Errorf("memory.kv_dtype: %w", err)
 	}
 	if m.CPUThreads != "" {
 		if n, err := strconv.Atoi(strings.TrimSpace(m.CPUThreads)); err != nil || n < 0 {

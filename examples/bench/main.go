@@ -56,8 +56,9 @@ func main() {
 
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut string
-	prefill, hostLimit                                  string
+	prefill, hostLimit, kvDType                         string
 	decode, warmup, threads, chunk                      int
+	kv                                                  tensor.DType // kvDType parsed
 	ceilings                                            bool
 }
 
@@ -74,6 +75,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.chunk, "chunk", 512, "prefill chunk")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
+	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
@@ -102,6 +104,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	case o.threads < 0:
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
 	}
+	kv, err := tensor.ParseCacheDType(o.kvDType)
+	if err != nil {
+		return fmt.Errorf("-kv-dtype: %v", strings.TrimPrefix(err.Error(), "tensor: "))
+	}
+	o.kv = kv
 	var hostCache int64
 	if o.hostLimit != "" {
 		n, err := paging.ParseSize(o.hostLimit)
@@ -356,6 +363,7 @@ type Result struct {
 	BudgetBytes     int64              `json:"budget_bytes"`
 	Strategy        string             `json:"strategy,omitempty"`
 	Mode            string             `json:"mode,omitempty"`
+	KVDType         string             `json:"kv_dtype,omitempty"`
 	WeightBytes     int64              `json:"weight_bytes"`
 	StreamedBytes   int64              `json:"streamed_bytes"` // bytes that must cross the link per token
 	PrefillTokS     map[string]float64 `json:"prefill_tok_s"`
@@ -379,7 +387,7 @@ type Result struct {
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVDType: o.kv}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -392,7 +400,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	plan := e.Devices()[0].Plan
 	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 		Strategy: string(e.Strategy()), Mode: string(e.Mode()), WeightBytes: lm.WeightBytes(),
-		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode}
+		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, KVDType: e.KVDType().String()}
 	sess, err := e.NewSession()
 	if err != nil {
 		return nil, err

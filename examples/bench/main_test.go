@@ -25,6 +25,9 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-decode", "0"}, "-decode 0"},
 		{[]string{"-warmup", "-1"}, "-warmup -1"},
 		{[]string{"-chunk", "0"}, "-chunk 0"},
+		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_0"}, ""},
+		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "bf16"}, ""},
+		{[]string{"-kv-dtype", "int4"}, `-kv-dtype: unknown KV cache dtype "int4"`},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
