@@ -444,60 +444,6 @@ func (b *Backend) copyOverlapping(op string, d0, s0 uintptr, bytes, rb int64) er
 // registers (32 lanes x ATT_PER in kernels/attention.cu).
 const maxHeadDim = 256
 
-// The attention kernels' choices (kernels/attention_split.cuh and
-// flash_attention.cuh).
-const (
-	// splitMaxRows is the most queries the decode kernel takes: it
-	// reads the cache once per query, the tiled kernel once per 64.
-	splitMaxRows = 4
-	// splitChunk is the fewest positions a block of the decode kernel
-	// walks; a cache of up to this many positions takes one pass.
-	splitChunk = 256
-	// splitMax is the most splits of a query's positions: longer caches
-	// take longer chunks, so the partials stay small.
-	splitMax = 128
-	// flashMinRows is the fewest queries the tiled prefill kernel takes.
-	flashMinRows = 16
-)
-
-// attnPlan is how Attention runs a call: its kernel, and for the decode
-// kernel the chunk and number of splits of each query's positions.
-type attnPlan struct {
-	kernel        string
-	chunk, splits int
-}
-
-// planAttention chooses Attention's kernel: for head dimensions of 64 and
-// 128 (flash) or 64, 128 and 256 (split), the tiled tensor-core kernel for
-// prefill of at least flashMinRows queries where the device has it
-// (compute capability 8.0), the split decode kernel for up to
-// splitMaxRows queries, splitting the positions when the cache is longer
-// than splitChunk; the one-block-a-query kernel otherwise. The vector
-// loads of the new kernels need q and the caches 16-byte aligned. A
-// precise call (tensor.Attn.Precise) never takes the tensor-core kernel.
-// has reports whether a kernel is loaded.
-func planAttention(t, headDim, pos0 int, dt tensor.DType, aligned, precise bool, has func(string) bool) attnPlan {
-	sfx := suffix(dt)
-	old := attnPlan{kernel: "attention_" + sfx}
-	if !aligned {
-		return old
-	}
-	d := fmt.Sprintf("_d%d", headDim)
-	if !precise && t >= flashMinRows && (headDim == 64 || headDim == 128) && has("flash_attention_"+sfx+d) {
-		return attnPlan{kernel: "flash_attention_" + sfx + d}
-	}
-	if t > splitMaxRows || headDim != 64 && headDim != 128 && headDim != 256 {
-		return old
-	}
-	// Chunks of splitChunk positions (a 7B layer at 8,192 positions: 32
-	// splits of 32 heads, about 8 blocks an SM, each with two steps of
-	// loads in flight a warp), at most splitMax of them.
-	n := pos0 + t // the longest query's positions
-	splits := min((n+splitChunk-1)/splitChunk, splitMax)
-	chunk := (n + splits - 1) / splits
-	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: chunk, splits: splits}
-}
-
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the caches k and v. The caches may be
 // F32, F16, BF16 or Q8_0 (both the same); softmax is F32. planAttention

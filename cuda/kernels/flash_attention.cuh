@@ -29,28 +29,43 @@
 #define FA_BC 32  // keys a tile
 #define FA_THREADS 128
 
+#ifndef __CUDA_ARCH__
+// The host harness (testdata/attnhost.cpp) computes a warp's mma.sync from
+// the fragments of its 32 lanes.
+void fa_host_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, bool bf);
+#endif
+
 // to_mul rounds f to the multipliers' type (nearest even); pack2 rounds
 // two, a into the low half (the lower column of a fragment).
 __device__ __forceinline__ uint16_t to_mul(float f, bool bf) {
+#ifdef __CUDA_ARCH__
 	uint16_t r;
 	if (bf)
 		asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
 	else
 		asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
 	return r;
+#else
+	return bf ? bf16_from_f32(f).bits : __half_as_ushort(__float2half_rn(f));
+#endif
 }
 
 __device__ __forceinline__ uint32_t pack2(float a, float b, bool bf) {
+#ifdef __CUDA_ARCH__
 	uint32_t r;
 	if (bf)
 		asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
 	else
 		asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
 	return r;
+#else
+	return (uint32_t)to_mul(a, bf) | ((uint32_t)to_mul(b, bf) << 16);
+#endif
 }
 
 template <bool BF>
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#ifdef __CUDA_ARCH__
 	if (BF) {
 		asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 		    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -60,6 +75,9 @@ __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32
 		    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 		    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 	}
+#else
+	fa_host_mma(c, a, b0, b1, BF);
+#endif
 }
 
 template <typename KV, int D, bool BF>

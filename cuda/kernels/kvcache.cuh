@@ -8,6 +8,18 @@
 
 #include "common.cuh"
 
+// KV_CHECK(p, n, align) is nothing on the device. The host harness
+// (testdata/attnhost.cpp) runs the kernels' bodies on the CPU and defines
+// kvhost_check, which counts a read of n bytes at p outside the cache rows
+// written so far, or not aligned to align bytes, as the GPU would fault on
+// or read garbage from.
+#ifdef __CUDA_ARCH__
+#define KV_CHECK(p, n, align)
+#else
+void kvhost_check(const void* p, int n, int align);
+#define KV_CHECK(p, n, align) kvhost_check(p, n, align)
+#endif
+
 // q8_0 names a Q8_0 cache, read as bytes.
 struct q8_0 {
 	uint8_t b;
@@ -17,9 +29,13 @@ template <typename KV>
 struct kv_cache {
 	const KV* p;
 	long long stride;  // elements a row
-	__device__ __forceinline__ float at(long long row, int e) const { return to_f32(p[row * stride + e]); }
+	__device__ __forceinline__ float at(long long row, int e) const {
+		KV_CHECK(p + row * stride + e, sizeof(KV), sizeof(KV));
+		return to_f32(p[row * stride + e]);
+	}
 	__device__ __forceinline__ void load8(long long row, int e, float f[8]) const {
 		const KV* r = p + row * stride + e;
+		KV_CHECK(r, 8 * sizeof(KV), sizeof(KV));
 #pragma unroll
 		for (int i = 0; i < 8; i++) f[i] = to_f32(r[i]);
 	}
@@ -28,6 +44,7 @@ struct kv_cache {
 template <>
 __device__ __forceinline__ void kv_cache<float>::load8(long long row, int e, float f[8]) const {
 	const float4* r = (const float4*)(p + row * stride + e);
+	KV_CHECK(r, 32, 16);
 	const float4 a = r[0], b = r[1];
 	f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
@@ -48,11 +65,13 @@ __device__ __forceinline__ void unpack8_16(uint4 u, float f[8], bool bf) {
 
 template <>
 __device__ __forceinline__ void kv_cache<__half>::load8(long long row, int e, float f[8]) const {
+	KV_CHECK(p + row * stride + e, 16, 16);
 	unpack8_16(*(const uint4*)(p + row * stride + e), f, false);
 }
 
 template <>
 __device__ __forceinline__ void kv_cache<bf16>::load8(long long row, int e, float f[8]) const {
+	KV_CHECK(p + row * stride + e, 16, 16);
 	unpack8_16(*(const uint4*)(p + row * stride + e), f, true);
 }
 
@@ -65,13 +84,17 @@ struct kv_cache<q8_0> {
 	}
 	__device__ __forceinline__ float at(long long row, int e) const {
 		const uint8_t* b = block(row, e);
+		KV_CHECK(b, 2, 2);
+		KV_CHECK(b + 2 + (e & 31), 1, 1);
 		return __half2float(*(const __half*)b) * (float)(int8_t)b[2 + (e & 31)];
 	}
 	// Blocks sit at even offsets: the scale and the 8 values come in 16-bit loads.
 	__device__ __forceinline__ void load8(long long row, int e, float f[8]) const {
 		const uint8_t* b = block(row, e);
+		KV_CHECK(b, 2, 2);
 		const float d = __half2float(*(const __half*)b);
 		const unsigned short* v = (const unsigned short*)(b + 2 + (e & 31));
+		KV_CHECK(v, 8, 2);
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			const unsigned short w = v[i];
