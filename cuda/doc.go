@@ -23,6 +23,13 @@
 //     accumulation, prefill through cuBLAS on weights dequantized to F16
 //     a block of rows at a time, Embed of quantized tables dequantized
 //     exactly;
+//   - attention over long contexts (ops.go's Attention, attnplan.go's
+//     choice): a tiled prefill kernel on tensor cores (mma.sync with F16,
+//     or BF16 for a BF16 cache, F32 softmax; PTX for compute capability
+//     8.0, loaded only where the device has it), a decode kernel that
+//     splits the cache's positions across blocks and merges their partial
+//     softmax, and the first kernel, one block a query, for the rest; KV
+//     caches in F32, F16, BF16 or Q8_0, appended by CopyRows;
 //   - the device's memory: a caching allocator, so that the decode loop
 //     does not call cuMemAlloc, reported as a tensor.CachingAllocator
 //     (AllocSize, Cached, Trim, and Fixed for the cuBLAS workspace) for a
@@ -35,7 +42,8 @@
 // dtypes, ranges, aliasing), which tensor.Checked checks in front of it, so
 // that its kernels check only what they need to stay inside memory of their
 // own (that every operand is live memory of this device) and their own
-// limits (a head of at most 256 dimensions, at most 65535 queries a call);
+// limits (a head of at most 256 dimensions, at most 65535 queries a call
+// to the one-block-a-query kernel);
 // models, layers and budgets; and who uses it: nothing imports it but
 // through the blank import of a main package.
 //
