@@ -136,8 +136,11 @@ __device__ void flash_prefill(float* out, const float* q, kv_cache<KV> K, kv_cac
 
 	for (int kb = 0; kb <= last; kb += FA_BC) {
 		__syncthreads();  // every warp is done with the previous tile
+		// A warp takes the 32 keys of 8 columns: its stores of the
+		// transposed V fill 16 banks' words, two lanes to a word, and its
+		// 16-byte stores of K four banks a lane, without conflicts.
 		for (int i = tid; i < FA_BC * D / 8; i += FA_THREADS) {
-			const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+			const int r = i % FA_BC, c = (i / FA_BC) * 8;
 			const int p = kb + r;
 			float kf[8], vf[8];
 			if (p <= last) {
