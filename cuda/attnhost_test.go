@@ -76,7 +76,7 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 			{128, 8, 1, 20, 5},
 		} {
 			c := &attnHostCase{dt: dt, d: s.d, heads: s.heads, kvHeads: s.kvHeads, t: s.t, pos0: s.pos0, maxPos: s.pos0 + s.t + 3}
-			c.plan = planAttention(s.t, s.d, s.pos0, dt, true, false, all)
+			c.plan = planAttention(s.t, s.heads, s.d, s.pos0, dt, true, false, all)
 			c.scale = float32(1 / math.Sqrt(float64(s.d)))
 			n, kw := s.pos0+s.t, s.kvHeads*s.d
 			c.q = uniform32(r, s.t*s.heads*s.d, -2, 2)

@@ -24,6 +24,10 @@ const (
 	splitMax = 128
 	// flashMinRows is the fewest queries the tiled prefill kernel takes.
 	flashMinRows = 16
+	// splitPartBytes bounds the split kernel's partial results (heads ×
+	// queries × splits records of headDim+2 floats), which live in the
+	// scratch arena: half of it.
+	splitPartBytes = 16 << 20
 )
 
 // attnPlan is how Attention runs a call: its kernel, and for the decode
@@ -42,7 +46,7 @@ type attnPlan struct {
 // loads of the new kernels need q and the caches 16-byte aligned. A
 // precise call (tensor.Attn.Precise) never takes the tensor-core kernel.
 // has reports whether a kernel is loaded.
-func planAttention(t, headDim, pos0 int, dt tensor.DType, aligned, precise bool, has func(string) bool) attnPlan {
+func planAttention(t, heads, headDim, pos0 int, dt tensor.DType, aligned, precise bool, has func(string) bool) attnPlan {
 	sfx := cacheSuffix(dt)
 	old := attnPlan{kernel: "attention_" + sfx}
 	if !aligned {
@@ -59,7 +63,7 @@ func planAttention(t, headDim, pos0 int, dt tensor.DType, aligned, precise bool,
 	// splits of 32 heads, about 8 blocks an SM, each with two steps of
 	// loads in flight a warp), at most splitMax of them.
 	n := pos0 + t // the longest query's positions
-	splits := min((n+splitChunk-1)/splitChunk, splitMax)
+	splits := min((n+splitChunk-1)/splitChunk, splitMax, max(1, splitPartBytes/(heads*t*(headDim+2)*4)))
 	chunk := (n + splits - 1) / splits
 	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: chunk, splits: splits}
 }

@@ -34,12 +34,18 @@ func TestPlanAttention(t *testing.T) {
 		{8000, 128, 0, tensor.F32, true, true, all, "attention_f32", 0},
 		{8000, 256, 0, tensor.F32, true, false, all, "attention_f32", 0},
 	} {
-		p := planAttention(c.t, c.headDim, c.pos0, c.dt, c.aligned, c.precise, c.has)
+		p := planAttention(c.t, 32, c.headDim, c.pos0, c.dt, c.aligned, c.precise, c.has)
 		if p.kernel != c.kernel || p.splits != c.splits {
 			t.Errorf("T=%d D=%d pos0=%d %v aligned=%v precise=%v: %s with %d splits, want %s with %d", c.t, c.headDim, c.pos0, c.dt, c.aligned, c.precise, p.kernel, p.splits, c.kernel, c.splits)
 		}
 		if p.splits > 0 && p.chunk*p.splits < c.pos0+c.t {
 			t.Errorf("T=%d pos0=%d: %d splits of %d positions miss some", c.t, c.pos0, p.splits, p.chunk)
 		}
+	}
+	// Many heads of 256 and 4 queries: the partials of 128 splits would
+	// pass the scratch arena's half (64·4·128·258·4 = 33.8 MB).
+	p := planAttention(4, 64, 256, 40000, tensor.F16, true, false, all)
+	if bytes := 64 * 4 * p.splits * 258 * 4; p.splits < 2 || bytes > splitPartBytes || p.chunk*p.splits < 40004 {
+		t.Errorf("64 heads of 256, 4 queries at 40000: %d splits of %d, %d bytes of partials (at most %d)", p.splits, p.chunk, bytes, splitPartBytes)
 	}
 }

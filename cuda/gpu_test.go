@@ -479,6 +479,14 @@ func attnTol(kernel string) float64 {
 func TestAttentionCaches(t *testing.T) {
 	b := openGPU(t)
 	has := func(name string) bool { _, ok := b.kernels[name]; return ok }
+	// The tensor-core kernels' PTX targets compute capability 8.0: loaded
+	// (JIT-compiled by the driver) on such devices, left out on older ones.
+	for _, name := range optionalKernels {
+		if want := b.info.Major >= 8; has(name) != want {
+			t.Errorf("compute capability %d.%d: kernel %s loaded = %v, want %v", b.info.Major, b.info.Minor, name, has(name), want)
+		}
+	}
+	t.Logf("compute capability %d.%d: tensor-core prefill kernels loaded: %v", b.info.Major, b.info.Minor, has(optionalKernels[0]))
 	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
 		for _, c := range []struct{ heads, kvHeads, headDim, pos0, t, maxPos int }{
 			{32, 8, 128, 1500, 1, 2048}, {8, 2, 64, 100, 17, 128}, {4, 4, 256, 0, 9, 16}, {2, 1, 96, 3, 2, 8},
@@ -494,7 +502,7 @@ func TestAttentionCaches(t *testing.T) {
 				v, vv := putCache(t, b, dt, c.maxPos, kw, uniform(r, filled, -1, 1))
 				out, _ := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, nanSlice(c.t*qw))
 				scale := float32(1 / math.Sqrt(float64(c.headDim)))
-				plan := planAttention(c.t, c.headDim, c.pos0, dt, true, false, has)
+				plan := planAttention(c.t, c.heads, c.headDim, c.pos0, dt, true, false, has)
 				if err := b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Pos0: c.pos0, Scale: scale}); err != nil {
 					t.Fatal(err)
 				}
@@ -606,7 +614,7 @@ func TestAttentionAgainstCPU(t *testing.T) {
 				for i, x := range outs[1] {
 					want[i] = float64(x)
 				}
-				plan := planAttention(c.t, headDim, c.pos0, dt, true, c.precise, has)
+				plan := planAttention(c.t, heads, headDim, c.pos0, dt, true, c.precise, has)
 				e := tensortest.RelErr(outs[0], want)
 				t.Logf("kernel %s (%d splits): against the CPU largest absolute difference %.3g, relative %.3g", plan.kernel, plan.splits, maxAbs(outs[0], want), e)
 				tol := attnTol(plan.kernel)
@@ -1288,7 +1296,7 @@ func TestEmbeddedKernels(t *testing.T) {
 			have[name] = true
 		}
 	}
-	for _, name := range requiredKernels {
+	for _, name := range append(append([]string(nil), requiredKernels...), optionalKernels...) {
 		if !have[name] {
 			t.Errorf("kernel %s is not in the embedded PTX; run make cuda-ptx", name)
 		}

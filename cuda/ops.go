@@ -465,7 +465,7 @@ func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 		return nil
 	}
 	aligned := q.Ptr()%16 == 0 && k.Ptr()%16 == 0 && v.Ptr()%16 == 0 && out.Ptr()%16 == 0
-	plan := planAttention(t, headDim, pos0, k.DType(), aligned, at.Precise, func(name string) bool { _, ok := b.kernels[name]; return ok })
+	plan := planAttention(t, at.Heads, headDim, pos0, k.DType(), aligned, at.Precise, func(name string) bool { _, ok := b.kernels[name]; return ok })
 	if plan.kernel == "attention_"+suffix(k.DType()) && t > 65535 {
 		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}
