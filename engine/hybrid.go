@@ -228,7 +228,10 @@ func (p *pinnedHost) Alloc(_ paging.Category, dt tensor.DType, shape tensor.Shap
 	if p.pa == nil {
 		return p.cpu.Alloc(dt, shape)
 	}
-	n := shape.NumElements() * int64(dt.Size())
+	n, err := dt.ShapeBytes(shape) // a Q8_0 KV cache's rows are whole blocks
+	if err != nil {
+		return nil, fmt.Errorf("engine: pinned host tensor: %w", err)
+	}
 	b, err := p.pa.AllocPinned(max(n, 1))
 	if err != nil {
 		return nil, err
