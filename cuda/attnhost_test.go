@@ -42,7 +42,9 @@ type attnHostCase struct {
 // the tiled one (F16: 4e-3, BF16: 2e-2); and no read outside the rows
 // written, none misaligned for its load. The shapes cut tiles and splits
 // short (odd T, positions not a multiple of the tile or chunk), start
-// chunks mid-cache (pos0 > 0), and group 1 to 8 query heads on a KV head.
+// chunks mid-cache (pos0 > 0), and group 1 to 8 query heads on a KV head
+// (the prefill kernel packs a group's heads as rows of its tiles: groups of
+// 3 put one query's rows in two warps).
 func TestAttentionKernelsOnHost(t *testing.T) {
 	nvcc, err := exec.LookPath("nvcc")
 	if err != nil {
@@ -74,6 +76,10 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 			{64, 2, 1, 130, 0},
 			{128, 2, 2, 70, 33},
 			{128, 8, 1, 20, 5},
+			// A group's heads packed as rows: groups of 3 and 4 cut
+			// warps and tiles mid-query.
+			{64, 6, 2, 21, 0},
+			{128, 8, 2, 37, 10},
 		} {
 			c := &attnHostCase{dt: dt, d: s.d, heads: s.heads, kvHeads: s.kvHeads, t: s.t, pos0: s.pos0, maxPos: s.pos0 + s.t + 3}
 			c.plan = planAttention(s.t, s.heads, s.d, s.pos0, dt, true, false, all)

@@ -480,7 +480,8 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 	case strings.HasPrefix(plan.kernel, "flash_"):
 		const rows = 64 // FA_BR
 		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(t).i32(heads).i32(kvHeads).i32(pos0).f32(scale)
-		return b.run(plan.kernel, [3]uint32{uint32((t + rows - 1) / rows), uint32(heads), 1}, [3]uint32{128, 1, 1}, a)
+		packed := t * (heads / kvHeads) // the rows of a KV head's group: each query of each of its heads
+		return b.run(plan.kernel, [3]uint32{uint32((packed + rows - 1) / rows), uint32(kvHeads), 1}, [3]uint32{128, 1, 1}, a)
 	case strings.HasPrefix(plan.kernel, "attention_split_"):
 		grid := [3]uint32{uint32(heads), uint32(t), uint32(plan.splits)}
 		block := [3]uint32{128, 1, 1} // SPLIT_WARPS

@@ -8,8 +8,10 @@
 // flash_attention_<kv>.cu instantiates it for one cache dtype (the PTX of
 // all four in one file would pass 100 KB).
 //
-// Block (i, h) owns 64 queries of head h (tiles taken from the last, the
-// longest, first) in 4 warps of 16 rows. It converts its queries, times
+// Block (i, kvh) owns 64 rows of KV head kvh's group of query heads: row R
+// is query R/group of head kvh*group + R%group, so that the group's heads
+// share each tile of K and V (tiles taken from the last, the longest,
+// first), in 4 warps of 16 rows. It converts its queries, times
 // the scale, to F16 in shared memory (BF16 where the cache is BF16), keeps
 // each warp's A fragments in registers, then walks the keys 32 at a time
 // up to its last query's position: each tile of K and V is read once from
@@ -17,8 +19,8 @@
 // memory, V transposed, and every warp computes its 16x32 scores S = Q·Kᵀ
 // with mma.sync (F32 accumulators), masks the keys after each row's
 // position in the tiles that cross the diagonal, updates its rows' online
-// softmax (max and sum in F32, in base 2, across the quad of lanes that hold a row),
-// and adds P·V with P rounded to the multiplier type. The T x T scores
+// softmax (max and sum in F32, in base 2, across the quad of lanes that
+// hold a row), and adds P·V with P rounded to the multiplier type. The T x T scores
 // never exist; the output is O / sum in F32. Keys past the last query's
 // position are loaded as zeros, so no unwritten cache row is read.
 #pragma once
@@ -90,17 +92,18 @@ __device__ void flash_prefill(float* out, const float* q, kv_cache<KV> K, kv_cac
 	__shared__ __align__(16) uint16_t sV[D * VS];
 
 	const int qt = gridDim.x - 1 - blockIdx.x;
-	const int h = blockIdx.y, kvh = h / (heads / kvHeads);
+	const int kvh = blockIdx.y, group = heads / kvHeads;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
-	const int t0 = qt * FA_BR;
+	const int r0 = qt * FA_BR;  // the block's first row
 	const long long qStride = (long long)heads * D;
 	const float qs = scale * 1.4426950408889634f;  // scores in base 2, for exp2f
 
 	for (int i = tid; i < FA_BR * D / 8; i += FA_THREADS) {
 		const int r = i / (D / 8), c = (i % (D / 8)) * 8;
 		float f[8];
-		if (t0 + r < T) {
-			const float4* p = (const float4*)(q + (t0 + r) * qStride + (long long)h * D + c);
+		const int t = (r0 + r) / group, h = kvh * group + (r0 + r) % group;
+		if (t < T) {
+			const float4* p = (const float4*)(q + t * qStride + (long long)h * D + c);
 			const float4 a = p[0], b = p[1];
 			f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 		} else {
@@ -129,9 +132,10 @@ __device__ void flash_prefill(float* out, const float* q, kv_cache<KV> K, kv_cac
 #pragma unroll
 	for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 	float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-	const int wpos = pos0 + t0 + warp * 16;  // the warp's first row's position
-	const int rowpos[2] = {wpos + g, wpos + g + 8};
-	const int last = pos0 + min(t0 + FA_BR, T) - 1;  // the last key a row of the block sees
+	const int wr = r0 + warp * 16;  // the warp's first row
+	const int wpos = pos0 + wr / group, wend = pos0 + (wr + 15) / group;  // its rows' first and last positions
+	const int rowpos[2] = {pos0 + (wr + g) / group, pos0 + (wr + g + 8) / group};
+	const int last = pos0 + min((r0 + FA_BR - 1) / group, T - 1);  // the last key a row of the block sees
 	const int e0 = kvh * D;
 
 	for (int kb = 0; kb <= last; kb += FA_BC) {
@@ -160,7 +164,7 @@ __device__ void flash_prefill(float* out, const float* q, kv_cache<KV> K, kv_cac
 			for (int j = 0; j < 8; j++) sV[(c + j) * VS + r] = to_mul(vf[j], BF);
 		}
 		__syncthreads();
-		if (kb > wpos + 15) continue;  // every key of the tile is after this warp's rows
+		if (kb > wend) continue;  // every key of the tile is after this warp's rows
 
 		float s[FA_BC / 8][4];
 #pragma unroll
@@ -224,7 +228,7 @@ __device__ void flash_prefill(float* out, const float* q, kv_cache<KV> K, kv_cac
 	}
 #pragma unroll
 	for (int r = 0; r < 2; r++) {
-		const int t = t0 + warp * 16 + g + 8 * r;
+		const int row = wr + g + 8 * r, t = row / group, h = kvh * group + row % group;
 		if (t >= T) continue;
 		const float inv = 1.0f / l[r];
 		float* orow = out + t * qStride + (long long)h * D + tig * 2;

@@ -215,7 +215,7 @@ static void run(int op, int D, int heads, int kvHeads, int T, int pos0, int maxP
 		break;
 #define FLASH(DD, BF)                                                                                                              \
 	case DD:                                                                                                                   \
-		launch(dim3((T + FA_BR - 1) / FA_BR, heads, 1), FA_THREADS, [&] {                                                  \
+		launch(dim3((T * (heads / kvHeads) + FA_BR - 1) / FA_BR, kvHeads, 1), FA_THREADS, [&] {                            \
 			flash_prefill<KV, DD, BF>(out, q, kv_cache<KV>{kp, (long long)kvHeads * DD}, kv_cache<KV>{vp, (long long)kvHeads * DD}, T, \
 						  heads, kvHeads, pos0, scale);                                                     \
 		});                                                                                                        \
