@@ -479,6 +479,33 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 	})
 }
 
+// DownloadCompute copies src into dst after the compute work queued
+// before it has finished, not waiting for UploadAsync copies in flight
+// (tensor.ComputeDownloader): a CPU attending over a host KV cache gets its
+// queries while the pager's prefetches keep streaming.
+func (b *Backend) DownloadCompute(dst []byte, src *tensor.Tensor) error {
+	const op = "DownloadCompute"
+	if err := b.device(op, "src", src); err != nil {
+		return err
+	}
+	if int64(len(dst)) != src.NumBytes() {
+		return fmt.Errorf("cuda: %s: destination has %d bytes, %v has %d", op, len(dst), src, src.NumBytes())
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		err := cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
+		if err == nil {
+			err = b.compute.Synchronize()
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+		}
+		return nil
+	})
+}
+
 // Sync waits for all queued work on both streams and reports the first
 // asynchronous error (a faulting kernel, say).
 func (b *Backend) Sync() error {

@@ -115,6 +115,7 @@ var requiredKernels = func() []string {
 		}
 	}
 	k = append(k, "attention_q8_0", "attention_merge_d64", "attention_merge_d128", "attention_merge_d256", "kv_append_q8_0")
+	k = append(k, "kv_write_blocks_f32", "attention_blocks_f32")
 	k = append(k, "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
 	// The backward kernels (grad.go; kernels/grad.cu, kernels/attention_grad*).
 	for _, t := range []string{"f32", "f16", "bf16"} {

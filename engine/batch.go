@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // Request is one generation: a prompt's token ids and how to continue it.
@@ -61,6 +64,17 @@ type BatchOptions struct {
 	// MaxQueue holds at most this many requests waiting (0: 64); beyond
 	// it Submit returns ErrBusy.
 	MaxQueue int
+	// StepTokens is the most tokens one step runs, all the sequences'
+	// together: the decode rows first, then prompt chunks up to it (0:
+	// the engine's chunk, and at least MaxSequences).
+	StepTokens int
+	// BlockSize is the positions of a KV block (0: nn.DefaultBlockSize).
+	BlockSize int
+	// KVBlocks is the size of the KV pool in blocks, allocated when the
+	// batcher starts from the devices' budgets (0: enough for one
+	// sequence of the engine's context, the room the engine's plans keep
+	// for a session's KV cache).
+	KVBlocks int
 }
 
 // BatchStats are a batcher's counters and gauges.
@@ -68,18 +82,41 @@ type BatchStats struct {
 	Running, Queued           int
 	Requests, Rejected        int64
 	PromptTokens, GenTokens   int64
-	Steps                     int64
+	Steps                     int64 // the steps that ran a forward
 	BatchSizeSum              int64 // over steps: the mean batch size is BatchSizeSum/Steps
 	TimeToFirstToken, PerStep time.Duration
+	// BatchSize is the number of sequences of the last step, StepRows its
+	// tokens.
+	BatchSize, StepRows int
+	// KVBlocks and KVBlocksFree are the KV pool's blocks, and those no
+	// request holds; BlockSize their positions.
+	KVBlocks, KVBlocksFree, BlockSize int
+	// InterTokenLatency is the last generated token's time since its
+	// request's previous one. TimeToFirstToken is the last request's time
+	// from Submit to its first token.
+	InterTokenLatency time.Duration
+	// FirstTokens and TimeToFirstTokenSum, InterTokens and
+	// InterTokenLatencySum give the means.
+	FirstTokens, InterTokens                  int64
+	TimeToFirstTokenSum, InterTokenLatencySum time.Duration
 }
 
-// Batcher runs many requests over one engine. This first version runs the
-// requests that are running one decode step each in turn, each with its
-// own session; a batched forward (one pass over the layers for every
-// running sequence) takes its place behind the same API.
+// Batcher runs many requests over one engine, batched: each step runs the
+// model's layers once for one row of every decoding request plus chunks
+// of the prompts of requests that are starting, up to StepTokens rows
+// (nn.Batch). On the CPU a request's tokens are the same, bit for bit,
+// whatever the other requests of its steps.
+//
+// Admission reserves, for each request, the KV blocks of its prompt plus
+// its MaxTokens (the whole context when MaxTokens is 0) before it runs: a
+// running request never runs out of KV blocks, so no batch is preempted
+// or runs out of memory mid-way. A request whose reservation does not fit
+// in the free blocks waits in the queue, first come first served; one
+// that could not fit even in an empty pool is refused with ErrBusy.
 type Batcher struct {
-	e    *Engine
-	opts BatchOptions
+	e     *Engine
+	opts  BatchOptions
+	batch *nn.Batch
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -95,16 +132,19 @@ type job struct {
 	ctx     context.Context
 	req     Request
 	out     chan Token
-	sess    Session
+	seq     *nn.Seq
 	sampler *nn.Sampler
 	stop    map[int32]bool
-	logits  []float32
+	limit   int   // the tokens it may generate
+	fed     int   // prompt tokens run so far
+	next    int32 // the token to run next, once the prompt has run
 	gen     int
 	start   time.Time
-	first   bool
+	last    time.Time // when its previous token was sent
 }
 
-// NewBatcher starts a batcher over the engine; Close stops it.
+// NewBatcher starts a batcher over the engine, allocating its KV pool;
+// Close stops it and frees the pool. Close the batcher before the engine.
 func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	if o.MaxSequences <= 0 {
 		o.MaxSequences = 8
@@ -112,7 +152,38 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	if o.MaxQueue <= 0 {
 		o.MaxQueue = 64
 	}
-	b := &Batcher{e: e, opts: o, done: make(chan struct{})}
+	if o.StepTokens <= 0 {
+		o.StepTokens = max(e.chunk, o.MaxSequences)
+	}
+	if o.StepTokens < o.MaxSequences {
+		return nil, fmt.Errorf("engine: batcher of %d tokens a step for %d sequences: each needs a row", o.StepTokens, o.MaxSequences)
+	}
+	if o.BlockSize < 0 || o.KVBlocks < 0 {
+		return nil, fmt.Errorf("engine: batcher with blocks of %d positions, %d blocks", o.BlockSize, o.KVBlocks)
+	}
+	if dt := e.kvDType(); dt != tensor.F32 {
+		// The plans counted the sessions' cache in dt; the pool's blocks
+		// would not fit what they reserved.
+		return nil, fmt.Errorf("engine: the batcher's KV pool is F32 (tensor.AttentionBlocks reads F32 pools); a KV cache in %v is for sessions", dt)
+	}
+	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks}
+	var nb *nn.Batch
+	var err error
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		err = errors.New("engine: closed")
+	case e.model != nil:
+		nb, err = e.model.NewBatch(bo)
+	default:
+		nb, err = e.pipeline.NewBatch(bo)
+	}
+	e.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("engine: batcher: %w", err)
+	}
+	b := &Batcher{e: e, opts: o, batch: nb, done: make(chan struct{})}
+	b.st.KVBlocks, b.st.KVBlocksFree, b.st.BlockSize = nb.Blocks(), nb.FreeBlocks(), nb.BlockSize()
 	b.cond = sync.NewCond(&b.mu)
 	go b.loop()
 	return b, nil
@@ -121,13 +192,17 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 // Submit queues a request and returns its stream of tokens, which ends
 // with a Token whose Done is set and is then closed. Cancelling ctx ends
 // the request at the next step. A prompt that cannot fit is
-// ErrPromptTooLong; a full queue ErrBusy; a closing batcher ErrDraining.
+// ErrPromptTooLong; a full queue, or a request whose KV reservation is
+// larger than the whole pool, ErrBusy; a closing batcher ErrDraining.
 func (b *Batcher) Submit(ctx context.Context, req Request) (<-chan Token, error) {
 	if len(req.Prompt) == 0 {
 		return nil, errors.New("engine: empty prompt")
 	}
 	if len(req.Prompt) >= b.e.Context() {
 		return nil, fmt.Errorf("%w: %d prompt tokens, the context holds %d positions", ErrPromptTooLong, len(req.Prompt), b.e.Context())
+	}
+	if req.MaxTokens < 0 {
+		return nil, fmt.Errorf("engine: max tokens %d", req.MaxTokens)
 	}
 	vocab := b.e.Config().VocabSize
 	for i, id := range req.Prompt {
@@ -139,7 +214,11 @@ func (b *Batcher) Submit(ctx context.Context, req Request) (<-chan Token, error)
 	if err != nil {
 		return nil, err
 	}
-	j := &job{ctx: ctx, req: req, out: make(chan Token, 16), sampler: sampler, stop: map[int32]bool{}, start: time.Now()}
+	limit := b.e.Context() - len(req.Prompt)
+	if req.MaxTokens > 0 {
+		limit = min(limit, req.MaxTokens)
+	}
+	j := &job{ctx: ctx, req: req, out: make(chan Token, streamBuffer), sampler: sampler, stop: map[int32]bool{}, limit: limit, start: time.Now()}
 	for _, id := range req.StopIDs {
 		j.stop[id] = true
 	}
@@ -157,12 +236,19 @@ func (b *Batcher) Submit(ctx context.Context, req Request) (<-chan Token, error)
 	case len(b.queue) >= b.opts.MaxQueue:
 		b.st.Rejected++
 		return nil, fmt.Errorf("%w: %d requests queued", ErrBusy, len(b.queue))
+	case b.batch.BlocksFor(j.positions()) > b.batch.Blocks():
+		b.st.Rejected++
+		return nil, fmt.Errorf("%w: %d positions need %d KV blocks of %d, the pool holds %d", ErrBusy, j.positions(), b.batch.BlocksFor(j.positions()), b.batch.BlockSize(), b.batch.Blocks())
 	}
 	b.queue = append(b.queue, j)
 	b.st.Requests++
 	b.cond.Broadcast()
 	return j.out, nil
 }
+
+// positions is what j reserves: its prompt and the tokens it may generate
+// but the last (which is sampled, never run).
+func (j *job) positions() int { return len(j.req.Prompt) + j.limit - 1 }
 
 // Stats returns the counters.
 func (b *Batcher) Stats() BatchStats {
@@ -174,7 +260,8 @@ func (b *Batcher) Stats() BatchStats {
 }
 
 // Close stops taking requests, lets the running and queued ones finish
-// (or end when ctx is done: they end with ctx's error), and stops.
+// (or end when ctx is done: they end with ErrDraining), frees the KV pool
+// and stops.
 func (b *Batcher) Close(ctx context.Context) error {
 	b.mu.Lock()
 	b.draining = true
@@ -194,6 +281,7 @@ func (b *Batcher) Close(ctx context.Context) error {
 // loop admits queued requests and steps the running ones.
 func (b *Batcher) loop() {
 	defer close(b.done)
+	defer b.batch.Close()
 	for {
 		b.mu.Lock()
 		for len(b.queue) == 0 && len(b.running) == 0 && !b.draining && !b.closed {
@@ -208,117 +296,184 @@ func (b *Batcher) loop() {
 			}
 			return
 		}
-		var admit []*job
-		for len(b.queue) > 0 && len(b.running)+len(admit) < b.opts.MaxSequences {
-			admit = append(admit, b.queue[0])
-			b.queue = b.queue[1:]
-		}
+		b.admit()
 		b.mu.Unlock()
-		for _, j := range admit {
-			s, err := b.e.NewSession()
-			if err != nil {
-				b.finish(j, "", fmt.Errorf("%w: %v", ErrBusy, err))
-				continue
-			}
-			j.sess = s
-			b.mu.Lock()
-			b.running = append(b.running, j)
-			b.mu.Unlock()
-		}
 		b.step()
 	}
 }
 
-// step runs one forward for each running request: its prompt first, then
-// one token at a time.
+// admit moves requests from the queue to the running set while there is
+// room, in order: the head of the queue waits for KV blocks rather than
+// let later, smaller requests pass it for ever. Requests cancelled while
+// queued end there. b.mu is held.
+func (b *Batcher) admit() {
+	keep := b.queue[:0]
+	for _, j := range b.queue {
+		if err := j.ctx.Err(); err != nil {
+			b.finish(j, "", err)
+			continue
+		}
+		keep = append(keep, j)
+	}
+	clear(b.queue[len(keep):])
+	b.queue = keep
+	for len(b.queue) > 0 && len(b.running) < b.opts.MaxSequences {
+		j := b.queue[0]
+		seq := b.batch.NewSeq()
+		if err := seq.Reserve(j.positions()); err != nil {
+			break // waits for blocks
+		}
+		j.seq = seq
+		b.queue = b.queue[1:]
+		b.running = append(b.running, j)
+	}
+	b.st.KVBlocksFree = b.batch.FreeBlocks()
+}
+
+// step runs one batched forward: a row for each request that is decoding,
+// then chunks of the prompts of those that are starting, up to
+// StepTokens; then samples, sends and ends requests.
 func (b *Batcher) step() {
 	b.mu.Lock()
 	running := append([]*job(nil), b.running...)
 	b.mu.Unlock()
 	t0 := time.Now()
-	var keep []*job
+	var works []nn.Work
+	var owners, ended []*job
+	budget := b.opts.StepTokens
 	for _, j := range running {
-		if done := b.advance(j); !done {
-			keep = append(keep, j)
+		if err := j.ctx.Err(); err != nil {
+			b.finish(j, "", err)
+			ended = append(ended, j)
+			continue
+		}
+		if j.fed == len(j.req.Prompt) && j.room() {
+			works, owners = append(works, nn.Work{Seq: j.seq, IDs: []int32{j.next}, Logits: true}), append(owners, j)
+			budget--
+		}
+	}
+	prompt := 0
+	for _, j := range running {
+		if budget == 0 {
+			break
+		}
+		if j.fed < len(j.req.Prompt) && j.ctx.Err() == nil && j.room() {
+			n := min(budget, len(j.req.Prompt)-j.fed)
+			works = append(works, nn.Work{Seq: j.seq, IDs: j.req.Prompt[j.fed : j.fed+n], Logits: j.fed+n == len(j.req.Prompt)})
+			owners = append(owners, j)
+			budget -= n
+			prompt += n
+		}
+	}
+	rows := b.opts.StepTokens - budget
+	if len(works) == 0 && len(ended) == 0 {
+		// Every running request waits for its reader: poll.
+		time.Sleep(time.Millisecond)
+	}
+	if len(works) > 0 {
+		logits, err := b.batch.Step(context.Background(), works)
+		if err != nil {
+			// A step that fails (a layer that could not be read, say) ends
+			// the requests in it.
+			for _, j := range owners {
+				b.finish(j, "", err)
+				ended = append(ended, j)
+			}
+		} else {
+			for i, j := range owners {
+				if !works[i].Logits {
+					j.fed += len(works[i].IDs)
+					continue
+				}
+				j.fed = len(j.req.Prompt)
+				if done := b.emit(j, logits[i]); done {
+					ended = append(ended, j)
+				}
+			}
 		}
 	}
 	b.mu.Lock()
-	b.running = keep
+	defer b.mu.Unlock()
+	b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
+	b.st.KVBlocksFree = b.batch.FreeBlocks()
+	if len(works) == 0 {
+		return
+	}
 	b.st.Steps++
-	b.st.BatchSizeSum += int64(len(running))
+	b.st.BatchSize, b.st.StepRows = len(works), rows
+	b.st.BatchSizeSum += int64(len(works))
+	b.st.PromptTokens += int64(prompt)
 	b.st.PerStep = time.Since(t0)
-	b.mu.Unlock()
 }
 
-// advance runs one forward of j and reports whether j has ended.
-func (b *Batcher) advance(j *job) bool {
-	if err := j.ctx.Err(); err != nil {
-		b.finish(j, "", err)
-		return true
+// emit samples j's next token from logits, sends it and reports whether j
+// has ended (and is finished).
+func (b *Batcher) emit(j *job, logits []float32) bool {
+	for _, v := range logits {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			b.finish(j, "", fmt.Errorf("engine: the logits of token %d hold a NaN or an infinity", j.gen+1))
+			return true
+		}
 	}
-	var err error
-	if j.logits == nil {
-		j.logits, err = j.sess.Forward(j.ctx, j.req.Prompt, false, nil)
-		b.mu.Lock()
-		b.st.PromptTokens += int64(len(j.req.Prompt))
-		b.mu.Unlock()
-	}
-	if err != nil {
-		b.finish(j, "", err)
-		return true
-	}
-	id := int32(j.sampler.Sample(j.logits))
+	id := int32(j.sampler.Sample(logits))
 	j.gen++
-	if !j.first {
-		j.first = true
-		b.mu.Lock()
-		b.st.TimeToFirstToken = time.Since(j.start)
-		b.mu.Unlock()
-	}
+	now := time.Now()
 	b.mu.Lock()
 	b.st.GenTokens++
+	if j.gen == 1 {
+		b.st.TimeToFirstToken = now.Sub(j.start)
+		b.st.TimeToFirstTokenSum += b.st.TimeToFirstToken
+		b.st.FirstTokens++
+	} else {
+		b.st.InterTokenLatency = now.Sub(j.last)
+		b.st.InterTokenLatencySum += b.st.InterTokenLatency
+		b.st.InterTokens++
+	}
 	b.mu.Unlock()
-	stopped := j.stop[id]
+	j.last = now
+	j.next = id
 	if !j.send(Token{ID: id, Emitted: true, PromptTokens: len(j.req.Prompt), GeneratedTokens: j.gen}) {
 		b.finish(j, "", j.ctx.Err())
 		return true
 	}
-	limit := b.e.Context() - len(j.req.Prompt)
-	if j.req.MaxTokens > 0 {
-		limit = min(limit, j.req.MaxTokens)
-	}
 	switch {
-	case stopped:
+	case j.stop[id]:
 		b.finish(j, FinishStop, nil)
 		return true
-	case j.gen >= limit:
+	case j.gen >= j.limit:
 		b.finish(j, FinishLength, nil)
-		return true
-	}
-	if j.logits, err = j.sess.Forward(j.ctx, []int32{id}, false, nil); err != nil {
-		b.finish(j, "", err)
 		return true
 	}
 	return false
 }
 
-// finish ends j's stream and frees its session.
+// finish ends j's stream and returns its KV blocks; it takes b.mu when j
+// holds blocks (a queued request holds none). The stream has room for the
+// last token: a request runs only while its stream has room for two.
 func (b *Batcher) finish(j *job, reason string, err error) {
-	if j.sess != nil {
-		j.sess.Close()
-		j.sess = nil
+	if j.seq != nil {
+		b.mu.Lock()
+		j.seq.Close()
+		j.seq = nil
+		b.st.KVBlocksFree = b.batch.FreeBlocks()
+		b.mu.Unlock()
 	}
 	j.send(Token{Done: true, Finish: reason, Err: err, PromptTokens: len(j.req.Prompt), GeneratedTokens: j.gen})
 	close(j.out)
 }
 
-// send passes t to the request's reader unless its context ends first (a
-// client that went away reads no more), and reports whether it did.
+// streamBuffer is the tokens a request's stream holds for its reader. A
+// request whose reader lags so far behind sits out the steps until it
+// reads: it never holds up the others.
+const streamBuffer = 16
+
+// room reports whether j's stream has room for a token and the last one,
+// so that the step may run j: the batcher never waits on a reader.
+func (j *job) room() bool { return len(j.out) <= cap(j.out)-2 }
+
+// send passes t to the request's stream, which has room for it (room), and
+// reports whether the request's context is still live.
 func (j *job) send(t Token) bool {
-	select {
-	case j.out <- t:
-		return true
-	case <-j.ctx.Done():
-		return false
-	}
+	j.out <- t
+	return j.ctx.Err() == nil
 }

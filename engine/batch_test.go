@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
 
 func collect(t *testing.T, ch <-chan Token) ([]int32, Token) {
@@ -90,5 +95,181 @@ func TestBatcher(t *testing.T) {
 	}
 	if _, err := b.Submit(context.Background(), Request{Prompt: []int32{1}}); !errors.Is(err, ErrDraining) {
 		t.Errorf("after Close: %v", err)
+	}
+}
+
+// budgetsUsed is the bytes in use on the engine's device budgets.
+func budgetsUsed(e *Engine) []int64 {
+	var u []int64
+	for _, b := range e.budgets {
+		u = append(u, b.Used())
+	}
+	return u
+}
+
+// TestBatcherMatchesAlone: on every fixture and on one device, two, a
+// budget that streams the layers (or pages the experts) and the hybrid
+// strategy (the CPU's layers and the fake GPU's), requests of random
+// prompt lengths and lengths, submitted in two waves so that some join
+// while others decode, with one cancelled mid-stream and one larger than
+// the KV pool, get the greedy ids each gets alone; the refused request is
+// ErrBusy, the cancelled one ends with its context's error; when they all
+// end every KV block is free, and after Close the budgets are back at
+// their values before the batcher.
+func TestBatcherMatchesAlone(t *testing.T) {
+	type config struct {
+		name     string
+		fixture  string
+		devices  int
+		hybrid   bool
+		strategy paging.Strategy
+		budget   func(t *testing.T, lm *loader.Model) int64
+		kvBlocks int // 0: the default, one context's worth
+	}
+	const ctxLen, block = 32, 4
+	var configs []config
+	for _, f := range []string{fixtures.TinyLlamaBF16, fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		configs = append(configs, config{name: "one device", fixture: f, devices: 1, kvBlocks: 6})
+	}
+	configs = append(configs,
+		config{name: "two devices", fixture: fixtures.TinyQwen3F16, devices: 2, kvBlocks: 6},
+		config{name: "streamed", fixture: fixtures.TinyLlamaF16Sharded, devices: 1, strategy: paging.StrategyBalanced,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+		config{name: "experts paged", fixture: fixtures.TinyQwen3MoEF16, devices: 1,
+			budget: func(t *testing.T, lm *loader.Model) int64 {
+				return expertBudget(t, lm, ctxLen, 8, lm.Config.MoE.ExpertsPerToken+2)
+			}},
+		config{name: "hybrid", fixture: fixtures.TinyLlamaF16Sharded, hybrid: true, strategy: paging.StrategyHybrid,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+	)
+	for _, tc := range configs {
+		t.Run(tc.name+"/"+tc.fixture, func(t *testing.T) {
+			lm := openFixture(t, tc.fixture)
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, Memory: Memory{Strategy: tc.strategy}}
+			if tc.hybrid {
+				gpu := newFakeGPU()
+				defer gpu.Close()
+				o.Backends, o.TwinMinTokens, o.Rates = []tensor.Backend{gpu}, 4, &testRates
+			}
+			if tc.budget != nil {
+				o.Memory.Budgets = []int64{tc.budget(t, lm)}
+			}
+			e, err := Open(context.Background(), lm, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if tc.hybrid && (e.Hybrid() == nil || len(e.Hybrid().Plan.CPULayers) == 0) {
+				t.Fatalf("no layer on the CPU under the hybrid strategy")
+			}
+			before := budgetsUsed(e)
+			b, err := e.NewBatcher(BatchOptions{MaxSequences: 4, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := b.Stats()
+			t.Logf("KV pool of %d blocks of %d positions", st.KVBlocks, st.BlockSize)
+			r := rand.New(rand.NewPCG(uint64(len(tc.name)), uint64(len(tc.fixture))))
+			vocab := lm.Config.VocabSize
+			var reqs []Request
+			for range 7 {
+				p := make([]int32, 1+r.IntN(12))
+				for j := range p {
+					p[j] = int32(r.IntN(vocab))
+				}
+				reqs = append(reqs, Request{Prompt: p, MaxTokens: 1 + r.IntN(8), IgnoreEOS: true})
+			}
+			// Too large for the pool: every position of the context.
+			huge := Request{Prompt: []int32{1, 2}, IgnoreEOS: true}
+			if tc.kvBlocks > 0 { // a pool smaller than one context
+				if _, err := b.Submit(context.Background(), huge); !errors.Is(err, ErrBusy) {
+					t.Errorf("a request of %d positions in a pool of %d: %v", ctxLen, st.KVBlocks*block, err)
+				}
+			}
+			got := make([][]int32, len(reqs))
+			ends := make([]Token, len(reqs))
+			var wg sync.WaitGroup
+			submit := func(i int, first chan<- struct{}) {
+				ch, err := b.Submit(context.Background(), reqs[i])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for tok := range ch {
+						if tok.Emitted {
+							got[i] = append(got[i], tok.ID)
+							if first != nil {
+								close(first)
+								first = nil
+							}
+						}
+						ends[i] = tok
+					}
+				}()
+			}
+			first := make(chan struct{})
+			for i := range 3 {
+				if i == 0 {
+					submit(i, first)
+				} else {
+					submit(i, nil)
+				}
+			}
+			<-first // the first wave decodes: the second joins it
+			for i := 3; i < len(reqs); i++ {
+				submit(i, nil)
+			}
+			cctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			// More tokens than the stream holds: its reader, which stops
+			// reading after the second, cancels it mid-way.
+			cch, err := b.Submit(cctx, Request{Prompt: []int32{3, 1, 4, 1, 5}, MaxTokens: 18, IgnoreEOS: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cend Token
+			for tok := range cch {
+				if tok.Emitted && tok.GeneratedTokens == 2 {
+					time.Sleep(10 * time.Millisecond) // the stream fills
+					cancel()
+				}
+				cend = tok
+			}
+			if !errors.Is(cend.Err, context.Canceled) {
+				t.Errorf("the cancelled request ended with %+v", cend)
+			}
+			wg.Wait()
+			st = b.Stats()
+			if st.KVBlocksFree != st.KVBlocks || st.Running != 0 || st.Queued != 0 {
+				t.Errorf("after every request: %d of %d blocks free, %d running, %d queued", st.KVBlocksFree, st.KVBlocks, st.Running, st.Queued)
+			}
+			if st.BatchSizeSum <= st.Steps {
+				t.Errorf("%d steps ran %d sequences in all: nothing was batched", st.Steps, st.BatchSizeSum)
+			}
+			t.Logf("%d steps, mean batch %.2f, mean time to first token %v, mean inter-token latency %v", st.Steps,
+				float64(st.BatchSizeSum)/float64(st.Steps), st.TimeToFirstTokenSum/time.Duration(max(st.FirstTokens, 1)), st.InterTokenLatencySum/time.Duration(max(st.InterTokens, 1)))
+			for i, req := range reqs {
+				ch, err := b.Submit(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				alone, end := collect(t, ch)
+				if fmt.Sprint(got[i]) != fmt.Sprint(alone) || ends[i].Finish != FinishLength || end.Finish != FinishLength {
+					t.Errorf("request %d (prompt %d tokens): %v in the batch (end %+v), %v alone (end %+v)", i, len(req.Prompt), got[i], ends[i], alone, end)
+				}
+			}
+			if err := b.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if tc.strategy == paging.StrategyBalanced && e.Stats().BytesHostToDevice == 0 {
+				t.Error("nothing was streamed under the budget")
+			}
+			if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Errorf("budgets at %v after the batcher, %v before", after, before)
+			}
+		})
 	}
 }

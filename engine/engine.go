@@ -46,6 +46,13 @@ type Memory struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture
 	// of experts; "" is paging.DefaultExpertPolicy.
 	ExpertPolicy paging.ExpertPolicy
+	// KVCache places the KV cache: "" or paging.KVDevice keeps it all on
+	// the device; KVHost keeps every block's in host memory; KVAuto lets
+	// the planner choose per block (see paging.KVAuto): with the rates
+	// (Options.Rates, or measured at Open on a GPU) it picks the count
+	// of host blocks with the least predicted decode time. One device,
+	// not the hybrid strategies.
+	KVCache paging.KVPlacement
 }
 
 // Options say where and how the engine runs a model.
@@ -62,8 +69,9 @@ type Options struct {
 	Threads int
 	Memory  Memory
 	// Context is the positions a session holds; 0 is the model's context
-	// length. Chunk is the prompt tokens one forward step processes; 0 is
-	// 512 (or the context, when shorter).
+	// length. Chunk is the prompt tokens one forward step processes; 0
+	// is DefaultChunk, or AutoChunk's choice under a budget given to a
+	// strategy that streams (either one no longer than the context).
 	Context, Chunk int
 	// Record keeps every allocation and paging event, for WriteSnapshot.
 	Record bool
@@ -78,8 +86,31 @@ type Options struct {
 	Progress func(done, total int64)
 }
 
-// DefaultChunk is the prefill chunk when Options.Chunk is 0.
+// DefaultChunk is the prefill chunk when Options.Chunk is 0 and every
+// layer stays on the device.
 const DefaultChunk = 512
+
+// MaxAutoChunk bounds AutoChunk.
+const MaxAutoChunk = 4096
+
+// AutoChunk is the prefill chunk when Options.Chunk is 0 under a strategy
+// that may stream (any but none): the largest power of two from
+// DefaultChunk up to MaxAutoChunk whose activations (nn.ActivationBytes)
+// take at most an eighth of budget, the smallest device's. Each chunk
+// streams the weights that do not stay on the device once, so a long
+// prompt streams them prompt/chunk times, and a larger chunk amortises
+// them (the 7B shape at 4 GiB streams about 10 GiB a pass: an 8,000-token
+// prompt in chunks of 512 spends 16 passes, over 3 s at 55 GB/s, on
+// copies alone); the eighth bounds what the activations, held for the
+// whole session, take from the weights that decode keeps resident (1,024
+// tokens for the 7B shape at 4 GiB, 2,048 at 8 GiB).
+func AutoChunk(cfg *arch.Config, budget int64) int {
+	c := DefaultChunk
+	for c*2 <= MaxAutoChunk && nn.ActivationBytes(cfg, c*2) <= budget/8 {
+		c *= 2
+	}
+	return c
+}
 
 // Device is one device's part of an engine.
 type Device struct {
@@ -91,6 +122,9 @@ type Device struct {
 	BudgetBytes     int64 `json:"budget_bytes"`
 	DefaultBudget   bool  `json:"default_budget,omitempty"`
 	PeakDeviceBytes int64 `json:"peak_device_bytes"`
+	// UsedBytes is what the budget holds charged when Devices is called:
+	// the weights in place, the sessions' KV caches and buffers.
+	UsedBytes int64 `json:"used_bytes"`
 }
 
 // Engine is a model assembled on its devices under its budgets. It is safe
@@ -116,6 +150,8 @@ type Engine struct {
 	cpu       tensor.Backend // the hybrid strategy's CPU
 	hybrid    *Hybrid
 	hostAlloc *pinnedHost
+	kv        *KVReport     // the KV cache's placement, nil when all on the devices
+	kvRates   *paging.Rates // the rates KVAuto planned with
 
 	mu       sync.Mutex
 	sessions map[Session]bool
@@ -158,12 +194,6 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	case e.context > maxPos:
 		return nil, fmt.Errorf("engine: %w: %d positions asked, the model's context is %d", nn.ErrContextTooLong, e.context, maxPos)
 	}
-	e.chunk = o.Chunk
-	if e.chunk <= 0 {
-		e.chunk = DefaultChunk
-	}
-	e.chunk = min(e.chunk, e.context)
-
 	if err := e.openDevices(); err != nil {
 		return nil, err
 	}
@@ -178,6 +208,14 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 			e.strategy = paging.StrategyBalanced
 		}
 	}
+	e.chunk = o.Chunk
+	if e.chunk <= 0 {
+		e.chunk = DefaultChunk
+		if e.strategy != paging.StrategyNone && slices.Contains(given, true) {
+			e.chunk = AutoChunk(cfg, slices.Min(limits))
+		}
+	}
+	e.chunk = min(e.chunk, e.context)
 	e.mode = o.Memory.Mode
 	if e.mode == "" {
 		e.mode = paging.ModeExplicit
@@ -194,8 +232,12 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	kv, err := e.kvPlacement()
+	if err != nil {
+		return nil, err
+	}
 	if isHybrid(e.strategy) {
-		if err := e.openHybrid(ctx, info, limits[0]); err != nil {
+		if err := e.openHybrid(ctx, info, limits[0], kv); err != nil {
 			return nil, err
 		}
 		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
@@ -219,7 +261,11 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 			// Each expert is a unit of its own, in an expert cache.
 			opts = append(opts, paging.WithExpertCache(cfg.MoE.ExpertsPerToken))
 		}
-		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, opts...)
+		kvOpts, err := e.kvPlanOptions(ctx, kv, info)
+		if err != nil {
+			return nil, err
+		}
+		plan, err := paging.Plan(info.Stage(p), limits[d], e.strategy, e.context, 1, append(opts, kvOpts...)...)
 		if err != nil {
 			if len(parts) > 1 {
 				return nil, fmt.Errorf("device %d (%s, layers %d..%d): %w", d, b.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
@@ -234,8 +280,12 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if o.Record {
 			bud.RecordHistory(1 << 20)
 		}
+		hostCache, err := e.placeKV(b, plan)
+		if err != nil {
+			return nil, err
+		}
 		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
-			paging.Options{HostCacheBytes: o.Memory.HostCache, ExpertPolicy: o.Memory.ExpertPolicy})
+			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy})
 		if err != nil {
 			return nil, err
 		}
@@ -248,7 +298,9 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	}
 	if len(e.stages) == 1 {
 		st := e.stages[0]
-		e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights)
+		if e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights); err == nil && e.kv != nil {
+			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos})
+		}
 	} else {
 		e.pipeline, err = nn.NewPipeline(cfg, e.stages)
 	}
@@ -431,11 +483,13 @@ func (e *Engine) Strategy() paging.Strategy { return e.strategy }
 // Mode is the memory mode in force.
 func (e *Engine) Mode() paging.MemoryMode { return e.mode }
 
-// Devices describes each device's part: its layers, plan, budget and peak.
+// Devices describes each device's part: its layers, plan, budget, peak
+// and the bytes it holds now.
 func (e *Engine) Devices() []Device {
 	out := slices.Clone(e.devices)
 	for d := range out {
 		out[d].PeakDeviceBytes = e.budgets[d].Peak()
+		out[d].UsedBytes = e.budgets[d].Used()
 	}
 	return out
 }
@@ -568,6 +622,10 @@ func (e *Engine) Stats() paging.Stats {
 func (e *Engine) Summary() string {
 	s := paging.Summary(e.budgets...)
 	if r := e.Experts(); r != nil {
+		s += r.String() + "\n"
+	}
+	if e.kv != nil {
+		r := e.KV()
 		s += r.String() + "\n"
 	}
 	if h := e.hybrid; h != nil {

@@ -239,3 +239,37 @@ func TestDefaultBudget(t *testing.T) {
 		t.Errorf("CPU: budget %d, want no limit", got)
 	}
 }
+
+// TestDevicesUsed: Devices reports what each budget holds now: the
+// weights, then a session's cache and buffers too, then the weights again
+// once the session is closed.
+func TestDevicesUsed(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	e, err := Open(context.Background(), lm, Options{Backends: cpus(2), Context: 32, Chunk: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	used := func() (n []int64) {
+		for _, d := range e.Devices() {
+			n = append(n, d.UsedBytes)
+		}
+		return n
+	}
+	before := used()
+	s, err := e.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Forward(context.Background(), []int32{1, 2, 3}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	during := used()
+	s.Close()
+	after := used()
+	for d := range before {
+		if before[d] <= 0 || during[d] <= before[d] || after[d] != before[d] {
+			t.Errorf("device %d: %d bytes used before the session, %d with it, %d after", d, before[d], during[d], after[d])
+		}
+	}
+}

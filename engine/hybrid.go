@@ -38,7 +38,7 @@ func isHybrid(s paging.Strategy) bool {
 // runs of GPU layers computed from the pager, runs of CPU layers computed
 // from the pager's host copies (pinned, so that the copy engine streams
 // them to the GPU when a large prompt chunk runs them there).
-func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit int64) error {
+func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit int64, kv paging.KVPlacement) error {
 	o := e.opts
 	if len(e.backends) != 1 {
 		return fmt.Errorf("engine: the %s strategy runs on one GPU and the CPU (%d devices given)", e.strategy, len(e.backends))
@@ -50,12 +50,10 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	if e.mode != paging.ModeExplicit {
 		return fmt.Errorf("engine: the %s strategy copies weights explicitly; memory mode %s is not supported with it", e.strategy, e.mode)
 	}
-	cpu, err := tensor.OpenDevice("cpu", tensor.DeviceOptions{Threads: o.Threads})
-	if err != nil {
+	if err := e.openCPU(); err != nil {
 		return err
 	}
-	e.owned = append(e.owned, cpu)
-	e.cpu = cpu
+	cpu := e.cpu
 
 	rates := o.Rates
 	if rates == nil {
@@ -70,18 +68,38 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		}
 		rates = &r
 	}
-	ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: o.Memory.HostCache}
+	// With the KV cache in host memory, every block's is there (the
+	// CPU's blocks' and the GPU's): the host memory limit holds it and
+	// the CPU's layers.
+	hostLimit, kvAll := o.Memory.HostCache, nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
+	if kv == paging.KVHost && hostLimit != 0 {
+		if kvAll >= max(hostLimit, 0) {
+			return kvOverLimit(kvAll, hostLimit)
+		}
+		hostLimit -= kvAll
+	}
+	ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: hostLimit}
 	switch {
 	case e.strategy == paging.StrategyCPU:
 		ho.Mode = paging.HybridAllCPU
 	case o.Memory.CPULayers != 0:
 		ho.Mode, ho.CPULayers = paging.HybridForced, max(o.Memory.CPULayers, 0)
 	}
-	hp, err := paging.PlanHybrid(info, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu))
+	hp, err := paging.PlanHybrid(info, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv))
 	if err != nil {
 		return err
 	}
 	e.hybrid = &Hybrid{Plan: hp, Rates: *rates, CPU: cpu.Name(), Threads: cpuThreads(cpu)}
+	e.kvRates = rates
+	if _, err := e.placeKV(gpu, hp.GPU); err != nil {
+		return err
+	}
+	if e.kv != nil && kv == paging.KVAuto && hostLimit > 0 {
+		if kvAll+hp.HostLayerBytes > hostLimit {
+			return kvOverLimit(kvAll+hp.HostLayerBytes, hostLimit)
+		}
+		hostLimit -= kvAll
+	}
 
 	bud, err := paging.NewBudget(gpu, limit, gpu.Name())
 	if err != nil {
@@ -91,7 +109,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	if o.Record {
 		bud.RecordHistory(1 << 20)
 	}
-	pager, err := paging.NewPager(nn.Source(e.lm), bud, hp.GPU, paging.Options{HostCacheBytes: o.Memory.HostCache, HostLayers: hp.CPULayers})
+	pager, err := paging.NewPager(nn.Source(e.lm), bud, hp.GPU, paging.Options{HostCacheBytes: hostLimit, HostLayers: hp.CPULayers})
 	if err != nil {
 		return err
 	}
@@ -108,9 +126,29 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	for _, l := range hp.CPULayers {
 		onCPU[l] = true
 	}
-	hostAlloc := pinnedAllocator(gpu, cpu)
-	e.hostAlloc = hostAlloc
+	if e.hostAlloc == nil {
+		e.hostAlloc = pinnedAllocator(gpu, cpu)
+	}
+	hostAlloc := e.hostAlloc
 	host := hostLayers{pager}
+	// With the KV cache in host memory, the GPU's blocks keep theirs there
+	// too (the CPU's are there already).
+	var hostKV *nn.HostKV
+	if e.kv != nil {
+		var gpuBlocks []int
+		for b := range e.cfg.NumLayers {
+			if !onCPU[e.cfg.BlockLayer(b)] {
+				gpuBlocks = append(gpuBlocks, b)
+			}
+		}
+		e.kv.HostBlocks = make([]int, e.cfg.NumLayers)
+		for b := range e.kv.HostBlocks {
+			e.kv.HostBlocks[b] = b
+		}
+		e.kv.HostBytes = nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
+		e.kv.Placement = paging.KVHost
+		hostKV = &nn.HostKV{Blocks: gpuBlocks, CPU: cpu, Alloc: hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos}
+	}
 	// Stages: maximal runs of layers on one side. The embedding (layer 0)
 	// and the head (layer L+1) belong to the first and last stage; a run
 	// of CPU layers starting at the embedding or ending at the head makes
@@ -119,9 +157,9 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	side := func(layer int) bool { return onCPU[layer] }
 	var stages []nn.Stage
 	addStage := func(cpuSide bool, lo, hi int) {
-		st := nn.Stage{Backend: gpu, Alloc: bud, Weights: pager, FirstBlock: lo, EndBlock: hi}
+		st := nn.Stage{Backend: gpu, Alloc: bud, Weights: pager, FirstBlock: lo, EndBlock: hi, HostKV: hostKV}
 		if cpuSide {
-			st.Backend, st.Alloc, st.Weights = cpu, hostAlloc, host
+			st.Backend, st.Alloc, st.Weights, st.HostKV = cpu, hostAlloc, host, nil
 			if hi > lo {
 				st.Twin = &nn.Twin{Backend: gpu, Alloc: bud, Weights: pager}
 			}

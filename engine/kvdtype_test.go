@@ -66,4 +66,15 @@ func TestKVDType(t *testing.T) {
 	if _, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: ctxLen, Memory: Memory{KVDType: tensor.Q4_0}}); err == nil {
 		t.Error("a Q4_0 KV cache: no error")
 	}
+	// The batcher's pool is F32: an engine planned for a narrower cache
+	// refuses it rather than overrun its budget.
+	e, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: ctxLen, Chunk: chunk, Memory: Memory{KVDType: tensor.F16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if b, err := e.NewBatcher(BatchOptions{}); err == nil {
+		b.Close(context.Background())
+		t.Error("a batcher over an engine with an F16 KV cache: no error")
+	}
 }

@@ -577,3 +577,65 @@ func TestGGUFModelNonFinite(t *testing.T) {
 		})
 	}
 }
+
+// TestGGUFChatTemplate: GGUFTokenizerKVs writes a vocabulary's chat
+// template as tokenizer.chat_template and the tokenizer of the file reads
+// it back; a file without one has none, and one that is not a string is an
+// error naming the key.
+func TestGGUFChatTemplate(t *testing.T) {
+	const tmpl = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+	for _, tc := range []struct {
+		name string
+		edit func(t *testing.T, p *ggufParts)
+		want string
+		err  string
+	}{
+		{"none", func(*testing.T, *ggufParts) {}, "", ""},
+		{"written", func(t *testing.T, p *ggufParts) {
+			src, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaBF16))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			tok, err := src.Tokenizer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := tok.GGUFVocab(src.Config.VocabSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v.ChatTemplate = tmpl
+			for _, kv := range loader.GGUFTokenizerKVs(v) {
+				p.set(kv.Key, kv.Value)
+			}
+		}, tmpl, ""},
+		{"not a string", func(_ *testing.T, p *ggufParts) { p.set("tokenizer.chat_template", uint32(7)) }, "", "tokenizer.chat_template"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := fixtureParts(t, fixtures.TinyLlamaBF16, storedTypes)
+			tc.edit(t, p)
+			m, err := loader.Open(p.write(t, filepath.Join(t.TempDir(), "model.gguf")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			tok, err := m.Tokenizer()
+			if tc.err != "" {
+				if !errors.Is(err, loader.ErrFormat) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Tokenizer: %v, want a format error naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tok.ChatTemplate(); got != tc.want {
+				t.Errorf("ChatTemplate = %q, want %q", got, tc.want)
+			}
+			if tok.SpecialTokens()["eos_token"] != "</s>" {
+				t.Errorf("SpecialTokens = %v", tok.SpecialTokens())
+			}
+		})
+	}
+}

@@ -14,9 +14,17 @@ import (
 // left out take llama.cpp's defaults: for the llama kind BOS 1, EOS 2 and
 // the unknown token 0 (when there are so many tokens), add_bos_token and
 // add_space_prefix true; for the gpt2 kind no special tokens, and
-// add_bos_token true only for Llama 3's pre-tokenizer.
+// add_bos_token true only for Llama 3's pre-tokenizer. The chat template
+// is tokenizer.chat_template.
 func GGUFVocab(md *GGUFMetadata) (v *tokenizer.GGUFVocab, ok bool, err error) {
 	v, ok, err = ggufVocab(md)
+	if err == nil && ok {
+		// Read here, not by ggufVocab: the config's special ids do not
+		// depend on it.
+		if v.ChatTemplate, err = md.String("tokenizer.chat_template"); errors.Is(err, ErrNoKey) {
+			err = nil
+		}
+	}
 	if err != nil {
 		return nil, false, &fileError{file: md.file, kind: ErrFormat, msg: "tokenizer: " + trimLoader(err)}
 	}
@@ -172,6 +180,9 @@ func GGUFTokenizerKVs(v *tokenizer.GGUFVocab) []GGUFKV {
 	kvs = append(kvs, GGUFKV{p + "add_bos_token", v.AddBOS}, GGUFKV{p + "add_eos_token", v.AddEOS})
 	if v.Model == "llama" {
 		kvs = append(kvs, GGUFKV{p + "add_space_prefix", v.AddSpacePrefix})
+	}
+	if v.ChatTemplate != "" {
+		kvs = append(kvs, GGUFKV{"tokenizer.chat_template", v.ChatTemplate})
 	}
 	return kvs
 }

@@ -30,6 +30,10 @@ type Model struct {
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.
 	lo, hi int
+	// hostKV, when set, keeps some blocks' KV cache in host memory
+	// (SetHostKV); kv counts that work.
+	hostKV *HostKV
+	kv     kvCounters
 }
 
 func (m *Model) embeds() bool { return m.lo == 0 }
@@ -102,10 +106,14 @@ type Session struct {
 	// on another device for large chunks: the KV cache lives in twin's
 	// host tensors, and this session's k and v are one scratch pair that
 	// each block's rows are copied into and back from.
-	twin     *Session
-	guesses  *guesses  // the experts guessed ahead in decode steps, made on first use
-	host     []float32 // logits returned by Forward
-	download []byte    // one chunk's logits from the backend
+	twin    *Session
+	guesses *guesses       // the experts guessed ahead in decode steps, made on first use
+	hkv     *hostKVSession // the blocks whose KV cache is in host memory, or nil
+	host    []float32      // logits returned by Forward
+	// batch, when set, makes this session one stage of a Batch: its rows
+	// belong to several sequences, k and v are the Batch's block pools.
+	batch    *batchStep
+	download []byte // one chunk's logits from the backend
 	closed   bool
 }
 
@@ -123,6 +131,9 @@ type buffers struct {
 	logits   *tensor.Tensor      // [chunk, Vocab], or nil without a head
 	views    map[int]*chunkViews // buffer views by row count, made once
 	moe      *moeBuffers         // the mixture of experts' buffers, or nil for a dense model
+	// kvScratch are the device copies host KV blocks attend over in
+	// prefill (HostKV), shared by the stages of a device.
+	kvScratch [][2]*tensor.Tensor
 	// The widths of the views: the dense MLP's, and the heads of q and k.
 	inter, heads, kvHeads, headDim int
 }
@@ -237,11 +248,22 @@ func (m *Model) newSession(maxPos, chunk int, bufs *buffers, o SessionOptions) (
 	c := &m.cfg
 	s := &Session{m: m, maxPos: maxPos, chunk: chunk, buffers: bufs}
 	al := &allocator{a: m.alloc}
-	for i := m.lo; i < m.hi; i++ {
+	var err error
+	var hk, hv []*tensor.Tensor // the host caches, when some blocks' are there
+	if m.hostKV != nil {
+		s.hkv, hk, hv, err = m.allocHostKV(maxPos, chunk, al, bufs, o.kvDType())
+	}
+	for i := m.lo; i < m.hi && err == nil; i++ {
+		if hk != nil && hk[i-m.lo] != nil {
+			s.k, s.v = append(s.k, hk[i-m.lo]), append(s.v, hv[i-m.lo])
+			continue
+		}
 		s.k = append(s.k, al.allocDT(paging.KVCache, o.kvDType(), maxPos, c.KVDim()))
 		s.v = append(s.v, al.allocDT(paging.KVCache, o.kvDType(), maxPos, c.KVDim()))
 	}
-	err := al.err
+	if err == nil {
+		err = al.err
+	}
 	if err == nil && bufs == nil {
 		s.buffers, err = newBuffers(c, m.backend, al, maxPos, chunk, m.heads())
 		s.ownBufs = true
@@ -282,6 +304,7 @@ func (s *Session) Close() {
 		s.m.alloc.Free(t)
 	}
 	s.owned = nil
+	s.hkv.free()
 }
 
 // Hook, when non-nil, sees the hidden state after the embedding (layer 0),
@@ -359,6 +382,7 @@ func (s *Session) forward(ctx context.Context, ids []int32, all bool, hookAt fun
 // last row.
 func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows bool, hook Hook) ([]float32, error) {
 	T := len(ids)
+	s.hkv.startChunk()
 	if err := s.embedChunk(ctx, ids, hook); err != nil {
 		return nil, err
 	}
@@ -533,13 +557,13 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 	if err := b.RMSNorm(h, x, lw[n[arch.AttnNorm]], c.NormEps()); err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
-	if err := b.MatMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
+	if err := s.matMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
 		return fmt.Errorf("q projection: %w", err)
 	}
-	if err := b.MatMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
+	if err := s.matMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
 		return fmt.Errorf("k projection: %w", err)
 	}
-	if err := b.MatMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
+	if err := s.matMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
 		return fmt.Errorf("v projection: %w", err)
 	}
 	if c.QKNorm {
@@ -552,26 +576,26 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 			return fmt.Errorf("k norm: %w", err)
 		}
 	}
-	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
-	if err := b.Rope(q, rot); err != nil {
-		return err
+	if s.batch != nil {
+		kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
+		if err := s.batch.attention(b, s, attn, q, kk, vv, kc, vc, scale); err != nil {
+			return err
+		}
+	} else {
+		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
+		if err := b.Rope(q, rot); err != nil {
+			return err
+		}
+		rot.Heads = c.NumKVHeads
+		if err := b.Rope(kk, rot); err != nil {
+			return err
+		}
+		at := tensor.Attn{Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale}
+		if err := s.attend(ctx, i, T, pos0, q, kk, vv, attn, at); err != nil {
+			return err
+		}
 	}
-	rot.Heads = c.NumKVHeads
-	if err := b.Rope(kk, rot); err != nil {
-		return err
-	}
-	kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
-	if err := b.CopyRows(kc, pos0, kk, 0, T); err != nil {
-		return err
-	}
-	if err := b.CopyRows(vc, pos0, vv, 0, T); err != nil {
-		return err
-	}
-	at := tensor.Attn{Q: q, K: kc, V: vc, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale}
-	if err := b.Attention(attn, at); err != nil {
-		return err
-	}
-	if err := b.MatMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
+	if err := s.matMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
 		return fmt.Errorf("o projection: %w", err)
 	}
 	if err := b.Add(x, x, proj); err != nil {
@@ -586,19 +610,29 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 		}
 		return b.Add(x, x, proj)
 	}
-	if err := b.MatMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
+	if err := s.matMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
 		return fmt.Errorf("gate projection: %w", err)
 	}
-	if err := b.MatMul(up, h, lw[n[arch.Up]], nil); err != nil {
+	if err := s.matMul(up, h, lw[n[arch.Up]], nil); err != nil {
 		return fmt.Errorf("up projection: %w", err)
 	}
 	if err := b.SiLUMul(gate, gate, up); err != nil {
 		return err
 	}
-	if err := b.MatMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
+	if err := s.matMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
 		return fmt.Errorf("down projection: %w", err)
 	}
 	return b.Add(x, x, proj)
+}
+
+// matMul is the backend's MatMul, or in a batch tensor.MatMulRows, whose
+// rows have the bits of one-row products: a sequence's results then do not
+// depend on the other rows of the step.
+func (s *Session) matMul(out, x, w, bias *tensor.Tensor) error {
+	if s.batch != nil {
+		return tensor.MatMulRows(s.m.backend, out, x, w, bias)
+	}
+	return s.m.backend.MatMul(out, x, w, bias)
 }
 
 // chunkViews are the session's buffers cut to T rows, so that a decode step

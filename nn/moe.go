@@ -147,6 +147,7 @@ type routing struct {
 	slots      [][]int32 // [k][T] the row of out holding token t's j-th expert's output
 	used       []int     // the experts some token chose, ascending
 	rawGuess   []byte    // the next sparse block's router scores of a decode step
+	rowPos     []int     // in a batch, each row's position (else row t is at pos0+t)
 }
 
 // route picks each of T tokens' k experts from the router's scores [T, E]
@@ -154,7 +155,8 @@ type routing struct {
 // float32: a softmax over all the experts, the k largest probabilities (the
 // lower index first among equals) and, when norm, those divided by their
 // sum. With syn, syn draws the experts of block for the tokens at positions
-// pos0.., and the softmax weighs them.
+// pos0.. (r.rowPos's in a batch, whose rows are several sequences'), and
+// the softmax weighs them.
 func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRouter, block, pos0 int) {
 	clear(r.count[:E])
 	for t := range T {
@@ -169,7 +171,11 @@ func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRout
 		}
 		ex, w := r.expert[t*k:(t+1)*k], r.weight[t*k:(t+1)*k]
 		if syn != nil {
-			syn.pick(block, pos0+t, ex)
+			pos := pos0 + t
+			if r.rowPos != nil {
+				pos = r.rowPos[t]
+			}
+			syn.pick(block, pos, ex)
 		}
 		if syn == nil {
 			topK(row, ex)
@@ -253,22 +259,26 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	r := &mb.r
 
 	scores := mb.view(mb.scores, 0, T, E)
-	if err := b.MatMul(scores, h, lw[n[arch.Router]], nil); err != nil {
+	if err := s.matMul(scores, h, lw[n[arch.Router]], nil); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
 	var gateSh *tensor.Tensor
 	if mc.SharedExperts > 0 {
 		gateSh = mb.view(mb.gateSh, 0, T, 1)
-		if err := b.MatMul(gateSh, h, lw[n[arch.SharedScale]], nil); err != nil {
+		if err := s.matMul(gateSh, h, lw[n[arch.SharedScale]], nil); err != nil {
 			return fmt.Errorf("shared expert gate: %w", err)
 		}
 	}
 	if err := b.Download(r.raw[:4*T*E], scores); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
+	r.rowPos = nil
+	if s.batch != nil {
+		r.rowPos = s.batch.rowPos
+	}
 	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK, m.synth, i, pos0)
 	ew := m.pagedExperts(layer)
-	if ew != nil {
+	if ew != nil && s.batch == nil { // a batch's rows are several sequences': no guesses
 		s.scoreGuess(i, T, pos0, r.expert[(T-1)*k:T*k])
 	}
 	if gateSh != nil {
@@ -309,7 +319,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			}
 			err = func() error {
 				defer ew.ReleaseExperts(layer, group) // released even if the backend panics
-				if g == 0 && T == 1 {
+				if g == 0 && T == 1 && s.batch == nil {
 					if err := s.guessNext(ctx, ew, i, pos0); err != nil {
 						return err
 					}
@@ -349,16 +359,16 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 
 	sn := mc.SharedSize
 	gate, up, out := mb.view(s.gate, 0, T, sn), mb.view(s.up, 0, T, sn), mb.view(mb.rows, 0, T, H)
-	if err := b.MatMul(gate, h, lw[n[arch.SharedGate]], nil); err != nil {
+	if err := s.matMul(gate, h, lw[n[arch.SharedGate]], nil); err != nil {
 		return fmt.Errorf("shared expert gate projection: %w", err)
 	}
-	if err := b.MatMul(up, h, lw[n[arch.SharedUp]], nil); err != nil {
+	if err := s.matMul(up, h, lw[n[arch.SharedUp]], nil); err != nil {
 		return fmt.Errorf("shared expert up projection: %w", err)
 	}
 	if err := b.SiLUMul(gate, gate, up); err != nil {
 		return err
 	}
-	if err := b.MatMul(out, gate, lw[n[arch.SharedDown]], nil); err != nil {
+	if err := s.matMul(out, gate, lw[n[arch.SharedDown]], nil); err != nil {
 		return fmt.Errorf("shared expert down projection: %w", err)
 	}
 	if err := scaleRows(b, out, mb.weight, mb.zero, T*k); err != nil {
@@ -383,16 +393,16 @@ func (s *Session) expert(e, T int, lw LayerWeights, en *arch.Names) error {
 		}
 	}
 	gate, up := mb.view(s.gate, 0, cnt, size), mb.view(s.up, 0, cnt, size)
-	if err := b.MatMul(gate, in, lw[en[arch.ExpertGate]], nil); err != nil {
+	if err := s.matMul(gate, in, lw[en[arch.ExpertGate]], nil); err != nil {
 		return fmt.Errorf("expert %d gate projection: %w", e, err)
 	}
-	if err := b.MatMul(up, in, lw[en[arch.ExpertUp]], nil); err != nil {
+	if err := s.matMul(up, in, lw[en[arch.ExpertUp]], nil); err != nil {
 		return fmt.Errorf("expert %d up projection: %w", e, err)
 	}
 	if err := b.SiLUMul(gate, gate, up); err != nil {
 		return err
 	}
-	if err := b.MatMul(mb.view(mb.out, r.start[e], cnt, H), gate, lw[en[arch.ExpertDown]], nil); err != nil {
+	if err := s.matMul(mb.view(mb.out, r.start[e], cnt, H), gate, lw[en[arch.ExpertDown]], nil); err != nil {
 		return fmt.Errorf("expert %d down projection: %w", e, err)
 	}
 	return nil

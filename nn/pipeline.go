@@ -37,6 +37,10 @@ type Stage struct {
 	// stage is: before each block the twin copies in the rows of earlier
 	// positions, after it copies back the chunk's rows.
 	Twin *Twin
+	// HostKV, when set, keeps the KV cache of its blocks that this stage
+	// runs in host memory (Model.SetHostKV); its other blocks are
+	// ignored, so that one HostKV serves every stage of a device.
+	HostKV *HostKV
 }
 
 // Twin is the other device a stage's blocks run on for large chunks.
@@ -101,6 +105,13 @@ func NewPipeline(cfg *arch.Config, stages []Stage, opts ...PipelineOptions) (*Pi
 			return nil, err
 		}
 		m.lo, m.hi = st.FirstBlock, st.EndBlock
+		if h := st.HostKV; h != nil {
+			own := *h
+			own.Blocks = slices.DeleteFunc(slices.Clone(h.Blocks), func(b int) bool { return b < m.lo || b >= m.hi })
+			if err := m.SetHostKV(own); err != nil {
+				return nil, fmt.Errorf("nn: pipeline stage %d: %w", i, err)
+			}
+		}
 		var twin *Model
 		var tkey tensor.Backend
 		if st.Twin != nil {

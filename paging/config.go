@@ -56,6 +56,9 @@ type MemoryConfig struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture of
 	// experts: lru or lfu (ParseExpertPolicy).
 	ExpertPolicy string `yaml:"expert_policy"`
+	// KVCache places the KV cache: auto, device or host
+	// (ParseKVPlacement).
+	KVCache string `yaml:"kv_cache"`
 	// KVDType is the stored dtype of the KV cache: f32 (the default),
 	// f16, bf16 or q8_0 (tensor.ParseCacheDType).
 	KVDType string `yaml:"kv_dtype"`
@@ -226,6 +229,9 @@ func (m *MemoryConfig) Validate() error {
 	}
 	if _, err := ParseExpertPolicy(m.ExpertPolicy); err != nil {
 		return fmt.Errorf("memory.expert_policy: %w", err)
+	}
+	if _, err := ParseKVPlacement(m.KVCache); err != nil {
+		return fmt.Errorf("memory.kv_cache: %w", err)
 	}
 	if _, err := tensor.ParseCacheDType(m.KVDType); err != nil {
 		return fmt.Errorf("memory.kv_dtype: %w", err)

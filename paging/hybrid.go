@@ -108,6 +108,10 @@ func (h *HybridPlan) String() string {
 // spread), so that each streamed layer's copy runs while the CPU computes
 // the layers before it. The decode time of each split is SimulateDecode's.
 //
+// WithKVPlacement places the KV cache: host puts every block's in host
+// memory (the device keeps the scratch), auto does when the budget cannot
+// hold it on the device.
+//
 // It fails as Plan does for a budget too small (a *BudgetError), with an
 // error wrapping ErrBadRates for rates that cannot describe a machine
 // (H2D and CPU must be > 0), and with one wrapping ErrHostMemory when the
@@ -138,6 +142,19 @@ func PlanHybrid(model ModelInfo, budget int64, contextLen, batch int, rates Rate
 	}
 	if o.whole != nil || o.sequence != nil {
 		return nil, fmt.Errorf("paging: hybrid plan: the layers streamed whole and the sequence are PlanHybrid's to choose")
+	}
+	// The KV cache (WithKVPlacement): host puts every block's in host
+	// memory; auto does when the budget cannot hold it on the device.
+	switch o.kv {
+	case "", KVDevice:
+	case KVHost:
+		o.hostKV = model.NumLayers
+	case KVAuto:
+		if _, err := plan(model, budget, strategy, contextLen, batch, o); errors.Is(err, ErrBudgetTooSmall) {
+			o.hostKV = model.NumLayers
+		}
+	default:
+		return nil, fmt.Errorf("paging: hybrid plan: unknown KV cache placement %q (want auto, device or host)", o.kv)
 	}
 	base, err := plan(model, budget, strategy, contextLen, batch, o)
 	if err != nil {
@@ -387,6 +404,11 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 		// them there (nn's twins), in place of one per block.
 		if nb := h.blocksAmong(cpu); nb > 0 {
 			model.NumLayers += 1 - nb
+			if o.hostKV > 0 {
+				// The device's blocks keep theirs in host memory too
+				// (WithKVPlacement): the twins' block stays.
+				o.hostKV = model.NumLayers - 1
+			}
 		}
 	}
 	gpu, err := plan(model, h.budget, h.strategy, h.contextLen, h.batch, o)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -228,6 +229,13 @@ type planOptions struct {
 	// extraFixed is device memory the planner of the layers leaves for
 	// the expert cache and the routing tensors (planExperts).
 	extraFixed int64
+	// kv places the KV cache (WithKVPlacement), kvRates predicts its
+	// auto placement (WithKVRates); hostKV is the count of decoder blocks
+	// whose KV cache is in host memory in the plan being made (the last
+	// ones).
+	kv      KVPlacement
+	kvRates *Rates
+	hostKV  int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
@@ -309,9 +317,22 @@ type PlanResult struct {
 	// the device's allocator takes it (WithDevice); WorkspaceBytes
 	// includes gradients and the memory the device holds outside
 	// allocations.
-	KVCacheBytes    int64 `json:"kv_cache_bytes"`
-	ActivationBytes int64 `json:"activation_bytes"`
-	WorkspaceBytes  int64 `json:"workspace_bytes"`
+	KVCacheBytes int64 `json:"kv_cache_bytes"`
+	// KVPlacement says where the KV cache is: device (every block's),
+	// host (every block's) or auto (some of each). KVHostBlocks are the
+	// decoder blocks whose KV cache is in host memory, KVHostBytes what
+	// they hold there; KVCacheBytes (device memory) counts the others'
+	// and KVScratchBytes, the device copies a prefill chunk attends over
+	// (KVScratchBuffers blocks' worth at most). KVPredicted is KVAuto's
+	// predicted decode time for a token at a full context (WithKVRates;
+	// 0 without rates).
+	KVPlacement     KVPlacement   `json:"kv_placement"`
+	KVHostBlocks    []int         `json:"kv_host_blocks"`
+	KVHostBytes     int64         `json:"kv_host_bytes"`
+	KVScratchBytes  int64         `json:"kv_scratch_bytes,omitempty"`
+	KVPredicted     time.Duration `json:"kv_predicted_ns,omitempty"`
+	ActivationBytes int64         `json:"activation_bytes"`
+	WorkspaceBytes  int64         `json:"workspace_bytes"`
 	// ResidentBytes stay on the device once loaded; StreamedBytes pass
 	// through the ring on every sweep over the layers.
 	ResidentBytes  int64 `json:"resident_bytes"`
@@ -369,10 +390,15 @@ func (p *PlanResult) String() string {
 		experts = fmt.Sprintf(", expert cache %s (%d of %d experts, %.1f%%)",
 			FormatSize(p.ExpertCacheBytes), p.ExpertSlots, p.Experts, 100*float64(p.ExpertSlots)/float64(p.Experts))
 	}
+	kv := FormatSize(p.KVCacheBytes)
+	if n := len(p.KVHostBlocks); n > 0 {
+		kv = fmt.Sprintf("%s on the device (%s of it scratch), %s in host memory for %d blocks (%d..%d)",
+			kv, FormatSize(p.KVScratchBytes), FormatSize(p.KVHostBytes), n, p.KVHostBlocks[0], p.KVHostBlocks[n-1])
+	}
 	return fmt.Sprintf("%s plan for %s budget: %s resident (%d of %d layers whole), %s streamed per pass through a ring of %d (%s), prefetch %d%s, KV cache %s, activations %s, predicted peak %s",
 		p.Strategy, FormatSize(p.Budget), FormatSize(p.ResidentBytes), len(p.ResidentLayers), len(p.Layers),
 		FormatSize(p.StreamedBytes), p.RingSlots, FormatSize(p.RingBytes), p.PrefetchDepth, experts,
-		FormatSize(p.KVCacheBytes), FormatSize(p.ActivationBytes), FormatSize(p.PredictedPeakBytes))
+		kv, FormatSize(p.ActivationBytes), FormatSize(p.PredictedPeakBytes))
 }
 
 // Plan decides, before anything is loaded, which weights stay on the device
@@ -396,10 +422,12 @@ func Plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	for _, f := range opts {
 		f(&o)
 	}
-	if o.expertMin > 0 && hasExperts(model) {
-		return planExperts(model, budget, strategy, contextLen, batch, o)
-	}
-	return plan(model, budget, strategy, contextLen, batch, o)
+	return planKV(model, budget, strategy, contextLen, batch, o, func(o planOptions) (*PlanResult, error) {
+		if o.expertMin > 0 && hasExperts(model) {
+			return planExperts(model, budget, strategy, contextLen, batch, o)
+		}
+		return plan(model, budget, strategy, contextLen, batch, o)
+	})
 }
 
 // errNoPlanAtDepth is plan's answer when no plan at the depth asked for
@@ -451,8 +479,15 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		}
 		lmax = max(lmax, bytes)
 	}
+	if o.hostKV < 0 || o.hostKV > model.NumLayers {
+		return nil, fmt.Errorf("paging: plan: KV cache of %d blocks in host memory, the model has %d", o.hostKV, model.NumLayers)
+	}
 	reserve := func(cat Category) int64 {
-		return model.Reserve.Bytes(cat, model.NumLayers, contextLen, o.chunk, batch, o.allocSize)
+		blocks := model.NumLayers
+		if cat == KVCache {
+			blocks = kvDeviceBlocks(model.NumLayers, o.hostKV)
+		}
+		return model.Reserve.Bytes(cat, blocks, contextLen, o.chunk, batch, o.allocSize)
 	}
 	p := &PlanResult{
 		Strategy:        strategy,
@@ -464,6 +499,16 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		KVCacheBytes:    reserve(KVCache),
 		ActivationBytes: reserve(Activations),
 		WorkspaceBytes:  reserve(Workspace) + reserve(Gradients) + o.deviceFixed,
+		KVPlacement:     KVDevice,
+		KVHostBlocks:    hostKVBlocks(model.NumLayers, o.hostKV),
+	}
+	if o.hostKV > 0 {
+		p.KVPlacement = KVHost
+		p.KVHostBytes = model.Reserve.Bytes(KVCache, o.hostKV, contextLen, o.chunk, batch, nil)
+		p.KVScratchBytes = model.Reserve.Bytes(KVCache, min(o.hostKV, KVScratchBuffers), contextLen, o.chunk, batch, o.allocSize)
+		if o.hostKV < model.NumLayers {
+			p.KVPlacement = KVAuto
+		}
 	}
 	fixed := p.KVCacheBytes + p.ActivationBytes + p.WorkspaceBytes + o.extraFixed
 	opt := make([]layerOptions, n)
@@ -493,6 +538,11 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	p.MinBudgetBytes = fixed + lring
 	detail := fmt.Sprintf("weights %s (largest layer %s), KV cache %s for %d positions x %d, activations %s for %d tokens, workspace %s",
 		FormatSize(W), FormatSize(lmax), FormatSize(p.KVCacheBytes), contextLen, batch, FormatSize(p.ActivationBytes), o.chunk*batch, FormatSize(p.WorkspaceBytes))
+	if o.hostKV > 0 {
+		detail += fmt.Sprintf(" (KV cache of %d blocks in host memory, %s of device scratch)", o.hostKV, FormatSize(p.KVScratchBytes))
+	} else if o.kv == "" || o.kv == KVDevice {
+		detail += " (every block's KV cache on the device; placed auto or host, -kv-cache, it moves to host memory)"
+	}
 	if strategy == StrategyNone && budget < fixed+Wc {
 		return nil, &BudgetError{Strategy: strategy, Budget: budget, Needed: fixed + Wc, Detail: "every layer resident: " + detail}
 	}

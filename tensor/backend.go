@@ -92,6 +92,11 @@ type Kernels interface {
 	// Attention computes causal grouped-query attention (see Attn) into
 	// out [T, a.Heads*a.HeadDim] F32.
 	Attention(out *Tensor, a Attn) error
+	// AttentionBlocks writes the keys and values of the rows of several
+	// sequences into a cache of fixed-size blocks and computes their
+	// causal grouped-query attention over it (see AttnBlocks) into out
+	// [T, a.Heads*a.HeadDim] F32.
+	AttentionBlocks(out *Tensor, a AttnBlocks) error
 }
 
 // Backend is a device: its memory and the kernels that compute on it. All
@@ -154,4 +159,42 @@ func ParseCacheDType(s string) (DType, error) {
 		return Q8_0, nil
 	}
 	return Invalid, fmt.Errorf("tensor: unknown KV cache dtype %q (want f32, f16, bf16 or q8_0)", s)
+}
+
+// AttnBlocks is causal grouped-query attention for the rows of several
+// sequences whose keys and values live in a paged cache: two pools, KPool
+// and VPool [blocks*BlockSize, KVHeads*HeadDim] of one float type (a
+// backend may read only F32 pools, and says so with an error), cut into
+// blocks of BlockSize positions that the sequences share out, each
+// sequence finding its positions through its block table: position j of a
+// sequence is row Blocks[j/BlockSize]*BlockSize + j%BlockSize of the pools.
+//
+// Q [T, Heads*HeadDim] F32 holds the sequences' rows one sequence after
+// another in the order of Seqs, and K and V [T, KVHeads*HeadDim] F32 those
+// rows' keys and values. The operation first writes each row's key and
+// value into the pools at the row's position, then row r of a sequence,
+// at position Pos0+r, attends to the sequence's positions 0..Pos0+r. So a
+// row's result is what Attention gives it over a contiguous cache of the
+// same positions. Heads, KVHeads, HeadDim and Scale are as in Attn.
+//
+// A block a sequence's rows are written into is that sequence's alone in
+// the call: no other sequence's table lists it among the blocks it reads.
+// Sequences may share the blocks they only read (a common prefix).
+type AttnBlocks struct {
+	Q, K, V      *Tensor
+	KPool, VPool *Tensor
+	Seqs         []SeqBlocks
+	Heads        int
+	KVHeads      int
+	HeadDim      int
+	BlockSize    int
+	Scale        float32
+}
+
+// SeqBlocks is one sequence of AttnBlocks: its next Rows rows of Q, K and
+// V, at positions Pos0..Pos0+Rows-1, and its block table, whose first
+// entries cover positions 0..Pos0+Rows-1 (further entries are not read).
+type SeqBlocks struct {
+	Rows, Pos0 int
+	Blocks     []int32
 }

@@ -31,6 +31,30 @@ func capability[C any](m Memory) (C, bool) {
 	return zero, false
 }
 
+// RowExact is a backend whose MatMulRows computes MatMul with each row of
+// out bit for bit what a one-row MatMul of that row of x gives, whatever
+// the number of rows: a batch of sequences then gets, row for row, what
+// each sequence gets alone. (A backend's MatMul may multiply one row and
+// several with different kernels, which round differently.) Call it
+// through MatMulRows, which checks the arguments.
+type RowExact interface {
+	MatMulRows(out, x, w, bias *Tensor) error
+}
+
+// MatMulRows computes MatMul(out, x, w, bias) on b, after the checks of
+// Checked, each row as a one-row product computes it when b is RowExact;
+// on another backend (a GPU, whose products are exact to its tolerance
+// only) it is b's MatMul.
+func MatMulRows(b Backend, out, x, w, bias *Tensor) error {
+	if err := checkMatMul(out, x, w, bias); err != nil {
+		return err
+	}
+	if r, ok := capability[RowExact](b); ok {
+		return r.MatMulRows(out, x, w, bias)
+	}
+	return b.MatMul(out, x, w, bias)
+}
+
 // Syncer is a backend whose operations run asynchronously.
 type Syncer interface {
 	Sync() error
@@ -64,6 +88,19 @@ type AsyncUploader interface {
 
 // AsyncUpload returns m's asynchronous copy engine, if it has one.
 func AsyncUpload(m Memory) (AsyncUploader, bool) { return capability[AsyncUploader](m) }
+
+// ComputeDownloader is a backend whose Download waits for its
+// asynchronous copies as well as its compute, and that can also download
+// a tensor after the compute queued before it alone: the copies in flight
+// (a pager's prefetches) keep running. Only for a tensor that no copy in
+// flight writes.
+type ComputeDownloader interface {
+	DownloadCompute(dst []byte, src *Tensor) error
+}
+
+// ComputeDownload returns m's download that waits for compute alone, if
+// it has one.
+func ComputeDownload(m Memory) (ComputeDownloader, bool) { return capability[ComputeDownloader](m) }
 
 // ManagedAllocator is a backend with unified (managed) memory: tensors
 // addressable from host and device whose pages the driver migrates on

@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"sync"
 	"unsafe"
 
 	"github.com/strata-llm/strata/tensor/quant"
@@ -318,6 +319,123 @@ func checkAttention(out *Tensor, a Attn) error {
 		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
 	}
 	return disjoint(op, "out", out, []string{"q", "k", "v"}, q, k, v)
+}
+
+func checkAttentionBlocks(out *Tensor, a AttnBlocks) error {
+	const op = "AttentionBlocks"
+	heads, kvHeads, headDim, bs := a.Heads, a.KVHeads, a.HeadDim, a.BlockSize
+	if heads <= 0 || kvHeads <= 0 || heads%kvHeads != 0 || headDim <= 0 || bs <= 0 {
+		return fmt.Errorf("tensor: %s: invalid heads %d, kvHeads %d (must divide heads), headDim %d or block size %d", op, heads, kvHeads, headDim, bs)
+	}
+	if math.IsNaN(float64(a.Scale)) {
+		return fmt.Errorf("tensor: %s: scale is NaN", op)
+	}
+	qw, kw := heads*headDim, kvHeads*headDim
+	if err := CheckShape(op, "q", a.Q, F32, -1, qw); err != nil {
+		return err
+	}
+	t := a.Q.shape[0]
+	for _, o := range [...]struct {
+		t     *Tensor
+		name  string
+		width int
+	}{{out, "out", qw}, {a.K, "k", kw}, {a.V, "v", kw}} {
+		if err := CheckShape(op, o.name, o.t, F32, t, o.width); err != nil {
+			return err
+		}
+	}
+	if err := CheckShape(op, "kPool", a.KPool, Invalid, -1, kw); err != nil {
+		return err
+	}
+	rows := a.KPool.shape[0]
+	if err := CheckShape(op, "vPool", a.VPool, a.KPool.dtype, rows, kw); err != nil {
+		return err
+	}
+	if rows%bs != 0 {
+		return fmt.Errorf("tensor: %s: pools of %d rows are not whole blocks of %d", op, rows, bs)
+	}
+	if err := disjoint(op, "out", out, []string{"q", "k", "v", "kPool", "vPool"}, a.Q, a.K, a.V, a.KPool, a.VPool); err != nil {
+		return err
+	}
+	if err := disjoint(op, "kPool", a.KPool, []string{"q", "k", "v", "vPool"}, a.Q, a.K, a.V, a.VPool); err != nil {
+		return err
+	}
+	if err := disjoint(op, "vPool", a.VPool, []string{"q", "k", "v"}, a.Q, a.K, a.V); err != nil {
+		return err
+	}
+	return checkBlockTables(op, a.Seqs, t, rows/bs, bs)
+}
+
+// blockOwners is checkBlockTables' scratch: for each block of the pools,
+// the sequence (plus one) that reads it first, or -1 once two do.
+var blockOwners = sync.Pool{New: func() any { return new([]int32) }}
+
+// checkBlockTables checks the sequences of AttentionBlocks against T rows
+// and a pool of nb blocks of bs positions: their rows add up to T, each
+// table covers its sequence's positions with blocks of the pool, listed
+// once, and no block written by one sequence is read by another.
+func checkBlockTables(op string, seqs []SeqBlocks, t, nb, bs int) error {
+	total := 0
+	for i, s := range seqs {
+		if s.Rows < 0 || s.Pos0 < 0 || s.Rows > t {
+			return fmt.Errorf("tensor: %s: sequence %d has %d rows from position %d", op, i, s.Rows, s.Pos0)
+		}
+		if need := (s.Pos0 + s.Rows + bs - 1) / bs; s.Rows > 0 && len(s.Blocks) < need {
+			return fmt.Errorf("tensor: %s: sequence %d: positions 0..%d need %d blocks of %d, its table lists %d", op, i, s.Pos0+s.Rows-1, need, bs, len(s.Blocks))
+		}
+		total += s.Rows
+	}
+	if total != t {
+		return fmt.Errorf("tensor: %s: the sequences hold %d rows, q has %d", op, total, t)
+	}
+	op2 := blockOwners.Get().(*[]int32)
+	defer blockOwners.Put(op2)
+	if cap(*op2) < nb {
+		*op2 = make([]int32, nb)
+	}
+	owner := (*op2)[:nb]
+	// Only the entries set below are cleared at the end: the scratch stays
+	// zero between calls.
+	defer func() {
+		for _, s := range seqs {
+			if s.Rows == 0 {
+				continue
+			}
+			for _, b := range s.Blocks[:(s.Pos0+s.Rows+bs-1)/bs] {
+				if b >= 0 && int(b) < nb {
+					owner[b] = 0
+				}
+			}
+		}
+	}()
+	for i, s := range seqs {
+		if s.Rows == 0 {
+			continue
+		}
+		for j, b := range s.Blocks[:(s.Pos0+s.Rows+bs-1)/bs] {
+			switch {
+			case b < 0 || int(b) >= nb:
+				return fmt.Errorf("tensor: %s: sequence %d: block %d of its table is %d, outside the pool of %d blocks", op, i, j, b, nb)
+			case owner[b] == int32(i+1):
+				return fmt.Errorf("tensor: %s: sequence %d lists block %d twice", op, i, b)
+			case owner[b] == 0:
+				owner[b] = int32(i + 1)
+			default:
+				owner[b] = -1 // read by two sequences
+			}
+		}
+	}
+	for i, s := range seqs {
+		if s.Rows == 0 {
+			continue
+		}
+		for j := s.Pos0 / bs; j <= (s.Pos0+s.Rows-1)/bs; j++ {
+			if b := s.Blocks[j]; owner[b] == -1 {
+				return fmt.Errorf("tensor: %s: sequence %d writes block %d, which another sequence reads", op, i, b)
+			}
+		}
+	}
+	return nil
 }
 
 func checkZero(t *Tensor) error {

@@ -120,6 +120,13 @@ func (c *checked) Attention(out *Tensor, a Attn) error {
 	return c.b.Attention(out, a)
 }
 
+func (c *checked) AttentionBlocks(out *Tensor, a AttnBlocks) error {
+	if err := checkAttentionBlocks(out, a); err != nil {
+		return err
+	}
+	return c.b.AttentionBlocks(out, a)
+}
+
 func (c *checkedGrad) MatMulPrecise(out, x, w, bias *Tensor) error {
 	if err := checkMatMulPrecise(out, x, w, bias); err != nil {
 		return err

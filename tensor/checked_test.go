@@ -25,6 +25,11 @@ func (c *counting) Attention(out *tensor.Tensor, a tensor.Attn) error {
 	return c.CPU.Attention(out, a)
 }
 
+func (c *counting) AttentionBlocks(out *tensor.Tensor, a tensor.AttnBlocks) error {
+	c.calls++
+	return c.CPU.AttentionBlocks(out, a)
+}
+
 func (c *counting) MatMulGradX(dx, dy, w *tensor.Tensor) error {
 	c.calls++
 	return c.CPU.MatMulGradX(dx, dy, w)

@@ -16,7 +16,10 @@ type CPU struct {
 	k       *kernels
 }
 
-var _ Backend = (*CPU)(nil)
+var (
+	_ Backend  = (*CPU)(nil)
+	_ RowExact = (*CPU)(nil)
+)
 
 // NewCPU returns a CPU backend that computes on threads goroutines;
 // threads <= 0 means runtime.NumCPU().

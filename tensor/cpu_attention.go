@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"sync"
 
@@ -93,10 +94,16 @@ func (a *attention) row(t, h int) {
 	d, n := a.d, a.pos0+t+1 // positions 0..pos0+t
 	qw, kw := a.heads*d, a.kvHeads*d
 	kh := h / a.group
-	q := a.q[t*qw+h*d : t*qw+(h+1)*d]
-	o := a.out[t*qw+h*d : t*qw+(h+1)*d]
-	kc, vc := a.kc[kh*d:], a.vc[kh*d:] // position j's head at [j*kw, j*kw+d)
+	attendHead(a.k, a.out[t*qw+h*d:t*qw+(h+1)*d], a.q[t*qw+h*d:t*qw+(h+1)*d], a.kc[kh*d:], a.vc[kh*d:], kw, n, a.scale)
+}
 
+// attendHead computes one query head q's attention into o over n
+// positions of keys kc and values vc, position j's at [j*ld, j*ld+len(q)).
+// Its arithmetic depends on nothing else, so a row's result is the same
+// whatever the cache's layout (Attention's rows, AttentionBlocks'
+// gathered blocks).
+func attendHead(k *kernels, o, q, kc, vc []float32, ld, n int, scale float32) {
+	d := len(q)
 	bp := scoreBufs.Get().(*[]float32)
 	if cap(*bp) < n+d {
 		// Geometric growth: decode lengthens n by one every step.
@@ -104,15 +111,15 @@ func (a *attention) row(t, h int) {
 	}
 	s, qs := (*bp)[:n], (*bp)[n:n+d]
 	for i, v := range q {
-		qs[i] = v * a.scale
+		qs[i] = v * scale
 	}
-	a.k.scores(s, qs, kc, kw)
+	k.scores(s, qs, kc, ld)
 	mx := float32(math.Inf(-1))
 	for _, x := range s {
 		mx = max(mx, x)
 	}
-	sum := a.k.expSum(s, mx)
-	a.k.wsum(o, vc, kw, s)
+	sum := k.expSum(s, mx)
+	k.wsum(o, vc, ld, s)
 	inv := 1 / sum
 	for i := range o {
 		o[i] *= inv
@@ -210,4 +217,114 @@ func (a *attention) widen(tile, blk []float32, c *Tensor, kh, j0, m int) {
 			copy(tile[j*d:(j+1)*d], w[skip:skip+d])
 		}
 	}
+}
+
+// AttentionBlocks writes the rows' keys and values into the pools, then
+// computes each sequence's attention (see AttnBlocks): tasks of up to
+// blockTaskRows rows of one sequence and one KV head each gather the
+// sequence's keys and values of that head into contiguous rows and
+// attend to them as Attention does, so that every row's result has the
+// bits Attention gives it over a contiguous cache. The pools must be F32
+// here (the contract allows any float type).
+func (c *CPU) AttentionBlocks(out *Tensor, at AttnBlocks) error {
+	const op = "AttentionBlocks"
+	if err := operands(op, out, at.Q, at.K, at.V, at.KPool, at.VPool); err != nil {
+		return err
+	}
+	if at.KPool.dtype != F32 {
+		return fmt.Errorf("tensor: cpu: %s: the pools are %v; this backend reads F32 pools only", op, at.KPool.dtype)
+	}
+	a := blocksPool.Get().(*attnBlocks)
+	defer func() {
+		*a = attnBlocks{tasks: a.tasks[:0], first: a.first[:0]}
+		blocksPool.Put(a)
+	}()
+	*a = attnBlocks{
+		k: c.k, q: at.Q.F32(), kin: at.K.F32(), vin: at.V.F32(), kp: at.KPool.F32(), vp: at.VPool.F32(), out: out.F32(),
+		seqs: at.Seqs, heads: at.Heads, kvHeads: at.KVHeads, group: at.Heads / at.KVHeads, d: at.HeadDim, bs: at.BlockSize,
+		scale: at.Scale, tasks: a.tasks[:0], first: a.first[:0],
+	}
+	work, row := 0, 0
+	for i, s := range at.Seqs {
+		a.first = append(a.first, row)
+		for r := 0; r < s.Rows; r += blockTaskRows {
+			for kh := range at.KVHeads {
+				a.tasks = append(a.tasks, blockTask{seq: i, kvh: kh, r0: r, r1: min(s.Rows, r+blockTaskRows)})
+			}
+		}
+		work += s.Rows * at.Heads * (s.Pos0 + s.Rows) * at.HeadDim
+		row += s.Rows
+	}
+	// The keys and values first: a sequence's rows attend to each other's.
+	a.writing = true
+	c.runMaybe(row*a.kvHeads*a.d < minParallel, len(at.Seqs), a)
+	a.writing = false
+	c.runMaybe(work < minParallel, len(a.tasks), a)
+	return nil
+}
+
+// blockTaskRows is the most rows of one sequence an AttentionBlocks task
+// computes; a prompt's chunk spreads over several tasks, each gathering
+// the positions its last row sees.
+const blockTaskRows = 32
+
+// attnBlocks is one AttentionBlocks call; recycled through blocksPool.
+type attnBlocks struct {
+	k                        *kernels
+	q, kin, vin, kp, vp, out []float32
+	seqs                     []SeqBlocks
+	heads, kvHeads, group, d int
+	bs                       int
+	scale                    float32
+	tasks                    []blockTask
+	first                    []int // each sequence's first row
+	writing                  bool  // the tasks write the keys and values, one sequence each
+}
+
+// blockTask is rows [r0, r1) of sequence seq, KV head kvh.
+type blockTask struct{ seq, kvh, r0, r1 int }
+
+var (
+	blocksPool = sync.Pool{New: func() any { return new(attnBlocks) }}
+	gatherBufs = sync.Pool{New: func() any { return new([]float32) }}
+)
+
+// slot is the pool row of position p of s.
+func (a *attnBlocks) slot(s *SeqBlocks, p int) int {
+	return int(s.Blocks[p/a.bs])*a.bs + p%a.bs
+}
+
+func (a *attnBlocks) run(i int) {
+	kw := a.kvHeads * a.d
+	if a.writing {
+		s := &a.seqs[i]
+		for r := range s.Rows {
+			src, dst := (a.first[i]+r)*kw, a.slot(s, s.Pos0+r)*kw
+			copy(a.kp[dst:dst+kw], a.kin[src:src+kw])
+			copy(a.vp[dst:dst+kw], a.vin[src:src+kw])
+		}
+		return
+	}
+	t := a.tasks[i]
+	s := &a.seqs[t.seq]
+	d, n := a.d, s.Pos0+t.r1 // the positions the task's last row sees
+	bp := gatherBufs.Get().(*[]float32)
+	if cap(*bp) < 2*n*d {
+		*bp = make([]float32, max(2*n*d, 2*cap(*bp)))
+	}
+	kg, vg := (*bp)[:n*d], (*bp)[n*d:2*n*d]
+	for j := range n {
+		src := a.slot(s, j)*kw + t.kvh*d
+		copy(kg[j*d:(j+1)*d], a.kp[src:src+d])
+		copy(vg[j*d:(j+1)*d], a.vp[src:src+d])
+	}
+	qw := a.heads * d
+	for r := t.r0; r < t.r1; r++ {
+		row := a.first[t.seq] + r
+		for h := t.kvh * a.group; h < (t.kvh+1)*a.group; h++ {
+			o := row*qw + h*d
+			attendHead(a.k, a.out[o:o+d], a.q[o:o+d], kg, vg, d, s.Pos0+r+1, a.scale)
+		}
+	}
+	gatherBufs.Put(bp)
 }

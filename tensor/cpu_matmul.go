@@ -74,12 +74,7 @@ func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 	case k == 0:
 		mm.zeroK()
 	case m == 1:
-		tasks := (n + decodeRows - 1) / decodeRows
-		if small {
-			tasks = 1
-		}
-		per := (n + tasks - 1) / tasks
-		mm.per = (per + 3) &^ 3
+		mm.per = decodePer(n, k)
 		mm.mode = modeDecode
 		c.pool.runTask((n+mm.per-1)/mm.per, mm)
 	case c.k.gemm != nil:
@@ -93,6 +88,58 @@ func (c *CPU) MatMul(out, x, w, bias *Tensor) error {
 		mm.bn = (n + prefillN - 1) / prefillN
 		c.runMaybe(small, (m+prefillM-1)/prefillM*mm.bn, mm)
 	}
+	return nil
+}
+
+// decodePer is the weight rows of one task of a one-row product of n
+// weight rows of k elements: a multiple of 4, the width of the gemv kernels.
+func decodePer(n, k int) int {
+	tasks := (n + decodeRows - 1) / decodeRows
+	if n*k < minParallel {
+		tasks = 1
+	}
+	per := (n + tasks - 1) / tasks
+	return (per + 3) &^ 3
+}
+
+// MatMulRows is MatMul with each row of out computed as a one-row MatMul
+// computes it (tensor.RowExact): the gemv kernels over the same blocks of
+// weight rows, or for quantized weights the integer product over the same
+// blocks, whatever the number of rows. A batch of sequences then gets, row
+// for row, the bits each sequence gets alone; MatMul's several-row kernels
+// (the gemm, the gemm over dequantized weights) round differently. Each
+// task multiplies its block of weight rows with every row of x, so the
+// block is read from memory once and from the cache for the other rows.
+func (c *CPU) MatMulRows(out, x, w, bias *Tensor) error {
+	if err := operands("MatMulRows", out, x, w, bias); err != nil {
+		return err
+	}
+	if w.dtype.IsQuantized() {
+		return c.matMulQuantRows(out, x, w, bias, true)
+	}
+	m, k, n := x.shape[0], x.shape[1], w.shape[0]
+	if m == 0 || n == 0 {
+		return nil
+	}
+	mm := matmulPool.Get().(*matmul)
+	defer mm.release()
+	*mm = matmul{k: c.k, m: m, n: n, kd: k, x: x.F32(), out: out.F32(), wdt: w.dtype, scratch: mm.scratch}
+	if w.dtype == F32 {
+		mm.w32 = w.F32()
+	} else {
+		mm.w16 = w.U16()
+	}
+	if bias != nil {
+		mm.bias = newFvec(bias)
+		mm.hasBias = true
+	}
+	if k == 0 {
+		mm.zeroK()
+		return nil
+	}
+	mm.per = decodePer(n, k)
+	mm.mode = modeRows
+	c.runMaybe(m*n*k < minParallel, (n+mm.per-1)/mm.per, mm)
 	return nil
 }
 
@@ -136,6 +183,7 @@ type mmMode int
 
 const (
 	modeDecode mmMode = iota
+	modeRows
 	modePack
 	modeGemm
 	modePrefillGo
@@ -153,7 +201,11 @@ func (mm *matmul) release() {
 func (mm *matmul) run(t int) {
 	switch mm.mode {
 	case modeDecode:
-		mm.decode(t*mm.per, min(mm.n, (t+1)*mm.per))
+		mm.decode(0, t*mm.per, min(mm.n, (t+1)*mm.per))
+	case modeRows:
+		for i := range mm.m {
+			mm.decode(i, t*mm.per, min(mm.n, (t+1)*mm.per))
+		}
 	case modePack:
 		mm.pack(t)
 	case modeGemm:
@@ -179,22 +231,24 @@ func (mm *matmul) zeroK() {
 	}
 }
 
-// decode computes output columns [j0, j1) of the single row of x.
-func (mm *matmul) decode(j0, j1 int) {
-	k, out := mm.kd, mm.out[j0:j1]
+// decode computes output columns [j0, j1) of row i of x with the gemv
+// kernels.
+func (mm *matmul) decode(i, j0, j1 int) {
+	k, row := mm.kd, mm.out[i*mm.n:(i+1)*mm.n]
+	x, out := mm.x[i*k:(i+1)*k], row[j0:j1]
 	switch mm.wdt {
 	case F32:
-		mm.k.gemvF32(out, mm.x, mm.w32[j0*k:j1*k])
+		mm.k.gemvF32(out, x, mm.w32[j0*k:j1*k])
 	case F16:
-		mm.k.gemvF16(out, mm.x, mm.w16[j0*k:j1*k])
+		mm.k.gemvF16(out, x, mm.w16[j0*k:j1*k])
 	case BF16:
-		mm.k.gemvBF16(out, mm.x, mm.w16[j0*k:j1*k])
+		mm.k.gemvBF16(out, x, mm.w16[j0*k:j1*k])
 	default:
 		panic(fmt.Sprintf("tensor: matmul with %v weights", mm.wdt)) // unreachable: checked by MatMul
 	}
 	if mm.hasBias {
 		for j := j0; j < j1; j++ {
-			mm.out[j] += mm.bias.at(j)
+			row[j] += mm.bias.at(j)
 		}
 	}
 }

@@ -21,7 +21,7 @@ type elemOp struct {
 	k       *kernels  // SiLUMul
 	o, a, b []float32 // out and the inputs (RMSNorm: a = x)
 	w       fvec      // RMSNorm weight
-	d       int       // RMSNorm row length
+	d       int       // RMSNorm and SiLUMul row length
 	eps     float32
 }
 
@@ -58,7 +58,13 @@ func (e *elemOp) run(t int) {
 	case elemRMSNorm:
 		e.rmsNorm(lo, hi)
 	case elemSiLUMul:
-		e.k.siluMul(e.o[lo:hi], e.a[lo:hi], e.b[lo:hi])
+		// Row by row: the kernels' vector body and scalar tail round
+		// differently, so each element's kernel depends on its place in
+		// its row alone, never on where a task's range ends.
+		d := e.d
+		for i := lo; i < hi; i++ {
+			e.k.siluMul(e.o[i*d:(i+1)*d], e.a[i*d:(i+1)*d], e.b[i*d:(i+1)*d])
+		}
 	default:
 		o, x, y := e.o[lo:hi], e.a[lo:hi], e.b[lo:hi]
 		for i := range o {
@@ -141,15 +147,26 @@ func (c *CPU) Rope(x *Tensor, r Rotary) error {
 }
 
 // SiLUMul computes out = silu(gate) * up elementwise, silu(g) = g/(1+e^-g).
-// All three are F32 of one shape; out may alias gate or up.
+// All three are F32 of one shape; out may alias gate or up. Rows (of the
+// last dimension) are computed whole, so an element's bits do not depend on
+// how many rows share the call.
 func (c *CPU) SiLUMul(out, gate, up *Tensor) error {
 	if err := operands("SiLUMul", out, gate, up); err != nil {
 		return err
 	}
 	e := elemPool.Get().(*elemOp)
 	*e = elemOp{kind: elemSiLUMul, k: c.k, o: out.F32(), a: gate.F32(), b: up.F32()}
-	e.n = len(e.o)
-	c.parallelRange(e, minParallelElems/4)
+	if len(e.o) == 0 {
+		*e = elemOp{}
+		elemPool.Put(e)
+		return nil
+	}
+	e.d = len(e.o)
+	if sh := out.shape; len(sh) > 0 && sh[len(sh)-1] > 0 {
+		e.d = sh[len(sh)-1]
+	}
+	e.n = len(e.o) / e.d
+	c.parallelRange(e, max(1, minParallelElems/4/e.d))
 	return nil
 }
 

@@ -91,6 +91,13 @@ func (q *qmatmul) release() {
 // quantize (NaN, infinities, or for Q8_0 magnitudes beyond 65504·127) are
 // an error wrapping quant.ErrNotFinite.
 func (c *CPU) matMulQuant(out, x, w, bias *Tensor) error {
+	return c.matMulQuantRows(out, x, w, bias, false)
+}
+
+// matMulQuantRows is matMulQuant; when rows is set, every row of x is
+// multiplied over the blocks of weight rows a one-row product uses, so that
+// its bits are a one-row product's (MatMulRows).
+func (c *CPU) matMulQuantRows(out, x, w, bias *Tensor, rows bool) error {
 	typ, ok := w.dtype.Quant()
 	act := quant.VecDotType(typ)
 	if !ok || act == quant.F32 {
@@ -133,7 +140,7 @@ func (c *CPU) matMulQuant(out, x, w, bias *Tensor) error {
 	// Decode: about four tasks per thread, each of qMinTask to qMaxTask
 	// bytes of weights. Prefill: tasks of qPrefillTask bytes.
 	per := qPrefillTask / q.wb
-	if m == 1 {
+	if m == 1 || rows {
 		per = (n + 4*c.threads - 1) / (4 * c.threads)
 		per = min(max(per, qMinTask/q.wb), qMaxTask/q.wb)
 	}

@@ -7,6 +7,7 @@
 //	bench -ceilings -device cuda -out results.jsonl
 //	bench -model DIR -name llama2-7b -device cuda -runs none,4GiB:balanced,4GiB:balanced:unified -out results.jsonl
 //	bench -report results.jsonl,hf.jsonl [-md table.md] [-json table.json]
+//	bench -model DIR -device cuda -runs none,4GiB -streams 4 -out results.jsonl
 //
 // A run is BUDGET[:STRATEGY[:MODE[:POLICY]]]: BUDGET is "none" or a size
 // (4GiB), STRATEGY one of none, minimal, balanced, aggressive, hybrid
@@ -18,10 +19,14 @@
 // whether its routing is synthetic), and the report judges it against the
 // bound of its measured misses: their bytes over the link plus the
 // weights a token reads from device memory. run-gpu.sh drives a whole
-// comparison on a GPU machine.
+// comparison on a GPU machine. With -streams N a run also decodes N
+// requests at once through the engine's batcher and reports their
+// aggregate tok/s, the p50 and p99 of the inter-token latency and of the
+// time to first token.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,11 +60,11 @@ func main() {
 }
 
 type options struct {
-	model, name, device, runs, out, report, md, jsonOut string
-	prefill, hostLimit, kvDType                         string
-	decode, warmup, threads, chunk                      int
-	kv                                                  tensor.DType // kvDType parsed
-	ceilings                                            bool
+	model, name, device, runs, out, report, md, jsonOut   string
+	prefill, hostLimit, kvCache, kvDType                  string
+	decode, warmup, threads, chunk, streams, promptTokens int
+	kv                                                    tensor.DType // kvDType parsed
+	ceilings                                              bool
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -72,7 +77,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.prefill, "prefill", "128,512", "prompt lengths to time")
 	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")
 	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
-	fs.IntVar(&o.chunk, "chunk", 512, "prefill chunk")
+	fs.IntVar(&o.streams, "streams", 0, "also decode `N` requests at once through the engine's batcher: aggregate tok/s, inter-token latency and time to first token")
+	fs.IntVar(&o.promptTokens, "prompt-tokens", 16, "prompt `tokens` before the decode steps (their prefill is timed too): the context the timed steps attend over")
+	fs.StringVar(&o.kvCache, "kv-cache", "", "where the KV cache lives: device (default), host or auto (see generate -help)")
+	fs.IntVar(&o.chunk, "chunk", 0, "prefill chunk (0: the engine's choice, 512 or larger under a budget: engine.AutoChunk)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0")
@@ -99,10 +107,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-decode %d must be >= 1", o.decode)
 	case o.warmup < 0:
 		return fmt.Errorf("-warmup %d must be >= 0", o.warmup)
-	case o.chunk < 1:
-		return fmt.Errorf("-chunk %d must be >= 1", o.chunk)
+	case o.chunk < 0:
+		return fmt.Errorf("-chunk %d must be >= 0", o.chunk)
 	case o.threads < 0:
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
+	case o.streams < 0:
+		return fmt.Errorf("-streams %d must be >= 0", o.streams)
+	case o.promptTokens < 1:
+		return fmt.Errorf("-prompt-tokens %d must be >= 1", o.promptTokens)
+	}
+	kvPlace, err := paging.ParseKVPlacement(o.kvCache)
+	if err != nil {
+		return fmt.Errorf("-kv-cache: %w", err)
 	}
 	kv, err := tensor.ParseCacheDType(o.kvDType)
 	if err != nil {
@@ -164,7 +180,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			if err := ctx.Err(); err != nil {
 				return err // nothing is appended for an interrupted comparison
 			}
-			r, err := measure(ctx, b, lm, name, s, prefill, hostCache, o)
+			r, err := measure(ctx, b, lm, name, s, prefill, hostCache, kvPlace, o)
 			if err != nil {
 				r = &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 					Strategy: string(s.strategy), Mode: string(s.mode), Error: err.Error()}
@@ -174,6 +190,13 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 					name, s, r.DecodeTokS, fmtRates(r.PrefillTokS), paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes))
 				if r.Experts != nil {
 					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Experts)
+				}
+				if r.Streams != nil {
+					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Streams)
+				}
+				if k := r.KV; k != nil && len(k.HostBlocks) > 0 {
+					fmt.Fprintf(stdout, "%-12s %-36s %s; at %d prompt tokens: host KV read %s/token, CPU attention %.2f ms/token, decode bound %.2f tok/s (%.2f without KV reads)\n",
+						name, s, k.KVReport, k.PromptTokens, paging.FormatSize(int64(k.HostKVReadPerToken)), k.CPUAttentionMsPerToken, k.DecodeBoundTokS, k.DecodeBoundNoKVReadTokS)
 				}
 			}
 			results = append(results, r)
@@ -244,7 +267,7 @@ func parseInts(s string) ([]int, error) {
 // contextLen returns the longest prompt a run times and the positions its
 // session holds: that prompt, the warm-up and the timed decode steps.
 func contextLen(prefill []int, o options) (maxPrompt, positions int) {
-	maxPrompt = 16
+	maxPrompt = max(16, o.promptTokens)
 	for _, p := range prefill {
 		maxPrompt = max(maxPrompt, p)
 	}
@@ -258,7 +281,7 @@ func checkContext(cfg *arch.Config, prefill []int, o options) error {
 	maxPrompt, n := contextLen(prefill, o)
 	// Each part first: with one of them past the limit the sum may overflow.
 	if maxPrompt > limit || o.warmup > limit || o.decode > limit || n > limit {
-		return fmt.Errorf("-prefill up to %d, -warmup %d and -decode %d need more positions than %s", maxPrompt, o.warmup, o.decode, cli.Context(cfg))
+		return fmt.Errorf("-prefill and -prompt-tokens up to %d, -warmup %d and -decode %d need more positions than %s", maxPrompt, o.warmup, o.decode, cli.Context(cfg))
 	}
 	return nil
 }
@@ -374,6 +397,7 @@ type Result struct {
 	Overlap         float64            `json:"overlap"`
 	PeakDeviceBytes int64              `json:"peak_device_bytes"`
 	LoadSeconds     float64            `json:"load_s"`
+	Chunk           int                `json:"chunk"` // the prefill chunk
 	// Hybrid is set for the CPU+GPU strategies (hybrid, cpu): the plan's
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
@@ -381,13 +405,79 @@ type Result struct {
 	// Experts is a mixture of experts' expert cache over the timed decode
 	// steps; StreamedBytes are then the other weights' streamed bytes.
 	Experts *engine.ExpertReport `json:"experts,omitempty"`
-	Error   string               `json:"error,omitempty"`
+	// Streams is the batched decode of -streams.
+	Streams *StreamsResult `json:"streams,omitempty"`
+	// KV is where the KV cache was and what reading it cost over the
+	// timed decode steps.
+	KV    *KVResult `json:"kv,omitempty"`
+	Error string    `json:"error,omitempty"`
 }
 
-func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, o options) (*Result, error) {
+// KVResult is the KV cache's part of a run: its placement (bytes on the
+// device and in host memory), the context the timed steps attended over,
+// the KV bytes a step read on each side, the CPU's attention time per
+// step, and the decode bound with those reads counted: per token the
+// streamed weights over the H2D rate plus the host KV bytes over the CPU
+// rate (the engine's measured rates; 0 without them).
+type KVResult struct {
+	*engine.KVReport
+	PromptTokens            int     `json:"prompt_tokens"`
+	HostKVReadPerToken      float64 `json:"host_kv_read_bytes_per_token"`
+	DeviceKVReadPerToken    float64 `json:"device_kv_read_bytes_per_token"`
+	CPUAttentionMsPerToken  float64 `json:"cpu_attention_ms_per_token"`
+	DecodeBoundTokS         float64 `json:"decode_bound_tok_s"`
+	DecodeBoundNoKVReadTokS float64 `json:"decode_bound_without_kv_reads_tok_s"`
+}
+
+// kvResult is a run's KVResult from the engine's reports before (kv0) and
+// after the timed decode steps. With the hybrid strategies the CPU reads
+// its layers and the host KV while the link streams, and the bound is the
+// slower of the two (at their shared rates).
+func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options) *KVResult {
+	if kv == nil {
+		return nil
+	}
+	r := &KVResult{KVReport: kv, PromptTokens: o.promptTokens}
+	// The steps attend over the prompt, the warm-up and half the timed
+	// steps on average: 2 (keys, values) x 4 bytes x KVDim per position.
+	pos := float64(o.promptTokens+o.warmup) + float64(o.decode)/2
+	perBlock := 8 * float64(cfg.KVDim()) * pos
+	nHost := float64(len(kv.HostBlocks))
+	r.HostKVReadPerToken = nHost * perBlock
+	r.DeviceKVReadPerToken = (float64(cfg.NumLayers) - nHost) * perBlock
+	r.CPUAttentionMsPerToken = float64(kv.CPUAttention-kv0.CPUAttention) / 1e6 / float64(o.decode)
+	if rt := kv.Rates; rt != nil && rt.H2D > 0 && rt.CPU > 0 {
+		if h := res.Hybrid; h != nil {
+			h2d, cpu := cmp.Or(rt.H2DShared, rt.H2D), cmp.Or(rt.CPUShared, rt.CPU)
+			link := float64(h.StreamedBytes) / h2d
+			if t := max(link, float64(h.CPUBytes)/cpu); t > 0 {
+				r.DecodeBoundNoKVReadTokS = 1 / t
+			}
+			if t := max(link, (float64(h.CPUBytes)+r.HostKVReadPerToken)/cpu); t > 0 {
+				r.DecodeBoundTokS = 1 / t
+			}
+			return r
+		}
+		link := float64(res.StreamedBytes) / rt.H2D
+		dev := 0.0
+		if rt.Device > 0 {
+			dev = r.DeviceKVReadPerToken / rt.Device
+		}
+		r.DecodeBoundNoKVReadTokS = 1 / link
+		if link == 0 {
+			r.DecodeBoundNoKVReadTokS = 0
+		}
+		if t := link + r.HostKVReadPerToken/rt.CPU + dev; t > 0 {
+			r.DecodeBoundTokS = 1 / t
+		}
+	}
+	return r
+}
+
+func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, kv paging.KVPlacement, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVDType: o.kv}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -400,7 +490,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	plan := e.Devices()[0].Plan
 	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 		Strategy: string(e.Strategy()), Mode: string(e.Mode()), WeightBytes: lm.WeightBytes(),
-		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, KVDType: e.KVDType().String()}
+		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, Chunk: e.Chunk(), KVDType: e.KVDType().String()}
 	sess, err := e.NewSession()
 	if err != nil {
 		return nil, err
@@ -434,9 +524,13 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		r.PrefillTokS[strconv.Itoa(p)] = float64(p) / time.Since(t0).Seconds()
 	}
 	sess.Reset()
-	logits, err := sess.Forward(ctx, prompt[:16], false, nil)
+	t0 := time.Now()
+	logits, err := sess.Forward(ctx, prompt[:o.promptTokens], false, nil)
 	if err != nil {
 		return nil, err
+	}
+	if key := strconv.Itoa(o.promptTokens); o.promptTokens > 16 && r.PrefillTokS[key] == 0 {
+		r.PrefillTokS[key] = float64(o.promptTokens) / time.Since(t0).Seconds()
 	}
 	step := func() error {
 		id := int32(nn.Argmax(logits))
@@ -454,7 +548,8 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	experts0 := e.Experts()
 	cw := paging.StartCopyWindow(b)
 	busy0 := busyOf(sess)
-	t0 := time.Now()
+	kv0 := e.KV()
+	t0 = time.Now()
 	for range o.decode {
 		if err := step(); err != nil {
 			return nil, err
@@ -469,10 +564,18 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	if x := e.Experts(); x != nil {
 		r.Experts = x.Since(experts0, o.decode)
 	}
+	r.KV = kvResult(e.KV(), kv0, r, cfg, o)
 	if r.Hybrid != nil {
 		for dev, d := range busyOf(sess) {
 			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)
 		}
+	}
+	if o.streams > 0 {
+		sess.Close() // its KV cache makes room for the batcher's pool
+		if r.Streams, err = measureStreams(ctx, e, o.streams, o); err != nil {
+			return nil, fmt.Errorf("-streams %d: %w", o.streams, err)
+		}
+		r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
 	}
 	return r, nil
 }

@@ -3,9 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/loader/fixtures"
 )
 
@@ -19,12 +23,16 @@ func TestBenchFlags(t *testing.T) {
 		want string // in the error; "" for success
 	}{
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2"}, ""},
-		{[]string{"-prefill", "300"}, "-prefill up to 300, -warmup 4 and -decode 64 need more positions than the model's context of 256 positions"},
+		{[]string{"-prefill", "300"}, "-prefill and -prompt-tokens up to 300, -warmup 4 and -decode 64 need more positions than the model's context of 256 positions"},
 		{[]string{"-prefill", "128", "-decode", "128"}, "need more positions"},
 		{[]string{"-decode", "9223372036854775807"}, "need more positions"},
 		{[]string{"-decode", "0"}, "-decode 0"},
 		{[]string{"-warmup", "-1"}, "-warmup -1"},
-		{[]string{"-chunk", "0"}, "-chunk 0"},
+		{[]string{"-chunk", "-1"}, "-chunk -1"},
+		{[]string{"-streams", "-1"}, "-streams -1"},
+		{[]string{"-prompt-tokens", "0"}, "-prompt-tokens 0"},
+		{[]string{"-prompt-tokens", "250"}, "need more positions"},
+		{[]string{"-kv-cache", "disk"}, "-kv-cache"},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_0"}, ""},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "bf16"}, ""},
 		{[]string{"-kv-dtype", "int4"}, `-kv-dtype: unknown KV cache dtype "int4"`},
@@ -40,5 +48,86 @@ func TestBenchFlags(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestBenchPromptTokens: -prompt-tokens sets the context the timed decode
+// steps attend over, its prefill is timed under its length, and the result
+// reports the KV cache (all on the device on the CPU, with the bytes the
+// steps read from it).
+func TestBenchPromptTokens(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	var stdout bytes.Buffer
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-prompt-tokens", "100", "-warmup", "1", "-decode", "3", "-out", out}
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(bytes.TrimSpace(data), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.PrefillTokS["100"] <= 0 || r.PrefillTokS["16"] <= 0 {
+		t.Errorf("prefill rates %v, want 16 and 100", r.PrefillTokS)
+	}
+	// 4 blocks x 2 x 4 bytes x KVDim 32 x (100 + 1 + 3/2) positions.
+	if r.KV == nil || r.KV.Placement != "device" || r.KV.PromptTokens != 100 || r.KV.DeviceKVReadPerToken != 4*8*32*102.5 || r.KV.HostKVReadPerToken != 0 {
+		t.Errorf("kv %+v", r.KV)
+	}
+}
+
+// TestBoundsHostKV: a run with its KV cache in host memory is judged
+// against the decode bound with the host KV reads counted, not the
+// streaming bound alone.
+func TestBoundsHostKV(t *testing.T) {
+	c := &Ceilings{PinnedGBps: 50, DeviceGBps: 4000}
+	r := Result{Strategy: "balanced", StreamedBytes: 10e9, WeightBytes: 13e9, DecodeTokS: 3,
+		KV: &KVResult{KVReport: &engine.KVReport{HostBlocks: []int{30, 31}}, DecodeBoundTokS: 4}}
+	row := Row{Result: r}
+	bounds(&row, c)
+	if row.Bound != "stream+host KV" || row.BoundTokS != 4 || row.OfBound != 0.75 {
+		t.Errorf("bound %q %.2f tok/s, of bound %.2f; want stream+host KV 4, 0.75", row.Bound, row.BoundTokS, row.OfBound)
+	}
+	r.KV = nil
+	row = Row{Result: r}
+	bounds(&row, c)
+	if row.Bound != "stream" || row.BoundTokS != 5 {
+		t.Errorf("without host KV: bound %q %.2f tok/s, want stream 5", row.Bound, row.BoundTokS)
+	}
+}
+
+// TestBenchStreams: -streams 3 decodes three requests at once through the
+// batcher and reports them, in the output and in the JSON line: the
+// aggregate rate, latencies that are positive and ordered (p50 <= p99), a
+// mean batch above one, the KV pool.
+func TestBenchStreams(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	var stdout bytes.Buffer
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "12", "-streams", "3", "-out", out}
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), "3 streams: decode") {
+		t.Errorf("output %q", stdout.String())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	s := r.Streams
+	if s == nil {
+		t.Fatalf("no streams in %s", data)
+	}
+	t.Logf("%s", s)
+	if s.Streams != 3 || !(s.DecodeTokS > 0) || !(s.InterTokenP50Ms > 0) || s.InterTokenP50Ms > s.InterTokenP99Ms ||
+		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 {
+		t.Errorf("streams %+v", s)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -115,7 +116,8 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 // the run's own (a CPU+GPU run measures them at start) or the ceilings'.
 // The row is judged against the bound of what it does: the hybrid bound for
 // the hybrid strategy, the CPU bound for cpu, the stream bound when it
-// streams, else the device-memory bound.
+// streams, else the device-memory bound; with a KV cache in host memory,
+// the bound with its reads counted.
 func bounds(row *Row, c *Ceilings) {
 	r := row.Result
 	if x := r.Experts; x != nil {
@@ -151,6 +153,11 @@ func bounds(row *Row, c *Ceilings) {
 		}
 	} else if c != nil && c.DeviceGBps > 0 && r.WeightBytes > 0 {
 		row.Bound, row.BoundTokS = "device", c.DeviceGBps*1e9/float64(r.WeightBytes)
+	}
+	// A KV cache in host memory: the CPU reads it each step besides what
+	// streams (KVResult's bound, from the engine's rates).
+	if k := r.KV; k != nil && k.KVReport != nil && len(k.HostBlocks) > 0 && k.DecodeBoundTokS > 0 {
+		row.Bound, row.BoundTokS = cmp.Or(row.Bound, "stream")+"+host KV", k.DecodeBoundTokS
 	}
 	if row.BoundTokS > 0 {
 		row.OfBound = r.DecodeTokS / row.BoundTokS

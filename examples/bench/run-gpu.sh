@@ -5,13 +5,17 @@
 # then, on the GPU machine, from the repository root:
 #   OUT=bench-out examples/bench/run-gpu.sh
 # STEPS picks what runs (default: all of synth-tiny synth-7b ceilings tiny 7b
-# hf-tiny hf-7b report); the mixtures of experts are steps of their own,
+# hf-tiny hf-7b report; 7b-streams, the batched decode of -streams, is a
+# step of its own); the mixtures of experts are steps of their own,
 # not in the default: synth-mixtral mixtral hf-mixtral (Mixtral-8x7B shape,
 # 93 GB in F16) and synth-qwen3moe qwen3moe hf-qwen3moe (Qwen3-30B-A3B
-# shape, 61 GB),
-# each synthesised once with uniform routing and given a second config
-# with skewed, temporally local routing (the same weights, hard-linked);
-# reports say "synthetic routing".
+# shape, 61 GB), each synthesised once with uniform routing and given a
+# second config with skewed, temporally local routing (the same weights,
+# hard-linked); reports say "synthetic routing"; and synth-7b-long 7b-long
+# (long prompts under a budget with the KV cache in host memory: the 7B
+# shape given a context of 32,768 positions, an 8,000-token prompt at
+# 4 GiB and a 32,000-token one at 8 GiB, -kv-cache host and auto; needs
+# synth-7b).
 # MODELS is where the synthesised models go (16 GB, and the MoE ones'
 # sizes: a disk of 64 GB holds one of them at most).
 set -uo pipefail
@@ -42,6 +46,19 @@ c = json.load(open(sys.argv[1]))
 c["strata_synthetic_routing"] = {"skew": float(sys.argv[3]), "locality": float(sys.argv[4]), "seed": 1}
 json.dump(c, open(sys.argv[2], "w"), indent=2)' "$1/config.json" "$2/config.json" "$3" "$4"
 }
+# context DIR OUT N: a copy of DIR's model (weights hard-linked) whose
+# config.json says max_position_embeddings N.
+context() {
+	mkdir -p "$2" && ln -f "$1"/*.safetensors "$1"/*.json "$2"/ && rm -f "$2/config.json" &&
+		python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["max_position_embeddings"] = int(sys.argv[3])
+json.dump(c, open(sys.argv[2], "w"), indent=2)' "$1/config.json" "$2/config.json" "$3"
+}
+if has synth-7b-long; then
+	log synth llama2-7b-32k
+	context "$MODELS/llama2-7b" "$MODELS/llama2-7b-32k" 32768
+fi
 if has synth-mixtral; then
 	log synth mixtral-8x7b
 	"$BIN/synth" -out "$MODELS/mixtral-8x7b" -preset mixtral-8x7b -dtype f16 -seed 1 -shard-size 4GB -router-skew 0 &&
@@ -68,6 +85,35 @@ if has 7b; then
 	# aggressive reads every layer from disk for every token: fewer steps.
 	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode 6 -warmup 1 -prefill 128 -out "$OUT/strata.jsonl" \
 		-runs ${RUNS_7B_SLOW:-4GiB:aggressive}
+fi
+# Batched decode: 1, 4 and 16 requests at once through the batcher, the 7B
+# shape resident and at 4 GiB (aggregate tok/s, inter-token latency and
+# time to first token in the "streams" field of each result).
+if has 7b-streams; then
+	for n in ${STREAMS:-1 4 16}; do
+		log strata llama2-7b streams=$n
+		"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode "$DECODE" -prefill 128 -streams "$n" \
+			-out "$OUT/strata.jsonl" -runs ${RUNS_7B_STREAMS:-none,4GiB:balanced}
+	done
+fi
+# Long prompts: the KV cache of an 8,000-token prompt (7.9 GiB in F32) does
+# not fit a 4 GiB budget on the device, nor a 32,000-token one's (31 GiB)
+# 8 GiB: in host memory the CPU attends over it in decode and prefill
+# uploads it. Each result reports prefill at the prompt's length, decode
+# at that context, the CPU's attention time and the bound with the host KV
+# reads counted; the resident run with the cache on the device is the
+# reference.
+if has 7b-long; then
+	log strata llama2-7b-32k
+	M="$MODELS/llama2-7b-32k"
+	"$BIN/bench" -device cuda -model "$M" -name llama2-7b-8k -prefill 512 -prompt-tokens 8000 -decode 16 -warmup 2 -out "$OUT/strata.jsonl" \
+		-runs none
+	for kv in host auto; do
+		"$BIN/bench" -device cuda -model "$M" -name "llama2-7b-8k-kv-$kv" -kv-cache $kv -prefill 512 -prompt-tokens 8000 -decode 16 -warmup 2 -out "$OUT/strata.jsonl" \
+			-runs ${RUNS_7B_8K:-4GiB:balanced,4GiB:hybrid}
+		"$BIN/bench" -device cuda -model "$M" -name "llama2-7b-32k-kv-$kv" -kv-cache $kv -prefill 512 -prompt-tokens 32000 -decode 8 -warmup 1 -out "$OUT/strata.jsonl" \
+			-runs ${RUNS_7B_32K:-8GiB:balanced,8GiB:hybrid}
+	done
 fi
 # The mixtures of experts: experts paged one by one, each policy, uniform
 # routing (the worst case) and skewed. Prefill of 128 tokens uses most

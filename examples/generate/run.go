@@ -63,7 +63,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.device, "device", "auto", "cpu, cuda, cuda:N or auto (cuda when compiled in and a device exists)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON report at the end instead of streaming text")
 	fs.StringVar(&o.logitsOut, "logits-out", "", "write the prompt's logits [prompt length, vocab] F32 to this safetensors `file`")
-	fs.IntVar(&o.chunk, "prefill-chunk", 512, "prompt tokens processed per forward step")
+	fs.IntVar(&o.chunk, "prefill-chunk", 0, "prompt tokens processed per forward step (default 512; under a budget, the largest power of two up to 4096 whose activations take at most an eighth of it, so that a long prompt streams the weights fewer times)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads; 0 is all cores")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	o.mem.Register(fs)
@@ -79,8 +79,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	switch {
 	case o.maxNew < 0:
 		return nil, cli.Usagef("-max-new-tokens %d must be >= 0", o.maxNew)
-	case o.chunk <= 0:
-		return nil, cli.Usagef("-prefill-chunk %d must be > 0", o.chunk)
+	case o.chunk < 0:
+		return nil, cli.Usagef("-prefill-chunk %d must be >= 0 (0: the engine's choice)", o.chunk)
 	case o.threads < 0:
 		return nil, cli.Usagef("-threads %d must be >= 0", o.threads)
 	}
@@ -168,6 +168,10 @@ type report struct {
 	// token, prefetch accuracy, guesses right, and the routing (router or
 	// synthetic).
 	Experts *engine.ExpertReport `json:"experts,omitempty"`
+	// KV is where the KV cache is (bytes on the device and in host
+	// memory, by block) and, for a part in host memory, the time the CPU
+	// spent attending over it and the rows moved (engine.KVReport).
+	KV *engine.KVReport `json:"kv"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr error) {
@@ -258,11 +262,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if !o.set["threads"] && o.mem.Threads > 0 {
 		o.threads = o.mem.Threads // the -config file's cpu_threads
 	}
-	if (mem.Strategy == paging.StrategyHybrid || mem.Strategy == paging.StrategyCPU) && strings.HasPrefix(specs[0], "cpu") {
-		return cli.Usagef("-offload %s computes beside a GPU: give -device cuda (running on cpu)", mem.Strategy)
-	}
-	if mem.Mode != "" && mem.Mode != paging.ModeExplicit && strings.HasPrefix(specs[0], "cpu") {
-		return cli.Usagef("-memory-mode %s needs a device with unified memory, such as -device cuda (running on cpu)", mem.Mode)
+	if err := cli.CheckPlacement(mem, specs); err != nil {
+		return err
 	}
 	if o.snapshot != "" && len(specs) > 1 {
 		return cli.Usagef("-memory-snapshot records one device; drop -devices or -memory-snapshot")
@@ -417,6 +418,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			r.Experts = x.Since(experts0, max(len(out)-1, 0))
 		}
 		r.Paging = st
+		r.KV = eng.KV()
 		r.PeakDeviceBytes = st.PeakDeviceBytes
 		r.ResidentWeightBytes = st.ResidentWeightBytes
 		r.StreamedBytesPerToken = st.BytesPerStep

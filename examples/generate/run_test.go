@@ -132,6 +132,8 @@ func TestBadInput(t *testing.T) {
 		{"bad top-p", []string{"-top-p", "2"}, true, "top-p"},
 		{"unknown flag", []string{"-frobnicate"}, true, "frobnicate"},
 		{"no cuda", []string{"-device", "cuda", "-ids", "1"}, false, "cuda"},
+		{"bad kv cache", []string{"-kv-cache", "disk", "-ids", "1"}, true, "-kv-cache"},
+		{"kv cache host on the cpu", []string{"-device", "cpu", "-kv-cache", "host", "-ids", "1"}, false, "no memory of its own"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -178,6 +180,9 @@ func TestBudgetsBitIdentical(t *testing.T) {
 	base, baseLogits := runOne("base")
 	if base.Plan == nil || base.Strategy != "none" {
 		t.Fatalf("unbudgeted run: strategy %q, plan %v", base.Strategy, base.Plan)
+	}
+	if base.KV == nil || base.KV.Placement != "device" || base.KV.DeviceBytes != base.Plan.KVCacheBytes || base.KV.DeviceBytes == 0 || base.KV.HostBytes != 0 {
+		t.Errorf("-json kv report %+v, want all %d bytes on the device", base.KV, base.Plan.KVCacheBytes)
 	}
 	for _, s := range []string{"minimal", "balanced", "aggressive"} {
 		r, logits := runOne(s, "-gpu-memory-limit", "190KiB", "-offload", s)

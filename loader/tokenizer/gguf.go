@@ -52,6 +52,8 @@ type GGUFVocab struct {
 	BOS, EOS, UNK  int
 	AddBOS, AddEOS bool // Encode(text, true) adds them
 	AddSpacePrefix bool // llama: ▁ in front of text
+	// ChatTemplate is tokenizer.chat_template, "" when none.
+	ChatTemplate string
 }
 
 // ggufPre is a pre-tokenizer of the gpt2 kind.
@@ -220,6 +222,16 @@ func fromGGUF(v *GGUFVocab) (*Tokenizer, error) {
 	}
 	t.setAdded(added)
 	t.maxTokenBytes = t.tokenSpan(added)
+	t.named = map[string]string{}
+	for _, n := range []struct {
+		key string
+		id  int
+	}{{"bos_token", v.BOS}, {"eos_token", v.EOS}, {"unk_token", v.UNK}} {
+		if n.id >= 0 && t.known[n.id] {
+			t.named[n.key] = t.tokens[n.id]
+		}
+	}
+	t.chatTemplate = v.ChatTemplate
 	return t, nil
 }
 
@@ -337,7 +349,8 @@ func (t *Tokenizer) ggufVocab(size int) (*GGUFVocab, error) {
 	if m.prefix != "" || m.suffix != "" {
 		return nil, fmt.Errorf("%w BPE with a continuing_subword_prefix or end_of_word_suffix", ErrUnsupported)
 	}
-	v := &GGUFVocab{Tokens: make([]string, size), Types: make([]int32, size), BOS: t.bos, EOS: t.eos, UNK: -1}
+	v := &GGUFVocab{Tokens: make([]string, size), Types: make([]int32, size), BOS: t.bos, EOS: t.eos, UNK: -1,
+		ChatTemplate: t.chatTemplate}
 	if m.unk != "" {
 		v.UNK = t.lookup(m.unk)
 	}

@@ -307,9 +307,23 @@ func TestGGUFVocabParity(t *testing.T) {
 			if tc.scoresOnly {
 				v.Merges = nil
 			}
+			if v.ChatTemplate != src.ChatTemplate() {
+				t.Errorf("GGUFVocab's ChatTemplate %.40q..., want the config's %.40q...", v.ChatTemplate, src.ChatTemplate())
+			}
 			tok, err := FromGGUF(v)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tok.ChatTemplate() != src.ChatTemplate() {
+				t.Errorf("FromGGUF lost the chat template: %.40q...", tok.ChatTemplate())
+			}
+			for _, key := range []string{"bos_token", "eos_token"} {
+				if got, want := tok.SpecialTokens()[key], src.SpecialTokens()[key]; got != want {
+					t.Errorf("SpecialTokens()[%s] = %q, want %q", key, got, want)
+				}
+			}
+			if id := tok.EOS(); id >= 0 && !tok.Special(id) {
+				t.Errorf("the EOS token %d is not Special", id)
 			}
 			var ref struct {
 				Cases []struct {

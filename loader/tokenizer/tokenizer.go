@@ -20,6 +20,9 @@ import (
 const (
 	TokenizerFile = "tokenizer.json"
 	ConfigFile    = "tokenizer_config.json"
+	// ChatTemplateFile, when present, holds the chat template in place of
+	// the config's chat_template (transformers writes it so since 4.43).
+	ChatTemplateFile = "chat_template.jinja"
 )
 
 // ErrUnsupported is wrapped by the error Load and Parse return for a
@@ -53,10 +56,16 @@ type Tokenizer struct {
 	// maxTokenBytes is MaxTokenBytes: the most input bytes one token
 	// stands for, 0 when unbounded.
 	maxTokenBytes int
+	// special holds the ids of the special added tokens (Special);
+	// named the config's named special tokens (SpecialTokens).
+	special map[int]bool
+	named   map[string]string
+	// chatTemplate is ChatTemplate.
+	chatTemplate string
 }
 
-// Load reads tokenizer.json from dir, and tokenizer_config.json if present.
-// A file that is not a regular file (a named pipe, a device) is refused
+// Load reads tokenizer.json from dir, and tokenizer_config.json and
+// chat_template.jinja if present. A file that is not a regular file (a named pipe, a device) is refused
 // before it is opened.
 func Load(dir string) (*Tokenizer, error) {
 	return load(func(name string) ([]byte, error) {
@@ -83,6 +92,16 @@ func load(read func(name string) ([]byte, error), where string) (*Tokenizer, err
 	if err != nil {
 		return nil, fmt.Errorf("%w (in %s)", err, where)
 	}
+	ct, err := read(ChatTemplateFile)
+	switch {
+	case err == nil:
+		if !utf8.Valid(ct) {
+			return nil, fmt.Errorf("tokenizer: %s is not UTF-8 text (in %s)", ChatTemplateFile, where)
+		}
+		t.chatTemplate = string(ct)
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("tokenizer: read %s: %w", ChatTemplateFile, err)
+	}
 	return t, nil
 }
 
@@ -98,6 +117,7 @@ type configFile struct {
 	CleanUp            *bool                     `json:"clean_up_tokenization_spaces"`
 	CleanUpBPE         *bool                     `json:"clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"`
 	AddedTokensDecoder map[string]addedTokenJSON `json:"added_tokens_decoder"`
+	ChatTemplate       json.RawMessage           `json:"chat_template"`
 }
 
 // tokenName reads a special token given as a string or as an AddedToken
@@ -192,6 +212,15 @@ func parse(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 	}
 	t.setAdded(added)
 	t.maxTokenBytes = t.tokenSpan(added)
+	t.named = map[string]string{}
+	for k, n := range names {
+		if n != "" {
+			t.named[k] = n
+		}
+	}
+	if t.chatTemplate, err = chatTemplate(cfg.ChatTemplate); err != nil {
+		return nil, fmt.Errorf("%s: chat_template: %v", ConfigFile, err)
+	}
 
 	// The id space: model vocabulary, overridden by added tokens.
 	size := 0
@@ -362,6 +391,12 @@ func (t *Tokenizer) setAdded(added []addedToken) {
 	}
 	t.rawAdded = newAddedMatcher(raw, rawPat)
 	t.normAdded = newAddedMatcher(norm, normPat)
+	t.special = map[int]bool{}
+	for _, a := range added {
+		if a.special {
+			t.special[a.id] = true
+		}
+	}
 }
 
 // lookup returns the id of a token, added tokens first, or -1.

@@ -89,6 +89,7 @@ func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("CopyRows", s.testCopyRows)
 	t.Run("Attention", s.testAttention)
 	t.Run("KVAppend", s.testKVAppend)
+	t.Run("AttentionBlocks", s.testAttentionBlocks)
 	t.Run("Errors", s.testErrors)
 	t.Run("Aliasing", s.testAliasing)
 	t.Run("Quant", s.testQuant)
@@ -711,6 +712,38 @@ func (s *suite) testErrors(t *testing.T) {
 		}},
 		{"Upload/past the end", func() error { return b.Upload(x24, 30, make([]byte, 4)) }},
 		{"Upload/negative offset", func() error { return b.Upload(x24, -4, make([]byte, 4)) }},
+		{"AttentionBlocks/rows do not add up", func() error {
+			return b.AttentionBlocks(f32s(2, 64), blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 1, Blocks: []int32{0}}}))
+		}},
+		{"AttentionBlocks/table too short", func() error {
+			return b.AttentionBlocks(f32s(2, 64), blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 2, Pos0: 3, Blocks: []int32{0}}}))
+		}},
+		{"AttentionBlocks/block outside the pool", func() error {
+			return b.AttentionBlocks(f32s(2, 64), blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 2, Blocks: []int32{2}}}))
+		}},
+		{"AttentionBlocks/negative block", func() error {
+			return b.AttentionBlocks(f32s(2, 64), blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 2, Blocks: []int32{-1}}}))
+		}},
+		{"AttentionBlocks/block listed twice", func() error {
+			return b.AttentionBlocks(f32s(2, 64), blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 2, Pos0: 4, Blocks: []int32{1, 1}}}))
+		}},
+		{"AttentionBlocks/written block read by another", func() error {
+			return b.AttentionBlocks(f32s(2, 64), blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 1, Blocks: []int32{0}}, {Rows: 1, Pos0: 4, Blocks: []int32{0, 1}}}))
+		}},
+		{"AttentionBlocks/pool not whole blocks", func() error {
+			a := blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 2, Blocks: []int32{0}}})
+			a.KPool, a.VPool = f32s(6, 32), f32s(6, 32)
+			return b.AttentionBlocks(f32s(2, 64), a)
+		}},
+		{"AttentionBlocks/block size 0", func() error {
+			a := blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 2, Blocks: []int32{0}}})
+			a.BlockSize = 0
+			return b.AttentionBlocks(f32s(2, 64), a)
+		}},
+		{"AttentionBlocks/out aliases q", func() error {
+			a := blocksArgs(f32s, []tensor.SeqBlocks{{Rows: 2, Blocks: []int32{0}}})
+			return b.AttentionBlocks(a.Q, a)
+		}},
 		{"Download/short buffer", func() error { return b.Download(make([]byte, 31), x24) }},
 		{"Download/long buffer", func() error { return b.Download(make([]byte, 33), x24) }},
 		{"Alloc/negative dimension", func() error { x, err := b.Alloc(tensor.F32, tensor.Shape{2, -1}); b.Free(x); return err }},
@@ -799,4 +832,12 @@ func (s *suite) testAliasing(t *testing.T) {
 			t.Errorf("%s: %v", c.name, err)
 		}
 	}
+}
+
+// blocksArgs is a well-formed AttentionBlocks call of two rows (4 heads
+// over 2 KV heads of 16) on a pool of two blocks of 4 positions, but for
+// seqs.
+func blocksArgs(f32s func(...int) *tensor.Tensor, seqs []tensor.SeqBlocks) tensor.AttnBlocks {
+	return tensor.AttnBlocks{Q: f32s(2, 64), K: f32s(2, 32), V: f32s(2, 32), KPool: f32s(8, 32), VPool: f32s(8, 32),
+		Seqs: seqs, Heads: 4, KVHeads: 2, HeadDim: 16, BlockSize: 4, Scale: 0.25}
 }

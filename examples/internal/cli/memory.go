@@ -71,7 +71,7 @@ func DeviceSpecs(device, devices string) (specs []string, ordinals []int, err er
 // with the same names and the same YAML config file (its memory: section);
 // flags given on the command line override the file.
 type MemoryFlags struct {
-	GPULimit, GPUFraction, HostLimit, Offload, ConfigFile, Mode, CPULayers, ExpertPolicy, KVDType string
+	GPULimit, GPUFraction, HostLimit, Offload, ConfigFile, Mode, CPULayers, ExpertPolicy, KVCache, KVDType string
 	// Threads is the -config file's cpu_threads once Resolve has read it
 	// (0 when it sets none).
 	Threads int
@@ -86,6 +86,7 @@ func (m *MemoryFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&m.CPULayers, "cpu-layers", "", "with -offload hybrid: how many layers the CPU computes: auto (the planner's choice from the rates it measures), none, or a `count`")
 	fs.StringVar(&m.ConfigFile, "config", "", "YAML config `file` with a memory: section; flags override it")
 	fs.StringVar(&m.Mode, "memory-mode", "", "explicit, unified or unified-noprefetch (unified needs a device with unified memory, such as cuda)")
+	fs.StringVar(&m.KVCache, "kv-cache", "", "where the KV cache lives: device (the default: all of it in the budget), host (every block's in host memory: decode attends on the CPU, prefill uploads it) or auto (the planner chooses per block from the measured rates)")
 	fs.StringVar(&m.KVDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0 (8-bit blocks of 32 with an F16 scale, 8.5 bits a value)")
 	fs.StringVar(&m.ExpertPolicy, "expert-policy", "", "a mixture of experts' expert cache `policy`: lru (the default) or lfu (aged use counts: better when a few experts are popular)")
 }
@@ -119,6 +120,7 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 	mode := pick("memory-mode", m.Mode, fc.MemoryMode)
 	cpuLayers := pick("cpu-layers", m.CPULayers, fc.CPULayers)
 	expertPolicy := pick("expert-policy", m.ExpertPolicy, fc.ExpertPolicy)
+	kvCache := pick("kv-cache", m.KVCache, fc.KVCache)
 	kvDType := pick("kv-dtype", m.KVDType, fc.KVDType)
 	if fc.CPUThreads != "" {
 		m.Threads, _ = strconv.Atoi(strings.TrimSpace(fc.CPUThreads)) // checked by LoadConfigFile
@@ -183,6 +185,11 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 			return mem, Usagef("-expert-policy: %v", err)
 		}
 	}
+	if kvCache != "" {
+		if mem.KVCache, err = paging.ParseKVPlacement(kvCache); err != nil {
+			return mem, Usagef("-kv-cache: %v", err)
+		}
+	}
 	if mem.KVDType, err = tensor.ParseCacheDType(kvDType); err != nil {
 		return mem, Usagef("-kv-dtype: %v", strings.TrimPrefix(err.Error(), "tensor: "))
 	}
@@ -193,4 +200,18 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 		return mem, Usagef("-cpu-layers needs -offload hybrid")
 	}
 	return mem, nil
+}
+
+// CheckPlacement refuses, as usage errors, memory settings the devices of
+// specs (from DeviceSpecs) cannot run: the hybrid and cpu strategies
+// compute beside a GPU, and the unified memory modes need one.
+func CheckPlacement(mem engine.Memory, specs []string) error {
+	onCPU := len(specs) > 0 && strings.HasPrefix(specs[0], "cpu")
+	if (mem.Strategy == paging.StrategyHybrid || mem.Strategy == paging.StrategyCPU) && onCPU {
+		return Usagef("-offload %s computes beside a GPU: give -device cuda (running on cpu)", mem.Strategy)
+	}
+	if mem.Mode != "" && mem.Mode != paging.ModeExplicit && onCPU {
+		return Usagef("-memory-mode %s needs a device with unified memory, such as -device cuda (running on cpu)", mem.Mode)
+	}
+	return nil
 }

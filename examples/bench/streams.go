@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/strata-llm/strata/engine"
+	"github.com/strata-llm/strata/nn"
+)
+
+// StreamsResult is a run's batched decode: Streams requests through one
+// engine.Batcher at once, each a prompt of streamPrompt tokens and
+// warm-up plus decode new tokens.
+type StreamsResult struct {
+	Streams int `json:"streams"`
+	// DecodeTokS is the aggregate rate: the tokens all the streams
+	// generated while every one of them was past its warm-up and not yet
+	// done, over that window.
+	DecodeTokS float64 `json:"decode_tok_s"`
+	// InterTokenMs are the percentiles of the gaps between a stream's
+	// consecutive tokens (after its first), TTFTMs those of the time from
+	// Submit to a stream's first token, in milliseconds.
+	InterTokenP50Ms float64 `json:"inter_token_p50_ms"`
+	InterTokenP99Ms float64 `json:"inter_token_p99_ms"`
+	TTFTP50Ms       float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
+	MeanBatch       float64 `json:"mean_batch"`
+	KVBlocks        int     `json:"kv_blocks"`
+	BlockSize       int     `json:"block_size"`
+}
+
+// streamPrompt is the prompt length of each stream of -streams.
+const streamPrompt = 16
+
+// measureStreams submits n requests at once to a batcher over e and times
+// their tokens; the KV pool holds all of them.
+func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*StreamsResult, error) {
+	gen := o.warmup + o.decode
+	bs := nn.DefaultBlockSize
+	per := (streamPrompt + gen + bs - 1) / bs
+	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: n * per, BlockSize: bs})
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close(context.Background())
+	rng := rand.New(rand.NewPCG(3, uint64(n)))
+	vocab := e.Config().VocabSize
+	times := make([][]time.Time, n) // each stream's token times
+	starts := make([]time.Time, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		prompt := make([]int32, streamPrompt)
+		for j := range prompt {
+			prompt[j] = int32(rng.IntN(vocab))
+		}
+		starts[i] = time.Now()
+		ch, err := b.Submit(ctx, engine.Request{Prompt: prompt, MaxTokens: gen, IgnoreEOS: true})
+		if err != nil {
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for tok := range ch {
+				if tok.Emitted {
+					times[i] = append(times[i], time.Now())
+				}
+				if tok.Done {
+					errs[i] = tok.Err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("stream %d: %w", i, err)
+		}
+		if len(times[i]) != gen {
+			return nil, fmt.Errorf("stream %d: %d tokens, want %d", i, len(times[i]), gen)
+		}
+	}
+	st := b.Stats()
+	r := &StreamsResult{Streams: n, KVBlocks: st.KVBlocks, BlockSize: st.BlockSize}
+	if st.Steps > 0 {
+		r.MeanBatch = float64(st.BatchSizeSum) / float64(st.Steps)
+	}
+	// The window: from the last stream's end of warm-up to the first
+	// stream's last token.
+	from, to := times[0][o.warmup], times[0][gen-1]
+	for _, ts := range times {
+		if ts[o.warmup].After(from) {
+			from = ts[o.warmup]
+		}
+		if ts[gen-1].Before(to) {
+			to = ts[gen-1]
+		}
+	}
+	var gaps, ttft []float64
+	tokens := 0
+	for i, ts := range times {
+		ttft = append(ttft, ms(ts[0].Sub(starts[i])))
+		for j := 1; j < len(ts); j++ {
+			gaps = append(gaps, ms(ts[j].Sub(ts[j-1])))
+			if ts[j].After(from) && !ts[j].After(to) {
+				tokens++
+			}
+		}
+	}
+	if w := to.Sub(from); w > 0 && tokens > 0 {
+		r.DecodeTokS = float64(tokens) / w.Seconds()
+	} else {
+		// The streams did not overlap past their warm-up (a batch of
+		// one, or streams that ran one after the other): every token
+		// over the whole run.
+		first, last := starts[0], times[0][gen-1]
+		for _, ts := range times {
+			last = maxTime(last, ts[gen-1])
+		}
+		r.DecodeTokS = float64(n*gen) / last.Sub(first).Seconds()
+	}
+	r.InterTokenP50Ms, r.InterTokenP99Ms = percentile(gaps, 0.50), percentile(gaps, 0.99)
+	r.TTFTP50Ms, r.TTFTP99Ms = percentile(ttft, 0.50), percentile(ttft, 0.99)
+	return r, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// percentile is the q-th quantile of v (nearest rank); 0 for none.
+func percentile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func (r *StreamsResult) String() string {
+	return fmt.Sprintf("%d streams: decode %.2f tok/s aggregate, inter-token p50 %.1f ms p99 %.1f ms, first token p50 %.1f ms p99 %.1f ms, mean batch %.2f",
+		r.Streams, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch)
+}

@@ -1,0 +1,371 @@
+package nn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// ErrNoBlocks is returned when a Batch's KV pool has too few free blocks
+// for a reservation.
+var ErrNoBlocks = errors.New("nn: no free KV blocks")
+
+// DefaultBlockSize is the positions of a KV block when BatchOptions do not
+// say.
+const DefaultBlockSize = 16
+
+// BatchOptions size a Batch.
+type BatchOptions struct {
+	// MaxPos is the most positions one sequence may reach (its context).
+	MaxPos int
+	// MaxRows is the most rows (tokens of all the sequences) one step
+	// runs: the buffers are sized for it.
+	MaxRows int
+	// BlockSize is the positions of a KV block (0: DefaultBlockSize).
+	BlockSize int
+	// Blocks is the size of the KV pool in blocks (0: enough for one
+	// sequence of MaxPos positions).
+	Blocks int
+}
+
+// Batch runs several sequences through a model together: each step runs
+// every layer once (one Acquire per layer) for the rows of all the
+// sequences in it, stacked for the matrix products, each sequence's
+// attention over its own positions. The keys and values live in one pool
+// of fixed-size blocks per device (per layer a pair of tensors of
+// Blocks*BlockSize rows, charged to the KVCache category of the stage's
+// allocator), which the sequences share out through their block tables.
+//
+// On a backend that is tensor.RowExact (the CPU), a sequence's logits do
+// not depend on the other sequences of a step, nor on how its prompt was
+// cut into steps: every product runs its rows as one-row products, and
+// attention over the blocks has the bits of attention over a contiguous
+// cache. (They can differ from a Session's, whose products of several
+// rows round differently.)
+//
+// A Batch is not safe for concurrent use. The stages of a pipeline run
+// each on its own device (a stage's twin is not used).
+type Batch struct {
+	cfg     *arch.Config
+	stages  []*Session // one per stage, in batch mode
+	shared  []*allocator
+	step    batchStep
+	maxPos  int
+	maxRows int
+	blocks  int
+	free    []int32 // the free blocks, a stack
+	xfer    *PipelineSession
+	last    []int32   // the row of each sequence whose logits are asked
+	host    []float32 // the logits of the last step
+	closed  bool
+}
+
+// batchStep is what the stages' sessions need to know of the current
+// step: its sequences and each row's position.
+type batchStep struct {
+	bs     int
+	seqs   []tensor.SeqBlocks
+	rowPos []int
+}
+
+// Seq is one sequence of a Batch: its positions so far and the KV blocks
+// it holds.
+type Seq struct {
+	b      *Batch
+	pos    int
+	blocks []int32
+	closed bool
+}
+
+// NewBatch makes a Batch over the model on its device.
+func (m *Model) NewBatch(o BatchOptions) (*Batch, error) {
+	return newBatch(&m.cfg, []*Model{m}, []tensor.Backend{m.backend}, o)
+}
+
+// NewBatch makes a Batch over the pipeline's stages, each on its device.
+func (p *Pipeline) NewBatch(o BatchOptions) (*Batch, error) {
+	return newBatch(&p.cfg, p.stages, p.keys, o)
+}
+
+func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOptions) (*Batch, error) {
+	if o.BlockSize == 0 {
+		o.BlockSize = DefaultBlockSize
+	}
+	if o.MaxPos <= 0 || o.MaxRows <= 0 || o.BlockSize < 0 || o.Blocks < 0 {
+		return nil, fmt.Errorf("nn: batch of %d positions, %d rows a step, blocks of %d, %d blocks: want positive values", o.MaxPos, o.MaxRows, o.BlockSize, o.Blocks)
+	}
+	if err := checkContext(c, "batch", o.MaxPos); err != nil {
+		return nil, err
+	}
+	if o.Blocks == 0 {
+		o.Blocks = (o.MaxPos + o.BlockSize - 1) / o.BlockSize
+	}
+	if int64(o.Blocks)*int64(o.BlockSize) > math.MaxInt32 {
+		return nil, fmt.Errorf("nn: batch pool of %d blocks of %d positions is too large", o.Blocks, o.BlockSize)
+	}
+	b := &Batch{cfg: c, maxPos: o.MaxPos, maxRows: o.MaxRows, blocks: o.Blocks, step: batchStep{bs: o.BlockSize}}
+	b.xfer = &PipelineSession{xfer: make([]byte, 4*o.MaxRows*c.HiddenSize)}
+	bufs := map[tensor.Backend]*buffers{}
+	rows := o.Blocks * o.BlockSize
+	for k, m := range models {
+		bf, ok := bufs[keys[k]]
+		al := &allocator{a: m.alloc}
+		b.shared = append(b.shared, al)
+		if !ok {
+			var err error
+			// The head's buffers hold one row of logits per sequence:
+			// at most MaxRows of them.
+			if bf, err = newBuffers(c, m.backend, al, o.MaxPos, o.MaxRows, k == len(models)-1); err != nil {
+				b.Close()
+				return nil, fmt.Errorf("nn: batch buffers on %s: %w", m.backend.Name(), err)
+			}
+			bufs[keys[k]] = bf
+		} else if k == len(models)-1 && bf.logits == nil {
+			bf.logits = al.alloc(paging.Activations, o.MaxRows, c.VocabSize)
+		}
+		s := &Session{m: m, maxPos: o.MaxPos, chunk: o.MaxRows, buffers: bf, batch: &b.step}
+		for range m.hi - m.lo {
+			s.k = append(s.k, al.alloc(paging.KVCache, rows, c.KVDim()))
+			s.v = append(s.v, al.alloc(paging.KVCache, rows, c.KVDim()))
+		}
+		if al.err != nil {
+			b.Close()
+			return nil, fmt.Errorf("nn: batch KV pool of %d blocks of %d positions on %s: %w", o.Blocks, o.BlockSize, m.backend.Name(), al.err)
+		}
+		b.stages = append(b.stages, s)
+	}
+	for i := o.Blocks - 1; i >= 0; i-- {
+		b.free = append(b.free, int32(i))
+	}
+	return b, nil
+}
+
+// BlockSize is the positions of a KV block.
+func (b *Batch) BlockSize() int { return b.step.bs }
+
+// Blocks is the pool's size in blocks.
+func (b *Batch) Blocks() int { return b.blocks }
+
+// FreeBlocks is the pool's blocks no sequence holds.
+func (b *Batch) FreeBlocks() int { return len(b.free) }
+
+// MaxRows is the most rows a step runs.
+func (b *Batch) MaxRows() int { return b.maxRows }
+
+// MaxPos is the most positions a sequence may reach.
+func (b *Batch) MaxPos() int { return b.maxPos }
+
+// BlocksFor is the number of blocks that hold n positions.
+func (b *Batch) BlocksFor(n int) int { return (n + b.step.bs - 1) / b.step.bs }
+
+// Close frees the pool and the buffers. It is safe to call more than once.
+func (b *Batch) Close() {
+	if b == nil || b.closed {
+		return
+	}
+	b.closed = true
+	for _, al := range b.shared {
+		al.free()
+	}
+}
+
+// NewSeq starts a sequence that holds no blocks yet.
+func (b *Batch) NewSeq() *Seq { return &Seq{b: b} }
+
+// Pos is the number of positions the sequence has processed.
+func (s *Seq) Pos() int { return s.pos }
+
+// Capacity is the positions the sequence's blocks hold.
+func (s *Seq) Capacity() int { return len(s.blocks) * s.b.step.bs }
+
+// Reserve makes the sequence's blocks hold n positions (at most the
+// batch's MaxPos): all the blocks it needs, or none and an error wrapping
+// ErrNoBlocks.
+func (s *Seq) Reserve(n int) error {
+	b := s.b
+	if s.closed {
+		return errors.New("nn: sequence is closed")
+	}
+	if n > b.maxPos {
+		return fmt.Errorf("%w: %d positions asked, a sequence holds %d", ErrContextFull, n, b.maxPos)
+	}
+	need := b.BlocksFor(n) - len(s.blocks)
+	if need <= 0 {
+		return nil
+	}
+	if need > len(b.free) {
+		return fmt.Errorf("%w: %d blocks of %d positions needed, %d of %d free", ErrNoBlocks, need, b.step.bs, len(b.free), b.blocks)
+	}
+	top := len(b.free) - need
+	for i := len(b.free) - 1; i >= top; i-- {
+		s.blocks = append(s.blocks, b.free[i])
+	}
+	b.free = b.free[:top]
+	return nil
+}
+
+// Close returns the sequence's blocks to the pool. It is safe to call more
+// than once.
+func (s *Seq) Close() {
+	if s == nil || s.closed {
+		return
+	}
+	s.closed = true
+	s.b.free = append(s.b.free, s.blocks...)
+	s.blocks = nil
+}
+
+// Work is one sequence's part of a step: its next tokens, and whether the
+// step returns the logits of the last of them.
+type Work struct {
+	Seq    *Seq
+	IDs    []int32
+	Logits bool
+}
+
+// Step runs the works' tokens through the model, all of them through each
+// layer at once, and returns the logits of the last token of each work
+// that asks for them ([vocab] each, in the works' order; nil for the
+// others), reused by the next step. Each sequence's positions advance by
+// its tokens; a step that fails advances none. The works' sequences must
+// be distinct, their tokens at most MaxRows in all, and each sequence's
+// reserved blocks must hold its new positions.
+func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
+	if b.closed {
+		return nil, errors.New("nn: batch is closed")
+	}
+	st := &b.step
+	st.seqs, st.rowPos, b.last = st.seqs[:0], st.rowPos[:0], b.last[:0]
+	var ids []int32
+	for i, w := range works {
+		s := w.Seq
+		switch {
+		case s == nil || s.b != b || s.closed:
+			return nil, fmt.Errorf("nn: batch step: work %d: not an open sequence of this batch", i)
+		case len(w.IDs) == 0:
+			return nil, fmt.Errorf("nn: batch step: work %d: no tokens", i)
+		case s.pos+len(w.IDs) > s.Capacity():
+			return nil, fmt.Errorf("%w: batch step: work %d: %d positions used, %d more asked, its blocks hold %d", ErrContextFull, i, s.pos, len(w.IDs), s.Capacity())
+		}
+		for j := range i {
+			if works[j].Seq == s {
+				return nil, fmt.Errorf("nn: batch step: works %d and %d are one sequence", j, i)
+			}
+		}
+		for j, id := range w.IDs {
+			if id < 0 || int(id) >= b.cfg.VocabSize {
+				return nil, fmt.Errorf("nn: batch step: work %d: token id %d at position %d is outside the vocabulary of %d", i, id, s.pos+j, b.cfg.VocabSize)
+			}
+			st.rowPos = append(st.rowPos, s.pos+j)
+		}
+		ids = append(ids, w.IDs...)
+		st.seqs = append(st.seqs, tensor.SeqBlocks{Rows: len(w.IDs), Pos0: s.pos, Blocks: s.blocks})
+		if w.Logits {
+			b.last = append(b.last, int32(len(ids)-1))
+		}
+	}
+	T := len(ids)
+	if T == 0 {
+		return make([][]float32, len(works)), nil
+	}
+	if T > b.maxRows {
+		return nil, fmt.Errorf("nn: batch step of %d rows, the batch runs %d at most", T, b.maxRows)
+	}
+	for k, s := range b.stages {
+		if k == 0 {
+			if err := s.embedChunk(ctx, ids, nil); err != nil {
+				return nil, err
+			}
+		} else if err := b.xfer.hand(b.stages[k-1], s, T); err != nil {
+			return nil, err
+		}
+		if err := s.blocksChunk(ctx, T, nil); err != nil {
+			return nil, err
+		}
+	}
+	logits, err := b.stages[len(b.stages)-1].batchHead(ctx, T, b.last)
+	if err != nil {
+		return nil, err
+	}
+	b.host = logits
+	out := make([][]float32, len(works))
+	vocab, n := b.cfg.VocabSize, 0
+	for i, w := range works {
+		w.Seq.pos += len(w.IDs)
+		if w.Logits {
+			out[i] = logits[n*vocab : (n+1)*vocab : (n+1)*vocab]
+			n++
+		}
+	}
+	return out, nil
+}
+
+// attention ropes the step's rows of q and kk, each sequence's at its
+// positions, writes their keys and values into the pools kc and vc and
+// computes attention over them into attn.
+func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc, vc *tensor.Tensor, scale float32) error {
+	c := &s.m.cfg
+	row := 0
+	for _, sq := range st.seqs {
+		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: sq.Pos0}
+		qs, err := q.Rows(row, sq.Rows)
+		if err != nil {
+			return err
+		}
+		if err := b.Rope(qs, rot); err != nil {
+			return err
+		}
+		ks, err := kk.Rows(row, sq.Rows)
+		if err != nil {
+			return err
+		}
+		rot.Heads = c.NumKVHeads
+		if err := b.Rope(ks, rot); err != nil {
+			return err
+		}
+		row += sq.Rows
+	}
+	return b.AttentionBlocks(attn, tensor.AttnBlocks{Q: q, K: kk, V: vv, KPool: kc, VPool: vc, Seqs: st.seqs,
+		Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, BlockSize: st.bs, Scale: scale})
+}
+
+// batchHead applies the final norm to the first T rows of x and the LM
+// head to the rows last of the result, and returns their logits.
+func (s *Session) batchHead(ctx context.Context, T int, last []int32) ([]float32, error) {
+	m, c, b := s.m, &s.m.cfg, s.m.backend
+	v := s.viewsFor(T)
+	layer := m.headLayer()
+	lw, err := m.weights.Acquire(ctx, layer)
+	if err != nil {
+		return nil, err
+	}
+	defer m.weights.Release(layer)
+	if len(last) == 0 {
+		return nil, nil
+	}
+	if err := b.RMSNorm(v.h, v.x, lw[m.name(layer, arch.FinalNorm)], c.NormEps()); err != nil {
+		return nil, fmt.Errorf("nn: final norm: %w", err)
+	}
+	n := len(last)
+	in, out := rows(s.proj, n), rows(s.logits, n)
+	if err := b.Embed(in, v.h, last); err != nil {
+		return nil, fmt.Errorf("nn: the sequences' last rows: %w", err)
+	}
+	if err := s.matMul(out, in, lw[m.name(layer, arch.LMHead)], nil); err != nil {
+		return nil, fmt.Errorf("nn: lm head: %w", err)
+	}
+	size := out.Len()
+	if len(s.download) < 4*size {
+		s.download = make([]byte, 4*size)
+	}
+	if err := b.Download(s.download[:4*size], out); err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), size), nil
+}

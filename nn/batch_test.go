@@ -1,0 +1,249 @@
+package nn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// batchFixtures are the fixtures the batch tests run: every family, dense
+// and mixtures of experts.
+var batchFixtures = []string{fixtures.TinyLlamaBF16, fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16}
+
+// residentModel is lm on a CPU of threads threads with every weight loaded,
+// its allocations charged to a budget.
+func residentModel(t *testing.T, lm *loader.Model, threads int) (*Model, *paging.Budget) {
+	t.Helper()
+	b := tensor.NewCPU(threads)
+	t.Cleanup(func() { b.Close() })
+	hw, err := LoadWeights(context.Background(), lm, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hw.Close() })
+	bud, err := paging.NewBudget(b, 1<<40, "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(lm.Config, b, bud, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, bud
+}
+
+// batchSeq is one sequence of a batch test: its prompt, the greedy tokens
+// it decodes and the logits of each.
+type batchSeq struct {
+	prompt []int32
+	join   int // the step it joins at
+	steps  int // tokens it decodes
+	seq    *Seq
+	fed    int   // prompt tokens run so far
+	next   int32 // the token to run next, once the prompt is done
+	logits [][]float32
+}
+
+// runBatch runs the sequences through b with rows tokens a step at most:
+// each step the decode rows first, then prompt chunks up to the budget,
+// sequences joining at their step and leaving when done.
+func runBatch(t *testing.T, b *Batch, seqs []*batchSeq, rows int) {
+	t.Helper()
+	ctx := context.Background()
+	for step := 0; ; step++ {
+		var works []Work
+		var owners []*batchSeq
+		budget := rows
+		left := 0
+		for _, s := range seqs { // decode rows first
+			if s.seq != nil && s.fed == len(s.prompt) && len(s.logits) < s.steps && budget > 0 {
+				works, owners = append(works, Work{Seq: s.seq, IDs: []int32{s.next}, Logits: true}), append(owners, s)
+				budget--
+			}
+		}
+		for _, s := range seqs {
+			if s.join <= step && s.seq == nil {
+				s.seq = b.NewSeq()
+				if err := s.seq.Reserve(len(s.prompt) + s.steps); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if s.seq != nil && s.fed < len(s.prompt) && budget > 0 {
+				n := min(budget, len(s.prompt)-s.fed)
+				works, owners = append(works, Work{Seq: s.seq, IDs: s.prompt[s.fed : s.fed+n], Logits: s.fed+n == len(s.prompt)}), append(owners, s)
+				budget -= n
+			}
+			if len(s.logits) < s.steps {
+				left++
+			}
+		}
+		if left == 0 {
+			return
+		}
+		out, err := b.Step(ctx, works)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range owners {
+			if works[i].Logits == false {
+				s.fed += len(works[i].IDs)
+				continue
+			}
+			if s.fed < len(s.prompt) {
+				s.fed = len(s.prompt)
+			}
+			s.logits = append(s.logits, append([]float32(nil), out[i]...))
+			s.next = int32(Argmax(out[i]))
+			if len(s.logits) == s.steps {
+				s.seq.Close()
+			}
+		}
+	}
+}
+
+// TestBatchMatchesAlone: on every fixture, sequences of random prompt
+// lengths that join at random steps and leave when done, run with a small
+// token budget (prompts cut into chunks that share steps with other
+// sequences' decode rows), get logits bit-identical to each sequence run
+// alone in a batch of its own with its prompt in one step; their greedy
+// ids match a Session's, whose logits are within rounding; the pool's
+// blocks all come back and the budget returns to its value before the
+// batch.
+func TestBatchMatchesAlone(t *testing.T) {
+	for _, name := range batchFixtures {
+		for _, threads := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/threads=%d", name, threads), func(t *testing.T) {
+				lm, err := loader.Open(fixtures.Dir(name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer lm.Close()
+				m, bud := residentModel(t, lm, threads)
+				r := rand.New(rand.NewPCG(uint64(threads), uint64(len(name))))
+				vocab := lm.Config.VocabSize
+				var seqs []*batchSeq
+				for i := range 7 {
+					p := make([]int32, 1+r.IntN(20))
+					for j := range p {
+						p[j] = int32(r.IntN(vocab))
+					}
+					seqs = append(seqs, &batchSeq{prompt: p, join: r.IntN(6) * i % 9, steps: 1 + r.IntN(6)})
+				}
+				used := bud.Used()
+				b, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 9, BlockSize: 4, Blocks: 64})
+				if err != nil {
+					t.Fatal(err)
+				}
+				runBatch(t, b, seqs, 9)
+				if b.FreeBlocks() != b.Blocks() {
+					t.Errorf("%d of %d blocks free after every sequence left", b.FreeBlocks(), b.Blocks())
+				}
+				b.Close()
+				if bud.Used() != used {
+					t.Errorf("budget at %d after the batch, %d before", bud.Used(), used)
+				}
+				for i, s := range seqs {
+					a, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 32, BlockSize: 8})
+					if err != nil {
+						t.Fatal(err)
+					}
+					alone := &batchSeq{prompt: s.prompt, steps: s.steps}
+					runBatch(t, a, []*batchSeq{alone}, 32)
+					a.Close()
+					for j := range s.logits {
+						for k, v := range s.logits[j] {
+							if math.Float32bits(v) != math.Float32bits(alone.logits[j][k]) {
+								t.Fatalf("sequence %d (prompt %d tokens, joins at %d) token %d logit %d: %v in the batch, %v alone", i, len(s.prompt), s.join, j, k, v, alone.logits[j][k])
+							}
+						}
+					}
+					sess, err := m.NewSession(32, 8)
+					if err != nil {
+						t.Fatal(err)
+					}
+					logits, err := sess.Forward(context.Background(), s.prompt, false, nil)
+					for j := 0; err == nil && j < s.steps; j++ {
+						if d := maxAbsDiff(logits, s.logits[j]); d > 1e-3 {
+							t.Errorf("sequence %d token %d: logits %g from a session's", i, j, d)
+						}
+						if Argmax(logits) != Argmax(s.logits[j]) {
+							t.Errorf("sequence %d token %d: greedy id %d, a session's %d", i, j, Argmax(s.logits[j]), Argmax(logits))
+						}
+						logits, err = sess.Forward(context.Background(), []int32{int32(Argmax(s.logits[j]))}, false, nil)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					sess.Close()
+				}
+			})
+		}
+	}
+}
+
+// TestBatchErrors: a step's malformed works and a reservation beyond the
+// pool or the context are errors that change nothing.
+func TestBatchErrors(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaBF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	m, _ := residentModel(t, lm, 1)
+	b, err := m.NewBatch(BatchOptions{MaxPos: 16, MaxRows: 4, BlockSize: 4, Blocks: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	s1, s2 := b.NewSeq(), b.NewSeq()
+	if err := s1.Reserve(8); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Reserve(8); !errors.Is(err, ErrNoBlocks) {
+		t.Errorf("8 positions with 1 block free: %v", err)
+	}
+	if b.FreeBlocks() != 1 {
+		t.Errorf("a refused reservation took blocks: %d free", b.FreeBlocks())
+	}
+	if err := s2.Reserve(17); !errors.Is(err, ErrContextFull) {
+		t.Errorf("17 positions in a 16-position context: %v", err)
+	}
+	other, err := m.NewBatch(BatchOptions{MaxPos: 16, MaxRows: 4, BlockSize: 4, Blocks: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for _, tc := range []struct {
+		name  string
+		works []Work
+	}{
+		{"past the reservation", []Work{{Seq: s1, IDs: make([]int32, 9)}}},
+		{"unreserved", []Work{{Seq: s2, IDs: []int32{1}}}},
+		{"too many rows", []Work{{Seq: s1, IDs: make([]int32, 5)}}},
+		{"id outside the vocabulary", []Work{{Seq: s1, IDs: []int32{int32(lm.Config.VocabSize)}}}},
+		{"negative id", []Work{{Seq: s1, IDs: []int32{-1}}}},
+		{"no tokens", []Work{{Seq: s1}}},
+		{"one sequence twice", []Work{{Seq: s1, IDs: []int32{1}}, {Seq: s1, IDs: []int32{2}}}},
+		{"another batch's sequence", []Work{{Seq: other.NewSeq(), IDs: []int32{1}}}},
+		{"no sequence", []Work{{IDs: []int32{1}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := b.Step(context.Background(), tc.works); err == nil {
+				t.Fatal("no error")
+			} else {
+				t.Log(err)
+			}
+			if s1.Pos() != 0 {
+				t.Fatalf("a refused step moved the sequence to %d", s1.Pos())
+			}
+		})
+	}
+}
