@@ -23,6 +23,7 @@ type attnHostCase struct {
 	name                               string
 	dt                                 tensor.DType
 	d, heads, kvHeads, t, pos0, maxPos int
+	bound                              int // > 0: the split kernel reads pos0 from memory (tensor.Attn.PosAt), planned for this bound
 	plan                               attnPlan
 	q, k, v                            []float32 // k and v: the pos0+t rows written
 	qs, ks, vs                         []float64 // as stored
@@ -63,26 +64,31 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	var cases []*attnHostCase
 	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
-		for _, s := range []struct{ d, heads, kvHeads, t, pos0 int }{
+		for _, s := range []struct{ d, heads, kvHeads, t, pos0, bound int }{
 			// Decode: one pass, several splits, the last one short, and
 			// up to splitMaxRows queries whose lengths differ.
-			{128, 4, 1, 1, 40},
-			{128, 2, 2, 1, 700},
-			{64, 8, 2, 3, 530},
-			{256, 2, 1, 1, 300},
-			{64, 2, 1, 4, 255},
+			{128, 4, 1, 1, 40, 0},
+			{128, 2, 2, 1, 700, 0},
+			{64, 8, 2, 3, 530, 0},
+			{256, 2, 1, 1, 300, 0},
+			{64, 2, 1, 4, 255, 0},
+			// A captured decode step: the splits planned for a bound of
+			// 900 positions, the kernel reading 450 from memory (the last
+			// splits empty).
+			{128, 4, 2, 1, 450, 900},
+			{64, 2, 1, 2, 0, 600},
 			// Prefill: tiles of 64 queries and 32 keys cut short.
-			{64, 4, 2, 16, 0},
-			{64, 2, 1, 130, 0},
-			{128, 2, 2, 70, 33},
-			{128, 8, 1, 20, 5},
+			{64, 4, 2, 16, 0, 0},
+			{64, 2, 1, 130, 0, 0},
+			{128, 2, 2, 70, 33, 0},
+			{128, 8, 1, 20, 5, 0},
 			// A group's heads packed as rows: groups of 3 and 4 cut
 			// warps and tiles mid-query.
-			{64, 6, 2, 21, 0},
-			{128, 8, 2, 37, 10},
+			{64, 6, 2, 21, 0, 0},
+			{128, 8, 2, 37, 10, 0},
 		} {
-			c := &attnHostCase{dt: dt, d: s.d, heads: s.heads, kvHeads: s.kvHeads, t: s.t, pos0: s.pos0, maxPos: s.pos0 + s.t + 3}
-			c.plan = planAttention(s.t, s.heads, s.d, s.pos0, dt, true, false, all)
+			c := &attnHostCase{dt: dt, d: s.d, heads: s.heads, kvHeads: s.kvHeads, t: s.t, pos0: s.pos0, maxPos: max(s.pos0, s.bound) + s.t + 3, bound: s.bound}
+			c.plan = planAttention(s.t, s.heads, s.d, max(s.pos0, s.bound), dt, true, false, all)
 			c.scale = float32(1 / math.Sqrt(float64(s.d)))
 			n, kw := s.pos0+s.t, s.kvHeads*s.d
 			c.q = uniform32(r, s.t*s.heads*s.d, -2, 2)
@@ -104,6 +110,9 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 				}
 			}
 			c.name = fmt.Sprintf("%v/%s/D%d_H%d_KV%d_T%d_pos%d", dt, c.plan.kernel, s.d, s.heads, s.kvHeads, s.t, s.pos0)
+			if s.bound > 0 {
+				c.name += fmt.Sprintf("_at_bound%d", s.bound)
+			}
 			if !strings.HasPrefix(c.plan.kernel, "flash_") && !strings.HasPrefix(c.plan.kernel, "attention_split_") {
 				t.Fatalf("%s: planAttention chose %s, which the harness does not run", c.name, c.plan.kernel)
 			}
@@ -151,7 +160,11 @@ func (c *attnHostCase) request(w *bytes.Buffer) error {
 	if op == 2 {
 		chunk, splits = 0, 1
 	}
-	for _, v := range []int32{op, attnHostDType[c.dt], int32(c.d), int32(c.heads), int32(c.kvHeads), int32(c.t), int32(c.pos0), int32(c.maxPos), int32(chunk), int32(splits)} {
+	pos0, posAt := c.pos0, -1
+	if c.bound > 0 {
+		pos0, posAt = c.bound, c.pos0
+	}
+	for _, v := range []int32{op, attnHostDType[c.dt], int32(c.d), int32(c.heads), int32(c.kvHeads), int32(c.t), int32(pos0), int32(c.maxPos), int32(chunk), int32(splits), int32(posAt)} {
 		binary.Write(w, binary.LittleEndian, v)
 	}
 	binary.Write(w, binary.LittleEndian, c.scale)

@@ -30,6 +30,14 @@
 //     splits the cache's positions across blocks and merges their partial
 //     softmax, and the first kernel, one block a query, for the rest; KV
 //     caches in F32, F16, BF16 or Q8_0, appended by CopyRows;
+//   - decode without the host's launch cost: graph capture
+//     (tensor.Grapher, graph.go: Capture records the operations of a
+//     function through the driver's stream capture, Replay launches them
+//     as one graph; Rope, RopeKV and Attention read their position from
+//     device memory through PosAt, so a captured decode step stays valid
+//     from token to token), fused operations (tensor.AddRMSNorm, RopeKV,
+//     GateUpSiLU; fused.go, kernels/fused.cu), and counts of every kernel
+//     launch, copy, cuBLAS call and graph replay (tensor.LaunchCounter);
 //   - the device's memory: a caching allocator, so that the decode loop
 //     does not call cuMemAlloc, reported as a tensor.CachingAllocator
 //     (AllocSize, Cached, Trim, and Fixed for the cuBLAS workspace) for a

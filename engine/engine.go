@@ -84,6 +84,9 @@ type Options struct {
 	// Progress, when set, is told how many weight bytes are loaded so
 	// far while Open loads the resident layers.
 	Progress func(done, total int64)
+	// NoGraphs runs decode steps eagerly, launch by launch, on a backend
+	// that could capture them as graphs (nn.Model.SetGraphs).
+	NoGraphs bool
 }
 
 // DefaultChunk is the prefill chunk when Options.Chunk is 0 and every
@@ -243,6 +246,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
 			return nil, err
 		}
+		e.pipeline.SetGraphs(!o.NoGraphs)
 		return e, nil
 	}
 	parts := []paging.Placement{{FirstBlock: 0, EndBlock: cfg.NumLayers, Budget: limits[0]}}
@@ -301,8 +305,11 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights); err == nil && e.kv != nil {
 			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos})
 		}
-	} else {
-		e.pipeline, err = nn.NewPipeline(cfg, e.stages)
+		if err == nil {
+			e.model.SetGraphs(!o.NoGraphs)
+		}
+	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages); err == nil {
+		e.pipeline.SetGraphs(!o.NoGraphs)
 	}
 	if err != nil {
 		return nil, err

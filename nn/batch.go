@@ -285,7 +285,7 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 		} else if err := b.xfer.hand(b.stages[k-1], s, T); err != nil {
 			return nil, err
 		}
-		if err := s.blocksChunk(ctx, T, nil); err != nil {
+		if err := s.blocksChunk(ctx, T, nil, false); err != nil {
 			return nil, err
 		}
 	}

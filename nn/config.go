@@ -105,7 +105,8 @@ func RopeBytes(c *arch.Config, maxPos int) int64 { return 2 * 4 * int64(maxPos) 
 // projection's [chunk, Hidden], q and the attention's output [chunk, QDim],
 // k and v [chunk, KVDim], gate and up [chunk, MLPSize], on the stage that
 // holds the LM head the logits [chunk, Vocab], and the mixture of experts'
-// buffers. All F32.
+// buffers. All F32; and the position decode graphs read
+// (GraphPositionBytes, Workspace), one I32.
 func Reserve(c *arch.Config) paging.Reserve { return ReserveKV(c, tensor.F32) }
 
 // ReserveKV is Reserve with the KV cache stored in kv (SessionOptions).
@@ -119,5 +120,7 @@ func ReserveKV(c *arch.Config, kv tensor.DType) paging.Reserve {
 		{Category: paging.Activations, Bytes: row(c.KVDim()), Per: paging.PerToken, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.MLPSize()), Per: paging.PerToken, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.VocabSize), Per: paging.PerToken, Count: 1, LastLayer: true},
+		// The position decode graphs read (graph.go).
+		{Category: paging.Workspace, Bytes: GraphPositionBytes, Per: paging.PerSequence, Count: 1},
 	}, moeReserve(c)...)
 }

@@ -130,6 +130,18 @@ func NewPipeline(cfg *arch.Config, stages []Stage, opts ...PipelineOptions) (*Pi
 	return p, nil
 }
 
+// SetGraphs turns decode graphs on or off for every stage (Model.SetGraphs).
+func (p *Pipeline) SetGraphs(on bool) {
+	for _, m := range p.stages {
+		m.SetGraphs(on)
+	}
+	for _, m := range p.twins {
+		if m != nil {
+			m.SetGraphs(on)
+		}
+	}
+}
+
 // Config returns a copy of the model's configuration.
 func (p *Pipeline) Config() *arch.Config { return p.cfg.Clone() }
 
@@ -360,7 +372,7 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 				}
 				t0 = ps.account(run[k-1], t0) // a hand-over waits for the device it leaves
 			}
-			if err := s.blocksChunk(ctx, T, hook); err != nil {
+			if err := s.blocksChunk(ctx, T, hook, k == len(run)-1); err != nil {
 				return nil, err
 			}
 		}

@@ -112,9 +112,12 @@ type Backend interface {
 // dimensions is rotated by the angles of that position, read from the F32
 // tables Cos and Sin [maxPos, HeadDim/2]. The pairs are (j, j+HeadDim/2),
 // Hugging Face's rotate_half convention.
+//
+// PosAt, when set, holds the position of row 0 instead (see PosAt).
 type Rotary struct {
 	Cos, Sin             *Tensor
 	Heads, HeadDim, Pos0 int
+	PosAt                *Tensor
 }
 
 // Attn is causal grouped-query attention, for T queries at positions
@@ -126,6 +129,8 @@ type Rotary struct {
 // h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
 // (not NaN) and softmaxed in F32.
 //
+// PosAt, when set, holds the position of query row 0 instead (see PosAt).
+//
 // A backend may compute the products of scores and values with inputs
 // rounded to F16 or BF16 (tensor cores) and F32 accumulation, an error of
 // about 1e-3 relative; Precise asks for F32 throughout, as training's
@@ -134,6 +139,7 @@ type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
+	PosAt                         *Tensor
 	Precise                       bool
 }
 

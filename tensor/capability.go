@@ -181,3 +181,37 @@ type CachingAllocator interface {
 
 // Caching returns m's caching allocator, if it has one.
 func Caching(m Memory) (CachingAllocator, bool) { return capability[CachingAllocator](m) }
+
+// Launches counts the work a backend's host side has issued to its device
+// since it opened: each is one call into the driver or a library that the
+// host pays for (about 5 us through cgo on an H200), so that a decode
+// step's count says how launch-bound it is.
+type Launches struct {
+	Kernels int64 `json:"kernels"` // kernel launches
+	Copies  int64 `json:"copies"`  // copies and memsets on the device's streams
+	Library int64 `json:"library"` // calls into a library that launch work of their own (cuBLAS)
+	Graphs  int64 `json:"graphs"`  // replays of a captured graph, each counted once whatever it holds
+}
+
+// Total is every launch of l.
+func (l Launches) Total() int64 { return l.Kernels + l.Copies + l.Library + l.Graphs }
+
+// Sub is the launches between o and l (l taken after o).
+func (l Launches) Sub(o Launches) Launches {
+	return Launches{Kernels: l.Kernels - o.Kernels, Copies: l.Copies - o.Copies, Library: l.Library - o.Library, Graphs: l.Graphs - o.Graphs}
+}
+
+// LaunchCounter is a backend that counts its launches (Launches).
+type LaunchCounter interface {
+	Launches() Launches
+}
+
+// CountLaunches returns m's launches so far (LaunchCounter), or ok false
+// when m does not count them (the CPU backend launches nothing).
+func CountLaunches(m Memory) (Launches, bool) {
+	lc, ok := capability[LaunchCounter](m)
+	if !ok {
+		return Launches{}, false
+	}
+	return lc.Launches(), true
+}

@@ -198,6 +198,12 @@ func checkRope(x *Tensor, r Rotary) error {
 	if Overlap(x, cos) || Overlap(x, sin) {
 		return fmt.Errorf("tensor: %s: x overlaps the tables", op)
 	}
+	if err := checkPosAt(op, r.PosAt); err != nil {
+		return err
+	}
+	if Overlap(x, r.PosAt) {
+		return fmt.Errorf("tensor: %s: x overlaps PosAt", op)
+	}
 	return nil
 }
 
@@ -318,7 +324,10 @@ func checkAttention(out *Tensor, a Attn) error {
 	if pos0+t > maxPos {
 		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
 	}
-	return disjoint(op, "out", out, []string{"q", "k", "v"}, q, k, v)
+	if err := checkPosAt(op, a.PosAt); err != nil {
+		return err
+	}
+	return disjoint(op, "out", out, []string{"q", "k", "v", "PosAt"}, q, k, v, a.PosAt)
 }
 
 func checkAttentionBlocks(out *Tensor, a AttnBlocks) error {

@@ -89,7 +89,16 @@ __device__ void attention(float* out, const float* q, kv_cache<KV> K, kv_cache<K
 						   int headDim, int pos0, float scale) {                                              \
 		const long long stride = (long long)kvHeads * headDim;                                                         \
 		attention<KV>(out, q, kv_cache<KV>{k, stride}, kv_cache<KV>{v, stride}, heads, kvHeads, headDim, pos0, scale); \
+	}                                                                                                                      \
+	extern "C" __global__ void attention_##sfx##_at(float* out, const float* q, const KV* k, const KV* v, int heads,    \
+							int kvHeads, int headDim, int pos0, float scale, const int* posAt) { \
+		const long long stride = (long long)kvHeads * headDim;                                                         \
+		attention<KV>(out, q, kv_cache<KV>{k, stride}, kv_cache<KV>{v, stride}, heads, kvHeads, headDim,              \
+			      min(max(*posAt, 0), pos0), scale);                                                               \
 	}
+// attention_<kv>_at, for captured graphs (cuda/graph.go, tensor.Attn.PosAt):
+// the same with pos0 read from device memory when it runs, clamped to
+// [0, pos0].
 ATT_ENTRY(f32, float)
 ATT_ENTRY(f16, __half)
 ATT_ENTRY(bf16, bf16)
@@ -99,4 +108,13 @@ ATT_ENTRY(q8_0, q8_0)
 // blocks of 32, one a thread, block i of the run at dst + 34*i.
 extern "C" __global__ void kv_append_q8_0(uint8_t* dst, const float* src, long long nblocks) {
 	GRID_STRIDE(i, nblocks) { quantize_q8_0_block(dst + 34 * i, src + 32 * i); }
+}
+
+// kv_append_q8_0_at is kv_append_q8_0 into the rows from the position
+// posAt holds (clamped to [0, pos0]; pos0 itself when posAt is null), for
+// RopeKV into a Q8_0 cache in captured graphs: rowBlocks blocks a row.
+extern "C" __global__ void kv_append_q8_0_at(uint8_t* dst, const float* src, long long nblocks, int rowBlocks, int pos0,
+					     const int* posAt) {
+	const long long p = posAt ? min(max(*posAt, 0), pos0) : pos0;
+	GRID_STRIDE(i, nblocks) { quantize_q8_0_block(dst + 34 * (p * rowBlocks + i), src + 32 * i); }
 }

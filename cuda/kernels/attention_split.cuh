@@ -34,7 +34,11 @@ __device__ __forceinline__ void merge2(float& m, float& l, float a[N], float m2,
 // of V, unnormalised; record (h, t, s) at ((t*heads + h)*splits + s).
 template <typename KV, int D>
 __device__ void attention_split(float* out, float* part, const float* q, kv_cache<KV> K, kv_cache<KV> V, int heads, int kvHeads,
-				int pos0, float scale, int chunk) {
+				int pos0, float scale, int chunk, const int* posAt) {
+	// In a captured graph the position is read when the kernel runs
+	// (tensor.Attn.PosAt), up to the pos0 the splits were planned for;
+	// splits past it write empty partials.
+	if (posAt) pos0 = min(max(*posAt, 0), pos0);
 	constexpr int LPP = D / 8;        // lanes a position
 	constexpr int PPW = 32 / LPP;     // positions a warp step
 	constexpr int PPB = SPLIT_WARPS * PPW;
@@ -160,10 +164,11 @@ __device__ void attention_merge(float* out, const float* part, int heads, int sp
 
 #define SPLIT_ENTRY(sfx, KV, D)                                                                                                     \
 	extern "C" __global__ void attention_split_##sfx##_d##D(float* out, float* part, const float* q, const KV* k, const KV* v,  \
-								 int heads, int kvHeads, int pos0, float scale, int chunk) {       \
+								 int heads, int kvHeads, int pos0, float scale, int chunk,         \
+								 const int* posAt) {                                               \
 		const long long stride = (long long)kvHeads * D;                                                            \
 		attention_split<KV, D>(out, part, q, kv_cache<KV>{k, stride}, kv_cache<KV>{v, stride}, heads, kvHeads, pos0, scale, \
-				       chunk);                                                                               \
+				       chunk, posAt);                                                                        \
 	}
 #define SPLIT_ENTRIES(D)              \
 	SPLIT_ENTRY(f32, float, D)    \

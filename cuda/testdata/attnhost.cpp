@@ -12,8 +12,10 @@
 // Requests on stdin, responses on stdout, all little-endian:
 //   request:  int32 op (0 end, 1 split decode, 2 tiled prefill), int32 dtype
 //             (0 F32, 1 F16, 2 BF16, 3 Q8_0), int32 D, heads, kvHeads, T,
-//             pos0, maxPos, chunk, splits, float32 scale, then T*heads*D
-//             float32 q, and the k and v caches' bytes (maxPos rows each)
+//             pos0, maxPos, chunk, splits, posAt (-1: none; else the
+//             position the split kernel reads from device memory, pos0
+//             then its bound), float32 scale, then T*heads*D float32 q,
+//             and the k and v caches' bytes (maxPos rows each)
 //   response: int64 violations, then T*heads*D float32 out
 #include <cuda_fp16.h>
 #include <math.h>
@@ -67,6 +69,7 @@ static inline __half __ushort_as_half(unsigned short u) {
 }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
 
 struct Barrier {
 	std::mutex mu;
@@ -159,6 +162,7 @@ void fa_host_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, bool
 // The cache rows a launch may read: [lo, hi) of k and of v.
 static const uint8_t *klo, *khi, *vlo, *vhi;
 static std::atomic<long long> violations;
+static const int* pos_at;  // the split kernel's posAt, or null
 void kvhost_check(const void* p, int n, int align) {
 	const uint8_t* b = (const uint8_t*)p;
 	const bool in = (b >= klo && b + n <= khi) || (b >= vlo && b + n <= vhi);
@@ -209,7 +213,7 @@ static void run(int op, int D, int heads, int kvHeads, int T, int pos0, int maxP
 	case DD:                                                                                                                  \
 		launch(dim3(heads, T, splits), 128, [&] {                                                                         \
 			attention_split<KV, DD>(out, pp, q, kv_cache<KV>{kp, (long long)kvHeads * DD}, kv_cache<KV>{vp, (long long)kvHeads * DD}, \
-						heads, kvHeads, pos0, scale, chunk);                                                  \
+						heads, kvHeads, pos0, scale, chunk, pos_at);                                          \
 		});                                                                                                       \
 		if (splits > 1) launch(dim3(heads, T, 1), DD, [&] { attention_merge<DD>(out, pp, heads, splits); });        \
 		break;
@@ -246,7 +250,7 @@ int main() {
 		const int op = read32();
 		if (op == 0) return 0;
 		const int dt = read32(), D = read32(), heads = read32(), kvHeads = read32(), T = read32(), pos0 = read32(), maxPos = read32(),
-			  chunk = read32(), splits = read32();
+			  chunk = read32(), splits = read32(), posAt = read32();
 		float scale;
 		readn(&scale, 4);
 		const size_t qn = (size_t)T * heads * D, width = (size_t)kvHeads * D;
@@ -259,8 +263,11 @@ int main() {
 		uint8_t* v = vb.data() + ((256 - ((uintptr_t)vb.data() & 255)) & 255);
 		readn(k, rowBytes * maxPos);
 		readn(v, rowBytes * maxPos);
-		klo = k, khi = k + rowBytes * (pos0 + T);
-		vlo = v, vhi = v + rowBytes * (pos0 + T);
+		const int written = (posAt >= 0 ? posAt : pos0) + T;
+		klo = k, khi = k + rowBytes * written;
+		vlo = v, vhi = v + rowBytes * written;
+		const int posAtValue = posAt;
+		pos_at = posAt >= 0 ? &posAtValue : nullptr;
 		violations = 0;
 		switch (dt) {
 		case 0:

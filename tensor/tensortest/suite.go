@@ -21,6 +21,7 @@ type config struct {
 	quantTypes []tensor.DType
 	quantizesX bool
 	cacheTypes []tensor.DType
+	fusedTol   float64
 }
 
 // Tolerance sets the largest relative error ||out-ref||/||ref|| accepted
@@ -62,7 +63,7 @@ func CacheTypes(dts ...tensor.DType) Option {
 var cacheTypes = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0}
 
 func newConfig(opts []Option) config {
-	c := config{tol: 1e-5, quantTol: 2e-2, quantTypes: QuantWeightTypes(), cacheTypes: cacheTypes}
+	c := config{tol: 1e-5, quantTol: 2e-2, quantTypes: QuantWeightTypes(), fusedTol: 1e-5, cacheTypes: cacheTypes}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -93,6 +94,8 @@ func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("Errors", s.testErrors)
 	t.Run("Aliasing", s.testAliasing)
 	t.Run("Quant", s.testQuant)
+	t.Run("PosAt", s.testPosAt)
+	t.Run("Fused", s.testFused)
 }
 
 type suite struct {
