@@ -19,14 +19,15 @@ import (
 
 // Interfaces the backend implements.
 var (
-	_ tensor.Backend          = (*Backend)(nil)
-	_ tensor.Syncer           = (*Backend)(nil)
-	_ tensor.PinnedAllocator  = (*Backend)(nil)
-	_ tensor.AsyncUploader    = (*Backend)(nil)
-	_ tensor.MemoryInfo       = (*Backend)(nil)
-	_ tensor.ManagedAllocator = (*Backend)(nil)
-	_ tensor.CachingAllocator = (*Backend)(nil)
-	_ tensor.LaunchCounter    = (*Backend)(nil)
+	_ tensor.Backend           = (*Backend)(nil)
+	_ tensor.Syncer            = (*Backend)(nil)
+	_ tensor.PinnedAllocator   = (*Backend)(nil)
+	_ tensor.AsyncUploader     = (*Backend)(nil)
+	_ tensor.ComputeDownloader = (*Backend)(nil)
+	_ tensor.MemoryInfo        = (*Backend)(nil)
+	_ tensor.ManagedAllocator  = (*Backend)(nil)
+	_ tensor.CachingAllocator  = (*Backend)(nil)
+	_ tensor.LaunchCounter     = (*Backend)(nil)
 )
 
 // Backend runs strata's tensor operations on one CUDA device. Its methods
@@ -487,7 +488,27 @@ func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 // Download copies src into dst after the work queued before it, including
 // UploadAsync copies, has finished.
 func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
-	const op = "Download"
+	return b.download("Download", dst, src, afterCopies)
+}
+
+// DownloadComputed copies src into dst after the compute queued before it
+// has finished; UploadAsync copies that no compute waits for go on
+// (tensor.ComputeDownloader). A hand-over of the hidden state to the CPU
+// uses it, so that prefetch copies stream while the CPU computes.
+func (b *Backend) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	return b.download("DownloadComputed", dst, src, computeOnly)
+}
+
+// downloadWait says what a download waits for besides the compute queued
+// before it.
+type downloadWait bool
+
+const (
+	afterCopies downloadWait = true  // every UploadAsync copy queued so far
+	computeOnly downloadWait = false // nothing more
+)
+
+func (b *Backend) download(op string, dst []byte, src *tensor.Tensor, wait downloadWait) error {
 	if err := b.device(op, "src", src); err != nil {
 		return err
 	}
@@ -498,41 +519,16 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 		return nil
 	}
 	return b.ops(op, func() error {
-		b.copyMu.Lock()
-		err := b.compute.Wait(b.copyTail, 0)
-		b.copyMu.Unlock()
+		var err error
+		if wait == afterCopies {
+			b.copyMu.Lock()
+			err = b.compute.Wait(b.copyTail, 0)
+			b.copyMu.Unlock()
+		}
 		if err == nil {
 			b.counts.copies.Add(1)
 			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
 		}
-		if err == nil {
-			err = b.compute.Synchronize()
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
-		}
-		return nil
-	})
-}
-
-// DownloadCompute copies src into dst after the compute work queued
-// before it has finished, not waiting for UploadAsync copies in flight
-// (tensor.ComputeDownloader): a CPU attending over a host KV cache gets its
-// queries while the pager's prefetches keep streaming.
-func (b *Backend) DownloadCompute(dst []byte, src *tensor.Tensor) error {
-	const op = "DownloadCompute"
-	if err := b.device(op, "src", src); err != nil {
-		return err
-	}
-	if int64(len(dst)) != src.NumBytes() {
-		return fmt.Errorf("cuda: %s: destination has %d bytes, %v has %d", op, len(dst), src, src.NumBytes())
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	return b.ops(op, func() error {
-		b.counts.copies.Add(1)
-		err := cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
 		if err == nil {
 			err = b.compute.Synchronize()
 		}

@@ -73,6 +73,14 @@ type Options struct {
 	// is DefaultChunk, or AutoChunk's choice under a budget given to a
 	// strategy that streams (either one no longer than the context).
 	Context, Chunk int
+	// KVPositions is the KV cache positions the plans keep room for on
+	// each device, all the sequences' together: 0 is one Context, a
+	// session's. A Batcher's KV pool takes this room: to batch many
+	// sequences under a budget, give the positions of the pool
+	// (BatchOptions.KVBlocks times BlockSize) here, so that the plan
+	// streams more of the weights instead of the pool taking the room of
+	// the resident ones.
+	KVPositions int
 	// Record keeps every allocation and paging event, for WriteSnapshot.
 	Record bool
 	// Rates, when set, are the rates the hybrid planner plans with instead
@@ -219,6 +227,9 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		}
 	}
 	e.chunk = min(e.chunk, e.context)
+	if o.KVPositions < 0 {
+		return nil, fmt.Errorf("engine: KV cache room of %d positions", o.KVPositions)
+	}
 	e.mode = o.Memory.Mode
 	if e.mode == "" {
 		e.mode = paging.ModeExplicit
@@ -260,7 +271,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	}
 	for d, p := range parts {
 		b := e.backends[d]
-		opts := []paging.PlanOption{paging.WithChunkTokens(e.chunk), paging.WithDevice(b)}
+		opts := []paging.PlanOption{paging.WithChunkTokens(e.chunk), paging.WithDevice(b), paging.WithKVPositions(e.kvPositions())}
 		if cfg.MoE != nil && e.mode == paging.ModeExplicit {
 			// Each expert is a unit of its own, in an expert cache.
 			opts = append(opts, paging.WithExpertCache(cfg.MoE.ExpertsPerToken))
@@ -315,6 +326,15 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		return nil, err
 	}
 	return e, nil
+}
+
+// kvPositions is the KV positions the plans keep room for beyond one
+// context (Options.KVPositions), or 0 for one context.
+func (e *Engine) kvPositions() int {
+	if e.opts.KVPositions <= e.context {
+		return 0
+	}
+	return e.opts.KVPositions
 }
 
 // openDevices opens the devices of the options, or takes the caller's

@@ -364,7 +364,7 @@ func (s *Session) batchHead(ctx context.Context, T int, last []int32) ([]float32
 	if len(s.download) < 4*size {
 		s.download = make([]byte, 4*size)
 	}
-	if err := b.Download(s.download[:4*size], out); err != nil {
+	if err := tensor.DownloadComputed(b, s.download[:4*size], out); err != nil {
 		return nil, err
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), size), nil

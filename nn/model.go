@@ -548,11 +548,13 @@ func (s *Session) twinKVOut(i, pos0, T int) error {
 }
 
 // copyTensor copies src (on from's device) into the first bytes of dst (on
-// to's), one of which is in host memory.
+// to's), one of which is in host memory. From a device it waits for the
+// compute that wrote src, not for the copies of later layers
+// (tensor.DownloadComputed).
 func copyTensor(to, from tensor.Backend, dst, src *tensor.Tensor) error {
 	switch {
 	case dst.OnHost():
-		return from.Download(dst.Bytes()[:src.NumBytes()], src)
+		return tensor.DownloadComputed(from, dst.Bytes()[:src.NumBytes()], src)
 	case src.OnHost():
 		return to.Upload(dst, 0, src.Bytes())
 	}
@@ -601,7 +603,9 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 	if len(s.download) < 4*n {
 		s.download = make([]byte, 4*n)
 	}
-	if err := b.Download(s.download[:4*n], out); err != nil {
+	// The logits wait for the compute only: the copies of the next
+	// token's layers go on.
+	if err := tensor.DownloadComputed(b, s.download[:4*n], out); err != nil {
 		return nil, err
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), n), nil

@@ -429,6 +429,9 @@ func (ps *PipelineSession) backendOf(layer int) tensor.Backend {
 // hand passes the first T rows of the hidden state from one stage to the
 // next: nothing to do on one device (they share the buffers), a copy into
 // or out of host memory when either is the host, else through host memory.
+// A device's hidden state leaves it once its compute is done
+// (tensor.DownloadComputed): copies of later layers that its pager queued
+// go on while the next stage computes.
 func (ps *PipelineSession) hand(from, to *Session, T int) error {
 	if from.buffers == to.buffers {
 		return nil
@@ -436,7 +439,7 @@ func (ps *PipelineSession) hand(from, to *Session, T int) error {
 	src, dst := rows(from.x, T), rows(to.x, T)
 	switch {
 	case dst.OnHost():
-		if err := from.m.backend.Download(dst.Bytes(), src); err != nil {
+		if err := tensor.DownloadComputed(from.m.backend, dst.Bytes(), src); err != nil {
 			return fmt.Errorf("nn: hidden state from %s: %w", from.m.backend.Name(), err)
 		}
 	case src.OnHost():
@@ -445,7 +448,7 @@ func (ps *PipelineSession) hand(from, to *Session, T int) error {
 		}
 	default:
 		buf := ps.xfer[:src.NumBytes()]
-		if err := from.m.backend.Download(buf, src); err != nil {
+		if err := tensor.DownloadComputed(from.m.backend, buf, src); err != nil {
 			return fmt.Errorf("nn: hidden state from %s: %w", from.m.backend.Name(), err)
 		}
 		if err := to.m.backend.Upload(dst, 0, buf); err != nil {

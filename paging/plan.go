@@ -240,11 +240,21 @@ type planOptions struct {
 	kv      KVPlacement
 	kvRates *Rates
 	hostKV  int
+	// kvPositions > 0 sizes the device KV cache for that many positions
+	// in all, instead of contextLen for each of batch sequences
+	// (WithKVPositions).
+	kvPositions int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
 // prefill chunk), which sizes the activations.
 func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk = n } }
+
+// WithKVPositions sizes the KV cache the plan keeps room for by n
+// positions in all, shared by the sequences (a pool of KV blocks that a
+// batch of sequences of different lengths shares out), instead of the
+// context length for each sequence of the batch; n <= 0 changes nothing.
+func WithKVPositions(n int) PlanOption { return func(o *planOptions) { o.kvPositions = n } }
 
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).
@@ -490,6 +500,9 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		blocks := model.NumLayers
 		if cat == KVCache {
 			blocks = kvDeviceBlocks(model.NumLayers, o.hostKV)
+			if o.kvPositions > 0 {
+				return model.Reserve.Bytes(cat, blocks, o.kvPositions, o.chunk, 1, o.allocSize)
+			}
 		}
 		return model.Reserve.Bytes(cat, blocks, contextLen, o.chunk, batch, o.allocSize)
 	}

@@ -89,19 +89,6 @@ type AsyncUploader interface {
 // AsyncUpload returns m's asynchronous copy engine, if it has one.
 func AsyncUpload(m Memory) (AsyncUploader, bool) { return capability[AsyncUploader](m) }
 
-// ComputeDownloader is a backend whose Download waits for its
-// asynchronous copies as well as its compute, and that can also download
-// a tensor after the compute queued before it alone: the copies in flight
-// (a pager's prefetches) keep running. Only for a tensor that no copy in
-// flight writes.
-type ComputeDownloader interface {
-	DownloadCompute(dst []byte, src *Tensor) error
-}
-
-// ComputeDownload returns m's download that waits for compute alone, if
-// it has one.
-func ComputeDownload(m Memory) (ComputeDownloader, bool) { return capability[ComputeDownloader](m) }
-
 // ManagedAllocator is a backend with unified (managed) memory: tensors
 // addressable from host and device whose pages the driver migrates on
 // demand or when prefetched. Prefetches are ordered with the backend's
@@ -214,4 +201,23 @@ func CountLaunches(m Memory) (Launches, bool) {
 		return Launches{}, false
 	}
 	return lc.Launches(), true
+}
+
+// ComputeDownloader is a backend whose DownloadComputed copies src into dst
+// once the compute queued before the call has finished, without waiting
+// for UploadAsync copies that no compute has been ordered after (Download
+// waits for every queued copy). Handing an activation from the device to
+// the host then leaves the copies of layers still to come running: the
+// copy engine streams them while the host computes.
+type ComputeDownloader interface {
+	DownloadComputed(dst []byte, src *Tensor) error
+}
+
+// DownloadComputed copies src into dst with m's DownloadComputed when m is
+// a ComputeDownloader, else with its Download.
+func DownloadComputed(m Memory, dst []byte, src *Tensor) error {
+	if d, ok := capability[ComputeDownloader](m); ok {
+		return d.DownloadComputed(dst, src)
+	}
+	return m.Download(dst, src)
 }

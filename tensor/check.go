@@ -49,13 +49,13 @@ func quantizedOperand(op, name string, t *Tensor, why string) error {
 
 // checkWeight is CheckShape for MatMul's w and Embed's table, [rows,
 // cols]: a float type, or a quantized one with a product (all but Q8_K,
-// the activations' format of the K formats' products).
+// ggml's format of the activations in the K formats' products).
 func checkWeight(op, name string, t *Tensor, rows, cols int) error {
 	if t == nil || !t.dtype.IsQuantized() {
 		return CheckShape(op, name, t, Invalid, rows, cols)
 	}
-	if q, _ := t.dtype.Quant(); quant.VecDotType(q) == quant.F32 {
-		return fmt.Errorf("tensor: %s: %s has dtype %v, the format of activations in the K formats' products, not of weights", op, name, t.dtype)
+	if q, _ := t.dtype.Quant(); !quant.IntegerProduct(q) {
+		return fmt.Errorf("tensor: %s: %s has dtype %v, ggml's format of activations in the K formats' products, not of weights", op, name, t.dtype)
 	}
 	return CheckShape(op, name, t, t.dtype, rows, cols)
 }

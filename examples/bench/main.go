@@ -375,6 +375,22 @@ type HybridResult struct {
 	// stages, by device name.
 	MeasuredMs map[string]float64 `json:"measured_ms_per_token"`
 	Threads    int                `json:"threads"`
+	// PinnedHostBytes of HostCacheBytes, the pager's host copies, are in
+	// pinned memory (the others upload synchronously, at pageable speed).
+	PinnedHostBytes int64 `json:"pinned_host_bytes"`
+	HostCacheBytes  int64 `json:"host_cache_bytes"`
+	// Prefill is what the pager did in each timed prefill, by prompt
+	// length: a prefetch that found no room, or a part that went outside
+	// the ring, costs a prompt its overlap.
+	Prefill map[string]PagerCounts `json:"prefill_pager,omitempty"`
+}
+
+// PagerCounts are the pager's counters over one prefill.
+type PagerCounts struct {
+	Misses         int64 `json:"misses"`
+	PrefetchNoRoom int64 `json:"prefetch_no_room"`
+	OutsideRing    int64 `json:"outside_ring"`
+	Evictions      int64 `json:"evictions"`
 }
 
 // Result is one strata run (Kind "strata") or one baseline run from
@@ -500,7 +516,10 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		mem.Budgets = []int64{s.budget}
 	}
 	start := time.Now()
-	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads, NoGraphs: !o.graphs})
+	// With -streams the plan keeps room for the batcher's KV pool, so that
+	// the pool does not take the place of resident weights.
+	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
+		KVPositions: streamsPositions(o), NoGraphs: !o.graphs})
 	if err != nil {
 		return nil, err
 	}
@@ -538,11 +557,20 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.LoadSeconds = time.Since(start).Seconds()
 	for _, p := range prefill {
 		sess.Reset()
+		st0 := e.Stats()
 		t0 := time.Now()
 		if _, err := sess.Forward(ctx, prompt[:p], false, nil); err != nil {
 			return nil, err
 		}
 		r.PrefillTokS[strconv.Itoa(p)] = float64(p) / time.Since(t0).Seconds()
+		if r.Hybrid != nil {
+			st := e.Stats()
+			if r.Hybrid.Prefill == nil {
+				r.Hybrid.Prefill = map[string]PagerCounts{}
+			}
+			r.Hybrid.Prefill[strconv.Itoa(p)] = PagerCounts{Misses: st.Misses - st0.Misses, PrefetchNoRoom: st.PrefetchNoRoom - st0.PrefetchNoRoom,
+				OutsideRing: st.OutsideRing - st0.OutsideRing, Evictions: st.Evictions - st0.Evictions}
+		}
 	}
 	sess.Reset()
 	t0 := time.Now()
@@ -592,6 +620,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	r.KV = kvResult(e.KV(), kv0, r, cfg, o)
 	if r.Hybrid != nil {
+		r.Hybrid.PinnedHostBytes, r.Hybrid.HostCacheBytes = st.PinnedHostBytes, st.HostCacheBytes
 		for dev, d := range busyOf(sess) {
 			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)
 		}

@@ -160,7 +160,8 @@ func TestBoundsHostKV(t *testing.T) {
 // TestBenchStreams: -streams 3 decodes three requests at once through the
 // batcher and reports them, in the output and in the JSON line: the
 // aggregate rate, latencies that are positive and ordered (p50 <= p99), a
-// mean batch above one, the KV pool.
+// mean batch above one, the KV pool, steps a second and rows a step (at
+// least the mean batch: each sequence runs a row or more).
 func TestBenchStreams(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.jsonl")
 	var stdout bytes.Buffer
@@ -185,7 +186,8 @@ func TestBenchStreams(t *testing.T) {
 	}
 	t.Logf("%s", s)
 	if s.Streams != 3 || !(s.DecodeTokS > 0) || !(s.InterTokenP50Ms > 0) || s.InterTokenP50Ms > s.InterTokenP99Ms ||
-		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 {
+		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 ||
+		!(s.StepsS > 0) || s.RowsPerStep < s.MeanBatch {
 		t.Errorf("streams %+v", s)
 	}
 }
