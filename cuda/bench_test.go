@@ -540,3 +540,58 @@ func BenchmarkQuantMatMulPaths(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAttention times one layer's attention of the 7B shape (32
+// heads of 128, 32 KV heads), resident: prefill of T = 512, 2048 and 8192
+// queries from position 0 (the tiled tensor-core kernel; TFLOP/s counts
+// the causal 4·T²/2·headDim·heads), and decode of one query at 128, 1024
+// and 8192 positions (the split kernel; GB/s counts the K and V bytes of
+// the positions read). The caches are F32, F16 and Q8_0; each result names
+// the kernel planAttention chose. The decode target: at 8,192 positions in
+// F16 the 32 layers read 1.07 GB a token, 0.27 ms at 4 TB/s, so a layer
+// should take about 8.4 us plus the launch.
+func BenchmarkAttention(b *testing.B) {
+	be := openGPU(b)
+	const heads, kvHeads, headDim = 32, 32, 128
+	qw, kw := heads*headDim, kvHeads*headDim
+	r := newRand(b)
+	has := func(name string) bool { _, ok := be.kernels[name]; return ok }
+	for _, c := range []struct {
+		name   string
+		t, pos int
+	}{
+		{"prefill/T=512", 512, 0}, {"prefill/T=2048", 2048, 0}, {"prefill/T=8192", 8192, 0},
+		{"decode/pos=128", 1, 127}, {"decode/pos=1024", 1, 1023}, {"decode/pos=8192", 1, 8191},
+	} {
+		for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.Q8_0} {
+			n := c.pos + c.t
+			plan := planAttention(c.t, heads, headDim, c.pos, dt, true, false, has)
+			b.Run(fmt.Sprintf("%s/%v/%s", c.name, dt, plan.kernel), func(b *testing.B) {
+				q, _ := put(b, be, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -1, 1))
+				k, _ := put(b, be, dt, tensor.Shape{n, kw}, uniform(r, n*kw, -1, 1))
+				v, _ := put(b, be, dt, tensor.Shape{n, kw}, uniform(r, n*kw, -1, 1))
+				out, _ := put(b, be, tensor.F32, tensor.Shape{c.t, qw}, make([]float32, c.t*qw))
+				at := tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Pos0: c.pos, Scale: 0.0883883}
+				const perIter = 8
+				for b.Loop() {
+					for range perIter {
+						if err := be.Attention(out, at); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+				b.ReportMetric(sec*1e6, "us/layer")
+				if c.t > 1 {
+					b.ReportMetric(4*float64(c.t)*float64(c.t)/2*headDim*heads/sec/1e12, "TFLOP/s")
+				} else {
+					b.ReportMetric(float64(k.NumBytes()+v.NumBytes())/sec/1e9, "GB/s")
+				}
+				b.ReportMetric(float64(plan.splits), "splits")
+			})
+		}
+	}
+}

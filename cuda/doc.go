@@ -25,6 +25,13 @@
 //     through cuBLAS on weights dequantized to F16
 //     a block of rows at a time, Embed of quantized tables dequantized
 //     exactly;
+//   - attention over long contexts (ops.go's Attention, attnplan.go's
+//     choice): a tiled prefill kernel on tensor cores (mma.sync with F16,
+//     or BF16 for a BF16 cache, F32 softmax; PTX for compute capability
+//     8.0, loaded only where the device has it), a decode kernel that
+//     splits the cache's positions across blocks and merges their partial
+//     softmax, and the first kernel, one block a query, for the rest; KV
+//     caches in F32, F16, BF16 or Q8_0, appended by CopyRows;
 //   - decode without the host's launch cost: graph capture
 //     (tensor.Grapher, graph.go: Capture records the operations of a
 //     function through the driver's stream capture, Replay launches them
@@ -47,7 +54,8 @@
 // dtypes, ranges, aliasing), which tensor.Checked checks in front of it, so
 // that its kernels check only what they need to stay inside memory of their
 // own (that every operand is live memory of this device) and their own
-// limits (a head of at most 256 dimensions, at most 65535 queries a call);
+// limits (a head of at most 256 dimensions, at most 65535 queries a call
+// to the one-block-a-query kernel);
 // models, layers and budgets; and who uses it: nothing imports it but
 // through the blank import of a main package.
 //

@@ -89,12 +89,42 @@ func (b *Backend) RopeKV(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary) error 
 		return nil
 	}
 	kvHeads := k.Shape()[1] / r.HeadDim
+	if kc.DType() == tensor.Q8_0 {
+		return b.ropeKVQ8(q, k, v, kc, vc, r, kvHeads)
+	}
 	half := r.HeadDim / 2
 	n := int64(t)*int64(r.Heads+kvHeads)*int64(half) + int64(t)*int64(k.Shape()[1])
 	return b.ops(op, func() error {
 		a := new(args).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).ptr(kc.Ptr()).ptr(vc.Ptr()).ptr(r.Cos.Ptr()).ptr(r.Sin.Ptr()).
 			i32(t).i32(r.Heads).i32(kvHeads).i32(r.HeadDim).i32(r.Pos0).ptr(posPtr(r.PosAt))
 		return b.run1D("rope_kv_"+suffix(kc.DType()), n, a)
+	})
+}
+
+// ropeKVQ8 is RopeKV into Q8_0 caches, whose blocks of 32 values one
+// thread quantizes: Rope on q and k (their position read when they run,
+// as r says), then kv_append_q8_0_at for k's and v's rows at that
+// position.
+func (b *Backend) ropeKVQ8(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary, kvHeads int) error {
+	const op = "RopeKV"
+	if err := b.Rope(q, r); err != nil {
+		return err
+	}
+	rk := r
+	rk.Heads = kvHeads
+	if err := b.Rope(k, rk); err != nil {
+		return err
+	}
+	t, width := q.Shape()[0], k.Shape()[1]
+	nblocks := int64(t) * int64(width) / 32
+	return b.ops(op, func() error {
+		for _, kv := range [][2]*tensor.Tensor{{kc, k}, {vc, v}} {
+			a := new(args).ptr(kv[0].Ptr()).ptr(kv[1].Ptr()).i64(nblocks).i32(width / 32).i32(r.Pos0).ptr(posPtr(r.PosAt))
+			if err := b.run1D("kv_append_q8_0_at", nblocks, a); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -570,33 +571,173 @@ func TestQuantCopyRows(t *testing.T) {
 	}
 }
 
-// TestAttentionCaches runs attention over F16 and BF16 caches and a long
-// context (more positions than the kernel has warps).
+// attnTol is the relative error TestAttentionCaches accepts of a kernel:
+// F32 arithmetic throughout, or the tensor-core kernel's products of
+// inputs rounded to F16 (11 bits) or BF16 (8 bits).
+func attnTol(kernel string) float64 {
+	switch {
+	case strings.HasPrefix(kernel, "flash_attention_bf16"):
+		return 2e-2
+	case strings.HasPrefix(kernel, "flash_"):
+		return 4e-3
+	}
+	return 1e-5
+}
+
+// TestAttentionCaches runs attention over every cache dtype on shapes that
+// take each kernel (planAttention: one block a query, split decode with
+// one pass and with many splits, the tiled tensor-core prefill), against
+// the float64 reference over the stored values. Positions past the last
+// query hold NaN (a Q8_0 block: a NaN scale): a kernel that reads them
+// fails. It logs each case's kernel, splits, relative and largest
+// absolute error.
 func TestAttentionCaches(t *testing.T) {
 	b := openGPU(t)
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16} {
+	has := func(name string) bool { _, ok := b.kernels[name]; return ok }
+	// The tensor-core kernels' PTX targets compute capability 8.0: loaded
+	// (JIT-compiled by the driver) on such devices, left out on older ones.
+	for _, name := range optionalKernels {
+		if want := b.info.Major >= 8; has(name) != want {
+			t.Errorf("compute capability %d.%d: kernel %s loaded = %v, want %v", b.info.Major, b.info.Minor, name, has(name), want)
+		}
+	}
+	t.Logf("compute capability %d.%d: tensor-core prefill kernels loaded: %v", b.info.Major, b.info.Minor, has(optionalKernels[0]))
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
 		for _, c := range []struct{ heads, kvHeads, headDim, pos0, t, maxPos int }{
-			{32, 8, 128, 1500, 1, 2048}, {8, 2, 64, 100, 17, 128}, {4, 4, 256, 0, 9, 16}, {2, 1, 80, 3, 2, 8},
+			{32, 8, 128, 1500, 1, 2048}, {8, 2, 64, 100, 17, 128}, {4, 4, 256, 0, 9, 16}, {2, 1, 96, 3, 2, 8},
+			{32, 32, 128, 8191, 1, 8192}, {32, 8, 128, 200, 1, 256}, {8, 8, 64, 4000, 4, 4100}, {4, 1, 256, 700, 3, 710},
+			{32, 8, 128, 0, 1000, 1000}, {16, 16, 64, 0, 333, 340}, {8, 1, 128, 517, 129, 700}, {8, 4, 64, 5, 16, 32},
 		} {
 			t.Run(fmt.Sprintf("%v/H%d_KV%d_D%d_pos%d_T%d", dt, c.heads, c.kvHeads, c.headDim, c.pos0, c.t), func(t *testing.T) {
 				r := newRand(t)
 				qw, kw := c.heads*c.headDim, c.kvHeads*c.headDim
 				filled := (c.pos0 + c.t) * kw
 				q, qv := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -1, 1))
-				k, kv := put(t, b, dt, tensor.Shape{c.maxPos, kw}, append(uniform(r, filled, -1, 1), nanSlice(c.maxPos*kw-filled)...))
-				v, vv := put(t, b, dt, tensor.Shape{c.maxPos, kw}, append(uniform(r, filled, -1, 1), nanSlice(c.maxPos*kw-filled)...))
+				k, kv := putCache(t, b, dt, c.maxPos, kw, uniform(r, filled, -1, 1))
+				v, vv := putCache(t, b, dt, c.maxPos, kw, uniform(r, filled, -1, 1))
 				out, _ := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, nanSlice(c.t*qw))
 				scale := float32(1 / math.Sqrt(float64(c.headDim)))
+				plan := planAttention(c.t, c.heads, c.headDim, c.pos0, dt, true, false, has)
 				if err := b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Pos0: c.pos0, Scale: scale}); err != nil {
 					t.Fatal(err)
 				}
 				want := tensortest.RefAttention(qv, kv[:filled], vv[:filled], c.t, c.heads, c.kvHeads, c.headDim, c.pos0, float64(scale))
-				check(t, "Attention", get(t, b, out), want, 1e-5)
+				got := get(t, b, out)
+				t.Logf("kernel %s, %d splits of %d positions; largest absolute error %.3g", plan.kernel, plan.splits, plan.chunk, maxAbs(got, want))
+				check(t, "Attention", got, want, attnTol(plan.kernel))
 			})
 		}
 	}
 	if err := b.Attention(nil, tensor.Attn{Q: nil, K: nil, V: nil, Heads: 4, KVHeads: 4, HeadDim: 512, Scale: 1}); err == nil {
 		t.Error("headDim 512: no error")
+	}
+}
+
+// putCache uploads a [maxPos, width] cache of dtype dt whose first rows
+// hold v and the rest all bits set (NaN, a NaN scale in Q8_0), and
+// returns v as stored.
+func putCache(t testing.TB, b *Backend, dt tensor.DType, maxPos, width int, v []float32) (*tensor.Tensor, []float64) {
+	t.Helper()
+	enc, err := tensortest.Encode(dt, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := tensortest.Stored(dt, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := b.Alloc(dt, tensor.Shape{maxPos, width})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free(x) })
+	all := bytes.Repeat([]byte{0xff}, int(x.NumBytes()))
+	copy(all, enc)
+	if err := b.Upload(x, 0, all); err != nil {
+		t.Fatal(err)
+	}
+	return x, st
+}
+
+func maxAbs(got []float32, want []float64) float64 {
+	m := 0.0
+	for i, g := range got {
+		m = max(m, math.Abs(float64(g)-want[i]))
+	}
+	return m
+}
+
+// TestAttentionAgainstCPU runs the 7B model's attention shape (32 heads
+// of 128, or 8 KV heads as Llama 3's) on this backend and on the CPU
+// backend over the same caches, appended by CopyRows on each (so the Q8_0
+// quantization of both is compared too), and logs the largest absolute
+// difference and the relative one; precise calls (training's forward)
+// must agree to F32 rounding.
+func TestAttentionAgainstCPU(t *testing.T) {
+	b := openGPU(t)
+	cpu := tensor.NewCPU(0)
+	has := func(name string) bool { _, ok := b.kernels[name]; return ok }
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+		for _, c := range []struct {
+			kvHeads, pos0, t int
+			precise          bool
+		}{
+			{32, 0, 512, false}, {8, 1024, 300, false}, {32, 0, 200, true}, {32, 4095, 1, false}, {8, 2047, 2, false},
+		} {
+			const heads, headDim = 32, 128
+			t.Run(fmt.Sprintf("%v/KV%d_pos%d_T%d_precise=%v", dt, c.kvHeads, c.pos0, c.t, c.precise), func(t *testing.T) {
+				r := newRand(t)
+				qw, kw, n := heads*headDim, c.kvHeads*headDim, c.pos0+c.t
+				qv := uniform(r, c.t*qw, -2, 2)
+				kvals, vvals := uniform(r, n*kw, -2, 2), uniform(r, n*kw, -1, 1)
+				outs := make([][]float32, 2)
+				for i, be := range []tensor.Backend{b, cpu} {
+					q, err := tensortest.FromF32(be, tensor.F32, tensor.Shape{c.t, qw}, qv)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer be.Free(q)
+					var caches [2]*tensor.Tensor
+					for j, vals := range [][]float32{kvals, vvals} {
+						rows, err := tensortest.FromF32(be, tensor.F32, tensor.Shape{n, kw}, vals)
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer be.Free(rows)
+						if caches[j], err = be.Alloc(dt, tensor.Shape{n, kw}); err != nil {
+							t.Fatal(err)
+						}
+						defer be.Free(caches[j])
+						if err := tensor.Checked(be).CopyRows(caches[j], 0, rows, 0, n); err != nil {
+							t.Fatal(err)
+						}
+					}
+					out, err := be.Alloc(tensor.F32, tensor.Shape{c.t, qw})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer be.Free(out)
+					at := tensor.Attn{Q: q, K: caches[0], V: caches[1], Heads: heads, KVHeads: c.kvHeads, HeadDim: headDim, Pos0: c.pos0, Scale: 0.0883883, Precise: c.precise}
+					if err := tensor.Checked(be).Attention(out, at); err != nil {
+						t.Fatal(err)
+					}
+					if outs[i], err = tensortest.ToF32(be, out); err != nil {
+						t.Fatal(err)
+					}
+				}
+				want := make([]float64, len(outs[1]))
+				for i, x := range outs[1] {
+					want[i] = float64(x)
+				}
+				plan := planAttention(c.t, heads, headDim, c.pos0, dt, true, c.precise, has)
+				e := tensortest.RelErr(outs[0], want)
+				t.Logf("kernel %s (%d splits): against the CPU largest absolute difference %.3g, relative %.3g", plan.kernel, plan.splits, maxAbs(outs[0], want), e)
+				tol := attnTol(plan.kernel)
+				if !(e <= tol) {
+					t.Errorf("relative difference %.3g > %.3g", e, tol)
+				}
+			})
+		}
 	}
 }
 
@@ -1449,7 +1590,7 @@ func TestEmbeddedKernels(t *testing.T) {
 			have[name] = true
 		}
 	}
-	for _, name := range requiredKernels {
+	for _, name := range append(append([]string(nil), requiredKernels...), optionalKernels...) {
 		if !have[name] {
 			t.Errorf("kernel %s is not in the embedded PTX; run make cuda-ptx", name)
 		}

@@ -15,7 +15,10 @@ import (
 
 // The kernels, compiled from kernels/*.cu to PTX for compute_70 by make
 // cuda-ptx and committed, so that a machine with only the driver runs them:
-// the driver compiles the PTX for the GPU at hand when it loads it.
+// the driver compiles the PTX for the GPU at hand when it loads it. A few
+// (the tensor-core attention, flash_attention_*.ptx) target compute_80;
+// their modules are loaded only on devices that have it, and the
+// operations that use them fall back to other kernels elsewhere.
 //
 //go:embed kernels/*.ptx
 var ptxFS embed.FS
@@ -44,6 +47,9 @@ func (b *Backend) loadKernels() error {
 			return fmt.Errorf("cuda: reading %s: %v", file, err)
 		}
 		ptx := string(data)
+		if target := ptxTarget(ptx); target > 10*b.info.Major+b.info.Minor {
+			continue // a newer device's kernels (optionalKernels)
+		}
 		isa, need, verr := ptxNeeds(ptx)
 		if verr != nil {
 			return fmt.Errorf("cuda: %s: %v", file, verr)
@@ -103,6 +109,12 @@ var requiredKernels = func() []string {
 		k = append(k, "rmsnorm_"+t, "bias_add_"+t, "embed_"+t, "attention_"+t, "gemm_"+t,
 			"gemv_"+t+"_m1", "gemv_"+t+"_m2", "gemv_"+t+"_m4", "gemv_"+t+"_any")
 	}
+	for _, t := range []string{"f32", "f16", "bf16", "q8_0"} {
+		for _, d := range []string{"_d64", "_d128", "_d256"} {
+			k = append(k, "attention_split_"+t+d)
+		}
+	}
+	k = append(k, "attention_q8_0", "attention_q8_0_at", "kv_append_q8_0_at", "attention_merge_d64", "attention_merge_d128", "attention_merge_d256", "kv_append_q8_0")
 	// The fused and graph kernels (fused.go, graph.go; kernels/fused.cu).
 	for _, t := range []string{"f32", "f16", "bf16"} {
 		k = append(k, "add_rmsnorm_"+t, "rope_kv_"+t, "attention_"+t+"_at", "gemv_gate_up_"+t+"_m1", "gemv_gate_up_"+t+"_m2", "gemv_"+t+"_r1", "gemv_"+t+"_r2", "gemv_many_"+t)
@@ -171,3 +183,14 @@ func (b *Backend) memsetAsync(p uintptr, n int64) error {
 	}
 	return nil
 }
+
+// optionalKernels are the kernels of modules that need a newer device than
+// compute capability 7.0 (a genptx-arch line in their source): the
+// tensor-core prefill attention, for compute capability 8.0 and newer.
+var optionalKernels = func() []string {
+	var k []string
+	for _, t := range []string{"f32", "f16", "bf16", "q8_0"} {
+		k = append(k, "flash_attention_"+t+"_d64", "flash_attention_"+t+"_d128")
+	}
+	return k
+}()

@@ -353,11 +353,15 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 }
 
 // CopyRows copies n rows of src from row srcRow into dst from row dstRow;
-// same dtype and row length; dst and src may be the same tensor.
+// same dtype and row length; dst and src may be the same tensor. F32 rows
+// into an F16, BF16 or Q8_0 cache are converted (kvAppend).
 func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
 	const op = "CopyRows"
 	if err := b.devices(op, []string{"dst", "src"}, dst, src); err != nil {
 		return err
+	}
+	if dst.DType() != src.DType() {
+		return b.kvAppend(dst, dstRow, src, srcRow, n)
 	}
 	rb := dst.Shape()[1:].NumElements() * int64(dst.DType().Size())
 	if dst.DType().IsQuantized() { // Size is 0: a row is whole blocks
@@ -384,6 +388,30 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
 		return nil
+	})
+}
+
+// kvAppend writes n F32 rows of src from row srcRow into the cache dst
+// from row dstRow, rounded to F16 or BF16 (the cast kernels) or quantized
+// to Q8_0 blocks as quant.QuantizeQ8_0 does (kv_append_q8_0).
+func (b *Backend) kvAppend(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
+	const op = "CopyRows"
+	width := dst.Shape()[1:].NumElements()
+	elems := int64(n) * width
+	if elems == 0 {
+		return nil
+	}
+	sp := src.Ptr() + uintptr(int64(srcRow)*width*4)
+	return b.ops(op, func() error {
+		switch dst.DType() {
+		case tensor.F16, tensor.BF16:
+			dp := dst.Ptr() + uintptr(int64(dstRow)*width*2)
+			return b.run1D("cast_f32_"+suffix(dst.DType()), elems, new(args).ptr(dp).ptr(sp).i64(elems))
+		case tensor.Q8_0:
+			dp := dst.Ptr() + uintptr(int64(dstRow)*width/32*34)
+			return b.run1D("kv_append_q8_0", elems/32, new(args).ptr(dp).ptr(sp).i64(elems/32))
+		}
+		return fmt.Errorf("cuda: %s: no conversion from %v to %v", op, src.DType(), dst.DType())
 	})
 }
 
@@ -435,33 +463,75 @@ const maxHeadDim = 256
 
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the caches k and v. The caches may be
-// F32, F16 or BF16 (both the same); softmax is F32. The kernel holds a head
-// of at most maxHeadDim dimensions and takes at most 65535 queries a call.
+// F32, F16, BF16 or Q8_0 (both the same); softmax is F32. planAttention
+// chooses the kernel: tiled with tensor cores for prefill, split across
+// the sequence for decode over long caches, one block a query otherwise
+// (which holds a head of at most maxHeadDim dimensions and takes at most
+// 65535 queries a call).
 func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 	const op = "Attention"
-	q, k, v, heads, kvHeads, headDim, pos0, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Pos0, at.Scale
+	q, k, v, headDim, pos0 := at.Q, at.K, at.V, at.HeadDim, at.Pos0
 	if headDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, headDim, maxHeadDim)
-	}
-	t := q.Shape()[0]
-	if t > 65535 {
-		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}
 	if err := b.devices(op, []string{"out", "q", "k", "v", "PosAt"}, out, q, k, v, at.PosAt); err != nil {
 		return err
 	}
+	t := q.Shape()[0]
 	if t == 0 {
 		return nil
 	}
-	return b.ops(op, func() error {
-		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
-		// Graph capture: the _at kernels read pos0 from at.PosAt when they
-		// run, clamped to [0, pos0] (tensor.Attn.PosAt).
-		if at.PosAt != nil {
-			return b.run("attention_"+suffix(k.DType())+"_at", [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a.ptr(at.PosAt.Ptr()))
+	aligned := q.Ptr()%16 == 0 && k.Ptr()%16 == 0 && v.Ptr()%16 == 0 && out.Ptr()%16 == 0
+	has := func(name string) bool { _, ok := b.kernels[name]; return ok }
+	if at.PosAt != nil {
+		// A captured decode step (tensor.Attn.PosAt): the position is read
+		// when the kernels run; pos0 bounds it, and plans the splits.
+		has = func(name string) bool { _, ok := b.kernels[name]; return ok && !strings.HasPrefix(name, "flash_") }
+	}
+	plan := planAttention(t, at.Heads, headDim, pos0, k.DType(), aligned, at.Precise, has)
+	if plan.kernel == "attention_"+suffix(k.DType()) && t > 65535 {
+		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
+	}
+	return b.ops(op, func() error { return b.attention(out, at, plan) })
+}
+
+// attention launches plan's kernels; the caller holds opsMu.
+func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) error {
+	q, k, v, heads, kvHeads, headDim, pos0, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Pos0, at.Scale
+	t := q.Shape()[0]
+	switch {
+	case strings.HasPrefix(plan.kernel, "flash_"):
+		const rows = 64 // FA_BR
+		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(t).i32(heads).i32(kvHeads).i32(pos0).f32(scale)
+		packed := t * (heads / kvHeads) // the rows of a KV head's group: each query of each of its heads
+		return b.run(plan.kernel, [3]uint32{uint32((packed + rows - 1) / rows), uint32(kvHeads), 1}, [3]uint32{128, 1, 1}, a)
+	case strings.HasPrefix(plan.kernel, "attention_split_"):
+		grid := [3]uint32{uint32(heads), uint32(t), uint32(plan.splits)}
+		block := [3]uint32{128, 1, 1} // SPLIT_WARPS
+		if plan.splits == 1 {
+			a := new(args).ptr(out.Ptr()).ptr(0).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt))
+			return b.run(plan.kernel, grid, block, a)
 		}
-		return b.run("attention_"+suffix(k.DType()), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
-	})
+		n := int64(heads) * int64(t) * int64(plan.splits) * int64(headDim+2) * 4
+		part, release, err := b.scratch("Attention", n)
+		if err != nil {
+			return err
+		}
+		defer release() // stream order keeps the partials for the merge
+		a := new(args).ptr(out.Ptr()).ptr(part).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt))
+		if err := b.run(plan.kernel, grid, block, a); err != nil {
+			return err
+		}
+		m := new(args).ptr(out.Ptr()).ptr(part).i32(heads).i32(plan.splits)
+		return b.run(fmt.Sprintf("attention_merge_d%d", headDim), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{uint32(headDim), 1, 1}, m)
+	}
+	a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
+	// Graph capture: the _at kernels read pos0 from at.PosAt when they
+	// run, clamped to [0, pos0] (tensor.Attn.PosAt).
+	if at.PosAt != nil {
+		return b.run(plan.kernel+"_at", [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a.ptr(at.PosAt.Ptr()))
+	}
+	return b.run(plan.kernel, [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
 }
 
 // Argmax returns, for each row of x (F32 [rows, n], or [n] as one row),

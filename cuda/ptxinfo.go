@@ -36,3 +36,16 @@ func ptxNeeds(ptx string) (isa string, cudaVersion int, err error) {
 
 // versionString formats a cuDriverGetVersion number as "major.minor".
 func versionString(v int) string { return fmt.Sprintf("%d.%d", v/1000, v%1000/10) }
+
+var ptxTargetRE = regexp.MustCompile(`(?m)^\.target sm_(\d+)`)
+
+// ptxTarget returns the compute capability a PTX image targets, as
+// 10*major + minor (".target sm_80" is 80), or 0 when it names none.
+func ptxTarget(ptx string) int {
+	m := ptxTargetRE.FindStringSubmatch(ptx)
+	if m == nil {
+		return 0
+	}
+	v, _ := strconv.Atoi(m[1])
+	return v
+}

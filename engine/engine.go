@@ -35,6 +35,10 @@ type Memory struct {
 	Strategy paging.Strategy
 	// Mode is how weights reach a device; "" is explicit copies.
 	Mode paging.MemoryMode
+	// KVDType is the stored dtype of the sessions' KV cache (F32, F16,
+	// BF16 or Q8_0; nn.SessionOptions.KVDType); Invalid, the zero value,
+	// is F32. The plans count its stored bytes.
+	KVDType tensor.DType
 	// CPULayers, with the hybrid strategy, is how many layers the CPU
 	// computes: 0 lets the planner choose from the measured rates, < 0
 	// none.
@@ -238,9 +242,9 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		}
 	}
 
-	info, err := nn.ModelInfo(lm, cfg)
+	info, err := nn.ModelInfoKV(lm, cfg, e.kvDType())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("engine: %w", err)
 	}
 	kv, err := e.kvPlacement()
 	if err != nil {
@@ -520,6 +524,17 @@ func (e *Engine) Devices() []Device {
 // Backends returns the engine's backends, one per device.
 func (e *Engine) Backends() []tensor.Backend { return slices.Clone(e.backends) }
 
+// kvDType is the sessions' KV cache dtype (Memory.KVDType, F32 when unset).
+func (e *Engine) kvDType() tensor.DType {
+	if e.opts.Memory.KVDType == tensor.Invalid {
+		return tensor.F32
+	}
+	return e.opts.Memory.KVDType
+}
+
+// KVDType is the stored dtype of the sessions' KV cache.
+func (e *Engine) KVDType() tensor.DType { return e.kvDType() }
+
 // NewSession makes a session of Context positions, its KV cache and
 // buffers charged to the devices' budgets (the plans reserve room for one).
 func (e *Engine) NewSession() (Session, error) {
@@ -530,13 +545,13 @@ func (e *Engine) NewSession() (Session, error) {
 	}
 	var s Session
 	if e.model != nil {
-		ms, err := e.model.NewSession(e.context, e.chunk)
+		ms, err := e.model.NewSessionWith(e.context, e.chunk, nn.SessionOptions{KVDType: e.kvDType()})
 		if err != nil {
 			return nil, err
 		}
 		s = ms
 	} else {
-		ps, err := e.pipeline.NewSession(e.context, e.chunk)
+		ps, err := e.pipeline.NewSessionWith(e.context, e.chunk, nn.SessionOptions{KVDType: e.kvDType()})
 		if err != nil {
 			return nil, err
 		}

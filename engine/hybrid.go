@@ -71,7 +71,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	// With the KV cache in host memory, every block's is there (the
 	// CPU's blocks' and the GPU's): the host memory limit holds it and
 	// the CPU's layers.
-	hostLimit, kvAll := o.Memory.HostCache, nn.KVCacheBytes(e.cfg, e.context)
+	hostLimit, kvAll := o.Memory.HostCache, nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
 	if kv == paging.KVHost && hostLimit != 0 {
 		if kvAll >= max(hostLimit, 0) {
 			return kvOverLimit(kvAll, hostLimit)
@@ -148,7 +148,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		for b := range e.kv.HostBlocks {
 			e.kv.HostBlocks[b] = b
 		}
-		e.kv.HostBytes = nn.KVCacheBytes(e.cfg, e.context)
+		e.kv.HostBytes = nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
 		e.kv.Placement = paging.KVHost
 		hostKV = &nn.HostKV{Blocks: gpuBlocks, CPU: cpu, Alloc: hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos}
 	}
@@ -269,7 +269,10 @@ func (p *pinnedHost) Alloc(_ paging.Category, dt tensor.DType, shape tensor.Shap
 	if p.pa == nil {
 		return p.cpu.Alloc(dt, shape)
 	}
-	n := shape.NumElements() * int64(dt.Size())
+	n, err := dt.ShapeBytes(shape) // a Q8_0 KV cache's rows are whole blocks
+	if err != nil {
+		return nil, fmt.Errorf("engine: pinned host tensor: %w", err)
+	}
 	b, err := p.pa.AllocPinned(max(n, 1))
 	if err != nil {
 		return nil, err

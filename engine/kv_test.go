@@ -293,7 +293,7 @@ func TestKVCacheHybrid(t *testing.T) {
 				gpuBlocks++
 			}
 		}
-		if gpuBlocks == 0 || r.Placement != paging.KVHost || r.CPUAttentions < int64(steps*gpuBlocks) || len(r.HostBlocks) != lm.Config.NumLayers || r.HostBytes != nn.KVCacheBytes(lm.Config, ctx) {
+		if gpuBlocks == 0 || r.Placement != paging.KVHost || r.CPUAttentions < int64(steps*gpuBlocks) || len(r.HostBlocks) != lm.Config.NumLayers || r.HostBytes != nn.KVCacheBytes(lm.Config, ctx, tensor.F32) {
 			t.Errorf("%d GPU blocks; report %+v", gpuBlocks, r)
 		}
 		if peak := e.Devices()[0].PeakDeviceBytes; peak > budget {

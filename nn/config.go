@@ -5,6 +5,7 @@ import (
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // checkContext refuses a context of n positions longer than the model's,
@@ -40,9 +41,56 @@ func ActivationBytes(c *arch.Config, chunk int) int64 {
 	return n
 }
 
-// KVCacheBytes is the F32 key and value cache for maxPos positions.
-func KVCacheBytes(c *arch.Config, maxPos int) int64 {
-	return 2 * 4 * int64(c.NumLayers) * int64(maxPos) * int64(c.KVDim())
+// KVCacheBytes is the key and value cache for maxPos positions stored in
+// dt (a tensor.IsCacheDType: F32, F16, BF16 or Q8_0).
+func KVCacheBytes(c *arch.Config, maxPos int, dt tensor.DType) int64 {
+	return 2 * int64(c.NumLayers) * int64(maxPos) * kvRowBytes(c, dt)
+}
+
+// kvRowBytes is one position's keys (or values) of one block stored in dt;
+// a Q8_0 row that is not whole blocks (which CheckKVDType refuses) is
+// counted as if rounded up to them.
+func kvRowBytes(c *arch.Config, dt tensor.DType) int64 {
+	bs, bb := int64(dt.BlockSize()), int64(dt.BlockBytes())
+	if bs == 0 {
+		bs, bb = 1, 4
+	}
+	return (int64(c.KVDim()) + bs - 1) / bs * bb
+}
+
+// SessionOptions are a session's choices beyond its sizes.
+type SessionOptions struct {
+	// KVDType is the stored dtype of the KV cache: F32 (also the zero
+	// value's), F16, BF16 (the K and V rows rounded to nearest even, as
+	// transformers caches them in a model's dtype) or Q8_0 (blocks of 32
+	// values along a cache row, each with an F16 scale: 8.5 bits a value,
+	// a head of 128 dimensions has 4 scales a position). The attention
+	// reads it in its stored dtype; the append converts.
+	KVDType tensor.DType
+}
+
+// kvDType is o's KV dtype, F32 when unset.
+func (o SessionOptions) kvDType() tensor.DType {
+	if o.KVDType == tensor.Invalid {
+		return tensor.F32
+	}
+	return o.KVDType
+}
+
+// CheckKVDType refuses a KV cache dtype the model cannot store its cache
+// in: one that is not a cache dtype, or Q8_0 when a position's keys
+// (KVDim) are not whole blocks of 32.
+func CheckKVDType(c *arch.Config, dt tensor.DType) error {
+	if dt == tensor.Invalid {
+		return nil
+	}
+	if !tensor.IsCacheDType(dt) {
+		return fmt.Errorf("nn: a KV cache in %v: the cache dtypes are F32, F16, BF16 and Q8_0", dt)
+	}
+	if bs := dt.BlockSize(); c.KVDim()%bs != 0 {
+		return fmt.Errorf("nn: a KV cache in %v needs rows of whole blocks of %d values; this model's are %d (%d KV heads of %d)", dt, bs, c.KVDim(), c.NumKVHeads, c.HeadDim)
+	}
+	return nil
 }
 
 // RopeBytes is the cos and sin tables for maxPos positions, F32
@@ -59,10 +107,13 @@ func RopeBytes(c *arch.Config, maxPos int) int64 { return 2 * 4 * int64(maxPos) 
 // holds the LM head the logits [chunk, Vocab], and the mixture of experts'
 // buffers. All F32; and the position decode graphs read
 // (GraphPositionBytes, Workspace), one I32.
-func Reserve(c *arch.Config) paging.Reserve {
+func Reserve(c *arch.Config) paging.Reserve { return ReserveKV(c, tensor.F32) }
+
+// ReserveKV is Reserve with the KV cache stored in kv (SessionOptions).
+func ReserveKV(c *arch.Config, kv tensor.DType) paging.Reserve {
 	row := func(n int) int64 { return 4 * int64(n) }
 	return append(paging.Reserve{
-		{Category: paging.KVCache, Bytes: row(c.KVDim()), Per: paging.PerPosition, Count: 2, PerBlock: true},
+		{Category: paging.KVCache, Bytes: kvRowBytes(c, kv), Per: paging.PerPosition, Count: 2, PerBlock: true},
 		{Category: paging.Workspace, Bytes: row(c.HeadDim / 2), Per: paging.PerPosition, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.HiddenSize), Per: paging.PerToken, Count: 3},
 		{Category: paging.Activations, Bytes: row(c.QDim()), Per: paging.PerToken, Count: 2},

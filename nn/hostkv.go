@@ -134,7 +134,7 @@ type hostKVSession struct {
 // device block) and the device scratch from dev: the session's own, or,
 // with shared buffers (a pipeline's stages on one device), theirs, grown
 // as far as this stage needs.
-func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator, shared *buffers) (*hostKVSession, []*tensor.Tensor, []*tensor.Tensor, error) {
+func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator, shared *buffers, kv tensor.DType) (*hostKVSession, []*tensor.Tensor, []*tensor.Tensor, error) {
 	h := m.hostKV
 	c := &m.cfg
 	hs := &hostKVSession{cfg: h, onHost: make([]bool, m.hi-m.lo)}
@@ -143,8 +143,8 @@ func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator, shared *buffers) 
 	for _, b := range h.Blocks {
 		j := b - m.lo
 		hs.onHost[j] = true
-		k[j] = al.alloc(paging.KVCache, maxPos, c.KVDim())
-		v[j] = al.alloc(paging.KVCache, maxPos, c.KVDim())
+		k[j] = al.allocDT(paging.KVCache, kv, maxPos, c.KVDim())
+		v[j] = al.allocDT(paging.KVCache, kv, maxPos, c.KVDim())
 	}
 	hs.q = al.alloc(paging.Activations, chunk, c.QDim())
 	hs.attn = al.alloc(paging.Activations, chunk, c.QDim())
@@ -159,7 +159,7 @@ func (m *Model) allocHostKV(maxPos, chunk int, dev *allocator, shared *buffers) 
 		}
 		for len(hs.scratch) < min(len(h.Blocks), paging.KVScratchBuffers) {
 			hs.scratch = append(hs.scratch, [2]*tensor.Tensor{
-				dev.alloc(paging.KVCache, maxPos, c.KVDim()), dev.alloc(paging.KVCache, maxPos, c.KVDim())})
+				dev.allocDT(paging.KVCache, kv, maxPos, c.KVDim()), dev.allocDT(paging.KVCache, kv, maxPos, c.KVDim())})
 		}
 		if dev.err != nil {
 			hs.free()
@@ -245,9 +245,24 @@ func (s *Session) fetch(dst []byte, src *tensor.Tensor) error {
 	return tensor.DownloadComputed(s.m.backend, dst, src)
 }
 
-// downloadRows copies the T rows of src into dst's rows from pos0.
+// downloadRows copies the T rows of src into dst's rows from pos0. A
+// narrow cache (SessionOptions.KVDType) takes the F32 rows through the
+// host attention's output buffer, which is free until the attention, and
+// the host CPU converts them as it appends.
 func (s *Session) downloadRows(dst *tensor.Tensor, pos0 int, src *tensor.Tensor) error {
-	d, err := dst.Rows(pos0, src.Shape()[0])
+	T := src.Shape()[0]
+	if dst.DType() != tensor.F32 {
+		stage, err := s.hkv.attn.View(0, tensor.F32, src.Shape())
+		if err != nil {
+			return err
+		}
+		if err := s.fetch(stage.Bytes(), src); err != nil {
+			return err
+		}
+		s.m.kv.down.Add(stage.NumBytes())
+		return s.hkv.cfg.CPU.CopyRows(dst, pos0, stage, 0, T)
+	}
+	d, err := dst.Rows(pos0, T)
 	if err != nil {
 		return err
 	}

@@ -351,3 +351,75 @@ func TestHostKVPipeline(t *testing.T) {
 		t.Errorf("left allocated: host %d, device %d", r.cpA.live, r.devA.live)
 	}
 }
+
+// TestHostKVDType: with the KV cache in F16, BF16 or Q8_0, host blocks
+// hold their cache in that dtype (its bytes by allocator, the device
+// scratch too) and give logits bit-identical to every cache on the device
+// in the same dtype, whether the CPU attends or prefill uploads the rows:
+// the rows computed on the device go down as F32 and the host converts
+// them as the device would.
+func TestHostKVDType(t *testing.T) {
+	r := newHostKVRig(t)
+	cfg := r.lm.Config
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
+	const maxPos, chunk, steps = 32, 4, 6
+	run := func(t *testing.T, m *Model, dt tensor.DType) []float32 {
+		s, err := m.NewSessionWith(maxPos, chunk, SessionOptions{KVDType: dt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		logits, err := s.Forward(context.Background(), prompt, true, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := append([]float32(nil), logits...)
+		for k := range steps {
+			step, err := s.Forward(context.Background(), []int32{int32(5 + k)}, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, step...)
+		}
+		return all
+	}
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16, tensor.Q8_0} {
+		ref, err := New(cfg, r.dev, nil, r.w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := run(t, ref, dt)
+		perBlock := KVCacheBytes(cfg, maxPos, dt) / int64(cfg.NumLayers)
+		for _, tc := range []struct {
+			name   string
+			blocks []int
+			devMin int
+		}{
+			{"two blocks, CPU attention", []int{1, 3}, 0},
+			{"every block, prefill on the device", []int{0, 1, 2, 3}, 4},
+		} {
+			t.Run(dt.String()+"/"+tc.name, func(t *testing.T) {
+				clear(r.devA.bytes)
+				clear(r.cpA.bytes)
+				m := r.model(t, tc.blocks, tc.devMin, r.cpu)
+				got := run(t, m, dt)
+				for i := range want {
+					if got[i] != want[i] {
+						t.Fatalf("logit %d: %v, all on the device %v", i, got[i], want[i])
+					}
+				}
+				n := int64(len(tc.blocks))
+				scratch := int64(0)
+				if tc.devMin > 0 {
+					scratch = min(n, paging.KVScratchBuffers)
+				}
+				if h, d := r.cpA.bytes[paging.KVCache], r.devA.bytes[paging.KVCache]; h != n*perBlock || d != (int64(cfg.NumLayers)-n+scratch)*perBlock {
+					t.Errorf("KV bytes: host %d, device %d; want %d and %d", h, d, n*perBlock, (int64(cfg.NumLayers)-n+scratch)*perBlock)
+				}
+				if st := m.KVStats(); st.CPUAttentions == 0 {
+					t.Errorf("no CPU attention: %+v", st)
+				}
+			})
+		}
+	}
+}

@@ -100,7 +100,7 @@ type Session struct {
 	maxPos int
 	chunk  int
 	pos    int
-	k, v   []*tensor.Tensor // per block: [maxPos, KVDim]
+	k, v   []*tensor.Tensor // per block: [maxPos, KVDim], SessionOptions.KVDType
 	*buffers
 	ownBufs bool             // the buffers are this session's (not a pipeline's, shared)
 	owned   []*tensor.Tensor // the KV cache (and the buffers when ownBufs)
@@ -156,10 +156,14 @@ type allocator struct {
 }
 
 func (al *allocator) alloc(cat paging.Category, shape ...int) *tensor.Tensor {
+	return al.allocDT(cat, tensor.F32, shape...)
+}
+
+func (al *allocator) allocDT(cat paging.Category, dt tensor.DType, shape ...int) *tensor.Tensor {
 	if al.err != nil {
 		return nil
 	}
-	t, err := al.a.Alloc(cat, tensor.F32, tensor.Shape(shape))
+	t, err := al.a.Alloc(cat, dt, tensor.Shape(shape))
 	if err != nil {
 		al.err = err
 		return nil
@@ -228,16 +232,26 @@ func newBuffers(c *arch.Config, b tensor.Backend, al *allocator, maxPos, chunk i
 // context (arch.Config.ContextLength) is an error wrapping ErrContextTooLong,
 // returned before anything is allocated.
 func (m *Model) NewSession(maxPos, chunk int) (*Session, error) {
-	return m.newSession(maxPos, chunk, nil)
+	return m.newSession(maxPos, chunk, nil, SessionOptions{})
+}
+
+// NewSessionWith is NewSession with the choices of o (the KV cache's
+// dtype); a dtype the model cannot store its cache in is an error
+// (CheckKVDType).
+func (m *Model) NewSessionWith(maxPos, chunk int, o SessionOptions) (*Session, error) {
+	return m.newSession(maxPos, chunk, nil, o)
 }
 
 // newSession makes a session over bufs, a pipeline's buffers of the
 // model's device, or over buffers of its own when bufs is nil.
-func (m *Model) newSession(maxPos, chunk int, bufs *buffers) (*Session, error) {
+func (m *Model) newSession(maxPos, chunk int, bufs *buffers, o SessionOptions) (*Session, error) {
 	if maxPos <= 0 || chunk <= 0 {
 		return nil, fmt.Errorf("nn: session needs positive context (%d) and chunk (%d)", maxPos, chunk)
 	}
 	if err := checkContext(&m.cfg, "session", maxPos); err != nil {
+		return nil, err
+	}
+	if err := CheckKVDType(&m.cfg, o.KVDType); err != nil {
 		return nil, err
 	}
 	if chunk > maxPos {
@@ -249,15 +263,15 @@ func (m *Model) newSession(maxPos, chunk int, bufs *buffers) (*Session, error) {
 	var err error
 	var hk, hv []*tensor.Tensor // the host caches, when some blocks' are there
 	if m.hostKV != nil {
-		s.hkv, hk, hv, err = m.allocHostKV(maxPos, chunk, al, bufs)
+		s.hkv, hk, hv, err = m.allocHostKV(maxPos, chunk, al, bufs, o.kvDType())
 	}
 	for i := m.lo; i < m.hi && err == nil; i++ {
 		if hk != nil && hk[i-m.lo] != nil {
 			s.k, s.v = append(s.k, hk[i-m.lo]), append(s.v, hv[i-m.lo])
 			continue
 		}
-		s.k = append(s.k, al.alloc(paging.KVCache, maxPos, c.KVDim()))
-		s.v = append(s.v, al.alloc(paging.KVCache, maxPos, c.KVDim()))
+		s.k = append(s.k, al.allocDT(paging.KVCache, o.kvDType(), maxPos, c.KVDim()))
+		s.v = append(s.v, al.allocDT(paging.KVCache, o.kvDType(), maxPos, c.KVDim()))
 	}
 	if err == nil {
 		err = al.err

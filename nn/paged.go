@@ -7,6 +7,7 @@ import (
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // Source adapts an opened model directory to paging.Source, in the layer
@@ -82,9 +83,18 @@ func (s modelSource) ReadTensorRange(ctx context.Context, layer int, name string
 // memory a Session allocates beside them (Reserve). For training, replace
 // the reserve with TrainReserve.
 func ModelInfo(m *loader.Model, cfg *arch.Config) (paging.ModelInfo, error) {
+	return ModelInfoKV(m, cfg, tensor.F32)
+}
+
+// ModelInfoKV is ModelInfo for sessions that store their KV cache in kv
+// (SessionOptions.KVDType).
+func ModelInfoKV(m *loader.Model, cfg *arch.Config, kv tensor.DType) (paging.ModelInfo, error) {
+	if err := CheckKVDType(cfg, kv); err != nil {
+		return paging.ModelInfo{}, err
+	}
 	layers, err := paging.DescribeSource(Source(m))
 	if err != nil {
 		return paging.ModelInfo{}, err
 	}
-	return paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: Reserve(cfg)}, nil
+	return paging.ModelInfo{Layers: layers, NumLayers: cfg.NumLayers, Reserve: ReserveKV(cfg, kv)}, nil
 }

@@ -198,7 +198,7 @@ func TestReserveCountsWhatNNAllocates(t *testing.T) {
 	bytes := func(r paging.Reserve, cat paging.Category, blocks int) int64 {
 		return r.Bytes(cat, blocks, maxPos, chunk, batch, nil)
 	}
-	if got, want := bytes(r, paging.KVCache, cfg.NumLayers), batch*KVCacheBytes(cfg, maxPos); got != want {
+	if got, want := bytes(r, paging.KVCache, cfg.NumLayers), batch*KVCacheBytes(cfg, maxPos, tensor.F32); got != want {
 		t.Errorf("KV cache %d, want %d", got, want)
 	}
 	if got, want := bytes(r, paging.Workspace, cfg.NumLayers), batch*(RopeBytes(cfg, maxPos)+GraphPositionBytes); got != want {

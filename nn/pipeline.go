@@ -164,6 +164,15 @@ type PipelineSession struct {
 // for the twins one pair of KV rows per device that each twin block's rows
 // pass through.
 func (p *Pipeline) NewSession(maxPos, chunk int) (*PipelineSession, error) {
+	return p.NewSessionWith(maxPos, chunk, SessionOptions{})
+}
+
+// NewSessionWith is NewSession with the choices of o (the KV cache's
+// dtype, every stage's and the twins' scratch rows alike).
+func (p *Pipeline) NewSessionWith(maxPos, chunk int, o SessionOptions) (*PipelineSession, error) {
+	if err := CheckKVDType(&p.cfg, o.KVDType); err != nil {
+		return nil, err
+	}
 	if maxPos <= 0 || chunk <= 0 {
 		return nil, fmt.Errorf("nn: session needs positive context (%d) and chunk (%d)", maxPos, chunk)
 	}
@@ -204,7 +213,7 @@ func (p *Pipeline) NewSession(maxPos, chunk int) (*PipelineSession, error) {
 		if err != nil {
 			return fail(m, err)
 		}
-		s, err := m.newSession(maxPos, chunk, bf)
+		s, err := m.newSession(maxPos, chunk, bf, o)
 		if err != nil {
 			return fail(m, err)
 		}
@@ -224,7 +233,7 @@ func (p *Pipeline) NewSession(maxPos, chunk int) (*PipelineSession, error) {
 		if !ok {
 			al := &allocator{a: tm.alloc}
 			ps.shared = append(ps.shared, al)
-			kv = [2]*tensor.Tensor{al.alloc(paging.KVCache, maxPos, c.KVDim()), al.alloc(paging.KVCache, maxPos, c.KVDim())}
+			kv = [2]*tensor.Tensor{al.allocDT(paging.KVCache, o.kvDType(), maxPos, c.KVDim()), al.allocDT(paging.KVCache, o.kvDType(), maxPos, c.KVDim())}
 			if al.err != nil {
 				return fail(tm, al.err)
 			}

@@ -858,7 +858,7 @@ func (ps *pass) rotary(heads int, sin *tensor.Tensor) tensor.Rotary {
 // backward differentiates.
 func (ps *pass) attention(bb *blockBufs) tensor.Attn {
 	c := ps.c
-	return tensor.Attn{Q: bb.q, K: bb.k, V: bb.v, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Scale: ps.attentionScale}
+	return tensor.Attn{Q: bb.q, K: bb.k, V: bb.v, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Scale: ps.attentionScale, Precise: true}
 }
 
 // forwardBlock runs decoder block i with the operations and order of

@@ -196,13 +196,14 @@ memory:
   memory_mode: unified-noprefetch
   expert_policy: lfu
   kv_cache: auto
+  kv_dtype: q8_0
 `)
 	fc, err := LoadConfigFile(good)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := fc.Memory
-	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" || m.ExpertPolicy != "lfu" || m.KVCache != "auto" {
+	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" || m.ExpertPolicy != "lfu" || m.KVCache != "auto" || m.KVDType != "q8_0" {
 		t.Errorf("%+v", m)
 	}
 	if n, err := ParseSize(m.MaxGPUMemory); err != nil || n != 3758096384 {
@@ -228,6 +229,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"mode", "memory:\n  memory_mode: magic\n", []string{"memory_mode", "magic"}},
 		{"expert policy", "memory:\n  expert_policy: fifo\n", []string{"expert_policy", "fifo"}},
 		{"kv cache", "memory:\n  kv_cache: disk\n", []string{"kv_cache", "disk"}},
+		{"kv dtype", "memory:\n  kv_dtype: q4_0\n", []string{"kv_dtype", "q4_0"}},
 		{"key", "memory:\n  offload_strategy: none\n  max_gpu_mem: 3GiB\n", []string{"line 3", `unknown key "max_gpu_mem"`}},
 		{"fraction", "memory:\n  gpu_memory_fraction: 2\n", []string{"gpu_memory_fraction"}},
 		{"syntax", "memory: [\n", []string{"yaml"}},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/internal/oneline"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // MemoryMode says how weights reach the device.
@@ -58,6 +59,9 @@ type MemoryConfig struct {
 	// KVCache places the KV cache: auto, device or host
 	// (ParseKVPlacement).
 	KVCache string `yaml:"kv_cache"`
+	// KVDType is the stored dtype of the KV cache: f32 (the default),
+	// f16, bf16 or q8_0 (tensor.ParseCacheDType).
+	KVDType string `yaml:"kv_dtype"`
 }
 
 // ParseCPULayers reads a cpu_layers value: "auto" (or empty) is 0, which
@@ -228,6 +232,9 @@ func (m *MemoryConfig) Validate() error {
 	}
 	if _, err := ParseKVPlacement(m.KVCache); err != nil {
 		return fmt.Errorf("memory.kv_cache: %w", err)
+	}
+	if _, err := tensor.ParseCacheDType(m.KVDType); err != nil {
+		return fmt.Errorf("memory.kv_dtype: %w", err)
 	}
 	if m.CPUThreads != "" {
 		if n, err := strconv.Atoi(strings.TrimSpace(m.CPUThreads)); err != nil || n < 0 {

@@ -1,6 +1,10 @@
 package tensor
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // ErrOutOfMemory is returned (wrapped) when a backend or a budget cannot
 // satisfy an allocation. Callers branch on it with errors.Is.
@@ -79,7 +83,11 @@ type Kernels interface {
 	Embed(out, table *Tensor, ids []int32) error
 	// CopyRows copies n rows of src starting at row srcRow into dst starting
 	// at row dstRow; both have the same row length (the product of all but
-	// the first dimension) and dtype.
+	// the first dimension) and dtype. It is also the KV cache's append: src
+	// F32 and dst a cache dtype (IsCacheDType) other than F32 converts the
+	// rows on the way, F16 and BF16 rounded to nearest even, Q8_0 quantized
+	// block by block as quant.QuantizeQ8_0 does (the rows whole blocks);
+	// such a dst must not overlap src.
 	CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error
 	// Attention computes causal grouped-query attention (see Attn) into
 	// out [T, a.Heads*a.HeadDim] F32.
@@ -114,18 +122,49 @@ type Rotary struct {
 
 // Attn is causal grouped-query attention, for T queries at positions
 // Pos0..Pos0+T-1. Q is [T, Heads*HeadDim] F32; K and V are the caches
-// [maxPos, KVHeads*HeadDim] holding positions 0..Pos0+T-1, of one float
-// type (a backend may read only F32 caches, and says so with an error).
+// [maxPos, KVHeads*HeadDim] holding positions 0..Pos0+T-1, both of one
+// cache dtype (IsCacheDType: F32, F16, BF16, or Q8_0 with rows of whole
+// blocks; a backend may read fewer, and says so with an error).
 // Query row t sees positions 0..Pos0+t; query head h reads KV head
 // h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
 // (not NaN) and softmaxed in F32.
 //
 // PosAt, when set, holds the position of query row 0 instead (see PosAt).
+//
+// A backend may compute the products of scores and values with inputs
+// rounded to F16 or BF16 (tensor cores) and F32 accumulation, an error of
+// about 1e-3 relative; Precise asks for F32 throughout, as training's
+// forward does (its gradients are held to an F32 reference).
 type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
 	PosAt                         *Tensor
+	Precise                       bool
+}
+
+// IsCacheDType reports whether a KV cache may be stored in dt: F32, F16,
+// BF16, or Q8_0, ggml's blocks of 32 values with one F16 scale each
+// (34 bytes: 8.5 bits a value), laid along a cache row, so that a head of
+// 32 or more dimensions (a multiple of 32) has scales of its own and
+// smaller heads share blocks. Attention reads such caches; CopyRows
+// appends F32 rows to them.
+func IsCacheDType(dt DType) bool { return dt == F32 || dt == F16 || dt == BF16 || dt == Q8_0 }
+
+// ParseCacheDType reads a KV cache dtype by name: f32, f16, bf16 or q8_0
+// (any case); "" is F32.
+func ParseCacheDType(s string) (DType, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "f32":
+		return F32, nil
+	case "f16":
+		return F16, nil
+	case "bf16":
+		return BF16, nil
+	case "q8_0":
+		return Q8_0, nil
+	}
+	return Invalid, fmt.Errorf("tensor: unknown KV cache dtype %q (want f32, f16, bf16 or q8_0)", s)
 }
 
 // AttnBlocks is causal grouped-query attention for the rows of several

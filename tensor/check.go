@@ -261,17 +261,29 @@ func checkCopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) error {
 	if dst == nil || src == nil {
 		return fmt.Errorf("tensor: %s: nil tensor", op)
 	}
-	if dst.dtype != src.dtype {
+	if src.dtype.IsQuantized() && src.dtype != dst.dtype {
+		return quantizedOperand(op, "src", src, onlyWeights+" (and a cache Q8_0)")
+	}
+	if dst.dtype != src.dtype && !(src.dtype == F32 && IsCacheDType(dst.dtype)) {
 		return fmt.Errorf("tensor: %s: dst is %v, src is %v", op, dst.dtype, src.dtype)
 	}
-	if dst.dtype.IsQuantized() {
-		return quantizedOperand(op, "dst", dst, onlyWeights)
+	if dst.dtype.IsQuantized() && !IsCacheDType(dst.dtype) {
+		return quantizedOperand(op, "dst", dst, onlyWeights+" (and a cache Q8_0)")
 	}
 	if len(dst.shape) == 0 || len(src.shape) == 0 {
 		return fmt.Errorf("tensor: %s: dst %v and src %v must have rows", op, dst.shape, src.shape)
 	}
 	if dst.shape[1:].NumElements() != src.shape[1:].NumElements() {
 		return fmt.Errorf("tensor: %s: dst rows of %v and src rows of %v differ in length", op, dst.shape, src.shape)
+	}
+	if bs := int64(dst.dtype.BlockSize()); bs > 1 && dst.shape[1:].NumElements()%bs != 0 {
+		return fmt.Errorf("tensor: %s: rows of %v are not whole %v blocks of %d", op, dst.shape, dst.dtype, bs)
+	}
+	if dst.dtype != src.dtype {
+		// A conversion writes dst from src's values: they must not share storage.
+		if err := disjoint(op, "dst", dst, []string{"src"}, src); err != nil {
+			return err
+		}
 	}
 	if n < 0 || dstRow < 0 || srcRow < 0 || dstRow+n > dst.shape[0] || srcRow+n > src.shape[0] {
 		return fmt.Errorf("tensor: %s: %d rows from row %d of %v to row %d of %v out of range", op, n, srcRow, src.shape, dstRow, dst.shape)
@@ -295,12 +307,19 @@ func checkAttention(out *Tensor, a Attn) error {
 	if err := CheckShape(op, "out", out, F32, t, heads*headDim); err != nil {
 		return err
 	}
-	if err := CheckShape(op, "k", k, Invalid, -1, kvHeads*headDim); err != nil {
+	kdt := Invalid
+	if k != nil && IsCacheDType(k.dtype) {
+		kdt = k.dtype
+	}
+	if err := CheckShape(op, "k", k, kdt, -1, kvHeads*headDim); err != nil {
 		return err
 	}
 	maxPos := k.shape[0]
 	if err := CheckShape(op, "v", v, k.dtype, maxPos, kvHeads*headDim); err != nil {
 		return err
+	}
+	if bs := k.dtype.BlockSize(); bs > 1 && kvHeads*headDim%bs != 0 {
+		return fmt.Errorf("tensor: %s: cache rows of %d are not whole %v blocks of %d", op, kvHeads*headDim, k.dtype, bs)
 	}
 	if pos0+t > maxPos {
 		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)

@@ -74,23 +74,25 @@ func BenchmarkMatMul(b *testing.B) {
 func BenchmarkAttention(b *testing.B) {
 	const heads, kvHeads, headDim = 32, 4, 64
 	for _, pos := range []int{1023, 4095} {
-		for _, th := range benchThreads() {
-			b.Run(fmt.Sprintf("decode/pos%d/%s", pos+1, th.name), func(b *testing.B) {
-				cpu := tensor.NewCPU(th.n)
-				defer cpu.Close()
-				r := rand.New(rand.NewPCG(3, 4))
-				q := benchTensor(b, cpu, tensor.F32, tensor.Shape{1, heads * headDim}, r)
-				k := benchTensor(b, cpu, tensor.F32, tensor.Shape{pos + 1, kvHeads * headDim}, r)
-				v := benchTensor(b, cpu, tensor.F32, tensor.Shape{pos + 1, kvHeads * headDim}, r)
-				out, _ := cpu.Alloc(tensor.F32, tensor.Shape{1, heads * headDim})
-				for b.Loop() {
-					if err := cpu.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Pos0: pos, Scale: 0.125}); err != nil {
-						b.Fatal(err)
+		for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+			for _, th := range benchThreads() {
+				b.Run(fmt.Sprintf("decode/pos%d/%v/%s", pos+1, dt, th.name), func(b *testing.B) {
+					cpu := tensor.NewCPU(th.n)
+					defer cpu.Close()
+					r := rand.New(rand.NewPCG(3, 4))
+					q := benchTensor(b, cpu, tensor.F32, tensor.Shape{1, heads * headDim}, r)
+					k := benchTensor(b, cpu, dt, tensor.Shape{pos + 1, kvHeads * headDim}, r)
+					v := benchTensor(b, cpu, dt, tensor.Shape{pos + 1, kvHeads * headDim}, r)
+					out, _ := cpu.Alloc(tensor.F32, tensor.Shape{1, heads * headDim})
+					for b.Loop() {
+						if err := cpu.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: heads, KVHeads: kvHeads, HeadDim: headDim, Pos0: pos, Scale: 0.125}); err != nil {
+							b.Fatal(err)
+						}
 					}
-				}
-				s := b.Elapsed().Seconds() / float64(b.N)
-				b.ReportMetric(float64(k.NumBytes()+v.NumBytes())/s/1e9, "GB/s")
-			})
+					s := b.Elapsed().Seconds() / float64(b.N)
+					b.ReportMetric(float64(k.NumBytes()+v.NumBytes())/s/1e9, "GB/s")
+				})
+			}
 		}
 	}
 }

@@ -1,7 +1,5 @@
 package tensor
 
-import "fmt"
-
 // The CPU backend's fused operations (fused.go): the same arithmetic as
 // the unfused operations, in the same order, so that they are bit for bit
 // the same.
@@ -37,9 +35,6 @@ func (c *CPU) RopeKV(q, k, v, kc, vc *Tensor, r Rotary) error {
 	const op = "RopeKV"
 	if err := operands(op, q, k, v, kc, vc); err != nil {
 		return err
-	}
-	if kc.dtype != k.dtype {
-		return fmt.Errorf("tensor: cpu: %s: the caches are %v; this backend appends F32 rows to F32 caches only", op, kc.dtype)
 	}
 	p, err := hostPosition(op, r.Pos0, r.PosAt)
 	if err != nil {

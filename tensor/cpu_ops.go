@@ -1,8 +1,11 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"sync"
+
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // minParallelElems is the element count below which an elementwise
@@ -218,8 +221,23 @@ func (c *CPU) CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) erro
 	if err := operands("CopyRows", dst, src); err != nil {
 		return err
 	}
-	dl := dst.shape[1:].NumElements()
-	rb := int(dl) * dst.dtype.Size()
+	dl := int(dst.shape[1:].NumElements())
+	if dst.dtype != src.dtype { // a cache append: convert F32 rows
+		x := src.F32()[srcRow*dl : (srcRow+n)*dl]
+		switch dst.dtype {
+		case F16:
+			F32ToF16(dst.U16()[dstRow*dl:(dstRow+n)*dl], x)
+		case BF16:
+			F32ToBF16(dst.U16()[dstRow*dl:(dstRow+n)*dl], x)
+		case Q8_0:
+			rb := dl / 32 * 34
+			quant.QuantizeQ8_0(dst.data[dstRow*rb:(dstRow+n)*rb], x)
+		default:
+			return fmt.Errorf("tensor: cpu: CopyRows: no conversion from %v to %v", src.dtype, dst.dtype)
+		}
+		return nil
+	}
+	rb := int(dst.NumBytes()) / max(dst.shape[0], 1)
 	copy(dst.data[dstRow*rb:(dstRow+n)*rb], src.data[srcRow*rb:(srcRow+n)*rb])
 	return nil
 }

@@ -52,3 +52,22 @@ func TestQuantizedDTypes(t *testing.T) {
 		t.Errorf("its second row: %v, %v", r, err)
 	}
 }
+
+func TestParseCacheDType(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want DType
+		ok   bool
+	}{
+		{"", F32, true}, {"f32", F32, true}, {"F16", F16, true}, {" bf16 ", BF16, true}, {"Q8_0", Q8_0, true},
+		{"q4_0", Invalid, false}, {"int8", Invalid, false}, {"f64", Invalid, false},
+	} {
+		got, err := ParseCacheDType(c.in)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("ParseCacheDType(%q) = %v, %v; want %v (ok %v)", c.in, got, err, c.want, c.ok)
+		}
+		if err == nil && !IsCacheDType(got) {
+			t.Errorf("ParseCacheDType(%q) = %v, which IsCacheDType refuses", c.in, got)
+		}
+	}
+}

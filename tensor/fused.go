@@ -71,10 +71,11 @@ func AddRMSNorm(b Backend, out, x, d, w *Tensor, eps float32) error {
 
 // RopeKV rotates q [T, r.Heads*r.HeadDim] in place by r, rotates k [T,
 // kvHeads*r.HeadDim] the same way, and writes k's and v's T rows into rows
-// p..p+T-1 of the caches kc and vc [maxPos, kvHeads*r.HeadDim] (one float
-// type; p is r.Pos0, or the value of r.PosAt): Rope(q), Rope(k) and two
-// CopyRows. k's rows are unspecified afterwards (a backend may or may not
-// rotate them in place). Without the capability, a PosAt in device memory
+// p..p+T-1 of the caches kc and vc [maxPos, kvHeads*r.HeadDim] (one cache
+// dtype, IsCacheDType; p is r.Pos0, or the value of r.PosAt): Rope(q),
+// Rope(k) and two CopyRows, which convert the rows to the caches' dtype.
+// k's rows are unspecified afterwards (a backend may or may not rotate
+// them in place). Without the capability, a PosAt in device memory
 // is an error: the unfused CopyRows takes its row from the host.
 func RopeKV(b Backend, q, k, v, kc, vc *Tensor, r Rotary) error {
 	if err := checkRopeKV(q, k, v, kc, vc, r); err != nil {
@@ -189,10 +190,17 @@ func checkRopeKV(q, k, v, kc, vc *Tensor, r Rotary) error {
 	if err := CheckShape(op, "v", v, F32, q.shape[0], kvDim); err != nil {
 		return err
 	}
-	if err := CheckShape(op, "kc", kc, Invalid, -1, kvDim); err != nil {
+	kdt := Invalid
+	if kc != nil && IsCacheDType(kc.dtype) {
+		kdt = kc.dtype // a Q8_0 cache too
+	}
+	if err := CheckShape(op, "kc", kc, kdt, -1, kvDim); err != nil {
 		return err
 	}
 	maxPos := kc.shape[0]
+	if bs := kc.dtype.BlockSize(); bs > 1 && kvDim%bs != 0 {
+		return fmt.Errorf("tensor: %s: cache rows of %d are not whole %v blocks of %d", op, kvDim, kc.dtype, bs)
+	}
 	if err := CheckShape(op, "vc", vc, kc.dtype, maxPos, kvDim); err != nil {
 		return err
 	}

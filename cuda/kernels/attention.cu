@@ -1,26 +1,30 @@
-// Causal grouped-query attention over the KV cache, for prefill (T > 1) and
-// decode (T == 1), following tensor.Ops.Attention: q and out are F32
-// [T, heads*headDim]; k and v are caches [maxPos, kvHeads*headDim] in F32,
-// F16 or BF16; query t sits at position pos0+t and sees positions
-// 0..pos0+t; query head h reads KV head h/(heads/kvHeads). Softmax is F32.
+// Causal grouped-query attention over the KV cache, following
+// tensor.Ops.Attention: q and out are F32 [T, heads*headDim]; k and v are
+// caches [maxPos, kvHeads*headDim] in F32, F16, BF16 or Q8_0 (kvcache.cuh);
+// query t sits at position pos0+t and sees positions 0..pos0+t; query head
+// h reads KV head h/(heads/kvHeads). Softmax is F32.
 //
-// One block per (head, query). Each warp walks a strided subset of the
-// positions with an online softmax (running max, running sum, running
-// weighted sum of V); the warps' partial results are merged at the end.
-// Lane l holds dimensions l, l+32, ... of q and of the accumulator, so a
-// head dimension of up to 32*ATT_PER is supported.
-#include "common.cuh"
+// The kernels for long caches are in attention_split.cuh (decode) and
+// flash_attention.cuh (prefill); this file's is their fallback, for any
+// head dimension and device.
+//
+// attention_<kv>: one block per (head, query). Each warp walks a strided
+// subset of the positions with an online softmax (running max, running
+// sum, running weighted sum of V); the warps' partial results are merged at
+// the end. Lane l holds dimensions l, l+32, ... of q and of the
+// accumulator, so a head dimension of up to 32*ATT_PER is supported.
+#include "kvcache.cuh"
 
 #define ATT_WARPS 8
 #define ATT_PER 8  // head_dim <= 256
 
 template <typename KV>
-__device__ void attention(float* out, const float* q, const KV* k, const KV* v, int heads, int kvHeads, int headDim, int pos0,
+__device__ void attention(float* out, const float* q, kv_cache<KV> K, kv_cache<KV> V, int heads, int kvHeads, int headDim, int pos0,
 			  float scale) {
 	const int h = blockIdx.x, t = blockIdx.y;
 	const int kvh = h / (heads / kvHeads);
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const long long qStride = (long long)heads * headDim, kvStride = (long long)kvHeads * headDim;
+	const long long qStride = (long long)heads * headDim;
 
 	float qr[ATT_PER], acc[ATT_PER];
 	const float* qrow = q + t * qStride + (long long)h * headDim;
@@ -32,26 +36,23 @@ __device__ void attention(float* out, const float* q, const KV* k, const KV* v, 
 	}
 	float m = -INFINITY, l = 0.0f;
 	const int npos = pos0 + t + 1;
-	const KV* kb = k + (long long)kvh * headDim;
-	const KV* vb = v + (long long)kvh * headDim;
+	const int e0 = kvh * headDim;
 	for (int p = warp; p < npos; p += ATT_WARPS) {
-		const KV* kr = kb + p * kvStride;
 		float s = 0.0f;
 #pragma unroll
 		for (int i = 0; i < ATT_PER; i++) {
 			const int d = lane + 32 * i;
-			if (d < headDim) s += qr[i] * to_f32(kr[d]);
+			if (d < headDim) s += qr[i] * K.at(p, e0 + d);
 		}
 		s = warp_sum(s);
 		const float mnew = fmaxf(m, s);
 		const float corr = expf(m - mnew);  // 0 on the first position (m = -inf)
 		const float e = expf(s - mnew);
 		l = l * corr + e;
-		const KV* vr = vb + p * kvStride;
 #pragma unroll
 		for (int i = 0; i < ATT_PER; i++) {
 			const int d = lane + 32 * i;
-			if (d < headDim) acc[i] = acc[i] * corr + e * to_f32(vr[d]);
+			if (d < headDim) acc[i] = acc[i] * corr + e * V.at(p, e0 + d);
 		}
 		m = mnew;
 	}
@@ -83,31 +84,37 @@ __device__ void attention(float* out, const float* q, const KV* k, const KV* v, 
 	}
 }
 
-extern "C" __global__ void attention_f32(float* out, const float* q, const float* k, const float* v, int heads, int kvHeads, int headDim,
-					 int pos0, float scale) {
-	attention(out, q, k, v, heads, kvHeads, headDim, pos0, scale);
-}
-extern "C" __global__ void attention_f16(float* out, const float* q, const __half* k, const __half* v, int heads, int kvHeads, int headDim,
-					 int pos0, float scale) {
-	attention(out, q, k, v, heads, kvHeads, headDim, pos0, scale);
-}
-extern "C" __global__ void attention_bf16(float* out, const float* q, const bf16* k, const bf16* v, int heads, int kvHeads, int headDim,
-					  int pos0, float scale) {
-	attention(out, q, k, v, heads, kvHeads, headDim, pos0, scale);
+#define ATT_ENTRY(sfx, KV)                                                                                                             \
+	extern "C" __global__ void attention_##sfx(float* out, const float* q, const KV* k, const KV* v, int heads, int kvHeads,       \
+						   int headDim, int pos0, float scale) {                                              \
+		const long long stride = (long long)kvHeads * headDim;                                                         \
+		attention<KV>(out, q, kv_cache<KV>{k, stride}, kv_cache<KV>{v, stride}, heads, kvHeads, headDim, pos0, scale); \
+	}                                                                                                                      \
+	extern "C" __global__ void attention_##sfx##_at(float* out, const float* q, const KV* k, const KV* v, int heads,    \
+							int kvHeads, int headDim, int pos0, float scale, const int* posAt) { \
+		const long long stride = (long long)kvHeads * headDim;                                                         \
+		attention<KV>(out, q, kv_cache<KV>{k, stride}, kv_cache<KV>{v, stride}, heads, kvHeads, headDim,              \
+			      min(max(*posAt, 0), pos0), scale);                                                               \
+	}
+// attention_<kv>_at, for captured graphs (cuda/graph.go, tensor.Attn.PosAt):
+// the same with pos0 read from device memory when it runs, clamped to
+// [0, pos0].
+ATT_ENTRY(f32, float)
+ATT_ENTRY(f16, __half)
+ATT_ENTRY(bf16, bf16)
+ATT_ENTRY(q8_0, q8_0)
+
+// kv_append_q8_0 quantizes rows of F32 values into a Q8_0 cache: nblocks
+// blocks of 32, one a thread, block i of the run at dst + 34*i.
+extern "C" __global__ void kv_append_q8_0(uint8_t* dst, const float* src, long long nblocks) {
+	GRID_STRIDE(i, nblocks) { quantize_q8_0_block(dst + 34 * i, src + 32 * i); }
 }
 
-// For captured graphs (cuda/graph.go, tensor.Attn.PosAt): the kernels above
-// with pos0 read from device memory when they run, clamped to [0, pos0].
-// Only the entry points are added here; the body is the one above.
-extern "C" __global__ void attention_f32_at(float* out, const float* q, const float* k, const float* v, int heads, int kvHeads,
-					    int headDim, int pos0, float scale, const int* posAt) {
-	attention(out, q, k, v, heads, kvHeads, headDim, min(max(*posAt, 0), pos0), scale);
-}
-extern "C" __global__ void attention_f16_at(float* out, const float* q, const __half* k, const __half* v, int heads, int kvHeads,
-					    int headDim, int pos0, float scale, const int* posAt) {
-	attention(out, q, k, v, heads, kvHeads, headDim, min(max(*posAt, 0), pos0), scale);
-}
-extern "C" __global__ void attention_bf16_at(float* out, const float* q, const bf16* k, const bf16* v, int heads, int kvHeads,
-					     int headDim, int pos0, float scale, const int* posAt) {
-	attention(out, q, k, v, heads, kvHeads, headDim, min(max(*posAt, 0), pos0), scale);
+// kv_append_q8_0_at is kv_append_q8_0 into the rows from the position
+// posAt holds (clamped to [0, pos0]; pos0 itself when posAt is null), for
+// RopeKV into a Q8_0 cache in captured graphs: rowBlocks blocks a row.
+extern "C" __global__ void kv_append_q8_0_at(uint8_t* dst, const float* src, long long nblocks, int rowBlocks, int pos0,
+					     const int* posAt) {
+	const long long p = posAt ? min(max(*posAt, 0), pos0) : pos0;
+	GRID_STRIDE(i, nblocks) { quantize_q8_0_block(dst + 34 * (p * rowBlocks + i), src + 32 * i); }
 }

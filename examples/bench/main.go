@@ -61,8 +61,9 @@ func main() {
 
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut   string
-	prefill, hostLimit, kvCache                           string
+	prefill, hostLimit, kvCache, kvDType                  string
 	decode, warmup, threads, chunk, streams, promptTokens int
+	kv                                                    tensor.DType // kvDType parsed
 	ceilings, graphs                                      bool
 }
 
@@ -82,6 +83,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.chunk, "chunk", 0, "prefill chunk (0: the engine's choice, 512 or larger under a budget: engine.AutoChunk)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
+	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
@@ -119,6 +121,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("-kv-cache: %w", err)
 	}
+	kv, err := tensor.ParseCacheDType(o.kvDType)
+	if err != nil {
+		return fmt.Errorf("-kv-dtype: %v", strings.TrimPrefix(err.Error(), "tensor: "))
+	}
+	o.kv = kv
 	var hostCache int64
 	if o.hostLimit != "" {
 		n, err := paging.ParseSize(o.hostLimit)
@@ -396,6 +403,7 @@ type Result struct {
 	BudgetBytes     int64              `json:"budget_bytes"`
 	Strategy        string             `json:"strategy,omitempty"`
 	Mode            string             `json:"mode,omitempty"`
+	KVDType         string             `json:"kv_dtype,omitempty"`
 	WeightBytes     int64              `json:"weight_bytes"`
 	StreamedBytes   int64              `json:"streamed_bytes"` // bytes that must cross the link per token
 	PrefillTokS     map[string]float64 `json:"prefill_tok_s"`
@@ -511,7 +519,7 @@ func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, kv paging.KVPlacement, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -527,7 +535,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	plan := e.Devices()[0].Plan
 	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 		Strategy: string(e.Strategy()), Mode: string(e.Mode()), WeightBytes: lm.WeightBytes(),
-		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, Chunk: e.Chunk()}
+		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, Chunk: e.Chunk(), KVDType: e.KVDType().String()}
 	if _, ok := tensor.Graphs(b); ok && o.graphs {
 		r.Graphs = true
 	}

@@ -152,6 +152,7 @@ type report struct {
 	LayerMisses           int64              `json:"layer_misses"`
 	Strategy              paging.Strategy    `json:"strategy"`
 	MemoryMode            paging.MemoryMode  `json:"memory_mode"`
+	KVDType               string             `json:"kv_dtype"` // the KV cache's stored dtype; the plan has its bytes
 	Plan                  *paging.PlanResult `json:"plan"`
 	Paging                paging.Stats       `json:"paging"`
 	Devices               []engine.Device    `json:"devices,omitempty"`
@@ -394,7 +395,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			LoadSeconds: loadTime.Seconds(), PeakHostBytes: peakHostBytes(),
 			WeightBytes: lm.WeightBytes(), StopReason: stop,
 			BudgetBytes: devs[0].BudgetBytes, DefaultBudget: devs[0].DefaultBudget,
-			Strategy: eng.Strategy(), MemoryMode: eng.Mode(), Plan: devs[0].Plan,
+			Strategy: eng.Strategy(), MemoryMode: eng.Mode(), KVDType: eng.KVDType().String(), Plan: devs[0].Plan,
 		}
 		if len(devs) > 1 {
 			r.Plan, r.BudgetBytes, r.Devices = nil, 0, devs

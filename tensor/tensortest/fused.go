@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
@@ -229,8 +230,17 @@ func (s *suite) testFused(t *testing.T) {
 	for _, c := range []struct {
 		t, heads, kvHeads, headDim, pos int
 		posAt                           bool
-	}{{1, 8, 2, 64, 9, false}, {1, 8, 2, 64, 9, true}, {5, 4, 4, 16, 0, false}, {3, 6, 2, 128, 11, true}} {
-		t.Run(fmt.Sprintf("RopeKV/T%d_H%d_KV%d_D%d_pos%d_posAt=%v", c.t, c.heads, c.kvHeads, c.headDim, c.pos, c.posAt), func(t *testing.T) {
+		cache                           tensor.DType
+	}{
+		{1, 8, 2, 64, 9, false, tensor.F32}, {1, 8, 2, 64, 9, true, tensor.F32}, {5, 4, 4, 16, 0, false, tensor.F32}, {3, 6, 2, 128, 11, true, tensor.F32},
+		// A Q8_0 cache: the fused operation quantizes the rotated keys
+		// as CopyRows does.
+		{1, 8, 2, 64, 9, true, tensor.Q8_0}, {5, 4, 2, 16, 2, false, tensor.Q8_0},
+	} {
+		if c.cache != tensor.F32 && !slices.Contains(s.cfg.cacheTypes, c.cache) {
+			continue
+		}
+		t.Run(fmt.Sprintf("RopeKV/%v/T%d_H%d_KV%d_D%d_pos%d_posAt=%v", c.cache, c.t, c.heads, c.kvHeads, c.headDim, c.pos, c.posAt), func(t *testing.T) {
 			r := rng(t)
 			maxPos := c.pos + c.t + 4
 			cos64, sin64 := RopeTables(maxPos, c.headDim, 10000)
@@ -245,8 +255,8 @@ func (s *suite) testFused(t *testing.T) {
 				q[i], _ = s.put(t, tensor.F32, tensor.Shape{c.t, qw}, qs)
 				k[i], _ = s.put(t, tensor.F32, tensor.Shape{c.t, kw}, ks)
 				v[i], _ = s.put(t, tensor.F32, tensor.Shape{c.t, kw}, vs)
-				kc[i], _ = s.put(t, tensor.F32, tensor.Shape{maxPos, kw}, cache)
-				vc[i], _ = s.put(t, tensor.F32, tensor.Shape{maxPos, kw}, cache)
+				kc[i], _ = s.put(t, c.cache, tensor.Shape{maxPos, kw}, cache)
+				vc[i], _ = s.put(t, c.cache, tensor.Shape{maxPos, kw}, cache)
 			}
 			rot := tensor.Rotary{Cos: cos, Sin: sin, Heads: c.heads, HeadDim: c.headDim, Pos0: c.pos}
 			fused := rot

@@ -295,7 +295,7 @@ func (s *suite) testQuantRefused(t *testing.T) {
 			return x
 		}
 	}
-	f32s, q8s, q8k := mk(tensor.F32), mk(tensor.Q8_0), mk(tensor.Q8_K)
+	f32s, f16s, q8s, q4s, q8k := mk(tensor.F32), mk(tensor.F16), mk(tensor.Q8_0), mk(tensor.Q4_0), mk(tensor.Q8_K)
 	b := s.b
 	x, w, sq := f32s(2, 32), f32s(3, 32), f32s(32, 32)
 	cos, sin := f32s(8, 16), f32s(8, 16)
@@ -320,13 +320,20 @@ func (s *suite) testQuantRefused(t *testing.T) {
 		{"Add/b", func() error { return b.Add(f32s(2, 32), x, q8s(2, 32)) }, true},
 		{"Embed/out", func() error { return b.Embed(q8s(2, 32), f32s(10, 32), ids) }, true},
 		{"Embed/Q8_K table", func() error { return b.Embed(f32s(2, 256), q8k(4, 256), ids) }, false},
-		{"CopyRows", func() error { return b.CopyRows(q8s(4, 32), 0, q8s(2, 32), 0, 1) }, true},
+		// Q8_0 is also a KV cache dtype: CopyRows appends F32 rows to it
+		// and copies its rows, Attention reads it (IsCacheDType).
+		{"CopyRows/Q4_0", func() error { return b.CopyRows(q4s(4, 32), 0, q4s(2, 32), 0, 1) }, true},
+		{"CopyRows/Q8_0 into F32", func() error { return b.CopyRows(f32s(4, 32), 0, q8s(2, 32), 0, 1) }, true},
+		{"CopyRows/F16 into Q8_0", func() error { return b.CopyRows(q8s(4, 32), 0, f16s(2, 32), 0, 1) }, false},
 		{"Attention/q", func() error {
 			return b.Attention(f32s(2, 64), tensor.Attn{Q: q8s(2, 64), K: f32s(8, 32), V: f32s(8, 32), Heads: 2, KVHeads: 1, HeadDim: 32, Scale: 1})
 		}, true},
 		{"Attention/k", func() error {
-			return b.Attention(f32s(2, 64), tensor.Attn{Q: f32s(2, 64), K: q8s(8, 32), V: q8s(8, 32), Heads: 2, KVHeads: 1, HeadDim: 32, Scale: 1})
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: f32s(2, 64), K: q4s(8, 32), V: q4s(8, 32), Heads: 2, KVHeads: 1, HeadDim: 32, Scale: 1})
 		}, true},
+		{"Attention/Q8_0 k, F32 v", func() error {
+			return b.Attention(f32s(2, 64), tensor.Attn{Q: f32s(2, 64), K: q8s(8, 32), V: f32s(8, 32), Heads: 2, KVHeads: 1, HeadDim: 32, Scale: 1})
+		}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			defer func() {

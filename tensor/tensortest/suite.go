@@ -20,6 +20,7 @@ type config struct {
 	quantTol   float64
 	quantTypes []tensor.DType
 	quantizesX bool
+	cacheTypes []tensor.DType
 	fusedTol   float64
 }
 
@@ -53,8 +54,18 @@ func QuantTypes(dts ...tensor.DType) Option {
 // with x rounded.
 func QuantizedActivations() Option { return func(c *config) { c.quantizesX = true } }
 
+// CacheTypes lists the KV cache dtypes the backend's Attention reads and
+// its CopyRows appends to, when it is not all of tensor.IsCacheDType's
+// (F32, F16, BF16, Q8_0).
+func CacheTypes(dts ...tensor.DType) Option {
+	return func(c *config) { c.cacheTypes = append([]tensor.DType(nil), dts...) }
+}
+
+// cacheTypes are the KV cache dtypes tensor.IsCacheDType allows.
+var cacheTypes = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0}
+
 func newConfig(opts []Option) config {
-	c := config{tol: 1e-5, quantTypes: QuantWeightTypes(), fusedTol: 1e-5}
+	c := config{tol: 1e-5, quantTypes: QuantWeightTypes(), fusedTol: 1e-5, cacheTypes: cacheTypes}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -83,6 +94,7 @@ func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("Embed", s.testEmbed)
 	t.Run("CopyRows", s.testCopyRows)
 	t.Run("Attention", s.testAttention)
+	t.Run("KVAppend", s.testKVAppend)
 	t.Run("AttentionBlocks", s.testAttentionBlocks)
 	t.Run("Errors", s.testErrors)
 	t.Run("Aliasing", s.testAliasing)
@@ -462,6 +474,65 @@ func (s *suite) testCopyRows(t *testing.T) {
 	}
 }
 
+// testKVAppend checks CopyRows from F32 rows into each narrow cache dtype:
+// the rows it writes are the values encoded as Encode does (F16 and BF16
+// rounded to nearest even, Q8_0 quantized as quant.QuantizeQ8_0), byte for
+// byte, and the rows around them are untouched.
+func (s *suite) testKVAppend(t *testing.T) {
+	cases := []struct {
+		width, rows, dstRow, srcRow, n int
+	}{
+		{width: 64, rows: 9, dstRow: 3, srcRow: 1, n: 4},
+		{width: 256, rows: 5, dstRow: 4, srcRow: 0, n: 1},    // decode: one row
+		{width: 1024, rows: 40, dstRow: 0, srcRow: 0, n: 33}, // prefill of an odd length
+		{width: 32, rows: 3, dstRow: 1, srcRow: 2, n: 0},
+	}
+	for _, dt := range s.cfg.cacheTypes {
+		if dt == tensor.F32 {
+			continue // the plain copy of testCopyRows
+		}
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%v/w%d_rows%d_at%d_n%d", dt, c.width, c.rows, c.dstRow, c.n), func(t *testing.T) {
+				r := rng(t)
+				// Large values in a few channels, as real keys have.
+				vals := uniform(r, (c.srcRow+c.n+1)*c.width, -2, 2)
+				for i := 5; i < len(vals); i += 97 {
+					vals[i] *= 30
+				}
+				src, _ := s.put(t, tensor.F32, tensor.Shape{c.srcRow + c.n + 1, c.width}, vals)
+				before := uniform(r, c.rows*c.width, -1, 1)
+				dst, _ := s.put(t, dt, tensor.Shape{c.rows, c.width}, before)
+				if err := s.b.CopyRows(dst, c.dstRow, src, c.srcRow, c.n); err != nil {
+					t.Fatal(err)
+				}
+				want, err := Encode(dt, before)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rb := len(want) / c.rows
+				rows, err := Encode(dt, vals[c.srcRow*c.width:(c.srcRow+c.n)*c.width])
+				if err != nil {
+					t.Fatal(err)
+				}
+				copy(want[c.dstRow*rb:], rows)
+				got := make([]byte, len(want))
+				if err := s.b.Download(got, dst); err != nil {
+					t.Fatal(err)
+				}
+				for row := range c.rows {
+					if g, w := got[row*rb:(row+1)*rb], want[row*rb:(row+1)*rb]; !bytes.Equal(g, w) {
+						for i := range g {
+							if g[i] != w[i] {
+								t.Fatalf("row %d differs from byte %d: got % x, want % x", row, i, g[i:min(i+8, len(g))], w[i:min(i+8, len(w))])
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
 // attentionCase is one shape of the attention tests.
 type attentionCase struct {
 	name                             string
@@ -469,6 +540,7 @@ type attentionCase struct {
 	maxPos                           int
 	qScale                           float32 // range of q and k values; default 1
 	scale                            float64 // softmax scale; default 1/sqrt(headDim)
+	cache                            tensor.DType
 }
 
 func (s *suite) testAttention(t *testing.T) {
@@ -490,6 +562,56 @@ func (s *suite) testAttention(t *testing.T) {
 			s.attention(t, c)
 		})
 	}
+	// Every cache dtype on the shapes that a tiled prefill kernel and a
+	// decode kernel split across the sequence meet: tiles cut at odd
+	// lengths, chunks starting mid-cache, GQA groups of 1 to 8, head
+	// dimensions 64, 128 and 256, and decode over thousands of positions.
+	long := []attentionCase{
+		{name: "tiles", heads: 8, kvHeads: 2, headDim: 64, pos0: 0, t: 130, maxPos: 136},
+		{name: "tiles", heads: 4, kvHeads: 4, headDim: 128, pos0: 0, t: 97, maxPos: 97},
+		{name: "tiles-chunk", heads: 8, kvHeads: 1, headDim: 128, pos0: 77, t: 67, maxPos: 160},
+		{name: "tiles", heads: 2, kvHeads: 1, headDim: 256, pos0: 3, t: 45, maxPos: 64},
+		{name: "tiles-d32", heads: 4, kvHeads: 2, headDim: 32, pos0: 0, t: 70, maxPos: 80},
+		{name: "decode-long", heads: 8, kvHeads: 2, headDim: 128, pos0: 3001, t: 1, maxPos: 3010},
+		{name: "decode-long", heads: 4, kvHeads: 4, headDim: 64, pos0: 1023, t: 1, maxPos: 1024},
+		{name: "decode-rows", heads: 8, kvHeads: 8, headDim: 64, pos0: 2049, t: 3, maxPos: 2060},
+		{name: "decode-short", heads: 8, kvHeads: 2, headDim: 64, pos0: 5, t: 1, maxPos: 8},
+		{name: "large-scores", heads: 4, kvHeads: 1, headDim: 64, pos0: 600, t: 2, maxPos: 610, qScale: 4, scale: 1},
+	}
+	for _, dt := range s.cfg.cacheTypes {
+		for _, c := range long {
+			c.cache = dt
+			t.Run(fmt.Sprintf("%v/%s/H%d_KV%d_D%d_pos%d_T%d", dt, c.name, c.heads, c.kvHeads, c.headDim, c.pos0, c.t), func(t *testing.T) {
+				s.attention(t, c)
+			})
+		}
+	}
+}
+
+// putCache uploads the first filled values of a [maxPos, width] cache in
+// dtype dt, the rows past them all bits set (NaN in every float type, and
+// a NaN scale in Q8_0), and returns the values as stored.
+func (s *suite) putCache(t *testing.T, dt tensor.DType, maxPos, width int, v []float32) (*tensor.Tensor, []float64) {
+	t.Helper()
+	enc, err := Encode(dt, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := Stored(dt, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := s.b.Alloc(dt, tensor.Shape{maxPos, width})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.b.Free(x) })
+	all := bytes.Repeat([]byte{0xff}, int(x.NumBytes()))
+	copy(all, enc)
+	if err := s.b.Upload(x, 0, all); err != nil {
+		t.Fatal(err)
+	}
+	return x, stored
 }
 
 func (s *suite) attention(t *testing.T, c attentionCase) {
@@ -506,10 +628,12 @@ func (s *suite) attention(t *testing.T, c attentionCase) {
 	q, qv := s.put(t, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -qs, qs))
 	// Positions past pos0+t-1 hold NaN: a backend that reads them fails.
 	filled := (c.pos0 + c.t) * kw
-	kvals := append(uniform(r, filled, -qs, qs), nans(c.maxPos*kw-filled)...)
-	vvals := append(uniform(r, filled, -1, 1), nans(c.maxPos*kw-filled)...)
-	k, kv := s.put(t, tensor.F32, tensor.Shape{c.maxPos, kw}, kvals)
-	v, vv := s.put(t, tensor.F32, tensor.Shape{c.maxPos, kw}, vvals)
+	cache := c.cache
+	if cache == tensor.Invalid {
+		cache = tensor.F32
+	}
+	k, kv := s.putCache(t, cache, c.maxPos, kw, uniform(r, filled, -qs, qs))
+	v, vv := s.putCache(t, cache, c.maxPos, kw, uniform(r, filled, -1, 1))
 	out := s.poisoned(t, tensor.Shape{c.t, qw})
 	if err := s.b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Pos0: c.pos0, Scale: float32(scale)}); err != nil {
 		t.Fatal(err)
@@ -572,7 +696,7 @@ func (s *suite) testErrors(t *testing.T) {
 		{"CopyRows/negative n", func() error { return b.CopyRows(w34, 0, x24, 0, -1) }},
 		{"CopyRows/negative row", func() error { return b.CopyRows(w34, -1, x24, 0, 1) }},
 		{"CopyRows/row length", func() error { return b.CopyRows(w35, 0, x24, 0, 1) }},
-		{"CopyRows/dtype", func() error { return b.CopyRows(table, 0, x24, 0, 1) }},
+		{"CopyRows/dtype", func() error { return b.CopyRows(x24, 0, table, 0, 1) }},
 		{"Attention/kvHeads", func() error {
 			return b.Attention(f32s(2, 64), tensor.Attn{Q: q, K: kc, V: kc, Heads: 4, KVHeads: 3, HeadDim: 16, Scale: 1})
 		}},

@@ -1,0 +1,223 @@
+package cuda
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/tensortest"
+)
+
+// attnHostCase is one call of a long-context attention kernel in the host
+// harness.
+type attnHostCase struct {
+	name                               string
+	dt                                 tensor.DType
+	d, heads, kvHeads, t, pos0, maxPos int
+	bound                              int // > 0: the split kernel reads pos0 from memory (tensor.Attn.PosAt), planned for this bound
+	plan                               attnPlan
+	q, k, v                            []float32 // k and v: the pos0+t rows written
+	qs, ks, vs                         []float64 // as stored
+	scale                              float32
+}
+
+// TestAttentionKernelsOnHost runs the bodies of the split decode kernel
+// (with its merge) and of the tiled tensor-core prefill kernel on the CPU
+// through testdata/attnhost.cpp, built with nvcc as plain C++ where nvcc
+// is installed: one host thread per GPU thread, the warps' shuffles and
+// mma.sync computed from their lanes' registers as the hardware lays them
+// out. Each case takes the kernel and split planAttention chooses (the
+// prefill kernel for at least flashMinRows queries) over F32, F16, BF16
+// and Q8_0 caches whose unwritten rows are NaN, against the float64
+// reference over the stored values: within 1e-5 relative for the split
+// kernel (F32 arithmetic), and the rounding of the products' inputs for
+// the tiled one (F16: 4e-3, BF16: 2e-2); and no read outside the rows
+// written, none misaligned for its load. The shapes cut tiles and splits
+// short (odd T, positions not a multiple of the tile or chunk), start
+// chunks mid-cache (pos0 > 0), and group 1 to 8 query heads on a KV head
+// (the prefill kernel packs a group's heads as rows of its tiles: groups of
+// 3 put one query's rows in two warps).
+func TestAttentionKernelsOnHost(t *testing.T) {
+	nvcc, err := exec.LookPath("nvcc")
+	if err != nil {
+		t.Skipf("nvcc not found (make cuda-deps CUDA_DEPS_PKGS=\"nvidia-cuda-dev nvidia-cuda-toolkit\"): %v", err)
+	}
+	if testing.Short() {
+		t.Skip("builds the kernels' host harness with nvcc")
+	}
+	bin := filepath.Join(t.TempDir(), "attnhost")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, nvcc, "-x", "c++", "-O2", "-std=c++17", "-Xcompiler", "-pthread", "-o", bin, "testdata/attnhost.cpp").CombinedOutput(); err != nil {
+		t.Fatalf("nvcc: %v\n%s", err, out)
+	}
+	all := func(string) bool { return true }
+	r := rand.New(rand.NewPCG(3, 4))
+	var cases []*attnHostCase
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+		for _, s := range []struct{ d, heads, kvHeads, t, pos0, bound int }{
+			// Decode: one pass, several splits, the last one short, and
+			// up to splitMaxRows queries whose lengths differ.
+			{128, 4, 1, 1, 40, 0},
+			{128, 2, 2, 1, 700, 0},
+			{64, 8, 2, 3, 530, 0},
+			{256, 2, 1, 1, 300, 0},
+			{64, 2, 1, 4, 255, 0},
+			// A captured decode step: the splits planned for a bound of
+			// 900 positions, the kernel reading 450 from memory (the last
+			// splits empty).
+			{128, 4, 2, 1, 450, 900},
+			{64, 2, 1, 2, 0, 600},
+			// Prefill: tiles of 64 queries and 32 keys cut short.
+			{64, 4, 2, 16, 0, 0},
+			{64, 2, 1, 130, 0, 0},
+			{128, 2, 2, 70, 33, 0},
+			{128, 8, 1, 20, 5, 0},
+			// A group's heads packed as rows: groups of 3 and 4 cut
+			// warps and tiles mid-query.
+			{64, 6, 2, 21, 0, 0},
+			{128, 8, 2, 37, 10, 0},
+		} {
+			c := &attnHostCase{dt: dt, d: s.d, heads: s.heads, kvHeads: s.kvHeads, t: s.t, pos0: s.pos0, maxPos: max(s.pos0, s.bound) + s.t + 3, bound: s.bound}
+			c.plan = planAttention(s.t, s.heads, s.d, max(s.pos0, s.bound), dt, true, false, all)
+			c.scale = float32(1 / math.Sqrt(float64(s.d)))
+			n, kw := s.pos0+s.t, s.kvHeads*s.d
+			c.q = uniform32(r, s.t*s.heads*s.d, -2, 2)
+			c.k, c.v = uniform32(r, n*kw, -2, 2), uniform32(r, n*kw, -1, 1)
+			// A few large keys: scores far apart, as softmax must survive.
+			for i := 7; i < len(c.k); i += 301 {
+				c.k[i] *= 8
+			}
+			for _, x := range []struct {
+				v   []float32
+				out *[]float64
+			}{{c.q, &c.qs}, {c.k, &c.ks}, {c.v, &c.vs}} {
+				dt := dt
+				if x.out == &c.qs {
+					dt = tensor.F32
+				}
+				if *x.out, err = tensortest.Stored(dt, x.v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.name = fmt.Sprintf("%v/%s/D%d_H%d_KV%d_T%d_pos%d", dt, c.plan.kernel, s.d, s.heads, s.kvHeads, s.t, s.pos0)
+			if s.bound > 0 {
+				c.name += fmt.Sprintf("_at_bound%d", s.bound)
+			}
+			if !strings.HasPrefix(c.plan.kernel, "flash_") && !strings.HasPrefix(c.plan.kernel, "attention_split_") {
+				t.Fatalf("%s: planAttention chose %s, which the harness does not run", c.name, c.plan.kernel)
+			}
+			cases = append(cases, c)
+		}
+	}
+	var req bytes.Buffer
+	for _, c := range cases {
+		if err := c.request(&req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req.Write(make([]byte, 4)) // op 0: end
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Stdin = &req
+	var resp, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &resp, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("attnhost: %v\n%s", err, stderr.Bytes())
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.check(t, &resp) })
+	}
+	if resp.Len() != 0 {
+		t.Errorf("%d bytes left over in the harness's output", resp.Len())
+	}
+}
+
+func uniform32(r *rand.Rand, n int, lo, hi float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = lo + (hi-lo)*r.Float32()
+	}
+	return v
+}
+
+var attnHostDType = map[tensor.DType]int32{tensor.F32: 0, tensor.F16: 1, tensor.BF16: 2, tensor.Q8_0: 3}
+
+func (c *attnHostCase) request(w *bytes.Buffer) error {
+	op := int32(1)
+	if strings.HasPrefix(c.plan.kernel, "flash_") {
+		op = 2
+	}
+	chunk, splits := c.plan.chunk, c.plan.splits
+	if op == 2 {
+		chunk, splits = 0, 1
+	}
+	pos0, posAt := c.pos0, -1
+	if c.bound > 0 {
+		pos0, posAt = c.bound, c.pos0
+	}
+	for _, v := range []int32{op, attnHostDType[c.dt], int32(c.d), int32(c.heads), int32(c.kvHeads), int32(c.t), int32(pos0), int32(c.maxPos), int32(chunk), int32(splits), int32(posAt)} {
+		binary.Write(w, binary.LittleEndian, v)
+	}
+	binary.Write(w, binary.LittleEndian, c.scale)
+	binary.Write(w, binary.LittleEndian, c.q)
+	kw := c.kvHeads * c.d
+	for _, vals := range [][]float32{c.k, c.v} {
+		enc, err := tensortest.Encode(c.dt, vals)
+		if err != nil {
+			return err
+		}
+		rows, err := c.dt.Bytes(int64(c.maxPos * kw))
+		if err != nil {
+			return err
+		}
+		all := bytes.Repeat([]byte{0xff}, int(rows)) // unwritten rows: NaN
+		copy(all, enc)
+		w.Write(all)
+	}
+	return nil
+}
+
+func (c *attnHostCase) check(t *testing.T, resp *bytes.Buffer) {
+	var violations int64
+	if err := binary.Read(resp, binary.LittleEndian, &violations); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, c.t*c.heads*c.d)
+	if err := binary.Read(resp, binary.LittleEndian, got); err != nil {
+		t.Fatal(err)
+	}
+	if violations != 0 {
+		t.Errorf("%d cache reads outside the rows written or misaligned", violations)
+	}
+	want := tensortest.RefAttention(c.qs, c.ks, c.vs, c.t, c.heads, c.kvHeads, c.d, c.pos0, float64(c.scale))
+	for i, g := range got {
+		if math.IsNaN(float64(g)) || math.IsInf(float64(g), 0) {
+			t.Fatalf("out[%d] = %v: not written, or a NaN read (want %v)", i, g, want[i])
+		}
+	}
+	tol := 1e-5
+	switch {
+	case strings.HasPrefix(c.plan.kernel, "flash_attention_bf16"):
+		tol = 2e-2
+	case strings.HasPrefix(c.plan.kernel, "flash_"):
+		tol = 4e-3
+	}
+	e := tensortest.RelErr(got, want)
+	worst := 0.0
+	for i, g := range got {
+		worst = max(worst, math.Abs(float64(g)-want[i]))
+	}
+	t.Logf("%d splits of %d: relative error %.3g, largest absolute %.3g", c.plan.splits, c.plan.chunk, e, worst)
+	if !(e <= tol) {
+		t.Errorf("relative error %.3g > %.3g", e, tol)
+	}
+}

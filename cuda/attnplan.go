@@ -1,0 +1,82 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Attention's choice of kernel, in a file of its own (no build tag) so that
+// it is tested, and the host harness of the kernels (attnhost_test.go) runs
+// them as planned, without cgo.
+
+// The attention kernels' choices (kernels/attention_split.cuh and
+// flash_attention.cuh).
+const (
+	// splitMaxRows is the most queries the decode kernel takes: it
+	// reads the cache once per query, the tiled kernel once per 64.
+	splitMaxRows = 4
+	// splitChunk is the fewest positions a block of the decode kernel
+	// walks; a cache of up to this many positions takes one pass.
+	splitChunk = 256
+	// splitMax is the most splits of a query's positions: longer caches
+	// take longer chunks, so the partials stay small.
+	splitMax = 128
+	// flashMinRows is the fewest queries the tiled prefill kernel takes.
+	flashMinRows = 16
+	// splitPartBytes bounds the split kernel's partial results (heads ×
+	// queries × splits records of headDim+2 floats), which live in the
+	// scratch arena: half of it.
+	splitPartBytes = 16 << 20
+)
+
+// attnPlan is how Attention runs a call: its kernel, and for the decode
+// kernel the chunk and number of splits of each query's positions.
+type attnPlan struct {
+	kernel        string
+	chunk, splits int
+}
+
+// planAttention chooses Attention's kernel: for head dimensions of 64 and
+// 128 (flash) or 64, 128 and 256 (split), the tiled tensor-core kernel for
+// prefill of at least flashMinRows queries where the device has it
+// (compute capability 8.0), the split decode kernel for up to
+// splitMaxRows queries, splitting the positions when the cache is longer
+// than splitChunk; the one-block-a-query kernel otherwise. The vector
+// loads of the new kernels need q and the caches 16-byte aligned. A
+// precise call (tensor.Attn.Precise) never takes the tensor-core kernel.
+// has reports whether a kernel is loaded.
+func planAttention(t, heads, headDim, pos0 int, dt tensor.DType, aligned, precise bool, has func(string) bool) attnPlan {
+	sfx := cacheSuffix(dt)
+	old := attnPlan{kernel: "attention_" + sfx}
+	if !aligned {
+		return old
+	}
+	d := fmt.Sprintf("_d%d", headDim)
+	if !precise && t >= flashMinRows && (headDim == 64 || headDim == 128) && has("flash_attention_"+sfx+d) {
+		return attnPlan{kernel: "flash_attention_" + sfx + d}
+	}
+	if t > splitMaxRows || headDim != 64 && headDim != 128 && headDim != 256 {
+		return old
+	}
+	// Chunks of splitChunk positions (a 7B layer at 8,192 positions: 32
+	// splits of 32 heads, about 8 blocks an SM, each with two steps of
+	// loads in flight a warp), at most splitMax of them.
+	n := pos0 + t // the longest query's positions
+	splits := min((n+splitChunk-1)/splitChunk, splitMax, max(1, splitPartBytes/(heads*t*(headDim+2)*4)))
+	chunk := (n + splits - 1) / splits
+	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: chunk, splits: splits}
+}
+
+// cacheSuffix names a kernel variant by its cache dtype.
+func cacheSuffix(dt tensor.DType) string {
+	switch dt {
+	case tensor.F16:
+		return "f16"
+	case tensor.BF16:
+		return "bf16"
+	case tensor.Q8_0:
+		return "q8_0"
+	}
+	return "f32"
+}

@@ -1,0 +1,51 @@
+package cuda
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// TestPlanAttention checks, without a GPU, which kernel each call takes.
+func TestPlanAttention(t *testing.T) {
+	all := func(string) bool { return true }
+	volta := func(name string) bool { return !strings.HasPrefix(name, "flash_") }
+	for _, c := range []struct {
+		t, headDim, pos0 int
+		dt               tensor.DType
+		aligned, precise bool
+		has              func(string) bool
+		kernel           string
+		splits           int
+	}{
+		{1, 128, 15, tensor.F16, true, false, all, "attention_split_f16_d128", 1},
+		{1, 128, 127, tensor.F16, true, false, all, "attention_split_f16_d128", 1},
+		{1, 128, 8191, tensor.F16, true, false, all, "attention_split_f16_d128", 32},
+		{1, 128, 40000, tensor.Q8_0, true, false, all, "attention_split_q8_0_d128", 128},
+		{4, 64, 1000, tensor.F32, true, false, all, "attention_split_f32_d64", 4},
+		{1, 256, 3000, tensor.BF16, true, false, all, "attention_split_bf16_d256", 12},
+		{1, 96, 3000, tensor.F16, true, false, all, "attention_f16", 0},
+		{1, 128, 3000, tensor.F16, false, false, all, "attention_f16", 0},
+		{5, 128, 3000, tensor.F16, true, false, all, "attention_f16", 0},
+		{16, 128, 0, tensor.F16, true, false, all, "flash_attention_f16_d128", 0},
+		{8000, 64, 0, tensor.Q8_0, true, false, all, "flash_attention_q8_0_d64", 0},
+		{8000, 128, 0, tensor.F16, true, false, volta, "attention_f16", 0},
+		{8000, 128, 0, tensor.F32, true, true, all, "attention_f32", 0},
+		{8000, 256, 0, tensor.F32, true, false, all, "attention_f32", 0},
+	} {
+		p := planAttention(c.t, 32, c.headDim, c.pos0, c.dt, c.aligned, c.precise, c.has)
+		if p.kernel != c.kernel || p.splits != c.splits {
+			t.Errorf("T=%d D=%d pos0=%d %v aligned=%v precise=%v: %s with %d splits, want %s with %d", c.t, c.headDim, c.pos0, c.dt, c.aligned, c.precise, p.kernel, p.splits, c.kernel, c.splits)
+		}
+		if p.splits > 0 && p.chunk*p.splits < c.pos0+c.t {
+			t.Errorf("T=%d pos0=%d: %d splits of %d positions miss some", c.t, c.pos0, p.splits, p.chunk)
+		}
+	}
+	// Many heads of 256 and 4 queries: the partials of 128 splits would
+	// pass the scratch arena's half (64·4·128·258·4 = 33.8 MB).
+	p := planAttention(4, 64, 256, 40000, tensor.F16, true, false, all)
+	if bytes := 64 * 4 * p.splits * 258 * 4; p.splits < 2 || bytes > splitPartBytes || p.chunk*p.splits < 40004 {
+		t.Errorf("64 heads of 256, 4 queries at 40000: %d splits of %d, %d bytes of partials (at most %d)", p.splits, p.chunk, bytes, splitPartBytes)
+	}
+}

@@ -1,0 +1,122 @@
+// Reading the KV cache in its stored dtype: F32, F16, BF16, or Q8_0
+// (ggml's blocks of 32 values, each an F16 scale and 32 int8, 34 bytes,
+// laid along the cache row). A cache is [maxPos, stride] elements; kv_cache
+// reads element e of row p widened to float, or 8 elements at once from
+// an element index that is a multiple of 8 (and, for the plain types, a
+// row start 16-byte aligned: the caller checks the base pointer).
+#pragma once
+
+#include "common.cuh"
+
+// KV_CHECK(p, n, align) is nothing on the device. The host harness
+// (testdata/attnhost.cpp) runs the kernels' bodies on the CPU and defines
+// kvhost_check, which counts a read of n bytes at p outside the cache rows
+// written so far, or not aligned to align bytes, as the GPU would fault on
+// or read garbage from.
+#ifdef __CUDA_ARCH__
+#define KV_CHECK(p, n, align)
+#else
+void kvhost_check(const void* p, int n, int align);
+#define KV_CHECK(p, n, align) kvhost_check(p, n, align)
+#endif
+
+// q8_0 names a Q8_0 cache, read as bytes.
+struct q8_0 {
+	uint8_t b;
+};
+
+template <typename KV>
+struct kv_cache {
+	const KV* p;
+	long long stride;  // elements a row
+	__device__ __forceinline__ float at(long long row, int e) const {
+		KV_CHECK(p + row * stride + e, sizeof(KV), sizeof(KV));
+		return to_f32(p[row * stride + e]);
+	}
+	__device__ __forceinline__ void load8(long long row, int e, float f[8]) const {
+		const KV* r = p + row * stride + e;
+		KV_CHECK(r, 8 * sizeof(KV), sizeof(KV));
+#pragma unroll
+		for (int i = 0; i < 8; i++) f[i] = to_f32(r[i]);
+	}
+};
+
+template <>
+__device__ __forceinline__ void kv_cache<float>::load8(long long row, int e, float f[8]) const {
+	const float4* r = (const float4*)(p + row * stride + e);
+	KV_CHECK(r, 32, 16);
+	const float4 a = r[0], b = r[1];
+	f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+__device__ __forceinline__ void unpack8_16(uint4 u, float f[8], bool bf) {
+	const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		if (bf) {
+			f[2 * i] = __uint_as_float(w[i] << 16);
+			f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+		} else {
+			f[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+			f[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+		}
+	}
+}
+
+template <>
+__device__ __forceinline__ void kv_cache<__half>::load8(long long row, int e, float f[8]) const {
+	KV_CHECK(p + row * stride + e, 16, 16);
+	unpack8_16(*(const uint4*)(p + row * stride + e), f, false);
+}
+
+template <>
+__device__ __forceinline__ void kv_cache<bf16>::load8(long long row, int e, float f[8]) const {
+	KV_CHECK(p + row * stride + e, 16, 16);
+	unpack8_16(*(const uint4*)(p + row * stride + e), f, true);
+}
+
+template <>
+struct kv_cache<q8_0> {
+	const q8_0* p;
+	long long stride;  // elements a row, a multiple of 32
+	__device__ __forceinline__ const uint8_t* block(long long row, int e) const {
+		return (const uint8_t*)p + row * (stride / 32 * 34) + 34 * (e >> 5);
+	}
+	__device__ __forceinline__ float at(long long row, int e) const {
+		const uint8_t* b = block(row, e);
+		KV_CHECK(b, 2, 2);
+		KV_CHECK(b + 2 + (e & 31), 1, 1);
+		return __half2float(*(const __half*)b) * (float)(int8_t)b[2 + (e & 31)];
+	}
+	// Blocks sit at even offsets: the scale and the 8 values come in 16-bit loads.
+	__device__ __forceinline__ void load8(long long row, int e, float f[8]) const {
+		const uint8_t* b = block(row, e);
+		KV_CHECK(b, 2, 2);
+		const float d = __half2float(*(const __half*)b);
+		const unsigned short* v = (const unsigned short*)(b + 2 + (e & 31));
+		KV_CHECK(v, 8, 2);
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const unsigned short w = v[i];
+			f[2 * i] = d * (float)(int8_t)(w & 0xff);
+			f[2 * i + 1] = d * (float)(int8_t)(w >> 8);
+		}
+	}
+};
+
+// quantize_q8_0_block writes one Q8_0 block of the 32 values x as
+// quant.QuantizeQ8_0 does: d = max|x|/127 stored as F16, q = round(x/d)
+// (ties away from zero) with the reciprocal of the unrounded d.
+__device__ __forceinline__ void quantize_q8_0_block(uint8_t* b, const float* x) {
+	float amax = 0.0f;
+	for (int j = 0; j < 32; j++) {
+		const float a = fabsf(x[j]);
+		if (!(amax > a)) amax = a;
+	}
+	const float d = amax / 127.0f;
+	const float id = d != 0.0f ? 1.0f / d : 0.0f;
+	const unsigned short h = __half_as_ushort(__float2half_rn(d));
+	b[0] = (uint8_t)(h & 0xff);
+	b[1] = (uint8_t)(h >> 8);
+	for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)roundf(__fmul_rn(x[j], id));
+}

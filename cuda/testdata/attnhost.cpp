@@ -1,0 +1,290 @@
+// attnhost runs the bodies of the long-context attention kernels
+// (kernels/attention_split.cuh, kernels/flash_attention.cuh) on the CPU,
+// for attnhost_test.go: compiled as plain C++ (nvcc -x c++), one host
+// thread per GPU thread of a block, the blocks of a launch one after
+// another, so that a function's static arrays serve as the block's shared
+// memory. Barriers stand for __syncthreads and for the lanes of a warp
+// exchanging values (__shfl_xor_sync, and mma.sync, whose product this
+// file computes from the 32 lanes' fragments as the PTX manual lays them
+// out). kvhost_check counts every cache read outside the rows written or
+// misaligned for its load.
+//
+// Requests on stdin, responses on stdout, all little-endian:
+//   request:  int32 op (0 end, 1 split decode, 2 tiled prefill), int32 dtype
+//             (0 F32, 1 F16, 2 BF16, 3 Q8_0), int32 D, heads, kvHeads, T,
+//             pos0, maxPos, chunk, splits, posAt (-1: none; else the
+//             position the split kernel reads from device memory, pos0
+//             then its bound), float32 scale, then T*heads*D float32 q,
+//             and the k and v caches' bytes (maxPos rows each)
+//   response: int64 violations, then T*heads*D float32 out
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+// The CUDA language as host C++.
+#undef __device__
+#undef __global__
+#undef __shared__
+#undef __forceinline__
+#undef __launch_bounds__
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __shared__ static  // one block runs at a time
+#define __launch_bounds__(n)
+
+thread_local uint3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+
+static inline float __uint_as_float(uint32_t u) {
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline uint32_t __float_as_uint(float f) {
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+static inline unsigned short __half_as_ushort(__half h) {
+	unsigned short u;
+	memcpy(&u, &h, 2);
+	return u;
+}
+static inline __half __ushort_as_half(unsigned short u) {
+	__half h;
+	memcpy(&h, &u, 2);
+	return h;
+}
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+
+struct Barrier {
+	std::mutex mu;
+	std::condition_variable cv;
+	int n, count = 0;
+	long gen = 0;
+	explicit Barrier(int n) : n(n) {}
+	void wait() {
+		std::unique_lock<std::mutex> l(mu);
+		const long g = gen;
+		if (++count == n) {
+			count = 0;
+			gen++;
+			cv.notify_all();
+			return;
+		}
+		cv.wait(l, [&] { return gen != g; });
+	}
+};
+
+struct Warp {
+	Barrier bar{32};
+	float f[32];
+	uint32_t a[32][4], b[32][2];
+};
+
+struct Block {
+	Barrier all;
+	std::vector<Warp*> warps;
+	explicit Block(int nthreads) : all(nthreads) {
+		for (int i = 0; i < nthreads / 32; i++) warps.push_back(new Warp);
+	}
+	~Block() {
+		for (Warp* w : warps) delete w;
+	}
+};
+static thread_local Block* tblock;
+
+static inline Warp* my_warp() { return tblock->warps[threadIdx.x / 32]; }
+static inline void __syncthreads() { tblock->all.wait(); }
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+	Warp* w = my_warp();
+	const int lane = threadIdx.x & 31;
+	w->f[lane] = v;
+	w->bar.wait();
+	const float r = w->f[lane ^ o];
+	w->bar.wait();
+	return r;
+}
+
+#include "../kernels/attention_split.cuh"
+#include "../kernels/flash_attention.cuh"
+
+// fa_host_mma: D = A·B + C for the 16x16 A (row-major), 16x8 B and 16x8 C
+// held across the warp as mma.sync.m16n8k16.row.col lays them out.
+static float mul_to_f32(uint16_t u, bool bf) {
+	if (bf) return __uint_as_float((uint32_t)u << 16);
+	return __half2float(__ushort_as_half(u));
+}
+void fa_host_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, bool bf) {
+	Warp* w = my_warp();
+	const int lane = threadIdx.x & 31;
+	for (int i = 0; i < 4; i++) w->a[lane][i] = a[i];
+	w->b[lane][0] = b0;
+	w->b[lane][1] = b1;
+	w->bar.wait();
+	float A[16][16], B[16][8];
+	for (int l = 0; l < 32; l++) {
+		const int g = l >> 2, t = l & 3;
+		for (int h = 0; h < 2; h++) {
+			const int sh = 16 * h;
+			A[g][2 * t + h] = mul_to_f32((uint16_t)(w->a[l][0] >> sh), bf);
+			A[g + 8][2 * t + h] = mul_to_f32((uint16_t)(w->a[l][1] >> sh), bf);
+			A[g][2 * t + 8 + h] = mul_to_f32((uint16_t)(w->a[l][2] >> sh), bf);
+			A[g + 8][2 * t + 8 + h] = mul_to_f32((uint16_t)(w->a[l][3] >> sh), bf);
+			B[2 * t + h][g] = mul_to_f32((uint16_t)(w->b[l][0] >> sh), bf);
+			B[2 * t + 8 + h][g] = mul_to_f32((uint16_t)(w->b[l][1] >> sh), bf);
+		}
+	}
+	w->bar.wait();
+	const int g = lane >> 2, t = lane & 3;
+	for (int i = 0; i < 4; i++) {
+		const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+		float s = 0.0f;
+		for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+		c[i] += s;
+	}
+}
+
+// The cache rows a launch may read: [lo, hi) of k and of v.
+static const uint8_t *klo, *khi, *vlo, *vhi;
+static std::atomic<long long> violations;
+static const int* pos_at;  // the split kernel's posAt, or null
+void kvhost_check(const void* p, int n, int align) {
+	const uint8_t* b = (const uint8_t*)p;
+	const bool in = (b >= klo && b + n <= khi) || (b >= vlo && b + n <= vhi);
+	if (!in || ((uintptr_t)b % align) != 0) violations++;
+}
+
+// launch runs kernel() for every thread of grid x block, a block at a time.
+template <class K>
+static void launch(dim3 grid, int threads, K kernel) {
+	gridDim = grid;
+	blockDim = dim3(threads, 1, 1);
+	for (unsigned z = 0; z < grid.z; z++)
+		for (unsigned y = 0; y < grid.y; y++)
+			for (unsigned x = 0; x < grid.x; x++) {
+				Block blk(threads);
+				std::vector<std::thread> ts;
+				for (int t = 0; t < threads; t++)
+					ts.emplace_back([&, t] {
+						tblock = &blk;
+						threadIdx = make_uint3(t, 0, 0);
+						blockIdx = make_uint3(x, y, z);
+						kernel();
+					});
+				for (std::thread& t : ts) t.join();
+			}
+}
+
+static void readn(void* p, size_t n) {
+	if (n && fread(p, 1, n, stdin) != n) {
+		fprintf(stderr, "attnhost: short read\n");
+		exit(2);
+	}
+}
+static int32_t read32() {
+	int32_t v;
+	readn(&v, 4);
+	return v;
+}
+
+template <typename KV>
+static void run(int op, int D, int heads, int kvHeads, int T, int pos0, int maxPos, int chunk, int splits, float scale, const float* q,
+		const uint8_t* k, const uint8_t* v, float* out) {
+	const KV* kp = (const KV*)k;
+	const KV* vp = (const KV*)v;
+	std::vector<float> part((size_t)heads * T * splits * (D + 2), NAN);
+	float* pp = part.data();
+#define SPLIT(DD)                                                                                                                 \
+	case DD:                                                                                                                  \
+		launch(dim3(heads, T, splits), 128, [&] {                                                                         \
+			attention_split<KV, DD>(out, pp, q, kv_cache<KV>{kp, (long long)kvHeads * DD}, kv_cache<KV>{vp, (long long)kvHeads * DD}, \
+						heads, kvHeads, pos0, scale, chunk, pos_at);                                          \
+		});                                                                                                       \
+		if (splits > 1) launch(dim3(heads, T, 1), DD, [&] { attention_merge<DD>(out, pp, heads, splits); });        \
+		break;
+#define FLASH(DD, BF)                                                                                                              \
+	case DD:                                                                                                                   \
+		launch(dim3((T * (heads / kvHeads) + FA_BR - 1) / FA_BR, kvHeads, 1), FA_THREADS, [&] {                            \
+			flash_prefill<KV, DD, BF>(out, q, kv_cache<KV>{kp, (long long)kvHeads * DD}, kv_cache<KV>{vp, (long long)kvHeads * DD}, T, \
+						  heads, kvHeads, pos0, scale);                                                     \
+		});                                                                                                        \
+		break;
+	if (op == 1) {
+		switch (D) {
+			SPLIT(64)
+			SPLIT(128)
+			SPLIT(256)
+		default:
+			fprintf(stderr, "attnhost: split D = %d\n", D);
+			exit(2);
+		}
+	} else {
+		constexpr bool bf = std::is_same<KV, bf16>::value;
+		switch (D) {
+			FLASH(64, bf)
+			FLASH(128, bf)
+		default:
+			fprintf(stderr, "attnhost: flash D = %d\n", D);
+			exit(2);
+		}
+	}
+}
+
+int main() {
+	for (;;) {
+		const int op = read32();
+		if (op == 0) return 0;
+		const int dt = read32(), D = read32(), heads = read32(), kvHeads = read32(), T = read32(), pos0 = read32(), maxPos = read32(),
+			  chunk = read32(), splits = read32(), posAt = read32();
+		float scale;
+		readn(&scale, 4);
+		const size_t qn = (size_t)T * heads * D, width = (size_t)kvHeads * D;
+		const size_t rowBytes = dt == 0 ? 4 * width : dt == 3 ? width / 32 * 34 : 2 * width;
+		std::vector<float> q(qn), out(qn, NAN);
+		readn(q.data(), qn * 4);
+		// The caches at 256-byte boundaries, as the allocator gives them.
+		std::vector<uint8_t> kb(rowBytes * maxPos + 256), vb(rowBytes * maxPos + 256);
+		uint8_t* k = kb.data() + ((256 - ((uintptr_t)kb.data() & 255)) & 255);
+		uint8_t* v = vb.data() + ((256 - ((uintptr_t)vb.data() & 255)) & 255);
+		readn(k, rowBytes * maxPos);
+		readn(v, rowBytes * maxPos);
+		const int written = (posAt >= 0 ? posAt : pos0) + T;
+		klo = k, khi = k + rowBytes * written;
+		vlo = v, vhi = v + rowBytes * written;
+		const int posAtValue = posAt;
+		pos_at = posAt >= 0 ? &posAtValue : nullptr;
+		violations = 0;
+		switch (dt) {
+		case 0:
+			run<float>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
+			break;
+		case 1:
+			run<__half>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
+			break;
+		case 2:
+			run<bf16>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
+			break;
+		case 3:
+			run<q8_0>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
+			break;
+		}
+		const long long nv = violations;
+		fwrite(&nv, 8, 1, stdout);
+		fwrite(out.data(), 4, qn, stdout);
+	}
+}
