@@ -414,7 +414,7 @@ func encode(ctx context.Context, tok *tokenizer.Tokenizer, text string) ([]int, 
 func train(ctx context.Context, o *options, h *hyper, r *engine.Training, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
 	opt, scaler := h.opt, h.scaler
 	wins := windows(tokens, o.seqLen)
-	bar := newProgress(stderr, o.quiet)
+	bar := cli.NewProgress(stderr, "training", o.quiet)
 	var first, last float64
 	var peakAct int64
 	start := time.Now()
@@ -441,12 +441,12 @@ func train(ctx context.Context, o *options, h *hyper, r *engine.Training, params
 			first = st.Loss
 		}
 		last = st.Loss
-		bar.clear()
+		bar.Clear()
 		fmt.Fprintf(stdout, "step %d/%d loss %.6f scale %g grad-norm %.4g time %s%s\n",
 			step, o.steps, st.Loss, res.Scale, res.GradNorm, time.Since(t0).Round(time.Millisecond), note)
-		bar.update(step, o.steps, st.Loss)
+		bar.Update(int64(step), int64(o.steps), fmt.Sprintf("%d/%d loss %.4f", step, o.steps, st.Loss))
 	}
-	bar.clear()
+	bar.Clear()
 	if o.steps > 0 {
 		fmt.Fprintf(stderr, "trained %d steps (%d skipped) in %s: loss %.4f -> %.4f; peak activations %s\n",
 			o.steps, scaler.Skipped(), time.Since(start).Round(time.Millisecond), first, last, paging.FormatSize(peakAct))

@@ -271,12 +271,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	// are used, within maxPos.
 	contextLen := min(len(ids)+max(o.maxNew, 1), maxPos)
 	start := time.Now()
-	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
+	bar := cli.NewProgress(stderr, "loading "+filepath.Base(dir), o.quiet || o.jsonOut)
 	eng, err := engine.Open(ctx, lm, engine.Options{
 		Devices: specs, Threads: o.threads, Memory: mem,
-		Context: contextLen, Chunk: o.chunk, Record: o.snapshot != "", Progress: bar.update,
+		Context: contextLen, Chunk: o.chunk, Record: o.snapshot != "", Progress: bar.Bytes,
 	})
-	bar.done()
+	bar.Done()
 	if err != nil {
 		return err
 	}
