@@ -3,9 +3,13 @@ package tokenizer
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -187,5 +191,52 @@ func TestTrainBPEBadOptions(t *testing.T) {
 	cancel()
 	if _, err := TrainBPE(ctx, docs, BPEOptions{VocabSize: 300}); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v", err)
+	}
+}
+
+// TestTrainBPEParity: Hugging Face's tokenizers library, given the
+// tokenizer.json TrainBPE writes, encodes text as strata does: the ids of
+// testdata/trainbpe_cases.json.gz, which it wrote for the same training
+// (the corpus, text unlike it, the special tokens in the text).
+func TestTrainBPEParity(t *testing.T) {
+	var ref struct {
+		SHA   string `json:"tokenizer_sha256"`
+		Cases []struct {
+			Text string `json:"text"`
+			IDs  []int  `json:"ids"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(readTestdata(t, "trainbpe_cases.json.gz"), &ref); err != nil {
+		t.Fatal(err)
+	}
+	b, err := TrainBPE(context.Background(), trainCorpus(), trainOpts(600, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir := os.Getenv("STRATA_TRAINBPE_DUMP"); dir != "" {
+		texts := append(trainCorpus(), "Привет, мир! 今天 🤗 👩‍👩‍👧", "\x00\x01\x7f tabs\tand\r\nCRLF", "a<s>b</s><pad>c",
+			"  leading  and trailing  ", "it's 3.14159 -- 'quoted' \"double\"")
+		j, _ := json.Marshal(texts)
+		if err := errors.Join(os.WriteFile(filepath.Join(dir, "tokenizer.json"), b.TokenizerJSON, 0o644),
+			os.WriteFile(filepath.Join(dir, "texts.json"), j, 0o644)); err != nil {
+			t.Fatal(err)
+		}
+		t.Skipf("wrote the tokenizer and the texts into %s for gen/trainbpe.js", dir)
+	}
+	if sum := sha256.Sum256(b.TokenizerJSON); hex.EncodeToString(sum[:]) != ref.SHA {
+		t.Fatalf("TrainBPE writes another tokenizer.json than the one the reference encoded with (sha256 %x, reference %s): regenerate the cases (testdata/README.md)", sum, ref.SHA)
+	}
+	tok, err := Parse(b.TokenizerJSON, b.ConfigJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ref.Cases) < 300 {
+		t.Fatalf("%d reference cases; want the corpus and more", len(ref.Cases))
+	}
+	for _, c := range ref.Cases {
+		ids, err := tok.Encode(c.Text, true)
+		if err != nil || !slices.Equal(ids, c.IDs) {
+			t.Errorf("Encode(%q) = %v, %v; tokenizers: %v", c.Text, ids, err, c.IDs)
+		}
 	}
 }
