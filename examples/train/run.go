@@ -248,7 +248,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	lm, err := cli.OpenModel(o.model, "")
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}
@@ -416,7 +416,11 @@ func (t *trainer) loop(ctx context.Context) error {
 		last = loss
 		sumLoss += loss
 		sumN++
-		bar.Update(int64(step), int64(o.steps), fmt.Sprintf("%d/%d loss %.4f", step, o.steps, loss))
+		if o.duration > 0 { // the clock ends the run sooner than -steps
+			bar.Update(int64(time.Since(start)), int64(o.duration), fmt.Sprintf("step %d loss %.4f", step, loss))
+		} else {
+			bar.Update(int64(step), int64(o.steps), fmt.Sprintf("%d/%d loss %.4f", step, o.steps, loss))
+		}
 		if step%o.logEvery == 0 || final || skipped {
 			note := ""
 			if skipped {
