@@ -19,13 +19,15 @@ import (
 
 // Interfaces the backend implements.
 var (
-	_ tensor.Backend          = (*Backend)(nil)
-	_ tensor.Syncer           = (*Backend)(nil)
-	_ tensor.PinnedAllocator  = (*Backend)(nil)
-	_ tensor.AsyncUploader    = (*Backend)(nil)
-	_ tensor.MemoryInfo       = (*Backend)(nil)
-	_ tensor.ManagedAllocator = (*Backend)(nil)
-	_ tensor.CachingAllocator = (*Backend)(nil)
+	_ tensor.Backend           = (*Backend)(nil)
+	_ tensor.Syncer            = (*Backend)(nil)
+	_ tensor.PinnedAllocator   = (*Backend)(nil)
+	_ tensor.AsyncUploader     = (*Backend)(nil)
+	_ tensor.ComputeDownloader = (*Backend)(nil)
+	_ tensor.MemoryInfo        = (*Backend)(nil)
+	_ tensor.ManagedAllocator  = (*Backend)(nil)
+	_ tensor.CachingAllocator  = (*Backend)(nil)
+	_ tensor.LaunchCounter     = (*Backend)(nil)
 )
 
 // Backend runs strata's tensor operations on one CUDA device. Its methods
@@ -70,11 +72,30 @@ type Backend struct {
 	workspaceSize int64
 	scr           scratchArena
 
+	// counts are the launches issued so far (Launches).
+	counts struct{ kernels, copies, library, graphs atomic.Int64 }
+
+	// Graph capture (graph.go): captureTid is the OS thread of the
+	// goroutine inside Capture's f (0 when none), whose operations run
+	// without opsMu, which Capture holds; gate keeps uploads and
+	// prefetches, which touch the compute stream without opsMu, out of a
+	// capture; graphs are the live graphs, destroyed by Close.
+	captureTid atomic.Int64
+	gate       sync.RWMutex
+	graphsMu   sync.Mutex
+	graphs     map[*graph]struct{}
+
 	// gemvMaxRows is the largest M that MatMul sends to the GEMV kernels
 	// rather than to cuBLAS: on an H200 with 4096x4096 F16 weights the
 	// kernels take 13.3 and 14.4 us for M = 1 and 2, cuBLAS (with the cast
 	// of x) 19.3 us, and cuBLAS wins from M = 4 on (PERF.md).
 	gemvMaxRows int
+	// gemvRows picks the M = 1 GEMV kernel: 0, gemv_*_m1 (one row per
+	// warp); 1 or 2, gemv_*_r1 or _r2 (that many rows per warp, each
+	// batch of loads in flight together; kernels/gemv.cuh).
+	// BenchmarkGEMVShapes sets it on its backend to compare them; the
+	// default stays 0 until an H200 run says otherwise.
+	gemvRows int
 
 	// gradPath is the implementation MatMulGradX and MatMulGradW use:
 	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or
@@ -182,7 +203,7 @@ func Open(device int) (*Backend, error) {
 	}
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
-		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2,
+		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()
@@ -320,6 +341,14 @@ func (b *Backend) Stats() Stats {
 	return s
 }
 
+// Launches counts the kernel launches, copies, cuBLAS calls and graph
+// replays the backend has issued since Open (tensor.LaunchCounter). A
+// graph's replay counts once; the launches captured into it counted when
+// it was captured.
+func (b *Backend) Launches() tensor.Launches {
+	return tensor.Launches{Kernels: b.counts.kernels.Load(), Copies: b.counts.copies.Load(), Library: b.counts.library.Load(), Graphs: b.counts.graphs.Load()}
+}
+
 // Trim returns the cached device blocks to the driver and reports how many
 // bytes it released.
 func (b *Backend) Trim() (int64, error) {
@@ -399,6 +428,12 @@ func (b *Backend) Free(t *tensor.Tensor) {
 	defer b.leave()
 	blk, ok := b.alloc.put(t.Ptr())
 	if ok && blk.managed {
+		// Not while another goroutine captures: the synchronisation would
+		// end its capture. (Inside a capture it ends this one's.)
+		if capt := b.capturing(); !capt {
+			b.gate.RLock()
+			defer b.gate.RUnlock()
+		}
 		b.syncStreams()
 		cu.MemFree(cu.DevicePtr(t.Ptr()))
 	}
@@ -435,6 +470,7 @@ func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 		return nil
 	}
 	return b.ops(op, func() error {
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -452,39 +488,27 @@ func (b *Backend) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 // Download copies src into dst after the work queued before it, including
 // UploadAsync copies, has finished.
 func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
-	const op = "Download"
-	if err := b.device(op, "src", src); err != nil {
-		return err
-	}
-	if int64(len(dst)) != src.NumBytes() {
-		return fmt.Errorf("cuda: %s: destination has %d bytes, %v has %d", op, len(dst), src, src.NumBytes())
-	}
-	if len(dst) == 0 {
-		return nil
-	}
-	return b.ops(op, func() error {
-		b.copyMu.Lock()
-		err := b.compute.Wait(b.copyTail, 0)
-		b.copyMu.Unlock()
-		if err == nil {
-			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
-		}
-		if err == nil {
-			err = b.compute.Synchronize()
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
-		}
-		return nil
-	})
+	return b.download("Download", dst, src, afterCopies)
 }
 
-// DownloadCompute copies src into dst after the compute work queued
-// before it has finished, not waiting for UploadAsync copies in flight
-// (tensor.ComputeDownloader): a CPU attending over a host KV cache gets its
-// queries while the pager's prefetches keep streaming.
-func (b *Backend) DownloadCompute(dst []byte, src *tensor.Tensor) error {
-	const op = "DownloadCompute"
+// DownloadComputed copies src into dst after the compute queued before it
+// has finished; UploadAsync copies that no compute waits for go on
+// (tensor.ComputeDownloader). A hand-over of the hidden state to the CPU
+// uses it, so that prefetch copies stream while the CPU computes.
+func (b *Backend) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	return b.download("DownloadComputed", dst, src, computeOnly)
+}
+
+// downloadWait says what a download waits for besides the compute queued
+// before it.
+type downloadWait bool
+
+const (
+	afterCopies downloadWait = true  // every UploadAsync copy queued so far
+	computeOnly downloadWait = false // nothing more
+)
+
+func (b *Backend) download(op string, dst []byte, src *tensor.Tensor, wait downloadWait) error {
 	if err := b.device(op, "src", src); err != nil {
 		return err
 	}
@@ -495,7 +519,16 @@ func (b *Backend) DownloadCompute(dst []byte, src *tensor.Tensor) error {
 		return nil
 	}
 	return b.ops(op, func() error {
-		err := cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
+		var err error
+		if wait == afterCopies {
+			b.copyMu.Lock()
+			err = b.compute.Wait(b.copyTail, 0)
+			b.copyMu.Unlock()
+		}
+		if err == nil {
+			b.counts.copies.Add(1)
+			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
+		}
 		if err == nil {
 			err = b.compute.Synchronize()
 		}
@@ -509,10 +542,15 @@ func (b *Backend) DownloadCompute(dst []byte, src *tensor.Tensor) error {
 // Sync waits for all queued work on both streams and reports the first
 // asynchronous error (a faulting kernel, say).
 func (b *Backend) Sync() error {
+	if b.capturing() {
+		return fmt.Errorf("%s: Sync: %w", b.name, errCapturing)
+	}
 	if err := b.enter("Sync"); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // a synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
 	if err := b.syncStreams(); err != nil {
 		return fmt.Errorf("%s: Sync: %w", b.name, err)
 	}
@@ -564,10 +602,15 @@ func (b *Backend) FreePinned(buf []byte) error {
 		return fmt.Errorf("cuda: FreePinned: empty buffer")
 	}
 	p := unsafe.Pointer(&buf[0])
+	if b.capturing() {
+		return fmt.Errorf("%s: FreePinned: %w", b.name, errCapturing)
+	}
 	if err := b.enter("FreePinned"); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // its synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
 	b.pinnedMu.Lock()
 	n, ok := b.pinned[p]
 	if ok {
@@ -737,10 +780,15 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 	if len(src) == 0 {
 		return func() error { return nil }, nil
 	}
+	if b.capturing() {
+		return nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
 	if err := b.enter(op); err != nil {
 		return nil, err
 	}
 	defer b.leave()
+	b.gate.RLock() // not into a capture on the compute stream
+	defer b.gate.RUnlock()
 	before, err := b.getEvent()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
@@ -761,6 +809,7 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 		timed = tStart.Record(b.copy) == nil
 	}
 	if err == nil {
+		b.counts.copies.Add(1)
 		err = cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.copy)
 	}
 	if err == nil && timed {
@@ -782,6 +831,10 @@ func (b *Backend) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 	var rerr error
 	ready = func() error {
 		once.Do(func() {
+			if b.capturing() {
+				rerr = fmt.Errorf("%s: UploadAsync ready: %w", b.name, errCapturing)
+				return
+			}
 			if rerr = b.enter("UploadAsync ready"); rerr != nil {
 				return
 			}
@@ -871,10 +924,15 @@ func (b *Backend) prefetch(op string, t *tensor.Tensor, toDevice bool) error {
 	if err := b.managed(op, t); err != nil || t.NumBytes() == 0 {
 		return err
 	}
+	if b.capturing() {
+		return fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
 	if err := b.enter(op); err != nil {
 		return err
 	}
 	defer b.leave()
+	b.gate.RLock() // not into a capture on the compute stream
+	defer b.gate.RUnlock()
 	ev, err := b.getEvent()
 	if err != nil {
 		return fmt.Errorf("%s: %s: %w", b.name, op, err)
@@ -999,6 +1057,7 @@ func (b *Backend) release() error {
 	if b.evict != (cu.Stream{}) {
 		keep(cuError(b.evict.Synchronize()))
 	}
+	keep(b.releaseGraphs())
 	if b.blas != nil {
 		cublasDestroy(b.blas)
 		b.blas = nil

@@ -80,6 +80,17 @@ static CUresult strata_advise(CUdeviceptr p, size_t n, int advice, CUdevice dev)
 
 static int strata_cpu_device(void) { return CU_DEVICE_CPU; }
 
+// Stream capture into graphs (graph.go). Thread-local mode: a call that
+// is unsafe during capture (cuMemAlloc, a synchronisation) fails on the
+// capturing thread and leaves other threads alone.
+static CUresult strata_begin_capture(CUstream s) { return cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL); }
+
+static CUresult strata_end_capture(CUstream s, CUgraph* g) { return cuStreamEndCapture(s, g); }
+
+static CUresult strata_graph_instantiate(CUgraphExec* e, CUgraph g) { return cuGraphInstantiateWithFlags(e, g, 0); }
+
+static CUresult strata_graph_nodes(CUgraph g, size_t* n) { return cuGraphGetNodes(g, NULL, n); }
+
 // cuBLAS, declared here so that its header is not needed at build time.
 // The enum values are those of cuBLAS 11 and later.
 typedef void* cublasHandle_t;
@@ -358,6 +369,38 @@ func cublasGemm(h cublasHandle, transA, transB bool, m, n, k int, a uintptr, at,
 	}
 	return nil
 }
+
+type (
+	cuGraph     = C.CUgraph
+	cuGraphExec = C.CUgraphExec
+)
+
+func beginCapture(s cu.Stream) error { return driverError(C.strata_begin_capture(streamC(s))) }
+
+func endCapture(s cu.Stream) (cuGraph, error) {
+	var g C.CUgraph
+	err := driverError(C.strata_end_capture(streamC(s), &g))
+	return g, err
+}
+
+func graphInstantiate(g cuGraph) (cuGraphExec, error) {
+	var e C.CUgraphExec
+	return e, driverError(C.strata_graph_instantiate(&e, g))
+}
+
+func graphNodes(g cuGraph) (int, error) {
+	var n C.size_t
+	err := driverError(C.strata_graph_nodes(g, &n))
+	return int(n), err
+}
+
+func graphLaunch(e cuGraphExec, s cu.Stream) error {
+	return driverError(C.cuGraphLaunch(e, streamC(s)))
+}
+
+func graphExecDestroy(e cuGraphExec) error { return driverError(C.cuGraphExecDestroy(e)) }
+
+func graphDestroy(g cuGraph) error { return driverError(C.cuGraphDestroy(g)) }
 
 // setMaxShared lets f launch with up to bytes of dynamic shared memory.
 func setMaxShared(f kfunc, bytes int) error {

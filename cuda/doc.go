@@ -23,6 +23,14 @@
 //     accumulation, prefill through cuBLAS on weights dequantized to F16
 //     a block of rows at a time, Embed of quantized tables dequantized
 //     exactly;
+//   - decode without the host's launch cost: graph capture
+//     (tensor.Grapher, graph.go: Capture records the operations of a
+//     function through the driver's stream capture, Replay launches them
+//     as one graph; Rope, RopeKV and Attention read their position from
+//     device memory through PosAt, so a captured decode step stays valid
+//     from token to token), fused operations (tensor.AddRMSNorm, RopeKV,
+//     GateUpSiLU; fused.go, kernels/fused.cu), and counts of every kernel
+//     launch, copy, cuBLAS call and graph replay (tensor.LaunchCounter);
 //   - the device's memory: a caching allocator, so that the decode loop
 //     does not call cuMemAlloc, reported as a tensor.CachingAllocator
 //     (AllocSize, Cached, Trim, and Fixed for the cuBLAS workspace) for a

@@ -615,6 +615,133 @@ func TestScratchPieces(t *testing.T) {
 	}
 }
 
+// TestDownloadComputedLeavesCopies: DownloadComputed of a small tensor
+// returns the compute's result while a large UploadAsync copy is still on
+// its way (Download waits for it): the hand-over of a hidden state to the
+// CPU does not wait for prefetch copies. It logs both times.
+func TestDownloadComputedLeavesCopies(t *testing.T) {
+	b := openGPU(t)
+	const n = 128 << 20 // 512 MiB of F32: a copy of about 10 ms
+	pinned, err := b.AllocPinned(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(pinned)
+	dst, err := b.Alloc(tensor.F32, tensor.Shape{n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(dst)
+	x, _ := put(t, b, tensor.F32, tensor.Shape{1, 4096}, make([]float32, 4096))
+	one := make([]float32, 4096)
+	for i := range one {
+		one[i] = float32(i)
+	}
+	y, _ := put(t, b, tensor.F32, tensor.Shape{1, 4096}, one)
+	host := make([]byte, 4*4096)
+	for _, tc := range []struct {
+		name  string
+		down  func([]byte, *tensor.Tensor) error
+		waits bool
+	}{
+		{"Download", b.Download, true},
+		{"DownloadComputed", b.DownloadComputed, false},
+	} {
+		if err := b.Upload(x, 0, make([]byte, 4*4096)); err != nil { // x = 0 until the Add
+			t.Fatal(err)
+		}
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		ready, err := b.UploadAsync(context.Background(), dst, 0, pinned)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Add(x, y, y); err != nil { // x = 2y
+			t.Fatal(err)
+		}
+		if err := tc.down(host, x); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(t0)
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		copyTime := time.Since(t0)
+		if err := ready(); err != nil {
+			t.Fatal(err)
+		}
+		got := unsafe.Slice((*float32)(unsafe.Pointer(&host[0])), 4096)
+		for i := range got {
+			if got[i] != 2*float32(i) {
+				t.Fatalf("%s: element %d = %v, want %v", tc.name, i, got[i], 2*float32(i))
+			}
+		}
+		t.Logf("%s of 16 KiB behind a 512 MiB UploadAsync: returned after %v, the copy landed after %v", tc.name, took, copyTime)
+		switch {
+		case tc.waits && took < copyTime/2:
+			t.Errorf("%s returned after %v, before the copy (%v): it should wait for it", tc.name, took, copyTime)
+		case !tc.waits && took > copyTime/2:
+			t.Errorf("%s returned after %v, with the copy (%v): it waited for a copy no compute needs", tc.name, took, copyTime)
+		}
+	}
+}
+
+// TestUploadBesideAsyncCopy times what a hybrid decode does at each hand-over
+// from the CPU: a small Upload from pinned memory (the hidden state, 16 KiB)
+// on the compute stream while a large UploadAsync copy (a prefetched layer)
+// runs on the copy stream. The small one should not wait for the large one
+// to finish: a pager that keeps the copy engine busy would otherwise delay
+// every hand-over by up to a layer's copy. It logs both times; it fails when
+// the small upload took more than half the large copy's time.
+func TestUploadBesideAsyncCopy(t *testing.T) {
+	b := openGPU(t)
+	const n = 128 << 20 // 512 MiB of F32: a copy of about 10 ms
+	big, err := b.AllocPinned(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(big)
+	small, err := b.AllocPinned(4 * 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(small)
+	dst, err := b.Alloc(tensor.F32, tensor.Shape{n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(dst)
+	h, _ := put(t, b, tensor.F32, tensor.Shape{1, 4096}, make([]float32, 4096))
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	ready, err := b.UploadAsync(context.Background(), dst, 0, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond) // the copy is under way
+	t1 := time.Now()
+	if err := b.Upload(h, 0, small); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t1)
+	if err := ready(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	copyTime := time.Since(t0)
+	t.Logf("a 16 KiB Upload from pinned memory 1 ms into a 512 MiB UploadAsync took %v; the large copy %v (%.1f GB/s)",
+		took, copyTime, float64(4*n)/copyTime.Seconds()/1e9)
+	if took > copyTime/2 {
+		t.Errorf("the small upload waited for the large copy (%v of %v): hand-overs from the CPU wait for prefetch copies; split large UploadAsync copies", took, copyTime)
+	}
+}
+
 // TestUploadAsyncOrdering checks both orders UploadAsync promises: compute
 // queued after ready() sees the new bytes, and compute queued before the
 // call still sees the old ones.

@@ -110,6 +110,7 @@ func (b *Backend) MatMulPrecise(out, x, w, bias *tensor.Tensor) error {
 // n0.
 func (b *Backend) gemmPrecise(out, x, w *tensor.Tensor, m, n, k int, chunk int64) error {
 	return b.widenRows("MatMulPrecise", w, chunk, func(a uintptr, n0, rows int) (bool, error) {
+		b.counts.library.Add(1)
 		err := cublasGemm(b.blas, true, false, rows, m, k, a, cublasR32F, k, x.Ptr(), cublasR32F, k, 0, out.Ptr()+uintptr(n0)*4, n)
 		switch {
 		case isBLASNotSupported(err):
@@ -208,6 +209,7 @@ func (b *Backend) gradXBLAS(dx, dy, w *tensor.Tensor, m, n, k int, chunk int64, 
 	// gemm adds the product of rows n0..n0+rows of w, at a, and reports
 	// done when the tiled kernel has taken over all rows from n0 on.
 	gemm := func(a uintptr, n0, rows int) (done bool, err error) {
+		b.counts.library.Add(1)
 		err = cublasGemm(b.blas, false, false, k, m, rows, a, cublasR32F, k, dy.Ptr()+uintptr(n0)*4, cublasR32F, n, 1, dx.Ptr(), k)
 		switch {
 		case err == nil:
@@ -261,6 +263,7 @@ func (b *Backend) matmulGradW(dw, dy, x *tensor.Tensor, path mmPath) error {
 		if blas {
 			// Column-major: dw is C[K,N] (ldc K) = X[K,M] (x, lda K) ·
 			// DYᵀ, DY[N,M] being dy (ldb N).
+			b.counts.library.Add(1)
 			err := cublasGemm(b.blas, false, true, k, n, m, x.Ptr(), cublasR32F, k, dy.Ptr(), cublasR32F, n, 1, dw.Ptr(), k)
 			switch {
 			case err == nil:
@@ -437,6 +440,7 @@ func (b *Backend) CrossEntropyGrad(logits *tensor.Tensor, targets []int32, scale
 		defer release()
 		ids, lp := scratch, scratch+uintptr(n)
 		// From pageable memory the driver stages targets before returning.
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(ids), unsafe.Pointer(&targets[0]), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s targets: %w", b.name, op, cuError(err))
 		}
@@ -444,6 +448,7 @@ func (b *Backend) CrossEntropyGrad(logits *tensor.Tensor, targets []int32, scale
 		if err := b.run("cross_entropy_grad_f32", [3]uint32{uint32(rows), 1, 1}, [3]uint32{512, 1, 1}, a); err != nil {
 			return err
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&loss[0]), cu.DevicePtr(lp), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}

@@ -103,8 +103,12 @@ var requiredKernels = func() []string {
 		k = append(k, "rmsnorm_"+t, "bias_add_"+t, "embed_"+t, "attention_"+t, "gemm_"+t,
 			"gemv_"+t+"_m1", "gemv_"+t+"_m2", "gemv_"+t+"_m4", "gemv_"+t+"_any")
 	}
+	// The fused and graph kernels (fused.go, graph.go; kernels/fused.cu).
+	for _, t := range []string{"f32", "f16", "bf16"} {
+		k = append(k, "add_rmsnorm_"+t, "rope_kv_"+t, "attention_"+t+"_at", "gemv_gate_up_"+t+"_m1", "gemv_gate_up_"+t+"_m2", "gemv_"+t+"_r1", "gemv_"+t+"_r2", "gemv_many_"+t)
+	}
 	k = append(k, "kv_write_blocks_f32", "attention_blocks_f32")
-	k = append(k, "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
+	k = append(k, "rope_f32_at", "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
 	// The backward kernels (grad.go; kernels/grad.cu, kernels/attention_grad*).
 	for _, t := range []string{"f32", "f16", "bf16"} {
 		k = append(k, "rmsnorm_grad_"+t, "gemm_grad_x_"+t)
@@ -139,6 +143,7 @@ func (b *Backend) runShared(name string, grid, block [3]uint32, shmem int, a *ar
 			return fmt.Errorf("%s: %s: allowing %d bytes of shared memory: %w", b.name, name, shmem, err)
 		}
 	}
+	b.counts.kernels.Add(1)
 	if err := launch(f, grid, block, uint32(shmem), b.compute, a); err != nil {
 		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
 	}
@@ -156,6 +161,7 @@ func (b *Backend) run1D(name string, n int64, a *args) error {
 
 // memsetAsync zeroes n bytes at p on the compute stream.
 func (b *Backend) memsetAsync(p uintptr, n int64) error {
+	b.counts.copies.Add(1)
 	if err := cu.MemsetD8Async(cu.DevicePtr(p), 0, n, b.compute); err != nil {
 		return fmt.Errorf("%s: memset: %w", b.name, cuError(err))
 	}

@@ -5,6 +5,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -63,6 +64,9 @@ func (b *Backend) ops(op string, f func() error) error {
 		return err
 	}
 	defer b.leave()
+	if b.capturing() { // Capture holds opsMu for this goroutine
+		return f()
+	}
 	b.opsMu.Lock()
 	defer b.opsMu.Unlock()
 	return f()
@@ -152,10 +156,15 @@ func (b *Backend) gemv(out, x, w *tensor.Tensor, m, n, k int) error {
 		xp := x.Ptr() + uintptr(r*k*4)
 		op := out.Ptr() + uintptr(r*n*4)
 		var err error
-		if vec {
+		switch {
+		case vec && rows == 1 && (b.gemvRows == 1 || b.gemvRows == 2):
+			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
+			per := warpsPerBlock * b.gemvRows
+			err = b.run("gemv_"+sfx+"_r"+strconv.Itoa(b.gemvRows), [3]uint32{uint32((n + per - 1) / per), 1, 1}, block, a)
+		case vec:
 			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
 			err = b.run(gemvKernels[sfx][rows], grid, block, a)
-		} else {
+		default:
 			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(rows).i32(n).i32(k)
 			err = b.run("gemv_"+sfx+"_any", grid, block, a)
 		}
@@ -178,6 +187,7 @@ var errBLASUnsupported = errors.New("cuBLAS does not support this product on thi
 
 func (b *Backend) gemmBLAS(out, x, w *tensor.Tensor, m, n, k int) error {
 	blas := func(op, xp uintptr, xt, wt int, rows int, accumulate bool) error {
+		b.counts.library.Add(1)
 		if err := cublasMatMul(b.blas, op, xp, xt, w.Ptr(), wt, rows, n, k, accumulate); err != nil {
 			if isBLASNotSupported(err) {
 				return errBLASUnsupported
@@ -263,7 +273,7 @@ func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
 func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	const op = "Rope"
 	cos, sin, heads, headDim, pos0 := r.Cos, r.Sin, r.Heads, r.HeadDim, r.Pos0
-	if err := b.devices(op, []string{"x", "cos", "sin"}, x, cos, sin); err != nil {
+	if err := b.devices(op, []string{"x", "cos", "sin", "PosAt"}, x, cos, sin, r.PosAt); err != nil {
 		return err
 	}
 	half, t := headDim/2, x.Shape()[0]
@@ -272,6 +282,9 @@ func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(x.Ptr()).ptr(cos.Ptr()).ptr(sin.Ptr()).i32(t).i32(heads).i32(headDim).i32(pos0)
+		if r.PosAt != nil { // read when the kernel runs, clamped to [0, pos0]
+			return b.run1D("rope_f32_at", int64(t)*int64(heads)*int64(half), a.ptr(r.PosAt.Ptr()))
+		}
 		return b.run1D("rope_f32", int64(t)*int64(heads)*int64(half), a)
 	})
 }
@@ -330,6 +343,7 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 		}
 		defer release() // stream order keeps the ids for the kernel
 		// From pageable memory the driver stages ids before returning.
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(idp), unsafe.Pointer(&ids[0]), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s ids: %w", b.name, op, cuError(err))
 		}
@@ -365,6 +379,7 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 		if d0 < s0+uintptr(bytes) && s0 < d0+uintptr(bytes) {
 			return b.copyOverlapping(op, d0, s0, bytes, rb)
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0), cu.DevicePtr(s0), bytes, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -387,9 +402,11 @@ func (b *Backend) copyOverlapping(op string, d0, s0 uintptr, bytes, rb int64) er
 	}
 	defer release()
 	copyPiece := func(off, n int64) error {
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(tmp), cu.DevicePtr(s0+uintptr(off)), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(d0+uintptr(off)), cu.DevicePtr(tmp), n, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -430,7 +447,7 @@ func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 	if t > 65535 {
 		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}
-	if err := b.devices(op, []string{"out", "q", "k", "v"}, out, q, k, v); err != nil {
+	if err := b.devices(op, []string{"out", "q", "k", "v", "PosAt"}, out, q, k, v, at.PosAt); err != nil {
 		return err
 	}
 	if t == 0 {
@@ -438,6 +455,11 @@ func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
+		// Graph capture: the _at kernels read pos0 from at.PosAt when they
+		// run, clamped to [0, pos0] (tensor.Attn.PosAt).
+		if at.PosAt != nil {
+			return b.run("attention_"+suffix(k.DType())+"_at", [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a.ptr(at.PosAt.Ptr()))
+		}
 		return b.run("attention_"+suffix(k.DType()), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
 	})
 }
@@ -482,6 +504,7 @@ func (b *Backend) Argmax(x *tensor.Tensor) ([]int32, error) {
 		if err := b.run("argmax_f32", [3]uint32{uint32(rows), 1, 1}, [3]uint32{1024, 1, 1}, new(args).ptr(p).ptr(x.Ptr()).i32(n)); err != nil {
 			return err
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&out[0]), cu.DevicePtr(p), bytes, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -525,6 +548,7 @@ func (b *Backend) Cast(dst, src *tensor.Tensor) error {
 	}
 	return b.ops(op, func() error {
 		if kernel == "" {
+			b.counts.copies.Add(1)
 			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(dst.Ptr()), cu.DevicePtr(src.Ptr()), src.NumBytes(), b.compute); err != nil {
 				return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 			}

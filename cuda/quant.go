@@ -76,6 +76,7 @@ func (b *Backend) gemvQuant(out, x, w *tensor.Tensor, f quantFormat, m, n, k int
 		rows := min(2, m-r)
 		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
 		if xs != 0 {
+			b.counts.copies.Add(1)
 			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(xs), cu.DevicePtr(xp), int64(rows)*int64(k)*4, b.compute); err != nil {
 				return fmt.Errorf("%s: MatMul: copying x: %w", b.name, cuError(err))
 			}
@@ -157,6 +158,7 @@ func (b *Backend) gemmQuant(out, x, w *tensor.Tensor, f quantFormat, m, n, k int
 				return err
 			}
 			op := out.Ptr() + uintptr((int64(r0)*int64(n)+int64(n0))*4)
+			b.counts.library.Add(1)
 			err := cublasGemm(b.blas, true, false, cols, rows, k, w16, cublasR16F, k, x16, cublasR16F, k, 0, op, n)
 			switch {
 			case isBLASNotSupported(err):
@@ -213,6 +215,7 @@ func (b *Backend) embedQuant(out, table *tensor.Tensor, ids []int32) error {
 	}
 	defer release() // stream order keeps the ids for the kernels
 	// From pageable memory the driver stages ids before returning.
+	b.counts.copies.Add(1)
 	if err := cu.MemcpyHtoDAsync(cu.DevicePtr(p), unsafe.Pointer(&ids[0]), int64(len(ids))*4, b.compute); err != nil {
 		return fmt.Errorf("%s: %s ids: %w", b.name, op, cuError(err))
 	}
@@ -228,6 +231,7 @@ func (b *Backend) embedQuant(out, table *tensor.Tensor, ids []int32) error {
 		if direct {
 			continue
 		}
+		b.counts.copies.Add(1)
 		if err := cu.MemcpyDtoDAsync(cu.DevicePtr(out.Ptr()+uintptr(int64(i0)*4*d)), cu.DevicePtr(dst), int64(c)*4*d, b.compute); err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}

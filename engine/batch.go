@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
 )
 
 // Request is one generation: a prompt's token ids and how to continue it.
@@ -54,6 +55,9 @@ var (
 	ErrPromptTooLong = errors.New("engine: prompt longer than the context")
 	// ErrDraining: the batcher is shutting down.
 	ErrDraining = errors.New("engine: shutting down")
+	// ErrKVRoom: NewBatcher's KV pool does not fit in the room the
+	// devices' plans left for it.
+	ErrKVRoom = errors.New("engine: KV pool larger than the plan's room")
 )
 
 // BatchOptions adjust a Batcher.
@@ -70,9 +74,13 @@ type BatchOptions struct {
 	// BlockSize is the positions of a KV block (0: nn.DefaultBlockSize).
 	BlockSize int
 	// KVBlocks is the size of the KV pool in blocks, allocated when the
-	// batcher starts from the devices' budgets (0: enough for one
-	// sequence of the engine's context, the room the engine's plans keep
-	// for a session's KV cache).
+	// batcher starts from the devices' budgets. 0 takes the room the
+	// plans left free on the devices (Options.KVPositions makes it) less
+	// a session's KV cache and buffers, so that a session still runs
+	// beside the batcher: at least one sequence of the engine's context
+	// and at most MaxSequences of them. A pool that does not fit in the room left
+	// free is refused: it would take the place of the weights the plan
+	// keeps resident, and every step would load them again.
 	KVBlocks int
 }
 
@@ -98,6 +106,11 @@ type BatchStats struct {
 	// InterTokenLatencySum give the means.
 	FirstTokens, InterTokens                  int64
 	TimeToFirstTokenSum, InterTokenLatencySum time.Duration
+	// StepRowsSum and StepTimeSum add up the rows and the wall time of
+	// the Steps: rows a step is StepRowsSum/Steps, steps a second
+	// Steps/StepTimeSum.
+	StepRowsSum int64
+	StepTimeSum time.Duration
 }
 
 // Batcher runs many requests over one engine, batched: each step runs the
@@ -160,17 +173,41 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	if o.BlockSize < 0 || o.KVBlocks < 0 {
 		return nil, fmt.Errorf("engine: batcher with blocks of %d positions, %d blocks", o.BlockSize, o.KVBlocks)
 	}
+	if e.kv != nil && len(e.kv.HostBlocks) > 0 {
+		return nil, fmt.Errorf("engine: batcher: the KV cache placed %s (in host memory) is not supported with batching: keep it on the device", e.kv.Placement)
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = nn.DefaultBlockSize
+	}
+	if o.KVBlocks == 0 {
+		o.KVBlocks = e.defaultKVBlocks(o)
+	}
 	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks}
 	var nb *nn.Batch
 	var err error
 	e.mu.Lock()
+	weights := e.weightBytes()
 	switch {
+	case e.hybrid == nil && e.poolRoom(o) != nil:
+		err = e.poolRoom(o)
 	case e.closed:
 		err = errors.New("engine: closed")
 	case e.model != nil:
 		nb, err = e.model.NewBatch(bo)
 	default:
 		nb, err = e.pipeline.NewBatch(bo)
+	}
+	if err == nil {
+		for d, w := range e.weightBytes() {
+			if w < weights[d] {
+				// The pool took the place of weights the plan keeps on
+				// the device: they would load again at every step.
+				nb.Close()
+				err = fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) does not fit in the room the plan left on %s: the weights there gave up %s for it; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
+					ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(nn.KVCacheBytes(e.cfg, o.KVBlocks*o.BlockSize)), e.devices[d].Name, paging.FormatSize(weights[d]-w), o.KVBlocks*o.BlockSize)
+				break
+			}
+		}
 	}
 	e.mu.Unlock()
 	if err != nil {
@@ -181,6 +218,51 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	b.cond = sync.NewCond(&b.mu)
 	go b.loop()
 	return b, nil
+}
+
+// defaultKVBlocks is the KV pool of BatchOptions.KVBlocks 0: the blocks
+// that fit in the smallest room the budgets have free beside the batch's
+// buffers and a session's, at least one context's and at most
+// MaxSequences contexts'.
+func (e *Engine) defaultKVBlocks(o BatchOptions) int {
+	perSeq := (e.context + o.BlockSize - 1) / o.BlockSize
+	room := int64(math.MaxInt64)
+	for _, b := range e.budgets {
+		room = min(room, b.Limit()-b.Used())
+	}
+	room -= nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
+	room -= nn.KVCacheBytes(e.cfg, e.context) + nn.ActivationBytes(e.cfg, e.chunk) + nn.RopeBytes(e.cfg, e.context)
+	n := perSeq * o.MaxSequences
+	if block := nn.KVCacheBytes(e.cfg, o.BlockSize); room < int64(n)*block {
+		n = int(max(room, 0) / block)
+	}
+	return max(n, perSeq)
+}
+
+// poolRoom checks, before anything is allocated, that the batch's KV pool
+// and buffers fit in the room each device's budget has free, so that the
+// pool takes no weight's place (ErrKVRoom).
+func (e *Engine) poolRoom(o BatchOptions) error {
+	positions := o.KVBlocks * o.BlockSize
+	for d, b := range e.budgets {
+		p := e.devices[d].Placement
+		kv := nn.KVCacheBytes(e.cfg, positions) / int64(e.cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
+		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
+		if room := b.Limit() - b.Used(); need > room {
+			return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
+				ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), positions)
+		}
+	}
+	return nil
+}
+
+// weightBytes is, per device budget, the bytes of weights on the device.
+func (e *Engine) weightBytes() []int64 {
+	var w []int64
+	for _, b := range e.budgets {
+		w = append(w, b.UsedBy(paging.ResidentWeights)+b.UsedBy(paging.StreamedWeights)+b.UsedBy(paging.Cached))
+	}
+	return w
 }
 
 // Submit queues a request and returns its stream of tokens, which ends
@@ -366,6 +448,9 @@ func (b *Batcher) step() {
 	}
 	if len(works) > 0 {
 		logits, err := b.batch.Step(context.Background(), works)
+		// A step is one pass over the layers, as a decoded token is for
+		// a session: the bytes moved per step in the engine's stats.
+		b.e.MarkStep()
 		if err != nil {
 			// A step that fails (a layer that could not be read, say) ends
 			// the requests in it.
@@ -398,6 +483,8 @@ func (b *Batcher) step() {
 	b.st.BatchSizeSum += int64(len(works))
 	b.st.PromptTokens += int64(prompt)
 	b.st.PerStep = time.Since(t0)
+	b.st.StepRowsSum += int64(rows)
+	b.st.StepTimeSum += b.st.PerStep
 }
 
 // emit samples j's next token from logits, sends it and reports whether j

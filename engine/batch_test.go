@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -269,6 +270,164 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			}
 			if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
 				t.Errorf("budgets at %v after the batcher, %v before", after, before)
+			}
+		})
+	}
+}
+
+// TestBatcherStreamsOncePerStep: under a budget that streams layers, a
+// batch of sequences moves each streamed byte once per step, as one
+// session moves it once per token: with the room for its KV pool planned
+// (Options.KVPositions), a batched step moves the bytes of a session's
+// decode step and loads as many layers, nothing is read again from disk
+// and no weight the plan keeps resident leaves the device; a pool larger
+// than the plan's room is refused with ErrKVRoom (before, it took the
+// resident weights' place and every step loaded them again from disk),
+// leaving the budget as it was; the default pool is the room the plan
+// left beside a session's room, at least one context.
+func TestBatcherStreamsOncePerStep(t *testing.T) {
+	const ctxLen, block, seqs = 32, 4, 4
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	for _, tc := range []struct {
+		name        string
+		kvPositions int // Options.KVPositions
+		kvBlocks    int // BatchOptions.KVBlocks
+		wantErr     error
+		wantBlocks  int // the pool's blocks, at least
+	}{
+		{name: "pool planned", kvPositions: seqs * 16, kvBlocks: seqs * 16 / block, wantBlocks: seqs * 16 / block},
+		{name: "pool beyond the plan", kvBlocks: seqs * 16 / block, wantErr: ErrKVRoom},
+		{name: "default pool, planned", kvPositions: seqs*16 + 2*ctxLen, wantBlocks: ctxLen/block + 4},
+		{name: "default pool", wantBlocks: ctxLen / block},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu := newFakeGPU()
+			defer gpu.Close()
+			e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions,
+				Memory: Memory{Strategy: paging.StrategyBalanced, Budgets: []int64{500 << 10}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			plan := e.Devices()[0].Plan
+			if plan.StreamedBytes == 0 {
+				t.Fatal("the budget streams nothing")
+			}
+			// A session's decode steps: the bytes and loads of one pass.
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := []int32{1, 2, 3}
+			for range 4 {
+				if _, err := s.Forward(context.Background(), ids, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				e.MarkStep()
+				ids = []int32{5}
+			}
+			st0 := e.Stats()
+			if _, err := s.Forward(context.Background(), ids, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			e.MarkStep()
+			st1 := e.Stats()
+			s.Close()
+			pass, loads := st1.LastStepBytes, st1.Loads-st0.Loads
+			t.Logf("plan streams %d bytes (depth %d); a session's decode step moves %d bytes in %d loads", plan.StreamedBytes, plan.PrefetchDepth, pass, loads)
+			if pass == 0 || loads == 0 {
+				t.Fatalf("a session's step moved %d bytes in %d loads: nothing streams", pass, loads)
+			}
+			before := budgetsUsed(e)
+			resident := e.budgets[0].UsedBy(paging.ResidentWeights)
+			b, err := e.NewBatcher(BatchOptions{MaxSequences: seqs, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("a pool of %d blocks of %d positions in a plan for one context of %d: %v, want %v", tc.kvBlocks, block, ctxLen, err, tc.wantErr)
+				}
+				t.Log(err)
+				if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Errorf("budget at %v after the refused pool, %v before", after, before)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close(context.Background())
+			if got := b.Stats().KVBlocks; got < tc.wantBlocks {
+				t.Errorf("pool of %d blocks, want at least %d", got, tc.wantBlocks)
+			}
+			if got := e.budgets[0].UsedBy(paging.ResidentWeights); got != resident {
+				t.Errorf("resident weights %d bytes with the pool, %d before it", got, resident)
+			}
+			stB := e.Stats()
+			var chs []<-chan Token
+			for i := range seqs {
+				ch, err := b.Submit(context.Background(), Request{Prompt: []int32{1, int32(i + 2)}, MaxTokens: 10, IgnoreEOS: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				chs = append(chs, ch)
+			}
+			for _, ch := range chs {
+				if _, end := collect(t, ch); end.Err != nil {
+					t.Fatal(end.Err)
+				}
+			}
+			bs, stA := b.Stats(), e.Stats()
+			steps := stA.Steps - stB.Steps
+			if steps != bs.Steps || steps == 0 {
+				t.Fatalf("%d steps marked on the engine for %d batched steps", steps, bs.Steps)
+			}
+			moved, disk, batchLoads := stA.BytesHostToDevice-stB.BytesHostToDevice, stA.BytesDiskToHost-stB.BytesDiskToHost, stA.Loads-stB.Loads
+			t.Logf("%d batched steps of %.1f rows: %d bytes moved (%d a step, the most %d), %d loads, %d misses, %d prefetches, %d bytes read from disk",
+				steps, float64(bs.StepRowsSum)/float64(bs.Steps), moved, moved/steps, stA.MaxStepBytes, batchLoads, stA.Misses-stB.Misses, stA.Prefetches-stB.Prefetches, disk)
+			// A prefetch the session's last step started may land before
+			// or after the batch's first (and a step's, the next's): one layer
+			// either way.
+			if moved <= (steps-1)*pass || moved >= (steps+1)*pass || stA.MaxStepBytes >= 2*pass {
+				t.Errorf("%d batched steps moved %d bytes (the most in a step %d), want %d a step, as a session's", steps, moved, stA.MaxStepBytes, pass)
+			}
+			if batchLoads < steps*loads-1 || batchLoads > steps*loads+1 {
+				t.Errorf("%d batched steps loaded %d layers, want %d a step, as a session's", steps, batchLoads, loads)
+			}
+			if disk != 0 {
+				t.Errorf("the batched steps read %d bytes from disk again: the host cache or the resident weights were lost", disk)
+			}
+		})
+	}
+}
+
+// TestBatcherRefusesHostKV: the batch's KV pool lives on the devices, so
+// an engine whose KV cache is placed in host memory (-kv-cache host, and
+// the hybrid strategy with it) refuses a batcher with an error naming the
+// placement, and its budget is as it was.
+func TestBatcherRefusesHostKV(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	for _, m := range []Memory{
+		{KVCache: paging.KVHost, Budgets: []int64{8 << 20}},
+		{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, Budgets: []int64{400 << 10}},
+	} {
+		t.Run(string(m.Strategy), func(t *testing.T) {
+			gpu := newFakeGPU()
+			defer gpu.Close()
+			e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: 32, Chunk: 8, Rates: &testRates, Memory: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			before := budgetsUsed(e)
+			b, err := e.NewBatcher(BatchOptions{})
+			if err == nil {
+				b.Close(context.Background())
+				t.Fatal("a batcher over a KV cache in host memory was made")
+			}
+			if !strings.Contains(err.Error(), "host") {
+				t.Errorf("error %q does not name the host placement", err)
+			}
+			if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Errorf("budget at %v after the refusal, %v before", after, before)
 			}
 		})
 	}

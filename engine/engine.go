@@ -69,6 +69,14 @@ type Options struct {
 	// is DefaultChunk, or AutoChunk's choice under a budget given to a
 	// strategy that streams (either one no longer than the context).
 	Context, Chunk int
+	// KVPositions is the KV cache positions the plans keep room for on
+	// each device, all the sequences' together: 0 is one Context, a
+	// session's. A Batcher's KV pool takes this room: to batch many
+	// sequences under a budget, give the positions of the pool
+	// (BatchOptions.KVBlocks times BlockSize) here, so that the plan
+	// streams more of the weights instead of the pool taking the room of
+	// the resident ones.
+	KVPositions int
 	// Record keeps every allocation and paging event, for WriteSnapshot.
 	Record bool
 	// Rates, when set, are the rates the hybrid planner plans with instead
@@ -80,6 +88,9 @@ type Options struct {
 	// Progress, when set, is told how many weight bytes are loaded so
 	// far while Open loads the resident layers.
 	Progress func(done, total int64)
+	// NoGraphs runs decode steps eagerly, launch by launch, on a backend
+	// that could capture them as graphs (nn.Model.SetGraphs).
+	NoGraphs bool
 }
 
 // DefaultChunk is the prefill chunk when Options.Chunk is 0 and every
@@ -212,6 +223,9 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		}
 	}
 	e.chunk = min(e.chunk, e.context)
+	if o.KVPositions < 0 {
+		return nil, fmt.Errorf("engine: KV cache room of %d positions", o.KVPositions)
+	}
 	e.mode = o.Memory.Mode
 	if e.mode == "" {
 		e.mode = paging.ModeExplicit
@@ -239,6 +253,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
 			return nil, err
 		}
+		e.pipeline.SetGraphs(!o.NoGraphs)
 		return e, nil
 	}
 	parts := []paging.Placement{{FirstBlock: 0, EndBlock: cfg.NumLayers, Budget: limits[0]}}
@@ -252,7 +267,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 	}
 	for d, p := range parts {
 		b := e.backends[d]
-		opts := []paging.PlanOption{paging.WithChunkTokens(e.chunk), paging.WithDevice(b)}
+		opts := []paging.PlanOption{paging.WithChunkTokens(e.chunk), paging.WithDevice(b), paging.WithKVPositions(e.kvPositions())}
 		if cfg.MoE != nil && e.mode == paging.ModeExplicit {
 			// Each expert is a unit of its own, in an expert cache.
 			opts = append(opts, paging.WithExpertCache(cfg.MoE.ExpertsPerToken))
@@ -297,13 +312,25 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights); err == nil && e.kv != nil {
 			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos})
 		}
-	} else {
-		e.pipeline, err = nn.NewPipeline(cfg, e.stages)
+		if err == nil {
+			e.model.SetGraphs(!o.NoGraphs)
+		}
+	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages); err == nil {
+		e.pipeline.SetGraphs(!o.NoGraphs)
 	}
 	if err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// kvPositions is the KV positions the plans keep room for beyond one
+// context (Options.KVPositions), or 0 for one context.
+func (e *Engine) kvPositions() int {
+	if e.opts.KVPositions <= e.context {
+		return 0
+	}
+	return e.opts.KVPositions
 }
 
 // openDevices opens the devices of the options, or takes the caller's

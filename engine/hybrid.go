@@ -85,7 +85,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	case o.Memory.CPULayers != 0:
 		ho.Mode, ho.CPULayers = paging.HybridForced, max(o.Memory.CPULayers, 0)
 	}
-	hp, err := paging.PlanHybrid(info, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv))
+	hp, err := paging.PlanHybrid(info, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv), paging.WithKVPositions(e.kvPositions()))
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,10 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	if o.Record {
 		bud.RecordHistory(1 << 20)
 	}
-	pager, err := paging.NewPager(nn.Source(e.lm), bud, hp.GPU, paging.Options{HostCacheBytes: hostLimit, HostLayers: hp.CPULayers})
+	// The pager fills its ring ahead along the sequence, so that the
+	// copies go on while the CPU computes its layers, as the plan's
+	// prediction assumes.
+	pager, err := paging.NewPager(nn.Source(e.lm), bud, hp.GPU, paging.Options{HostCacheBytes: hostLimit, HostLayers: hp.CPULayers, PrefetchFill: true})
 	if err != nil {
 		return err
 	}

@@ -285,7 +285,7 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 		} else if err := b.xfer.hand(b.stages[k-1], s, T); err != nil {
 			return nil, err
 		}
-		if err := s.blocksChunk(ctx, T, nil); err != nil {
+		if err := s.blocksChunk(ctx, T, nil, false); err != nil {
 			return nil, err
 		}
 	}
@@ -364,7 +364,7 @@ func (s *Session) batchHead(ctx context.Context, T int, last []int32) ([]float32
 	if len(s.download) < 4*size {
 		s.download = make([]byte, 4*size)
 	}
-	if err := b.Download(s.download[:4*size], out); err != nil {
+	if err := tensor.DownloadComputed(b, s.download[:4*size], out); err != nil {
 		return nil, err
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), size), nil

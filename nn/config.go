@@ -57,7 +57,8 @@ func RopeBytes(c *arch.Config, maxPos int) int64 { return 2 * 4 * int64(maxPos) 
 // projection's [chunk, Hidden], q and the attention's output [chunk, QDim],
 // k and v [chunk, KVDim], gate and up [chunk, MLPSize], on the stage that
 // holds the LM head the logits [chunk, Vocab], and the mixture of experts'
-// buffers. All F32.
+// buffers. All F32; and the position decode graphs read
+// (GraphPositionBytes, Workspace), one I32.
 func Reserve(c *arch.Config) paging.Reserve {
 	row := func(n int) int64 { return 4 * int64(n) }
 	return append(paging.Reserve{
@@ -68,5 +69,7 @@ func Reserve(c *arch.Config) paging.Reserve {
 		{Category: paging.Activations, Bytes: row(c.KVDim()), Per: paging.PerToken, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.MLPSize()), Per: paging.PerToken, Count: 2},
 		{Category: paging.Activations, Bytes: row(c.VocabSize), Per: paging.PerToken, Count: 1, LastLayer: true},
+		// The position decode graphs read (graph.go).
+		{Category: paging.Workspace, Bytes: GraphPositionBytes, Per: paging.PerSequence, Count: 1},
 	}, moeReserve(c)...)
 }

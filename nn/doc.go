@@ -10,6 +10,14 @@
 // block's from that block's router and prefetches them (ExpertGuesses
 // counts how often the guess is right).
 //
+// A block runs through the fused operations of package tensor (RopeKV,
+// AddRMSNorm, GateUpSiLU), which a backend may do in one pass each. On a
+// backend with graphs (tensor.Grapher: the CUDA backend), a decode step
+// replays each dense block captured once (graph.go): the position is read
+// from a session buffer, and a graph is captured again when what it baked
+// in changes (the position's bucket, the layer's weight addresses).
+// Model.SetGraphs turns that off; Session.GraphStats counts it.
+//
 // It owns the arithmetic of the model and the buffers it allocates. It asks
 // arch for everything about the model's shape: the config (an
 // *arch.Config, loader.Model.Config as it is), each layer's tensor names by

@@ -238,14 +238,11 @@ func (s *Session) attend(ctx context.Context, i, T, pos0 int, q, kk, vv, attn *t
 
 // fetch downloads src, which the device computed, into dst once the
 // device's compute queued so far is done; where the device can
-// (tensor.ComputeDownload) without waiting for its asynchronous copies,
+// (tensor.DownloadComputed) without waiting for its asynchronous copies,
 // so that the pager's prefetches of the next layers keep streaming while
 // the CPU attends.
 func (s *Session) fetch(dst []byte, src *tensor.Tensor) error {
-	if cd, ok := tensor.ComputeDownload(s.m.backend); ok {
-		return cd.DownloadCompute(dst, src)
-	}
-	return s.m.backend.Download(dst, src)
+	return tensor.DownloadComputed(s.m.backend, dst, src)
 }
 
 // downloadRows copies the T rows of src into dst's rows from pos0.

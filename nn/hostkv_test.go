@@ -242,7 +242,7 @@ type computeDownloader struct {
 	computeOnly int
 }
 
-func (c *computeDownloader) DownloadCompute(dst []byte, src *tensor.Tensor) error {
+func (c *computeDownloader) DownloadComputed(dst []byte, src *tensor.Tensor) error {
 	c.computeOnly++
 	return c.Download(dst, src)
 }
@@ -250,7 +250,8 @@ func (c *computeDownloader) DownloadCompute(dst []byte, src *tensor.Tensor) erro
 // TestHostKVDownloadsSkipCopies: the queries, keys and values a host block
 // sends down in a decode step are downloaded without waiting for the
 // device's copies in flight (the pager's prefetches of the next layers),
-// where the device can: three downloads per host block per step.
+// where the device can: three downloads per host block per step, and the
+// step's logits.
 func TestHostKVDownloadsSkipCopies(t *testing.T) {
 	r := newHostKVRig(t)
 	dev := &computeDownloader{CPU: tensor.NewCPU(1)}
@@ -282,8 +283,8 @@ func TestHostKVDownloadsSkipCopies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := dev.computeOnly - before; got != 3*2*steps {
-		t.Errorf("%d downloads past the copies in %d steps of 2 host blocks, want %d", got, steps, 3*2*steps)
+	if got, want := dev.computeOnly-before, (3*2+1)*steps; got != want {
+		t.Errorf("%d downloads past the copies in %d steps of 2 host blocks, want %d", got, steps, want)
 	}
 }
 

@@ -170,6 +170,112 @@ func TestHybridStages(t *testing.T) {
 	}
 }
 
+// handCounter is a CPU backend standing in for a GPU that counts the
+// downloads that wait for its copies and those that wait for its compute
+// only.
+type handCounter struct {
+	*tensor.CPU
+	downloads, computed int
+}
+
+func (h *handCounter) Download(dst []byte, src *tensor.Tensor) error {
+	h.downloads++
+	return h.CPU.Download(dst, src)
+}
+
+func (h *handCounter) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	h.computed++
+	return h.CPU.Download(dst, src)
+}
+
+// TestHybridHandoffLeavesCopies: what leaves a device stage for the host
+// (the hidden state handed to the CPU, the logits, a twin's keys and
+// values) goes through DownloadComputed, which does not wait for the
+// copies a pager queued for later layers, and the logits are the one
+// device's, with the head on the CPU or on the "GPU" and with twins.
+func TestHybridHandoffLeavesCopies(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	ref := tensor.NewCPU(1)
+	defer ref.Close()
+	hw, err := LoadWeights(ctx, lm, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	rm, err := New(cfg, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78}
+	const maxPos, chunk, steps = 32, 4, 5
+	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
+	forwards := (len(prompt)+chunk-1)/chunk + steps
+	for _, tc := range []struct {
+		name   string
+		gpu    []bool // each stage's side, blocks [k, k+1)
+		twins  bool
+		want   int // DownloadComputed calls a forward; 0: some
+		twinAt int
+	}{
+		// two hand-overs to the CPU a forward
+		{"head on the CPU", []bool{true, false, true, false}, false, 2, 0},
+		// one hand-over and the logits
+		{"head on the GPU", []bool{false, true, false, true}, false, 2, 0},
+		// the prompt's chunks on the twins, keys and values copied back
+		{"twins", []bool{true, false, true, false}, true, 0, chunk},
+	} {
+		gpu, cpu := &handCounter{CPU: tensor.NewCPU(1)}, tensor.NewCPU(1)
+		var stages []Stage
+		for k, g := range tc.gpu {
+			st := Stage{Backend: cpu, Weights: hw, FirstBlock: k, EndBlock: k + 1}
+			if g {
+				st.Backend = gpu
+			} else if tc.twins {
+				st.Twin = &Twin{Backend: gpu, Weights: hw}
+			}
+			stages = append(stages, st)
+		}
+		pl, err := NewPipeline(cfg, stages, PipelineOptions{TwinMinTokens: tc.twinAt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := pl.NewSession(maxPos, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ps.Forward(ctx, prompt, true, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := append([]float32(nil), got...)
+		last := got[len(got)-cfg.VocabSize:]
+		for range steps {
+			if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, last...)
+		}
+		for i := range wantLogits {
+			if all[i] != wantLogits[i] {
+				t.Fatalf("%s: logit %d: %v, one device %v", tc.name, i, all[i], wantLogits[i])
+			}
+		}
+		ps.Close()
+		gpu.Close()
+		cpu.Close()
+		if gpu.downloads != 0 || tc.want > 0 && gpu.computed != tc.want*forwards || gpu.computed == 0 {
+			t.Errorf("%s: from the GPU %d downloads by DownloadComputed and %d by Download over %d forwards; want %d a forward and none",
+				tc.name, gpu.computed, gpu.downloads, forwards, tc.want)
+		}
+	}
+}
+
 // failingWeights fails the acquisition of one layer while armed.
 type failingWeights struct {
 	Weights

@@ -30,6 +30,8 @@ type Model struct {
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.
 	lo, hi int
+	// noGraphs turns decode graphs off (SetGraphs; graph.go).
+	noGraphs atomic.Bool
 	// hostKV, when set, keeps some blocks' KV cache in host memory
 	// (SetHostKV); kv counts that work.
 	hostKV *HostKV
@@ -108,6 +110,10 @@ type Session struct {
 	// each block's rows are copied into and back from.
 	twin    *Session
 	guesses *guesses       // the experts guessed ahead in decode steps, made on first use
+	graphs  *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
+	// pending is set between blocksChunk and headChunk when the last
+	// block's output (proj) is not yet added to x: the final norm adds it.
+	pending bool
 	hkv     *hostKVSession // the blocks whose KV cache is in host memory, or nil
 	host    []float32      // logits returned by Forward
 	// batch, when set, makes this session one stage of a Batch: its rows
@@ -122,15 +128,18 @@ type Session struct {
 // on that device, which run one after the other.
 type buffers struct {
 	cos, sin *tensor.Tensor // [maxPos, HeadDim/2]
-	x, h     *tensor.Tensor // [chunk, Hidden]
-	q, attn  *tensor.Tensor // [chunk, QDim]
-	kk, vv   *tensor.Tensor // [chunk, KVDim]
-	proj     *tensor.Tensor // [chunk, Hidden]
-	gate     *tensor.Tensor // [chunk, MLPSize]: the widest MLP's, dense or expert
-	up       *tensor.Tensor
-	logits   *tensor.Tensor      // [chunk, Vocab], or nil without a head
-	views    map[int]*chunkViews // buffer views by row count, made once
-	moe      *moeBuffers         // the mixture of experts' buffers, or nil for a dense model
+	// posAt is the position decode graphs read (graph.go), I32 [1]: one
+	// per device, as the stages on it run the same positions.
+	posAt   *tensor.Tensor
+	x, h    *tensor.Tensor // [chunk, Hidden]
+	q, attn *tensor.Tensor // [chunk, QDim]
+	kk, vv  *tensor.Tensor // [chunk, KVDim]
+	proj    *tensor.Tensor // [chunk, Hidden]
+	gate    *tensor.Tensor // [chunk, MLPSize]: the widest MLP's, dense or expert
+	up      *tensor.Tensor
+	logits  *tensor.Tensor      // [chunk, Vocab], or nil without a head
+	views   map[int]*chunkViews // buffer views by row count, made once
+	moe     *moeBuffers         // the mixture of experts' buffers, or nil for a dense model
 	// kvScratch are the device copies host KV blocks attend over in
 	// prefill (HostKV), shared by the stages of a device.
 	kvScratch [][2]*tensor.Tensor
@@ -178,6 +187,9 @@ func newBuffers(c *arch.Config, b tensor.Backend, al *allocator, maxPos, chunk i
 	}
 	bf.cos = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
 	bf.sin = al.alloc(paging.Workspace, maxPos, c.HeadDim/2)
+	if p := al.alloc(paging.Workspace, 1); p != nil {
+		bf.posAt = view32(p)
+	}
 	bf.x = al.alloc(paging.Activations, chunk, c.HiddenSize)
 	bf.h = al.alloc(paging.Activations, chunk, c.HiddenSize)
 	bf.q = al.alloc(paging.Activations, chunk, c.QDim())
@@ -286,6 +298,9 @@ func (s *Session) Close() {
 		return
 	}
 	s.closed = true
+	if s.graphs != nil {
+		s.graphs.close()
+	}
 	for _, t := range s.owned {
 		s.m.alloc.Free(t)
 	}
@@ -372,7 +387,7 @@ func (s *Session) forwardChunk(ctx context.Context, ids []int32, logits, allRows
 	if err := s.embedChunk(ctx, ids, hook); err != nil {
 		return nil, err
 	}
-	if err := s.blocksChunk(ctx, T, hook); err != nil {
+	if err := s.blocksChunk(ctx, T, hook, true); err != nil {
 		return nil, err
 	}
 	s.pos += T
@@ -401,11 +416,31 @@ func (s *Session) embedChunk(ctx context.Context, ids []int32, hook Hook) error 
 }
 
 // blocksChunk runs the model's decoder blocks on the first T rows of x, at
-// positions s.pos onwards.
-func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
+// positions s.pos onwards. headNext says this session's headChunk comes
+// next, which adds the last block's output to x with the final norm;
+// otherwise x has it added when blocksChunk returns.
+func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook, headNext bool) error {
 	m, c := s.m, &s.m.cfg
 	x, pos0 := s.viewsFor(T).x, s.pos
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
+	gs := s.graphsFor(T, hook)
+	if gs != nil {
+		if err := gs.setPosition(m.backend, pos0); err != nil {
+			return fmt.Errorf("nn: decode graphs' position: %w", err)
+		}
+	}
+	// A block leaves its output in proj; the next block's norm (or the
+	// final norm) adds it to x in the same pass (tensor.AddRMSNorm). A
+	// hook, and the hand-over to another stage, see x with it added.
+	s.pending = false
+	pending := false
+	flush := func() error {
+		if !pending {
+			return nil
+		}
+		pending = false
+		return m.backend.Add(x, x, s.viewsFor(T).proj)
+	}
 	for i := m.lo; i < m.hi; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -422,9 +457,16 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 					return err
 				}
 			}
-			if err := s.block(ctx, i, T, pos0, lw, scale); err != nil {
+			var err error
+			if gs != nil {
+				err = s.blockGraphed(ctx, gs, i, pos0, lw, scale, pending)
+			} else {
+				err = s.block(ctx, i, T, pos0, lw, scale, nil, pending)
+			}
+			if err != nil {
 				return err
 			}
+			pending = true
 			if s.twin != nil {
 				return s.twinKVOut(i, pos0, T)
 			}
@@ -434,11 +476,20 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook) error {
 			return fmt.Errorf("nn: block %d: %w", i, err)
 		}
 		if hook != nil {
+			if err := flush(); err != nil {
+				return fmt.Errorf("nn: block %d: %w", i, err)
+			}
 			if err := hook(layer, x); err != nil {
 				return err
 			}
 		}
 	}
+	if !headNext { // another stage takes x
+		if err := flush(); err != nil {
+			return fmt.Errorf("nn: block %d: %w", m.hi-1, err)
+		}
+	}
+	s.pending = pending
 	return nil
 }
 
@@ -483,11 +534,13 @@ func (s *Session) twinKVOut(i, pos0, T int) error {
 }
 
 // copyTensor copies src (on from's device) into the first bytes of dst (on
-// to's), one of which is in host memory.
+// to's), one of which is in host memory. From a device it waits for the
+// compute that wrote src, not for the copies of later layers
+// (tensor.DownloadComputed).
 func copyTensor(to, from tensor.Backend, dst, src *tensor.Tensor) error {
 	switch {
 	case dst.OnHost():
-		return from.Download(dst.Bytes()[:src.NumBytes()], src)
+		return tensor.DownloadComputed(from, dst.Bytes()[:src.NumBytes()], src)
 	case src.OnHost():
 		return to.Upload(dst, 0, src.Bytes())
 	}
@@ -506,8 +559,15 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 		return nil, err
 	}
 	defer m.weights.Release(layer)
-	if err := b.RMSNorm(h, x, lw[m.name(layer, arch.FinalNorm)], c.NormEps()); err != nil {
-		return nil, fmt.Errorf("nn: final norm: %w", err)
+	var err2 error
+	if s.pending {
+		s.pending = false
+		err2 = tensor.AddRMSNorm(b, h, x, v.proj, lw[m.name(layer, arch.FinalNorm)], c.NormEps())
+	} else {
+		err2 = b.RMSNorm(h, x, lw[m.name(layer, arch.FinalNorm)], c.NormEps())
+	}
+	if err2 != nil {
+		return nil, fmt.Errorf("nn: final norm: %w", err2)
 	}
 	if hook != nil {
 		if err := hook(layer, h); err != nil {
@@ -529,28 +589,50 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 	if len(s.download) < 4*n {
 		s.download = make([]byte, 4*n)
 	}
-	if err := b.Download(s.download[:4*n], out); err != nil {
+	// The logits wait for the compute only: the copies of the next
+	// token's layers go on.
+	if err := tensor.DownloadComputed(b, s.download[:4*n], out); err != nil {
 		return nil, err
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), n), nil
 }
 
-// block runs decoder block i on the first T rows of the session's buffers.
-func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32) error {
+// block runs decoder block i on the first T rows of the session's buffers,
+// at positions pos0 onwards; or, when posAt is set (a decode graph's
+// capture), at the position posAt holds when the block runs, pos0 being
+// its bound. When residual is set, the previous block's output in proj is
+// added to x first (with the norm, in one pass); the block leaves its own
+// output in proj, not added to x.
+func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor, residual bool) error {
 	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
 	v := s.viewsFor(T)
 	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
-	if err := b.RMSNorm(h, x, lw[n[arch.AttnNorm]], c.NormEps()); err != nil {
+	var err error
+	if residual {
+		err = tensor.AddRMSNorm(b, h, x, proj, lw[n[arch.AttnNorm]], c.NormEps())
+	} else {
+		err = b.RMSNorm(h, x, lw[n[arch.AttnNorm]], c.NormEps())
+	}
+	if err != nil {
 		return fmt.Errorf("attention norm: %w", err)
 	}
-	if err := s.matMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
-		return fmt.Errorf("q projection: %w", err)
-	}
-	if err := s.matMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
-		return fmt.Errorf("k projection: %w", err)
-	}
-	if err := s.matMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
-		return fmt.Errorf("v projection: %w", err)
+	if s.batch == nil && lw[n[arch.QBias]] == nil && lw[n[arch.KBias]] == nil && lw[n[arch.VBias]] == nil {
+		// One pass over the three weights where the backend fuses it
+		// (tensor.MatMulMany).
+		err := tensor.MatMulMany(b, []*tensor.Tensor{q, kk, vv}, h, []*tensor.Tensor{lw[n[arch.Q]], lw[n[arch.K]], lw[n[arch.V]]})
+		if err != nil {
+			return fmt.Errorf("q, k and v projections: %w", err)
+		}
+	} else {
+		if err := s.matMul(q, h, lw[n[arch.Q]], lw[n[arch.QBias]]); err != nil {
+			return fmt.Errorf("q projection: %w", err)
+		}
+		if err := s.matMul(kk, h, lw[n[arch.K]], lw[n[arch.KBias]]); err != nil {
+			return fmt.Errorf("k projection: %w", err)
+		}
+		if err := s.matMul(vv, h, lw[n[arch.V]], lw[n[arch.VBias]]); err != nil {
+			return fmt.Errorf("v projection: %w", err)
+		}
 	}
 	if c.QKNorm {
 		// Each head's queries and keys are normalised on their own: rows
@@ -562,12 +644,25 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 			return fmt.Errorf("k norm: %w", err)
 		}
 	}
-	if s.batch != nil {
+	switch {
+	case s.batch != nil:
 		kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
 		if err := s.batch.attention(b, s, attn, q, kk, vv, kc, vc, scale); err != nil {
 			return err
 		}
-	} else {
+	case s.hkv == nil || !s.hkv.onHost[i-s.m.lo]:
+		// q and k rotated, k's and v's rows appended to the caches on the
+		// device: one pass where the backend fuses it (tensor.RopeKV).
+		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0, PosAt: posAt}
+		kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
+		if err := tensor.RopeKV(b, q, kk, vv, kc, vc, rot); err != nil {
+			return err
+		}
+		at := tensor.Attn{Q: q, K: kc, V: vc, Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, Pos0: pos0, Scale: scale, PosAt: posAt}
+		if err := b.Attention(attn, at); err != nil {
+			return err
+		}
+	default:
 		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: pos0}
 		if err := b.Rope(q, rot); err != nil {
 			return err
@@ -584,31 +679,34 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 	if err := s.matMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
 		return fmt.Errorf("o projection: %w", err)
 	}
-	if err := b.Add(x, x, proj); err != nil {
-		return err
-	}
-	if err := b.RMSNorm(h, x, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
+	// The residual and the MLP's norm in one pass (tensor.AddRMSNorm).
+	if err := tensor.AddRMSNorm(b, h, x, proj, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
 		return fmt.Errorf("mlp norm: %w", err)
 	}
 	if c.Sparse(i) {
-		if err := s.moe(ctx, i, T, pos0, lw); err != nil {
+		return s.moe(ctx, i, T, pos0, lw) // its output in proj
+	}
+	if s.batch == nil {
+		// silu(gate) * up, both products in one pass over their weights
+		// where the backend fuses them (tensor.GateUpSiLU).
+		if err := tensor.GateUpSiLU(b, gate, up, h, lw[n[arch.Gate]], lw[n[arch.Up]]); err != nil {
+			return fmt.Errorf("gate and up projections: %w", err)
+		}
+	} else {
+		if err := s.matMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
+			return fmt.Errorf("gate projection: %w", err)
+		}
+		if err := s.matMul(up, h, lw[n[arch.Up]], nil); err != nil {
+			return fmt.Errorf("up projection: %w", err)
+		}
+		if err := b.SiLUMul(gate, gate, up); err != nil {
 			return err
 		}
-		return b.Add(x, x, proj)
-	}
-	if err := s.matMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
-		return fmt.Errorf("gate projection: %w", err)
-	}
-	if err := s.matMul(up, h, lw[n[arch.Up]], nil); err != nil {
-		return fmt.Errorf("up projection: %w", err)
-	}
-	if err := b.SiLUMul(gate, gate, up); err != nil {
-		return err
 	}
 	if err := s.matMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
 		return fmt.Errorf("down projection: %w", err)
 	}
-	return b.Add(x, x, proj)
+	return nil // the output in proj, added to x by the next norm
 }
 
 // matMul is the backend's MatMul, or in a batch tensor.MatMulRows, whose
@@ -662,6 +760,15 @@ func view(t *tensor.Tensor, n, w int) *tensor.Tensor {
 	v, err := t.View(0, tensor.F32, tensor.Shape{n, w})
 	if err != nil {
 		panic(err) // the buffers are sized for the widest view of a chunk
+	}
+	return v
+}
+
+// view32 is a one-element F32 tensor seen as I32.
+func view32(t *tensor.Tensor) *tensor.Tensor {
+	v, err := t.View(0, tensor.I32, tensor.Shape{1})
+	if err != nil {
+		panic(err) // four bytes as four bytes
 	}
 	return v
 }

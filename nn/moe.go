@@ -269,7 +269,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			return fmt.Errorf("shared expert gate: %w", err)
 		}
 	}
-	if err := b.Download(r.raw[:4*T*E], scores); err != nil {
+	if err := tensor.DownloadComputed(b, r.raw[:4*T*E], scores); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
 	r.rowPos = nil
@@ -282,7 +282,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		s.scoreGuess(i, T, pos0, r.expert[(T-1)*k:T*k])
 	}
 	if gateSh != nil {
-		if err := b.Download(r.rawSh[:4*T], gateSh); err != nil {
+		if err := tensor.DownloadComputed(b, r.rawSh[:4*T], gateSh); err != nil {
 			return fmt.Errorf("shared expert gate: %w", err)
 		}
 		for t, g := range f32s(r.rawSh[:4*T]) {
@@ -502,7 +502,7 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 			if err := b.MatMul(scores, s.viewsFor(1).h, rw[m.names[layer][arch.Router]], nil); err != nil {
 				return err
 			}
-			return b.Download(mb.r.rawGuess, scores)
+			return tensor.DownloadComputed(b, mb.r.rawGuess, scores)
 		}()
 		if err != nil {
 			return fmt.Errorf("block %d router: %w", j, err)

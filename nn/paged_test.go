@@ -155,8 +155,8 @@ func TestReserveCountsWhatNNAllocates(t *testing.T) {
 	if got, want := bytes(r, paging.KVCache, cfg.NumLayers), batch*KVCacheBytes(cfg, maxPos); got != want {
 		t.Errorf("KV cache %d, want %d", got, want)
 	}
-	if got, want := bytes(r, paging.Workspace, cfg.NumLayers), batch*RopeBytes(cfg, maxPos); got != want {
-		t.Errorf("rotary tables %d, want %d", got, want)
+	if got, want := bytes(r, paging.Workspace, cfg.NumLayers), batch*(RopeBytes(cfg, maxPos)+GraphPositionBytes); got != want {
+		t.Errorf("rotary tables and the graphs' position %d, want %d", got, want)
 	}
 	if got, want := bytes(r, paging.Activations, cfg.NumLayers), batch*ActivationBytes(cfg, chunk); got != want {
 		t.Errorf("activations %d, want %d", got, want)

@@ -130,6 +130,18 @@ func NewPipeline(cfg *arch.Config, stages []Stage, opts ...PipelineOptions) (*Pi
 	return p, nil
 }
 
+// SetGraphs turns decode graphs on or off for every stage (Model.SetGraphs).
+func (p *Pipeline) SetGraphs(on bool) {
+	for _, m := range p.stages {
+		m.SetGraphs(on)
+	}
+	for _, m := range p.twins {
+		if m != nil {
+			m.SetGraphs(on)
+		}
+	}
+}
+
 // Config returns a copy of the model's configuration.
 func (p *Pipeline) Config() *arch.Config { return p.cfg.Clone() }
 
@@ -351,7 +363,7 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 				}
 				t0 = ps.account(run[k-1], t0) // a hand-over waits for the device it leaves
 			}
-			if err := s.blocksChunk(ctx, T, hook); err != nil {
+			if err := s.blocksChunk(ctx, T, hook, k == len(run)-1); err != nil {
 				return nil, err
 			}
 		}
@@ -408,6 +420,9 @@ func (ps *PipelineSession) backendOf(layer int) tensor.Backend {
 // hand passes the first T rows of the hidden state from one stage to the
 // next: nothing to do on one device (they share the buffers), a copy into
 // or out of host memory when either is the host, else through host memory.
+// A device's hidden state leaves it once its compute is done
+// (tensor.DownloadComputed): copies of later layers that its pager queued
+// go on while the next stage computes.
 func (ps *PipelineSession) hand(from, to *Session, T int) error {
 	if from.buffers == to.buffers {
 		return nil
@@ -415,7 +430,7 @@ func (ps *PipelineSession) hand(from, to *Session, T int) error {
 	src, dst := rows(from.x, T), rows(to.x, T)
 	switch {
 	case dst.OnHost():
-		if err := from.m.backend.Download(dst.Bytes(), src); err != nil {
+		if err := tensor.DownloadComputed(from.m.backend, dst.Bytes(), src); err != nil {
 			return fmt.Errorf("nn: hidden state from %s: %w", from.m.backend.Name(), err)
 		}
 	case src.OnHost():
@@ -424,7 +439,7 @@ func (ps *PipelineSession) hand(from, to *Session, T int) error {
 		}
 	default:
 		buf := ps.xfer[:src.NumBytes()]
-		if err := from.m.backend.Download(buf, src); err != nil {
+		if err := tensor.DownloadComputed(from.m.backend, buf, src); err != nil {
 			return fmt.Errorf("nn: hidden state from %s: %w", from.m.backend.Name(), err)
 		}
 		if err := to.m.backend.Upload(dst, 0, buf); err != nil {

@@ -23,15 +23,17 @@
 //   - PlanHybrid plans decode over the device, the link and the CPU at
 //     once: of the layers that do not stay on the device, some are
 //     computed on the CPU from host memory while the copies of the others
-//     stream, the split chosen to minimise SimulateDecode's prediction
-//     from measured Rates (strategies hybrid and cpu). Its device plan
+//     stream, the split chosen to minimise SimulateDecodeWith's prediction
+//     from measured Rates (strategies hybrid and cpu), for a pager that
+//     fills its ring (Options.PrefetchFill). Its device plan
 //     streams the CPU's layers whole, for a prefill that runs every layer
 //     on the device.
 //   - Pager implements Acquire/Release over a Source: resident weights stay,
 //     streamed weights pass through the ring (one allocation, the streamed
 //     tensors views into it), the next layers of its sequence (every
 //     layer, or those SetSequence gives) are prefetched while the current
-//     one computes, and a bounded host cache (pinned when the backend can)
+//     one computes (with PrefetchFill, as many as the ring has room for,
+//     while the caller computes elsewhere too), and a bounded host cache (pinned when the backend can)
 //     saves re-reading the source. HostLayer hands the CPU a layer as host
 //     tensors in that cache, kept there for the pager's life. Unified
 //     serves the same from managed memory.

@@ -106,7 +106,9 @@ func (h *HybridPlan) String() string {
 //
 // The CPU's layers are spread evenly among the others (a Bresenham
 // spread), so that each streamed layer's copy runs while the CPU computes
-// the layers before it. The decode time of each split is SimulateDecode's.
+// the layers before it. The decode time of each split is
+// SimulateDecodeWith's, for a pager that fills its ring
+// (Options.PrefetchFill: give it one).
 //
 // WithKVPlacement places the KV cache: host puts every block's in host
 // memory (the device keeps the scratch), auto does when the budget cannot
@@ -429,7 +431,7 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 		}
 		c.places = append(c.places, pl)
 	}
-	if c.t, c.b, err = SimulateDecode(c.places, h.rates, gpu.PrefetchDepth); err != nil {
+	if c.t, c.b, err = SimulateDecodeWith(c.places, h.rates, SimPrefetch{Depth: gpu.PrefetchDepth, RingBytes: gpu.RingBytes}); err != nil {
 		return nil, err
 	}
 	return c, nil

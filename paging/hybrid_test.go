@@ -72,7 +72,7 @@ func bruteForce(t *testing.T, info ModelInfo, budget int64, rates Rates) (time.D
 				}
 				places = append(places, p)
 			}
-			tt, _, err := SimulateDecode(places, rates, gpu.PrefetchDepth)
+			tt, _, err := SimulateDecodeWith(places, rates, SimPrefetch{Depth: gpu.PrefetchDepth, RingBytes: gpu.RingBytes})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func checkHybrid(t *testing.T, name string, info ModelInfo, budget int64, hp *Hy
 			}
 		}
 	}
-	again, _, err := SimulateDecode(hp.Places, hp.Rates, g.PrefetchDepth)
+	again, _, err := SimulateDecodeWith(hp.Places, hp.Rates, SimPrefetch{Depth: g.PrefetchDepth, RingBytes: g.RingBytes})
 	if err != nil || again != hp.Predicted || hp.Predicted > 0 && math.Abs(hp.PredictedTokS*hp.Predicted.Seconds()-1) > 1e-9 {
 		t.Errorf("%s: predicted %v (%.3f tok/s), simulated again %v, %v", name, hp.Predicted, hp.PredictedTokS, again, err)
 	}
@@ -165,7 +165,9 @@ func TestPlanHybridAuto(t *testing.T) {
 				}
 				checkHybrid(t, name, info, budget, hp)
 				best, k := bruteForce(t, info, budget, rates)
-				if float64(hp.Predicted) > 1.001*float64(best) {
+				// Within a hundredth the search prefers more bytes resident
+				// (hybridCandidate.better).
+				if float64(hp.Predicted) > 1.01*float64(best) {
 					t.Errorf("%s: predicted %v with %d CPU layers; %d CPU layers take %v", name, hp.Predicted, len(hp.CPULayers), k, best)
 				}
 				counts[rn] = len(hp.CPULayers)

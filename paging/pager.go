@@ -33,6 +33,15 @@ type Options struct {
 	// PrefetchDepth overrides the plan's prefetch depth when > 0; < 0
 	// turns prefetch off.
 	PrefetchDepth int
+	// PrefetchFill makes prefetch go on past the depth layers, along the
+	// sequence, as far as the ring has room for the parts ahead: with
+	// layers computed elsewhere between the pager's (on the CPU, in
+	// hybrid decode), the copies of the next streamed parts then keep
+	// the link busy for the whole time the pager's layers are away, not
+	// only for depth of them. Each prefetch that ends starts the next
+	// ones, so the ring fills while nobody acquires. It needs a prefetch
+	// depth > 0.
+	PrefetchFill bool
 	// HostCacheBytes bounds the host RAM that keeps streamed layers
 	// between uses: 0 takes the plan's HostCacheBytes, < 0 keeps none
 	// (every streamed load reads the source). Beyond it, layers are
@@ -80,7 +89,9 @@ var (
 // Prefetch follows the layer acquired last: the depth layers after it in
 // the sequence (SetSequence) load while it computes, and once it is
 // released, the next one too, so that copies go on while the caller
-// computes elsewhere (layers on the CPU) before its next Acquire.
+// computes elsewhere (layers on the CPU) before its next Acquire. With
+// Options.PrefetchFill, the layers after those load too, as far as the
+// ring has room, each prefetch that ends starting the next.
 //
 // Acquire pins a layer (it is never evicted while pinned) and Release
 // unpins it. Concurrent Acquires of one layer load it once. Parts that are
@@ -96,6 +107,7 @@ type Pager struct {
 	plan       *PlanResult
 	id         int
 	depth      int
+	fill       bool // Options.PrefetchFill
 	layers     []*entry
 	order      atomic.Int32
 	seq        atomic.Pointer[sequence] // nil: every layer in order
@@ -273,6 +285,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		p.depth = 0
 	}
 	p.depth = min(p.depth, n-1)
+	p.fill = opts.PrefetchFill && p.depth > 0
 	switch {
 	case opts.HostCacheBytes > 0:
 		p.hostCap = opts.HostCacheBytes
@@ -388,6 +401,12 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	}
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
+	if p.fill {
+		// As many as the walk ahead: the ring's room bounds them. With
+		// depth+1, the loads of a fill that end together each found the
+		// others' slots taken and started nothing more.
+		p.pf.SetLimit(n + 1)
+	}
 	p.id = budget.newPagerID()
 	p.unregister = budget.Register(pagerEvictor{p})
 	return p, nil
@@ -542,12 +561,24 @@ func (p *Pager) next(layer, k int) int {
 
 // window is the layer and the depth layers after it in the access order
 // (fewer when the sequence is shorter).
-func (p *Pager) window(layer int) []int {
+func (p *Pager) window(layer int) []int { return p.walk(layer, p.depth, -1) }
+
+// walk is the layer and up to k layers after it in the access order,
+// ending before a layer met already or before stop.
+func (p *Pager) walk(layer, k, stop int) []int {
 	w := []int{layer}
-	for k := 1; k <= p.depth; k++ {
-		j := p.next(layer, k)
-		if slices.Contains(w, j) {
+	var seen []bool // for a long walk; a short one looks in w
+	if k > 8 {
+		seen = make([]bool, len(p.layers))
+		seen[layer] = true
+	}
+	for i := 1; i <= k; i++ {
+		j := p.next(layer, i)
+		if j == stop || seen != nil && seen[j] || seen == nil && slices.Contains(w, j) {
 			break
+		}
+		if seen != nil {
+			seen[j] = true
 		}
 		w = append(w, j)
 	}
@@ -558,13 +589,19 @@ func (p *Pager) window(layer int) []int {
 // must not evict: the depth layers after the cursor, sparing the cursor
 // too while it is acquired; once it is released, the layer after it and
 // the depth layers after that one, so that the copies go on while the
-// caller computes elsewhere (on the CPU) before its next Acquire.
+// caller computes elsewhere (on the CPU) before its next Acquire. With
+// PrefetchFill the targets go on along the sequence up to the cursor (the
+// ring's room ends them: prefetchLocked).
 func (p *Pager) aheadLocked() (targets, protect []int) {
+	k := p.depth
+	if p.fill {
+		k = len(p.layers)
+	}
 	if p.advanced {
-		w := p.window(p.next(p.cursor, 1))
+		w := p.walk(p.next(p.cursor, 1), k, p.cursor)
 		return w, w
 	}
-	w := p.window(p.cursor)
+	w := p.walk(p.cursor, k, -1)
 	return w[1:], w
 }
 
@@ -738,14 +775,19 @@ func (p *Pager) Prefetch(layer int) {
 // prefetchLocked starts loads of the layers ahead of the cursor
 // (aheadLocked), in order, up to the first it cannot start: a later layer
 // placed in the ring before an earlier one would leave the earlier one no
-// room in the window's stretch of the ring.
+// room in the window's stretch of the ring. With PrefetchFill the layers
+// past the depth ones are loaded as far as the ring has room.
 func (p *Pager) prefetchLocked() {
 	if p.depth <= 0 {
 		return
 	}
 	targets, _ := p.aheadLocked()
-	for _, j := range targets {
-		if !p.startPrefetchLocked(j, loadWindow) {
+	for i, j := range targets {
+		mode := loadWindow
+		if i >= p.depth {
+			mode = loadFill
+		}
+		if !p.startPrefetchLocked(j, mode) {
 			return
 		}
 	}
@@ -775,22 +817,29 @@ func (p *Pager) startPrefetchLocked(j int, mode loadMode) bool {
 	if !e.strLoaded && e.slot == nil && p.ring != nil {
 		protect, _ := p.protectLocked(j, mode)
 		if !p.placeLocked(e, protect, keepReserved) {
-			p.st.PrefetchNoRoom++
+			if mode != loadFill { // the ring's end, for a fill
+				p.st.PrefetchNoRoom++
+			}
 			return false
 		}
 		placed = true
 	}
 	if !p.pf.TryGo(func() error {
-		p.loadShared(p.life, j, mode) // errors surface on Acquire
+		err := p.loadShared(p.life, j, mode) // errors surface on Acquire
 		p.mu.Lock()
 		e.queued = false
+		if p.fill && err == nil && !p.closed {
+			p.prefetchLocked() // go on filling the ring: the caller may be away
+		}
 		p.mu.Unlock()
 		return nil
 	}) {
 		if placed {
 			p.releaseSlotLocked(e)
 		}
-		p.st.PrefetchSkipped++
+		if mode != loadFill { // a fill goes on when a load ends
+			p.st.PrefetchSkipped++
+		}
 		return false
 	}
 	e.queued = true
@@ -803,7 +852,8 @@ type loadMode int
 
 const (
 	loadDemand   loadMode = iota // Acquire
-	loadWindow                   // prefetch of the layers after the cursor
+	loadWindow                   // prefetch of the depth layers after the cursor
+	loadFill                     // prefetch past them, as far as the ring has room (PrefetchFill)
 	loadExplicit                 // Prefetch
 	loadResident                 // AcquireResident: the resident part alone
 )
@@ -811,12 +861,17 @@ const (
 // protectLocked returns the layers whose ring parts a load of layer must
 // not evict: for a demand load the layer and the depth layers after it,
 // for a prefetch those ahead of the cursor (aheadLocked; and, for an
-// explicit one, the layer). stale reports a window prefetch whose layer
-// is no longer ahead.
+// explicit one, the layer; with PrefetchFill, those up to the layer).
+// stale reports a window prefetch whose layer is no longer ahead.
 func (p *Pager) protectLocked(layer int, mode loadMode) (protect []int, stale bool) {
 	switch mode {
-	case loadWindow:
+	case loadWindow, loadFill:
 		targets, protect := p.aheadLocked()
+		if p.fill {
+			if i := slices.Index(protect, layer); i >= 0 {
+				protect = protect[:i+1]
+			}
+		}
 		return protect, !slices.Contains(targets, layer)
 	case loadExplicit:
 		_, protect := p.aheadLocked()

@@ -47,7 +47,7 @@ func concurrentRun(t *testing.T, kind string, strategy Strategy, rate float64, r
 	switch kind {
 	case "pageable":
 		be = hidePinned{fb}
-	case "pinned-async":
+	case "pinned-async", "pinned-async-fill":
 		be = asyncFaultBackend{fb}
 	}
 	base := llamaSynth(6, 32, 48, 16, 64)
@@ -65,7 +65,7 @@ func concurrentRun(t *testing.T, kind string, strategy Strategy, rate float64, r
 	}
 	bg := newBudget(t, be, budget, "fault")
 	free := nnReserve(t, bg, plan)
-	p, err := NewPager(src, bg, plan, Options{HostCacheBytes: W / 3})
+	p, err := NewPager(src, bg, plan, Options{HostCacheBytes: W / 3, PrefetchFill: kind == "pinned-async-fill"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,8 @@ func runConcurrent(t *testing.T, rate float64, room func(lmax, w int64) int64) {
 		steps, stall = 60, 3*time.Second
 	}
 	var total concurrentTally
-	for _, kind := range []string{"pageable", "pinned", "pinned-async"} {
+	kinds := []string{"pageable", "pinned", "pinned-async", "pinned-async-fill"}
+	for _, kind := range kinds {
 		for _, strategy := range []Strategy{StrategyMinimal, StrategyBalanced, StrategyAggressive} {
 			t.Run(kind+"/"+string(strategy), func(t *testing.T) {
 				c := concurrentRun(t, kind, strategy, rate, room, workers, steps, stall)
@@ -221,8 +222,8 @@ func runConcurrent(t *testing.T, rate float64, room func(lmax, w int64) int64) {
 			})
 		}
 	}
-	t.Logf("%d goroutines x %d acquires x 9 configurations: %d served with exact bytes, %d failed by %d injected faults, %d cancelled, %d runs hit known bugs",
-		workers, steps, total.ok, total.failed, total.injected, total.cancelled, len(total.known))
+	t.Logf("%d goroutines x %d acquires x %d configurations: %d served with exact bytes, %d failed by %d injected faults, %d cancelled, %d runs hit known bugs",
+		workers, steps, 3*len(kinds), total.ok, total.failed, total.injected, total.cancelled, len(total.known))
 	// The deadlocks and spurious out-of-memory failures these runs found
 	// are fixed in the pager: seeing one again is a failure.
 	for _, k := range total.known {

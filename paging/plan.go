@@ -119,7 +119,8 @@ type Reserve []Buffer
 type Buffer struct {
 	Category Category `json:"category"`
 	// Bytes is one tensor's size for each position of the context
-	// (PerPosition), each token of a chunk (PerToken), or in all (Once).
+	// (PerPosition), each token of a chunk (PerToken), each sequence
+	// (PerSequence), or in all (Once).
 	Bytes int64 `json:"bytes"`
 	Per   Per   `json:"per"`
 	// Count is the number of such tensors for each sequence of the batch
@@ -140,6 +141,7 @@ const (
 	Once        Per = iota // a fixed size, once per device
 	PerPosition            // the context length, for each sequence
 	PerToken               // the prefill chunk, for each sequence
+	PerSequence            // a fixed size, for each sequence
 )
 
 // Bytes returns the bytes the reserve's buffers of cat take for contextLen
@@ -158,6 +160,8 @@ func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int, size 
 			n, count = n*int64(contextLen), count*int64(batch)
 		case PerToken:
 			n, count = n*int64(chunk), count*int64(batch)
+		case PerSequence:
+			count *= int64(batch)
 		}
 		if b.PerBlock {
 			count *= int64(blocks)
@@ -172,7 +176,7 @@ func (r Reserve) Bytes(cat Category, blocks, contextLen, chunk, batch int, size 
 
 func (r Reserve) check() error {
 	for i, b := range r {
-		if b.Bytes < 0 || b.Count < 0 || b.Per < Once || b.Per > PerToken || b.Category < KVCache || b.Category >= Cached {
+		if b.Bytes < 0 || b.Count < 0 || b.Per < Once || b.Per > PerSequence || b.Category < KVCache || b.Category >= Cached {
 			return fmt.Errorf("paging: plan: reserve buffer %d %+v: want bytes and count >= 0, a known Per and a category of nn's buffers", i, b)
 		}
 	}
@@ -236,11 +240,21 @@ type planOptions struct {
 	kv      KVPlacement
 	kvRates *Rates
 	hostKV  int
+	// kvPositions > 0 sizes the device KV cache for that many positions
+	// in all, instead of contextLen for each of batch sequences
+	// (WithKVPositions).
+	kvPositions int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
 // prefill chunk), which sizes the activations.
 func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk = n } }
+
+// WithKVPositions sizes the KV cache the plan keeps room for by n
+// positions in all, shared by the sequences (a pool of KV blocks that a
+// batch of sequences of different lengths shares out), instead of the
+// context length for each sequence of the batch; n <= 0 changes nothing.
+func WithKVPositions(n int) PlanOption { return func(o *planOptions) { o.kvPositions = n } }
 
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).
@@ -486,6 +500,9 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 		blocks := model.NumLayers
 		if cat == KVCache {
 			blocks = kvDeviceBlocks(model.NumLayers, o.hostKV)
+			if o.kvPositions > 0 {
+				return model.Reserve.Bytes(cat, blocks, o.kvPositions, o.chunk, 1, o.allocSize)
+			}
 		}
 		return model.Reserve.Bytes(cat, blocks, contextLen, o.chunk, batch, o.allocSize)
 	}

@@ -50,6 +50,15 @@ func TestReserveScales(t *testing.T) {
 		p.WorkspaceBytes != 2*4*64*100*3+3000 {
 		t.Errorf("plan reserves KV %d, activations %d, workspace %d", p.KVCacheBytes, p.ActivationBytes, p.WorkspaceBytes)
 	}
+	// A pool of 250 positions shared by the batch: the KV cache for 250
+	// positions, whatever the context and the batch; the rest unchanged.
+	pool, err := Plan(info, 1<<40, StrategyNone, 100, 3, WithChunkTokens(7), WithKVPositions(250))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pool.KVCacheBytes != 2*4*4096*int64(info.NumLayers)*250 || pool.ActivationBytes != p.ActivationBytes || pool.WorkspaceBytes != p.WorkspaceBytes {
+		t.Errorf("plan with a pool of 250 positions reserves KV %d, activations %d, workspace %d", pool.KVCacheBytes, pool.ActivationBytes, pool.WorkspaceBytes)
+	}
 	ps, err := PlaceLayers(info, []int64{1, 1})
 	if err != nil {
 		t.Fatal(err)

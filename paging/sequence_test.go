@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/strata-llm/strata/tensor"
 )
 
 // hybridSplit returns, for n layers, the layers a hybrid plan might give
@@ -36,7 +38,8 @@ func planAtDepth(t testing.TB, info ModelInfo, budget int64, cpu, seq []int, d i
 // TestPagerSequence decodes over a sequence with gaps, the way a hybrid
 // plan does: after a prefill pass over every layer, the pager follows the
 // sequence, forward or backwards, each Acquire after the loads under way
-// are done (as when the CPU computes the layers between). The layers left
+// are done (as when the CPU computes the layers between), with prefetch
+// filling the ring (PrefetchFill) or not. The layers left
 // out are never loaded again (the source, with no host cache, is read on
 // every load), every streamed layer of the sequence loads once a token
 // when the ring cannot hold them all, prefetch brings every one before its
@@ -53,15 +56,16 @@ func TestPagerSequence(t *testing.T) {
 		cpu, seq := hybridSplit(n)
 		for _, pct := range []int64{40, 70} {
 			for _, d := range []int{1, 2} {
-				for _, rev := range []bool{false, true} {
-					name := fmt.Sprintf("%s/%d%%/depth %d/reverse=%v", m.name, pct, d, rev)
+				for _, c := range []struct{ rev, fill bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+					rev := c.rev
+					name := fmt.Sprintf("%s/%d%%/depth %d/reverse=%v/fill=%v", m.name, pct, d, rev, c.fill)
 					p0 := planAtDepth(t, info, 1<<40, cpu, seq, d)
 					budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W*pct/100
 					plan := planAtDepth(t, info, budget, cpu, seq, d)
 					fb := newFake()
 					bg := newBudget(t, fb, budget, "fake:0")
 					free := nnReserve(t, bg, plan)
-					pg, err := NewPager(m.src, bg, plan, Options{HostCacheBytes: -1})
+					pg, err := NewPager(m.src, bg, plan, Options{HostCacheBytes: -1, PrefetchFill: c.fill})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -275,4 +279,164 @@ func TestSetSequence(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// TestPagerFillsRing: with PrefetchFill, a Release followed by no Acquire
+// (the CPU computing its layers) loads the sequence's next streamed parts
+// as far as the ring has room, each prefetch that ends starting the next;
+// without it, the depth+1 after the released layer. The parts loaded
+// ahead are the walk's next ones, in order, and all fit in the ring.
+func TestPagerFillsRing(t *testing.T) {
+	src := llamaSynth(10, 64, 172, 32, 256)
+	n := src.NumLayers()
+	info := smallDims(src, n)
+	W, _ := totalAndMax(info)
+	cpu, seq := hybridSplit(n)
+	const d = 1
+	p0 := planAtDepth(t, info, 1<<40, cpu, seq, d)
+	budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W*60/100
+	plan := planAtDepth(t, info, budget, cpu, seq, d)
+	ahead := map[bool]int{}
+	for _, fill := range []bool{false, true} {
+		fb := newFake()
+		bg := newBudget(t, fb, budget, "fake:0")
+		free := nnReserve(t, bg, plan)
+		pg, err := NewPager(src, bg, plan, Options{HostCacheBytes: -1, PrefetchFill: fill})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pg.SetSequence(seq); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 { // settle the ring into the walk's order
+			for _, l := range seq {
+				waitIdle(pg)
+				sweep(t, pg, src, []int{l})
+			}
+		}
+		waitIdle(pg)
+		// Where the walk stands now: its last layer released. The parts
+		// ahead, in the walk's order, up to the first not loaded.
+		var loaded, bytes, next int64
+		for _, l := range seq {
+			e := pg.layers[l]
+			if len(e.str) == 0 {
+				continue
+			}
+			if !e.ringLoaded() {
+				next = e.strSlab
+				break
+			}
+			loaded++
+			bytes += e.strSlab
+		}
+		if fill && next > 0 && bytes+next <= pg.ringCap {
+			t.Errorf("fill: the next part (%d bytes) fits beside the %d loaded ahead in the %d-byte ring, and is not loaded", next, bytes, pg.ringCap)
+		}
+		ahead[fill] = int(loaded)
+		streamed := 0
+		for _, l := range seq {
+			if len(pg.layers[l].str) > 0 {
+				streamed++
+			}
+		}
+		t.Logf("fill=%v: %d of %d streamed parts ahead loaded (%d bytes of a %d-byte ring)", fill, loaded, streamed, bytes, pg.ringCap)
+		if bytes > pg.ringCap {
+			t.Errorf("fill=%v: %d bytes loaded ahead in a ring of %d", fill, bytes, pg.ringCap)
+		}
+		free()
+		if err := pg.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := bg.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	if ahead[false] > d+1 {
+		t.Errorf("without fill %d parts ahead loaded, want at most depth+1 = %d", ahead[false], d+1)
+	}
+	if ahead[true] <= d+1 {
+		t.Errorf("with fill %d parts ahead loaded, want more than depth+1 = %d", ahead[true], d+1)
+	}
+}
+
+// gatedAsync is a backend whose UploadAsync waits for its gate to open,
+// but for the first free calls.
+type gatedAsync struct {
+	*fakeBackend
+	mu   sync.Mutex
+	free int
+	gate chan struct{}
+}
+
+func (g *gatedAsync) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (func() error, error) {
+	g.mu.Lock()
+	wait := g.free <= 0
+	g.free--
+	g.mu.Unlock()
+	if wait {
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	copy(dst.Bytes()[off:], src)
+	return func() error { return nil }, nil
+}
+
+// TestPagerFillStartsAtOnce: an Acquire and a Release start the loads of
+// every part the ring has room for at once, not depth+1 of them with the
+// others left to the loads' ends: loads may all end together, and each
+// would find the others still holding their places in the prefetch group.
+// Here the copies of the walk's first layer pass, the others wait at a
+// gate while the test counts the loads under way.
+func TestPagerFillStartsAtOnce(t *testing.T) {
+	src := llamaSynth(10, 64, 172, 32, 256)
+	n := src.NumLayers()
+	info := smallDims(src, n)
+	W, _ := totalAndMax(info)
+	cpu, seq := hybridSplit(n)
+	const d = 1
+	p0 := planAtDepth(t, info, 1<<40, cpu, seq, d)
+	budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W*60/100
+	plan := planAtDepth(t, info, budget, cpu, seq, d)
+	be := &gatedAsync{fakeBackend: newFake(), gate: make(chan struct{})}
+	bg := newBudget(t, be, budget, "fake:0")
+	free := nnReserve(t, bg, plan)
+	pg, err := NewPager(src, bg, plan, Options{HostCacheBytes: 1 << 30, PrefetchFill: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.SetSequence(seq); err != nil {
+		t.Fatal(err)
+	}
+	first := seq[0]
+	be.free = len(pg.layers[first].str)
+	sweep(t, pg, src, []int{first})
+	pg.mu.Lock()
+	var started int
+	var bytes int64
+	for _, l := range seq[1:] {
+		e := pg.layers[l]
+		if len(e.str) > 0 && (e.loading || e.queued) {
+			started++
+			bytes += e.strSlab
+		}
+	}
+	ring := pg.ringCap
+	pg.mu.Unlock()
+	close(be.gate)
+	waitIdle(pg)
+	t.Logf("after the walk's first layer: %d loads under way (%d bytes of a %d-byte ring)", started, bytes, ring)
+	if started <= d+1 {
+		t.Errorf("after the walk's first layer %d loads under way; want more than depth+1 = %d", started, d+1)
+	}
+	free()
+	if err := pg.Close(); err != nil {
+		t.Error(err)
+	}
+	if err := bg.Close(); err != nil {
+		t.Error(err)
+	}
 }

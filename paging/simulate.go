@@ -183,7 +183,8 @@ const (
 //     the layer at a place of that sequence starts once the layer depth+1
 //     places before it has computed (Pager prefetches that far ahead once
 //     a layer is released); with depth 0, which does not prefetch, once
-//     the computation reaches the layer;
+//     the computation reaches the layer (SimulateDecodeWith models a
+//     pager that fills its ring);
 //   - each change between the CPU and the device, from one layer to the
 //     next (the last layer of a token to the first of the next included),
 //     takes rates.Handoff.
@@ -191,11 +192,32 @@ const (
 // It fails on an empty seq, a negative depth or byte count, and rates
 // that are negative or leave a path with work and no speed.
 func SimulateDecode(seq []LayerPlace, rates Rates, depth int) (time.Duration, Breakdown, error) {
+	return SimulateDecodeWith(seq, rates, SimPrefetch{Depth: depth})
+}
+
+// SimPrefetch is how far ahead of the computation the simulated pager
+// copies.
+type SimPrefetch struct {
+	// Depth is the pager's prefetch depth; 0 does not prefetch.
+	Depth int
+	// RingBytes, when > 0 with Depth > 0, is the ring of a pager that
+	// fills it (Options.PrefetchFill): the copy of a device layer also
+	// starts once the streamed parts from the first device layer not yet
+	// computed up to it take at most RingBytes, and it is within one
+	// pass of the device's layers (a pager's walk ahead stops before
+	// the layer it left).
+	RingBytes int64
+}
+
+// SimulateDecodeWith is SimulateDecode with the pager's prefetch as pf
+// says: a depth, and the ring of a pager that fills it.
+func SimulateDecodeWith(seq []LayerPlace, rates Rates, pf SimPrefetch) (time.Duration, Breakdown, error) {
+	depth := pf.Depth
 	if len(seq) == 0 {
 		return 0, Breakdown{}, fmt.Errorf("paging: simulate: no layers")
 	}
-	if depth < 0 {
-		return 0, Breakdown{}, fmt.Errorf("paging: simulate: prefetch depth %d", depth)
+	if depth < 0 || pf.RingBytes < 0 {
+		return 0, Breakdown{}, fmt.Errorf("paging: simulate: prefetch depth %d, ring %d bytes", depth, pf.RingBytes)
 	}
 	var copies, cpu bool
 	for _, lp := range seq {
@@ -209,6 +231,9 @@ func SimulateDecode(seq []LayerPlace, rates Rates, depth int) (time.Duration, Br
 		return 0, Breakdown{}, err
 	}
 	s := newSim(seq, rates, depth)
+	if depth > 0 {
+		s.ring = pf.RingBytes
+	}
 	if err := s.run(); err != nil {
 		return 0, Breakdown{}, err
 	}
@@ -220,11 +245,13 @@ type sim struct {
 	seq   []LayerPlace
 	rates Rates
 	depth int
-	gpos  []int // each layer's place among the device's layers, or -1
-	cidx  []int // each layer's index among the token's copies, or -1
-	m     int   // the device's layers per token
-	copyG []int // the device place of each copy of a token
-	copyL []int // the index in seq of each copy of a token
+	ring  int64   // the ring a filling pager fills, or 0
+	gcopy []int64 // the copy bytes of each of the device's layers
+	gpos  []int   // each layer's place among the device's layers, or -1
+	cidx  []int   // each layer's index among the token's copies, or -1
+	m     int     // the device's layers per token
+	copyG []int   // the device place of each copy of a token
+	copyL []int   // the index in seq of each copy of a token
 
 	now float64
 	// the computation: layer x (over all tokens) in a phase
@@ -261,6 +288,7 @@ func newSim(seq []LayerPlace, rates Rates, depth int) *sim {
 		if lp.Place != OnCPU {
 			g = s.m
 			s.m++
+			s.gcopy = append(s.gcopy, lp.CopyBytes)
 		}
 		if lp.Place == Streamed {
 			c = len(s.copyG)
@@ -272,6 +300,21 @@ func newSim(seq []LayerPlace, rates Rates, depth int) *sim {
 }
 
 func (s *sim) layer(x int) LayerPlace { return s.seq[x%len(s.seq)] }
+
+// fits reports whether a filling pager has started the copy of the
+// device's layer at place G (over all tokens): the parts from the first
+// layer not yet computed up to G fit in the ring, and G is within the
+// walk ahead of the layer computed last.
+func (s *sim) fits(G int) bool {
+	if G-s.doneG > max(s.m-2, s.depth) {
+		return false
+	}
+	var sum int64
+	for g := s.doneG; g <= G; g++ {
+		sum += s.gcopy[g%s.m]
+	}
+	return sum <= s.ring
+}
 
 // onCPU reports the layer running on the CPU.
 func (s *sim) onCPU(x int) bool { return s.layer(x).Place == OnCPU }
@@ -288,6 +331,9 @@ func (s *sim) step() bool {
 		ready := s.doneG >= G-s.depth // the place depth+1 before it has computed
 		if s.depth == 0 {             // no prefetch: the computation has reached it
 			ready = s.x >= t*len(s.seq)+s.copyL[j]
+		}
+		if !ready && s.ring > 0 {
+			ready = s.fits(G)
 		}
 		if ready {
 			s.copying, s.copyRem = true, float64(s.seq[s.copyL[j]].CopyBytes)

@@ -89,6 +89,46 @@ func TestSimulateDecode(t *testing.T) {
 	}
 }
 
+// TestSimulateDecodeFill checks the simulated pager that fills its ring
+// (SimPrefetch.RingBytes) against timelines worked out by hand.
+func TestSimulateDecodeFill(t *testing.T) {
+	noGPU := Rates{H2D: 100, CPU: 100}
+	for _, tc := range []struct {
+		name  string
+		seq   []LayerPlace
+		rates Rates
+		depth int
+		want  float64 // seconds a token
+		check func(b Breakdown) bool
+		ring  int64
+	}{
+		// C of 3, then S1 S2 S3 (copies of 1) and R. Depth 1: S1 and S2
+		// copy beside C ([0,1), [1,2)), S3 only once S1 has computed, at
+		// 3: 4 a token. A pager filling a ring of 300 copies all three
+		// beside C: 3 a token; a ring of 250 holds two of them: 4.
+		{"C S S S R, depth 1", places(cl(300), sl(100, 0), sl(100, 0), sl(100, 0), rl(0)), noGPU, 1, 4,
+			func(b Breakdown) bool { return near(b.CopyWait, secs(1)) }, 0},
+		{"C S S S R, ring of 3 parts", places(cl(300), sl(100, 0), sl(100, 0), sl(100, 0), rl(0)), noGPU, 1, 3,
+			func(b Breakdown) bool { return b.CopyWait == 0 }, 300},
+		{"C S S S R, ring of 2.5 parts", places(cl(300), sl(100, 0), sl(100, 0), sl(100, 0), rl(0)), noGPU, 1, 4, nil, 250},
+		// A filling pager walks one pass ahead at most: with the
+		// device's layers S1 S2 S3 alone the copy of S3 waits for S1,
+		// whatever the ring.
+		{"C S S S, ring of 3 parts", places(cl(300), sl(100, 0), sl(100, 0), sl(100, 0)), noGPU, 1, 4, nil, 300},
+		// Depth 0 does not prefetch, whatever the ring.
+		{"C S S S R, depth 0, ring", places(cl(300), sl(100, 0), sl(100, 0), sl(100, 0), rl(0)), noGPU, 0, 6, nil, 300},
+	} {
+		got, b, err := SimulateDecodeWith(tc.seq, tc.rates, SimPrefetch{Depth: tc.depth, RingBytes: tc.ring})
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if !near(got, secs(tc.want)) || tc.check != nil && !tc.check(b) {
+			t.Errorf("%s: %v a token (%+v), want %vs", tc.name, got, b, tc.want)
+		}
+	}
+}
+
 func TestSimulateDecodeRefuses(t *testing.T) {
 	ok := Rates{H2D: 1, CPU: 1}
 	for _, tc := range []struct {
@@ -100,6 +140,7 @@ func TestSimulateDecodeRefuses(t *testing.T) {
 	}{
 		{"no layers", nil, ok, 1, false},
 		{"negative depth", places(rl(1)), ok, -1, false},
+		{"negative ring", places(rl(1)), ok, 1, false},
 		{"negative bytes", places(sl(-1, 1)), ok, 1, false},
 		{"unknown place", places(LayerPlace{Place: 7}), ok, 1, false},
 		{"no link", places(sl(1, 1)), Rates{CPU: 1}, 1, true},
@@ -108,7 +149,11 @@ func TestSimulateDecodeRefuses(t *testing.T) {
 		{"NaN", places(rl(1)), Rates{H2D: math.NaN(), CPU: 1}, 1, true},
 		{"negative handoff", places(rl(1)), Rates{H2D: 1, CPU: 1, Handoff: -1}, 1, true},
 	} {
-		_, _, err := SimulateDecode(tc.seq, tc.rates, tc.depth)
+		ring := int64(0)
+		if tc.name == "negative ring" {
+			ring = -1
+		}
+		_, _, err := SimulateDecodeWith(tc.seq, tc.rates, SimPrefetch{Depth: tc.depth, RingBytes: ring})
 		if err == nil || errors.Is(err, ErrBadRates) != tc.bad {
 			t.Errorf("%s: %v", tc.name, err)
 		}

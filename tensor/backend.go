@@ -39,18 +39,18 @@ type Memory interface {
 // copy of a weight is ever made.
 //
 // MatMul's w and Embed's table may also be quantized: one of ggml's block
-// formats (DType.IsQuantized) other than Q8_K, which is the activations'
-// format of the K formats' products and no weight's. They are read in
+// formats (DType.IsQuantized) other than Q8_K, which is ggml's format of
+// the activations in the K formats' products and no weight's. They are read in
 // their stored blocks. Embed's rows are the dequantized values exactly
 // (quant's Dequantize). MatMul's product is that over the dequantized
-// weights, within the error of rounding each row of x to 8 bits per block
-// as ggml's CPU product does (Q8_0 blocks of 32 elements for the 32-element
-// formats, Q8_K blocks of 256 for the K formats): on normal activations a
-// relative RMS error of about 0.5% of the product for Q8_0 blocks and 0.6%
-// for Q8_K, up to 1.2% when a few channels are 20 times larger than the
-// rest, as real hidden states' are. A backend may compute it more exactly.
-// One that quantizes x refuses activations the 8-bit blocks cannot hold
-// (NaN, infinities, and for Q8_0 magnitudes beyond 65504·127) with an error
+// weights, within the error of rounding each row of x to 16 bits per
+// block as the CPU's integer product does (quant.QuantizeRow: blocks of 32
+// elements for the 32-element formats, of 256 for the K formats): on
+// normal activations a relative RMS error of about 0.004% of the product
+// for blocks of 32 and 0.005% for blocks of 256, twice that when a few
+// channels are 20 times larger than the rest, as real hidden states' are.
+// A backend may compute it more exactly. One that quantizes x refuses
+// activations holding a NaN or an infinity with an error
 // wrapping quant.ErrNotFinite. No other operand of any operation may be
 // quantized (ErrQuantized).
 //
@@ -104,9 +104,12 @@ type Backend interface {
 // dimensions is rotated by the angles of that position, read from the F32
 // tables Cos and Sin [maxPos, HeadDim/2]. The pairs are (j, j+HeadDim/2),
 // Hugging Face's rotate_half convention.
+//
+// PosAt, when set, holds the position of row 0 instead (see PosAt).
 type Rotary struct {
 	Cos, Sin             *Tensor
 	Heads, HeadDim, Pos0 int
+	PosAt                *Tensor
 }
 
 // Attn is causal grouped-query attention, for T queries at positions
@@ -116,10 +119,13 @@ type Rotary struct {
 // Query row t sees positions 0..Pos0+t; query head h reads KV head
 // h/(Heads/KVHeads), so KVHeads divides Heads. Scores are scaled by Scale
 // (not NaN) and softmaxed in F32.
+//
+// PosAt, when set, holds the position of query row 0 instead (see PosAt).
 type Attn struct {
 	Q, K, V                       *Tensor
 	Heads, KVHeads, HeadDim, Pos0 int
 	Scale                         float32
+	PosAt                         *Tensor
 }
 
 // AttnBlocks is causal grouped-query attention for the rows of several

@@ -89,19 +89,6 @@ type AsyncUploader interface {
 // AsyncUpload returns m's asynchronous copy engine, if it has one.
 func AsyncUpload(m Memory) (AsyncUploader, bool) { return capability[AsyncUploader](m) }
 
-// ComputeDownloader is a backend whose Download waits for its
-// asynchronous copies as well as its compute, and that can also download
-// a tensor after the compute queued before it alone: the copies in flight
-// (a pager's prefetches) keep running. Only for a tensor that no copy in
-// flight writes.
-type ComputeDownloader interface {
-	DownloadCompute(dst []byte, src *Tensor) error
-}
-
-// ComputeDownload returns m's download that waits for compute alone, if
-// it has one.
-func ComputeDownload(m Memory) (ComputeDownloader, bool) { return capability[ComputeDownloader](m) }
-
 // ManagedAllocator is a backend with unified (managed) memory: tensors
 // addressable from host and device whose pages the driver migrates on
 // demand or when prefetched. Prefetches are ordered with the backend's
@@ -181,3 +168,56 @@ type CachingAllocator interface {
 
 // Caching returns m's caching allocator, if it has one.
 func Caching(m Memory) (CachingAllocator, bool) { return capability[CachingAllocator](m) }
+
+// Launches counts the work a backend's host side has issued to its device
+// since it opened: each is one call into the driver or a library that the
+// host pays for (about 5 us through cgo on an H200), so that a decode
+// step's count says how launch-bound it is.
+type Launches struct {
+	Kernels int64 `json:"kernels"` // kernel launches
+	Copies  int64 `json:"copies"`  // copies and memsets on the device's streams
+	Library int64 `json:"library"` // calls into a library that launch work of their own (cuBLAS)
+	Graphs  int64 `json:"graphs"`  // replays of a captured graph, each counted once whatever it holds
+}
+
+// Total is every launch of l.
+func (l Launches) Total() int64 { return l.Kernels + l.Copies + l.Library + l.Graphs }
+
+// Sub is the launches between o and l (l taken after o).
+func (l Launches) Sub(o Launches) Launches {
+	return Launches{Kernels: l.Kernels - o.Kernels, Copies: l.Copies - o.Copies, Library: l.Library - o.Library, Graphs: l.Graphs - o.Graphs}
+}
+
+// LaunchCounter is a backend that counts its launches (Launches).
+type LaunchCounter interface {
+	Launches() Launches
+}
+
+// CountLaunches returns m's launches so far (LaunchCounter), or ok false
+// when m does not count them (the CPU backend launches nothing).
+func CountLaunches(m Memory) (Launches, bool) {
+	lc, ok := capability[LaunchCounter](m)
+	if !ok {
+		return Launches{}, false
+	}
+	return lc.Launches(), true
+}
+
+// ComputeDownloader is a backend whose DownloadComputed copies src into dst
+// once the compute queued before the call has finished, without waiting
+// for UploadAsync copies that no compute has been ordered after (Download
+// waits for every queued copy). Handing an activation from the device to
+// the host then leaves the copies of layers still to come running: the
+// copy engine streams them while the host computes.
+type ComputeDownloader interface {
+	DownloadComputed(dst []byte, src *Tensor) error
+}
+
+// DownloadComputed copies src into dst with m's DownloadComputed when m is
+// a ComputeDownloader, else with its Download.
+func DownloadComputed(m Memory, dst []byte, src *Tensor) error {
+	if d, ok := capability[ComputeDownloader](m); ok {
+		return d.DownloadComputed(dst, src)
+	}
+	return m.Download(dst, src)
+}

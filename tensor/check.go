@@ -49,13 +49,13 @@ func quantizedOperand(op, name string, t *Tensor, why string) error {
 
 // checkWeight is CheckShape for MatMul's w and Embed's table, [rows,
 // cols]: a float type, or a quantized one with a product (all but Q8_K,
-// the activations' format of the K formats' products).
+// ggml's format of the activations in the K formats' products).
 func checkWeight(op, name string, t *Tensor, rows, cols int) error {
 	if t == nil || !t.dtype.IsQuantized() {
 		return CheckShape(op, name, t, Invalid, rows, cols)
 	}
-	if q, _ := t.dtype.Quant(); quant.VecDotType(q) == quant.F32 {
-		return fmt.Errorf("tensor: %s: %s has dtype %v, the format of activations in the K formats' products, not of weights", op, name, t.dtype)
+	if q, _ := t.dtype.Quant(); !quant.IntegerProduct(q) {
+		return fmt.Errorf("tensor: %s: %s has dtype %v, ggml's format of activations in the K formats' products, not of weights", op, name, t.dtype)
 	}
 	return CheckShape(op, name, t, t.dtype, rows, cols)
 }
@@ -198,6 +198,12 @@ func checkRope(x *Tensor, r Rotary) error {
 	if Overlap(x, cos) || Overlap(x, sin) {
 		return fmt.Errorf("tensor: %s: x overlaps the tables", op)
 	}
+	if err := checkPosAt(op, r.PosAt); err != nil {
+		return err
+	}
+	if Overlap(x, r.PosAt) {
+		return fmt.Errorf("tensor: %s: x overlaps PosAt", op)
+	}
 	return nil
 }
 
@@ -299,7 +305,10 @@ func checkAttention(out *Tensor, a Attn) error {
 	if pos0+t > maxPos {
 		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, pos0, pos0+t-1, maxPos)
 	}
-	return disjoint(op, "out", out, []string{"q", "k", "v"}, q, k, v)
+	if err := checkPosAt(op, a.PosAt); err != nil {
+		return err
+	}
+	return disjoint(op, "out", out, []string{"q", "k", "v", "PosAt"}, q, k, v, a.PosAt)
 }
 
 func checkAttentionBlocks(out *Tensor, a AttnBlocks) error {

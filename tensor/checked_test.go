@@ -1,6 +1,7 @@
 package tensor_test
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -114,6 +115,44 @@ type copyTimer struct{ memoryOnly }
 
 func (copyTimer) CopyStats() (int64, time.Duration, time.Duration) {
 	return 42, time.Second, time.Millisecond
+}
+
+// computeDownloader is a backend whose DownloadComputed writes a mark, so
+// that a test tells it from Download.
+type computeDownloader struct{ memoryOnly }
+
+func (computeDownloader) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	for i := range dst {
+		dst[i] = 0x5A
+	}
+	return nil
+}
+
+// TestDownloadComputed: the helper finds DownloadComputed behind a front,
+// and falls back to Download on a backend without it.
+func TestDownloadComputed(t *testing.T) {
+	cpu := tensor.NewCPU(1)
+	defer cpu.Close()
+	src, err := tensor.FromF32(tensor.Shape{2}, []float32{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		m    tensor.Memory
+		want []byte // dst after the call
+	}{
+		{"capability behind a front", tensor.Checked(computeDownloader{memoryOnly{cpu}}), bytes.Repeat([]byte{0x5A}, 8)},
+		{"fallback to Download", tensor.Checked(memoryOnly{cpu}), src.Bytes()},
+	} {
+		dst := make([]byte, src.NumBytes())
+		if err := tensor.DownloadComputed(tc.m, dst, src); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !bytes.Equal(dst, tc.want) {
+			t.Errorf("%s: dst = %x, want %x", tc.name, dst, tc.want)
+		}
+	}
 }
 
 // TestCheckedFront checks how fronts compose and what they expose: Checked

@@ -18,8 +18,12 @@ var scoreBufs = sync.Pool{New: func() any { return new([]float32) }}
 // row) pairs on the pool.
 func (c *CPU) Attention(out *Tensor, at Attn) error {
 	const op = "Attention"
-	q, k, v, heads, kvHeads, headDim, pos0, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Pos0, at.Scale
+	q, k, v, heads, kvHeads, headDim, scale := at.Q, at.K, at.V, at.Heads, at.KVHeads, at.HeadDim, at.Scale
 	if err := operands(op, out, q, k, v); err != nil {
+		return err
+	}
+	pos0, err := hostPosition(op, at.Pos0, at.PosAt)
+	if err != nil {
 		return err
 	}
 	if k.dtype != F32 {

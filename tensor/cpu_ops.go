@@ -120,8 +120,12 @@ func (c *CPU) RMSNorm(out, x, w *Tensor, eps float32) error {
 // heads*headDim] in place by the angles of positions pos0..pos0+T-1, read
 // from the F32 tables cos and sin [maxPos, headDim/2] (the fields of r).
 func (c *CPU) Rope(x *Tensor, r Rotary) error {
-	cos, sin, heads, headDim, pos0 := r.Cos, r.Sin, r.Heads, r.HeadDim, r.Pos0
+	cos, sin, heads, headDim := r.Cos, r.Sin, r.Heads, r.HeadDim
 	if err := operands("Rope", x, cos, sin); err != nil {
+		return err
+	}
+	pos0, err := hostPosition("Rope", r.Pos0, r.PosAt)
+	if err != nil {
 		return err
 	}
 	half, t := headDim/2, x.shape[0]

@@ -47,8 +47,8 @@ func quantGemmRows(dt DType) int {
 	return 2
 }
 
-// qmatmul is one quantized MatMul call: the rows of x quantized to the
-// weights' VecDotType, and the weight rows split into tasks of per rows,
+// qmatmul is one quantized MatMul call: the rows of x quantized for the
+// weights' integer product (quant.QuantizeRow), and the weight rows split into tasks of per rows,
 // each multiplied with every row of x. Recycled through qmatmulPool with
 // its buffer, so that a call allocates nothing once the buffer is large
 // enough.
@@ -82,14 +82,14 @@ func (q *qmatmul) release() {
 
 // matMulQuant is MatMul with quantized weights, ggml's integer product
 // (for fewer than quantGemmRows rows of x; see MatMul):
-// each row of x is quantized once to the weights' VecDotType (8 bits per
-// element, a scale per block) and multiplied with the weight rows block by
-// block in integer arithmetic (quant.GEMV). The result is the F32 product
-// over the dequantized weights but for the rounding of the activations,
-// about 0.5% (Q8_0 blocks) to 0.6% (Q8_K) of the product, more where a few
-// large activations coarsen their block's step. Activations quant cannot
-// quantize (NaN, infinities, or for Q8_0 magnitudes beyond 65504·127) are
-// an error wrapping quant.ErrNotFinite.
+// each row of x is quantized once (quant.QuantizeRow: 16 bits per
+// element, an F32 scale per block of the weights) and multiplied with the
+// weight rows block by block in integer arithmetic (quant.GEMV). The
+// result is the F32 product over the dequantized weights but for the
+// rounding of the activations, about 0.004% (blocks of 32) to 0.005%
+// (blocks of 256) of the product, twice that where a few large
+// activations coarsen their block's step. Activations holding a NaN or
+// an infinity are an error wrapping quant.ErrNotFinite.
 func (c *CPU) matMulQuant(out, x, w, bias *Tensor) error {
 	return c.matMulQuantRows(out, x, w, bias, false)
 }
@@ -99,8 +99,7 @@ func (c *CPU) matMulQuant(out, x, w, bias *Tensor) error {
 // its bits are a one-row product's (MatMulRows).
 func (c *CPU) matMulQuantRows(out, x, w, bias *Tensor, rows bool) error {
 	typ, ok := w.dtype.Quant()
-	act := quant.VecDotType(typ)
-	if !ok || act == quant.F32 {
+	if !ok || !quant.IntegerProduct(typ) {
 		return fmt.Errorf("tensor: cpu: MatMul: %v weights have no integer product", w.dtype)
 	}
 	m, k, n := x.shape[0], x.shape[1], w.shape[0]
@@ -110,7 +109,14 @@ func (c *CPU) matMulQuantRows(out, x, w, bias *Tensor, rows bool) error {
 	q := qmatmulPool.Get().(*qmatmul)
 	defer q.release()
 	q.typ, q.m, q.n, q.k, q.out, q.w = typ, m, n, k, out.F32(), w.data
-	q.wb, q.xb = k/typ.BlockSize()*typ.BlockBytes(), k/act.BlockSize()*act.BlockBytes()
+	xb := 0
+	if k > 0 {
+		var err error
+		if xb, err = quant.ActivationBytes(typ, k); err != nil {
+			return fmt.Errorf("tensor: cpu: MatMul: %w", err)
+		}
+	}
+	q.wb, q.xb = k/typ.BlockSize()*typ.BlockBytes(), xb
 	q.bias, q.hasBias = fvec{}, bias != nil
 	if bias != nil {
 		q.bias = newFvec(bias)

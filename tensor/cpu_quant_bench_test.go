@@ -103,7 +103,7 @@ var decodeShapes = []struct {
 }{{"2048x2048", 2048, 2048}, {"5632x2048", 5632, 2048}, {"2048x5632", 2048, 5632}}
 
 // BenchmarkMatMulDecode multiplies one row of activations with each of the
-// 1.1B model's matrices in F16, Q8_0 and Q4_K, on one and two threads.
+// 1.1B model's matrices in F16, Q8_0, Q4_K and Q6_K, on one and two threads.
 // Other work on the machine changes the bandwidth from one moment to the
 // next, so after each pass over the copies the timer stops and as many
 // goroutines as the backend has threads read streamBytes: bw is the median
@@ -113,7 +113,7 @@ var decodeShapes = []struct {
 // read.
 func BenchmarkMatMulDecode(b *testing.B) {
 	for _, s := range decodeShapes {
-		for _, dt := range []tensor.DType{tensor.F16, tensor.Q8_0, tensor.Q4_K} {
+		for _, dt := range []tensor.DType{tensor.F16, tensor.Q8_0, tensor.Q4_K, tensor.Q6_K} {
 			var ws []*tensor.Tensor
 			for _, threads := range []int{1, 2} {
 				b.Run(fmt.Sprintf("%s/%v/threads=%d", s.name, dt, threads), func(b *testing.B) {

@@ -16,7 +16,7 @@ func TestCPUBackend(t *testing.T) {
 		t.Run(fmt.Sprintf("threads=%d", threads), func(t *testing.T) {
 			c := tensor.NewCPU(threads)
 			defer c.Close()
-			tensortest.TestBackend(t, c, tensortest.QuantizedActivations())
+			tensortest.TestBackend(t, c, tensortest.QuantizedActivations(), tensortest.FusedTolerance(0))
 		})
 	}
 }

@@ -95,3 +95,19 @@ extern "C" __global__ void attention_bf16(float* out, const float* q, const bf16
 					  int pos0, float scale) {
 	attention(out, q, k, v, heads, kvHeads, headDim, pos0, scale);
 }
+
+// For captured graphs (cuda/graph.go, tensor.Attn.PosAt): the kernels above
+// with pos0 read from device memory when they run, clamped to [0, pos0].
+// Only the entry points are added here; the body is the one above.
+extern "C" __global__ void attention_f32_at(float* out, const float* q, const float* k, const float* v, int heads, int kvHeads,
+					    int headDim, int pos0, float scale, const int* posAt) {
+	attention(out, q, k, v, heads, kvHeads, headDim, min(max(*posAt, 0), pos0), scale);
+}
+extern "C" __global__ void attention_f16_at(float* out, const float* q, const __half* k, const __half* v, int heads, int kvHeads,
+					    int headDim, int pos0, float scale, const int* posAt) {
+	attention(out, q, k, v, heads, kvHeads, headDim, min(max(*posAt, 0), pos0), scale);
+}
+extern "C" __global__ void attention_bf16_at(float* out, const float* q, const bf16* k, const bf16* v, int heads, int kvHeads,
+					     int headDim, int pos0, float scale, const int* posAt) {
+	attention(out, q, k, v, heads, kvHeads, headDim, min(max(*posAt, 0), pos0), scale);
+}

@@ -63,7 +63,7 @@ type options struct {
 	model, name, device, runs, out, report, md, jsonOut   string
 	prefill, hostLimit, kvCache                           string
 	decode, warmup, threads, chunk, streams, promptTokens int
-	ceilings                                              bool
+	ceilings, graphs                                      bool
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -83,6 +83,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
+	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
 	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
@@ -179,8 +180,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 					Strategy: string(s.strategy), Mode: string(s.mode), Error: err.Error()}
 				fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n", name, s, err)
 			} else {
-				fmt.Fprintf(stdout, "%-12s %-36s decode %8.2f tok/s  prefill %v tok/s  %s/token  %.1f GB/s  overlap %.2f  peak %s\n",
-					name, s, r.DecodeTokS, fmtRates(r.PrefillTokS), paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes))
+				fmt.Fprintf(stdout, "%-12s %-36s decode %8.2f tok/s  prefill %v tok/s  %s/token  %.1f GB/s  overlap %.2f  peak %s  %s\n",
+					name, s, r.DecodeTokS, fmtRates(r.PrefillTokS), paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), launchCell(r))
 				if r.Experts != nil {
 					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Experts)
 				}
@@ -367,6 +368,22 @@ type HybridResult struct {
 	// stages, by device name.
 	MeasuredMs map[string]float64 `json:"measured_ms_per_token"`
 	Threads    int                `json:"threads"`
+	// PinnedHostBytes of HostCacheBytes, the pager's host copies, are in
+	// pinned memory (the others upload synchronously, at pageable speed).
+	PinnedHostBytes int64 `json:"pinned_host_bytes"`
+	HostCacheBytes  int64 `json:"host_cache_bytes"`
+	// Prefill is what the pager did in each timed prefill, by prompt
+	// length: a prefetch that found no room, or a part that went outside
+	// the ring, costs a prompt its overlap.
+	Prefill map[string]PagerCounts `json:"prefill_pager,omitempty"`
+}
+
+// PagerCounts are the pager's counters over one prefill.
+type PagerCounts struct {
+	Misses         int64 `json:"misses"`
+	PrefetchNoRoom int64 `json:"prefetch_no_room"`
+	OutsideRing    int64 `json:"outside_ring"`
+	Evictions      int64 `json:"evictions"`
 }
 
 // Result is one strata run (Kind "strata") or one baseline run from
@@ -401,16 +418,25 @@ type Result struct {
 	Streams *StreamsResult `json:"streams,omitempty"`
 	// KV is where the KV cache was and what reading it cost over the
 	// timed decode steps.
-	KV    *KVResult `json:"kv,omitempty"`
-	Error string    `json:"error,omitempty"`
+	KV *KVResult `json:"kv,omitempty"`
+	// Graphs says the decode steps could run as captured graphs (the
+	// device has them and -graphs was on); Launches are the device's
+	// launches over the timed decode steps (kernels, copies, cuBLAS calls,
+	// graph replays) and LaunchesPerToken their total per step, on a
+	// device that counts them.
+	Graphs           bool             `json:"graphs,omitempty"`
+	Launches         *tensor.Launches `json:"launches,omitempty"`
+	LaunchesPerToken float64          `json:"launches_per_token,omitempty"`
+	Error            string           `json:"error,omitempty"`
 }
 
 // KVResult is the KV cache's part of a run: its placement (bytes on the
 // device and in host memory), the context the timed steps attended over,
 // the KV bytes a step read on each side, the CPU's attention time per
 // step, and the decode bound with those reads counted: per token the
-// streamed weights over the H2D rate plus the host KV bytes over the CPU
-// rate (the engine's measured rates; 0 without them).
+// slowest of the streamed weights over the H2D rate and the host KV bytes
+// over the CPU rate, which overlap (the engine's measured rates; 0
+// without them).
 type KVResult struct {
 	*engine.KVReport
 	PromptTokens            int     `json:"prompt_tokens"`
@@ -459,7 +485,15 @@ func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options
 		if link == 0 {
 			r.DecodeBoundNoKVReadTokS = 0
 		}
-		if t := link + r.HostKVReadPerToken/rt.CPU + dev; t > 0 {
+		// The CPU attends over the host KV while the copy engine streams
+		// the next layers and the GPU reads its own KV: the three overlap,
+		// so the bound is the slowest of them (the CPU at its rate beside
+		// copies when there are any).
+		cpu := rt.CPU
+		if link > 0 {
+			cpu = cmp.Or(rt.CPUShared, rt.CPU)
+		}
+		if t := max(link, r.HostKVReadPerToken/cpu, dev); t > 0 {
 			r.DecodeBoundTokS = 1 / t
 		}
 	}
@@ -474,7 +508,10 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		mem.Budgets = []int64{s.budget}
 	}
 	start := time.Now()
-	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads})
+	// With -streams the plan keeps room for the batcher's KV pool, so that
+	// the pool does not take the place of resident weights.
+	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
+		KVPositions: streamsPositions(o), NoGraphs: !o.graphs})
 	if err != nil {
 		return nil, err
 	}
@@ -483,6 +520,9 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
 		Strategy: string(e.Strategy()), Mode: string(e.Mode()), WeightBytes: lm.WeightBytes(),
 		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, Chunk: e.Chunk()}
+	if _, ok := tensor.Graphs(b); ok && o.graphs {
+		r.Graphs = true
+	}
 	sess, err := e.NewSession()
 	if err != nil {
 		return nil, err
@@ -509,11 +549,20 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.LoadSeconds = time.Since(start).Seconds()
 	for _, p := range prefill {
 		sess.Reset()
+		st0 := e.Stats()
 		t0 := time.Now()
 		if _, err := sess.Forward(ctx, prompt[:p], false, nil); err != nil {
 			return nil, err
 		}
 		r.PrefillTokS[strconv.Itoa(p)] = float64(p) / time.Since(t0).Seconds()
+		if r.Hybrid != nil {
+			st := e.Stats()
+			if r.Hybrid.Prefill == nil {
+				r.Hybrid.Prefill = map[string]PagerCounts{}
+			}
+			r.Hybrid.Prefill[strconv.Itoa(p)] = PagerCounts{Misses: st.Misses - st0.Misses, PrefetchNoRoom: st.PrefetchNoRoom - st0.PrefetchNoRoom,
+				OutsideRing: st.OutsideRing - st0.OutsideRing, Evictions: st.Evictions - st0.Evictions}
+		}
 	}
 	sess.Reset()
 	t0 := time.Now()
@@ -541,6 +590,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	cw := paging.StartCopyWindow(b)
 	busy0 := busyOf(sess)
 	kv0 := e.KV()
+	l0, counted := tensor.CountLaunches(b)
 	t0 = time.Now()
 	for range o.decode {
 		if err := step(); err != nil {
@@ -548,6 +598,10 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		}
 	}
 	el := time.Since(t0)
+	if l1, ok := tensor.CountLaunches(b); ok && counted {
+		l := l1.Sub(l0)
+		r.Launches, r.LaunchesPerToken = &l, float64(l.Total())/float64(o.decode)
+	}
 	r.DecodeTokS = float64(o.decode) / el.Seconds()
 	st := e.Stats()
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
@@ -558,6 +612,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	r.KV = kvResult(e.KV(), kv0, r, cfg, o)
 	if r.Hybrid != nil {
+		r.Hybrid.PinnedHostBytes, r.Hybrid.HostCacheBytes = st.PinnedHostBytes, st.HostCacheBytes
 		for dev, d := range busyOf(sess) {
 			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)
 		}

@@ -48,6 +48,64 @@ func TestBenchFlags(t *testing.T) {
 	}
 }
 
+// TestReportLaunches checks the launches-per-token column: a run's count,
+// marked when its decode steps ran as graphs, and "-" for a run whose
+// device does not count launches.
+func TestReportLaunches(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "results.jsonl")
+	lines := `{"kind":"strata","model":"m","device":"cuda:0","run":"none","decode_tok_s":250,"decode_tokens":64,"launches":{"kernels":0,"copies":320,"library":0,"graphs":2048},"launches_per_token":37,"graphs":true}
+{"kind":"strata","model":"m","device":"cuda:0","run":"none","decode_tok_s":180,"decode_tokens":64,"launches":{"kernels":22400,"copies":512,"library":0,"graphs":0},"launches_per_token":358}
+{"kind":"strata","model":"m","device":"cpu","run":"none","decode_tok_s":20,"decode_tokens":64}
+`
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-report", path}, &out); err != nil {
+		t.Fatal(err)
+	}
+	table := out.String()
+	for _, want := range []string{"| launches/token |", "| 250.00 | 37.0 (graphs: 32.0 replays) |", "| 180.00 | 358.0 |", "| 20.00 | - |"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q:\n%s", want, table)
+		}
+	}
+}
+
+// TestReportCompiledBaseline checks that a resident row is compared with
+// transformers compiled (static cache, torch.compile) when that run
+// succeeded, and with eager transformers when it failed; the failed run
+// keeps its row with the error.
+func TestReportCompiledBaseline(t *testing.T) {
+	dir := t.TempDir()
+	eager := `{"kind":"transformers","model":"m","device":"cuda:0","run":"resident","decode_tok_s":10,"decode_tokens":64}` + "\n"
+	compiled := `{"kind":"transformers-compiled","model":"m","device":"cuda:0","run":"compiled","decode_tok_s":100,"decode_tokens":64}` + "\n"
+	failed := `{"kind":"transformers-compiled","model":"m","device":"cuda:0","run":"compiled","decode_tokens":64,"error":"BackendCompilerFailed: inductor"}` + "\n"
+	strata := `{"kind":"strata","model":"m","device":"cuda:0","run":"none","decode_tok_s":200,"decode_tokens":64}` + "\n"
+	cases := []struct{ name, lines, want string }{
+		{"compiled", eager + compiled + strata, "| 2.00x transformers-compiled compiled |"},
+		{"compiled-first", compiled + eager + strata, "| 2.00x transformers-compiled compiled |"},
+		{"compile-failed", eager + failed + strata, "| 20.00x transformers resident |"},
+	}
+	for _, c := range cases {
+		path := filepath.Join(dir, c.name+".jsonl")
+		if err := os.WriteFile(path, []byte(c.lines), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"-report", path}, &out); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), c.want) {
+			t.Errorf("%s: the table lacks %q:\n%s", c.name, c.want, out.String())
+		}
+		if c.name == "compile-failed" && !strings.Contains(out.String(), "error: BackendCompilerFailed") {
+			t.Errorf("%s: the failed run's row is missing:\n%s", c.name, out.String())
+		}
+	}
+}
+
 // TestBenchPromptTokens: -prompt-tokens sets the context the timed decode
 // steps attend over, its prefill is timed under its length, and the result
 // reports the KV cache (all on the device on the CPU, with the bytes the
@@ -99,7 +157,8 @@ func TestBoundsHostKV(t *testing.T) {
 // TestBenchStreams: -streams 3 decodes three requests at once through the
 // batcher and reports them, in the output and in the JSON line: the
 // aggregate rate, latencies that are positive and ordered (p50 <= p99), a
-// mean batch above one, the KV pool.
+// mean batch above one, the KV pool, steps a second and rows a step (at
+// least the mean batch: each sequence runs a row or more).
 func TestBenchStreams(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.jsonl")
 	var stdout bytes.Buffer
@@ -124,7 +183,8 @@ func TestBenchStreams(t *testing.T) {
 	}
 	t.Logf("%s", s)
 	if s.Streams != 3 || !(s.DecodeTokS > 0) || !(s.InterTokenP50Ms > 0) || s.InterTokenP50Ms > s.InterTokenP99Ms ||
-		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 {
+		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 ||
+		!(s.StepsS > 0) || s.RowsPerStep < s.MeanBatch {
 		t.Errorf("streams %+v", s)
 	}
 }

@@ -35,7 +35,7 @@ type Row struct {
 	HybridBoundTokS float64 `json:"hybrid_bound_tok_s,omitempty"`
 	OfBound         float64 `json:"of_bound"`
 	VsBaseline      float64 `json:"vs_baseline"` // decode tok/s over the baseline's
-	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident
+	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident (compiled when it ran)
 }
 
 func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
@@ -176,7 +176,9 @@ func baseline(all []Result, r Result) *Result {
 		if b.Kind == "accelerate" && b.BudgetBytes == r.BudgetBytes && r.BudgetBytes > 0 {
 			return b
 		}
-		if b.Kind == "transformers" && b.BudgetBytes == 0 {
+		// The compiled run (static cache, torch.compile) is the stronger
+		// resident baseline, when it ran.
+		if b.BudgetBytes == 0 && (b.Kind == "transformers-compiled" || b.Kind == "transformers" && (resident == nil || resident.Kind != "transformers-compiled")) {
 			resident = b
 		}
 	}
@@ -192,15 +194,15 @@ func markdown(c *Ceilings, rows []Row) string {
 		fmt.Fprintf(&sb, "Ceilings on %s: host-to-device %.1f GB/s pinned, %.1f GB/s pageable (%s copies); device memory %.0f GB/s (read + write).\n\n",
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
-	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
-	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
+	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, r := range rows {
 		budget := "none"
 		if r.BudgetBytes > 0 {
 			budget = paging.FormatSize(r.BudgetBytes)
 		}
 		if r.Error != "" {
-			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s ||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
+			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s |||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
 		}
 		vs := "-"
@@ -226,8 +228,8 @@ func markdown(c *Ceilings, rows []Row) string {
 			}
 			return fmt.Sprintf("%.1f", v)
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, r.PrefillTokS["128"], r.PrefillTokS["512"],
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %s | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, launchCell(&r.Result), r.PrefillTokS["128"], r.PrefillTokS["512"],
 			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes),
 			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs)
 	}
@@ -247,4 +249,17 @@ func expertCell(x *engine.ExpertReport) string {
 		s += ", " + x.Routing
 	}
 	return s
+}
+
+// launchCell is a run's launches per decoded token, marked "graphs" when
+// its decode steps could run as captured graphs; "-" where the device did
+// not count them.
+func launchCell(r *Result) string {
+	if r.Launches == nil {
+		return "-"
+	}
+	if r.Graphs {
+		return fmt.Sprintf("%.1f (graphs: %.1f replays)", r.LaunchesPerToken, float64(r.Launches.Graphs)/float64(max(r.DecodeTokens, 1)))
+	}
+	return fmt.Sprintf("%.1f", r.LaunchesPerToken)
 }

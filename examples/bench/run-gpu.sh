@@ -77,11 +77,15 @@ if has tiny; then
 	log strata tinyllama-1.1b
 	"$BIN/bench" -device cuda -model "$MODELS/tinyllama-1.1b" -name tinyllama-1.1b -decode "$DECODE" -out "$OUT/strata.jsonl" \
 		-runs ${RUNS_TINY:-none,1GiB:balanced,1GiB:minimal,1GiB:aggressive,1GiB:balanced:unified,1GiB:balanced:unified-noprefetch}
+	# The same resident run launch by launch: launches per token before
+	# and after decode graphs.
+	"$BIN/bench" -device cuda -model "$MODELS/tinyllama-1.1b" -name tinyllama-1.1b -decode "$DECODE" -out "$OUT/strata.jsonl" -graphs=false -runs none
 fi
 if has 7b; then
 	log strata llama2-7b
 	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode "$DECODE" -out "$OUT/strata.jsonl" \
 		-runs ${RUNS_7B:-none,8GiB:balanced,4GiB:minimal,4GiB:balanced,4GiB:balanced:unified,4GiB:balanced:unified-noprefetch,2GiB:balanced}
+	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode "$DECODE" -out "$OUT/strata.jsonl" -graphs=false -runs none,4GiB:balanced
 	# aggressive reads every layer from disk for every token: fewer steps.
 	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode 6 -warmup 1 -prefill 128 -out "$OUT/strata.jsonl" \
 		-runs ${RUNS_7B_SLOW:-4GiB:aggressive}
@@ -135,11 +139,11 @@ fi
 export PYTHONUNBUFFERED=1
 if has hf-tiny; then
 	log hf tinyllama-1.1b
-	python3 examples/bench/hf_baseline.py --model "$MODELS/tinyllama-1.1b" --name tinyllama-1.1b --runs resident,1GiB --decode "$DECODE" --out "$OUT/hf.jsonl"
+	python3 examples/bench/hf_baseline.py --model "$MODELS/tinyllama-1.1b" --name tinyllama-1.1b --runs resident,compiled,1GiB --decode "$DECODE" --out "$OUT/hf.jsonl"
 fi
 if has hf-7b; then
 	log hf llama2-7b
-	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs resident --decode "$DECODE" --out "$OUT/hf.jsonl"
+	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs resident,compiled --decode "$DECODE" --out "$OUT/hf.jsonl"
 	# accelerate streams the offloaded weights synchronously (about 1 token/s at 4 GiB): fewer steps.
 	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs ${HF_7B_BUDGETS:-4GiB} --decode "${HF_DECODE:-12}" --warmup 2 --out "$OUT/hf.jsonl"
 fi

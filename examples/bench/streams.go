@@ -29,8 +29,13 @@ type StreamsResult struct {
 	TTFTP50Ms       float64 `json:"ttft_p50_ms"`
 	TTFTP99Ms       float64 `json:"ttft_p99_ms"`
 	MeanBatch       float64 `json:"mean_batch"`
-	KVBlocks        int     `json:"kv_blocks"`
-	BlockSize       int     `json:"block_size"`
+	// StepsS is the batched steps a second, over the steps' own time;
+	// RowsPerStep the mean tokens a step ran (decode rows and prompt
+	// chunks).
+	StepsS      float64 `json:"steps_s"`
+	RowsPerStep float64 `json:"rows_per_step"`
+	KVBlocks    int     `json:"kv_blocks"`
+	BlockSize   int     `json:"block_size"`
 }
 
 // streamPrompt is the prompt length of each stream of -streams.
@@ -41,8 +46,7 @@ const streamPrompt = 16
 func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*StreamsResult, error) {
 	gen := o.warmup + o.decode
 	bs := nn.DefaultBlockSize
-	per := (streamPrompt + gen + bs - 1) / bs
-	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: n * per, BlockSize: bs})
+	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: streamsPositions(o) / bs, BlockSize: bs})
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +93,10 @@ func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*S
 	r := &StreamsResult{Streams: n, KVBlocks: st.KVBlocks, BlockSize: st.BlockSize}
 	if st.Steps > 0 {
 		r.MeanBatch = float64(st.BatchSizeSum) / float64(st.Steps)
+		r.RowsPerStep = float64(st.StepRowsSum) / float64(st.Steps)
+	}
+	if st.StepTimeSum > 0 {
+		r.StepsS = float64(st.Steps) / st.StepTimeSum.Seconds()
 	}
 	// The window: from the last stream's end of warm-up to the first
 	// stream's last token.
@@ -129,6 +137,13 @@ func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*S
 	return r, nil
 }
 
+// streamsPositions is the KV positions of -streams' pool: each stream's
+// prompt and tokens in whole blocks; 0 without -streams.
+func streamsPositions(o options) int {
+	bs := nn.DefaultBlockSize
+	return o.streams * ((streamPrompt + o.warmup + o.decode + bs - 1) / bs * bs)
+}
+
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -150,6 +165,6 @@ func percentile(v []float64, q float64) float64 {
 }
 
 func (r *StreamsResult) String() string {
-	return fmt.Sprintf("%d streams: decode %.2f tok/s aggregate, inter-token p50 %.1f ms p99 %.1f ms, first token p50 %.1f ms p99 %.1f ms, mean batch %.2f",
-		r.Streams, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch)
+	return fmt.Sprintf("%d streams: decode %.2f tok/s aggregate, inter-token p50 %.1f ms p99 %.1f ms, first token p50 %.1f ms p99 %.1f ms, mean batch %.2f, %.2f steps/s of %.1f rows",
+		r.Streams, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch, r.StepsS, r.RowsPerStep)
 }

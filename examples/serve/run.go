@@ -22,6 +22,7 @@ type options struct {
 	threads, chunk    int
 	context           int
 	maxSeqs, maxQueue int
+	kvPositions       int
 	drain             time.Duration
 
 	mem cli.MemoryFlags
@@ -44,6 +45,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.chunk, "prefill-chunk", 512, "prompt tokens processed per forward step")
 	fs.IntVar(&o.context, "context", 0, fmt.Sprintf("positions (prompt and generated tokens) of one request; 0 is the model's context, at most %d", defaultContext))
 	fs.IntVar(&o.maxSeqs, "max-sequences", 8, "requests run at once")
+	fs.IntVar(&o.kvPositions, "kv-positions", 0, "KV cache `positions` the device plan keeps room for, the running requests' together; the KV pool takes that room (0: one -context, and the pool takes what room the plan leaves)")
 	fs.IntVar(&o.maxQueue, "max-queue", 64, "requests waiting at most; beyond it a request is answered 429")
 	fs.DurationVar(&o.drain, "drain-timeout", 30*time.Second, "on SIGINT or SIGTERM, how long the running requests have to finish")
 	o.mem.Register(fs)
@@ -61,6 +63,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, cli.Usagef("-context %d must be >= 0", o.context)
 	case o.maxSeqs <= 0:
 		return nil, cli.Usagef("-max-sequences %d must be > 0", o.maxSeqs)
+	case o.kvPositions < 0:
+		return nil, cli.Usagef("-kv-positions %d must be >= 0", o.kvPositions)
 	case o.maxQueue <= 0:
 		return nil, cli.Usagef("-max-queue %d must be > 0", o.maxQueue)
 	case o.drain <= 0:
@@ -119,7 +123,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 	defer ln.Close()
 	eng, err := engine.Open(ctx, lm, engine.Options{
-		Devices: specs, Threads: o.threads, Memory: mem, Context: o.context, Chunk: o.chunk,
+		Devices: specs, Threads: o.threads, Memory: mem, Context: o.context, Chunk: o.chunk, KVPositions: o.kvPositions,
 	})
 	if err != nil {
 		return err

@@ -25,29 +25,32 @@
 //
 // # The integer product
 //
-// A CPU decodes a token the way ggml does: QuantizeRow quantizes the
-// activation vector once per block, to VecDotType of the weights (Q8_0
-// for the 32-element formats, Q8_K for the K formats), and VecDot or GEMV
-// multiply each weight row with it in integer arithmetic, block by block,
-// before any float is touched. A row costs one pass over its quantized
-// bytes and a few float operations per block, so a product runs at the
-// speed memory delivers the weights. Quantizing the activations adds an
-// error of about 0.5% RMS (Q8_0) or 0.6% (Q8_K) to each product; DotF32 is
-// the exact alternative.
+// A CPU decodes a token as ggml does, in integers, but with finer
+// activations: QuantizeRow quantizes the activation vector once, to 16-bit
+// quants with an F32 scale per block of the weights (32 elements, or 256
+// for the K formats; act.go has the layout), and VecDot or GEMV multiply
+// each weight row with it block by block in integer arithmetic before any
+// float is touched. A row costs one pass over its quantized bytes and a
+// few float operations per block, so a product runs at the speed memory
+// delivers the weights. Rounding the activations to steps of
+// max|x|/16383 adds a relative RMS error of about 0.004% (blocks of 32)
+// or 0.005% (blocks of 256) to each product, 1/128 of what ggml's 8-bit
+// Q8_0 and Q8_K activations cost; DotF32 is the exact alternative.
 //
 // The kernels are Go everywhere, and x86-64 assembly for Q8_0, Q4_0, Q4_K,
-// Q5_K and Q6_K with AVX2 or AVX512_VNNI, chosen at run time (KernelsEnv
-// overrides the choice; the purego build tag leaves the assembly out).
-// Every kernel computes the same float32 result, bit for bit, from the
-// same bytes:
+// Q5_K and Q6_K with AVX2 or AVX512_VNNI, chosen at run time (KernelsEnv overrides
+// the choice; the purego build tag leaves the assembly out). Every kernel
+// computes the same float32 result, bit for bit, from the same bytes:
 //
 //   - The integers are exact. A block's elements are taken in chunks of 32
 //     consecutive elements; within a chunk, lane k (k = 0..7) holds the sum
-//     of the products of elements 4k..4k+3, each weight quant times its
-//     activation quant, multiplied by the chunk's integer sub-block scale
-//     where the format has one (Q4_K, Q5_K: the 6-bit scale of the 32
-//     elements; Q6_K: the signed scale of each 16). A K-format super-block
-//     adds its eight chunks' lanes together.
+//     of the products of elements 2k, 2k+1, 16+2k and 17+2k, each weight
+//     level (less its offset) times its activation quant, the first 16
+//     times the chunk's integer sub-block scale where the format has one
+//     (Q4_K, Q5_K: the 6-bit scale of the 32 elements; Q6_K: the signed
+//     scale of each 16). A K-format super-block adds its eight chunks'
+//     lanes together. The sums are int32's, and ActMax keeps them from
+//     wrapping.
 //   - The floats follow one order. Eight float32 accumulators acc[k] start
 //     at +0. For each block, in order: dd = d·dx (the weight's scale times
 //     the activation's, rounded), then acc[k] += float32(lane[k])·dd, the
@@ -56,18 +59,14 @@
 //   - Offsets: Q4_0, Q5_0 and Q6_K fold theirs (8, 16, 32) into the integer
 //     lanes. Q4_1 and Q5_1 add their min per block after the scaled lanes:
 //     acc[k] = (acc[k] + float32(lane[k])·dd) + float32(xsum[k])·(m·dx),
-//     with xsum[k] the sum of activation quants 4k..4k+3. Q4_K and Q5_K
-//     take their mins away per super-block the same way: acc[k] = (acc[k] +
-//     float32(lane[k])·dd) − float32(mlane[k])·(dmin·dx), where mlane[j] =
-//     min_j·(bsum_2j + bsum_2j+1) for sub-block j, from the activation's
-//     stored 16-element sums.
-//   - A weight quant w times an activation quant x is |w| times x with
-//     w's sign, the negation wrapping in eight bits: w·x exactly, except for
-//     x = -128 with w < 0 in Q8_0 weights (the sign trick of the x86
-//     kernels, which every kernel reproduces). QuantizeRow never writes
-//     -128, so on its output the integer sums are the exact products.
+//     with xsum[k] the sum of the activation quants of lane k. Q4_K and
+//     Q5_K take their mins away per super-block the same way: acc[k] =
+//     (acc[k] + float32(lane[k])·dd) − float32(mlane[k])·(dmin·dx), where
+//     mlane[j] = min_j times the stored sum of the activation quants of
+//     sub-block j.
 //
-// That float order is the one an 8-lane vector unit runs naturally.
+// That order is the one an 8-lane vector unit runs naturally: VPMADDWD
+// of 16 weights and 16 activation quants fills the eight lanes.
 //
 // The package depends on no other part of strata, so that tensor, loader
 // and the backends can all use it.
@@ -81,7 +80,11 @@
 //
 // A matrix-vector product with the integer kernels:
 //
-//	xq := make([]byte, cols/256*292) // Q8_K activations
+//	nb, err := quant.ActivationBytes(quant.Q4_K, cols)
+//	if err != nil {
+//		return err
+//	}
+//	xq := make([]byte, nb)
 //	if err := quant.QuantizeRow(quant.Q4_K, xq, x); err != nil {
 //		return err
 //	}

@@ -125,27 +125,27 @@ func FuzzQuantize(f *testing.F) {
 }
 
 // FuzzVecDot runs the integer products on arbitrary weight and activation
-// bytes (any scale bit pattern, any quant, -128 included) and holds every
+// bytes (any scale bit pattern, any quant or sum) and holds every
 // assembly kernel to the Go kernels bit for bit, NaN matching NaN; the
 // checked VecDot must agree with the first row.
 func FuzzVecDot(f *testing.F) {
 	g := newGen(77)
 	for i, typ := range vecTypes {
-		at := VecDotType(typ)
+		a, _ := actOf(typ)
 		for _, p := range []float64{0, 0.5} {
 			nb := 1 + i%3
-			f.Add(uint8(i), randomBlocks(g, typ, 3*nb*at.BlockSize()/typ.BlockSize(), p, true), randomBlocks(g, at, nb, p, true))
+			f.Add(uint8(i), randomBlocks(g, typ, 3*nb*a.block/typ.BlockSize(), p, true), randomActs(g, typ, nb, p))
 		}
 	}
 	f.Fuzz(func(t *testing.T, which uint8, w, xq []byte) {
 		typ := vecTypes[int(which)%len(vecTypes)]
-		at := VecDotType(typ)
-		nb := min(len(xq)/at.BlockBytes(), 64)
+		a, _ := actOf(typ)
+		nb := min(len(xq)/a.blockBytes(), 64)
 		if nb == 0 {
 			return
 		}
-		xq = xq[:nb*at.BlockBytes()]
-		n := nb * at.BlockSize()
+		xq = xq[:nb*a.blockBytes()]
+		n := nb * a.block
 		rowBytes := n / typ.BlockSize() * typ.BlockBytes()
 		rows := min(len(w)/rowBytes, 9)
 		if rows == 0 {

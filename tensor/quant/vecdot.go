@@ -6,47 +6,6 @@ import (
 	"strings"
 )
 
-// VecDotType returns the format the activations take in the integer
-// product with weights of type t: Q8_0 for Q4_0, Q4_1, Q5_0, Q5_1 and
-// Q8_0; Q8_K for Q4_K, Q5_K and Q6_K; F32 for every other type, which has
-// no integer product (multiply those with DotF32).
-func VecDotType(t Type) Type {
-	switch t {
-	case Q4_0, Q4_1, Q5_0, Q5_1, Q8_0:
-		return Q8_0
-	case Q4_K, Q5_K, Q6_K:
-		return Q8_K
-	}
-	return F32
-}
-
-// QuantizeRow quantizes the activations x for a product with weights of
-// type t: xq receives VecDotType(t)'s blocks, exactly what that type's
-// Quantize writes. Activations holding a NaN or an infinity, or (for Q8_0)
-// values beyond the F16 range of a block scale (|x| > 65504·127), are
-// refused with an error wrapping ErrNotFinite, so that a product never
-// hides them.
-func QuantizeRow(t Type, xq []byte, x []float32) error {
-	a := VecDotType(t)
-	if a == F32 {
-		return noIntegerProduct("quantize row", t)
-	}
-	if _, err := a.check("quantize", len(x), len(xq)); err != nil {
-		return err
-	}
-	ok := false
-	switch a {
-	case Q8_0:
-		ok = quantizeActQ8_0(xq, x)
-	case Q8_K:
-		ok = quantizeActQ8_K(xq, x)
-	}
-	if !ok {
-		return a.Quantize(xq, x) // the checked quantizer names the problem
-	}
-	return nil
-}
-
 // VecDot returns the integer product of one weight row w (n elements of
 // type t) with the activations xq (QuantizeRow's output for n elements).
 func VecDot(t Type, w, xq []byte, n int) (float32, error) {
@@ -85,19 +44,19 @@ func noIntegerProduct(op string, t Type) error {
 
 // checkVecDot checks the operands of rows products of n elements.
 func checkVecDot(op string, t Type, rows, n, wlen, xlen int) error {
-	a := VecDotType(t)
-	if a == F32 {
+	a, ok := actOf(t)
+	if !ok {
 		return noIntegerProduct(op, t)
 	}
-	if n <= 0 || n%a.BlockSize() != 0 {
-		return fmt.Errorf("quant: %s %v: %d elements is not a positive whole number of %d-element blocks: %w", op, t, n, a.BlockSize(), ErrLength)
+	if n <= 0 || n%a.block != 0 {
+		return fmt.Errorf("quant: %s %v: %d elements is not a positive whole number of %d-element blocks: %w", op, t, n, a.block, ErrLength)
 	}
 	rowBytes := n / t.BlockSize() * t.BlockBytes()
 	if rows < 0 || (rows > 0 && wlen/rows != rowBytes) || wlen != rows*rowBytes {
 		return fmt.Errorf("quant: %s %v: %d rows of %d elements need %d bytes of weights, have %d: %w", op, t, rows, n, rows*rowBytes, wlen, ErrLength)
 	}
-	if want := n / a.BlockSize() * a.BlockBytes(); xlen != want {
-		return fmt.Errorf("quant: %s %v: %d elements need %d bytes of %v activations, have %d: %w", op, t, n, want, a, xlen, ErrLength)
+	if want := n / a.block * a.blockBytes(); xlen != want {
+		return fmt.Errorf("quant: %s %v: %d elements need %d bytes of activations (QuantizeRow's), have %d: %w", op, t, n, want, xlen, ErrLength)
 	}
 	return nil
 }
@@ -122,7 +81,7 @@ var goKernels = vecKernels{
 		Q4_1: rowsOf(Q4_1, dotQ4_1Go),
 		Q5_0: rowsOf(Q5_0, dotQ5_0Go),
 		Q5_1: rowsOf(Q5_1, dotQ5_1Go),
-		Q8_0: gemvQ8_0Go,
+		Q8_0: rowsOf(Q8_0, dotQ8_0Go),
 		Q4_K: rowsOf(Q4_K, dotQ4_KGo),
 		Q5_K: rowsOf(Q5_K, dotQ5_KGo),
 		Q6_K: rowsOf(Q6_K, dotQ6_KGo),

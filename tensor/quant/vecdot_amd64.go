@@ -28,6 +28,9 @@ func gemvQ5_KAVX2(out *float32, w, x *byte, rows, nb int)
 func gemvQ6_KAVX2(out *float32, w, x *byte, rows, nb int)
 
 //go:noescape
+func gemvQ4_0VNNI(out *float32, w, x *byte, rows, nb int)
+
+//go:noescape
 func gemvQ8_0VNNI(out *float32, w, x *byte, rows, nb int)
 
 //go:noescape
@@ -43,8 +46,9 @@ func gemvQ6_KVNNI(out *float32, w, x *byte, rows, nb int)
 // lengths the callers have checked, so that a mistake inside the package
 // panics instead of reading past a slice.
 func asmGemv(t Type, f func(out *float32, w, x *byte, rows, nb int)) gemvFunc {
-	xbb := VecDotType(t).BlockBytes()
-	wbb := t.BlockBytes()
+	a, _ := actOf(t)
+	xbb := a.blockBytes()
+	wbb := t.BlockBytes() // a weight block matches an activation block
 	return func(out []float32, w, xq []byte) {
 		nb := len(xq) / xbb
 		if len(out) == 0 || nb == 0 || len(xq) != nb*xbb || len(w) != len(out)*nb*wbb {
@@ -67,12 +71,12 @@ var avx2Kernels = func() vecKernels {
 }()
 
 // avx512Kernels need AVX512_VNNI and AVX512VL as well: the AVX2 kernels
-// with VNNI's multiply-adds on 256-bit registers, for the formats where
-// they are faster (see vecdot_amd64.s).
+// with VNNI's multiply-adds on 256-bit registers (see vecdot_amd64.s).
 var avx512Kernels = func() vecKernels {
 	k := avx2Kernels
 	k.name = "avx512"
 	k.gemv[Q8_0] = asmGemv(Q8_0, gemvQ8_0VNNI)
+	k.gemv[Q4_0] = asmGemv(Q4_0, gemvQ4_0VNNI)
 	k.gemv[Q4_K] = asmGemv(Q4_K, gemvQ4_KVNNI)
 	k.gemv[Q5_K] = asmGemv(Q5_K, gemvQ5_KVNNI)
 	k.gemv[Q6_K] = asmGemv(Q6_K, gemvQ6_KVNNI)

@@ -4,38 +4,45 @@
 
 // The integer products for x86-64, in the order the package documentation
 // defines (doc.go, "The integer product"): AVX2 with F16C, and the same
-// with AVX512_VNNI's fused integer multiply-adds on 256-bit registers.
-// Each gemv function computes rows products of nb blocks: out[r] for the
-// weight rows laid one after the other from w, with the activation blocks
-// at x. The rows are taken one at a time: a single sequential stream of
-// weights is what the hardware prefetchers follow best (four rows
-// interleaved, sharing the activation loads, ran 1.25x faster from the L2
-// cache but at 0.55x the speed from memory; two rows at 0.45x). The Go
-// wrappers in vecdot_amd64.go check the lengths.
+// with AVX512_VNNI's VPDPWSSD on 256-bit registers. Each gemv function
+// computes rows products of nb blocks: out[r] for the weight rows laid one
+// after the other from w, with QuantizeRow's activations at x (the int16
+// quants of all nb blocks, then each block's scale and sums: act.go). The
+// rows are taken one at a time: a single sequential stream of weights is
+// what the hardware prefetchers follow best. The Go wrappers in
+// vecdot_amd64.go check the lengths.
 //
-// The integer lanes come from VPMADDUBSW, which multiplies unsigned bytes
-// by signed bytes and adds adjacent pairs into 16-bit words, then
-// VPMADDWD, which multiplies words (by 1, or by the sub-block scale) and
-// adds adjacent pairs into 32-bit lanes: lane k of a 32-byte register
-// holds bytes 4k..4k+3, as the lanes are defined. Neither saturates: the
-// unsigned operands are levels of at most 63 (pairs within ±2·63·128), or
-// |w| <= 128 against activation quants with w's sign (the sign trick,
-// VPABSB and VPSIGNB: pairs between -2·128·128 = -32768 and 2·128·127).
+// The weight levels of a 32-element chunk are widened to two registers of
+// 16 words (elements 0..15 and 16..31), less their offset and times the
+// sub-block scale where the format has one (at most 4096 in magnitude, so
+// every word is exact), and multiplied with the chunk's activation quants
+// by VPMADDWD, which adds adjacent products into 32-bit lanes: lane k of
+// the two registers' sum holds elements 2k, 2k+1, 16+2k and 17+2k, as the
+// lanes are defined. No pair wraps: the activation quants are at most
+// ActMax in magnitude. The VNNI kernels multiply and accumulate in one
+// VPDPWSSD, with the same exact integers, so their results are the AVX2
+// kernels'.
 //
-// The VNNI kernels replace VPMADDUBSW and VPMADDWD by ones with VPDPBUSD
-// (Q8_0), and VPMADDWD by the scales and the VPADDD that accumulates with
-// VPDPWSSD (the K formats): the lanes hold the same exact integers, so
-// the results are the AVX2 kernels'. On Zen 4 (which runs 512-bit
-// operations in two halves) these kernels are 3% to 7% faster than AVX2,
-// while versions on 512-bit registers (two Q8_0 blocks or two Q4_K
-// sub-blocks a register) were 22% and 8% slower than AVX2.
-// Each function's body is a macro of the multiply-add it uses.
+// Cost, against the kernels of ggml's 8-bit activations that these
+// replaced (VPMADDUBSW on bytes), on one thread of a Zen 4 EPYC with the
+// weights in the L2 cache (BenchmarkGEMVCached, GB/s of weights per
+// second of CPU time, VNNI table): Q8_0 31 (31 before), Q4_0 14 (12.5),
+// Q4_K 16 (22), Q5_K 14.5 (22), Q6_K 16 (25). Widening the weights to
+// words doubles the multiply-adds of the 4- to 6-bit formats; their
+// kernels run out of vector pipes, not of latency (four accumulators and
+// scales broadcast from the frame measured no faster; scaling a Q4_K
+// sub-block's lanes once with VPMULLD rather than its 32 levels with two
+// VPMULLW made the AVX2 kernel 15% faster, VNNI's 4%).
 //
 // Floats: VCVTDQ2PS (exact, every lane is below 2^24 in magnitude, or
 // rounded as Go's conversion rounds), VMULPS by the block's scale
 // broadcast, VADDPS into the accumulator; never an FMA, so that each
 // product is rounded as the Go code rounds it. HSUM reduces the
 // accumulator as hsum8 does.
+//
+// Registers: DI out, SI weights, BX activation quants, R8 activation
+// scales and sums, R9 the row's first scale, R12 rows left, R13 nb, CX
+// blocks left; Y0 the float accumulators, Y5 the block's d·dx.
 
 // HSUM leaves ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) of the accumulator y
 // (x its low half) in the low lane of x; t is scratch.
@@ -53,13 +60,41 @@
 	VMOVD AX, x; \
 	VPBROADCASTD x, y
 
-// SCALES32 leaves in Y5 eight copies of the F16 weight scale at wp times
-// the F16 activation scale at xp.
-#define SCALES32(wp, xp) \
-	VPBROADCASTW xp, X6; \
-	VCVTPH2PS X6, Y6; \
+// ARGS loads the arguments; R9 is the activations' first scale, past the
+// nb blocks of quants of 2<<sh bytes each.
+#define ARGS(sh) \
+	MOVQ out+0(FP), DI; \
+	MOVQ w+8(FP), SI; \
+	MOVQ rows+24(FP), R12; \
+	MOVQ nb+32(FP), R13; \
+	MOVQ R13, R9; \
+	SHLQ $sh, R9; \
+	ADDQ x+16(FP), R9
+
+// ROW starts a row: the activations from their start, nb blocks, a zero
+// accumulator.
+#define ROW \
+	MOVQ x+16(FP), BX; \
+	MOVQ R9, R8; \
+	MOVQ R13, CX; \
+	VXORPS Y0, Y0, Y0
+
+// ENDROW stores the row's sum and goes on to the next row at label row.
+#define ENDROW \
+	HSUM(Y0, X0, X8); \
+	MOVSS X0, 0(DI); \
+	ADDQ $4, DI; \
+	DECQ R12; \
+	JNZ row; \
+	VZEROUPPER; \
+	RET
+
+// DSCALE leaves in Y5 eight copies of the F16 weight scale at wp times the
+// F32 activation scale at (R8).
+#define DSCALE(wp) \
 	VPBROADCASTW wp, X5; \
 	VCVTPH2PS X5, Y5; \
+	VBROADCASTSS (R8), Y6; \
 	VMULPS Y6, Y5, Y5
 
 // ADDLANES converts the integer lanes in t, multiplies them by Y5 and adds
@@ -69,160 +104,118 @@
 	VMULPS Y5, t, t; \
 	VADDPS t, Y0, Y0
 
-// DOTAVX2 and DOTVNNI set the lanes of dst to the sums of four products of
-// the unsigned bytes of u and the signed bytes of s (Y15 holds sixteen
-// 1s for DOTAVX2); dst is not u or s.
-#define DOTAVX2(u, s, dst) \
-	VPMADDUBSW s, u, dst; \
-	VPMADDWD Y15, dst, dst
-
-#define DOTVNNI(u, s, dst) \
-	VPXOR dst, dst, dst; \
-	VPDPBUSD s, u, dst
-
 // MADDAVX2 and MADDVNNI add to the lanes of acc the products of the words
-// of s and q summed in pairs (q is scratch).
-#define MADDAVX2(s, q, acc) \
-	VPMADDWD s, q, q; \
+// of m and q summed in pairs (q is scratch).
+#define MADDAVX2(m, q, acc) \
+	VPMADDWD m, q, q; \
 	VPADDD q, acc, acc
 
-#define MADDVNNI(s, q, acc) \
-	VPDPWSSD s, q, acc
+#define MADDVNNI(m, q, acc) \
+	VPDPWSSD m, q, acc
 
-// Q8_0BLK adds the Q8_0 block at wo(SI) times the activation block at
-// xo(BX) to Y0, by the sign trick: |w| times x negated where w < 0.
-#define Q8_0BLK(wo, xo, DOT) \
-	SCALES32(wo(SI), xo(BX)); \
-	VMOVDQU xo+2(BX), Y4; \
-	VPABSB wo+2(SI), Y7; \
-	VPSIGNB wo+2(SI), Y4, Y8; \
-	DOT(Y7, Y8, Y9); \
-	ADDLANES(Y9)
+// CHUNK adds to acc the products of the words a (elements 0..15 of a
+// chunk) and b (16..31) with the activation quants at xo(BX).
+#define CHUNK(a, b, xo, acc, MADD) \
+	MADD(xo(BX), a, acc); \
+	MADD(xo+32(BX), b, acc)
 
-// GEMVQ8_0 is the body of a Q8_0 kernel: two blocks an iteration.
-#define GEMVQ8_0(DOT) \
-	MOVQ out+0(FP), DI; \
-	MOVQ w+8(FP), SI; \
-	MOVQ rows+24(FP), R12; \
-	MOVQ nb+32(FP), R13; \
-	BROADCAST32($0x00010001, X15, Y15); \
+// Q8_0BLK adds the Q8_0 block at SI (its 32 signed quants widened) times
+// the activation block at BX to Y0.
+#define Q8_0BLK(MADD) \
+	DSCALE((SI)); \
+	VPMOVSXBW 2(SI), Y6; \
+	VPMOVSXBW 18(SI), Y7; \
+	VPXOR Y10, Y10, Y10; \
+	CHUNK(Y6, Y7, 0, Y10, MADD); \
+	ADDLANES(Y10)
+
+#define GEMVQ8_0(MADD) \
+	ARGS(6); \
 row: \
-	MOVQ x+16(FP), BX; \
-	MOVQ R13, CX; \
-	VXORPS Y0, Y0, Y0; \
-	SHRQ $1, CX; \
-	JZ one; \
-pair: \
-	Q8_0BLK(0, 0, DOT); \
-	Q8_0BLK(34, 34, DOT); \
-	ADDQ $68, BX; \
-	ADDQ $68, SI; \
-	DECQ CX; \
-	JNZ pair; \
-one: \
-	TESTQ $1, R13; \
-	JZ sum; \
-	Q8_0BLK(0, 0, DOT); \
-	ADDQ $34, BX; \
+	ROW; \
+block: \
+	Q8_0BLK(MADD); \
+	ADDQ $64, BX; \
+	ADDQ $4, R8; \
 	ADDQ $34, SI; \
-sum: \
-	HSUM(Y0, X0, X8); \
-	MOVSS X0, 0(DI); \
-	ADDQ $4, DI; \
-	DECQ R12; \
-	JNZ row; \
-	VZEROUPPER; \
-	RET
+	DECQ CX; \
+	JNZ block; \
+	ENDROW
 
 // func gemvQ8_0AVX2(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ8_0AVX2(SB), NOSPLIT, $0-40
-	GEMVQ8_0(DOTAVX2)
+	GEMVQ8_0(MADDAVX2)
 
 // func gemvQ8_0VNNI(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ8_0VNNI(SB), NOSPLIT, $0-40
-	GEMVQ8_0(DOTVNNI)
+	GEMVQ8_0(MADDVNNI)
 
-// Q4_0BLK adds the Q4_0 block at wo(SI): its levels unpacked into element
-// order (the low nibbles of its 16 bytes, then the high), times the
-// activation quants, less 8 times their pair sums. Y14 holds bytes 0x0f,
-// Y12 bytes 8.
-#define Q4_0BLK(wo, xo) \
-	SCALES32(wo(SI), xo(BX)); \
-	VMOVDQU xo+2(BX), Y4; \
-	VMOVDQU wo+2(SI), X7; \
-	VPSRLW $4, X7, X8; \
-	VINSERTI128 $1, X8, Y7, Y7; \
-	VPAND Y14, Y7, Y7; \
-	VPMADDUBSW Y4, Y7, Y7; \
-	VPMADDUBSW Y4, Y12, Y9; \
-	VPSUBW Y9, Y7, Y7; \
-	VPMADDWD Y15, Y7, Y7; \
-	ADDLANES(Y7)
+// Q4_0BLK adds the Q4_0 block at SI: the low nibbles of its 16 bytes
+// (elements 0..15) and the high (16..31), less 8. Y14 holds words 0x0f,
+// Y12 words 8.
+#define Q4_0BLK(MADD) \
+	DSCALE((SI)); \
+	VPMOVZXBW 2(SI), Y6; \
+	VPSRLW $4, Y6, Y7; \
+	VPAND Y14, Y6, Y6; \
+	VPSUBW Y12, Y6, Y6; \
+	VPSUBW Y12, Y7, Y7; \
+	VPXOR Y10, Y10, Y10; \
+	CHUNK(Y6, Y7, 0, Y10, MADD); \
+	ADDLANES(Y10)
+
+#define GEMVQ4_0(MADD) \
+	ARGS(6); \
+	BROADCAST32($0x000f000f, X14, Y14); \
+	BROADCAST32($0x00080008, X12, Y12); \
+row: \
+	ROW; \
+block: \
+	Q4_0BLK(MADD); \
+	ADDQ $64, BX; \
+	ADDQ $4, R8; \
+	ADDQ $18, SI; \
+	DECQ CX; \
+	JNZ block; \
+	ENDROW
 
 // func gemvQ4_0AVX2(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ4_0AVX2(SB), NOSPLIT, $0-40
-	MOVQ out+0(FP), DI
-	MOVQ w+8(FP), SI
-	MOVQ rows+24(FP), R12
-	MOVQ nb+32(FP), R13
-	BROADCAST32($0x00010001, X15, Y15)
-	BROADCAST32($0x0f0f0f0f, X14, Y14)
-	BROADCAST32($0x08080808, X12, Y12)
+	GEMVQ4_0(MADDAVX2)
 
-row:
-	MOVQ x+16(FP), BX
-	MOVQ R13, CX
-	VXORPS Y0, Y0, Y0
-	SHRQ $1, CX
-	JZ one
+// func gemvQ4_0VNNI(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ4_0VNNI(SB), NOSPLIT, $0-40
+	GEMVQ4_0(MADDVNNI)
 
-pair:
-	Q4_0BLK(0, 0)
-	Q4_0BLK(18, 34)
-	ADDQ $68, BX
-	ADDQ $36, SI
-	DECQ CX
-	JNZ pair
+// dsel<> holds the VPSHUFB controls that set every 32-bit lane to byte j
+// of its 128-bit lane, zero-extended, at 32·j: the eight Q4_K and Q5_K
+// sub-block scales, as dwords.
+#define DSEL(j) \
+	DATA dsel<>+(32*j)+0(SB)/8, $(0x8080800080808000+j*0x0000000100000001); \
+	DATA dsel<>+(32*j)+8(SB)/8, $(0x8080800080808000+j*0x0000000100000001); \
+	DATA dsel<>+(32*j)+16(SB)/8, $(0x8080800080808000+j*0x0000000100000001); \
+	DATA dsel<>+(32*j)+24(SB)/8, $(0x8080800080808000+j*0x0000000100000001)
 
-one:
-	TESTQ $1, R13
-	JZ sum
-	Q4_0BLK(0, 0)
-	ADDQ $34, BX
-	ADDQ $18, SI
+DSEL(0)
+DSEL(1)
+DSEL(2)
+DSEL(3)
+DSEL(4)
+DSEL(5)
+DSEL(6)
+DSEL(7)
+GLOBL dsel<>(SB), RODATA|NOPTR, $256
 
-sum:
-	HSUM(Y0, X0, X8)
-	MOVSS X0, 0(DI)
-	ADDQ $4, DI
-	DECQ R12
-	JNZ row
-	VZEROUPPER
-	RET
-
-// wordsel<> holds the VPSHUFB controls that broadcast one 16-bit word of
-// each 128-bit lane: at 32·j, word j in both lanes (for the eight Q4_K and
-// Q5_K sub-block scales, duplicated in both lanes); at 256+32·c, word 2c
-// in the low lane and 2c+1 in the high (for Q6_K's pairs of scales).
-#define SEL(off, lo, hi) \
-	DATA wordsel<>+off+0(SB)/8, $(lo*0x0202020202020202+0x0100010001000100); \
-	DATA wordsel<>+off+8(SB)/8, $(lo*0x0202020202020202+0x0100010001000100); \
-	DATA wordsel<>+off+16(SB)/8, $(hi*0x0202020202020202+0x0100010001000100); \
-	DATA wordsel<>+off+24(SB)/8, $(hi*0x0202020202020202+0x0100010001000100)
-
-SEL(0, 0, 0)
-SEL(32, 1, 1)
-SEL(64, 2, 2)
-SEL(96, 3, 3)
-SEL(128, 4, 4)
-SEL(160, 5, 5)
-SEL(192, 6, 6)
-SEL(224, 7, 7)
-SEL(256, 0, 1)
-SEL(288, 2, 3)
-SEL(320, 4, 5)
-SEL(352, 6, 7)
-GLOBL wordsel<>(SB), RODATA|NOPTR, $384
+// words<> holds 16 words of 0x0f, then 16 of 0x10.
+DATA words<>+0(SB)/8, $0x000f000f000f000f
+DATA words<>+8(SB)/8, $0x000f000f000f000f
+DATA words<>+16(SB)/8, $0x000f000f000f000f
+DATA words<>+24(SB)/8, $0x000f000f000f000f
+DATA words<>+32(SB)/8, $0x0010001000100010
+DATA words<>+40(SB)/8, $0x0010001000100010
+DATA words<>+48(SB)/8, $0x0010001000100010
+DATA words<>+56(SB)/8, $0x0010001000100010
+GLOBL words<>(SB), RODATA|NOPTR, $64
 
 // kscale<> holds the constants of KSCALES: two VPSHUFB controls (0x80
 // makes a zero byte) and three masks.
@@ -239,15 +232,15 @@ DATA kscale<>+72(SB)/8, $0x3030303000000000
 GLOBL kscale<>(SB), RODATA|NOPTR, $80
 
 // KSCALES unpacks the packed 6-bit scales and mins of the Q4_K or Q5_K
-// super-block at SI: Y4 receives the eight scales as words, in both
-// 128-bit lanes; Y3 the eight min terms, min_j times the sum of the
-// activation's two 16-element sums of sub-block j (exact 32-bit
-// integers). For j < 4 scale j and min j are the low six bits of bytes j
-// and j+4; for j >= 4 the low four bits are the nibbles of byte j+4 and
-// the top two the top bits of bytes j-4 (scale) and j (min). The 16 bytes
-// from 4(SI) are rearranged as [b0..b3, b8..b11, b4..b7, b8..b11] and
-// masked (low six bits, low nibble, low six bits, high nibble), and the
-// top bits of b0..b7 moved in: X7 = [scales 0..7, mins 0..7].
+// super-block at SI: Y4 receives the eight scales as bytes 0..7 of both
+// 128-bit lanes; Y3 the eight min terms, min_j times the activation's
+// stored sum of sub-block j (exact 32-bit integers, wrapping as Go's).
+// For j < 4 scale j and min j are the low six bits of bytes j and j+4;
+// for j >= 4 the low four bits are the nibbles of byte j+4 and the top two
+// the top bits of bytes j-4 (scale) and j (min). The 16 bytes from 4(SI)
+// are rearranged as [b0..b3, b8..b11, b4..b7, b8..b11] and masked (low six
+// bits, low nibble, low six bits, high nibble), and the top bits of b0..b7
+// moved in: X7 = [scales 0..7, mins 0..7].
 #define KSCALES \
 	VMOVDQU 4(SI), X3; \
 	VPSHUFB kscale<>+0(SB), X3, X4; \
@@ -259,11 +252,10 @@ GLOBL kscale<>(SB), RODATA|NOPTR, $80
 	VPSRLW $2, X3, X3; \
 	VPAND kscale<>+64(SB), X3, X3; \
 	VPOR X3, X7, X7; \
-	VPMOVZXBW X7, X4; \
-	VINSERTI128 $1, X4, Y4, Y4; \
-	VPUNPCKHBW X7, X7, X3; \
-	VPMOVZXBW X3, Y3; \
-	VPMADDWD 260(BX), Y3, Y3
+	VINSERTI128 $1, X7, Y7, Y4; \
+	VPSRLDQ $8, X7, X3; \
+	VPMOVZXBD X3, Y3; \
+	VPMULLD 4(R8), Y3, Y3
 
 // KDSCALE leaves in Y5 eight copies of the F16 d at SI times the
 // activation's F32 scale, and in Y2 eight of the F16 dmin at 2(SI) times
@@ -271,7 +263,7 @@ GLOBL kscale<>(SB), RODATA|NOPTR, $80
 #define KDSCALE \
 	VMOVD (SI), X5; \
 	VCVTPH2PS X5, X5; \
-	VBROADCASTSS (BX), X6; \
+	VBROADCASTSS (R8), X6; \
 	VMULPS X6, X5, X5; \
 	VMOVSHDUP X5, X2; \
 	VBROADCASTSS X2, Y2; \
@@ -283,30 +275,53 @@ GLOBL kscale<>(SB), RODATA|NOPTR, $80
 	VMULPS Y2, Y3, Y3; \
 	VSUBPS Y3, Y0, Y0
 
-// Q4_KGRP adds to Y10 and Y11 the scaled lanes of group g of a Q4_K
-// super-block (sub-blocks 2g and 2g+1: the low and high nibbles of the
-// 32 bytes at qo(SI)) times the activation quants at xo(BX) (elements 64g
-// on), the scales selected from Y4 by the controls at s0 and s1. Y14
-// holds bytes 0x0f.
-#define Q4_KGRP(qo, xo, s0, s1, MADD) \
-	VMOVDQU qo(SI), Y6; \
-	VPSRLW $4, Y6, Y7; \
+// Q4_KGRP adds to Y10 and Y11 group g of a Q4_K super-block: the 32 bytes
+// at qo(SI), whose low nibbles are sub-block 2g and high nibbles 2g+1,
+// times the activation quants at xo(BX) (elements 64g on), times their
+// scales (selected from Y4 by the controls at s0 and s1). Y14 holds words
+// 0x0f; Y12 is scratch.
+#define Q4_KGRP(qo, xo, s0, s1, SDOT) \
+	VPMOVZXBW qo(SI), Y6; \
+	VPMOVZXBW qo+16(SI), Y7; \
+	VPSRLW $4, Y6, Y8; \
+	VPSRLW $4, Y7, Y9; \
 	VPAND Y14, Y6, Y6; \
 	VPAND Y14, Y7, Y7; \
-	VPMADDUBSW xo(BX), Y6, Y6; \
-	VPMADDUBSW xo+32(BX), Y7, Y7; \
-	VPSHUFB wordsel<>+s0(SB), Y4, Y8; \
-	MADD(Y8, Y6, Y10); \
-	VPSHUFB wordsel<>+s1(SB), Y4, Y9; \
-	MADD(Y9, Y7, Y11)
+	KSUB(xo, s0, s1, SDOT, Y12)
+
+// KSUB adds to Y10 the products of the levels of sub-block 2g (Y6, Y7)
+// with the activation quants at xo(BX) times its scale, and to Y11 those
+// of sub-block 2g+1 (Y8, Y9); t is scratch. The scale multiplies the
+// sub-block's 32-bit lanes (VPMULLD), one multiply per sub-block rather
+// than one per 16 levels.
+#define KSUB(xo, s0, s1, SDOT, t) \
+	SDOT(xo, Y6, Y7, t); \
+	VPSHUFB dsel<>+s0(SB), Y4, Y1; \
+	VPMULLD Y1, t, t; \
+	VPADDD t, Y10, Y10; \
+	SDOT(xo+64, Y8, Y9, t); \
+	VPSHUFB dsel<>+s1(SB), Y4, Y1; \
+	VPMULLD Y1, t, t; \
+	VPADDD t, Y11, Y11
+
+// SDOTAVX2 and SDOTVNNI set the lanes of t to the products of the words a
+// (elements 0..15 of a chunk) and b (16..31) with the activation quants
+// at xo(BX), summed as the lanes are defined (b is scratch).
+#define SDOTAVX2(xo, a, b, t) \
+	VPMADDWD xo(BX), a, t; \
+	VPMADDWD xo+32(BX), b, b; \
+	VPADDD b, t, t
+
+#define SDOTVNNI(xo, a, b, t) \
+	VPXOR t, t, t; \
+	VPDPWSSD xo(BX), a, t; \
+	VPDPWSSD xo+32(BX), b, t
 
 // KLOOP is the row and super-block loops of the Q4_K and Q5_K kernels,
 // around the four groups GROUPS of a super-block of bb bytes.
 #define KLOOP(bb, GROUPS) \
 row: \
-	MOVQ x+16(FP), BX; \
-	MOVQ R13, CX; \
-	VXORPS Y0, Y0, Y0; \
+	ROW; \
 block: \
 	KDSCALE; \
 	KSCALES; \
@@ -316,167 +331,145 @@ block: \
 	VPADDD Y11, Y10, Y10; \
 	ADDLANES(Y10); \
 	KMIN; \
-	ADDQ $292, BX; \
+	ADDQ $512, BX; \
+	ADDQ $36, R8; \
 	ADDQ $bb, SI; \
 	DECQ CX; \
 	JNZ block; \
-	HSUM(Y0, X0, X8); \
-	MOVSS X0, 0(DI); \
-	ADDQ $4, DI; \
-	DECQ R12; \
-	JNZ row; \
-	VZEROUPPER; \
-	RET
+	ENDROW
 
-#define ARGS \
-	MOVQ out+0(FP), DI; \
-	MOVQ w+8(FP), SI; \
-	MOVQ rows+24(FP), R12; \
-	MOVQ nb+32(FP), R13
-
-#define Q4_KGROUPS(MADD) \
-	Q4_KGRP(16, 4, 0, 32, MADD); \
-	Q4_KGRP(48, 68, 64, 96, MADD); \
-	Q4_KGRP(80, 132, 128, 160, MADD); \
-	Q4_KGRP(112, 196, 192, 224, MADD)
+#define Q4_KGROUPS(SDOT) \
+	Q4_KGRP(16, 0, 0, 32, SDOT); \
+	Q4_KGRP(48, 128, 64, 96, SDOT); \
+	Q4_KGRP(80, 256, 128, 160, SDOT); \
+	Q4_KGRP(112, 384, 192, 224, SDOT)
 
 // func gemvQ4_KAVX2(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ4_KAVX2(SB), NOSPLIT, $0-40
-	ARGS
-	BROADCAST32($0x0f0f0f0f, X14, Y14)
-	KLOOP(144, Q4_KGROUPS(MADDAVX2))
+	ARGS(9)
+	BROADCAST32($0x000f000f, X14, Y14)
+	KLOOP(144, Q4_KGROUPS(SDOTAVX2))
 
 // func gemvQ4_KVNNI(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ4_KVNNI(SB), NOSPLIT, $0-40
-	ARGS
-	BROADCAST32($0x0f0f0f0f, X14, Y14)
-	KLOOP(144, Q4_KGROUPS(MADDVNNI))
+	ARGS(9)
+	BROADCAST32($0x000f000f, X14, Y14)
+	KLOOP(144, Q4_KGROUPS(SDOTVNNI))
 
-// Q5_KGRP is Q4_KGRP for Q5_K: the levels' fifth bits, bit j of each of
-// the 32 bytes in Y12 for sub-block j, are moved to bit 4 (a word shift by
-// sh0 or sh1, left or right as SH0 and SH1 say, then the mask 0x10 in
-// Y13) and added.
-#define Q5_KGRP(qo, xo, s0, s1, SH0, sh0, SH1, sh1, MADD) \
-	VMOVDQU qo(SI), Y6; \
-	VPSRLW $4, Y6, Y7; \
-	VPAND Y14, Y6, Y6; \
-	VPAND Y14, Y7, Y7; \
-	SH0 $sh0, Y12, Y8; \
-	VPAND Y13, Y8, Y8; \
-	VPOR Y8, Y6, Y6; \
-	SH1 $sh1, Y12, Y9; \
-	VPAND Y13, Y9, Y9; \
-	VPOR Y9, Y7, Y7; \
-	VPMADDUBSW xo(BX), Y6, Y6; \
-	VPMADDUBSW xo+32(BX), Y7, Y7; \
-	VPSHUFB wordsel<>+s0(SB), Y4, Y8; \
-	MADD(Y8, Y6, Y10); \
-	VPSHUFB wordsel<>+s1(SB), Y4, Y9; \
-	MADD(Y9, Y7, Y11)
+// Q5_KGRP is Q4_KGRP for Q5_K: the levels' fifth bits, bit j of the words
+// of Y12 (elements 0..15) and Y13 (16..31) for sub-block j, are moved to
+// bit 4 (a word shift by sh0 or sh1, left or right as SH0 and SH1 say,
+// then the mask 0x10) and added. Its masks are read from memory, Y14 is
+// KSUB's scratch.
+#define Q5_KGRP(qo, xo, s0, s1, SH0, sh0, SH1, sh1, SDOT) \
+	VPMOVZXBW qo(SI), Y6; \
+	VPMOVZXBW qo+16(SI), Y7; \
+	VPSRLW $4, Y6, Y8; \
+	VPSRLW $4, Y7, Y9; \
+	VPAND words<>+0(SB), Y6, Y6; \
+	VPAND words<>+0(SB), Y7, Y7; \
+	SH0 $sh0, Y12, Y1; \
+	VPAND words<>+32(SB), Y1, Y1; \
+	VPOR Y1, Y6, Y6; \
+	SH0 $sh0, Y13, Y1; \
+	VPAND words<>+32(SB), Y1, Y1; \
+	VPOR Y1, Y7, Y7; \
+	SH1 $sh1, Y12, Y1; \
+	VPAND words<>+32(SB), Y1, Y1; \
+	VPOR Y1, Y8, Y8; \
+	SH1 $sh1, Y13, Y1; \
+	VPAND words<>+32(SB), Y1, Y1; \
+	VPOR Y1, Y9, Y9; \
+	KSUB(xo, s0, s1, SDOT, Y14)
 
-#define Q5_KGROUPS(MADD) \
-	VMOVDQU 16(SI), Y12; \
-	Q5_KGRP(48, 4, 0, 32, VPSLLW, 4, VPSLLW, 3, MADD); \
-	Q5_KGRP(80, 68, 64, 96, VPSLLW, 2, VPSLLW, 1, MADD); \
-	Q5_KGRP(112, 132, 128, 160, VPSRLW, 0, VPSRLW, 1, MADD); \
-	Q5_KGRP(144, 196, 192, 224, VPSRLW, 2, VPSRLW, 3, MADD)
+#define Q5_KGROUPS(SDOT) \
+	VPMOVZXBW 16(SI), Y12; \
+	VPMOVZXBW 32(SI), Y13; \
+	Q5_KGRP(48, 0, 0, 32, VPSLLW, 4, VPSLLW, 3, SDOT); \
+	Q5_KGRP(80, 128, 64, 96, VPSLLW, 2, VPSLLW, 1, SDOT); \
+	Q5_KGRP(112, 256, 128, 160, VPSRLW, 0, VPSRLW, 1, SDOT); \
+	Q5_KGRP(144, 384, 192, 224, VPSRLW, 2, VPSRLW, 3, SDOT)
 
 // func gemvQ5_KAVX2(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ5_KAVX2(SB), NOSPLIT, $0-40
-	ARGS
-	BROADCAST32($0x0f0f0f0f, X14, Y14)
-	BROADCAST32($0x10101010, X13, Y13)
-	KLOOP(176, Q5_KGROUPS(MADDAVX2))
+	ARGS(9)
+	KLOOP(176, Q5_KGROUPS(SDOTAVX2))
 
 // func gemvQ5_KVNNI(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ5_KVNNI(SB), NOSPLIT, $0-40
-	ARGS
-	BROADCAST32($0x0f0f0f0f, X14, Y14)
-	BROADCAST32($0x10101010, X13, Y13)
-	KLOOP(176, Q5_KGROUPS(MADDVNNI))
+	ARGS(9)
+	KLOOP(176, Q5_KGROUPS(SDOTVNNI))
 
-// Q6_KCHUNK adds to acc the lanes of one 32-element chunk of a Q6_K
-// super-block whose levels are in q (0..63): the levels times the
-// activation quants at xo(BX), less 32 times the activation pair sums,
-// times the chunk's two scales (word 2c in the low lane, 2c+1 in the high,
-// selected from Y3 or Y4 by the control at sel). Y15 holds bytes 32.
-#define Q6_KCHUNK(q, xo, scales, sel, acc, MADD) \
-	VPMADDUBSW xo(BX), q, q; \
-	VPMADDUBSW xo(BX), Y15, Y9; \
-	VPSUBW Y9, q, q; \
-	VPSHUFB wordsel<>+sel(SB), scales, Y9; \
-	MADD(Y9, q, acc)
+// Q6_KSCALE sets the words of y to the signed scale at so(SI): its byte
+// broadcast, each word then shifted right arithmetically by 8.
+#define Q6_KSCALE(so, y) \
+	VPBROADCASTB so(SI), y; \
+	VPSRAW $8, y, y
 
-// Q6_KHALF adds the 128 elements of half h of a Q6_K super-block: low
-// nibbles at lo(SI) and lo+32(SI) (chunks 4h, 4h+1), their high nibbles
-// (4h+2, 4h+3), and the top two bits of each from the byte at hi(SI), at
-// bit offsets 0, 2, 4, 6 for the four chunks. Y14 holds bytes 0x0f, Y13
-// bytes 0x03.
-#define Q6_KHALF(lo, hi, xo, scales, MADD) \
-	VMOVDQU lo(SI), Y6; \
-	VMOVDQU lo+32(SI), Y7; \
-	VMOVDQU hi(SI), Y8; \
-	VPAND Y14, Y6, Y1; \
-	VPAND Y13, Y8, Y2; \
-	VPSLLW $4, Y2, Y2; \
-	VPOR Y2, Y1, Y1; \
-	Q6_KCHUNK(Y1, xo, scales, 256, Y10, MADD); \
-	VPAND Y14, Y7, Y1; \
-	VPSRLW $2, Y8, Y2; \
-	VPAND Y13, Y2, Y2; \
-	VPSLLW $4, Y2, Y2; \
-	VPOR Y2, Y1, Y1; \
-	Q6_KCHUNK(Y1, xo+32, scales, 288, Y11, MADD); \
-	VPSRLW $4, Y6, Y1; \
-	VPAND Y14, Y1, Y1; \
-	VPSRLW $4, Y8, Y2; \
-	VPAND Y13, Y2, Y2; \
-	VPSLLW $4, Y2, Y2; \
-	VPOR Y2, Y1, Y1; \
-	Q6_KCHUNK(Y1, xo+64, scales, 320, Y10, MADD); \
-	VPSRLW $4, Y7, Y1; \
-	VPAND Y14, Y1, Y1; \
-	VPSRLW $6, Y8, Y2; \
-	VPAND Y13, Y2, Y2; \
-	VPSLLW $4, Y2, Y2; \
-	VPOR Y2, Y1, Y1; \
-	Q6_KCHUNK(Y1, xo+96, scales, 352, Y11, MADD)
+// Q6_KCHUNK adds to Y10 chunk c of half h of a Q6_K super-block: the low
+// four bits of its levels in the words lo0 (elements 0..15) and lo1
+// (16..31), the top two at bits 4 and 5 of the words of Y12 and Y13 after
+// TOP (a shift, then the mask 0x30 in Y15), less 32 (Y14), times the
+// scales at so(SI) and so+1(SI), times the activation quants at xo(BX).
+#define Q6_KCHUNK(lo0, lo1, TOP, sh, so, xo, MADD) \
+	TOP $sh, Y12, Y1; \
+	VPAND Y15, Y1, Y1; \
+	VPOR Y1, lo0, lo0; \
+	TOP $sh, Y13, Y1; \
+	VPAND Y15, Y1, Y1; \
+	VPOR Y1, lo1, lo1; \
+	VPSUBW Y14, lo0, lo0; \
+	VPSUBW Y14, lo1, lo1; \
+	Q6_KSCALE(so, Y1); \
+	VPMULLW Y1, lo0, lo0; \
+	Q6_KSCALE(so+1, Y1); \
+	VPMULLW Y1, lo1, lo1; \
+	CHUNK(lo0, lo1, xo, Y10, MADD)
 
-// GEMVQ6_K is the body of a Q6_K kernel.
+// Q6_KHALF adds the 128 elements of half h of a Q6_K super-block: the low
+// bits in the 64 bytes at lo(SI) (chunks 4h and 4h+1 in their low
+// nibbles, 4h+2 and 4h+3 in their high), the top bits in the 32 bytes at
+// hi(SI) (bit offsets 0, 2, 4, 6 for the four chunks), the scales from
+// so(SI) and the activation quants from xo(BX). Y11 holds words 0x0f.
+#define Q6_KHALF(lo, hi, so, xo, MADD) \
+	VPMOVZXBW hi(SI), Y12; \
+	VPMOVZXBW hi+16(SI), Y13; \
+	VPMOVZXBW lo(SI), Y6; \
+	VPMOVZXBW lo+16(SI), Y7; \
+	VPMOVZXBW lo+32(SI), Y8; \
+	VPMOVZXBW lo+48(SI), Y9; \
+	VPSRLW $4, Y6, Y2; \
+	VPSRLW $4, Y7, Y3; \
+	VPAND Y11, Y6, Y6; \
+	VPAND Y11, Y7, Y7; \
+	Q6_KCHUNK(Y6, Y7, VPSLLW, 4, so, xo, MADD); \
+	VPSRLW $4, Y8, Y6; \
+	VPSRLW $4, Y9, Y7; \
+	VPAND Y11, Y8, Y8; \
+	VPAND Y11, Y9, Y9; \
+	Q6_KCHUNK(Y8, Y9, VPSLLW, 2, so+2, xo+64, MADD); \
+	Q6_KCHUNK(Y2, Y3, VPSRLW, 0, so+4, xo+128, MADD); \
+	Q6_KCHUNK(Y6, Y7, VPSRLW, 2, so+6, xo+192, MADD)
+
 #define GEMVQ6_K(MADD) \
-	ARGS; \
-	BROADCAST32($0x0f0f0f0f, X14, Y14); \
-	BROADCAST32($0x03030303, X13, Y13); \
-	BROADCAST32($0x20202020, X15, Y15); \
+	ARGS(9); \
+	BROADCAST32($0x000f000f, X11, Y11); \
+	BROADCAST32($0x00200020, X14, Y14); \
+	BROADCAST32($0x00300030, X15, Y15); \
 row: \
-	MOVQ x+16(FP), BX; \
-	MOVQ R13, CX; \
-	VXORPS Y0, Y0, Y0; \
+	ROW; \
 block: \
-	VPBROADCASTW 208(SI), X5; \
-	VCVTPH2PS X5, Y5; \
-	VBROADCASTSS (BX), Y6; \
-	VMULPS Y6, Y5, Y5; \
-	VPMOVSXBW 192(SI), Y3; \
-	VPERMQ $0xee, Y3, Y4; \
-	VPERMQ $0x44, Y3, Y3; \
+	DSCALE(208(SI)); \
 	VPXOR Y10, Y10, Y10; \
-	VPXOR Y11, Y11, Y11; \
-	Q6_KHALF(0, 128, 4, Y3, MADD); \
-	Q6_KHALF(64, 160, 132, Y4, MADD); \
-	VPADDD Y11, Y10, Y10; \
+	Q6_KHALF(0, 128, 192, 0, MADD); \
+	Q6_KHALF(64, 160, 200, 256, MADD); \
 	ADDLANES(Y10); \
-	ADDQ $292, BX; \
+	ADDQ $512, BX; \
+	ADDQ $36, R8; \
 	ADDQ $210, SI; \
 	DECQ CX; \
 	JNZ block; \
-	HSUM(Y0, X0, X8); \
-	MOVSS X0, 0(DI); \
-	ADDQ $4, DI; \
-	DECQ R12; \
-	JNZ row; \
-	VZEROUPPER; \
-	RET
+	ENDROW
 
 // func gemvQ6_KAVX2(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ6_KAVX2(SB), NOSPLIT, $0-40

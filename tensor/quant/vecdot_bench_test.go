@@ -161,9 +161,9 @@ func BenchmarkVecDot(b *testing.B) {
 func BenchmarkQuantizeRow(b *testing.B) {
 	for _, typ := range []Type{Q8_0, Q4_K} {
 		for _, n := range []int{2048, 5632} {
-			b.Run(fmt.Sprintf("%v/%d", VecDotType(typ), n), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%v/%d", typ, n), func(b *testing.B) {
 				x := weights(n, 43<<32)
-				nb, _ := VecDotType(typ).Bytes(int64(n))
+				nb, _ := ActivationBytes(typ, n)
 				xq := make([]byte, nb)
 				for b.Loop() {
 					if err := QuantizeRow(typ, xq, x); err != nil {
@@ -255,7 +255,12 @@ func ExampleGEMV() {
 		fmt.Println(err)
 		return
 	}
-	xq := make([]byte, cols/256*292) // Q8_K, VecDotType(Q4_K)
+	nb, err := ActivationBytes(Q4_K, cols)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	xq := make([]byte, nb)
 	if err := QuantizeRow(Q4_K, xq, x); err != nil {
 		fmt.Println(err)
 		return
@@ -271,5 +276,5 @@ func ExampleGEMV() {
 		return
 	}
 	fmt.Printf("%.4f (DotF32 %.4f)\n", out, exact)
-	// Output: [-1.0557 -0.0381 1.2127 2.3306] (DotF32 -1.0468)
+	// Output: [-1.0468 -0.0395 1.2143 2.3347] (DotF32 -1.0468)
 }

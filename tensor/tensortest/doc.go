@@ -16,10 +16,10 @@
 //
 // Its Quant section covers quantized weights: MatMul in every quantized
 // weight type (QuantWeightTypes) against the float64 product over the
-// dequantized weights, within QuantTolerance (default 2e-2; rounding the
-// activations to 8 bits per block, as the CPU does, costs 0.5-0.7% of the
-// product, up to 1.8% on the suite's small products); Embed of quantized
-// tables, exactly against the dequantized rows; and the refusal of a
+// dequantized weights, within QuantTolerance (default 1e-3, or twice
+// Tolerance where larger; rounding the activations to 16 bits per block,
+// as the CPU does, costs at most 1e-4 of the suite's products); Embed of
+// quantized tables, exactly against the dequantized rows; and the refusal of a
 // quantized operand anywhere else, with an error wrapping
 // tensor.ErrQuantized. The weights are random blocks (RandomBlocks), so that
 // every bit pattern of a format occurs.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 	"github.com/strata-llm/strata/tensor/tensortest"
 )
 
@@ -125,8 +126,8 @@ func TestStored(t *testing.T) {
 
 // TestStoredQuantized checks the quantized values of a Q8_0 block worked
 // out by hand (the scale is 127/127 = 1, so the values round to integers,
-// halves away from zero), and the same block as the rounded activations
-// of a product with Q4_0 weights, whose activations are Q8_0 blocks.
+// halves away from zero), and a block of the rounded activations of a
+// product with Q4_0 weights (16-bit quants, ties to even).
 func TestStoredQuantized(t *testing.T) {
 	v := make([]float32, 32)
 	copy(v, []float32{127, 1.4, -63.5, 0.49})
@@ -137,11 +138,15 @@ func TestStoredQuantized(t *testing.T) {
 		t.Fatal(err)
 	}
 	near(t, "Stored(Q8_0)", got, want)
-	got, err = tensortest.RoundActivations(tensor.Q4_0, append(v, v...), 2, 32)
+	a := make([]float32, 32) // a step of 1: ties go to the even integer
+	copy(a, []float32{quant.ActMax, 1.4, -63.5, 0.5, 2.5, -0.49})
+	wantA := make([]float64, 32)
+	copy(wantA, []float64{quant.ActMax, 1, -64, 0, 2, 0})
+	got, err = tensortest.RoundActivations(tensor.Q4_0, append(a, a...), 2, 32)
 	if err != nil {
 		t.Fatal(err)
 	}
-	near(t, "RoundActivations(Q4_0)", got, append(want, want...))
+	near(t, "RoundActivations(Q4_0)", got, append(wantA, wantA...))
 	if _, err := tensortest.Stored(tensor.Q8_0, v[:31]); err == nil {
 		t.Error("Stored(Q8_0) of 31 values succeeded")
 	}

@@ -1,0 +1,144 @@
+//go:build cuda
+
+package cuda
+
+import "github.com/strata-llm/strata/tensor"
+
+// The fused operations of a decode step (tensor.AddRMSNorm, RopeKV,
+// GateUpSiLU; kernels/fused.cu and kernels/gemv.cuh).
+var (
+	_ tensor.AddRMSNormer = (*Backend)(nil)
+	_ tensor.RopeKVer     = (*Backend)(nil)
+	_ tensor.GateUpper    = (*Backend)(nil)
+	_ tensor.ManyMatMuler = (*Backend)(nil)
+)
+
+// MatMulMany computes outs[i] = x·ws[i]ᵀ. Up to three products of one row
+// of x with F32, F16 or BF16 weights of one dtype whose rows are 16-byte
+// aligned run as one GEMV launch over all their rows (gemv_many_*); any
+// other call is a MatMul for each.
+func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tensor.Tensor) error {
+	const op = "MatMulMany"
+	for i := range outs {
+		if err := b.devices(op, []string{"out", "x", "w"}, outs[i], x, ws[i]); err != nil {
+			return err
+		}
+	}
+	m, k := x.Shape()[0], x.Shape()[1]
+	fused := m == 1 && len(ws) >= 1 && len(ws) <= 3 && k > 0 && x.Ptr()%16 == 0
+	for _, w := range ws {
+		dt := w.DType()
+		fused = fused && dt == ws[0].DType() && !dt.IsQuantized() && k%(16/dt.Size()) == 0 && w.Ptr()%16 == 0
+	}
+	if !fused {
+		for i := range outs {
+			if err := b.MatMul(outs[i], x, ws[i], nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var o [3]uintptr
+	var w [3]uintptr
+	var n [3]int
+	rows := 0
+	for i := range ws {
+		o[i], w[i], n[i] = outs[i].Ptr(), ws[i].Ptr(), ws[i].Shape()[0]
+		rows += n[i]
+	}
+	if rows == 0 {
+		return nil
+	}
+	const warpsPerBlock = 8
+	return b.ops(op, func() error {
+		a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x.Ptr()).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
+		grid := [3]uint32{uint32((rows + warpsPerBlock - 1) / warpsPerBlock), 1, 1}
+		return b.run("gemv_many_"+suffix(ws[0].DType()), grid, [3]uint32{32 * warpsPerBlock, 1, 1}, a)
+	})
+}
+
+// AddRMSNorm computes x += d, then out = RMSNorm(x, w, eps), in one kernel
+// that reads each row once and writes the new residual and the normed row.
+func (b *Backend) AddRMSNorm(out, x, d, w *tensor.Tensor, eps float32) error {
+	const op = "AddRMSNorm"
+	if err := b.devices(op, []string{"out", "x", "d", "w"}, out, x, d, w); err != nil {
+		return err
+	}
+	m, n := x.Shape()[0], x.Shape()[1]
+	if m == 0 || n == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(d.Ptr()).ptr(w.Ptr()).i32(n).f32(eps)
+		return b.run("add_rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{256, 1, 1}, a)
+	})
+}
+
+// RopeKV rotates q in place and k into the key cache, and copies v into
+// the value cache, in one kernel; the caches may be F32, F16 or BF16 (the
+// rows are rounded to nearest even). The position is r.Pos0, or read from
+// r.PosAt when the kernel runs (clamped to [0, r.Pos0]). k is left as it
+// was.
+func (b *Backend) RopeKV(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary) error {
+	const op = "RopeKV"
+	if err := b.devices(op, []string{"q", "k", "v", "kc", "vc", "cos", "sin", "PosAt"}, q, k, v, kc, vc, r.Cos, r.Sin, r.PosAt); err != nil {
+		return err
+	}
+	t := q.Shape()[0]
+	if t == 0 {
+		return nil
+	}
+	kvHeads := k.Shape()[1] / r.HeadDim
+	half := r.HeadDim / 2
+	n := int64(t)*int64(r.Heads+kvHeads)*int64(half) + int64(t)*int64(k.Shape()[1])
+	return b.ops(op, func() error {
+		a := new(args).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).ptr(kc.Ptr()).ptr(vc.Ptr()).ptr(r.Cos.Ptr()).ptr(r.Sin.Ptr()).
+			i32(t).i32(r.Heads).i32(kvHeads).i32(r.HeadDim).i32(r.Pos0).ptr(posPtr(r.PosAt))
+		return b.run1D("rope_kv_"+suffix(kc.DType()), n, a)
+	})
+}
+
+// posPtr is the device address of a PosAt operand, or 0 for none.
+func posPtr(at *tensor.Tensor) uintptr {
+	if at == nil {
+		return 0
+	}
+	return at.Ptr()
+}
+
+// GateUpSiLU computes out = silu(x·wGateᵀ) * (x·wUpᵀ). For one or two rows
+// of x and F32, F16 or BF16 weights whose rows are 16-byte aligned, one
+// GEMV kernel reads both weights' rows and writes the product; otherwise
+// (prefill, quantized weights) it is MatMul, MatMul and SiLUMul, with up
+// as the second product's output.
+func (b *Backend) GateUpSiLU(out, up, x, wGate, wUp *tensor.Tensor) error {
+	const op = "GateUpSiLU"
+	if err := b.devices(op, []string{"out", "up", "x", "wGate", "wUp"}, out, up, x, wGate, wUp); err != nil {
+		return err
+	}
+	m, k, n := x.Shape()[0], x.Shape()[1], wGate.Shape()[0]
+	dt := wGate.DType()
+	fused := m >= 1 && m <= min(2, b.gemvMaxRows) && !dt.IsQuantized() && k > 0 &&
+		k%(16/dt.Size()) == 0 && wGate.Ptr()%16 == 0 && wUp.Ptr()%16 == 0 && x.Ptr()%16 == 0
+	if !fused {
+		if err := b.MatMul(out, x, wGate, nil); err != nil {
+			return err
+		}
+		if err := b.MatMul(up, x, wUp, nil); err != nil {
+			return err
+		}
+		return b.SiLUMul(out, out, up)
+	}
+	if n == 0 {
+		return nil
+	}
+	const warpsPerBlock = 8
+	return b.ops(op, func() error {
+		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(wGate.Ptr()).ptr(wUp.Ptr()).i32(n).i32(k)
+		name := "gemv_gate_up_" + suffix(dt) + "_m1"
+		if m == 2 {
+			name = "gemv_gate_up_" + suffix(dt) + "_m2"
+		}
+		return b.run(name, [3]uint32{uint32((n + warpsPerBlock - 1) / warpsPerBlock), 1, 1}, [3]uint32{32 * warpsPerBlock, 1, 1}, a)
+	})
+}

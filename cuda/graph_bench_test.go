@@ -1,0 +1,202 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// copyRate measures the device's copy rate (bytes read and written per
+// second, a 1 GiB device-to-device copy), the ceiling the GEMVs' rates are
+// judged against.
+func copyRate(b *testing.B, be *Backend) float64 {
+	const size = 1 << 30
+	src, err := be.Alloc(tensor.F32, tensor.Shape{size / 4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Free(src)
+	dst, err := be.Alloc(tensor.F32, tensor.Shape{size / 4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Free(dst)
+	best := 0.0
+	for range 5 {
+		t0 := time.Now()
+		if err := be.CopyRows(dst, 0, src, 0, size/4); err != nil {
+			b.Fatal(err)
+		}
+		if err := be.Sync(); err != nil {
+			b.Fatal(err)
+		}
+		best = max(best, 2*size/time.Since(t0).Seconds())
+	}
+	return best
+}
+
+// BenchmarkGEMVShapes times the F16 and BF16 decode GEMV (M = 1) on the
+// 7B and 8B models' shapes: N = K = 4096 (q, o; 32 MiB, the hard one),
+// 11008×4096 and 4096×11008 (Llama-2-7B's MLP), 14336×4096 and 4096×14336
+// (Llama-3-8B's MLP), and TinyLlama-1.1B's 2048×2048, 5632×2048 and
+// 2048×5632 (8 to 23 MiB: one short wave of warps, where the decode of a
+// small model spends its time), with the default kernel (one row per warp) and the
+// candidates r1 and r2 (kernels/gemv.cuh: each batch's loads in flight
+// together; one or two rows per warp); and the fused gate-up GEMV (GateUpSiLU) on the two
+// MLP shapes against the two products and SiLUMul it replaces. Each
+// iteration queues 8 products on rotating matrices (past the 60 MB L2)
+// and syncs: "launch" launches each from the host as eager decode does,
+// "graph" replays the 8 captured as one graph, which shows the kernels
+// back to back without the host's launch cost. It reports weight GB/s, us
+// per product and the percentage of the device's copy rate measured at
+// the start (the target is 85% of the HBM rate for the 7B shapes).
+func BenchmarkGEMVShapes(b *testing.B) {
+	be := openGPU(b)
+	ceiling := copyRate(b, be)
+	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
+	const perIter = 8
+	shapes := []struct{ n, k int }{{4096, 4096}, {11008, 4096}, {4096, 11008}, {14336, 4096}, {4096, 14336}, {2048, 2048}, {5632, 2048}, {2048, 5632}}
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
+		for _, s := range shapes {
+			ws := weightSet(b, be, dt, (512<<20)/(2*s.n*s.k)+1, s.n, s.k)
+			x, _ := put(b, be, tensor.F32, tensor.Shape{1, s.k}, uniform(newRand(b), s.k, -1, 1))
+			out, _ := put(b, be, tensor.F32, tensor.Shape{1, s.n}, make([]float32, s.n))
+			i := 0
+			queue := func() error {
+				for range perIter {
+					if err := be.MatMul(out, x, ws[i%len(ws)], nil); err != nil {
+						return err
+					}
+					i++
+				}
+				return nil
+			}
+			for _, mode := range []string{"launch", "launch-r1", "launch-r2", "graph"} {
+				b.Run(fmt.Sprintf("%v/N%d_K%d/%s", dt, s.n, s.k, mode), func(b *testing.B) {
+					switch mode {
+					case "launch-r1":
+						be.gemvRows = 1
+					case "launch-r2":
+						be.gemvRows = 2
+					}
+					defer func() { be.gemvRows = 0 }()
+					run := queue
+					if mode == "graph" {
+						g, err := be.Capture(queue)
+						if err != nil {
+							b.Fatal(err)
+						}
+						defer g.Close()
+						run = g.Replay
+					}
+					for b.Loop() {
+						if err := run(); err != nil {
+							b.Fatal(err)
+						}
+						if err := be.Sync(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+					rate := float64(ws[0].NumBytes()) / sec
+					b.ReportMetric(rate/1e9, "GB/s")
+					b.ReportMetric(sec*1e6, "us/product")
+					b.ReportMetric(100*rate/ceiling, "%copy")
+				})
+			}
+			for _, w := range ws {
+				be.Free(w)
+			}
+		}
+	}
+	for _, s := range []struct{ n, k int }{{11008, 4096}, {14336, 4096}} {
+		for _, fused := range []bool{false, true} {
+			b.Run(fmt.Sprintf("gate-up/F16/N%d_K%d/fused=%v", s.n, s.k, fused), func(b *testing.B) {
+				count := (512<<20)/(4*s.n*s.k) + 1
+				gs, us := weightSet(b, be, tensor.F16, count, s.n, s.k), weightSet(b, be, tensor.F16, count, s.n, s.k)
+				x, _ := put(b, be, tensor.F32, tensor.Shape{1, s.k}, uniform(newRand(b), s.k, -1, 1))
+				out, _ := put(b, be, tensor.F32, tensor.Shape{1, s.n}, make([]float32, s.n))
+				up, _ := put(b, be, tensor.F32, tensor.Shape{1, s.n}, make([]float32, s.n))
+				k := tensor.Checked(be)
+				i := 0
+				l0 := be.Launches()
+				for b.Loop() {
+					for range perIter {
+						g, u := gs[i%count], us[i%count]
+						var err error
+						if fused {
+							err = tensor.GateUpSiLU(k, out, up, x, g, u)
+						} else if err = k.MatMul(out, x, g, nil); err == nil {
+							if err = k.MatMul(up, x, u, nil); err == nil {
+								err = k.SiLUMul(out, out, up)
+							}
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						i++
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+				rate := 2 * float64(gs[0].NumBytes()) / sec
+				b.ReportMetric(rate/1e9, "GB/s")
+				b.ReportMetric(sec*1e6, "us/pair")
+				b.ReportMetric(100*rate/ceiling, "%copy")
+				b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N*perIter), "launches/pair")
+			})
+		}
+	}
+}
+
+// BenchmarkDecodeBlock times one Llama-2-7B decoder block's decode step (F16
+// weights, 404 MiB; position 1000 of 4096) eagerly, launch by launch, and
+// replayed as a captured graph, and reports us per block, the weight GB/s
+// and the launches per block: the per-block view of what decode graphs
+// save. 32 blocks make a 7B token; the bound at 4.1 TB/s is about 100 us a
+// block.
+func BenchmarkDecodeBlock(b *testing.B) {
+	be := openGPU(b)
+	r := newRand(b)
+	s := newMiniStep(b, be, llama7B, uniform(r, llama7B.d, -1, 1), randomWeights(r))
+	const pos = 1000
+	bytes := float64(0)
+	for _, w := range []*tensor.Tensor{s.wq, s.wk, s.wv, s.wo, s.wg, s.wu, s.wd} {
+		bytes += float64(w.NumBytes())
+	}
+	for _, mode := range []string{"eager", "graph"} {
+		b.Run(mode, func(b *testing.B) {
+			run := func() error { return s.run(pos, -1) }
+			if mode == "graph" {
+				g, err := be.Capture(func() error { return s.run(0, 2047) })
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer g.Close()
+				run = func() error {
+					s.setPos(b, pos)
+					return g.Replay()
+				}
+			}
+			l0 := be.Launches()
+			for b.Loop() {
+				if err := run(); err != nil {
+					b.Fatal(err)
+				}
+				if err := be.Sync(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sec := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(sec*1e6, "us/block")
+			b.ReportMetric(bytes/sec/1e9, "GB/s")
+			b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/block")
+		})
+	}
+}

@@ -1,0 +1,216 @@
+package nn
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// Decode steps as captured graphs.
+//
+// On a backend with a tensor.Grapher, a decode step (one token, no hook,
+// not a hybrid twin) runs each dense decoder block as a graph captured
+// once and replayed: one launch where the block takes a dozen. What
+// changes between steps is read from device memory: the position, which
+// the session uploads to posAt before the first block, and which RopeKV
+// and Attention read through PosAt. Everything else a graph bakes in is
+// fixed while its key holds: the session's buffers and caches (a graph
+// belongs to one session), the layer's weight tensors (their addresses
+// are the key's fingerprint), and the bound of the position (the key's
+// bucket, a power of two, up to which the graph's launches are sized).
+//
+// A block is captured the second step its key is seen unchanged: a layer
+// the pager streams into the same ring slot each step is replayed like a
+// resident one (its upload is ordered before the replay by Acquire), one
+// that lands in different slots runs eagerly, and one whose weights move
+// maxMoves times gives up graphs for the session.
+// A capture that fails leaves the block eager for the session, so graphs
+// never decide whether a step succeeds. Sparse (mixture-of-experts)
+// blocks, whose routing reads the device, always run eagerly.
+
+const (
+	// minBucket is the smallest bound of positions a graph is captured
+	// for; larger bounds are powers of two, up to the session's context:
+	// a 4096-position session captures each block at most 7 times.
+	minBucket = 64
+	// maxMoves is how often a block's weights may move to new addresses
+	// before the block stays eager for the session.
+	maxMoves = 3
+	// graphsPerLayer caps the graphs kept for one block (buckets, after a
+	// Reset, or weights in a few places).
+	graphsPerLayer = 4
+)
+
+// GraphPositionBytes is the device memory of the position a session's
+// decode graphs read: one I32.
+const GraphPositionBytes = 4
+
+// graphKey is what a block's graph bakes in besides the session: the
+// bound of the position and the addresses of the layer's tensors.
+type graphKey struct {
+	bound    int
+	fp       string
+	residual bool // the block adds the previous block's output first
+}
+
+// layerGraphs are one block's graphs in one session.
+type layerGraphs struct {
+	graphs map[graphKey]tensor.Graph
+	last   graphKey // the previous step's key
+	seen   bool     // last is set
+	moves  int      // times the fingerprint changed
+	eager  bool     // graphs given up for this block
+}
+
+// sessionGraphs are a session's graphs and the position they read.
+type sessionGraphs struct {
+	g      tensor.Grapher
+	posAt  *tensor.Tensor // the buffers' posAt
+	layers map[int]*layerGraphs
+	// Counters since the session opened, for tests and benchmarks.
+	captures, replays, eager int64
+}
+
+// GraphStats counts a session's decode blocks run as graphs: graphs
+// captured, blocks replayed, and blocks run eagerly in decode steps that
+// could use graphs.
+type GraphStats struct {
+	Captures, Replays, Eager int64
+}
+
+// GraphStats returns the session's counts of captured, replayed and eager
+// blocks in decode steps (zero without graphs).
+func (s *Session) GraphStats() GraphStats {
+	if s.graphs == nil {
+		return GraphStats{}
+	}
+	return GraphStats{Captures: s.graphs.captures, Replays: s.graphs.replays, Eager: s.graphs.eager}
+}
+
+// SetGraphs turns decode graphs on (the default, on a backend that can
+// capture them) or off for the sessions' next steps.
+func (m *Model) SetGraphs(on bool) { m.noGraphs.Store(!on) }
+
+// graphsFor returns the session's graph state for a chunk of T tokens, or
+// nil when the chunk runs eagerly (not a decode step, a hook, a hybrid
+// twin, a KV cache in host memory, a batch's stage, graphs off, or a
+// backend without them).
+func (s *Session) graphsFor(T int, hook Hook) *sessionGraphs {
+	if T != 1 || hook != nil || s.twin != nil || s.hkv != nil || s.batch != nil || s.m.noGraphs.Load() {
+		return nil
+	}
+	if s.graphs == nil {
+		g, ok := tensor.Graphs(s.m.backend)
+		if !ok {
+			return nil
+		}
+		s.graphs = &sessionGraphs{g: g, posAt: s.posAt, layers: map[int]*layerGraphs{}}
+	}
+	return s.graphs
+}
+
+// bucket is the bound of positions a graph captured at pos serves.
+func (s *Session) bucket(pos int) int {
+	b := minBucket
+	for b <= pos {
+		b *= 2
+	}
+	return min(b, s.maxPos) - 1
+}
+
+// fingerprint is the addresses of lw's tensors, in the order of the
+// layer's names.
+func (s *Session) fingerprint(layer int, lw LayerWeights) string {
+	n := &s.m.names[layer]
+	buf := make([]byte, 0, 8*len(n))
+	for _, name := range n {
+		if t := lw[name]; name != "" && t != nil {
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(t.Ptr()))
+		}
+	}
+	return string(buf)
+}
+
+// setPosition uploads the step's position for the graphs to read.
+func (gs *sessionGraphs) setPosition(b tensor.Backend, pos int) error {
+	var buf [4]byte
+	binary.LittleEndian.PutUint32(buf[:], uint32(int32(pos)))
+	return b.Upload(gs.posAt, 0, buf[:])
+}
+
+// blockGraphed runs decoder block i of a decode step at pos0 (uploaded to
+// posAt already) as a graph when it can, else eagerly (see block for
+// residual).
+func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 int, lw LayerWeights, scale float32, residual bool) error {
+	if s.m.cfg.Sparse(i) {
+		gs.eager++
+		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
+	}
+	lg := gs.layers[i]
+	if lg == nil {
+		lg = &layerGraphs{graphs: map[graphKey]tensor.Graph{}}
+		gs.layers[i] = lg
+	}
+	if lg.eager {
+		gs.eager++
+		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
+	}
+	key := graphKey{bound: s.bucket(pos0), fp: s.fingerprint(s.m.blockLayer(i), lw), residual: residual}
+	g := lg.graphs[key]
+	if g == nil {
+		again := lg.seen && lg.last == key
+		if lg.seen && lg.last.fp != key.fp {
+			if lg.moves++; lg.moves >= maxMoves {
+				lg.giveUp()
+			}
+		}
+		lg.last, lg.seen = key, true
+		if !again || lg.eager {
+			gs.eager++
+			return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
+		}
+		var err error
+		g, err = gs.g.Capture(func() error { return s.block(ctx, i, 1, key.bound, lw, scale, gs.posAt, residual) })
+		if err != nil {
+			// Not capturable here: this block stays eager, and the step
+			// runs it so (reporting the block's own error, if any).
+			lg.giveUp()
+			gs.eager++
+			return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
+		}
+		gs.captures++
+		if len(lg.graphs) >= graphsPerLayer {
+			for k, old := range lg.graphs {
+				old.Close()
+				delete(lg.graphs, k)
+				break
+			}
+		}
+		lg.graphs[key] = g
+	}
+	gs.replays++
+	return g.Replay()
+}
+
+// giveUp closes the block's graphs and keeps it eager.
+func (lg *layerGraphs) giveUp() {
+	lg.eager = true
+	for k, g := range lg.graphs {
+		g.Close()
+		delete(lg.graphs, k)
+	}
+}
+
+// close frees every graph of the session.
+func (gs *sessionGraphs) close() error {
+	var errs []error
+	for _, lg := range gs.layers {
+		for _, g := range lg.graphs {
+			errs = append(errs, g.Close())
+		}
+		lg.graphs = nil
+	}
+	return errors.Join(errs...)
+}

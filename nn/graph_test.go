@@ -1,0 +1,293 @@
+package nn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// replayer is the CPU backend with a tensor.Grapher whose graphs run the
+// captured function again on Replay: the graph logic of this package
+// (when to capture, what a graph is keyed on, the position read through
+// PosAt) without a GPU. Like a CUDA capture, Capture runs nothing; in a
+// replay, a copy from or to the host is an error, as it cannot be
+// captured.
+type replayer struct {
+	tensor.Backend
+	mu        sync.Mutex
+	captures  int
+	failAt    int   // the capture that fails (1-based), 0 for none
+	replayErr error // returned by every replay when set
+	live      int   // graphs not closed
+	inReplay  bool
+}
+
+func (r *replayer) Unwrap() tensor.Backend { return r.Backend }
+
+func (r *replayer) Capture(f func() error) (tensor.Graph, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.captures++
+	if r.captures == r.failAt {
+		return nil, errors.New("replayer: capture refused")
+	}
+	r.live++
+	return &replayGraph{r: r, f: f}, nil
+}
+
+func (r *replayer) host(op string) error {
+	if r.inReplay {
+		return fmt.Errorf("replayer: %s in a graph", op)
+	}
+	return nil
+}
+
+func (r *replayer) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	if err := r.host("Upload"); err != nil {
+		return err
+	}
+	return r.Backend.Upload(dst, off, src)
+}
+
+func (r *replayer) Download(dst []byte, src *tensor.Tensor) error {
+	if err := r.host("Download"); err != nil {
+		return err
+	}
+	return r.Backend.Download(dst, src)
+}
+
+func (r *replayer) Embed(out, table *tensor.Tensor, ids []int32) error {
+	if err := r.host("Embed"); err != nil {
+		return err
+	}
+	return r.Backend.Embed(out, table, ids)
+}
+
+type replayGraph struct {
+	r      *replayer
+	f      func() error
+	closed bool
+}
+
+func (g *replayGraph) Replay() error {
+	if g.closed {
+		return errors.New("replayer: replay of a closed graph")
+	}
+	if g.r.replayErr != nil {
+		return g.r.replayErr
+	}
+	g.r.inReplay = true
+	defer func() { g.r.inReplay = false }()
+	return g.f()
+}
+
+func (g *replayGraph) Close() error {
+	if !g.closed {
+		g.closed = true
+		g.r.mu.Lock()
+		g.r.live--
+		g.r.mu.Unlock()
+	}
+	return nil
+}
+
+// decode runs a prompt and steps greedy decode steps on m and returns the
+// logits of every step.
+func decode(t *testing.T, m *Model, prompt []int32, steps, maxPos int) ([][]float32, GraphStats) {
+	t.Helper()
+	s, err := m.NewSession(maxPos, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	logits, err := s.Forward(ctx, prompt, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all [][]float32
+	for range steps {
+		all = append(all, append([]float32(nil), logits...))
+		if logits, err = s.Forward(ctx, []int32{int32(Argmax(logits))}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return append(all, append([]float32(nil), logits...)), s.GraphStats()
+}
+
+func sameSteps(t *testing.T, what string, got, want [][]float32) {
+	t.Helper()
+	for i := range want {
+		for j := range want[i] {
+			if got[i][j] != want[i][j] {
+				t.Fatalf("%s: step %d logit %d is %v, eager %v", what, i, j, got[i][j], want[i][j])
+			}
+		}
+	}
+}
+
+// TestDecodeGraphs runs the F16 fixture's decode steps as graphs (on the
+// replaying CPU backend) and eagerly, and checks the logits are the same
+// bit for bit: with every weight resident over 200 steps, which cross the
+// buckets of 64 and 128 positions (re-captures of every block); under the
+// smallest budget, which streams the blocks through the ring; with a
+// capture that fails (that block stays eager); with graphs turned off;
+// and that a replay's error fails the step, which can then be retried.
+func TestDecodeGraphs(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	prompt := []int32{1, 42, 71, 345, 81, 14}
+	cpu := tensor.NewCPU(1)
+	defer cpu.Close()
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	layers := cfg.NumLayers
+
+	t.Run("resident", func(t *testing.T) {
+		const steps, maxPos = 200, 256
+		eagerM, err := New(cfg, cpu, nil, hw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, st := decode(t, eagerM, prompt, steps, maxPos)
+		if st != (GraphStats{}) {
+			t.Fatalf("the CPU backend ran graphs: %+v", st)
+		}
+		r := &replayer{Backend: cpu}
+		m, err := New(cfg, r, nil, hw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, st := decode(t, m, prompt, steps, maxPos)
+		sameSteps(t, "graphs", got, want)
+		// Positions 6..205. Each block: eager at 6, captured at 7 for
+		// positions up to 63; eager at 64, captured at 65 for up to 127;
+		// eager at 128, captured at 129 for up to 255.
+		if st.Captures != int64(3*layers) || st.Eager != int64(3*layers) || st.Replays != int64(steps*layers)-st.Eager {
+			t.Errorf("graph stats %+v, want %d captures, %d eager blocks and the rest of %d replayed", st, 3*layers, 3*layers, steps*layers)
+		}
+		if r.live != 0 {
+			t.Errorf("%d graphs left open after the session closed", r.live)
+		}
+		m.SetGraphs(false)
+		got, st = decode(t, m, prompt, 20, maxPos)
+		sameSteps(t, "graphs off", got, want[:21])
+		if st.Replays != 0 || r.captures != 3*layers {
+			t.Errorf("graphs off: %+v, %d captures in all", st, r.captures)
+		}
+	})
+
+	t.Run("failed-capture", func(t *testing.T) {
+		const steps, maxPos = 12, 32
+		eagerM, _ := New(cfg, cpu, nil, hw)
+		want, _ := decode(t, eagerM, prompt, steps, maxPos)
+		r := &replayer{Backend: cpu, failAt: 2}
+		m, _ := New(cfg, r, nil, hw)
+		got, st := decode(t, m, prompt, steps, maxPos)
+		sameSteps(t, "a failed capture", got, want)
+		if st.Captures != int64(layers-1) || st.Eager != int64(layers+steps-1) {
+			t.Errorf("graph stats %+v, want %d captures and the failed block eager from then on", st, layers-1)
+		}
+	})
+
+	t.Run("replay-error", func(t *testing.T) {
+		boom := errors.New("boom")
+		r := &replayer{Backend: cpu}
+		m, _ := New(cfg, r, nil, hw)
+		s, err := m.NewSession(32, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ctx := context.Background()
+		for _, id := range prompt {
+			if _, err := s.Forward(ctx, []int32{id}, false, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.replayErr = boom
+		pos := s.Pos()
+		if _, err := s.Forward(ctx, []int32{5}, false, nil); !errors.Is(err, boom) {
+			t.Fatalf("a replay's error: %v", err)
+		}
+		if s.Pos() != pos {
+			t.Errorf("a failed step moved the session from %d to %d", pos, s.Pos())
+		}
+		r.replayErr = nil
+		if _, err := s.Forward(ctx, []int32{5}, false, nil); err != nil {
+			t.Fatalf("the step again: %v", err)
+		}
+	})
+
+	t.Run("hook", func(t *testing.T) {
+		r := &replayer{Backend: cpu}
+		m, _ := New(cfg, r, nil, hw)
+		s, err := m.NewSession(32, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		seen := 0
+		hook := func(int, *tensor.Tensor) error { seen++; return nil }
+		for _, id := range prompt {
+			if _, err := s.Forward(context.Background(), []int32{id}, false, hook); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st := s.GraphStats(); st.Replays != 0 || r.captures != 0 || seen == 0 {
+			t.Errorf("steps with a hook: %+v, %d captures, hook called %d times", st, r.captures, seen)
+		}
+	})
+
+	t.Run("streamed", func(t *testing.T) {
+		const steps, maxPos, chunk = 12, 32, 8
+		eagerM, _ := New(cfg, cpu, nil, hw)
+		want, _ := decode(t, eagerM, prompt, steps, maxPos)
+		info, err := ModelInfo(lm, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = paging.Plan(info, 1, paging.StrategyMinimal, maxPos, 1, paging.WithChunkTokens(chunk))
+		var be *paging.BudgetError
+		if !errors.As(err, &be) {
+			t.Fatalf("a 1-byte budget planned: %v", err)
+		}
+		plan, err := paging.Plan(info, be.Needed, paging.StrategyMinimal, maxPos, 1, paging.WithChunkTokens(chunk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &replayer{Backend: cpu}
+		bud := newBudget(t, r, be.Needed, "cpu")
+		defer bud.Close()
+		pager, err := paging.NewPager(Source(lm), bud, plan, paging.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pager.Close()
+		m, err := New(cfg, r, bud, pager)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, st := decode(t, m, prompt, steps, maxPos)
+		sameSteps(t, "streamed through the ring", got, want)
+		moved := pager.Stats().BytesHostToDevice
+		t.Logf("streamed at the smallest budget (%d bytes moved for %d of weights): %+v", moved, lm.WeightBytes(), st)
+		if moved <= 2*lm.WeightBytes() || st.Replays == 0 {
+			t.Errorf("%d bytes moved for %d of weights, %+v: want the blocks streamed every step and graphs replayed", moved, lm.WeightBytes(), st)
+		}
+	})
+}

@@ -1,0 +1,225 @@
+package tensor
+
+import "fmt"
+
+// Fused operations: optional capabilities that do in one pass what a
+// decode step otherwise does in two or three, each with a helper that
+// checks the arguments once (as Checked does for Kernels) and takes the
+// unfused path through Kernels when the backend lacks the capability. Call
+// the helpers, not the methods: they look behind a front from Checked.
+
+// AddRMSNormer adds the residual and normalises in one pass:
+// x += d, then out = RMSNorm(x, w, eps) (see Kernels.RMSNorm).
+type AddRMSNormer interface {
+	AddRMSNorm(out, x, d, w *Tensor, eps float32) error
+}
+
+// RopeKVer rotates the queries and keys of a chunk and appends its keys
+// and values to the caches in one pass (see RopeKV).
+type RopeKVer interface {
+	RopeKV(q, k, v, kc, vc *Tensor, r Rotary) error
+}
+
+// GateUpper computes a gated MLP's first half in one pass over both
+// weights (see GateUpSiLU).
+type GateUpper interface {
+	GateUpSiLU(out, up, x, wGate, wUp *Tensor) error
+}
+
+// ManyMatMuler computes several products of one x in one pass (see
+// MatMulMany).
+type ManyMatMuler interface {
+	MatMulMany(outs []*Tensor, x *Tensor, ws []*Tensor) error
+}
+
+// MatMulMany computes outs[i] = x·ws[i]ᵀ for every i, each as MatMul
+// computes it (no bias): a decoder block's q, k and v projections, which a
+// backend may run as one launch over all the weights' rows. outs and ws
+// have the same length; the outputs are apart from each other and from
+// the inputs.
+func MatMulMany(b Backend, outs []*Tensor, x *Tensor, ws []*Tensor) error {
+	if err := checkMatMulMany(outs, x, ws); err != nil {
+		return err
+	}
+	if f, ok := capability[ManyMatMuler](b); ok {
+		return f.MatMulMany(outs, x, ws)
+	}
+	for i := range outs {
+		if err := b.MatMul(outs[i], x, ws[i], nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AddRMSNorm computes x += d, then out = x / sqrt(mean(x²) + eps) * w, row
+// by row: x and d are F32 [M, D], w is [D] in any float type, out is F32
+// [M, D] apart from the others. It is exactly Add(x, x, d) followed by
+// RMSNorm(out, x, w, eps) on the CPU, and within rounding on a device.
+func AddRMSNorm(b Backend, out, x, d, w *Tensor, eps float32) error {
+	if err := checkAddRMSNorm(out, x, d, w); err != nil {
+		return err
+	}
+	if f, ok := capability[AddRMSNormer](b); ok {
+		return f.AddRMSNorm(out, x, d, w, eps)
+	}
+	if err := b.Add(x, x, d); err != nil {
+		return err
+	}
+	return b.RMSNorm(out, x, w, eps)
+}
+
+// RopeKV rotates q [T, r.Heads*r.HeadDim] in place by r, rotates k [T,
+// kvHeads*r.HeadDim] the same way, and writes k's and v's T rows into rows
+// p..p+T-1 of the caches kc and vc [maxPos, kvHeads*r.HeadDim] (one float
+// type; p is r.Pos0, or the value of r.PosAt): Rope(q), Rope(k) and two
+// CopyRows. k's rows are unspecified afterwards (a backend may or may not
+// rotate them in place). Without the capability, a PosAt in device memory
+// is an error: the unfused CopyRows takes its row from the host.
+func RopeKV(b Backend, q, k, v, kc, vc *Tensor, r Rotary) error {
+	if err := checkRopeKV(q, k, v, kc, vc, r); err != nil {
+		return err
+	}
+	if f, ok := capability[RopeKVer](b); ok {
+		return f.RopeKV(q, k, v, kc, vc, r)
+	}
+	p := r.Pos0
+	if r.PosAt != nil {
+		var err error
+		if p, err = hostPosition("RopeKV", r.Pos0, r.PosAt); err != nil {
+			return fmt.Errorf("tensor: RopeKV on %s reads its position on the host: %w", b.Name(), err)
+		}
+	}
+	rq := r
+	rq.Pos0, rq.PosAt = p, nil
+	if err := b.Rope(q, rq); err != nil {
+		return err
+	}
+	rq.Heads = k.shape[1] / r.HeadDim
+	if err := b.Rope(k, rq); err != nil {
+		return err
+	}
+	t := q.shape[0]
+	if err := b.CopyRows(kc, p, k, 0, t); err != nil {
+		return err
+	}
+	return b.CopyRows(vc, p, v, 0, t)
+}
+
+// GateUpSiLU computes out = silu(x·wGateᵀ) * (x·wUpᵀ): x is F32 [M, K],
+// wGate and wUp are [N, K] of one dtype (float or quantized, as MatMul's
+// w), out and up are F32 [M, N], apart from each other and the inputs. up
+// is scratch: the unfused path (two MatMuls and SiLUMul) leaves x·wUpᵀ in
+// it, a fused one may leave anything.
+func GateUpSiLU(b Backend, out, up, x, wGate, wUp *Tensor) error {
+	if err := checkGateUpSiLU(out, up, x, wGate, wUp); err != nil {
+		return err
+	}
+	if f, ok := capability[GateUpper](b); ok {
+		return f.GateUpSiLU(out, up, x, wGate, wUp)
+	}
+	if err := b.MatMul(out, x, wGate, nil); err != nil {
+		return err
+	}
+	if err := b.MatMul(up, x, wUp, nil); err != nil {
+		return err
+	}
+	return b.SiLUMul(out, out, up)
+}
+
+func checkMatMulMany(outs []*Tensor, x *Tensor, ws []*Tensor) error {
+	const op = "MatMulMany"
+	if len(outs) != len(ws) {
+		return fmt.Errorf("tensor: %s: %d outputs for %d weights", op, len(outs), len(ws))
+	}
+	for i := range outs {
+		if err := checkMatMul(outs[i], x, ws[i], nil); err != nil {
+			return fmt.Errorf("%w (%s's product %d)", err, op, i)
+		}
+		for j := range i {
+			if Overlap(outs[i], outs[j]) {
+				return fmt.Errorf("tensor: %s: outputs %d and %d overlap", op, j, i)
+			}
+			if Overlap(outs[i], ws[j]) || Overlap(outs[j], ws[i]) {
+				return fmt.Errorf("tensor: %s: an output overlaps a weight", op)
+			}
+		}
+	}
+	return nil
+}
+
+func checkAddRMSNorm(out, x, d, w *Tensor) error {
+	const op = "AddRMSNorm"
+	if err := CheckShape(op, "x", x, F32, -1, -1); err != nil {
+		return err
+	}
+	m, n := x.shape[0], x.shape[1]
+	if err := CheckShape(op, "d", d, F32, m, n); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "w", w, Invalid, n); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "out", out, F32, m, n); err != nil {
+		return err
+	}
+	if err := disjoint(op, "x", x, []string{"d", "w"}, d, w); err != nil {
+		return err
+	}
+	return disjoint(op, "out", out, []string{"x", "d", "w"}, x, d, w)
+}
+
+func checkRopeKV(q, k, v, kc, vc *Tensor, r Rotary) error {
+	const op = "RopeKV"
+	if err := checkRope(q, r); err != nil {
+		return fmt.Errorf("%w (%s's q)", err, op)
+	}
+	if err := CheckShape(op, "k", k, F32, q.shape[0], -1); err != nil {
+		return err
+	}
+	kvDim := k.shape[1]
+	if kvDim == 0 || kvDim%r.HeadDim != 0 {
+		return fmt.Errorf("tensor: %s: k has shape %v, want whole heads of %d", op, k.shape, r.HeadDim)
+	}
+	rk := r
+	rk.Heads = kvDim / r.HeadDim
+	if err := checkRope(k, rk); err != nil {
+		return fmt.Errorf("%w (%s's k)", err, op)
+	}
+	if err := CheckShape(op, "v", v, F32, q.shape[0], kvDim); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "kc", kc, Invalid, -1, kvDim); err != nil {
+		return err
+	}
+	maxPos := kc.shape[0]
+	if err := CheckShape(op, "vc", vc, kc.dtype, maxPos, kvDim); err != nil {
+		return err
+	}
+	if t := q.shape[0]; r.Pos0+t > maxPos {
+		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position cache", op, r.Pos0, r.Pos0+t-1, maxPos)
+	}
+	names := []string{"q", "k", "v", "cos", "sin", "PosAt"}
+	ins := []*Tensor{q, k, v, r.Cos, r.Sin, r.PosAt}
+	if err := disjoint(op, "kc", kc, names, ins...); err != nil {
+		return err
+	}
+	if err := disjoint(op, "vc", vc, append(names, "kc"), append(ins, kc)...); err != nil {
+		return err
+	}
+	return disjoint(op, "q", q, []string{"k", "v"}, k, v)
+}
+
+func checkGateUpSiLU(out, up, x, wGate, wUp *Tensor) error {
+	const op = "GateUpSiLU"
+	if err := checkMatMul(out, x, wGate, nil); err != nil {
+		return fmt.Errorf("%w (%s's gate)", err, op)
+	}
+	if err := checkMatMul(up, x, wUp, nil); err != nil {
+		return fmt.Errorf("%w (%s's up)", err, op)
+	}
+	if wUp.dtype != wGate.dtype || !wUp.shape.Equal(wGate.shape) {
+		return fmt.Errorf("tensor: %s: wGate is %v %v, wUp %v %v", op, wGate.dtype, wGate.shape, wUp.dtype, wUp.shape)
+	}
+	return disjoint(op, "out", out, []string{"up", "wUp"}, up, wUp)
+}
