@@ -110,6 +110,26 @@ func movingAverage(ps []point, n int) []point {
 	return out
 }
 
+// maxPoints bounds the points of a line, which keeps the picture small
+// (a line of 720 pixels shows no more).
+const maxPoints = 1000
+
+// thin keeps every k-th point of ps and its last, at most about n.
+func thin(ps []point, n int) []point {
+	k := (len(ps) + n - 1) / n
+	if k <= 1 {
+		return ps
+	}
+	var out []point
+	for i := 0; i < len(ps); i += k {
+		out = append(out, ps[i])
+	}
+	if last := ps[len(ps)-1]; out[len(out)-1] != last {
+		out = append(out, last)
+	}
+	return out
+}
+
 // niceStep is a round tick spacing for a span: 1, 2 or 5 times a power of
 // ten, about span/6.
 func niceStep(span float64) float64 {
@@ -183,9 +203,9 @@ func draw(title string, steps, held []point, vocab, smooth int) string {
 		}
 		b.WriteString("\"/>\n")
 	}
-	poly(steps, `stroke="#9ecae1" stroke-width="0.8"`)
+	poly(thin(steps, maxPoints), `stroke="#9ecae1" stroke-width="0.8"`)
 	if smooth > 1 {
-		poly(movingAverage(steps, smooth), `stroke="#08519c" stroke-width="2"`)
+		poly(thin(movingAverage(steps, smooth), maxPoints), `stroke="#08519c" stroke-width="2"`)
 	}
 	for _, p := range held {
 		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="4" fill="#d94801"/>`+"\n", sx(p.x), sy(p.y))

@@ -87,3 +87,18 @@ func TestPlot(t *testing.T) {
 		}
 	}
 }
+
+// TestThin: a long line keeps at most about maxPoints points, its first
+// and its last; a short one is kept whole.
+func TestThin(t *testing.T) {
+	for _, n := range []int{1, 3, 1000, 1001, 6342, 100000} {
+		ps := make([]point, n)
+		for i := range ps {
+			ps[i] = point{float64(i), float64(i)}
+		}
+		got := thin(ps, maxPoints)
+		if len(got) > maxPoints+1 || got[0] != ps[0] || got[len(got)-1] != ps[n-1] || (n <= maxPoints && len(got) != n) {
+			t.Errorf("%d points: thinned to %d, first %v, last %v", n, len(got), got[0], got[len(got)-1])
+		}
+	}
+}
