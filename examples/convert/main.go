@@ -102,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	lm, err := cli.OpenModel(o.model, "")
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}

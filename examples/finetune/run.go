@@ -18,7 +18,6 @@ import (
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/loader"
-	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -43,7 +42,7 @@ type options struct {
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("finetune", flag.ContinueOnError)
-	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny F16 model)")
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded model, examples/internal/defaultmodel)")
 	fs.StringVar(&o.data, "data", "", "training text `file` (UTF-8), encoded with the model's tokenizer")
 	fs.IntVar(&o.steps, "steps", 30, "training steps, one window of -seq-len tokens each")
 	fs.Float64Var(&o.lr, "lr", 1e-3, "learning rate, in (0, 1]")
@@ -197,7 +196,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	lm, err := cli.OpenModel(o.model, fixtures.TinyLlamaF16Sharded)
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/loader"
-	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -52,7 +51,7 @@ type options struct {
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` or GGUF file (default: the embedded tiny BF16 model)")
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` or GGUF file (default: the embedded model, examples/internal/defaultmodel)")
 	fs.StringVar(&o.prompt, "prompt", "", "prompt `text` (needs the model's tokenizer: tokenizer.json, or a GGUF file's own)")
 	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token `ids` (overrides -prompt and the tokenizer)")
 	fs.IntVar(&o.maxNew, "max-new-tokens", 32, "tokens to generate; 0 only runs the prompt")
@@ -186,7 +185,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 
 	o.defaultModel = o.model == ""
-	lm, err := cli.OpenModel(o.model, fixtures.TinyLlamaBF16)
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}
