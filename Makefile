@@ -2,10 +2,12 @@
 GO       ?= go
 BENCHTIME ?= 1x
 
-.PHONY: run test test-race bench bench-gpu lint synth
+.PHONY: run test test-race bench bench-gpu lint synth train-gpu
 
+# run: the embedded default model (examples/internal/defaultmodel) continues
+# a prompt, greedily.
 run:
-	$(GO) run ./examples/generate -prompt "Hello, world!" -max-new-tokens 24
+	$(GO) run ./examples/generate -prompt "The secret of life is" -max-new-tokens 24
 
 test:
 	CGO_ENABLED=0 $(GO) build ./...
@@ -37,6 +39,15 @@ bench-gpu: cuda-deps cuda-test-bin
 	CGO_ENABLED=1 $(GO) build -ldflags="-s -w" -o bin/synth ./examples/synth
 	@echo "copy the repository with bin/ to the GPU machine, then run there:"
 	@echo "  OUT=bench-out examples/bench/run-gpu.sh"
+
+# train-gpu prepares what examples/train/run-gpu.sh needs on a GPU machine
+# with no Go: the corpus, tokenizer and initial model in first-run/ (see
+# examples/train/recipe.sh) and the cuda build of the trainer in bin/.
+train-gpu: cuda-deps
+	STAGE=prepare examples/train/recipe.sh first-run
+	CGO_ENABLED=1 $(GO) build -tags cuda -ldflags="-s -w" -o bin/train ./examples/train
+	@echo "carry bin/train, first-run/data and first-run/init to the GPU machine, then run there:"
+	@echo "  OUT=out examples/train/run-gpu.sh first-run"
 
 include cuda/Makefile.inc
 include fuzz.mk bench.mk

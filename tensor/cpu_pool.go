@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -140,10 +141,15 @@ func (p *pool) runTask(n int, t task) {
 		return
 	}
 	j := p.jobs.Get().(*job)
+	// Close the previous use first: a worker late from it may still hold
+	// its state, and must not pair that with the new n (which let it claim
+	// a task past the old end and count it done). The new generation with
+	// no task left fails its claim and sends it away.
+	j.gen++
+	j.state.Store(uint64(j.gen)<<32 | math.MaxUint32)
 	j.t = t
 	j.n.Store(uint32(n))
 	j.done.Store(0)
-	j.gen++
 	j.state.Store(uint64(j.gen) << 32) // publishes t and n to the workers
 	p.mu.RLock()
 	if !p.closed {

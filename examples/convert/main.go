@@ -31,7 +31,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/strata-llm/strata/arch"
@@ -103,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	lm, err := cli.OpenModel(o.model, "")
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}
@@ -140,8 +139,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	start := time.Now()
-	var mu sync.Mutex
-	last := start
 	model := loader.GGUFModel{Config: cfg, Vocab: vocab, Name: o.name, Types: types, FileType: loader.GGUFFileType(o.base),
 		Workers: o.threads,
 		Rows: func(spec arch.Spec, r0, r1 int, dst []float32) error {
@@ -151,17 +148,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			return lm.ReadRows(ctx, t, r0, r1, dst)
 		}}
-	if !o.quiet {
-		model.Progress = func(written, total int64) {
-			mu.Lock()
-			defer mu.Unlock()
-			if now := time.Now(); now.Sub(last) >= time.Second {
-				last = now
-				fmt.Fprintf(stderr, "convert: %5.1f%%  %.0f MB/s\n", 100*float64(written)/float64(total),
-					float64(written)/1e6/now.Sub(start).Seconds())
-			}
-		}
-	}
+	bar := cli.NewProgress(stderr, "convert", o.quiet)
+	model.Progress = bar.Bytes
 	if err := loader.WriteGGUFModel(ctx, o.out, model); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			return ctx.Err()

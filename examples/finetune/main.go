@@ -26,7 +26,8 @@
 // -gpu-memory-limit is given (nine tenths of the free memory is the budget),
 // else paged under it.
 //
-// Without -model it trains the tiny F16 model embedded in the binary.
+// Without -model it trains the default model embedded in the binary
+// (examples/internal/defaultmodel).
 // Exit status: 0 on success, 2 for a bad flag, 1 for any other error.
 package main
 

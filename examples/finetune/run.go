@@ -18,7 +18,6 @@ import (
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/infile"
 	"github.com/strata-llm/strata/loader"
-	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -43,7 +42,7 @@ type options struct {
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("finetune", flag.ContinueOnError)
-	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded tiny F16 model)")
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` (default: the embedded model, examples/internal/defaultmodel)")
 	fs.StringVar(&o.data, "data", "", "training text `file` (UTF-8), encoded with the model's tokenizer")
 	fs.IntVar(&o.steps, "steps", 30, "training steps, one window of -seq-len tokens each")
 	fs.Float64Var(&o.lr, "lr", 1e-3, "learning rate, in (0, 1]")
@@ -197,7 +196,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err != nil {
 		return err
 	}
-	lm, err := cli.OpenModel(o.model, fixtures.TinyLlamaF16Sharded)
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}
@@ -414,7 +413,7 @@ func encode(ctx context.Context, tok *tokenizer.Tokenizer, text string) ([]int, 
 func train(ctx context.Context, o *options, h *hyper, r *engine.Training, params *nn.Params, tokens []int32, stdout, stderr io.Writer) error {
 	opt, scaler := h.opt, h.scaler
 	wins := windows(tokens, o.seqLen)
-	bar := newProgress(stderr, o.quiet)
+	bar := cli.NewProgress(stderr, "training", o.quiet)
 	var first, last float64
 	var peakAct int64
 	start := time.Now()
@@ -441,12 +440,12 @@ func train(ctx context.Context, o *options, h *hyper, r *engine.Training, params
 			first = st.Loss
 		}
 		last = st.Loss
-		bar.clear()
+		bar.Clear()
 		fmt.Fprintf(stdout, "step %d/%d loss %.6f scale %g grad-norm %.4g time %s%s\n",
 			step, o.steps, st.Loss, res.Scale, res.GradNorm, time.Since(t0).Round(time.Millisecond), note)
-		bar.update(step, o.steps, st.Loss)
+		bar.Update(int64(step), int64(o.steps), fmt.Sprintf("%d/%d loss %.4f", step, o.steps, st.Loss))
 	}
-	bar.clear()
+	bar.Clear()
 	if o.steps > 0 {
 		fmt.Fprintf(stderr, "trained %d steps (%d skipped) in %s: loss %.4f -> %.4f; peak activations %s\n",
 			o.steps, scaler.Skipped(), time.Since(start).Round(time.Millisecond), first, last, paging.FormatSize(peakAct))

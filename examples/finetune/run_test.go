@@ -36,8 +36,14 @@ func writeData(t *testing.T) string {
 	return path
 }
 
+// runArgs runs the command on args, on the sharded F16 fixture when args
+// name no -model: the fixtures are the tests' references, not the embedded
+// default model.
 func runArgs(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
+	if !slices.Contains(args, "-model") {
+		args = append([]string{"-model", fixtures.Dir(fixtures.TinyLlamaF16Sharded)}, args...)
+	}
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), args, &stdout, &stderr)
 	return stdout.String(), stderr.String(), err

@@ -6,7 +6,8 @@
 //	    [-max-new-tokens N] [-temperature T] [-top-k K] [-top-p P] [-seed S]
 //	    [-device cpu|cuda|auto] [-json] [-logits-out FILE]
 //
-// Without -model it runs the small BF16 model embedded in the binary.
+// Without -model it runs the default model embedded in the binary
+// (examples/internal/defaultmodel).
 // Exit status: 0 on success, 2 for a bad flag, 1 for any other error, with
 // one line on stderr naming the problem.
 package main

@@ -15,7 +15,6 @@ import (
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/loader"
-	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -52,7 +51,7 @@ type options struct {
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` or GGUF file (default: the embedded tiny BF16 model)")
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` or GGUF file (default: the embedded model, examples/internal/defaultmodel)")
 	fs.StringVar(&o.prompt, "prompt", "", "prompt `text` (needs the model's tokenizer: tokenizer.json, or a GGUF file's own)")
 	fs.StringVar(&o.ids, "ids", "", "prompt as comma-separated token `ids` (overrides -prompt and the tokenizer)")
 	fs.IntVar(&o.maxNew, "max-new-tokens", 32, "tokens to generate; 0 only runs the prompt")
@@ -187,7 +186,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	}
 
 	o.defaultModel = o.model == ""
-	lm, err := cli.OpenModel(o.model, fixtures.TinyLlamaBF16)
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}
@@ -272,12 +271,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	// are used, within maxPos.
 	contextLen := min(len(ids)+max(o.maxNew, 1), maxPos)
 	start := time.Now()
-	bar := newProgress(stderr, o.quiet || o.jsonOut, "loading "+filepath.Base(dir))
+	bar := cli.NewProgress(stderr, "loading "+filepath.Base(dir), o.quiet || o.jsonOut)
 	eng, err := engine.Open(ctx, lm, engine.Options{
 		Devices: specs, Threads: o.threads, Memory: mem,
-		Context: contextLen, Chunk: o.chunk, Record: o.snapshot != "", Progress: bar.update,
+		Context: contextLen, Chunk: o.chunk, Record: o.snapshot != "", Progress: bar.Bytes,
 	})
-	bar.done()
+	bar.Done()
 	if err != nil {
 		return err
 	}

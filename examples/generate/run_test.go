@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,8 +17,12 @@ import (
 	"github.com/strata-llm/strata/loader/fixtures"
 )
 
+// runArgs runs the command on args, on the BF16 fixture when args name no
+// -model: the fixtures, with their transformers references, are what the
+// tests check against, not the embedded default model.
 func runArgs(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	args = withFixture(args, fixtures.TinyLlamaBF16)
 	var o, e bytes.Buffer
 	err = run(context.Background(), args, &o, &e)
 	return o.String(), e.String(), err
@@ -375,4 +380,13 @@ func TestTopPZero(t *testing.T) {
 	if got := ids("-temperature", "50", "-top-p", "1", "-seed", "3"); got == greedy {
 		t.Errorf("-temperature 50 -top-p 1 gave the greedy ids %s", got)
 	}
+}
+
+// withFixture puts -model and the fixture's directory in front of args
+// that name no model.
+func withFixture(args []string, fixture string) []string {
+	if slices.Contains(args, "-model") {
+		return args
+	}
+	return append([]string{"-model", fixtures.Dir(fixture)}, args...)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/examples/internal/cli"
+	"github.com/strata-llm/strata/examples/internal/defaultmodel"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor/quant"
@@ -553,7 +554,7 @@ func startRun(t *testing.T, args ...string) (addr string, stop func() (error, st
 // returns without error.
 func TestRun(t *testing.T) {
 	addr, stop := startRun(t)
-	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"tiny-llama-bf16","prompt":"Hi","max_tokens":3}`))
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"`+defaultmodel.Name+`","prompt":"Hi","max_tokens":3}`))
 	if err != nil {
 		t.Fatal(err)
 	}

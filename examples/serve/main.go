@@ -11,8 +11,8 @@
 // /v1/models, GET /health and GET /metrics (Prometheus' text format).
 // The first SIGINT or SIGTERM stops taking requests and lets the running
 // ones finish (within -drain-timeout), then serve exits; a second one ends
-// it at once. Without -model it serves the small BF16 model embedded in
-// the binary. Exit status: 0 after a drain, 2 for a bad flag, 1 for any
+// it at once. Without -model it serves the default model embedded in the
+// binary (examples/internal/defaultmodel). Exit status: 0 after a drain, 2 for a bad flag, 1 for any
 // other error, with one line on stderr naming the problem.
 package main
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/examples/internal/cli"
-	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/examples/internal/defaultmodel"
 )
 
 // options are the parsed flags.
@@ -36,7 +36,7 @@ const defaultContext = 4096
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` or GGUF file (default: the embedded tiny BF16 model)")
+	fs.StringVar(&o.model, "model", "", "Hugging Face model `directory` or GGUF file (default: the embedded model, examples/internal/defaultmodel)")
 	fs.StringVar(&o.name, "model-name", "", "the model's `id` in the API (default: the base name of -model)")
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on")
 	fs.StringVar(&o.device, "device", "auto", "cpu, cuda, cuda:N or auto (cuda when compiled in and a device exists)")
@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	if err := cli.CheckPlacement(mem, specs); err != nil {
 		return err
 	}
-	lm, err := cli.OpenModel(o.model, fixtures.TinyLlamaBF16)
+	lm, err := cli.OpenModel(o.model)
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 // .gguf, or the embedded model's name.
 func modelName(path string) string {
 	if path == "" {
-		return fixtures.TinyLlamaBF16
+		return defaultmodel.Name
 	}
 	return strings.TrimSuffix(filepath.Base(filepath.Clean(path)), ".gguf")
 }

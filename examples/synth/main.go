@@ -38,7 +38,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/strata-llm/strata/arch"
@@ -286,17 +285,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		o.preset, cfg.Family.Architecture(), cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
 		experts(cfg), cfg.VocabSize, float64(cfg.NumParams())/1e6, cfg.DType, float64(total)/1e6)
 	start := time.Now()
-	var mu sync.Mutex
-	last := start
-	opts.Progress = func(written, total int64) {
-		mu.Lock()
-		defer mu.Unlock()
-		if now := time.Now(); now.Sub(last) >= time.Second {
-			last = now
-			fmt.Fprintf(stderr, "synth: %5.1f%%  %.0f MB/s\n", 100*float64(written)/float64(total),
-				float64(written)/1e6/now.Sub(start).Seconds())
-		}
-	}
+	opts.Progress = cli.NewProgress(stderr, "synth", false).Bytes
 	if err := loader.Synthesize(ctx, o.out, cfg, opts); err != nil {
 		return err
 	}
@@ -370,17 +359,7 @@ func runGGUF(ctx context.Context, o *options, cfg *arch.Config, opts loader.Synt
 		o.preset, cfg.Family.Architecture(), cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
 		cfg.VocabSize, float64(cfg.NumParams())/1e6, o.base, float64(total)/1e6)
 	start := time.Now()
-	var mu sync.Mutex
-	last := start
-	opts.Progress = func(written, total int64) {
-		mu.Lock()
-		defer mu.Unlock()
-		if now := time.Now(); now.Sub(last) >= time.Second {
-			last = now
-			fmt.Fprintf(stderr, "synth: %5.1f%%  %.0f MB/s\n", 100*float64(written)/float64(total),
-				float64(written)/1e6/now.Sub(start).Seconds())
-		}
-	}
+	opts.Progress = cli.NewProgress(stderr, "synth", false).Bytes
 	fallbacks, err := loader.SynthesizeGGUF(ctx, o.out, cfg, o.base, opts)
 	if err != nil {
 		return err

@@ -1,6 +1,6 @@
 // Package cli holds what the example commands share: exit statuses and
 // one-line errors, usage errors, Ctrl-C, checks of output paths, and the
-// embedded model used when no -model is given.
+// embedded default model used when no -model is given.
 package cli
 
 import (
@@ -15,10 +15,10 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/strata-llm/strata/examples/internal/defaultmodel"
 	"github.com/strata-llm/strata/internal/atomicfile"
 	"github.com/strata-llm/strata/internal/oneline"
 	"github.com/strata-llm/strata/loader"
-	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/loader/tokenizer"
 )
 
@@ -102,11 +102,11 @@ func NotifyContext(parent context.Context) (ctx context.Context, stop func()) {
 }
 
 // OpenModel opens the model at path, a Hugging Face model directory or a
-// GGUF file, or, when path is empty, the embedded fixture, read in place:
-// nothing is written to disk.
-func OpenModel(path, fixture string) (*loader.Model, error) {
+// GGUF file, or, when path is empty, the embedded default model
+// (defaultmodel), read in place: nothing is written to disk.
+func OpenModel(path string) (*loader.Model, error) {
 	if path == "" {
-		return loader.OpenFS(fixtures.FS(), fixture)
+		return defaultmodel.Open()
 	}
 	if _, err := os.Stat(path); err != nil {
 		var pe *os.PathError

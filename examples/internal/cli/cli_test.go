@@ -17,7 +17,6 @@ import (
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/internal/filetest"
-	"github.com/strata-llm/strata/loader/fixtures"
 )
 
 // The signal tests run Main in a child process (this test binary again),
@@ -122,24 +121,22 @@ func TestSignals(t *testing.T) {
 func TestOpenModelEmbeddedInPlace(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	for _, name := range []string{fixtures.TinyLlamaBF16, fixtures.TinyLlamaF16Sharded} {
-		lm, err := OpenModel("", name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tok, err := LoadTokenizer(lm)
-		if err != nil || tok == nil {
-			t.Fatalf("%s: tokenizer %v, %v", name, tok, err)
-		}
-		if _, err := lm.ReadTensor(context.Background(), arch.EmbedName); err != nil {
-			t.Fatal(err)
-		}
-		lm.Close()
+	lm, err := OpenModel("")
+	if err != nil {
+		t.Fatal(err)
 	}
+	tok, err := LoadTokenizer(lm)
+	if err != nil || tok == nil {
+		t.Fatalf("tokenizer %v, %v", tok, err)
+	}
+	if _, err := lm.ReadTensor(context.Background(), arch.EmbedName); err != nil {
+		t.Fatal(err)
+	}
+	lm.Close()
 	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
 		t.Errorf("the temporary directory holds %v", ents)
 	}
-	if _, err := OpenModel(filepath.Join(tmp, "none"), ""); err == nil || strings.Contains(err.Error(), "\n") {
+	if _, err := OpenModel(filepath.Join(tmp, "none")); err == nil || strings.Contains(err.Error(), "\n") {
 		t.Errorf("missing model directory: %v", err)
 	}
 }
@@ -185,7 +182,7 @@ func TestCheckOutputs(t *testing.T) {
 // spans lines: a model directory named with a line break, and a wrapped
 // error of several lines.
 func TestMessageOneLine(t *testing.T) {
-	_, dirErr := OpenModel(filepath.Join(t.TempDir(), "two\nlines"), "")
+	_, dirErr := OpenModel(filepath.Join(t.TempDir(), "two\nlines"))
 	for _, err := range []error{
 		dirErr,
 		UsageError{fmt.Errorf("config: %w", errors.New("yaml: unmarshal errors:\n  line 2: field x not found"))},
