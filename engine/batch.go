@@ -234,7 +234,7 @@ func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 	perSeq := (e.context + o.BlockSize - 1) / o.BlockSize
 	room := int64(math.MaxInt64)
 	for _, b := range e.budgets {
-		room = min(room, b.Limit()-b.Used())
+		room = min(room, freeRoom(b))
 	}
 	room -= nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 	room -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + nn.ActivationBytes(e.cfg, e.chunk) + nn.RopeBytes(e.cfg, e.context)
@@ -254,7 +254,7 @@ func (e *Engine) poolRoom(o BatchOptions) error {
 		p := e.devices[d].Placement
 		kv := nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
 		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
-		if room := b.Limit() - b.Used(); need > room {
+		if room := freeRoom(b); need > room {
 			return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
 				ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), positions)
 		}
@@ -262,11 +262,19 @@ func (e *Engine) poolRoom(o BatchOptions) error {
 	return nil
 }
 
+// freeRoom is what b can still give without evicting a weight: its free
+// bytes and the allocator's cached free blocks, which it trims first.
+func freeRoom(b *paging.Budget) int64 {
+	return b.Limit() - b.Used() + b.UsedBy(paging.Cached)
+}
+
 // weightBytes is, per device budget, the bytes of weights on the device.
+// The allocator's cached free blocks are not weights: a pool that reuses
+// them (a closed session's buffers, say) takes no weight's place.
 func (e *Engine) weightBytes() []int64 {
 	var w []int64
 	for _, b := range e.budgets {
-		w = append(w, b.UsedBy(paging.ResidentWeights)+b.UsedBy(paging.StreamedWeights)+b.UsedBy(paging.Cached))
+		w = append(w, b.UsedBy(paging.ResidentWeights)+b.UsedBy(paging.StreamedWeights))
 	}
 	return w
 }

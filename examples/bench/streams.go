@@ -46,7 +46,9 @@ const streamPrompt = 16
 func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*StreamsResult, error) {
 	gen := o.warmup + o.decode
 	bs := nn.DefaultBlockSize
-	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: streamsPositions(o) / bs, BlockSize: bs})
+	// Four rows a stream a step: the prompts start over a few steps, and
+	// the batch's buffers stay small beside the pool.
+	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: streamsPositions(o) / bs, BlockSize: bs, StepTokens: 4 * n})
 	if err != nil {
 		return nil, err
 	}
