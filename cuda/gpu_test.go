@@ -1491,7 +1491,8 @@ func TestMatMulPreciseChunks(t *testing.T) {
 // TestAttentionGradShapes runs the attention backward on shapes beyond the
 // shared suite's: several tiles of 32 positions, a partial last block, an
 // odd head dimension, and headDim 256, whose kernels need more than 48 KiB
-// of shared memory. out comes from the forward kernel, as in training.
+// of shared memory. out comes from the precise forward kernel, as in
+// training (the tensor-core prefill rounds Q, K and V to F16).
 func TestAttentionGradShapes(t *testing.T) {
 	b := openGPU(t)
 	for _, c := range []struct{ t, heads, kvHeads, headDim int }{
@@ -1512,7 +1513,7 @@ func TestAttentionGradShapes(t *testing.T) {
 			dk, _ := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, nanSlice(c.t*kw))
 			dv, _ := put(t, b, tensor.F32, tensor.Shape{c.t, kw}, nanSlice(c.t*kw))
 			scale := float32(1 / math.Sqrt(float64(c.headDim)))
-			if err := b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Scale: scale}); err != nil {
+			if err := b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Scale: scale, Precise: true}); err != nil {
 				t.Fatal(err)
 			}
 			if err := b.AttentionGrad(tensor.AttnGrad{DQ: dq, DK: dk, DV: dv, DOut: dout, Out: out}, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Scale: scale}); err != nil {

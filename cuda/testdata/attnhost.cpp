@@ -57,16 +57,21 @@ static inline uint32_t __float_as_uint(float f) {
 	memcpy(&u, &f, 4);
 	return u;
 }
-static inline unsigned short __half_as_ushort(__half h) {
+// Newer cuda_fp16.h (CUDA 13) declares these two for the host as well;
+// the harness's own versions go by other names, and the kernels' calls
+// are renamed to them.
+static inline unsigned short host_half_as_ushort(__half h) {
 	unsigned short u;
 	memcpy(&u, &h, 2);
 	return u;
 }
-static inline __half __ushort_as_half(unsigned short u) {
+static inline __half host_ushort_as_half(unsigned short u) {
 	__half h;
 	memcpy(&h, &u, 2);
 	return h;
 }
+#define __half_as_ushort host_half_as_ushort
+#define __ushort_as_half host_ushort_as_half
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
