@@ -356,12 +356,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		}
 		id := int32(sampler.Sample(logits))
 		out = append(out, id)
+		if eos[int(id)] {
+			stop = "eos" // the end-of-sequence token ends the text; it is not printed
+			break
+		}
 		if err := emit(id); err != nil {
 			return err
-		}
-		if eos[int(id)] {
-			stop = "eos"
-			break
 		}
 		if len(out) == o.maxNew {
 			break

@@ -626,7 +626,7 @@ func TestFlags(t *testing.T) {
 		{[]string{"-max-queue", "-1"}, true, "-max-queue -1 must be > 0"},
 		{[]string{"-kv-positions", "-1"}, true, "-kv-positions -1 must be >= 0"},
 		{[]string{"-drain-timeout", "0s"}, true, "-drain-timeout 0s must be > 0"},
-		{[]string{"-context", "1000", "-device", "cpu"}, true, "-context 1000 is longer than the model's context of 256 positions"},
+		{[]string{"-context", "100000", "-device", "cpu"}, true, "-context 100000 is longer than the model's context of"},
 		{[]string{"-offload", "hybrid", "-device", "cpu"}, true, "-offload hybrid computes beside a GPU"},
 		{[]string{"-gpu-memory-limit", "lots"}, true, "-gpu-memory-limit"},
 		{[]string{"-device", "tpu:x"}, true, "-device"},
