@@ -11,15 +11,23 @@ Result, so `bench -report` can join them. A run that fails (a torch or
 transformers too old for the static cache, a compile error) appends its
 line with the error instead.
 
+With --batch N[,N...] each run (resident or a budget; not compiled) also
+decodes N prompts of the same length together with generate() (greedy, the
+default cache) and appends one more line per N whose "streams" field has
+bench -streams' schema: aggregate decode tok/s, p50/p99 inter-token
+latency and time to first token, so that the table sets them beside
+strata's batched rows at the same budget.
+
     python3 hf_baseline.py --model DIR --name llama2-7b --runs resident,compiled,4GiB --out hf.jsonl
+    python3 hf_baseline.py --model DIR --name llama2-7b --runs 4GiB --batch 1,8,32,64 --decode 8 --out hf.jsonl
 """
 import argparse
 import json
+import math
 import sys
 import time
 
-import torch
-from transformers import AutoModelForCausalLM
+torch = None  # imported in main, so that --help works without torch
 
 
 def parse_size(s):
@@ -101,7 +109,62 @@ def measure_compiled(model, vocab, prefill, decode, warmup):
     return rates, decode / max(t_full - t_short, 1e-9)
 
 
+def percentile(xs, q):
+    """The q-th percentile (0..100) of xs, nearest rank; 0 for none."""
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs), max(1, math.ceil(q / 100 * len(xs)))) - 1]
+
+
+def measure_batch(model, vocab, n, prompt_len, decode, warmup):
+    """Decodes n prompts of prompt_len tokens together with generate
+    (greedy, every sequence generating decode tokens), after a shorter
+    untimed call. The time of each step comes from a stopping criterion,
+    which generate calls once a token is appended: the first is the time to
+    first token (the batch's prefill), the gaps after it the inter-token
+    latencies, shared by the n sequences of the step. The aggregate rate is
+    n tokens a step over the steps after the first."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Clock(StoppingCriteria):
+        def __init__(self):
+            self.times = []
+
+        def __call__(self, input_ids, scores, **kw):
+            sync()
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    dev = torch.device("cuda:0")
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, vocab, (n, prompt_len), generator=g).to(dev)
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=mask, max_new_tokens=max(2, warmup), min_new_tokens=max(2, warmup),
+                       do_sample=False, pad_token_id=0)
+        clock = Clock()
+        sync()
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=decode, min_new_tokens=decode, do_sample=False,
+                       pad_token_id=0, stopping_criteria=StoppingCriteriaList([clock]))
+    ts = clock.times
+    gaps = [(b - a) * 1e3 for a, b in zip(ts, ts[1:])]
+    window = ts[-1] - ts[0] if len(ts) > 1 else 0
+    ttft = (ts[0] - t0) * 1e3 if ts else 0
+    return {
+        "streams": n,
+        "decode_tok_s": n * (len(ts) - 1) / window if window > 0 else 0,
+        "inter_token_p50_ms": percentile(gaps, 50),
+        "inter_token_p99_ms": percentile(gaps, 99),
+        "ttft_p50_ms": ttft,
+        "ttft_p99_ms": ttft,
+        "mean_batch": float(n),
+    }
+
+
 def main():
+    global torch
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--name", required=True)
@@ -110,9 +173,24 @@ def main():
     ap.add_argument("--prefill", default="128,512")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--batch", default="",
+                    help="comma-separated batch sizes: also decode N prompts of --prompt-tokens together with generate in each run but compiled")
+    ap.add_argument("--prompt-tokens", type=int, default=16,
+                    help="the length of each prompt of a --batch run (bench -streams' prompts are 16 tokens)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     prefill = [int(x) for x in a.prefill.split(",") if x]
+    try:
+        batches = [int(x) for x in a.batch.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--batch {a.batch!r}: want batch sizes such as 1,8,32")
+    if any(n <= 0 for n in batches):
+        ap.error(f"--batch {a.batch!r}: batch sizes must be positive")
+    if a.prompt_tokens <= 0 or a.decode < 2:
+        ap.error(f"--prompt-tokens {a.prompt_tokens} must be positive and --decode {a.decode} at least 2")
+    import torch as _torch
+    from transformers import AutoModelForCausalLM
+    torch = _torch
     for run in [r.strip() for r in a.runs.split(",") if r.strip()]:
         compiled = run == "compiled"
         budget = 0 if run in ("resident", "compiled") else parse_size(run)
@@ -150,6 +228,26 @@ def main():
                 rec["weight_bytes"] = weight
             print(f"{a.name:12s} {kind:12s} {run:8s} decode {tok_s:8.2f} tok/s  prefill {rates}  "
                   f"on GPU {on_gpu/2**30:.2f} GiB of {weight/2**30:.2f} GiB  peak {rec['peak_device_bytes']/2**30:.2f} GiB", flush=True)
+            for n in [] if compiled else batches:
+                # Its own line: decode_tok_s stays 0, so that it is no
+                # single-stream baseline; the table reads "streams".
+                brec = {k: rec[k] for k in ("kind", "model", "device", "run", "budget_bytes", "strategy", "mode", "weight_bytes", "streamed_bytes")}
+                brec.update({"decode_tokens": a.decode, "prefill_tok_s": {}, "decode_tok_s": 0})
+                try:
+                    torch.cuda.reset_peak_memory_stats()
+                    brec["streams"] = measure_batch(model, model.config.vocab_size, n, a.prompt_tokens, a.decode, a.warmup)
+                    brec["peak_device_bytes"] = torch.cuda.max_memory_allocated()
+                    st = brec["streams"]
+                    print(f"{a.name:12s} {kind:12s} {run:8s} batch {n:3d}: {st['decode_tok_s']:8.2f} tok/s aggregate  "
+                          f"inter-token p50 {st['inter_token_p50_ms']:.1f} ms p99 {st['inter_token_p99_ms']:.1f} ms  "
+                          f"first token {st['ttft_p50_ms']:.0f} ms", flush=True)
+                except Exception as e:  # an out-of-memory batch must not lose the others
+                    msg = str(e).strip().splitlines()
+                    brec["error"] = f"batch {n}: {type(e).__name__}: {msg[0] if msg else ''}"[:300]
+                    print(f"{a.name} {run} batch {n}: {brec['error']}", file=sys.stderr, flush=True)
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(brec) + "\n")
+                torch.cuda.empty_cache()
             del model
         except Exception as e:  # one failed run must not lose the others
             msg = str(e).strip().splitlines()

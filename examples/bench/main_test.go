@@ -151,6 +151,57 @@ func TestReportCompiledBaseline(t *testing.T) {
 	}
 }
 
+// TestReportStreams checks the streams column: a batched strata run's
+// aggregate rate and latencies, compared with Hugging Face's batched run of
+// the same budget and batch size (compiled over eager when both ran) and
+// with none of another size or budget; hf_baseline's batched lines are no
+// single-stream baseline, and their decode cell is "-".
+func TestReportStreams(t *testing.T) {
+	const (
+		single  = `{"kind":"accelerate","model":"m","device":"cuda:0","run":"4GiB","budget_bytes":4294967296,"decode_tok_s":2,"decode_tokens":4}` + "\n"
+		hf8     = `{"kind":"accelerate","model":"m","device":"cuda:0","run":"4GiB","budget_bytes":4294967296,"decode_tok_s":0,"decode_tokens":4,"streams":{"streams":8,"decode_tok_s":16,"inter_token_p50_ms":500,"inter_token_p99_ms":510,"ttft_p50_ms":900,"ttft_p99_ms":900}}` + "\n"
+		hf8res  = `{"kind":"transformers","model":"m","device":"cuda:0","run":"resident","decode_tok_s":0,"decode_tokens":4,"streams":{"streams":8,"decode_tok_s":200}}` + "\n"
+		hf8comp = `{"kind":"transformers-compiled","model":"m","device":"cuda:0","run":"compiled","decode_tok_s":0,"decode_tokens":4,"streams":{"streams":8,"decode_tok_s":400}}` + "\n"
+		st8     = `{"kind":"strata","model":"m","device":"cuda:0","run":"4GiB:balanced","budget_bytes":4294967296,"decode_tok_s":10,"decode_tokens":64,"streams":{"streams":8,"decode_tok_s":64,"inter_token_p50_ms":120,"inter_token_p99_ms":150.5,"ttft_p50_ms":300,"ttft_p99_ms":420}}` + "\n"
+		st32    = `{"kind":"strata","model":"m","device":"cuda:0","run":"4GiB:balanced","budget_bytes":4294967296,"decode_tok_s":10,"decode_tokens":64,"streams":{"streams":32,"decode_tok_s":100,"inter_token_p50_ms":300,"inter_token_p99_ms":330,"ttft_p50_ms":900,"ttft_p99_ms":1200}}` + "\n"
+		res8    = `{"kind":"strata","model":"m","device":"cuda:0","run":"none","decode_tok_s":50,"decode_tokens":64,"streams":{"streams":8,"decode_tok_s":800}}` + "\n"
+	)
+	cases := []struct {
+		name, lines string
+		want, not   []string
+	}{
+		{"budget", hf8 + single + st8 + st32,
+			[]string{
+				"| 10.00 |", "5.00x accelerate 4GiB | 8: 64.0 tok/s, inter-token p50 120.0 p99 150.5 ms, first token p50 300 p99 420 ms, 4.00x accelerate 4GiB |",
+				"| 32: 100.0 tok/s, inter-token p50 300.0 p99 330.0 ms, first token p50 900 p99 1200 ms |",
+				"| accelerate | 4.00 GiB |  |  | - |",
+			}, []string{"0.62x"}},
+		{"resident", hf8res + hf8comp + res8, []string{"| 8: 800.0 tok/s, inter-token p50 0.0 p99 0.0 ms, first token p50 0 p99 0 ms, 2.00x transformers-compiled compiled |"}, nil},
+		{"no baseline", st8, []string{"first token p50 300 p99 420 ms |"}, []string{"x accelerate"}},
+	}
+	dir := t.TempDir()
+	for _, c := range cases {
+		path := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".jsonl")
+		if err := os.WriteFile(path, []byte(c.lines), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"-report", path}, &out); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range append(c.want, "| vs baseline | streams |") {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%s: the table lacks %q:\n%s", c.name, w, out.String())
+			}
+		}
+		for _, w := range c.not {
+			if strings.Contains(out.String(), w) {
+				t.Errorf("%s: the table has %q:\n%s", c.name, w, out.String())
+			}
+		}
+	}
+}
+
 // TestBenchPromptTokens: -prompt-tokens sets the context the timed decode
 // steps attend over, its prefill is timed under its length, and the result
 // reports the KV cache (all on the device on the CPU, with the bytes the

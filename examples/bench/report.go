@@ -36,6 +36,11 @@ type Row struct {
 	OfBound         float64 `json:"of_bound"`
 	VsBaseline      float64 `json:"vs_baseline"` // decode tok/s over the baseline's
 	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident (compiled when it ran)
+	// StreamsVsBaseline is a batched run's aggregate tok/s over Hugging
+	// Face's at the same model, budget and batch size (hf_baseline
+	// -batch), StreamsBaseline which run that was.
+	StreamsVsBaseline float64 `json:"streams_vs_baseline,omitempty"`
+	StreamsBaseline   string  `json:"streams_baseline,omitempty"`
 }
 
 func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
@@ -86,6 +91,9 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 		}
 		if base := baseline(results, r); base != nil && base.DecodeTokS > 0 {
 			row.VsBaseline, row.BaselineRun = r.DecodeTokS/base.DecodeTokS, base.Kind+" "+base.Run
+		}
+		if base := streamsBaseline(results, r); base != nil {
+			row.StreamsVsBaseline, row.StreamsBaseline = r.Streams.DecodeTokS/base.Streams.DecodeTokS, base.Kind+" "+base.Run
 		}
 		rows = append(rows, row)
 	}
@@ -170,7 +178,9 @@ func baseline(all []Result, r Result) *Result {
 	var resident *Result
 	for i := range all {
 		b := &all[i]
-		if b.Model != r.Model || b.Error != "" {
+		// A batched line of hf_baseline (-batch) has no single-stream
+		// rate: it is the baseline of the streams column only.
+		if b.Model != r.Model || b.Error != "" || b.DecodeTokS <= 0 {
 			continue
 		}
 		if b.Kind == "accelerate" && b.BudgetBytes == r.BudgetBytes && r.BudgetBytes > 0 {
@@ -188,21 +198,58 @@ func baseline(all []Result, r Result) *Result {
 	return nil
 }
 
+// streamsBaseline is Hugging Face's batched run (hf_baseline -batch) of
+// r's model, budget and batch size, for a strata run with -streams: the
+// compiled resident run when it ran, else the eager one.
+func streamsBaseline(all []Result, r Result) *Result {
+	if r.Kind != "strata" || r.Streams == nil || r.Streams.DecodeTokS <= 0 {
+		return nil
+	}
+	var found *Result
+	for i := range all {
+		b := &all[i]
+		if b.Kind == "strata" || b.Model != r.Model || b.Error != "" || b.BudgetBytes != r.BudgetBytes ||
+			b.Streams == nil || b.Streams.Streams != r.Streams.Streams || b.Streams.DecodeTokS <= 0 {
+			continue
+		}
+		if found == nil || b.Kind == "transformers-compiled" {
+			found = b
+		}
+	}
+	return found
+}
+
+// streamsCell is a batched run in the table: its streams, aggregate rate,
+// inter-token and first-token latency percentiles, and the ratio to
+// Hugging Face's at the same batch size.
+func streamsCell(r *Row) string {
+	s := r.Streams
+	if s == nil {
+		return "-"
+	}
+	c := fmt.Sprintf("%d: %.1f tok/s, inter-token p50 %.1f p99 %.1f ms, first token p50 %.0f p99 %.0f ms",
+		s.Streams, s.DecodeTokS, s.InterTokenP50Ms, s.InterTokenP99Ms, s.TTFTP50Ms, s.TTFTP99Ms)
+	if r.StreamsVsBaseline > 0 {
+		c += fmt.Sprintf(", %.2fx %s", r.StreamsVsBaseline, r.StreamsBaseline)
+	}
+	return c
+}
+
 func markdown(c *Ceilings, rows []Row) string {
 	var sb strings.Builder
 	if c != nil {
 		fmt.Fprintf(&sb, "Ceilings on %s: host-to-device %.1f GB/s pinned, %.1f GB/s pageable (%s copies); device memory %.0f GB/s (read + write).\n\n",
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
-	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | host staging | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline |\n")
-	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | host staging | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline | streams |\n")
+	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |\n")
 	for _, r := range rows {
 		budget := "none"
 		if r.BudgetBytes > 0 {
 			budget = paging.FormatSize(r.BudgetBytes)
 		}
 		if r.Error != "" {
-			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s |||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
+			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s ||||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
 		}
 		vs := "-"
@@ -232,10 +279,14 @@ func markdown(c *Ceilings, rows []Row) string {
 		if r.StagingSlots > 0 {
 			staging = fmt.Sprintf("%s pinned (%d buffers), %s/token", paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)))
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.2f | %s | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			r.Model, r.Kind, budget, r.Strategy, r.Mode, r.DecodeTokS, launchCell(&r.Result), r.PrefillTokS["128"], r.PrefillTokS["512"],
+		decode := "-" // a batched line of hf_baseline has no single-stream rate
+		if r.DecodeTokS > 0 {
+			decode = fmt.Sprintf("%.2f", r.DecodeTokS)
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %s | %s | %.1f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Model, r.Kind, budget, r.Strategy, r.Mode, decode, launchCell(&r.Result), r.PrefillTokS["128"], r.PrefillTokS["512"],
 			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), staging,
-			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs)
+			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs, streamsCell(&r))
 	}
 	return sb.String()
 }

@@ -90,15 +90,26 @@ if has 7b; then
 	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode 6 -warmup 1 -prefill 128 -out "$OUT/strata.jsonl" \
 		-runs ${RUNS_7B_SLOW:-4GiB:aggressive}
 fi
-# Batched decode: 1, 4 and 16 requests at once through the batcher, the 7B
-# shape resident and at 4 GiB (aggregate tok/s, inter-token latency and
-# time to first token in the "streams" field of each result).
+# Batched decode: 1, 8, 32 and 64 requests at once through the batcher,
+# the 7B shape resident and at 4 GiB (aggregate tok/s, inter-token latency
+# and time to first token in the "streams" field of each result), then
+# Hugging Face generate with the same batch sizes and 16-token prompts,
+# resident and under accelerate at 4 GiB (which streams slowly: a few
+# steps), in the same run.
+STREAMS=${STREAMS:-"1 8 32 64"}
 if has 7b-streams; then
-	for n in ${STREAMS:-1 4 16}; do
+	for n in $STREAMS; do
 		log strata llama2-7b streams=$n
 		"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode "$DECODE" -prefill 128 -streams "$n" \
 			-out "$OUT/strata.jsonl" -runs ${RUNS_7B_STREAMS:-none,4GiB:balanced}
 	done
+	export PYTHONUNBUFFERED=1
+	batches=$(echo $STREAMS | tr ' ' ',')
+	log hf llama2-7b batch=$batches
+	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs resident --prefill 128 \
+		--decode "$DECODE" --batch "$batches" --prompt-tokens 16 --out "$OUT/hf.jsonl"
+	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs ${HF_7B_BUDGETS:-4GiB} --prefill 128 \
+		--decode "${HF_STREAMS_DECODE:-4}" --warmup 2 --batch "$batches" --prompt-tokens 16 --out "$OUT/hf.jsonl"
 fi
 # Long prompts: the KV cache of an 8,000-token prompt (7.9 GiB in F32) does
 # not fit a 4 GiB budget on the device, nor a 32,000-token one's (31 GiB)
