@@ -316,9 +316,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			retErr = err
 		}
 	}()
-	fmt.Fprintf(stdout, "train: %s: %.3g M parameters, vocabulary %d, on %s; %d documents, %d tokens (%.2f epochs of %d steps x %d windows x %d positions)\n",
+	limit := fmt.Sprintf("at most %.2f epochs: %d steps", float64(o.steps*o.batch*seqLen)/float64(len(train)), o.steps)
+	if o.duration > 0 {
+		limit = fmt.Sprintf("for %v or %d steps, whichever comes first", o.duration, o.steps)
+	}
+	fmt.Fprintf(stdout, "train: %s: %.3g M parameters, vocabulary %d, on %s; %d documents, %d tokens (%s of %d windows x %d positions)\n",
 		o.model, float64(cfg.NumParams())/1e6, cfg.VocabSize, r.Backend().Name(), ndocs, len(train),
-		float64(o.steps*o.batch*seqLen)/float64(len(train)), o.steps, o.batch, seqLen)
+		limit, o.batch, seqLen)
 	t := &trainer{o: o, r: r, params: params, lm: lm, tok: tok, opt: opt, scaler: scaler, train: train, held: held,
 		seqLen: seqLen, stdout: stdout, stderr: stderr}
 	for _, id := range []int{tok.BOS(), tok.ID("<pad>"), tok.ID("<unk>")} {
