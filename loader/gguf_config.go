@@ -20,8 +20,8 @@ import (
 
 // GGUFArchitectures lists the general.architecture values a GGUF model
 // may have: "llama" (Llama, and Mistral: a sliding window makes the file
-// a Mistral) and "qwen2".
-func GGUFArchitectures() []string { return []string{"llama", "qwen2"} }
+// a Mistral), "qwen2" and "qwen3".
+func GGUFArchitectures() []string { return []string{"llama", "qwen2", "qwen3"} }
 
 // GGUFRopeFreqsName is the tensor of llama3 rope scaling factors: llama.cpp
 // divides the frequency of rotary pair i by element i.
@@ -30,8 +30,10 @@ const GGUFRopeFreqsName = "rope_freqs.weight"
 // GGUFConfig returns the config the metadata and tensors of g describe,
 // validated (arch.Config.Validate). Every size comes from the metadata
 // except the vocabulary, the token embedding's rows; tied embeddings are
-// a file without output.weight; a llama file has q/k/v biases when block
-// 0 has attn_q.bias, an o_proj bias when it has attn_output.bias; llama3
+// a file without output.weight; a llama or qwen3 file has q/k/v biases
+// when block 0 has attn_q.bias, an o_proj bias when it has
+// attn_output.bias; a qwen3 head size that block 0's attn_q_norm
+// contradicts is an error naming attention.key_length; llama3
 // rope scaling is recovered from rope_freqs.weight; BOS and EOS (with the
 // end-of-turn and end-of-message tokens) are those of the tokenizer; the
 // dtype is the float type holding the most bytes. An architecture strata
@@ -64,6 +66,8 @@ func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 		c.SetFamily(arch.Llama)
 	case "qwen2":
 		c.SetFamily(arch.Qwen2)
+	case "qwen3":
+		c.SetFamily(arch.Qwen3)
 	default:
 		return nil, fmt.Errorf("GGUF architecture %q is not supported yet (supported: %s)", name, strings.Join(GGUFArchitectures(), ", "))
 	}
@@ -119,6 +123,11 @@ func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 	case vl != 0 && vl <= 1<<24:
 		c.HeadDim = int(vl)
 	}
+	if c.QKNorm {
+		if err := ggufCheckQKNorm(g, c, key, kl, vl); err != nil {
+			return nil, err
+		}
+	}
 	if rd, err := optUint(md, key("rope.dimension_count")); err != nil {
 		return nil, err
 	} else if rd != 0 && rd != uint64(c.HeadDim) {
@@ -145,6 +154,8 @@ func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 			c.SetFamily(arch.Mistral)
 			c.SlidingWindow = int(min(w, 1<<30))
 		}
+	}
+	if name == "llama" || name == "qwen3" { // attention_bias: the tensors say
 		_, c.QKVBias = g.Tensor("blk.0.attn_q.bias")
 		_, c.OutBias = g.Tensor("blk.0.attn_output.bias")
 	}
@@ -171,6 +182,23 @@ func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// ggufCheckQKNorm checks the head size against the per-head query norm of
+// block 0, so that a missing or wrong key_length (kl, vl: 0 when missing)
+// is named as such rather than as a tensor of the wrong shape.
+func ggufCheckQKNorm(g *GGUFFile, c *arch.Config, key func(string) string, kl, vl uint64) error {
+	t, ok := g.Tensor("blk.0.attn_q_norm.weight")
+	if !ok || len(t.Dims) != 1 || t.Dims[0] == int64(c.HeadDim) {
+		return nil // the tensor checks report what else is wrong
+	}
+	switch {
+	case kl != 0:
+		return fmt.Errorf("metadata %s is %d, but %s holds %d values (the head size)", key("attention.key_length"), kl, t.Name, t.Dims[0])
+	case vl != 0:
+		return fmt.Errorf("metadata %s is %d, but %s holds %d values (the head size)", key("attention.value_length"), vl, t.Name, t.Dims[0])
+	}
+	return fmt.Errorf("metadata %s is missing and the head size hidden/heads = %d, but %s holds %d values (the head size)", key("attention.key_length"), c.HeadDim, t.Name, t.Dims[0])
 }
 
 // optUint is md.Uint with 0 for a missing key.
@@ -322,13 +350,15 @@ func llama3Factors(headDim int, theta float64, s *arch.RopeScaling) []float64 {
 }
 
 // GGUFArchitecture is the general.architecture llama.cpp names c's family
-// by: "llama" for Llama and Mistral, "qwen2".
+// by: "llama" for Llama and Mistral, "qwen2", "qwen3".
 func GGUFArchitecture(c *arch.Config) (string, error) {
 	switch c.Family {
 	case arch.Llama, arch.Mistral:
 		return "llama", nil
 	case arch.Qwen2:
 		return "qwen2", nil
+	case arch.Qwen3:
+		return "qwen3", nil
 	}
 	return "", fmt.Errorf("loader: the %v family has no GGUF architecture strata writes", c.Family)
 }
@@ -336,7 +366,8 @@ func GGUFArchitecture(c *arch.Config) (string, error) {
 // GGUFConfigKVs returns the metadata that describes c to llama.cpp (and
 // GGUFConfig): general.architecture and the {arch}.* sizes as llama.cpp's
 // converter types them (uint32 counts, float32 epsilon and rotary base),
-// the head size when it is not hidden/heads, Mistral's sliding window,
+// the head size when it is not hidden/heads (always for qwen3, as
+// llama.cpp's converter writes a config's head_dim), Mistral's sliding window,
 // and BOS and EOS (up to three EOS: the end-of-turn and end-of-message
 // ids hold the second and third). A llama3 rope scaling is no metadata
 // but the tensor GGUFRopeFreqs returns.
@@ -361,7 +392,7 @@ func GGUFConfigKVs(c *arch.Config) ([]GGUFKV, error) {
 		{a + ".rope.freq_base", float32(c.RopeTheta)},
 		{a + ".rope.dimension_count", u(c.HeadDim)},
 	}
-	if c.HeadDim*c.NumHeads != c.HiddenSize {
+	if c.HeadDim*c.NumHeads != c.HiddenSize || c.Family == arch.Qwen3 { // llama.cpp writes qwen3's head_dim always
 		kvs = append(kvs, GGUFKV{a + ".attention.key_length", u(c.HeadDim)}, GGUFKV{a + ".attention.value_length", u(c.HeadDim)})
 	}
 	if c.SlidingWindow > 0 {

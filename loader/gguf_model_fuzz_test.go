@@ -28,6 +28,8 @@ func FuzzGGUFModel(f *testing.F) {
 			Scores: []float32{0, 0, 0, -1, -2, -3, -1, 0}, Types: []int32{2, 3, 3, 1, 1, 1, 1, 6}, BOS: 1, EOS: 2, UNK: 0, AddBOS: true, AddSpacePrefix: true}},
 		{arch.Qwen2, quant.F16, &tokenizer.GGUFVocab{Model: "gpt2", Pre: "qwen2", Tokens: []string{"a", "b", "ab", "Ġ", "Ġa", "c", "<|x|>", "d"},
 			Merges: []string{"a b", "Ġ a"}, Types: []int32{1, 1, 1, 1, 1, 1, 3, 1}, BOS: -1, EOS: 6, UNK: -1}},
+		{arch.Qwen3, quant.Q8_0, &tokenizer.GGUFVocab{Model: "gpt2", Pre: "qwen2", Tokens: []string{"a", "b", "ab", "Ġ", "Ġa", "c", "<|x|>", "d"},
+			Merges: []string{"a b", "Ġ a"}, Types: []int32{1, 1, 1, 1, 1, 1, 3, 1}, BOS: -1, EOS: 6, UNK: -1}},
 	} {
 		cfg := c.Clone()
 		cfg.SetFamily(seed.family)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,7 +75,8 @@ func storedTypes(_ arch.Spec, dt tensor.DType) quant.Type {
 // ggufParts builds a fixture as llama.cpp's converter writes it, from the
 // exported pieces and independently of WriteGGUFModel: the config's and
 // tokenizer's metadata, the tensors under llama.cpp's names with ggml's
-// dimension order, the query and key rows permuted (PermuteQK), each
+// dimension order, the query and key rows permuted (PermuteQK) for the
+// llama architecture, each
 // tensor in the type typ gives it (the stored bytes when it is the stored
 // dtype, else its values quantized row by row).
 func fixtureParts(t *testing.T, name string, typ func(arch.Spec, tensor.DType) quant.Type) (*ggufParts, *loader.Model) {
@@ -104,6 +106,10 @@ func fixtureParts(t *testing.T, name string, typ func(arch.Spec, tensor.DType) q
 		t.Fatal(err)
 	}
 	p.kvs = append(p.kvs, loader.GGUFTokenizerKVs(v)...)
+	a, err := loader.GGUFArchitecture(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	for _, spec := range cfg.ExpectedTensors() {
 		ti, _ := src.Tensor(spec.Name)
@@ -123,7 +129,7 @@ func fixtureParts(t *testing.T, name string, typ func(arch.Spec, tensor.DType) q
 		case arch.K, arch.KBias:
 			heads = cfg.NumKVHeads
 		}
-		if heads > 0 {
+		if heads > 0 && loader.GGUFPermutesQK(a) {
 			perm := make([]byte, len(data))
 			if err := loader.PermuteQK(perm, data, spec.Shape[0], heads); err != nil {
 				t.Fatal(err)
@@ -231,7 +237,7 @@ func refCases(t *testing.T, name string) []struct {
 // on the CPU.
 func TestGGUFModelFixtures(t *testing.T) {
 	ctx := context.Background()
-	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16} {
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16, fixtures.TinyQwen3F16} {
 		t.Run(name, func(t *testing.T) {
 			p, src := fixtureParts(t, name, storedTypes)
 			path := p.write(t, filepath.Join(t.TempDir(), "model.gguf"))
@@ -240,8 +246,15 @@ func TestGGUFModelFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			if !reflect.DeepEqual(m.Config, src.Config) {
-				t.Errorf("config\n got %+v\nwant %+v", m.Config, src.Config)
+			wantCfg := *src.Config
+			if wantCfg.BOS < 0 && len(wantCfg.EOS) == 0 {
+				// config.json names none (tiny-qwen3-f16): the GGUF has
+				// those of the tokenizer, <s> and </s>, as llama.cpp's
+				// converter writes them.
+				wantCfg.BOS, wantCfg.EOS = 1, []int{2}
+			}
+			if !reflect.DeepEqual(m.Config, &wantCfg) {
+				t.Errorf("config\n got %+v\nwant %+v", m.Config, &wantCfg)
 			}
 			if m.GGUF() == nil || src.GGUF() != nil || m.Dir != path {
 				t.Errorf("GGUF() %v, %v; Dir %q", m.GGUF(), src.GGUF(), m.Dir)
@@ -480,7 +493,7 @@ func TestGGUFModelRefuses(t *testing.T) {
 		kind error
 		msg  string
 	}{
-		{"architecture", func(p *ggufParts) { p.set("general.architecture", "qwen3") }, loader.ErrConfig, `"qwen3" is not supported yet`},
+		{"architecture", func(p *ggufParts) { p.set("general.architecture", "gemma2") }, loader.ErrConfig, `"gemma2" is not supported yet`},
 		{"experts", func(p *ggufParts) { p.set("llama.expert_count", uint32(8)) }, loader.ErrConfig, "8 experts"},
 		{"no context length", func(p *ggufParts) { p.drop("llama.context_length") }, loader.ErrNoKey, "llama.context_length: missing"},
 		{"partial rope", func(p *ggufParts) { p.set("llama.rope.dimension_count", uint32(8)) }, loader.ErrConfig, "partial rotary"},
@@ -526,6 +539,58 @@ func TestGGUFModelRefuses(t *testing.T) {
 		if _, err := loader.Open(path); !errors.Is(err, loader.ErrFormat) || !strings.Contains(err.Error(), msg) {
 			t.Errorf("Open(%s): %v; want %q", path, err, msg)
 		}
+	}
+}
+
+// TestGGUFModelRefusesQwen3: a qwen3 file whose metadata is missing or
+// contradicts its tensors is refused at Open with one line naming the key.
+func TestGGUFModelRefusesQwen3(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		edit func(p *ggufParts)
+		kind error
+		msg  string
+	}{
+		{"no key length", func(p *ggufParts) {
+			p.drop("qwen3.attention.key_length")
+			p.drop("qwen3.attention.value_length")
+			p.drop("qwen3.rope.dimension_count")
+		}, loader.ErrConfig, "qwen3.attention.key_length is missing and the head size hidden/heads = 16, but blk.0.attn_q_norm.weight holds 32"},
+		{"no head size", func(p *ggufParts) {
+			p.drop("qwen3.attention.key_length")
+			p.drop("qwen3.attention.value_length")
+		}, loader.ErrConfig, "qwen3.attention.key_length is missing"},
+		{"wrong key length", func(p *ggufParts) {
+			p.set("qwen3.attention.key_length", uint32(16))
+			p.set("qwen3.attention.value_length", uint32(16))
+			p.set("qwen3.rope.dimension_count", uint32(16))
+		}, loader.ErrConfig, "qwen3.attention.key_length is 16, but blk.0.attn_q_norm.weight holds 32"},
+		{"key and value sizes", func(p *ggufParts) { p.set("qwen3.attention.value_length", uint32(16)) }, loader.ErrConfig, "qwen3.attention.value_length 16"},
+		{"no block count", func(p *ggufParts) { p.drop("qwen3.block_count") }, loader.ErrNoKey, "qwen3.block_count: missing"},
+		{"no epsilon", func(p *ggufParts) { p.drop("qwen3.attention.layer_norm_rms_epsilon") }, loader.ErrNoKey, "qwen3.attention.layer_norm_rms_epsilon: missing"},
+		{"head count", func(p *ggufParts) { p.set("qwen3.attention.head_count_kv", uint32(3)) }, loader.ErrConfig, "num_key_value_heads 3"},
+		{"no k norm", func(p *ggufParts) {
+			p.tensors = slices.DeleteFunc(p.tensors, func(w loader.GGUFWriteTensor) bool { return w.Name == "blk.2.attn_k_norm.weight" })
+		}, loader.ErrMismatch, "model.layers.2.self_attn.k_norm.weight"},
+		{"llama keys", func(p *ggufParts) {
+			for i := range p.kvs {
+				p.kvs[i].Key = strings.Replace(p.kvs[i].Key, "qwen3.", "llama.", 1)
+			}
+		}, loader.ErrNoKey, "qwen3.block_count: missing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := fixtureParts(t, fixtures.TinyQwen3F16, storedTypes)
+			tc.edit(p)
+			path := p.write(t, filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".gguf"))
+			m, err := loader.Open(path)
+			if err == nil {
+				m.Close()
+			}
+			if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.msg) || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("Open: %v; want one line naming %s with %q (%v)", err, path, tc.msg, tc.kind)
+			}
+		})
 	}
 }
 

@@ -120,8 +120,8 @@ func testValue(name string, i int) float32 {
 
 // TestGGUFConfigRoundTrip: configs of every family and quirk written by
 // WriteGGUFModel open as themselves, and every tensor reads back with the
-// values written: llama biases permuted and un-permuted, qwen2's stored
-// as they are.
+// values written: llama biases permuted and un-permuted, qwen2's and
+// qwen3's stored as they are.
 func TestGGUFConfigRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	tiny := func(edit func(c *arch.Config)) *arch.Config {
@@ -144,6 +144,12 @@ func TestGGUFConfigRoundTrip(t *testing.T) {
 		{"llama head size 32", tiny(func(c *arch.Config) { c.HeadDim = 32 })},
 		{"mistral", tiny(func(c *arch.Config) { c.SetFamily(arch.Mistral); c.SlidingWindow = 4096; c.RMSNormEps = 1e-6 })},
 		{"qwen2", tiny(func(c *arch.Config) { c.SetFamily(arch.Qwen2); c.RopeTheta = 1e6; c.BOS = -1 })},
+		{"qwen3 tied, head size 32", tiny(func(c *arch.Config) {
+			c.SetFamily(arch.Qwen3)
+			c.RopeTheta, c.RMSNormEps, c.HeadDim, c.TieEmbeddings = 1e6, 1e-6, 32, true
+		})},
+		{"qwen3 with attention biases", tiny(func(c *arch.Config) { c.SetFamily(arch.Qwen3); c.QKVBias, c.OutBias = true, true })},
+		{"qwen3 head size hidden/heads", tiny(func(c *arch.Config) { c.SetFamily(arch.Qwen3) })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.cfg
@@ -197,13 +203,18 @@ func TestGGUFConfigRoundTrip(t *testing.T) {
 					}
 				}
 			}
-			// Qwen2's biases are stored in Hugging Face's order.
-			if c.Family == arch.Qwen2 {
+			// qwen3 files name the head size whatever it is, as llama.cpp's
+			// converter writes them.
+			if kl, err := m.GGUF().Metadata.Uint("qwen3.attention.key_length"); c.Family == arch.Qwen3 && (err != nil || kl != uint64(c.HeadDim)) {
+				t.Errorf("qwen3.attention.key_length: %v, %v; want %d", kl, err, c.HeadDim)
+			}
+			// Qwen2's and Qwen3's biases are stored in Hugging Face's order.
+			if c.Family != arch.Llama && c.QKVBias {
 				gt, _ := m.GGUF().Tensor("blk.0.attn_q.bias")
 				raw := make([]byte, gt.Size)
 				m.GGUF().ReadTensorBytes(ctx, gt.Name, raw)
 				if v := math.Float32frombits(binary.LittleEndian.Uint32(raw[4:])); v != testValue("model.layers.0.self_attn.q_proj.bias", 1) {
-					t.Errorf("qwen2 q bias element 1 stored as %v", v)
+					t.Errorf("%v q bias element 1 stored as %v", c.Family, v)
 				}
 			}
 		})

@@ -19,6 +19,7 @@ import (
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 func runArgs(args ...string) (stdout, stderr string, err error) {
@@ -69,6 +70,8 @@ func TestConvertFixtures(t *testing.T) {
 		{fixtures.TinyLlamaBF16, "bf16"},
 		{fixtures.TinyLlamaF16Sharded, "q8_0"},
 		{fixtures.TinyLlamaBF16, "Q4_0"},
+		{fixtures.TinyQwen3F16, "f16"},
+		{fixtures.TinyQwen3F16, "q8_0"},
 	} {
 		t.Run(tc.fixture+"/"+tc.quantize, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "m.gguf")
@@ -89,8 +92,26 @@ func TestConvertFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			if !reflect.DeepEqual(m.Config, src.Config) {
-				t.Errorf("config\n got %+v\nwant %+v", m.Config, src.Config)
+			whole, partial := 0, 0 // 2-D tensors of rows of whole 32-element blocks, or not
+			for _, spec := range src.Config.ExpectedTensors() {
+				if cols := spec.Shape[len(spec.Shape)-1]; len(spec.Shape) == 2 && cols%32 == 0 {
+					whole++
+				} else if len(spec.Shape) == 2 {
+					partial++
+				}
+			}
+			want := *src.Config
+			if q := strings.ToLower(tc.quantize); q != "f16" && q != "bf16" && partial == 0 {
+				want.DType = tensor.F32 // no float weights left but the F32 norms
+			}
+			if want.BOS < 0 && len(want.EOS) == 0 {
+				// config.json names none (tiny-qwen3-f16): the GGUF has
+				// the tokenizer's <s> and </s>, as llama.cpp's converter
+				// writes them.
+				want.BOS, want.EOS = 1, []int{2}
+			}
+			if !reflect.DeepEqual(m.Config, &want) {
+				t.Errorf("config\n got %+v\nwant %+v", m.Config, &want)
 			}
 			if name, _ := m.GGUF().Metadata.String("general.name"); name != tc.fixture {
 				t.Errorf("general.name %q", name)
@@ -138,13 +159,31 @@ func TestConvertFixtures(t *testing.T) {
 					}
 				}
 			}
-			downs := strings.Count(stderr, "mlp.down_proj.weight: rows of 172 are not whole 32-element blocks")
+			fallbacks := strings.Count(stderr, "are not whole 32-element blocks")
 			if tc.quantize == "f16" || tc.quantize == "bf16" {
-				if quantized != 0 || downs != 0 {
+				if quantized != 0 || fallbacks != 0 {
 					t.Errorf("%d quantized tensors, stderr %q", quantized, stderr)
 				}
-			} else if quantized != 2+6*src.Config.NumLayers || downs != src.Config.NumLayers {
-				t.Errorf("%d quantized tensors; stderr %q", quantized, stderr)
+			} else if quantized != whole || fallbacks != partial || whole == 0 {
+				t.Errorf("%d quantized tensors, want %d; stderr %q, want %d fallbacks", quantized, whole, stderr, partial)
+			}
+			// qwen3 as llama.cpp's converter writes it: the head size in
+			// the metadata, the q/k norms F32 per head.
+			a, _ := m.GGUF().Metadata.String("general.architecture")
+			if want, _ := loader.GGUFArchitecture(src.Config); a != want {
+				t.Errorf("general.architecture %q, want %q", a, want)
+			}
+			if src.Config.QKNorm {
+				for _, k := range []string{"qwen3.attention.key_length", "qwen3.attention.value_length", "qwen3.rope.dimension_count"} {
+					if v, err := m.GGUF().Metadata.Uint(k); err != nil || v != uint64(src.Config.HeadDim) {
+						t.Errorf("%s: %d, %v; want %d", k, v, err, src.Config.HeadDim)
+					}
+				}
+				for _, n := range []string{"blk.3.attn_q_norm.weight", "blk.3.attn_k_norm.weight"} {
+					if gt, ok := m.GGUF().Tensor(n); !ok || gt.Type != quant.F32 || !reflect.DeepEqual(gt.Dims, []int64{int64(src.Config.HeadDim)}) {
+						t.Errorf("%s: %+v, %v", n, gt, ok)
+					}
+				}
 			}
 		})
 	}

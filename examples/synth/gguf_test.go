@@ -72,6 +72,27 @@ func TestSynthGGUF(t *testing.T) {
 	filetest.NoTemps(t, dir)
 }
 
+// TestSynthGGUFQwen3: -arch qwen3 writes a qwen3 GGUF file that opens as
+// the config synth made: q/k norms, a head size apart from hidden/heads.
+func TestSynthGGUFQwen3(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "m.gguf")
+	if _, _, err := runArgs("-out", out, "-preset", "tiny", "-arch", "qwen3", "-layers", "2", "-head-dim", "32", "-dtype", "q8_0"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := loader.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := m.Config
+	if a, _ := m.GGUF().Metadata.String("general.architecture"); a != "qwen3" || c.Family != arch.Qwen3 || !c.QKNorm || c.HeadDim != 32 || c.NumLayers != 2 {
+		t.Errorf("architecture %q, config %+v", a, c)
+	}
+	if ti, ok := m.Tensor("model.layers.1.self_attn.k_norm.weight"); !ok || ti.DType != tensor.F32 || !ti.Shape.Equal(tensor.Shape{32}) {
+		t.Errorf("k_norm: %v, %v", ti, ok)
+	}
+}
+
 // TestSynthGGUFBadFlags: flags that do not fit a GGUF file are usage
 // errors of one line, and nothing is written.
 func TestSynthGGUFBadFlags(t *testing.T) {
@@ -82,7 +103,7 @@ func TestSynthGGUFBadFlags(t *testing.T) {
 		{"-out", filepath.Join(dir, "model"), "-dtype", "q8_0"},
 		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q8_0", "-shard-size", "1MB"},
 		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q2_k"},
-		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q8_0", "-arch", "qwen3"},
+		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q8_0", "-arch", "qwen3_moe"},
 		{"-out", isDir, "-dtype", "q8_0", "-force"},
 		{"-out", filepath.Join(dir, "none", "m.gguf"), "-dtype", "q8_0"},
 	} {
