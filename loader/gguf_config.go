@@ -426,16 +426,22 @@ func llama3Factors(headDim int, theta float64, s *arch.RopeScaling) []float64 {
 // by: "llama" for Llama, Mistral and Mixtral, "qwen2", "qwen3",
 // "qwen3moe". A Qwen3-MoE with dense blocks (decoder_sparse_step,
 // mlp_only_layers) has none: llama.cpp's qwen3moe has experts in every
-// block.
+// block; nor has a mixture of experts with synthetic routing.
 func GGUFArchitecture(c *arch.Config) (string, error) {
 	switch c.Family {
-	case arch.Llama, arch.Mistral, arch.Mixtral:
+	case arch.Llama, arch.Mistral:
 		return "llama", nil
 	case arch.Qwen2:
 		return "qwen2", nil
 	case arch.Qwen3:
 		return "qwen3", nil
-	case arch.Qwen3MoE:
+	case arch.Qwen3MoE, arch.Mixtral:
+		if c.MoE != nil && c.MoE.Synthetic != nil {
+			return "", fmt.Errorf("loader: a %v with synthetic routing has no GGUF architecture: llama.cpp's metadata cannot say it", c.Family)
+		}
+		if c.Family == arch.Mixtral {
+			return "llama", nil
+		}
 		if c.MoE != nil && (c.MoE.SparseStep != 1 || len(c.MoE.DenseLayers) > 0) {
 			return "", fmt.Errorf("loader: a Qwen3-MoE with dense blocks (decoder_sparse_step %d, mlp_only_layers %v) has no GGUF architecture: llama.cpp's qwen3moe has experts in every block",
 				c.MoE.SparseStep, c.MoE.DenseLayers)
