@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/arch"
@@ -359,5 +361,31 @@ func TestWriteGGUFModelMoE(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWriteGGUFModelMixedExperts: experts stacked in one tensor need one
+// type; a recipe giving two is an error naming both, and nothing is
+// written.
+func TestWriteGGUFModelMixedExperts(t *testing.T) {
+	src, err := loader.Open(fixtures.Dir(fixtures.TinyQwen3MoEF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	types, _, err := loader.GGUFTensorTypes(src.Config, quant.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types["model.layers.1.mlp.experts.3.down_proj.weight"] = quant.F32
+	path := filepath.Join(t.TempDir(), "out.gguf")
+	err = loader.WriteGGUFModel(context.Background(), path, loader.GGUFModel{Config: src.Config, Types: types,
+		Rows: func(spec arch.Spec, r0, r1 int, dst []float32) error { return nil }})
+	if err == nil || !strings.Contains(err.Error(), "model.layers.1.mlp.experts.3.down_proj.weight (F32)") ||
+		!strings.Contains(err.Error(), "blk.1.ffn_down_exps.weight") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("WriteGGUFModel: %v, want one line naming the expert, its type and the stacked tensor", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("%s was written: %v", path, err)
 	}
 }
