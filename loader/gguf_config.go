@@ -37,8 +37,9 @@ const GGUFRopeFreqsName = "rope_freqs.weight"
 // contradicts is an error naming attention.key_length; llama3
 // rope scaling is recovered from rope_freqs.weight; BOS and EOS (with the
 // end-of-turn and end-of-message tokens) are those of the tokenizer; the
-// dtype is the float type holding the most bytes. An architecture strata
-// does not run is an error naming it.
+// dtype is the float type holding the most bytes; a mixture of experts
+// (qwen3moe, or llama with {arch}.expert_count) is as ggufMoE reads it. An
+// architecture strata does not run is an error naming it.
 func GGUFConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 	c, err := ggufConfig(ctx, g)
 	if err != nil {
