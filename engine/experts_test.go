@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // expertBudget is the budget of one device that holds lm's layers
@@ -151,4 +153,66 @@ func TestOpenPagesExperts(t *testing.T) {
 func e2r(st paging.Stats) *ExpertReport {
 	return &ExpertReport{Acquires: st.ExpertAcquires, Hits: st.ExpertHits, Misses: st.ExpertMisses, BytesMoved: st.ExpertBytesMoved,
 		Prefetches: st.ExpertPrefetches, PrefetchHits: st.ExpertPrefetchHits}
+}
+
+// TestOpenPagesGGUFExperts: a mixture of experts converted to a float GGUF
+// file (its experts stacked per projection) pages its experts one by one
+// under a budget that holds a few of them, and decodes with the logits of
+// the safetensors model run directly, bit for bit.
+func TestOpenPagesGGUFExperts(t *testing.T) {
+	prompt := []int32{1, 5, 9, 200, 3, 77, 18}
+	const steps, chunk = 6, 8
+	ctxLen := len(prompt) + steps
+	for _, tc := range []struct {
+		fixture string
+		base    quant.Type
+	}{
+		{fixtures.TinyQwen3MoEF16, quant.F16},
+		{fixtures.TinyMixtralBF16, quant.F32},
+	} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			want := reference(t, openFixture(t, tc.fixture), prompt, steps)
+			lm := openGGUF(t, tc.fixture, tc.base)
+			cfg := lm.Config
+			var eb int64
+			for _, name := range cfg.LayerExperts(cfg.BlockLayer(0))[1] {
+				if ti, ok := lm.Tensor(name); ok {
+					eb += ti.Size
+				}
+			}
+			budget := expertBudget(t, lm, ctxLen, chunk, cfg.MoE.ExpertsPerToken+2)
+			e, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: ctxLen, Chunk: chunk, Memory: Memory{Budgets: []int64{budget}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			total := cfg.NumLayers * cfg.MoE.Experts
+			if st := e.Stats(); st.ExpertsTotal != total || st.ExpertSlots == 0 || st.ExpertSlots >= total {
+				t.Fatalf("stats: %d experts in %d slots, want %d experts in fewer slots", st.ExpertsTotal, st.ExpertSlots, total)
+			}
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits, err := s.Forward(context.Background(), prompt, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range steps {
+				for j := range logits {
+					if math.Float32bits(logits[j]) != math.Float32bits(want[i][j]) {
+						t.Fatalf("step %d logit %d: %v, the safetensors model's %v", i, j, logits[j], want[i][j])
+					}
+				}
+				if logits, err = s.Forward(context.Background(), []int32{int32(nn.Argmax(logits))}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.Experts() // settles the prefetches under way
+			st := e.Stats()
+			if st.ExpertMisses == 0 || st.ExpertBytesMoved != (st.ExpertMisses+st.ExpertPrefetches)*eb {
+				t.Errorf("%d expert bytes moved for %d misses and %d prefetches of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches, eb)
+			}
+		})
+	}
 }

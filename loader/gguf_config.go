@@ -20,8 +20,9 @@ import (
 
 // GGUFArchitectures lists the general.architecture values a GGUF model
 // may have: "llama" (Llama, and Mistral: a sliding window makes the file
-// a Mistral), "qwen2" and "qwen3".
-func GGUFArchitectures() []string { return []string{"llama", "qwen2", "qwen3"} }
+// a Mistral; and Mixtral: experts make it a Mixtral), "qwen2", "qwen3" and
+// "qwen3moe".
+func GGUFArchitectures() []string { return []string{"llama", "qwen2", "qwen3", "qwen3moe"} }
 
 // GGUFRopeFreqsName is the tensor of llama3 rope scaling factors: llama.cpp
 // divides the frequency of rotary pair i by element i.
@@ -36,8 +37,9 @@ const GGUFRopeFreqsName = "rope_freqs.weight"
 // contradicts is an error naming attention.key_length; llama3
 // rope scaling is recovered from rope_freqs.weight; BOS and EOS (with the
 // end-of-turn and end-of-message tokens) are those of the tokenizer; the
-// dtype is the float type holding the most bytes. An architecture strata
-// does not run is an error naming it.
+// dtype is the float type holding the most bytes; a mixture of experts
+// (qwen3moe, or llama with {arch}.expert_count) is as ggufMoE reads it. An
+// architecture strata does not run is an error naming it.
 func GGUFConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 	c, err := ggufConfig(ctx, g)
 	if err != nil {
@@ -68,12 +70,18 @@ func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 		c.SetFamily(arch.Qwen2)
 	case "qwen3":
 		c.SetFamily(arch.Qwen3)
+	case "qwen3moe":
+		c.SetFamily(arch.Qwen3MoE)
+	case "qwen2moe":
+		return nil, fmt.Errorf("GGUF architecture %q (a mixture of experts with a shared expert) is not supported yet (supported: %s)", name, strings.Join(GGUFArchitectures(), ", "))
 	default:
 		return nil, fmt.Errorf("GGUF architecture %q is not supported yet (supported: %s)", name, strings.Join(GGUFArchitectures(), ", "))
 	}
 	key := func(k string) string { return name + "." + k }
-	if n, err := md.Uint(key("expert_count")); err == nil && n > 0 {
-		return nil, fmt.Errorf("a %s model with %d experts (a mixture of experts) is not supported yet", name, n)
+	if n, err := optUint(md, key("expert_count")); err != nil {
+		return nil, err
+	} else if n > 0 && name == "llama" {
+		c.SetFamily(arch.Mixtral)
 	}
 
 	sizes := []struct {
@@ -151,11 +159,16 @@ func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 		if w, err := optUint(md, key("attention.sliding_window")); err != nil {
 			return nil, err
 		} else if w > 0 {
-			c.SetFamily(arch.Mistral)
+			if c.Family == arch.Llama {
+				c.SetFamily(arch.Mistral)
+			}
 			c.SlidingWindow = int(min(w, 1<<30))
 		}
 	}
-	if name == "llama" || name == "qwen3" { // attention_bias: the tensors say
+	if err := ggufMoE(g, c, name, key); err != nil {
+		return nil, err
+	}
+	if name == "llama" || name == "qwen3" || name == "qwen3moe" { // attention_bias: the tensors say
 		_, c.QKVBias = g.Tensor("blk.0.attn_q.bias")
 		_, c.OutBias = g.Tensor("blk.0.attn_output.bias")
 	}
@@ -182,6 +195,67 @@ func ggufConfig(ctx context.Context, g *GGUFFile) (*arch.Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// ggufMoE sets the mixture of experts of c, whose family the architecture
+// name and {arch}.expert_count chose, from the metadata: expert_count,
+// expert_used_count (top-k) and, for qwen3moe, expert_feed_forward_length
+// (Mixtral's experts have feed_forward_length); every block is sparse, as
+// llama.cpp runs these architectures; the chosen experts' weights are
+// renormalised unless {arch}.expert_weights_norm is false. A dense family
+// with stacked expert tensors is an error naming expert_count.
+func ggufMoE(g *GGUFFile, c *arch.Config, name string, key func(string) string) error {
+	md := g.Metadata
+	if c.MoE == nil {
+		if n, _ := optUint(md, key("expert_count")); n > 0 {
+			return fmt.Errorf("a %s model with %d experts (a mixture of experts) is not supported yet", name, n)
+		}
+		for _, t := range g.Tensors() {
+			if isGGUFStackedExperts(t.Name) {
+				return fmt.Errorf("tensor %s holds experts, but metadata %s is missing or 0", t.Name, key("expert_count"))
+			}
+		}
+		return nil
+	}
+	need := func(k string, lo, hi uint64) (int, error) {
+		v, err := md.Uint(key(k))
+		switch {
+		case errors.Is(err, ErrNoKey):
+			return 0, fmt.Errorf("metadata %s is missing: a %s model needs it", key(k), name)
+		case err != nil:
+			return 0, err
+		case v < lo || v > hi:
+			return 0, fmt.Errorf("metadata %s is %d, want %d..%d", key(k), v, lo, hi)
+		}
+		return int(v), nil
+	}
+	experts, err := need("expert_count", 1, 1<<16)
+	if err != nil {
+		return err
+	}
+	perToken, err := need("expert_used_count", 1, uint64(experts))
+	if err != nil {
+		if v, uerr := md.Uint(key("expert_used_count")); uerr == nil && v > uint64(experts) {
+			return fmt.Errorf("metadata %s is %d, more than the %d experts of %s", key("expert_used_count"), v, experts, key("expert_count"))
+		}
+		return err
+	}
+	size := c.IntermediateSize
+	if c.Family == arch.Qwen3MoE {
+		if size, err = need("expert_feed_forward_length", 1, 1<<24); err != nil {
+			return err
+		}
+	}
+	norm := true
+	if v, ok := md.Get(key("expert_weights_norm")); ok {
+		b, isBool := v.(bool)
+		if !isBool {
+			return fmt.Errorf("metadata %s is a %T, want a bool", key("expert_weights_norm"), v)
+		}
+		norm = b
+	}
+	c.MoE = &arch.MoE{Experts: experts, ExpertsPerToken: perToken, ExpertSize: size, SparseStep: 1, NormTopK: norm}
+	return nil
 }
 
 // ggufCheckQKNorm checks the head size against the per-head query norm of
@@ -350,7 +424,10 @@ func llama3Factors(headDim int, theta float64, s *arch.RopeScaling) []float64 {
 }
 
 // GGUFArchitecture is the general.architecture llama.cpp names c's family
-// by: "llama" for Llama and Mistral, "qwen2", "qwen3".
+// by: "llama" for Llama, Mistral and Mixtral, "qwen2", "qwen3",
+// "qwen3moe". A Qwen3-MoE with dense blocks (decoder_sparse_step,
+// mlp_only_layers) has none: llama.cpp's qwen3moe has experts in every
+// block; nor has a mixture of experts with synthetic routing.
 func GGUFArchitecture(c *arch.Config) (string, error) {
 	switch c.Family {
 	case arch.Llama, arch.Mistral:
@@ -359,6 +436,18 @@ func GGUFArchitecture(c *arch.Config) (string, error) {
 		return "qwen2", nil
 	case arch.Qwen3:
 		return "qwen3", nil
+	case arch.Qwen3MoE, arch.Mixtral:
+		if c.MoE != nil && c.MoE.Synthetic != nil {
+			return "", fmt.Errorf("loader: a %v with synthetic routing has no GGUF architecture: llama.cpp's metadata cannot say it", c.Family)
+		}
+		if c.Family == arch.Mixtral {
+			return "llama", nil
+		}
+		if c.MoE != nil && (c.MoE.SparseStep != 1 || len(c.MoE.DenseLayers) > 0) {
+			return "", fmt.Errorf("loader: a Qwen3-MoE with dense blocks (decoder_sparse_step %d, mlp_only_layers %v) has no GGUF architecture: llama.cpp's qwen3moe has experts in every block",
+				c.MoE.SparseStep, c.MoE.DenseLayers)
+		}
+		return "qwen3moe", nil
 	}
 	return "", fmt.Errorf("loader: the %v family has no GGUF architecture strata writes", c.Family)
 }
@@ -366,8 +455,11 @@ func GGUFArchitecture(c *arch.Config) (string, error) {
 // GGUFConfigKVs returns the metadata that describes c to llama.cpp (and
 // GGUFConfig): general.architecture and the {arch}.* sizes as llama.cpp's
 // converter types them (uint32 counts, float32 epsilon and rotary base),
-// the head size when it is not hidden/heads (always for qwen3, as
-// llama.cpp's converter writes a config's head_dim), Mistral's sliding window,
+// the head size when it is not hidden/heads (always for qwen3 and
+// qwen3moe, as llama.cpp's converter writes a config's head_dim), the
+// experts (expert_count, expert_used_count, qwen3moe's
+// expert_feed_forward_length, expert_weights_norm only when false),
+// Mistral's and Mixtral's sliding window,
 // and BOS and EOS (up to three EOS: the end-of-turn and end-of-message
 // ids hold the second and third). A llama3 rope scaling is no metadata
 // but the tensor GGUFRopeFreqs returns.
@@ -392,7 +484,16 @@ func GGUFConfigKVs(c *arch.Config) ([]GGUFKV, error) {
 		{a + ".rope.freq_base", float32(c.RopeTheta)},
 		{a + ".rope.dimension_count", u(c.HeadDim)},
 	}
-	if c.HeadDim*c.NumHeads != c.HiddenSize || c.Family == arch.Qwen3 { // llama.cpp writes qwen3's head_dim always
+	if m := c.MoE; m != nil {
+		kvs = append(kvs, GGUFKV{a + ".expert_count", u(m.Experts)}, GGUFKV{a + ".expert_used_count", u(m.ExpertsPerToken)})
+		if c.Family == arch.Qwen3MoE {
+			kvs = append(kvs, GGUFKV{a + ".expert_feed_forward_length", u(m.ExpertSize)})
+		}
+		if !m.NormTopK {
+			kvs = append(kvs, GGUFKV{a + ".expert_weights_norm", false})
+		}
+	}
+	if c.HeadDim*c.NumHeads != c.HiddenSize || c.QKNorm { // llama.cpp writes qwen3's head_dim always
 		kvs = append(kvs, GGUFKV{a + ".attention.key_length", u(c.HeadDim)}, GGUFKV{a + ".attention.value_length", u(c.HeadDim)})
 	}
 	if c.SlidingWindow > 0 {

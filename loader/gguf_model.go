@@ -77,8 +77,33 @@ func newGGUFModel(path string, g *GGUFFile, r readerAtCloser, size int64) (*Mode
 	m := &Model{Dir: path, Config: cfg, src: source{dir: filepath.Dir(path)}, files: map[string]*File{base: sf},
 		names: []string{base}, tensors: map[string]*TensorInfo{}, gguf: g}
 	permute := GGUFPermutesQK(g.arch())
+	experts := map[string][]arch.Spec{} // the router and stacked experts, by llama.cpp name
+	for _, spec := range cfg.ExpectedTensors() {
+		if name, ok := GGUFExpertName(spec); ok {
+			experts[name] = append(experts[name], spec)
+		}
+	}
+	add := func(t *TensorInfo) {
+		sf.tensors = append(sf.tensors, t)
+		sf.byName[t.Name] = t
+		m.tensors[t.Name] = t
+	}
 	for _, gt := range g.Tensors() {
 		dt, storable := tensor.FromQuant(gt.Type)
+		if specs, ok := experts[gt.Name]; ok {
+			if !storable {
+				return nil, &fileError{file: path, tensor: gt.Name, kind: ErrMismatch,
+					msg: fmt.Sprintf("has ggml type %v, which strata does not compute with (it does %s)", gt.Type, storableTypes())}
+			}
+			views, err := ggufExpertViews(gt, dt, specs, base)
+			if err != nil {
+				return nil, &fileError{file: path, tensor: gt.Name, kind: ErrMismatch, msg: err.Error()}
+			}
+			for _, t := range views {
+				add(t)
+			}
+			continue
+		}
 		name, mapped := GGUFToHFName(gt.Name)
 		switch {
 		case !mapped && !storable:
@@ -99,9 +124,7 @@ func newGGUFModel(path string, g *GGUFFile, r readerAtCloser, size int64) (*Mode
 				t.qkHeads = cfg.NumKVHeads
 			}
 		}
-		sf.tensors = append(sf.tensors, t)
-		sf.byName[name] = t
-		m.tensors[name] = t
+		add(t)
 	}
 	slices.SortStableFunc(sf.tensors, func(a, b *TensorInfo) int { return cmpInt64(a.Offset, b.Offset) })
 	if err := m.group(); err != nil {
@@ -110,6 +133,28 @@ func newGGUFModel(path string, g *GGUFFile, r readerAtCloser, size int64) (*Mode
 	m.extras = append(m.extras, m.ggufExtras...)
 	slices.Sort(m.extras)
 	return m, nil
+}
+
+// ggufExpertViews returns the tensors a mixture of experts' tensor gt
+// holds, specs in order: the router as it is; each routed expert of a
+// stacked tensor as the range of its bytes (expert e the e-th n-th), so
+// that the experts are read and paged one by one.
+func ggufExpertViews(gt *GGUFTensor, dt tensor.DType, specs []arch.Spec, file string) ([]*TensorInfo, error) {
+	shape := gt.Shape()
+	if specs[0].Role == arch.Router {
+		return []*TensorInfo{{Name: specs[0].Name, DType: dt, Shape: shape, File: file, Offset: gt.Offset, Size: gt.Size}}, nil
+	}
+	n := len(specs)
+	want := append(tensor.Shape{n}, specs[0].Shape...)
+	if !shape.Equal(want) {
+		return nil, fmt.Errorf("has shape %v, the config needs %d experts of %v", shape, n, specs[0].Shape)
+	}
+	per := gt.Size / int64(n)
+	out := make([]*TensorInfo, n)
+	for e, s := range specs {
+		out[e] = &TensorInfo{Name: s.Name, DType: dt, Shape: s.Shape, File: file, Offset: gt.Offset + int64(e)*per, Size: per}
+	}
+	return out, nil
 }
 
 // storableTypes names the dtypes a GGUF tensor may have.

@@ -136,10 +136,23 @@ func fixtureParts(t *testing.T, name string, typ func(arch.Spec, tensor.DType) q
 			}
 			data = perm
 		}
-		gname, _ := loader.HFToGGUFName(spec.Name)
+		gname, ok := loader.HFToGGUFName(spec.Name)
+		if !ok {
+			gname, _ = loader.GGUFExpertName(spec)
+		}
 		dims := make([]int64, len(spec.Shape))
 		for i, d := range spec.Shape {
 			dims[len(dims)-1-i] = int64(d)
+		}
+		if spec.Role.IsExpert() { // the block's experts stacked, [in, out, n_expert]
+			if spec.Expert > 0 {
+				st := p.tensor(gname)
+				st.Data = append(st.Data, data...)
+				st.Dims[2]++
+				continue
+			}
+			dims = append(dims, 1)
+			data = slices.Clone(data)
 		}
 		p.tensors = append(p.tensors, loader.GGUFWriteTensor{Name: gname, Type: q, Dims: dims, Data: data})
 	}
@@ -237,7 +250,8 @@ func refCases(t *testing.T, name string) []struct {
 // on the CPU.
 func TestGGUFModelFixtures(t *testing.T) {
 	ctx := context.Background()
-	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16, fixtures.TinyQwen3F16} {
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16, fixtures.TinyQwen3F16,
+		fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
 		t.Run(name, func(t *testing.T) {
 			p, src := fixtureParts(t, name, storedTypes)
 			path := p.write(t, filepath.Join(t.TempDir(), "model.gguf"))
@@ -287,9 +301,9 @@ func TestGGUFModelFixtures(t *testing.T) {
 						t.Errorf("%s: bytes differ from the safetensors model's", ti.Name)
 					}
 					// A part of a tensor, across heads.
-					if len(ti.Shape) == 2 {
+					if len(ti.Shape) == 2 && ti.Shape[0] > 4 {
 						rb := ti.Size / int64(ti.Shape[0])
-						off, n := 3*rb+5, 2*rb*int64(min(ti.Shape[0]-4, 9))
+						off, n := 3*rb+5, rb*int64(min(ti.Shape[0]-4, 18))
 						part := make([]byte, n)
 						if err := m.ReadRange(ctx, ti, off, part); err != nil {
 							t.Fatal(err)
@@ -494,7 +508,14 @@ func TestGGUFModelRefuses(t *testing.T) {
 		msg  string
 	}{
 		{"architecture", func(p *ggufParts) { p.set("general.architecture", "gemma2") }, loader.ErrConfig, `"gemma2" is not supported yet`},
-		{"experts", func(p *ggufParts) { p.set("llama.expert_count", uint32(8)) }, loader.ErrConfig, "8 experts"},
+		{"experts", func(p *ggufParts) { p.set("llama.expert_count", uint32(8)) }, loader.ErrConfig, "llama.expert_used_count is missing"},
+		{"qwen3 experts", func(p *ggufParts) {
+			for i := range p.kvs {
+				p.kvs[i].Key = strings.Replace(p.kvs[i].Key, "llama.", "qwen3.", 1)
+			}
+			p.set("general.architecture", "qwen3")
+			p.set("qwen3.expert_count", uint32(8))
+		}, loader.ErrConfig, "a qwen3 model with 8 experts"},
 		{"no context length", func(p *ggufParts) { p.drop("llama.context_length") }, loader.ErrNoKey, "llama.context_length: missing"},
 		{"partial rope", func(p *ggufParts) { p.set("llama.rope.dimension_count", uint32(8)) }, loader.ErrConfig, "partial rotary"},
 		{"key and value sizes", func(p *ggufParts) {
@@ -700,6 +721,57 @@ func TestGGUFChatTemplate(t *testing.T) {
 			}
 			if tok.SpecialTokens()["eos_token"] != "</s>" {
 				t.Errorf("SpecialTokens = %v", tok.SpecialTokens())
+			}
+		})
+	}
+}
+
+// TestGGUFModelRefusesMoE: a mixture of experts whose metadata is missing,
+// out of range or contradicts its stacked expert tensors is refused at
+// Open with one line naming the key or the tensor.
+func TestGGUFModelRefusesMoE(t *testing.T) {
+	dir := t.TempDir()
+	mixtral, qwen := fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16
+	for _, tc := range []struct {
+		name    string
+		fixture string
+		edit    func(p *ggufParts)
+		kind    error
+		msg     string
+	}{
+		{"no expert count", qwen, func(p *ggufParts) { p.drop("qwen3moe.expert_count") }, loader.ErrConfig, "metadata qwen3moe.expert_count is missing"},
+		{"zero experts", qwen, func(p *ggufParts) { p.set("qwen3moe.expert_count", uint32(0)) }, loader.ErrConfig, "metadata qwen3moe.expert_count is 0"},
+		{"too many used", qwen, func(p *ggufParts) { p.set("qwen3moe.expert_used_count", uint32(17)) }, loader.ErrConfig,
+			"metadata qwen3moe.expert_used_count is 17, more than the 16 experts"},
+		{"none used", mixtral, func(p *ggufParts) { p.set("llama.expert_used_count", uint32(0)) }, loader.ErrConfig, "metadata llama.expert_used_count is 0"},
+		{"no expert size", qwen, func(p *ggufParts) { p.drop("qwen3moe.expert_feed_forward_length") }, loader.ErrConfig,
+			"metadata qwen3moe.expert_feed_forward_length is missing"},
+		{"norm not bool", qwen, func(p *ggufParts) { p.set("qwen3moe.expert_weights_norm", uint32(1)) }, loader.ErrConfig,
+			"metadata qwen3moe.expert_weights_norm is a uint32, want a bool"},
+		{"mixtral without count", mixtral, func(p *ggufParts) { p.drop("llama.expert_count") }, loader.ErrConfig,
+			"tensor blk.0.ffn_gate_exps.weight holds experts, but metadata llama.expert_count is missing or 0"},
+		{"stacked short", qwen, func(p *ggufParts) {
+			w := p.tensor("blk.1.ffn_up_exps.weight")
+			w.Dims[2]--
+			w.Data = w.Data[:len(w.Data)*15/16]
+		}, loader.ErrMismatch, "blk.1.ffn_up_exps.weight: has shape [15, 48, 64], the config needs 16 experts of [48, 64]"},
+		{"stacked transposed", mixtral, func(p *ggufParts) {
+			w := p.tensor("blk.2.ffn_down_exps.weight")
+			w.Dims[0], w.Dims[1] = w.Dims[1], w.Dims[0]
+		}, loader.ErrMismatch, "blk.2.ffn_down_exps.weight: has shape [8, 96, 64], the config needs 8 experts of [64, 96]"},
+		{"qwen2moe", qwen, func(p *ggufParts) { p.set("general.architecture", "qwen2moe") }, loader.ErrConfig,
+			`"qwen2moe" (a mixture of experts with a shared expert) is not supported yet`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := fixtureParts(t, tc.fixture, storedTypes)
+			tc.edit(p)
+			path := p.write(t, filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".gguf"))
+			m, err := loader.Open(path)
+			if err == nil {
+				m.Close()
+			}
+			if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.msg) || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("Open: %v; want one line naming %s with %q (%v)", err, path, tc.msg, tc.kind)
 			}
 		})
 	}

@@ -49,7 +49,8 @@ type GGUFModel struct {
 // renamed into place: a failure leaves path as it was): the config's and
 // the tokenizer's metadata (GGUFConfigKVs, GGUFTokenizerKVs; the config's
 // BOS and EOS win over the tokenizer's), the rope_freqs.weight factors of
-// llama3 rope scaling, then every tensor under llama.cpp's name. A value
+// llama3 rope scaling, then every tensor under llama.cpp's name, the
+// routed experts of a block stacked per projection (GGUFExpertName). A value
 // that is not finite, or that overflows a block's scale, is an error
 // naming the tensor and row.
 func WriteGGUFModel(ctx context.Context, path string, m GGUFModel) error {
@@ -100,18 +101,42 @@ func WriteGGUFModel(ctx context.Context, path string, m GGUFModel) error {
 	}
 	var written atomic.Int64
 	scratch := &rowScratch{} // the tensors are written one at a time
-	for _, spec := range c.ExpectedTensors() {
+	specs := c.ExpectedTensors()
+	stacks := map[string][]arch.Spec{} // a block's experts of one projection, by llama.cpp name
+	for _, spec := range specs {
+		if name, ok := GGUFExpertName(spec); ok && spec.Role.IsExpert() {
+			stacks[name] = append(stacks[name], spec)
+		}
+	}
+	for _, spec := range specs {
 		name, ok := HFToGGUFName(spec.Name)
 		if !ok {
+			name, ok = GGUFExpertName(spec)
+		}
+		if !ok {
 			return fmt.Errorf("loader: write %s: tensor %s has no llama.cpp name", path, spec.Name)
+		}
+		stack := stacks[name]
+		if len(stack) > 0 && spec.Expert > 0 {
+			continue // written with expert 0
 		}
 		typ, ok := m.Types[spec.Name]
 		if !ok {
 			return fmt.Errorf("loader: write %s: no type for tensor %s", path, spec.Name)
 		}
+		for _, s := range stack {
+			if t := m.Types[s.Name]; t != typ {
+				return fmt.Errorf("loader: write %s: tensors %s (%v) and %s (%v) are stacked in %s: they need one type", path, spec.Name, typ, s.Name, t, name)
+			}
+		}
 		dims := make([]int64, len(spec.Shape))
 		for i, d := range spec.Shape {
 			dims[len(dims)-1-i] = int64(d)
+		}
+		rows := m.Rows
+		if len(stack) > 0 {
+			dims = append(dims, int64(len(stack)))
+			rows = stackedRows(stack, m.Rows)
 		}
 		heads := 0
 		if GGUFPermutesQK(a) {
@@ -122,12 +147,12 @@ func WriteGGUFModel(ctx context.Context, path string, m GGUFModel) error {
 				heads = c.NumKVHeads
 			}
 		}
-		w := &rowWriter{ctx: ctx, spec: spec, typ: typ, heads: heads, rows: m.Rows, workers: m.Workers, rowScratch: scratch}
+		w := &rowWriter{ctx: ctx, spec: spec, typ: typ, heads: heads, rows: rows, workers: m.Workers, rowScratch: scratch}
 		if w.workers <= 0 {
 			w.workers = runtime.GOMAXPROCS(0)
 		}
 		w.cols = spec.Shape[len(spec.Shape)-1]
-		w.nrows = int(spec.Shape.NumElements()) / w.cols
+		w.nrows = int(spec.Shape.NumElements()) / w.cols * max(1, len(stack))
 		rb, err := typ.Bytes(int64(w.cols))
 		if err != nil {
 			return fmt.Errorf("loader: write %s: tensor %s: %w", path, name, err)
@@ -148,6 +173,24 @@ func WriteGGUFModel(ctx context.Context, path string, m GGUFModel) error {
 		tensors = append(tensors, GGUFWriteTensor{Name: name, Type: typ, Dims: dims, Fill: fill})
 	}
 	return WriteGGUF(path, kvs, tensors)
+}
+
+// stackedRows returns the Rows function of the experts stack, written one
+// after the other as one tensor (llama.cpp's ffn_*_exps): its row r is row
+// r mod out of expert r / out.
+func stackedRows(stack []arch.Spec, rows func(arch.Spec, int, int, []float32) error) func(arch.Spec, int, int, []float32) error {
+	out, cols := stack[0].Shape[0], stack[0].Shape[1]
+	return func(_ arch.Spec, r0, r1 int, dst []float32) error {
+		for r0 < r1 {
+			e, r := r0/out, r0%out
+			n := min(r1-r0, out-r)
+			if err := rows(stack[e], r, r+n, dst[:n*cols]); err != nil {
+				return err
+			}
+			dst, r0 = dst[n*cols:], r0+n
+		}
+		return nil
+	}
 }
 
 // rowWriter produces the bytes of one tensor from its float rows.
@@ -259,14 +302,16 @@ func permuteFloats(dst, span []float32, g0, g1, d, cols int) []float32 {
 
 // GGUFTensorTypes returns the type each tensor of c is stored in when the
 // model is written as base, as llama.cpp's quantizer chooses without an
-// importance matrix: norms and biases F32; the linear weights and the
-// token embedding base; the LM head (the token embedding when tied) Q6_K
-// when base is a 4- or 5-bit format or Q6_K, base when it is Q8_0 or a
-// float type. Q4_K is thus llama.cpp's Q4_K_S without its few Q5_K
-// tensors. A tensor whose rows are not whole blocks of its type is F16
-// instead (BF16 when c's dtype is BF16, so that no value changes; Q8_0 for
-// a head that cannot be Q6_K but can be Q8_0); fallbacks lists them, one
-// line each.
+// importance matrix: norms, biases and a mixture of experts' router F32;
+// the linear weights and the token embedding base; the LM head (the token
+// embedding when tied) Q6_K when base is a 4- or 5-bit format or Q6_K,
+// base when it is Q8_0 or a float type. Q4_K is thus llama.cpp's Q4_K_S
+// without its few Q5_K tensors. A tensor whose rows are not whole blocks
+// of its type is F16 instead (BF16 when c's dtype is BF16, so that no
+// value changes; Q8_0 for a head that cannot be Q6_K but can be Q8_0);
+// so are the routed experts when base is quantized (the loader computes
+// experts in a float type only); fallbacks lists them, one line each, the
+// experts in one line.
 func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Type, fallbacks []string, err error) {
 	switch base {
 	case quant.F32, quant.F16, quant.BF16, quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
@@ -279,13 +324,21 @@ func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Ty
 		half = quant.BF16
 	}
 	types = map[string]quant.Type{}
+	expertsHalf := false
 	for _, spec := range c.ExpectedTensors() {
 		cols := int64(spec.Shape[len(spec.Shape)-1])
 		want := base
 		head := spec.Role == arch.LMHead || spec.Role == arch.Embed && c.TieEmbeddings
 		switch {
-		case len(spec.Shape) == 1:
+		case len(spec.Shape) == 1, spec.Role == arch.Router:
 			types[spec.Name] = quant.F32
+			continue
+		case spec.Role.IsExpert() && base.BlockSize() > 1:
+			types[spec.Name] = half
+			if !expertsHalf {
+				expertsHalf = true
+				fallbacks = append(fallbacks, fmt.Sprintf("routed experts: strata computes them in a float type only: written as %v", half))
+			}
 			continue
 		case head && base != quant.Q8_0 && base.BlockSize() > 1:
 			want = quant.Q6_K

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/arch"
@@ -263,5 +265,127 @@ func TestGGUFTensorTypes(t *testing.T) {
 	}
 	if _, _, err := loader.GGUFTensorTypes(c, quant.Q2_K); err == nil {
 		t.Error("Q2_K accepted")
+	}
+}
+
+// TestWriteGGUFModelMoE: WriteGGUFModel writes the mixtures of experts as
+// llama.cpp does, each block's experts stacked per projection: the file
+// opens as the fixture's config, every tensor has the bytes of the
+// independently built file of the same types (the router F32), and the
+// logits of the float files are those of the safetensors model.
+func TestWriteGGUFModelMoE(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		fixture string
+		base    quant.Type
+	}{
+		{fixtures.TinyMixtralBF16, quant.F32},
+		{fixtures.TinyMixtralBF16, quant.BF16},
+		{fixtures.TinyQwen3MoEF16, quant.F16},
+		{fixtures.TinyQwen3MoEF16, quant.Q8_0},
+	} {
+		t.Run(tc.fixture+"/"+tc.base.String(), func(t *testing.T) {
+			src, err := loader.Open(fixtures.Dir(tc.fixture))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			types, _, err := loader.GGUFTensorTypes(src.Config, tc.base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, spec := range src.Config.ExpectedTensors() {
+				if spec.Role == arch.Router && types[spec.Name] != quant.F32 {
+					t.Errorf("router %s is %v, want F32", spec.Name, types[spec.Name])
+				}
+			}
+			tok, _ := src.Tokenizer()
+			v, err := tok.GGUFVocab(src.Config.VocabSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "out.gguf")
+			err = loader.WriteGGUFModel(ctx, path, loader.GGUFModel{Config: src.Config, Vocab: v, Types: types,
+				FileType: loader.GGUFFileType(tc.base), Workers: 3,
+				Rows: func(spec arch.Spec, r0, r1 int, dst []float32) error {
+					ti, _ := src.Tensor(spec.Name)
+					return src.ReadRows(ctx, ti, r0, r1, dst)
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := loader.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			want := *src.Config
+			if want.BOS < 0 && len(want.EOS) == 0 { // as in TestGGUFModelFixtures
+				want.BOS, want.EOS = 1, []int{2}
+			}
+			want.DType = m.Config.DType // the float type holding the most bytes
+			if !reflect.DeepEqual(m.Config, &want) {
+				t.Errorf("config\n got %+v %+v\nwant %+v %+v", m.Config, m.Config.MoE, &want, want.MoE)
+			}
+			p, _ := fixtureParts(t, tc.fixture, func(spec arch.Spec, _ tensor.DType) quant.Type { return types[spec.Name] })
+			if n := len(m.GGUF().Tensors()); n != len(p.tensors) {
+				t.Errorf("%d tensors, want %d", n, len(p.tensors))
+			}
+			for _, pt := range p.tensors {
+				gt, ok := m.GGUF().Tensor(pt.Name)
+				if !ok {
+					t.Fatalf("no tensor %s", pt.Name)
+				}
+				got := make([]byte, gt.Size)
+				if err := m.GGUF().ReadTensorBytes(ctx, pt.Name, got); err != nil {
+					t.Fatal(err)
+				}
+				if gt.Type != pt.Type || !reflect.DeepEqual(gt.Dims, pt.Dims) || !bytes.Equal(got, pt.Data) {
+					t.Errorf("%s: %v %v, want the bytes of the %v %v built by the test", pt.Name, gt.Type, gt.Dims, pt.Type, pt.Dims)
+				}
+			}
+			if tc.base == quant.Q8_0 {
+				return
+			}
+			wantLogits, err := logitsOf(t, src, prompt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := logitsOf(t, m, prompt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range wantLogits {
+				if math.Float32bits(got[i]) != math.Float32bits(wantLogits[i]) {
+					t.Fatalf("logit %d is %v, the safetensors model's %v", i, got[i], wantLogits[i])
+				}
+			}
+		})
+	}
+}
+
+// TestWriteGGUFModelMixedExperts: experts stacked in one tensor need one
+// type; a recipe giving two is an error naming both, and nothing is
+// written.
+func TestWriteGGUFModelMixedExperts(t *testing.T) {
+	src, err := loader.Open(fixtures.Dir(fixtures.TinyQwen3MoEF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	types, _, err := loader.GGUFTensorTypes(src.Config, quant.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types["model.layers.1.mlp.experts.3.down_proj.weight"] = quant.F32
+	path := filepath.Join(t.TempDir(), "out.gguf")
+	err = loader.WriteGGUFModel(context.Background(), path, loader.GGUFModel{Config: src.Config, Types: types,
+		Rows: func(spec arch.Spec, r0, r1 int, dst []float32) error { return nil }})
+	if err == nil || !strings.Contains(err.Error(), "model.layers.1.mlp.experts.3.down_proj.weight (F32)") ||
+		!strings.Contains(err.Error(), "blk.1.ffn_down_exps.weight") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("WriteGGUFModel: %v, want one line naming the expert, its type and the stacked tensor", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("%s was written: %v", path, err)
 	}
 }

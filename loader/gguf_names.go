@@ -217,3 +217,62 @@ func permuteRows(dst, src []byte, rows, heads int, toGGUF bool) error {
 	}
 	return nil
 }
+
+// llama.cpp's names for a mixture of experts inside blk.N.: the router
+// [n_expert, hidden] and, per projection, the experts of the block stacked
+// in one 3-D tensor of ggml dims [in, out, n_expert], each expert's matrix
+// contiguous (expert E is the E-th n-th of the tensor's bytes):
+//
+//	blk.N.ffn_gate_inp.weight    the router (mlp.gate, block_sparse_moe.gate)
+//	blk.N.ffn_gate_exps.weight   experts.E.gate_proj (Mixtral's w1)
+//	blk.N.ffn_up_exps.weight     experts.E.up_proj (w3)
+//	blk.N.ffn_down_exps.weight   experts.E.down_proj (w2)
+//
+// Metadata: {arch}.expert_count, {arch}.expert_used_count (top-k), and for
+// qwen3moe {arch}.expert_feed_forward_length (moe_intermediate_size).
+const (
+	ggufRouterSuffix   = "ffn_gate_inp.weight"
+	ggufGateExpsSuffix = "ffn_gate_exps.weight"
+	ggufUpExpsSuffix   = "ffn_up_exps.weight"
+	ggufDownExpsSuffix = "ffn_down_exps.weight"
+)
+
+// GGUFExpertName returns the llama.cpp name of a mixture of experts'
+// tensor spec: the router's, or the stacked tensor holding a routed
+// expert's projection (spec.Expert says which n-th of it); false for any
+// other spec.
+func GGUFExpertName(spec arch.Spec) (string, bool) {
+	var suffix string
+	switch spec.Role {
+	case arch.Router:
+		suffix = ggufRouterSuffix
+	case arch.ExpertGate:
+		suffix = ggufGateExpsSuffix
+	case arch.ExpertUp:
+		suffix = ggufUpExpsSuffix
+	case arch.ExpertDown:
+		suffix = ggufDownExpsSuffix
+	default:
+		return "", false
+	}
+	rest, ok := strings.CutPrefix(spec.Name, "model.layers.")
+	if !ok {
+		return "", false
+	}
+	n, _, ok := cutLayer(rest)
+	if !ok {
+		return "", false
+	}
+	return fmt.Sprintf("blk.%d.%s", n, suffix), true
+}
+
+// isGGUFStackedExperts reports whether a llama.cpp name is a stacked
+// experts tensor (blk.N.ffn_*_exps.weight).
+func isGGUFStackedExperts(name string) bool {
+	rest, ok := strings.CutPrefix(name, "blk.")
+	if !ok {
+		return false
+	}
+	_, suffix, ok := cutLayer(rest)
+	return ok && (suffix == ggufGateExpsSuffix || suffix == ggufUpExpsSuffix || suffix == ggufDownExpsSuffix)
+}

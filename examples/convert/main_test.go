@@ -379,3 +379,72 @@ func TestConvertReplaces(t *testing.T) {
 		})
 	}
 }
+
+// TestConvertMoE: a mixture of experts converts with its experts stacked
+// as llama.cpp stacks them and opens as the fixture's model: a float
+// conversion keeps every value; Q8_0 quantizes the linear weights whose
+// rows are whole blocks and keeps the experts in the half type (one line
+// says so) and the router F32.
+func TestConvertMoE(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		fixture, quantize string
+		stacked           quant.Type // the type of blk.0.ffn_up_exps.weight
+	}{
+		{fixtures.TinyMixtralBF16, "f32", quant.F32},
+		{fixtures.TinyMixtralBF16, "q8_0", quant.BF16},
+		{fixtures.TinyQwen3MoEF16, "f16", quant.F16},
+		{fixtures.TinyQwen3MoEF16, "q8_0", quant.F16},
+	} {
+		t.Run(tc.fixture+"/"+tc.quantize, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "m.gguf")
+			_, stderr, err := runArgs("-model", fixtures.Dir(tc.fixture), "-out", out, "-quantize", tc.quantize, "-quiet")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Count(stderr, "routed experts"); got != map[bool]int{true: 1}[tc.quantize == "q8_0"] {
+				t.Errorf("stderr %q: %d lines on the experts", stderr, got)
+			}
+			src, err := loader.Open(fixtures.Dir(tc.fixture))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			m, err := loader.Open(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if !reflect.DeepEqual(m.Config.MoE, src.Config.MoE) || m.Config.Family != src.Config.Family {
+				t.Errorf("%v %+v, want %v %+v", m.Config.Family, m.Config.MoE, src.Config.Family, src.Config.MoE)
+			}
+			c := src.Config
+			gt, ok := m.GGUF().Tensor("blk.0.ffn_up_exps.weight")
+			wantDims := []int64{int64(c.HiddenSize), int64(c.MoE.ExpertSize), int64(c.MoE.Experts)}
+			if !ok || gt.Type != tc.stacked || !reflect.DeepEqual(gt.Dims, wantDims) {
+				t.Errorf("blk.0.ffn_up_exps.weight: %+v, want %v %v", gt, tc.stacked, wantDims)
+			}
+			if gt, ok := m.GGUF().Tensor("blk.0.ffn_gate_inp.weight"); !ok || gt.Type != quant.F32 {
+				t.Errorf("router: %+v", gt)
+			}
+			for _, spec := range c.ExpectedTensors() {
+				if !spec.Role.IsExpert() && tc.quantize == "q8_0" {
+					continue
+				}
+				ti, _ := m.Tensor(spec.Name)
+				sti, _ := src.Tensor(spec.Name)
+				rows := int(spec.Shape.NumElements()) / spec.Shape[len(spec.Shape)-1]
+				got, ref := make([]float32, spec.Shape.NumElements()), make([]float32, spec.Shape.NumElements())
+				if err := m.ReadRows(ctx, ti, 0, rows, got); err != nil {
+					t.Fatal(err)
+				}
+				if err := src.ReadRows(ctx, sti, 0, rows, ref); err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(got, ref) {
+					t.Fatalf("%s (%v): values changed", spec.Name, ti.DType)
+				}
+			}
+		})
+	}
+}

@@ -194,7 +194,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 		return bad("-shard-size does not apply to a GGUF file")
 	}
 	if _, err := loader.GGUFArchitecture(cfg); o.gguf && err != nil {
-		return bad("-out %s: the %v family is not written as GGUF yet (llama, mistral, qwen2 and qwen3 are)", o.out, cfg.Family)
+		return bad("-out %s: %s (llama, mistral, qwen2, qwen3, mixtral and qwen3_moe are, without -router-skew)", o.out, strings.TrimPrefix(err.Error(), "loader: "))
 	}
 	if o.tokenizerFrom != "" {
 		if st, err := os.Stat(o.tokenizerFrom); err != nil || !st.IsDir() {
