@@ -408,13 +408,9 @@ func TestGGUFModelQuantized(t *testing.T) {
 
 // TestGGUFModelQuantizedForward: a Q8_0 model's logits are those of the
 // same model with its weights dequantized to F32, within the error of the
-// backend quantizing activations to 8 bits. It runs once the CPU backend's
-// MatMul takes quantized weights.
+// CPU rounding activations to 16 bits per block (8.5e-5 RMS measured).
 func TestGGUFModelQuantizedForward(t *testing.T) {
-	if err := cpuTakesQuantized(); err != nil {
-		t.Skipf("the CPU backend does not take quantized weights yet: %v", err)
-	}
-	p, src := fixtureParts(t, fixtures.TinyLlamaF16Sharded, linearQ8)
+	p, _ := fixtureParts(t, fixtures.TinyLlamaF16Sharded, linearQ8)
 	dir := t.TempDir()
 	q, err := loader.Open(p.write(t, filepath.Join(dir, "q8.gguf")))
 	if err != nil {
@@ -437,7 +433,6 @@ func TestGGUFModelQuantizedForward(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	_ = src
 	got, err := logitsOf(t, q, prompt[:6])
 	if err != nil {
 		t.Fatal(err)
@@ -452,49 +447,11 @@ func TestGGUFModelQuantizedForward(t *testing.T) {
 		d2 += d * d
 		w2 += float64(want[i]) * float64(want[i])
 	}
-	if rel := math.Sqrt(d2 / w2); !(rel < 0.03) {
+	if rel := math.Sqrt(d2 / w2); !(rel < 1e-3) {
 		t.Errorf("Q8_0 logits differ from the dequantized model's by %.3g RMS (relative)", rel)
 	} else {
 		t.Logf("Q8_0 logits differ from the dequantized model's by %.3g RMS (relative)", rel)
 	}
-}
-
-// cpuTakesQuantized runs a Q8_0 product on a one-thread CPU backend (so
-// that a panic stays on this goroutine) and checks it.
-func cpuTakesQuantized() (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = errors.New("MatMul panics")
-		}
-	}()
-	b := tensor.NewCPU(1)
-	defer b.Close()
-	vals := make([]float32, 64)
-	for i := range vals {
-		vals[i] = float32(i%7) - 3
-	}
-	wb := make([]byte, 68)
-	quant.Q8_0.Quantize(wb, vals)
-	w, err := tensor.FromBytes(tensor.Q8_0, tensor.Shape{1, 64}, wb)
-	if err != nil {
-		return err
-	}
-	x := tensor.New(tensor.F32, tensor.Shape{1, 64})
-	for i := range x.F32() {
-		x.F32()[i] = 1
-	}
-	out := tensor.New(tensor.F32, tensor.Shape{1, 1})
-	if err := b.MatMul(out, x, w, nil); err != nil {
-		return err
-	}
-	var want float32
-	for _, v := range vals {
-		want += v
-	}
-	if got := out.F32()[0]; math.Abs(float64(got-want)) > 0.5 {
-		return errors.New("MatMul gives a wrong product")
-	}
-	return nil
 }
 
 // TestGGUFModelRefuses: GGUF files strata cannot run are refused at Open

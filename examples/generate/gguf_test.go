@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -15,7 +14,6 @@ import (
 	"github.com/strata-llm/strata/examples/internal/cli"
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
-	"github.com/strata-llm/strata/tensor"
 	"github.com/strata-llm/strata/tensor/quant"
 )
 
@@ -138,12 +136,8 @@ func TestGGUFModelBad(t *testing.T) {
 }
 
 // TestGGUFModelQuantized: generate runs a Q8_0 GGUF file, its logits
-// those of the F16 model within the quantization's error. It runs once
-// the CPU backend's MatMul takes quantized weights.
+// those of the F16 model within the quantization's error.
 func TestGGUFModelQuantized(t *testing.T) {
-	if err := cpuTakesQuantized(); err != nil {
-		t.Skipf("the CPU backend does not take quantized weights yet: %v", err)
-	}
 	for fixture, budget := range map[string]string{fixtures.TinyLlamaF16Sharded: "100KiB", fixtures.TinyQwen3F16: "160KiB"} {
 		gguf := writeGGUF(t, fixture, quant.Q8_0)
 		common := []string{"-device", "cpu", "-ids", "1,42,71,345,81,14", "-max-new-tokens", "0"}
@@ -181,42 +175,4 @@ func logitValues(t *testing.T, file []byte) []float32 {
 		t.Fatal(err)
 	}
 	return x.F32()
-}
-
-// cpuTakesQuantized runs a Q8_0 product on a one-thread CPU backend (a
-// panic stays on this goroutine) and checks it.
-func cpuTakesQuantized() (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = errors.New("MatMul panics")
-		}
-	}()
-	b := tensor.NewCPU(1)
-	defer b.Close()
-	vals := make([]float32, 64)
-	for i := range vals {
-		vals[i] = float32(i%7) - 3
-	}
-	wb := make([]byte, 68)
-	quant.Q8_0.Quantize(wb, vals)
-	w, err := tensor.FromBytes(tensor.Q8_0, tensor.Shape{1, 64}, wb)
-	if err != nil {
-		return err
-	}
-	x := tensor.New(tensor.F32, tensor.Shape{1, 64})
-	for i := range x.F32() {
-		x.F32()[i] = 1
-	}
-	out := tensor.New(tensor.F32, tensor.Shape{1, 1})
-	if err := b.MatMul(out, x, w, nil); err != nil {
-		return err
-	}
-	var want float32
-	for _, v := range vals {
-		want += v
-	}
-	if got := out.F32()[0]; math.Abs(float64(got-want)) > 0.5 {
-		return errors.New("MatMul gives a wrong product")
-	}
-	return nil
 }
