@@ -15,6 +15,7 @@ import (
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 func collect(t *testing.T, ch <-chan Token) ([]int32, Token) {
@@ -109,8 +110,10 @@ func budgetsUsed(e *Engine) []int64 {
 }
 
 // TestBatcherMatchesAlone: on every fixture and on one device, two, a
-// budget that streams the layers (or pages the experts) and the hybrid
-// strategy (the CPU's layers and the fake GPU's), requests of random
+// budget that streams the layers (or pages the experts) on one device and
+// on two, the hybrid strategy (the CPU's layers and the fake GPU's) with
+// F16 and Q8_0 weights, and both unified memory modes (weights in managed
+// memory), requests of random
 // prompt lengths and lengths, submitted in two waves so that some join
 // while others decode, with one cancelled mid-stream and one larger than
 // the KV pool, get the greedy ids each gets alone; the refused request is
@@ -123,9 +126,15 @@ func TestBatcherMatchesAlone(t *testing.T) {
 		fixture  string
 		devices  int
 		hybrid   bool
+		managed  bool // the device is a managedCPU, for the unified modes
+		quant    quant.Type
+		mode     paging.MemoryMode
 		strategy paging.Strategy
 		budget   func(t *testing.T, lm *loader.Model) int64
 		kvBlocks int // 0: the default, one context's worth
+		// kvPositions is Options.KVPositions: the room the plans keep for
+		// the pool.
+		kvPositions int
 	}
 	const ctxLen, block = 32, 4
 	var configs []config
@@ -142,18 +151,36 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			}},
 		config{name: "hybrid", fixture: fixtures.TinyLlamaF16Sharded, hybrid: true, strategy: paging.StrategyHybrid,
 			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+		config{name: "hybrid Q8_0", fixture: fixtures.TinyLlamaF16Sharded, quant: quant.Q8_0, hybrid: true, strategy: paging.StrategyHybrid,
+			budget: func(*testing.T, *loader.Model) int64 { return 200 << 10 }},
+		config{name: "two devices streamed", fixture: fixtures.TinyLlamaF16Sharded, devices: 2, strategy: paging.StrategyBalanced, kvBlocks: 6, kvPositions: 2 * ctxLen,
+			budget: func(*testing.T, *loader.Model) int64 { return 200 << 10 }},
+		config{name: "unified", fixture: fixtures.TinyLlamaF16Sharded, managed: true, mode: paging.ModeUnified,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+		config{name: "unified-noprefetch", fixture: fixtures.TinyQwen3F16, managed: true, mode: paging.ModeUnifiedNoPrefetch,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
 	)
 	for _, tc := range configs {
 		t.Run(tc.name+"/"+tc.fixture, func(t *testing.T) {
 			lm := openFixture(t, tc.fixture)
-			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, Memory: Memory{Strategy: tc.strategy}}
-			if tc.hybrid {
+			if tc.quant != 0 {
+				lm = openGGUF(t, tc.fixture, tc.quant)
+			}
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions, Memory: Memory{Strategy: tc.strategy, Mode: tc.mode}}
+			var managed *managedCPU
+			switch {
+			case tc.hybrid:
 				gpu := newFakeGPU()
 				defer gpu.Close()
 				o.Backends, o.TwinMinTokens, o.Rates = []tensor.Backend{gpu}, 4, &testRates
+			case tc.managed:
+				managed = &managedCPU{CPU: tensor.NewCPU(1)}
+				o.Backends = []tensor.Backend{managed}
 			}
 			if tc.budget != nil {
-				o.Memory.Budgets = []int64{tc.budget(t, lm)}
+				for range o.Backends {
+					o.Memory.Budgets = append(o.Memory.Budgets, tc.budget(t, lm))
+				}
 			}
 			e, err := Open(context.Background(), lm, o)
 			if err != nil {
@@ -162,6 +189,25 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			defer e.Close()
 			if tc.hybrid && (e.Hybrid() == nil || len(e.Hybrid().Plan.CPULayers) == 0) {
 				t.Fatalf("no layer on the CPU under the hybrid strategy")
+			}
+			if tc.mode != "" && (e.Mode() != tc.mode || managed.allocs == 0) {
+				t.Fatalf("mode %s with %d managed allocations, want %s", e.Mode(), managed.allocs, tc.mode)
+			}
+			if tc.quant != 0 {
+				n := 0
+				for _, ti := range lm.Tensors() {
+					if ti.DType.String() == tc.quant.String() {
+						n++
+					}
+				}
+				if n < lm.Config.NumLayers {
+					t.Fatalf("%d tensors of the model are %v", n, tc.quant)
+				}
+			}
+			for d, dev := range e.Devices() {
+				if tc.strategy == paging.StrategyBalanced && len(dev.Plan.StreamedLayers) == 0 {
+					t.Fatalf("device %d streams nothing under its budget", d)
+				}
 			}
 			before := budgetsUsed(e)
 			b, err := e.NewBatcher(BatchOptions{MaxSequences: 4, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
