@@ -179,14 +179,14 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 		// would not fit what they reserved.
 		return nil, fmt.Errorf("engine: the batcher's KV pool is F32 (tensor.AttentionBlocks reads F32 pools); a KV cache in %v is for sessions", dt)
 	}
-	if e.kv != nil && len(e.kv.HostBlocks) > 0 {
-		return nil, fmt.Errorf("engine: batcher: the KV cache placed %s (in host memory) is not supported with batching: keep it on the device", e.kv.Placement)
-	}
 	if o.BlockSize == 0 {
 		o.BlockSize = nn.DefaultBlockSize
 	}
 	if o.KVBlocks == 0 {
 		o.KVBlocks = e.defaultKVBlocks(o)
+	}
+	if err := e.hostPoolRoom(o); err != nil {
+		return nil, fmt.Errorf("engine: batcher: %w", err)
 	}
 	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks}
 	var nb *nn.Batch
@@ -239,10 +239,47 @@ func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 	room -= nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 	room -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + nn.ActivationBytes(e.cfg, e.chunk) + nn.RopeBytes(e.cfg, e.context)
 	n := perSeq * o.MaxSequences
-	if block := nn.KVCacheBytes(e.cfg, o.BlockSize, tensor.F32); room < int64(n)*block {
+	block := int64(0) // a block's bytes on the device that holds the most of it
+	for d := range e.devices {
+		block = max(block, e.devicePoolBytes(d, o.BlockSize))
+	}
+	if block > 0 && room < int64(n)*block {
 		n = int(max(room, 0) / block)
 	}
 	return max(n, perSeq)
+}
+
+// devicePoolBytes is what positions of the batch's KV pool take on device
+// d: the pool's share of its blocks whose cache is on the device (those in
+// host memory, Memory.KVCache, keep theirs there).
+func (e *Engine) devicePoolBytes(d, positions int) int64 {
+	p := e.devices[d].Placement
+	blocks := p.EndBlock - p.FirstBlock
+	if e.kv != nil {
+		for _, b := range e.kv.HostBlocks {
+			if b >= p.FirstBlock && b < p.EndBlock {
+				blocks--
+			}
+		}
+	}
+	return nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(blocks)
+}
+
+// hostPoolRoom checks the part of the batch's KV pool in host memory (the
+// blocks Memory.KVCache places there) against the host memory limit
+// (Memory.HostCache): it must fit in the room the plan set aside there for
+// the KV cache, the rest of the limit being the streamed layers'.
+func (e *Engine) hostPoolRoom(o BatchOptions) error {
+	if e.kv == nil || len(e.kv.HostBlocks) == 0 || e.hybrid != nil || e.opts.Memory.HostCache <= 0 {
+		return nil
+	}
+	positions := o.KVBlocks * o.BlockSize
+	need := nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(len(e.kv.HostBlocks))
+	if need > e.kv.HostBytes {
+		return fmt.Errorf("%w: a KV pool of %d blocks of %d positions keeps %s in host memory, over the %s the plan set aside for the KV cache there under the host memory limit of %s (-host-memory-limit): ask for fewer blocks or raise the limit",
+			ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(need), paging.FormatSize(e.kv.HostBytes), paging.FormatSize(e.opts.Memory.HostCache))
+	}
+	return nil
 }
 
 // poolRoom checks, before anything is allocated, that the batch's KV pool
@@ -251,8 +288,7 @@ func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 func (e *Engine) poolRoom(o BatchOptions) error {
 	positions := o.KVBlocks * o.BlockSize
 	for d, b := range e.budgets {
-		p := e.devices[d].Placement
-		kv := nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
+		kv := e.devicePoolBytes(d, positions)
 		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 		if room := freeRoom(b); need > room {
 			return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
