@@ -444,6 +444,10 @@ type Result struct {
 	// -streams with several counts, in their order (streamRuns).
 	Streams      *StreamsResult   `json:"streams,omitempty"`
 	StreamsSweep []*StreamsResult `json:"streams_sweep,omitempty"`
+	// StreamsPlanPositions is the KV pool's room the run's plan kept: the
+	// largest count's that the budget could hold. Every count ran in that
+	// plan.
+	StreamsPlanPositions int `json:"streams_plan_positions,omitempty"`
 	// KV is where the KV cache was and what reading it cost over the
 	// timed decode steps.
 	KV *KVResult `json:"kv,omitempty"`
@@ -536,12 +540,32 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		mem.Budgets = []int64{s.budget}
 	}
 	start := time.Now()
-	// With -streams the plan keeps room for the batcher's KV pool, so that
-	// the pool does not take the place of resident weights.
-	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
-		KVPositions: streamsPositions(o, slices.Max(append([]int{0}, o.streams...))), NoGraphs: !o.graphs})
-	if err != nil {
-		return nil, err
+	// With -streams the plan keeps room for the batcher's KV pool (the
+	// largest count's), so that the pool does not take the place of
+	// resident weights. A count whose pool the budget cannot hold at all
+	// fails on its own: the plan is made again for the smaller counts.
+	counts := slices.Clone(o.streams)
+	slices.Sort(counts)
+	noRoom := map[int]error{}
+	var e *engine.Engine
+	for {
+		room := 0
+		if len(counts) > 0 {
+			room = streamsPositions(o, counts[len(counts)-1])
+		}
+		var err error
+		e, err = engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
+			KVPositions: room, NoGraphs: !o.graphs})
+		if err == nil {
+			break
+		}
+		if len(counts) <= 1 || ctx.Err() != nil {
+			return nil, err
+		}
+		n := counts[len(counts)-1]
+		noRoom[n] = fmt.Errorf("a plan with room for the pool of %d streams (%d positions): %w", n, room, err)
+		fmt.Fprintf(os.Stderr, "bench: %s %s: -streams %d: %v\n", name, s, n, noRoom[n])
+		counts = counts[:len(counts)-1]
 	}
 	defer e.Close()
 	plan := e.Devices()[0].Plan
@@ -654,7 +678,8 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	if len(o.streams) > 0 {
 		sess.Close() // its KV cache makes room for the batcher's pool
-		if err := sweepStreams(ctx, e, r, o); err != nil {
+		r.StreamsPlanPositions = streamsPositions(o, counts[len(counts)-1])
+		if err := sweepStreams(ctx, e, r, o, noRoom); err != nil {
 			return nil, err
 		}
 		r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes

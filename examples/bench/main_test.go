@@ -414,3 +414,41 @@ func TestReportStreamsSweep(t *testing.T) {
 		t.Errorf("-json's batched rows: %s", data)
 	}
 }
+
+// TestBenchStreamsNoRoom: under a budget of 4 MB, -streams 2,400,1 (the
+// pool of 400 streams is 12.5 MiB of KV cache): the run's plan keeps room
+// for the largest pool it can (2 streams') and the 400 streams' count is
+// kept with the plan's error; the other counts are measured, in the
+// order given.
+func TestBenchStreamsNoRoom(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	var stdout bytes.Buffer
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "8", "-streams", "2,400,1", "-runs", "4MB:balanced", "-out", out}
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Error != "" || len(r.StreamsSweep) != 3 {
+		t.Fatalf("run error %q, sweep %v: want three counts", r.Error, r.StreamsSweep)
+	}
+	for i, want := range []int{2, 400, 1} {
+		s := r.StreamsSweep[i]
+		failed := s.Error != ""
+		if s.Streams != want || failed != (want == 400) || !failed && !(s.DecodeTokS > 0) {
+			t.Errorf("count %d: %+v", want, s)
+		}
+	}
+	if e := r.StreamsSweep[1].Error; !strings.Contains(e, "a plan with room for the pool of 400 streams") || !strings.Contains(e, "budget too small") {
+		t.Errorf("the 400 streams' error: %q", e)
+	}
+	if want := 2 * 32; r.StreamsPlanPositions != want {
+		t.Errorf("the plan kept room for %d positions, want the 2 streams' %d", r.StreamsPlanPositions, want)
+	}
+}

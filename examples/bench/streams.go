@@ -173,21 +173,27 @@ func parseStreams(s string) ([]int, error) {
 
 // sweepStreams measures each count of -streams in turn over e, each with
 // its own batcher (and KV pool, freed before the next), into r: Streams
-// for one count, StreamsSweep for several. A count that fails is kept
-// with its error and the sweep goes on (a pool of 64 that does not fit
-// loses none of the smaller counts); the run fails when every count
-// failed.
-func sweepStreams(ctx context.Context, e *engine.Engine, r *Result, o options) error {
+// for one count, StreamsSweep for several. A count that fails, or whose
+// pool no plan could keep room for (noRoom), is kept with its error and
+// the sweep goes on (a pool of 64 that does not fit loses none of the
+// smaller counts); the run fails when every count failed.
+func sweepStreams(ctx context.Context, e *engine.Engine, r *Result, o options, noRoom map[int]error) error {
 	var runs []*StreamsResult
 	var last error
 	for _, n := range o.streams {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		sr, err := measureStreams(ctx, e, n, o)
+		var sr *StreamsResult
+		err := noRoom[n]
+		if err == nil {
+			sr, err = measureStreams(ctx, e, n, o)
+		}
 		if err != nil {
 			last = fmt.Errorf("-streams %d: %w", n, err)
-			fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n", r.Model, r.Run, last)
+			if noRoom[n] == nil { // told when the plan failed
+				fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n", r.Model, r.Run, last)
+			}
 			sr = &StreamsResult{Streams: n, Error: last.Error()}
 		}
 		runs = append(runs, sr)
