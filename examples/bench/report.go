@@ -279,7 +279,7 @@ func batchedMarkdown(rows []BatchedRow) string {
 		return ""
 	}
 	var sb strings.Builder
-	sb.WriteString("\nBatched decode (strata -streams N beside Hugging Face generate with a batch of N at the same budget: aggregate tok/s over the streams, latencies in ms):\n\n")
+	sb.WriteString("\nBatched decode (strata -streams N beside Hugging Face generate with a batch of N at the same budget: aggregate tok/s over the streams, latencies in ms; a strata run's counts share one plan, which keeps room for the largest pool the budget holds):\n\n")
 	sb.WriteString("| model | budget | streams | system | run | aggregate tok/s | inter-token p50 | inter-token p99 | first token p50 | first token p99 | mean batch | vs baseline |\n")
 	sb.WriteString("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
