@@ -290,10 +290,18 @@ func (e *Engine) poolRoom(o BatchOptions) error {
 	for d, b := range e.budgets {
 		kv := e.devicePoolBytes(d, positions)
 		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
-		if room := freeRoom(b); need > room {
-			return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
-				ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), positions)
+		room := freeRoom(b)
+		if need <= room {
+			continue
 		}
+		advice := fmt.Sprintf("give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks", positions)
+		if e.kvPositions() >= positions && o.StepTokens > e.chunk {
+			// The plan kept room for the pool and for the buffers of a
+			// step of the engine's chunk: the batch's steps are larger.
+			advice = fmt.Sprintf("the plan kept room for the pool and for steps of %d rows (the engine's chunk): ask for at most that many rows a step (BatchOptions.StepTokens), not %d, or fewer blocks", e.chunk, o.StepTokens)
+		}
+		return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; %s",
+			ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), advice)
 	}
 	return nil
 }

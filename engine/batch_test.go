@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -347,11 +348,15 @@ func TestBatcherStreamsOncePerStep(t *testing.T) {
 		name        string
 		kvPositions int // Options.KVPositions
 		kvBlocks    int // BatchOptions.KVBlocks
+		stepTokens  int // BatchOptions.StepTokens, 0 for 8 (the engine's chunk)
 		wantErr     error
-		wantBlocks  int // the pool's blocks, at least
+		wantText    string // in the error
+		wantBlocks  int    // the pool's blocks, at least
 	}{
 		{name: "pool planned", kvPositions: seqs * 16, kvBlocks: seqs * 16 / block, wantBlocks: seqs * 16 / block},
-		{name: "pool beyond the plan", kvBlocks: seqs * 16 / block, wantErr: ErrKVRoom},
+		{name: "pool beyond the plan", kvBlocks: seqs * 16 / block, wantErr: ErrKVRoom, wantText: "give the engine Options.KVPositions 64"},
+		{name: "pool planned, steps beyond the chunk", kvPositions: seqs * 16, kvBlocks: seqs * 16 / block, stepTokens: 256, wantErr: ErrKVRoom,
+			wantText: "the plan kept room for the pool and for steps of 8 rows (the engine's chunk): ask for at most that many rows a step (BatchOptions.StepTokens), not 256"},
 		{name: "default pool, planned", kvPositions: seqs*16 + 2*ctxLen, wantBlocks: ctxLen/block + 4},
 		{name: "default pool", wantBlocks: ctxLen / block},
 	} {
@@ -395,9 +400,9 @@ func TestBatcherStreamsOncePerStep(t *testing.T) {
 			}
 			before := budgetsUsed(e)
 			resident := e.budgets[0].UsedBy(paging.ResidentWeights)
-			b, err := e.NewBatcher(BatchOptions{MaxSequences: seqs, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
+			b, err := e.NewBatcher(BatchOptions{MaxSequences: seqs, StepTokens: cmp.Or(tc.stepTokens, 8), BlockSize: block, KVBlocks: tc.kvBlocks})
 			if tc.wantErr != nil {
-				if !errors.Is(err, tc.wantErr) {
+				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantText) {
 					t.Fatalf("a pool of %d blocks of %d positions in a plan for one context of %d: %v, want %v", tc.kvBlocks, block, ctxLen, err, tc.wantErr)
 				}
 				t.Log(err)
