@@ -559,8 +559,9 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		if err == nil {
 			break
 		}
-		if len(counts) <= 1 || ctx.Err() != nil {
-			return nil, err
+		var be *paging.BudgetError
+		if len(counts) <= 1 || !errors.As(err, &be) {
+			return nil, err // not the pool's room: every count would fail so
 		}
 		n := counts[len(counts)-1]
 		noRoom[n] = fmt.Errorf("a plan with room for the pool of %d streams (%d positions): %w", n, room, err)
