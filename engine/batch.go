@@ -81,7 +81,11 @@ type BatchOptions struct {
 	// beside the batcher: at least one sequence of the engine's context
 	// and at most MaxSequences of them. A pool that does not fit in the room left
 	// free is refused: it would take the place of the weights the plan
-	// keeps resident, and every step would load them again.
+	// keeps resident, and every step would load them again. The blocks
+	// whose KV cache Memory.KVCache places in host memory keep their part
+	// of the pool there: under a host memory limit within the room the
+	// plan set aside for the KV cache there (one context), else the
+	// default takes MaxSequences contexts' worth of host memory.
 	KVBlocks int
 }
 
@@ -246,7 +250,27 @@ func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 	if block > 0 && room < int64(n)*block {
 		n = int(max(room, 0) / block)
 	}
+	if hostBlock := e.hostPoolBytes(o.BlockSize); hostBlock > 0 && e.hostPoolLimited() {
+		n = min(n, int(e.kv.HostBytes/hostBlock))
+	}
 	return max(n, perSeq)
+}
+
+// hostPoolBytes is what positions of the batch's KV pool take in host
+// memory: the pool's share of the blocks whose cache Memory.KVCache
+// places there.
+func (e *Engine) hostPoolBytes(positions int) int64 {
+	if e.kv == nil || e.cfg.NumLayers == 0 {
+		return 0
+	}
+	return nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(len(e.kv.HostBlocks))
+}
+
+// hostPoolLimited reports whether the pool's host part is bounded by the
+// host memory limit: the room the plan set aside for the KV cache there
+// (the hybrid strategies' limit is their layers' and caches' together).
+func (e *Engine) hostPoolLimited() bool {
+	return e.kv != nil && len(e.kv.HostBlocks) > 0 && e.hybrid == nil && e.opts.Memory.HostCache > 0
 }
 
 // devicePoolBytes is what positions of the batch's KV pool take on device
@@ -270,12 +294,10 @@ func (e *Engine) devicePoolBytes(d, positions int) int64 {
 // (Memory.HostCache): it must fit in the room the plan set aside there for
 // the KV cache, the rest of the limit being the streamed layers'.
 func (e *Engine) hostPoolRoom(o BatchOptions) error {
-	if e.kv == nil || len(e.kv.HostBlocks) == 0 || e.hybrid != nil || e.opts.Memory.HostCache <= 0 {
+	if !e.hostPoolLimited() {
 		return nil
 	}
-	positions := o.KVBlocks * o.BlockSize
-	need := nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(len(e.kv.HostBlocks))
-	if need > e.kv.HostBytes {
+	if need := e.hostPoolBytes(o.KVBlocks * o.BlockSize); need > e.kv.HostBytes {
 		return fmt.Errorf("%w: a KV pool of %d blocks of %d positions keeps %s in host memory, over the %s the plan set aside for the KV cache there under the host memory limit of %s (-host-memory-limit): ask for fewer blocks or raise the limit",
 			ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(need), paging.FormatSize(e.kv.HostBytes), paging.FormatSize(e.opts.Memory.HostCache))
 	}

@@ -466,20 +466,24 @@ func TestBatcherStreamsOncePerStep(t *testing.T) {
 // count it); the greedy ids are a session's alone; after Close the
 // budgets are as before. Under a host memory limit a pool larger than the
 // room the plan set aside for the KV cache there is refused with
-// ErrKVRoom naming the limit, and a pool within it is made.
+// ErrKVRoom naming the limit, a pool within it is made, and the default
+// pool is what fits there (one context), else MaxSequences contexts.
 func TestBatcherHostKV(t *testing.T) {
 	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
 	const ctxLen, block = 32, 4
 	hostKV := nn.KVCacheBytes(lm.Config, ctxLen, tensor.F32)
 	for _, tc := range []struct {
-		name     string
-		mem      Memory
-		kvBlocks int
-		wantErr  error
+		name       string
+		mem        Memory
+		kvBlocks   int
+		wantErr    error
+		wantBlocks int // the default pool's blocks (KVBlocks 0)
 	}{
 		{name: "host", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}}},
 		{name: "hybrid", mem: Memory{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, Budgets: []int64{400 << 10}}},
 		{name: "host limit, pool within", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}, HostCache: hostKV + 64<<10}, kvBlocks: ctxLen / block},
+		{name: "host limit, default pool", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}, HostCache: hostKV + 64<<10}, wantBlocks: ctxLen / block},
+		{name: "host, default pool", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}}, wantBlocks: 3 * ctxLen / block},
 		{name: "host limit, pool over", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}, HostCache: hostKV + 64<<10}, kvBlocks: 2 * ctxLen / block, wantErr: ErrKVRoom},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -521,6 +525,9 @@ func TestBatcherHostKV(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if n := b.Stats().KVBlocks; tc.wantBlocks > 0 && n != tc.wantBlocks {
+				t.Errorf("the default pool has %d blocks, want %d", n, tc.wantBlocks)
 			}
 			if kv := e.budgets[0].UsedBy(paging.KVCache); kv != kv0 {
 				t.Errorf("the pool charged %d bytes of KV cache to the device budget: every block's is in host memory", kv-kv0)
