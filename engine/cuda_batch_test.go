@@ -18,16 +18,16 @@ import (
 // TestCUDABatcherPlacements runs the batcher on a GPU under every
 // placement of one device: resident, streamed under a budget, the hybrid
 // strategy (layers on the CPU), the KV cache in host memory (alone and
-// with hybrid), both unified memory modes, and Q8_0 weights resident and
-// streamed. Six requests of mixed prompt lengths run batched, then each
-// alone through the same batcher: the greedy ids of at most one may
-// differ (a near tie that the GPU's products of several rows round the
-// other way; each difference is logged), every KV block is free after
-// them, a step ran several sequences, the peak stays within the budget
-// and after Close the budget holds what it held before (less the
-// allocator's cache). The host KV runs
-// count their CPU attentions. It logs each placement's plan, steps and
-// mean batch. It skips without a CUDA device.
+// with hybrid), both unified memory modes, and Q8_0 and Q4_K weights
+// resident and streamed. Six requests of mixed prompt lengths run
+// batched, then each alone through the same batcher: the greedy ids of at
+// most one may differ (a near tie that the GPU's products of several rows
+// round the other way; each difference is logged), every KV block is
+// free after them, a step ran several sequences, the peak stays within
+// the budget and after Close the budget holds what it held before (less
+// the allocator's cache). The host KV runs count their CPU attentions.
+// It logs each placement's plan, steps and mean batch. It skips without
+// a CUDA device.
 func TestCUDABatcherPlacements(t *testing.T) {
 	gpu, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
 	if err != nil {
@@ -39,6 +39,7 @@ func TestCUDABatcherPlacements(t *testing.T) {
 	cpuHeavy := paging.Rates{H2D: 1e9, CPU: 50e9, H2DShared: 1e9, CPUShared: 50e9, Device: 1e12}
 	f16 := openFixture(t, fixtures.TinyLlamaF16Sharded)
 	q8 := openGGUF(t, fixtures.TinyLlamaF16Sharded, quant.Q8_0)
+	q4k := synthGGUF(t, quant.Q4_K)
 	// budget is the device's fixed memory, the reserves (with the pool's
 	// room) and a third of the weights: most layers stream.
 	budget := func(t *testing.T, lm *loader.Model) int64 {
@@ -68,6 +69,8 @@ func TestCUDABatcherPlacements(t *testing.T) {
 		{name: "unified-noprefetch", lm: f16, mem: Memory{Mode: paging.ModeUnifiedNoPrefetch}, budget: true, managed: true},
 		{name: "Q8_0 resident", lm: q8},
 		{name: "Q8_0 streamed", lm: q8, mem: Memory{Strategy: paging.StrategyBalanced}, budget: true, streamed: true},
+		{name: "Q4_K resident", lm: q4k},
+		{name: "Q4_K streamed", lm: q4k, mem: Memory{Strategy: paging.StrategyBalanced}, budget: true, streamed: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, ok := tensor.Managed(gpu); tc.managed && !ok {
