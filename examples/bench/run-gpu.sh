@@ -6,7 +6,8 @@
 #   OUT=bench-out examples/bench/run-gpu.sh
 # STEPS picks what runs (default: all of synth-tiny synth-7b ceilings tiny 7b
 # hf-tiny hf-7b report; 7b-streams, the batched decode of -streams, is a
-# step of its own); the mixtures of experts are steps of their own,
+# step of its own, and 7b-streams-host the same with the KV cache in host
+# memory); the mixtures of experts are steps of their own,
 # not in the default: synth-mixtral mixtral hf-mixtral (Mixtral-8x7B shape,
 # 93 GB in F16) and synth-qwen3moe qwen3moe hf-qwen3moe (Qwen3-30B-A3B
 # shape, 61 GB), each synthesised once with uniform routing and given a
@@ -112,6 +113,15 @@ if has 7b-streams; then
 		--decode "$DECODE" --batch "$batches" --prompt-tokens 16 --out "$OUT/hf.jsonl"
 	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs ${HF_7B_BUDGETS:-4GiB} --prefill 128 \
 		--decode "${HF_STREAMS_DECODE:-4}" --warmup 2 --batch "$batches" --prompt-tokens 16 --out "$OUT/hf.jsonl"
+fi
+# Batched decode with the KV cache in host memory (-kv-cache host): every
+# block's part of the batcher's pool stays in host memory and the CPU
+# attends over it at every step; 8 and 32 streams at 4 GiB, named
+# llama2-7b-kvhost in the table.
+if has 7b-streams-host; then
+	log strata llama2-7b streams=${STREAMS_HOST:-8,32} kv-cache host
+	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b-kvhost -decode "${DECODE_STREAMS_HOST:-16}" -warmup 2 -prefill 128 \
+		-kv-cache host -streams "${STREAMS_HOST:-8,32}" -out "$OUT/strata.jsonl" -runs ${RUNS_7B_STREAMS_HOST:-4GiB:balanced}
 fi
 # Long prompts: the KV cache of an 8,000-token prompt (7.9 GiB in F32) does
 # not fit a 4 GiB budget on the device, nor a 32,000-token one's (31 GiB)
