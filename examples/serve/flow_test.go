@@ -412,10 +412,10 @@ func loadBudget(t *testing.T, device string) int64 {
 // (429 at once, not retried), under a budget with room for two requests'
 // KV caches and a queue of two: every answer is a success or an intended
 // 413 or 429 (503 is TestDrain's), each greedy answer equals the same
-// request sent alone
-// after the load (the same bits on the CPU; on another device at most a
-// quarter may differ, each logged), every KV block is free and the budget
-// ends where it began. STRATA_SERVE_DEVICE=cuda runs it on a GPU.
+// request sent alone after the load (the same bits on the CPU; on another
+// device at most a quarter may differ, each logged), every KV block is
+// free and the budget ends where it began. STRATA_SERVE_DEVICE=cuda runs
+// it on a GPU.
 func TestLoad(t *testing.T) {
 	device := cmp.Or(os.Getenv(loadDeviceEnv), "cpu")
 	ts := newTestServer(t, testOptions{
@@ -441,14 +441,15 @@ func TestLoad(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	jobs := make([]*job, 48)
+	ctxLen := ts.eng.Context() // 256: prompts of 300 are over it
 	for i := range jobs {
 		n := []int{1, 3, 17, 60, 130, 300}[rng.IntN(6)]
-		j := &job{prompt: make([]int32, n), max: 1 + rng.IntN(24), drop: i%8 == 4, abandon: i%8 == 5 && n < 256, over: i%8 == 7 && n < 256}
+		j := &job{prompt: make([]int32, n), max: 1 + rng.IntN(24), drop: i%8 == 4, abandon: i%8 == 5 && n < ctxLen, over: i%8 == 7 && n < ctxLen}
 		switch {
 		case j.abandon:
 			j.max = 80
 		case j.over:
-			j.max = 256 - n
+			j.max = ctxLen - n // the pool of 15 blocks holds 240 positions
 		}
 		j.prompt[0] = 1
 		for k := 1; k < n; k++ {
