@@ -233,11 +233,11 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 	perSeq := (e.context + o.BlockSize - 1) / o.BlockSize
 	room := int64(math.MaxInt64)
-	for _, b := range e.budgets {
-		room = min(room, freeRoom(b))
+	for d, b := range e.budgets {
+		r := freeRoom(b) - e.stageActivationBytes(d, o.StepTokens) - nn.RopeBytes(e.cfg, e.context)
+		r -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + e.stageActivationBytes(d, e.chunk) + nn.RopeBytes(e.cfg, e.context)
+		room = min(room, r)
 	}
-	room -= nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
-	room -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + nn.ActivationBytes(e.cfg, e.chunk) + nn.RopeBytes(e.cfg, e.context)
 	n := perSeq * o.MaxSequences
 	if block := nn.KVCacheBytes(e.cfg, o.BlockSize, tensor.F32); room < int64(n)*block {
 		n = int(max(room, 0) / block)
@@ -253,13 +253,24 @@ func (e *Engine) poolRoom(o BatchOptions) error {
 	for d, b := range e.budgets {
 		p := e.devices[d].Placement
 		kv := nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
-		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
+		need := kv + e.stageActivationBytes(d, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 		if room := freeRoom(b); need > room {
 			return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
 				ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), positions)
 		}
 	}
 	return nil
+}
+
+// stageActivationBytes is the forward buffers of tokens rows on device d:
+// nn.ActivationBytes less the logits on a stage of a pipeline that does
+// not hold the LM head.
+func (e *Engine) stageActivationBytes(d, tokens int) int64 {
+	n := nn.ActivationBytes(e.cfg, tokens)
+	if d < len(e.devices) && len(e.devices) > 1 && !slices.Contains(e.devices[d].Placement.Layers, e.cfg.LayerCount()-1) {
+		n -= 4 * int64(tokens) * int64(e.cfg.VocabSize)
+	}
+	return n
 }
 
 // freeRoom is what b can still give without evicting a weight: its free

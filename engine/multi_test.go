@@ -1,0 +1,251 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/nn"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
+)
+
+// namedCPUs are n CPU backends named cpu0, cpu1, ..., so that a report
+// per device tells them apart.
+func namedCPUs(n int) []tensor.Backend {
+	var bs []tensor.Backend
+	for i := range n {
+		bs = append(bs, namedCPU{CPU: tensor.NewCPU(1), name: fmt.Sprintf("cpu%d", i)})
+	}
+	return bs
+}
+
+type namedCPU struct {
+	*tensor.CPU
+	name string
+}
+
+func (c namedCPU) Name() string { return c.name }
+
+// weightBytes is every tensor's bytes in lm's files.
+func weightBytes(lm *loader.Model) int64 {
+	var w int64
+	for _, ti := range lm.Tensors() {
+		w += ti.Size
+	}
+	return w
+}
+
+// runAlone decodes each prompt in a session of its own on e and returns
+// the greedy ids and every step's logits.
+func runAlone(t *testing.T, e *Engine, prompts [][]int32, steps int) ([][]int32, [][][]float32) {
+	t.Helper()
+	ids, logits := make([][]int32, len(prompts)), make([][][]float32, len(prompts))
+	for i, p := range prompts {
+		s, err := e.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		logits[i] = decode(t, s, p, steps)
+		for _, l := range logits[i] {
+			ids[i] = append(ids[i], int32(nn.Argmax(l)))
+		}
+		s.Close()
+	}
+	return ids, logits
+}
+
+// runBatched submits every prompt to a batcher on e at once and returns
+// each request's ids.
+func runBatched(t *testing.T, e *Engine, prompts [][]int32, steps int, bo BatchOptions) ([][]int32, BatchStats) {
+	t.Helper()
+	b, err := e.NewBatcher(bo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([][]int32, len(prompts))
+	ends := make([]Token, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		ch, err := b.Submit(context.Background(), Request{Prompt: p, MaxTokens: steps + 1, IgnoreEOS: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); got[i], ends[i] = collect(t, ch) }()
+	}
+	wg.Wait()
+	for i, end := range ends {
+		if end.Err != nil {
+			t.Errorf("request %d: %v", i, end.Err)
+		}
+	}
+	st := b.Stats()
+	if err := b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return got, st
+}
+
+// TestMultiDeviceQuantized: a fixture converted to GGUF Q8_0 and a 256-wide
+// model written as GGUF Q4_K, split over two and three devices, resident
+// and under budgets that stream some layers on each device, decode the
+// logits of one device bit for bit (so the same ids), alone and through
+// the batcher (each request the ids of its session alone); each device's
+// peak stays within its budget.
+func TestMultiDeviceQuantized(t *testing.T) {
+	const ctxLen, steps = 32, 5
+	prompts := [][]int32{{1, 5, 9}, {1, 200, 3, 77, 12, 8, 40, 2, 6}, {7}, {3, 4, 5, 6, 7}}
+	for _, m := range []struct {
+		base quant.Type
+		open func(t *testing.T) *loader.Model
+	}{
+		{quant.Q8_0, func(t *testing.T) *loader.Model { return openGGUF(t, fixtures.TinyLlamaF16Sharded, quant.Q8_0) }},
+		{quant.Q4_K, func(t *testing.T) *loader.Model { return synthGGUF(t, quant.Q4_K) }},
+	} {
+		lm := m.open(t)
+		w := weightBytes(lm)
+		one, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: ctxLen, Chunk: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantIDs, wantLogits := runAlone(t, one, prompts, steps)
+		one.Close()
+		for _, tc := range []struct {
+			name    string
+			devices int
+			budget  int64 // per device
+		}{
+			{"two devices, resident", 2, 0},
+			{"two devices, streamed", 2, w / 2},
+			{"three devices, resident", 3, 0},
+			{"three devices, streamed", 3, w / 2},
+		} {
+			t.Run(m.base.String()+"/"+tc.name, func(t *testing.T) {
+				o := Options{Backends: namedCPUs(tc.devices), Context: ctxLen, Chunk: 8, KVPositions: 2 * ctxLen}
+				if tc.budget > 0 {
+					o.Memory = Memory{Budgets: []int64{tc.budget}, Strategy: paging.StrategyBalanced}
+				}
+				e, err := Open(context.Background(), lm, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				devs := e.Devices()
+				if len(devs) != tc.devices {
+					t.Fatalf("%d devices, want %d", len(devs), tc.devices)
+				}
+				ids, logits := runAlone(t, e, prompts, steps)
+				for i := range prompts {
+					if fmt.Sprint(ids[i]) != fmt.Sprint(wantIDs[i]) {
+						t.Errorf("prompt %d: ids %v, one device %v", i, ids[i], wantIDs[i])
+					}
+					for s := range logits[i] {
+						if d := maxDiff(logits[i][s], wantLogits[i][s]); d != 0 {
+							t.Errorf("prompt %d step %d: logits differ from one device's by %g", i, s, d)
+						}
+					}
+				}
+				got, st := runBatched(t, e, prompts, steps, BatchOptions{MaxSequences: 3, StepTokens: 8, BlockSize: 4})
+				for i := range prompts {
+					if fmt.Sprint(got[i]) != fmt.Sprint(wantIDs[i]) {
+						t.Errorf("batched request %d: %v, alone %v", i, got[i], wantIDs[i])
+					}
+				}
+				if st.BatchSizeSum <= st.Steps {
+					t.Errorf("no step ran more than one sequence: %+v", st)
+				}
+				streamed := 0
+				for _, d := range e.Devices() {
+					if tc.budget > 0 && d.PeakDeviceBytes > tc.budget {
+						t.Errorf("%s: peak %d over the budget %d", d.Name, d.PeakDeviceBytes, tc.budget)
+					}
+					streamed += len(d.Plan.StreamedLayers)
+				}
+				if tc.budget > 0 && streamed == 0 {
+					t.Errorf("nothing streamed under budgets of %d", tc.budget)
+				}
+			})
+		}
+	}
+}
+
+// maxDiff is the largest absolute difference between a and b, +Inf when
+// their lengths differ.
+func maxDiff(a, b []float32) float64 {
+	if len(a) != len(b) {
+		return float64(len(a) + len(b))
+	}
+	var d float64
+	for i := range a {
+		d = max(d, float64(a[i]-b[i]), float64(b[i]-a[i]))
+	}
+	return d
+}
+
+// TestBatcherRoomPerStage: the batcher's room check counts on each device
+// the buffers its stage allocates: a device without the LM head holds no
+// logits, so a pool and step rows that fit beside its stage's buffers, and
+// not beside the logits too, start (and decode each request's ids alone,
+// within the budget); a step one row larger than fits is refused with
+// ErrKVRoom.
+func TestBatcherRoomPerStage(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	cfg := lm.Config
+	const ctxLen, block, blocks = 16, 4, 4
+	prompts := [][]int32{{1, 5, 9}, {1, 200, 3, 77}, {7}}
+	for _, devices := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%d devices", devices), func(t *testing.T) {
+			// The first device's budget: its plan with no budget, and
+			// room for a few steps' rows beyond; the others unbounded.
+			probe, err := Open(context.Background(), lm, Options{Backends: namedCPUs(devices), Context: ctxLen, Chunk: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := probe.Devices()[0]
+			probe.Close()
+			budgets := make([]int64, devices)
+			budgets[0] = first.Plan.PredictedPeakBytes + 4*nn.ActivationBytes(cfg, 8)
+			o := Options{Backends: namedCPUs(devices), Context: ctxLen, Chunk: 4, Memory: Memory{Budgets: budgets}}
+			e, err := Open(context.Background(), lm, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if len(e.Devices()[0].Plan.StreamedLayers) != 0 {
+				t.Fatalf("device 0 streams under %d", budgets[0])
+			}
+			// The most step rows whose stage buffers fit beside the pool.
+			p := e.Devices()[0].Placement
+			kv := nn.KVCacheBytes(cfg, block*blocks, tensor.F32) / int64(cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
+			room := freeRoom(e.budgets[0]) - kv - nn.RopeBytes(cfg, ctxLen)
+			logits := 4 * int64(cfg.VocabSize)
+			rows := 0
+			for nn.ActivationBytes(cfg, rows+1)-int64(rows+1)*logits <= room {
+				rows++
+			}
+			if rows < len(prompts) || nn.ActivationBytes(cfg, rows) <= room {
+				t.Fatalf("%d rows fit %d bytes, with the logits too: the fixture cannot tell the stages apart", rows, room)
+			}
+			wantIDs, _ := runAlone(t, e, prompts, 3)
+			got, _ := runBatched(t, e, prompts, 3, BatchOptions{MaxSequences: len(prompts), StepTokens: rows, BlockSize: block, KVBlocks: blocks})
+			for i := range prompts {
+				if fmt.Sprint(got[i]) != fmt.Sprint(wantIDs[i]) {
+					t.Errorf("batched request %d: %v, alone %v", i, got[i], wantIDs[i])
+				}
+			}
+			if d := e.Devices()[0]; d.PeakDeviceBytes > budgets[0] {
+				t.Errorf("%s: peak %d over the budget %d", d.Name, d.PeakDeviceBytes, budgets[0])
+			}
+			if _, err := e.NewBatcher(BatchOptions{MaxSequences: len(prompts), StepTokens: rows + 1, BlockSize: block, KVBlocks: blocks}); !errors.Is(err, ErrKVRoom) {
+				t.Errorf("%d rows a step: %v, want ErrKVRoom", rows+1, err)
+			}
+		})
+	}
+}
