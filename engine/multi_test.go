@@ -189,6 +189,95 @@ func maxDiff(a, b []float32) float64 {
 	return d
 }
 
+// TestMultiDeviceExperts: a mixture of experts over two and three devices,
+// each with a budget that holds a few of its experts, decodes the logits
+// of one device; the expert report has each device's part (its cache
+// within the budget, hits and misses adding up to the totals, bytes per
+// token over a window), in the summary and the -json fields; batching
+// over the devices gives each request its ids alone.
+func TestMultiDeviceExperts(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyQwen3MoEF16)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 18}
+	const steps, chunk = 8, 8
+	ctxLen := 24
+	want := reference(t, lm, prompt, steps)
+	k := lm.Config.MoE.ExpertsPerToken
+	for _, devices := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%d devices", devices), func(t *testing.T) {
+			budget := expertBudget(t, lm, ctxLen, chunk, devices*(k+2)) / int64(devices)
+			e, err := Open(context.Background(), lm, Options{Backends: namedCPUs(devices), Context: ctxLen, Chunk: chunk, KVPositions: 2 * ctxLen,
+				Memory: Memory{Budgets: []int64{budget}, Strategy: paging.StrategyBalanced}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			before := e.Experts()
+			if before == nil || len(before.Devices) != devices {
+				t.Fatalf("report %+v: want %d devices", before, devices)
+			}
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits, err := s.Forward(context.Background(), prompt, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range steps {
+				if d := maxDiff(logits, want[i]); d != 0 {
+					t.Fatalf("step %d: logits differ from one device's by %g", i, d)
+				}
+				if logits, err = s.Forward(context.Background(), []int32{int32(nn.Argmax(logits))}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Close()
+			r := e.Experts().Since(before, steps)
+			var acq, hits, misses, moved int64
+			experts, slots := 0, 0
+			for d, x := range r.Devices {
+				if x.Device != fmt.Sprintf("cpu%d", d) || x.Experts == 0 || x.Slots == 0 || x.Slots >= x.Experts || x.Acquires == 0 {
+					t.Errorf("device %d: %+v: want a cache of some of its experts, used", d, x)
+				}
+				if x.HitRate != float64(x.Hits)/float64(x.Acquires) || x.BytesPerToken != float64(x.BytesMoved)/steps {
+					t.Errorf("device %d: rates %+v", d, x)
+				}
+				acq, hits, misses, moved = acq+x.Acquires, hits+x.Hits, misses+x.Misses, moved+x.BytesMoved
+				experts, slots = experts+x.Experts, slots+x.Slots
+			}
+			if acq != r.Acquires || hits != r.Hits || misses != r.Misses || moved != r.BytesMoved || experts != r.Experts || slots != r.Slots {
+				t.Errorf("devices add up to %d acquires, %d hits, %d misses, %d bytes, %d experts in %d slots; report %+v", acq, hits, misses, moved, experts, slots, r)
+			}
+			for _, d := range e.Devices() {
+				if d.PeakDeviceBytes > budget {
+					t.Errorf("%s: peak %d over the budget %d", d.Name, d.PeakDeviceBytes, budget)
+				}
+			}
+			str := r.String()
+			for d := range devices {
+				if !strings.Contains(str, fmt.Sprintf("device %d (cpu%d): cache of", d, d)) {
+					t.Errorf("report without device %d:\n%s", d, str)
+				}
+			}
+			if !strings.Contains(str, "per token:") {
+				t.Errorf("window report without bytes per token per device:\n%s", str)
+			}
+			if !strings.Contains(e.Summary(), "device 1 (cpu1)") {
+				t.Errorf("summary without the devices' expert caches:\n%s", e.Summary())
+			}
+
+			prompts := [][]int32{prompt, {1, 200, 3}, {7}}
+			wantIDs, _ := runAlone(t, e, prompts, 4)
+			got, _ := runBatched(t, e, prompts, 4, BatchOptions{MaxSequences: 3, StepTokens: 4, BlockSize: 4, KVBlocks: 6})
+			for i := range prompts {
+				if fmt.Sprint(got[i]) != fmt.Sprint(wantIDs[i]) {
+					t.Errorf("batched request %d: %v, alone %v", i, got[i], wantIDs[i])
+				}
+			}
+		})
+	}
+}
+
 // TestBatcherRoomPerStage: the batcher's room check counts on each device
 // the buffers its stage allocates: a device without the LM head holds no
 // logits, so a pool and step rows that fit beside its stage's buffers, and
