@@ -95,6 +95,10 @@ type Options struct {
 	// NoGraphs runs decode steps eagerly, launch by launch, on a backend
 	// that could capture them as graphs (nn.Model.SetGraphs).
 	NoGraphs bool
+	// NoPeerCopies hands the hidden state between two GPUs through host
+	// memory even when they can copy to each other directly
+	// (nn.PipelineOptions.NoPeerCopies), to compare the two.
+	NoPeerCopies bool
 }
 
 // DefaultChunk is the prefill chunk when Options.Chunk is 0 and every
@@ -319,7 +323,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if err == nil {
 			e.model.SetGraphs(!o.NoGraphs)
 		}
-	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages); err == nil {
+	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages, nn.PipelineOptions{NoPeerCopies: o.NoPeerCopies}); err == nil {
 		e.pipeline.SetGraphs(!o.NoGraphs)
 	}
 	if err != nil {

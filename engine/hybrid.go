@@ -194,7 +194,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	if twinMin == 0 {
 		twinMin = DefaultTwinMinTokens
 	}
-	e.pipeOpts = nn.PipelineOptions{TwinMinTokens: twinMin, OnTwins: func(twins bool) {
+	e.pipeOpts = nn.PipelineOptions{TwinMinTokens: twinMin, NoPeerCopies: o.NoPeerCopies, OnTwins: func(twins bool) {
 		seq := hp.Sequence
 		if twins {
 			seq = all

@@ -338,3 +338,114 @@ func TestBatcherRoomPerStage(t *testing.T) {
 		})
 	}
 }
+
+// peerCPU is a CPU backend that copies to the other peerCPUs of its group
+// "device to device" (a plain copy of the bytes), counting the copies, so
+// that the pipeline's peer hand-over runs on any machine; can false makes
+// it refuse every peer (tensor.PeerCopy then falls back to host memory).
+type peerCPU struct {
+	*tensor.CPU
+	name   string
+	can    bool
+	copies *int
+}
+
+func (p *peerCPU) Name() string { return p.name }
+
+func (p *peerCPU) CanCopyToPeer(to tensor.Memory) bool {
+	for {
+		if q, ok := to.(*peerCPU); ok {
+			return p.can && q.can && q != p
+		}
+		u, ok := to.(interface{ Unwrap() tensor.Backend }) // nn's checked front
+		if !ok {
+			return false
+		}
+		to = u.Unwrap()
+	}
+}
+
+func (p *peerCPU) CopyToPeer(to tensor.Memory, dst, src *tensor.Tensor) error {
+	if !p.CanCopyToPeer(to) {
+		return fmt.Errorf("%s: no peer access to %s", p.name, to.Name())
+	}
+	if dst.NumBytes() != src.NumBytes() {
+		return fmt.Errorf("%s: peer copy of %d bytes into %d", p.name, src.NumBytes(), dst.NumBytes())
+	}
+	copy(dst.Bytes(), src.Bytes())
+	*p.copies++
+	return nil
+}
+
+func peerCPUs(n int, can bool, copies *int) []tensor.Backend {
+	var bs []tensor.Backend
+	for i := range n {
+		bs = append(bs, &peerCPU{CPU: tensor.NewCPU(1), name: fmt.Sprintf("peer%d", i), can: can, copies: copies})
+	}
+	return bs
+}
+
+// TestPeerHandover: over two and three devices that copy to each other,
+// the hidden state goes device to device (one peer copy per hand-over, for
+// a session and for the batcher), unless Options.NoPeerCopies or the
+// devices refuse (host memory then); the logits are the direct run's in
+// every case.
+func TestPeerHandover(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 400, 8, 91, 17}
+	const steps, chunk = 4, 4
+	want := reference(t, lm, prompt, steps)
+	chunks := (len(prompt) + chunk - 1) / chunk
+	for _, tc := range []struct {
+		name    string
+		devices int
+		can     bool
+		noPeer  bool
+	}{
+		{"two devices, peer copies", 2, true, false},
+		{"three devices, peer copies", 3, true, false},
+		{"two devices, NoPeerCopies", 2, true, true},
+		{"two devices without peer access", 2, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			copies := 0
+			e, err := Open(context.Background(), lm, Options{Backends: peerCPUs(tc.devices, tc.can, &copies), Context: len(prompt) + steps + 4, Chunk: chunk,
+				NoPeerCopies: tc.noPeer})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, s, prompt, steps)
+			s.Close()
+			for i := range want {
+				if d := maxDiff(got[i], want[i]); d != 0 {
+					t.Errorf("step %d: logits differ from the direct run's by %g", i, d)
+				}
+			}
+			wantCopies := 0
+			if tc.can && !tc.noPeer {
+				wantCopies = (tc.devices - 1) * (chunks + steps)
+			}
+			if copies != wantCopies {
+				t.Errorf("%d peer copies, want %d", copies, wantCopies)
+			}
+			copies = 0
+			prompts := [][]int32{{1, 5, 9}, {7, 8}}
+			wantIDs, _ := runAlone(t, e, prompts, 3)
+			alone := copies
+			got2, _ := runBatched(t, e, prompts, 3, BatchOptions{MaxSequences: 2, StepTokens: 4, BlockSize: 4})
+			for i := range prompts {
+				if fmt.Sprint(got2[i]) != fmt.Sprint(wantIDs[i]) {
+					t.Errorf("batched request %d: %v, alone %v", i, got2[i], wantIDs[i])
+				}
+			}
+			if batched := copies - alone; (batched > 0) != (wantCopies > 0) {
+				t.Errorf("the batcher made %d peer copies, sessions %d", batched, alone)
+			}
+		})
+	}
+}

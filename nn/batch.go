@@ -85,15 +85,15 @@ type Seq struct {
 
 // NewBatch makes a Batch over the model on its device.
 func (m *Model) NewBatch(o BatchOptions) (*Batch, error) {
-	return newBatch(&m.cfg, []*Model{m}, []tensor.Backend{m.backend}, o)
+	return newBatch(&m.cfg, []*Model{m}, []tensor.Backend{m.backend}, false, o)
 }
 
 // NewBatch makes a Batch over the pipeline's stages, each on its device.
 func (p *Pipeline) NewBatch(o BatchOptions) (*Batch, error) {
-	return newBatch(&p.cfg, p.stages, p.keys, o)
+	return newBatch(&p.cfg, p.stages, p.keys, p.opts.NoPeerCopies, o)
 }
 
-func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOptions) (*Batch, error) {
+func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, noPeer bool, o BatchOptions) (*Batch, error) {
 	if o.BlockSize == 0 {
 		o.BlockSize = DefaultBlockSize
 	}
@@ -110,7 +110,7 @@ func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOpt
 		return nil, fmt.Errorf("nn: batch pool of %d blocks of %d positions is too large", o.Blocks, o.BlockSize)
 	}
 	b := &Batch{cfg: c, maxPos: o.MaxPos, maxRows: o.MaxRows, blocks: o.Blocks, step: batchStep{bs: o.BlockSize}}
-	b.xfer = &PipelineSession{xfer: make([]byte, 4*o.MaxRows*c.HiddenSize)}
+	b.xfer = &PipelineSession{xfer: make([]byte, 4*o.MaxRows*c.HiddenSize), noPeer: noPeer}
 	bufs := map[tensor.Backend]*buffers{}
 	rows := o.Blocks * o.BlockSize
 	for k, m := range models {
