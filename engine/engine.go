@@ -50,8 +50,9 @@ type Memory struct {
 	// the device; KVHost keeps every block's in host memory; KVAuto lets
 	// the planner choose per block (see paging.KVAuto): with the rates
 	// (Options.Rates, or measured at Open on a GPU) it picks the count
-	// of host blocks with the least predicted decode time. One device,
-	// not the hybrid strategies.
+	// of host blocks with the least predicted decode time. On several
+	// devices each device's plan places the caches of its own blocks, and
+	// their host parts share the host memory limit (HostCache).
 	KVCache paging.KVPlacement
 }
 
@@ -299,7 +300,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if o.Record {
 			bud.RecordHistory(1 << 20)
 		}
-		hostCache, err := e.placeKV(b, plan)
+		hostCache, hostKV, err := e.placeKV(b, plan, p.FirstBlock)
 		if err != nil {
 			return nil, err
 		}
@@ -310,7 +311,15 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		}
 		e.servers = append(e.servers, srv)
 		e.devices = append(e.devices, Device{Name: b.Name(), Placement: p, Plan: plan, BudgetBytes: limits[d], DefaultBudget: !given[d]})
-		e.stages = append(e.stages, nn.Stage{Backend: b, Alloc: bud, Weights: nn.StageWeights(srv, p.Layers), FirstBlock: p.FirstBlock, EndBlock: p.EndBlock})
+		e.stages = append(e.stages, nn.Stage{Backend: b, Alloc: bud, Weights: nn.StageWeights(srv, p.Layers), FirstBlock: p.FirstBlock, EndBlock: p.EndBlock, HostKV: hostKV})
+	}
+	if e.kv != nil {
+		// The device part of the cache: every device's, those that keep
+		// it all too.
+		e.kv.DeviceBytes = 0
+		for _, d := range e.devices {
+			e.kv.DeviceBytes += d.Plan.KVCacheBytes
+		}
 	}
 	if err := e.warmUp(ctx); err != nil {
 		return nil, err

@@ -91,7 +91,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 	}
 	e.hybrid = &Hybrid{Plan: hp, Rates: *rates, CPU: cpu.Name(), Threads: cpuThreads(cpu)}
 	e.kvRates = rates
-	if _, err := e.placeKV(gpu, hp.GPU); err != nil {
+	if _, _, err := e.placeKV(gpu, hp.GPU, 0); err != nil {
 		return err
 	}
 	if e.kv != nil && kv == paging.KVAuto && hostLimit > 0 {
