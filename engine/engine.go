@@ -256,7 +256,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		return nil, err
 	}
 	if isHybrid(e.strategy) {
-		if err := e.openHybrid(ctx, info, limits[0], kv); err != nil {
+		if err := e.openHybrid(ctx, info, limits, kv); err != nil {
 			return nil, err
 		}
 		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
@@ -673,7 +673,17 @@ func (e *Engine) Summary() string {
 		s += r.String() + "\n"
 	}
 	if h := e.hybrid; h != nil {
-		s += h.Plan.String() + "\n"
+		if h.Plan != nil {
+			s += h.Plan.String() + "\n"
+		}
+		for _, g := range h.GPUs {
+			s += fmt.Sprintf("%s, layers %d..%d (CPU layers %v): %s\n", g.Device, g.Placement.Layers[0], g.Placement.Layers[len(g.Placement.Layers)-1], h.gpuCPULayers(g), g.Plan)
+		}
+		if len(h.GPUs) > 1 {
+			t := h.Totals()
+			s += fmt.Sprintf("hybrid over %d GPUs: per token %s resident, %s streamed, %s read by the CPU in %d layers, predicted %.1f tok/s\n",
+				len(h.GPUs), paging.FormatSize(t.ResidentBytes), paging.FormatSize(t.StreamedBytes), paging.FormatSize(t.CPUBytes), len(h.CPULayers()), t.PredictedTokS)
+		}
 		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",
 			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, h.Rates.Device/1e9, h.Rates.Handoff)
 	}

@@ -205,7 +205,7 @@ func (e *Engine) KV() *KVReport {
 	}
 	if h := e.hybrid; h != nil && e.cfg.NumLayers > 0 {
 		perBlock := nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) / int64(e.cfg.NumLayers)
-		for _, l := range h.Plan.CPULayers {
+		for _, l := range h.CPULayers() {
 			if b := l - e.cfg.BlockLayer(0); b >= 0 && b < e.cfg.NumLayers {
 				r.HostBlocks = append(r.HostBlocks, b)
 			}

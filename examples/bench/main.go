@@ -545,12 +545,19 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	defer sess.Close()
 	if h := e.Hybrid(); h != nil {
-		p := h.Plan
-		r.StreamedBytes = p.StreamedBytes
-		r.Hybrid = &HybridResult{CPULayers: p.CPULayers, ResidentBytes: p.ResidentBytes, StreamedBytes: p.StreamedBytes,
-			CPUBytes: p.CPUBytes, HostBytes: p.HostLayerBytes, PredictedTokS: p.PredictedTokS, Rates: h.Rates, Bounds: p.Bounds,
+		// On several GPUs the totals of their plans; the bounds are one
+		// GPU's only.
+		t := h.Totals()
+		r.StreamedBytes = t.StreamedBytes
+		r.Hybrid = &HybridResult{CPULayers: h.CPULayers(), ResidentBytes: t.ResidentBytes, StreamedBytes: t.StreamedBytes,
+			CPUBytes: t.CPUBytes, HostBytes: t.HostLayerBytes, PredictedTokS: t.PredictedTokS, Rates: h.Rates,
 			MeasuredMs: map[string]float64{}, Threads: h.Threads}
-		fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+		if h.Plan != nil {
+			r.Hybrid.Bounds = h.Plan.Bounds
+		}
+		for _, p := range h.Plans() {
+			fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]int32, maxPrompt)
