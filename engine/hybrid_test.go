@@ -7,9 +7,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // fakeGPU is a CPU backend that passes for a GPU in the hybrid strategy's
@@ -242,6 +245,64 @@ func TestHybridSeveralGPUs(t *testing.T) {
 			for d, g := range gpus {
 				if g.pinned != 0 {
 					t.Errorf("GPU %d: %d bytes of pinned memory left after Close", d, g.pinned)
+				}
+			}
+		})
+	}
+}
+
+// TestHybridSeveralGPUsModels: the hybrid strategy over two fake GPUs, each
+// with a budget of a third of the weights, runs a Q8_0 GGUF conversion and
+// the mixtures of experts (Qwen3-MoE, and Mixtral as a BF16 GGUF file) with
+// logits bit-identical to the model run directly (within 1e-5 for the
+// mixtures, whose sparse blocks on the CPU round their experts' sum
+// otherwise, on one GPU too) and the same ids, each GPU within its budget.
+func TestHybridSeveralGPUsModels(t *testing.T) {
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 40}
+	const steps = 5
+	for _, m := range []struct {
+		name string
+		open func(t *testing.T) *loader.Model
+		tol  float64
+	}{
+		{"q8_0", func(t *testing.T) *loader.Model { return openGGUF(t, fixtures.TinyLlamaF16Sharded, quant.Q8_0) }, 0},
+		// A sparse block on the CPU's side rounds its experts' sum
+		// otherwise (5e-7 on one GPU as on two).
+		{"qwen3-moe", func(t *testing.T) *loader.Model { return openFixture(t, fixtures.TinyQwen3MoEF16) }, 1e-5},
+		{"mixtral gguf", func(t *testing.T) *loader.Model { return openGGUF(t, fixtures.TinyMixtralBF16, quant.BF16) }, 1e-5},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			lm := m.open(t)
+			want := reference(t, lm, prompt, steps)
+			budget := lm.WeightBytes() / 3
+			gpus := []tensor.Backend{newFakeGPU(), newFakeGPU()}
+			defer gpus[0].Close()
+			defer gpus[1].Close()
+			e, err := Open(context.Background(), lm, Options{Backends: gpus, Context: len(prompt) + steps, Chunk: 4, TwinMinTokens: 4,
+				Memory: Memory{Budgets: []int64{budget}, Strategy: paging.StrategyHybrid}, Rates: &testRates})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			h := e.Hybrid()
+			t.Logf("CPU layers %v, totals %+v", h.CPULayers(), h.Totals())
+			if t0 := h.Totals(); t0.StreamedBytes+t0.CPUBytes == 0 {
+				t.Fatalf("everything resident under %d per GPU", budget)
+			}
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, s, prompt, steps)
+			s.Close()
+			for i := range want {
+				if d := maxDiff(got[i], want[i]); d > m.tol || nn.Argmax(got[i]) != nn.Argmax(want[i]) {
+					t.Fatalf("step %d: logits differ from the direct run's by %g (want <= %g), or the id", i, d, m.tol)
+				}
+			}
+			for d, dev := range e.Devices() {
+				if dev.PeakDeviceBytes > budget {
+					t.Errorf("GPU %d: peak %d over the budget %d", d, dev.PeakDeviceBytes, budget)
 				}
 			}
 		})
