@@ -83,6 +83,13 @@ type BatchOptions struct {
 	// free is refused: it would take the place of the weights the plan
 	// keeps resident, and every step would load them again.
 	KVBlocks int
+	// Pipeline, over several devices of their own (a pipeline that is
+	// not a CPU+GPU placement), runs the steps beat by beat
+	// (nn.Batch.Tick): while the second device runs one step of some
+	// requests, the first runs the next step of the others, every device
+	// computing at once. The steps hold the requests that have none in
+	// flight. On one device, or stages sharing one, it is ignored.
+	Pipeline bool
 }
 
 // BatchStats are a batcher's counters and gauges.
@@ -442,6 +449,12 @@ func (b *Batcher) step() {
 	var works []nn.Work
 	var owners, ended []*job
 	budget := b.opts.StepTokens
+	pipe := b.opts.Pipeline && b.batch.Pipelined()
+	if pipe {
+		// A request with a step in flight waits for it (and ends, if
+		// cancelled, once it has left the pipeline).
+		running = slices.DeleteFunc(running, func(j *job) bool { return b.batch.InFlight(j.seq) })
+	}
 	for _, j := range running {
 		if err := j.ctx.Err(); err != nil {
 			b.finish(j, "", err)
@@ -467,6 +480,10 @@ func (b *Batcher) step() {
 		}
 	}
 	rows := b.opts.StepTokens - budget
+	if pipe {
+		b.beat(works, ended, rows, prompt, t0)
+		return
+	}
 	if len(works) == 0 && len(ended) == 0 {
 		// Every running request waits for its reader: poll.
 		time.Sleep(time.Millisecond)
@@ -494,6 +511,72 @@ func (b *Batcher) step() {
 					ended = append(ended, j)
 				}
 			}
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
+	b.st.KVBlocksFree = b.batch.FreeBlocks()
+	if len(works) == 0 {
+		return
+	}
+	b.st.Steps++
+	b.st.BatchSize, b.st.StepRows = len(works), rows
+	b.st.BatchSizeSum += int64(len(works))
+	b.st.PromptTokens += int64(prompt)
+	b.st.PerStep = time.Since(t0)
+	b.st.StepRowsSum += int64(rows)
+	b.st.StepTimeSum += b.st.PerStep
+}
+
+// beat runs one beat of a pipelined batch (BatchOptions.Pipeline): it
+// starts a step of works, and takes the step that left the pipeline,
+// whose requests it feeds or samples; ended are the requests that step
+// ended before the beat.
+func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.Time) {
+	if len(works) == 0 && b.batch.Flying() == 0 {
+		if len(ended) == 0 {
+			// Every running request waits for its reader: poll.
+			time.Sleep(time.Millisecond)
+		}
+		b.mu.Lock()
+		b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
+		b.st.KVBlocksFree = b.batch.FreeBlocks()
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Lock()
+	owner := map[*nn.Seq]*job{}
+	for _, j := range b.running {
+		owner[j.seq] = j
+	}
+	b.mu.Unlock()
+	done, logits, err := b.batch.Tick(context.Background(), works)
+	// A beat is one pass over the layers, as a step is.
+	b.e.MarkStep()
+	if err != nil {
+		// The steps in flight are abandoned: their requests end, and
+		// those of the works given, which the beat did not start.
+		for _, w := range append(done, works...) {
+			if j := owner[w.Seq]; j != nil && !slices.Contains(ended, j) {
+				b.finish(j, "", err)
+				ended = append(ended, j)
+			}
+		}
+		done = nil
+	}
+	for i, w := range done {
+		j := owner[w.Seq]
+		if !w.Logits {
+			j.fed += len(w.IDs)
+			continue
+		}
+		j.fed = len(j.req.Prompt)
+		if j.ctx.Err() != nil {
+			b.finish(j, "", j.ctx.Err())
+			ended = append(ended, j)
+		} else if done := b.emit(j, logits[i]); done {
+			ended = append(ended, j)
 		}
 	}
 	b.mu.Lock()

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
@@ -447,5 +449,99 @@ func TestPeerHandover(t *testing.T) {
 				t.Errorf("the batcher made %d peer copies, sessions %d", batched, alone)
 			}
 		})
+	}
+}
+
+// overlapCPU is a named CPU backend that records how many of its group
+// compute at once: each RMSNorm counts itself active for a moment.
+type overlapCPU struct {
+	namedCPU
+	active, most *atomic.Int32
+}
+
+func (o overlapCPU) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
+	n := o.active.Add(1)
+	defer o.active.Add(-1)
+	for {
+		m := o.most.Load()
+		if n <= m || o.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(100 * time.Microsecond)
+	return o.CPU.RMSNorm(out, x, w, eps)
+}
+
+// TestBatcherPipelined: the batcher over two and three devices with
+// BatchOptions.Pipeline gives every request the greedy ids of its session
+// run alone, as without it, the devices computing at once (two or more
+// active together, never without Pipeline); a request cancelled while its
+// step is in flight ends with its context's error once the step has left,
+// the others unaffected; every KV block comes back.
+func TestBatcherPipelined(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	prompts := [][]int32{{1, 5, 9}, {1, 200, 3, 77, 12, 8, 40, 2, 6}, {7}, {3, 4, 5, 6, 7}, {11, 12}, {90, 91, 92, 93}}
+	const steps = 6
+	for _, devices := range []int{2, 3} {
+		for _, pipeline := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d devices, pipeline %v", devices, pipeline), func(t *testing.T) {
+				var active, most atomic.Int32
+				var bs []tensor.Backend
+				for i := range devices {
+					bs = append(bs, overlapCPU{namedCPU: namedCPU{CPU: tensor.NewCPU(1), name: fmt.Sprintf("cpu%d", i)}, active: &active, most: &most})
+				}
+				e, err := Open(context.Background(), lm, Options{Backends: bs, Context: 32, Chunk: 8})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				want, _ := runAlone(t, e, prompts, steps)
+				most.Store(0)
+				bo := BatchOptions{MaxSequences: 4, StepTokens: 8, BlockSize: 4, Pipeline: pipeline}
+				got, st := runBatched(t, e, prompts, steps, bo)
+				for i := range prompts {
+					if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) {
+						t.Errorf("request %d: %v, alone %v", i, got[i], want[i])
+					}
+				}
+				if m := most.Load(); pipeline != (m >= 2) {
+					t.Errorf("pipeline %v: at most %d devices computed at once", pipeline, m)
+				}
+				t.Logf("%d steps, mean batch %.2f, %d devices at once at most", st.Steps, float64(st.BatchSizeSum)/float64(st.Steps), most.Load())
+
+				// A request cancelled while its step is in flight.
+				b, err := e.NewBatcher(bo)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				cch, err := b.Submit(ctx, Request{Prompt: prompts[1], MaxTokens: 20, IgnoreEOS: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				och, err := b.Submit(context.Background(), Request{Prompt: prompts[0], MaxTokens: steps + 1, IgnoreEOS: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var cancelled Token
+				for tok := range cch {
+					if tok.Emitted && tok.GeneratedTokens == 2 {
+						cancel()
+					}
+					cancelled = tok
+				}
+				other, end := collect(t, och)
+				if !errors.Is(cancelled.Err, context.Canceled) || fmt.Sprint(other) != fmt.Sprint(want[0]) || end.Err != nil {
+					t.Errorf("cancelled request ended %+v; the other %v (end %+v), alone %v", cancelled, other, end, want[0])
+				}
+				if err := b.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if st := b.Stats(); st.KVBlocksFree != st.KVBlocks {
+					t.Errorf("%d of %d KV blocks free after Close", st.KVBlocksFree, st.KVBlocks)
+				}
+			})
+		}
 	}
 }
