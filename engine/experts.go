@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/strata-llm/strata/paging"
 )
@@ -45,6 +46,30 @@ type ExpertReport struct {
 	MissesPerToken   float64 `json:"misses_per_token,omitempty"`
 	AcquiresPerToken float64 `json:"acquires_per_token,omitempty"`
 	BytesPerToken    float64 `json:"bytes_per_token,omitempty"`
+
+	// Devices is each device's part when the model runs on several: its
+	// cache and counters, with the rates of the same window (their
+	// Guessed counts are the engine's, not split by device); nil on one.
+	Devices []DeviceExperts `json:"devices,omitempty"`
+}
+
+// DeviceExperts is one device's expert cache in an ExpertReport.
+type DeviceExperts struct {
+	Device       string `json:"device"`
+	Experts      int    `json:"experts"`
+	Slots        int    `json:"slots"`
+	CacheBytes   int64  `json:"cache_bytes"`
+	Acquires     int64  `json:"acquires"`
+	Hits         int64  `json:"hits"`
+	Misses       int64  `json:"misses"`
+	Prefetches   int64  `json:"prefetches"`
+	PrefetchHits int64  `json:"prefetch_hits"`
+	BytesMoved   int64  `json:"bytes_moved"`
+
+	HitRate          float64 `json:"hit_rate"`
+	PrefetchAccuracy float64 `json:"prefetch_accuracy"`
+	MissesPerToken   float64 `json:"misses_per_token,omitempty"`
+	BytesPerToken    float64 `json:"bytes_per_token,omitempty"`
 }
 
 // Experts reports the expert caches since Open; nil when no device pages
@@ -76,6 +101,14 @@ func (e *Engine) Experts() *ExpertReport {
 	r.Acquires, r.Hits, r.Misses = st.ExpertAcquires, st.ExpertHits, st.ExpertMisses
 	r.Prefetches, r.PrefetchHits, r.BytesMoved = st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertBytesMoved
 	r.Guessed, r.GuessedRight = e.ExpertGuesses()
+	if len(e.servers) > 1 {
+		for d, srv := range e.servers {
+			st := srv.Stats()
+			r.Devices = append(r.Devices, DeviceExperts{Device: e.devices[d].Name, Experts: st.ExpertsTotal, Slots: st.ExpertSlots, CacheBytes: st.ExpertCacheBytes,
+				Acquires: st.ExpertAcquires, Hits: st.ExpertHits, Misses: st.ExpertMisses,
+				Prefetches: st.ExpertPrefetches, PrefetchHits: st.ExpertPrefetchHits, BytesMoved: st.ExpertBytesMoved})
+		}
+	}
 	r.rates()
 	return &r
 }
@@ -93,6 +126,17 @@ func (r *ExpertReport) Since(before *ExpertReport, tokens int) *ExpertReport {
 		w.BytesMoved -= before.BytesMoved
 		w.Guessed -= before.Guessed
 		w.GuessedRight -= before.GuessedRight
+	}
+	w.Devices = slices.Clone(r.Devices)
+	if before != nil && len(before.Devices) == len(w.Devices) {
+		for d := range w.Devices {
+			w.Devices[d].Acquires -= before.Devices[d].Acquires
+			w.Devices[d].Hits -= before.Devices[d].Hits
+			w.Devices[d].Misses -= before.Devices[d].Misses
+			w.Devices[d].Prefetches -= before.Devices[d].Prefetches
+			w.Devices[d].PrefetchHits -= before.Devices[d].PrefetchHits
+			w.Devices[d].BytesMoved -= before.Devices[d].BytesMoved
+		}
 	}
 	w.Tokens = tokens
 	w.rates()
@@ -115,6 +159,16 @@ func (r *ExpertReport) rates() {
 		r.AcquiresPerToken = ratio(r.Acquires, n)
 		r.BytesPerToken = ratio(r.BytesMoved, n)
 	}
+	for d := range r.Devices {
+		x := &r.Devices[d]
+		x.HitRate = ratio(x.Hits, x.Acquires)
+		x.PrefetchAccuracy = ratio(x.PrefetchHits, x.Prefetches)
+		x.MissesPerToken, x.BytesPerToken = 0, 0
+		if n := int64(r.Tokens); n > 0 {
+			x.MissesPerToken = ratio(x.Misses, n)
+			x.BytesPerToken = ratio(x.BytesMoved, n)
+		}
+	}
 }
 
 // String is the report on one line.
@@ -124,6 +178,13 @@ func (r *ExpertReport) String() string {
 		100*r.HitRate, 100*r.PrefetchAccuracy, 100*r.GuessAccuracy)
 	if r.Tokens > 0 {
 		s += fmt.Sprintf("; per token over %d: %.2f misses, %s moved", r.Tokens, r.MissesPerToken, paging.FormatSize(int64(r.BytesPerToken)))
+	}
+	for d, x := range r.Devices {
+		s += fmt.Sprintf("\n  device %d (%s): cache of %d of %d (%s): hit rate %.1f%%, prefetch accuracy %.1f%%", d, x.Device, x.Slots, x.Experts,
+			paging.FormatSize(x.CacheBytes), 100*x.HitRate, 100*x.PrefetchAccuracy)
+		if r.Tokens > 0 {
+			s += fmt.Sprintf("; per token: %.2f misses, %s moved", x.MissesPerToken, paging.FormatSize(int64(x.BytesPerToken)))
+		}
 	}
 	return s
 }
