@@ -11,14 +11,14 @@ import (
 // scoreBufs recycles the per-task score rows of Attention.
 var scoreBufs = sync.Pool{New: func() any { return new([]float32) }}
 
-// kvTile is how many positions of a narrow cache (F16, BF16, Q8_0) a task
+// kvTile is how many positions of a narrow cache (F16, BF16, Q8_0, Q8_B8) a task
 // widens to F32 at a time, for the vector kernels to read.
 const kvTile = 64
 
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the key and value caches k and v
 // [maxPos, kvHeads*headDim], which hold positions 0..pos0+T-1. q and out are
-// F32 [T, heads*headDim]; the caches are F32, F16, BF16 or Q8_0. Query row
+// F32 [T, heads*headDim]; the caches are F32, F16, BF16, Q8_0 or Q8_B8. Query row
 // t attends to positions 0..pos0+t; query head h reads KV head
 // h/(heads/kvHeads). The work is spread over (head, row) pairs on the pool.
 //
@@ -218,6 +218,21 @@ func (a *attention) widen(tile, blk []float32, c *Tensor, kh, j0, m int) {
 				continue
 			}
 			quant.DequantizeQ8_0(w, row[34*b0:34*b1])
+			copy(tile[j*d:(j+1)*d], w[skip:skip+d])
+		}
+	case Q8_B8:
+		const bs, bb = quant.QB8, quant.BlockBytesQ8B8
+		rb := kw / bs * bb
+		b0, b1 := kh*d/bs, (kh*d+d+bs-1)/bs // the blocks that cover the head
+		skip := kh*d - bs*b0
+		w := blk[:bs*(b1-b0)]
+		for j := range m {
+			row := c.data[(j0+j)*rb:]
+			if skip == 0 && d%bs == 0 {
+				quant.DequantizeQ8B8(tile[j*d:(j+1)*d], row[bb*b0:bb*b1])
+				continue
+			}
+			quant.DequantizeQ8B8(w, row[bb*b0:bb*b1])
 			copy(tile[j*d:(j+1)*d], w[skip:skip+d])
 		}
 	}

@@ -232,6 +232,9 @@ func (c *CPU) CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) erro
 		case Q8_0:
 			rb := dl / 32 * 34
 			quant.QuantizeQ8_0(dst.data[dstRow*rb:(dstRow+n)*rb], x)
+		case Q8_B8:
+			rb := dl / quant.QB8 * quant.BlockBytesQ8B8
+			quant.QuantizeQ8B8(dst.data[dstRow*rb:(dstRow+n)*rb], x)
 		default:
 			return fmt.Errorf("tensor: cpu: CopyRows: no conversion from %v to %v", src.dtype, dst.dtype)
 		}
