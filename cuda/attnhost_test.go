@@ -37,7 +37,7 @@ type attnHostCase struct {
 // mma.sync computed from their lanes' registers as the hardware lays them
 // out. Each case takes the kernel and split planAttention chooses (the
 // prefill kernel for at least flashMinRows queries) over F32, F16, BF16
-// and Q8_0 caches whose unwritten rows are NaN, against the float64
+// Q8_0 and Q8_B8 caches whose unwritten rows are NaN, against the float64
 // reference over the stored values: within 1e-5 relative for the split
 // kernel (F32 arithmetic), and the rounding of the products' inputs for
 // the tiled one (F16: 4e-3, BF16: 2e-2); and no read outside the rows
@@ -45,7 +45,10 @@ type attnHostCase struct {
 // short (odd T, positions not a multiple of the tile or chunk), start
 // chunks mid-cache (pos0 > 0), and group 1 to 8 query heads on a KV head
 // (the prefill kernel packs a group's heads as rows of its tiles: groups of
-// 3 put one query's rows in two warps).
+// 3 put one query's rows in two warps). Then the caches' quantizers
+// (kv_append_q8_0, kv_append_q8_b8) must write the bytes that the CPU's
+// CopyRows writes (tensortest.Encode), on values with outliers, zeros, a
+// block of zeros and scales too small for a normal F16.
 func TestAttentionKernelsOnHost(t *testing.T) {
 	nvcc, err := exec.LookPath("nvcc")
 	if err != nil {
@@ -63,7 +66,7 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 	all := func(string) bool { return true }
 	r := rand.New(rand.NewPCG(3, 4))
 	var cases []*attnHostCase
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
 		for _, s := range []struct{ d, heads, kvHeads, t, pos0, bound int }{
 			// Decode: one pass, several splits, the last one short, and
 			// up to splitMaxRows queries whose lengths differ.
@@ -125,6 +128,13 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	appends := appendHostCases(r)
+	for _, a := range appends {
+		for _, v := range []int32{3, attnHostDType[a.dt], int32(len(a.x))} {
+			binary.Write(&req, binary.LittleEndian, v)
+		}
+		binary.Write(&req, binary.LittleEndian, a.x)
+	}
 	req.Write(make([]byte, 4)) // op 0: end
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Stdin = &req
@@ -135,6 +145,23 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.check(t, &resp) })
+	}
+	for _, a := range appends {
+		t.Run(fmt.Sprintf("append/%v/%s", a.dt, a.name), func(t *testing.T) {
+			want, err := tensortest.Encode(a.dt, a.x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := resp.Next(len(want))
+			if !bytes.Equal(got, want) {
+				bb := a.dt.BlockBytes()
+				for i := 0; i < len(want); i += bb {
+					if !bytes.Equal(got[i:min(i+bb, len(got))], want[i:i+bb]) {
+						t.Fatalf("block %d: got % x, want % x (values %v)", i/bb, got[i:min(i+bb, len(got))], want[i:i+bb], a.x[i/bb*a.dt.BlockSize():(i/bb+1)*a.dt.BlockSize()])
+					}
+				}
+			}
+		})
 	}
 	if resp.Len() != 0 {
 		t.Errorf("%d bytes left over in the harness's output", resp.Len())
@@ -149,7 +176,38 @@ func uniform32(r *rand.Rand, n int, lo, hi float32) []float32 {
 	return v
 }
 
-var attnHostDType = map[tensor.DType]int32{tensor.F32: 0, tensor.F16: 1, tensor.BF16: 2, tensor.Q8_0: 3}
+var attnHostDType = map[tensor.DType]int32{tensor.F32: 0, tensor.F16: 1, tensor.BF16: 2, tensor.Q8_0: 3, tensor.Q8_B8: 4}
+
+// appendHostCase is a run of values the harness quantizes as a cache
+// append does.
+type appendHostCase struct {
+	name string
+	dt   tensor.DType
+	x    []float32
+}
+
+func appendHostCases(r *rand.Rand) []appendHostCase {
+	var out []appendHostCase
+	for _, dt := range []tensor.DType{tensor.Q8_0, tensor.Q8_B8} {
+		wide := uniform32(r, 4096, -3, 3)
+		for i := 11; i < len(wide); i += 37 {
+			wide[i] *= 40 // outliers, as keys have
+		}
+		for i := 64; i < 96; i++ {
+			wide[i] = 0 // a block of zeros
+		}
+		wide[200] = 0
+		tiny := uniform32(r, 256, -1e-5, 1e-5) // scales below the normal F16s
+		// A grid of halves: many values that round the same way in each
+		// block.
+		halves := make([]float32, 256)
+		for i := range halves {
+			halves[i] = float32(i%32-16) + 0.5
+		}
+		out = append(out, appendHostCase{"uniform-outliers", dt, wide}, appendHostCase{"tiny", dt, tiny}, appendHostCase{"halves", dt, halves})
+	}
+	return out
+}
 
 func (c *attnHostCase) request(w *bytes.Buffer) error {
 	op := int32(1)

@@ -77,6 +77,8 @@ func cacheSuffix(dt tensor.DType) string {
 		return "bf16"
 	case tensor.Q8_0:
 		return "q8_0"
+	case tensor.Q8_B8:
+		return "q8_b8"
 	}
 	return "f32"
 }

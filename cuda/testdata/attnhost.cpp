@@ -11,12 +11,16 @@
 //
 // Requests on stdin, responses on stdout, all little-endian:
 //   request:  int32 op (0 end, 1 split decode, 2 tiled prefill), int32 dtype
-//             (0 F32, 1 F16, 2 BF16, 3 Q8_0), int32 D, heads, kvHeads, T,
+//             (0 F32, 1 F16, 2 BF16, 3 Q8_0, 4 Q8_B8), int32 D, heads, kvHeads, T,
 //             pos0, maxPos, chunk, splits, posAt (-1: none; else the
 //             position the split kernel reads from device memory, pos0
 //             then its bound), float32 scale, then T*heads*D float32 q,
 //             and the k and v caches' bytes (maxPos rows each)
 //   response: int64 violations, then T*heads*D float32 out
+// or, to check the caches' quantizers (kvcache.cuh) byte for byte:
+//   request:  int32 op 3, int32 dtype (3 Q8_0, 4 Q8_B8), int32 n, then n
+//             float32 values (whole blocks)
+//   response: the blocks' bytes
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
@@ -254,12 +258,27 @@ int main() {
 	for (;;) {
 		const int op = read32();
 		if (op == 0) return 0;
+		if (op == 3) {
+			const int dt = read32(), n = read32();
+			std::vector<float> x(n);
+			readn(x.data(), (size_t)n * 4);
+			const int bs = dt == 3 ? 32 : 8, bb = bs + 2;
+			std::vector<uint8_t> b((size_t)n / bs * bb);
+			for (int i = 0; i < n / bs; i++) {
+				if (dt == 3)
+					quantize_q8_0_block(b.data() + (size_t)bb * i, x.data() + (size_t)bs * i);
+				else
+					quantize_q8_b8_block(b.data() + (size_t)bb * i, x.data() + (size_t)bs * i);
+			}
+			fwrite(b.data(), 1, b.size(), stdout);
+			continue;
+		}
 		const int dt = read32(), D = read32(), heads = read32(), kvHeads = read32(), T = read32(), pos0 = read32(), maxPos = read32(),
 			  chunk = read32(), splits = read32(), posAt = read32();
 		float scale;
 		readn(&scale, 4);
 		const size_t qn = (size_t)T * heads * D, width = (size_t)kvHeads * D;
-		const size_t rowBytes = dt == 0 ? 4 * width : dt == 3 ? width / 32 * 34 : 2 * width;
+		const size_t rowBytes = dt == 0 ? 4 * width : dt == 3 ? width / 32 * 34 : dt == 4 ? width / 8 * 10 : 2 * width;
 		std::vector<float> q(qn), out(qn, NAN);
 		readn(q.data(), qn * 4);
 		// The caches at 256-byte boundaries, as the allocator gives them.
@@ -286,6 +305,9 @@ int main() {
 			break;
 		case 3:
 			run<q8_0>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
+			break;
+		case 4:
+			run<q8_b8>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
 			break;
 		}
 		const long long nv = violations;
