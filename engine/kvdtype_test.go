@@ -24,8 +24,8 @@ func TestKVDType(t *testing.T) {
 	const ctxLen, chunk = 24, 8
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
 	// 4 blocks, K and V, 32 values a position.
-	rowBytes := map[tensor.DType]int64{tensor.F32: 128, tensor.F16: 64, tensor.BF16: 64, tensor.Q8_0: 34}
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+	rowBytes := map[tensor.DType]int64{tensor.F32: 128, tensor.F16: 64, tensor.BF16: 64, tensor.Q8_0: 34, tensor.Q8_B8: 40}
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
 		var logits [2][]float32
 		for i, devices := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%v/%d devices", dt, devices), func(t *testing.T) {
