@@ -182,8 +182,9 @@ func ParseCacheDType(s string) (DType, error) {
 
 // AttnBlocks is causal grouped-query attention for the rows of several
 // sequences whose keys and values live in a paged cache: two pools, KPool
-// and VPool [blocks*BlockSize, KVHeads*HeadDim] of one float type (a
-// backend may read only F32 pools, and says so with an error), cut into
+// and VPool [blocks*BlockSize, KVHeads*HeadDim] of one cache dtype
+// (IsCacheDType; a Q8_0 or Q8_B8 row whole blocks; a backend may read
+// fewer, and says so with an error), cut into
 // blocks of BlockSize positions that the sequences share out, each
 // sequence finding its positions through its block table: position j of a
 // sequence is row Blocks[j/BlockSize]*BlockSize + j%BlockSize of the pools.
@@ -191,7 +192,8 @@ func ParseCacheDType(s string) (DType, error) {
 // Q [T, Heads*HeadDim] F32 holds the sequences' rows one sequence after
 // another in the order of Seqs, and K and V [T, KVHeads*HeadDim] F32 those
 // rows' keys and values. The operation first writes each row's key and
-// value into the pools at the row's position, then row r of a sequence,
+// value into the pools at the row's position (converted as CopyRows
+// converts a cache append), then row r of a sequence,
 // at position Pos0+r, attends to the sequence's positions 0..Pos0+r. So a
 // row's result is what Attention gives it over a contiguous cache of the
 // same positions. Heads, KVHeads, HeadDim and Scale are as in Attn.
