@@ -32,6 +32,10 @@ type BatchOptions struct {
 	// Blocks is the size of the KV pool in blocks (0: enough for one
 	// sequence of MaxPos positions).
 	Blocks int
+	// KVDType is the pool's stored dtype, as SessionOptions.KVDType (zero:
+	// F32); the attention (tensor.AttentionBlocks) converts the rows'
+	// keys and values into it.
+	KVDType tensor.DType
 }
 
 // Batch runs several sequences through a model together: each step runs
@@ -103,6 +107,10 @@ func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOpt
 	if err := checkContext(c, "batch", o.MaxPos); err != nil {
 		return nil, err
 	}
+	if err := CheckKVDType(c, o.KVDType); err != nil {
+		return nil, err
+	}
+	kv := SessionOptions{KVDType: o.KVDType}.kvDType()
 	if o.Blocks == 0 {
 		o.Blocks = (o.MaxPos + o.BlockSize - 1) / o.BlockSize
 	}
@@ -131,8 +139,8 @@ func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOpt
 		}
 		s := &Session{m: m, maxPos: o.MaxPos, chunk: o.MaxRows, buffers: bf, batch: &b.step}
 		for range m.hi - m.lo {
-			s.k = append(s.k, al.alloc(paging.KVCache, rows, c.KVDim()))
-			s.v = append(s.v, al.alloc(paging.KVCache, rows, c.KVDim()))
+			s.k = append(s.k, al.allocDT(paging.KVCache, kv, rows, c.KVDim()))
+			s.v = append(s.v, al.allocDT(paging.KVCache, kv, rows, c.KVDim()))
 		}
 		if al.err != nil {
 			b.Close()
