@@ -11,7 +11,6 @@ import (
 
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
-	"github.com/strata-llm/strata/tensor"
 )
 
 // Request is one generation: a prompt's token ids and how to continue it.
@@ -174,11 +173,6 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	if o.BlockSize < 0 || o.KVBlocks < 0 {
 		return nil, fmt.Errorf("engine: batcher with blocks of %d positions, %d blocks", o.BlockSize, o.KVBlocks)
 	}
-	if dt := e.kvDType(); dt != tensor.F32 {
-		// The plans counted the sessions' cache in dt; the pool's blocks
-		// would not fit what they reserved.
-		return nil, fmt.Errorf("engine: the batcher's KV pool is F32 (tensor.AttentionBlocks reads F32 pools); a KV cache in %v is for sessions", dt)
-	}
 	if e.kv != nil && len(e.kv.HostBlocks) > 0 {
 		return nil, fmt.Errorf("engine: batcher: the KV cache placed %s (in host memory) is not supported with batching: keep it on the device", e.kv.Placement)
 	}
@@ -188,7 +182,9 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	if o.KVBlocks == 0 {
 		o.KVBlocks = e.defaultKVBlocks(o)
 	}
-	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks}
+	// The pool stores the KV dtype of the sessions (Options.Memory.KVDType),
+	// which the plans counted.
+	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks, KVDType: e.kvDType()}
 	var nb *nn.Batch
 	var err error
 	e.mu.Lock()
@@ -210,7 +206,7 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 				// the device: they would load again at every step.
 				nb.Close()
 				err = fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) does not fit in the room the plan left on %s: the weights there gave up %s for it; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
-					ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(nn.KVCacheBytes(e.cfg, o.KVBlocks*o.BlockSize, tensor.F32)), e.devices[d].Name, paging.FormatSize(weights[d]-w), o.KVBlocks*o.BlockSize)
+					ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(nn.KVCacheBytes(e.cfg, o.KVBlocks*o.BlockSize, e.kvDType())), e.devices[d].Name, paging.FormatSize(weights[d]-w), o.KVBlocks*o.BlockSize)
 				break
 			}
 		}
@@ -239,7 +235,7 @@ func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 	room -= nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 	room -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + nn.ActivationBytes(e.cfg, e.chunk) + nn.RopeBytes(e.cfg, e.context)
 	n := perSeq * o.MaxSequences
-	if block := nn.KVCacheBytes(e.cfg, o.BlockSize, tensor.F32); room < int64(n)*block {
+	if block := nn.KVCacheBytes(e.cfg, o.BlockSize, e.kvDType()); room < int64(n)*block {
 		n = int(max(room, 0) / block)
 	}
 	return max(n, perSeq)
@@ -252,7 +248,7 @@ func (e *Engine) poolRoom(o BatchOptions) error {
 	positions := o.KVBlocks * o.BlockSize
 	for d, b := range e.budgets {
 		p := e.devices[d].Placement
-		kv := nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
+		kv := nn.KVCacheBytes(e.cfg, positions, e.kvDType()) / int64(e.cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
 		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 		if room := freeRoom(b); need > room {
 			return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",

@@ -116,7 +116,8 @@ func budgetsUsed(e *Engine) []int64 {
 // the KV pool, get the greedy ids each gets alone; the refused request is
 // ErrBusy, the cancelled one ends with its context's error; when they all
 // end every KV block is free, and after Close the budgets are back at
-// their values before the batcher.
+// their values before the batcher. The pool stores the engine's KV dtype:
+// F16 and Q8_B8 pools too.
 func TestBatcherMatchesAlone(t *testing.T) {
 	type config struct {
 		name     string
@@ -126,6 +127,7 @@ func TestBatcherMatchesAlone(t *testing.T) {
 		strategy paging.Strategy
 		budget   func(t *testing.T, lm *loader.Model) int64
 		kvBlocks int // 0: the default, one context's worth
+		kv       tensor.DType
 	}
 	const ctxLen, block = 32, 4
 	var configs []config
@@ -134,6 +136,8 @@ func TestBatcherMatchesAlone(t *testing.T) {
 	}
 	configs = append(configs,
 		config{name: "two devices", fixture: fixtures.TinyQwen3F16, devices: 2, kvBlocks: 6},
+		config{name: "F16 pool", fixture: fixtures.TinyLlamaF16Sharded, devices: 1, kvBlocks: 6, kv: tensor.F16},
+		config{name: "Q8_B8 pool on two devices", fixture: fixtures.TinyQwen3F16, devices: 2, kvBlocks: 6, kv: tensor.Q8_B8},
 		config{name: "streamed", fixture: fixtures.TinyLlamaF16Sharded, devices: 1, strategy: paging.StrategyBalanced,
 			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
 		config{name: "experts paged", fixture: fixtures.TinyQwen3MoEF16, devices: 1,
@@ -146,7 +150,7 @@ func TestBatcherMatchesAlone(t *testing.T) {
 	for _, tc := range configs {
 		t.Run(tc.name+"/"+tc.fixture, func(t *testing.T) {
 			lm := openFixture(t, tc.fixture)
-			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, Memory: Memory{Strategy: tc.strategy}}
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, Memory: Memory{Strategy: tc.strategy, KVDType: tc.kv}}
 			if tc.hybrid {
 				gpu := newFakeGPU()
 				defer gpu.Close()
@@ -164,12 +168,26 @@ func TestBatcherMatchesAlone(t *testing.T) {
 				t.Fatalf("no layer on the CPU under the hybrid strategy")
 			}
 			before := budgetsUsed(e)
+			kvUsed := func() int64 {
+				var n int64
+				for _, bg := range e.budgets {
+					n += bg.UsedBy(paging.KVCache)
+				}
+				return n
+			}
+			kvBefore := kvUsed()
 			b, err := e.NewBatcher(BatchOptions{MaxSequences: 4, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
 			if err != nil {
 				t.Fatal(err)
 			}
 			st := b.Stats()
 			t.Logf("KV pool of %d blocks of %d positions", st.KVBlocks, st.BlockSize)
+			if tc.kv != tensor.Invalid {
+				// The pool is stored in the engine's KV dtype.
+				if got, want := kvUsed()-kvBefore, nn.KVCacheBytes(lm.Config, st.KVBlocks*st.BlockSize, tc.kv); got != want {
+					t.Errorf("the pool charged %d KV bytes, want %d (%v)", got, want, tc.kv)
+				}
+			}
 			r := rand.New(rand.NewPCG(uint64(len(tc.name)), uint64(len(tc.fixture))))
 			vocab := lm.Config.VocabSize
 			var reqs []Request
