@@ -48,7 +48,11 @@ type attnHostCase struct {
 // 3 put one query's rows in two warps). Then the caches' quantizers
 // (kv_append_q8_0, kv_append_q8_b8) must write the bytes that the CPU's
 // CopyRows writes (tensortest.Encode), on values with outliers, zeros, a
-// block of zeros and scales too small for a normal F16.
+// block of zeros and scales too small for a normal F16; and the paged
+// cache's kernels (kv_write_blocks, attention_blocks) over pools of each
+// cache dtype: the rows' slots hold the bytes CopyRows writes, the output
+// is the reference's over the stored values within 1e-5, and no read
+// falls on a pool row left NaN.
 func TestAttentionKernelsOnHost(t *testing.T) {
 	nvcc, err := exec.LookPath("nvcc")
 	if err != nil {
@@ -128,6 +132,22 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var blocks []*blocksHostCase
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
+		for _, sh := range []struct {
+			heads, kvHeads, d, bs int
+			pos0, rows            []int
+		}{
+			{4, 2, 64, 16, []int{0, 20, 5}, []int{10, 1, 3}},
+			{8, 1, 128, 8, []int{37, 0}, []int{1, 17}},
+		} {
+			c := newBlocksHostCase(t, r, dt, sh.heads, sh.kvHeads, sh.d, sh.bs, sh.pos0, sh.rows)
+			if err := c.request(&req); err != nil {
+				t.Fatal(err)
+			}
+			blocks = append(blocks, c)
+		}
+	}
 	appends := appendHostCases(r)
 	for _, a := range appends {
 		for _, v := range []int32{3, attnHostDType[a.dt], int32(len(a.x))} {
@@ -144,6 +164,9 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 		t.Fatalf("attnhost: %v\n%s", err, stderr.Bytes())
 	}
 	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.check(t, &resp) })
+	}
+	for _, c := range blocks {
 		t.Run(c.name, func(t *testing.T) { c.check(t, &resp) })
 	}
 	for _, a := range appends {
@@ -277,5 +300,133 @@ func (c *attnHostCase) check(t *testing.T, resp *bytes.Buffer) {
 	t.Logf("%d splits of %d: relative error %.3g, largest absolute %.3g", c.plan.splits, c.plan.chunk, e, worst)
 	if !(e <= tol) {
 		t.Errorf("relative error %.3g > %.3g", e, tol)
+	}
+}
+
+// blocksHostCase is one AttentionBlocks call in the host harness: the
+// pools' blocks shuffled, the positions cached before the call stored,
+// the rest of the pools all bits set.
+type blocksHostCase struct {
+	name         string
+	dt           tensor.DType
+	at           tensor.AttnBlocks
+	poolRows, t  int
+	q, k, v      []float32 // the call's rows
+	kpool, vpool []byte
+	kAll, vAll   [][]float32 // each sequence's positions
+	qs           []float64
+}
+
+func newBlocksHostCase(t *testing.T, r *rand.Rand, dt tensor.DType, heads, kvHeads, d, bs int, pos0, rows []int) *blocksHostCase {
+	kw := kvHeads * d
+	nb := 2 // spare blocks
+	for i := range rows {
+		nb += (pos0[i] + rows[i] + bs - 1) / bs
+	}
+	c := &blocksHostCase{dt: dt, poolRows: nb * bs,
+		name: fmt.Sprintf("blocks/%v/H%d_KV%d_D%d_B%d_seqs%d", dt, heads, kvHeads, d, bs, len(rows))}
+	rb, err := dt.Bytes(int64(kw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kpool, c.vpool = bytes.Repeat([]byte{0xff}, nb*bs*int(rb)), bytes.Repeat([]byte{0xff}, nb*bs*int(rb))
+	perm, next := r.Perm(nb), 0
+	for i := range rows {
+		n := pos0[i] + rows[i]
+		sq := tensor.SeqBlocks{Rows: rows[i], Pos0: pos0[i]}
+		for range (n + bs - 1) / bs {
+			sq.Blocks = append(sq.Blocks, int32(perm[next]))
+			next++
+		}
+		k, v := uniform32(r, n*kw, -2, 2), uniform32(r, n*kw, -1, 1)
+		for j := range pos0[i] {
+			slot := int(sq.Blocks[j/bs])*bs + j%bs
+			for _, x := range []struct {
+				pool []byte
+				vals []float32
+			}{{c.kpool, k}, {c.vpool, v}} {
+				enc, err := tensortest.Encode(dt, x.vals[j*kw:(j+1)*kw])
+				if err != nil {
+					t.Fatal(err)
+				}
+				copy(x.pool[slot*int(rb):], enc)
+			}
+		}
+		c.k, c.v = append(c.k, k[pos0[i]*kw:]...), append(c.v, v[pos0[i]*kw:]...)
+		c.kAll, c.vAll = append(c.kAll, k), append(c.vAll, v)
+		c.at.Seqs = append(c.at.Seqs, sq)
+		c.t += rows[i]
+	}
+	c.q = uniform32(r, c.t*heads*d, -2, 2)
+	c.qs = make([]float64, len(c.q))
+	for i, x := range c.q {
+		c.qs[i] = float64(x)
+	}
+	c.at.Heads, c.at.KVHeads, c.at.HeadDim, c.at.BlockSize = heads, kvHeads, d, bs
+	c.at.Scale = float32(1 / math.Sqrt(float64(d)))
+	return c
+}
+
+func (c *blocksHostCase) request(w *bytes.Buffer) error {
+	meta := blocksMeta(c.at, c.t)
+	for _, v := range []int32{4, attnHostDType[c.dt], int32(c.at.Heads), int32(c.at.KVHeads), int32(c.at.HeadDim), int32(c.at.BlockSize), int32(c.t), int32(c.poolRows), int32(len(meta))} {
+		binary.Write(w, binary.LittleEndian, v)
+	}
+	binary.Write(w, binary.LittleEndian, c.at.Scale)
+	binary.Write(w, binary.LittleEndian, meta)
+	for _, x := range [][]float32{c.q, c.k, c.v} {
+		binary.Write(w, binary.LittleEndian, x)
+	}
+	w.Write(c.kpool)
+	w.Write(c.vpool)
+	return nil
+}
+
+func (c *blocksHostCase) check(t *testing.T, resp *bytes.Buffer) {
+	var violations int64
+	if err := binary.Read(resp, binary.LittleEndian, &violations); err != nil {
+		t.Fatal(err)
+	}
+	qw, kw := c.at.Heads*c.at.HeadDim, c.at.KVHeads*c.at.HeadDim
+	got := make([]float32, c.t*qw)
+	if err := binary.Read(resp, binary.LittleEndian, got); err != nil {
+		t.Fatal(err)
+	}
+	kp, vp := resp.Next(len(c.kpool)), resp.Next(len(c.vpool))
+	if violations != 0 {
+		t.Errorf("%d pool reads outside the pools or misaligned", violations)
+	}
+	rb := len(c.kpool) / c.poolRows
+	row := 0
+	for i, sq := range c.at.Seqs {
+		ks, err := tensortest.Stored(c.dt, c.kAll[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs, err := tensortest.Stored(c.dt, c.vAll[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := tensortest.RefAttention(c.qs[row*qw:(row+sq.Rows)*qw], ks, vs, sq.Rows, c.at.Heads, c.at.KVHeads, c.at.HeadDim, sq.Pos0, float64(c.at.Scale))
+		g := got[row*qw : (row+sq.Rows)*qw]
+		if e := tensortest.RelErr(g, want); !(e <= 1e-5) {
+			t.Errorf("sequence %d: relative error %.3g > 1e-5", i, e)
+		}
+		for j := sq.Pos0; j < sq.Pos0+sq.Rows; j++ {
+			slot := int(sq.Blocks[j/c.at.BlockSize])*c.at.BlockSize + j%c.at.BlockSize
+			for _, x := range []struct {
+				pool []byte
+				vals []float32
+			}{{kp, c.kAll[i]}, {vp, c.vAll[i]}} {
+				want, err := tensortest.Encode(c.dt, x.vals[j*kw:(j+1)*kw])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(x.pool[slot*rb:(slot+1)*rb], want) {
+					t.Fatalf("sequence %d position %d: slot %d holds % x, want % x", i, j, slot, x.pool[slot*rb:slot*rb+min(rb, 16)], want[:min(rb, 16)])
+				}
+			}
+		}
+		row += sq.Rows
 	}
 }

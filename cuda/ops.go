@@ -634,7 +634,7 @@ func (b *Backend) Cast(dst, src *tensor.Tensor) error {
 
 // AttentionBlocks writes the rows' keys and values into the pools and
 // computes each sequence's attention over its blocks (see
-// tensor.AttnBlocks). The pools must be F32 here. The host flattens the
+// tensor.AttnBlocks), the pools in any cache dtype. The host flattens the
 // rows' slots, positions and the block tables into one int32 table that
 // the kernels read (kernels/attention_blocks.cu).
 func (b *Backend) AttentionBlocks(out *tensor.Tensor, at tensor.AttnBlocks) error {
@@ -642,8 +642,8 @@ func (b *Backend) AttentionBlocks(out *tensor.Tensor, at tensor.AttnBlocks) erro
 	if at.HeadDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, at.HeadDim, maxHeadDim)
 	}
-	if at.KPool.DType() != tensor.F32 || at.VPool.DType() != tensor.F32 {
-		return fmt.Errorf("cuda: %s: the pools are %v; this backend reads F32 pools only", op, at.KPool.DType())
+	if dt := at.KPool.DType(); !tensor.IsCacheDType(dt) || at.VPool.DType() != dt {
+		return fmt.Errorf("cuda: %s: the pools are %v and %v, not one cache dtype", op, dt, at.VPool.DType())
 	}
 	t := at.Q.Shape()[0]
 	if t > 65535 {
@@ -667,36 +667,15 @@ func (b *Backend) AttentionBlocks(out *tensor.Tensor, at tensor.AttnBlocks) erro
 			return fmt.Errorf("%s: %s block tables: %w", b.name, op, cuError(err))
 		}
 		kw := at.KVHeads * at.HeadDim
+		sfx := cacheSuffix(at.KPool.DType())
+		// One thread an element, or a block of the 8-bit caches.
+		threads := int64(t) * int64(kw) / int64(at.KPool.DType().BlockSize())
 		w := new(args).ptr(at.KPool.Ptr()).ptr(at.VPool.Ptr()).ptr(at.K.Ptr()).ptr(at.V.Ptr()).ptr(mp).i32(t).i32(kw)
-		if err := b.run1D("kv_write_blocks_f32", int64(t)*int64(kw), w); err != nil {
+		if err := b.run1D("kv_write_blocks_"+sfx, threads, w); err != nil {
 			return err
 		}
 		a := new(args).ptr(out.Ptr()).ptr(at.Q.Ptr()).ptr(at.KPool.Ptr()).ptr(at.VPool.Ptr()).ptr(mp).i32(t).
 			i32(at.Heads).i32(at.KVHeads).i32(at.HeadDim).i32(at.BlockSize).f32(at.Scale)
-		return b.run("attention_blocks_f32", [3]uint32{uint32(at.Heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
+		return b.run("attention_blocks_"+sfx, [3]uint32{uint32(at.Heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
 	})
-}
-
-// blocksMeta is the table the AttentionBlocks kernels read for the t rows
-// of at: each row's pool row, its position, the offset of its sequence's
-// block table, then the tables (the entries that cover each sequence's
-// positions).
-func blocksMeta(at tensor.AttnBlocks, t int) []int32 {
-	meta := make([]int32, 3*t, 3*t+t)
-	bs, row := at.BlockSize, 0
-	for _, s := range at.Seqs {
-		if s.Rows == 0 {
-			continue
-		}
-		off := int32(len(meta))
-		meta = append(meta, s.Blocks[:(s.Pos0+s.Rows+bs-1)/bs]...)
-		for r := range s.Rows {
-			p := s.Pos0 + r
-			meta[row] = s.Blocks[p/bs]*int32(bs) + int32(p%bs)
-			meta[t+row] = int32(p)
-			meta[2*t+row] = off
-			row++
-		}
-	}
-	return meta
 }
