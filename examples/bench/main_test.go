@@ -40,6 +40,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-prompt-tokens", "250"}, "need more positions"},
 		{[]string{"-kv-cache", "disk"}, "-kv-cache"},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_0"}, ""},
+		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_b8"}, ""},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "bf16"}, ""},
 		{[]string{"-kv-dtype", "int4"}, `-kv-dtype: unknown KV cache dtype "int4"`},
 	}
