@@ -661,8 +661,8 @@ func (e *Engine) Summary() string {
 	}
 	if h := e.hybrid; h != nil {
 		s += h.Plan.String() + "\n"
-		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",
-			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, h.Rates.Device/1e9, h.Rates.Handoff)
+		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads), %.2f ms more a block, attention %.1f GB/s; device %.0f GB/s; hand-over %v\n",
+			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, float64(h.Rates.CPULayer)/1e6, h.Rates.CPUAttention/1e9, h.Rates.Device/1e9, h.Rates.Handoff)
 	}
 	return s
 }

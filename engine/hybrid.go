@@ -33,7 +33,7 @@ func isHybrid(s paging.Strategy) bool {
 }
 
 // openHybrid assembles the model on one GPU and the CPU: it measures the
-// rates (unless given), plans which layers stay on the GPU, stream to it or
+// rates (unless given: MeasureRates, then CalibrateCPU), plans which layers stay on the GPU, stream to it or
 // run on the CPU, makes the GPU's budget and pager, and builds the stages:
 // runs of GPU layers computed from the pager, runs of CPU layers computed
 // from the pager's host copies (pinned, so that the copy engine streams
@@ -64,6 +64,12 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		}
 		r, err := MeasureRates(ctx, gpu, cpu, dt, e.cfg.HiddenSize, block)
 		if err != nil {
+			return err
+		}
+		// What a block on the CPU costs beyond its bytes at r.CPU, and its
+		// attention's reads of the KV cache, on a block of the model's
+		// shape: the planner's prediction counts both.
+		if err := CalibrateCPU(ctx, cpu, e.cfg, block, e.kvDType(), e.context, &r); err != nil {
 			return err
 		}
 		rates = &r
