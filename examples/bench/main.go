@@ -363,14 +363,24 @@ func parseRuns(s string) ([]runSpec, error) {
 
 // HybridResult is a CPU+GPU run's placement and its measured times.
 type HybridResult struct {
-	CPULayers     []int         `json:"cpu_layers"`
-	ResidentBytes int64         `json:"resident_bytes"`
-	StreamedBytes int64         `json:"streamed_bytes"` // per token, over the link
-	CPUBytes      int64         `json:"cpu_bytes"`      // per token, read by the CPU
-	HostBytes     int64         `json:"host_layer_bytes"`
-	PredictedTokS float64       `json:"predicted_tok_s"`
-	Rates         paging.Rates  `json:"rates"`
-	Bounds        paging.Bounds `json:"bounds"`
+	CPULayers     []int `json:"cpu_layers"`
+	ResidentBytes int64 `json:"resident_bytes"`
+	StreamedBytes int64 `json:"streamed_bytes"` // per token, over the link
+	CPUBytes      int64 `json:"cpu_bytes"`      // per token, read by the CPU
+	HostBytes     int64 `json:"host_layer_bytes"`
+	// PredictedTokS is the plan's prediction at the positions the timed
+	// steps attend over on average (PredictedPositions: the prompt, the
+	// warm-up and half the timed steps; HybridPlan.PredictAt), and
+	// PlannedTokS the plan's own, at the context it planned for.
+	PredictedTokS      float64 `json:"predicted_tok_s"`
+	PredictedPositions int     `json:"predicted_positions"`
+	PlannedTokS        float64 `json:"planned_tok_s"`
+	// HostKVBytes are the KV cache bytes the CPU reads for a token at
+	// PredictedPositions (its blocks', and those of the GPU's blocks
+	// with a KV cache in host memory).
+	HostKVBytes int64         `json:"host_kv_bytes"`
+	Rates       paging.Rates  `json:"rates"`
+	Bounds      paging.Bounds `json:"bounds"`
 	// MeasuredMs is the wall time per decoded token on each device's
 	// stages, by device name.
 	MeasuredMs map[string]float64 `json:"measured_ms_per_token"`
@@ -548,9 +558,19 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		p := h.Plan
 		r.StreamedBytes = p.StreamedBytes
 		r.Hybrid = &HybridResult{CPULayers: p.CPULayers, ResidentBytes: p.ResidentBytes, StreamedBytes: p.StreamedBytes,
-			CPUBytes: p.CPUBytes, HostBytes: p.HostLayerBytes, PredictedTokS: p.PredictedTokS, Rates: h.Rates, Bounds: p.Bounds,
-			MeasuredMs: map[string]float64{}, Threads: h.Threads}
-		fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+			CPUBytes: p.CPUBytes, HostBytes: p.HostLayerBytes, PredictedTokS: p.PredictedTokS, PlannedTokS: p.PredictedTokS,
+			PredictedPositions: p.Positions, Rates: h.Rates, Bounds: p.Bounds, MeasuredMs: map[string]float64{}, Threads: h.Threads}
+		if p.Positions > 0 {
+			r.Hybrid.HostKVBytes = p.HostKVBytes
+		}
+		// The timed steps attend over the prompt, the warm-up and half
+		// of themselves on average: the prediction at those positions.
+		pos := o.promptTokens + o.warmup + o.decode/2
+		if d, _, err := p.PredictAt(pos); err == nil && d > 0 {
+			r.Hybrid.PredictedTokS, r.Hybrid.PredictedPositions = 1e9/float64(d), pos
+			r.Hybrid.HostKVBytes = int64(float64(p.HostKVBytes) * float64(pos) / float64(p.Positions))
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s %s: %s; predicted at the %d positions the timed steps attend over: %.2f tok/s\n", name, s, p, r.Hybrid.PredictedPositions, r.Hybrid.PredictedTokS)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]int32, maxPrompt)

@@ -120,8 +120,12 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 }
 
 // bounds fills a row's bounds. A run's non-resident bytes per token are
-// what it streams, plus what its CPU reads in a CPU+GPU run; the rates are
-// the run's own (a CPU+GPU run measures them at start) or the ceilings'.
+// what it streams, plus what its CPU reads of its layers' weights in a
+// CPU+GPU run; the rates are the run's own (a CPU+GPU run measures them
+// at Open: engine.MeasureRates' H2D and CPU rates, alone and shared) or
+// the ceilings'. The bounds are the bandwidths' alone: the calibrated
+// costs the prediction adds (Rates.CPULayer, the KV reads at
+// Rates.CPUAttention) stay out of them.
 // The row is judged against the bound of what it does: the hybrid bound for
 // the hybrid strategy, the CPU bound for cpu, the stream bound when it
 // streams, else the device-memory bound; with a KV cache in host memory,
