@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -619,6 +620,9 @@ func (e *Engine) Stats() paging.Stats {
 		t.ResidentWeightBytes += st.ResidentWeightBytes
 		t.StreamedWeightBytes += st.StreamedWeightBytes
 		t.PinnedHostBytes += st.PinnedHostBytes
+		t.PinnedFallbacks += st.PinnedFallbacks
+		t.PinnedFallbackBytes += st.PinnedFallbackBytes
+		t.PinnedFallbackError = cmp.Or(t.PinnedFallbackError, st.PinnedFallbackError)
 		t.StagingSlots += st.StagingSlots
 		t.StagingBytes += st.StagingBytes
 		t.BytesStaged += st.BytesStaged

@@ -431,8 +431,13 @@ type Result struct {
 	StagingSlots    int     `json:"staging_slots,omitempty"`
 	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
 	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
-	LoadSeconds     float64 `json:"load_s"`
-	Chunk           int     `json:"chunk"` // the prefill chunk
+	// PageableHostBytes are the pager's host copies made in pageable
+	// memory because pinning them was refused (Stats.PinnedFallbacks),
+	// and PinnedRefusal the first refusal: such copies upload slowly.
+	PageableHostBytes int64   `json:"pageable_host_bytes,omitempty"`
+	PinnedRefusal     string  `json:"pinned_refusal,omitempty"`
+	LoadSeconds       float64 `json:"load_s"`
+	Chunk             int     `json:"chunk"` // the prefill chunk
 	// Hybrid is set for the CPU+GPU strategies (hybrid, cpu): the plan's
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
@@ -644,6 +649,11 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.StagingBytes, r.StagingSlots, r.PinnedHostBytes = st.StagingBytes, st.StagingSlots, st.PinnedHostBytes
 	r.StagedPerToken = float64(st.BytesStaged-staged0) / float64(o.decode)
+	r.PageableHostBytes, r.PinnedRefusal = st.PinnedFallbackBytes, st.PinnedFallbackError
+	if st.PinnedFallbacks > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %s %s: pinned host memory refused %d times, %s of host copies pageable (first refusal: %s)\n",
+			name, s, st.PinnedFallbacks, paging.FormatSize(st.PinnedFallbackBytes), st.PinnedFallbackError)
+	}
 	if r.StagingSlots > 0 {
 		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer\n",
 			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), st.StagingWait.Round(time.Millisecond))
