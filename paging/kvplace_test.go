@@ -92,6 +92,7 @@ func TestPlanKVPredicted(t *testing.T) {
 	}{
 		{"fast CPU", Rates{H2D: 55e9, CPU: 92e9, Handoff: 20 * time.Microsecond}, true},
 		{"slow CPU", Rates{H2D: 55e9, CPU: 5e9, Handoff: 20 * time.Microsecond}, false},
+		{"fast CPU, slow attention", Rates{H2D: 55e9, CPU: 92e9, CPUAttention: 5e9, Handoff: 20 * time.Microsecond}, false},
 	} {
 		p, err := Plan(info, budget, StrategyBalanced, ctx, 1, WithKVPlacement(KVAuto), WithKVRates(tc.rates))
 		if err != nil {
@@ -128,6 +129,8 @@ func TestKVUploadMaxPos(t *testing.T) {
 		{"CPU slower than the link", Rates{H2D: 55e9, CPU: 20e9, Handoff: time.Microsecond}, 32 << 10, math.MaxInt, math.MaxInt},
 		{"no hand-over cost", Rates{H2D: 55e9, CPU: 92e9}, 32 << 10, 0, 0},
 		{"no link", Rates{CPU: 92e9}, 32 << 10, 0, 0},
+		// The CPU reads fast, its attention slower than the link.
+		{"attention slower than the link", Rates{H2D: 55e9, CPU: 92e9, CPUAttention: 20e9, Handoff: time.Microsecond}, 32 << 10, math.MaxInt, math.MaxInt},
 	} {
 		if got := KVUploadMaxPos(tc.r, tc.row); got < tc.lo || got > tc.hi {
 			t.Errorf("%s: %d positions, want %d..%d", tc.name, got, tc.lo, tc.hi)
