@@ -43,8 +43,8 @@ func TestCalibrateCPU(t *testing.T) {
 		norm, perPos time.Duration
 		kv           tensor.DType
 	}{
-		{"norms 2 ms, 20 us a position, F16 KV", 2 * time.Millisecond, 20 * time.Microsecond, tensor.F16},
-		{"norms 3 ms, 40 us a position, F32 KV", 3 * time.Millisecond, 40 * time.Microsecond, tensor.F32},
+		{"norms 2 ms, 50 us a position, F16 KV", 2 * time.Millisecond, 50 * time.Microsecond, tensor.F16},
+		{"norms 3 ms, 80 us a position, F32 KV", 3 * time.Millisecond, 80 * time.Microsecond, tensor.F32},
 	} {
 		cpu := slowCPU{Backend: tensor.NewCPU(2), norm: tc.norm, perPos: tc.perPos}
 		r := paging.Rates{CPU: 1e12, H2D: 1e9}
@@ -57,7 +57,9 @@ func TestCalibrateCPU(t *testing.T) {
 		if r.CPULayer < 2*tc.norm*9/10 || r.CPULayer > 2*tc.norm+4*time.Millisecond {
 			t.Errorf("%s: CPU layer %v, want about %v", tc.name, r.CPULayer, 2*tc.norm)
 		}
-		if math.Abs(r.CPUAttention/wantAttn-1) > 0.25 {
+		// Timing on a loaded machine only ever takes longer: a slower
+		// rate is more likely than a faster one.
+		if q := r.CPUAttention / wantAttn; q < 0.5 || q > 1.25 {
 			t.Errorf("%s: attention %.3g bytes/s, want about %.3g", tc.name, r.CPUAttention, wantAttn)
 		}
 		if r.CPU != 1e12 || r.H2D != 1e9 {

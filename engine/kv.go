@@ -93,6 +93,11 @@ func (e *Engine) kvPlanOptions(ctx context.Context, kv paging.KVPlacement, info 
 		if err != nil {
 			return nil, err
 		}
+		// The CPU's attention over host KV reads slower than its
+		// products: KVAuto predicts with its rate (CalibrateCPU).
+		if err := CalibrateCPU(ctx, e.cpu, e.cfg, block, e.kvDType(), e.context, &r); err != nil {
+			return nil, err
+		}
 		rates = &r
 	}
 	e.kvRates = rates
