@@ -32,12 +32,28 @@ const (
 // attention reads a KV cache of dtype kv at (r.CPUAttention). It times the
 // block with nn.TimeBlock over copies of it that together take at least
 // cpuRateMinBytes (so that they are read from memory, as the model's
-// blocks are), at a few positions and at up to maxPos; the fixed cost is
+// blocks are), at a few positions and at up to maxPos (when the KV reads
+// there weigh an eighth of the block's bytes at least); the fixed cost is
 // the short time less the block's bytes at r.CPU and its few KV rows at
 // the attention's rate, and the attention's rate the KV bytes between the
 // two over the time between them. r.CPU must be set. A sparse block (a
 // mixture of experts) is not timed: r is left as it is.
 func CalibrateCPU(ctx context.Context, cpu tensor.Backend, cfg *arch.Config, block []paging.TensorSpec, kv tensor.DType, maxPos int, r *paging.Rates) error {
+	var blockBytes int64
+	for _, ts := range block {
+		blockBytes += ts.Bytes
+	}
+	if blockBytes <= 0 {
+		return fmt.Errorf("engine: calibrating the CPU: the block has no tensors")
+	}
+	n := int(min(max((cpuRateMinBytes+blockBytes-1)/blockBytes, 1), calibrateMaxCopies))
+	return calibrateWith(ctx, cpu, cfg, block, kv, maxPos, r, make([]nn.LayerWeights, n))
+}
+
+// calibrateWith is CalibrateCPU over the given copies of the block: the
+// tensors they lack are allocated on cpu and filled, a copy's own for the
+// matrices and one shared by every copy for the others (norms, biases).
+func calibrateWith(ctx context.Context, cpu tensor.Backend, cfg *arch.Config, block []paging.TensorSpec, kv tensor.DType, maxPos int, r *paging.Rates, copies []nn.LayerWeights) error {
 	if r.CPU <= 0 {
 		return fmt.Errorf("engine: calibrating the CPU: %w: the CPU rate is %v", paging.ErrBadRates, r.CPU)
 	}
@@ -51,46 +67,68 @@ func CalibrateCPU(ctx context.Context, cpu tensor.Backend, cfg *arch.Config, blo
 	for _, ts := range block {
 		blockBytes += ts.Bytes
 	}
-	if blockBytes <= 0 {
-		return fmt.Errorf("engine: calibrating the CPU: the block has no tensors")
-	}
-	copies := int(min(max((cpuRateMinBytes+blockBytes-1)/blockBytes, 1), calibrateMaxCopies))
 	var owned []*tensor.Tensor
 	defer func() {
 		for _, t := range owned {
 			cpu.Free(t)
 		}
 	}()
-	ws := make([]nn.LayerWeights, copies)
-	for c := range ws {
-		ws[c] = nn.LayerWeights{}
+	alloc := func(ts paging.TensorSpec) (*tensor.Tensor, error) {
+		t, err := cpu.Alloc(ts.DType, ts.Shape)
+		if err != nil {
+			return nil, fmt.Errorf("engine: calibrating the CPU: %w", err)
+		}
+		owned = append(owned, t)
+		fillRandom(t.Bytes(), ts.DType)
+		return t, nil
+	}
+	shared := map[string]*tensor.Tensor{}
+	for c := range copies {
+		if copies[c] == nil {
+			copies[c] = nn.LayerWeights{}
+		}
 		for _, ts := range block {
-			t, err := cpu.Alloc(ts.DType, ts.Shape)
-			if err != nil {
-				return fmt.Errorf("engine: calibrating the CPU: %w", err)
+			if copies[c][ts.Name] != nil {
+				continue
 			}
-			owned = append(owned, t)
-			fillRandom(t.Bytes(), ts.DType)
-			ws[c][ts.Name] = t
+			if len(ts.Shape) < 2 {
+				if shared[ts.Name] == nil {
+					t, err := alloc(ts)
+					if err != nil {
+						return err
+					}
+					shared[ts.Name] = t
+				}
+				copies[c][ts.Name] = shared[ts.Name]
+				continue
+			}
+			t, err := alloc(ts)
+			if err != nil {
+				return err
+			}
+			copies[c][ts.Name] = t
 		}
 	}
 	limit := min(maxPos, cfg.ContextLength()) - 1
 	p0 := min(calibrateShortPos, max(limit, 0))
 	p1 := min(calibrateLongPos, limit)
+	kvPerPos := nn.KVCacheBytes(cfg, 1, kv) / int64(max(cfg.NumLayers, 1))
+	// The attention's rate shows only over KV reads that weigh against
+	// the block's bytes: an eighth of them at least.
+	if int64(p1-p0)*kvPerPos < blockBytes/8 {
+		p1 = p0
+	}
 	o := nn.SessionOptions{KVDType: kv}
-	t0, err := nn.TimeBlock(ctx, cfg, cpu, ws, 0, p0, calibrateSteps, o)
+	t0, err := nn.TimeBlock(ctx, cfg, cpu, copies, 0, p0, calibrateSteps, o)
 	if err != nil {
 		return fmt.Errorf("engine: calibrating the CPU: %w", err)
 	}
 	var t1 time.Duration
-	if p1 >= 2*p0 && p1 > p0 {
-		if t1, err = nn.TimeBlock(ctx, cfg, cpu, ws, 0, p1, calibrateSteps, o); err != nil {
+	if p1 > p0 {
+		if t1, err = nn.TimeBlock(ctx, cfg, cpu, copies, 0, p1, calibrateSteps, o); err != nil {
 			return fmt.Errorf("engine: calibrating the CPU: %w", err)
 		}
-	} else {
-		p1 = p0
 	}
-	kvPerPos := nn.KVCacheBytes(cfg, 1, kv) / int64(max(cfg.NumLayers, 1))
 	r.CPULayer, r.CPUAttention = cpuCosts(t0, t1, p0, p1, kvPerPos, blockBytes, r.CPU)
 	return ctx.Err()
 }

@@ -33,7 +33,7 @@ func isHybrid(s paging.Strategy) bool {
 }
 
 // openHybrid assembles the model on one GPU and the CPU: it measures the
-// rates (unless given: MeasureRates, then CalibrateCPU), plans which layers stay on the GPU, stream to it or
+// rates (unless given: MeasureCalibratedRates), plans which layers stay on the GPU, stream to it or
 // run on the CPU, makes the GPU's budget and pager, and builds the stages:
 // runs of GPU layers computed from the pager, runs of CPU layers computed
 // from the pager's host copies (pinned, so that the copy engine streams
@@ -62,14 +62,11 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		if len(block) > 0 {
 			dt = block[len(block)-1].DType
 		}
-		r, err := MeasureRates(ctx, gpu, cpu, dt, e.cfg.HiddenSize, block)
+		// With what a block on the CPU costs beyond its bytes at r.CPU,
+		// and its attention's reads of the KV cache, on a block of the
+		// model's shape: the planner's prediction counts both.
+		r, err := MeasureCalibratedRates(ctx, gpu, cpu, dt, e.cfg, e.kvDType(), e.context, block)
 		if err != nil {
-			return err
-		}
-		// What a block on the CPU costs beyond its bytes at r.CPU, and its
-		// attention's reads of the KV cache, on a block of the model's
-		// shape: the planner's prediction counts both.
-		if err := CalibrateCPU(ctx, cpu, e.cfg, block, e.kvDType(), e.context, &r); err != nil {
 			return err
 		}
 		rates = &r

@@ -89,13 +89,10 @@ func (e *Engine) kvPlanOptions(ctx context.Context, kv paging.KVPlacement, info 
 		if len(block) > 0 {
 			dt = block[len(block)-1].DType
 		}
-		r, err := MeasureRates(ctx, e.backends[0], e.cpu, dt, e.cfg.HiddenSize, block)
-		if err != nil {
-			return nil, err
-		}
 		// The CPU's attention over host KV reads slower than its
 		// products: KVAuto predicts with its rate (CalibrateCPU).
-		if err := CalibrateCPU(ctx, e.cpu, e.cfg, block, e.kvDType(), e.context, &r); err != nil {
+		r, err := MeasureCalibratedRates(ctx, e.backends[0], e.cpu, dt, e.cfg, e.kvDType(), e.context, block)
+		if err != nil {
 			return nil, err
 		}
 		rates = &r
