@@ -95,7 +95,9 @@ func (h *HybridPlan) String() string {
 		h.GPU.Strategy, FormatSize(h.GPU.Budget), FormatSize(h.ResidentBytes), len(h.GPU.ResidentLayers), len(h.GPU.Layers),
 		FormatSize(h.StreamedBytes), streamed, FormatSize(h.CPUBytes), len(h.CPULayers), FormatSize(h.HostLayerBytes),
 		h.GPU.PrefetchDepth, h.PredictedTokS, ms(h.Breakdown.Copy), ms(h.Breakdown.CPU), ms(h.Breakdown.GPU),
-		h.Breakdown.Handoffs, ms(h.Breakdown.Handoff), ms(h.Breakdown.CopyWait), h.Bounds.Stream, h.Bounds.CPU, h.Bounds.Hybrid)
+		h.Breakdown.Handoffs, ms(h.Breakdown.Handoff), ms(h.Breakdown.CopyWait), h.Bounds.Stream, h.Bounds.CPU, h.Bounds.Hybrid) +
+		fmt.Sprintf("; attention over %d positions reads %s of KV cache, %s of it on the CPU; a CPU block costs %.2f ms besides its bytes",
+			h.Positions, FormatSize(h.KVBytes), FormatSize(h.HostKVBytes), float64(h.Rates.CPULayer)/1e6)
 }
 
 // PlanHybrid plans decode over the device, the link and the CPU at once:

@@ -388,7 +388,8 @@ func TestPlanHybridJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	if back.Predicted != hp.Predicted || !slices.Equal(back.CPULayers, hp.CPULayers) || !slices.Equal(back.Places, hp.Places) ||
-		back.Rates != hp.Rates || back.GPU.RingBytes != hp.GPU.RingBytes || back.Breakdown != hp.Breakdown {
+		back.Rates != hp.Rates || back.GPU.RingBytes != hp.GPU.RingBytes || back.Breakdown != hp.Breakdown ||
+		back.Positions != 16 || back.KVBytes != hp.KVBytes || hp.KVBytes == 0 || back.HostKVBytes != hp.HostKVBytes {
 		t.Errorf("round trip: %s", data)
 	}
 }
@@ -581,6 +582,9 @@ func TestPlanHybridKVReads(t *testing.T) {
 		}
 		if tc.kv == KVDevice && len(long.CPULayers) >= len(short.CPULayers) {
 			t.Errorf("%s: %d CPU layers at 8000 positions, %d at 16: the KV reads did not move blocks to the device", tc.name, len(long.CPULayers), len(short.CPULayers))
+		}
+		if want := "attention over 8000 positions reads " + FormatSize(long.KVBytes) + " of KV cache, " + FormatSize(long.HostKVBytes) + " of it on the CPU"; !strings.Contains(long.String(), want) {
+			t.Errorf("%s: the summary does not say %q: %s", tc.name, want, long)
 		}
 		if d, _, err := long.PredictAt(8000); err != nil || d != long.Predicted {
 			t.Errorf("%s: PredictAt its own positions: %v, %v; want %v", tc.name, d, err, long.Predicted)
