@@ -168,15 +168,21 @@ func predictKV(p *PlanResult, r Rates) time.Duration {
 // whose KV cache is in host memory is predicted faster uploading the
 // cache's rows to the device and attending there than attending on the
 // CPU: rowBytes per position (keys and values) cross the link at the
-// shared H2D rate instead of being read by the CPU at its shared rate (its
-// attention's, Rates.CPUAttention, when measured) and
+// shared H2D rate instead of being read by the CPU at its shared rate and
 // paying two hand-overs (the query down, the output up). Uploading wins
 // at short contexts, where the hand-overs dominate; with a CPU no faster
-// than the link it always wins (math.MaxInt); 0 when it never does.
+// than the link it always wins (math.MaxInt); 0 when it never does. It
+// compares with the CPU's product rate, not its attention's
+// (Rates.CPUAttention), which is slower: with it the uploads would win at
+// every context on the H200 host, a change of what decode runs that
+// PlanHybrid's prediction (attention on the CPU) does not model yet.
 func KVUploadMaxPos(r Rates, rowBytes int64) int {
-	h2d, cpu := r.H2DShared, r.cpuAttention(true)
+	h2d, cpu := r.H2DShared, r.CPUShared
 	if h2d == 0 {
 		h2d = r.H2D
+	}
+	if cpu == 0 {
+		cpu = r.CPU
 	}
 	if h2d <= 0 || rowBytes <= 0 {
 		return 0

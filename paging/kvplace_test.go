@@ -129,8 +129,6 @@ func TestKVUploadMaxPos(t *testing.T) {
 		{"CPU slower than the link", Rates{H2D: 55e9, CPU: 20e9, Handoff: time.Microsecond}, 32 << 10, math.MaxInt, math.MaxInt},
 		{"no hand-over cost", Rates{H2D: 55e9, CPU: 92e9}, 32 << 10, 0, 0},
 		{"no link", Rates{CPU: 92e9}, 32 << 10, 0, 0},
-		// The CPU reads fast, its attention slower than the link.
-		{"attention slower than the link", Rates{H2D: 55e9, CPU: 92e9, CPUAttention: 20e9, Handoff: time.Microsecond}, 32 << 10, math.MaxInt, math.MaxInt},
 	} {
 		if got := KVUploadMaxPos(tc.r, tc.row); got < tc.lo || got > tc.hi {
 			t.Errorf("%s: %d positions, want %d..%d", tc.name, got, tc.lo, tc.hi)
