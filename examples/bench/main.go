@@ -375,6 +375,9 @@ type HybridResult struct {
 	PredictedTokS      float64 `json:"predicted_tok_s"`
 	PredictedPositions int     `json:"predicted_positions"`
 	PlannedTokS        float64 `json:"planned_tok_s"`
+	// Predicted is the prediction's time of each path per token (at
+	// PredictedPositions), to set against MeasuredMs.
+	Predicted paging.Breakdown `json:"predicted_breakdown"`
 	// HostKVBytes are the KV cache bytes the CPU reads for a token at
 	// PredictedPositions (its blocks', and those of the GPU's blocks
 	// with a KV cache in host memory).
@@ -571,11 +574,14 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		// The timed steps attend over the prompt, the warm-up and half
 		// of themselves on average: the prediction at those positions.
 		pos := o.promptTokens + o.warmup + o.decode/2
-		if d, _, err := p.PredictAt(pos); err == nil && d > 0 {
-			r.Hybrid.PredictedTokS, r.Hybrid.PredictedPositions = 1e9/float64(d), pos
+		r.Hybrid.Predicted = p.Breakdown
+		if d, br, err := p.PredictAt(pos); err == nil && d > 0 {
+			r.Hybrid.PredictedTokS, r.Hybrid.PredictedPositions, r.Hybrid.Predicted = 1e9/float64(d), pos, br
 			r.Hybrid.HostKVBytes = int64(float64(p.HostKVBytes) * float64(pos) / float64(p.Positions))
 		}
-		fmt.Fprintf(os.Stderr, "bench: %s %s: %s; predicted at the %d positions the timed steps attend over: %.2f tok/s\n", name, s, p, r.Hybrid.PredictedPositions, r.Hybrid.PredictedTokS)
+		br := r.Hybrid.Predicted
+		fmt.Fprintf(os.Stderr, "bench: %s %s: %s; predicted at the %d positions the timed steps attend over: %.2f tok/s (CPU %.1f ms, GPU %.1f ms, copies %.1f ms, %d hand-overs %.1f ms)\n",
+			name, s, p, r.Hybrid.PredictedPositions, r.Hybrid.PredictedTokS, float64(br.CPU)/1e6, float64(br.GPU)/1e6, float64(br.Copy)/1e6, br.Handoffs, float64(br.Handoff)/1e6)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]int32, maxPrompt)
