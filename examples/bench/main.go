@@ -22,10 +22,13 @@
 // comparison on a GPU machine. With -streams N a run also decodes N
 // requests at once through the engine's batcher and reports their
 // aggregate tok/s, the p50 and p99 of the inter-token latency and of the
-// time to first token.
+// time to first token. With -cpuprofile FILE each run writes a CPU profile
+// of its timed decode steps (the hybrid strategy's CPU stage, say) beside
+// FILE, the run's name in its own.
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -36,6 +39,8 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,6 +67,7 @@ func main() {
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut   string
 	prefill, hostLimit, kvCache, kvDType                  string
+	cpuProfile                                            string
 	decode, warmup, threads, chunk, streams, promptTokens int
 	kv                                                    tensor.DType // kvDType parsed
 	ceilings, graphs                                      bool
@@ -87,6 +93,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof)")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
 	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
 	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
@@ -100,7 +107,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return report(files, o.md, o.jsonOut, stdout)
 	}
-	if err := cli.CheckOutputs([][2]string{{"-out", o.out}}, nil); err != nil {
+	if err := cli.CheckOutputs([][2]string{{"-out", o.out}, {"-cpuprofile", o.cpuProfile}}, nil); err != nil {
 		return err
 	}
 	switch {
@@ -306,6 +313,19 @@ func (s runSpec) String() string {
 		return fmt.Sprintf("%s:%s:%s:%s", s.label, st, s.mode, s.policy)
 	}
 	return fmt.Sprintf("%s:%s:%s", s.label, st, s.mode)
+}
+
+// profilePath is the -cpuprofile file of run s: the run's name, its
+// colons and other separators made dashes, before the extension.
+func profilePath(path string, s runSpec) string {
+	ext := filepath.Ext(path)
+	label := strings.Map(func(r rune) rune {
+		if r == ':' || r == '=' || r == '/' || r == os.PathSeparator {
+			return '-'
+		}
+		return r
+	}, s.String())
+	return strings.TrimSuffix(path, ext) + "-" + label + ext
 }
 
 func parseRuns(s string) ([]runSpec, error) {
@@ -639,13 +659,30 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	busy0 := busyOf(sess)
 	kv0 := e.KV()
 	l0, counted := tensor.CountLaunches(b)
+	var prof bytes.Buffer
+	if o.cpuProfile != "" {
+		if err := pprof.StartCPUProfile(&prof); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+	}
 	t0 = time.Now()
 	for range o.decode {
 		if err := step(); err != nil {
+			if o.cpuProfile != "" {
+				pprof.StopCPUProfile()
+			}
 			return nil, err
 		}
 	}
 	el := time.Since(t0)
+	if o.cpuProfile != "" {
+		pprof.StopCPUProfile()
+		path := profilePath(o.cpuProfile, s)
+		if err := atomicfile.WriteFile(path, prof.Bytes()); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s %s: CPU profile of the %d timed decode steps in %s\n", name, s, o.decode, path)
+	}
 	if l1, ok := tensor.CountLaunches(b); ok && counted {
 		l := l1.Sub(l0)
 		r.Launches, r.LaunchesPerToken = &l, float64(l.Total())/float64(o.decode)

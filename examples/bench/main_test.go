@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -308,5 +309,32 @@ func TestBoundsHybrid(t *testing.T) {
 	}
 	if md := markdown(nil, []Row{{Result: Result{Model: "m", Strategy: "balanced"}}}); strings.Contains(md, "CPU and hybrid bounds") {
 		t.Errorf("the note on a table without hybrid rows:\n%s", md)
+	}
+}
+
+// TestBenchCPUProfile: -cpuprofile writes a CPU profile of each run's
+// timed decode steps, named after the run, and refuses a directory.
+func TestBenchCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	prof := filepath.Join(dir, "decode.pprof")
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "1", "-decode", "4", "-runs", "none,300KiB", "-cpuprofile", prof}
+	var stdout bytes.Buffer
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"decode-none-none-explicit.pprof", "decode-300KiB-balanced-explicit.pprof"} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b { // a profile is gzipped
+			t.Errorf("%s: %d bytes, not a profile", name, len(data))
+		}
+	}
+	if _, err := os.Stat(prof); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s written: %v", prof, err)
+	}
+	if err := run(context.Background(), []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-cpuprofile", dir}, &stdout); err == nil {
+		t.Error("-cpuprofile of a directory: no error")
 	}
 }
