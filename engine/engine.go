@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -632,6 +633,9 @@ func (e *Engine) Stats() paging.Stats {
 		t.ResidentWeightBytes += st.ResidentWeightBytes
 		t.StreamedWeightBytes += st.StreamedWeightBytes
 		t.PinnedHostBytes += st.PinnedHostBytes
+		t.PinnedFallbacks += st.PinnedFallbacks
+		t.PinnedFallbackBytes += st.PinnedFallbackBytes
+		t.PinnedFallbackError = cmp.Or(t.PinnedFallbackError, st.PinnedFallbackError)
 		t.StagingSlots += st.StagingSlots
 		t.StagingBytes += st.StagingBytes
 		t.BytesStaged += st.BytesStaged
@@ -684,8 +688,8 @@ func (e *Engine) Summary() string {
 			s += fmt.Sprintf("hybrid over %d GPUs: per token %s resident, %s streamed, %s read by the CPU in %d layers, predicted %.1f tok/s\n",
 				len(h.GPUs), paging.FormatSize(t.ResidentBytes), paging.FormatSize(t.StreamedBytes), paging.FormatSize(t.CPUBytes), len(h.CPULayers()), t.PredictedTokS)
 		}
-		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",
-			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, h.Rates.Device/1e9, h.Rates.Handoff)
+		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads), %.2f ms more a block, attention %.1f GB/s; device %.0f GB/s; hand-over %v\n",
+			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, float64(h.Rates.CPULayer)/1e6, h.Rates.CPUAttention/1e9, h.Rates.Device/1e9, h.Rates.Handoff)
 	}
 	return s
 }

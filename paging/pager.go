@@ -1950,14 +1950,30 @@ func (r *readBufs) release() {
 	r.mu.Unlock()
 }
 
+// hostAlloc returns a host buffer of n bytes, pinned when the backend pins
+// memory and grants it, and whether it is. A refusal falls back to pageable
+// memory, whose uploads are synchronous and slower: it is counted in the
+// stats (PinnedFallbacks), so that a slow run can be explained. It is
+// called without p.mu.
 func (p *Pager) hostAlloc(n int64) ([]byte, bool) {
-	if p.pinned != nil {
-		if b, err := p.pinned.AllocPinned(n); err == nil && int64(len(b)) == n {
-			return b, true
-		} else if err == nil {
-			_ = p.pinned.FreePinned(b)
-		}
+	if p.pinned == nil {
+		return make([]byte, n), false
 	}
+	b, err := p.pinned.AllocPinned(n)
+	if err == nil && int64(len(b)) == n {
+		return b, true
+	}
+	if err == nil {
+		_ = p.pinned.FreePinned(b)
+		err = fmt.Errorf("%d bytes asked, %d given", n, len(b))
+	}
+	p.mu.Lock()
+	p.st.PinnedFallbacks++
+	p.st.PinnedFallbackBytes += n
+	if p.st.PinnedFallbackError == "" {
+		p.st.PinnedFallbackError = err.Error()
+	}
+	p.mu.Unlock()
 	return make([]byte, n), false
 }
 

@@ -43,6 +43,13 @@ type Stats struct {
 	HostCacheBytes    int64 `json:"host_cache_bytes"`
 	HostCacheLimit    int64 `json:"host_cache_limit"`
 	PinnedHostBytes   int64 `json:"pinned_host_bytes"`
+	// PinnedFallbacks counts the host copies made in pageable memory
+	// because the backend, which pins memory, refused to pin them
+	// (PinnedFallbackBytes in all; PinnedFallbackError is the first
+	// refusal): their uploads run at pageable speed, synchronously.
+	PinnedFallbacks     int64  `json:"pinned_fallbacks,omitempty"`
+	PinnedFallbackBytes int64  `json:"pinned_fallback_bytes,omitempty"`
+	PinnedFallbackError string `json:"pinned_fallback_error,omitempty"`
 	// HostLayerBytes is the host memory held by the layers the CPU
 	// computes (HostLayer), counted in HostCacheBytes; HostLayerLoads
 	// counts the host layers HostLayer read from the source.
@@ -279,6 +286,10 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 		fmt.Fprintf(sb, "   moved: disk->host %s, host->device %s; host cache %s of %s (hits %d, misses %d), pinned %s, held by CPU layers %s\n",
 			FormatSize(ps.BytesDiskToHost), FormatSize(ps.BytesHostToDevice), FormatSize(ps.HostCacheBytes), FormatSize(ps.HostCacheLimit),
 			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes), FormatSize(ps.HostLayerBytes))
+		if ps.PinnedFallbacks > 0 {
+			fmt.Fprintf(sb, "   pinned host memory refused %d times: %s of host copies in pageable memory, uploaded at pageable speed (first refusal: %s)\n",
+				ps.PinnedFallbacks, FormatSize(ps.PinnedFallbackBytes), ps.PinnedFallbackError)
+		}
 		if ps.StagingSlots > 0 {
 			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer\n",
 				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond))

@@ -25,10 +25,13 @@
 // time to first token; -streams 1,8,32,64 sweeps the counts over the one
 // engine the run opened (its plan keeps room for the largest pool), and
 // the report's batched table sets each count beside Hugging Face's batch
-// of that size (hf_baseline.py --batch).
+// of that size (hf_baseline.py --batch). With -cpuprofile FILE each run
+// writes a CPU profile of its timed decode steps (the hybrid strategy's
+// CPU stage, say) beside FILE, the run's name in its own.
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -39,6 +42,8 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -66,6 +71,7 @@ func main() {
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut string
 	prefill, hostLimit, kvCache, kvDType, streamsFlag   string
+	cpuProfile                                          string
 	decode, warmup, threads, chunk, promptTokens        int
 	streams                                             []int        // streamsFlag parsed
 	kv                                                  tensor.DType // kvDType parsed
@@ -97,6 +103,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof)")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
 	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
 	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
@@ -110,7 +117,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return report(files, o.md, o.jsonOut, stdout)
 	}
-	if err := cli.CheckOutputs([][2]string{{"-out", o.out}}, nil); err != nil {
+	if err := cli.CheckOutputs([][2]string{{"-out", o.out}, {"-cpuprofile", o.cpuProfile}}, nil); err != nil {
 		return err
 	}
 	switch {
@@ -335,6 +342,19 @@ func (s runSpec) String() string {
 	return fmt.Sprintf("%s:%s:%s", s.label, st, s.mode)
 }
 
+// profilePath is the -cpuprofile file of run s: the run's name, its
+// colons and other separators made dashes, before the extension.
+func profilePath(path string, s runSpec) string {
+	ext := filepath.Ext(path)
+	label := strings.Map(func(r rune) rune {
+		if r == ':' || r == '=' || r == '/' || r == os.PathSeparator {
+			return '-'
+		}
+		return r
+	}, s.String())
+	return strings.TrimSuffix(path, ext) + "-" + label + ext
+}
+
 func parseRuns(s string) ([]runSpec, error) {
 	var out []runSpec
 	for _, r := range strings.Split(s, ",") {
@@ -390,14 +410,27 @@ func parseRuns(s string) ([]runSpec, error) {
 
 // HybridResult is a CPU+GPU run's placement and its measured times.
 type HybridResult struct {
-	CPULayers     []int         `json:"cpu_layers"`
-	ResidentBytes int64         `json:"resident_bytes"`
-	StreamedBytes int64         `json:"streamed_bytes"` // per token, over the link
-	CPUBytes      int64         `json:"cpu_bytes"`      // per token, read by the CPU
-	HostBytes     int64         `json:"host_layer_bytes"`
-	PredictedTokS float64       `json:"predicted_tok_s"`
-	Rates         paging.Rates  `json:"rates"`
-	Bounds        paging.Bounds `json:"bounds"`
+	CPULayers     []int `json:"cpu_layers"`
+	ResidentBytes int64 `json:"resident_bytes"`
+	StreamedBytes int64 `json:"streamed_bytes"` // per token, over the link
+	CPUBytes      int64 `json:"cpu_bytes"`      // per token, read by the CPU
+	HostBytes     int64 `json:"host_layer_bytes"`
+	// PredictedTokS is the plan's prediction at the positions the timed
+	// steps attend over on average (PredictedPositions: the prompt, the
+	// warm-up and half the timed steps; HybridPlan.PredictAt), and
+	// PlannedTokS the plan's own, at the context it planned for.
+	PredictedTokS      float64 `json:"predicted_tok_s"`
+	PredictedPositions int     `json:"predicted_positions"`
+	PlannedTokS        float64 `json:"planned_tok_s"`
+	// Predicted is the prediction's time of each path per token (at
+	// PredictedPositions), to set against MeasuredMs.
+	Predicted paging.Breakdown `json:"predicted_breakdown"`
+	// HostKVBytes are the KV cache bytes the CPU reads for a token at
+	// PredictedPositions (its blocks', and those of the GPU's blocks
+	// with a KV cache in host memory).
+	HostKVBytes int64         `json:"host_kv_bytes"`
+	Rates       paging.Rates  `json:"rates"`
+	Bounds      paging.Bounds `json:"bounds"`
 	// MeasuredMs is the wall time per decoded token on each device's
 	// stages, by device name.
 	MeasuredMs map[string]float64 `json:"measured_ms_per_token"`
@@ -448,8 +481,13 @@ type Result struct {
 	StagingSlots    int     `json:"staging_slots,omitempty"`
 	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
 	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
-	LoadSeconds     float64 `json:"load_s"`
-	Chunk           int     `json:"chunk"` // the prefill chunk
+	// PageableHostBytes are the pager's host copies made in pageable
+	// memory because pinning them was refused (Stats.PinnedFallbacks),
+	// and PinnedRefusal the first refusal: such copies upload slowly.
+	PageableHostBytes int64   `json:"pageable_host_bytes,omitempty"`
+	PinnedRefusal     string  `json:"pinned_refusal,omitempty"`
+	LoadSeconds       float64 `json:"load_s"`
+	Chunk             int     `json:"chunk"` // the prefill chunk
 	// Hybrid is set for the CPU+GPU strategies (hybrid, cpu): the plan's
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
@@ -604,18 +642,32 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	defer sess.Close()
 	if h := e.Hybrid(); h != nil {
-		// On several GPUs the totals of their plans; the bounds are one
-		// GPU's only.
+		// On several GPUs the totals of their plans; the bounds and the
+		// prediction at the timed steps' positions are one GPU's only.
 		t := h.Totals()
 		r.StreamedBytes = t.StreamedBytes
 		r.Hybrid = &HybridResult{CPULayers: h.CPULayers(), ResidentBytes: t.ResidentBytes, StreamedBytes: t.StreamedBytes,
-			CPUBytes: t.CPUBytes, HostBytes: t.HostLayerBytes, PredictedTokS: t.PredictedTokS, Rates: h.Rates,
-			MeasuredMs: map[string]float64{}, Threads: h.Threads}
-		if h.Plan != nil {
-			r.Hybrid.Bounds = h.Plan.Bounds
-		}
+			CPUBytes: t.CPUBytes, HostBytes: t.HostLayerBytes, PredictedTokS: t.PredictedTokS, PlannedTokS: t.PredictedTokS,
+			Rates: h.Rates, MeasuredMs: map[string]float64{}, Threads: h.Threads}
 		for _, p := range h.Plans() {
 			fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+		}
+		if p := h.Plan; p != nil {
+			r.Hybrid.Bounds, r.Hybrid.PredictedPositions = p.Bounds, p.Positions
+			if p.Positions > 0 {
+				r.Hybrid.HostKVBytes = p.HostKVBytes
+			}
+			// The timed steps attend over the prompt, the warm-up and half
+			// of themselves on average: the prediction at those positions.
+			pos := o.promptTokens + o.warmup + o.decode/2
+			r.Hybrid.Predicted = p.Breakdown
+			if d, br, err := p.PredictAt(pos); err == nil && d > 0 {
+				r.Hybrid.PredictedTokS, r.Hybrid.PredictedPositions, r.Hybrid.Predicted = 1e9/float64(d), pos, br
+				r.Hybrid.HostKVBytes = int64(float64(p.HostKVBytes) * float64(pos) / float64(p.Positions))
+			}
+			br := r.Hybrid.Predicted
+			fmt.Fprintf(os.Stderr, "bench: %s %s: predicted at the %d positions the timed steps attend over: %.2f tok/s (CPU %.1f ms, GPU %.1f ms, copies %.1f ms, %d hand-overs %.1f ms)\n",
+				name, s, r.Hybrid.PredictedPositions, r.Hybrid.PredictedTokS, float64(br.CPU)/1e6, float64(br.GPU)/1e6, float64(br.Copy)/1e6, br.Handoffs, float64(br.Handoff)/1e6)
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -674,13 +726,30 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	busy0 := busyOf(sess)
 	kv0 := e.KV()
 	l0, counted := tensor.CountLaunches(b)
+	var prof bytes.Buffer
+	if o.cpuProfile != "" {
+		if err := pprof.StartCPUProfile(&prof); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+	}
 	t0 = time.Now()
 	for range o.decode {
 		if err := step(); err != nil {
+			if o.cpuProfile != "" {
+				pprof.StopCPUProfile()
+			}
 			return nil, err
 		}
 	}
 	el := time.Since(t0)
+	if o.cpuProfile != "" {
+		pprof.StopCPUProfile()
+		path := profilePath(o.cpuProfile, s)
+		if err := atomicfile.WriteFile(path, prof.Bytes()); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s %s: CPU profile of the %d timed decode steps in %s\n", name, s, o.decode, path)
+	}
 	if l1, ok := tensor.CountLaunches(b); ok && counted {
 		l := l1.Sub(l0)
 		r.Launches, r.LaunchesPerToken = &l, float64(l.Total())/float64(o.decode)
@@ -690,6 +759,11 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.StagingBytes, r.StagingSlots, r.PinnedHostBytes = st.StagingBytes, st.StagingSlots, st.PinnedHostBytes
 	r.StagedPerToken = float64(st.BytesStaged-staged0) / float64(o.decode)
+	r.PageableHostBytes, r.PinnedRefusal = st.PinnedFallbackBytes, st.PinnedFallbackError
+	if st.PinnedFallbacks > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %s %s: pinned host memory refused %d times, %s of host copies pageable (first refusal: %s)\n",
+			name, s, st.PinnedFallbacks, paging.FormatSize(st.PinnedFallbackBytes), st.PinnedFallbackError)
+	}
 	if r.StagingSlots > 0 {
 		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer\n",
 			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), st.StagingWait.Round(time.Millisecond))

@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
 )
 
 // TestBenchFlags checks that the lengths a run times must fit in the
@@ -288,6 +292,56 @@ func TestBenchStreams(t *testing.T) {
 		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 ||
 		!(s.StepsS > 0) || s.RowsPerStep < s.MeanBatch {
 		t.Errorf("streams %+v", s)
+	}
+}
+
+// TestBoundsHybrid: a hybrid row's bounds come from its own rates (not the
+// ceilings') over the weights it reads outside device memory, the KV
+// cache's reads and the calibrated costs left out; the table shows its
+// prediction and says what the bounds and the prediction are.
+func TestBoundsHybrid(t *testing.T) {
+	c := &Ceilings{PinnedGBps: 50, CPUGBps: 200, DeviceGBps: 4000}
+	rates := paging.Rates{H2D: 55e9, CPU: 100e9, H2DShared: 50e9, CPUShared: 90e9, CPULayer: time.Millisecond, CPUAttention: 20e9}
+	r := Result{Model: "m", Kind: "strata", Strategy: "hybrid", StreamedBytes: 4e9, WeightBytes: 13e9, DecodeTokS: 11,
+		Hybrid: &HybridResult{StreamedBytes: 4e9, CPUBytes: 10e9, HostKVBytes: 2e9, PredictedTokS: 12.5, Rates: rates}}
+	row := Row{Result: r}
+	bounds(&row, c)
+	if row.Bound != "hybrid" || math.Abs(row.BoundTokS-10) > 1e-9 || math.Abs(row.CPUBoundTokS-100/14.) > 1e-9 {
+		t.Errorf("bound %q %.3f tok/s, CPU bound %.3f; want hybrid 10 (140 GB/s over 14 GB), CPU 7.14", row.Bound, row.BoundTokS, row.CPUBoundTokS)
+	}
+	md := markdown(nil, []Row{row})
+	if !strings.Contains(md, "| 12.50 |") || !strings.Contains(md, "over the run's own rates, measured at Open") {
+		t.Errorf("table:\n%s", md)
+	}
+	if md := markdown(nil, []Row{{Result: Result{Model: "m", Strategy: "balanced"}}}); strings.Contains(md, "CPU and hybrid bounds") {
+		t.Errorf("the note on a table without hybrid rows:\n%s", md)
+	}
+}
+
+// TestBenchCPUProfile: -cpuprofile writes a CPU profile of each run's
+// timed decode steps, named after the run, and refuses a directory.
+func TestBenchCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	prof := filepath.Join(dir, "decode.pprof")
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "1", "-decode", "4", "-runs", "none,300KiB", "-cpuprofile", prof}
+	var stdout bytes.Buffer
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"decode-none-none-explicit.pprof", "decode-300KiB-balanced-explicit.pprof"} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b { // a profile is gzipped
+			t.Errorf("%s: %d bytes, not a profile", name, len(data))
+		}
+	}
+	if _, err := os.Stat(prof); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s written: %v", prof, err)
+	}
+	if err := run(context.Background(), []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-cpuprofile", dir}, &stdout); err == nil {
+		t.Error("-cpuprofile of a directory: no error")
 	}
 }
 

@@ -124,8 +124,12 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 }
 
 // bounds fills a row's bounds. A run's non-resident bytes per token are
-// what it streams, plus what its CPU reads in a CPU+GPU run; the rates are
-// the run's own (a CPU+GPU run measures them at start) or the ceilings'.
+// what it streams, plus what its CPU reads of its layers' weights in a
+// CPU+GPU run; the rates are the run's own (a CPU+GPU run measures them
+// at Open: engine.MeasureRates' H2D and CPU rates, alone and shared) or
+// the ceilings'. The bounds are the bandwidths' alone: the calibrated
+// costs the prediction adds (Rates.CPULayer, the KV reads at
+// Rates.CPUAttention) stay out of them.
 // The row is judged against the bound of what it does: the hybrid bound for
 // the hybrid strategy, the CPU bound for cpu, the stream bound when it
 // streams, else the device-memory bound; with a KV cache in host memory,
@@ -336,6 +340,7 @@ func markdown(c *Ceilings, rows []Row) string {
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
 	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | host staging | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline | streams |\n")
+	hybrid := false
 	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |\n")
 	for _, r := range rows {
 		budget := "none"
@@ -381,6 +386,12 @@ func markdown(c *Ceilings, rows []Row) string {
 			r.Model, r.Kind, budget, r.Strategy, r.Mode, decode, launchCell(&r.Result), r.PrefillTokS["128"], r.PrefillTokS["512"],
 			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), staging,
 			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs, streamsCell(&r))
+		if h := r.Hybrid; h != nil {
+			hybrid = true
+		}
+	}
+	if hybrid {
+		sb.WriteString("\nCPU and hybrid bounds: the weights' bytes a token reads outside device memory over the run's own rates, measured at Open (engine.MeasureRates: the CPU's products alone, and beside copies with the link for the hybrid bound). predicted: the planner's decode time at the positions the timed steps attend over, with the calibrated cost of a CPU block and the KV cache's reads.\n")
 	}
 	return sb.String()
 }
