@@ -98,6 +98,11 @@ type Backend struct {
 	// BenchmarkGEMVShapes sets it on its backend to compare them; the
 	// default stays 0 until an H200 run says otherwise.
 	gemvRows int
+	// gemvSplit, when set, is the candidate kernel (gemvsplit.go) every
+	// M = 1 product of F16 or BF16 weights runs on: MatMul, MatMulMany
+	// and GateUpSiLU. Open sets it and gemvRows from GEMVEnv;
+	// BenchmarkGEMVShapes sets it on its backend to compare them.
+	gemvSplit *gemvVariant
 
 	// gradPath is the implementation MatMulGradX and MatMulGradW use:
 	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or
@@ -184,8 +189,13 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // a compute and a copy stream, the kernels, and cuBLAS when it can be
 // loaded. Without cuBLAS, matrix products run on built-in kernels (BLAS
 // says which). The environment variable STRATA_CUBLAS may name the cuBLAS
-// library file to load instead of searching the versioned sonames.
+// library file to load instead of searching the versioned sonames, and
+// STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use.
 func Open(device int) (*Backend, error) {
+	split, rows, err := gemvVariantNamed(os.Getenv(GEMVEnv))
+	if err != nil {
+		return nil, err
+	}
 	n, err := DeviceCount()
 	if err != nil {
 		return nil, err
@@ -206,6 +216,7 @@ func Open(device int) (*Backend, error) {
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
+		gemvRows: rows, gemvSplit: split,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()

@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,16 +45,19 @@ func copyRate(b *testing.B, be *Backend) float64 {
 // 11008×4096 and 4096×11008 (Llama-2-7B's MLP), 14336×4096 and 4096×14336
 // (Llama-3-8B's MLP), and TinyLlama-1.1B's 2048×2048, 5632×2048 and
 // 2048×5632 (8 to 23 MiB: one short wave of warps, where the decode of a
-// small model spends its time), with the default kernel (one row per warp) and the
-// candidates r1 and r2 (kernels/gemv.cuh: each batch's loads in flight
-// together; one or two rows per warp); and the fused gate-up GEMV (GateUpSiLU) on the two
-// MLP shapes against the two products and SiLUMul it replaces. Each
-// iteration queues 8 products on rotating matrices (past the 60 MB L2)
-// and syncs: "launch" launches each from the host as eager decode does,
-// "graph" replays the 8 captured as one graph, which shows the kernels
-// back to back without the host's launch cost. It reports weight GB/s, us
-// per product and the percentage of the device's copy rate measured at
-// the start (the target is 85% of the HBM rate for the 7B shapes).
+// small model spends its time); the fused gate-up GEMV (GateUpSiLU) on the
+// MLP shapes against the two products and SiLUMul it replaces; and the
+// q, k and v products of a block as one MatMulMany. Each iteration queues
+// 8 products on rotating matrices (past the 60 MB L2) and syncs. The
+// modes (gemvModes): "launch" launches each product from the host as eager
+// decode does, with the default kernel, "launch-r1" and "launch-r2" with
+// the r1 and r2 kernels (kernels/gemv.cuh); "graph" replays the 8 captured
+// as one graph, which shows the kernels back to back without the host's
+// launch cost, and "graph-NAME" does so with kernel NAME: r1, r2 or one of
+// gemvVariants (kernels/gemv_split.cuh). It reports weight GB/s, us per
+// product and the percentage of the device's copy rate measured at the
+// start (the target is 85%). With -test.benchtime 200x the whole
+// benchmark takes about a minute.
 func BenchmarkGEMVShapes(b *testing.B) {
 	be := openGPU(b)
 	ceiling := copyRate(b, be)
@@ -75,17 +79,11 @@ func BenchmarkGEMVShapes(b *testing.B) {
 				}
 				return nil
 			}
-			for _, mode := range []string{"launch", "launch-r1", "launch-r2", "graph"} {
+			for _, mode := range gemvModes() {
 				b.Run(fmt.Sprintf("%v/N%d_K%d/%s", dt, s.n, s.k, mode), func(b *testing.B) {
-					switch mode {
-					case "launch-r1":
-						be.gemvRows = 1
-					case "launch-r2":
-						be.gemvRows = 2
-					}
-					defer func() { be.gemvRows = 0 }()
+					setGEMVMode(b, be, mode)
 					run := queue
-					if mode == "graph" {
+					if strings.HasPrefix(mode, "graph") {
 						g, err := be.Capture(queue)
 						if err != nil {
 							b.Fatal(err)
@@ -113,9 +111,17 @@ func BenchmarkGEMVShapes(b *testing.B) {
 			}
 		}
 	}
-	for _, s := range []struct{ n, k int }{{11008, 4096}, {14336, 4096}} {
-		for _, fused := range []bool{false, true} {
-			b.Run(fmt.Sprintf("gate-up/F16/N%d_K%d/fused=%v", s.n, s.k, fused), func(b *testing.B) {
+	fusedModes := []string{"false", "true"}
+	for i := range gemvVariants {
+		fusedModes = append(fusedModes, gemvVariants[i].name)
+	}
+	for _, s := range []struct{ n, k int }{{11008, 4096}, {14336, 4096}, {5632, 2048}} {
+		for _, fm := range fusedModes {
+			fused := fm != "false"
+			b.Run(fmt.Sprintf("gate-up/F16/N%d_K%d/fused=%s", s.n, s.k, fm), func(b *testing.B) {
+				if fm != "false" && fm != "true" {
+					setGEMVMode(b, be, "graph-"+fm)
+				}
 				count := (512<<20)/(4*s.n*s.k) + 1
 				gs, us := weightSet(b, be, tensor.F16, count, s.n, s.k), weightSet(b, be, tensor.F16, count, s.n, s.k)
 				x, _ := put(b, be, tensor.F32, tensor.Shape{1, s.k}, uniform(newRand(b), s.k, -1, 1))
@@ -198,5 +204,95 @@ func BenchmarkDecodeBlock(b *testing.B) {
 			b.ReportMetric(bytes/sec/1e9, "GB/s")
 			b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/block")
 		})
+	}
+}
+
+// gemvModes are BenchmarkGEMVShapes's modes: the host-launched default and
+// r1, r2 kernels, then every kernel replayed as a graph.
+func gemvModes() []string {
+	modes := []string{"launch", "launch-r1", "launch-r2", "graph", "graph-r1", "graph-r2"}
+	for i := range gemvVariants {
+		modes = append(modes, "graph-"+gemvVariants[i].name)
+	}
+	return modes
+}
+
+// setGEMVMode sets be's GEMV kernels for a mode of gemvModes until the
+// benchmark ends.
+func setGEMVMode(b *testing.B, be *Backend, mode string) {
+	_, name, _ := strings.Cut(mode, "-")
+	v, rows, err := gemvVariantNamed(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	be.gemvSplit, be.gemvRows = v, rows
+	b.Cleanup(func() { be.gemvSplit, be.gemvRows = nil, 0 })
+}
+
+// BenchmarkGEMVMany times a block's q, k and v products as one MatMulMany
+// (F16, M = 1) on the 7B shape (3 × 4096 rows of 4096) and TinyLlama's
+// (2048 + 256 + 256 rows of 2048), replayed as graphs of 8 with each
+// kernel of gemvModes' graph modes; it reports weight GB/s, us per call
+// and the percentage of the copy rate.
+func BenchmarkGEMVMany(b *testing.B) {
+	be := openGPU(b)
+	ceiling := copyRate(b, be)
+	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
+	const perIter = 8
+	for _, s := range []struct {
+		name string
+		n    [3]int
+		k    int
+	}{{"7B", [3]int{4096, 4096, 4096}, 4096}, {"1.1B", [3]int{2048, 256, 256}, 2048}} {
+		bytes := 2 * (s.n[0] + s.n[1] + s.n[2]) * s.k
+		count := (512<<20)/bytes + 1
+		var sets [3][]*tensor.Tensor
+		outs := make([]*tensor.Tensor, 3)
+		for j := range 3 {
+			sets[j] = weightSet(b, be, tensor.F16, count, s.n[j], s.k)
+			outs[j], _ = put(b, be, tensor.F32, tensor.Shape{1, s.n[j]}, make([]float32, s.n[j]))
+		}
+		x, _ := put(b, be, tensor.F32, tensor.Shape{1, s.k}, uniform(newRand(b), s.k, -1, 1))
+		for _, mode := range gemvModes() {
+			if !strings.HasPrefix(mode, "graph") {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/%s", s.name, mode), func(b *testing.B) {
+				setGEMVMode(b, be, mode)
+				i := 0
+				g, err := be.Capture(func() error {
+					for range perIter {
+						ws := []*tensor.Tensor{sets[0][i%count], sets[1][i%count], sets[2][i%count]}
+						if err := be.MatMulMany(outs, x, ws); err != nil {
+							return err
+						}
+						i++
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer g.Close()
+				for b.Loop() {
+					if err := g.Replay(); err != nil {
+						b.Fatal(err)
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+				rate := float64(bytes) / sec
+				b.ReportMetric(rate/1e9, "GB/s")
+				b.ReportMetric(sec*1e6, "us/call")
+				b.ReportMetric(100*rate/ceiling, "%copy")
+			})
+		}
+		for j := range 3 {
+			for _, w := range sets[j] {
+				be.Free(w)
+			}
+		}
 	}
 }

@@ -119,6 +119,12 @@ var requiredKernels = func() []string {
 	for _, t := range []string{"f32", "f16", "bf16"} {
 		k = append(k, "add_rmsnorm_"+t, "rope_kv_"+t, "attention_"+t+"_at", "gemv_gate_up_"+t+"_m1", "gemv_gate_up_"+t+"_m2", "gemv_"+t+"_r1", "gemv_"+t+"_r2", "gemv_many_"+t)
 	}
+	// The candidate decode GEMVs (gemvsplit.go; kernels/gemv_split.cuh).
+	for _, t := range []string{"f16", "bf16"} {
+		for i := range gemvVariants {
+			k = append(k, gemvVariants[i].kernel(t), gemvVariants[i].gateUpKernel(t))
+		}
+	}
 	k = append(k, "kv_write_blocks_f32", "attention_blocks_f32")
 	k = append(k, "rope_f32_at", "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
 	// The backward kernels (grad.go; kernels/grad.cu, kernels/attention_grad*).

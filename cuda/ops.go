@@ -157,6 +157,8 @@ func (b *Backend) gemv(out, x, w *tensor.Tensor, m, n, k int) error {
 		op := out.Ptr() + uintptr(r*n*4)
 		var err error
 		switch {
+		case vec && rows == 1 && b.splitFor(sfx) != nil:
+			err = b.gemvSplitRun(b.splitFor(sfx), sfx, [3]uintptr{op}, [3]uintptr{w.Ptr()}, [3]int{n}, xp, k)
 		case vec && rows == 1 && (b.gemvRows == 1 || b.gemvRows == 2):
 			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
 			per := warpsPerBlock * b.gemvRows

@@ -1,0 +1,173 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/tensortest"
+)
+
+// gemvShapes are the decode shapes of the 7B and 1.1B models, and odd ones:
+// N not a multiple of a block's rows (the last group's rows read row N-1
+// and write nothing), K whose chunks do not fill a batch or a split, one
+// row, one chunk.
+var gemvShapes = []struct{ n, k int }{
+	{4096, 4096}, {11008, 4096}, {4096, 11008}, {2048, 2048}, {5632, 2048}, {2048, 5632},
+	{4097, 512}, {33, 2056}, {1, 8}, {7, 24}, {301, 4104},
+}
+
+// TestGEMVVariants checks every candidate M = 1 GEMV (gemvVariants) on
+// F16 and BF16 weights against the float64 product of the stored weights
+// (norm-wise relative error at most 1e-5: F32 sums of up to 11008
+// products) and against the default kernels: bit for bit where the
+// variant sums a row in one warp (s = 1), within 1e-6 where warps split
+// it. MatMul, MatMulMany over three matrices of uneven rows, and
+// GateUpSiLU against silu(g)*u; it logs the largest errors it saw.
+func TestGEMVVariants(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
+		for _, s := range gemvShapes {
+			xv := uniform(r, s.k, -1, 1)
+			x, xs := put(t, b, tensor.F32, tensor.Shape{1, s.k}, xv)
+			w, ws := put(t, b, dt, tensor.Shape{s.n, s.k}, uniform(r, s.n*s.k, -1, 1))
+			u, us := put(t, b, dt, tensor.Shape{s.n, s.k}, uniform(r, s.n*s.k, -1, 1))
+			want := tensortest.RefMatMul(xs, ws, nil, 1, s.n, s.k)
+			wantU := tensortest.RefMatMul(xs, us, nil, 1, s.n, s.k)
+			wantGU := make([]float64, s.n)
+			for i := range wantGU {
+				wantGU[i] = want[i] / (1 + math.Exp(-want[i])) * wantU[i]
+			}
+			// The three of MatMulMany: w, then u's first rows, then w's
+			// last rows (views: rows of a matrix at an offset, 16-byte
+			// aligned as K is a multiple of 8).
+			n1, n2 := max(1, s.n/4), max(1, s.n/3)
+			u1, err := u.Rows(0, n1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w2, err := w.Rows(s.n-n2, n2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			run := func(v *gemvVariant) (mm, many0, many1, many2, gu []float32) {
+				b.gemvSplit = v
+				defer func() { b.gemvSplit = nil }()
+				out, _ := put(t, b, tensor.F32, tensor.Shape{1, s.n}, nanSlice(s.n))
+				o1, _ := put(t, b, tensor.F32, tensor.Shape{1, n1}, nanSlice(n1))
+				o2, _ := put(t, b, tensor.F32, tensor.Shape{1, n2}, nanSlice(n2))
+				g, _ := put(t, b, tensor.F32, tensor.Shape{1, s.n}, nanSlice(s.n))
+				up, _ := put(t, b, tensor.F32, tensor.Shape{1, s.n}, nanSlice(s.n))
+				if err := b.MatMul(out, x, w, nil); err != nil {
+					t.Fatal(err)
+				}
+				mm = get(t, b, out)
+				if err := b.MatMulMany([]*tensor.Tensor{out, o1, o2}, x, []*tensor.Tensor{w, u1, w2}); err != nil {
+					t.Fatal(err)
+				}
+				many0, many1, many2 = get(t, b, out), get(t, b, o1), get(t, b, o2)
+				if err := b.GateUpSiLU(g, up, x, w, u); err != nil {
+					t.Fatal(err)
+				}
+				return mm, many0, many1, many2, get(t, b, g)
+			}
+			dmm, d0, d1, d2, dgu := run(nil)
+			for i := range gemvVariants {
+				v := &gemvVariants[i]
+				name := fmt.Sprintf("%v/N%d_K%d/%s", dt, s.n, s.k, v.name)
+				mm, m0, m1, m2, gu := run(v)
+				worst := 0.0
+				for _, c := range []struct {
+					what string
+					got  []float32
+					want []float64
+				}{
+					{"MatMul", mm, want}, {"MatMulMany[0]", m0, want}, {"MatMulMany[1]", m1, wantU[:n1]},
+					{"MatMulMany[2]", m2, want[s.n-n2:]}, {"GateUpSiLU", gu, wantGU},
+				} {
+					e := tensortest.RelErr(c.got, c.want)
+					if !(e <= 1e-5) {
+						t.Errorf("%s: %s differs from the float64 product by %.3g", name, c.what, e)
+					}
+					worst = max(worst, e)
+				}
+				same := 0.0
+				for _, c := range []struct {
+					what      string
+					got, dflt []float32
+				}{{"MatMul", mm, dmm}, {"MatMulMany[0]", m0, d0}, {"MatMulMany[1]", m1, d1}, {"MatMulMany[2]", m2, d2}, {"GateUpSiLU", gu, dgu}} {
+					d := make([]float64, len(c.dflt))
+					for j, x := range c.dflt {
+						d[j] = float64(x)
+					}
+					e := tensortest.RelErr(c.got, d)
+					split := v.s > 1 || c.what == "GateUpSiLU" && v.gs > 1
+					if !split && e != 0 || !(e <= 1e-6) {
+						t.Errorf("%s: %s differs from the default kernel's by %.3g (split across warps: %v)", name, c.what, e, split)
+					}
+					same = max(same, e)
+				}
+				t.Logf("%s: error %.2g against float64, %.2g against the default kernels", name, worst, same)
+			}
+		}
+	}
+}
+
+// TestGEMVVariantsSuite runs the shared backend suite with each candidate
+// GEMV in place of the default kernels.
+func TestGEMVVariantsSuite(t *testing.T) {
+	b := openGPU(t)
+	for i := range gemvVariants {
+		v := &gemvVariants[i]
+		t.Run(v.name, func(t *testing.T) {
+			b.gemvSplit = v
+			defer func() { b.gemvSplit = nil }()
+			tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2))
+		})
+	}
+}
+
+// TestGEMVEnv checks that GEMVEnv picks the kernels at Open and that a
+// name of none is refused, naming the ones there are.
+func TestGEMVEnv(t *testing.T) {
+	for _, c := range []struct {
+		val   string
+		split string
+		rows  int
+		err   bool
+	}{{"", "", 0, false}, {"m1", "", 0, false}, {"r2", "", 2, false}, {"s2", "s2", 0, false}, {"b16", "b16", 0, false}, {"fast", "", 0, true}} {
+		v, rows, err := gemvVariantNamed(c.val)
+		if c.err {
+			if err == nil || !strings.Contains(err.Error(), GEMVEnv+`="fast"`) || !strings.Contains(err.Error(), "m1, r1, r2, b8, b16") {
+				t.Errorf("%s=%q: error %v, want one naming the variable, the value and the kernels", GEMVEnv, c.val, err)
+			}
+			continue
+		}
+		name := ""
+		if v != nil {
+			name = v.name
+		}
+		if err != nil || name != c.split || rows != c.rows {
+			t.Errorf("%s=%q: variant %q, rows %d, error %v; want %q, %d", GEMVEnv, c.val, name, rows, err, c.split, c.rows)
+		}
+	}
+	if os.Getenv(GEMVEnv) != "" {
+		t.Skipf("%s is set in the environment", GEMVEnv)
+	}
+	t.Setenv(GEMVEnv, "s4")
+	b := openGPU(t)
+	if b.gemvSplit == nil || b.gemvSplit.name != "s4" {
+		t.Errorf("Open with %s=s4 left the GEMV variant %v", GEMVEnv, b.gemvSplit)
+	}
+	t.Setenv(GEMVEnv, "nope")
+	if b, err := Open(0); err == nil {
+		b.Close()
+		t.Errorf("Open with %s=nope succeeded", GEMVEnv)
+	}
+}
