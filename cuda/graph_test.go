@@ -509,3 +509,69 @@ func TestLaunchCounts(t *testing.T) {
 		}
 	}
 }
+
+// TestSetPosition checks that SetPosition writes the position a replayed
+// graph reads: a captured Rope at the position in device memory, replayed
+// after SetPosition at several positions, against Rope at each position
+// given on the host; the value read back; and the refusals of a tensor
+// not I32 and of a position outside [0, MaxInt32].
+func TestSetPosition(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	const heads, headDim, maxPos = 4, 64, 300
+	cos, sin := tensortest.RopeTables(maxPos, headDim, 10000)
+	ct, _ := put(t, b, tensor.F32, tensor.Shape{maxPos, headDim / 2}, toF32s(cos))
+	st, _ := put(t, b, tensor.F32, tensor.Shape{maxPos, headDim / 2}, toF32s(sin))
+	xv := uniform(r, heads*headDim, -1, 1)
+	at, err := b.Alloc(tensor.I32, tensor.Shape{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(at)
+	x, _ := put(t, b, tensor.F32, tensor.Shape{1, heads * headDim}, xv)
+	rot := tensor.Rotary{Cos: ct, Sin: st, Heads: heads, HeadDim: headDim, Pos0: maxPos - 1, PosAt: at}
+	g, err := b.Capture(func() error { return b.Rope(x, rot) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, p := range []int{0, 1, 17, 130, maxPos - 1} {
+		if err := b.SetPosition(at, p); err != nil {
+			t.Fatal(err)
+		}
+		var buf [4]byte
+		if err := b.Download(buf[:], at); err != nil {
+			t.Fatal(err)
+		}
+		if v := int32(binary.LittleEndian.Uint32(buf[:])); v != int32(p) {
+			t.Fatalf("SetPosition(%d) left %d", p, v)
+		}
+		if err := b.Upload(x, 0, f32Bytes(xv)); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := put(t, b, tensor.F32, tensor.Shape{1, heads * headDim}, xv)
+		eager := rot
+		eager.PosAt, eager.Pos0 = nil, p
+		if err := b.Rope(want, eager); err != nil {
+			t.Fatal(err)
+		}
+		got, w := get(t, b, x), get(t, b, want)
+		for i := range w {
+			if got[i] != w[i] {
+				t.Fatalf("position %d: replayed rope element %d = %v, eager %v", p, i, got[i], w[i])
+			}
+		}
+	}
+	f, _ := put(t, b, tensor.F32, tensor.Shape{1}, []float32{0})
+	for _, c := range []struct {
+		at  *tensor.Tensor
+		pos int
+	}{{f, 1}, {at, -1}, {at, math.MaxInt32 + 1}} {
+		if err := b.SetPosition(c.at, c.pos); err == nil {
+			t.Errorf("SetPosition(%v, %d) succeeded", c.at.DType(), c.pos)
+		}
+	}
+}

@@ -133,8 +133,12 @@ func (s *Session) fingerprint(layer int, lw LayerWeights) string {
 	return string(buf)
 }
 
-// setPosition uploads the step's position for the graphs to read.
+// setPosition writes the step's position for the graphs to read: on the
+// device where the backend can (tensor.PositionSetter), else an upload.
 func (gs *sessionGraphs) setPosition(b tensor.Backend, pos int) error {
+	if ps, ok := tensor.PositionSetters(b); ok {
+		return ps.SetPosition(gs.posAt, pos)
+	}
 	var buf [4]byte
 	binary.LittleEndian.PutUint32(buf[:], uint32(int32(pos)))
 	return b.Upload(gs.posAt, 0, buf[:])

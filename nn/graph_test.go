@@ -70,6 +70,29 @@ func (r *replayer) Embed(out, table *tensor.Tensor, ids []int32) error {
 	return r.Backend.Embed(out, table, ids)
 }
 
+// positionSetter is a replayer with a tensor.PositionSetter, which
+// counts the positions it sets and the uploads of one I32 element.
+type positionSetter struct {
+	*replayer
+	sets, uploads int
+}
+
+func (p *positionSetter) SetPosition(at *tensor.Tensor, pos int) error {
+	if at.DType() != tensor.I32 || !at.OnHost() {
+		return fmt.Errorf("positionSetter: at is %v", at)
+	}
+	p.sets++
+	at.I32()[0] = int32(pos)
+	return nil
+}
+
+func (p *positionSetter) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	if dst.DType() == tensor.I32 && dst.Len() == 1 {
+		p.uploads++
+	}
+	return p.replayer.Upload(dst, off, src)
+}
+
 type replayGraph struct {
 	r      *replayer
 	f      func() error
@@ -188,6 +211,19 @@ func TestDecodeGraphs(t *testing.T) {
 		sameSteps(t, "graphs off", got, want[:21])
 		if st.Replays != 0 || r.captures != 3*layers {
 			t.Errorf("graphs off: %+v, %d captures in all", st, r.captures)
+		}
+	})
+
+	t.Run("set-position", func(t *testing.T) {
+		const steps, maxPos = 20, 64
+		eagerM, _ := New(cfg, cpu, nil, hw)
+		want, _ := decode(t, eagerM, prompt, steps, maxPos)
+		ps := &positionSetter{replayer: &replayer{Backend: cpu}}
+		m, _ := New(cfg, ps, nil, hw)
+		got, _ := decode(t, m, prompt, steps, maxPos)
+		sameSteps(t, "positions set by the backend", got, want)
+		if ps.sets != steps || ps.uploads != 0 {
+			t.Errorf("%d positions set and %d uploaded in %d decode steps, want every one set", ps.sets, ps.uploads, steps)
 		}
 	})
 
