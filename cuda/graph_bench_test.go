@@ -161,48 +161,151 @@ func BenchmarkGEMVShapes(b *testing.B) {
 	}
 }
 
-// BenchmarkDecodeBlock times one Llama-2-7B decoder block's decode step (F16
-// weights, 404 MiB; position 1000 of 4096) eagerly, launch by launch, and
-// replayed as a captured graph, and reports us per block, the weight GB/s
-// and the launches per block: the per-block view of what decode graphs
-// save. 32 blocks make a 7B token; the bound at 4.1 TB/s is about 100 us a
-// block.
+// BenchmarkDecodeBlock times one decoder block's decode step (F16
+// weights; position 1000) of the Llama-2-7B shape (404 MiB of weights)
+// and the TinyLlama-1.1B shape (44 MiB) eagerly, launch by launch
+// ("eager"), and replayed as a captured graph with the default GEMV
+// kernels ("graph") and with each candidate ("graph-NAME", gemvModes):
+// us per block, the weight GB/s, its percentage of the copy rate measured
+// at the start, and the launches per block. 32 blocks make a 7B token;
+// the bound at 4.1 TB/s is about 100 us a block (7B), 11 us (1.1B).
 func BenchmarkDecodeBlock(b *testing.B) {
 	be := openGPU(b)
+	ceiling := copyRate(b, be)
+	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
 	r := newRand(b)
-	s := newMiniStep(b, be, llama7B, uniform(r, llama7B.d, -1, 1), randomWeights(r))
 	const pos = 1000
-	bytes := float64(0)
-	for _, w := range []*tensor.Tensor{s.wq, s.wk, s.wv, s.wo, s.wg, s.wu, s.wd} {
-		bytes += float64(w.NumBytes())
+	for _, shape := range []struct {
+		name string
+		dims blockDims
+	}{{"7B", llama7B}, {"1.1B", tinyLlama}} {
+		s := newMiniStep(b, be, shape.dims, uniform(r, shape.dims.d, -1, 1), randomWeights(r))
+		bytes := float64(0)
+		for _, w := range []*tensor.Tensor{s.wq, s.wk, s.wv, s.wo, s.wg, s.wu, s.wd} {
+			bytes += float64(w.NumBytes())
+		}
+		modes := []string{"eager"}
+		for _, m := range gemvModes() {
+			if strings.HasPrefix(m, "graph") {
+				modes = append(modes, m)
+			}
+		}
+		for _, mode := range modes {
+			b.Run(shape.name+"/"+mode, func(b *testing.B) {
+				setGEMVMode(b, be, mode)
+				run := func() error { return s.run(pos, -1) }
+				if mode != "eager" {
+					g, err := be.Capture(func() error { return s.run(0, 2047) })
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer g.Close()
+					if err := be.SetPosition(s.pos, pos); err != nil {
+						b.Fatal(err)
+					}
+					run = g.Replay
+				}
+				l0 := be.Launches()
+				for b.Loop() {
+					if err := run(); err != nil {
+						b.Fatal(err)
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N)
+				b.ReportMetric(sec*1e6, "us/block")
+				b.ReportMetric(bytes/sec/1e9, "GB/s")
+				b.ReportMetric(100*bytes/sec/ceiling, "%copy")
+				b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/block")
+			})
+		}
 	}
-	for _, mode := range []string{"eager", "graph"} {
+}
+
+// BenchmarkDecodeRun times the 22 blocks of a TinyLlama-1.1B decode step
+// (F16, 970 MB of weights; position 1000) replayed as 22 graphs of a
+// block each ("blocks", nn's graphs of streamed layers) and as one graph
+// of all 22 ("run", nn's graph of resident layers), with the default GEMV
+// kernels and, for the run, each candidate ("run-NAME"): us and launches
+// per step, tok/s of the blocks alone (no embedding, head or sampling),
+// weight GB/s and its percentage of the copy rate. The target is
+// 1,000 tok/s for the whole step.
+func BenchmarkDecodeRun(b *testing.B) {
+	be := openGPU(b)
+	ceiling := copyRate(b, be)
+	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
+	r := newRand(b)
+	const layers, pos = 22, 1000
+	x0 := uniform(r, tinyLlama.d, -1, 1)
+	weights := randomWeights(r)
+	steps := make([]*miniStep, layers)
+	bytes := float64(0)
+	for i := range steps {
+		steps[i] = newMiniStep(b, be, tinyLlama, x0, weights)
+		for _, w := range []*tensor.Tensor{steps[i].wq, steps[i].wk, steps[i].wv, steps[i].wo, steps[i].wg, steps[i].wu, steps[i].wd} {
+			bytes += float64(w.NumBytes())
+		}
+	}
+	modes := []string{"blocks", "run"}
+	for i := range gemvVariants {
+		modes = append(modes, "run-"+gemvVariants[i].name)
+	}
+	for _, mode := range modes {
 		b.Run(mode, func(b *testing.B) {
-			run := func() error { return s.run(pos, -1) }
-			if mode == "graph" {
-				g, err := be.Capture(func() error { return s.run(0, 2047) })
+			if name, ok := strings.CutPrefix(mode, "run-"); ok {
+				setGEMVMode(b, be, "graph-"+name)
+			}
+			var graphs []tensor.Graph
+			capture := func(f func() error) {
+				g, err := be.Capture(f)
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer g.Close()
-				run = func() error {
-					s.setPos(b, pos)
-					return g.Replay()
+				graphs = append(graphs, g)
+			}
+			if mode == "blocks" {
+				for _, s := range steps {
+					capture(func() error { return s.run(0, 2047) })
+				}
+			} else {
+				capture(func() error {
+					for _, s := range steps {
+						if err := s.run(0, 2047); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}
+			defer func() {
+				for _, g := range graphs {
+					g.Close()
+				}
+			}()
+			for _, s := range steps {
+				if err := be.SetPosition(s.pos, pos); err != nil {
+					b.Fatal(err)
 				}
 			}
 			l0 := be.Launches()
 			for b.Loop() {
-				if err := run(); err != nil {
-					b.Fatal(err)
+				for _, g := range graphs {
+					if err := g.Replay(); err != nil {
+						b.Fatal(err)
+					}
 				}
 				if err := be.Sync(); err != nil {
 					b.Fatal(err)
 				}
 			}
 			sec := b.Elapsed().Seconds() / float64(b.N)
-			b.ReportMetric(sec*1e6, "us/block")
+			b.ReportMetric(sec*1e6, "us/step")
+			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(bytes/sec/1e9, "GB/s")
-			b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/block")
+			b.ReportMetric(100*bytes/sec/ceiling, "%copy")
+			b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/step")
 		})
 	}
 }

@@ -28,10 +28,12 @@ type miniStep struct {
 // blockDims are a decoder block's sizes.
 type blockDims struct{ d, heads, kvHeads, headDim, inter, maxPos int }
 
-// smallBlock is the block of TestGraphReplay; llama7B a Llama-2-7B block.
+// smallBlock is the block of TestGraphReplay; llama7B a Llama-2-7B block,
+// tinyLlama a TinyLlama-1.1B block.
 var (
 	smallBlock = blockDims{d: 256, heads: 4, kvHeads: 2, headDim: 64, inter: 512, maxPos: 96}
 	llama7B    = blockDims{d: 4096, heads: 32, kvHeads: 32, headDim: 128, inter: 11008, maxPos: 4096}
+	tinyLlama  = blockDims{d: 2048, heads: 32, kvHeads: 4, headDim: 64, inter: 5632, maxPos: 2048}
 )
 
 // newMiniStep uploads a block of dims with the weights weights gives by
@@ -93,10 +95,8 @@ func (s *miniStep) run(pos, bound int) error {
 	if err := b.RMSNorm(s.h, s.x, s.wn1, 1e-5); err != nil {
 		return err
 	}
-	for _, p := range [][2]*tensor.Tensor{{s.q, s.wq}, {s.k, s.wk}, {s.v, s.wv}} {
-		if err := b.MatMul(p[0], s.h, p[1], nil); err != nil {
-			return err
-		}
+	if err := tensor.MatMulMany(b, []*tensor.Tensor{s.q, s.k, s.v}, s.h, []*tensor.Tensor{s.wq, s.wk, s.wv}); err != nil {
+		return err
 	}
 	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: s.heads, HeadDim: s.headDim, Pos0: pos, PosAt: at}
 	if err := tensor.RopeKV(b, s.q, s.k, s.v, s.kc, s.vc, rot); err != nil {
