@@ -1,0 +1,77 @@
+package cuda
+
+import (
+	"fmt"
+	"strings"
+)
+
+// GEMVEnv names the environment variable that picks the M = 1 GEMV
+// kernels of F16 and BF16 weights when a backend opens, so that a whole
+// decode can be timed with each candidate: "" or "m1" for the default
+// (gemv_*_m1, gemv_many_*, gemv_gate_up_*_m1), "r1" or "r2"
+// (gemv_*_r1, _r2, MatMul only), or the name of one of gemvVariants.
+const GEMVEnv = "STRATA_CUDA_GEMV"
+
+// gemvVariant is a candidate M = 1 GEMV of kernels/gemv_split.cuh for F16
+// and BF16 weights: the MatMul and MatMulMany kernel with r rows per warp,
+// u loads in flight per row and lane and s warps per row, and the
+// GateUpSiLU kernel with gu loads per matrix and gs warps per row.
+type gemvVariant struct {
+	name    string
+	r, u, s int
+	gu, gs  int
+}
+
+// gemvVariants are the instantiations of GEMV_SPLIT_ALL in
+// kernels/gemv_split.cuh; keep the two lists together.
+var gemvVariants = []gemvVariant{
+	{name: "b8", r: 1, u: 8, s: 1, gu: 4, gs: 1},   // gemv_rows r1 for every caller: the products of m1, bit for bit
+	{name: "b16", r: 1, u: 16, s: 1, gu: 8, gs: 1}, // twice the loads in flight: a 4096-wide F16 row in one batch
+	{name: "r2b8", r: 2, u: 8, s: 1, gu: 8, gs: 1}, // two rows per warp, 16 loads in flight
+	{name: "s2", r: 1, u: 8, s: 2, gu: 4, gs: 2},   // two warps per row
+	{name: "s4", r: 1, u: 4, s: 4, gu: 2, gs: 4},   // four warps per row
+}
+
+// gemvSplitThreads is GEMV_SPLIT_THREADS, the block of the split kernels.
+const gemvSplitThreads = 256
+
+func (v *gemvVariant) kernel(sfx string) string {
+	return fmt.Sprintf("gemv_split_%s_r%du%ds%d", sfx, v.r, v.u, v.s)
+}
+
+func (v *gemvVariant) gateUpKernel(sfx string) string {
+	return fmt.Sprintf("gemv_gate_up_split_%s_u%ds%d", sfx, v.gu, v.gs)
+}
+
+// grid is the blocks of the MatMul kernel over rows rows.
+func (v *gemvVariant) grid(rows int) [3]uint32 {
+	per := gemvSplitThreads / 32 / v.s * v.r
+	return [3]uint32{uint32((rows + per - 1) / per), 1, 1}
+}
+
+// gateUpGrid is the blocks of the gate-up kernel over n rows.
+func (v *gemvVariant) gateUpGrid(n int) [3]uint32 {
+	per := gemvSplitThreads / 32 / v.gs
+	return [3]uint32{uint32((n + per - 1) / per), 1, 1}
+}
+
+// gemvVariantNamed returns the variant called name, or nil for the
+// default kernels; rows is the gemvRows of "r1" and "r2".
+func gemvVariantNamed(name string) (v *gemvVariant, rows int, err error) {
+	switch name {
+	case "", "m1":
+		return nil, 0, nil
+	case "r1":
+		return nil, 1, nil
+	case "r2":
+		return nil, 2, nil
+	}
+	names := []string{"m1", "r1", "r2"}
+	for i := range gemvVariants {
+		if gemvVariants[i].name == name {
+			return &gemvVariants[i], 0, nil
+		}
+		names = append(names, gemvVariants[i].name)
+	}
+	return nil, 0, fmt.Errorf("cuda: %s=%q names no GEMV kernel (have %s)", GEMVEnv, name, strings.Join(names, ", "))
+}
