@@ -213,6 +213,9 @@ func Open(device int) (*Backend, error) {
 	if info.Major < 7 {
 		return nil, fmt.Errorf("cuda: device %d (%s) has compute capability %d.%d; strata's kernels need 7.0 or newer", device, info.Name, info.Major, info.Minor)
 	}
+	if split != nil && split.pdl && info.Major < 9 {
+		return nil, fmt.Errorf("cuda: %s=%s: the kernels need compute capability 9.0, device %d (%s) has %d.%d", GEMVEnv, split.name, device, info.Name, info.Major, info.Minor)
+	}
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},

@@ -80,6 +80,9 @@ func TestGEMVVariants(t *testing.T) {
 			dmm, d0, d1, d2, dgu := run(nil)
 			for i := range gemvVariants {
 				v := &gemvVariants[i]
+				if v.pdl && b.info.Major < 9 {
+					continue // pdlKernels are not loaded
+				}
 				name := fmt.Sprintf("%v/N%d_K%d/%s", dt, s.n, s.k, v.name)
 				mm, m0, m1, m2, gu := run(v)
 				worst := 0.0
@@ -126,6 +129,9 @@ func TestGEMVVariantsSuite(t *testing.T) {
 	for i := range gemvVariants {
 		v := &gemvVariants[i]
 		t.Run(v.name, func(t *testing.T) {
+			if v.pdl && b.info.Major < 9 {
+				t.Skipf("compute capability %d.%d: the PDL kernels need 9.0", b.info.Major, b.info.Minor)
+			}
 			b.gemvSplit = v
 			defer func() { b.gemvSplit = nil }()
 			tensortest.TestBackend(t, b, tensortest.Tolerance(1e-2))
@@ -169,5 +175,73 @@ func TestGEMVEnv(t *testing.T) {
 	if b, err := Open(0); err == nil {
 		b.Close()
 		t.Errorf("Open with %s=nope succeeded", GEMVEnv)
+	}
+}
+
+// TestGEMVVariantsChain runs 24 decode steps of a TinyLlama-1.1B block
+// (norm, q/k/v as one MatMulMany, RopeKV, attention, o product,
+// AddRMSNorm, GateUpSiLU, down product, residual) with each candidate
+// GEMV, eagerly and replayed as a graph, against the default kernels:
+// the products of one step feed the next kernels, so a PDL variant
+// (b8p, s2p, s4p) that read its input or wrote its output before the
+// kernel before it had finished would differ. The residual must agree
+// within 1e-5 (relative) at every step; it logs the largest difference.
+func TestGEMVVariantsChain(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	weights := randomWeights(r)
+	x0 := uniform(r, tinyLlama.d, -1, 1)
+	const steps = 24
+	want := newMiniStep(t, b, tinyLlama, x0, weights)
+	var wants [][]float64
+	for p := range steps {
+		if err := want.run(p, -1); err != nil {
+			t.Fatal(err)
+		}
+		x := get(t, b, want.x)
+		w := make([]float64, len(x))
+		for i, v := range x {
+			w[i] = float64(v)
+		}
+		wants = append(wants, w)
+	}
+	for i := range gemvVariants {
+		v := &gemvVariants[i]
+		t.Run(v.name, func(t *testing.T) {
+			if v.pdl && b.info.Major < 9 {
+				t.Skipf("compute capability %d.%d: the PDL kernels need 9.0", b.info.Major, b.info.Minor)
+			}
+			b.gemvSplit = v
+			defer func() { b.gemvSplit = nil }()
+			eager, graphed := newMiniStep(t, b, tinyLlama, x0, weights), newMiniStep(t, b, tinyLlama, x0, weights)
+			g, err := b.Capture(func() error { return graphed.run(0, steps-1) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			worst := 0.0
+			for p := range steps {
+				if err := eager.run(p, -1); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.SetPosition(graphed.pos, p); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Replay(); err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range []struct {
+					what string
+					s    *miniStep
+				}{{"eager", eager}, {"graph", graphed}} {
+					e := tensortest.RelErr(get(t, b, c.s.x), wants[p])
+					if !(e <= 1e-5) {
+						t.Fatalf("%s step %d: the residual differs from the default kernels' by %.3g", c.what, p, e)
+					}
+					worst = max(worst, e)
+				}
+			}
+			t.Logf("%s: %d steps, eager and graph, largest difference from the default kernels %.2g", v.name, steps, worst)
+		})
 	}
 }

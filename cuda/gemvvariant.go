@@ -20,6 +20,10 @@ type gemvVariant struct {
 	name    string
 	r, u, s int
 	gu, gs  int
+	// pdl: the _pdl kernels of kernels/gemv_pdl_*.cu (compute capability
+	// 9.0), launched with programmatic dependent launch: the first loads
+	// of weights overlap the kernel before.
+	pdl bool
 }
 
 // gemvVariants are the instantiations of GEMV_SPLIT_ALL in
@@ -30,17 +34,27 @@ var gemvVariants = []gemvVariant{
 	{name: "r2b8", r: 2, u: 8, s: 1, gu: 8, gs: 1}, // two rows per warp, 16 loads in flight
 	{name: "s2", r: 1, u: 8, s: 2, gu: 4, gs: 2},   // two warps per row
 	{name: "s4", r: 1, u: 4, s: 4, gu: 2, gs: 4},   // four warps per row
+	{name: "b8p", r: 1, u: 8, s: 1, gu: 4, gs: 1, pdl: true},
+	{name: "s2p", r: 1, u: 8, s: 2, gu: 4, gs: 2, pdl: true},
+	{name: "s4p", r: 1, u: 4, s: 4, gu: 2, gs: 4, pdl: true},
 }
 
 // gemvSplitThreads is GEMV_SPLIT_THREADS, the block of the split kernels.
 const gemvSplitThreads = 256
 
 func (v *gemvVariant) kernel(sfx string) string {
-	return fmt.Sprintf("gemv_split_%s_r%du%ds%d", sfx, v.r, v.u, v.s)
+	return fmt.Sprintf("gemv_split_%s%s_r%du%ds%d", v.pdlPrefix(), sfx, v.r, v.u, v.s)
 }
 
 func (v *gemvVariant) gateUpKernel(sfx string) string {
-	return fmt.Sprintf("gemv_gate_up_split_%s_u%ds%d", sfx, v.gu, v.gs)
+	return fmt.Sprintf("gemv_gate_up_split_%s%s_u%ds%d", v.pdlPrefix(), sfx, v.gu, v.gs)
+}
+
+func (v *gemvVariant) pdlPrefix() string {
+	if v.pdl {
+		return "pdl_"
+	}
+	return ""
 }
 
 // grid is the blocks of the MatMul kernel over rows rows.

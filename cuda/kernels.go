@@ -122,7 +122,9 @@ var requiredKernels = func() []string {
 	// The candidate decode GEMVs (gemvsplit.go; kernels/gemv_split.cuh).
 	for _, t := range []string{"f16", "bf16"} {
 		for i := range gemvVariants {
-			k = append(k, gemvVariants[i].kernel(t), gemvVariants[i].gateUpKernel(t))
+			if !gemvVariants[i].pdl { // pdlKernels
+				k = append(k, gemvVariants[i].kernel(t), gemvVariants[i].gateUpKernel(t))
+			}
 		}
 	}
 	k = append(k, "kv_write_blocks_f32", "attention_blocks_f32")
@@ -167,6 +169,21 @@ func (b *Backend) runShared(name string, grid, block [3]uint32, shmem int, a *ar
 	}
 	b.counts.kernels.Add(1)
 	if err := launch(f, grid, block, uint32(shmem), b.compute, a); err != nil {
+		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
+	}
+	return nil
+}
+
+// runPDL launches kernel name as run does, with programmatic dependent
+// launch allowed (a _pdl kernel, which waits for the kernel before it
+// itself). The caller holds opsMu and has entered the context.
+func (b *Backend) runPDL(name string, grid, block [3]uint32, a *args) error {
+	f, ok := b.kernels[name]
+	if !ok {
+		return fmt.Errorf("%s: no kernel %s", b.name, name)
+	}
+	b.counts.kernels.Add(1)
+	if err := launchPDL(f, grid, block, b.compute, a); err != nil {
 		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
 	}
 	return nil

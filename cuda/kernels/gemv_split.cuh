@@ -24,13 +24,37 @@
 
 #define GEMV_SPLIT_THREADS 256
 
+// Programmatic dependent launch (compute capability 9.0; the _pdl kernels
+// of gemv_pdl_*.cu, launched with programmatic stream serialization): a
+// kernel lets the next one launch from its start (pdl_trigger), and waits
+// for the kernel before it to complete, its writes visible, in pdl_wait.
+// A PDL kernel issues its first batch of weight loads before pdl_wait, so
+// that they overlap the tail of the kernel before (the weights are never
+// written by the kernels of a step), and reads x and writes its output
+// only after it. Every thread waits, so a PDL grid completes only after
+// the grid before it (and so, in turn, every one before that).
+template <bool PDL>
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+template <bool PDL>
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // split_dot adds to acc[r] the products of lane's chunks c0, c0+step, ...
 // below chunks of rows wr[r] with x, U chunks of every row in flight at a
 // time.
-template <typename W, int R, int U>
+// With PDL, the first batch's loads are issued before pdl_wait.
+template <typename W, int R, int U, bool PDL = false>
 __device__ __forceinline__ void split_dot(float* acc, const uint4* const* wr, const float* __restrict__ x, int K, int chunks, int c0,
 					  int step) {
 	int c = c0;
+	bool waited = false;
 	for (; c + step * (U - 1) < chunks; c += step * U) {
 		uint4 wv[U][R];
 #pragma unroll
@@ -47,11 +71,16 @@ __device__ __forceinline__ void split_dot(float* acc, const uint4* const* wr, co
 			for (int r = 0; r < R; r++) landed ^= wv[u][r].x;
 #pragma unroll
 		for (int r = 0; r < R; r++) acc[r] = landed == (unsigned)~K ? acc[r] + 0.0f : acc[r];
+		if (PDL && !waited) {
+			pdl_wait<PDL>();
+			waited = true;
+		}
 #pragma unroll
 		for (int u = 0; u < U; u++)
 #pragma unroll
 			for (int r = 0; r < R; r++) gemv_chunk<W, 1>(&acc[r], wv[u][r], x, K, c + step * u);
 	}
+	pdl_wait<PDL>();
 	for (; c < chunks; c += step)
 #pragma unroll
 		for (int r = 0; r < R; r++) gemv_chunk<W, 1>(&acc[r], load_stream(wr[r] + c), x, K, c);
@@ -87,9 +116,10 @@ __device__ __forceinline__ bool split_sum(float* acc) {
 // n1, n2; empty ones last). Row group g of the grid takes rows gR..gR+R-1
 // of the matrices laid end to end; a group past the last row reads the
 // last row in its place and writes nothing.
-template <typename W, int R, int U, int S>
+template <typename W, int R, int U, int S, bool PDL = false>
 __device__ void gemv_split(float* out0, float* out1, float* out2, const float* __restrict__ x, const W* __restrict__ w0,
 			   const W* __restrict__ w1, const W* __restrict__ w2, int n0, int n1, int n2, int K) {
+	pdl_trigger<PDL>();
 	constexpr int E = 16 / sizeof(W);
 	constexpr int G = GEMV_SPLIT_THREADS / 32 / S;  // row groups per block
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -112,7 +142,8 @@ __device__ void gemv_split(float* out0, float* out1, float* out2, const float* _
 	float acc[R];
 #pragma unroll
 	for (int r = 0; r < R; r++) acc[r] = 0.0f;
-	if (g0 < rows) split_dot<W, R, U>(acc, wr, x, K, K / E, 32 * (warp % S) + lane, 32 * S);
+	if (g0 < rows) split_dot<W, R, U, PDL>(acc, wr, x, K, K / E, 32 * (warp % S) + lane, 32 * S);
+	pdl_wait<PDL>();
 	if (!split_sum<R, S>(acc)) return;
 #pragma unroll
 	for (int r = 0; r < R; r++)
@@ -122,9 +153,10 @@ __device__ void gemv_split(float* out0, float* out1, float* out2, const float* _
 // gemv_gate_up_split computes out[n] = silu(x . wg[n,:]) * (x . wu[n,:]),
 // the two rows of n read together (R = 2 of split_dot), U loads of each in
 // flight, S warps per row.
-template <typename W, int U, int S>
+template <typename W, int U, int S, bool PDL = false>
 __device__ void gemv_gate_up_split(float* out, const float* __restrict__ x, const W* __restrict__ wg, const W* __restrict__ wu, int N,
 				   int K) {
+	pdl_trigger<PDL>();
 	constexpr int E = 16 / sizeof(W);
 	constexpr int G = GEMV_SPLIT_THREADS / 32 / S;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -132,7 +164,8 @@ __device__ void gemv_gate_up_split(float* out, const float* __restrict__ x, cons
 	const long long row = (long long)min(n, N - 1) * K;
 	const uint4* wr[2] = {reinterpret_cast<const uint4*>(wg + row), reinterpret_cast<const uint4*>(wu + row)};
 	float acc[2] = {0.0f, 0.0f};
-	if (n < N) split_dot<W, 2, U>(acc, wr, x, K, K / E, 32 * (warp % S) + lane, 32 * S);
+	if (n < N) split_dot<W, 2, U, PDL>(acc, wr, x, K, K / E, 32 * (warp % S) + lane, 32 * S);
+	pdl_wait<PDL>();
 	if (!split_sum<2, S>(acc)) return;
 	if (n < N) out[n] = acc[0] / (1.0f + expf(-acc[0])) * acc[1];
 }
@@ -149,6 +182,18 @@ __device__ void gemv_gate_up_split(float* out, const float* __restrict__ x, cons
 		gemv_gate_up_split<T, U, S>(out, x, wg, wu, N, K);                                                                     \
 	}
 
+#define GEMV_SPLIT_PDL(T, SFX, R, U, S)                                                                                             \
+	extern "C" __global__ void __launch_bounds__(GEMV_SPLIT_THREADS)                                                            \
+	    gemv_split_pdl_##SFX##_r##R##u##U##s##S(float* out0, float* out1, float* out2, const float* x, const T* w0, const T* w1, \
+						    const T* w2, int n0, int n1, int n2, int K) {                                       \
+		gemv_split<T, R, U, S, true>(out0, out1, out2, x, w0, w1, w2, n0, n1, n2, K);                                        \
+	}
+#define GEMV_GATE_UP_SPLIT_PDL(T, SFX, U, S)                                                                                         \
+	extern "C" __global__ void __launch_bounds__(GEMV_SPLIT_THREADS)                                                            \
+	    gemv_gate_up_split_pdl_##SFX##_u##U##s##S(float* out, const float* x, const T* wg, const T* wu, int N, int K) {           \
+		gemv_gate_up_split<T, U, S, true>(out, x, wg, wu, N, K);                                                               \
+	}
+
 // The variants Backend.gemvVariants names (ops.go); keep the two lists
 // together.
 #define GEMV_SPLIT_ALL(T, SFX)                 \
@@ -161,3 +206,12 @@ __device__ void gemv_gate_up_split(float* out, const float* __restrict__ x, cons
 	GEMV_GATE_UP_SPLIT(T, SFX, 8, 1)       \
 	GEMV_GATE_UP_SPLIT(T, SFX, 4, 2)       \
 	GEMV_GATE_UP_SPLIT(T, SFX, 2, 4)
+
+// The PDL variants (pdl set in gemvVariants), for compute_90 modules.
+#define GEMV_SPLIT_PDL_ALL(T, SFX)          \
+	GEMV_SPLIT_PDL(T, SFX, 1, 8, 1)     \
+	GEMV_SPLIT_PDL(T, SFX, 1, 8, 2)     \
+	GEMV_SPLIT_PDL(T, SFX, 1, 4, 4)     \
+	GEMV_GATE_UP_SPLIT_PDL(T, SFX, 4, 1) \
+	GEMV_GATE_UP_SPLIT_PDL(T, SFX, 4, 2) \
+	GEMV_GATE_UP_SPLIT_PDL(T, SFX, 2, 4)
