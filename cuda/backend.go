@@ -92,11 +92,11 @@ type Backend struct {
 	// kernels take 13.3 and 14.4 us for M = 1 and 2, cuBLAS (with the cast
 	// of x) 19.3 us, and cuBLAS wins from M = 4 on (PERF.md).
 	gemvMaxRows int
-	// gemvRows picks the M = 1 GEMV kernel: 0, gemv_*_m1 (one row per
-	// warp); 1 or 2, gemv_*_r1 or _r2 (that many rows per warp, each
-	// batch of loads in flight together; kernels/gemv.cuh).
-	// BenchmarkGEMVShapes sets it on its backend to compare them; the
-	// default stays 0 until an H200 run says otherwise.
+	// gemvRows picks the M = 1 GEMV kernel: 0, per shape (rowsPerWarp);
+	// -1, gemv_*_m1 (one row per warp); 1 or 2, gemv_*_r1 or _r2 (that
+	// many rows per warp, each batch of loads in flight together;
+	// kernels/gemv.cuh). BenchmarkGEMVShapes sets it on its backend to
+	// compare them.
 	gemvRows int
 	// gemvSplit, when set, is the candidate kernel (gemvsplit.go) every
 	// M = 1 product of F16 or BF16 weights runs on: MatMul, MatMulMany

@@ -147,7 +147,7 @@ func TestGEMVEnv(t *testing.T) {
 		split string
 		rows  int
 		err   bool
-	}{{"", "", 0, false}, {"m1", "", 0, false}, {"r2", "", 2, false}, {"s2", "s2", 0, false}, {"b16", "b16", 0, false}, {"fast", "", 0, true}} {
+	}{{"", "", 0, false}, {"m1", "", -1, false}, {"r2", "", 2, false}, {"s2", "s2", 0, false}, {"b16", "b16", 0, false}, {"fast", "", 0, true}} {
 		v, rows, err := gemvVariantNamed(c.val)
 		if c.err {
 			if err == nil || !strings.Contains(err.Error(), GEMVEnv+`="fast"`) || !strings.Contains(err.Error(), "m1, r1, r2, b8, b16") {
@@ -243,5 +243,19 @@ func TestGEMVVariantsChain(t *testing.T) {
 			}
 			t.Logf("%s: %d steps, eager and graph, largest difference from the default kernels %.2g", v.name, steps, worst)
 		})
+	}
+}
+
+// TestRowsPerWarp checks the M = 1 MatMul kernel chosen by shape: r1 up
+// to 2048 rows, m1 above, and gemvRows when set (-1: m1 everywhere).
+func TestRowsPerWarp(t *testing.T) {
+	for _, c := range []struct{ rows, n, want int }{
+		{0, 1, 1}, {0, 2048, 1}, {0, 2049, 0}, {0, 4096, 0}, {0, 11008, 0},
+		{-1, 2048, 0}, {-1, 4096, 0}, {1, 4096, 1}, {2, 2048, 2},
+	} {
+		b := &Backend{gemvRows: c.rows}
+		if got := b.rowsPerWarp(c.n); got != c.want {
+			t.Errorf("gemvRows %d, N = %d: %d rows per warp, want %d", c.rows, c.n, got, c.want)
+		}
 	}
 }

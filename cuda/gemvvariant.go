@@ -7,9 +7,10 @@ import (
 
 // GEMVEnv names the environment variable that picks the M = 1 GEMV
 // kernels of F16 and BF16 weights when a backend opens, so that a whole
-// decode can be timed with each candidate: "" or "m1" for the default
-// (gemv_*_m1, gemv_many_*, gemv_gate_up_*_m1), "r1" or "r2"
-// (gemv_*_r1, _r2, MatMul only), or the name of one of gemvVariants.
+// decode can be timed with each candidate: "" for the default (per
+// shape: gemv_*_r1 or gemv_*_m1 for MatMul, gemv_many_*,
+// gemv_gate_up_*_m1), "m1", "r1" or "r2" for that MatMul kernel on every
+// shape, or the name of one of gemvVariants.
 const GEMVEnv = "STRATA_CUDA_GEMV"
 
 // gemvVariant is a candidate M = 1 GEMV of kernels/gemv_split.cuh for F16
@@ -70,11 +71,13 @@ func (v *gemvVariant) gateUpGrid(n int) [3]uint32 {
 }
 
 // gemvVariantNamed returns the variant called name, or nil for the
-// default kernels; rows is the gemvRows of "r1" and "r2".
+// default kernels; rows is the gemvRows of "m1", "r1" and "r2".
 func gemvVariantNamed(name string) (v *gemvVariant, rows int, err error) {
 	switch name {
-	case "", "m1":
+	case "":
 		return nil, 0, nil
+	case "m1":
+		return nil, -1, nil
 	case "r1":
 		return nil, 1, nil
 	case "r2":

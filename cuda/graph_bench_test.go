@@ -50,10 +50,11 @@ func copyRate(b *testing.B, be *Backend) float64 {
 // q, k and v products of a block as one MatMulMany. Each iteration queues
 // 8 products on rotating matrices (past the 60 MB L2) and syncs. The
 // modes (gemvModes): "launch" launches each product from the host as eager
-// decode does, with the default kernel, "launch-r1" and "launch-r2" with
-// the r1 and r2 kernels (kernels/gemv.cuh); "graph" replays the 8 captured
-// as one graph, which shows the kernels back to back without the host's
-// launch cost, and "graph-NAME" does so with kernel NAME: r1, r2 or one of
+// decode does, with the default kernel for the shape (rowsPerWarp),
+// "launch-m1", "launch-r1" and "launch-r2" with the m1, r1 and r2 kernels
+// (kernels/gemv.cuh); "graph" replays the 8 captured as one graph, which
+// shows the kernels back to back without the host's launch cost, and
+// "graph-NAME" does so with kernel NAME: m1, r1, r2 or one of
 // gemvVariants (kernels/gemv_split.cuh). It reports weight GB/s, us per
 // product and the percentage of the device's copy rate measured at the
 // start (the target is 85%). With -test.benchtime 200x the whole
@@ -313,7 +314,7 @@ func BenchmarkDecodeRun(b *testing.B) {
 // gemvModes are BenchmarkGEMVShapes's modes: the host-launched default and
 // r1, r2 kernels, then every kernel replayed as a graph.
 func gemvModes() []string {
-	modes := []string{"launch", "launch-r1", "launch-r2", "graph", "graph-r1", "graph-r2"}
+	modes := []string{"launch", "launch-m1", "launch-r1", "launch-r2", "graph", "graph-m1", "graph-r1", "graph-r2"}
 	for i := range gemvVariants {
 		modes = append(modes, "graph-"+gemvVariants[i].name)
 	}
