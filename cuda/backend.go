@@ -98,12 +98,17 @@ type Backend struct {
 	// kernels take 13.3 and 14.4 us for M = 1 and 2, cuBLAS (with the cast
 	// of x) 19.3 us, and cuBLAS wins from M = 4 on (PERF.md).
 	gemvMaxRows int
-	// gemvRows picks the M = 1 GEMV kernel: 0, gemv_*_m1 (one row per
-	// warp); 1 or 2, gemv_*_r1 or _r2 (that many rows per warp, each
-	// batch of loads in flight together; kernels/gemv.cuh).
-	// BenchmarkGEMVShapes sets it on its backend to compare them; the
-	// default stays 0 until an H200 run says otherwise.
+	// gemvRows picks the M = 1 GEMV kernel: 0, per shape (rowsPerWarp);
+	// -1, gemv_*_m1 (one row per warp); 1 or 2, gemv_*_r1 or _r2 (that
+	// many rows per warp, each batch of loads in flight together;
+	// kernels/gemv.cuh). BenchmarkGEMVShapes sets it on its backend to
+	// compare them.
 	gemvRows int
+	// gemvSplit, when set, is the candidate kernel (gemvsplit.go) every
+	// M = 1 product of F16 or BF16 weights runs on: MatMul, MatMulMany
+	// and GateUpSiLU. Open sets it and gemvRows from GEMVEnv;
+	// BenchmarkGEMVShapes sets it on its backend to compare them.
+	gemvSplit *gemvVariant
 
 	// gradPath is the implementation MatMulGradX and MatMulGradW use:
 	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or
@@ -190,8 +195,13 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // a compute and a copy stream, the kernels, and cuBLAS when it can be
 // loaded. Without cuBLAS, matrix products run on built-in kernels (BLAS
 // says which). The environment variable STRATA_CUBLAS may name the cuBLAS
-// library file to load instead of searching the versioned sonames.
+// library file to load instead of searching the versioned sonames, and
+// STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use.
 func Open(device int) (*Backend, error) {
+	split, rows, err := gemvVariantNamed(os.Getenv(GEMVEnv))
+	if err != nil {
+		return nil, err
+	}
 	n, err := DeviceCount()
 	if err != nil {
 		return nil, err
@@ -209,9 +219,13 @@ func Open(device int) (*Backend, error) {
 	if info.Major < 7 {
 		return nil, fmt.Errorf("cuda: device %d (%s) has compute capability %d.%d; strata's kernels need 7.0 or newer", device, info.Name, info.Major, info.Minor)
 	}
+	if split != nil && split.pdl && info.Major < 9 {
+		return nil, fmt.Errorf("cuda: %s=%s: the kernels need compute capability 9.0, device %d (%s) has %d.%d", GEMVEnv, split.name, device, info.Name, info.Major, info.Minor)
+	}
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
+		gemvRows: rows, gemvSplit: split,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()

@@ -51,6 +51,9 @@ func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tens
 	}
 	const warpsPerBlock = 8
 	return b.ops(op, func() error {
+		if v := b.splitFor(suffix(ws[0].DType())); v != nil {
+			return b.gemvSplitRun(v, suffix(ws[0].DType()), o, w, n, x.Ptr(), k)
+		}
 		a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x.Ptr()).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
 		grid := [3]uint32{uint32((rows + warpsPerBlock - 1) / warpsPerBlock), 1, 1}
 		return b.run("gemv_many_"+suffix(ws[0].DType()), grid, [3]uint32{32 * warpsPerBlock, 1, 1}, a)
@@ -166,6 +169,9 @@ func (b *Backend) GateUpSiLU(out, up, x, wGate, wUp *tensor.Tensor) error {
 	const warpsPerBlock = 8
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(wGate.Ptr()).ptr(wUp.Ptr()).i32(n).i32(k)
+		if v := b.splitFor(suffix(dt)); v != nil && m == 1 {
+			return b.runVariant(v, v.gateUpKernel(suffix(dt)), v.gateUpGrid(n), a)
+		}
 		name := "gemv_gate_up_" + suffix(dt) + "_m1"
 		if m == 2 {
 			name = "gemv_gate_up_" + suffix(dt) + "_m2"

@@ -1591,7 +1591,7 @@ func TestEmbeddedKernels(t *testing.T) {
 			have[name] = true
 		}
 	}
-	for _, name := range append(append([]string(nil), requiredKernels...), optionalKernels...) {
+	for _, name := range append(append(append([]string(nil), requiredKernels...), optionalKernels...), pdlKernels...) {
 		if !have[name] {
 			t.Errorf("kernel %s is not in the embedded PTX; run make cuda-ptx", name)
 		}

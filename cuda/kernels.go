@@ -122,6 +122,14 @@ var requiredKernels = func() []string {
 	for _, t := range []string{"f32", "f16", "bf16"} {
 		k = append(k, "add_rmsnorm_"+t, "rope_kv_"+t, "attention_"+t+"_at", "gemv_gate_up_"+t+"_m1", "gemv_gate_up_"+t+"_m2", "gemv_"+t+"_r1", "gemv_"+t+"_r2", "gemv_many_"+t)
 	}
+	// The candidate decode GEMVs (gemvsplit.go; kernels/gemv_split.cuh).
+	for _, t := range []string{"f16", "bf16"} {
+		for i := range gemvVariants {
+			if !gemvVariants[i].pdl { // pdlKernels
+				k = append(k, gemvVariants[i].kernel(t), gemvVariants[i].gateUpKernel(t))
+			}
+		}
+	}
 	for _, t := range []string{"f32", "f16", "bf16", "q8_0", "q8_b8"} {
 		k = append(k, "kv_write_blocks_"+t, "attention_blocks_"+t)
 	}
@@ -166,6 +174,21 @@ func (b *Backend) runShared(name string, grid, block [3]uint32, shmem int, a *ar
 	}
 	b.counts.kernels.Add(1)
 	if err := launch(f, grid, block, uint32(shmem), b.compute, a); err != nil {
+		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
+	}
+	return nil
+}
+
+// runPDL launches kernel name as run does, with programmatic dependent
+// launch allowed (a _pdl kernel, which waits for the kernel before it
+// itself). The caller holds opsMu and has entered the context.
+func (b *Backend) runPDL(name string, grid, block [3]uint32, a *args) error {
+	f, ok := b.kernels[name]
+	if !ok {
+		return fmt.Errorf("%s: no kernel %s", b.name, name)
+	}
+	b.counts.kernels.Add(1)
+	if err := launchPDL(f, grid, block, b.compute, a); err != nil {
 		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
 	}
 	return nil

@@ -561,7 +561,18 @@ func (w stageWeights) Release(layer int) {
 	}
 }
 
-var _ ExpertWeights = stageWeights{}
+var (
+	_ ExpertWeights   = stageWeights{}
+	_ ResidentWeights = stageWeights{}
+)
+
+// Resident reports the server's Resident for the layer, false for a
+// server without it.
+func (w stageWeights) Resident(layer int) bool {
+	rw, ok := w.srv.(ResidentWeights)
+	l, on := w.local[layer]
+	return ok && on && rw.Resident(l)
+}
 
 // experts returns the server's expert paging and the server's number of
 // layer, when it pages the layer's experts.

@@ -551,6 +551,23 @@ func (p *Pager) Plan() *PlanResult { return p.plan }
 // NumLayers returns the number of layers.
 func (p *Pager) NumLayers() int { return len(p.layers) }
 
+// Resident reports whether the layer is wholly resident and loaded now:
+// none of its tensors is streamed (its shared ones are in its lender's
+// resident part), so an Acquire neither loads it nor takes a ring slot,
+// and its tensors keep their addresses until the budget evicts it.
+func (p *Pager) Resident(layer int) bool {
+	if layer < 0 || layer >= len(p.layers) {
+		return false
+	}
+	e := p.layers[layer]
+	if len(e.str) > 0 || e.lender >= 0 && !e.lentRes {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return e.loaded() && (e.lender < 0 || p.layers[e.lender].resLoaded)
+}
+
 // SetOrder sets the direction prefetch follows from now on.
 func (p *Pager) SetOrder(o Order) { p.order.Store(int32(o)) }
 
