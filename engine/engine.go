@@ -623,6 +623,8 @@ func (e *Engine) Stats() paging.Stats {
 		t.StagingBytes += st.StagingBytes
 		t.BytesStaged += st.BytesStaged
 		t.StagingWait += st.StagingWait
+		t.StagingReaders += st.StagingReaders
+		t.StagingReadTime += st.StagingReadTime // devices read one after the other: their times add
 		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
 		t.ExpertSlots += st.ExpertSlots
 		t.ExpertsTotal += st.ExpertsTotal

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -17,9 +18,10 @@ import (
 // memory by one goroutine and copied synchronously at the pageable rate,
 // and neither the read nor the copy overlapped anything.
 //
-// A load takes a free buffer (waiting, in order, when none is), reads the
-// part's tensors into it on up to stagingReaders goroutines (a large
-// tensor of a RangeSource in pieces of stagingPiece bytes), and queues
+// A load takes a free buffer (waiting, in order, when none is), has the
+// part's tensors read into it by the ring's readers (a large tensor of a
+// RangeSource in pieces of stagingPiece bytes; the readers serve the loads
+// in the order they were queued), and queues
 // each tensor's or piece's copy on the backend's copy stream as soon as
 // its read is done (tensor.StagedUploader), so that the first copies run
 // while the rest is read. The copies' ready waits go with the layer,
@@ -43,26 +45,131 @@ const maxStagingSlots = 3
 // stagingSlots is the staging ring's buffers for a prefetch depth.
 func stagingSlots(depth int) int { return min(max(depth, 0)+1, maxStagingSlots) }
 
-// stagingReaders bounds the goroutines reading one part into its staging
-// buffer: a read from the page cache runs at 5-10 GB/s on one thread, a
-// copy over the link at up to 50, so several read at once.
-const stagingReaders = 8
+// stagingReaders is the default of the goroutines reading streamed parts
+// into the staging ring, for every load at once
+// (Options.StagingReaders): one per core the process may use, at least
+// eight (reads from a disk wait more than they copy). A read from the
+// page cache runs at 5-10 GB/s on one thread, a copy over the link at up
+// to 55, so several read at once.
+func stagingReaders() int { return max(runtime.GOMAXPROCS(0), 8) }
 
-// stagingPiece is the size of the pieces a RangeSource's tensors are read
-// and copied in (whole rows, at least one): a 7B model's MLP projections
-// (86 MiB) in six, its embedding table (250 MiB) in sixteen.
+// stagingPiece is the default size of the pieces a RangeSource's tensors
+// are read and copied in (Options.StagingPiece; whole rows, at least
+// one): a 7B model's MLP projections (86 MiB) in six, its embedding table
+// (250 MiB) in sixteen.
 const stagingPiece = 16 << 20
 
 // staging is the staging ring.
 type staging struct {
 	up    tensor.StagedUploader
 	size  int64    // each buffer's bytes
-	piece int64    // the bytes of a piece read from a RangeSource (stagingPiece)
+	piece int64    // the bytes of a piece read from a RangeSource
 	bufs  [][]byte // every buffer, for Close
 	free  chan []byte
 	// returns runs the goroutines that give a buffer back once its copies
 	// have landed.
 	returns sync.WaitGroup
+
+	// The readers: goroutines shared by every load, which take the
+	// pieces of the loads queued in the order the loads were queued, so
+	// that the load queued first (the layer needed first) is read first
+	// and its copies are queued before the next load's, not interleaved
+	// with them.
+	read     func(ld *stageLoad, pc stagePiece) error
+	nreaders int
+	readers  sync.WaitGroup
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []*stageLoad
+	closing  bool
+	active   int           // reads under way
+	since    time.Time     // when active last became > 0
+	busy     time.Duration // the time with at least one read under way
+}
+
+// stageLoad is a load's pieces queued for the readers; each piece's read
+// ends with a readDone on results, which holds them all.
+type stageLoad struct {
+	ctx     context.Context
+	e       *entry
+	buf     []byte
+	pieces  []stagePiece
+	next    int // the first piece not taken by a reader
+	results chan readDone
+}
+
+type readDone struct {
+	pc  stagePiece
+	err error
+}
+
+// startReaders starts n readers.
+func (s *staging) startReaders(n int) {
+	s.cond = sync.NewCond(&s.mu)
+	s.nreaders = max(n, 1)
+	for range s.nreaders {
+		s.readers.Add(1)
+		go s.reader()
+	}
+}
+
+// enqueue queues ld's pieces behind the loads queued before.
+func (s *staging) enqueue(ld *stageLoad) {
+	if len(ld.pieces) == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.queue = append(s.queue, ld)
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// reader reads the queued pieces, oldest load first, until the ring
+// closes and the queue is empty. A piece of a load whose context is done
+// is not read: its result is the context's error.
+func (s *staging) reader() {
+	defer s.readers.Done()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		for len(s.queue) == 0 && !s.closing {
+			s.cond.Wait()
+		}
+		if len(s.queue) == 0 {
+			return
+		}
+		ld := s.queue[0]
+		pc := ld.pieces[ld.next]
+		if ld.next++; ld.next == len(ld.pieces) {
+			s.queue[0] = nil
+			s.queue = s.queue[1:]
+		}
+		if s.active == 0 {
+			s.since = time.Now()
+		}
+		s.active++
+		s.mu.Unlock()
+		err := ld.ctx.Err()
+		if err == nil {
+			err = s.read(ld, pc)
+		}
+		ld.results <- readDone{pc, err} // never blocks: it holds every piece
+		s.mu.Lock()
+		if s.active--; s.active == 0 {
+			s.busy += time.Since(s.since)
+		}
+	}
+}
+
+// readTime is the time so far with at least one read under way.
+func (s *staging) readTime() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.busy
+	if s.active > 0 {
+		d += time.Since(s.since)
+	}
+	return d
 }
 
 // newStaging sets up the staging ring, when the backend has pinned
@@ -97,7 +204,11 @@ func (p *Pager) newStaging(opts Options, planned int64) {
 		slots = opts.StagingSlots
 	}
 	slots = int(min(int64(slots), room/size))
-	s := &staging{up: up, size: size, piece: stagingPiece}
+	piece := int64(stagingPiece)
+	if opts.StagingPiece > 0 {
+		piece = opts.StagingPiece
+	}
+	s := &staging{up: up, size: size, piece: piece}
 	for range slots {
 		b, err := p.pinned.AllocPinned(size)
 		if err != nil {
@@ -116,6 +227,12 @@ func (p *Pager) newStaging(opts Options, planned int64) {
 	for _, b := range s.bufs {
 		s.free <- b
 	}
+	s.read = p.readPiece
+	readers := stagingReaders()
+	if opts.StagingReaders > 0 {
+		readers = opts.StagingReaders
+	}
+	s.startReaders(readers)
 	p.stage, p.stageBytes = s, int64(len(s.bufs))*size
 	p.hostCap += min(planned, p.stageBytes)
 }
@@ -141,37 +258,8 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pieces := s.pieces(e, p.src)
-	jobs := make(chan stagePiece, len(pieces))
-	for _, pc := range pieces {
-		jobs <- pc
-	}
-	close(jobs)
-	type readDone struct {
-		pc  stagePiece
-		err error
-	}
-	rs, ranged := p.src.(RangeSource)
 	results := make(chan readDone, len(pieces))
-	for range min(stagingReaders, len(pieces)) {
-		go func() {
-			for pc := range jobs {
-				sp := e.specs[e.str[pc.k]]
-				dst := buf[e.strOff[pc.k]+pc.off : e.strOff[pc.k]+pc.off+pc.n]
-				err := rctx.Err()
-				switch {
-				case err != nil:
-				case ranged && pc.n < sp.Bytes:
-					err = rs.ReadTensorRange(rctx, e.layer, sp.Name, pc.off, dst)
-				default:
-					err = p.src.ReadTensor(rctx, e.layer, sp.Name, dst)
-				}
-				if err != nil {
-					err = fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, sp.Name, err)
-				}
-				results <- readDone{pc, err}
-			}
-		}()
-	}
+	s.enqueue(&stageLoad{ctx: rctx, e: e, buf: buf, pieces: pieces, results: results})
 	var landed []func() error
 	var err error
 	nReady := len(ld.ready)
@@ -214,6 +302,24 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 	}
 	s.giveBack(buf, landed)
 	return err
+}
+
+// readPiece reads the piece pc of ld's layer into its place in ld's
+// buffer: from a RangeSource when it is part of its tensor.
+func (p *Pager) readPiece(ld *stageLoad, pc stagePiece) error {
+	e := ld.e
+	sp := e.specs[e.str[pc.k]]
+	dst := ld.buf[e.strOff[pc.k]+pc.off : e.strOff[pc.k]+pc.off+pc.n]
+	var err error
+	if rs, ok := p.src.(RangeSource); ok && pc.n < sp.Bytes {
+		err = rs.ReadTensorRange(ld.ctx, e.layer, sp.Name, pc.off, dst)
+	} else {
+		err = p.src.ReadTensor(ld.ctx, e.layer, sp.Name, dst)
+	}
+	if err != nil {
+		return fmt.Errorf("paging: layer %d tensor %s: reading: %w", e.layer, sp.Name, err)
+	}
+	return nil
 }
 
 // stagePiece is a piece of a streamed tensor read into a staging buffer
@@ -270,6 +376,11 @@ func (s *staging) giveBack(buf []byte, landed []func() error) {
 // close waits for every buffer to come back and frees them. The pager's
 // loads have ended.
 func (s *staging) close(pa tensor.PinnedAllocator) error {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.cond.Broadcast()
+	s.readers.Wait()
 	s.returns.Wait()
 	var errs []error
 	for _, b := range s.bufs {

@@ -53,10 +53,17 @@ type Stats struct {
 	// within its limit (HostCacheLimit). BytesStaged are the bytes read
 	// into them and copied out; StagingWait is the time loads waited for
 	// a free buffer (all of them holding copies not yet landed).
-	StagingSlots int           `json:"staging_slots,omitempty"`
-	StagingBytes int64         `json:"staging_bytes,omitempty"`
-	BytesStaged  int64         `json:"bytes_staged,omitempty"`
-	StagingWait  time.Duration `json:"staging_wait_ns,omitempty"`
+	// StagingReaders is the goroutines reading into the ring;
+	// StagingReadTime the time during which at least one of them was
+	// reading, so that BytesStaged / StagingReadTime is the rate the
+	// staged reads ran at (StagedReadGBps), copies to the device going on
+	// beside them.
+	StagingSlots    int           `json:"staging_slots,omitempty"`
+	StagingBytes    int64         `json:"staging_bytes,omitempty"`
+	BytesStaged     int64         `json:"bytes_staged,omitempty"`
+	StagingWait     time.Duration `json:"staging_wait_ns,omitempty"`
+	StagingReaders  int           `json:"staging_readers,omitempty"`
+	StagingReadTime time.Duration `json:"staging_read_ns,omitempty"`
 
 	// PrefetchWait is the time Acquire spent waiting for loads already
 	// under way (prefetches that had not finished); DemandWait the time
@@ -189,6 +196,7 @@ func (p *Pager) Stats() Stats {
 	s.HostCacheBytes, s.HostCacheLimit, s.PinnedHostBytes = p.hostUsed, p.hostCap, p.pinnedBytes
 	if p.stage != nil {
 		s.StagingSlots, s.StagingBytes = len(p.stage.bufs), p.stageBytes
+		s.StagingReaders, s.StagingReadTime = p.stage.nreaders, p.stage.readTime()
 	}
 	s.StagingWait = p.stagingWait
 	s.RingBytes = p.ringCap
@@ -280,8 +288,9 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 			FormatSize(ps.BytesDiskToHost), FormatSize(ps.BytesHostToDevice), FormatSize(ps.HostCacheBytes), FormatSize(ps.HostCacheLimit),
 			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes), FormatSize(ps.HostLayerBytes))
 		if ps.StagingSlots > 0 {
-			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer\n",
-				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond))
+			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer; %d readers, reading for %v (%.1f GB/s)\n",
+				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond),
+				ps.StagingReaders, ps.StagingReadTime.Round(time.Microsecond), ps.StagedReadGBps())
 		}
 		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
 			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))
@@ -295,4 +304,14 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 		}
 	}
 	fmt.Fprintf(sb, "%s\n", rule)
+}
+
+// StagedReadGBps is the rate, in GB/s, the staging ring's reads ran at:
+// the bytes staged over the time at least one read was under way; 0
+// before any.
+func (s Stats) StagedReadGBps() float64 {
+	if s.StagingReadTime <= 0 {
+		return 0
+	}
+	return float64(s.BytesStaged) / s.StagingReadTime.Seconds() / 1e9
 }
