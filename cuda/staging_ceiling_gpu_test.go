@@ -1,0 +1,392 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
+)
+
+// fileModel is hostModel's tensors written one after the other into a
+// file (in /dev/shm when there is one, as the H200 runs keep their
+// models): a paging.RangeSource whose reads come from the page cache, as
+// the aggressive strategy's do, by pread (os.File.ReadAt, the loader's
+// way) or, with mmap, by a copy from a mapping of the file (no system
+// call, no page lookup per 4 KiB).
+type fileModel struct {
+	*hostModel
+	f    *os.File
+	off  map[string]int64
+	size int64
+	mm   []byte // the mapping; nil: reads by pread
+}
+
+// newFileModel writes m into a file removed at the end of the test.
+func newFileModel(tb testing.TB, m *hostModel) *fileModel {
+	tb.Helper()
+	dir := tb.TempDir()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		d, err := os.MkdirTemp("/dev/shm", "strata-staging-")
+		if err == nil {
+			dir = d
+			tb.Cleanup(func() { os.RemoveAll(d) })
+		}
+	}
+	f, err := os.Create(dir + "/model.bin")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { f.Close() })
+	fm := &fileModel{hostModel: m, f: f, off: map[string]int64{}}
+	for _, specs := range m.layers {
+		for _, s := range specs {
+			if _, err := f.WriteAt(m.data[s.Name], fm.size); err != nil {
+				tb.Fatal(err)
+			}
+			fm.off[s.Name] = fm.size
+			fm.size += s.Bytes
+		}
+	}
+	tb.Logf("model file %s: %s", f.Name(), paging.FormatSize(fm.size))
+	return fm
+}
+
+// mapped returns the model read from a mapping of its file, populated
+// at once.
+func (m *fileModel) mapped(tb testing.TB) *fileModel {
+	tb.Helper()
+	mm, err := unix.Mmap(int(m.f.Fd()), 0, int(m.size), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		tb.Fatalf("mmap: %v", err)
+	}
+	tb.Cleanup(func() { unix.Munmap(mm) })
+	c := *m
+	c.mm = mm
+	return &c
+}
+
+func (m *fileModel) ReadTensor(ctx context.Context, layer int, name string, dst []byte) error {
+	if b, ok := m.data[name]; !ok || len(b) != len(dst) {
+		return fmt.Errorf("file model: layer %d: no tensor %s of %d bytes", layer, name, len(dst))
+	}
+	return m.ReadTensorRange(ctx, layer, name, 0, dst)
+}
+
+func (m *fileModel) ReadTensorRange(ctx context.Context, layer int, name string, off int64, dst []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b, ok := m.data[name]
+	if !ok || off < 0 || off+int64(len(dst)) > int64(len(b)) {
+		return fmt.Errorf("file model: layer %d: tensor %s has no %d bytes at %d", layer, name, len(dst), off)
+	}
+	return m.readAt(dst, m.off[name]+off)
+}
+
+func (m *fileModel) readAt(dst []byte, at int64) error {
+	if m.mm != nil {
+		copy(dst, m.mm[at:])
+		return nil
+	}
+	_, err := m.f.ReadAt(dst, at)
+	return err
+}
+
+// readFile reads the whole file once on g goroutines in pieces of piece
+// bytes, each goroutine into its own piece of dst (at least g*piece
+// bytes), and returns the time it took.
+func (m *fileModel) readFile(dst []byte, g int, piece int64) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, g)
+	start := time.Now()
+	for i := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			own := dst[int64(i)*piece : int64(i+1)*piece]
+			for {
+				at := next.Add(piece) - piece
+				if at >= m.size {
+					return
+				}
+				n := min(piece, m.size-at)
+				if err := m.readAt(own[:n], at); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return el, err
+		}
+	}
+	return el, nil
+}
+
+// copyPinned copies src (pinned) to dst in pieces of piece bytes, all
+// queued at once, and waits for them to land.
+func copyPinned(b *Backend, dst *tensor.Tensor, src []byte, piece int64) error {
+	var lands []func() error
+	for off := int64(0); off < int64(len(src)); off += piece {
+		n := min(piece, int64(len(src))-off)
+		ready, landed, err := b.UploadStaged(context.Background(), dst, off, src[off:off+n])
+		if err != nil {
+			return err
+		}
+		lands = append(lands, landed, ready)
+	}
+	for _, w := range lands {
+		if err := w(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// BenchmarkStagingCeiling measures what bounds the aggressive strategy's
+// streaming on this machine, over a 7B-shaped F16 model of 6 blocks in a
+// file in the page cache (2.8 GiB, more than 6 staging buffers, so that
+// the host cache never keeps it; fileModel), each part alone and then
+// together:
+//
+//   - h2d/piece=P: copies from pinned memory to the device alone, in
+//     pieces of P (the bound the bench's "stream bound" assumes);
+//   - read/{pread,mmap}/g=G/piece=P: the whole file read into pinned
+//     memory on G goroutines in pieces of P, by pread (the loader's way)
+//     or by copies from a mapping of the file; nothing copied to the
+//     device;
+//   - both/{pread,mmap}/g=G/piece=P: the same reads while copies of
+//     another pinned buffer to the device run back to back: readGB/s and
+//     h2dGB/s are each part's rate over the same time, with no dependency
+//     between them (the memory system's ceiling for the two at once);
+//   - pager/{pread,mmap}/g=G/piece=P/buffers=B: the pager's staging ring
+//     over the file (aggressive, prefetch depth B-1, B staging buffers, G
+//     readers, pieces of P: paging.Options), one pass over the layers an
+//     iteration, acquire and release, no compute: GB/s is the pipeline's
+//     rate, readGB/s the rate its reads ran at while they ran
+//     (Stats.StagedReadGBps), %pinned its share of the h2d rate.
+//
+// The aggressive strategy can reach min(h2d, both's readGB/s) at best;
+// the pager's GB/s against that is the runtime's loss. Run it with
+// -test.benchtime 3x (about a minute on the H200).
+func BenchmarkStagingCeiling(b *testing.B) {
+	g := openGPU(b)
+	hm := newHostModel(6)
+	files := map[string]*fileModel{"pread": newFileModel(b, hm)}
+	files["mmap"] = files["pread"].mapped(b)
+	var layerBytes int64
+	for _, specs := range hm.layers {
+		var n int64
+		for _, s := range specs {
+			n += s.Bytes
+		}
+		layerBytes = max(layerBytes, n)
+	}
+	const most = 1 << 30 // the readers' pinned memory: 16 goroutines of 64 MiB
+	readBuf, err := g.AllocPinned(most)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.FreePinned(readBuf)
+	h2dBuf, err := g.AllocPinned(512 << 20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.FreePinned(h2dBuf)
+	dst, err := g.Alloc(tensor.F16, tensor.Shape{512 << 19})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Free(dst)
+	goroutines := []int{4, 8, 12, 16}
+	pieces := []int64{4 << 20, 16 << 20, 64 << 20}
+	gbps := func(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e9 }
+	ms := func(p int64) string { return fmt.Sprintf("%dMiB", p>>20) }
+
+	var pinned float64 // h2d at 16 MiB, for the pager's %pinned
+	for _, p := range pieces {
+		b.Run("h2d/piece="+ms(p), func(b *testing.B) {
+			var moved int64
+			for b.Loop() {
+				if err := copyPinned(g, dst, h2dBuf, p); err != nil {
+					b.Fatal(err)
+				}
+				moved += int64(len(h2dBuf))
+			}
+			r := gbps(moved, b.Elapsed())
+			b.ReportMetric(r, "GB/s")
+			if p == 16<<20 {
+				pinned = r
+			}
+		})
+	}
+	for _, how := range []string{"pread", "mmap"} {
+		fm := files[how]
+		for _, gr := range goroutines {
+			for _, p := range pieces {
+				b.Run(fmt.Sprintf("read/%s/g=%d/piece=%s", how, gr, ms(p)), func(b *testing.B) {
+					var moved int64
+					for b.Loop() {
+						if _, err := fm.readFile(readBuf, gr, p); err != nil {
+							b.Fatal(err)
+						}
+						moved += fm.size
+					}
+					b.ReportMetric(gbps(moved, b.Elapsed()), "GB/s")
+				})
+			}
+		}
+	}
+	for _, how := range []string{"pread", "mmap"} {
+		fm := files[how]
+		for _, gr := range goroutines {
+			for _, p := range pieces {
+				b.Run(fmt.Sprintf("both/%s/g=%d/piece=%s", how, gr, ms(p)), func(b *testing.B) {
+					var readTime, h2dTime time.Duration
+					var read, copied int64
+					for b.Loop() {
+						stop := make(chan struct{})
+						done := make(chan error, 1)
+						go func() {
+							var n int64
+							start := time.Now()
+							for {
+								select {
+								case <-stop:
+									h2dTime += time.Since(start)
+									copied += n
+									done <- nil
+									return
+								default:
+								}
+								if err := copyPinned(g, dst, h2dBuf, 16<<20); err != nil {
+									done <- err
+									return
+								}
+								n += int64(len(h2dBuf))
+							}
+						}()
+						el, err := fm.readFile(readBuf, gr, p)
+						close(stop)
+						if err2 := <-done; err == nil {
+							err = err2
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						readTime += el
+						read += fm.size
+					}
+					r, c := gbps(read, readTime), gbps(copied, h2dTime)
+					b.ReportMetric(r, "readGB/s")
+					b.ReportMetric(c, "h2dGB/s")
+					b.ReportMetric(r+c, "sumGB/s")
+				})
+			}
+		}
+	}
+
+	// The pager's pipeline.
+	info, err := paging.DescribeSource(hm)
+	if err != nil {
+		b.Fatal(err)
+	}
+	model := paging.ModelInfo{Layers: info, NumLayers: len(info) - 2}
+	type pagerCase struct {
+		how     string
+		readers int
+		piece   int64
+		buffers int
+	}
+	var cases []pagerCase
+	for _, gr := range goroutines {
+		for _, p := range pieces {
+			cases = append(cases, pagerCase{"pread", gr, p, 3})
+		}
+	}
+	for _, gr := range []int{8, 16} {
+		for _, bufs := range []int{4, 6} {
+			cases = append(cases, pagerCase{"pread", gr, 16 << 20, bufs})
+		}
+		for _, bufs := range []int{3, 4, 6} {
+			cases = append(cases, pagerCase{"mmap", gr, 16 << 20, bufs})
+		}
+	}
+	for _, c := range cases {
+		b.Run(fmt.Sprintf("pager/%s/g=%d/piece=%s/buffers=%d", c.how, c.readers, ms(c.piece), c.buffers), func(b *testing.B) {
+			depth := c.buffers - 1
+			probe, err := paging.Plan(model, 1<<40, paging.StrategyAggressive, 16, 1, paging.WithDevice(g), paging.WithMaxPrefetch(depth))
+			if err != nil {
+				b.Fatal(err)
+			}
+			budget := probe.MinBudgetBytes + int64(c.buffers)*layerBytes
+			plan, err := paging.Plan(model, budget, paging.StrategyAggressive, 16, 1, paging.WithDevice(g), paging.WithMaxPrefetch(depth))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if plan.PrefetchDepth != depth {
+				b.Fatalf("plan's prefetch depth %d, want %d: %s", plan.PrefetchDepth, depth, plan)
+			}
+			bud, err := paging.NewBudget(g, budget, g.Name())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bud.Close()
+			p, err := paging.NewPager(files[c.how], bud, plan, paging.Options{
+				StagingSlots: c.buffers, StagingReaders: c.readers, StagingPiece: c.piece,
+				HostCacheBytes: int64(c.buffers) * (layerBytes + 64<<10),
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			if st := p.Stats(); st.StagingSlots != c.buffers || st.StagingReaders != c.readers {
+				b.Fatalf("staging ring of %d buffers and %d readers, want %d and %d", st.StagingSlots, st.StagingReaders, c.buffers, c.readers)
+			}
+			ctx := context.Background()
+			pass := func() {
+				for l := range hm.NumLayers() {
+					if _, err := p.Acquire(ctx, l); err != nil {
+						b.Fatal(err)
+					}
+					p.Release(l)
+				}
+			}
+			pass() // warm the ring
+			st0 := p.Stats()
+			for b.Loop() {
+				pass()
+			}
+			if err := g.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			st := p.Stats()
+			r := gbps(st.BytesHostToDevice-st0.BytesHostToDevice, b.Elapsed())
+			staged := st.BytesStaged - st0.BytesStaged
+			read := gbps(staged, st.StagingReadTime-st0.StagingReadTime)
+			b.ReportMetric(r, "GB/s")
+			b.ReportMetric(read, "readGB/s")
+			if pinned > 0 {
+				b.ReportMetric(100*r/pinned, "%pinned")
+			}
+			if staged != st.BytesHostToDevice-st0.BytesHostToDevice {
+				b.Errorf("%d bytes staged of %d uploaded", staged, st.BytesHostToDevice-st0.BytesHostToDevice)
+			}
+		})
+	}
+}
