@@ -417,9 +417,13 @@ type Result struct {
 	// (the aggressive strategy's), in StagingSlots buffers, beside the
 	// host cache's PinnedHostBytes; StagedPerToken the bytes per decoded
 	// token that went through it.
+	// StagedReadGBps is the rate the ring's reads ran at over the timed
+	// decode, while they ran (paging.Stats.StagedReadGBps): with the
+	// pinned rate, the aggressive strategy's own bound (Row).
 	StagingBytes    int64   `json:"staging_bytes,omitempty"`
 	StagingSlots    int     `json:"staging_slots,omitempty"`
 	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
+	StagedReadGBps  float64 `json:"staged_read_GBps,omitempty"`
 	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
 	LoadSeconds     float64 `json:"load_s"`
 	Chunk           int     `json:"chunk"` // the prefill chunk
@@ -624,9 +628,13 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.StagingBytes, r.StagingSlots, r.PinnedHostBytes = st.StagingBytes, st.StagingSlots, st.PinnedHostBytes
 	r.StagedPerToken = float64(st.BytesStaged-staged0) / float64(o.decode)
+	if rt := st.StagingReadTime - st0.StagingReadTime; rt > 0 {
+		r.StagedReadGBps = float64(st.BytesStaged-staged0) / rt.Seconds() / 1e9
+	}
 	if r.StagingSlots > 0 {
-		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer\n",
-			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), st.StagingWait.Round(time.Millisecond))
+		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer; %d readers read at %.1f GB/s while reading (%v of %v)\n",
+			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), (st.StagingWait - st0.StagingWait).Round(time.Millisecond),
+			st.StagingReaders, r.StagedReadGBps, (st.StagingReadTime - st0.StagingReadTime).Round(time.Millisecond), el.Round(time.Millisecond))
 	}
 	r.H2DGBps, r.Overlap = cw.End(b)
 	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
