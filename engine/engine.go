@@ -53,6 +53,13 @@ type Memory struct {
 	// of host blocks with the least predicted decode time. One device,
 	// not the hybrid strategies.
 	KVCache paging.KVPlacement
+	// StagingReaders, StagingPiece and StagingSlots tune the pagers'
+	// staging ring, which the aggressive strategy streams through on a
+	// GPU: paging.Options' fields of the same names (0 takes their
+	// defaults; StagingSlots < 0 turns the ring off).
+	StagingReaders int
+	StagingPiece   int64
+	StagingSlots   int
 }
 
 // Options say where and how the engine runs a model.
@@ -300,7 +307,8 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 			return nil, err
 		}
 		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
-			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy})
+			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy,
+				StagingReaders: o.Memory.StagingReaders, StagingPiece: o.Memory.StagingPiece, StagingSlots: o.Memory.StagingSlots})
 		if err != nil {
 			return nil, err
 		}

@@ -61,8 +61,10 @@ func main() {
 
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut   string
-	prefill, hostLimit, kvCache, kvDType                  string
+	prefill, hostLimit, kvCache, kvDType, stagingPieceS   string
 	decode, warmup, threads, chunk, streams, promptTokens int
+	stagingReaders, stagingBuffers                        int
+	stagingPiece                                          int64        // stagingPieceS parsed
 	kv                                                    tensor.DType // kvDType parsed
 	ceilings, graphs                                      bool
 }
@@ -84,6 +86,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0")
+	fs.IntVar(&o.stagingReaders, "staging-readers", 0, "goroutines reading streamed parts into the staging ring (the aggressive strategy on a GPU; 0: one per core, at least 8)")
+	fs.StringVar(&o.stagingPieceS, "staging-piece", "", "`size` of the pieces large tensors are read and copied in through the staging ring (default 16MiB)")
+	fs.IntVar(&o.stagingBuffers, "staging-buffers", 0, "the staging ring's pinned buffers (0: one per load at once, at most 3; -1: no ring)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
@@ -116,6 +121,20 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-streams %d must be >= 0", o.streams)
 	case o.promptTokens < 1:
 		return fmt.Errorf("-prompt-tokens %d must be >= 1", o.promptTokens)
+	case o.stagingReaders < 0:
+		return fmt.Errorf("-staging-readers %d must be >= 0", o.stagingReaders)
+	case o.stagingBuffers < -1:
+		return fmt.Errorf("-staging-buffers %d must be >= -1", o.stagingBuffers)
+	}
+	if o.stagingPieceS != "" {
+		n, err := paging.ParseSize(o.stagingPieceS)
+		if err != nil {
+			return fmt.Errorf("-staging-piece: %w", err)
+		}
+		if n <= 0 {
+			return fmt.Errorf("-staging-piece %s must be more than 0 bytes", o.stagingPieceS)
+		}
+		o.stagingPiece = n
 	}
 	kvPlace, err := paging.ParseKVPlacement(o.kvCache)
 	if err != nil {
@@ -424,6 +443,8 @@ type Result struct {
 	StagingSlots    int     `json:"staging_slots,omitempty"`
 	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
 	StagedReadGBps  float64 `json:"staged_read_GBps,omitempty"`
+	StagingReaders  int     `json:"staging_readers,omitempty"`
+	StagingPiece    int64   `json:"staging_piece,omitempty"` // -staging-piece; 0 is the default
 	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
 	LoadSeconds     float64 `json:"load_s"`
 	Chunk           int     `json:"chunk"` // the prefill chunk
@@ -523,7 +544,8 @@ func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, kv paging.KVPlacement, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv,
+		StagingReaders: o.stagingReaders, StagingPiece: o.stagingPiece, StagingSlots: o.stagingBuffers}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -628,6 +650,9 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.StagingBytes, r.StagingSlots, r.PinnedHostBytes = st.StagingBytes, st.StagingSlots, st.PinnedHostBytes
 	r.StagedPerToken = float64(st.BytesStaged-staged0) / float64(o.decode)
+	if r.StagingSlots > 0 {
+		r.StagingReaders, r.StagingPiece = st.StagingReaders, o.stagingPiece
+	}
 	if rt := st.StagingReadTime - st0.StagingReadTime; rt > 0 {
 		r.StagedReadGBps = float64(st.BytesStaged-staged0) / rt.Seconds() / 1e9
 	}

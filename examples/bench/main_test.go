@@ -38,6 +38,11 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_0"}, ""},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "bf16"}, ""},
 		{[]string{"-kv-dtype", "int4"}, `-kv-dtype: unknown KV cache dtype "int4"`},
+		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-staging-readers", "4", "-staging-piece", "4MiB", "-staging-buffers", "-1"}, ""},
+		{[]string{"-staging-readers", "-1"}, "-staging-readers -1 must be >= 0"},
+		{[]string{"-staging-buffers", "-2"}, "-staging-buffers -2 must be >= -1"},
+		{[]string{"-staging-piece", "0"}, "-staging-piece 0 must be more than 0 bytes"},
+		{[]string{"-staging-piece", "lots"}, "-staging-piece: "},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
