@@ -48,6 +48,25 @@ func mapOrFile(f *os.File, size int64) readerAtCloser {
 	return &mappedFile{f: f, data: data}
 }
 
+// guard runs fn, which reads m.data, holding off Close, and returns
+// errMapFault when a read faults; ErrClosed after Close.
+func (m *mappedFile) guard(fn func(data []byte)) (err error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.data == nil {
+		return os.ErrClosed
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = errMapFault
+		}
+	}()
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	fn(m.data)
+	return nil
+}
+
 func (m *mappedFile) ReadAt(p []byte, off int64) (n int, err error) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -83,4 +102,63 @@ func (m *mappedFile) Close() error {
 	err := unmapFile(m.data)
 	m.data = nil
 	return errors.Join(err, m.f.Close())
+}
+
+// Mapped returns t's stored bytes in place, in the read-only mapping of
+// its file, checked once as ReadInto checks them; ok is false when they
+// cannot be given in place: the file is not mapped (MmapEnv is 0, the
+// platform has no mappings, the model was opened from an fs.FS) or its
+// rows are reordered on reading (a GGUF llama's query and key
+// projections). The bytes must not be written, and are valid until Close:
+// a caller that page-locks them (MappedRegions) copies from them with no
+// read at all.
+func (m *Model) Mapped(t *TensorInfo) (b []byte, ok bool, err error) {
+	f, err := m.fileOf(t)
+	if err != nil {
+		return nil, false, err
+	}
+	mf, mapped := f.r.(*mappedFile)
+	if !mapped || t.qkHeads > 0 {
+		return nil, false, nil
+	}
+	if t.Offset < 0 || t.Offset+t.Size > f.size {
+		return nil, false, &fileError{file: f.Path, tensor: t.Name, kind: ErrMismatch, msg: fmt.Sprintf("bytes [%d, %d) outside the file's %d bytes", t.Offset, t.Offset+t.Size, f.size)}
+	}
+	if _, done := m.checked.Load(t); !done {
+		var cerr error
+		if err := mf.guard(func(data []byte) { cerr = f.checkFinite(t, 0, data[t.Offset:t.Offset+t.Size]) }); err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return nil, false, &fileError{file: f.Path, tensor: t.Name, kind: ErrClosed, msg: "file is closed"}
+			}
+			return nil, false, &fileError{file: f.Path, tensor: t.Name, kind: io.ErrUnexpectedEOF, msg: "read: " + err.Error()}
+		}
+		if cerr != nil {
+			return nil, false, cerr
+		}
+		m.checked.Store(t, struct{}{})
+	}
+	mf.mu.RLock()
+	defer mf.mu.RUnlock()
+	if mf.data == nil {
+		return nil, false, &fileError{file: f.Path, tensor: t.Name, kind: ErrClosed, msg: "file is closed"}
+	}
+	return mf.data[t.Offset : t.Offset+t.Size : t.Offset+t.Size], true, nil
+}
+
+// MappedRegions returns the read-only mappings of the model's weight
+// files (nil when none is mapped), for a backend to page-lock
+// (tensor.HostRegistrar); Mapped's bytes lie in them. They are valid until
+// Close.
+func (m *Model) MappedRegions() [][]byte {
+	var out [][]byte
+	for _, name := range m.names {
+		if mf, ok := m.files[name].r.(*mappedFile); ok {
+			mf.mu.RLock()
+			if mf.data != nil {
+				out = append(out, mf.data)
+			}
+			mf.mu.RUnlock()
+		}
+	}
+	return out
 }

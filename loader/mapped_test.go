@@ -119,6 +119,25 @@ func TestMappedReads(t *testing.T) {
 				}
 			}
 
+			// In place: every tensor but those whose rows are reordered on
+			// reading (a GGUF llama's query and key projections).
+			permuted := 0
+			for name, ti := range mapped.tensors {
+				_, ok, err := mapped.Mapped(ti)
+				if err != nil {
+					t.Fatalf("Mapped(%s): %v", name, err)
+				}
+				if ok == (ti.qkHeads > 0) {
+					t.Errorf("Mapped(%s): in place %v, rows reordered %v", name, ok, ti.qkHeads > 0)
+				}
+				if ti.qkHeads > 0 {
+					permuted++
+				}
+			}
+			if (permuted > 0) != (filepath.Ext(path) == ".gguf") {
+				t.Errorf("%d tensors with rows reordered", permuted)
+			}
+
 			// Truncated under the mapping: an error, not a crash.
 			file := filepath.Join(path, big.File)
 			if filepath.Ext(path) == ".gguf" {
