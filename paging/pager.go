@@ -74,6 +74,10 @@ type Options struct {
 	// tensors are read and copied in through the staging ring (whole
 	// rows, at least one), when > 0; 0 takes 16 MiB.
 	StagingPiece int64
+	// NoMappedUploads keeps the staging ring from copying the tensors of
+	// a MappedSource straight from their page-locked mapping
+	// (tensor.HostRegistrar): every tensor is then read into the ring.
+	NoMappedUploads bool
 	// ExpertPolicy chooses the experts the expert cache evicts, when the
 	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
 	// PrefetchDepth < 0 turns PrefetchExperts off too.

@@ -82,9 +82,15 @@ type staging struct {
 	cond     *sync.Cond
 	queue    []*stageLoad
 	closing  bool
-	active   int           // reads under way
-	since    time.Time     // when active last became > 0
-	busy     time.Duration // the time with at least one read under way
+	// mapped is the source whose tensors are copied in place, when its
+	// regions were page-locked (unregister undoes that); nil otherwise.
+	mapped      MappedSource
+	unregister  []func() error
+	mappedBytes int64
+
+	active int           // reads under way
+	since  time.Time     // when active last became > 0
+	busy   time.Duration // the time with at least one read under way
 }
 
 // stageLoad is a load's pieces queued for the readers; each piece's read
@@ -228,6 +234,9 @@ func (p *Pager) newStaging(opts Options, planned int64) {
 		s.free <- b
 	}
 	s.read = p.readPiece
+	if ms, ok := p.src.(MappedSource); ok && !opts.NoMappedUploads {
+		s.register(p.b, ms)
+	}
 	readers := stagingReaders()
 	if opts.StagingReaders > 0 {
 		readers = opts.StagingReaders
@@ -235,6 +244,35 @@ func (p *Pager) newStaging(opts Options, planned int64) {
 	s.startReaders(readers)
 	p.stage, p.stageBytes = s, int64(len(s.bufs))*size
 	p.hostCap += min(planned, p.stageBytes)
+}
+
+// register page-locks ms's regions on b, when b can (tensor.HostRegistrar),
+// so that loads copy ms's mapped tensors in place. When one fails, those
+// done are undone and every tensor is read as before.
+func (s *staging) register(b tensor.Memory, ms MappedSource) {
+	reg, ok := tensor.HostRegister(b)
+	if !ok {
+		return
+	}
+	var n int64
+	for _, r := range ms.MappedRegions() {
+		if len(r) == 0 {
+			continue
+		}
+		un, err := reg.RegisterHost(r)
+		if err != nil {
+			for _, u := range s.unregister {
+				_ = u()
+			}
+			s.unregister = nil
+			return
+		}
+		s.unregister = append(s.unregister, un)
+		n += int64(len(r))
+	}
+	if len(s.unregister) > 0 {
+		s.mapped, s.mappedBytes = ms, n
+	}
 }
 
 // stages reports whether a load of e's streamed part that the host cache
@@ -247,6 +285,44 @@ func (p *Pager) stages(e *entry) bool { return p.stage != nil && e.hostSize <= p
 // buffer goes back once they have landed, and ts are the caller's.
 func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor, ld *loadState) error {
 	s := p.stage
+	nReady := len(ld.ready)
+	// Tensors in place in a page-locked mapping: copied from there.
+	var inPlace []bool
+	if s.mapped != nil {
+		inPlace = make([]bool, len(e.str))
+		left := 0
+		for k, i := range e.str {
+			sp := e.specs[i]
+			b, ok, err := s.mapped.MappedTensor(e.layer, sp.Name)
+			if err == nil && ok && int64(len(b)) != sp.Bytes {
+				err = fmt.Errorf("mapped in %d bytes, not %d", len(b), sp.Bytes)
+			}
+			if err == nil && ok {
+				var ready func() error
+				if ready, err = s.up.UploadAsync(ctx, ts[k], 0, b); err == nil {
+					ld.ready = append(ld.ready, ready)
+					ld.moved += sp.Bytes
+					p.mu.Lock()
+					p.st.BytesHostToDevice += sp.Bytes
+					p.st.BytesMapped += sp.Bytes
+					p.mu.Unlock()
+					inPlace[k] = true
+					continue
+				}
+			}
+			if err != nil {
+				for _, r := range ld.ready[nReady:] {
+					_ = r()
+				}
+				ld.ready = ld.ready[:nReady]
+				return fmt.Errorf("paging: layer %d tensor %s: copying in place: %w", e.layer, sp.Name, err)
+			}
+			left++
+		}
+		if left == 0 {
+			return nil
+		}
+	}
 	start := time.Now()
 	var buf []byte
 	select {
@@ -257,12 +333,11 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 	waited := time.Since(start)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pieces := s.pieces(e, p.src)
+	pieces := s.pieces(e, p.src, inPlace)
 	results := make(chan readDone, len(pieces))
 	s.enqueue(&stageLoad{ctx: rctx, e: e, buf: buf, pieces: pieces, results: results})
 	var landed []func() error
 	var err error
-	nReady := len(ld.ready)
 	for range pieces {
 		r := <-results
 		if err != nil {
@@ -331,11 +406,15 @@ type stagePiece struct {
 
 // pieces splits e's streamed tensors, the largest first, into the pieces
 // they are read and copied in: whole tensors, or, from a RangeSource,
-// pieces of whole rows of about s.piece bytes.
-func (s *staging) pieces(e *entry, src Source) []stagePiece {
+// pieces of whole rows of about s.piece bytes. The tensors marked in
+// inPlace (when not nil) are left out: they are copied in place.
+func (s *staging) pieces(e *entry, src Source, inPlace []bool) []stagePiece {
 	_, ranged := src.(RangeSource)
 	var out []stagePiece
 	for _, k := range e.strBySize {
+		if inPlace != nil && inPlace[k] {
+			continue
+		}
 		sp := e.specs[e.str[k]]
 		step := sp.Bytes
 		if ranged && len(sp.Shape) > 1 && sp.Bytes > s.piece {
@@ -383,6 +462,12 @@ func (s *staging) close(pa tensor.PinnedAllocator) error {
 	s.readers.Wait()
 	s.returns.Wait()
 	var errs []error
+	for _, u := range s.unregister { // waits for the copies from the mapping
+		if err := u(); err != nil {
+			errs = append(errs, fmt.Errorf("paging: unregistering a mapped weight file: %w", err))
+		}
+	}
+	s.unregister, s.mapped = nil, nil
 	for _, b := range s.bufs {
 		if err := pa.FreePinned(b); err != nil {
 			errs = append(errs, fmt.Errorf("paging: freeing a staging buffer: %w", err))

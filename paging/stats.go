@@ -64,6 +64,12 @@ type Stats struct {
 	StagingWait     time.Duration `json:"staging_wait_ns,omitempty"`
 	StagingReaders  int           `json:"staging_readers,omitempty"`
 	StagingReadTime time.Duration `json:"staging_read_ns,omitempty"`
+	// MappedBytes is the host memory of a MappedSource the pager
+	// page-locked (its mapped weight files: the page cache's pages, not
+	// allocated); BytesMapped the bytes copied to the device straight from
+	// it, not read (and not in BytesStaged or BytesDiskToHost).
+	MappedBytes int64 `json:"mapped_bytes,omitempty"`
+	BytesMapped int64 `json:"bytes_mapped,omitempty"`
 
 	// PrefetchWait is the time Acquire spent waiting for loads already
 	// under way (prefetches that had not finished); DemandWait the time
@@ -197,6 +203,7 @@ func (p *Pager) Stats() Stats {
 	if p.stage != nil {
 		s.StagingSlots, s.StagingBytes = len(p.stage.bufs), p.stageBytes
 		s.StagingReaders, s.StagingReadTime = p.stage.nreaders, p.stage.readTime()
+		s.MappedBytes = p.stage.mappedBytes
 	}
 	s.StagingWait = p.stagingWait
 	s.RingBytes = p.ringCap
@@ -291,6 +298,9 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer; %d readers, reading for %v (%.1f GB/s)\n",
 				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond),
 				ps.StagingReaders, ps.StagingReadTime.Round(time.Microsecond), ps.StagedReadGBps())
+			if ps.MappedBytes > 0 {
+				fmt.Fprintf(sb, "   mapped weight files page-locked: %s; %s copied from them in place\n", FormatSize(ps.MappedBytes), FormatSize(ps.BytesMapped))
+			}
 		}
 		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
 			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))
