@@ -60,6 +60,10 @@ type Memory struct {
 	StagingReaders int
 	StagingPiece   int64
 	StagingSlots   int
+	// NoMappedUploads makes the staging ring read every tensor, where it
+	// would copy the tensors of mapped weight files in place from their
+	// page-locked mapping (paging.Options.NoMappedUploads).
+	NoMappedUploads bool
 }
 
 // Options say where and how the engine runs a model.
@@ -308,7 +312,8 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		}
 		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
 			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy,
-				StagingReaders: o.Memory.StagingReaders, StagingPiece: o.Memory.StagingPiece, StagingSlots: o.Memory.StagingSlots})
+				StagingReaders: o.Memory.StagingReaders, StagingPiece: o.Memory.StagingPiece, StagingSlots: o.Memory.StagingSlots,
+				NoMappedUploads: o.Memory.NoMappedUploads})
 		if err != nil {
 			return nil, err
 		}
@@ -632,7 +637,9 @@ func (e *Engine) Stats() paging.Stats {
 		t.BytesStaged += st.BytesStaged
 		t.StagingWait += st.StagingWait
 		t.StagingReaders += st.StagingReaders
-		t.StagingReadTime += st.StagingReadTime // devices read one after the other: their times add
+		t.StagingReadTime += st.StagingReadTime            // devices read one after the other: their times add
+		t.MappedBytes = max(t.MappedBytes, st.MappedBytes) // the same files, page-locked by each device's pager
+		t.BytesMapped += st.BytesMapped
 		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
 		t.ExpertSlots += st.ExpertSlots
 		t.ExpertsTotal += st.ExpertsTotal

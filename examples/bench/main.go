@@ -66,7 +66,7 @@ type options struct {
 	stagingReaders, stagingBuffers                        int
 	stagingPiece                                          int64        // stagingPieceS parsed
 	kv                                                    tensor.DType // kvDType parsed
-	ceilings, graphs                                      bool
+	ceilings, graphs, stagingMapped                       bool
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -89,6 +89,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.stagingReaders, "staging-readers", 0, "goroutines reading streamed parts into the staging ring (the aggressive strategy on a GPU; 0: one per core, at least 8)")
 	fs.StringVar(&o.stagingPieceS, "staging-piece", "", "`size` of the pieces large tensors are read and copied in through the staging ring (default 16MiB)")
 	fs.IntVar(&o.stagingBuffers, "staging-buffers", 0, "the staging ring's pinned buffers (0: one per load at once, at most 3; -1: no ring)")
+	fs.BoolVar(&o.stagingMapped, "staging-mapped", true, "let the staging ring copy the tensors of mapped weight files in place from their page-locked mapping (false: read every tensor into the ring, to compare)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
@@ -439,11 +440,16 @@ type Result struct {
 	// StagedReadGBps is the rate the ring's reads ran at over the timed
 	// decode, while they ran (paging.Stats.StagedReadGBps): with the
 	// pinned rate, the aggressive strategy's own bound (Row).
-	StagingBytes    int64   `json:"staging_bytes,omitempty"`
-	StagingSlots    int     `json:"staging_slots,omitempty"`
-	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
-	StagedReadGBps  float64 `json:"staged_read_GBps,omitempty"`
-	StagingReaders  int     `json:"staging_readers,omitempty"`
+	StagingBytes   int64   `json:"staging_bytes,omitempty"`
+	StagingSlots   int     `json:"staging_slots,omitempty"`
+	StagedPerToken float64 `json:"staged_per_token,omitempty"`
+	StagedReadGBps float64 `json:"staged_read_GBps,omitempty"`
+	StagingReaders int     `json:"staging_readers,omitempty"`
+	// MappedPerToken is the bytes per decoded token copied in place from
+	// the page-locked mapping of the weight files, MappedBytes that
+	// mapping's size (paging.Stats.BytesMapped, MappedBytes).
+	MappedPerToken  float64 `json:"mapped_per_token,omitempty"`
+	MappedBytes     int64   `json:"mapped_bytes,omitempty"`
 	StagingPiece    int64   `json:"staging_piece,omitempty"` // -staging-piece; 0 is the default
 	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
 	LoadSeconds     float64 `json:"load_s"`
@@ -545,7 +551,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
 	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv,
-		StagingReaders: o.stagingReaders, StagingPiece: o.stagingPiece, StagingSlots: o.stagingBuffers}
+		StagingReaders: o.stagingReaders, StagingPiece: o.stagingPiece, StagingSlots: o.stagingBuffers, NoMappedUploads: !o.stagingMapped}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -628,7 +634,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	e.MarkStep()
 	st0 := e.Stats()
-	before, staged0 := st0.BytesHostToDevice, st0.BytesStaged
+	before, staged0, mapped0 := st0.BytesHostToDevice, st0.BytesStaged, st0.BytesMapped
 	experts0 := e.Experts()
 	cw := paging.StartCopyWindow(b)
 	busy0 := busyOf(sess)
@@ -653,6 +659,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	if r.StagingSlots > 0 {
 		r.StagingReaders, r.StagingPiece = st.StagingReaders, o.stagingPiece
 	}
+	r.MappedPerToken, r.MappedBytes = float64(st.BytesMapped-mapped0)/float64(o.decode), st.MappedBytes
 	if rt := st.StagingReadTime - st0.StagingReadTime; rt > 0 {
 		r.StagedReadGBps = float64(st.BytesStaged-staged0) / rt.Seconds() / 1e9
 	}
@@ -660,6 +667,10 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer; %d readers read at %.1f GB/s while reading (%v of %v)\n",
 			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), (st.StagingWait - st0.StagingWait).Round(time.Millisecond),
 			st.StagingReaders, r.StagedReadGBps, (st.StagingReadTime - st0.StagingReadTime).Round(time.Millisecond), el.Round(time.Millisecond))
+		if r.MappedBytes > 0 {
+			fmt.Fprintf(os.Stderr, "bench: %s %s: weight files page-locked in place: %s, %s per token copied from them\n",
+				name, s, paging.FormatSize(r.MappedBytes), paging.FormatSize(int64(r.MappedPerToken)))
+		}
 	}
 	r.H2DGBps, r.Overlap = cw.End(b)
 	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes

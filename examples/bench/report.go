@@ -289,6 +289,9 @@ func markdown(c *Ceilings, rows []Row) string {
 		staging := "-"
 		if r.StagingSlots > 0 {
 			staging = fmt.Sprintf("%s pinned (%d buffers), %s/token", paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)))
+			if r.MappedPerToken > 0 {
+				staging += fmt.Sprintf(", %s/token in place from %s page-locked", paging.FormatSize(int64(r.MappedPerToken)), paging.FormatSize(r.MappedBytes))
+			}
 			if r.StagedReadGBps > 0 {
 				staging += fmt.Sprintf(", reads %.1f GB/s", r.StagedReadGBps)
 			}
