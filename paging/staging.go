@@ -33,10 +33,22 @@ import (
 // computes: a cyclic walk then takes about the longest of the read, the
 // copy and the compute per layer, not their sum.
 //
+// A read from the page cache into a buffer moves every byte through the
+// CPU (read and write) while the copy engine reads it again: on the H200
+// host the reads, not the link, bounded the ring (35.7 GB/s of 53.8 from
+// memory in TestPagerStagedGPU, about 25 from the model's files). From a
+// MappedSource (weight files mapped read-only) on a backend that can
+// page-lock host memory (tensor.HostRegistrar), the ring page-locks the
+// mappings once and queues the copy of each tensor the source gives in
+// place straight from the page cache: no read, no buffer, the CPU moves
+// nothing; the tensors it does not give (rows reordered on reading) go
+// through the buffers as before.
+//
 // The ring's bytes are host memory charged to the pager's host limit
 // (Options.HostCacheBytes) before the host cache's; the plan of the
 // aggressive strategy, which keeps no host cache, adds them to its host
-// memory (PlanResult.StagingBytes).
+// memory (PlanResult.StagingBytes). The page-locked mappings are the page
+// cache's pages, not allocated (Stats.MappedBytes).
 
 // maxStagingSlots bounds the staging ring's buffers: one per load that
 // runs at once (the layer acquired and its prefetch depth), at most three.
