@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -150,11 +151,21 @@ func TestStagingMapped(t *testing.T) {
 				regionBytes += int64(len(g))
 			}
 			t.Logf("moved %d: %d in place, %d staged, %d read; %d registered", moved, st.BytesMapped, st.BytesStaged, base.reads.Load(), st.MappedBytes)
-			if got := float64(st.BytesMapped) / float64(moved); got != tc.mappedPart {
+			// A prefetch dropped part way (stale, or without room) moves
+			// part of a layer: half in place is about half.
+			if got := float64(st.BytesMapped) / float64(moved); math.Abs(got-tc.mappedPart) > 0.05 || (got == 0) != (tc.mappedPart == 0) || (got == 1) != (tc.mappedPart == 1) {
 				t.Errorf("%.2f of the bytes moved copied in place, want %.2f", got, tc.mappedPart)
 			}
-			if st.BytesMapped+st.BytesStaged != moved || base.reads.Load() != st.BytesStaged {
+			if st.BytesMapped+st.BytesStaged != moved || base.reads.Load() < st.BytesStaged || (st.BytesStaged == 0) != (base.reads.Load() == 0) {
 				t.Errorf("moved %d = %d in place + %d staged? %d read", moved, st.BytesMapped, st.BytesStaged, base.reads.Load())
+			}
+			// Copied in place, the buffers are pinned when a load first
+			// needs one.
+			if (st.StagingSlots == 0) != (tc.mappedPart == 1) {
+				t.Errorf("%d staging buffers pinned with %.0f%% of the bytes copied in place", st.StagingSlots, 100*tc.mappedPart)
+			}
+			if _, _, pinned := be.outstanding(); pinned != st.StagingBytes {
+				t.Errorf("the backend holds %d pinned bytes, the ring reports %d", pinned, st.StagingBytes)
 			}
 			if want := map[bool]int64{true: regionBytes}[tc.registered]; st.MappedBytes != want {
 				t.Errorf("Stats: %d bytes page-locked, want %d", st.MappedBytes, want)

@@ -96,9 +96,15 @@ type staging struct {
 	closing  bool
 	// mapped is the source whose tensors are copied in place, when its
 	// regions were page-locked (unregister undoes that); nil otherwise.
+	// Then the buffers are pinned at the first load that needs one: lazy
+	// of them are left to pin, by pa.
 	mapped      MappedSource
 	unregister  []func() error
 	mappedBytes int64
+	lazyMu      sync.Mutex
+	lazy        int
+	pa          tensor.PinnedAllocator
+	bufsMu      sync.Mutex // guards bufs while buffers are pinned lazily
 
 	active int           // reads under way
 	since  time.Time     // when active last became > 0
@@ -246,16 +252,73 @@ func (p *Pager) newStaging(opts Options, planned int64) {
 		s.free <- b
 	}
 	s.read = p.readPiece
+	p.stage, p.stageBytes = s, int64(len(s.bufs))*size
+	p.hostCap += min(planned, p.stageBytes)
 	if ms, ok := p.src.(MappedSource); ok && !opts.NoMappedUploads {
 		s.register(p.b, ms)
+	}
+	if s.mapped != nil {
+		// Copied in place, most parts need no buffer: the buffers are
+		// pinned again when a load first needs one, within the room
+		// they keep charged to the host limit.
+		s.lazy, s.pa = len(s.bufs), p.pinned
+		for range s.bufs {
+			_ = p.pinned.FreePinned(<-s.free)
+		}
+		s.bufs = nil
 	}
 	readers := stagingReaders()
 	if opts.StagingReaders > 0 {
 		readers = opts.StagingReaders
 	}
 	s.startReaders(readers)
-	p.stage, p.stageBytes = s, int64(len(s.bufs))*size
-	p.hostCap += min(planned, p.stageBytes)
+}
+
+// take returns a free buffer, waiting in order when none is; with buffers
+// left to pin (lazy), it pins them all at the first need.
+func (s *staging) take(ctx context.Context) ([]byte, error) {
+	if err := s.pinLazy(); err != nil {
+		return nil, err
+	}
+	select {
+	case buf := <-s.free:
+		return buf, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// pinLazy pins the buffers left to pin, if any; they go to the free ones.
+func (s *staging) pinLazy() error {
+	s.lazyMu.Lock()
+	defer s.lazyMu.Unlock()
+	for s.lazy > 0 {
+		b, err := s.pa.AllocPinned(s.size)
+		if err == nil && int64(len(b)) != s.size {
+			_ = s.pa.FreePinned(b)
+			err = fmt.Errorf("got %d bytes, not %d", len(b), s.size)
+		}
+		if err != nil {
+			if len(s.bufs) > 0 {
+				s.lazy = 0 // make do with those pinned
+				return nil
+			}
+			return fmt.Errorf("pinning a staging buffer: %w", err)
+		}
+		s.lazy--
+		s.bufsMu.Lock()
+		s.bufs = append(s.bufs, b)
+		s.bufsMu.Unlock()
+		s.free <- b
+	}
+	return nil
+}
+
+// pinnedBufs is the buffers pinned now.
+func (s *staging) pinnedBufs() int {
+	s.bufsMu.Lock()
+	defer s.bufsMu.Unlock()
+	return len(s.bufs)
 }
 
 // register page-locks ms's regions on b, when b can (tensor.HostRegistrar),
@@ -336,11 +399,13 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 		}
 	}
 	start := time.Now()
-	var buf []byte
-	select {
-	case buf = <-s.free:
-	case <-ctx.Done():
-		return fmt.Errorf("paging: layer %d: waiting for a staging buffer: %w", e.layer, ctx.Err())
+	buf, err := s.take(ctx)
+	if err != nil {
+		for _, r := range ld.ready[nReady:] {
+			_ = r()
+		}
+		ld.ready = ld.ready[:nReady]
+		return fmt.Errorf("paging: layer %d: waiting for a staging buffer: %w", e.layer, err)
 	}
 	waited := time.Since(start)
 	rctx, cancel := context.WithCancel(ctx)
@@ -349,7 +414,6 @@ func (p *Pager) uploadStaged(ctx context.Context, e *entry, ts []*tensor.Tensor,
 	results := make(chan readDone, len(pieces))
 	s.enqueue(&stageLoad{ctx: rctx, e: e, buf: buf, pieces: pieces, results: results})
 	var landed []func() error
-	var err error
 	for range pieces {
 		r := <-results
 		if err != nil {

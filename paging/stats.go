@@ -201,7 +201,8 @@ func (p *Pager) Stats() Stats {
 	s.BytesPerStep = p.steps.mean()
 	s.HostCacheBytes, s.HostCacheLimit, s.PinnedHostBytes = p.hostUsed, p.hostCap, p.pinnedBytes
 	if p.stage != nil {
-		s.StagingSlots, s.StagingBytes = len(p.stage.bufs), p.stageBytes
+		n := p.stage.pinnedBufs() // copied in place, it pins them at the first need
+		s.StagingSlots, s.StagingBytes = n, int64(n)*p.stage.size
 		s.StagingReaders, s.StagingReadTime = p.stage.nreaders, p.stage.readTime()
 		s.MappedBytes = p.stage.mappedBytes
 	}
@@ -298,9 +299,10 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer; %d readers, reading for %v (%.1f GB/s)\n",
 				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond),
 				ps.StagingReaders, ps.StagingReadTime.Round(time.Microsecond), ps.StagedReadGBps())
-			if ps.MappedBytes > 0 {
-				fmt.Fprintf(sb, "   mapped weight files page-locked: %s; %s copied from them in place\n", FormatSize(ps.MappedBytes), FormatSize(ps.BytesMapped))
-			}
+		}
+		if ps.MappedBytes > 0 {
+			fmt.Fprintf(sb, "   mapped weight files page-locked: %s; %s copied from them in place (staging buffers pinned: %d)\n",
+				FormatSize(ps.MappedBytes), FormatSize(ps.BytesMapped), ps.StagingSlots)
 		}
 		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
 			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))

@@ -663,7 +663,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	if rt := st.StagingReadTime - st0.StagingReadTime; rt > 0 {
 		r.StagedReadGBps = float64(st.BytesStaged-staged0) / rt.Seconds() / 1e9
 	}
-	if r.StagingSlots > 0 {
+	if r.StagingSlots > 0 || r.MappedBytes > 0 {
 		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer; %d readers read at %.1f GB/s while reading (%v of %v)\n",
 			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), (st.StagingWait - st0.StagingWait).Round(time.Millisecond),
 			st.StagingReaders, r.StagedReadGBps, (st.StagingReadTime - st0.StagingReadTime).Round(time.Millisecond), el.Round(time.Millisecond))

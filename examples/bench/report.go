@@ -287,7 +287,7 @@ func markdown(c *Ceilings, rows []Row) string {
 			return fmt.Sprintf("%.1f", v)
 		}
 		staging := "-"
-		if r.StagingSlots > 0 {
+		if r.StagingSlots > 0 || r.MappedPerToken > 0 {
 			staging = fmt.Sprintf("%s pinned (%d buffers), %s/token", paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)))
 			if r.MappedPerToken > 0 {
 				staging += fmt.Sprintf(", %s/token in place from %s page-locked", paging.FormatSize(int64(r.MappedPerToken)), paging.FormatSize(r.MappedBytes))
