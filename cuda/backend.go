@@ -66,6 +66,8 @@ type Backend struct {
 	pinnedMu  sync.Mutex
 	pinned    map[unsafe.Pointer]int64
 	pinnedSum int64
+	// registered is the host memory RegisterHost page-locked, by start.
+	registered map[unsafe.Pointer]int64
 
 	blas          cublasHandle
 	blasVersion   int
@@ -656,12 +658,74 @@ func (b *Backend) FreePinned(buf []byte) error {
 func (b *Backend) isPinned(p uintptr) bool {
 	b.pinnedMu.Lock()
 	defer b.pinnedMu.Unlock()
-	for base, n := range b.pinned {
-		if p >= uintptr(base) && p < uintptr(base)+uintptr(n) {
-			return true
+	for _, m := range []map[unsafe.Pointer]int64{b.pinned, b.registered} {
+		for base, n := range m {
+			if p >= uintptr(base) && p < uintptr(base)+uintptr(n) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// RegisterHost page-locks buf, host memory the caller owns (a read-only
+// mapping of a weight file: its pages are the page cache's), read-only,
+// so that copies from it (UploadAsync, UploadStaged) run at the pinned
+// rate with no staging copy on the CPU (tensor.HostRegistrar).
+// unregister waits for the copies queued and undoes it; Close undoes what
+// is left. It is not counted in Stats' Pinned: the memory is not the
+// backend's.
+func (b *Backend) RegisterHost(buf []byte) (unregister func() error, err error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("cuda: RegisterHost: empty buffer")
+	}
+	p := unsafe.Pointer(&buf[0])
+	if err := b.enter("RegisterHost"); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	if err := hostRegister(p, int64(len(buf))); err != nil {
+		return nil, fmt.Errorf("%s: RegisterHost %d bytes: %w", b.name, len(buf), err)
+	}
+	b.pinnedMu.Lock()
+	if b.registered == nil {
+		b.registered = map[unsafe.Pointer]int64{}
+	}
+	b.registered[p] = int64(len(buf))
+	b.pinnedMu.Unlock()
+	var once sync.Once
+	return func() error {
+		err := fmt.Errorf("cuda: RegisterHost's unregister called twice")
+		once.Do(func() { err = b.unregisterHost(p) })
+		return err
+	}, nil
+}
+
+func (b *Backend) unregisterHost(p unsafe.Pointer) error {
+	if b.capturing() {
+		return fmt.Errorf("%s: unregistering host memory: %w", b.name, errCapturing)
+	}
+	if err := b.enter("UnregisterHost"); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.gate.RLock() // its synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
+	b.pinnedMu.Lock()
+	_, ok := b.registered[p]
+	delete(b.registered, p)
+	b.pinnedMu.Unlock()
+	if !ok {
+		return nil // Close undid it
+	}
+	serr := b.syncStreams()
+	if err := hostUnregister(p); err != nil {
+		return fmt.Errorf("%s: unregistering host memory: %w", b.name, err)
+	}
+	if serr != nil {
+		return fmt.Errorf("%s: unregistering host memory: waiting for copies: %w", b.name, serr)
+	}
+	return nil
 }
 
 // span is a stretch of one stream between two timing events: an
@@ -1170,6 +1234,10 @@ func (b *Backend) release() error {
 		b.pinnedSum -= n
 	}
 	b.pinned = map[unsafe.Pointer]int64{}
+	for p := range b.registered {
+		keep(hostUnregister(p))
+	}
+	b.registered = nil
 	b.pinnedMu.Unlock()
 	b.evMu.Lock()
 	for i := range b.evAll {

@@ -94,6 +94,12 @@ static CUresult strata_module_load(CUmodule* m, const char* image, char* log, un
 
 static CUresult strata_host_alloc(void** p, size_t n) { return cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE); }
 
+static CUresult strata_host_register(void* p, size_t n) {
+	return cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
+}
+
+static CUresult strata_host_unregister(void* p) { return cuMemHostUnregister(p); }
+
 static CUresult strata_prefetch(CUdeviceptr p, size_t n, CUdevice dev, CUstream s) { return cuMemPrefetchAsync(p, n, dev, s); }
 
 static CUresult strata_advise_host(CUdeviceptr p, size_t n) {
@@ -310,6 +316,12 @@ func hostAlloc(n int64) (unsafe.Pointer, error) {
 	r := C.strata_host_alloc(&p, C.size_t(n))
 	return p, driverError(r)
 }
+
+func hostRegister(p unsafe.Pointer, n int64) error {
+	return driverError(C.strata_host_register(p, C.size_t(n)))
+}
+
+func hostUnregister(p unsafe.Pointer) error { return driverError(C.strata_host_unregister(p)) }
 
 func prefetch(p uintptr, n int64, dev int, s cu.Stream) error {
 	return driverError(C.strata_prefetch(C.CUdeviceptr(p), C.size_t(n), C.CUdevice(dev), streamC(s)))

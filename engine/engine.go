@@ -55,6 +55,17 @@ type Memory struct {
 	// devices each device's plan places the caches of its own blocks, and
 	// their host parts share the host memory limit (HostCache).
 	KVCache paging.KVPlacement
+	// StagingReaders, StagingPiece and StagingSlots tune the pagers'
+	// staging ring, which the aggressive strategy streams through on a
+	// GPU: paging.Options' fields of the same names (0 takes their
+	// defaults; StagingSlots < 0 turns the ring off).
+	StagingReaders int
+	StagingPiece   int64
+	StagingSlots   int
+	// NoMappedUploads makes the staging ring read every tensor, where it
+	// would copy the tensors of mapped weight files in place from their
+	// page-locked mapping (paging.Options.NoMappedUploads).
+	NoMappedUploads bool
 }
 
 // Options say where and how the engine runs a model.
@@ -306,7 +317,9 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 			return nil, err
 		}
 		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
-			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy})
+			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy,
+				StagingReaders: o.Memory.StagingReaders, StagingPiece: o.Memory.StagingPiece, StagingSlots: o.Memory.StagingSlots,
+				NoMappedUploads: o.Memory.NoMappedUploads})
 		if err != nil {
 			return nil, err
 		}
@@ -640,6 +653,10 @@ func (e *Engine) Stats() paging.Stats {
 		t.StagingBytes += st.StagingBytes
 		t.BytesStaged += st.BytesStaged
 		t.StagingWait += st.StagingWait
+		t.StagingReaders += st.StagingReaders
+		t.StagingReadTime += st.StagingReadTime            // devices read one after the other: their times add
+		t.MappedBytes = max(t.MappedBytes, st.MappedBytes) // the same files, page-locked by each device's pager
+		t.BytesMapped += st.BytesMapped
 		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
 		t.ExpertSlots += st.ExpertSlots
 		t.ExpertsTotal += st.ExpertsTotal

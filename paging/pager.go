@@ -66,6 +66,18 @@ type Options struct {
 	// streamed part, and takes its bytes from HostCacheBytes first: as
 	// many buffers as fit, each the size of the largest streamed part.
 	StagingSlots int
+	// StagingReaders is the goroutines that read the staged parts, shared
+	// by every load, when > 0; 0 takes one per core the process may use
+	// (runtime.GOMAXPROCS).
+	StagingReaders int
+	// StagingPiece is the bytes of the pieces a RangeSource's large
+	// tensors are read and copied in through the staging ring (whole
+	// rows, at least one), when > 0; 0 takes 16 MiB.
+	StagingPiece int64
+	// NoMappedUploads keeps the staging ring from copying the tensors of
+	// a MappedSource straight from their page-locked mapping
+	// (tensor.HostRegistrar): every tensor is then read into the ring.
+	NoMappedUploads bool
 	// ExpertPolicy chooses the experts the expert cache evicts, when the
 	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
 	// PrefetchDepth < 0 turns PrefetchExperts off too.

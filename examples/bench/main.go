@@ -71,7 +71,10 @@ func main() {
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut string
 	prefill, hostLimit, kvCache, kvDType, streamsFlag   string
-	cpuProfile                                          string
+	cpuProfile, stagingPieceS                           string
+	stagingReaders, stagingBuffers                      int
+	stagingPiece                                        int64 // stagingPieceS parsed
+	stagingMapped                                       bool
 	decode, warmup, threads, chunk, promptTokens        int
 	streams                                             []int        // streamsFlag parsed
 	kv                                                  tensor.DType // kvDType parsed
@@ -100,6 +103,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
 	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16, q8_b8 or q8_0")
+	fs.IntVar(&o.stagingReaders, "staging-readers", 0, "goroutines reading streamed parts into the staging ring (the aggressive strategy on a GPU; 0: one per core, at least 8)")
+	fs.StringVar(&o.stagingPieceS, "staging-piece", "", "`size` of the pieces large tensors are read and copied in through the staging ring (default 16MiB)")
+	fs.IntVar(&o.stagingBuffers, "staging-buffers", 0, "the staging ring's pinned buffers (0: one per load at once, at most 3; -1: no ring)")
+	fs.BoolVar(&o.stagingMapped, "staging-mapped", true, "let the staging ring copy the tensors of mapped weight files in place from their page-locked mapping (false: read every tensor into the ring, to compare)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
@@ -131,6 +138,20 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
 	case o.promptTokens < 1:
 		return fmt.Errorf("-prompt-tokens %d must be >= 1", o.promptTokens)
+	case o.stagingReaders < 0:
+		return fmt.Errorf("-staging-readers %d must be >= 0", o.stagingReaders)
+	case o.stagingBuffers < -1:
+		return fmt.Errorf("-staging-buffers %d must be >= -1", o.stagingBuffers)
+	}
+	if o.stagingPieceS != "" {
+		n, err := paging.ParseSize(o.stagingPieceS)
+		if err != nil {
+			return fmt.Errorf("-staging-piece: %w", err)
+		}
+		if n <= 0 {
+			return fmt.Errorf("-staging-piece %s must be more than 0 bytes", o.stagingPieceS)
+		}
+		o.stagingPiece = n
 	}
 	streams, err := parseStreams(o.streamsFlag)
 	if err != nil {
@@ -477,9 +498,20 @@ type Result struct {
 	// (the aggressive strategy's), in StagingSlots buffers, beside the
 	// host cache's PinnedHostBytes; StagedPerToken the bytes per decoded
 	// token that went through it.
-	StagingBytes    int64   `json:"staging_bytes,omitempty"`
-	StagingSlots    int     `json:"staging_slots,omitempty"`
-	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
+	// StagedReadGBps is the rate the ring's reads ran at over the timed
+	// decode, while they ran (paging.Stats.StagedReadGBps): with the
+	// pinned rate, the aggressive strategy's own bound (Row).
+	StagingBytes   int64   `json:"staging_bytes,omitempty"`
+	StagingSlots   int     `json:"staging_slots,omitempty"`
+	StagedPerToken float64 `json:"staged_per_token,omitempty"`
+	StagedReadGBps float64 `json:"staged_read_GBps,omitempty"`
+	StagingReaders int     `json:"staging_readers,omitempty"`
+	// MappedPerToken is the bytes per decoded token copied in place from
+	// the page-locked mapping of the weight files, MappedBytes that
+	// mapping's size (paging.Stats.BytesMapped, MappedBytes).
+	MappedPerToken  float64 `json:"mapped_per_token,omitempty"`
+	MappedBytes     int64   `json:"mapped_bytes,omitempty"`
+	StagingPiece    int64   `json:"staging_piece,omitempty"` // -staging-piece; 0 is the default
 	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
 	// PageableHostBytes are the pager's host copies made in pageable
 	// memory because pinning them was refused (Stats.PinnedFallbacks),
@@ -590,7 +622,8 @@ func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, kv paging.KVPlacement, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv,
+		StagingReaders: o.stagingReaders, StagingPiece: o.stagingPiece, StagingSlots: o.stagingBuffers, NoMappedUploads: !o.stagingMapped}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -720,7 +753,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	e.MarkStep()
 	st0 := e.Stats()
-	before, staged0 := st0.BytesHostToDevice, st0.BytesStaged
+	before, staged0, mapped0 := st0.BytesHostToDevice, st0.BytesStaged, st0.BytesMapped
 	experts0 := e.Experts()
 	cw := paging.StartCopyWindow(b)
 	busy0 := busyOf(sess)
@@ -765,8 +798,20 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 			name, s, st.PinnedFallbacks, paging.FormatSize(st.PinnedFallbackBytes), st.PinnedFallbackError)
 	}
 	if r.StagingSlots > 0 {
-		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer\n",
-			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), st.StagingWait.Round(time.Millisecond))
+		r.StagingReaders, r.StagingPiece = st.StagingReaders, o.stagingPiece
+	}
+	r.MappedPerToken, r.MappedBytes = float64(st.BytesMapped-mapped0)/float64(o.decode), st.MappedBytes
+	if rt := st.StagingReadTime - st0.StagingReadTime; rt > 0 {
+		r.StagedReadGBps = float64(st.BytesStaged-staged0) / rt.Seconds() / 1e9
+	}
+	if r.StagingSlots > 0 || r.MappedBytes > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer; %d readers read at %.1f GB/s while reading (%v of %v)\n",
+			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), (st.StagingWait - st0.StagingWait).Round(time.Millisecond),
+			st.StagingReaders, r.StagedReadGBps, (st.StagingReadTime - st0.StagingReadTime).Round(time.Millisecond), el.Round(time.Millisecond))
+		if r.MappedBytes > 0 {
+			fmt.Fprintf(os.Stderr, "bench: %s %s: weight files page-locked in place: %s, %s per token copied from them\n",
+				name, s, paging.FormatSize(r.MappedBytes), paging.FormatSize(int64(r.MappedPerToken)))
+		}
 	}
 	r.H2DGBps, r.Overlap = cw.End(b)
 	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes

@@ -36,8 +36,15 @@ type Row struct {
 	CPUBoundTokS    float64 `json:"cpu_bound_tok_s,omitempty"`
 	HybridBoundTokS float64 `json:"hybrid_bound_tok_s,omitempty"`
 	OfBound         float64 `json:"of_bound"`
-	VsBaseline      float64 `json:"vs_baseline"` // decode tok/s over the baseline's
-	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident (compiled when it ran)
+	// StagingBoundTokS is a staged run's own bound: the bytes it streams
+	// per token at the slower of the pinned copy rate and the rate its
+	// staging ring's reads ran at (Result.StagedReadGBps), the reads from
+	// the page cache into pinned memory being the part the stream bound
+	// leaves out; OfStagingBound the run's share of it.
+	StagingBoundTokS float64 `json:"staging_bound_tok_s,omitempty"`
+	OfStagingBound   float64 `json:"of_staging_bound,omitempty"`
+	VsBaseline       float64 `json:"vs_baseline"` // decode tok/s over the baseline's
+	BaselineRun      string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident (compiled when it ran)
 	// StreamsVsBaseline is a batched run's aggregate tok/s over Hugging
 	// Face's at the same model, budget and batch size (hf_baseline
 	// -batch), StreamsBaseline which run that was.
@@ -177,6 +184,10 @@ func bounds(row *Row, c *Ceilings) {
 	}
 	if row.BoundTokS > 0 {
 		row.OfBound = r.DecodeTokS / row.BoundTokS
+	}
+	if c != nil && c.PinnedGBps > 0 && r.StagedReadGBps > 0 && r.StreamedBytes > 0 {
+		row.StagingBoundTokS = min(c.PinnedGBps, r.StagedReadGBps) * 1e9 / float64(r.StreamedBytes)
+		row.OfStagingBound = r.DecodeTokS / row.StagingBoundTokS
 	}
 }
 
@@ -375,8 +386,17 @@ func markdown(c *Ceilings, rows []Row) string {
 			return fmt.Sprintf("%.1f", v)
 		}
 		staging := "-"
-		if r.StagingSlots > 0 {
+		if r.StagingSlots > 0 || r.MappedPerToken > 0 {
 			staging = fmt.Sprintf("%s pinned (%d buffers), %s/token", paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)))
+			if r.MappedPerToken > 0 {
+				staging += fmt.Sprintf(", %s/token in place from %s page-locked", paging.FormatSize(int64(r.MappedPerToken)), paging.FormatSize(r.MappedBytes))
+			}
+			if r.StagedReadGBps > 0 {
+				staging += fmt.Sprintf(", reads %.1f GB/s", r.StagedReadGBps)
+			}
+			if r.StagingBoundTokS > 0 {
+				staging += fmt.Sprintf("; own bound %.2f tok/s (%.0f%%)", r.StagingBoundTokS, 100*r.OfStagingBound)
+			}
 		}
 		decode := "-" // a batched line of hf_baseline has no single-stream rate
 		if r.DecodeTokS > 0 {
