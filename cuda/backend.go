@@ -98,6 +98,12 @@ type Backend struct {
 	// BenchmarkGEMVShapes sets it on its backend to compare them; the
 	// default stays 0 until an H200 run says otherwise.
 	gemvRows int
+	// qgemv picks the integer GEMV of one row of x for the quantized
+	// formats with direct kernels (quantFormat.direct, kernels/quantd.cuh):
+	// qgemvDirect (the default), qgemvDirect8 or qgemvStaged (the kernels
+	// of quantx.cuh, the only ones before). BenchmarkQuantGEMV and
+	// TestQuantGEMVKernels set it on their backend to compare them.
+	qgemv qgemvKind
 
 	// gradPath is the implementation MatMulGradX and MatMulGradW use:
 	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or

@@ -66,8 +66,10 @@ func (b *Backend) matmulQuant(out, x, w *tensor.Tensor, m, n, k int, path mmPath
 // time: each chunk of rows rounded to X16 in scratch (quantx16 reads any
 // F32 view), then one launch of the kernel for the fewest rows (1, 2, 4,
 // 8) that holds the chunk, with as many blocks as the SMs hold at once
-// (fewer for fewer row groups). Q4_K and Q5_K need w 16-byte aligned, as for
-// the F32-x kernels; another view goes through gemvWidened.
+// (fewer for fewer row groups). A single row of a format with direct
+// kernels goes to gemvDirect instead (Backend.qgemv). Q4_K and Q5_K need
+// w 16-byte aligned, as for the F32-x kernels; another view goes through
+// gemvWidened.
 func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k int) error {
 	if f.align16 && w.Ptr()%16 != 0 {
 		return b.gemvWidened(out, x, w, f, m, n, k)
@@ -83,8 +85,14 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 	warps := f.gemvWarps(k)
 	for r := 0; r < m; r += rows {
 		c := min(rows, m-r)
-		blocks := int64(c) * int64(k/32)
 		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
+		if c == 1 && f.direct && b.qgemv != qgemvStaged {
+			if err := b.gemvDirect(out.Ptr()+uintptr(int64(r)*int64(n)*4), xp, q, d, s, w, f, n, k); err != nil {
+				return err
+			}
+			continue
+		}
+		blocks := int64(c) * int64(k/32)
 		// A warp a block of x, 8 warps a block of the launch.
 		qgrid := [3]uint32{uint32(min((blocks+7)/8, int64(b.info.SMs)*8)), 1, 1}
 		if err := b.run("quantx16", qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
@@ -99,6 +107,24 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 		}
 	}
 	return nil
+}
+
+// gemvDirect is the product of one row of x (at xp) with the direct
+// kernels of kernels/quantd.cuh: x rounded into the scratch at q, d, s
+// (X16, or X8 for qgemvDirect8), then a warp a row of w.
+func (b *Backend) gemvDirect(op, xp, q, d, s uintptr, w *tensor.Tensor, f quantFormat, n, k int) error {
+	round, gemv := "quantx16", "gemvd_"+f.name
+	if b.qgemv == qgemvDirect8 {
+		round, gemv = "quantx8", "gemvd8_"+f.name
+	}
+	blocks := int64(k / 32)
+	qgrid := [3]uint32{uint32(min((blocks+7)/8, int64(b.info.SMs)*8)), 1, 1}
+	if err := b.run(round, qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
+		return err
+	}
+	grid := [3]uint32{uint32((n + gemvdWarps - 1) / gemvdWarps), 1, 1}
+	a := new(args).ptr(op).ptr(q).ptr(d).ptr(s).ptr(w.Ptr()).i32(n).i32(k)
+	return b.run(gemv, grid, [3]uint32{32 * gemvdWarps, 1, 1}, a)
 }
 
 // gemvQuant runs the GEMV kernels over x, two rows at a time (then one).

@@ -9,7 +9,9 @@
 // stdout, all little-endian:
 //
 //   request:  int32 op (0 end, 1 gemv, 2 dequant to F32, 3 dequant to F16,
-//             4 integer gemv: quantx16, then gemvx),
+//             4 integer gemv: quantx16, then gemvx; 5 direct gemv:
+//             quantx16, then gemvd; 6 direct gemv on X8: quantx8, then
+//             gemvd8, for the formats with direct kernels),
 //             int32 format (the order of formats below), int32 nblocks,
 //             int32 nwarps, int32 woff (the weights' byte offset from a
 //             256-byte boundary), int32 N, int32 K, then
@@ -19,7 +21,8 @@
 //   response: int64 violations, then M*N float32 (gemv), rows*K float32
 //             (dequant to F32) or rows*K uint16 halves (to F16); the
 //             integer gemv adds x's X16: M*K int16 levels, M*K/32 float32
-//             scales, M*K/16 int32 sums
+//             scales, M*K/16 int32 sums (the direct gemvs: the same, M = 1,
+//             with M*K int8 levels for X8)
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -29,7 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "../kernels/quantx.cuh"
+#include "../kernels/quantd.cuh"
 
 static std::atomic<long long> violations;
 void qhost_violation() { violations++; }
@@ -233,6 +236,70 @@ static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
 	writen(s, (size_t)M * K / 16 * 4);
 }
 
+// Direct is the direct GEMV's format (quantd.cuh) of an integer one, or
+// void where it has none.
+template <class I>
+struct Direct {
+	typedef void D;
+};
+template <>
+struct Direct<IQ4_K> {
+	typedef DQ4_K D;
+};
+template <>
+struct Direct<IQ5_K> {
+	typedef DQ5_K D;
+};
+
+// gemvd runs the direct GEMV of one row of x with levels T, as MatMul
+// does: quantx_warp (on a grid of 2 blocks of nwarps warps), then
+// gemvd_rows on nblocks blocks of nwarps warps.
+template <class D, typename T>
+static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
+	const int M = read32();
+	if (M != 1) {
+		fprintf(stderr, "quanthost: direct gemv of M = %d\n", M);
+		exit(2);
+	}
+	const long long wbytes = (long long)N * (K / D::QK) * D::BB;
+	std::vector<uint8_t> wbuf, xbuf, qbuf, dbuf, sbuf, obuf;
+	uint8_t* w = aligned(wbuf, wbytes, woff);
+	readn(w, wbytes);
+	float* x = (float*)aligned(xbuf, (size_t)K * 4, 0);
+	readn(x, (size_t)K * 4);
+	T* q = (T*)aligned(qbuf, (size_t)K * sizeof(T), 0);
+	float* d = (float*)aligned(dbuf, (size_t)K / 32 * 4, 0);
+	int* s = (int*)aligned(sbuf, (size_t)K / 16 * 4, 0);
+	float* out = (float*)aligned(obuf, (size_t)N * 4, 0);
+	launch(2, nwarps, 0, [&](const Ctx& c, uint8_t*) { quantx_warp<HostSync, T>(c, q, d, s, x, (long long)K / 32); });
+	qhost_lo = w;
+	qhost_hi = w + wbytes;
+	violations = 0;
+	XD<T> xd;
+	xd.q = q;
+	xd.d = d;
+	xd.s = s;
+	launch(nblocks, nwarps, 0, [&](const Ctx& c, uint8_t*) { gemvd_rows<D, T, D::U, HostSync>(c, out, xd, w, N, K); });
+	const long long v = violations;
+	writen(&v, 8);
+	writen(out, (size_t)N * 4);
+	writen(q, (size_t)K * sizeof(T));
+	writen(d, (size_t)K / 32 * 4);
+	writen(s, (size_t)K / 16 * 4);
+}
+
+template <class D, typename T>
+struct GemvdOp {
+	static void run(int nblocks, int nwarps, int woff, int N, int K) { gemvd<D, T>(nblocks, nwarps, woff, N, K); }
+};
+template <typename T>
+struct GemvdOp<void, T> {
+	static void run(int, int, int, int, int) {
+		fprintf(stderr, "quanthost: no direct gemv for this format\n");
+		exit(2);
+	}
+};
+
 template <class F, typename T>
 static void dequant(int nblocks, int nwarps, int woff, int N, int K) {
 	const int rows = read32(), r0 = read32(), nids = read32();
@@ -269,6 +336,12 @@ static void serve(int op, int nblocks, int nwarps, int woff, int N, int K) {
 		break;
 	case 4:
 		gemvx<I>(nblocks, nwarps, woff, N, K);
+		break;
+	case 5:
+		GemvdOp<typename Direct<I>::D, int16_t>::run(nblocks, nwarps, woff, N, K);
+		break;
+	case 6:
+		GemvdOp<typename Direct<I>::D, int8_t>::run(nblocks, nwarps, woff, N, K);
 		break;
 	default:
 		fprintf(stderr, "quanthost: op %d\n", op);

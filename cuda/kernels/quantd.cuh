@@ -1,0 +1,196 @@
+// The direct integer GEMV of quantized weights for one row of x (decode):
+// no staging in shared memory. A warp takes one row of w at a time; each
+// lane reads units of the row straight from global memory with 16-byte
+// loads (U units of U blocks in flight at once, their loads issued before
+// any is used), multiplies them with the row's rounded x in integer
+// (dp2a on X16 levels, or dp4a on X8 levels), applies each sub-block's
+// scale and minimum in float, and the warp adds its lanes' sums with one
+// shuffle reduction. gemvd_<format>.cu instantiate it:
+//
+//   gemvd_<f>   out[N] = x[K] . w[N,K]^T from the X16 of x (quantx16):
+//               x rounded to 16 bits, the error of quantx.cuh's kernels
+//   gemvd8_<f>  the same from the X8 of x (quantx8): x rounded to 8 bits a
+//               32 elements as ggml's integer kernels round it; half the
+//               x bytes and dot-product instructions of gemvd_<f>, and an
+//               error about 256 times X16's (quantx.cuh: 0.4% to 1.7% of a
+//               product)
+//
+// Formats: Q4_K and Q5_K, whose 144- and 176-byte blocks are 16-byte
+// multiples, so that a 16-byte aligned w has every block 16-byte aligned.
+// The others keep the staged kernels of quantx.cuh.
+//
+// Why it is faster than gemvx_<f>_m1: that kernel stages a piece of 4 rows
+// in shared memory, synchronises the warp twice a piece and holds 128
+// registers (16 warps an SM), so an SM has few bytes in flight. Here a
+// lane holds its U units' raw bytes (32 or 48 bytes each) in registers, at
+// most 64 registers a thread (32 warps an SM), and nothing waits but the
+// loads: with U = 4 an SM keeps up to 32*32*4*16 = 64 KiB of weights in
+// flight, more than the ~20 KiB an H200 SM needs at full bandwidth.
+#pragma once
+
+#include "quantx.cuh"
+
+// dp4a_s: c plus the four signed bytes of a times those of b. Native from
+// compute capability 6.1.
+QFN int dp4a_s(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	return __dp4a((int)a, (int)b, c);
+#else
+	for (int i = 0; i < 4; i++) c += (int)(int8_t)((a >> (8 * i)) & 0xffu) * (int)(int8_t)((b >> (8 * i)) & 0xffu);
+	return c;
+#endif
+}
+
+// XD is the rounded x of one product (X16 for T = int16_t, X8 for int8_t):
+// the levels, the scale of each 32 and the sum of the levels of each 16.
+template <typename T>
+struct XD {
+	const T* q;
+	const float* d;
+	const int* s;
+};
+
+// ldx16b reads 16 levels of X8 (16-byte aligned; L1-cached).
+QFN uint4 ldx16b(const int8_t* p) {
+#ifdef __CUDA_ARCH__
+	return __ldg(reinterpret_cast<const uint4*>(p));
+#else
+	if ((uintptr_t)p & 15) qhost_violation();
+	uint4 v;
+	memcpy(&v, p, 16);
+	return v;
+#endif
+}
+
+// xdot16 adds the 16 levels of x at p (16-byte aligned) times the 16 byte
+// levels of w (each below 128, so that they read the same signed and
+// unsigned) to s: 8 dp2a on X16, 4 dp4a on X8.
+QFN int xdot16(int s, const int16_t* p, const uint32_t (&w)[4]) {
+	const uint4 a = ldq8(p), b = ldq8(p + 8);
+	return dot8u(dot8u(s, a, w[0], w[1]), b, w[2], w[3]);
+}
+QFN int xdot16(int s, const int8_t* p, const uint32_t (&w)[4]) {
+	const uint4 a = ldx16b(p);
+	return dp4a_s(a.w, w[3], dp4a_s(a.z, w[2], dp4a_s(a.y, w[1], dp4a_s(a.x, w[0], s))));
+}
+
+// DK45 is Q4_K (FIVE false) and Q5_K for the direct GEMV. A block (256
+// elements) has 8 units: unit j = 2g+p is bytes 16p..16p+15 of group g's
+// 32 level bytes, elements 64g+16p+i (low nibbles, sub-block 2g) and
+// 64g+32+16p+i (high nibbles, sub-block 2g+1) for i < 16; Q5_K's fifth
+// bits of them are qh bytes 16p..16p+15, bits 2g and 2g+1. A unit reads
+// the block's first 16 bytes (d, dmin and the 12 scale bytes: the same
+// address for the block's 8 lanes, one request), its 16 level bytes and,
+// for Q5_K, its 16 qh bytes.
+template <bool FIVE>
+struct DK45 {
+	static constexpr int QK = 256, BB = FIVE ? 176 : 144, UPB = 8;
+	static constexpr int QS = FIVE ? 48 : 16;
+	// Units a lane has in flight: Q5_K's three loads a unit spill at 4.
+	static constexpr int U = FIVE ? 3 : 4;
+	struct Raw {
+		uint4 hd, q, h;
+	};
+	static QFN Raw load(const uint8_t* b, int j) {
+		const int g = j >> 1, p = j & 1;
+		Raw r;
+		r.hd = ldg16(b);
+		r.q = ldg16(b + QS + 32 * g + 16 * p);
+		r.h = FIVE ? ldg16(b + 16 + 16 * p) : make_uint4(0, 0, 0, 0);
+		return r;
+	}
+	// dot returns unit j of the block whose first element is e times x.
+	template <typename T>
+	static QFN float dot(const Raw& r, int j, const XD<T>& x, int e) {
+		const int g = j >> 1, p = j & 1;
+		const int el = e + 64 * g + 16 * p, eh = el + 32;
+		const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, hw[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
+		uint32_t lo[4], hi[4];
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			lo[c] = q[c] & 0x0F0F0F0Fu;
+			hi[c] = (q[c] >> 4) & 0x0F0F0F0Fu;
+			if (FIVE) {
+				// qh bytes shifted by 2g: bit 8k is the fifth bit of byte k's
+				// low nibble, bit 8k+1 of its high one.
+				const uint32_t h = hw[c] >> (2 * g);
+				lo[c] |= (h << 4) & 0x10101010u;
+				hi[c] |= (h << 3) & 0x10101010u;
+			}
+		}
+		const int s1 = xdot16(0, x.q + el, lo), s2 = xdot16(0, x.q + eh, hi);
+		const float d = half_to_f32(r.hd.x & 0xffffu), dmin = half_to_f32(r.hd.x >> 16);
+		const uint32_t sh = (16 * g) & 31;
+		const uint32_t a0 = r.hd.y >> sh, a1 = r.hd.z >> sh, a2 = r.hd.w >> sh;
+		const uint32_t sc = g < 2 ? a0 & 0x3F3Fu : (a2 & 0x0F0Fu) | ((a0 >> 2) & 0x3030u);
+		const uint32_t mn = g < 2 ? a1 & 0x3F3Fu : ((a2 >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
+		// In int32: 16 levels of at most 31 times |x levels| <= 32767 is
+		// below 2^24, times a 6-bit scale below 2^30; a sum of 16 x levels
+		// times a 6-bit minimum below 2^26.
+		const int v1 = s1 * (int)(sc & 0xffu), v2 = s2 * (int)(sc >> 8);
+		const int x1 = x.s[el >> 4] * (int)(mn & 0xffu), x2 = x.s[eh >> 4] * (int)(mn >> 8);
+		return x.d[el >> 5] * (d * (float)v1 - dmin * (float)x1) + x.d[eh >> 5] * (d * (float)v2 - dmin * (float)x2);
+	}
+};
+typedef DK45<false> DQ4_K;
+typedef DK45<true> DQ5_K;
+
+// gemvd_rows: out[n] = sum_k x[k] * w(n, k) for the rows n of w, warp
+// c.block*c.nwarps + c.warp taking rows from there on by the launch's
+// warps. Lane l takes units l, l+32, ... of the row, U at a time: the U
+// loads first, then the U products, so that they are in flight together.
+// A lane adds its units in order and the warp its lanes in a fixed tree,
+// so the result does not depend on the grid. w must be 16-byte aligned.
+#pragma nv_exec_check_disable
+template <class D, typename T, int U, class S>
+QFN void gemvd_rows(const Ctx& c, float* __restrict__ out, const XD<T>& x, const uint8_t* __restrict__ w, int N, int K) {
+	const int nb = K / D::QK, units = nb * D::UPB;
+	const long long rowBytes = (long long)nb * D::BB;
+	const long long stride = (long long)c.nblocks * c.nwarps;
+	for (long long n = (long long)c.block * c.nwarps + c.warp; n < N; n += stride) {
+		const uint8_t* wr = w + n * rowBytes;
+		float acc = 0.0f;
+		for (int u0 = c.lane; u0 < units; u0 += 32 * U) {
+			typename D::Raw raw[U];
+#pragma unroll
+			for (int i = 0; i < U; i++) {
+				const int u = u0 + 32 * i;
+				if (u < units) raw[i] = D::load(wr + (long long)(u / D::UPB) * D::BB, u % D::UPB);
+			}
+#pragma unroll
+			for (int i = 0; i < U; i++) {
+				const int u = u0 + 32 * i;
+				if (u < units) acc += D::template dot<T>(raw[i], u % D::UPB, x, (u / D::UPB) * D::QK);
+			}
+		}
+		acc = S::sum(acc);
+		if (c.lane == 0) out[n] = acc;
+	}
+}
+
+// Warps a block of the direct GEMV, and the blocks an SM holds (the launch
+// bound: 64 registers a thread). MatMul launches a warp a row of w, up to
+// the grid's limit (gemvdWarps, gemvdBlocksPerSM in quantfmt.go).
+#define QDWARPS 4
+#define QDMINB 8
+
+template <class D, typename T>
+__device__ __forceinline__ void gemvd_q(float* out, const T* xq, const float* xdp, const int* xsp, const uint8_t* w, int N, int K) {
+	XD<T> x;
+	x.q = xq;
+	x.d = xdp;
+	x.s = xsp;
+	gemvd_rows<D, T, D::U, DevSync>(dev_ctx(), out, x, w, N, K);
+}
+
+// gemvd_<f>(out, xq, xd, xs, w, N, K) and gemvd8_<f>: one row of x, from
+// its X16 or X8. Launch with at most QDWARPS warps a block.
+#define QUANT_GEMVD(D, NAME)                                                                                                        \
+	extern "C" __global__ void __launch_bounds__(32 * QDWARPS, QDMINB)                                                          \
+	    gemvd_##NAME(float* out, const int16_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K) {        \
+		gemvd_q<D, int16_t>(out, xq, xd, xs, w, N, K);                                                                  \
+	}                                                                                                                           \
+	extern "C" __global__ void __launch_bounds__(32 * QDWARPS, QDMINB)                                                          \
+	    gemvd8_##NAME(float* out, const int8_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K) {        \
+		gemvd_q<D, int8_t>(out, xq, xd, xs, w, N, K);                                                                   \
+	}
