@@ -86,8 +86,8 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 	for r := 0; r < m; r += rows {
 		c := min(rows, m-r)
 		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
-		if c == 1 && f.direct && b.qgemv != qgemvStaged {
-			if err := b.gemvDirect(out.Ptr()+uintptr(int64(r)*int64(n)*4), xp, q, d, s, w, f, n, k); err != nil {
+		if _, ok := b.directOK([]*tensor.Tensor{w}); ok && c == 1 {
+			if err := b.gemvDirect([]uintptr{out.Ptr() + uintptr(int64(r)*int64(n)*4)}, xp, q, d, s, []*tensor.Tensor{w}, f, k); err != nil {
 				return err
 			}
 			continue
@@ -109,22 +109,54 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 	return nil
 }
 
-// gemvDirect is the product of one row of x (at xp) with the direct
-// kernels of kernels/quantd.cuh: x rounded into the scratch at q, d, s
-// (X16, or X8 for qgemvDirect8), then a warp a row of w.
-func (b *Backend) gemvDirect(op, xp, q, d, s uintptr, w *tensor.Tensor, f quantFormat, n, k int) error {
+// gemvDirect is the product of one row of x (at xp) with up to three
+// weights ws of format f (outputs at outs) by the direct kernels of
+// kernels/quantd.cuh: x rounded once into the scratch at q, d, s (X16, or
+// X8 for qgemvDirect8), then one launch over all the weights' rows, a warp
+// a row. The weights must be 16-byte aligned (directOK).
+func (b *Backend) gemvDirect(outs []uintptr, xp, q, d, s uintptr, ws []*tensor.Tensor, f quantFormat, k int) error {
 	round, gemv := "quantx16", "gemvd_"+f.name
 	if b.qgemv == qgemvDirect8 {
 		round, gemv = "quantx8", "gemvd8_"+f.name
+	}
+	var o, w [3]uintptr
+	var n [3]int
+	rows := 0
+	for i := range ws {
+		o[i], w[i], n[i] = outs[i], ws[i].Ptr(), ws[i].Shape()[0]
+		rows += n[i]
+	}
+	if rows == 0 {
+		return nil
 	}
 	blocks := int64(k / 32)
 	qgrid := [3]uint32{uint32(min((blocks+7)/8, int64(b.info.SMs)*8)), 1, 1}
 	if err := b.run(round, qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
 		return err
 	}
-	grid := [3]uint32{uint32((n + gemvdWarps - 1) / gemvdWarps), 1, 1}
-	a := new(args).ptr(op).ptr(q).ptr(d).ptr(s).ptr(w.Ptr()).i32(n).i32(k)
+	grid := [3]uint32{uint32((rows + gemvdWarps - 1) / gemvdWarps), 1, 1}
+	a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(q).ptr(d).ptr(s).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
 	return b.run(gemv, grid, [3]uint32{32 * gemvdWarps, 1, 1}, a)
+}
+
+// directOK reports whether one row of x times the weights ws (1 to 3, of
+// one quantized dtype and row length) runs on the direct kernels: the
+// format has them, Backend.qgemv picks them, and every weight is 16-byte
+// aligned.
+func (b *Backend) directOK(ws []*tensor.Tensor) (quantFormat, bool) {
+	if len(ws) == 0 || len(ws) > 3 || b.qgemv == qgemvStaged {
+		return quantFormat{}, false
+	}
+	f, ok := quantFormatOf(ws[0].DType())
+	if !ok || !f.direct {
+		return quantFormat{}, false
+	}
+	for _, w := range ws {
+		if w.DType() != f.dt || w.Ptr()%16 != 0 || len(w.Shape()) != 2 || w.Shape()[1] != ws[0].Shape()[1] {
+			return quantFormat{}, false
+		}
+	}
+	return f, true
 }
 
 // gemvQuant runs the GEMV kernels over x, two rows at a time (then one).

@@ -107,3 +107,78 @@ func TestQuantGEMVKernels(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantManyDirect checks MatMulMany and GateUpSiLU of one row of x
+// with quantized weights that have direct kernels (one rounding of x, one
+// launch over every weight's rows) against MatMul of each weight alone:
+// bit for bit, as the same kernel computes each row the same way, for the
+// 7B attention (q 4096, k and v 1024 rows: grouped-query heads) and MLP
+// shapes and for weights of too few rows to fill a block. Under
+// qgemvStaged the same calls take the per-product path, checked the same
+// way.
+func TestQuantManyDirect(t *testing.T) {
+	b := openGPU(t)
+	defer func() { b.qgemv = qgemvDirect }()
+	r := newRand(t)
+	for _, f := range quantFormats {
+		if !f.direct {
+			continue
+		}
+		for _, s := range []struct {
+			k  int
+			ns []int
+		}{{4096, []int{4096, 1024, 1024}}, {4096, []int{11008, 11008}}, {512, []int{3, 1, 5}}, {256, []int{2}}} {
+			ws := make([]*tensor.Tensor, len(s.ns))
+			for i, n := range s.ns {
+				ws[i], _ = putQuant(t, b, r, f.dt, n, s.k, n < 64)
+			}
+			x, _ := put(t, b, tensor.F32, tensor.Shape{1, s.k}, uniform(r, s.k, -1, 1))
+			for _, kind := range []qgemvKind{qgemvDirect, qgemvDirect8, qgemvStaged} {
+				b.qgemv = kind
+				name := fmt.Sprintf("%v/%v/K%d_N%v", f.dt, kind, s.k, s.ns)
+				outs := make([]*tensor.Tensor, len(s.ns))
+				for i, n := range s.ns {
+					outs[i], _ = put(t, b, tensor.F32, tensor.Shape{1, n}, nanSlice(n))
+				}
+				if err := tensor.MatMulMany(b, outs, x, ws); err != nil {
+					t.Fatalf("%s: MatMulMany: %v", name, err)
+				}
+				for i, w := range ws {
+					alone, _ := put(t, b, tensor.F32, tensor.Shape{1, s.ns[i]}, nanSlice(s.ns[i]))
+					if err := b.MatMul(alone, x, w, nil); err != nil {
+						t.Fatal(err)
+					}
+					want, got := get(t, b, alone), get(t, b, outs[i])
+					for j := range want {
+						if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+							t.Errorf("%s: MatMulMany out %d [%d] = %g, MatMul alone %g", name, i, j, got[j], want[j])
+							break
+						}
+					}
+				}
+				if len(s.ns) != 2 || s.ns[0] != s.ns[1] {
+					continue
+				}
+				n := s.ns[0]
+				out, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, nanSlice(n))
+				up, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, nanSlice(n))
+				if err := b.GateUpSiLU(out, up, x, ws[0], ws[1]); err != nil {
+					t.Fatalf("%s: GateUpSiLU: %v", name, err)
+				}
+				gate, upw := get(t, b, outs[0]), get(t, b, outs[1])
+				want, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, nanSlice(n))
+				if err := b.SiLUMul(want, outs[0], outs[1]); err != nil {
+					t.Fatal(err)
+				}
+				w, got := get(t, b, want), get(t, b, out)
+				for j := range w {
+					if math.Float32bits(got[j]) != math.Float32bits(w[j]) {
+						t.Errorf("%s: GateUpSiLU [%d] = %g, SiLUMul of the products %g (gate %g, up %g)", name, j, got[j], w[j], gate[j], upw[j])
+						break
+					}
+				}
+				t.Logf("%s: MatMulMany and GateUpSiLU match the products alone", name)
+			}
+		}
+	}
+}

@@ -24,7 +24,7 @@
 // registers (16 warps an SM), so an SM has few bytes in flight. Here a
 // lane holds its U units' raw bytes (32 or 48 bytes each) in registers, at
 // most 64 registers a thread (32 warps an SM), and nothing waits but the
-// loads: with U = 4 an SM keeps up to 32*32*4*16 = 64 KiB of weights in
+// loads: with 4 units (Q4_K) an SM keeps up to 32*32*4*16 = 64 KiB of weights in
 // flight, more than the ~20 KiB an H200 SM needs at full bandwidth.
 #pragma once
 
@@ -86,8 +86,12 @@ template <bool FIVE>
 struct DK45 {
 	static constexpr int QK = 256, BB = FIVE ? 176 : 144, UPB = 8;
 	static constexpr int QS = FIVE ? 48 : 16;
-	// Units a lane has in flight: Q5_K's three loads a unit spill at 4.
-	static constexpr int U = FIVE ? 3 : 4;
+	// Units a lane has in flight within 64 registers: Q5_K's three loads a
+	// unit spill at 4 (at 3 with X16).
+	template <typename T>
+	static constexpr __host__ __device__ int units() {
+		return !FIVE ? 4 : sizeof(T) == 1 ? 3 : 2;
+	}
 	struct Raw {
 		uint4 hd, q, h;
 	};
@@ -135,32 +139,49 @@ struct DK45 {
 typedef DK45<false> DQ4_K;
 typedef DK45<true> DQ5_K;
 
-// gemvd_rows: out[n] = sum_k x[k] * w(n, k) for the rows n of w, warp
-// c.block*c.nwarps + c.warp taking rows from there on by the launch's
-// warps. Lane l takes units l, l+32, ... of the row, U at a time: the U
-// loads first, then the U products, so that they are in flight together.
-// A lane adds its units in order and the warp its lanes in a fixed tree,
-// so the result does not depend on the grid. w must be 16-byte aligned.
+// DW is the weights of one launch: up to three matrices of K columns,
+// w[i] with n[i] rows (0 for none) and its output out[i], taken as one
+// matrix of n[0]+n[1]+n[2] rows (MatMulMany: q, k and v, or gate and up,
+// after one rounding of x).
+struct DW {
+	const uint8_t* w[3];
+	float* out[3];
+	int n[3];
+};
+
+// gemvd_rows: out_i[n] = sum_k x[k] * w_i(n, k) for the rows of the
+// matrices of dw, warp c.block*c.nwarps + c.warp taking rows from there on
+// by the launch's warps. Lane l takes units l, l+32, ... of the row, U at a
+// time: the U loads first, then the U products, so that they are in
+// flight together. A lane adds its units in order and the warp its lanes
+// in a fixed tree, so the result does not depend on the grid. The weights
+// must be 16-byte aligned.
 #pragma nv_exec_check_disable
 template <class D, typename T, int U, class S>
-QFN void gemvd_rows(const Ctx& c, float* __restrict__ out, const XD<T>& x, const uint8_t* __restrict__ w, int N, int K) {
+QFN void gemvd_rows(const Ctx& c, const DW& dw, const XD<T>& x, int K) {
 	const int nb = K / D::QK, units = nb * D::UPB;
 	const long long rowBytes = (long long)nb * D::BB;
 	const long long stride = (long long)c.nblocks * c.nwarps;
-	for (long long n = (long long)c.block * c.nwarps + c.warp; n < N; n += stride) {
-		const uint8_t* wr = w + n * rowBytes;
+	const long long rows = (long long)dw.n[0] + dw.n[1] + dw.n[2];
+	for (long long row = (long long)c.block * c.nwarps + c.warp; row < rows; row += stride) {
+		// Selects rather than an index into dw, which would put it in local
+		// memory.
+		const bool m0 = row < dw.n[0], m1 = !m0 && row < (long long)dw.n[0] + dw.n[1];
+		const long long n = m0 ? row : m1 ? row - dw.n[0] : row - dw.n[0] - dw.n[1];
+		const uint8_t* wr = (m0 ? dw.w[0] : m1 ? dw.w[1] : dw.w[2]) + n * rowBytes;
+		float* out = m0 ? dw.out[0] : m1 ? dw.out[1] : dw.out[2];
 		float acc = 0.0f;
 		for (int u0 = c.lane; u0 < units; u0 += 32 * U) {
 			typename D::Raw raw[U];
 #pragma unroll
-			for (int i = 0; i < U; i++) {
-				const int u = u0 + 32 * i;
-				if (u < units) raw[i] = D::load(wr + (long long)(u / D::UPB) * D::BB, u % D::UPB);
+			for (int j = 0; j < U; j++) {
+				const int u = u0 + 32 * j;
+				if (u < units) raw[j] = D::load(wr + (long long)(u / D::UPB) * D::BB, u % D::UPB);
 			}
 #pragma unroll
-			for (int i = 0; i < U; i++) {
-				const int u = u0 + 32 * i;
-				if (u < units) acc += D::template dot<T>(raw[i], u % D::UPB, x, (u / D::UPB) * D::QK);
+			for (int j = 0; j < U; j++) {
+				const int u = u0 + 32 * j;
+				if (u < units) acc += D::template dot<T>(raw[j], u % D::UPB, x, (u / D::UPB) * D::QK);
 			}
 		}
 		acc = S::sum(acc);
@@ -169,28 +190,40 @@ QFN void gemvd_rows(const Ctx& c, float* __restrict__ out, const XD<T>& x, const
 }
 
 // Warps a block of the direct GEMV, and the blocks an SM holds (the launch
-// bound: 64 registers a thread). MatMul launches a warp a row of w, up to
-// the grid's limit (gemvdWarps, gemvdBlocksPerSM in quantfmt.go).
+// bound: 64 registers a thread). MatMul launches a warp a row of w
+// (gemvdWarps in quantfmt.go).
 #define QDWARPS 4
 #define QDMINB 8
 
 template <class D, typename T>
-__device__ __forceinline__ void gemvd_q(float* out, const T* xq, const float* xdp, const int* xsp, const uint8_t* w, int N, int K) {
+__device__ __forceinline__ void gemvd_q(float* o0, float* o1, float* o2, const T* xq, const float* xdp, const int* xsp, const uint8_t* w0,
+					const uint8_t* w1, const uint8_t* w2, int n0, int n1, int n2, int K) {
 	XD<T> x;
 	x.q = xq;
 	x.d = xdp;
 	x.s = xsp;
-	gemvd_rows<D, T, D::U, DevSync>(dev_ctx(), out, x, w, N, K);
+	DW dw;
+	dw.w[0] = w0;
+	dw.w[1] = w1;
+	dw.w[2] = w2;
+	dw.out[0] = o0;
+	dw.out[1] = o1;
+	dw.out[2] = o2;
+	dw.n[0] = n0;
+	dw.n[1] = n1;
+	dw.n[2] = n2;
+	gemvd_rows<D, T, D::template units<T>(), DevSync>(dev_ctx(), dw, x, K);
 }
 
-// gemvd_<f>(out, xq, xd, xs, w, N, K) and gemvd8_<f>: one row of x, from
-// its X16 or X8. Launch with at most QDWARPS warps a block.
-#define QUANT_GEMVD(D, NAME)                                                                                                        \
-	extern "C" __global__ void __launch_bounds__(32 * QDWARPS, QDMINB)                                                          \
-	    gemvd_##NAME(float* out, const int16_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K) {        \
-		gemvd_q<D, int16_t>(out, xq, xd, xs, w, N, K);                                                                  \
-	}                                                                                                                           \
-	extern "C" __global__ void __launch_bounds__(32 * QDWARPS, QDMINB)                                                          \
-	    gemvd8_##NAME(float* out, const int8_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K) {        \
-		gemvd_q<D, int8_t>(out, xq, xd, xs, w, N, K);                                                                   \
+// gemvd_<f>(o0, o1, o2, xq, xd, xs, w0, w1, w2, n0, n1, n2, K) and
+// gemvd8_<f>: one row of x, from its X16 or X8, times up to three
+// matrices (DW). Launch with at most QDWARPS warps a block.
+#define QUANT_GEMVD1(D, NAME, T)                                                                                                          \
+	extern "C" __global__ void __launch_bounds__(32 * QDWARPS, QDMINB)                                                                \
+	    NAME(float* o0, float* o1, float* o2, const T* xq, const float* xd, const int* xs, const uint8_t* w0, const uint8_t* w1,      \
+		 const uint8_t* w2, int n0, int n1, int n2, int K) {                                                                     \
+		gemvd_q<D, T>(o0, o1, o2, xq, xd, xs, w0, w1, w2, n0, n1, n2, K);                                                        \
 	}
+#define QUANT_GEMVD(D, NAME)                        \
+	QUANT_GEMVD1(D, gemvd_##NAME, int16_t) \
+	QUANT_GEMVD1(D, gemvd8_##NAME, int8_t)

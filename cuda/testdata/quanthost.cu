@@ -253,7 +253,8 @@ struct Direct<IQ5_K> {
 
 // gemvd runs the direct GEMV of one row of x with levels T, as MatMul
 // does: quantx_warp (on a grid of 2 blocks of nwarps warps), then
-// gemvd_rows on nblocks blocks of nwarps warps.
+// gemvd_rows on nblocks blocks of nwarps warps, the N rows of w split
+// into three matrices.
 template <class D, typename T>
 static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
 	const int M = read32();
@@ -279,7 +280,20 @@ static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
 	xd.q = q;
 	xd.d = d;
 	xd.s = s;
-	launch(nblocks, nwarps, 0, [&](const Ctx& c, uint8_t*) { gemvd_rows<D, T, D::U, HostSync>(c, out, xd, w, N, K); });
+	// The rows as three matrices (the last two empty for N < 3), as
+	// MatMulMany launches q, k and v.
+	DW dw;
+	const long long rowBytes = (long long)(K / D::QK) * D::BB;
+	dw.n[0] = N / 3;
+	dw.n[1] = N / 4;
+	dw.n[2] = N - dw.n[0] - dw.n[1];
+	dw.w[0] = w;
+	dw.out[0] = out;
+	for (int i = 1; i < 3; i++) {
+		dw.w[i] = dw.w[i - 1] + dw.n[i - 1] * rowBytes;
+		dw.out[i] = dw.out[i - 1] + dw.n[i - 1];
+	}
+	launch(nblocks, nwarps, 0, [&](const Ctx& c, uint8_t*) { gemvd_rows<D, T, D::template units<T>(), HostSync>(c, dw, xd, K); });
 	const long long v = violations;
 	writen(&v, 8);
 	writen(out, (size_t)N * 4);
