@@ -396,7 +396,9 @@ func quantWeightSet(b *testing.B, be *Backend, dt tensor.DType, n, k int) []*ten
 // decode. Quantized weights run MatMul's integer GEMV (the rounding of x
 // and the GEMV, both timed: for Q4_K and Q5_K the direct kernel on X16,
 // as <dtype>-direct8 the direct one on X8, as <dtype>-staged the staged
-// kernel gemvx_*_m1 that ran before; Backend.qgemv) and, as <dtype>-f32x,
+// kernel gemvx_*_m1 that ran before; Backend.qgemv; as <dtype>-wide, for
+// Q8_0, Q6_K and Q4_0, the staged gemvx_*_m1w with twice the warps an SM,
+// Backend.qgemvWide) and, as <dtype>-f32x,
 // the F32-x GEMV kernels that MatMulPrecise runs. The copy sub-benchmark measures the device in the same run: a
 // device-to-device copy of 1 GiB, GB/s counting the bytes read and
 // written, the rate the GEMVs' GB/s are to be compared with.
@@ -425,7 +427,9 @@ func BenchmarkQuantGEMV(b *testing.B) {
 		b.ReportMetric(2*size*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	})
 	const perIter = 8
-	defer func() { be.qgemv = qgemvDirect }()
+	defer func() { be.qgemv, be.qgemvWide = qgemvDirect, false }()
+	// qgemvWideBench marks the entries of gemvx_<f>_m1w (Backend.qgemvWide).
+	const qgemvWideBench qgemvKind = -1
 	for _, s := range []struct{ n, k int }{{11008, 4096}, {4096, 11008}} {
 		for _, c := range []struct {
 			dt    tensor.DType
@@ -433,18 +437,26 @@ func BenchmarkQuantGEMV(b *testing.B) {
 			qgemv qgemvKind
 		}{{tensor.F16, false, 0}, {tensor.Q8_0, false, 0}, {tensor.Q6_K, false, 0}, {tensor.Q5_K, false, 0}, {tensor.Q4_K, false, 0}, {tensor.Q4_0, false, 0},
 			{tensor.Q5_K, false, qgemvDirect8}, {tensor.Q4_K, false, qgemvDirect8}, {tensor.Q5_K, false, qgemvStaged}, {tensor.Q4_K, false, qgemvStaged},
+			{tensor.Q8_0, false, qgemvWideBench}, {tensor.Q6_K, false, qgemvWideBench}, {tensor.Q4_0, false, qgemvWideBench},
 			{tensor.Q8_0, true, 0}, {tensor.Q6_K, true, 0}, {tensor.Q5_K, true, 0}, {tensor.Q4_K, true, 0}, {tensor.Q4_0, true, 0}} {
 			dt, path, name, kind := c.dt, pathAuto, c.dt.String(), c.qgemv
 			switch {
 			case c.f32x:
 				path, name = pathTiled, name+"-f32x"
+			case kind == qgemvWideBench:
+				// gemvx_<f>_m1w (Backend.qgemvWide) for a format
+				// without direct kernels.
+				name += "-wide"
 			case kind != qgemvDirect:
 				// Q4_K and Q5_K run the direct kernel on X16 by default;
 				// these name the other integer GEMVs (Backend.qgemv).
 				name += "-" + kind.String()
 			}
 			b.Run(fmt.Sprintf("%s/N%d_K%d", name, s.n, s.k), func(b *testing.B) {
-				be.qgemv = kind
+				be.qgemv, be.qgemvWide = kind, kind == qgemvWideBench
+				if kind == qgemvWideBench {
+					be.qgemv = qgemvDirect
+				}
 				var ws []*tensor.Tensor
 				if dt.IsQuantized() {
 					ws = quantWeightSet(b, be, dt, s.n, s.k)

@@ -99,10 +99,14 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 			return err
 		}
 		mm := gemvxRows(c)
-		groups := (n + f.xRows(mm) - 1) / f.xRows(mm)
-		grid := [3]uint32{uint32(min(groups, b.info.SMs*(quantSMWarps/warps))), 1, 1}
+		name, per, smWarps := "gemvx_"+f.name+"_m"+strconv.Itoa(mm), f.xRows(mm), quantSMWarps
+		if c == 1 && b.qgemvWide && f.xrowsWide > 0 {
+			name, per, smWarps = "gemvx_"+f.name+"_m1w", f.xrowsWide, quantSMWarpsWide
+		}
+		groups := (n + per - 1) / per
+		grid := [3]uint32{uint32(min(groups, b.info.SMs*(smWarps/warps))), 1, 1}
 		a := new(args).ptr(out.Ptr() + uintptr(int64(r)*int64(n)*4)).ptr(q).ptr(d).ptr(s).ptr(w.Ptr()).i32(n).i32(k).i32(c)
-		if err := b.run("gemvx_"+f.name+"_m"+strconv.Itoa(mm), grid, [3]uint32{uint32(32 * warps), 1, 1}, a); err != nil {
+		if err := b.run(name, grid, [3]uint32{uint32(32 * warps), 1, 1}, a); err != nil {
 			return err
 		}
 	}

@@ -182,3 +182,50 @@ func TestQuantManyDirect(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantGEMVWide checks the staged GEMV of one row with more warps an
+// SM (gemvx_<f>_m1w, Backend.qgemvWide) for every format that has it,
+// against the float64 products (checkX16) and against gemvx_<f>_m1 (the
+// same sums in another grouping of rows: within 1e-6, logged with the
+// outputs bit-identical), on a 7B shape, on the LM head's shape (32000
+// rows), and on rows too few for the grid.
+func TestQuantGEMVWide(t *testing.T) {
+	b := openGPU(t)
+	defer func() { b.qgemvWide = false }()
+	r := newRand(t)
+	for _, f := range quantFormats {
+		if f.xrowsWide == 0 {
+			continue
+		}
+		for _, s := range []struct{ n, k int }{{5, 256}, {11008, 4096}, {32000, 4096}} {
+			w, wv := putQuant(t, b, r, f.dt, s.n, s.k, s.n < 64)
+			xh := uniform(r, s.k, -1, 1)
+			x, xv := put(t, b, tensor.F32, tensor.Shape{1, s.k}, xh)
+			want := tensortest.RefMatMul(xv, wv, nil, 1, s.n, s.k)
+			want16 := tensortest.RefMatMul(quantX16(xh).values(), wv, nil, 1, s.n, s.k)
+			var outs [2][]float32
+			for i, wide := range []bool{false, true} {
+				b.qgemvWide = wide
+				out, _ := put(t, b, tensor.F32, tensor.Shape{1, s.n}, nanSlice(s.n))
+				if err := b.matmul(out, x, w, nil, pathAuto); err != nil {
+					t.Fatal(err)
+				}
+				outs[i] = get(t, b, out)
+				checkX16(t, fmt.Sprintf("%v N%d_K%d wide %v", f.dt, s.n, s.k, wide), outs[i], want16, want)
+			}
+			ref := make([]float64, s.n)
+			same := 0
+			for i, v := range outs[0] {
+				ref[i] = float64(v)
+				if math.Float32bits(v) == math.Float32bits(outs[1][i]) {
+					same++
+				}
+			}
+			if e := tensortest.RelErr(outs[1], ref); !(e <= 1e-6) {
+				t.Errorf("%v N%d_K%d: m1w against m1: relative difference %.3g > 1e-6", f.dt, s.n, s.k, e)
+			} else {
+				t.Logf("%v N%d_K%d: m1w against m1: relative difference %.2g, %d of %d outputs bit-identical", f.dt, s.n, s.k, e, same, s.n)
+			}
+		}
+	}
+}

@@ -27,20 +27,24 @@ type quantFormat struct {
 	// direct: the format has the direct GEMV kernels of
 	// kernels/quantd.cuh (gemvd_<name>, gemvd8_<name>) for one row of x.
 	direct bool
+	// xrowsWide is the rows of w a block of gemvx_<name>_m1w takes at a
+	// time (QUANT_GEMVX_WIDE in kernels/gemvx_<name>.cu), or 0 where the
+	// format has no such kernel.
+	xrowsWide int
 }
 
 // quantFormats lists the formats with kernels, in the order of
 // testdata/quanthost.cu's format numbers. Q8_K, an activation format of
 // ggml that files do not store, has none.
 var quantFormats = []quantFormat{
-	{tensor.Q8_0, "q8_0", 32, false, 4, false},
-	{tensor.Q4_0, "q4_0", 32, false, 4, false},
-	{tensor.Q4_1, "q4_1", 32, false, 4, false},
-	{tensor.Q5_0, "q5_0", 32, false, 4, false},
-	{tensor.Q5_1, "q5_1", 32, false, 4, false},
-	{tensor.Q4_K, "q4_k", 8, true, 4, true},
-	{tensor.Q5_K, "q5_k", 8, true, 4, true},
-	{tensor.Q6_K, "q6_k", 8, false, 2, false},
+	{tensor.Q8_0, "q8_0", 32, false, 4, false, 2},
+	{tensor.Q4_0, "q4_0", 32, false, 4, false, 2},
+	{tensor.Q4_1, "q4_1", 32, false, 4, false, 2},
+	{tensor.Q5_0, "q5_0", 32, false, 4, false, 2},
+	{tensor.Q5_1, "q5_1", 32, false, 4, false, 2},
+	{tensor.Q4_K, "q4_k", 8, true, 4, true, 0},
+	{tensor.Q5_K, "q5_k", 8, true, 4, true, 0},
+	{tensor.Q6_K, "q6_k", 8, false, 2, false, 1},
 }
 
 // Launch geometry of the quantized kernels (QWARPS and QROWS in
@@ -59,6 +63,9 @@ const (
 const (
 	quantMaxRows = 8
 	quantSMWarps = 16
+	// quantSMWarpsWide is the warps an SM holds of gemvx_<f>_m1w (8 blocks
+	// of 64 registers a thread).
+	quantSMWarpsWide = 32
 )
 
 // qgemvKind is an integer GEMV of one row of x for a format with direct

@@ -102,6 +102,23 @@ func TestQuantKernelsOnHost(t *testing.T) {
 			ci.name = fmt.Sprintf("%v/gemvx/M%d_N%d_K%d_off%d_%dx%d", f.dt, ci.m, g.n, g.k, c.woff, g.nblocks, g.nwarps)
 			cases = append(cases, &ci)
 		}
+		if f.xrowsWide > 0 {
+			// The staged GEMV of one row with gemvx_<f>_m1w's rows of w a
+			// block (op 7): row groups cut short, fewer blocks than groups.
+			for i, g := range []struct{ n, k, nblocks, nwarps int }{{13, big, 2, 4}, {5, small, 1, 2}, {9, 3 * big, 4, 3}} {
+				c := &hostCase{op: 7, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: offs[i], n: g.n, k: g.k, m: 1, nanRow: -1}
+				c.w = hostWeights(t, r, f.dt, g.n, g.k, i == 1)
+				c.x = make([]float32, g.k)
+				for j := range c.x {
+					c.x[j] = 2*r.Float32() - 1
+					if i == 2 {
+						c.x[j] += 0.75
+					}
+				}
+				c.name = fmt.Sprintf("%v/gemvx_m1w/N%d_K%d_off%d_%dx%d", f.dt, g.n, g.k, c.woff, g.nblocks, g.nwarps)
+				cases = append(cases, c)
+			}
+		}
 		if f.direct {
 			// The direct GEMV (one row of x) on X16 (op 5) and X8 (op 6):
 			// units cut short at a row's end (13 blocks: 104 units, 4 a
@@ -175,7 +192,7 @@ func TestQuantKernelsOnHost(t *testing.T) {
 
 type hostCase struct {
 	name                  string
-	op                    int32 // 1 gemv, 2 dequant to F32, 3 dequant to F16, 4 gemvx, 5 gemvd, 6 gemvd8
+	op                    int32 // 1 gemv, 2 dequant to F32, 3 dequant to F16, 4 gemvx, 5 gemvd, 6 gemvd8, 7 gemvx_m1w
 	f                     quantFormat
 	id                    int
 	nblocks, nwarps, woff int
@@ -244,7 +261,7 @@ func (c *hostCase) check(t *testing.T, resp *bytes.Buffer) {
 		} else {
 			t.Logf("GEMV: relative error %.2g", e)
 		}
-	case 4, 5, 6:
+	case 4, 5, 6, 7:
 		c.checkX16(t, resp, row)
 	case 2, 3:
 		n := c.rows * c.k

@@ -594,9 +594,8 @@ QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __rest
 	}
 }
 
-template <class I, int MM>
+template <class I, int MM, int R = QXROWS(I, MM)>
 __device__ __forceinline__ void gemvx_q(float* out, const int16_t* xq, const float* xdp, const int* xsp, const uint8_t* w, int N, int K, int M) {
-	constexpr int R = QXROWS(I, MM);
 	__shared__ __align__(16) uint8_t stage_mem[QWARPS * Geo<typename I::F, R>::BYTES];
 	__shared__ float red[QWARPS * R * MM];
 	XQ x;
@@ -623,6 +622,17 @@ __device__ __forceinline__ void gemvx_q(float* out, const int16_t* xq, const flo
 #define QUANT_GEMVX(I, NAME, MINB)     \
 	QUANT_GEMVX1(I, NAME, 1, MINB) \
 	QUANT_GEMVX1(I, NAME, 2, MINB)
+// gemvx_<f>_m1w: the kernel for one row of x with 8 blocks of QWARPS
+// warps an SM (64 registers, no spills), twice the warps of gemvx_<f>_m1,
+// and R (2, Q6_K 1: quantFormat.xrowsWide) rows of w a block instead of I::ROWS1 for
+// the registers; for the formats without direct kernels (quantd.cuh),
+// where MatMul runs it if Backend.qgemvWide says so (BenchmarkQuantGEMV
+// compares the two).
+#define QUANT_GEMVX_WIDE(I, NAME, R)                                                                                                    \
+	extern "C" __global__ void __launch_bounds__(32 * QWARPS, 8)                                                                    \
+	    gemvx_##NAME##_m1w(float* out, const int16_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K, int M) { \
+		gemvx_q<I, 1, R>(out, xq, xd, xs, w, N, K, M);                                                                          \
+	}
 #define QUANT_GEMVX_BATCH(I, NAME, MINB) \
 	QUANT_GEMVX1(I, NAME, 4, MINB)   \
 	QUANT_GEMVX1(I, NAME, 8, MINB)

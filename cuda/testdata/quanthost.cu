@@ -11,7 +11,8 @@
 //   request:  int32 op (0 end, 1 gemv, 2 dequant to F32, 3 dequant to F16,
 //             4 integer gemv: quantx16, then gemvx; 5 direct gemv:
 //             quantx16, then gemvd; 6 direct gemv on X8: quantx8, then
-//             gemvd8, for the formats with direct kernels),
+//             gemvd8, for the formats with direct kernels; 7 integer gemv
+//             of one row with the rows of w a block of gemvx_<f>_m1w),
 //             int32 format (the order of formats below), int32 nblocks,
 //             int32 nwarps, int32 woff (the weights' byte offset from a
 //             256-byte boundary), int32 N, int32 K, then
@@ -185,8 +186,19 @@ static void gemv(int nblocks, int nwarps, int woff, int N, int K) {
 // gemvx runs the integer GEMV of M rows of x (1 to 8) with the kernel of
 // the fewest rows that holds them, as MatMul does: quantx16 (on a grid of
 // 2 blocks of nwarps warps, so that warps loop), then the GEMV.
+// WideRows is the R of gemvx_<f>_m1w (QUANT_GEMVX_WIDE in gemvx_<f>.cu).
 template <class I>
-static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
+struct WideRows {
+	static constexpr int R = 2;
+};
+template <>
+struct WideRows<IQ6_K> {
+	static constexpr int R = 1;
+};
+
+// gemvx with wide set runs one row of x as gemvx_<f>_m1w does (op 7).
+template <class I>
+static void gemvx(int nblocks, int nwarps, int woff, int N, int K, bool wide = false) {
 	typedef typename I::F F;
 	const int M = read32();
 	if (M < 1 || M > 8) {
@@ -220,7 +232,11 @@ static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
 			gemvx_block<I, MM, QXROWS(I, MM), HostSync>(c, sm, (float*)(sm + stage), out, xq, w, N);
 		});
 	};
-	if (M == 1)
+	if (M == 1 && wide)
+		launch(nblocks, nwarps, stage + QWARPS * 8 * 4, [&](const Ctx& c, uint8_t* sm) {
+			gemvx_block<I, 1, WideRows<I>::R, HostSync>(c, sm, (float*)(sm + stage), out, xq, w, N);
+		});
+	else if (M == 1)
 		run(std::integral_constant<int, 1>());
 	else if (M == 2)
 		run(std::integral_constant<int, 2>());
@@ -350,6 +366,9 @@ static void serve(int op, int nblocks, int nwarps, int woff, int N, int K) {
 		break;
 	case 4:
 		gemvx<I>(nblocks, nwarps, woff, N, K);
+		break;
+	case 7:
+		gemvx<I>(nblocks, nwarps, woff, N, K, true);
 		break;
 	case 5:
 		GemvdOp<typename Direct<I>::D, int16_t>::run(nblocks, nwarps, woff, N, K);
