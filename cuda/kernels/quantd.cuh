@@ -1,8 +1,8 @@
 // The direct integer GEMV of quantized weights for one row of x (decode):
 // no staging in shared memory. A warp takes one row of w at a time; each
 // lane reads units of the row straight from global memory with 16-byte
-// loads (U units of U blocks in flight at once, their loads issued before
-// any is used), multiplies them with the row's rounded x in integer
+// loads (the units of U blocks in flight at once, their loads issued
+// before any is used), multiplies them with the row's rounded x in integer
 // (dp2a on X16 levels, or dp4a on X8 levels), applies each sub-block's
 // scale and minimum in float, and the warp adds its lanes' sums with one
 // shuffle reduction. gemvd_<format>.cu instantiate it:
@@ -19,12 +19,14 @@
 // multiples, so that a 16-byte aligned w has every block 16-byte aligned.
 // The others keep the staged kernels of quantx.cuh.
 //
-// Why it is faster than gemvx_<f>_m1: that kernel stages a piece of 4 rows
-// in shared memory, synchronises the warp twice a piece and holds 128
-// registers (16 warps an SM), so an SM has few bytes in flight. Here a
-// lane holds its U units' raw bytes (32 or 48 bytes each) in registers, at
-// most 64 registers a thread (32 warps an SM), and nothing waits but the
-// loads: with 4 units (Q4_K) an SM keeps up to 32*32*4*16 = 64 KiB of weights in
+// Why it should be faster than gemvx_<f>_m1 (Nsight Compute on the H200:
+// DRAM throughput 27%, 121 registers, achieved occupancy 22%): that kernel
+// stages a piece of 4 rows in shared memory, synchronises the warp twice a
+// piece and holds 128 registers (16 warps an SM), so an SM has few bytes
+// in flight. Here a lane holds its units' raw bytes in registers, at most
+// 64 registers a thread (32 warps an SM), and nothing waits but the
+// loads: Q4_K's 2 units of 32 level bytes a lane (Q5_K's one of 32 level
+// and 32 qh bytes) keep up to 32*32*64 = 64 KiB of weights an SM in
 // flight, more than the ~20 KiB an H200 SM needs at full bandwidth.
 #pragma once
 
@@ -75,41 +77,50 @@ QFN int xdot16(int s, const int8_t* p, const uint32_t (&w)[4]) {
 }
 
 // DK45 is Q4_K (FIVE false) and Q5_K for the direct GEMV. A block (256
-// elements) has 8 units: unit j = 2g+p is bytes 16p..16p+15 of group g's
-// 32 level bytes, elements 64g+16p+i (low nibbles, sub-block 2g) and
-// 64g+32+16p+i (high nibbles, sub-block 2g+1) for i < 16; Q5_K's fifth
-// bits of them are qh bytes 16p..16p+15, bits 2g and 2g+1. A unit reads
-// the block's first 16 bytes (d, dmin and the 12 scale bytes: the same
-// address for the block's 8 lanes, one request), its 16 level bytes and,
-// for Q5_K, its 16 qh bytes.
+// elements) has 4 units: unit g is group g's 32 level bytes, elements
+// 64g+i (low nibbles, sub-block 2g) and 64g+32+i (high nibbles, sub-block
+// 2g+1) for i < 32; Q5_K's fifth bits of them are bits 2g and 2g+1 of the
+// 32 qh bytes. A unit reads the block's first 16 bytes (d, dmin and the 12
+// scale bytes: the same address for the block's 4 lanes, one request), its
+// 32 level bytes and, for Q5_K, the 32 qh bytes, in 16-byte loads; the
+// header's decoding and x's scales serve 64 weights.
 template <bool FIVE>
 struct DK45 {
-	static constexpr int QK = 256, BB = FIVE ? 176 : 144, UPB = 8;
+	static constexpr int QK = 256, BB = FIVE ? 176 : 144, UPB = 4;
 	static constexpr int QS = FIVE ? 48 : 16;
-	// Units a lane has in flight within 64 registers: Q5_K's three loads a
-	// unit spill at 4 (at 3 with X16).
+	// Units a lane has in flight within 64 registers.
 	template <typename T>
 	static constexpr __host__ __device__ int units() {
-		return !FIVE ? 4 : sizeof(T) == 1 ? 3 : 2;
+		return FIVE ? 1 : 2;
 	}
 	struct Raw {
-		uint4 hd, q, h;
+		uint4 hd, q0, q1, h0, h1;
 	};
-	static QFN Raw load(const uint8_t* b, int j) {
-		const int g = j >> 1, p = j & 1;
+	// Lane is what a lane's unit g fixes: a lane takes the same unit of
+	// every block it reads (32 lanes, 4 units a block).
+	struct Lane {
+		int g, qoff, xoff;
+	};
+	static QFN Lane lane(int g) {
+		Lane l;
+		l.g = g;
+		l.qoff = QS + 32 * g;
+		l.xoff = 64 * g;
+		return l;
+	}
+	static QFN Raw load(const uint8_t* b, const Lane& l) {
 		Raw r;
 		r.hd = ldg16(b);
-		r.q = ldg16(b + QS + 32 * g + 16 * p);
-		r.h = FIVE ? ldg16(b + 16 + 16 * p) : make_uint4(0, 0, 0, 0);
+		r.q0 = ldg16(b + l.qoff);
+		r.q1 = ldg16(b + l.qoff + 16);
+		r.h0 = FIVE ? ldg16(b + 16) : make_uint4(0, 0, 0, 0);
+		r.h1 = FIVE ? ldg16(b + 32) : make_uint4(0, 0, 0, 0);
 		return r;
 	}
-	// dot returns unit j of the block whose first element is e times x.
-	template <typename T>
-	static QFN float dot(const Raw& r, int j, const XD<T>& x, int e) {
-		const int g = j >> 1, p = j & 1;
-		const int el = e + 64 * g + 16 * p, eh = el + 32;
-		const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, hw[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
-		uint32_t lo[4], hi[4];
+	// levels puts the 16 low and 16 high levels of the 16 level bytes q
+	// (and their fifth bits in h) into bytes of lo and hi.
+	static QFN void levels(const uint4& q4, const uint4& h4, int g, uint32_t (&lo)[4], uint32_t (&hi)[4]) {
+		const uint32_t q[4] = {q4.x, q4.y, q4.z, q4.w}, hw[4] = {h4.x, h4.y, h4.z, h4.w};
 #pragma unroll
 		for (int c = 0; c < 4; c++) {
 			lo[c] = q[c] & 0x0F0F0F0Fu;
@@ -122,17 +133,30 @@ struct DK45 {
 				hi[c] |= (h << 3) & 0x10101010u;
 			}
 		}
-		const int s1 = xdot16(0, x.q + el, lo), s2 = xdot16(0, x.q + eh, hi);
+	}
+	// dot returns the lane's unit of the block whose first element is e
+	// times x.
+	template <typename T>
+	static QFN float dot(const Raw& r, const Lane& l, const XD<T>& x, int e) {
+		const int g = l.g;
+		const int el = e + l.xoff, eh = el + 32;
+		uint32_t lo[4], hi[4];
+		levels(r.q0, r.h0, g, lo, hi);
+		int s1 = xdot16(0, x.q + el, lo), s2 = xdot16(0, x.q + eh, hi);
+		levels(r.q1, r.h1, g, lo, hi);
+		s1 = xdot16(s1, x.q + el + 16, lo);
+		s2 = xdot16(s2, x.q + eh + 16, hi);
 		const float d = half_to_f32(r.hd.x & 0xffffu), dmin = half_to_f32(r.hd.x >> 16);
 		const uint32_t sh = (16 * g) & 31;
 		const uint32_t a0 = r.hd.y >> sh, a1 = r.hd.z >> sh, a2 = r.hd.w >> sh;
 		const uint32_t sc = g < 2 ? a0 & 0x3F3Fu : (a2 & 0x0F0Fu) | ((a0 >> 2) & 0x3030u);
 		const uint32_t mn = g < 2 ? a1 & 0x3F3Fu : ((a2 >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
-		// In int32: 16 levels of at most 31 times |x levels| <= 32767 is
-		// below 2^24, times a 6-bit scale below 2^30; a sum of 16 x levels
-		// times a 6-bit minimum below 2^26.
+		// In int32: 32 levels of at most 31 times |x levels| <= 32767 is
+		// below 2^25, times a 6-bit scale below 2^31; a sum of 32 x levels
+		// times a 6-bit minimum below 2^27.
 		const int v1 = s1 * (int)(sc & 0xffu), v2 = s2 * (int)(sc >> 8);
-		const int x1 = x.s[el >> 4] * (int)(mn & 0xffu), x2 = x.s[eh >> 4] * (int)(mn >> 8);
+		const int x1 = (x.s[el >> 4] + x.s[(el >> 4) + 1]) * (int)(mn & 0xffu);
+		const int x2 = (x.s[eh >> 4] + x.s[(eh >> 4) + 1]) * (int)(mn >> 8);
 		return x.d[el >> 5] * (d * (float)v1 - dmin * (float)x1) + x.d[eh >> 5] * (d * (float)v2 - dmin * (float)x2);
 	}
 };
@@ -159,7 +183,10 @@ struct DW {
 #pragma nv_exec_check_disable
 template <class D, typename T, int U, class S>
 QFN void gemvd_rows(const Ctx& c, const DW& dw, const XD<T>& x, int K) {
-	const int nb = K / D::QK, units = nb * D::UPB;
+	const int nb = K / D::QK;
+	constexpr int BPW = 32 / D::UPB;  // blocks a warp covers a step
+	const typename D::Lane ln = D::lane(c.lane % D::UPB);
+	const int b0 = c.lane / D::UPB;
 	const long long rowBytes = (long long)nb * D::BB;
 	const long long stride = (long long)c.nblocks * c.nwarps;
 	const long long rows = (long long)dw.n[0] + dw.n[1] + dw.n[2];
@@ -171,18 +198,14 @@ QFN void gemvd_rows(const Ctx& c, const DW& dw, const XD<T>& x, int K) {
 		const uint8_t* wr = (m0 ? dw.w[0] : m1 ? dw.w[1] : dw.w[2]) + n * rowBytes;
 		float* out = m0 ? dw.out[0] : m1 ? dw.out[1] : dw.out[2];
 		float acc = 0.0f;
-		for (int u0 = c.lane; u0 < units; u0 += 32 * U) {
+		for (int b = b0; b < nb; b += BPW * U) {
 			typename D::Raw raw[U];
 #pragma unroll
-			for (int j = 0; j < U; j++) {
-				const int u = u0 + 32 * j;
-				if (u < units) raw[j] = D::load(wr + (long long)(u / D::UPB) * D::BB, u % D::UPB);
-			}
+			for (int i = 0; i < U; i++)
+				if (b + BPW * i < nb) raw[i] = D::load(wr + (b + BPW * i) * D::BB, ln);
 #pragma unroll
-			for (int j = 0; j < U; j++) {
-				const int u = u0 + 32 * j;
-				if (u < units) acc += D::template dot<T>(raw[j], u % D::UPB, x, (u / D::UPB) * D::QK);
-			}
+			for (int i = 0; i < U; i++)
+				if (b + BPW * i < nb) acc += D::template dot<T>(raw[i], ln, x, (b + BPW * i) * D::QK);
 		}
 		acc = S::sum(acc);
 		if (c.lane == 0) out[n] = acc;
