@@ -17,7 +17,11 @@ import (
 // Decode (M up to quantGEMVMaxRows, and every M on the GEMV path) runs the
 // integer GEMV kernels: x rounded once per product to 16-bit levels a 32
 // elements (quantx16), the quantized blocks read directly and multiplied
-// with dp2a, up to 8 rows of x for each read of w. Against the F32 product
+// with dp2a, up to 8 rows of x for each read of w; one row of Q4_K or Q5_K
+// weights runs the direct kernels of kernels/quantd.cuh instead (a warp a
+// row of w, no staging; Backend.qgemv), with the same rounding of x, and
+// MatMulMany and GateUpSiLU round x once for all their weights (fused.go).
+// Against the F32 product
 // over the dequantized weights its relative error is that of rounding x,
 // 2e-5 to 7e-5 (quantx.cuh says how it was measured); against the product
 // with the rounded x it is within 1e-6. MatMulPrecise (M up to
