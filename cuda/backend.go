@@ -111,6 +111,18 @@ type Backend struct {
 	// and GateUpSiLU. Open sets it and gemvRows from GEMVEnv;
 	// BenchmarkGEMVShapes sets it on its backend to compare them.
 	gemvSplit *gemvVariant
+	// qgemv picks the integer GEMV of one row of x for the quantized
+	// formats with direct kernels (quantFormat.direct, kernels/quantd.cuh):
+	// qgemvDirect (the default), qgemvDirect8 or qgemvStaged (the kernels
+	// of quantx.cuh, the only ones before). BenchmarkQuantGEMV and
+	// TestQuantGEMVKernels set it on their backend to compare them.
+	qgemv qgemvKind
+	// qgemvWide picks, for one row of x and the formats without direct
+	// kernels but with a wide staged one (quantFormat.xrowsWide > 0: Q8_0,
+	// Q6_K, Q4_0, Q4_1, Q5_0, Q5_1), gemvx_<f>_m1w (twice the warps an SM,
+	// fewer rows a block) instead of gemvx_<f>_m1. False until an H200
+	// run (BenchmarkQuantGEMV's -wide entries) says otherwise.
+	qgemvWide bool
 
 	// gradPath is the implementation MatMulGradX and MatMulGradW use:
 	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or

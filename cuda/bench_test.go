@@ -393,9 +393,13 @@ func quantWeightSet(b *testing.B, be *Backend, dt tensor.DType, n, k int) []*ten
 // 4096×11008 (down), next to F16, and reports the stored bytes read per
 // second (GB/s) and the time per product; 8 products on rotating
 // matrices per iteration, synced, so launch cost is included as in
-// decode. Quantized weights run MatMul's integer GEMV (quantx16 and
-// gemvx, both timed) and, as <dtype>-f32x, the F32-x GEMV kernels that
-// MatMulPrecise runs. The copy sub-benchmark measures the device in the same run: a
+// decode. Quantized weights run MatMul's integer GEMV (the rounding of x
+// and the GEMV, both timed: for Q4_K and Q5_K the direct kernel on X16,
+// as <dtype>-direct8 the direct one on X8, as <dtype>-staged the staged
+// kernel gemvx_*_m1 that ran before; Backend.qgemv; as <dtype>-wide, for
+// Q8_0, Q6_K and Q4_0, the staged gemvx_*_m1w with twice the warps an SM,
+// Backend.qgemvWide) and, as <dtype>-f32x,
+// the F32-x GEMV kernels that MatMulPrecise runs. The copy sub-benchmark measures the device in the same run: a
 // device-to-device copy of 1 GiB, GB/s counting the bytes read and
 // written, the rate the GEMVs' GB/s are to be compared with.
 func BenchmarkQuantGEMV(b *testing.B) {
@@ -423,17 +427,36 @@ func BenchmarkQuantGEMV(b *testing.B) {
 		b.ReportMetric(2*size*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	})
 	const perIter = 8
+	defer func() { be.qgemv, be.qgemvWide = qgemvDirect, false }()
+	// qgemvWideBench marks the entries of gemvx_<f>_m1w (Backend.qgemvWide).
+	const qgemvWideBench qgemvKind = -1
 	for _, s := range []struct{ n, k int }{{11008, 4096}, {4096, 11008}} {
 		for _, c := range []struct {
-			dt   tensor.DType
-			f32x bool
-		}{{tensor.F16, false}, {tensor.Q8_0, false}, {tensor.Q6_K, false}, {tensor.Q5_K, false}, {tensor.Q4_K, false}, {tensor.Q4_0, false},
-			{tensor.Q8_0, true}, {tensor.Q6_K, true}, {tensor.Q5_K, true}, {tensor.Q4_K, true}, {tensor.Q4_0, true}} {
-			dt, path, name := c.dt, pathAuto, c.dt.String()
-			if c.f32x {
+			dt    tensor.DType
+			f32x  bool
+			qgemv qgemvKind
+		}{{tensor.F16, false, 0}, {tensor.Q8_0, false, 0}, {tensor.Q6_K, false, 0}, {tensor.Q5_K, false, 0}, {tensor.Q4_K, false, 0}, {tensor.Q4_0, false, 0},
+			{tensor.Q5_K, false, qgemvDirect8}, {tensor.Q4_K, false, qgemvDirect8}, {tensor.Q5_K, false, qgemvStaged}, {tensor.Q4_K, false, qgemvStaged},
+			{tensor.Q8_0, false, qgemvWideBench}, {tensor.Q6_K, false, qgemvWideBench}, {tensor.Q4_0, false, qgemvWideBench},
+			{tensor.Q8_0, true, 0}, {tensor.Q6_K, true, 0}, {tensor.Q5_K, true, 0}, {tensor.Q4_K, true, 0}, {tensor.Q4_0, true, 0}} {
+			dt, path, name, kind := c.dt, pathAuto, c.dt.String(), c.qgemv
+			switch {
+			case c.f32x:
 				path, name = pathTiled, name+"-f32x"
+			case kind == qgemvWideBench:
+				// gemvx_<f>_m1w (Backend.qgemvWide) for a format
+				// without direct kernels.
+				name += "-wide"
+			case kind != qgemvDirect:
+				// Q4_K and Q5_K run the direct kernel on X16 by default;
+				// these name the other integer GEMVs (Backend.qgemv).
+				name += "-" + kind.String()
 			}
 			b.Run(fmt.Sprintf("%s/N%d_K%d", name, s.n, s.k), func(b *testing.B) {
+				be.qgemv, be.qgemvWide = kind, kind == qgemvWideBench
+				if kind == qgemvWideBench {
+					be.qgemv = qgemvDirect
+				}
 				var ws []*tensor.Tensor
 				if dt.IsQuantized() {
 					ws = quantWeightSet(b, be, dt, s.n, s.k)

@@ -15,8 +15,10 @@ var (
 
 // MatMulMany computes outs[i] = x·ws[i]ᵀ. Up to three products of one row
 // of x with F32, F16 or BF16 weights of one dtype whose rows are 16-byte
-// aligned run as one GEMV launch over all their rows (gemv_many_*); any
-// other call is a MatMul for each.
+// aligned run as one GEMV launch over all their rows (gemv_many_*); with
+// quantized weights that have direct kernels (Q4_K, Q5_K), x is rounded
+// once and one launch takes all their rows (gemvd_*); any other call is a
+// MatMul for each.
 func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tensor.Tensor) error {
 	const op = "MatMulMany"
 	for i := range outs {
@@ -29,6 +31,9 @@ func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tens
 	for _, w := range ws {
 		dt := w.DType()
 		fused = fused && dt == ws[0].DType() && !dt.IsQuantized() && k%(16/dt.Size()) == 0 && w.Ptr()%16 == 0
+	}
+	if f, ok := b.directOK(ws); ok && m == 1 && !fused {
+		return b.ops(op, func() error { return b.manyDirect(op, outs, x, ws, f, k) })
 	}
 	if !fused {
 		for i := range outs {
@@ -58,6 +63,22 @@ func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tens
 		grid := [3]uint32{uint32((rows + warpsPerBlock - 1) / warpsPerBlock), 1, 1}
 		return b.run("gemv_many_"+suffix(ws[0].DType()), grid, [3]uint32{32 * warpsPerBlock, 1, 1}, a)
 	})
+}
+
+// manyDirect is MatMulMany's one row of x times quantized weights on the
+// direct kernels; the caller holds opsMu and has entered the context.
+func (b *Backend) manyDirect(op string, outs []*tensor.Tensor, x *tensor.Tensor, ws []*tensor.Tensor, f quantFormat, k int) error {
+	lay := x16Layout(1, k)
+	p, release, err := b.scratch(op, lay.bytes)
+	if err != nil {
+		return err
+	}
+	defer release() // stream order keeps the levels for the kernel
+	o := make([]uintptr, len(outs))
+	for i, t := range outs {
+		o[i] = t.Ptr()
+	}
+	return b.gemvDirect(o, x.Ptr(), p, p+uintptr(lay.d), p+uintptr(lay.s), ws, f, k)
 }
 
 // AddRMSNorm computes x += d, then out = RMSNorm(x, w, eps), in one kernel
@@ -142,9 +163,11 @@ func posPtr(at *tensor.Tensor) uintptr {
 
 // GateUpSiLU computes out = silu(x·wGateᵀ) * (x·wUpᵀ). For one or two rows
 // of x and F32, F16 or BF16 weights whose rows are 16-byte aligned, one
-// GEMV kernel reads both weights' rows and writes the product; otherwise
-// (prefill, quantized weights) it is MatMul, MatMul and SiLUMul, with up
-// as the second product's output.
+// GEMV kernel reads both weights' rows and writes the product; for one
+// row and quantized weights with direct kernels it is MatMulMany (one
+// launch for both) and SiLUMul; otherwise (prefill, other quantized
+// weights) it is MatMul, MatMul and SiLUMul, with up as the second
+// product's output.
 func (b *Backend) GateUpSiLU(out, up, x, wGate, wUp *tensor.Tensor) error {
 	const op = "GateUpSiLU"
 	if err := b.devices(op, []string{"out", "up", "x", "wGate", "wUp"}, out, up, x, wGate, wUp); err != nil {
@@ -154,6 +177,13 @@ func (b *Backend) GateUpSiLU(out, up, x, wGate, wUp *tensor.Tensor) error {
 	dt := wGate.DType()
 	fused := m >= 1 && m <= min(2, b.gemvMaxRows) && !dt.IsQuantized() && k > 0 &&
 		k%(16/dt.Size()) == 0 && wGate.Ptr()%16 == 0 && wUp.Ptr()%16 == 0 && x.Ptr()%16 == 0
+	if _, ok := b.directOK([]*tensor.Tensor{wGate, wUp}); ok && m == 1 {
+		// One rounding of x and one launch for both products.
+		if err := b.MatMulMany([]*tensor.Tensor{out, up}, x, []*tensor.Tensor{wGate, wUp}); err != nil {
+			return err
+		}
+		return b.SiLUMul(out, out, up)
+	}
 	if !fused {
 		if err := b.MatMul(out, x, wGate, nil); err != nil {
 			return err

@@ -17,7 +17,11 @@ import (
 // Decode (M up to quantGEMVMaxRows, and every M on the GEMV path) runs the
 // integer GEMV kernels: x rounded once per product to 16-bit levels a 32
 // elements (quantx16), the quantized blocks read directly and multiplied
-// with dp2a, up to 8 rows of x for each read of w. Against the F32 product
+// with dp2a, up to 8 rows of x for each read of w; one row of Q4_K or Q5_K
+// weights runs the direct kernels of kernels/quantd.cuh instead (a warp a
+// row of w, no staging; Backend.qgemv), with the same rounding of x, and
+// MatMulMany and GateUpSiLU round x once for all their weights (fused.go).
+// Against the F32 product
 // over the dequantized weights its relative error is that of rounding x,
 // 2e-5 to 7e-5 (quantx.cuh says how it was measured); against the product
 // with the rounded x it is within 1e-6. MatMulPrecise (M up to
@@ -66,8 +70,10 @@ func (b *Backend) matmulQuant(out, x, w *tensor.Tensor, m, n, k int, path mmPath
 // time: each chunk of rows rounded to X16 in scratch (quantx16 reads any
 // F32 view), then one launch of the kernel for the fewest rows (1, 2, 4,
 // 8) that holds the chunk, with as many blocks as the SMs hold at once
-// (fewer for fewer row groups). Q4_K and Q5_K need w 16-byte aligned, as for
-// the F32-x kernels; another view goes through gemvWidened.
+// (fewer for fewer row groups). A single row of a format with direct
+// kernels goes to gemvDirect instead (Backend.qgemv). Q4_K and Q5_K need
+// w 16-byte aligned, as for the F32-x kernels; another view goes through
+// gemvWidened.
 func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k int) error {
 	if f.align16 && w.Ptr()%16 != 0 {
 		return b.gemvWidened(out, x, w, f, m, n, k)
@@ -83,22 +89,82 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 	warps := f.gemvWarps(k)
 	for r := 0; r < m; r += rows {
 		c := min(rows, m-r)
-		blocks := int64(c) * int64(k/32)
 		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
+		if _, ok := b.directOK([]*tensor.Tensor{w}); ok && c == 1 {
+			if err := b.gemvDirect([]uintptr{out.Ptr() + uintptr(int64(r)*int64(n)*4)}, xp, q, d, s, []*tensor.Tensor{w}, f, k); err != nil {
+				return err
+			}
+			continue
+		}
+		blocks := int64(c) * int64(k/32)
 		// A warp a block of x, 8 warps a block of the launch.
 		qgrid := [3]uint32{uint32(min((blocks+7)/8, int64(b.info.SMs)*8)), 1, 1}
 		if err := b.run("quantx16", qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
 			return err
 		}
 		mm := gemvxRows(c)
-		groups := (n + f.xRows(mm) - 1) / f.xRows(mm)
-		grid := [3]uint32{uint32(min(groups, b.info.SMs*(quantSMWarps/warps))), 1, 1}
+		name, per, smWarps := "gemvx_"+f.name+"_m"+strconv.Itoa(mm), f.xRows(mm), quantSMWarps
+		if c == 1 && b.qgemvWide && f.xrowsWide > 0 {
+			name, per, smWarps = "gemvx_"+f.name+"_m1w", f.xrowsWide, quantSMWarpsWide
+		}
+		groups := (n + per - 1) / per
+		grid := [3]uint32{uint32(min(groups, b.info.SMs*(smWarps/warps))), 1, 1}
 		a := new(args).ptr(out.Ptr() + uintptr(int64(r)*int64(n)*4)).ptr(q).ptr(d).ptr(s).ptr(w.Ptr()).i32(n).i32(k).i32(c)
-		if err := b.run("gemvx_"+f.name+"_m"+strconv.Itoa(mm), grid, [3]uint32{uint32(32 * warps), 1, 1}, a); err != nil {
+		if err := b.run(name, grid, [3]uint32{uint32(32 * warps), 1, 1}, a); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// gemvDirect is the product of one row of x (at xp) with up to three
+// weights ws of format f (outputs at outs) by the direct kernels of
+// kernels/quantd.cuh: x rounded once into the scratch at q, d, s (X16, or
+// X8 for qgemvDirect8), then one launch over all the weights' rows, a warp
+// a row. The weights must be 16-byte aligned (directOK).
+func (b *Backend) gemvDirect(outs []uintptr, xp, q, d, s uintptr, ws []*tensor.Tensor, f quantFormat, k int) error {
+	round, gemv := "quantx16", "gemvd_"+f.name
+	if b.qgemv == qgemvDirect8 {
+		round, gemv = "quantx8", "gemvd8_"+f.name
+	}
+	var o, w [3]uintptr
+	var n [3]int
+	rows := 0
+	for i := range ws {
+		o[i], w[i], n[i] = outs[i], ws[i].Ptr(), ws[i].Shape()[0]
+		rows += n[i]
+	}
+	if rows == 0 {
+		return nil
+	}
+	blocks := int64(k / 32)
+	qgrid := [3]uint32{uint32(min((blocks+7)/8, int64(b.info.SMs)*8)), 1, 1}
+	if err := b.run(round, qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
+		return err
+	}
+	grid := [3]uint32{uint32((rows + gemvdWarps - 1) / gemvdWarps), 1, 1}
+	a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(q).ptr(d).ptr(s).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
+	return b.run(gemv, grid, [3]uint32{32 * gemvdWarps, 1, 1}, a)
+}
+
+// directOK reports whether one row of x times the weights ws (1 to 3, of
+// one quantized dtype and row length) runs on the direct kernels: the
+// format has them, Backend.qgemv picks them, and every weight is 16-byte
+// aligned.
+func (b *Backend) directOK(ws []*tensor.Tensor) (quantFormat, bool) {
+	if len(ws) == 0 || len(ws) > 3 || b.qgemv == qgemvStaged {
+		return quantFormat{}, false
+	}
+	f, ok := quantFormatOf(ws[0].DType())
+	if !ok || !f.direct {
+		return quantFormat{}, false
+	}
+	for _, w := range ws {
+		if w.DType() != f.dt || w.Ptr()%16 != 0 || len(w.Shape()) != 2 || w.Shape()[1] != ws[0].Shape()[1] {
+			return quantFormat{}, false
+		}
+	}
+	return f, true
 }
 
 // gemvQuant runs the GEMV kernels over x, two rows at a time (then one).

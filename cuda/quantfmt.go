@@ -1,6 +1,10 @@
 package cuda
 
-import "github.com/strata-llm/strata/tensor"
+import (
+	"fmt"
+
+	"github.com/strata-llm/strata/tensor"
+)
 
 // quantFormat describes the kernels of one quantized dtype, as the format
 // structs of kernels/quant.cuh define them (keep the two in step; a
@@ -20,20 +24,27 @@ type quantFormat struct {
 	// xrows1 is I::ROWS1 of kernels/quantx.cuh: the rows of w an integer
 	// GEMV block takes at a time for one row of x.
 	xrows1 int
+	// direct: the format has the direct GEMV kernels of
+	// kernels/quantd.cuh (gemvd_<name>, gemvd8_<name>) for one row of x.
+	direct bool
+	// xrowsWide is the rows of w a block of gemvx_<name>_m1w takes at a
+	// time (QUANT_GEMVX_WIDE in kernels/gemvx_<name>.cu), or 0 where the
+	// format has no such kernel.
+	xrowsWide int
 }
 
 // quantFormats lists the formats with kernels, in the order of
 // testdata/quanthost.cu's format numbers. Q8_K, an activation format of
 // ggml that files do not store, has none.
 var quantFormats = []quantFormat{
-	{tensor.Q8_0, "q8_0", 32, false, 4},
-	{tensor.Q4_0, "q4_0", 32, false, 4},
-	{tensor.Q4_1, "q4_1", 32, false, 4},
-	{tensor.Q5_0, "q5_0", 32, false, 4},
-	{tensor.Q5_1, "q5_1", 32, false, 4},
-	{tensor.Q4_K, "q4_k", 8, true, 4},
-	{tensor.Q5_K, "q5_k", 8, true, 4},
-	{tensor.Q6_K, "q6_k", 8, false, 2},
+	{tensor.Q8_0, "q8_0", 32, false, 4, false, 2},
+	{tensor.Q4_0, "q4_0", 32, false, 4, false, 2},
+	{tensor.Q4_1, "q4_1", 32, false, 4, false, 2},
+	{tensor.Q5_0, "q5_0", 32, false, 4, false, 2},
+	{tensor.Q5_1, "q5_1", 32, false, 4, false, 2},
+	{tensor.Q4_K, "q4_k", 8, true, 4, true, 0},
+	{tensor.Q5_K, "q5_k", 8, true, 4, true, 0},
+	{tensor.Q6_K, "q6_k", 8, false, 2, false, 1},
 }
 
 // Launch geometry of the quantized kernels (QWARPS and QROWS in
@@ -52,7 +63,43 @@ const (
 const (
 	quantMaxRows = 8
 	quantSMWarps = 16
+	// quantSMWarpsWide is the warps an SM holds of gemvx_<f>_m1w (8 blocks
+	// of 64 registers a thread).
+	quantSMWarpsWide = 32
 )
+
+// qgemvKind is an integer GEMV of one row of x for a format with direct
+// kernels (Backend.qgemv).
+type qgemvKind int
+
+const (
+	// qgemvDirect: quantx16, then gemvd_<f>: a warp a row of w read
+	// straight from global memory, x rounded to 16 bits (quantd.cuh).
+	qgemvDirect qgemvKind = iota
+	// qgemvDirect8: quantx8, then gemvd8_<f>: the same with x rounded to
+	// 8 bits a 32 elements and dp4a, as ggml's integer kernels (the
+	// product's error is about 256 times qgemvDirect's).
+	qgemvDirect8
+	// qgemvStaged: quantx16, then gemvx_<f>_m1, the kernel of quantx.cuh
+	// that stages pieces of 4 rows in shared memory.
+	qgemvStaged
+)
+
+func (k qgemvKind) String() string {
+	switch k {
+	case qgemvDirect:
+		return "direct"
+	case qgemvDirect8:
+		return "direct8"
+	case qgemvStaged:
+		return "staged"
+	}
+	return fmt.Sprintf("qgemvKind(%d)", int(k))
+}
+
+// gemvdWarps is QDWARPS of kernels/quantd.cuh: the warps of a direct GEMV
+// block, each taking a row of w.
+const gemvdWarps = 4
 
 // quantGEMVMaxRows is the largest M that MatMul sends to the integer GEMV
 // rather than to cuBLAS for quantized weights (gemvMaxRows for the F32-x

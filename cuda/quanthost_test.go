@@ -102,6 +102,56 @@ func TestQuantKernelsOnHost(t *testing.T) {
 			ci.name = fmt.Sprintf("%v/gemvx/M%d_N%d_K%d_off%d_%dx%d", f.dt, ci.m, g.n, g.k, c.woff, g.nblocks, g.nwarps)
 			cases = append(cases, &ci)
 		}
+		if f.xrowsWide > 0 {
+			// The staged GEMV of one row with gemvx_<f>_m1w's rows of w a
+			// block (op 7): row groups cut short, fewer blocks than groups.
+			for i, g := range []struct{ n, k, nblocks, nwarps int }{{13, big, 2, 4}, {5, small, 1, 2}, {9, 3 * big, 4, 3}} {
+				c := &hostCase{op: 7, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: offs[i], n: g.n, k: g.k, m: 1, nanRow: -1}
+				c.w = hostWeights(t, r, f.dt, g.n, g.k, i == 1)
+				c.x = make([]float32, g.k)
+				for j := range c.x {
+					c.x[j] = 2*r.Float32() - 1
+					if i == 2 {
+						c.x[j] += 0.75
+					}
+				}
+				c.name = fmt.Sprintf("%v/gemvx_m1w/N%d_K%d_off%d_%dx%d", f.dt, g.n, g.k, c.woff, g.nblocks, g.nwarps)
+				cases = append(cases, c)
+			}
+		}
+		if f.direct {
+			// The direct GEMV (one row of x) on X16 (op 5) and X8 (op 6):
+			// units cut short at a row's end (13 blocks: 104 units, 4 a
+			// lane in flight), rows left over for the grid's warps, one
+			// block, weights 16 or 48 bytes past a 256-byte boundary.
+			for i, g := range []struct{ n, k, nblocks, nwarps, woff int }{
+				{13, 13 * qk, 2, 4, 16},
+				{7, 2 * qk, 1, 3, 48},
+				{5, qk, 3, 1, 0},
+				{33, 43 * qk, 2, 4, 0},
+			} {
+				for _, op := range []int32{5, 6} {
+					c := &hostCase{op: op, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: g.woff, n: g.n, k: g.k, m: 1, nanRow: -1}
+					c.w = hostWeights(t, r, f.dt, g.n, g.k, i%2 == 1)
+					c.x = make([]float32, g.k)
+					for j := range c.x {
+						c.x[j] = 2*r.Float32() - 1
+						if i == 2 {
+							c.x[j] += 0.75
+						}
+						if j%32 == 5 && i%2 == 0 {
+							c.x[j] *= 16 // an outlier a block
+						}
+					}
+					if i == 1 {
+						c.x[3] = float32(math.NaN())
+						c.nanRow = 0
+					}
+					c.name = fmt.Sprintf("%v/gemvd_op%d/N%d_K%d_off%d_%dx%d", f.dt, op, g.n, g.k, g.woff, g.nblocks, g.nwarps)
+					cases = append(cases, c)
+				}
+			}
+		}
 		const n = 9
 		c := &hostCase{op: 2, f: f, id: id, nblocks: 2, nwarps: 3, woff: offs[1], n: n, k: big, ids: []int32{n - 1, 0, 3, 3, -1, n, 5}}
 		c.rows = len(c.ids)
@@ -142,7 +192,7 @@ func TestQuantKernelsOnHost(t *testing.T) {
 
 type hostCase struct {
 	name                  string
-	op                    int32 // 1 gemv, 2 dequant to F32, 3 dequant to F16
+	op                    int32 // 1 gemv, 2 dequant to F32, 3 dequant to F16, 4 gemvx, 5 gemvd, 6 gemvd8, 7 gemvx_m1w
 	f                     quantFormat
 	id                    int
 	nblocks, nwarps, woff int
@@ -161,7 +211,7 @@ func (c *hostCase) request(b *bytes.Buffer) {
 		}
 	}
 	put(int(c.op), c.id, c.nblocks, c.nwarps, c.woff, c.n, c.k)
-	if c.op == 1 || c.op == 4 {
+	if c.op == 1 || c.op >= 4 {
 		put(c.m)
 		b.Write(c.w)
 		binary.Write(b, binary.LittleEndian, c.x)
@@ -211,7 +261,7 @@ func (c *hostCase) check(t *testing.T, resp *bytes.Buffer) {
 		} else {
 			t.Logf("GEMV: relative error %.2g", e)
 		}
-	case 4:
+	case 4, 5, 6, 7:
 		c.checkX16(t, resp, row)
 	case 2, 3:
 		n := c.rows * c.k
@@ -251,10 +301,11 @@ func (c *hostCase) check(t *testing.T, resp *bytes.Buffer) {
 	}
 }
 
-// checkX16 checks the integer GEMV's response: x's X16 bit for bit against
-// quantX16, the product within 1e-5 of the float64 product of the
-// dequantized weights and the rounded x (d*q), and within 2e-4 of the one
-// with x as given (the rounding's own error, logged).
+// checkX16 checks the integer GEMV's response (staged or direct on X16,
+// direct on X8): x's levels bit for bit against quantX16 (quantX8), the
+// product within 1e-5 of the float64 product of the dequantized weights
+// and the rounded x (d*q), and within 2e-4 (X8: 6e-2) of the one with x as
+// given (the rounding's own error, logged).
 func (c *hostCase) checkX16(t *testing.T, resp *bytes.Buffer, row func(int) []float32) {
 	got := make([]float32, c.m*c.n)
 	binary.Read(resp, binary.LittleEndian, got)
@@ -262,22 +313,32 @@ func (c *hostCase) checkX16(t *testing.T, resp *bytes.Buffer, row func(int) []fl
 	gx.q = make([]int16, c.m*c.k)
 	gx.d = make([]float32, c.m*c.k/32)
 	gx.s = make([]int32, c.m*c.k/16)
-	binary.Read(resp, binary.LittleEndian, gx.q)
+	wx, tolX, what := quantX16(c.x), 2e-4, "X16"
+	if c.op == 6 {
+		// 8-bit levels: the error of rounding x is ~256 times X16's.
+		q8 := make([]int8, len(gx.q))
+		binary.Read(resp, binary.LittleEndian, q8)
+		for i, v := range q8 {
+			gx.q[i] = int16(v)
+		}
+		wx, tolX, what = quantX8(c.x), 6e-2, "X8" // 3.8e-2 measured: 256 elements offset by 0.75
+	} else {
+		binary.Read(resp, binary.LittleEndian, gx.q)
+	}
 	binary.Read(resp, binary.LittleEndian, gx.d)
 	binary.Read(resp, binary.LittleEndian, gx.s)
-	wx := quantX16(c.x)
 	bad := 0
 	for i := range wx.q {
 		if gx.q[i] != wx.q[i] {
 			if bad++; bad <= 5 {
-				t.Errorf("X16 level %d: got %d, want %d (x %g)", i, gx.q[i], wx.q[i], c.x[i])
+				t.Errorf("%s level %d: got %d, want %d (x %g)", what, i, gx.q[i], wx.q[i], c.x[i])
 			}
 		}
 	}
 	for i := range wx.d {
 		if math.Float32bits(gx.d[i]) != math.Float32bits(wx.d[i]) || gx.s[2*i] != wx.s[2*i] || gx.s[2*i+1] != wx.s[2*i+1] {
 			if bad++; bad <= 5 {
-				t.Errorf("X16 block %d: got d %g, sums %d %d; want %g, %d %d", i, gx.d[i], gx.s[2*i], gx.s[2*i+1], wx.d[i], wx.s[2*i], wx.s[2*i+1])
+				t.Errorf("%s block %d: got d %g, sums %d %d; want %g, %d %d", what, i, gx.d[i], gx.s[2*i], gx.s[2*i+1], wx.d[i], wx.s[2*i], wx.s[2*i+1])
 			}
 		}
 	}
@@ -305,10 +366,10 @@ func (c *hostCase) checkX16(t *testing.T, resp *bytes.Buffer, row func(int) []fl
 	}
 	er := tensortest.RelErr(got, want16)
 	ex := tensortest.RelErr(got, want)
-	if !(er <= 1e-5) || !(ex <= 2e-4) {
-		t.Errorf("GEMV: relative error %.3g against the rounded x (want <= 1e-5), %.3g against x (want <= 2e-4)\ngot %v", er, ex, got[:min(8, len(got))])
+	if !(er <= 1e-5) || !(ex <= tolX) {
+		t.Errorf("GEMV on %s: relative error %.3g against the rounded x (want <= 1e-5), %.3g against x (want <= %g)\ngot %v", what, er, ex, tolX, got[:min(8, len(got))])
 	} else {
-		t.Logf("GEMV: relative error %.2g against the rounded x, %.2g against x", er, ex)
+		t.Logf("GEMV on %s: relative error %.2g against the rounded x, %.2g against x", what, er, ex)
 	}
 }
 

@@ -20,7 +20,16 @@ type x16 struct {
 }
 
 // quantX16 rounds x (rows back to back, a multiple of 32 elements) to X16.
-func quantX16(x []float32) x16 {
+func quantX16(x []float32) x16 { return quantXLevels(x, 32767) }
+
+// quantX8 rounds x to X8, the activations of the direct dp4a kernels
+// (kernels/quantd.cuh, quantx8): X16 with 127 for 32767, the levels int8
+// (kept in int16 here).
+func quantX8(x []float32) x16 { return quantXLevels(x, 127) }
+
+// quantXLevels rounds x to levels of at most lmax in magnitude per 32
+// elements, as quantx_warp does.
+func quantXLevels(x []float32, lmax float32) x16 {
 	nb := len(x) / 32
 	r := x16{q: make([]int16, len(x)), d: make([]float32, nb), s: make([]int32, 2*nb)}
 	for i := range nb {
@@ -38,7 +47,7 @@ func quantX16(x []float32) x16 {
 		}
 		var inv float32
 		if amax > 0 && finite {
-			inv = float32(32767) / amax
+			inv = lmax / amax
 		}
 		for j, f := range v {
 			var q int32 // 0 in a block of zeros or with a NaN or an infinity
@@ -48,7 +57,7 @@ func quantX16(x []float32) x16 {
 			r.q[32*i+j] = int16(q)
 			r.s[2*i+j/16] += q
 		}
-		r.d[i] = amax / 32767
+		r.d[i] = amax / lmax
 		if !finite {
 			r.d[i] = float32(math.NaN())
 		}

@@ -2,3 +2,4 @@
 #include "quantx.cuh"
 
 QUANT_GEMVX(IQ5_0, q5_0, 4)
+QUANT_GEMVX_WIDE(IQ5_0, q5_0, 2)

@@ -2,3 +2,4 @@
 #include "quantx.cuh"
 
 QUANT_GEMVX(IQ5_1, q5_1, 4)
+QUANT_GEMVX_WIDE(IQ5_1, q5_1, 2)

@@ -2,3 +2,4 @@
 #include "quantx.cuh"
 
 QUANT_GEMVX(IQ6_K, q6_k, 4)
+QUANT_GEMVX_WIDE(IQ6_K, q6_k, 1)

@@ -2,3 +2,4 @@
 #include "quantx.cuh"
 
 QUANT_GEMVX(IQ8_0, q8_0, 4)
+QUANT_GEMVX_WIDE(IQ8_0, q8_0, 2)

@@ -125,17 +125,20 @@ QFN uint4 ldq8(const int16_t* p) {
 #endif
 }
 
-// quantx16_warp rounds blocks of x (32 elements each, rows of K back to
-// back) into X16, one warp a block, blocks c.block*c.nwarps + c.warp and on
-// by the launch's warps: lane l reads element l (one coalesced load a
-// block), the largest magnitude and the sums come from warp reductions
-// (S::max, S::sum: the sums of up to 16 levels are integers below 2^24,
-// exact in float in any order), lane l writes level l, lane 0 the scale
-// and the sums. x needs only 4-byte alignment.
+// quantx_warp rounds blocks of x (32 elements each, rows back to back)
+// into levels of type T, one warp a block, blocks c.block*c.nwarps + c.warp
+// and on by the launch's warps: int16_t gives X16 (above), int8_t X8, the
+// same with the scale max|x|/127 and levels |q| <= 127 (the activations of
+// the direct GEMV's dp4a kernels, quantd.cuh). Lane l reads element l (one
+// coalesced load a block), the largest magnitude and the sums come from
+// warp reductions (S::max, S::sum: the sums of up to 16 levels are
+// integers below 2^24, exact in float in any order), lane l writes level
+// l, lane 0 the scale and the sums. x needs only 4-byte alignment.
 #pragma nv_exec_check_disable
-template <class S>
-QFN void quantx16_warp(const Ctx& c, int16_t* __restrict__ q, float* __restrict__ d, int* __restrict__ s, const float* __restrict__ x,
-		       long long n) {
+template <class S, typename T>
+QFN void quantx_warp(const Ctx& c, T* __restrict__ q, float* __restrict__ d, int* __restrict__ s, const float* __restrict__ x,
+		     long long n) {
+	const float lmax = sizeof(T) == 1 ? 127.0f : 32767.0f;
 	const long long stride = (long long)c.nblocks * c.nwarps;
 	for (long long i = (long long)c.block * c.nwarps + c.warp; i < n; i += stride) {
 		const float v = x[32 * i + c.lane];
@@ -143,16 +146,23 @@ QFN void quantx16_warp(const Ctx& c, int16_t* __restrict__ q, float* __restrict_
 		const float amax = S::max(a);
 		// 1 where some lane holds a NaN or an infinity.
 		const float bad = S::max(a <= 3.402823466e38f ? 0.0f : 1.0f);
-		const float inv = amax > 0.0f && bad == 0.0f ? fdiv_rn(32767.0f, amax) : 0.0f;
+		const float inv = amax > 0.0f && bad == 0.0f ? fdiv_rn(lmax, amax) : 0.0f;
 		const int l = inv != 0.0f ? rint_i(fmul_rn(v, inv)) : 0;  // 0 for a NaN lane, not a conversion of NaN
-		q[32 * i + c.lane] = (int16_t)l;
+		q[32 * i + c.lane] = (T)l;
 		const float s0 = S::sum(c.lane < 16 ? (float)l : 0.0f), s1 = S::sum(c.lane < 16 ? 0.0f : (float)l);
 		if (c.lane == 0) {
-			d[i] = bad == 0.0f ? fdiv_rn(amax, 32767.0f) : nan_f();
+			d[i] = bad == 0.0f ? fdiv_rn(amax, lmax) : nan_f();
 			s[2 * i] = (int)s0;
 			s[2 * i + 1] = (int)s1;
 		}
 	}
+}
+
+#pragma nv_exec_check_disable
+template <class S>
+QFN void quantx16_warp(const Ctx& c, int16_t* __restrict__ q, float* __restrict__ d, int* __restrict__ s, const float* __restrict__ x,
+		       long long n) {
+	quantx_warp<S, int16_t>(c, q, d, s, x, n);
 }
 
 // XQ is the X16 of up to MM rows of x for one launch; the rows from M on
@@ -584,9 +594,8 @@ QFN void gemvx_block(const Ctx& c, uint8_t* stage_mem, float* red, float* __rest
 	}
 }
 
-template <class I, int MM>
+template <class I, int MM, int R = QXROWS(I, MM)>
 __device__ __forceinline__ void gemvx_q(float* out, const int16_t* xq, const float* xdp, const int* xsp, const uint8_t* w, int N, int K, int M) {
-	constexpr int R = QXROWS(I, MM);
 	__shared__ __align__(16) uint8_t stage_mem[QWARPS * Geo<typename I::F, R>::BYTES];
 	__shared__ float red[QWARPS * R * MM];
 	XQ x;
@@ -613,6 +622,17 @@ __device__ __forceinline__ void gemvx_q(float* out, const int16_t* xq, const flo
 #define QUANT_GEMVX(I, NAME, MINB)     \
 	QUANT_GEMVX1(I, NAME, 1, MINB) \
 	QUANT_GEMVX1(I, NAME, 2, MINB)
+// gemvx_<f>_m1w: the kernel for one row of x with 8 blocks of QWARPS
+// warps an SM (64 registers, no spills), twice the warps of gemvx_<f>_m1,
+// and R (2, Q6_K 1: quantFormat.xrowsWide) rows of w a block instead of I::ROWS1 for
+// the registers; for the formats without direct kernels (quantd.cuh),
+// where MatMul runs it if Backend.qgemvWide says so (BenchmarkQuantGEMV
+// compares the two).
+#define QUANT_GEMVX_WIDE(I, NAME, R)                                                                                                    \
+	extern "C" __global__ void __launch_bounds__(32 * QWARPS, 8)                                                                    \
+	    gemvx_##NAME##_m1w(float* out, const int16_t* xq, const float* xd, const int* xs, const uint8_t* w, int N, int K, int M) { \
+		gemvx_q<I, 1, R>(out, xq, xd, xs, w, N, K, M);                                                                          \
+	}
 #define QUANT_GEMVX_BATCH(I, NAME, MINB) \
 	QUANT_GEMVX1(I, NAME, 4, MINB)   \
 	QUANT_GEMVX1(I, NAME, 8, MINB)

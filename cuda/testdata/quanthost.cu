@@ -9,7 +9,10 @@
 // stdout, all little-endian:
 //
 //   request:  int32 op (0 end, 1 gemv, 2 dequant to F32, 3 dequant to F16,
-//             4 integer gemv: quantx16, then gemvx),
+//             4 integer gemv: quantx16, then gemvx; 5 direct gemv:
+//             quantx16, then gemvd; 6 direct gemv on X8: quantx8, then
+//             gemvd8, for the formats with direct kernels; 7 integer gemv
+//             of one row with the rows of w a block of gemvx_<f>_m1w),
 //             int32 format (the order of formats below), int32 nblocks,
 //             int32 nwarps, int32 woff (the weights' byte offset from a
 //             256-byte boundary), int32 N, int32 K, then
@@ -19,7 +22,8 @@
 //   response: int64 violations, then M*N float32 (gemv), rows*K float32
 //             (dequant to F32) or rows*K uint16 halves (to F16); the
 //             integer gemv adds x's X16: M*K int16 levels, M*K/32 float32
-//             scales, M*K/16 int32 sums
+//             scales, M*K/16 int32 sums (the direct gemvs: the same, M = 1,
+//             with M*K int8 levels for X8)
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -29,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "../kernels/quantx.cuh"
+#include "../kernels/quantd.cuh"
 
 static std::atomic<long long> violations;
 void qhost_violation() { violations++; }
@@ -182,8 +186,19 @@ static void gemv(int nblocks, int nwarps, int woff, int N, int K) {
 // gemvx runs the integer GEMV of M rows of x (1 to 8) with the kernel of
 // the fewest rows that holds them, as MatMul does: quantx16 (on a grid of
 // 2 blocks of nwarps warps, so that warps loop), then the GEMV.
+// WideRows is the R of gemvx_<f>_m1w (QUANT_GEMVX_WIDE in gemvx_<f>.cu).
 template <class I>
-static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
+struct WideRows {
+	static constexpr int R = 2;
+};
+template <>
+struct WideRows<IQ6_K> {
+	static constexpr int R = 1;
+};
+
+// gemvx with wide set runs one row of x as gemvx_<f>_m1w does (op 7).
+template <class I>
+static void gemvx(int nblocks, int nwarps, int woff, int N, int K, bool wide = false) {
 	typedef typename I::F F;
 	const int M = read32();
 	if (M < 1 || M > 8) {
@@ -217,7 +232,11 @@ static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
 			gemvx_block<I, MM, QXROWS(I, MM), HostSync>(c, sm, (float*)(sm + stage), out, xq, w, N);
 		});
 	};
-	if (M == 1)
+	if (M == 1 && wide)
+		launch(nblocks, nwarps, stage + QWARPS * 8 * 4, [&](const Ctx& c, uint8_t* sm) {
+			gemvx_block<I, 1, WideRows<I>::R, HostSync>(c, sm, (float*)(sm + stage), out, xq, w, N);
+		});
+	else if (M == 1)
 		run(std::integral_constant<int, 1>());
 	else if (M == 2)
 		run(std::integral_constant<int, 2>());
@@ -232,6 +251,84 @@ static void gemvx(int nblocks, int nwarps, int woff, int N, int K) {
 	writen(d, (size_t)M * K / 32 * 4);
 	writen(s, (size_t)M * K / 16 * 4);
 }
+
+// Direct is the direct GEMV's format (quantd.cuh) of an integer one, or
+// void where it has none.
+template <class I>
+struct Direct {
+	typedef void D;
+};
+template <>
+struct Direct<IQ4_K> {
+	typedef DQ4_K D;
+};
+template <>
+struct Direct<IQ5_K> {
+	typedef DQ5_K D;
+};
+
+// gemvd runs the direct GEMV of one row of x with levels T, as MatMul
+// does: quantx_warp (on a grid of 2 blocks of nwarps warps), then
+// gemvd_rows on nblocks blocks of nwarps warps, the N rows of w split
+// into three matrices.
+template <class D, typename T>
+static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
+	const int M = read32();
+	if (M != 1) {
+		fprintf(stderr, "quanthost: direct gemv of M = %d\n", M);
+		exit(2);
+	}
+	const long long wbytes = (long long)N * (K / D::QK) * D::BB;
+	std::vector<uint8_t> wbuf, xbuf, qbuf, dbuf, sbuf, obuf;
+	uint8_t* w = aligned(wbuf, wbytes, woff);
+	readn(w, wbytes);
+	float* x = (float*)aligned(xbuf, (size_t)K * 4, 0);
+	readn(x, (size_t)K * 4);
+	T* q = (T*)aligned(qbuf, (size_t)K * sizeof(T), 0);
+	float* d = (float*)aligned(dbuf, (size_t)K / 32 * 4, 0);
+	int* s = (int*)aligned(sbuf, (size_t)K / 16 * 4, 0);
+	float* out = (float*)aligned(obuf, (size_t)N * 4, 0);
+	launch(2, nwarps, 0, [&](const Ctx& c, uint8_t*) { quantx_warp<HostSync, T>(c, q, d, s, x, (long long)K / 32); });
+	qhost_lo = w;
+	qhost_hi = w + wbytes;
+	violations = 0;
+	XD<T> xd;
+	xd.q = q;
+	xd.d = d;
+	xd.s = s;
+	// The rows as three matrices (the last two empty for N < 3), as
+	// MatMulMany launches q, k and v.
+	DW dw;
+	const long long rowBytes = (long long)(K / D::QK) * D::BB;
+	dw.n[0] = N / 3;
+	dw.n[1] = N / 4;
+	dw.n[2] = N - dw.n[0] - dw.n[1];
+	dw.w[0] = w;
+	dw.out[0] = out;
+	for (int i = 1; i < 3; i++) {
+		dw.w[i] = dw.w[i - 1] + dw.n[i - 1] * rowBytes;
+		dw.out[i] = dw.out[i - 1] + dw.n[i - 1];
+	}
+	launch(nblocks, nwarps, 0, [&](const Ctx& c, uint8_t*) { gemvd_rows<D, T, D::template units<T>(), HostSync>(c, dw, xd, K); });
+	const long long v = violations;
+	writen(&v, 8);
+	writen(out, (size_t)N * 4);
+	writen(q, (size_t)K * sizeof(T));
+	writen(d, (size_t)K / 32 * 4);
+	writen(s, (size_t)K / 16 * 4);
+}
+
+template <class D, typename T>
+struct GemvdOp {
+	static void run(int nblocks, int nwarps, int woff, int N, int K) { gemvd<D, T>(nblocks, nwarps, woff, N, K); }
+};
+template <typename T>
+struct GemvdOp<void, T> {
+	static void run(int, int, int, int, int) {
+		fprintf(stderr, "quanthost: no direct gemv for this format\n");
+		exit(2);
+	}
+};
 
 template <class F, typename T>
 static void dequant(int nblocks, int nwarps, int woff, int N, int K) {
@@ -269,6 +366,15 @@ static void serve(int op, int nblocks, int nwarps, int woff, int N, int K) {
 		break;
 	case 4:
 		gemvx<I>(nblocks, nwarps, woff, N, K);
+		break;
+	case 7:
+		gemvx<I>(nblocks, nwarps, woff, N, K, true);
+		break;
+	case 5:
+		GemvdOp<typename Direct<I>::D, int16_t>::run(nblocks, nwarps, woff, N, K);
+		break;
+	case 6:
+		GemvdOp<typename Direct<I>::D, int8_t>::run(nblocks, nwarps, woff, N, K);
 		break;
 	default:
 		fprintf(stderr, "quanthost: op %d\n", op);

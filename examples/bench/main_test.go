@@ -582,3 +582,26 @@ func TestBenchDevices(t *testing.T) {
 		t.Errorf("streams %+v", two.Streams)
 	}
 }
+
+// TestWarmupLengths: before the timed passes the bench runs an 8-token
+// pass and the first chunk of every timed prompt longer than that, so
+// that no timed prefill is the first of its shape (a quantized model's
+// 8-token pass does not reach cuBLAS, whose kernels load on first use).
+func TestWarmupLengths(t *testing.T) {
+	for _, c := range []struct {
+		prefill []int
+		chunk   int
+		want    []int
+	}{
+		{[]int{512}, 512, []int{8, 512}},
+		{[]int{128, 512}, 512, []int{8, 128, 512}},
+		{[]int{512, 128, 512}, 0, []int{8, 128, 512}},
+		{[]int{8192}, 2048, []int{8, 2048}},
+		{[]int{4, 8}, 512, []int{8}},
+		{nil, 512, []int{8}},
+	} {
+		if got := warmupLengths(c.prefill, c.chunk); !slices.Equal(got, c.want) {
+			t.Errorf("warmupLengths(%v, %d) = %v, want %v", c.prefill, c.chunk, got, c.want)
+		}
+	}
+}
