@@ -11,6 +11,7 @@ import (
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // slowCPU is a CPU with known costs: each RMSNorm sleeps norm, each
@@ -103,6 +104,30 @@ func TestCPUCosts(t *testing.T) {
 		layer, attention := cpuCosts(tc.t0, tc.t1, tc.p0, tc.p1, 10, 1000, 1000)
 		if math.Abs(float64(layer-tc.layer)) > 1e3 || math.Abs(attention-tc.attention) > 1e-9 {
 			t.Errorf("%s: fixed %v, attention %v; want %v, %v", tc.name, layer, attention, tc.layer, tc.attention)
+		}
+	}
+}
+
+// TestMeasureRatesQuantized: the rates and the calibration measure the
+// block of a quantized model (Q4_K and Q8_0 matrices) on the CPU: a
+// hybrid plan of such a model opened with no rates given failed on the
+// GPU with "the block has no matrix".
+func TestMeasureRatesQuantized(t *testing.T) {
+	rb, cb := rateBytes, cpuRateMinBytes
+	rateBytes, cpuRateMinBytes = 8<<20, 8<<20 // what the test checks is that the block is measured
+	t.Cleanup(func() { rateBytes, cpuRateMinBytes = rb, cb })
+	for _, qt := range []quant.Type{quant.Q4_K, quant.Q8_0} {
+		lm := synthGGUF(t, qt)
+		cfg := lm.Config
+		block := nn.Source(lm).LayerTensors(cfg.BlockLayer(0))
+		gpu := newFakeGPU()
+		r, err := MeasureCalibratedRates(context.Background(), gpu, tensor.NewCPU(1), block[0].DType, cfg, tensor.F16, 256, block)
+		gpu.Close()
+		if err != nil {
+			t.Fatalf("%v: %v", qt, err)
+		}
+		if !(r.CPU > 0 && r.H2D > 0 && r.CPUShared > 0) {
+			t.Errorf("%v: rates %+v", qt, r)
 		}
 	}
 }

@@ -16,8 +16,9 @@ import (
 
 // rateBytes is the size the copies and the GPU's product are measured
 // over: large enough to leave the caches far behind, small enough that all
-// of MeasureRates takes about a second.
-const rateBytes = 256 << 20
+// of MeasureRates takes about a second. (Variables so that tests on a
+// slow CPU can measure less.)
+var rateBytes = 256 << 20
 
 // cpuRateMinBytes is the least the CPU's measurement reads per pass: the
 // block's matrices are allocated again up to it, so that a pass reads more
@@ -25,7 +26,7 @@ const rateBytes = 256 << 20
 // exist; a 7B block alone, 405 MB, measured 112-129 GB/s where the model ran
 // at 88). A small model's blocks are read from the caches when it runs, and
 // are measured so.
-const cpuRateMinBytes = 1 << 30
+var cpuRateMinBytes int64 = 1 << 30
 
 // MeasureRates measures what the hybrid planner needs, on the machine as it
 // is now: pinned copies from host memory to gpu; the CPU's products, on
@@ -109,11 +110,11 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 			pa.FreePinned(p.w.Bytes())
 		}
 	}()
-	for len(products) == 0 || cpuBytes < cpuRateMinBytes {
+	for len(products) == 0 || cpuBytes < float64(cpuRateMinBytes) {
 		n0 := len(products)
 		copies = append(copies, nn.LayerWeights{})
 		for _, ts := range block {
-			if len(ts.Shape) != 2 || !ts.DType.IsFloat() {
+			if len(ts.Shape) != 2 || !ts.DType.IsFloat() && !ts.DType.IsQuantized() {
 				continue
 			}
 			b, err := pa.AllocPinned(ts.Bytes)
@@ -255,6 +256,22 @@ func best(n int, f func() error) (time.Duration, error) {
 // random 64 KiB pattern, repeated.
 func fillRandom(b []byte, dt tensor.DType) {
 	rng := rand.New(rand.NewPCG(1, 2))
+	if qt, ok := dt.Quant(); ok && dt.IsQuantized() {
+		// Whole blocks of the format, quantized from values of about
+		// 0.1 .. 0.2 in size, so that their scales are ordinary numbers.
+		per := max(1, (64<<10)/dt.BlockBytes())
+		vals := make([]float32, per*dt.BlockSize())
+		for i := range vals {
+			vals[i] = (0.1 + 0.1*rng.Float32()) * float32(1-2*rng.IntN(2))
+		}
+		pat := make([]byte, per*dt.BlockBytes())
+		if err := qt.Quantize(pat, vals); err == nil {
+			for off := 0; off < len(b); off += len(pat) {
+				copy(b[off:], pat)
+			}
+			return
+		}
+	}
 	pat := make([]byte, min(len(b), 64<<10))
 	switch dt.Size() {
 	case 2:
