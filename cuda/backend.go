@@ -113,8 +113,8 @@ type Backend struct {
 	gemvSplit *gemvVariant
 	// qgemv picks the integer GEMV of one row of x for the quantized
 	// formats with direct kernels (quantFormat.direct, kernels/quantd.cuh):
-	// qgemvDirect (the default), qgemvDirect8 or qgemvStaged (the kernels
-	// of quantx.cuh, the only ones before). BenchmarkQuantGEMV and
+	// qgemvStaged (the default: the kernels of quantx.cuh), qgemvDirect or
+	// qgemvDirect8. BenchmarkQuantGEMV and
 	// TestQuantGEMVKernels set it on their backend to compare them.
 	qgemv qgemvKind
 	// qgemvWide picks, for one row of x and the formats without direct

@@ -427,7 +427,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 		b.ReportMetric(2*size*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	})
 	const perIter = 8
-	defer func() { be.qgemv, be.qgemvWide = qgemvDirect, false }()
+	defer func() { be.qgemv, be.qgemvWide = qgemvStaged, false }()
 	// qgemvWideBench marks the entries of gemvx_<f>_m1w (Backend.qgemvWide).
 	const qgemvWideBench qgemvKind = -1
 	for _, s := range []struct{ n, k int }{{11008, 4096}, {4096, 11008}} {
@@ -436,7 +436,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 			f32x  bool
 			qgemv qgemvKind
 		}{{tensor.F16, false, 0}, {tensor.Q8_0, false, 0}, {tensor.Q6_K, false, 0}, {tensor.Q5_K, false, 0}, {tensor.Q4_K, false, 0}, {tensor.Q4_0, false, 0},
-			{tensor.Q5_K, false, qgemvDirect8}, {tensor.Q4_K, false, qgemvDirect8}, {tensor.Q5_K, false, qgemvStaged}, {tensor.Q4_K, false, qgemvStaged},
+			{tensor.Q5_K, false, qgemvDirect8}, {tensor.Q4_K, false, qgemvDirect8}, {tensor.Q5_K, false, qgemvDirect}, {tensor.Q4_K, false, qgemvDirect},
 			{tensor.Q8_0, false, qgemvWideBench}, {tensor.Q6_K, false, qgemvWideBench}, {tensor.Q4_0, false, qgemvWideBench},
 			{tensor.Q8_0, true, 0}, {tensor.Q6_K, true, 0}, {tensor.Q5_K, true, 0}, {tensor.Q4_K, true, 0}, {tensor.Q4_0, true, 0}} {
 			dt, path, name, kind := c.dt, pathAuto, c.dt.String(), c.qgemv
@@ -447,15 +447,15 @@ func BenchmarkQuantGEMV(b *testing.B) {
 				// gemvx_<f>_m1w (Backend.qgemvWide) for a format
 				// without direct kernels.
 				name += "-wide"
-			case kind != qgemvDirect:
-				// Q4_K and Q5_K run the direct kernel on X16 by default;
+			case kind != qgemvStaged:
+				// Q4_K and Q5_K run the staged kernel on X16 by default;
 				// these name the other integer GEMVs (Backend.qgemv).
 				name += "-" + kind.String()
 			}
 			b.Run(fmt.Sprintf("%s/N%d_K%d", name, s.n, s.k), func(b *testing.B) {
 				be.qgemv, be.qgemvWide = kind, kind == qgemvWideBench
 				if kind == qgemvWideBench {
-					be.qgemv = qgemvDirect
+					be.qgemv = qgemvStaged
 				}
 				var ws []*tensor.Tensor
 				if dt.IsQuantized() {

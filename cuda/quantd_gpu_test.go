@@ -26,7 +26,7 @@ import (
 // NaN) are checked too.
 func TestQuantGEMVKernels(t *testing.T) {
 	b := openGPU(t)
-	defer func() { b.qgemv = qgemvDirect }()
+	defer func() { b.qgemv = qgemvStaged }()
 	r := newRand(t)
 	shapes := []struct{ n, k int }{{3, 256}, {33, 13 * 256}, {4096, 4096}, {11008, 4096}, {4096, 11008}}
 	for _, f := range quantFormats {
@@ -118,7 +118,7 @@ func TestQuantGEMVKernels(t *testing.T) {
 // way.
 func TestQuantManyDirect(t *testing.T) {
 	b := openGPU(t)
-	defer func() { b.qgemv = qgemvDirect }()
+	defer func() { b.qgemv = qgemvStaged }()
 	r := newRand(t)
 	for _, f := range quantFormats {
 		if !f.direct {

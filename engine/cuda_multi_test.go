@@ -211,7 +211,9 @@ func TestCUDATwoGPUsBatched(t *testing.T) {
 		t.Run(fmt.Sprint(strategy), func(t *testing.T) {
 			o := Options{Backends: []tensor.Backend{g0, g1}, Context: 32, Chunk: 8, KVPositions: 64, Memory: Memory{Strategy: strategy}}
 			if strategy == paging.StrategyHybrid {
-				o.Memory.Budgets = []int64{lm.WeightBytes()/3 + 64<<20}
+				// A third of the weights, the CUDA workspace (64 MiB) and
+				// the KV cache and activations (about 100 KiB).
+				o.Memory.Budgets = []int64{lm.WeightBytes()/3 + 64<<20 + 128<<10}
 			}
 			e, err := Open(context.Background(), lm, o)
 			if err != nil {

@@ -17,7 +17,7 @@ import (
 // logits within 1e-2 of the same sequence alone in a batch on the GPU
 // (the GPU's products of several rows round as they like, so not bit for
 // bit: cuBLAS's path casts the rows to F16 where the one-row GEMV keeps
-// them F32, a few 1e-3 on the F16 fixture on the H200), within 2e-2 of the CPU batch's, and its greedy ids those of the
+// them F32, a few 1e-3 on the F16 fixture on the H200), within 2e-2 of the CPU batch's (8-bit pools: 3e-2, 6e-2), and its greedy ids those of the
 // CPU batch where the CPU's margin between the two best exceeds 5e-2; with
 // the pools in F32, F16 and Q8_B8 (BatchOptions.KVDType), the CPU's in the
 // same dtype. It logs the differences it measures. Skips without a CUDA
@@ -63,6 +63,17 @@ func TestCUDABatch(t *testing.T) {
 					defer bt.Close()
 					runBatch(t, bt, seqs, rows)
 				}
+				// An 8-bit pool rounds K and V to codes a step of 1/127 of
+				// their block's largest apart: the last-bit differences of
+				// the products before it (another kernel for 12 rows than
+				// for one, the CPU's order of sums) flip a few codes, and
+				// the logits move by up to about 1e-2 per flip on these
+				// fixtures (H200: 1.1e-2 from alone, 2.4e-2 from the CPU,
+				// 4.9e-2 where a flip changes a router's choice).
+				boundAlone, boundCPU := 1e-2, 2e-2
+				if kv == tensor.Q8_B8 {
+					boundAlone, boundCPU = 3e-2, 6e-2
+				}
 				gpu, cpu := mix(), mix()
 				run(gm, gpu, 12)
 				run(cm, cpu, 12)
@@ -73,7 +84,7 @@ func TestCUDABatch(t *testing.T) {
 					for j := range s.logits {
 						da, dc := maxAbsDiff(s.logits[j], alone.logits[j]), maxAbsDiff(s.logits[j], cpu[i].logits[j])
 						worstAlone, worstCPU = max(worstAlone, da), max(worstCPU, dc)
-						if da > 1e-2 || dc > 2e-2 {
+						if da > boundAlone || dc > boundCPU {
 							t.Errorf("sequence %d token %d: logits %g from alone on the GPU, %g from the CPU batch", i, j, da, dc)
 						}
 						if g, c := Argmax(s.logits[j]), Argmax(cpu[i].logits[j]); g != c && margin(cpu[i].logits[j]) > 5e-2 {
