@@ -98,3 +98,31 @@ func TestBenchExperts(t *testing.T) {
 		t.Errorf("table without the experts:\n%s", md)
 	}
 }
+
+// TestBenchSyntheticRouting: -router-skew and -router-locality run a
+// mixture of experts with synthetic routing in place of its router's, and
+// the result says so; a skew out of range is refused.
+func TestBenchSyntheticRouting(t *testing.T) {
+	dir := fixtures.Dir(fixtures.TinyMixtralBF16)
+	for _, tc := range []struct {
+		args []string
+		want string // in stdout, or in the error when bad
+		bad  bool
+	}{
+		{[]string{"-router-skew", "1.2", "-router-locality", "0.5"}, "experts [synthetic routing (skew 1.2, locality 0.5)]", false},
+		{[]string{"-router-skew", "0"}, "experts [synthetic routing (skew 0, locality 0)]", false},
+		{[]string{"-router-skew", "1", "-router-locality", "1"}, "-router-skew: strata_synthetic_routing locality 1 must be in [0, 1)", true},
+	} {
+		var stdout bytes.Buffer
+		args := append([]string{"-model", dir, "-device", "cpu", "-prefill", "8", "-warmup", "1", "-decode", "2", "-chunk", "8", "-runs", "330KB:balanced"}, tc.args...)
+		err := run(context.Background(), args, &stdout)
+		switch {
+		case tc.bad && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		case !tc.bad && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case !tc.bad && !strings.Contains(stdout.String(), tc.want):
+			t.Errorf("%v: output without %q:\n%s", tc.args, tc.want, stdout.String())
+		}
+	}
+}

@@ -18,7 +18,11 @@
 // misses and bytes per token, prefetch accuracy, guesses right, and
 // whether its routing is synthetic), and the report judges it against the
 // bound of its measured misses: their bytes over the link plus the
-// weights a token reads from device memory. run-gpu.sh drives a whole
+// weights a token reads from device memory. -router-skew S (with
+// -router-locality P) runs a mixture of experts with synthetic routing of
+// that skew and locality in place of its own (as synth's flags write it),
+// so that one large file, a GGUF one above all, is measured under both
+// uniform and skewed routing. run-gpu.sh drives a whole
 // comparison on a GPU machine. With -streams N a run also decodes N
 // requests at once through the engine's batcher and reports their
 // aggregate tok/s, the p50 and p99 of the inter-token latency and of the
@@ -65,6 +69,8 @@ type options struct {
 	decode, warmup, threads, chunk, streams, promptTokens int
 	kv                                                    tensor.DType // kvDType parsed
 	ceilings, graphs                                      bool
+	routerSkew, routerLocality                            float64
+	synthetic                                             bool // -router-skew given
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -86,12 +92,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
+	fs.Float64Var(&o.routerSkew, "router-skew", 0, "a mixture of experts: route with synthetic routing of this Zipf skew (0 uniform) in place of the model's own routing")
+	fs.Float64Var(&o.routerLocality, "router-locality", 0, "with -router-skew: the chance a token keeps each expert of the previous token")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
 	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
 	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	fs.Visit(func(f *flag.Flag) { o.synthetic = o.synthetic || f.Name == "router-skew" })
+	if o.routerLocality != 0 && !o.synthetic {
+		return errors.New("-router-locality needs -router-skew")
 	}
 	if o.report != "" {
 		files := strings.Split(o.report, ",")
@@ -167,6 +179,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		defer lm.Close()
 		cfg := lm.Config
+		if o.synthetic {
+			if err := syntheticRouting(cfg, o); err != nil {
+				return err
+			}
+		}
 		if err := checkContext(cfg, prefill, o); err != nil {
 			return err
 		}
@@ -658,5 +675,22 @@ func busyOf(s engine.Session) map[string]time.Duration {
 	}); ok {
 		return b.Busy()
 	}
+	return nil
+}
+
+// syntheticRouting gives cfg, a mixture of experts, the synthetic routing
+// of -router-skew and -router-locality (seed 1, as run-gpu.sh's configs).
+func syntheticRouting(cfg *arch.Config, o options) error {
+	if cfg.MoE == nil {
+		return fmt.Errorf("-router-skew: the %s model %s has no experts", cfg.Family, o.model)
+	}
+	moe := *cfg.MoE
+	moe.Synthetic = &arch.SyntheticRouting{Skew: o.routerSkew, Locality: o.routerLocality, Seed: 1}
+	c := *cfg
+	c.MoE = &moe
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("-router-skew: %s", strings.TrimPrefix(err.Error(), "arch: config: "))
+	}
+	cfg.MoE = &moe
 	return nil
 }

@@ -37,6 +37,8 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_0"}, ""},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "bf16"}, ""},
 		{[]string{"-kv-dtype", "int4"}, `-kv-dtype: unknown KV cache dtype "int4"`},
+		{[]string{"-router-locality", "0.5"}, "-router-locality needs -router-skew"},
+		{[]string{"-router-skew", "1"}, "-router-skew: the llama model"},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
