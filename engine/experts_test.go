@@ -366,3 +366,91 @@ func TestOpenPagesQuantizedExperts(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenExpertsOnCPU: with experts paged under a budget that holds a
+// few, a missing expert is computed on the CPU from host memory instead of
+// uploaded as Memory.ExpertsCPU says: always, never, or auto with rates
+// that make the CPU cheaper (a slow link) or dearer (a slow CPU) than the
+// upload of an expert; on one device and on two. The logits of a prompt
+// and of decode steps are the model's run directly, bit for bit (the
+// device is a CPU too); experts on the CPU are counted in Stats, the
+// report and the summary, and their bytes are not moved: the bytes moved
+// are the misses' and prefetches' only.
+func TestOpenExpertsOnCPU(t *testing.T) {
+	prompt := []int32{1, 5, 9, 200, 3, 77, 18}
+	const steps, chunk = 6, 8
+	ctxLen := len(prompt) + steps
+	slowLink := &paging.Rates{H2D: 1e6, CPU: 1e12}
+	slowCPU := &paging.Rates{H2D: 1e12, CPU: 1e6}
+	for _, fixture := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		lm := openFixture(t, fixture)
+		cfg := lm.Config
+		want := reference(t, lm, prompt, steps)
+		var eb int64
+		x0 := cfg.LayerExperts(cfg.BlockLayer(0))[0]
+		for _, r := range []arch.Role{arch.ExpertGate, arch.ExpertUp, arch.ExpertDown} {
+			ti, _ := lm.Tensor(x0[r])
+			eb += ti.Size
+		}
+		slots := cfg.MoE.ExpertsPerToken + 2
+		for _, tc := range []struct {
+			name    string
+			devices int
+			policy  paging.ExpertCPUPolicy
+			rates   *paging.Rates
+			onCPU   bool // some experts computed on the CPU
+		}{
+			{"always", 1, paging.ExpertCPUAlways, nil, true},
+			{"never", 1, paging.ExpertCPUNever, slowLink, false},
+			{"auto, slow link", 1, paging.ExpertCPUAuto, slowLink, true},
+			{"auto, slow CPU", 1, paging.ExpertCPUAuto, slowCPU, false},
+			{"auto without rates", 1, "", nil, false},
+			{"always, two devices", 2, paging.ExpertCPUAlways, nil, true},
+		} {
+			t.Run(fixture+"/"+tc.name, func(t *testing.T) {
+				budget := expertBudget(t, lm, ctxLen, chunk, tc.devices*slots) / int64(tc.devices)
+				o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: chunk, Rates: tc.rates,
+					Memory: Memory{Budgets: []int64{budget}, ExpertsCPU: tc.policy}}
+				e, err := Open(context.Background(), lm, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					if err := e.Close(); err != nil {
+						t.Error(err)
+					}
+				}()
+				if st := e.Stats(); st.ExpertSlots == 0 || st.ExpertSlots >= st.ExpertsTotal {
+					t.Fatalf("%d slots of %d experts: nothing pages", st.ExpertSlots, st.ExpertsTotal)
+				}
+				s, err := e.NewSession()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := decode(t, s, prompt, steps)
+				for i := range want {
+					for j := range want[i] {
+						if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+							t.Fatalf("step %d logit %d: %v, direct %v", i, j, got[i][j], want[i][j])
+						}
+					}
+				}
+				r := e.Experts()
+				st := e.Stats()
+				t.Logf("%s", r)
+				if (st.ExpertsOnCPU > 0) != tc.onCPU || st.ExpertCPUBytes != st.ExpertsOnCPU*eb || st.ExpertCPUTokens < st.ExpertsOnCPU {
+					t.Errorf("%d experts on the CPU (%d bytes, %d tokens of %d-byte experts), want some: %v", st.ExpertsOnCPU, st.ExpertCPUBytes, st.ExpertCPUTokens, eb, tc.onCPU)
+				}
+				if st.ExpertBytesMoved != (st.ExpertMisses+st.ExpertPrefetches)*eb {
+					t.Errorf("%d expert bytes moved for %d misses and %d prefetches of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches, eb)
+				}
+				if r.OnCPU != st.ExpertsOnCPU || tc.onCPU && (!strings.Contains(r.String(), "experts on the CPU") || !strings.Contains(e.Summary(), "experts computed on the CPU")) {
+					t.Errorf("report %+v; summary:\n%s", r, e.Summary())
+				}
+				if st.ExpertsPinned != 0 {
+					t.Errorf("%d experts left pinned", st.ExpertsPinned)
+				}
+			})
+		}
+	}
+}

@@ -36,6 +36,9 @@ type Model struct {
 	// (SetHostKV); kv counts that work.
 	hostKV *HostKV
 	kv     kvCounters
+	// expertCPU, when set, computes the experts the weights hand to the
+	// CPU (CPUExpertWeights, SetExpertCPU).
+	expertCPU tensor.Backend
 }
 
 func (m *Model) embeds() bool { return m.lo == 0 }

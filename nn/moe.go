@@ -2,6 +2,7 @@ package nn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -105,6 +106,8 @@ func newMoEBuffers(c *arch.Config, al *allocator, chunk int) *moeBuffers {
 		used:   make([]int, 0, m.Experts),
 
 		rawGuess: make([]byte, 4*m.Experts),
+		devUsed:  make([]int, 0, m.Experts),
+		cpuUsed:  make([]int, 0, m.Experts),
 	}
 	for j := range mb.r.slots {
 		mb.r.slots[j] = make([]int32, chunk)
@@ -148,6 +151,12 @@ type routing struct {
 	used       []int     // the experts some token chose, ascending
 	rawGuess   []byte    // the next sparse block's router scores of a decode step
 	rowPos     []int     // in a batch, each row's position (else row t is at pos0+t)
+	// The experts the CPU computes (expertOnCPU): the chosen ones split
+	// (devUsed, cpuUsed), the chunk's rows of h downloaded (hostH), an
+	// expert's tokens' rows (hostX), its gate, up and output.
+	devUsed, cpuUsed           []int
+	hostH                      []byte
+	hostX, hostG, hostU, hostO []float32
 }
 
 // route picks each of T tokens' k experts from the router's scores [T, E]
@@ -310,16 +319,25 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			}
 		}
 	} else {
+		dev, onCPU := s.splitExperts(ew, layer)
+		if len(onCPU) > 0 {
+			// The CPU's experts read the tokens' rows from host memory.
+			if err := tensor.DownloadComputed(b, r.hostH[:4*T*H], h); err != nil {
+				return fmt.Errorf("experts on the CPU: %w", err)
+			}
+		}
 		slots := max(ew.ExpertSlots(), 1)
-		for g := 0; g < len(r.used); g += slots {
-			group := r.used[g:min(g+slots, len(r.used))]
+		guess := T == 1 && s.batch == nil
+		for g := 0; g < len(dev); g += slots {
+			group := dev[g:min(g+slots, len(dev))]
 			ws, err := ew.AcquireExperts(ctx, layer, group)
 			if err != nil {
 				return fmt.Errorf("experts: %w", err)
 			}
 			err = func() error {
 				defer ew.ReleaseExperts(layer, group) // released even if the backend panics
-				if g == 0 && T == 1 && s.batch == nil {
+				if g == 0 && guess {
+					guess = false
 					if err := s.guessNext(ctx, ew, i, pos0); err != nil {
 						return err
 					}
@@ -332,6 +350,18 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 				return nil
 			}()
 			if err != nil {
+				return err
+			}
+		}
+		if guess {
+			if err := s.guessNext(ctx, ew, i, pos0); err != nil {
+				return err
+			}
+		}
+		// The device computes its experts (its launches return at once
+		// on a GPU) while the CPU computes these.
+		for _, e := range onCPU {
+			if err := s.expertOnCPU(ctx, ew.(CPUExpertWeights), layer, e, &experts[e]); err != nil {
 				return err
 			}
 		}
@@ -406,6 +436,90 @@ func (s *Session) expert(e, T int, lw LayerWeights, en *arch.Names) error {
 		return fmt.Errorf("expert %d down projection: %w", e, err)
 	}
 	return nil
+}
+
+// splitExperts splits the experts the chunk chose (r.used) into those the
+// device computes and those the weights hand to the CPU (CPUExpertWeights,
+// with the model's CPU set: SetExpertCPU).
+func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
+	r := &s.buffers.moe.r
+	cw, ok := ew.(CPUExpertWeights)
+	if !ok || s.m.expertCPU == nil {
+		return r.used, nil
+	}
+	dev, onCPU = r.devUsed[:0], r.cpuUsed[:0]
+	for _, e := range r.used {
+		if cw.ExpertOnCPU(layer, e, r.count[e]) {
+			onCPU = append(onCPU, e)
+		} else {
+			dev = append(dev, e)
+		}
+	}
+	if len(onCPU) > 0 && r.hostH == nil { // made when first needed: a chunk's rows, several times
+		c := &s.m.cfg
+		chunk, H, size := s.buffers.moe.rows.Shape()[0], c.HiddenSize, c.MoE.ExpertSize
+		r.hostH = make([]byte, 4*chunk*H)
+		r.hostX, r.hostO = make([]float32, chunk*H), make([]float32, chunk*H)
+		r.hostG, r.hostU = make([]float32, chunk*size), make([]float32, chunk*size)
+	}
+	return dev, onCPU
+}
+
+// expertOnCPU runs expert e of layer on the model's CPU, from its weights
+// in host memory (cw.HostExpert), on its tokens' rows of r.hostH (the
+// first T rows of h, downloaded), and uploads its output into its rows of
+// out: the same products as expert, in the same order.
+func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e int, en *arch.Names) error {
+	m, c, mb := s.m, &s.m.cfg, s.buffers.moe
+	r, H, size := &mb.r, c.HiddenSize, c.MoE.ExpertSize
+	cpu := m.expertCPU
+	cnt := r.count[e]
+	ws, release, err := cw.HostExpert(ctx, layer, e, cnt)
+	if err != nil {
+		return fmt.Errorf("expert %d on the CPU: %w", e, err)
+	}
+	defer release()
+	hh := f32s(r.hostH)
+	for j, t := range r.tokens[r.start[e] : r.start[e]+cnt] {
+		copy(r.hostX[j*H:(j+1)*H], hh[int(t)*H:(int(t)+1)*H])
+	}
+	x, err1 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostX[:cnt*H])
+	gate, err2 := tensor.FromF32(tensor.Shape{cnt, size}, r.hostG[:cnt*size])
+	up, err3 := tensor.FromF32(tensor.Shape{cnt, size}, r.hostU[:cnt*size])
+	out, err4 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostO[:cnt*H])
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return fmt.Errorf("expert %d on the CPU: %w", e, err)
+	}
+	mm := cpu.MatMul
+	if s.batch != nil {
+		mm = func(out, x, w, bias *tensor.Tensor) error { return tensor.MatMulRows(cpu, out, x, w, bias) }
+	}
+	if err := mm(gate, x, ws[en[arch.ExpertGate]], nil); err != nil {
+		return fmt.Errorf("expert %d gate projection on the CPU: %w", e, err)
+	}
+	if err := mm(up, x, ws[en[arch.ExpertUp]], nil); err != nil {
+		return fmt.Errorf("expert %d up projection on the CPU: %w", e, err)
+	}
+	if err := cpu.SiLUMul(gate, gate, up); err != nil {
+		return fmt.Errorf("expert %d on the CPU: %w", e, err)
+	}
+	if err := mm(out, gate, ws[en[arch.ExpertDown]], nil); err != nil {
+		return fmt.Errorf("expert %d down projection on the CPU: %w", e, err)
+	}
+	if err := m.backend.Upload(mb.view(mb.out, r.start[e], cnt, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.hostO[0])), 4*cnt*H)); err != nil {
+		return fmt.Errorf("expert %d output from the CPU: %w", e, err)
+	}
+	return nil
+}
+
+// SetExpertCPU gives the model a CPU to compute the experts its weights
+// hand over (CPUExpertWeights) on; nil computes every expert on the
+// model's backend. Call it before sessions run.
+func (m *Model) SetExpertCPU(cpu tensor.Backend) {
+	if cpu != nil {
+		cpu = tensor.Checked(cpu)
+	}
+	m.expertCPU = cpu
 }
 
 // pagedExperts returns the model's Weights as ExpertWeights when they page
