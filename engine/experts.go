@@ -31,7 +31,10 @@ func (e *Engine) expertsCPU(ctx context.Context, b tensor.Backend, plan *paging.
 		rates = e.kvRates
 	}
 	if _, async := tensor.AsyncUpload(b); rates == nil && policy == paging.ExpertCPUAuto && async {
-		var one []paging.TensorSpec // the first expert's matrices, as the CPU computes them
+		// The first expert's matrices, as the CPU computes them; a
+		// quantized one is measured as F16 of its shape (MeasureRates
+		// takes float matrices), its blocks read at about that rate.
+		var one []paging.TensorSpec
 		for _, li := range info.Layers {
 			if len(li.Experts) == 0 {
 				continue
@@ -39,6 +42,9 @@ func (e *Engine) expertsCPU(ctx context.Context, b tensor.Backend, plan *paging.
 			for _, name := range li.Experts[0] {
 				for _, t := range li.Tensors {
 					if t.Name == name {
+						if !t.DType.IsFloat() {
+							t.DType, t.Bytes = tensor.F16, 2*t.Shape.NumElements()
+						}
 						one = append(one, t)
 					}
 				}

@@ -111,6 +111,7 @@ func TestBenchSyntheticRouting(t *testing.T) {
 	}{
 		{[]string{"-router-skew", "1.2", "-router-locality", "0.5"}, "experts [synthetic routing (skew 1.2, locality 0.5)]", false},
 		{[]string{"-router-skew", "0"}, "experts [synthetic routing (skew 0, locality 0)]", false},
+		{[]string{"-router-skew", "0", "-experts-cpu", "always"}, "experts on the CPU", false},
 		{[]string{"-router-skew", "1", "-router-locality", "1"}, "-router-skew: strata_synthetic_routing locality 1 must be in [0, 1)", true},
 	} {
 		var stdout bytes.Buffer

@@ -22,7 +22,8 @@
 // -router-locality P) runs a mixture of experts with synthetic routing of
 // that skew and locality in place of its own (as synth's flags write it),
 // so that one large file, a GGUF one above all, is measured under both
-// uniform and skewed routing. run-gpu.sh drives a whole
+// uniform and skewed routing; -experts-cpu (auto, never, always) says when
+// a missing expert is computed on the CPU instead of uploaded. run-gpu.sh drives a whole
 // comparison on a GPU machine. With -streams N a run also decodes N
 // requests at once through the engine's batcher and reports their
 // aggregate tok/s, the p50 and p99 of the inter-token latency and of the
@@ -65,7 +66,7 @@ func main() {
 
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut   string
-	prefill, hostLimit, kvCache, kvDType                  string
+	prefill, hostLimit, kvCache, kvDType, expertsCPU      string
 	decode, warmup, threads, chunk, streams, promptTokens int
 	kv                                                    tensor.DType // kvDType parsed
 	ceilings, graphs                                      bool
@@ -92,6 +93,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
+	fs.StringVar(&o.expertsCPU, "experts-cpu", "", "a mixture of experts: when a missing expert is computed on the CPU instead of uploaded: auto (the default), never or always")
 	fs.Float64Var(&o.routerSkew, "router-skew", 0, "a mixture of experts: route with synthetic routing of this Zipf skew (0 uniform) in place of the model's own routing")
 	fs.Float64Var(&o.routerLocality, "router-locality", 0, "with -router-skew: the chance a token keeps each expert of the previous token")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
@@ -132,6 +134,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	kvPlace, err := paging.ParseKVPlacement(o.kvCache)
 	if err != nil {
 		return fmt.Errorf("-kv-cache: %w", err)
+	}
+	if _, err := paging.ParseExpertCPUPolicy(o.expertsCPU); err != nil {
+		return fmt.Errorf("-experts-cpu: %v", strings.TrimPrefix(err.Error(), "paging: "))
 	}
 	kv, err := tensor.ParseCacheDType(o.kvDType)
 	if err != nil {
@@ -536,7 +541,7 @@ func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, kv paging.KVPlacement, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, ExpertsCPU: paging.ExpertCPUPolicy(o.expertsCPU), HostCache: hostCache, KVCache: kv, KVDType: o.kv}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}

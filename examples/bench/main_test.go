@@ -39,6 +39,7 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-kv-dtype", "int4"}, `-kv-dtype: unknown KV cache dtype "int4"`},
 		{[]string{"-router-locality", "0.5"}, "-router-locality needs -router-skew"},
 		{[]string{"-router-skew", "1"}, "-router-skew: the llama model"},
+		{[]string{"-experts-cpu", "sometimes"}, `-experts-cpu: unknown policy "sometimes"`},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer

@@ -292,7 +292,8 @@ func markdown(c *Ceilings, rows []Row) string {
 }
 
 // expertCell is a mixture of experts' experts in the table: the cache, its
-// hit rate, misses per token, prefetch accuracy, guesses right and the
+// hit rate, misses per token, prefetch accuracy, guesses right, the
+// experts computed on the CPU per token when there are any, and the
 // routing when synthetic.
 func expertCell(x *engine.ExpertReport) string {
 	if x == nil {
@@ -300,6 +301,9 @@ func expertCell(x *engine.ExpertReport) string {
 	}
 	s := fmt.Sprintf("%d of %d cached (%s): hit %.1f%%, %.2f misses/token, prefetch %.0f%%, guesses %.0f%%",
 		x.Slots, x.Experts, x.Policy, 100*x.HitRate, x.MissesPerToken, 100*x.PrefetchAccuracy, 100*x.GuessAccuracy)
+	if x.OnCPU > 0 {
+		s += fmt.Sprintf(", %.2f on the CPU/token", x.OnCPUPerToken)
+	}
 	if x.Routing != "router" {
 		s += ", " + x.Routing
 	}
