@@ -537,3 +537,59 @@ func TestExpertPolicies(t *testing.T) {
 		})
 	}
 }
+
+// TestBatchExpertGuesses: a batch whose experts are paged guesses, in its
+// decode steps (every row one sequence's token), the next sparse block's
+// experts from that block's router over every row, prefetches them and
+// counts the guesses (ExpertGuesses: at most the experts, right at most
+// the guessed); steps with prompt chunks guess nothing. The logits are
+// those of the batch on the resident model, bit for bit.
+func TestBatchExpertGuesses(t *testing.T) {
+	for _, name := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		t.Run(name, func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			cfg := lm.Config
+			seqs := func() []*batchSeq {
+				return []*batchSeq{
+					{prompt: expertPrompt[:5], steps: 6},
+					{prompt: expertPrompt[3:9], steps: 6},
+					{prompt: expertPrompt[6:], steps: 6},
+				}
+			}
+			run := func(m *Model) []*batchSeq {
+				b, err := m.NewBatch(BatchOptions{MaxPos: 16, MaxRows: expertChunk, BlockSize: 4, Blocks: 12})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer b.Close()
+				ss := seqs()
+				runBatch(t, b, ss, expertChunk)
+				return ss
+			}
+			res, _ := residentModel(t, lm, 1)
+			want := run(res)
+			r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, 2*cfg.MoE.ExpertsPerToken, false, paging.Options{})
+			got := run(r.m)
+			for i := range want {
+				for j := range want[i].logits {
+					sameLogits(t, fmt.Sprintf("sequence %d token %d", i, j), got[i].logits[j], want[i].logits[j])
+				}
+			}
+			guessed, right := r.m.ExpertGuesses()
+			// At most each of 6 all-decode steps guesses each sparse block
+			// after the first.
+			maxGuessed := int64(6 * (cfg.NumLayers - 1) * cfg.MoE.Experts)
+			t.Logf("guessed %d experts in batch decode steps, %d right", guessed, right)
+			if guessed == 0 || guessed > maxGuessed || right > guessed || right == 0 {
+				t.Errorf("guessed %d (at most %d), right %d", guessed, maxGuessed, right)
+			}
+			if st := r.pager.Stats(); st.ExpertPrefetches == 0 || st.ExpertsPinned != 0 {
+				t.Errorf("%d expert prefetches, %d pinned", st.ExpertPrefetches, st.ExpertsPinned)
+			}
+		})
+	}
+}

@@ -287,8 +287,11 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	}
 	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK, m.synth, i, pos0)
 	ew := m.pagedExperts(layer)
-	if ew != nil && s.batch == nil { // a batch's rows are several sequences': no guesses
+	switch {
+	case ew != nil && s.batch == nil:
 		s.scoreGuess(i, T, pos0, r.expert[(T-1)*k:T*k])
+	case ew != nil:
+		s.scoreBatchGuess(i)
 	}
 	if gateSh != nil {
 		if err := tensor.DownloadComputed(b, r.rawSh[:4*T], gateSh); err != nil {
@@ -327,7 +330,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			}
 		}
 		slots := max(ew.ExpertSlots(), 1)
-		guess := T == 1 && s.batch == nil
+		guess := T == 1 && s.batch == nil || s.batchDecode(T)
 		for g := 0; g < len(dev); g += slots {
 			group := dev[g:min(g+slots, len(dev))]
 			ws, err := ew.AcquireExperts(ctx, layer, group)
@@ -597,6 +600,9 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 	if !ew.PagesExperts(layer) || ew.ExpertSlots() >= m.shareExperts() {
 		return nil // no experts paged there, or every one stays cached
 	}
+	if s.batch != nil {
+		return s.guessNextBatch(ctx, ew, j)
+	}
 	g := s.guessState()
 	guess := g.next[j]
 	if m.synth != nil {
@@ -629,6 +635,91 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 	}
 	ew.PrefetchExperts(layer, g.prefetch)
 	return nil
+}
+
+// batchDecode reports whether the session runs a batch step of T rows
+// that are each one sequence's decode token (no prompt chunk among them):
+// the steps whose next sparse block's experts are guessed.
+func (s *Session) batchDecode(T int) bool {
+	return s.batch != nil && len(s.batch.seqs) == T && s.m.synth == nil
+}
+
+// batchGuess is a batch session's guess of a sparse block's experts in a
+// decode step: the union over its rows of each row's k best scores of the
+// block's router applied to the row's hidden state at the block before.
+type batchGuess struct {
+	raw   []byte  // [rows, experts] the router's scores, downloaded
+	rows  []int32 // scratch: a row's k best
+	set   [][]int // [block] the experts guessed, ascending; nil when none
+	valid []bool  // [block] guessed in this step, not yet scored
+}
+
+func (s *Session) batchGuessState() *batchGuess {
+	if s.batchGuess == nil {
+		c := &s.m.cfg
+		chunk := s.buffers.moe.rows.Shape()[0]
+		s.batchGuess = &batchGuess{raw: make([]byte, 4*chunk*c.MoE.Experts), rows: make([]int32, c.MoE.ExpertsPerToken),
+			set: make([][]int, c.NumLayers), valid: make([]bool, c.NumLayers)}
+	}
+	return s.batchGuess
+}
+
+// guessNextBatch guesses, in a batch decode step, the experts of sparse
+// block j from the next block's router over the T rows of h (each row's k
+// best, together) and prefetches them, as guessNext does for one sequence.
+func (s *Session) guessNextBatch(ctx context.Context, ew ExpertWeights, j int) error {
+	m, c := s.m, &s.m.cfg
+	b, mb, E, k := m.backend, s.buffers.moe, c.MoE.Experts, c.MoE.ExpertsPerToken
+	T := len(s.batch.seqs)
+	layer := m.blockLayer(j)
+	bg := s.batchGuessState()
+	err := func() error {
+		rw, err := ew.AcquireResident(ctx, layer)
+		if err != nil {
+			return err
+		}
+		defer m.weights.Release(layer) // released even if the backend panics
+		scores := mb.view(mb.scores, 0, T, E)
+		if err := s.matMul(scores, s.viewsFor(T).h, rw[m.names[layer][arch.Router]], nil); err != nil {
+			return err
+		}
+		return tensor.DownloadComputed(b, bg.raw[:4*T*E], scores)
+	}()
+	if err != nil {
+		return fmt.Errorf("block %d router: %w", j, err)
+	}
+	all := f32s(bg.raw[:4*T*E])
+	set := bg.set[j][:0]
+	for t := range T {
+		topK(all[t*E:(t+1)*E], bg.rows[:k])
+		for _, e := range bg.rows[:k] {
+			if !slices.Contains(set, int(e)) {
+				set = append(set, int(e))
+			}
+		}
+	}
+	slices.Sort(set)
+	bg.set[j], bg.valid[j] = set, true
+	ew.PrefetchExperts(layer, set)
+	return nil
+}
+
+// scoreBatchGuess counts, in a batch step, the experts guessed for block
+// i in this step and how many of them its rows chose.
+func (s *Session) scoreBatchGuess(i int) {
+	if s.batchGuess == nil || !s.batchGuess.valid[i] {
+		return
+	}
+	bg, r := s.batchGuess, &s.buffers.moe.r
+	bg.valid[i] = false
+	right := 0
+	for _, e := range bg.set[i] {
+		if r.count[e] > 0 {
+			right++
+		}
+	}
+	s.m.guessed.Add(int64(len(bg.set[i])))
+	s.m.guessRight.Add(int64(right))
 }
 
 // shareExperts is the number of routed experts in the model's share of
