@@ -93,6 +93,16 @@ func TestBenchExperts(t *testing.T) {
 	if row.Bound != "experts" || math.Abs(row.BoundTokS-want) > 1e-9*want || row.OfBound != r.DecodeTokS/row.BoundTokS {
 		t.Errorf("bound %s %v (of bound %v), want experts %v", row.Bound, row.BoundTokS, row.OfBound, want)
 	}
+	// Experts on the CPU bound the run when their weights take the CPU
+	// longer than the device path.
+	cpuRow := Row{Result: r}
+	xc := *x
+	xc.OnCPUPerToken, xc.OnCPU = 3, 3*decode
+	cpuRow.Experts = &xc
+	bounds(&cpuRow, &Ceilings{PinnedGBps: 50, DeviceGBps: 4000, CPUGBps: 1e-3})
+	if want := 1e-3 * 1e9 / (3 * float64(x.ExpertBytes)); math.Abs(cpuRow.BoundTokS-want) > 1e-9*want {
+		t.Errorf("bound with experts on a slow CPU %v, want %v", cpuRow.BoundTokS, want)
+	}
 	r.Experts = &engine.ExpertReport{Slots: 3, Experts: 9, Policy: "lru", Routing: "synthetic routing (skew 1.2, locality 0.5)"}
 	if md := markdown(nil, []Row{{Result: r}}); !strings.Contains(md, "3 of 9 cached (lru)") || !strings.Contains(md, "synthetic routing (skew 1.2") {
 		t.Errorf("table without the experts:\n%s", md)

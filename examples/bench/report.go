@@ -24,7 +24,8 @@ type Row struct {
 	// measured misses and the other weights' streaming move over the link
 	// (pinned GB/s), plus that of the bytes a token reads from device
 	// memory (device GB/s): the weights other than the experts and the
-	// experts it acquired.
+	// experts it acquired; or, when the CPU computes experts, the time of
+	// their weights at the CPU's GB/s if that is longer.
 	BoundTokS float64 `json:"bound_tok_s"`
 	Bound     string  `json:"bound"` // "stream", "cpu", "hybrid", "device" or "experts"
 	// CPUBoundTokS and HybridBoundTokS are the same run's bytes that are
@@ -132,7 +133,13 @@ func bounds(row *Row, c *Ceilings) {
 		if c != nil && c.PinnedGBps > 0 && c.DeviceGBps > 0 {
 			link := float64(r.StreamedBytes) + x.MissesPerToken*float64(x.ExpertBytes)
 			hbm := float64(r.WeightBytes-x.WeightBytes) + x.AcquiresPerToken*float64(x.ExpertBytes)
-			row.Bound, row.BoundTokS = "experts", 1/(link/(c.PinnedGBps*1e9)+hbm/(c.DeviceGBps*1e9))
+			t := link/(c.PinnedGBps*1e9) + hbm/(c.DeviceGBps*1e9)
+			if x.OnCPUPerToken > 0 && c.CPUGBps > 0 {
+				// The experts on the CPU run while the device computes
+				// the others: the slower of the two paths bounds.
+				t = max(t, x.OnCPUPerToken*float64(x.ExpertBytes)/(c.CPUGBps*1e9))
+			}
+			row.Bound, row.BoundTokS = "experts", 1/t
 			row.OfBound = r.DecodeTokS / row.BoundTokS
 		}
 		return
