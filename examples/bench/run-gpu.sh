@@ -20,6 +20,8 @@
 # shape given a context of 32,768 positions, an 8,000-token prompt at
 # 4 GiB and a 32,000-token one at 8 GiB, -kv-cache host and auto; needs
 # synth-7b).
+# EXPERTS_CPU (auto, never, always) is the MoE runs' -experts-cpu: when a
+# missing expert is computed on the CPU instead of uploaded (default auto).
 # MODELS is where the synthesised models go (16 GB, and the MoE ones'
 # sizes: a disk of 64 GB holds one of them at most).
 set -uo pipefail
@@ -144,7 +146,7 @@ fi
 if has mixtral; then
 	for m in mixtral-8x7b mixtral-8x7b-skewed; do
 		log strata $m
-		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 -out "$OUT/strata.jsonl" \
+		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 ${EXPERTS_CPU:+-experts-cpu $EXPERTS_CPU} -out "$OUT/strata.jsonl" \
 			-runs ${RUNS_MIXTRAL:-24GiB:balanced:explicit:lru,24GiB:balanced:explicit:lfu}
 	done
 fi
@@ -152,14 +154,14 @@ if has mixtral-q8; then
 	for routing in "0 0" "1.2 0.5"; do
 		set -- $routing
 		log strata mixtral-8x7b-q8_0 skew $1 locality $2
-		"$BIN/bench" -device cuda -model "$MODELS/mixtral-8x7b-q8_0.gguf" -name mixtral-8x7b-q8_0-skew$1 -decode "$DECODE" -prefill 128 \
+		"$BIN/bench" -device cuda -model "$MODELS/mixtral-8x7b-q8_0.gguf" -name mixtral-8x7b-q8_0-skew$1 -decode "$DECODE" -prefill 128 ${EXPERTS_CPU:+-experts-cpu $EXPERTS_CPU} \
 			-router-skew $1 -router-locality $2 -out "$OUT/strata.jsonl" -runs ${RUNS_MIXTRAL_Q8:-16GiB:balanced:explicit:lru,16GiB:balanced:explicit:lfu}
 	done
 fi
 if has qwen3moe; then
 	for m in qwen3-30b-a3b qwen3-30b-a3b-skewed; do
 		log strata $m
-		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 -out "$OUT/strata.jsonl" \
+		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 ${EXPERTS_CPU:+-experts-cpu $EXPERTS_CPU} -out "$OUT/strata.jsonl" \
 			-runs ${RUNS_QWEN3MOE:-8GiB:balanced:explicit:lru,8GiB:balanced:explicit:lfu}
 	done
 fi
