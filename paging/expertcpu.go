@@ -104,9 +104,10 @@ func (p *Pager) ExpertOnCPU(layer, expert, tokens int) bool {
 // the CPU to compute with (ExpertOnCPU), counting it in Stats.ExpertsOnCPU
 // and its tokens in ExpertCPUTokens. The tensors are its host copy when
 // the host cache holds one; else it is read from the source, into a host
-// copy the host cache keeps when it has room (as a load would), or into a
-// buffer of its own that release lets go. The host copy stays until the
-// pager closes. On error nothing is kept and nothing counted.
+// copy the host cache keeps when it has room (pinned where the device
+// has pinned memory, as a load would keep it), or into a buffer of its
+// own that release lets go. The host copy stays until the pager closes.
+// On error nothing is kept and nothing counted.
 func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[string]*tensor.Tensor, func(), error) {
 	es, err := p.expertEntries("compute on the CPU", layer, []int{expert})
 	if err != nil {
@@ -136,19 +137,32 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 		p.mu.Unlock()
 	}
 	var read int64
+	pinned := false
+	// drop gives back a buffer read here that the host cache does not keep.
+	drop := func() {
+		if !admitted {
+			return
+		}
+		_ = p.hostFree(buf, pinned)
+		p.mu.Lock()
+		p.hostUsed -= e.hostSize
+		p.mu.Unlock()
+	}
 	if buf == nil {
-		buf = make([]byte, e.hostSize)
+		if admitted {
+			// Pinned where the device has it, as a load would keep it: the
+			// expert may be uploaded from this copy later.
+			buf, pinned = p.hostAlloc(e.hostSize)
+		} else {
+			buf = make([]byte, e.hostSize)
+		}
 		for k, s := range e.specs {
 			err := ctx.Err()
 			if err == nil {
 				err = p.src.ReadTensor(ctx, e.layer, s.Name, buf[e.hostOffs[k]:e.hostOffs[k]+s.Bytes])
 			}
 			if err != nil {
-				p.mu.Lock()
-				if admitted {
-					p.hostUsed -= e.hostSize
-				}
-				p.mu.Unlock()
+				drop()
 				done()
 				return nil, nil, fail(fmt.Errorf("tensor %s: reading: %w", s.Name, err))
 			}
@@ -159,22 +173,28 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 	for k, s := range e.specs {
 		t, err := tensor.FromBytes(s.DType, s.Shape, buf[e.hostOffs[k]:e.hostOffs[k]+s.Bytes])
 		if err != nil {
-			if admitted {
-				p.mu.Lock()
-				p.hostUsed -= e.hostSize
-				p.mu.Unlock()
-			}
+			drop()
 			done()
 			return nil, nil, fail(err)
 		}
 		ts[s.Name] = t
 	}
 	p.mu.Lock()
+	release := func() {}
 	if admitted {
 		if e.host == nil {
-			e.host = buf // the host cache keeps it, unpinned
+			e.host, e.hostPinned = buf, pinned // the host cache keeps it
+			if pinned {
+				p.pinnedBytes += int64(len(buf))
+			}
 		} else {
-			p.hostUsed -= e.hostSize // another read kept its copy first
+			// Another read kept its copy first: this one goes once the
+			// caller is done with it.
+			p.hostUsed -= e.hostSize
+			if pinned {
+				b := buf
+				release = func() { _ = p.hostFree(b, true) }
+			}
 		}
 	}
 	p.st.BytesDiskToHost += read
@@ -183,5 +203,5 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 	p.st.ExpertCPUBytes += e.bytes
 	p.mu.Unlock()
 	done()
-	return ts, func() {}, nil
+	return ts, release, nil
 }
