@@ -81,7 +81,11 @@ type BatchOptions struct {
 	// beside the batcher: at least one sequence of the engine's context
 	// and at most MaxSequences of them. A pool that does not fit in the room left
 	// free is refused: it would take the place of the weights the plan
-	// keeps resident, and every step would load them again.
+	// keeps resident, and every step would load them again. The blocks
+	// whose KV cache Memory.KVCache places in host memory keep their part
+	// of the pool there: under a host memory limit within the room the
+	// plan set aside for the KV cache there (one context), else the
+	// default takes MaxSequences contexts' worth of host memory.
 	KVBlocks int
 }
 
@@ -179,14 +183,14 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 		// would not fit what they reserved.
 		return nil, fmt.Errorf("engine: the batcher's KV pool is F32 (tensor.AttentionBlocks reads F32 pools); a KV cache in %v is for sessions", dt)
 	}
-	if e.kv != nil && len(e.kv.HostBlocks) > 0 {
-		return nil, fmt.Errorf("engine: batcher: the KV cache placed %s (in host memory) is not supported with batching: keep it on the device", e.kv.Placement)
-	}
 	if o.BlockSize == 0 {
 		o.BlockSize = nn.DefaultBlockSize
 	}
 	if o.KVBlocks == 0 {
 		o.KVBlocks = e.defaultKVBlocks(o)
+	}
+	if err := e.hostPoolRoom(o); err != nil {
+		return nil, fmt.Errorf("engine: batcher: %w", err)
 	}
 	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks}
 	var nb *nn.Batch
@@ -239,10 +243,65 @@ func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 	room -= nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 	room -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + nn.ActivationBytes(e.cfg, e.chunk) + nn.RopeBytes(e.cfg, e.context)
 	n := perSeq * o.MaxSequences
-	if block := nn.KVCacheBytes(e.cfg, o.BlockSize, tensor.F32); room < int64(n)*block {
+	block := int64(0) // a block's bytes on the device that holds the most of it
+	for d := range e.devices {
+		block = max(block, e.devicePoolBytes(d, o.BlockSize))
+	}
+	if block > 0 && room < int64(n)*block {
 		n = int(max(room, 0) / block)
 	}
+	if hostBlock := e.hostPoolBytes(o.BlockSize); hostBlock > 0 && e.hostPoolLimited() {
+		n = min(n, int(e.kv.HostBytes/hostBlock))
+	}
 	return max(n, perSeq)
+}
+
+// hostPoolBytes is what positions of the batch's KV pool take in host
+// memory: the pool's share of the blocks whose cache Memory.KVCache
+// places there.
+func (e *Engine) hostPoolBytes(positions int) int64 {
+	if e.kv == nil || e.cfg.NumLayers == 0 {
+		return 0
+	}
+	return nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(len(e.kv.HostBlocks))
+}
+
+// hostPoolLimited reports whether the pool's host part is bounded by the
+// host memory limit: the room the plan set aside for the KV cache there
+// (the hybrid strategies' limit is their layers' and caches' together).
+func (e *Engine) hostPoolLimited() bool {
+	return e.kv != nil && len(e.kv.HostBlocks) > 0 && e.hybrid == nil && e.opts.Memory.HostCache > 0
+}
+
+// devicePoolBytes is what positions of the batch's KV pool take on device
+// d: the pool's share of its blocks whose cache is on the device (those in
+// host memory, Memory.KVCache, keep theirs there).
+func (e *Engine) devicePoolBytes(d, positions int) int64 {
+	p := e.devices[d].Placement
+	blocks := p.EndBlock - p.FirstBlock
+	if e.kv != nil {
+		for _, b := range e.kv.HostBlocks {
+			if b >= p.FirstBlock && b < p.EndBlock {
+				blocks--
+			}
+		}
+	}
+	return nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(blocks)
+}
+
+// hostPoolRoom checks the part of the batch's KV pool in host memory (the
+// blocks Memory.KVCache places there) against the host memory limit
+// (Memory.HostCache): it must fit in the room the plan set aside there for
+// the KV cache, the rest of the limit being the streamed layers'.
+func (e *Engine) hostPoolRoom(o BatchOptions) error {
+	if !e.hostPoolLimited() {
+		return nil
+	}
+	if need := e.hostPoolBytes(o.KVBlocks * o.BlockSize); need > e.kv.HostBytes {
+		return fmt.Errorf("%w: a KV pool of %d blocks of %d positions keeps %s in host memory, over the %s the plan set aside for the KV cache there under the host memory limit of %s (-host-memory-limit): ask for fewer blocks or raise the limit",
+			ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(need), paging.FormatSize(e.kv.HostBytes), paging.FormatSize(e.opts.Memory.HostCache))
+	}
+	return nil
 }
 
 // poolRoom checks, before anything is allocated, that the batch's KV pool
@@ -251,13 +310,20 @@ func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 func (e *Engine) poolRoom(o BatchOptions) error {
 	positions := o.KVBlocks * o.BlockSize
 	for d, b := range e.budgets {
-		p := e.devices[d].Placement
-		kv := nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(p.EndBlock-p.FirstBlock)
+		kv := e.devicePoolBytes(d, positions)
 		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
-		if room := freeRoom(b); need > room {
-			return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
-				ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), positions)
+		room := freeRoom(b)
+		if need <= room {
+			continue
 		}
+		advice := fmt.Sprintf("give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks", positions)
+		if e.kvPositions() >= positions && o.StepTokens > e.chunk {
+			// The plan kept room for the pool and for the buffers of a
+			// step of the engine's chunk: the batch's steps are larger.
+			advice = fmt.Sprintf("the plan kept room for the pool and for steps of %d rows (the engine's chunk): ask for at most that many rows a step (BatchOptions.StepTokens), not %d, or fewer blocks", e.chunk, o.StepTokens)
+		}
+		return fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) and the batch's buffers need %s on %s, the plan left %s free; %s",
+			ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), advice)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 func collect(t *testing.T, ch <-chan Token) ([]int32, Token) {
@@ -109,8 +111,11 @@ func budgetsUsed(e *Engine) []int64 {
 }
 
 // TestBatcherMatchesAlone: on every fixture and on one device, two, a
-// budget that streams the layers (or pages the experts) and the hybrid
-// strategy (the CPU's layers and the fake GPU's), requests of random
+// budget that streams the layers (or pages the experts) on one device and
+// on two, the hybrid strategy (the CPU's layers and the fake GPU's) with
+// F16 and Q8_0 weights, the KV cache in host memory (alone and with the
+// hybrid strategy), and both unified memory modes (weights in managed
+// memory), requests of random
 // prompt lengths and lengths, submitted in two waves so that some join
 // while others decode, with one cancelled mid-stream and one larger than
 // the KV pool, get the greedy ids each gets alone; the refused request is
@@ -122,10 +127,17 @@ func TestBatcherMatchesAlone(t *testing.T) {
 		name     string
 		fixture  string
 		devices  int
-		hybrid   bool
+		gpu      bool // a fake GPU (pinned host memory), with the hybrid's rates
+		managed  bool // the device is a managedCPU, for the unified modes
+		quant    quant.Type
+		mode     paging.MemoryMode
 		strategy paging.Strategy
+		kvCache  paging.KVPlacement
 		budget   func(t *testing.T, lm *loader.Model) int64
 		kvBlocks int // 0: the default, one context's worth
+		// kvPositions is Options.KVPositions: the room the plans keep for
+		// the pool.
+		kvPositions int
 	}
 	const ctxLen, block = 32, 4
 	var configs []config
@@ -140,28 +152,72 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			budget: func(t *testing.T, lm *loader.Model) int64 {
 				return expertBudget(t, lm, ctxLen, 8, lm.Config.MoE.ExpertsPerToken+2)
 			}},
-		config{name: "hybrid", fixture: fixtures.TinyLlamaF16Sharded, hybrid: true, strategy: paging.StrategyHybrid,
+		config{name: "hybrid", fixture: fixtures.TinyLlamaF16Sharded, gpu: true, strategy: paging.StrategyHybrid,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+		config{name: "hybrid Q8_0", fixture: fixtures.TinyLlamaF16Sharded, quant: quant.Q8_0, gpu: true, strategy: paging.StrategyHybrid,
+			budget: func(*testing.T, *loader.Model) int64 { return 200 << 10 }},
+		config{name: "two devices streamed", fixture: fixtures.TinyLlamaF16Sharded, devices: 2, strategy: paging.StrategyBalanced, kvBlocks: 6, kvPositions: 2 * ctxLen,
+			budget: func(*testing.T, *loader.Model) int64 { return 200 << 10 }},
+		config{name: "host KV", fixture: fixtures.TinyQwen3F16, gpu: true, kvCache: paging.KVHost,
+			budget: func(*testing.T, *loader.Model) int64 { return 8 << 20 }},
+		config{name: "hybrid host KV", fixture: fixtures.TinyLlamaF16Sharded, gpu: true, strategy: paging.StrategyHybrid, kvCache: paging.KVHost,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+		config{name: "unified", fixture: fixtures.TinyLlamaF16Sharded, managed: true, mode: paging.ModeUnified,
+			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
+		config{name: "unified-noprefetch", fixture: fixtures.TinyQwen3F16, managed: true, mode: paging.ModeUnifiedNoPrefetch,
 			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
 	)
 	for _, tc := range configs {
 		t.Run(tc.name+"/"+tc.fixture, func(t *testing.T) {
 			lm := openFixture(t, tc.fixture)
-			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, Memory: Memory{Strategy: tc.strategy}}
-			if tc.hybrid {
+			if tc.quant != 0 {
+				lm = openGGUF(t, tc.fixture, tc.quant)
+			}
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions, Memory: Memory{Strategy: tc.strategy, Mode: tc.mode, KVCache: tc.kvCache}}
+			var managed *managedCPU
+			switch {
+			case tc.gpu:
 				gpu := newFakeGPU()
 				defer gpu.Close()
 				o.Backends, o.TwinMinTokens, o.Rates = []tensor.Backend{gpu}, 4, &testRates
+			case tc.managed:
+				managed = &managedCPU{CPU: tensor.NewCPU(1)}
+				o.Backends = []tensor.Backend{managed}
 			}
 			if tc.budget != nil {
-				o.Memory.Budgets = []int64{tc.budget(t, lm)}
+				for range o.Backends {
+					o.Memory.Budgets = append(o.Memory.Budgets, tc.budget(t, lm))
+				}
 			}
 			e, err := Open(context.Background(), lm, o)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer e.Close()
-			if tc.hybrid && (e.Hybrid() == nil || len(e.Hybrid().Plan.CPULayers) == 0) {
+			if tc.strategy == paging.StrategyHybrid && (e.Hybrid() == nil || len(e.Hybrid().Plan.CPULayers) == 0) {
 				t.Fatalf("no layer on the CPU under the hybrid strategy")
+			}
+			if tc.kvCache == paging.KVHost && len(e.KV().HostBlocks) == 0 {
+				t.Fatal("no block's KV cache in host memory")
+			}
+			if tc.mode != "" && (e.Mode() != tc.mode || managed.allocs == 0) {
+				t.Fatalf("mode %s with %d managed allocations, want %s", e.Mode(), managed.allocs, tc.mode)
+			}
+			if tc.quant != 0 {
+				n := 0
+				for _, ti := range lm.Tensors() {
+					if ti.DType.String() == tc.quant.String() {
+						n++
+					}
+				}
+				if n < lm.Config.NumLayers {
+					t.Fatalf("%d tensors of the model are %v", n, tc.quant)
+				}
+			}
+			for d, dev := range e.Devices() {
+				if tc.strategy == paging.StrategyBalanced && len(dev.Plan.StreamedLayers) == 0 {
+					t.Fatalf("device %d streams nothing under its budget", d)
+				}
 			}
 			before := budgetsUsed(e)
 			b, err := e.NewBatcher(BatchOptions{MaxSequences: 4, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
@@ -292,11 +348,15 @@ func TestBatcherStreamsOncePerStep(t *testing.T) {
 		name        string
 		kvPositions int // Options.KVPositions
 		kvBlocks    int // BatchOptions.KVBlocks
+		stepTokens  int // BatchOptions.StepTokens, 0 for 8 (the engine's chunk)
 		wantErr     error
-		wantBlocks  int // the pool's blocks, at least
+		wantText    string // in the error
+		wantBlocks  int    // the pool's blocks, at least
 	}{
 		{name: "pool planned", kvPositions: seqs * 16, kvBlocks: seqs * 16 / block, wantBlocks: seqs * 16 / block},
-		{name: "pool beyond the plan", kvBlocks: seqs * 16 / block, wantErr: ErrKVRoom},
+		{name: "pool beyond the plan", kvBlocks: seqs * 16 / block, wantErr: ErrKVRoom, wantText: "give the engine Options.KVPositions 64"},
+		{name: "pool planned, steps beyond the chunk", kvPositions: seqs * 16, kvBlocks: seqs * 16 / block, stepTokens: 256, wantErr: ErrKVRoom,
+			wantText: "the plan kept room for the pool and for steps of 8 rows (the engine's chunk): ask for at most that many rows a step (BatchOptions.StepTokens), not 256"},
 		{name: "default pool, planned", kvPositions: seqs*16 + 2*ctxLen, wantBlocks: ctxLen/block + 4},
 		{name: "default pool", wantBlocks: ctxLen / block},
 	} {
@@ -340,9 +400,9 @@ func TestBatcherStreamsOncePerStep(t *testing.T) {
 			}
 			before := budgetsUsed(e)
 			resident := e.budgets[0].UsedBy(paging.ResidentWeights)
-			b, err := e.NewBatcher(BatchOptions{MaxSequences: seqs, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
+			b, err := e.NewBatcher(BatchOptions{MaxSequences: seqs, StepTokens: cmp.Or(tc.stepTokens, 8), BlockSize: block, KVBlocks: tc.kvBlocks})
 			if tc.wantErr != nil {
-				if !errors.Is(err, tc.wantErr) {
+				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantText) {
 					t.Fatalf("a pool of %d blocks of %d positions in a plan for one context of %d: %v, want %v", tc.kvBlocks, block, ctxLen, err, tc.wantErr)
 				}
 				t.Log(err)
@@ -399,35 +459,120 @@ func TestBatcherStreamsOncePerStep(t *testing.T) {
 	}
 }
 
-// TestBatcherRefusesHostKV: the batch's KV pool lives on the devices, so
-// an engine whose KV cache is placed in host memory (-kv-cache host, and
-// the hybrid strategy with it) refuses a batcher with an error naming the
-// placement, and its budget is as it was.
-func TestBatcherRefusesHostKV(t *testing.T) {
+// TestBatcherHostKV: with the KV cache in host memory (-kv-cache host,
+// alone and with the hybrid strategy) the batch's pool keeps those
+// blocks' part in host memory, charged to no device budget, and their
+// attention runs on the CPU at every step (the engine's KV counters
+// count it); the greedy ids are a session's alone; after Close the
+// budgets are as before. Under a host memory limit a pool larger than the
+// room the plan set aside for the KV cache there is refused with
+// ErrKVRoom naming the limit, a pool within it is made, and the default
+// pool is what fits there (one context), else MaxSequences contexts.
+func TestBatcherHostKV(t *testing.T) {
 	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
-	for _, m := range []Memory{
-		{KVCache: paging.KVHost, Budgets: []int64{8 << 20}},
-		{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, Budgets: []int64{400 << 10}},
+	const ctxLen, block = 32, 4
+	hostKV := nn.KVCacheBytes(lm.Config, ctxLen, tensor.F32)
+	for _, tc := range []struct {
+		name       string
+		mem        Memory
+		kvBlocks   int
+		wantErr    error
+		wantBlocks int // the default pool's blocks (KVBlocks 0)
+	}{
+		{name: "host", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}}},
+		{name: "hybrid", mem: Memory{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, Budgets: []int64{400 << 10}}},
+		{name: "host limit, pool within", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}, HostCache: hostKV + 64<<10}, kvBlocks: ctxLen / block},
+		{name: "host limit, default pool", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}, HostCache: hostKV + 64<<10}, wantBlocks: ctxLen / block},
+		{name: "host, default pool", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}}, wantBlocks: 3 * ctxLen / block},
+		{name: "host limit, pool over", mem: Memory{KVCache: paging.KVHost, Budgets: []int64{8 << 20}, HostCache: hostKV + 64<<10}, kvBlocks: 2 * ctxLen / block, wantErr: ErrKVRoom},
 	} {
-		t.Run(string(m.Strategy), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			gpu := newFakeGPU()
 			defer gpu.Close()
-			e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: 32, Chunk: 8, Rates: &testRates, Memory: m})
+			e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: 8, Rates: &testRates, Memory: tc.mem})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer e.Close()
-			before := budgetsUsed(e)
-			b, err := e.NewBatcher(BatchOptions{})
-			if err == nil {
-				b.Close(context.Background())
-				t.Fatal("a batcher over a KV cache in host memory was made")
+			if len(e.KV().HostBlocks) == 0 {
+				t.Fatal("no block's KV cache in host memory")
 			}
-			if !strings.Contains(err.Error(), "host") {
-				t.Errorf("error %q does not name the host placement", err)
+			prompts := [][]int32{{1, 5, 9}, {1, 200, 3, 77, 12, 8, 40, 2, 6}, {7}, {3, 4, 5, 6, 7}}
+			const steps = 5
+			want := make([][]int32, len(prompts))
+			for i, p := range prompts {
+				s, err := e.NewSession()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, l := range decode(t, s, p, steps) {
+					want[i] = append(want[i], int32(nn.Argmax(l)))
+				}
+				s.Close()
+			}
+			before := budgetsUsed(e)
+			kv0 := e.budgets[0].UsedBy(paging.KVCache)
+			b, err := e.NewBatcher(BatchOptions{MaxSequences: 3, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), "host memory limit") {
+					t.Fatalf("a pool of %d blocks of %d positions over the host memory limit: %v, want %v naming the limit", tc.kvBlocks, block, err, tc.wantErr)
+				}
+				t.Log(err)
+				if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
+					t.Errorf("budget at %v after the refusal, %v before", after, before)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := b.Stats().KVBlocks; tc.wantBlocks > 0 && n != tc.wantBlocks {
+				t.Errorf("the default pool has %d blocks, want %d", n, tc.wantBlocks)
+			}
+			if kv := e.budgets[0].UsedBy(paging.KVCache); kv != kv0 {
+				t.Errorf("the pool charged %d bytes of KV cache to the device budget: every block's is in host memory", kv-kv0)
+			}
+			st0 := e.KV().KVStats
+			got := make([][]int32, len(prompts))
+			ends := make([]Token, len(prompts))
+			var wg sync.WaitGroup
+			for i, p := range prompts {
+				ch, err := b.Submit(context.Background(), Request{Prompt: p, MaxTokens: steps + 1, IgnoreEOS: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Add(1)
+				go func() { defer wg.Done(); got[i], ends[i] = collect(t, ch) }()
+			}
+			wg.Wait()
+			for i := range prompts {
+				if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) || ends[i].Err != nil {
+					t.Errorf("request %d: %v (end %+v), alone %v", i, got[i], ends[i], want[i])
+				}
+			}
+			bs, st1 := b.Stats(), e.KV().KVStats
+			gpuBlocks := lm.Config.NumLayers
+			if h := e.Hybrid(); h != nil {
+				for _, l := range h.Plan.CPULayers { // the CPU's blocks attend in their own stage
+					if b := l - lm.Config.BlockLayer(0); b >= 0 && b < lm.Config.NumLayers {
+						gpuBlocks--
+					}
+				}
+			}
+			calls := st1.CPUAttentions - st0.CPUAttentions
+			t.Logf("%d steps of mean batch %.2f: %d CPU attentions over the host pool (%v), %d bytes down", bs.Steps, float64(bs.BatchSizeSum)/float64(bs.Steps),
+				calls, st1.CPUAttention-st0.CPUAttention, st1.DownloadBytes-st0.DownloadBytes)
+			if bs.BatchSizeSum <= bs.Steps {
+				t.Errorf("no step ran more than one sequence: %+v", bs)
+			}
+			if calls != bs.Steps*int64(gpuBlocks) {
+				t.Errorf("%d CPU attentions in %d steps, want one for each of the %d blocks the device computes, at every step", calls, bs.Steps, gpuBlocks)
+			}
+			if err := b.Close(context.Background()); err != nil {
+				t.Fatal(err)
 			}
 			if after := budgetsUsed(e); fmt.Sprint(after) != fmt.Sprint(before) {
-				t.Errorf("budget at %v after the refusal, %v before", after, before)
+				t.Errorf("budgets at %v after the batcher, %v before", after, before)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 	"unsafe"
 
 	"github.com/strata-llm/strata/arch"
@@ -130,13 +131,25 @@ func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOpt
 			bf.logits = al.alloc(paging.Activations, o.MaxRows, c.VocabSize)
 		}
 		s := &Session{m: m, maxPos: o.MaxPos, chunk: o.MaxRows, buffers: bf, batch: &b.step}
-		for range m.hi - m.lo {
-			s.k = append(s.k, al.alloc(paging.KVCache, rows, c.KVDim()))
-			s.v = append(s.v, al.alloc(paging.KVCache, rows, c.KVDim()))
+		host := batchHostKV(s, o.MaxRows)
+		if host != nil {
+			b.shared = append(b.shared, host)
+		}
+		for j := range m.hi - m.lo {
+			pool := al
+			if s.hkv != nil && s.hkv.onHost[j] {
+				pool = host
+			}
+			s.k = append(s.k, pool.alloc(paging.KVCache, rows, c.KVDim()))
+			s.v = append(s.v, pool.alloc(paging.KVCache, rows, c.KVDim()))
 		}
 		if al.err != nil {
 			b.Close()
 			return nil, fmt.Errorf("nn: batch KV pool of %d blocks of %d positions on %s: %w", o.Blocks, o.BlockSize, m.backend.Name(), al.err)
+		}
+		if host != nil && host.err != nil {
+			b.Close()
+			return nil, fmt.Errorf("nn: batch KV pool of %d blocks of %d positions in host memory: %w", o.Blocks, o.BlockSize, host.err)
 		}
 		b.stages = append(b.stages, s)
 	}
@@ -306,10 +319,37 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	return out, nil
 }
 
+// batchHostKV prepares a batch session of a model whose blocks' KV cache
+// is partly in host memory (SetHostKV): the blocks there (s.hkv.onHost)
+// keep their part of the pool in host memory too, and their attention
+// runs on HostKV.CPU over it, every step, whatever its rows (the device
+// scratch of a session's prefill is not used). It returns the allocator
+// of the host side, which has allocated the CPU's buffers for maxRows
+// rows (its error is the caller's to check), or nil without host blocks.
+func batchHostKV(s *Session, maxRows int) *allocator {
+	m, c := s.m, &s.m.cfg
+	h := m.hostKV
+	if h == nil {
+		return nil
+	}
+	host := &allocator{a: h.Alloc}
+	hs := &hostKVSession{cfg: h, onHost: make([]bool, m.hi-m.lo)}
+	for _, blk := range h.Blocks {
+		hs.onHost[blk-m.lo] = true
+	}
+	hs.q = host.alloc(paging.Activations, maxRows, c.QDim())
+	hs.attn = host.alloc(paging.Activations, maxRows, c.QDim())
+	hs.k = host.alloc(paging.Activations, maxRows, c.KVDim())
+	hs.v = host.alloc(paging.Activations, maxRows, c.KVDim())
+	s.hkv = hs
+	return host
+}
+
 // attention ropes the step's rows of q and kk, each sequence's at its
 // positions, writes their keys and values into the pools kc and vc and
-// computes attention over them into attn.
-func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc, vc *tensor.Tensor, scale float32) error {
+// computes attention over them into attn. A block whose pool is in host
+// memory (onHost) sends the rows down and attends on the host's CPU.
+func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc, vc *tensor.Tensor, scale float32, onHost bool) error {
 	c := &s.m.cfg
 	row := 0
 	for _, sq := range st.seqs {
@@ -331,8 +371,31 @@ func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc
 		}
 		row += sq.Rows
 	}
-	return b.AttentionBlocks(attn, tensor.AttnBlocks{Q: q, K: kk, V: vv, KPool: kc, VPool: vc, Seqs: st.seqs,
-		Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, BlockSize: st.bs, Scale: scale})
+	ab := tensor.AttnBlocks{Q: q, K: kk, V: vv, KPool: kc, VPool: vc, Seqs: st.seqs,
+		Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, BlockSize: st.bs, Scale: scale}
+	if !onHost {
+		return b.AttentionBlocks(attn, ab)
+	}
+	hs, T := s.hkv, row
+	ab.Q, ab.K, ab.V = rows(hs.q, T), rows(hs.k, T), rows(hs.v, T)
+	for _, p := range [][2]*tensor.Tensor{{ab.Q, q}, {ab.K, kk}, {ab.V, vv}} {
+		if err := s.fetch(p[0].Bytes(), p[1]); err != nil {
+			return fmt.Errorf("nn: batch rows to host memory: %w", err)
+		}
+		s.m.kv.down.Add(p[0].NumBytes())
+	}
+	out := rows(hs.attn, T)
+	t0 := time.Now()
+	err := hs.cfg.CPU.AttentionBlocks(out, ab)
+	s.m.kv.cpuNanos.Add(int64(time.Since(t0)))
+	s.m.kv.cpuCalls.Add(1)
+	if err != nil {
+		return fmt.Errorf("nn: batch attention on %s: %w", hs.cfg.CPU.Name(), err)
+	}
+	if err := b.Upload(attn, 0, out.Bytes()); err != nil {
+		return fmt.Errorf("nn: batch attention output to %s: %w", b.Name(), err)
+	}
+	return nil
 }
 
 // batchHead applies the final norm to the first T rows of x and the LM

@@ -54,10 +54,12 @@ type batchSeq struct {
 
 // runBatch runs the sequences through b with rows tokens a step at most:
 // each step the decode rows first, then prompt chunks up to the budget,
-// sequences joining at their step and leaving when done.
-func runBatch(t *testing.T, b *Batch, seqs []*batchSeq, rows int) {
+// sequences joining at their step and leaving when done. It returns the
+// steps it ran.
+func runBatch(t *testing.T, b *Batch, seqs []*batchSeq, rows int) int {
 	t.Helper()
 	ctx := context.Background()
+	ran := 0
 	for step := 0; ; step++ {
 		var works []Work
 		var owners []*batchSeq
@@ -86,8 +88,9 @@ func runBatch(t *testing.T, b *Batch, seqs []*batchSeq, rows int) {
 			}
 		}
 		if left == 0 {
-			return
+			return ran
 		}
+		ran++
 		out, err := b.Step(ctx, works)
 		if err != nil {
 			t.Fatal(err)

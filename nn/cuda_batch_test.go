@@ -7,6 +7,8 @@ import (
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // TestCUDABatch runs the batch test's mix of sequences (random prompt
@@ -95,4 +97,96 @@ func margin(l []float32) float64 {
 		}
 	}
 	return float64(a - b)
+}
+
+// TestCUDABatchHostKV runs the batch test's mix of sequences on the GPU
+// with the pool of blocks 0 and 2 in host memory (SetHostKV: their rows go
+// down each step and the CPU attends over them) beside the same mix with
+// the whole pool on the GPU: logits within 1e-2 (the CPU's attention
+// rounds otherwise than the GPU's), the same greedy ids where the margin
+// between the two best exceeds 5e-2, and two CPU attentions a step. It
+// logs the differences, the CPU's time and the bytes sent down. Skips
+// without a CUDA device.
+func TestCUDABatchHostKV(t *testing.T) {
+	b := openCUDA(t)
+	ctx := context.Background()
+	cpu := tensor.NewCPU(4)
+	defer cpu.Close()
+	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16} {
+		t.Run(name, func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			hw, err := LoadWeights(ctx, lm, b, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hw.Close()
+			dm, err := New(lm.Config, b, nil, hw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hm, err := New(lm.Config, b, nil, hw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hostA := &countingAlloc{b: cpu, bytes: map[paging.Category]int64{}}
+			if err := hm.SetHostKV(HostKV{Blocks: []int{0, 2}, CPU: cpu, Alloc: hostA}); err != nil {
+				t.Fatal(err)
+			}
+			mix := func() []*batchSeq {
+				r := rand.New(rand.NewPCG(11, uint64(len(name))))
+				var seqs []*batchSeq
+				for i := range 9 {
+					p := make([]int32, 1+r.IntN(40))
+					for j := range p {
+						p[j] = int32(r.IntN(lm.Config.VocabSize))
+					}
+					seqs = append(seqs, &batchSeq{prompt: p, join: r.IntN(6) * i % 9, steps: 1 + r.IntN(8)})
+				}
+				return seqs
+			}
+			run := func(m *Model, seqs []*batchSeq) int {
+				bt, err := m.NewBatch(BatchOptions{MaxPos: 64, MaxRows: 12, BlockSize: 16, Blocks: 48})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer bt.Close()
+				return runBatch(t, bt, seqs, 12)
+			}
+			dev, host := mix(), mix()
+			run(dm, dev)
+			st0 := hm.KVStats()
+			steps := run(hm, host)
+			st := hm.KVStats()
+			if hostA.live != 0 {
+				t.Errorf("%d host tensors live after the batch closed", hostA.live)
+			}
+			worst := 0.0
+			for i, s := range host {
+				for j := range s.logits {
+					d := maxAbsDiff(s.logits[j], dev[i].logits[j])
+					worst = max(worst, d)
+					if d > 1e-2 {
+						t.Errorf("sequence %d token %d: logits %g from the pool on the GPU", i, j, d)
+					}
+					g, w := Argmax(s.logits[j]), Argmax(dev[i].logits[j])
+					if g != w && margin(dev[i].logits[j]) > 5e-2 {
+						t.Errorf("sequence %d token %d: greedy id %d with the host pool, %d on the GPU (margin %g)", i, j, g, w, margin(dev[i].logits[j]))
+					}
+					if g != w {
+						break // the sequences went different ways (a near tie): the rest differ
+					}
+				}
+			}
+			calls := st.CPUAttentions - st0.CPUAttentions
+			t.Logf("%s: %d steps, logits at most %.3g from the pool on the GPU; %d CPU attentions (%v), %d bytes down",
+				name, steps, worst, calls, st.CPUAttention-st0.CPUAttention, st.DownloadBytes-st0.DownloadBytes)
+			if calls != int64(2*steps) {
+				t.Errorf("%d CPU attentions in %d steps, want two a step", calls, steps)
+			}
+		})
+	}
 }

@@ -119,6 +119,9 @@ type hostKVSession struct {
 	onHost  []bool           // per block of the model's range
 	owned   []*tensor.Tensor // from cfg.Alloc
 	q, attn *tensor.Tensor   // [chunk, QDim] in host memory
+	// k and v [rows, KVDim] in host memory take a batch step's new keys
+	// and values down (a session's go straight into its cache).
+	k, v *tensor.Tensor
 	// scratch are the alternating device pairs (keys, values) a prefill
 	// chunk attends over; turn counts the host blocks of the chunk so far.
 	scratch [][2]*tensor.Tensor

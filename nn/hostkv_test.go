@@ -3,6 +3,8 @@ package nn
 import (
 	"context"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -421,5 +423,73 @@ func TestHostKVDType(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestBatchHostKV: a batch over a model whose blocks 0 and 2 keep their
+// KV cache in host memory keeps those blocks' part of the pool there (the
+// host allocator's KV bytes are theirs, the device's the other blocks')
+// and attends on the CPU over it in every step, prompt chunks and decode
+// rows alike; the logits are bit-identical to the same batch with every
+// block's pool on the device, and Close frees both sides.
+func TestBatchHostKV(t *testing.T) {
+	r := newHostKVRig(t)
+	cfg := r.lm.Config
+	const maxPos, rows, bs, blocks = 32, 9, 4, 24
+	mkSeqs := func() []*batchSeq {
+		rng := rand.New(rand.NewPCG(5, 7))
+		var seqs []*batchSeq
+		for i := range 5 {
+			p := make([]int32, 1+rng.IntN(14))
+			for j := range p {
+				p[j] = int32(rng.IntN(cfg.VocabSize))
+			}
+			seqs = append(seqs, &batchSeq{prompt: p, join: i % 3, steps: 2 + rng.IntN(4)})
+		}
+		return seqs
+	}
+	ref, err := New(r.lm.Config, r.dev, r.devA, r.w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mkSeqs()
+	rb, err := ref.NewBatch(BatchOptions{MaxPos: maxPos, MaxRows: rows, BlockSize: bs, Blocks: blocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runBatch(t, rb, want, rows)
+	rb.Close()
+
+	m := r.model(t, []int{0, 2}, 4, r.cpu)
+	dev0, host0 := r.devA.bytes[paging.KVCache], r.cpA.bytes[paging.KVCache]
+	devLive, hostLive := r.devA.live, r.cpA.live
+	b, err := m.NewBatch(BatchOptions{MaxPos: maxPos, MaxRows: rows, BlockSize: bs, Blocks: blocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	perBlock := int64(2 * 4 * blocks * bs * cfg.KVDim()) // keys and values, F32
+	if dev, host := r.devA.bytes[paging.KVCache]-dev0, r.cpA.bytes[paging.KVCache]-host0; dev != int64(cfg.NumLayers-2)*perBlock || host != 2*perBlock {
+		t.Errorf("the pool took %d bytes on the device and %d in host memory, want %d and %d", dev, host, int64(cfg.NumLayers-2)*perBlock, 2*perBlock)
+	}
+	st0 := m.KVStats()
+	got := mkSeqs()
+	steps := runBatch(t, b, got, rows)
+	for i := range want {
+		for j := range want[i].logits {
+			for k, v := range want[i].logits[j] {
+				if math.Float32bits(v) != math.Float32bits(got[i].logits[j][k]) {
+					t.Fatalf("sequence %d token %d logit %d: %v with blocks 0 and 2 in host memory, %v on the device", i, j, k, got[i].logits[j][k], v)
+				}
+			}
+		}
+	}
+	st := m.KVStats()
+	t.Logf("%d CPU attentions over the host pool (%v), %d bytes down", st.CPUAttentions-st0.CPUAttentions, st.CPUAttention-st0.CPUAttention, st.DownloadBytes-st0.DownloadBytes)
+	if calls := st.CPUAttentions - st0.CPUAttentions; calls != int64(2*steps) || steps == 0 {
+		t.Errorf("%d CPU attentions in %d steps, want two a step (blocks 0 and 2)", calls, steps)
+	}
+	b.Close()
+	if r.devA.live != devLive || r.cpA.live != hostLive {
+		t.Errorf("after Close %d tensors live on the device (%d before), %d in host memory (%d before)", r.devA.live, devLive, r.cpA.live, hostLive)
 	}
 }

@@ -665,7 +665,8 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 	switch {
 	case s.batch != nil:
 		kc, vc := s.k[i-s.m.lo], s.v[i-s.m.lo]
-		if err := s.batch.attention(b, s, attn, q, kk, vv, kc, vc, scale); err != nil {
+		onHost := s.hkv != nil && s.hkv.onHost[i-s.m.lo]
+		if err := s.batch.attention(b, s, attn, q, kk, vv, kc, vc, scale, onHost); err != nil {
 			return err
 		}
 	case s.hkv == nil || !s.hkv.onHost[i-s.m.lo]:

@@ -137,23 +137,36 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 		p.mu.Unlock()
 	}
 	var read int64
-	pinned := false
-	// drop gives back a buffer read here that the host cache does not keep.
+	pinned, fromArena := false, false
+	// drop gives back a buffer read here that the host cache does not
+	// keep (an arena's piece stays with the arena until Close).
 	drop := func() {
 		if !admitted {
 			return
 		}
-		_ = p.hostFree(buf, pinned)
+		if !fromArena {
+			_ = p.hostFree(buf, pinned)
+		}
 		p.mu.Lock()
 		p.hostUsed -= e.hostSize
 		p.mu.Unlock()
 	}
 	if buf == nil {
-		if admitted {
+		switch {
+		case admitted:
 			// Pinned where the device has it, as a load would keep it: the
 			// expert may be uploaded from this copy later.
-			buf, pinned = p.hostAlloc(e.hostSize)
-		} else {
+			if b, grown := p.ex.arena.alloc(e.hostSize); b != nil {
+				buf, pinned, fromArena = b, true, true
+				if grown > 0 {
+					p.mu.Lock()
+					p.pinnedBytes += grown
+					p.mu.Unlock()
+				}
+			} else {
+				buf, pinned = p.hostAlloc(e.hostSize)
+			}
+		default:
 			buf = make([]byte, e.hostSize)
 		}
 		for k, s := range e.specs {
@@ -183,15 +196,15 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 	release := func() {}
 	if admitted {
 		if e.host == nil {
-			e.host, e.hostPinned = buf, pinned // the host cache keeps it
-			if pinned {
+			e.host, e.hostPinned, e.hostArena = buf, pinned, fromArena // the host cache keeps it
+			if pinned && !fromArena {
 				p.pinnedBytes += int64(len(buf))
 			}
 		} else {
 			// Another read kept its copy first: this one goes once the
 			// caller is done with it.
 			p.hostUsed -= e.hostSize
-			if pinned {
+			if pinned && !fromArena {
 				b := buf
 				release = func() { _ = p.hostFree(b, true) }
 			}

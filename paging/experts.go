@@ -118,6 +118,9 @@ type expertCache struct {
 	cur    int
 	visits []uint64
 	steps  expertSteps
+	// arena pins the host copies in large chunks, nil without pinned
+	// memory.
+	arena *pinnedArena
 }
 
 // expertPrefetchLoads bounds the prefetches of experts under way at once.
@@ -142,6 +145,7 @@ type expertEntry struct {
 	t            []*tensor.Tensor // views into the slot, when loaded
 	ready        []func() error   // waits of asynchronous uploads into t
 	host         []byte           // the host copy, or nil
+	hostArena    bool             // host is a piece of the cache's pinnedArena
 	hostPinned   bool
 
 	lastUse uint64  // the budget's stamp of the last acquire or release
@@ -228,6 +232,9 @@ func (p *Pager) newExpertCache(experts [][][]string, opts Options) error {
 	x.visits = make([]uint64, len(p.layers))
 	x.cur = len(x.layers) // the first acquire starts a pass
 	x.pf.SetLimit(expertPrefetchLoads)
+	if p.pinned != nil && p.hostCap > 0 {
+		x.arena = newPinnedArena(p.pinned, p.hostCap)
+	}
 	if n := int64(len(x.slots)) * x.slotBytes; n > 0 {
 		slab, err := p.bg.alloc(StreamedWeights, tensor.F32, tensor.Shape{int(n / 4)}, -1, mayEvict)
 		if err != nil {
@@ -715,9 +722,18 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 		p.st.HostCacheMisses++
 	}
 	p.mu.Unlock()
-	pinned := false
+	pinned, fromArena := false, false
 	if admitted {
-		buf, pinned = p.hostAlloc(e.hostSize)
+		if b, grown := x.arena.alloc(e.hostSize); b != nil {
+			buf, pinned, fromArena = b, true, true
+			if grown > 0 {
+				p.mu.Lock()
+				p.pinnedBytes += grown
+				p.mu.Unlock()
+			}
+		} else {
+			buf, pinned = p.hostAlloc(e.hostSize)
+		}
 	}
 	defer func() {
 		if err == nil || !admitted {
@@ -727,7 +743,9 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 			_ = r()
 		}
 		ready = nil
-		_ = p.hostFree(buf, pinned)
+		if !fromArena { // an arena's piece stays with the arena until Close
+			_ = p.hostFree(buf, pinned)
+		}
 		p.mu.Lock()
 		p.hostUsed -= e.hostSize
 		p.mu.Unlock()
@@ -775,8 +793,8 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 	}
 	if admitted {
 		p.mu.Lock()
-		e.host, e.hostPinned = buf, pinned
-		if pinned {
+		e.host, e.hostPinned, e.hostArena = buf, pinned, fromArena
+		if pinned && !fromArena {
 			p.pinnedBytes += int64(len(buf))
 		}
 		p.mu.Unlock()
@@ -798,14 +816,21 @@ func (p *Pager) closeExpertsLocked() []error {
 				errs = append(errs, fmt.Errorf("paging: layer %d expert %d: %w", e.layer, e.expert, err))
 			}
 			e.t, e.loaded, e.loading, e.slot, e.pins = nil, false, false, -1, 0
-			if err := p.hostFree(e.host, e.hostPinned); err != nil {
-				errs = append(errs, fmt.Errorf("paging: freeing pinned host memory of layer %d expert %d: %w", e.layer, e.expert, err))
+			if !e.hostArena {
+				if err := p.hostFree(e.host, e.hostPinned); err != nil {
+					errs = append(errs, fmt.Errorf("paging: freeing pinned host memory of layer %d expert %d: %w", e.layer, e.expert, err))
+				}
+				if e.hostPinned {
+					p.pinnedBytes -= int64(len(e.host))
+				}
 			}
-			if e.hostPinned {
-				p.pinnedBytes -= int64(len(e.host))
-			}
-			e.host, e.hostPinned = nil, false
+			e.host, e.hostPinned, e.hostArena = nil, false, false
 		}
+	}
+	freed, err := x.arena.close()
+	p.pinnedBytes -= freed
+	if err != nil {
+		errs = append(errs, err)
 	}
 	clear(x.slots)
 	return errs

@@ -377,3 +377,38 @@ func BenchmarkAcquireExperts(b *testing.B) {
 		})
 	}
 }
+
+// TestExpertHostCachePinsInChunks: the experts a pass admits to the host
+// cache are pinned in a few large chunks, not one call per expert (each
+// call to the driver page-locks with a cost of its own); a second pass is
+// served from those host copies, their bytes intact; Close frees every
+// chunk (newExpertPager's cleanup checks nothing stays pinned).
+func TestExpertHostCachePinsInChunks(t *testing.T) {
+	m := newMoESynth(2, 8, 8, 16)
+	pg, _, fb, _ := newExpertPager(t, m, 2, Options{ExpertPolicy: ExpertLRU})
+	pass := func() {
+		for l := 1; l <= 2; l++ {
+			for x := range 8 {
+				acquireCheck(t, pg, m, fb, l, x)
+			}
+		}
+	}
+	pass()
+	calls, reads := fb.pinnedCalls.Load(), m.reads.Load()
+	if want := int64(16) * m.expertBytes(); reads < want {
+		t.Fatalf("first pass read %d bytes, want at least the 16 experts' %d", reads, want)
+	}
+	if calls < 1 || calls > 2 {
+		t.Errorf("16 experts admitted to the host cache with %d AllocPinned calls, want one or two chunks", calls)
+	}
+	if st := pg.Stats(); st.PinnedHostBytes < 16*m.expertBytes() {
+		t.Errorf("%d pinned host bytes reported, want at least the 16 experts' %d", st.PinnedHostBytes, 16*m.expertBytes())
+	}
+	pass()
+	if got := m.reads.Load(); got != reads {
+		t.Errorf("the second pass read %d bytes from the source, want none (host cache)", got-reads)
+	}
+	if got := fb.pinnedCalls.Load(); got != calls {
+		t.Errorf("the second pass pinned %d more times, want none", got-calls)
+	}
+}

@@ -28,6 +28,7 @@ type fakeBackend struct {
 	uploads     atomic.Int64
 	allocs      atomic.Int64 // Alloc calls
 	frees       atomic.Int64 // Free calls
+	pinnedCalls atomic.Int64 // AllocPinned calls
 }
 
 func newFake() *fakeBackend {
@@ -112,6 +113,7 @@ func (f *fakeBackend) Download(dst []byte, src *tensor.Tensor) error {
 func (f *fakeBackend) MemInfo() (int64, int64, error) { return f.total - f.liveBytes, f.total, nil }
 
 func (f *fakeBackend) AllocPinned(n int64) ([]byte, error) {
+	f.pinnedCalls.Add(1)
 	b := make([]byte, n)
 	if n == 0 {
 		return b, nil

@@ -7,7 +7,7 @@
 //	bench -ceilings -device cuda -out results.jsonl
 //	bench -model DIR -name llama2-7b -device cuda -runs none,4GiB:balanced,4GiB:balanced:unified -out results.jsonl
 //	bench -report results.jsonl,hf.jsonl [-md table.md] [-json table.json]
-//	bench -model DIR -device cuda -runs none,4GiB -streams 4 -out results.jsonl
+//	bench -model DIR -device cuda -runs none,4GiB -streams 1,8,32,64 -out results.jsonl
 //
 // A run is BUDGET[:STRATEGY[:MODE[:POLICY]]]: BUDGET is "none" or a size
 // (4GiB), STRATEGY one of none, minimal, balanced, aggressive, hybrid
@@ -27,7 +27,10 @@
 // comparison on a GPU machine. With -streams N a run also decodes N
 // requests at once through the engine's batcher and reports their
 // aggregate tok/s, the p50 and p99 of the inter-token latency and of the
-// time to first token.
+// time to first token; -streams 1,8,32,64 sweeps the counts over the one
+// engine the run opened (its plan keeps room for the largest pool), and
+// the report's batched table sets each count beside Hugging Face's batch
+// of that size (hf_baseline.py --batch).
 package main
 
 import (
@@ -41,6 +44,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,13 +69,15 @@ func main() {
 }
 
 type options struct {
-	model, name, device, runs, out, report, md, jsonOut   string
-	prefill, hostLimit, kvCache, kvDType, expertsCPU      string
-	decode, warmup, threads, chunk, streams, promptTokens int
-	kv                                                    tensor.DType // kvDType parsed
-	ceilings, graphs                                      bool
-	routerSkew, routerLocality                            float64
-	synthetic                                             bool // -router-skew given
+	model, name, device, runs, out, report, md, jsonOut string
+	prefill, hostLimit, kvCache, kvDType, streamsFlag   string
+	expertsCPU                                          string
+	decode, warmup, threads, chunk, promptTokens        int
+	streams                                             []int        // streamsFlag parsed
+	kv                                                  tensor.DType // kvDType parsed
+	ceilings, graphs                                    bool
+	routerSkew, routerLocality                          float64
+	synthetic                                           bool // -router-skew given
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -84,7 +90,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.prefill, "prefill", "128,512", "prompt lengths to time")
 	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")
 	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
-	fs.IntVar(&o.streams, "streams", 0, "also decode `N` requests at once through the engine's batcher: aggregate tok/s, inter-token latency and time to first token")
+	fs.StringVar(&o.streamsFlag, "streams", "", "also decode `N[,N...]` requests at once through the engine's batcher, each count in turn over the same engine: aggregate tok/s, inter-token latency and time to first token")
 	fs.IntVar(&o.promptTokens, "prompt-tokens", 16, "prompt `tokens` before the decode steps (their prefill is timed too): the context the timed steps attend over")
 	fs.StringVar(&o.kvCache, "kv-cache", "", "where the KV cache lives: device (default), host or auto (see generate -help)")
 	fs.IntVar(&o.chunk, "chunk", 0, "prefill chunk (0: the engine's choice, 512 or larger under a budget: engine.AutoChunk)")
@@ -126,11 +132,14 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-chunk %d must be >= 0", o.chunk)
 	case o.threads < 0:
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
-	case o.streams < 0:
-		return fmt.Errorf("-streams %d must be >= 0", o.streams)
 	case o.promptTokens < 1:
 		return fmt.Errorf("-prompt-tokens %d must be >= 1", o.promptTokens)
 	}
+	streams, err := parseStreams(o.streamsFlag)
+	if err != nil {
+		return err
+	}
+	o.streams = streams
 	kvPlace, err := paging.ParseKVPlacement(o.kvCache)
 	if err != nil {
 		return fmt.Errorf("-kv-cache: %w", err)
@@ -214,8 +223,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 				if r.Experts != nil {
 					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Experts)
 				}
-				if r.Streams != nil {
-					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Streams)
+				for _, sr := range r.streamRuns() {
+					if sr.Error == "" {
+						fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, sr)
+					}
 				}
 				if k := r.KV; k != nil && len(k.HostBlocks) > 0 {
 					fmt.Fprintf(stdout, "%-12s %-36s %s; at %d prompt tokens: host KV read %s/token, CPU attention %.2f ms/token, decode bound %.2f tok/s (%.2f without KV reads)\n",
@@ -452,8 +463,14 @@ type Result struct {
 	// Experts is a mixture of experts' expert cache over the timed decode
 	// steps; StreamedBytes are then the other weights' streamed bytes.
 	Experts *engine.ExpertReport `json:"experts,omitempty"`
-	// Streams is the batched decode of -streams.
-	Streams *StreamsResult `json:"streams,omitempty"`
+	// Streams is the batched decode of -streams N; StreamsSweep those of
+	// -streams with several counts, in their order (streamRuns).
+	Streams      *StreamsResult   `json:"streams,omitempty"`
+	StreamsSweep []*StreamsResult `json:"streams_sweep,omitempty"`
+	// StreamsPlanPositions is the KV pool's room the run's plan kept: the
+	// largest count's that the budget could hold. Every count ran in that
+	// plan.
+	StreamsPlanPositions int `json:"streams_plan_positions,omitempty"`
 	// KV is where the KV cache was and what reading it cost over the
 	// timed decode steps.
 	KV *KVResult `json:"kv,omitempty"`
@@ -546,12 +563,33 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		mem.Budgets = []int64{s.budget}
 	}
 	start := time.Now()
-	// With -streams the plan keeps room for the batcher's KV pool, so that
-	// the pool does not take the place of resident weights.
-	e, err := engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
-		KVPositions: streamsPositions(o), NoGraphs: !o.graphs})
-	if err != nil {
-		return nil, err
+	// With -streams the plan keeps room for the batcher's KV pool (the
+	// largest count's), so that the pool does not take the place of
+	// resident weights. A count whose pool the budget cannot hold at all
+	// fails on its own: the plan is made again for the smaller counts.
+	counts := slices.Clone(o.streams)
+	slices.Sort(counts)
+	noRoom := map[int]error{}
+	var e *engine.Engine
+	for {
+		room := 0
+		if len(counts) > 0 {
+			room = streamsPositions(o, counts[len(counts)-1])
+		}
+		var err error
+		e, err = engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
+			KVPositions: room, NoGraphs: !o.graphs})
+		if err == nil {
+			break
+		}
+		var be *paging.BudgetError
+		if len(counts) <= 1 || !errors.As(err, &be) {
+			return nil, err // not the pool's room: every count would fail so
+		}
+		n := counts[len(counts)-1]
+		noRoom[n] = fmt.Errorf("a plan with room for the pool of %d streams (%d positions): %w", n, room, err)
+		fmt.Fprintf(os.Stderr, "bench: %s %s: -streams %d: %v\n", name, s, n, noRoom[n])
+		counts = counts[:len(counts)-1]
 	}
 	defer e.Close()
 	plan := e.Devices()[0].Plan
@@ -662,10 +700,11 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 			r.Hybrid.MeasuredMs[dev] = float64(d-busy0[dev]) / 1e6 / float64(o.decode)
 		}
 	}
-	if o.streams > 0 {
+	if len(o.streams) > 0 {
 		sess.Close() // its KV cache makes room for the batcher's pool
-		if r.Streams, err = measureStreams(ctx, e, o.streams, o); err != nil {
-			return nil, fmt.Errorf("-streams %d: %w", o.streams, err)
+		r.StreamsPlanPositions = streamsPositions(o, counts[len(counts)-1])
+		if err := sweepStreams(ctx, e, r, o, noRoom); err != nil {
+			return nil, err
 		}
 		r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes
 	}

@@ -31,6 +31,10 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-warmup", "-1"}, "-warmup -1"},
 		{[]string{"-chunk", "-1"}, "-chunk -1"},
 		{[]string{"-streams", "-1"}, "-streams -1"},
+		{[]string{"-streams", "1,0,8"}, "-streams 1,0,8: want stream counts of at least 1"},
+		{[]string{"-streams", "8,x"}, "-streams 8,x"},
+		{[]string{"-streams", "8,,32"}, "-streams 8,,32"},
+		{[]string{"-streams", "8,32,8"}, "8 is given twice"},
 		{[]string{"-prompt-tokens", "0"}, "-prompt-tokens 0"},
 		{[]string{"-prompt-tokens", "250"}, "need more positions"},
 		{[]string{"-kv-cache", "disk"}, "-kv-cache"},
@@ -285,5 +289,169 @@ func TestBenchStreams(t *testing.T) {
 		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 ||
 		!(s.StepsS > 0) || s.RowsPerStep < s.MeanBatch {
 		t.Errorf("streams %+v", s)
+	}
+}
+
+// TestBenchStreamsSweep: -streams 1,3,2 measures each count in turn over
+// the one engine of the run: one JSON line (one load), its sweep in the
+// order given, each count's own pool and batch (a mean batch above one for
+// several streams, exactly one for one), and a line of output per count.
+func TestBenchStreamsSweep(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	var stdout bytes.Buffer
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "8", "-streams", "1,3,2", "-out", out}
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"1 streams: decode", "3 streams: decode", "2 streams: decode"} {
+		if !strings.Contains(stdout.String(), n) {
+			t.Errorf("output lacks %q: %s", n, stdout.String())
+		}
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(string(data), "\n"); lines != 1 {
+		t.Fatalf("%d JSON lines, want one run: %s", lines, data)
+	}
+	var r Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Streams != nil || len(r.StreamsSweep) != 3 {
+		t.Fatalf("streams %v, sweep %v: want a sweep of 3", r.Streams, r.StreamsSweep)
+	}
+	var prevBlocks int
+	for i, want := range []int{1, 3, 2} {
+		s := r.StreamsSweep[i]
+		t.Logf("%s (%d KV blocks)", s, s.KVBlocks)
+		if s.Streams != want || s.Error != "" || !(s.DecodeTokS > 0) || !(s.InterTokenP50Ms > 0) || s.InterTokenP50Ms > s.InterTokenP99Ms ||
+			!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || s.KVBlocks < want {
+			t.Errorf("count %d: %+v", want, s)
+		}
+		if want == 1 && s.MeanBatch != 1 || want > 1 && !(s.MeanBatch > 1) {
+			t.Errorf("%d streams ran a mean batch of %.2f", want, s.MeanBatch)
+		}
+		if i == 1 && s.KVBlocks <= prevBlocks {
+			t.Errorf("the pool of 3 streams has %d blocks, that of 1 %d: one pool for all", s.KVBlocks, prevBlocks)
+		}
+		prevBlocks = s.KVBlocks
+	}
+}
+
+// TestReportStreamsSweep: a strata run with a sweep of 1, 8 and 32
+// streams (32 failed) and Hugging Face's batches of 1 and 8 at the same
+// budget, and one of 8 at another: the main table's streams cell lists the
+// counts and rates; the batched table has a row per batched decode,
+// strata's and Hugging Face's of the same size side by side, strata's with
+// its ratio to that size only, the failed count with its error, and each
+// row as many cells as the header.
+func TestReportStreamsSweep(t *testing.T) {
+	const (
+		sweep = `{"kind":"strata","model":"m","device":"cuda:0","run":"4GiB:balanced","budget_bytes":4294967296,"decode_tok_s":5,"decode_tokens":64,` +
+			`"streams_sweep":[{"streams":1,"decode_tok_s":5,"inter_token_p50_ms":200,"inter_token_p99_ms":210,"ttft_p50_ms":400,"ttft_p99_ms":400,"mean_batch":1},` +
+			`{"streams":8,"decode_tok_s":36,"inter_token_p50_ms":220,"inter_token_p99_ms":260,"ttft_p50_ms":500,"ttft_p99_ms":610,"mean_batch":7.5},` +
+			`{"streams":32,"error":"-streams 32: engine: KV pool larger than the plan's room"}]}` + "\n"
+		hf1    = `{"kind":"accelerate","model":"m","device":"cuda:0","run":"4GiB","budget_bytes":4294967296,"decode_tok_s":0,"decode_tokens":4,"streams":{"streams":1,"decode_tok_s":2,"inter_token_p50_ms":500,"inter_token_p99_ms":500,"ttft_p50_ms":700,"ttft_p99_ms":700,"mean_batch":1}}` + "\n"
+		hf8    = `{"kind":"accelerate","model":"m","device":"cuda:0","run":"4GiB","budget_bytes":4294967296,"decode_tok_s":0,"decode_tokens":4,"streams":{"streams":8,"decode_tok_s":12,"inter_token_p50_ms":600,"inter_token_p99_ms":650,"ttft_p50_ms":900,"ttft_p99_ms":900,"mean_batch":8}}` + "\n"
+		hf8res = `{"kind":"transformers","model":"m","device":"cuda:0","run":"resident","decode_tok_s":0,"decode_tokens":4,"streams":{"streams":8,"decode_tok_s":900,"mean_batch":8}}` + "\n"
+	)
+	path := filepath.Join(t.TempDir(), "sweep.jsonl")
+	if err := os.WriteFile(path, []byte(hf8res+hf8+sweep+hf1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	jsonPath := filepath.Join(t.TempDir(), "table.json")
+	if err := run(context.Background(), []string{"-report", path, "-json", jsonPath}, &out); err != nil {
+		t.Fatal(err)
+	}
+	table := out.String()
+	t.Log(table)
+	if !strings.Contains(table, "| 1, 8, 32: 5.0, 36.0, error tok/s (the batched table) |") {
+		t.Error("the main table's streams cell does not list the sweep")
+	}
+	_, batched, ok := strings.Cut(table, "Batched decode")
+	if !ok {
+		t.Fatal("no batched table")
+	}
+	want := []string{
+		"| m | 4.00 GiB | 1 | strata | 4GiB:balanced | 5.0 | 200.0 | 210.0 | 400 | 400 | 1.00 | 2.50x accelerate 4GiB |",
+		"| m | 4.00 GiB | 1 | accelerate | 4GiB | 2.0 | 500.0 | 500.0 | 700 | 700 | 1.00 | - |",
+		"| m | 4.00 GiB | 8 | strata | 4GiB:balanced | 36.0 | 220.0 | 260.0 | 500 | 610 | 7.50 | 3.00x accelerate 4GiB |",
+		"| m | 4.00 GiB | 8 | accelerate | 4GiB | 12.0 | 600.0 | 650.0 | 900 | 900 | 8.00 | - |",
+		"| m | 4.00 GiB | 32 | strata | 4GiB:balanced | error: -streams 32: engine: KV pool larger than the plan's room |||||||",
+	}
+	at := 0
+	for _, w := range want {
+		i := strings.Index(batched[at:], w)
+		if i < 0 {
+			t.Errorf("the batched table lacks %q after its earlier rows", w)
+			continue
+		}
+		at += i + len(w)
+	}
+	if !strings.Contains(batched, "| m | none | 8 | transformers | resident | 900.0 |") {
+		t.Error("the batched table lacks the resident batch of 8")
+	}
+	var header int
+	for _, line := range strings.Split(batched, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			continue
+		}
+		if header == 0 {
+			header = strings.Count(line, "|")
+		} else if n := strings.Count(line, "|"); n != header {
+			t.Errorf("row of %d cells, the header has %d: %s", n-1, header-1, line)
+		}
+	}
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tbl struct{ Batched []BatchedRow }
+	if err := json.Unmarshal(data, &tbl); err != nil {
+		t.Fatal(err)
+	}
+	if len(tbl.Batched) != 6 || tbl.Batched[1].Streams != 1 || tbl.Batched[1].VsBaseline != 2.5 {
+		t.Errorf("-json's batched rows: %s", data)
+	}
+}
+
+// TestBenchStreamsNoRoom: under a budget of 4 MB, -streams 2,400,1 (the
+// pool of 400 streams is 12.5 MiB of KV cache): the run's plan keeps room
+// for the largest pool it can (2 streams') and the 400 streams' count is
+// kept with the plan's error; the other counts are measured, in the
+// order given.
+func TestBenchStreamsNoRoom(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	var stdout bytes.Buffer
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "8", "-streams", "2,400,1", "-runs", "4MB:balanced", "-out", out}
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Error != "" || len(r.StreamsSweep) != 3 {
+		t.Fatalf("run error %q, sweep %v: want three counts", r.Error, r.StreamsSweep)
+	}
+	for i, want := range []int{2, 400, 1} {
+		s := r.StreamsSweep[i]
+		failed := s.Error != ""
+		if s.Streams != want || failed != (want == 400) || !failed && !(s.DecodeTokS > 0) {
+			t.Errorf("count %d: %+v", want, s)
+		}
+	}
+	if e := r.StreamsSweep[1].Error; !strings.Contains(e, "a plan with room for the pool of 400 streams") || !strings.Contains(e, "budget too small") {
+		t.Errorf("the 400 streams' error: %q", e)
+	}
+	if want := 2 * 32; r.StreamsPlanPositions != want {
+		t.Errorf("the plan kept room for %d positions, want the 2 streams' %d", r.StreamsPlanPositions, want)
 	}
 }

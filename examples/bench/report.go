@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/strata-llm/strata/engine"
@@ -93,12 +95,13 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 		if base := baseline(results, r); base != nil && base.DecodeTokS > 0 {
 			row.VsBaseline, row.BaselineRun = r.DecodeTokS/base.DecodeTokS, base.Kind+" "+base.Run
 		}
-		if base := streamsBaseline(results, r); base != nil {
-			row.StreamsVsBaseline, row.StreamsBaseline = r.Streams.DecodeTokS/base.Streams.DecodeTokS, base.Kind+" "+base.Run
+		if base, sr := streamsBaseline(results, r, r.Streams); base != nil {
+			row.StreamsVsBaseline, row.StreamsBaseline = r.Streams.DecodeTokS/sr.DecodeTokS, base.Kind+" "+base.Run
 		}
 		rows = append(rows, row)
 	}
-	md := markdown(ceil, rows)
+	batched := batchedRows(results)
+	md := markdown(ceil, rows) + batchedMarkdown(batched)
 	fmt.Fprint(stdout, md)
 	if mdPath != "" {
 		if err := atomicfile.WriteFile(mdPath, []byte(md)); err != nil {
@@ -107,9 +110,10 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 	}
 	if jsonPath != "" {
 		b, err := json.MarshalIndent(struct {
-			Ceilings *Ceilings `json:"ceilings"`
-			Rows     []Row     `json:"rows"`
-		}{ceil, rows}, "", "  ")
+			Ceilings *Ceilings    `json:"ceilings"`
+			Rows     []Row        `json:"rows"`
+			Batched  []BatchedRow `json:"batched,omitempty"`
+		}{ceil, rows, batched}, "", "  ")
 		if err != nil {
 			return err
 		}
@@ -206,30 +210,120 @@ func baseline(all []Result, r Result) *Result {
 }
 
 // streamsBaseline is Hugging Face's batched run (hf_baseline -batch) of
-// r's model, budget and batch size, for a strata run with -streams: the
-// compiled resident run when it ran, else the eager one.
-func streamsBaseline(all []Result, r Result) *Result {
-	if r.Kind != "strata" || r.Streams == nil || r.Streams.DecodeTokS <= 0 {
-		return nil
+// r's model, budget and batch size, for sr, a batched decode of a strata
+// run: the compiled resident run when it ran, else the eager one; the
+// run and its batched decode of that size.
+func streamsBaseline(all []Result, r Result, sr *StreamsResult) (*Result, *StreamsResult) {
+	if r.Kind != "strata" || sr == nil || sr.Error != "" || sr.DecodeTokS <= 0 {
+		return nil, nil
 	}
 	var found *Result
+	var foundSR *StreamsResult
 	for i := range all {
 		b := &all[i]
-		if b.Kind == "strata" || b.Model != r.Model || b.Error != "" || b.BudgetBytes != r.BudgetBytes ||
-			b.Streams == nil || b.Streams.Streams != r.Streams.Streams || b.Streams.DecodeTokS <= 0 {
+		if b.Kind == "strata" || b.Model != r.Model || b.Error != "" || b.BudgetBytes != r.BudgetBytes {
 			continue
 		}
-		if found == nil || b.Kind == "transformers-compiled" {
-			found = b
+		for _, bs := range b.streamRuns() {
+			if bs.Streams != sr.Streams || bs.Error != "" || bs.DecodeTokS <= 0 {
+				continue
+			}
+			if found == nil || b.Kind == "transformers-compiled" {
+				found, foundSR = b, bs
+			}
 		}
 	}
-	return found
+	return found, foundSR
+}
+
+// BatchedRow is one line of the batched table: a batched decode of a run
+// (strata's -streams, Hugging Face's --batch) and, for strata's, its
+// aggregate rate over Hugging Face's of the same model, budget and batch
+// size.
+type BatchedRow struct {
+	Model       string `json:"model"`
+	Kind        string `json:"kind"`
+	Run         string `json:"run"`
+	BudgetBytes int64  `json:"budget_bytes"`
+	*StreamsResult
+	VsBaseline float64 `json:"vs_baseline,omitempty"`
+	Baseline   string  `json:"baseline,omitempty"`
+}
+
+// batchedRows is every batched decode of the results, by model, budget
+// and stream count, strata's first: Hugging Face's batch of a size sits
+// beside strata's streams of that count.
+func batchedRows(results []Result) []BatchedRow {
+	var rows []BatchedRow
+	for _, r := range results {
+		if r.Error != "" {
+			continue
+		}
+		for _, sr := range r.streamRuns() {
+			row := BatchedRow{Model: r.Model, Kind: r.Kind, Run: r.Run, BudgetBytes: r.BudgetBytes, StreamsResult: sr}
+			if base, bs := streamsBaseline(results, r, sr); base != nil {
+				row.VsBaseline, row.Baseline = sr.DecodeTokS/bs.DecodeTokS, base.Kind+" "+base.Run
+			}
+			rows = append(rows, row)
+		}
+	}
+	strataFirst := func(kind string) int {
+		if kind == "strata" {
+			return 0
+		}
+		return 1
+	}
+	slices.SortStableFunc(rows, func(a, b BatchedRow) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.BudgetBytes, b.BudgetBytes), cmp.Compare(a.Streams, b.Streams),
+			cmp.Compare(strataFirst(a.Kind), strataFirst(b.Kind)))
+	})
+	return rows
+}
+
+// batchedMarkdown is the batched table, empty without batched decodes.
+func batchedMarkdown(rows []BatchedRow) string {
+	if len(rows) == 0 {
+		return ""
+	}
+	var sb strings.Builder
+	sb.WriteString("\nBatched decode (strata -streams N beside Hugging Face generate with a batch of N at the same budget: aggregate tok/s over the streams, latencies in ms; a strata run's counts share one plan, which keeps room for the largest pool the budget holds):\n\n")
+	sb.WriteString("| model | budget | streams | system | run | aggregate tok/s | inter-token p50 | inter-token p99 | first token p50 | first token p99 | mean batch | vs baseline |\n")
+	sb.WriteString("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	for _, r := range rows {
+		budget := "none"
+		if r.BudgetBytes > 0 {
+			budget = paging.FormatSize(r.BudgetBytes)
+		}
+		if r.Error != "" {
+			fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | error: %s |||||||\n", r.Model, budget, r.Streams, r.Kind, r.Run, strings.ReplaceAll(r.Error, "|", "/"))
+			continue
+		}
+		vs := "-"
+		if r.VsBaseline > 0 {
+			vs = fmt.Sprintf("%.2fx %s", r.VsBaseline, r.Baseline)
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f | %s |\n",
+			r.Model, budget, r.Streams, r.Kind, r.Run, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch, vs)
+	}
+	return sb.String()
 }
 
 // streamsCell is a batched run in the table: its streams, aggregate rate,
 // inter-token and first-token latency percentiles, and the ratio to
 // Hugging Face's at the same batch size.
 func streamsCell(r *Row) string {
+	if len(r.StreamsSweep) > 0 {
+		var counts, rates []string
+		for _, s := range r.StreamsSweep {
+			counts = append(counts, strconv.Itoa(s.Streams))
+			rate := "error"
+			if s.Error == "" {
+				rate = fmt.Sprintf("%.1f", s.DecodeTokS)
+			}
+			rates = append(rates, rate)
+		}
+		return strings.Join(counts, ", ") + ": " + strings.Join(rates, ", ") + " tok/s (the batched table)"
+	}
 	s := r.Streams
 	if s == nil {
 		return "-"

@@ -6,7 +6,8 @@
 #   OUT=bench-out examples/bench/run-gpu.sh
 # STEPS picks what runs (default: all of synth-tiny synth-7b ceilings tiny 7b
 # hf-tiny hf-7b report; 7b-streams, the batched decode of -streams, is a
-# step of its own); the mixtures of experts are steps of their own,
+# step of its own, and 7b-streams-host the same with the KV cache in host
+# memory); the mixtures of experts are steps of their own,
 # not in the default: synth-mixtral mixtral hf-mixtral (Mixtral-8x7B shape,
 # 93 GB in F16) and synth-qwen3moe qwen3moe hf-qwen3moe (Qwen3-30B-A3B
 # shape, 61 GB), each synthesised once with uniform routing and given a
@@ -101,25 +102,36 @@ if has 7b; then
 		-runs ${RUNS_7B_SLOW:-4GiB:aggressive}
 fi
 # Batched decode: 1, 8, 32 and 64 requests at once through the batcher,
-# the 7B shape resident and at 4 GiB (aggregate tok/s, inter-token latency
-# and time to first token in the "streams" field of each result), then
-# Hugging Face generate with the same batch sizes and 16-token prompts,
-# resident and under accelerate at 4 GiB (which streams slowly: a few
-# steps), in the same run.
+# the 7B shape resident and at 4 GiB, each run sweeping the counts over the
+# one engine it opened (its plan keeps room for the largest pool):
+# aggregate tok/s, inter-token latency and time to first token per count
+# in the "streams_sweep" field of each result; then Hugging Face generate
+# with the same batch sizes and 16-token prompts, resident and under
+# accelerate at 4 GiB (which streams slowly: a few steps), in the same run.
+# The report's batched table sets each count beside Hugging Face's batch
+# of that size.
 STREAMS=${STREAMS:-"1 8 32 64"}
 if has 7b-streams; then
-	for n in $STREAMS; do
-		log strata llama2-7b streams=$n
-		"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode "$DECODE" -prefill 128 -streams "$n" \
-			-out "$OUT/strata.jsonl" -runs ${RUNS_7B_STREAMS:-none,4GiB:balanced}
-	done
+	counts=$(echo $STREAMS | tr ' ' ',')
+	log strata llama2-7b streams=$counts
+	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b -decode "$DECODE" -prefill 128 -streams "$counts" \
+		-out "$OUT/strata.jsonl" -runs ${RUNS_7B_STREAMS:-none,4GiB:balanced}
 	export PYTHONUNBUFFERED=1
-	batches=$(echo $STREAMS | tr ' ' ',')
+	batches=$counts
 	log hf llama2-7b batch=$batches
 	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs resident --prefill 128 \
 		--decode "$DECODE" --batch "$batches" --prompt-tokens 16 --out "$OUT/hf.jsonl"
 	python3 examples/bench/hf_baseline.py --model "$MODELS/llama2-7b" --name llama2-7b --runs ${HF_7B_BUDGETS:-4GiB} --prefill 128 \
 		--decode "${HF_STREAMS_DECODE:-4}" --warmup 2 --batch "$batches" --prompt-tokens 16 --out "$OUT/hf.jsonl"
+fi
+# Batched decode with the KV cache in host memory (-kv-cache host): every
+# block's part of the batcher's pool stays in host memory and the CPU
+# attends over it at every step; 8 and 32 streams at 4 GiB, named
+# llama2-7b-kvhost in the table.
+if has 7b-streams-host; then
+	log strata llama2-7b streams=${STREAMS_HOST:-8,32} kv-cache host
+	"$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b-kvhost -decode "${DECODE_STREAMS_HOST:-16}" -warmup 2 -prefill 128 \
+		-kv-cache host -streams "${STREAMS_HOST:-8,32}" -out "$OUT/strata.jsonl" -runs ${RUNS_7B_STREAMS_HOST:-4GiB:balanced}
 fi
 # Long prompts: the KV cache of an 8,000-token prompt (7.9 GiB in F32) does
 # not fit a 4 GiB budget on the device, nor a 32,000-token one's (31 GiB)

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +39,8 @@ type StreamsResult struct {
 	RowsPerStep float64 `json:"rows_per_step"`
 	KVBlocks    int     `json:"kv_blocks"`
 	BlockSize   int     `json:"block_size"`
+	// Error is why this count of a sweep failed (the others are kept).
+	Error string `json:"error,omitempty"`
 }
 
 // streamPrompt is the prompt length of each stream of -streams.
@@ -48,7 +53,7 @@ func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*S
 	bs := nn.DefaultBlockSize
 	// Four rows a stream a step: the prompts start over a few steps, and
 	// the batch's buffers stay small beside the pool.
-	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: streamsPositions(o) / bs, BlockSize: bs, StepTokens: 4 * n})
+	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: streamsPositions(o, n) / bs, BlockSize: bs, StepTokens: 4 * n})
 	if err != nil {
 		return nil, err
 	}
@@ -139,11 +144,80 @@ func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*S
 	return r, nil
 }
 
-// streamsPositions is the KV positions of -streams' pool: each stream's
-// prompt and tokens in whole blocks; 0 without -streams.
-func streamsPositions(o options) int {
+// streamsPositions is the KV positions of the pool of n streams: each
+// stream's prompt and tokens in whole blocks; 0 for none.
+func streamsPositions(o options, n int) int {
 	bs := nn.DefaultBlockSize
-	return o.streams * ((streamPrompt + o.warmup + o.decode + bs - 1) / bs * bs)
+	return n * ((streamPrompt + o.warmup + o.decode + bs - 1) / bs * bs)
+}
+
+// parseStreams reads -streams: stream counts, comma-separated; "" or "0"
+// is none.
+func parseStreams(s string) ([]int, error) {
+	if s = strings.TrimSpace(s); s == "" || s == "0" {
+		return nil, nil
+	}
+	var counts []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-streams %s: want stream counts of at least 1, such as 1,8,32,64", s)
+		}
+		if slices.Contains(counts, n) {
+			return nil, fmt.Errorf("-streams %s: %d is given twice", s, n)
+		}
+		counts = append(counts, n)
+	}
+	return counts, nil
+}
+
+// sweepStreams measures each count of -streams in turn over e, each with
+// its own batcher (and KV pool, freed before the next), into r: Streams
+// for one count, StreamsSweep for several. A count that fails, or whose
+// pool no plan could keep room for (noRoom), is kept with its error and
+// the sweep goes on (a pool of 64 that does not fit loses none of the
+// smaller counts); the run fails when every count failed.
+func sweepStreams(ctx context.Context, e *engine.Engine, r *Result, o options, noRoom map[int]error) error {
+	var runs []*StreamsResult
+	var last error
+	for _, n := range o.streams {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var sr *StreamsResult
+		err := noRoom[n]
+		if err == nil {
+			sr, err = measureStreams(ctx, e, n, o)
+		}
+		if err != nil {
+			last = fmt.Errorf("-streams %d: %w", n, err)
+			if noRoom[n] == nil { // told when the plan failed
+				fmt.Fprintf(os.Stderr, "bench: %s %s: %v\n", r.Model, r.Run, last)
+			}
+			sr = &StreamsResult{Streams: n, Error: last.Error()}
+		}
+		runs = append(runs, sr)
+	}
+	if !slices.ContainsFunc(runs, func(sr *StreamsResult) bool { return sr.Error == "" }) {
+		return last
+	}
+	if len(runs) == 1 {
+		r.Streams = runs[0]
+	} else {
+		r.StreamsSweep = runs
+	}
+	return nil
+}
+
+// streamRuns is r's batched decodes: its sweep, or its one count.
+func (r *Result) streamRuns() []*StreamsResult {
+	switch {
+	case len(r.StreamsSweep) > 0:
+		return r.StreamsSweep
+	case r.Streams != nil:
+		return []*StreamsResult{r.Streams}
+	}
+	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }

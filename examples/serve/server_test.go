@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +34,9 @@ type testServer struct {
 	tok *tokenizer.Tokenizer
 	s   *server
 	url string
+	// close stops the server, the batcher and the engine (once; the test's
+	// cleanup calls it too).
+	close func()
 }
 
 // testOptions adjust a test server.
@@ -40,6 +44,7 @@ type testOptions struct {
 	batch  engine.BatchOptions
 	mem    engine.Memory
 	noChat bool
+	device string // "" is the CPU
 }
 
 func newTestServer(t *testing.T, o testOptions) *testServer {
@@ -50,7 +55,10 @@ func newTestServer(t *testing.T, o testOptions) *testServer {
 	}
 	t.Cleanup(func() { lm.Close() })
 	tok := fixtureTokenizer(t, !o.noChat)
-	eng, err := engine.Open(t.Context(), lm, engine.Options{Devices: []string{"cpu"}, Threads: 1, Memory: o.mem})
+	if o.device == "" {
+		o.device = "cpu"
+	}
+	eng, err := engine.Open(t.Context(), lm, engine.Options{Devices: []string{o.device}, Threads: 1, Memory: o.mem})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,12 +70,14 @@ func newTestServer(t *testing.T, o testOptions) *testServer {
 	ts := &testServer{eng: eng, b: b, tok: tok, s: newServer(eng, b, tok, "tiny")}
 	hs := httptest.NewServer(ts.s.handler())
 	ts.url = hs.URL
-	t.Cleanup(func() {
+	ts.close = sync.OnceFunc(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		b.Close(ctx)
 		hs.Close()
+		eng.Close()
 	})
+	t.Cleanup(ts.close)
 	return ts
 }
 
