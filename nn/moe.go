@@ -707,7 +707,14 @@ func (s *Session) guessNextBatch(ctx context.Context, ew ExpertWeights, j int) e
 // scoreBatchGuess counts, in a batch step, the experts guessed for block
 // i in this step and how many of them its rows chose.
 func (s *Session) scoreBatchGuess(i int) {
-	if s.batchGuess == nil || !s.batchGuess.valid[i] {
+	if s.batchGuess == nil {
+		return
+	}
+	if first := s.m.firstSparse(); i == first {
+		// A new step: a guess left by a step that failed midway is stale.
+		clear(s.batchGuess.valid)
+	}
+	if !s.batchGuess.valid[i] {
 		return
 	}
 	bg, r := s.batchGuess, &s.buffers.moe.r
@@ -720,6 +727,15 @@ func (s *Session) scoreBatchGuess(i int) {
 	}
 	s.m.guessed.Add(int64(len(bg.set[i])))
 	s.m.guessRight.Add(int64(right))
+}
+
+// firstSparse is the first sparse block of the model's share, or hi.
+func (m *Model) firstSparse() int {
+	i := m.lo
+	for i < m.hi && !m.cfg.Sparse(i) {
+		i++
+	}
+	return i
 }
 
 // shareExperts is the number of routed experts in the model's share of
