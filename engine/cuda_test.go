@@ -305,8 +305,8 @@ func TestCUDAExpertsOnCPU(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer e.Close()
-				if e.kvRates != nil {
-					t.Logf("rates: H2D %.1f GB/s, CPU %.1f GB/s, hand-over %v", e.kvRates.H2D/1e9, e.kvRates.CPU/1e9, e.kvRates.Handoff)
+				if r := e.expertRates; r != nil {
+					t.Logf("rates: H2D %.1f GB/s, CPU %.1f GB/s, hand-over %v", r.H2D/1e9, r.CPU/1e9, r.Handoff)
 				}
 				s, err := e.NewSession()
 				if err != nil {
@@ -415,8 +415,8 @@ func TestCUDAExpertsOnCPUDecode(t *testing.T) {
 			}
 			decode := time.Since(start)
 			x := e.Experts().Since(before, steps)
-			if e.kvRates != nil {
-				t.Logf("rates: H2D %.1f GB/s, CPU %.1f GB/s, hand-over %v", e.kvRates.H2D/1e9, e.kvRates.CPU/1e9, e.kvRates.Handoff)
+			if r := e.expertRates; r != nil {
+				t.Logf("rates: H2D %.1f GB/s, CPU %.1f GB/s, hand-over %v", r.H2D/1e9, r.CPU/1e9, r.Handoff)
 			}
 			t.Logf("policy %s: prefill of %d in %v; decode %.1f tok/s; %s", policy, len(prompt), prefill.Round(time.Millisecond),
 				float64(steps)/decode.Seconds(), x)

@@ -30,6 +30,9 @@ func (e *Engine) expertsCPU(ctx context.Context, b tensor.Backend, plan *paging.
 	if rates == nil {
 		rates = e.kvRates
 	}
+	if rates == nil {
+		rates = e.expertRates // measured for another device of the same host
+	}
 	if _, async := tensor.AsyncUpload(b); rates == nil && policy == paging.ExpertCPUAuto && async {
 		// The first expert's matrices, as the CPU computes them; a
 		// quantized one is measured as F16 of its shape (MeasureRates
@@ -60,7 +63,7 @@ func (e *Engine) expertsCPU(ctx context.Context, b tensor.Backend, plan *paging.
 			return "", nil, err
 		}
 		rates = &r
-		e.kvRates = rates
+		e.expertRates = rates
 	}
 	return policy, rates, nil
 }
