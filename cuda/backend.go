@@ -29,6 +29,7 @@ var (
 	_ tensor.ManagedAllocator  = (*Backend)(nil)
 	_ tensor.CachingAllocator  = (*Backend)(nil)
 	_ tensor.LaunchCounter     = (*Backend)(nil)
+	_ tensor.PeerCopier        = (*Backend)(nil)
 )
 
 // Backend runs strata's tensor operations on one CUDA device. Its methods
@@ -86,6 +87,11 @@ type Backend struct {
 	gate       sync.RWMutex
 	graphsMu   sync.Mutex
 	graphs     map[*graph]struct{}
+
+	// peerCan is, per other backend asked about (CanCopyToPeer), whether
+	// the two devices copy to each other directly (peer.go).
+	peerMu  sync.Mutex
+	peerCan map[*Backend]bool
 
 	// gemvMaxRows is the largest M that MatMul sends to the GEMV kernels
 	// rather than to cuBLAS: on an H200 with 4096x4096 F16 weights the

@@ -87,6 +87,13 @@ type BatchOptions struct {
 	// plan set aside for the KV cache there (one context), else the
 	// default takes MaxSequences contexts' worth of host memory.
 	KVBlocks int
+	// Pipeline, over several devices of their own (a pipeline that is
+	// not a CPU+GPU placement), runs the steps beat by beat
+	// (nn.Batch.Tick): while the second device runs one step of some
+	// requests, the first runs the next step of the others, every device
+	// computing at once. The steps hold the requests that have none in
+	// flight. On one device, or stages sharing one, it is ignored.
+	Pipeline bool
 }
 
 // BatchStats are a batcher's counters and gauges.
@@ -236,19 +243,14 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 // MaxSequences contexts'.
 func (e *Engine) defaultKVBlocks(o BatchOptions) int {
 	perSeq := (e.context + o.BlockSize - 1) / o.BlockSize
-	room := int64(math.MaxInt64)
-	for _, b := range e.budgets {
-		room = min(room, freeRoom(b))
-	}
-	room -= nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
-	room -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + nn.ActivationBytes(e.cfg, e.chunk) + nn.RopeBytes(e.cfg, e.context)
 	n := perSeq * o.MaxSequences
-	block := int64(0) // a block's bytes on the device that holds the most of it
-	for d := range e.devices {
-		block = max(block, e.devicePoolBytes(d, o.BlockSize))
-	}
-	if block > 0 && room < int64(n)*block {
-		n = int(max(room, 0) / block)
+	for d, b := range e.budgets {
+		room := freeRoom(b) - e.stageActivationBytes(d, o.StepTokens) - nn.RopeBytes(e.cfg, e.context)
+		room -= nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) + e.stageActivationBytes(d, e.chunk) + nn.RopeBytes(e.cfg, e.context)
+		// A block's bytes on this device: its blocks' share of the pool.
+		if block := e.devicePoolBytes(d, o.BlockSize); block > 0 && room < int64(n)*block {
+			n = int(max(room, 0) / block)
+		}
 	}
 	if hostBlock := e.hostPoolBytes(o.BlockSize); hostBlock > 0 && e.hostPoolLimited() {
 		n = min(n, int(e.kv.HostBytes/hostBlock))
@@ -311,7 +313,7 @@ func (e *Engine) poolRoom(o BatchOptions) error {
 	positions := o.KVBlocks * o.BlockSize
 	for d, b := range e.budgets {
 		kv := e.devicePoolBytes(d, positions)
-		need := kv + nn.ActivationBytes(e.cfg, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
+		need := kv + e.stageActivationBytes(d, o.StepTokens) + nn.RopeBytes(e.cfg, e.context)
 		room := freeRoom(b)
 		if need <= room {
 			continue
@@ -326,6 +328,17 @@ func (e *Engine) poolRoom(o BatchOptions) error {
 			ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(kv), paging.FormatSize(need), e.devices[d].Name, paging.FormatSize(max(room, 0)), advice)
 	}
 	return nil
+}
+
+// stageActivationBytes is the forward buffers of tokens rows on device d:
+// nn.ActivationBytes less the logits on a stage of a pipeline that does
+// not hold the LM head.
+func (e *Engine) stageActivationBytes(d, tokens int) int64 {
+	n := nn.ActivationBytes(e.cfg, tokens)
+	if d < len(e.devices) && len(e.devices) > 1 && !slices.Contains(e.devices[d].Placement.Layers, e.cfg.LayerCount()-1) {
+		n -= 4 * int64(tokens) * int64(e.cfg.VocabSize)
+	}
+	return n
 }
 
 // freeRoom is what b can still give without evicting a weight: its free
@@ -497,6 +510,12 @@ func (b *Batcher) step() {
 	var works []nn.Work
 	var owners, ended []*job
 	budget := b.opts.StepTokens
+	pipe := b.opts.Pipeline && b.batch.Pipelined()
+	if pipe {
+		// A request with a step in flight waits for it (and ends, if
+		// cancelled, once it has left the pipeline).
+		running = slices.DeleteFunc(running, func(j *job) bool { return b.batch.InFlight(j.seq) })
+	}
 	for _, j := range running {
 		if err := j.ctx.Err(); err != nil {
 			b.finish(j, "", err)
@@ -522,6 +541,10 @@ func (b *Batcher) step() {
 		}
 	}
 	rows := b.opts.StepTokens - budget
+	if pipe {
+		b.beat(works, ended, rows, prompt, t0)
+		return
+	}
 	if len(works) == 0 && len(ended) == 0 {
 		// Every running request waits for its reader: poll.
 		time.Sleep(time.Millisecond)
@@ -549,6 +572,72 @@ func (b *Batcher) step() {
 					ended = append(ended, j)
 				}
 			}
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
+	b.st.KVBlocksFree = b.batch.FreeBlocks()
+	if len(works) == 0 {
+		return
+	}
+	b.st.Steps++
+	b.st.BatchSize, b.st.StepRows = len(works), rows
+	b.st.BatchSizeSum += int64(len(works))
+	b.st.PromptTokens += int64(prompt)
+	b.st.PerStep = time.Since(t0)
+	b.st.StepRowsSum += int64(rows)
+	b.st.StepTimeSum += b.st.PerStep
+}
+
+// beat runs one beat of a pipelined batch (BatchOptions.Pipeline): it
+// starts a step of works, and takes the step that left the pipeline,
+// whose requests it feeds or samples; ended are the requests that step
+// ended before the beat.
+func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.Time) {
+	if len(works) == 0 && b.batch.Flying() == 0 {
+		if len(ended) == 0 {
+			// Every running request waits for its reader: poll.
+			time.Sleep(time.Millisecond)
+		}
+		b.mu.Lock()
+		b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
+		b.st.KVBlocksFree = b.batch.FreeBlocks()
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Lock()
+	owner := map[*nn.Seq]*job{}
+	for _, j := range b.running {
+		owner[j.seq] = j
+	}
+	b.mu.Unlock()
+	done, logits, err := b.batch.Tick(context.Background(), works)
+	// A beat is one pass over the layers, as a step is.
+	b.e.MarkStep()
+	if err != nil {
+		// The steps in flight are abandoned: their requests end, and
+		// those of the works given, which the beat did not start.
+		for _, w := range append(done, works...) {
+			if j := owner[w.Seq]; j != nil && !slices.Contains(ended, j) {
+				b.finish(j, "", err)
+				ended = append(ended, j)
+			}
+		}
+		done = nil
+	}
+	for i, w := range done {
+		j := owner[w.Seq]
+		if !w.Logits {
+			j.fed += len(w.IDs)
+			continue
+		}
+		j.fed = len(j.req.Prompt)
+		if j.ctx.Err() != nil {
+			b.finish(j, "", j.ctx.Err())
+			ended = append(ended, j)
+		} else if done := b.emit(j, logits[i]); done {
+			ended = append(ended, j)
 		}
 	}
 	b.mu.Lock()

@@ -56,8 +56,9 @@ type Memory struct {
 	// the device; KVHost keeps every block's in host memory; KVAuto lets
 	// the planner choose per block (see paging.KVAuto): with the rates
 	// (Options.Rates, or measured at Open on a GPU) it picks the count
-	// of host blocks with the least predicted decode time. One device,
-	// not the hybrid strategies.
+	// of host blocks with the least predicted decode time. On several
+	// devices each device's plan places the caches of its own blocks, and
+	// their host parts share the host memory limit (HostCache).
 	KVCache paging.KVPlacement
 }
 
@@ -101,6 +102,10 @@ type Options struct {
 	// NoGraphs runs decode steps eagerly, launch by launch, on a backend
 	// that could capture them as graphs (nn.Model.SetGraphs).
 	NoGraphs bool
+	// NoPeerCopies hands the hidden state between two GPUs through host
+	// memory even when they can copy to each other directly
+	// (nn.PipelineOptions.NoPeerCopies), to compare the two.
+	NoPeerCopies bool
 }
 
 // DefaultChunk is the prefill chunk when Options.Chunk is 0 and every
@@ -262,7 +267,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		return nil, err
 	}
 	if isHybrid(e.strategy) {
-		if err := e.openHybrid(ctx, info, limits[0], kv); err != nil {
+		if err := e.openHybrid(ctx, info, limits, kv); err != nil {
 			return nil, err
 		}
 		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
@@ -306,7 +311,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if o.Record {
 			bud.RecordHistory(1 << 20)
 		}
-		hostCache, err := e.placeKV(b, plan)
+		hostCache, hostKV, err := e.placeKV(b, plan, p.FirstBlock)
 		if err != nil {
 			return nil, err
 		}
@@ -320,7 +325,15 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		}
 		e.servers = append(e.servers, srv)
 		e.devices = append(e.devices, Device{Name: b.Name(), Placement: p, Plan: plan, BudgetBytes: limits[d], DefaultBudget: !given[d]})
-		e.stages = append(e.stages, nn.Stage{Backend: b, Alloc: bud, Weights: nn.StageWeights(srv, p.Layers), FirstBlock: p.FirstBlock, EndBlock: p.EndBlock})
+		e.stages = append(e.stages, nn.Stage{Backend: b, Alloc: bud, Weights: nn.StageWeights(srv, p.Layers), FirstBlock: p.FirstBlock, EndBlock: p.EndBlock, HostKV: hostKV})
+	}
+	if e.kv != nil {
+		// The device part of the cache: every device's, those that keep
+		// it all too.
+		e.kv.DeviceBytes = 0
+		for _, d := range e.devices {
+			e.kv.DeviceBytes += d.Plan.KVCacheBytes
+		}
 	}
 	if err := e.warmUp(ctx); err != nil {
 		return nil, err
@@ -336,7 +349,7 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if err == nil {
 			e.model.SetGraphs(!o.NoGraphs)
 		}
-	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages); err == nil {
+	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages, nn.PipelineOptions{NoPeerCopies: o.NoPeerCopies}); err == nil {
 		e.pipeline.SetGraphs(!o.NoGraphs)
 		if e.expertCPU {
 			e.pipeline.SetExpertCPU(e.cpu)
@@ -683,7 +696,17 @@ func (e *Engine) Summary() string {
 		s += r.String() + "\n"
 	}
 	if h := e.hybrid; h != nil {
-		s += h.Plan.String() + "\n"
+		if h.Plan != nil {
+			s += h.Plan.String() + "\n"
+		}
+		for _, g := range h.GPUs {
+			s += fmt.Sprintf("%s, layers %d..%d (CPU layers %v): %s\n", g.Device, g.Placement.Layers[0], g.Placement.Layers[len(g.Placement.Layers)-1], h.gpuCPULayers(g), g.Plan)
+		}
+		if len(h.GPUs) > 1 {
+			t := h.Totals()
+			s += fmt.Sprintf("hybrid over %d GPUs: per token %s resident, %s streamed, %s read by the CPU in %d layers, predicted %.1f tok/s\n",
+				len(h.GPUs), paging.FormatSize(t.ResidentBytes), paging.FormatSize(t.StreamedBytes), paging.FormatSize(t.CPUBytes), len(h.CPULayers()), t.PredictedTokS)
+		}
 		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",
 			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, h.Rates.Device/1e9, h.Rates.Handoff)
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
@@ -114,6 +115,30 @@ type ExpertReport struct {
 	OnCPUPerToken    float64 `json:"on_cpu_per_token,omitempty"`
 	AcquiresPerToken float64 `json:"acquires_per_token,omitempty"`
 	BytesPerToken    float64 `json:"bytes_per_token,omitempty"`
+
+	// Devices is each device's part when the model runs on several: its
+	// cache and counters, with the rates of the same window (their
+	// Guessed counts are the engine's, not split by device); nil on one.
+	Devices []DeviceExperts `json:"devices,omitempty"`
+}
+
+// DeviceExperts is one device's expert cache in an ExpertReport.
+type DeviceExperts struct {
+	Device       string `json:"device"`
+	Experts      int    `json:"experts"`
+	Slots        int    `json:"slots"`
+	CacheBytes   int64  `json:"cache_bytes"`
+	Acquires     int64  `json:"acquires"`
+	Hits         int64  `json:"hits"`
+	Misses       int64  `json:"misses"`
+	Prefetches   int64  `json:"prefetches"`
+	PrefetchHits int64  `json:"prefetch_hits"`
+	BytesMoved   int64  `json:"bytes_moved"`
+
+	HitRate          float64 `json:"hit_rate"`
+	PrefetchAccuracy float64 `json:"prefetch_accuracy"`
+	MissesPerToken   float64 `json:"misses_per_token,omitempty"`
+	BytesPerToken    float64 `json:"bytes_per_token,omitempty"`
 }
 
 // Experts reports the expert caches since Open; nil when no device pages
@@ -146,6 +171,14 @@ func (e *Engine) Experts() *ExpertReport {
 	r.Prefetches, r.PrefetchHits, r.BytesMoved = st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertBytesMoved
 	r.Guessed, r.GuessedRight = e.ExpertGuesses()
 	r.OnCPU, r.CPUTokens, r.CPUBytes = st.ExpertsOnCPU, st.ExpertCPUTokens, st.ExpertCPUBytes
+	if len(e.servers) > 1 {
+		for d, srv := range e.servers {
+			st := srv.Stats()
+			r.Devices = append(r.Devices, DeviceExperts{Device: e.devices[d].Name, Experts: st.ExpertsTotal, Slots: st.ExpertSlots, CacheBytes: st.ExpertCacheBytes,
+				Acquires: st.ExpertAcquires, Hits: st.ExpertHits, Misses: st.ExpertMisses,
+				Prefetches: st.ExpertPrefetches, PrefetchHits: st.ExpertPrefetchHits, BytesMoved: st.ExpertBytesMoved})
+		}
+	}
 	r.rates()
 	return &r
 }
@@ -166,6 +199,17 @@ func (r *ExpertReport) Since(before *ExpertReport, tokens int) *ExpertReport {
 		w.OnCPU -= before.OnCPU
 		w.CPUTokens -= before.CPUTokens
 		w.CPUBytes -= before.CPUBytes
+	}
+	w.Devices = slices.Clone(r.Devices)
+	if before != nil && len(before.Devices) == len(w.Devices) {
+		for d := range w.Devices {
+			w.Devices[d].Acquires -= before.Devices[d].Acquires
+			w.Devices[d].Hits -= before.Devices[d].Hits
+			w.Devices[d].Misses -= before.Devices[d].Misses
+			w.Devices[d].Prefetches -= before.Devices[d].Prefetches
+			w.Devices[d].PrefetchHits -= before.Devices[d].PrefetchHits
+			w.Devices[d].BytesMoved -= before.Devices[d].BytesMoved
+		}
 	}
 	w.Tokens = tokens
 	w.rates()
@@ -189,6 +233,16 @@ func (r *ExpertReport) rates() {
 		r.AcquiresPerToken = ratio(r.Acquires, n)
 		r.BytesPerToken = ratio(r.BytesMoved, n)
 	}
+	for d := range r.Devices {
+		x := &r.Devices[d]
+		x.HitRate = ratio(x.Hits, x.Acquires)
+		x.PrefetchAccuracy = ratio(x.PrefetchHits, x.Prefetches)
+		x.MissesPerToken, x.BytesPerToken = 0, 0
+		if n := int64(r.Tokens); n > 0 {
+			x.MissesPerToken = ratio(x.Misses, n)
+			x.BytesPerToken = ratio(x.BytesMoved, n)
+		}
+	}
 }
 
 // String is the report on one line.
@@ -203,6 +257,13 @@ func (r *ExpertReport) String() string {
 		}
 	} else if r.OnCPU > 0 {
 		s += fmt.Sprintf("; %d experts on the CPU (%d tokens)", r.OnCPU, r.CPUTokens)
+	}
+	for d, x := range r.Devices {
+		s += fmt.Sprintf("\n  device %d (%s): cache of %d of %d (%s): hit rate %.1f%%, prefetch accuracy %.1f%%", d, x.Device, x.Slots, x.Experts,
+			paging.FormatSize(x.CacheBytes), 100*x.HitRate, 100*x.PrefetchAccuracy)
+		if r.Tokens > 0 {
+			s += fmt.Sprintf("; per token: %.2f misses, %s moved", x.MissesPerToken, paging.FormatSize(int64(x.BytesPerToken)))
+		}
 	}
 	return s
 }

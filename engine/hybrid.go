@@ -3,7 +3,10 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
@@ -17,14 +20,91 @@ import (
 // copies.
 const DefaultTwinMinTokens = 32
 
-// Hybrid is the part of an engine that computes layers on the CPU beside a
-// GPU: the plan, the rates it was made from, and the CPU backend.
+// Hybrid is the part of an engine that computes layers on the CPU beside
+// one GPU or several: the plans, the rates they were made from, and the
+// CPU backend.
 type Hybrid struct {
-	Plan  *paging.HybridPlan `json:"plan"`
-	Rates paging.Rates       `json:"rates"`
+	// Plan is the GPU's plan on one GPU; nil on several, whose plans are
+	// in GPUs.
+	Plan *paging.HybridPlan `json:"plan,omitempty"`
+	// GPUs are, on several GPUs, each GPU's share of the model (its
+	// contiguous blocks, placed in proportion to the budgets) and the
+	// plan of that share within its budget: its layers in the share's
+	// numbering from 0 (CPULayers says which in the model's).
+	GPUs  []HybridGPU  `json:"gpus,omitempty"`
+	Rates paging.Rates `json:"rates"`
 	// CPU is the CPU device's name and threads.
 	CPU     string `json:"cpu"`
 	Threads int    `json:"threads"`
+}
+
+// HybridGPU is one GPU's part of a hybrid placement over several.
+type HybridGPU struct {
+	Device    string             `json:"device"`
+	Placement paging.Placement   `json:"placement"`
+	Plan      *paging.HybridPlan `json:"plan"`
+}
+
+// Plans are the GPUs' plans, one per GPU, in pipeline order.
+func (h *Hybrid) Plans() []*paging.HybridPlan {
+	if h.Plan != nil {
+		return []*paging.HybridPlan{h.Plan}
+	}
+	var ps []*paging.HybridPlan
+	for _, g := range h.GPUs {
+		ps = append(ps, g.Plan)
+	}
+	return ps
+}
+
+// CPULayers are the layers the CPU computes in decode, in the model's
+// numbering, over every GPU's plan.
+func (h *Hybrid) CPULayers() []int {
+	if h.Plan != nil {
+		return slices.Clone(h.Plan.CPULayers)
+	}
+	var ls []int
+	for _, g := range h.GPUs {
+		ls = append(ls, h.gpuCPULayers(g)...)
+	}
+	return ls
+}
+
+// gpuCPULayers are g's CPU layers in the model's numbering.
+func (h *Hybrid) gpuCPULayers(g HybridGPU) []int {
+	var ls []int
+	for _, l := range g.Plan.CPULayers {
+		ls = append(ls, g.Placement.Layers[l])
+	}
+	return ls
+}
+
+// HybridTotals add up the GPUs' plans: per token, the bytes resident,
+// streamed and read by the CPU, the host memory of the CPU's layers, and
+// the predicted time of a token, the stages running one after the other.
+type HybridTotals struct {
+	ResidentBytes  int64         `json:"resident_bytes"`
+	StreamedBytes  int64         `json:"streamed_bytes"`
+	CPUBytes       int64         `json:"cpu_bytes"`
+	HostLayerBytes int64         `json:"host_layer_bytes"`
+	Predicted      time.Duration `json:"predicted_ns"`
+	PredictedTokS  float64       `json:"predicted_tok_s"`
+}
+
+// Totals adds up the plans (Plans).
+func (h *Hybrid) Totals() HybridTotals {
+	var t HybridTotals
+	for _, p := range h.Plans() {
+		t.ResidentBytes += p.ResidentBytes
+		t.StreamedBytes += p.StreamedBytes
+		t.CPUBytes += p.CPUBytes
+		t.HostLayerBytes += p.HostLayerBytes
+		t.Predicted += p.Predicted
+	}
+	if t.Predicted > 0 {
+		t.PredictedTokS = float64(time.Second) / float64(t.Predicted)
+	}
+	return t
 }
 
 // isHybrid reports whether a strategy places layers on the CPU.
@@ -32,23 +112,27 @@ func isHybrid(s paging.Strategy) bool {
 	return s == paging.StrategyHybrid || s == paging.StrategyCPU
 }
 
-// openHybrid assembles the model on one GPU and the CPU: it measures the
-// rates (unless given), plans which layers stay on the GPU, stream to it or
-// run on the CPU, makes the GPU's budget and pager, and builds the stages:
-// runs of GPU layers computed from the pager, runs of CPU layers computed
-// from the pager's host copies (pinned, so that the copy engine streams
-// them to the GPU when a large prompt chunk runs them there).
-func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit int64, kv paging.KVPlacement) error {
+// openHybrid assembles the model on the GPUs and the CPU: it measures the
+// rates (unless given; on the first GPU, the others alike), places the
+// blocks over the GPUs in contiguous shares in proportion to their budgets
+// (one GPU takes them all), and for each GPU plans which layers of its
+// share stay on it, stream to it or run on the CPU, within its budget, and
+// makes its budget and pager; then it builds the stages: runs of GPU
+// layers computed from their GPU's pager, runs of CPU layers computed from
+// that pager's host copies (pinned, so that the copy engine streams them
+// to the GPU when a large prompt chunk runs them there).
+func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits []int64, kv paging.KVPlacement) error {
 	o := e.opts
-	if len(e.backends) != 1 {
-		return fmt.Errorf("engine: the %s strategy runs on one GPU and the CPU (%d devices given)", e.strategy, len(e.backends))
-	}
-	gpu := e.backends[0]
-	if _, ok := tensor.AsyncUpload(gpu); !ok {
-		return fmt.Errorf("engine: the %s strategy needs a GPU beside the CPU (%s has no copy engine)", e.strategy, gpu.Name())
+	for _, gpu := range e.backends {
+		if _, ok := tensor.AsyncUpload(gpu); !ok {
+			return fmt.Errorf("engine: the %s strategy needs a GPU beside the CPU (%s has no copy engine)", e.strategy, gpu.Name())
+		}
 	}
 	if e.mode != paging.ModeExplicit {
 		return fmt.Errorf("engine: the %s strategy copies weights explicitly; memory mode %s is not supported with it", e.strategy, e.mode)
+	}
+	if len(e.backends) > 1 && kv != paging.KVDevice {
+		return fmt.Errorf("engine: the %s strategy keeps the KV cache in host memory on one GPU (%d given): keep it on the devices", e.strategy, len(e.backends))
 	}
 	if err := e.openCPU(); err != nil {
 		return err
@@ -62,15 +146,28 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		if len(block) > 0 {
 			dt = block[len(block)-1].DType
 		}
-		r, err := MeasureRates(ctx, gpu, cpu, dt, e.cfg.HiddenSize, block)
+		r, err := MeasureRates(ctx, e.backends[0], cpu, dt, e.cfg.HiddenSize, block)
 		if err != nil {
 			return err
 		}
 		rates = &r
 	}
-	// With the KV cache in host memory, every block's is there (the
-	// CPU's blocks' and the GPU's): the host memory limit holds it and
-	// the CPU's layers.
+	e.hybrid = &Hybrid{Rates: *rates, CPU: cpu.Name(), Threads: cpuThreads(cpu)}
+	e.kvRates = rates
+	L := e.cfg.NumLayers
+	all := make([]int, e.cfg.LayerCount())
+	for l := range all {
+		all[l] = l
+	}
+	parts := []paging.Placement{{FirstBlock: 0, EndBlock: L, Layers: all, Budget: limits[0]}}
+	if len(e.backends) > 1 {
+		var err error
+		if parts, err = paging.PlaceLayers(info, limits); err != nil {
+			return err
+		}
+	}
+	// The host memory limit holds the CPU's layers of every GPU, and,
+	// with the KV cache in host memory (one GPU), every block's cache.
 	hostLimit, kvAll := o.Memory.HostCache, nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
 	if kv == paging.KVHost && hostLimit != 0 {
 		if kvAll >= max(hostLimit, 0) {
@@ -78,64 +175,154 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		}
 		hostLimit -= kvAll
 	}
-	ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: hostLimit}
-	switch {
-	case e.strategy == paging.StrategyCPU:
-		ho.Mode = paging.HybridAllCPU
-	case o.Memory.CPULayers != 0:
-		ho.Mode, ho.CPULayers = paging.HybridForced, max(o.Memory.CPULayers, 0)
-	}
-	hp, err := paging.PlanHybrid(info, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv), paging.WithKVPositions(e.kvPositions()))
-	if err != nil {
-		return err
-	}
-	e.hybrid = &Hybrid{Plan: hp, Rates: *rates, CPU: cpu.Name(), Threads: cpuThreads(cpu)}
-	e.kvRates = rates
-	if _, err := e.placeKV(gpu, hp.GPU); err != nil {
-		return err
-	}
-	if e.kv != nil && kv == paging.KVAuto && hostLimit > 0 {
-		if kvAll+hp.HostLayerBytes > hostLimit {
-			return kvOverLimit(kvAll+hp.HostLayerBytes, hostLimit)
-		}
-		hostLimit -= kvAll
-	}
-
-	bud, err := paging.NewBudget(gpu, limit, gpu.Name())
-	if err != nil {
-		return err
-	}
-	e.budgets = append(e.budgets, bud)
-	if o.Record {
-		bud.RecordHistory(1 << 20)
-	}
-	// The pager fills its ring ahead along the sequence, so that the
-	// copies go on while the CPU computes its layers, as the plan's
-	// prediction assumes.
-	pager, err := paging.NewPager(nn.Source(e.lm), bud, hp.GPU, paging.Options{HostCacheBytes: hostLimit, HostLayers: hp.CPULayers, PrefetchFill: true})
-	if err != nil {
-		return err
-	}
-	e.servers = append(e.servers, pager)
-	if err := pager.SetSequence(hp.Sequence); err != nil {
-		return err
-	}
-	all := make([]int, e.cfg.LayerCount())
-	for l := range all {
-		all[l] = l
-	}
-
-	onCPU := map[int]bool{}
-	for _, l := range hp.CPULayers {
-		onCPU[l] = true
-	}
 	if e.hostAlloc == nil {
-		e.hostAlloc = pinnedAllocator(gpu, cpu)
+		e.hostAlloc = pinnedAllocator(e.backends[0], cpu)
 	}
-	hostAlloc := e.hostAlloc
-	host := hostLayers{pager}
-	// With the KV cache in host memory, the GPU's blocks keep theirs there
-	// too (the CPU's are there already).
+	var pagers []*paging.Pager
+	var plans []*paging.HybridPlan
+	var stages []nn.Stage
+	var total, cum int64
+	for _, p := range parts {
+		total += p.Bytes
+	}
+	forced, forcedSoFar := max(o.Memory.CPULayers, 0), 0
+	for d, p := range parts {
+		gpu, limit := e.backends[d], limits[d]
+		stageInfo, src := info, nn.Source(e.lm)
+		gpuHostLimit, cpuLayers := hostLimit, forced
+		if len(parts) > 1 {
+			stageInfo, src = info.Stage(p), nn.StageSource(nn.Source(e.lm), p.Layers)
+			// Each GPU's share of the host memory limit and of a forced
+			// count of CPU layers: in proportion to its share of the
+			// weights.
+			cum += p.Bytes
+			if hostLimit > 0 {
+				gpuHostLimit = max(int64(float64(hostLimit)*float64(p.Bytes)/float64(total)), 1)
+			}
+			upTo := int(math.Round(float64(forced) * float64(cum) / float64(total)))
+			cpuLayers, forcedSoFar = min(upTo-forcedSoFar, len(p.Layers)), upTo
+		}
+		ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: gpuHostLimit}
+		switch {
+		case e.strategy == paging.StrategyCPU:
+			ho.Mode = paging.HybridAllCPU
+		case o.Memory.CPULayers != 0:
+			ho.Mode, ho.CPULayers = paging.HybridForced, cpuLayers
+		}
+		hp, err := paging.PlanHybrid(stageInfo, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv), paging.WithKVPositions(e.kvPositions()))
+		if err != nil {
+			if len(parts) > 1 {
+				return fmt.Errorf("device %d (%s, layers %d..%d): %w", d, gpu.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
+			}
+			return err
+		}
+		plans = append(plans, hp)
+		if _, _, err := e.placeKV(gpu, hp.GPU, 0); err != nil {
+			return err
+		}
+		hostCache := gpuHostLimit
+		if e.kv != nil && kv == paging.KVAuto && hostCache > 0 {
+			if kvAll+hp.HostLayerBytes > hostCache {
+				return kvOverLimit(kvAll+hp.HostLayerBytes, hostCache)
+			}
+			hostCache -= kvAll
+		}
+
+		bud, err := paging.NewBudget(gpu, limit, gpu.Name())
+		if err != nil {
+			return err
+		}
+		e.budgets = append(e.budgets, bud)
+		if o.Record {
+			bud.RecordHistory(1 << 20)
+		}
+		// The pager fills its ring ahead along the sequence, so that the
+		// copies go on while the CPU computes its layers, as the plan's
+		// prediction assumes.
+		pager, err := paging.NewPager(src, bud, hp.GPU, paging.Options{HostCacheBytes: hostCache, HostLayers: hp.CPULayers, PrefetchFill: true})
+		if err != nil {
+			return err
+		}
+		e.servers = append(e.servers, pager)
+		pagers = append(pagers, pager)
+		if err := pager.SetSequence(hp.Sequence); err != nil {
+			return err
+		}
+		stages = append(stages, e.hybridStages(d, p, len(parts), hp, pager, bud)...)
+		e.devices = append(e.devices, Device{Name: gpu.Name(), Placement: p, Plan: hp.GPU, BudgetBytes: limit})
+	}
+	if len(plans) == 1 {
+		e.hybrid.Plan = plans[0]
+	} else {
+		for d, p := range parts {
+			e.hybrid.GPUs = append(e.hybrid.GPUs, HybridGPU{Device: e.backends[d].Name(), Placement: p, Plan: plans[d]})
+		}
+	}
+	e.stages = stages
+	twinMin := o.TwinMinTokens
+	if twinMin == 0 {
+		twinMin = DefaultTwinMinTokens
+	}
+	e.pipeOpts = nn.PipelineOptions{TwinMinTokens: twinMin, NoPeerCopies: o.NoPeerCopies, OnTwins: func(twins bool) {
+		for d, pager := range pagers {
+			seq := plans[d].Sequence
+			if twins {
+				seq = make([]int, len(parts[d].Layers))
+				for i := range seq {
+					seq[i] = i
+				}
+			}
+			_ = pager.SetSequence(seq) // checked above: both are valid
+		}
+	}}
+	// Warm up: the GPUs' layers load through their pagers (the resident
+	// sets stay), the CPU's into the pagers' host copies.
+	done, total := int64(0), e.lm.WeightBytes()
+	layers := e.lm.Layers()
+	for d, p := range parts {
+		onCPU := map[int]bool{}
+		for _, i := range plans[d].CPULayers {
+			onCPU[i] = true
+		}
+		for i, l := range p.Layers {
+			if onCPU[i] {
+				if _, err := pagers[d].HostLayer(ctx, i); err != nil {
+					return err
+				}
+			} else {
+				if _, err := pagers[d].Acquire(ctx, i); err != nil {
+					return err
+				}
+				pagers[d].Release(i)
+			}
+			done += layers[l].Bytes
+			if o.Progress != nil {
+				o.Progress(min(done, total), total)
+			}
+		}
+	}
+	return nil
+}
+
+// hybridStages are the stages of GPU d's share p (of n shares) under its
+// hybrid plan: maximal runs of its layers on one side. The embedding
+// (layer 0) and the head (layer L+1) belong to the first and last stage; a
+// run of CPU layers starting at the embedding or ending at the head makes
+// a stage of its own when the blocks next to it are on the GPU. The pager
+// numbers the share's layers from 0 (the model's on one GPU).
+func (e *Engine) hybridStages(d int, p paging.Placement, n int, hp *paging.HybridPlan, pager *paging.Pager, bud *paging.Budget) []nn.Stage {
+	gpu, cpu := e.backends[d], e.cpu
+	var weights nn.Weights = pager
+	var host nn.Weights = hostLayers{p: pager}
+	if n > 1 {
+		weights, host = nn.StageWeights(pager, p.Layers), hostLayers{p: pager, first: p.Layers[0]}
+	}
+	onCPU := map[int]bool{}
+	for _, i := range hp.CPULayers {
+		onCPU[p.Layers[i]] = true
+	}
+	// With the KV cache in host memory (one GPU), the GPU's blocks keep
+	// theirs there too (the CPU's are there already).
 	var hostKV *nn.HostKV
 	if e.kv != nil {
 		var gpuBlocks []int
@@ -150,78 +337,40 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limit in
 		}
 		e.kv.HostBytes = nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
 		e.kv.Placement = paging.KVHost
-		hostKV = &nn.HostKV{Blocks: gpuBlocks, CPU: cpu, Alloc: hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos}
+		hostKV = &nn.HostKV{Blocks: gpuBlocks, CPU: cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos}
 	}
-	// Stages: maximal runs of layers on one side. The embedding (layer 0)
-	// and the head (layer L+1) belong to the first and last stage; a run
-	// of CPU layers starting at the embedding or ending at the head makes
-	// a stage of its own when the blocks next to it are on the GPU.
 	L := e.cfg.NumLayers
 	side := func(layer int) bool { return onCPU[layer] }
 	var stages []nn.Stage
 	addStage := func(cpuSide bool, lo, hi int) {
-		st := nn.Stage{Backend: gpu, Alloc: bud, Weights: pager, FirstBlock: lo, EndBlock: hi, HostKV: hostKV}
+		st := nn.Stage{Backend: gpu, Alloc: bud, Weights: weights, FirstBlock: lo, EndBlock: hi, HostKV: hostKV}
 		if cpuSide {
-			st.Backend, st.Alloc, st.Weights, st.HostKV = cpu, hostAlloc, host, nil
+			st.Backend, st.Alloc, st.Weights, st.HostKV = cpu, e.hostAlloc, host, nil
 			if hi > lo {
-				st.Twin = &nn.Twin{Backend: gpu, Alloc: bud, Weights: pager}
+				st.Twin = &nn.Twin{Backend: gpu, Alloc: bud, Weights: weights}
 			}
 		}
 		stages = append(stages, st)
 	}
+	next := p.FirstBlock
 	// The embedding's side: a stage of its own when it differs from block
 	// 0's.
-	next := 0
-	if side(0) != side(1) {
+	if next == 0 && side(0) != side(1) {
 		addStage(side(0), 0, 0)
 	}
-	for next < L {
+	for next < p.EndBlock {
 		s := side(next + 1)
 		end := next
-		for end < L && side(end+1) == s {
+		for end < p.EndBlock && side(end+1) == s {
 			end++
 		}
 		addStage(s, next, end)
 		next = end
 	}
-	if side(L+1) != side(L) {
+	if p.EndBlock == L && side(L+1) != side(L) {
 		addStage(side(L+1), L, L)
 	}
-	e.devices = append(e.devices, Device{Name: gpu.Name(), Placement: paging.Placement{FirstBlock: 0, EndBlock: L, Layers: all, Budget: limit},
-		Plan: hp.GPU, BudgetBytes: limit})
-	e.stages = stages
-	twinMin := o.TwinMinTokens
-	if twinMin == 0 {
-		twinMin = DefaultTwinMinTokens
-	}
-	e.pipeOpts = nn.PipelineOptions{TwinMinTokens: twinMin, OnTwins: func(twins bool) {
-		seq := hp.Sequence
-		if twins {
-			seq = all
-		}
-		_ = pager.SetSequence(seq) // checked above: both are valid
-	}}
-	// Warm up: the GPU's layers load through the pager (the resident set
-	// stays), the CPU's into the pager's host copies.
-	done, total := int64(0), e.lm.WeightBytes()
-	layers := e.lm.Layers()
-	for l := range all {
-		if onCPU[l] {
-			if _, err := pager.HostLayer(ctx, l); err != nil {
-				return err
-			}
-		} else {
-			if _, err := pager.Acquire(ctx, l); err != nil {
-				return err
-			}
-			pager.Release(l)
-		}
-		done += layers[l].Bytes
-		if o.Progress != nil {
-			o.Progress(min(done, total), total)
-		}
-	}
-	return nil
+	return stages
 }
 
 // Hybrid describes the CPU+GPU placement, or is nil when no layer is
@@ -239,11 +388,15 @@ func (e *Engine) HostHeldBytes() int64 {
 }
 
 // hostLayers serves a pager's layers as host tensors, for the CPU to
-// compute from.
-type hostLayers struct{ p *paging.Pager }
+// compute from; first is the model's layer that is the pager's layer 0 (a
+// GPU's share of the model).
+type hostLayers struct {
+	p     *paging.Pager
+	first int
+}
 
 func (h hostLayers) Acquire(ctx context.Context, layer int) (nn.LayerWeights, error) {
-	return h.p.HostLayer(ctx, layer)
+	return h.p.HostLayer(ctx, layer-h.first)
 }
 
 func (h hostLayers) Release(int) {}

@@ -3,11 +3,16 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // fakeGPU is a CPU backend that passes for a GPU in the hybrid strategy's
@@ -111,18 +116,195 @@ func TestHybridMatchesDirect(t *testing.T) {
 }
 
 // TestHybridNeedsAGPU: the hybrid strategies refuse a device without a
-// copy engine, and several devices, with one line.
+// copy engine, alone or beside a GPU, and a KV cache in host memory on
+// several GPUs, with one line naming the problem.
 func TestHybridNeedsAGPU(t *testing.T) {
 	lm := openFixture(t, fixtures.TinyLlamaBF16)
-	for _, o := range []Options{
-		{Backends: cpus(1), Memory: Memory{Strategy: paging.StrategyHybrid}, Rates: &testRates},
-		{Backends: []tensor.Backend{newFakeGPU(), newFakeGPU()}, Memory: Memory{Strategy: paging.StrategyCPU}, Rates: &testRates},
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Backends: cpus(1), Memory: Memory{Strategy: paging.StrategyHybrid}, Rates: &testRates}, "cpu has no copy engine"},
+		{Options{Backends: []tensor.Backend{newFakeGPU(), tensor.NewCPU(1)}, Memory: Memory{Strategy: paging.StrategyCPU}, Rates: &testRates}, "cpu has no copy engine"},
+		{Options{Backends: []tensor.Backend{newFakeGPU(), newFakeGPU()}, Memory: Memory{Strategy: paging.StrategyHybrid, KVCache: paging.KVHost}, Rates: &testRates},
+			"in host memory on one GPU (2 given)"},
 	} {
-		if e, err := Open(context.Background(), lm, o); err == nil {
+		e, err := Open(context.Background(), lm, tc.o)
+		if err == nil {
 			e.Close()
-			t.Errorf("%d devices, %s: opened", len(o.Backends), o.Memory.Strategy)
-		} else if s := fmt.Sprint(err); len(s) == 0 {
-			t.Error("empty error")
+			t.Errorf("%d devices, %s: opened", len(tc.o.Backends), tc.o.Memory.Strategy)
+		} else if s := err.Error(); !strings.Contains(s, tc.want) || strings.Contains(s, "\n") {
+			t.Errorf("error %q, want one line containing %q", s, tc.want)
 		}
+	}
+}
+
+// TestHybridSeveralGPUs: the hybrid strategies over two and three fake
+// GPUs and the CPU, with unequal budgets that leave most layers off the
+// GPUs: the blocks are placed over the GPUs in proportion to the budgets,
+// each GPU's share planned within its own budget (the planner's split, a
+// forced count shared among them, every non-resident layer on the CPU);
+// logits are bit-identical to the model run directly (a prompt of several
+// chunks on the twins, decode steps on the CPU), alone and through the
+// batcher; each GPU's peak stays within its budget; the summary shows each
+// GPU's plan and the totals add them up; pinned memory is returned.
+func TestHybridSeveralGPUs(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 400, 8, 91, 17}
+	const steps = 6
+	want := reference(t, lm, prompt, steps)
+	for _, tc := range []struct {
+		name      string
+		budgets   []int64
+		strategy  paging.Strategy
+		cpuLayers int
+	}{
+		{"two GPUs, planner's split", []int64{150 << 10, 200 << 10}, paging.StrategyHybrid, 0},
+		{"two GPUs, four CPU layers", []int64{250 << 10, 250 << 10}, paging.StrategyHybrid, 4},
+		{"two GPUs, cpu", []int64{150 << 10, 200 << 10}, paging.StrategyCPU, 0},
+		{"three GPUs, planner's split", []int64{130 << 10, 130 << 10, 160 << 10}, paging.StrategyHybrid, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var gpus []*fakeGPU
+			var bs []tensor.Backend
+			for range tc.budgets {
+				g := newFakeGPU()
+				defer g.Close()
+				gpus, bs = append(gpus, g), append(bs, g)
+			}
+			o := Options{Backends: bs, Context: len(prompt) + steps + 8, Chunk: 4, TwinMinTokens: 4, KVPositions: 32,
+				Memory: Memory{Budgets: tc.budgets, Strategy: tc.strategy, CPULayers: tc.cpuLayers}, Rates: &testRates}
+			e, err := Open(context.Background(), lm, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := e.Hybrid()
+			if h == nil || h.Plan != nil || len(h.GPUs) != len(tc.budgets) {
+				t.Fatalf("hybrid %+v: want a plan per GPU", h)
+			}
+			next := 0
+			for d, g := range h.GPUs {
+				if g.Plan.GPU.Budget != tc.budgets[d] || g.Placement.FirstBlock != next || g.Placement.EndBlock <= next {
+					t.Errorf("GPU %d: plan budget %d (given %d), blocks %d..%d after %d", d, g.Plan.GPU.Budget, tc.budgets[d], g.Placement.FirstBlock, g.Placement.EndBlock, next)
+				}
+				next = g.Placement.EndBlock
+			}
+			cpu := h.CPULayers()
+			if len(cpu) == 0 || tc.cpuLayers > 0 && len(cpu) != tc.cpuLayers || slices.ContainsFunc(h.GPUs, func(g HybridGPU) bool { return g.Plan.StreamedBytes+g.Plan.CPUBytes == 0 }) {
+				t.Errorf("CPU layers %v, forced %d", cpu, tc.cpuLayers)
+			}
+			tot := h.Totals()
+			var streamed int64
+			for _, p := range h.Plans() {
+				streamed += p.StreamedBytes
+			}
+			if tot.StreamedBytes != streamed || tot.PredictedTokS <= 0 || tc.strategy == paging.StrategyCPU && streamed != 0 {
+				t.Errorf("totals %+v, streamed %d", tot, streamed)
+			}
+			sum := e.Summary()
+			t.Logf("%s", sum)
+			if !strings.Contains(sum, fmt.Sprintf("hybrid over %d GPUs", len(tc.budgets))) || strings.Count(sum, "fakegpu, layers") != len(tc.budgets) {
+				t.Errorf("summary without each GPU's plan:\n%s", sum)
+			}
+			var cpuBlocks []int
+			for _, l := range cpu {
+				if l >= 1 && l <= lm.Config.NumLayers {
+					cpuBlocks = append(cpuBlocks, l-1)
+				}
+			}
+			if r := e.KV(); fmt.Sprint(r.HostBlocks) != fmt.Sprint(cpuBlocks) {
+				t.Errorf("KV report's host blocks %v, the CPU's %v", r.HostBlocks, cpuBlocks)
+			}
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, s, prompt, steps)
+			s.Close()
+			for i := range want {
+				if d := maxDiff(got[i], want[i]); d != 0 {
+					t.Fatalf("step %d: logits differ from the direct run's by %g (CPU layers %v)", i, d, cpu)
+				}
+			}
+			prompts := [][]int32{{1, 5, 9}, {7, 8, 9, 10, 11}, {3}}
+			wantIDs, _ := runAlone(t, e, prompts, 3)
+			gotIDs, _ := runBatched(t, e, prompts, 3, BatchOptions{MaxSequences: 3, StepTokens: 4, BlockSize: 4, KVBlocks: 8})
+			for i := range prompts {
+				if fmt.Sprint(gotIDs[i]) != fmt.Sprint(wantIDs[i]) {
+					t.Errorf("batched request %d: %v, alone %v", i, gotIDs[i], wantIDs[i])
+				}
+			}
+			for d, dev := range e.Devices() {
+				if dev.PeakDeviceBytes > tc.budgets[d] {
+					t.Errorf("GPU %d: peak %d over the budget %d", d, dev.PeakDeviceBytes, tc.budgets[d])
+				}
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for d, g := range gpus {
+				if g.pinned != 0 {
+					t.Errorf("GPU %d: %d bytes of pinned memory left after Close", d, g.pinned)
+				}
+			}
+		})
+	}
+}
+
+// TestHybridSeveralGPUsModels: the hybrid strategy over two fake GPUs, each
+// with a budget of a third of the weights, runs a Q8_0 GGUF conversion and
+// the mixtures of experts (Qwen3-MoE, and Mixtral as a BF16 GGUF file) with
+// logits bit-identical to the model run directly (within 1e-5 for the
+// mixtures, whose sparse blocks on the CPU round their experts' sum
+// otherwise, on one GPU too) and the same ids, each GPU within its budget.
+func TestHybridSeveralGPUsModels(t *testing.T) {
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 40}
+	const steps = 5
+	for _, m := range []struct {
+		name string
+		open func(t *testing.T) *loader.Model
+		tol  float64
+	}{
+		{"q8_0", func(t *testing.T) *loader.Model { return openGGUF(t, fixtures.TinyLlamaF16Sharded, quant.Q8_0) }, 0},
+		// A sparse block on the CPU's side rounds its experts' sum
+		// otherwise (5e-7 on one GPU as on two).
+		{"qwen3-moe", func(t *testing.T) *loader.Model { return openFixture(t, fixtures.TinyQwen3MoEF16) }, 1e-5},
+		{"mixtral gguf", func(t *testing.T) *loader.Model { return openGGUF(t, fixtures.TinyMixtralBF16, quant.BF16) }, 1e-5},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			lm := m.open(t)
+			want := reference(t, lm, prompt, steps)
+			budget := lm.WeightBytes() / 3
+			gpus := []tensor.Backend{newFakeGPU(), newFakeGPU()}
+			defer gpus[0].Close()
+			defer gpus[1].Close()
+			e, err := Open(context.Background(), lm, Options{Backends: gpus, Context: len(prompt) + steps, Chunk: 4, TwinMinTokens: 4,
+				Memory: Memory{Budgets: []int64{budget}, Strategy: paging.StrategyHybrid}, Rates: &testRates})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			h := e.Hybrid()
+			t.Logf("CPU layers %v, totals %+v", h.CPULayers(), h.Totals())
+			if t0 := h.Totals(); t0.StreamedBytes+t0.CPUBytes == 0 {
+				t.Fatalf("everything resident under %d per GPU", budget)
+			}
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, s, prompt, steps)
+			s.Close()
+			for i := range want {
+				if d := maxDiff(got[i], want[i]); d > m.tol || nn.Argmax(got[i]) != nn.Argmax(want[i]) {
+					t.Fatalf("step %d: logits differ from the direct run's by %g (want <= %g), or the id", i, d, m.tol)
+				}
+			}
+			for d, dev := range e.Devices() {
+				if dev.PeakDeviceBytes > budget {
+					t.Errorf("GPU %d: peak %d over the budget %d", d, dev.PeakDeviceBytes, budget)
+				}
+			}
+		})
 	}
 }

@@ -57,15 +57,13 @@ func (e *Engine) kvPlacement() (paging.KVPlacement, error) {
 	if _, err := paging.ParseKVPlacement(string(kv)); err != nil {
 		return "", fmt.Errorf("engine: %w", err)
 	}
-	switch {
-	case len(e.backends) > 1:
-		return "", fmt.Errorf("engine: KV cache placed %s: a KV cache in host memory runs on one device (%d given)", kv, len(e.backends))
-	}
-	if _, ok := tensor.AsyncUpload(e.backends[0]); !ok {
-		if kv == paging.KVHost {
-			return "", fmt.Errorf("engine: KV cache placed host: %s has no memory of its own to keep it out of", e.backends[0].Name())
+	for _, b := range e.backends {
+		if _, ok := tensor.AsyncUpload(b); !ok {
+			if kv == paging.KVHost {
+				return "", fmt.Errorf("engine: KV cache placed host: %s has no memory of its own to keep it out of", b.Name())
+			}
+			return paging.KVDevice, nil // auto on the CPU: it is in host memory
 		}
-		return paging.KVDevice, nil // auto on the CPU: it is in host memory
 	}
 	return kv, nil
 }
@@ -83,6 +81,9 @@ func (e *Engine) kvPlanOptions(ctx context.Context, kv paging.KVPlacement, info 
 		return nil, err
 	}
 	rates := e.opts.Rates
+	if rates == nil {
+		rates = e.kvRates // measured for an earlier device (they are alike)
+	}
 	if rates == nil {
 		block := info.Layers[e.cfg.BlockLayer(0)].Tensors
 		dt := tensor.F16
@@ -118,38 +119,60 @@ func (e *Engine) openCPU() error {
 
 // placeKV prepares the host side of a plan that keeps some blocks' KV
 // cache in host memory: the CPU that attends over it and the pinned
-// allocator, within the host memory limit (Memory.HostCache), whose rest
-// goes to the host cache of streamed layers. It returns that cache's
-// bound for the pager.
-func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult) (int64, error) {
+// allocator, within the host memory limit (Memory.HostCache) that the
+// host KV caches of every device share, whose rest goes to the host cache
+// of streamed layers. firstBlock is the device's first block (its plan
+// numbers its blocks from 0). It returns that cache's bound for the pager,
+// and the stage's HostKV (its blocks in the model's numbering), nil when
+// it keeps every block's cache on the device.
+func (e *Engine) placeKV(dev tensor.Backend, plan *paging.PlanResult, firstBlock int) (int64, *nn.HostKV, error) {
 	limit := e.opts.Memory.HostCache
 	if len(plan.KVHostBlocks) == 0 {
-		return limit, nil
+		return limit, nil, nil
 	}
-	if limit != 0 && plan.KVHostBytes > max(limit, 0) {
-		return 0, kvOverLimit(plan.KVHostBytes, limit)
+	held := plan.KVHostBytes
+	if e.kv != nil {
+		held += e.kv.HostBytes // earlier devices'
+	}
+	if limit != 0 && held > max(limit, 0) {
+		return 0, nil, kvOverLimit(held, limit)
 	}
 	if limit > 0 {
-		limit -= plan.KVHostBytes
+		limit -= held
 		if limit == 0 {
 			limit = -1 // nothing left for streamed layers
 		}
 	}
 	if err := e.openCPU(); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	e.hostAlloc = pinnedAllocator(dev, e.cpu)
+	if e.hostAlloc == nil {
+		// Pinned memory is portable: every device copies from it at
+		// full speed, whichever allocated it.
+		e.hostAlloc = pinnedAllocator(dev, e.cpu)
+	}
 	minTokens := e.opts.TwinMinTokens
 	if minTokens == 0 {
 		minTokens = DefaultTwinMinTokens
 	}
-	e.kv = &KVReport{Placement: plan.KVPlacement, HostBlocks: plan.KVHostBlocks, HostBytes: plan.KVHostBytes,
-		DeviceBytes: plan.KVCacheBytes, ScratchBytes: plan.KVScratchBytes, DeviceMinTokens: minTokens, Rates: e.kvRates}
+	maxPos := 0
 	if e.kvRates != nil && plan.ContextLen > 0 {
 		row := plan.KVHostBytes / int64(len(plan.KVHostBlocks)) / int64(plan.ContextLen)
-		e.kv.DeviceMaxPos = min(paging.KVUploadMaxPos(*e.kvRates, row), plan.ContextLen)
+		maxPos = min(paging.KVUploadMaxPos(*e.kvRates, row), plan.ContextLen)
 	}
-	return limit, nil
+	blocks := make([]int, len(plan.KVHostBlocks))
+	for i, b := range plan.KVHostBlocks {
+		blocks[i] = firstBlock + b
+	}
+	if e.kv == nil {
+		e.kv = &KVReport{Placement: plan.KVPlacement, DeviceMinTokens: minTokens, DeviceMaxPos: maxPos, Rates: e.kvRates}
+	}
+	e.kv.HostBlocks = append(e.kv.HostBlocks, blocks...)
+	e.kv.HostBytes += plan.KVHostBytes
+	e.kv.DeviceBytes += plan.KVCacheBytes
+	e.kv.ScratchBytes += plan.KVScratchBytes
+	e.kv.DeviceMaxPos = min(e.kv.DeviceMaxPos, maxPos)
+	return limit, &nn.HostKV{Blocks: blocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: minTokens, DeviceMaxPos: maxPos}, nil
 }
 
 // kvOverLimit is the error of a KV cache in host memory that, with what
@@ -182,7 +205,7 @@ func (e *Engine) KV() *KVReport {
 	}
 	if h := e.hybrid; h != nil && e.cfg.NumLayers > 0 {
 		perBlock := nn.KVCacheBytes(e.cfg, e.context, e.kvDType()) / int64(e.cfg.NumLayers)
-		for _, l := range h.Plan.CPULayers {
+		for _, l := range h.CPULayers() {
 			if b := l - e.cfg.BlockLayer(0); b >= 0 && b < e.cfg.NumLayers {
 				r.HostBlocks = append(r.HostBlocks, b)
 			}

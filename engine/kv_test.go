@@ -109,8 +109,9 @@ func TestKVCacheInHostMemory(t *testing.T) {
 // TestKVCacheRefusals: a host KV cache larger than the host memory limit
 // (with the hybrid strategy, every block's cache and nothing left for the
 // CPU's layers),
-// host KV on a device that has no memory of its own, on several devices,
-// and an unknown placement are refused with
+// the host KV caches of two devices together over the limit, host KV on a
+// device that has no memory of its own, and an unknown placement are
+// refused with
 // one line naming the problem.
 func TestKVCacheRefusals(t *testing.T) {
 	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
@@ -127,7 +128,10 @@ func TestKVCacheRefusals(t *testing.T) {
 		{"the CPU", func() []tensor.Backend { return cpus(1) }, Memory{KVCache: paging.KVHost}, "no memory of its own"},
 		{"hybrid: the whole cache over the limit", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} },
 			Memory{KVCache: paging.KVHost, Strategy: paging.StrategyHybrid, HostCache: 256 << 10, Budgets: []int64{8 << 20}}, "over the host memory limit of 256.00 KiB"},
-		{"two devices", func() []tensor.Backend { return []tensor.Backend{newFakeGPU(), newFakeGPU()} }, Memory{KVCache: paging.KVAuto}, "one device (2 given)"},
+		{"two devices share the limit", func() []tensor.Backend { return []tensor.Backend{newFakeGPU(), newFakeGPU()} },
+			Memory{KVCache: paging.KVHost, HostCache: 96 << 10, Budgets: []int64{8 << 20}}, "needs 128.00 KiB (131072 bytes) of host memory, over the host memory limit of 96.00 KiB"},
+		{"a CPU among the devices", func() []tensor.Backend { return []tensor.Backend{newFakeGPU(), tensor.NewCPU(1)} },
+			Memory{KVCache: paging.KVHost}, "cpu has no memory of its own"},
 		{"unknown", func() []tensor.Backend { return []tensor.Backend{newFakeGPU()} }, Memory{KVCache: "disk"}, "unknown KV cache placement"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -306,5 +310,101 @@ func TestKVCacheHybrid(t *testing.T) {
 			t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned)
 		}
 		gpu.Close()
+	}
+}
+
+// TestKVCacheHostSeveralDevices: over two and three fake GPUs, each under
+// a budget that streams layers, the KV cache placed host (every block's)
+// or auto (each device's plan chooses its own blocks; on this fixture, of
+// four blocks, the device scratch of a host block takes what it saves, so
+// they stay) gives logits bit-identical to the model run directly; the
+// report's host blocks are the plans' in the model's numbering, its bytes
+// their sum, decode attends on the CPU over them; each device's peak stays
+// within its budget, and the pinned memory is returned at Close.
+func TestKVCacheHostSeveralDevices(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 400, 8, 91, 17}
+	const steps, ctx = 6, 256
+	want := reference(t, lm, prompt, steps)
+	fastCPU := paging.Rates{H2D: 10e9, CPU: 20e9, Device: 1e12}
+	info, err := nn.ModelInfo(lm, lm.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = paging.Plan(info, 1, paging.StrategyBalanced, ctx, 1, paging.WithChunkTokens(4), paging.WithDevice(newFakeGPU()))
+	var be *paging.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("probe plan: %v", err)
+	}
+	for _, devices := range []int{2, 3} {
+		// Each device's budget: a share of what one device needs at
+		// least for the whole model, which streams layers.
+		budget := be.Needed * 2 / int64(devices)
+		for _, kv := range []paging.KVPlacement{paging.KVHost, paging.KVAuto} {
+			t.Run(fmt.Sprintf("%d devices, %s", devices, kv), func(t *testing.T) {
+				var gpus []*fakeGPU
+				var bs []tensor.Backend
+				for range devices {
+					g := newFakeGPU()
+					defer g.Close()
+					gpus, bs = append(gpus, g), append(bs, g)
+				}
+				o := Options{Backends: bs, Context: ctx, Chunk: 4, TwinMinTokens: 4, Rates: &fastCPU,
+					Memory: Memory{Budgets: []int64{budget}, Strategy: paging.StrategyBalanced, KVCache: kv}}
+				e, err := Open(context.Background(), lm, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var hostBlocks []int
+				var hostBytes int64
+				streamed := 0
+				for _, d := range e.Devices() {
+					for _, b := range d.Plan.KVHostBlocks {
+						hostBlocks = append(hostBlocks, d.Placement.FirstBlock+b)
+					}
+					hostBytes += d.Plan.KVHostBytes
+					streamed += len(d.Plan.StreamedLayers)
+				}
+				if streamed == 0 {
+					t.Errorf("nothing streamed under %d", budget)
+				}
+				if kv == paging.KVHost && len(hostBlocks) != lm.Config.NumLayers {
+					t.Fatalf("host blocks %v, want every block", hostBlocks)
+				}
+				s, err := e.NewSession()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := decode(t, s, prompt, steps)
+				s.Close()
+				for i := range want {
+					if d := maxDiff(got[i], want[i]); d != 0 {
+						t.Fatalf("step %d: logits differ from the direct run's by %g", i, d)
+					}
+				}
+				r := e.KV()
+				t.Logf("%s", r)
+				if len(hostBlocks) == 0 {
+					if r.Placement != paging.KVDevice || r.HostBytes != 0 {
+						t.Errorf("report %+v, with every block's cache on the devices", r)
+					}
+				} else if fmt.Sprint(r.HostBlocks) != fmt.Sprint(hostBlocks) || r.HostBytes != hostBytes || r.CPUAttentions < int64(steps*len(hostBlocks)) {
+					t.Errorf("report %+v; the plans keep blocks %v (%d bytes) in host memory", r, hostBlocks, hostBytes)
+				}
+				for _, d := range e.Devices() {
+					if d.PeakDeviceBytes > budget {
+						t.Errorf("%s: peak %d over the budget %d", d.Name, d.PeakDeviceBytes, budget)
+					}
+				}
+				if err := e.Close(); err != nil {
+					t.Fatal(err)
+				}
+				for _, g := range gpus {
+					if g.pinned != 0 {
+						t.Errorf("%d bytes of pinned memory left after Close", g.pinned)
+					}
+				}
+			})
+		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -62,8 +64,8 @@ type Batch struct {
 	blocks  int
 	free    []int32 // the free blocks, a stack
 	xfer    *PipelineSession
-	last    []int32   // the row of each sequence whose logits are asked
-	host    []float32 // the logits of the last step
+	flight  []*stepGroup // per stage, the step that ran it last beat (Tick)
+	host    []float32    // the logits of the last step
 	closed  bool
 }
 
@@ -86,15 +88,15 @@ type Seq struct {
 
 // NewBatch makes a Batch over the model on its device.
 func (m *Model) NewBatch(o BatchOptions) (*Batch, error) {
-	return newBatch(&m.cfg, []*Model{m}, []tensor.Backend{m.backend}, o)
+	return newBatch(&m.cfg, []*Model{m}, []tensor.Backend{m.backend}, false, o)
 }
 
 // NewBatch makes a Batch over the pipeline's stages, each on its device.
 func (p *Pipeline) NewBatch(o BatchOptions) (*Batch, error) {
-	return newBatch(&p.cfg, p.stages, p.keys, o)
+	return newBatch(&p.cfg, p.stages, p.keys, p.opts.NoPeerCopies, o)
 }
 
-func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOptions) (*Batch, error) {
+func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, noPeer bool, o BatchOptions) (*Batch, error) {
 	if o.BlockSize == 0 {
 		o.BlockSize = DefaultBlockSize
 	}
@@ -111,7 +113,7 @@ func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, o BatchOpt
 		return nil, fmt.Errorf("nn: batch pool of %d blocks of %d positions is too large", o.Blocks, o.BlockSize)
 	}
 	b := &Batch{cfg: c, maxPos: o.MaxPos, maxRows: o.MaxRows, blocks: o.Blocks, step: batchStep{bs: o.BlockSize}}
-	b.xfer = &PipelineSession{xfer: make([]byte, 4*o.MaxRows*c.HiddenSize)}
+	b.xfer = &PipelineSession{xfer: make([]byte, 4*o.MaxRows*c.HiddenSize), noPeer: noPeer}
 	bufs := map[tensor.Backend]*buffers{}
 	rows := o.Blocks * o.BlockSize
 	for k, m := range models {
@@ -253,9 +255,52 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	if b.closed {
 		return nil, errors.New("nn: batch is closed")
 	}
-	st := &b.step
-	st.seqs, st.rowPos, b.last = st.seqs[:0], st.rowPos[:0], b.last[:0]
-	var ids []int32
+	if b.Flying() > 0 {
+		return nil, errors.New("nn: batch step: steps are in flight (Tick until none is)")
+	}
+	g, err := b.prepare(&b.step, works, nil)
+	if err != nil {
+		return nil, err
+	}
+	if g.T == 0 {
+		return make([][]float32, len(works)), nil
+	}
+	for k, s := range b.stages {
+		if k == 0 {
+			if err := s.embedChunk(ctx, g.ids, nil); err != nil {
+				return nil, err
+			}
+		} else if err := b.xfer.hand(b.stages[k-1], s, g.T); err != nil {
+			return nil, err
+		}
+		if err := s.blocksChunk(ctx, g.T, nil, false); err != nil {
+			return nil, err
+		}
+	}
+	logits, err := b.stages[len(b.stages)-1].batchHead(ctx, g.T, g.last)
+	if err != nil {
+		return nil, err
+	}
+	b.host = logits
+	return g.finish(logits, b.cfg.VocabSize), nil
+}
+
+// stepGroup is one group of works of a step, checked: its rows' ids, the
+// step state its stages attend with, the rows whose logits it asks for.
+type stepGroup struct {
+	works []Work
+	ids   []int32
+	st    *batchStep
+	last  []int32
+	T     int
+}
+
+// prepare checks works (distinct open sequences of b, none in seen, each
+// with room for its tokens, at most MaxRows rows) and fills st with their
+// sequences and rows' positions.
+func (b *Batch) prepare(st *batchStep, works []Work, seen map[*Seq]bool) (*stepGroup, error) {
+	st.seqs, st.rowPos = st.seqs[:0], st.rowPos[:0]
+	g := &stepGroup{works: works, st: st}
 	for i, w := range works {
 		s := w.Seq
 		switch {
@@ -265,6 +310,8 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 			return nil, fmt.Errorf("nn: batch step: work %d: no tokens", i)
 		case s.pos+len(w.IDs) > s.Capacity():
 			return nil, fmt.Errorf("%w: batch step: work %d: %d positions used, %d more asked, its blocks hold %d", ErrContextFull, i, s.pos, len(w.IDs), s.Capacity())
+		case seen[s]:
+			return nil, fmt.Errorf("nn: batch step: work %d: its sequence is in another group of the step", i)
 		}
 		for j := range i {
 			if works[j].Seq == s {
@@ -277,46 +324,180 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 			}
 			st.rowPos = append(st.rowPos, s.pos+j)
 		}
-		ids = append(ids, w.IDs...)
+		g.ids = append(g.ids, w.IDs...)
 		st.seqs = append(st.seqs, tensor.SeqBlocks{Rows: len(w.IDs), Pos0: s.pos, Blocks: s.blocks})
 		if w.Logits {
-			b.last = append(b.last, int32(len(ids)-1))
+			g.last = append(g.last, int32(len(g.ids)-1))
 		}
 	}
-	T := len(ids)
-	if T == 0 {
-		return make([][]float32, len(works)), nil
+	g.T = len(g.ids)
+	if g.T > b.maxRows {
+		return nil, fmt.Errorf("nn: batch step of %d rows, the batch runs %d at most", g.T, b.maxRows)
 	}
-	if T > b.maxRows {
-		return nil, fmt.Errorf("nn: batch step of %d rows, the batch runs %d at most", T, b.maxRows)
-	}
-	for k, s := range b.stages {
-		if k == 0 {
-			if err := s.embedChunk(ctx, ids, nil); err != nil {
-				return nil, err
-			}
-		} else if err := b.xfer.hand(b.stages[k-1], s, T); err != nil {
-			return nil, err
-		}
-		if err := s.blocksChunk(ctx, T, nil, false); err != nil {
-			return nil, err
-		}
-	}
-	logits, err := b.stages[len(b.stages)-1].batchHead(ctx, T, b.last)
-	if err != nil {
-		return nil, err
-	}
-	b.host = logits
-	out := make([][]float32, len(works))
-	vocab, n := b.cfg.VocabSize, 0
-	for i, w := range works {
+	return g, nil
+}
+
+// finish advances the group's sequences and returns each work's logits
+// (nil for those that ask none) from logits, a row of vocab per work that
+// asks.
+func (g *stepGroup) finish(logits []float32, vocab int) [][]float32 {
+	out := make([][]float32, len(g.works))
+	n := 0
+	for i, w := range g.works {
 		w.Seq.pos += len(w.IDs)
 		if w.Logits {
 			out[i] = logits[n*vocab : (n+1)*vocab : (n+1)*vocab]
 			n++
 		}
 	}
-	return out, nil
+	return out
+}
+
+// Pipelined reports whether Tick overlaps steps on the stages: a batch
+// over several stages, each on a device of its own (stages that share a
+// device, as a CPU+GPU placement's do, share buffers).
+func (b *Batch) Pipelined() bool {
+	if len(b.stages) < 2 {
+		return false
+	}
+	for k, s := range b.stages {
+		for _, o := range b.stages[:k] {
+			if o.buffers == s.buffers {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Tick is one beat of a pipelined batch (Pipelined): each step in flight
+// moves on to the next stage while the first stage starts the works given
+// (a step, as Step takes them; none starts nothing), all the stages
+// computing at once, each on its device. So while stage 1 runs the second
+// half of one step, stage 0 runs the first half of the next: a step
+// finishes every beat once the pipeline is full, its works' sequences
+// their own (a sequence's next step starts once its step has finished).
+//
+// It returns the works of the step that left the last stage this beat and
+// their logits, as Step returns them for those works (owned by the
+// caller); nil, nil when none left. InFlight says which sequences have a
+// step under way; the works given must be none of them. A beat that fails
+// abandons every step in flight and advances none of their sequences; it
+// returns the error and the steps abandoned (their works), so that the
+// caller ends them.
+func (b *Batch) Tick(ctx context.Context, works []Work) (done []Work, logits [][]float32, err error) {
+	if b.closed {
+		return nil, nil, errors.New("nn: batch is closed")
+	}
+	if !b.Pipelined() {
+		return nil, nil, errors.New("nn: batch tick: the stages do not run on devices of their own (use Step)")
+	}
+	S := len(b.stages)
+	if b.flight == nil {
+		b.flight = make([]*stepGroup, S)
+	}
+	var g *stepGroup
+	if len(works) > 0 {
+		for i, w := range works {
+			if w.Seq != nil && b.InFlight(w.Seq) {
+				return nil, nil, fmt.Errorf("nn: batch tick: work %d: its sequence has a step in flight", i)
+			}
+		}
+		if g, err = b.prepare(&batchStep{bs: b.step.bs}, works, nil); err != nil {
+			return nil, nil, err
+		}
+		if g.T == 0 {
+			g = nil
+		}
+	}
+	// flight[k] has run stage k; this beat stage k+1 runs it, stage 0 g.
+	run := make([]*stepGroup, S)
+	run[0] = g
+	for k := 1; k < S; k++ {
+		run[k] = b.flight[k-1]
+	}
+	abandon := func(err error) ([]Work, [][]float32, error) {
+		var lost []Work
+		for _, r := range run {
+			if r != nil {
+				lost = append(lost, r.works...)
+			}
+		}
+		clear(b.flight)
+		return lost, nil, err
+	}
+	// The hand-overs first, from the last stage back: stage k's input
+	// arrives once its previous output has left it.
+	for k := S - 1; k >= 1; k-- {
+		if r := run[k]; r != nil {
+			if err := b.xfer.hand(b.stages[k-1], b.stages[k], r.T); err != nil {
+				return abandon(err)
+			}
+		}
+	}
+	errs := make([]error, S)
+	var out []float32
+	var wg sync.WaitGroup
+	for k, r := range run {
+		if r == nil {
+			continue
+		}
+		s := b.stages[k]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.batch = r.st
+			defer func() { s.batch = &b.step }()
+			if k == 0 {
+				if errs[k] = s.embedChunk(ctx, r.ids, nil); errs[k] != nil {
+					return
+				}
+			}
+			if errs[k] = s.blocksChunk(ctx, r.T, nil, false); errs[k] != nil || k < S-1 {
+				return
+			}
+			l, err := s.batchHead(ctx, r.T, r.last)
+			out, errs[k] = slices.Clone(l), err
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return abandon(err)
+	}
+	copy(b.flight, run[:S-1])
+	last := run[S-1]
+	b.flight[S-1] = nil
+	if last == nil {
+		return nil, nil, nil
+	}
+	return last.works, last.finish(out, b.cfg.VocabSize), nil
+}
+
+// InFlight reports whether seq has a step under way in the pipeline
+// (Tick).
+func (b *Batch) InFlight(seq *Seq) bool {
+	for _, g := range b.flight {
+		if g == nil {
+			continue
+		}
+		for _, w := range g.works {
+			if w.Seq == seq {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Flying is the number of steps in flight (Tick).
+func (b *Batch) Flying() int {
+	n := 0
+	for _, g := range b.flight {
+		if g != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // batchHostKV prepares a batch session of a model whose blocks' KV cache

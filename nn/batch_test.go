@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
@@ -248,5 +251,201 @@ func TestBatchErrors(t *testing.T) {
 				t.Fatalf("a refused step moved the sequence to %d", s1.Pos())
 			}
 		})
+	}
+}
+
+// overlapCPU is a CPU backend that records how many of its group compute
+// at once: each RMSNorm counts itself active for a moment.
+type overlapCPU struct {
+	*tensor.CPU
+	active, most *atomic.Int32
+}
+
+func (o overlapCPU) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
+	n := o.active.Add(1)
+	defer o.active.Add(-1)
+	for {
+		m := o.most.Load()
+		if n <= m || o.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(200 * time.Microsecond)
+	return o.CPU.RMSNorm(out, x, w, eps)
+}
+
+// runTicks is runBatch through Tick: each beat starts a step of the
+// sequences that have none in flight (decode rows first, then prompt
+// chunks, rows tokens at most), and takes the logits of the step that
+// left the pipeline.
+func runTicks(t *testing.T, b *Batch, seqs []*batchSeq, rows int) {
+	t.Helper()
+	ctx := context.Background()
+	for beat := 0; ; beat++ {
+		var works []Work
+		budget, left := rows, 0
+		for _, s := range seqs {
+			if s.seq != nil && !b.InFlight(s.seq) && s.fed == len(s.prompt) && len(s.logits) < s.steps && budget > 0 {
+				works = append(works, Work{Seq: s.seq, IDs: []int32{s.next}, Logits: true})
+				budget--
+			}
+		}
+		for _, s := range seqs {
+			if s.join <= beat && s.seq == nil {
+				s.seq = b.NewSeq()
+				if err := s.seq.Reserve(len(s.prompt) + s.steps); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if s.seq != nil && !b.InFlight(s.seq) && s.fed < len(s.prompt) && budget > 0 {
+				n := min(budget, len(s.prompt)-s.fed)
+				works = append(works, Work{Seq: s.seq, IDs: s.prompt[s.fed : s.fed+n], Logits: s.fed+n == len(s.prompt)})
+				budget -= n
+			}
+			if len(s.logits) < s.steps {
+				left++
+			}
+		}
+		if left == 0 {
+			if b.Flying() != 0 {
+				t.Fatalf("%d steps in flight with every sequence done", b.Flying())
+			}
+			return
+		}
+		done, out, err := b.Tick(ctx, works)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range done {
+			var s *batchSeq
+			for _, c := range seqs {
+				if c.seq == w.Seq {
+					s = c
+				}
+			}
+			if !w.Logits {
+				s.fed += len(w.IDs)
+				continue
+			}
+			s.fed = len(s.prompt)
+			s.logits = append(s.logits, append([]float32(nil), out[i]...))
+			s.next = int32(Argmax(out[i]))
+			if len(s.logits) == s.steps {
+				s.seq.Close()
+			}
+		}
+	}
+}
+
+// TestBatchTick: a batch over a pipeline of two and three devices run beat
+// by beat (Tick), each beat starting a step of the sequences with none in
+// flight while the earlier steps move on, gives every sequence the logits
+// Step gives it, bit for bit; the stages compute at once (two or more
+// devices active together); Step refuses while steps are in flight, and a
+// batch whose stages share a device refuses Tick.
+func TestBatchTick(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	for _, cuts := range [][]int{{2}, {1, 3}} {
+		t.Run(fmt.Sprintf("%d devices", len(cuts)+1), func(t *testing.T) {
+			var active, most atomic.Int32
+			var stages []Stage
+			bounds := append(append([]int{0}, cuts...), cfg.NumLayers)
+			for k := range len(bounds) - 1 {
+				dev := overlapCPU{CPU: tensor.NewCPU(1), active: &active, most: &most}
+				defer dev.Close()
+				hw, err := LoadWeights(context.Background(), lm, dev, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer hw.Close()
+				stages = append(stages, Stage{Backend: dev, Weights: hw, FirstBlock: bounds[k], EndBlock: bounds[k+1]})
+			}
+			p, err := NewPipeline(cfg, stages)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mk := func() []*batchSeq {
+				r := rand.New(rand.NewPCG(5, 9))
+				var seqs []*batchSeq
+				for i := range 6 {
+					prompt := make([]int32, 1+r.IntN(9))
+					for j := range prompt {
+						prompt[j] = int32(r.IntN(cfg.VocabSize))
+					}
+					seqs = append(seqs, &batchSeq{prompt: prompt, join: i / 2, steps: 3 + r.IntN(3)})
+				}
+				return seqs
+			}
+			want, got := mk(), mk()
+			for _, run := range []struct {
+				seqs []*batchSeq
+				f    func(*testing.T, *Batch, []*batchSeq, int)
+			}{{want, func(t *testing.T, b *Batch, seqs []*batchSeq, rows int) { runBatch(t, b, seqs, rows) }}, {got, runTicks}} {
+				b, err := p.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 6, BlockSize: 4, Blocks: 64})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !b.Pipelined() {
+					t.Fatal("a batch over devices of their own is not pipelined")
+				}
+				run.f(t, b, run.seqs, 6)
+				b.Close()
+			}
+			for i := range want {
+				for s := range want[i].logits {
+					for j, v := range want[i].logits[s] {
+						if got[i].logits[s][j] != v {
+							t.Fatalf("sequence %d step %d logit %d: %v by beats, %v by steps", i, s, j, got[i].logits[s][j], v)
+						}
+					}
+				}
+			}
+			if most.Load() < 2 {
+				t.Errorf("at most %d devices computed at once: the beats did not overlap the stages", most.Load())
+			}
+			b, err := p.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 6, BlockSize: 4, Blocks: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			s := b.NewSeq()
+			if err := s.Reserve(8); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := b.Tick(context.Background(), []Work{{Seq: s, IDs: []int32{1, 2}, Logits: true}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Step(context.Background(), []Work{{Seq: s, IDs: []int32{3}}}); err == nil {
+				t.Error("Step with a step in flight: no error")
+			}
+			if _, _, err := b.Tick(context.Background(), []Work{{Seq: s, IDs: []int32{3}}}); err == nil || !strings.Contains(err.Error(), "in flight") {
+				t.Errorf("a sequence in flight given to Tick: %v", err)
+			}
+		})
+	}
+	// Two stages on one device share its buffers: no beats.
+	dev := tensor.NewCPU(1)
+	defer dev.Close()
+	hw, err := LoadWeights(context.Background(), lm, dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	p, err := NewPipeline(cfg, []Stage{{Backend: dev, Weights: hw, FirstBlock: 0, EndBlock: 2}, {Backend: dev, Weights: hw, FirstBlock: 2, EndBlock: cfg.NumLayers}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 6, BlockSize: 4, Blocks: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, _, err := b.Tick(context.Background(), nil); b.Pipelined() || err == nil {
+		t.Errorf("stages sharing a device: pipelined %v, Tick %v", b.Pipelined(), err)
 	}
 }

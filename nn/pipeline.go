@@ -59,11 +59,16 @@ type PipelineOptions struct {
 	// twins (so that a pager can prefetch the layers that will run on its
 	// device) whenever that changes.
 	OnTwins func(twins bool)
+	// NoPeerCopies hands the hidden state between two devices through
+	// host memory even when they can copy to each other directly
+	// (tensor.PeerCopy), to compare the two.
+	NoPeerCopies bool
 }
 
 // Pipeline runs a model whose layers are spread over several devices in
 // contiguous ranges: each token's hidden state passes from one stage to the
-// next through host memory.
+// next device to device where they can copy to each other, else through
+// host memory.
 type Pipeline struct {
 	cfg    arch.Config
 	stages []*Model
@@ -158,6 +163,7 @@ type PipelineSession struct {
 	chunk  int
 	closed bool
 	busy   map[string]time.Duration // wall time by device name, see Busy
+	noPeer bool                     // PipelineOptions.NoPeerCopies
 }
 
 // NewSession allocates each stage's KV cache, each device's buffers, and
@@ -181,7 +187,7 @@ func (p *Pipeline) NewSessionWith(maxPos, chunk int, o SessionOptions) (*Pipelin
 	}
 	chunk = min(chunk, maxPos)
 	c := &p.cfg
-	ps := &PipelineSession{p: p, chunk: chunk, twins: make([]*Session, len(p.stages))}
+	ps := &PipelineSession{p: p, chunk: chunk, twins: make([]*Session, len(p.stages)), noPeer: p.opts.NoPeerCopies}
 	bufs := map[tensor.Backend]*buffers{}
 	// The logits are computed where the last stage runs: on its device,
 	// or on its twin's for large chunks.
@@ -427,8 +433,10 @@ func (ps *PipelineSession) backendOf(layer int) tensor.Backend {
 }
 
 // hand passes the first T rows of the hidden state from one stage to the
-// next: nothing to do on one device (they share the buffers), a copy into
-// or out of host memory when either is the host, else through host memory.
+// next: nothing to do on one device (they share the buffers), a peer copy
+// between two devices that can copy to each other directly
+// (tensor.PeerCopy, unless NoPeerCopies), a copy into or out of host
+// memory when either is the host, else through host memory.
 // A device's hidden state leaves it once its compute is done
 // (tensor.DownloadComputed): copies of later layers that its pager queued
 // go on while the next stage computes.
@@ -437,6 +445,14 @@ func (ps *PipelineSession) hand(from, to *Session, T int) error {
 		return nil
 	}
 	src, dst := rows(from.x, T), rows(to.x, T)
+	if !ps.noPeer {
+		if pc, ok := tensor.PeerCopy(from.m.backend, to.m.backend); ok {
+			if err := pc.CopyToPeer(to.m.backend, dst, src); err != nil {
+				return fmt.Errorf("nn: hidden state from %s to %s: %w", from.m.backend.Name(), to.m.backend.Name(), err)
+			}
+			return nil
+		}
+	}
 	switch {
 	case dst.OnHost():
 		if err := tensor.DownloadComputed(from.m.backend, dst.Bytes(), src); err != nil {

@@ -652,8 +652,12 @@ func plan(model ModelInfo, budget int64, strategy Strategy, contextLen, batch in
 	// the largest layer, without prefetch.
 	lring := ringCost(full, 0)
 	p.MinBudgetBytes = fixed + lring
+	kvPos, kvSeqs := contextLen, batch
+	if o.kvPositions > 0 { // a pool shared by the batch (WithKVPositions)
+		kvPos, kvSeqs = o.kvPositions, 1
+	}
 	detail := fmt.Sprintf("weights %s (largest layer %s), KV cache %s for %d positions x %d, activations %s for %d tokens, workspace %s",
-		FormatSize(W), FormatSize(lmax), FormatSize(p.KVCacheBytes), contextLen, batch, FormatSize(p.ActivationBytes), o.chunk*batch, FormatSize(p.WorkspaceBytes))
+		FormatSize(W), FormatSize(lmax), FormatSize(p.KVCacheBytes), kvPos, kvSeqs, FormatSize(p.ActivationBytes), o.chunk*batch, FormatSize(p.WorkspaceBytes))
 	if o.hostKV > 0 {
 		detail += fmt.Sprintf(" (KV cache of %d blocks in host memory, %s of device scratch)", o.hostKV, FormatSize(p.KVScratchBytes))
 	} else if o.kv == "" || o.kv == KVDevice {

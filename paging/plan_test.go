@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/strata-llm/strata/tensor"
@@ -58,6 +59,19 @@ func TestReserveScales(t *testing.T) {
 	}
 	if pool.KVCacheBytes != 2*4*4096*int64(info.NumLayers)*250 || pool.ActivationBytes != p.ActivationBytes || pool.WorkspaceBytes != p.WorkspaceBytes {
 		t.Errorf("plan with a pool of 250 positions reserves KV %d, activations %d, workspace %d", pool.KVCacheBytes, pool.ActivationBytes, pool.WorkspaceBytes)
+	}
+	// A budget too small names the pool's positions, not the context's.
+	for _, tc := range []struct {
+		opts []PlanOption
+		want string
+	}{
+		{nil, "for 100 positions x 3,"},
+		{[]PlanOption{WithKVPositions(250)}, "for 250 positions x 1,"},
+	} {
+		_, err := Plan(info, 1, StrategyBalanced, 100, 3, append(tc.opts, WithChunkTokens(7))...)
+		if !errors.Is(err, ErrBudgetTooSmall) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("budget of 1 byte: %v, want the KV cache %q", err, tc.want)
+		}
 	}
 	ps, err := PlaceLayers(info, []int64{1, 1})
 	if err != nil {

@@ -242,3 +242,30 @@ func DownloadComputed(m Memory, dst []byte, src *Tensor) error {
 	}
 	return m.Download(dst, src)
 }
+
+// PeerCopier is a backend that can copy one of its tensors straight into a
+// tensor of another device (a peer copy, over NVLink or PCIe), without the
+// round trip through host memory that a Download and an Upload make.
+type PeerCopier interface {
+	// CanCopyToPeer reports whether CopyToPeer can copy into to's tensors.
+	// The first call for a device may set up the access (the driver's
+	// peer mappings, both ways); later calls are cheap.
+	CanCopyToPeer(to Memory) bool
+	// CopyToPeer copies src, a tensor of this backend, into dst, a tensor
+	// of to with the same byte size. The copy runs after the work queued
+	// on both devices before the call (which may still read dst), and the
+	// work queued on to after the call runs after the copy; the call may
+	// return before the copy lands.
+	CopyToPeer(to Memory, dst, src *Tensor) error
+}
+
+// PeerCopy returns from's peer copier when it can copy into to's tensors
+// (PeerCopier.CanCopyToPeer); ok is false otherwise, and a hand-over goes
+// through host memory.
+func PeerCopy(from, to Memory) (PeerCopier, bool) {
+	pc, ok := capability[PeerCopier](from)
+	if !ok || !pc.CanCopyToPeer(to) {
+		return nil, false
+	}
+	return pc, true
+}

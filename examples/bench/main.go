@@ -78,6 +78,9 @@ type options struct {
 	ceilings, graphs                                    bool
 	routerSkew, routerLocality                          float64
 	synthetic                                           bool // -router-skew given
+	devices                                             string
+	pipeline                                            bool
+	more                                                []tensor.Backend // -devices after the first
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -86,6 +89,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.model, "model", "", "model `directory`")
 	fs.StringVar(&o.name, "name", "", "model label in the results (default: the directory's base name)")
 	fs.StringVar(&o.device, "device", "cpu", "cpu, cuda, cuda:N or auto")
+	fs.StringVar(&o.devices, "devices", "", "spread the layers over these `devices` of -device's driver: 0,1 or all (each run's budget is each device's; launches and copy rates are the first device's)")
+	fs.BoolVar(&o.pipeline, "pipeline", false, "with -devices and -streams, run the batcher's steps as a pipeline over the devices")
 	fs.StringVar(&o.runs, "runs", "none", "comma-separated runs BUDGET[:STRATEGY[:MODE]]")
 	fs.StringVar(&o.prefill, "prefill", "128,512", "prompt lengths to time")
 	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")
@@ -163,11 +168,23 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			hostCache = -1 // none at all
 		}
 	}
-	b, err := cli.OpenBackend(o.device, o.threads)
+	specs, _, err := cli.DeviceSpecs(o.device, o.devices)
+	if err != nil {
+		return err
+	}
+	b, err := cli.OpenBackend(specs[0], o.threads)
 	if err != nil {
 		return err
 	}
 	defer cli.CloseBackend(b)
+	for _, spec := range specs[1:] {
+		m, err := cli.OpenBackend(spec, o.threads)
+		if err != nil {
+			return err
+		}
+		defer cli.CloseBackend(m)
+		o.more = append(o.more, m)
+	}
 	var results []any
 	if o.ceilings {
 		c, err := measureCeilings(b, o.threads)
@@ -577,7 +594,7 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 			room = streamsPositions(o, counts[len(counts)-1])
 		}
 		var err error
-		e, err = engine.Open(ctx, lm, engine.Options{Backends: []tensor.Backend{b}, Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
+		e, err = engine.Open(ctx, lm, engine.Options{Backends: append([]tensor.Backend{b}, o.more...), Memory: mem, Context: ctxLen, Chunk: o.chunk, Threads: o.threads,
 			KVPositions: room, NoGraphs: !o.graphs})
 		if err == nil {
 			break
@@ -592,10 +609,15 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		counts = counts[:len(counts)-1]
 	}
 	defer e.Close()
-	plan := e.Devices()[0].Plan
-	r := &Result{Kind: "strata", Model: name, Device: b.Name(), Run: s.String(), BudgetBytes: s.budget,
+	var streamed int64
+	var names []string
+	for _, d := range e.Devices() {
+		streamed += d.Plan.StreamedBytes
+		names = append(names, d.Name)
+	}
+	r := &Result{Kind: "strata", Model: name, Device: strings.Join(names, "+"), Run: s.String(), BudgetBytes: s.budget,
 		Strategy: string(e.Strategy()), Mode: string(e.Mode()), WeightBytes: lm.WeightBytes(),
-		StreamedBytes: plan.StreamedBytes, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, Chunk: e.Chunk(), KVDType: e.KVDType().String()}
+		StreamedBytes: streamed, PrefillTokS: map[string]float64{}, DecodeTokens: o.decode, Chunk: e.Chunk(), KVDType: e.KVDType().String()}
 	if _, ok := tensor.Graphs(b); ok && o.graphs {
 		r.Graphs = true
 	}
@@ -605,12 +627,19 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	defer sess.Close()
 	if h := e.Hybrid(); h != nil {
-		p := h.Plan
-		r.StreamedBytes = p.StreamedBytes
-		r.Hybrid = &HybridResult{CPULayers: p.CPULayers, ResidentBytes: p.ResidentBytes, StreamedBytes: p.StreamedBytes,
-			CPUBytes: p.CPUBytes, HostBytes: p.HostLayerBytes, PredictedTokS: p.PredictedTokS, Rates: h.Rates, Bounds: p.Bounds,
+		// On several GPUs the totals of their plans; the bounds are one
+		// GPU's only.
+		t := h.Totals()
+		r.StreamedBytes = t.StreamedBytes
+		r.Hybrid = &HybridResult{CPULayers: h.CPULayers(), ResidentBytes: t.ResidentBytes, StreamedBytes: t.StreamedBytes,
+			CPUBytes: t.CPUBytes, HostBytes: t.HostLayerBytes, PredictedTokS: t.PredictedTokS, Rates: h.Rates,
 			MeasuredMs: map[string]float64{}, Threads: h.Threads}
-		fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+		if h.Plan != nil {
+			r.Hybrid.Bounds = h.Plan.Bounds
+		}
+		for _, p := range h.Plans() {
+			fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]int32, maxPrompt)

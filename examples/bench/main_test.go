@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -453,5 +454,41 @@ func TestBenchStreamsNoRoom(t *testing.T) {
 	}
 	if want := 2 * 32; r.StreamsPlanPositions != want {
 		t.Errorf("the plan kept room for %d positions, want the 2 streams' %d", r.StreamsPlanPositions, want)
+	}
+}
+
+// TestBenchDevices: -devices 0,1 runs the model over two CPU devices (the
+// result names both, and counts the streamed bytes of both plans under a
+// budget each), and -streams with -pipeline runs the batcher over them.
+func TestBenchDevices(t *testing.T) {
+	dir := t.TempDir()
+	var rs []Result
+	for i, extra := range [][]string{{"-runs", "300KiB:balanced"}, {"-runs", "300KiB:balanced", "-devices", "0,1", "-streams", "4", "-pipeline"}} {
+		out := filepath.Join(dir, fmt.Sprintf("r%d.jsonl", i))
+		args := append([]string{"-model", fixtures.Dir(fixtures.TinyLlamaF16Sharded), "-prefill", "8", "-warmup", "1", "-decode", "3", "-out", out}, extra...)
+		var stdout bytes.Buffer
+		if err := run(context.Background(), args, &stdout); err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r Result
+		if err := json.Unmarshal(bytes.TrimSpace(data), &r); err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, r)
+	}
+	one, two := rs[0], rs[1]
+	if one.Device != "cpu" || two.Device != "cpu+cpu" || two.DecodeTokS <= 0 {
+		t.Errorf("devices %q and %q, decode %v tok/s", one.Device, two.Device, two.DecodeTokS)
+	}
+	// Two budgets of 300 KiB hold more of the weights than one.
+	if one.StreamedBytes == 0 || two.StreamedBytes >= one.StreamedBytes {
+		t.Errorf("streamed per token: %d on one device, %d on two", one.StreamedBytes, two.StreamedBytes)
+	}
+	if two.Streams == nil || two.Streams.Streams != 4 || two.Streams.DecodeTokS <= 0 {
+		t.Errorf("streams %+v", two.Streams)
 	}
 }

@@ -53,7 +53,7 @@ func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*S
 	bs := nn.DefaultBlockSize
 	// Four rows a stream a step: the prompts start over a few steps, and
 	// the batch's buffers stay small beside the pool.
-	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: streamsPositions(o, n) / bs, BlockSize: bs, StepTokens: 4 * n})
+	b, err := e.NewBatcher(engine.BatchOptions{MaxSequences: n, MaxQueue: n, KVBlocks: streamsPositions(o, n) / bs, BlockSize: bs, StepTokens: 4 * n, Pipeline: o.pipeline})
 	if err != nil {
 		return nil, err
 	}

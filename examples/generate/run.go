@@ -43,6 +43,7 @@ type options struct {
 	// Memory: flags, merged over the -config file.
 	mem      cli.MemoryFlags
 	devices  string
+	noPeer   bool
 	summary  bool
 	snapshot string
 	set      map[string]bool // flags given on the command line
@@ -67,6 +68,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	o.mem.Register(fs)
 	fs.StringVar(&o.devices, "devices", "", "spread the layers over these `devices` of -device's driver: 0,1 or all (with -device cpu, CPU backends stand in for devices)")
+	fs.BoolVar(&o.noPeer, "no-peer-copies", false, "with -devices, hand the hidden state between GPUs through host memory even where they can copy to each other directly")
 	fs.BoolVar(&o.summary, "memory-summary", false, "print a memory summary table on stderr at exit")
 	fs.StringVar(&o.snapshot, "memory-snapshot", "", "record every allocation and paging event to this JSON `file` (draw it with examples/memviz)")
 	if err := cli.Parse(fs, args, stderr); err != nil {
@@ -274,7 +276,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	bar := cli.NewProgress(stderr, "loading "+filepath.Base(dir), o.quiet || o.jsonOut)
 	eng, err := engine.Open(ctx, lm, engine.Options{
 		Devices: specs, Threads: o.threads, Memory: mem,
-		Context: contextLen, Chunk: o.chunk, Record: o.snapshot != "", Progress: bar.Bytes,
+		Context: contextLen, Chunk: o.chunk, Record: o.snapshot != "", Progress: bar.Bytes, NoPeerCopies: o.noPeer,
 	})
 	bar.Done()
 	if err != nil {

@@ -296,6 +296,7 @@ func TestDevices(t *testing.T) {
 		args []string
 	}{
 		{"two resident", []string{"-devices", "0,1"}},
+		{"two through host memory", []string{"-devices", "0,1", "-no-peer-copies"}},
 		{"two budgets", []string{"-devices", "0,1", "-gpu-memory-limit", "0=220KiB,1=300KiB"}},
 		{"three streaming", []string{"-devices", "0,1,2", "-gpu-memory-limit", "170KiB", "-offload", "minimal"}},
 	} {

@@ -678,6 +678,26 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestRunPipeline: over two CPU devices with -pipeline, completions are
+// those of one device (greedy, so the same text).
+func TestRunPipeline(t *testing.T) {
+	var texts []string
+	for _, args := range [][]string{nil, {"-device", "cpu", "-devices", "0,1", "-pipeline"}} {
+		addr, stop := startRun(t, args...)
+		status, _, body := post(t, t.Context(), "http://"+addr+"/v1/completions", `{"model":"`+defaultmodel.Name+`","prompt":"Hi","max_tokens":6,"temperature":0}`)
+		if status != 200 {
+			t.Fatalf("%v: status %d: %s", args, status, body)
+		}
+		texts = append(texts, decode(t, body).Choices[0].Text)
+		if err, stderr := stop(); err != nil {
+			t.Fatalf("%v: %v, stderr %q", args, err, stderr)
+		}
+	}
+	if texts[0] != texts[1] {
+		t.Errorf("one device %q, two pipelined %q", texts[0], texts[1])
+	}
+}
+
 // TestGGUF: a GGUF file's tokenizer.chat_template is the chat endpoint's
 // template, and the file's base name the model's id.
 func TestGGUF(t *testing.T) {

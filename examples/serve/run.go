@@ -24,6 +24,7 @@ type options struct {
 	maxSeqs, maxQueue int
 	kvPositions       int
 	drain             time.Duration
+	pipeline          bool
 
 	mem cli.MemoryFlags
 	set map[string]bool // flags given on the command line
@@ -46,6 +47,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.context, "context", 0, fmt.Sprintf("positions (prompt and generated tokens) of one request; 0 is the model's context, at most %d", defaultContext))
 	fs.IntVar(&o.maxSeqs, "max-sequences", 8, "requests run at once")
 	fs.IntVar(&o.kvPositions, "kv-positions", 0, "KV cache `positions` the device plan keeps room for, the running requests' together; the KV pool takes that room (0: one -context, and the pool takes what room the plan leaves)")
+	fs.BoolVar(&o.pipeline, "pipeline", false, "with -devices, run the batch's steps as a pipeline: while the second device runs one step of some requests, the first runs the next step of the others")
 	fs.IntVar(&o.maxQueue, "max-queue", 64, "requests waiting at most; beyond it a request is answered 429")
 	fs.DurationVar(&o.drain, "drain-timeout", 30*time.Second, "on SIGINT or SIGTERM, how long the running requests have to finish")
 	o.mem.Register(fs)
@@ -133,7 +135,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 			retErr = err
 		}
 	}()
-	b, err := eng.NewBatcher(engine.BatchOptions{MaxSequences: o.maxSeqs, MaxQueue: o.maxQueue})
+	b, err := eng.NewBatcher(engine.BatchOptions{MaxSequences: o.maxSeqs, MaxQueue: o.maxQueue, Pipeline: o.pipeline})
 	if err != nil {
 		return err
 	}
