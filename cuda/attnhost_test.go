@@ -37,7 +37,7 @@ type attnHostCase struct {
 // mma.sync computed from their lanes' registers as the hardware lays them
 // out. Each case takes the kernel and split planAttention chooses (the
 // prefill kernel for at least flashMinRows queries) over F32, F16, BF16
-// and Q8_0 caches whose unwritten rows are NaN, against the float64
+// Q8_0 and Q8_B8 caches whose unwritten rows are NaN, against the float64
 // reference over the stored values: within 1e-5 relative for the split
 // kernel (F32 arithmetic), and the rounding of the products' inputs for
 // the tiled one (F16: 4e-3, BF16: 2e-2); and no read outside the rows
@@ -45,7 +45,14 @@ type attnHostCase struct {
 // short (odd T, positions not a multiple of the tile or chunk), start
 // chunks mid-cache (pos0 > 0), and group 1 to 8 query heads on a KV head
 // (the prefill kernel packs a group's heads as rows of its tiles: groups of
-// 3 put one query's rows in two warps).
+// 3 put one query's rows in two warps). Then the caches' quantizers
+// (kv_append_q8_0, kv_append_q8_b8) must write the bytes that the CPU's
+// CopyRows writes (tensortest.Encode), on values with outliers, zeros, a
+// block of zeros and scales too small for a normal F16; and the paged
+// cache's kernels (kv_write_blocks, attention_blocks) over pools of each
+// cache dtype: the rows' slots hold the bytes CopyRows writes, the output
+// is the reference's over the stored values within 1e-5, and no read
+// falls on a pool row left NaN.
 func TestAttentionKernelsOnHost(t *testing.T) {
 	nvcc, err := exec.LookPath("nvcc")
 	if err != nil {
@@ -63,7 +70,7 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 	all := func(string) bool { return true }
 	r := rand.New(rand.NewPCG(3, 4))
 	var cases []*attnHostCase
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
 		for _, s := range []struct{ d, heads, kvHeads, t, pos0, bound int }{
 			// Decode: one pass, several splits, the last one short, and
 			// up to splitMaxRows queries whose lengths differ.
@@ -125,6 +132,29 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var blocks []*blocksHostCase
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
+		for _, sh := range []struct {
+			heads, kvHeads, d, bs int
+			pos0, rows            []int
+		}{
+			{4, 2, 64, 16, []int{0, 20, 5}, []int{10, 1, 3}},
+			{8, 1, 128, 8, []int{37, 0}, []int{1, 17}},
+		} {
+			c := newBlocksHostCase(t, r, dt, sh.heads, sh.kvHeads, sh.d, sh.bs, sh.pos0, sh.rows)
+			if err := c.request(&req); err != nil {
+				t.Fatal(err)
+			}
+			blocks = append(blocks, c)
+		}
+	}
+	appends := appendHostCases(r)
+	for _, a := range appends {
+		for _, v := range []int32{3, attnHostDType[a.dt], int32(len(a.x))} {
+			binary.Write(&req, binary.LittleEndian, v)
+		}
+		binary.Write(&req, binary.LittleEndian, a.x)
+	}
 	req.Write(make([]byte, 4)) // op 0: end
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Stdin = &req
@@ -135,6 +165,26 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.check(t, &resp) })
+	}
+	for _, c := range blocks {
+		t.Run(c.name, func(t *testing.T) { c.check(t, &resp) })
+	}
+	for _, a := range appends {
+		t.Run(fmt.Sprintf("append/%v/%s", a.dt, a.name), func(t *testing.T) {
+			want, err := tensortest.Encode(a.dt, a.x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := resp.Next(len(want))
+			if !bytes.Equal(got, want) {
+				bb := a.dt.BlockBytes()
+				for i := 0; i < len(want); i += bb {
+					if !bytes.Equal(got[i:min(i+bb, len(got))], want[i:i+bb]) {
+						t.Fatalf("block %d: got % x, want % x (values %v)", i/bb, got[i:min(i+bb, len(got))], want[i:i+bb], a.x[i/bb*a.dt.BlockSize():(i/bb+1)*a.dt.BlockSize()])
+					}
+				}
+			}
+		})
 	}
 	if resp.Len() != 0 {
 		t.Errorf("%d bytes left over in the harness's output", resp.Len())
@@ -149,7 +199,38 @@ func uniform32(r *rand.Rand, n int, lo, hi float32) []float32 {
 	return v
 }
 
-var attnHostDType = map[tensor.DType]int32{tensor.F32: 0, tensor.F16: 1, tensor.BF16: 2, tensor.Q8_0: 3}
+var attnHostDType = map[tensor.DType]int32{tensor.F32: 0, tensor.F16: 1, tensor.BF16: 2, tensor.Q8_0: 3, tensor.Q8_B8: 4}
+
+// appendHostCase is a run of values the harness quantizes as a cache
+// append does.
+type appendHostCase struct {
+	name string
+	dt   tensor.DType
+	x    []float32
+}
+
+func appendHostCases(r *rand.Rand) []appendHostCase {
+	var out []appendHostCase
+	for _, dt := range []tensor.DType{tensor.Q8_0, tensor.Q8_B8} {
+		wide := uniform32(r, 4096, -3, 3)
+		for i := 11; i < len(wide); i += 37 {
+			wide[i] *= 40 // outliers, as keys have
+		}
+		for i := 64; i < 96; i++ {
+			wide[i] = 0 // a block of zeros
+		}
+		wide[200] = 0
+		tiny := uniform32(r, 256, -1e-5, 1e-5) // scales below the normal F16s
+		// A grid of halves: many values that round the same way in each
+		// block.
+		halves := make([]float32, 256)
+		for i := range halves {
+			halves[i] = float32(i%32-16) + 0.5
+		}
+		out = append(out, appendHostCase{"uniform-outliers", dt, wide}, appendHostCase{"tiny", dt, tiny}, appendHostCase{"halves", dt, halves})
+	}
+	return out
+}
 
 func (c *attnHostCase) request(w *bytes.Buffer) error {
 	op := int32(1)
@@ -219,5 +300,133 @@ func (c *attnHostCase) check(t *testing.T, resp *bytes.Buffer) {
 	t.Logf("%d splits of %d: relative error %.3g, largest absolute %.3g", c.plan.splits, c.plan.chunk, e, worst)
 	if !(e <= tol) {
 		t.Errorf("relative error %.3g > %.3g", e, tol)
+	}
+}
+
+// blocksHostCase is one AttentionBlocks call in the host harness: the
+// pools' blocks shuffled, the positions cached before the call stored,
+// the rest of the pools all bits set.
+type blocksHostCase struct {
+	name         string
+	dt           tensor.DType
+	at           tensor.AttnBlocks
+	poolRows, t  int
+	q, k, v      []float32 // the call's rows
+	kpool, vpool []byte
+	kAll, vAll   [][]float32 // each sequence's positions
+	qs           []float64
+}
+
+func newBlocksHostCase(t *testing.T, r *rand.Rand, dt tensor.DType, heads, kvHeads, d, bs int, pos0, rows []int) *blocksHostCase {
+	kw := kvHeads * d
+	nb := 2 // spare blocks
+	for i := range rows {
+		nb += (pos0[i] + rows[i] + bs - 1) / bs
+	}
+	c := &blocksHostCase{dt: dt, poolRows: nb * bs,
+		name: fmt.Sprintf("blocks/%v/H%d_KV%d_D%d_B%d_seqs%d", dt, heads, kvHeads, d, bs, len(rows))}
+	rb, err := dt.Bytes(int64(kw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kpool, c.vpool = bytes.Repeat([]byte{0xff}, nb*bs*int(rb)), bytes.Repeat([]byte{0xff}, nb*bs*int(rb))
+	perm, next := r.Perm(nb), 0
+	for i := range rows {
+		n := pos0[i] + rows[i]
+		sq := tensor.SeqBlocks{Rows: rows[i], Pos0: pos0[i]}
+		for range (n + bs - 1) / bs {
+			sq.Blocks = append(sq.Blocks, int32(perm[next]))
+			next++
+		}
+		k, v := uniform32(r, n*kw, -2, 2), uniform32(r, n*kw, -1, 1)
+		for j := range pos0[i] {
+			slot := int(sq.Blocks[j/bs])*bs + j%bs
+			for _, x := range []struct {
+				pool []byte
+				vals []float32
+			}{{c.kpool, k}, {c.vpool, v}} {
+				enc, err := tensortest.Encode(dt, x.vals[j*kw:(j+1)*kw])
+				if err != nil {
+					t.Fatal(err)
+				}
+				copy(x.pool[slot*int(rb):], enc)
+			}
+		}
+		c.k, c.v = append(c.k, k[pos0[i]*kw:]...), append(c.v, v[pos0[i]*kw:]...)
+		c.kAll, c.vAll = append(c.kAll, k), append(c.vAll, v)
+		c.at.Seqs = append(c.at.Seqs, sq)
+		c.t += rows[i]
+	}
+	c.q = uniform32(r, c.t*heads*d, -2, 2)
+	c.qs = make([]float64, len(c.q))
+	for i, x := range c.q {
+		c.qs[i] = float64(x)
+	}
+	c.at.Heads, c.at.KVHeads, c.at.HeadDim, c.at.BlockSize = heads, kvHeads, d, bs
+	c.at.Scale = float32(1 / math.Sqrt(float64(d)))
+	return c
+}
+
+func (c *blocksHostCase) request(w *bytes.Buffer) error {
+	meta := blocksMeta(c.at, c.t)
+	for _, v := range []int32{4, attnHostDType[c.dt], int32(c.at.Heads), int32(c.at.KVHeads), int32(c.at.HeadDim), int32(c.at.BlockSize), int32(c.t), int32(c.poolRows), int32(len(meta))} {
+		binary.Write(w, binary.LittleEndian, v)
+	}
+	binary.Write(w, binary.LittleEndian, c.at.Scale)
+	binary.Write(w, binary.LittleEndian, meta)
+	for _, x := range [][]float32{c.q, c.k, c.v} {
+		binary.Write(w, binary.LittleEndian, x)
+	}
+	w.Write(c.kpool)
+	w.Write(c.vpool)
+	return nil
+}
+
+func (c *blocksHostCase) check(t *testing.T, resp *bytes.Buffer) {
+	var violations int64
+	if err := binary.Read(resp, binary.LittleEndian, &violations); err != nil {
+		t.Fatal(err)
+	}
+	qw, kw := c.at.Heads*c.at.HeadDim, c.at.KVHeads*c.at.HeadDim
+	got := make([]float32, c.t*qw)
+	if err := binary.Read(resp, binary.LittleEndian, got); err != nil {
+		t.Fatal(err)
+	}
+	kp, vp := resp.Next(len(c.kpool)), resp.Next(len(c.vpool))
+	if violations != 0 {
+		t.Errorf("%d pool reads outside the pools or misaligned", violations)
+	}
+	rb := len(c.kpool) / c.poolRows
+	row := 0
+	for i, sq := range c.at.Seqs {
+		ks, err := tensortest.Stored(c.dt, c.kAll[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs, err := tensortest.Stored(c.dt, c.vAll[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := tensortest.RefAttention(c.qs[row*qw:(row+sq.Rows)*qw], ks, vs, sq.Rows, c.at.Heads, c.at.KVHeads, c.at.HeadDim, sq.Pos0, float64(c.at.Scale))
+		g := got[row*qw : (row+sq.Rows)*qw]
+		if e := tensortest.RelErr(g, want); !(e <= 1e-5) {
+			t.Errorf("sequence %d: relative error %.3g > 1e-5", i, e)
+		}
+		for j := sq.Pos0; j < sq.Pos0+sq.Rows; j++ {
+			slot := int(sq.Blocks[j/c.at.BlockSize])*c.at.BlockSize + j%c.at.BlockSize
+			for _, x := range []struct {
+				pool []byte
+				vals []float32
+			}{{kp, c.kAll[i]}, {vp, c.vAll[i]}} {
+				want, err := tensortest.Encode(c.dt, x.vals[j*kw:(j+1)*kw])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(x.pool[slot*rb:(slot+1)*rb], want) {
+					t.Fatalf("sequence %d position %d: slot %d holds % x, want % x", i, j, slot, x.pool[slot*rb:slot*rb+min(rb, 16)], want[:min(rb, 16)])
+				}
+			}
+		}
+		row += sq.Rows
 	}
 }

@@ -77,6 +77,32 @@ func cacheSuffix(dt tensor.DType) string {
 		return "bf16"
 	case tensor.Q8_0:
 		return "q8_0"
+	case tensor.Q8_B8:
+		return "q8_b8"
 	}
 	return "f32"
+}
+
+// blocksMeta is the table the AttentionBlocks kernels read for the t rows
+// of at: each row's pool row, its position, the offset of its sequence's
+// block table, then the tables (the entries that cover each sequence's
+// positions).
+func blocksMeta(at tensor.AttnBlocks, t int) []int32 {
+	meta := make([]int32, 3*t, 3*t+t)
+	bs, row := at.BlockSize, 0
+	for _, s := range at.Seqs {
+		if s.Rows == 0 {
+			continue
+		}
+		off := int32(len(meta))
+		meta = append(meta, s.Blocks[:(s.Pos0+s.Rows+bs-1)/bs]...)
+		for r := range s.Rows {
+			p := s.Pos0 + r
+			meta[row] = s.Blocks[p/bs]*int32(bs) + int32(p%bs)
+			meta[t+row] = int32(p)
+			meta[2*t+row] = off
+			row++
+		}
+	}
+	return meta
 }

@@ -66,6 +66,8 @@ type Backend struct {
 	pinnedMu  sync.Mutex
 	pinned    map[unsafe.Pointer]int64
 	pinnedSum int64
+	// registered is the host memory RegisterHost page-locked, by start.
+	registered map[unsafe.Pointer]int64
 
 	blas          cublasHandle
 	blasVersion   int
@@ -98,12 +100,17 @@ type Backend struct {
 	// kernels take 13.3 and 14.4 us for M = 1 and 2, cuBLAS (with the cast
 	// of x) 19.3 us, and cuBLAS wins from M = 4 on (PERF.md).
 	gemvMaxRows int
-	// gemvRows picks the M = 1 GEMV kernel: 0, gemv_*_m1 (one row per
-	// warp); 1 or 2, gemv_*_r1 or _r2 (that many rows per warp, each
-	// batch of loads in flight together; kernels/gemv.cuh).
-	// BenchmarkGEMVShapes sets it on its backend to compare them; the
-	// default stays 0 until an H200 run says otherwise.
+	// gemvRows picks the M = 1 GEMV kernel: 0, per shape (rowsPerWarp);
+	// -1, gemv_*_m1 (one row per warp); 1 or 2, gemv_*_r1 or _r2 (that
+	// many rows per warp, each batch of loads in flight together;
+	// kernels/gemv.cuh). BenchmarkGEMVShapes sets it on its backend to
+	// compare them.
 	gemvRows int
+	// gemvSplit, when set, is the candidate kernel (gemvsplit.go) every
+	// M = 1 product of F16 or BF16 weights runs on: MatMul, MatMulMany
+	// and GateUpSiLU. Open sets it and gemvRows from GEMVEnv;
+	// BenchmarkGEMVShapes sets it on its backend to compare them.
+	gemvSplit *gemvVariant
 
 	// gradPath is the implementation MatMulGradX and MatMulGradW use:
 	// pathAuto (cuBLAS when it is loaded, else the tiled kernels) or
@@ -190,8 +197,13 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // a compute and a copy stream, the kernels, and cuBLAS when it can be
 // loaded. Without cuBLAS, matrix products run on built-in kernels (BLAS
 // says which). The environment variable STRATA_CUBLAS may name the cuBLAS
-// library file to load instead of searching the versioned sonames.
+// library file to load instead of searching the versioned sonames, and
+// STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use.
 func Open(device int) (*Backend, error) {
+	split, rows, err := gemvVariantNamed(os.Getenv(GEMVEnv))
+	if err != nil {
+		return nil, err
+	}
 	n, err := DeviceCount()
 	if err != nil {
 		return nil, err
@@ -209,9 +221,13 @@ func Open(device int) (*Backend, error) {
 	if info.Major < 7 {
 		return nil, fmt.Errorf("cuda: device %d (%s) has compute capability %d.%d; strata's kernels need 7.0 or newer", device, info.Name, info.Major, info.Minor)
 	}
+	if split != nil && split.pdl && info.Major < 9 {
+		return nil, fmt.Errorf("cuda: %s=%s: the kernels need compute capability 9.0, device %d (%s) has %d.%d", GEMVEnv, split.name, device, info.Name, info.Major, info.Minor)
+	}
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
+		gemvRows: rows, gemvSplit: split,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()
@@ -642,12 +658,74 @@ func (b *Backend) FreePinned(buf []byte) error {
 func (b *Backend) isPinned(p uintptr) bool {
 	b.pinnedMu.Lock()
 	defer b.pinnedMu.Unlock()
-	for base, n := range b.pinned {
-		if p >= uintptr(base) && p < uintptr(base)+uintptr(n) {
-			return true
+	for _, m := range []map[unsafe.Pointer]int64{b.pinned, b.registered} {
+		for base, n := range m {
+			if p >= uintptr(base) && p < uintptr(base)+uintptr(n) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// RegisterHost page-locks buf, host memory the caller owns (a read-only
+// mapping of a weight file: its pages are the page cache's), read-only,
+// so that copies from it (UploadAsync, UploadStaged) run at the pinned
+// rate with no staging copy on the CPU (tensor.HostRegistrar).
+// unregister waits for the copies queued and undoes it; Close undoes what
+// is left. It is not counted in Stats' Pinned: the memory is not the
+// backend's.
+func (b *Backend) RegisterHost(buf []byte) (unregister func() error, err error) {
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("cuda: RegisterHost: empty buffer")
+	}
+	p := unsafe.Pointer(&buf[0])
+	if err := b.enter("RegisterHost"); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	if err := hostRegister(p, int64(len(buf))); err != nil {
+		return nil, fmt.Errorf("%s: RegisterHost %d bytes: %w", b.name, len(buf), err)
+	}
+	b.pinnedMu.Lock()
+	if b.registered == nil {
+		b.registered = map[unsafe.Pointer]int64{}
+	}
+	b.registered[p] = int64(len(buf))
+	b.pinnedMu.Unlock()
+	var once sync.Once
+	return func() error {
+		err := fmt.Errorf("cuda: RegisterHost's unregister called twice")
+		once.Do(func() { err = b.unregisterHost(p) })
+		return err
+	}, nil
+}
+
+func (b *Backend) unregisterHost(p unsafe.Pointer) error {
+	if b.capturing() {
+		return fmt.Errorf("%s: unregistering host memory: %w", b.name, errCapturing)
+	}
+	if err := b.enter("UnregisterHost"); err != nil {
+		return err
+	}
+	defer b.leave()
+	b.gate.RLock() // its synchronisation would end another goroutine's capture
+	defer b.gate.RUnlock()
+	b.pinnedMu.Lock()
+	_, ok := b.registered[p]
+	delete(b.registered, p)
+	b.pinnedMu.Unlock()
+	if !ok {
+		return nil // Close undid it
+	}
+	serr := b.syncStreams()
+	if err := hostUnregister(p); err != nil {
+		return fmt.Errorf("%s: unregistering host memory: %w", b.name, err)
+	}
+	if serr != nil {
+		return fmt.Errorf("%s: unregistering host memory: waiting for copies: %w", b.name, serr)
+	}
+	return nil
 }
 
 // span is a stretch of one stream between two timing events: an
@@ -1156,6 +1234,10 @@ func (b *Backend) release() error {
 		b.pinnedSum -= n
 	}
 	b.pinned = map[unsafe.Pointer]int64{}
+	for p := range b.registered {
+		keep(hostUnregister(p))
+	}
+	b.registered = nil
 	b.pinnedMu.Unlock()
 	b.evMu.Lock()
 	for i := range b.evAll {

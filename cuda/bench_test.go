@@ -563,7 +563,7 @@ func BenchmarkAttention(b *testing.B) {
 		{"prefill/T=512", 512, 0}, {"prefill/T=2048", 2048, 0}, {"prefill/T=8192", 8192, 0},
 		{"decode/pos=128", 1, 127}, {"decode/pos=1024", 1, 1023}, {"decode/pos=8192", 1, 8191},
 	} {
-		for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.Q8_0} {
+		for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.Q8_0, tensor.Q8_B8} {
 			n := c.pos + c.t
 			plan := planAttention(c.t, heads, headDim, c.pos, dt, true, false, has)
 			b.Run(fmt.Sprintf("%s/%v/%s", c.name, dt, plan.kernel), func(b *testing.B) {

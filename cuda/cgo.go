@@ -60,6 +60,32 @@ static CUresult strata_launch(CUfunction f, unsigned gx, unsigned gy, unsigned g
 	return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, NULL, extra);
 }
 
+// strata_launch_pdl launches as strata_launch, with programmatic stream
+// serialization allowed (programmatic dependent launch, compute
+// capability 9.0): the kernel may start before the one queued before it
+// completes, and waits for it with griddepcontrol.wait. cuLaunchKernelEx
+// is looked up at run time, so that a driver without it (before CUDA 12)
+// still loads the binary and only this launch fails.
+static CUresult strata_launch_pdl(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+				  unsigned shmem, CUstream s, void* args, size_t size) {
+	typedef CUresult (*launch_ex)(const CUlaunchConfig*, CUfunction, void**, void**);
+	static launch_ex fn = NULL;
+	if (fn == NULL) fn = (launch_ex)dlsym(RTLD_DEFAULT, "cuLaunchKernelEx");
+	if (fn == NULL) return CUDA_ERROR_NOT_SUPPORTED;
+	CUlaunchAttribute attr;
+	memset(&attr, 0, sizeof attr);
+	attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+	attr.value.programmaticStreamSerializationAllowed = 1;
+	CUlaunchConfig cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.gridDimX = gx, cfg.gridDimY = gy, cfg.gridDimZ = gz;
+	cfg.blockDimX = bx, cfg.blockDimY = by, cfg.blockDimZ = bz;
+	cfg.sharedMemBytes = shmem, cfg.hStream = s;
+	cfg.attrs = &attr, cfg.numAttrs = 1;
+	void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+	return fn(&cfg, f, NULL, extra);
+}
+
 static CUresult strata_module_load(CUmodule* m, const char* image, char* log, unsigned logSize) {
 	CUjit_option opts[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
 	void* vals[2] = {log, (void*)(uintptr_t)logSize};
@@ -67,6 +93,12 @@ static CUresult strata_module_load(CUmodule* m, const char* image, char* log, un
 }
 
 static CUresult strata_host_alloc(void** p, size_t n) { return cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE); }
+
+static CUresult strata_host_register(void* p, size_t n) {
+	return cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
+}
+
+static CUresult strata_host_unregister(void* p) { return cuMemHostUnregister(p); }
 
 static CUresult strata_prefetch(CUdeviceptr p, size_t n, CUdevice dev, CUstream s) { return cuMemPrefetchAsync(p, n, dev, s); }
 
@@ -245,6 +277,18 @@ func launch(f kfunc, grid, block [3]uint32, shmem uint32, s cu.Stream, a *args) 
 	return driverError(r)
 }
 
+// launchPDL is launch with programmatic dependent launch allowed
+// (strata_launch_pdl).
+func launchPDL(f kfunc, grid, block [3]uint32, s cu.Stream, a *args) error {
+	var p unsafe.Pointer
+	if a.n > 0 {
+		p = unsafe.Pointer(&a.buf[0])
+	}
+	r := C.strata_launch_pdl(f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]), C.uint(block[0]), C.uint(block[1]), C.uint(block[2]),
+		0, streamC(s), p, C.size_t(a.n))
+	return driverError(r)
+}
+
 // loadModule loads a NUL-free PTX image; on failure the JIT log is part of
 // the returned message.
 func loadModule(ptx string) (C.CUmodule, string, error) {
@@ -272,6 +316,12 @@ func hostAlloc(n int64) (unsafe.Pointer, error) {
 	r := C.strata_host_alloc(&p, C.size_t(n))
 	return p, driverError(r)
 }
+
+func hostRegister(p unsafe.Pointer, n int64) error {
+	return driverError(C.strata_host_register(p, C.size_t(n)))
+}
+
+func hostUnregister(p unsafe.Pointer) error { return driverError(C.strata_host_unregister(p)) }
 
 func prefetch(p uintptr, n int64, dev int, s cu.Stream) error {
 	return driverError(C.strata_prefetch(C.CUdeviceptr(p), C.size_t(n), C.CUdevice(dev), streamC(s)))

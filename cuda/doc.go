@@ -31,7 +31,7 @@
 //     8.0, loaded only where the device has it), a decode kernel that
 //     splits the cache's positions across blocks and merges their partial
 //     softmax, and the first kernel, one block a query, for the rest; KV
-//     caches in F32, F16, BF16 or Q8_0, appended by CopyRows;
+//     caches in F32, F16, BF16, Q8_0 or Q8_B8, appended by CopyRows;
 //   - decode without the host's launch cost: graph capture
 //     (tensor.Grapher, graph.go: Capture records the operations of a
 //     function through the driver's stream capture, Replay launches them

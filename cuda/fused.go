@@ -51,6 +51,9 @@ func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tens
 	}
 	const warpsPerBlock = 8
 	return b.ops(op, func() error {
+		if v := b.splitFor(suffix(ws[0].DType())); v != nil {
+			return b.gemvSplitRun(v, suffix(ws[0].DType()), o, w, n, x.Ptr(), k)
+		}
 		a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x.Ptr()).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
 		grid := [3]uint32{uint32((rows + warpsPerBlock - 1) / warpsPerBlock), 1, 1}
 		return b.run("gemv_many_"+suffix(ws[0].DType()), grid, [3]uint32{32 * warpsPerBlock, 1, 1}, a)
@@ -89,7 +92,7 @@ func (b *Backend) RopeKV(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary) error 
 		return nil
 	}
 	kvHeads := k.Shape()[1] / r.HeadDim
-	if kc.DType() == tensor.Q8_0 {
+	if kc.DType() == tensor.Q8_0 || kc.DType() == tensor.Q8_B8 {
 		return b.ropeKVQ8(q, k, v, kc, vc, r, kvHeads)
 	}
 	half := r.HeadDim / 2
@@ -101,10 +104,10 @@ func (b *Backend) RopeKV(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary) error 
 	})
 }
 
-// ropeKVQ8 is RopeKV into Q8_0 caches, whose blocks of 32 values one
-// thread quantizes: Rope on q and k (their position read when they run,
-// as r says), then kv_append_q8_0_at for k's and v's rows at that
-// position.
+// ropeKVQ8 is RopeKV into Q8_0 or Q8_B8 caches, whose blocks (of 32 or 8
+// values) one thread quantizes: Rope on q and k (their position read when
+// they run, as r says), then kv_append_q8_0_at or kv_append_q8_b8_at for
+// k's and v's rows at that position.
 func (b *Backend) ropeKVQ8(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary, kvHeads int) error {
 	const op = "RopeKV"
 	if err := b.Rope(q, r); err != nil {
@@ -115,12 +118,13 @@ func (b *Backend) ropeKVQ8(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary, kvHe
 	if err := b.Rope(k, rk); err != nil {
 		return err
 	}
-	t, width := q.Shape()[0], k.Shape()[1]
-	nblocks := int64(t) * int64(width) / 32
+	t, width, bs := q.Shape()[0], k.Shape()[1], kc.DType().BlockSize()
+	nblocks := int64(t) * int64(width) / int64(bs)
+	kernel := "kv_append_" + cacheSuffix(kc.DType()) + "_at"
 	return b.ops(op, func() error {
 		for _, kv := range [][2]*tensor.Tensor{{kc, k}, {vc, v}} {
-			a := new(args).ptr(kv[0].Ptr()).ptr(kv[1].Ptr()).i64(nblocks).i32(width / 32).i32(r.Pos0).ptr(posPtr(r.PosAt))
-			if err := b.run1D("kv_append_q8_0_at", nblocks, a); err != nil {
+			a := new(args).ptr(kv[0].Ptr()).ptr(kv[1].Ptr()).i64(nblocks).i32(width / bs).i32(r.Pos0).ptr(posPtr(r.PosAt))
+			if err := b.run1D(kernel, nblocks, a); err != nil {
 				return err
 			}
 		}
@@ -165,6 +169,9 @@ func (b *Backend) GateUpSiLU(out, up, x, wGate, wUp *tensor.Tensor) error {
 	const warpsPerBlock = 8
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(wGate.Ptr()).ptr(wUp.Ptr()).i32(n).i32(k)
+		if v := b.splitFor(suffix(dt)); v != nil && m == 1 {
+			return b.runVariant(v, v.gateUpKernel(suffix(dt)), v.gateUpGrid(n), a)
+		}
 		name := "gemv_gate_up_" + suffix(dt) + "_m1"
 		if m == 2 {
 			name = "gemv_gate_up_" + suffix(dt) + "_m2"

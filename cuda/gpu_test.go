@@ -602,7 +602,7 @@ func TestAttentionCaches(t *testing.T) {
 		}
 	}
 	t.Logf("compute capability %d.%d: tensor-core prefill kernels loaded: %v", b.info.Major, b.info.Minor, has(optionalKernels[0]))
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
 		for _, c := range []struct{ heads, kvHeads, headDim, pos0, t, maxPos int }{
 			{32, 8, 128, 1500, 1, 2048}, {8, 2, 64, 100, 17, 128}, {4, 4, 256, 0, 9, 16}, {2, 1, 96, 3, 2, 8},
 			{32, 32, 128, 8191, 1, 8192}, {32, 8, 128, 200, 1, 256}, {8, 8, 64, 4000, 4, 4100}, {4, 1, 256, 700, 3, 710},
@@ -677,7 +677,7 @@ func TestAttentionAgainstCPU(t *testing.T) {
 	b := openGPU(t)
 	cpu := tensor.NewCPU(0)
 	has := func(name string) bool { _, ok := b.kernels[name]; return ok }
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
 		for _, c := range []struct {
 			kvHeads, pos0, t int
 			precise          bool
@@ -1591,7 +1591,7 @@ func TestEmbeddedKernels(t *testing.T) {
 			have[name] = true
 		}
 	}
-	for _, name := range append(append([]string(nil), requiredKernels...), optionalKernels...) {
+	for _, name := range append(append(append([]string(nil), requiredKernels...), optionalKernels...), pdlKernels...) {
 		if !have[name] {
 			t.Errorf("kernel %s is not in the embedded PTX; run make cuda-ptx", name)
 		}

@@ -5,13 +5,18 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"syscall"
 
 	"github.com/strata-llm/strata/tensor"
+	"gorgonia.org/cu"
 )
 
-var _ tensor.Grapher = (*Backend)(nil)
+var (
+	_ tensor.Grapher        = (*Backend)(nil)
+	_ tensor.PositionSetter = (*Backend)(nil)
+)
 
 // errCapturing is the error of a call that cannot be part of a capture,
 // made from the capturing goroutine.
@@ -178,4 +183,27 @@ func (b *Backend) releaseGraphs() error {
 	}
 	b.graphs = map[*graph]struct{}{}
 	return errors.Join(errs...)
+}
+
+// SetPosition writes pos into element 0 of at (I32) with a 4-byte memset
+// on the compute stream: no staging of host memory, and a node a graph
+// could hold.
+func (b *Backend) SetPosition(at *tensor.Tensor, pos int) error {
+	const op = "SetPosition"
+	if err := b.device(op, "at", at); err != nil {
+		return err
+	}
+	if at.DType() != tensor.I32 || at.Len() < 1 {
+		return fmt.Errorf("cuda: %s: at is %v %v, want I32 with at least one element", op, at.DType(), at.Shape())
+	}
+	if pos < 0 || pos > math.MaxInt32 {
+		return fmt.Errorf("cuda: %s: position %d outside [0, %d]", op, pos, math.MaxInt32)
+	}
+	return b.ops(op, func() error {
+		b.counts.copies.Add(1)
+		if err := cu.MemsetD32Async(cu.DevicePtr(at.Ptr()), uint(pos), 1, b.compute); err != nil {
+			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+		}
+		return nil
+	})
 }

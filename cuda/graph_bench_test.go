@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,16 +45,20 @@ func copyRate(b *testing.B, be *Backend) float64 {
 // 11008×4096 and 4096×11008 (Llama-2-7B's MLP), 14336×4096 and 4096×14336
 // (Llama-3-8B's MLP), and TinyLlama-1.1B's 2048×2048, 5632×2048 and
 // 2048×5632 (8 to 23 MiB: one short wave of warps, where the decode of a
-// small model spends its time), with the default kernel (one row per warp) and the
-// candidates r1 and r2 (kernels/gemv.cuh: each batch's loads in flight
-// together; one or two rows per warp); and the fused gate-up GEMV (GateUpSiLU) on the two
-// MLP shapes against the two products and SiLUMul it replaces. Each
-// iteration queues 8 products on rotating matrices (past the 60 MB L2)
-// and syncs: "launch" launches each from the host as eager decode does,
-// "graph" replays the 8 captured as one graph, which shows the kernels
-// back to back without the host's launch cost. It reports weight GB/s, us
-// per product and the percentage of the device's copy rate measured at
-// the start (the target is 85% of the HBM rate for the 7B shapes).
+// small model spends its time); the fused gate-up GEMV (GateUpSiLU) on the
+// MLP shapes against the two products and SiLUMul it replaces; and the
+// q, k and v products of a block as one MatMulMany. Each iteration queues
+// 8 products on rotating matrices (past the 60 MB L2) and syncs. The
+// modes (gemvModes): "launch" launches each product from the host as eager
+// decode does, with the default kernel for the shape (rowsPerWarp),
+// "launch-m1", "launch-r1" and "launch-r2" with the m1, r1 and r2 kernels
+// (kernels/gemv.cuh); "graph" replays the 8 captured as one graph, which
+// shows the kernels back to back without the host's launch cost, and
+// "graph-NAME" does so with kernel NAME: m1, r1, r2 or one of
+// gemvVariants (kernels/gemv_split.cuh). It reports weight GB/s, us per
+// product and the percentage of the device's copy rate measured at the
+// start (the target is 85%). With -test.benchtime 200x the whole
+// benchmark takes about a minute.
 func BenchmarkGEMVShapes(b *testing.B) {
 	be := openGPU(b)
 	ceiling := copyRate(b, be)
@@ -75,17 +80,11 @@ func BenchmarkGEMVShapes(b *testing.B) {
 				}
 				return nil
 			}
-			for _, mode := range []string{"launch", "launch-r1", "launch-r2", "graph"} {
+			for _, mode := range gemvModes() {
 				b.Run(fmt.Sprintf("%v/N%d_K%d/%s", dt, s.n, s.k, mode), func(b *testing.B) {
-					switch mode {
-					case "launch-r1":
-						be.gemvRows = 1
-					case "launch-r2":
-						be.gemvRows = 2
-					}
-					defer func() { be.gemvRows = 0 }()
+					setGEMVMode(b, be, mode)
 					run := queue
-					if mode == "graph" {
+					if strings.HasPrefix(mode, "graph") {
 						g, err := be.Capture(queue)
 						if err != nil {
 							b.Fatal(err)
@@ -113,9 +112,17 @@ func BenchmarkGEMVShapes(b *testing.B) {
 			}
 		}
 	}
-	for _, s := range []struct{ n, k int }{{11008, 4096}, {14336, 4096}} {
-		for _, fused := range []bool{false, true} {
-			b.Run(fmt.Sprintf("gate-up/F16/N%d_K%d/fused=%v", s.n, s.k, fused), func(b *testing.B) {
+	fusedModes := []string{"false", "true"}
+	for i := range gemvVariants {
+		fusedModes = append(fusedModes, gemvVariants[i].name)
+	}
+	for _, s := range []struct{ n, k int }{{11008, 4096}, {14336, 4096}, {5632, 2048}} {
+		for _, fm := range fusedModes {
+			fused := fm != "false"
+			b.Run(fmt.Sprintf("gate-up/F16/N%d_K%d/fused=%s", s.n, s.k, fm), func(b *testing.B) {
+				if fm != "false" && fm != "true" {
+					setGEMVMode(b, be, "graph-"+fm)
+				}
 				count := (512<<20)/(4*s.n*s.k) + 1
 				gs, us := weightSet(b, be, tensor.F16, count, s.n, s.k), weightSet(b, be, tensor.F16, count, s.n, s.k)
 				x, _ := put(b, be, tensor.F32, tensor.Shape{1, s.k}, uniform(newRand(b), s.k, -1, 1))
@@ -155,48 +162,241 @@ func BenchmarkGEMVShapes(b *testing.B) {
 	}
 }
 
-// BenchmarkDecodeBlock times one Llama-2-7B decoder block's decode step (F16
-// weights, 404 MiB; position 1000 of 4096) eagerly, launch by launch, and
-// replayed as a captured graph, and reports us per block, the weight GB/s
-// and the launches per block: the per-block view of what decode graphs
-// save. 32 blocks make a 7B token; the bound at 4.1 TB/s is about 100 us a
-// block.
+// BenchmarkDecodeBlock times one decoder block's decode step (F16
+// weights; position 1000) of the Llama-2-7B shape (404 MiB of weights)
+// and the TinyLlama-1.1B shape (44 MiB) eagerly, launch by launch
+// ("eager"), and replayed as a captured graph with the default GEMV
+// kernels ("graph") and with each candidate ("graph-NAME", gemvModes):
+// us per block, the weight GB/s, its percentage of the copy rate measured
+// at the start, and the launches per block. 32 blocks make a 7B token;
+// the bound at 4.1 TB/s is about 100 us a block (7B), 11 us (1.1B).
 func BenchmarkDecodeBlock(b *testing.B) {
 	be := openGPU(b)
+	ceiling := copyRate(b, be)
+	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
 	r := newRand(b)
-	s := newMiniStep(b, be, llama7B, uniform(r, llama7B.d, -1, 1), randomWeights(r))
 	const pos = 1000
-	bytes := float64(0)
-	for _, w := range []*tensor.Tensor{s.wq, s.wk, s.wv, s.wo, s.wg, s.wu, s.wd} {
-		bytes += float64(w.NumBytes())
+	for _, shape := range []struct {
+		name string
+		dims blockDims
+	}{{"7B", llama7B}, {"1.1B", tinyLlama}} {
+		s := newMiniStep(b, be, shape.dims, uniform(r, shape.dims.d, -1, 1), randomWeights(r))
+		bytes := float64(0)
+		for _, w := range []*tensor.Tensor{s.wq, s.wk, s.wv, s.wo, s.wg, s.wu, s.wd} {
+			bytes += float64(w.NumBytes())
+		}
+		modes := []string{"eager"}
+		for _, m := range gemvModes() {
+			if strings.HasPrefix(m, "graph") {
+				modes = append(modes, m)
+			}
+		}
+		for _, mode := range modes {
+			b.Run(shape.name+"/"+mode, func(b *testing.B) {
+				setGEMVMode(b, be, mode)
+				run := func() error { return s.run(pos, -1) }
+				if mode != "eager" {
+					g, err := be.Capture(func() error { return s.run(0, 2047) })
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer g.Close()
+					if err := be.SetPosition(s.pos, pos); err != nil {
+						b.Fatal(err)
+					}
+					run = g.Replay
+				}
+				l0 := be.Launches()
+				for b.Loop() {
+					if err := run(); err != nil {
+						b.Fatal(err)
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N)
+				b.ReportMetric(sec*1e6, "us/block")
+				b.ReportMetric(bytes/sec/1e9, "GB/s")
+				b.ReportMetric(100*bytes/sec/ceiling, "%copy")
+				b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/block")
+			})
+		}
 	}
-	for _, mode := range []string{"eager", "graph"} {
+}
+
+// BenchmarkDecodeRun times the 22 blocks of a TinyLlama-1.1B decode step
+// (F16, 970 MB of weights; position 1000) replayed as 22 graphs of a
+// block each ("blocks", nn's graphs of streamed layers) and as one graph
+// of all 22 ("run", nn's graph of resident layers), with the default GEMV
+// kernels and, for the run, each candidate ("run-NAME"): us and launches
+// per step, tok/s of the blocks alone (no embedding, head or sampling),
+// weight GB/s and its percentage of the copy rate. The target is
+// 1,000 tok/s for the whole step.
+func BenchmarkDecodeRun(b *testing.B) {
+	be := openGPU(b)
+	ceiling := copyRate(b, be)
+	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
+	r := newRand(b)
+	const layers, pos = 22, 1000
+	x0 := uniform(r, tinyLlama.d, -1, 1)
+	weights := randomWeights(r)
+	steps := make([]*miniStep, layers)
+	bytes := float64(0)
+	for i := range steps {
+		steps[i] = newMiniStep(b, be, tinyLlama, x0, weights)
+		for _, w := range []*tensor.Tensor{steps[i].wq, steps[i].wk, steps[i].wv, steps[i].wo, steps[i].wg, steps[i].wu, steps[i].wd} {
+			bytes += float64(w.NumBytes())
+		}
+	}
+	modes := []string{"blocks", "run"}
+	for i := range gemvVariants {
+		modes = append(modes, "run-"+gemvVariants[i].name)
+	}
+	for _, mode := range modes {
 		b.Run(mode, func(b *testing.B) {
-			run := func() error { return s.run(pos, -1) }
-			if mode == "graph" {
-				g, err := be.Capture(func() error { return s.run(0, 2047) })
+			if name, ok := strings.CutPrefix(mode, "run-"); ok {
+				setGEMVMode(b, be, "graph-"+name)
+			}
+			var graphs []tensor.Graph
+			capture := func(f func() error) {
+				g, err := be.Capture(f)
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer g.Close()
-				run = func() error {
-					s.setPos(b, pos)
-					return g.Replay()
+				graphs = append(graphs, g)
+			}
+			if mode == "blocks" {
+				for _, s := range steps {
+					capture(func() error { return s.run(0, 2047) })
+				}
+			} else {
+				capture(func() error {
+					for _, s := range steps {
+						if err := s.run(0, 2047); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}
+			defer func() {
+				for _, g := range graphs {
+					g.Close()
+				}
+			}()
+			for _, s := range steps {
+				if err := be.SetPosition(s.pos, pos); err != nil {
+					b.Fatal(err)
 				}
 			}
 			l0 := be.Launches()
 			for b.Loop() {
-				if err := run(); err != nil {
-					b.Fatal(err)
+				for _, g := range graphs {
+					if err := g.Replay(); err != nil {
+						b.Fatal(err)
+					}
 				}
 				if err := be.Sync(); err != nil {
 					b.Fatal(err)
 				}
 			}
 			sec := b.Elapsed().Seconds() / float64(b.N)
-			b.ReportMetric(sec*1e6, "us/block")
+			b.ReportMetric(sec*1e6, "us/step")
+			b.ReportMetric(1/sec, "tok/s")
 			b.ReportMetric(bytes/sec/1e9, "GB/s")
-			b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/block")
+			b.ReportMetric(100*bytes/sec/ceiling, "%copy")
+			b.ReportMetric(float64(be.Launches().Sub(l0).Total())/float64(b.N), "launches/step")
 		})
+	}
+}
+
+// gemvModes are BenchmarkGEMVShapes's modes: the host-launched default and
+// r1, r2 kernels, then every kernel replayed as a graph.
+func gemvModes() []string {
+	modes := []string{"launch", "launch-m1", "launch-r1", "launch-r2", "graph", "graph-m1", "graph-r1", "graph-r2"}
+	for i := range gemvVariants {
+		modes = append(modes, "graph-"+gemvVariants[i].name)
+	}
+	return modes
+}
+
+// setGEMVMode sets be's GEMV kernels for a mode of gemvModes until the
+// benchmark ends.
+func setGEMVMode(b *testing.B, be *Backend, mode string) {
+	_, name, _ := strings.Cut(mode, "-")
+	v, rows, err := gemvVariantNamed(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	be.gemvSplit, be.gemvRows = v, rows
+	b.Cleanup(func() { be.gemvSplit, be.gemvRows = nil, 0 })
+}
+
+// BenchmarkGEMVMany times a block's q, k and v products as one MatMulMany
+// (F16, M = 1) on the 7B shape (3 × 4096 rows of 4096) and TinyLlama's
+// (2048 + 256 + 256 rows of 2048), replayed as graphs of 8 with each
+// kernel of gemvModes' graph modes; it reports weight GB/s, us per call
+// and the percentage of the copy rate.
+func BenchmarkGEMVMany(b *testing.B) {
+	be := openGPU(b)
+	ceiling := copyRate(b, be)
+	b.Logf("device copy rate %.0f GB/s", ceiling/1e9)
+	const perIter = 8
+	for _, s := range []struct {
+		name string
+		n    [3]int
+		k    int
+	}{{"7B", [3]int{4096, 4096, 4096}, 4096}, {"1.1B", [3]int{2048, 256, 256}, 2048}} {
+		bytes := 2 * (s.n[0] + s.n[1] + s.n[2]) * s.k
+		count := (512<<20)/bytes + 1
+		var sets [3][]*tensor.Tensor
+		outs := make([]*tensor.Tensor, 3)
+		for j := range 3 {
+			sets[j] = weightSet(b, be, tensor.F16, count, s.n[j], s.k)
+			outs[j], _ = put(b, be, tensor.F32, tensor.Shape{1, s.n[j]}, make([]float32, s.n[j]))
+		}
+		x, _ := put(b, be, tensor.F32, tensor.Shape{1, s.k}, uniform(newRand(b), s.k, -1, 1))
+		for _, mode := range gemvModes() {
+			if !strings.HasPrefix(mode, "graph") {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/%s", s.name, mode), func(b *testing.B) {
+				setGEMVMode(b, be, mode)
+				i := 0
+				g, err := be.Capture(func() error {
+					for range perIter {
+						ws := []*tensor.Tensor{sets[0][i%count], sets[1][i%count], sets[2][i%count]}
+						if err := be.MatMulMany(outs, x, ws); err != nil {
+							return err
+						}
+						i++
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer g.Close()
+				for b.Loop() {
+					if err := g.Replay(); err != nil {
+						b.Fatal(err)
+					}
+					if err := be.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N*perIter)
+				rate := float64(bytes) / sec
+				b.ReportMetric(rate/1e9, "GB/s")
+				b.ReportMetric(sec*1e6, "us/call")
+				b.ReportMetric(100*rate/ceiling, "%copy")
+			})
+		}
+		for j := range 3 {
+			for _, w := range sets[j] {
+				be.Free(w)
+			}
+		}
 	}
 }

@@ -28,10 +28,12 @@ type miniStep struct {
 // blockDims are a decoder block's sizes.
 type blockDims struct{ d, heads, kvHeads, headDim, inter, maxPos int }
 
-// smallBlock is the block of TestGraphReplay; llama7B a Llama-2-7B block.
+// smallBlock is the block of TestGraphReplay; llama7B a Llama-2-7B block,
+// tinyLlama a TinyLlama-1.1B block.
 var (
 	smallBlock = blockDims{d: 256, heads: 4, kvHeads: 2, headDim: 64, inter: 512, maxPos: 96}
 	llama7B    = blockDims{d: 4096, heads: 32, kvHeads: 32, headDim: 128, inter: 11008, maxPos: 4096}
+	tinyLlama  = blockDims{d: 2048, heads: 32, kvHeads: 4, headDim: 64, inter: 5632, maxPos: 2048}
 )
 
 // newMiniStep uploads a block of dims with the weights weights gives by
@@ -93,10 +95,8 @@ func (s *miniStep) run(pos, bound int) error {
 	if err := b.RMSNorm(s.h, s.x, s.wn1, 1e-5); err != nil {
 		return err
 	}
-	for _, p := range [][2]*tensor.Tensor{{s.q, s.wq}, {s.k, s.wk}, {s.v, s.wv}} {
-		if err := b.MatMul(p[0], s.h, p[1], nil); err != nil {
-			return err
-		}
+	if err := tensor.MatMulMany(b, []*tensor.Tensor{s.q, s.k, s.v}, s.h, []*tensor.Tensor{s.wq, s.wk, s.wv}); err != nil {
+		return err
 	}
 	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: s.heads, HeadDim: s.headDim, Pos0: pos, PosAt: at}
 	if err := tensor.RopeKV(b, s.q, s.k, s.v, s.kc, s.vc, rot); err != nil {
@@ -371,7 +371,7 @@ func TestGEMVRowsPerWarp(t *testing.T) {
 			w, _ := put(t, b, dt, tensor.Shape{s.n, s.k}, uniform(r, s.n*s.k, -1, 1))
 			var outs [3][]float32
 			for rows := range 3 {
-				b.gemvRows = rows
+				b.gemvRows = []int{-1, 1, 2}[rows] // m1, r1, r2
 				out, _ := put(t, b, tensor.F32, tensor.Shape{1, s.n}, nanSlice(s.n))
 				if err := b.MatMul(out, x, w, nil); err != nil {
 					t.Fatal(err)
@@ -506,6 +506,72 @@ func TestLaunchCounts(t *testing.T) {
 			t.Errorf("%s: launches %+v, want %+v", c.name, got, c.want)
 		} else {
 			t.Logf("%s: %+v", c.name, got)
+		}
+	}
+}
+
+// TestSetPosition checks that SetPosition writes the position a replayed
+// graph reads: a captured Rope at the position in device memory, replayed
+// after SetPosition at several positions, against Rope at each position
+// given on the host; the value read back; and the refusals of a tensor
+// not I32 and of a position outside [0, MaxInt32].
+func TestSetPosition(t *testing.T) {
+	b := openGPU(t)
+	r := newRand(t)
+	const heads, headDim, maxPos = 4, 64, 300
+	cos, sin := tensortest.RopeTables(maxPos, headDim, 10000)
+	ct, _ := put(t, b, tensor.F32, tensor.Shape{maxPos, headDim / 2}, toF32s(cos))
+	st, _ := put(t, b, tensor.F32, tensor.Shape{maxPos, headDim / 2}, toF32s(sin))
+	xv := uniform(r, heads*headDim, -1, 1)
+	at, err := b.Alloc(tensor.I32, tensor.Shape{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(at)
+	x, _ := put(t, b, tensor.F32, tensor.Shape{1, heads * headDim}, xv)
+	rot := tensor.Rotary{Cos: ct, Sin: st, Heads: heads, HeadDim: headDim, Pos0: maxPos - 1, PosAt: at}
+	g, err := b.Capture(func() error { return b.Rope(x, rot) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, p := range []int{0, 1, 17, 130, maxPos - 1} {
+		if err := b.SetPosition(at, p); err != nil {
+			t.Fatal(err)
+		}
+		var buf [4]byte
+		if err := b.Download(buf[:], at); err != nil {
+			t.Fatal(err)
+		}
+		if v := int32(binary.LittleEndian.Uint32(buf[:])); v != int32(p) {
+			t.Fatalf("SetPosition(%d) left %d", p, v)
+		}
+		if err := b.Upload(x, 0, f32Bytes(xv)); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := put(t, b, tensor.F32, tensor.Shape{1, heads * headDim}, xv)
+		eager := rot
+		eager.PosAt, eager.Pos0 = nil, p
+		if err := b.Rope(want, eager); err != nil {
+			t.Fatal(err)
+		}
+		got, w := get(t, b, x), get(t, b, want)
+		for i := range w {
+			if got[i] != w[i] {
+				t.Fatalf("position %d: replayed rope element %d = %v, eager %v", p, i, got[i], w[i])
+			}
+		}
+	}
+	f, _ := put(t, b, tensor.F32, tensor.Shape{1}, []float32{0})
+	for _, c := range []struct {
+		at  *tensor.Tensor
+		pos int
+	}{{f, 1}, {at, -1}, {at, math.MaxInt32 + 1}} {
+		if err := b.SetPosition(c.at, c.pos); err == nil {
+			t.Errorf("SetPosition(%v, %d) succeeded", c.at.DType(), c.pos)
 		}
 	}
 }

@@ -109,17 +109,30 @@ var requiredKernels = func() []string {
 		k = append(k, "rmsnorm_"+t, "bias_add_"+t, "embed_"+t, "attention_"+t, "gemm_"+t,
 			"gemv_"+t+"_m1", "gemv_"+t+"_m2", "gemv_"+t+"_m4", "gemv_"+t+"_any")
 	}
-	for _, t := range []string{"f32", "f16", "bf16", "q8_0"} {
+	for _, t := range []string{"f32", "f16", "bf16", "q8_0", "q8_b8"} {
 		for _, d := range []string{"_d64", "_d128", "_d256"} {
 			k = append(k, "attention_split_"+t+d)
 		}
 	}
-	k = append(k, "attention_q8_0", "attention_q8_0_at", "kv_append_q8_0_at", "attention_merge_d64", "attention_merge_d128", "attention_merge_d256", "kv_append_q8_0")
+	for _, t := range []string{"q8_0", "q8_b8"} {
+		k = append(k, "attention_"+t, "attention_"+t+"_at", "kv_append_"+t+"_at", "kv_append_"+t)
+	}
+	k = append(k, "attention_merge_d64", "attention_merge_d128", "attention_merge_d256")
 	// The fused and graph kernels (fused.go, graph.go; kernels/fused.cu).
 	for _, t := range []string{"f32", "f16", "bf16"} {
 		k = append(k, "add_rmsnorm_"+t, "rope_kv_"+t, "attention_"+t+"_at", "gemv_gate_up_"+t+"_m1", "gemv_gate_up_"+t+"_m2", "gemv_"+t+"_r1", "gemv_"+t+"_r2", "gemv_many_"+t)
 	}
-	k = append(k, "kv_write_blocks_f32", "attention_blocks_f32")
+	// The candidate decode GEMVs (gemvsplit.go; kernels/gemv_split.cuh).
+	for _, t := range []string{"f16", "bf16"} {
+		for i := range gemvVariants {
+			if !gemvVariants[i].pdl { // pdlKernels
+				k = append(k, gemvVariants[i].kernel(t), gemvVariants[i].gateUpKernel(t))
+			}
+		}
+	}
+	for _, t := range []string{"f32", "f16", "bf16", "q8_0", "q8_b8"} {
+		k = append(k, "kv_write_blocks_"+t, "attention_blocks_"+t)
+	}
 	k = append(k, "rope_f32_at", "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
 	// The backward kernels (grad.go; kernels/grad.cu, kernels/attention_grad*).
 	for _, t := range []string{"f32", "f16", "bf16"} {
@@ -166,6 +179,21 @@ func (b *Backend) runShared(name string, grid, block [3]uint32, shmem int, a *ar
 	return nil
 }
 
+// runPDL launches kernel name as run does, with programmatic dependent
+// launch allowed (a _pdl kernel, which waits for the kernel before it
+// itself). The caller holds opsMu and has entered the context.
+func (b *Backend) runPDL(name string, grid, block [3]uint32, a *args) error {
+	f, ok := b.kernels[name]
+	if !ok {
+		return fmt.Errorf("%s: no kernel %s", b.name, name)
+	}
+	b.counts.kernels.Add(1)
+	if err := launchPDL(f, grid, block, b.compute, a); err != nil {
+		return fmt.Errorf("%s: launching %s: %w", b.name, name, err)
+	}
+	return nil
+}
+
 // run1D launches an elementwise kernel over n items with a grid-stride
 // loop.
 func (b *Backend) run1D(name string, n int64, a *args) error {
@@ -189,7 +217,7 @@ func (b *Backend) memsetAsync(p uintptr, n int64) error {
 // tensor-core prefill attention, for compute capability 8.0 and newer.
 var optionalKernels = func() []string {
 	var k []string
-	for _, t := range []string{"f32", "f16", "bf16", "q8_0"} {
+	for _, t := range []string{"f32", "f16", "bf16", "q8_0", "q8_b8"} {
 		k = append(k, "flash_attention_"+t+"_d64", "flash_attention_"+t+"_d128")
 	}
 	return k

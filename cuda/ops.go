@@ -157,10 +157,13 @@ func (b *Backend) gemv(out, x, w *tensor.Tensor, m, n, k int) error {
 		op := out.Ptr() + uintptr(r*n*4)
 		var err error
 		switch {
-		case vec && rows == 1 && (b.gemvRows == 1 || b.gemvRows == 2):
+		case vec && rows == 1 && b.splitFor(sfx) != nil:
+			err = b.gemvSplitRun(b.splitFor(sfx), sfx, [3]uintptr{op}, [3]uintptr{w.Ptr()}, [3]int{n}, xp, k)
+		case vec && rows == 1 && b.rowsPerWarp(n) > 0:
+			rpw := b.rowsPerWarp(n)
 			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
-			per := warpsPerBlock * b.gemvRows
-			err = b.run("gemv_"+sfx+"_r"+strconv.Itoa(b.gemvRows), [3]uint32{uint32((n + per - 1) / per), 1, 1}, block, a)
+			per := warpsPerBlock * rpw
+			err = b.run("gemv_"+sfx+"_r"+strconv.Itoa(rpw), [3]uint32{uint32((n + per - 1) / per), 1, 1}, block, a)
 		case vec:
 			a := new(args).ptr(op).ptr(xp).ptr(w.Ptr()).i32(n).i32(k)
 			err = b.run(gemvKernels[sfx][rows], grid, block, a)
@@ -174,6 +177,23 @@ func (b *Backend) gemv(out, x, w *tensor.Tensor, m, n, k int) error {
 		r += rows
 	}
 	return nil
+}
+
+// rowsPerWarp is the gemv_*_r kernel (1 or 2 rows per warp) an M = 1
+// product of n rows runs on, or 0 for gemv_*_m1: gemvRows when set, else
+// r1 for n <= 2048 (TinyLlama's o and down products, whose one short wave
+// of warps gains most from having each batch's loads in flight together:
+// on the H200, 7.1 against 8.6 us for 2048x2048 and 11.8 against 13.2 us
+// for 2048x5632 in F16, 7.0 against 7.9 and 12.3 against 13.1 in BF16,
+// launched one by one), m1 above (where r1 and r2 were no faster).
+func (b *Backend) rowsPerWarp(n int) int {
+	switch {
+	case b.gemvRows > 0:
+		return b.gemvRows
+	case b.gemvRows == 0 && n <= 2048:
+		return 1
+	}
+	return 0
 }
 
 // gemvKernels names the vector GEMV kernels by weight suffix and rows.
@@ -354,7 +374,7 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 
 // CopyRows copies n rows of src from row srcRow into dst from row dstRow;
 // same dtype and row length; dst and src may be the same tensor. F32 rows
-// into an F16, BF16 or Q8_0 cache are converted (kvAppend).
+// into an F16, BF16, Q8_0 or Q8_B8 cache are converted (kvAppend).
 func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
 	const op = "CopyRows"
 	if err := b.devices(op, []string{"dst", "src"}, dst, src); err != nil {
@@ -364,7 +384,7 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 		return b.kvAppend(dst, dstRow, src, srcRow, n)
 	}
 	rb := dst.Shape()[1:].NumElements() * int64(dst.DType().Size())
-	if dst.DType().IsQuantized() { // Size is 0: a row is whole blocks
+	if dst.DType().BlockSize() > 1 { // Size is 0: a row is whole blocks
 		var err error
 		if rb, err = dst.DType().ShapeBytes(dst.Shape()[1:]); err != nil {
 			return fmt.Errorf("cuda: %s: %w", op, err)
@@ -393,7 +413,8 @@ func (b *Backend) CopyRows(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 
 // kvAppend writes n F32 rows of src from row srcRow into the cache dst
 // from row dstRow, rounded to F16 or BF16 (the cast kernels) or quantized
-// to Q8_0 blocks as quant.QuantizeQ8_0 does (kv_append_q8_0).
+// to Q8_0 or Q8_B8 blocks as quant.QuantizeQ8_0 and quant.QuantizeQ8B8 do
+// (kv_append_q8_0, kv_append_q8_b8).
 func (b *Backend) kvAppend(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, srcRow, n int) error {
 	const op = "CopyRows"
 	width := dst.Shape()[1:].NumElements()
@@ -410,6 +431,9 @@ func (b *Backend) kvAppend(dst *tensor.Tensor, dstRow int, src *tensor.Tensor, s
 		case tensor.Q8_0:
 			dp := dst.Ptr() + uintptr(int64(dstRow)*width/32*34)
 			return b.run1D("kv_append_q8_0", elems/32, new(args).ptr(dp).ptr(sp).i64(elems/32))
+		case tensor.Q8_B8:
+			dp := dst.Ptr() + uintptr(int64(dstRow)*width/8*10)
+			return b.run1D("kv_append_q8_b8", elems/8, new(args).ptr(dp).ptr(sp).i64(elems/8))
 		}
 		return fmt.Errorf("cuda: %s: no conversion from %v to %v", op, src.DType(), dst.DType())
 	})
@@ -463,7 +487,7 @@ const maxHeadDim = 256
 
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the caches k and v. The caches may be
-// F32, F16, BF16 or Q8_0 (both the same); softmax is F32. planAttention
+// F32, F16, BF16, Q8_0 or Q8_B8 (both the same); softmax is F32. planAttention
 // chooses the kernel: tiled with tensor cores for prefill, split across
 // the sequence for decode over long caches, one block a query otherwise
 // (which holds a head of at most maxHeadDim dimensions and takes at most
@@ -489,7 +513,7 @@ func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 		has = func(name string) bool { _, ok := b.kernels[name]; return ok && !strings.HasPrefix(name, "flash_") }
 	}
 	plan := planAttention(t, at.Heads, headDim, pos0, k.DType(), aligned, at.Precise, has)
-	if plan.kernel == "attention_"+suffix(k.DType()) && t > 65535 {
+	if plan.kernel == "attention_"+cacheSuffix(k.DType()) && t > 65535 {
 		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}
 	return b.ops(op, func() error { return b.attention(out, at, plan) })
@@ -630,7 +654,7 @@ func (b *Backend) Cast(dst, src *tensor.Tensor) error {
 
 // AttentionBlocks writes the rows' keys and values into the pools and
 // computes each sequence's attention over its blocks (see
-// tensor.AttnBlocks). The pools must be F32 here. The host flattens the
+// tensor.AttnBlocks), the pools in any cache dtype. The host flattens the
 // rows' slots, positions and the block tables into one int32 table that
 // the kernels read (kernels/attention_blocks.cu).
 func (b *Backend) AttentionBlocks(out *tensor.Tensor, at tensor.AttnBlocks) error {
@@ -638,8 +662,8 @@ func (b *Backend) AttentionBlocks(out *tensor.Tensor, at tensor.AttnBlocks) erro
 	if at.HeadDim > maxHeadDim {
 		return fmt.Errorf("cuda: %s: headDim %d above the kernel's limit of %d", op, at.HeadDim, maxHeadDim)
 	}
-	if at.KPool.DType() != tensor.F32 || at.VPool.DType() != tensor.F32 {
-		return fmt.Errorf("cuda: %s: the pools are %v; this backend reads F32 pools only", op, at.KPool.DType())
+	if dt := at.KPool.DType(); !tensor.IsCacheDType(dt) || at.VPool.DType() != dt {
+		return fmt.Errorf("cuda: %s: the pools are %v and %v, not one cache dtype", op, dt, at.VPool.DType())
 	}
 	t := at.Q.Shape()[0]
 	if t > 65535 {
@@ -663,36 +687,15 @@ func (b *Backend) AttentionBlocks(out *tensor.Tensor, at tensor.AttnBlocks) erro
 			return fmt.Errorf("%s: %s block tables: %w", b.name, op, cuError(err))
 		}
 		kw := at.KVHeads * at.HeadDim
+		sfx := cacheSuffix(at.KPool.DType())
+		// One thread an element, or a block of the 8-bit caches.
+		threads := int64(t) * int64(kw) / int64(at.KPool.DType().BlockSize())
 		w := new(args).ptr(at.KPool.Ptr()).ptr(at.VPool.Ptr()).ptr(at.K.Ptr()).ptr(at.V.Ptr()).ptr(mp).i32(t).i32(kw)
-		if err := b.run1D("kv_write_blocks_f32", int64(t)*int64(kw), w); err != nil {
+		if err := b.run1D("kv_write_blocks_"+sfx, threads, w); err != nil {
 			return err
 		}
 		a := new(args).ptr(out.Ptr()).ptr(at.Q.Ptr()).ptr(at.KPool.Ptr()).ptr(at.VPool.Ptr()).ptr(mp).i32(t).
 			i32(at.Heads).i32(at.KVHeads).i32(at.HeadDim).i32(at.BlockSize).f32(at.Scale)
-		return b.run("attention_blocks_f32", [3]uint32{uint32(at.Heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
+		return b.run("attention_blocks_"+sfx, [3]uint32{uint32(at.Heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
 	})
-}
-
-// blocksMeta is the table the AttentionBlocks kernels read for the t rows
-// of at: each row's pool row, its position, the offset of its sequence's
-// block table, then the tables (the entries that cover each sequence's
-// positions).
-func blocksMeta(at tensor.AttnBlocks, t int) []int32 {
-	meta := make([]int32, 3*t, 3*t+t)
-	bs, row := at.BlockSize, 0
-	for _, s := range at.Seqs {
-		if s.Rows == 0 {
-			continue
-		}
-		off := int32(len(meta))
-		meta = append(meta, s.Blocks[:(s.Pos0+s.Rows+bs-1)/bs]...)
-		for r := range s.Rows {
-			p := s.Pos0 + r
-			meta[row] = s.Blocks[p/bs]*int32(bs) + int32(p%bs)
-			meta[t+row] = int32(p)
-			meta[2*t+row] = off
-			row++
-		}
-	}
-	return meta
 }

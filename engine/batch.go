@@ -11,7 +11,6 @@ import (
 
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
-	"github.com/strata-llm/strata/tensor"
 )
 
 // Request is one generation: a prompt's token ids and how to continue it.
@@ -185,11 +184,6 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	if o.BlockSize < 0 || o.KVBlocks < 0 {
 		return nil, fmt.Errorf("engine: batcher with blocks of %d positions, %d blocks", o.BlockSize, o.KVBlocks)
 	}
-	if dt := e.kvDType(); dt != tensor.F32 {
-		// The plans counted the sessions' cache in dt; the pool's blocks
-		// would not fit what they reserved.
-		return nil, fmt.Errorf("engine: the batcher's KV pool is F32 (tensor.AttentionBlocks reads F32 pools); a KV cache in %v is for sessions", dt)
-	}
 	if o.BlockSize == 0 {
 		o.BlockSize = nn.DefaultBlockSize
 	}
@@ -199,7 +193,9 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 	if err := e.hostPoolRoom(o); err != nil {
 		return nil, fmt.Errorf("engine: batcher: %w", err)
 	}
-	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks}
+	// The pool stores the KV dtype of the sessions (Options.Memory.KVDType),
+	// which the plans counted.
+	bo := nn.BatchOptions{MaxPos: e.context, MaxRows: o.StepTokens, BlockSize: o.BlockSize, Blocks: o.KVBlocks, KVDType: e.kvDType()}
 	var nb *nn.Batch
 	var err error
 	e.mu.Lock()
@@ -221,7 +217,7 @@ func (e *Engine) NewBatcher(o BatchOptions) (*Batcher, error) {
 				// the device: they would load again at every step.
 				nb.Close()
 				err = fmt.Errorf("%w: a KV pool of %d blocks of %d positions (%s) does not fit in the room the plan left on %s: the weights there gave up %s for it; give the engine Options.KVPositions %d (-kv-positions) so that its plan keeps room for the pool, or ask for fewer blocks",
-					ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(nn.KVCacheBytes(e.cfg, o.KVBlocks*o.BlockSize, tensor.F32)), e.devices[d].Name, paging.FormatSize(weights[d]-w), o.KVBlocks*o.BlockSize)
+					ErrKVRoom, o.KVBlocks, o.BlockSize, paging.FormatSize(nn.KVCacheBytes(e.cfg, o.KVBlocks*o.BlockSize, e.kvDType())), e.devices[d].Name, paging.FormatSize(weights[d]-w), o.KVBlocks*o.BlockSize)
 				break
 			}
 		}
@@ -265,7 +261,7 @@ func (e *Engine) hostPoolBytes(positions int) int64 {
 	if e.kv == nil || e.cfg.NumLayers == 0 {
 		return 0
 	}
-	return nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(len(e.kv.HostBlocks))
+	return nn.KVCacheBytes(e.cfg, positions, e.kvDType()) / int64(e.cfg.NumLayers) * int64(len(e.kv.HostBlocks))
 }
 
 // hostPoolLimited reports whether the pool's host part is bounded by the
@@ -288,7 +284,7 @@ func (e *Engine) devicePoolBytes(d, positions int) int64 {
 			}
 		}
 	}
-	return nn.KVCacheBytes(e.cfg, positions, tensor.F32) / int64(e.cfg.NumLayers) * int64(blocks)
+	return nn.KVCacheBytes(e.cfg, positions, e.kvDType()) / int64(e.cfg.NumLayers) * int64(blocks)
 }
 
 // hostPoolRoom checks the part of the batch's KV pool in host memory (the

@@ -121,7 +121,8 @@ func budgetsUsed(e *Engine) []int64 {
 // the KV pool, get the greedy ids each gets alone; the refused request is
 // ErrBusy, the cancelled one ends with its context's error; when they all
 // end every KV block is free, and after Close the budgets are back at
-// their values before the batcher.
+// their values before the batcher. The pool stores the engine's KV dtype:
+// F16 and Q8_B8 pools too.
 func TestBatcherMatchesAlone(t *testing.T) {
 	type config struct {
 		name     string
@@ -138,6 +139,7 @@ func TestBatcherMatchesAlone(t *testing.T) {
 		// kvPositions is Options.KVPositions: the room the plans keep for
 		// the pool.
 		kvPositions int
+		kv          tensor.DType
 	}
 	const ctxLen, block = 32, 4
 	var configs []config
@@ -146,6 +148,8 @@ func TestBatcherMatchesAlone(t *testing.T) {
 	}
 	configs = append(configs,
 		config{name: "two devices", fixture: fixtures.TinyQwen3F16, devices: 2, kvBlocks: 6},
+		config{name: "F16 pool", fixture: fixtures.TinyLlamaF16Sharded, devices: 1, kvBlocks: 6, kv: tensor.F16},
+		config{name: "Q8_B8 pool on two devices", fixture: fixtures.TinyQwen3F16, devices: 2, kvBlocks: 6, kv: tensor.Q8_B8},
 		config{name: "streamed", fixture: fixtures.TinyLlamaF16Sharded, devices: 1, strategy: paging.StrategyBalanced,
 			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
 		config{name: "experts paged", fixture: fixtures.TinyQwen3MoEF16, devices: 1,
@@ -173,7 +177,7 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			if tc.quant != 0 {
 				lm = openGGUF(t, tc.fixture, tc.quant)
 			}
-			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions, Memory: Memory{Strategy: tc.strategy, Mode: tc.mode, KVCache: tc.kvCache}}
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions, Memory: Memory{Strategy: tc.strategy, Mode: tc.mode, KVCache: tc.kvCache, KVDType: tc.kv}}
 			var managed *managedCPU
 			switch {
 			case tc.gpu:
@@ -220,12 +224,26 @@ func TestBatcherMatchesAlone(t *testing.T) {
 				}
 			}
 			before := budgetsUsed(e)
+			kvUsed := func() int64 {
+				var n int64
+				for _, bg := range e.budgets {
+					n += bg.UsedBy(paging.KVCache)
+				}
+				return n
+			}
+			kvBefore := kvUsed()
 			b, err := e.NewBatcher(BatchOptions{MaxSequences: 4, StepTokens: 8, BlockSize: block, KVBlocks: tc.kvBlocks})
 			if err != nil {
 				t.Fatal(err)
 			}
 			st := b.Stats()
 			t.Logf("KV pool of %d blocks of %d positions", st.KVBlocks, st.BlockSize)
+			if tc.kv != tensor.Invalid {
+				// The pool is stored in the engine's KV dtype.
+				if got, want := kvUsed()-kvBefore, nn.KVCacheBytes(lm.Config, st.KVBlocks*st.BlockSize, tc.kv); got != want {
+					t.Errorf("the pool charged %d KV bytes, want %d (%v)", got, want, tc.kv)
+				}
+			}
 			r := rand.New(rand.NewPCG(uint64(len(tc.name)), uint64(len(tc.fixture))))
 			vocab := lm.Config.VocabSize
 			var reqs []Request

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +61,17 @@ type Memory struct {
 	// devices each device's plan places the caches of its own blocks, and
 	// their host parts share the host memory limit (HostCache).
 	KVCache paging.KVPlacement
+	// StagingReaders, StagingPiece and StagingSlots tune the pagers'
+	// staging ring, which the aggressive strategy streams through on a
+	// GPU: paging.Options' fields of the same names (0 takes their
+	// defaults; StagingSlots < 0 turns the ring off).
+	StagingReaders int
+	StagingPiece   int64
+	StagingSlots   int
+	// NoMappedUploads makes the staging ring read every tensor, where it
+	// would copy the tensors of mapped weight files in place from their
+	// page-locked mapping (paging.Options.NoMappedUploads).
+	NoMappedUploads bool
 }
 
 // Options say where and how the engine runs a model.
@@ -315,7 +327,9 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if err != nil {
 			return nil, err
 		}
-		popts := paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy}
+		popts := paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy,
+			StagingReaders: o.Memory.StagingReaders, StagingPiece: o.Memory.StagingPiece, StagingSlots: o.Memory.StagingSlots,
+			NoMappedUploads: o.Memory.NoMappedUploads}
 		if popts.ExpertsCPU, popts.Rates, err = e.expertsCPU(ctx, b, plan, info.Stage(p)); err != nil {
 			return nil, err
 		}
@@ -652,10 +666,17 @@ func (e *Engine) Stats() paging.Stats {
 		t.ResidentWeightBytes += st.ResidentWeightBytes
 		t.StreamedWeightBytes += st.StreamedWeightBytes
 		t.PinnedHostBytes += st.PinnedHostBytes
+		t.PinnedFallbacks += st.PinnedFallbacks
+		t.PinnedFallbackBytes += st.PinnedFallbackBytes
+		t.PinnedFallbackError = cmp.Or(t.PinnedFallbackError, st.PinnedFallbackError)
 		t.StagingSlots += st.StagingSlots
 		t.StagingBytes += st.StagingBytes
 		t.BytesStaged += st.BytesStaged
 		t.StagingWait += st.StagingWait
+		t.StagingReaders += st.StagingReaders
+		t.StagingReadTime += st.StagingReadTime            // devices read one after the other: their times add
+		t.MappedBytes = max(t.MappedBytes, st.MappedBytes) // the same files, page-locked by each device's pager
+		t.BytesMapped += st.BytesMapped
 		t.PeakDeviceBytes = max(t.PeakDeviceBytes, st.PeakDeviceBytes)
 		t.ExpertSlots += st.ExpertSlots
 		t.ExpertsTotal += st.ExpertsTotal
@@ -707,8 +728,8 @@ func (e *Engine) Summary() string {
 			s += fmt.Sprintf("hybrid over %d GPUs: per token %s resident, %s streamed, %s read by the CPU in %d layers, predicted %.1f tok/s\n",
 				len(h.GPUs), paging.FormatSize(t.ResidentBytes), paging.FormatSize(t.StreamedBytes), paging.FormatSize(t.CPUBytes), len(h.CPULayers()), t.PredictedTokS)
 		}
-		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads); device %.0f GB/s; hand-over %v\n",
-			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, h.Rates.Device/1e9, h.Rates.Handoff)
+		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads), %.2f ms more a block, attention %.1f GB/s; device %.0f GB/s; hand-over %v\n",
+			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, float64(h.Rates.CPULayer)/1e6, h.Rates.CPUAttention/1e9, h.Rates.Device/1e9, h.Rates.Handoff)
 	}
 	return s
 }

@@ -113,7 +113,8 @@ func isHybrid(s paging.Strategy) bool {
 }
 
 // openHybrid assembles the model on the GPUs and the CPU: it measures the
-// rates (unless given; on the first GPU, the others alike), places the
+// rates (unless given: MeasureCalibratedRates, on the first GPU, the
+// others alike), places the
 // blocks over the GPUs in contiguous shares in proportion to their budgets
 // (one GPU takes them all), and for each GPU plans which layers of its
 // share stay on it, stream to it or run on the CPU, within its budget, and
@@ -146,7 +147,10 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 		if len(block) > 0 {
 			dt = block[len(block)-1].DType
 		}
-		r, err := MeasureRates(ctx, e.backends[0], cpu, dt, e.cfg.HiddenSize, block)
+		// With what a block on the CPU costs beyond its bytes at r.CPU,
+		// and its attention's reads of the KV cache, on a block of the
+		// model's shape: the planner's prediction counts both.
+		r, err := MeasureCalibratedRates(ctx, e.backends[0], cpu, dt, e.cfg, e.kvDType(), e.context, block)
 		if err != nil {
 			return err
 		}

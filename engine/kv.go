@@ -90,7 +90,9 @@ func (e *Engine) kvPlanOptions(ctx context.Context, kv paging.KVPlacement, info 
 		if len(block) > 0 {
 			dt = block[len(block)-1].DType
 		}
-		r, err := MeasureRates(ctx, e.backends[0], e.cpu, dt, e.cfg.HiddenSize, block)
+		// The CPU's attention over host KV reads slower than its
+		// products: KVAuto predicts with its rate (CalibrateCPU).
+		r, err := MeasureCalibratedRates(ctx, e.backends[0], e.cpu, dt, e.cfg, e.kvDType(), e.context, block)
 		if err != nil {
 			return nil, err
 		}

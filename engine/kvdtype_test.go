@@ -7,6 +7,7 @@ import (
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
 
@@ -24,8 +25,8 @@ func TestKVDType(t *testing.T) {
 	const ctxLen, chunk = 24, 8
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
 	// 4 blocks, K and V, 32 values a position.
-	rowBytes := map[tensor.DType]int64{tensor.F32: 128, tensor.F16: 64, tensor.BF16: 64, tensor.Q8_0: 34}
-	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0} {
+	rowBytes := map[tensor.DType]int64{tensor.F32: 128, tensor.F16: 64, tensor.BF16: 64, tensor.Q8_0: 34, tensor.Q8_B8: 40}
+	for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8} {
 		var logits [2][]float32
 		for i, devices := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%v/%d devices", dt, devices), func(t *testing.T) {
@@ -66,15 +67,23 @@ func TestKVDType(t *testing.T) {
 	if _, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: ctxLen, Memory: Memory{KVDType: tensor.Q4_0}}); err == nil {
 		t.Error("a Q4_0 KV cache: no error")
 	}
-	// The batcher's pool is F32: an engine planned for a narrower cache
-	// refuses it rather than overrun its budget.
+	// The batcher's pool is stored in the engine's KV dtype, which its
+	// plan counted: the pool charges the budget the F16 bytes.
 	e, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: ctxLen, Chunk: chunk, Memory: Memory{KVDType: tensor.F16}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if b, err := e.NewBatcher(BatchOptions{}); err == nil {
-		b.Close(context.Background())
-		t.Error("a batcher over an engine with an F16 KV cache: no error")
+	kv := e.budgets[0].UsedBy(paging.KVCache)
+	b, err := e.NewBatcher(BatchOptions{})
+	if err != nil {
+		t.Fatalf("a batcher over an engine with an F16 KV cache: %v", err)
+	}
+	st := b.Stats()
+	if got, want := e.budgets[0].UsedBy(paging.KVCache)-kv, int64(2*4*st.KVBlocks*st.BlockSize)*rowBytes[tensor.F16]; got != want {
+		t.Errorf("the F16 pool of %d blocks of %d charged %d KV bytes, want %d", st.KVBlocks, st.BlockSize, got, want)
+	}
+	if err := b.Close(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/strata-llm/strata/arch"
+	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -37,6 +39,25 @@ const cpuRateMinBytes = 1 << 30
 // (and the allocator's cache trimmed) before it returns, so a budget made
 // afterwards finds the device as it was.
 func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType, hidden int, block []paging.TensorSpec) (r paging.Rates, err error) {
+	return measureRates(ctx, gpu, cpu, dt, hidden, block, nil)
+}
+
+// MeasureCalibratedRates is MeasureRates, then CalibrateCPU for the
+// model cfg (its KV cache in kv, up to maxPos positions) over the same
+// host copies of the block, which MeasureRates has made and filled
+// already.
+func MeasureCalibratedRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType, cfg *arch.Config, kv tensor.DType, maxPos int, block []paging.TensorSpec) (paging.Rates, error) {
+	return measureRates(ctx, gpu, cpu, dt, cfg.HiddenSize, block, &calibration{cfg: cfg, kv: kv, maxPos: maxPos})
+}
+
+// calibration is what CalibrateCPU needs besides the rates and the block.
+type calibration struct {
+	cfg    *arch.Config
+	kv     tensor.DType
+	maxPos int
+}
+
+func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType, hidden int, block []paging.TensorSpec, calib *calibration) (r paging.Rates, err error) {
 	pa, ok1 := tensor.Pinned(gpu)
 	au, ok2 := tensor.AsyncUpload(gpu)
 	if !ok1 || !ok2 {
@@ -81,6 +102,7 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 	ck := tensor.Checked(cpu)
 	type product struct{ w, x, y *tensor.Tensor }
 	var products []product
+	var copies []nn.LayerWeights // the block's matrices, by name, in each pass
 	var cpuBytes float64
 	defer func() {
 		for _, p := range products {
@@ -89,6 +111,7 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 	}()
 	for len(products) == 0 || cpuBytes < cpuRateMinBytes {
 		n0 := len(products)
+		copies = append(copies, nn.LayerWeights{})
 		for _, ts := range block {
 			if len(ts.Shape) != 2 || !ts.DType.IsFloat() {
 				continue
@@ -104,6 +127,7 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 				return r, err
 			}
 			products = append(products, product{w, tensor.New(tensor.F32, tensor.Shape{1, ts.Shape[1]}), tensor.New(tensor.F32, tensor.Shape{1, ts.Shape[0]})})
+			copies[len(copies)-1][ts.Name] = w
 			cpuBytes += float64(ts.Bytes)
 		}
 		if len(products) == n0 {
@@ -200,6 +224,11 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		return r, err
 	}
 	r.H2DShared, r.CPUShared = rate(dh), cpuRate(dc)
+	if calib != nil {
+		if err := calibrateWith(ctx, cpu, calib.cfg, block, calib.kv, calib.maxPos, &r, copies[:min(len(copies), calibrateMaxCopies)]); err != nil {
+			return r, err
+		}
+	}
 	return r, ctx.Err()
 }
 

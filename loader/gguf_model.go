@@ -58,9 +58,10 @@ func openGGUF(path string) (*Model, error) {
 		f.Close()
 		return nil, err
 	}
-	m, err := newGGUFModel(path, g, f, st.Size())
+	r := mapOrFile(f, st.Size())
+	m, err := newGGUFModel(path, g, r, st.Size())
 	if err != nil {
-		f.Close()
+		r.Close()
 		return nil, err
 	}
 	return m, nil

@@ -207,3 +207,75 @@ func TestReadCheckedOnce(t *testing.T) {
 		t.Fatalf("a fresh model's first read: %v, want ErrNonFinite", err)
 	}
 }
+
+// TestReadRangeCheckedOnce: ReadRange checks a large range once, as
+// ReadInto checks a tensor once: a NaN written into the file after a range
+// was read and found finite is not seen by a read of that range again, nor
+// of a range within it from the same offset, nor by any range of a tensor
+// read whole before; it is seen by a range reaching past the one checked,
+// by a range from another offset, by a small range (rows are not
+// remembered), and by a model opened afresh.
+func TestReadRangeCheckedOnce(t *testing.T) {
+	const name = "model.layers.1.mlp.up_proj.weight"
+	ctx := context.Background()
+	for _, fx := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16} {
+		t.Run(filepath.Base(fx), func(t *testing.T) {
+			dir := fixturetest.Copy(t, fx)
+			m, err := loader.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			ti, ok := m.Tensor(name)
+			if !ok {
+				t.Fatalf("no tensor %s", name)
+			}
+			size := int64(ti.DType.Size())
+			half := ti.Size / 2 / size * size
+			other, ok := m.Tensor("model.layers.0.mlp.up_proj.weight")
+			if !ok {
+				t.Fatal("no layer 0 up_proj")
+			}
+			// Read before the NaN is written: half of the tensor, and all
+			// of another one.
+			if err := m.ReadRange(ctx, ti, 0, make([]byte, half)); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.ReadInto(ctx, other, make([]byte, other.Size)); err != nil {
+				t.Fatal(err)
+			}
+			at := half/size/2 - 1 // an element in the first half, not at its start
+			fixturetest.SetBits(t, dir, name, at, 0x7fff)
+			fixturetest.SetBits(t, dir, other.Name, at, 0x7fff)
+			fresh, err := loader.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fresh.Close()
+			fti, _ := fresh.Tensor(name)
+			for _, c := range []struct {
+				what    string
+				m       *loader.Model
+				ti      *loader.TensorInfo
+				off, n  int64
+				checked bool
+			}{
+				{"the range read before", m, ti, 0, half, false},
+				{"a range within it from its offset", m, ti, 0, (at + 1) * size, false},
+				{"a range past it", m, ti, 0, half + size, true},
+				{"a range from another offset", m, ti, size, half - size, true},
+				{"a small range", m, ti, at * size, size, true},
+				{"a range of a tensor read whole", m, other, 0, half, false},
+				{"the range in a model opened afresh", fresh, fti, 0, half, true},
+			} {
+				err := c.m.ReadRange(ctx, c.ti, c.off, make([]byte, c.n))
+				if c.checked && !errors.Is(err, loader.ErrNonFinite) {
+					t.Errorf("%s: %v, want the NaN found", c.what, err)
+				}
+				if !c.checked && err != nil {
+					t.Errorf("%s: %v, want no check (found finite before)", c.what, err)
+				}
+			}
+		})
+	}
+}

@@ -89,7 +89,7 @@ func OpenSafetensors(path string) (*File, error) {
 		f.Close()
 		return nil, fmt.Errorf("loader: %w", err)
 	}
-	return newFile(path, f, st.Size())
+	return newFile(path, mapOrFile(f, st.Size()), st.Size())
 }
 
 // newFile validates the header of the safetensors file r of size bytes;

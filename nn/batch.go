@@ -35,6 +35,10 @@ type BatchOptions struct {
 	// Blocks is the size of the KV pool in blocks (0: enough for one
 	// sequence of MaxPos positions).
 	Blocks int
+	// KVDType is the pool's stored dtype, as SessionOptions.KVDType (zero:
+	// F32); the attention (tensor.AttentionBlocks) converts the rows'
+	// keys and values into it.
+	KVDType tensor.DType
 }
 
 // Batch runs several sequences through a model together: each step runs
@@ -106,6 +110,10 @@ func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, noPeer boo
 	if err := checkContext(c, "batch", o.MaxPos); err != nil {
 		return nil, err
 	}
+	if err := CheckKVDType(c, o.KVDType); err != nil {
+		return nil, err
+	}
+	kv := SessionOptions{KVDType: o.KVDType}.kvDType()
 	if o.Blocks == 0 {
 		o.Blocks = (o.MaxPos + o.BlockSize - 1) / o.BlockSize
 	}
@@ -142,8 +150,8 @@ func newBatch(c *arch.Config, models []*Model, keys []tensor.Backend, noPeer boo
 			if s.hkv != nil && s.hkv.onHost[j] {
 				pool = host
 			}
-			s.k = append(s.k, pool.alloc(paging.KVCache, rows, c.KVDim()))
-			s.v = append(s.v, pool.alloc(paging.KVCache, rows, c.KVDim()))
+			s.k = append(s.k, pool.allocDT(paging.KVCache, kv, rows, c.KVDim()))
+			s.v = append(s.v, pool.allocDT(paging.KVCache, kv, rows, c.KVDim()))
 		}
 		if al.err != nil {
 			b.Close()

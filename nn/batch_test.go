@@ -122,11 +122,17 @@ func runBatch(t *testing.T, b *Batch, seqs []*batchSeq, rows int) int {
 // alone in a batch of its own with its prompt in one step; their greedy
 // ids match a Session's, whose logits are within rounding; the pool's
 // blocks all come back and the budget returns to its value before the
-// batch.
+// batch. With a pool of F16 or Q8_B8 (BatchOptions.KVDType) the same
+// holds against a Session whose cache is of that dtype.
 func TestBatchMatchesAlone(t *testing.T) {
+	type run struct {
+		threads int
+		kv      tensor.DType
+	}
 	for _, name := range batchFixtures {
-		for _, threads := range []int{1, 3} {
-			t.Run(fmt.Sprintf("%s/threads=%d", name, threads), func(t *testing.T) {
+		for _, rn := range []run{{1, tensor.F32}, {3, tensor.F32}, {3, tensor.F16}, {2, tensor.Q8_B8}} {
+			threads, kv := rn.threads, rn.kv
+			t.Run(fmt.Sprintf("%s/threads=%d/%v", name, threads, kv), func(t *testing.T) {
 				lm, err := loader.Open(fixtures.Dir(name))
 				if err != nil {
 					t.Fatal(err)
@@ -144,9 +150,12 @@ func TestBatchMatchesAlone(t *testing.T) {
 					seqs = append(seqs, &batchSeq{prompt: p, join: r.IntN(6) * i % 9, steps: 1 + r.IntN(6)})
 				}
 				used := bud.Used()
-				b, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 9, BlockSize: 4, Blocks: 64})
+				b, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 9, BlockSize: 4, Blocks: 64, KVDType: kv})
 				if err != nil {
 					t.Fatal(err)
+				}
+				if dt := b.stages[0].k[0].DType(); dt != kv {
+					t.Fatalf("the pool is %v, want %v", dt, kv)
 				}
 				runBatch(t, b, seqs, 9)
 				if b.FreeBlocks() != b.Blocks() {
@@ -157,7 +166,7 @@ func TestBatchMatchesAlone(t *testing.T) {
 					t.Errorf("budget at %d after the batch, %d before", bud.Used(), used)
 				}
 				for i, s := range seqs {
-					a, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 32, BlockSize: 8})
+					a, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 32, BlockSize: 8, KVDType: kv})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -171,7 +180,7 @@ func TestBatchMatchesAlone(t *testing.T) {
 							}
 						}
 					}
-					sess, err := m.NewSession(32, 8)
+					sess, err := m.NewSessionWith(32, 8, SessionOptions{KVDType: kv})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -18,8 +18,10 @@ import (
 // (the GPU's products of several rows round as they like, so not bit for
 // bit: cuBLAS's path casts the rows to F16 where the one-row GEMV keeps
 // them F32, a few 1e-3 on the F16 fixture on the H200), within 2e-2 of the CPU batch's, and its greedy ids those of the
-// CPU batch where the CPU's margin between the two best exceeds 5e-2. It
-// logs the differences it measures. Skips without a CUDA device.
+// CPU batch where the CPU's margin between the two best exceeds 5e-2; with
+// the pools in F32, F16 and Q8_B8 (BatchOptions.KVDType), the CPU's in the
+// same dtype. It logs the differences it measures. Skips without a CUDA
+// device.
 func TestCUDABatch(t *testing.T) {
 	b := openCUDA(t)
 	ctx := context.Background()
@@ -52,36 +54,38 @@ func TestCUDABatch(t *testing.T) {
 				}
 				return seqs
 			}
-			run := func(m *Model, seqs []*batchSeq, rows int) {
-				bt, err := m.NewBatch(BatchOptions{MaxPos: 64, MaxRows: rows, BlockSize: 16, Blocks: 48})
-				if err != nil {
-					t.Fatal(err)
+			for _, kv := range []tensor.DType{tensor.F32, tensor.F16, tensor.Q8_B8} {
+				run := func(m *Model, seqs []*batchSeq, rows int) {
+					bt, err := m.NewBatch(BatchOptions{MaxPos: 64, MaxRows: rows, BlockSize: 16, Blocks: 48, KVDType: kv})
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer bt.Close()
+					runBatch(t, bt, seqs, rows)
 				}
-				defer bt.Close()
-				runBatch(t, bt, seqs, rows)
-			}
-			gpu, cpu := mix(), mix()
-			run(gm, gpu, 12)
-			run(cm, cpu, 12)
-			worstAlone, worstCPU := 0.0, 0.0
-			for i, s := range gpu {
-				alone := &batchSeq{prompt: s.prompt, steps: s.steps}
-				run(gm, []*batchSeq{alone}, 64)
-				for j := range s.logits {
-					da, dc := maxAbsDiff(s.logits[j], alone.logits[j]), maxAbsDiff(s.logits[j], cpu[i].logits[j])
-					worstAlone, worstCPU = max(worstAlone, da), max(worstCPU, dc)
-					if da > 1e-2 || dc > 2e-2 {
-						t.Errorf("sequence %d token %d: logits %g from alone on the GPU, %g from the CPU batch", i, j, da, dc)
-					}
-					if g, c := Argmax(s.logits[j]), Argmax(cpu[i].logits[j]); g != c && margin(cpu[i].logits[j]) > 5e-2 {
-						t.Errorf("sequence %d token %d: greedy id %d on the GPU, %d on the CPU (margin %g)", i, j, g, c, margin(cpu[i].logits[j]))
-					}
-					if g := Argmax(s.logits[j]); g != Argmax(cpu[i].logits[j]) || g != Argmax(alone.logits[j]) {
-						break // the sequences went different ways (a near tie): the rest differ
+				gpu, cpu := mix(), mix()
+				run(gm, gpu, 12)
+				run(cm, cpu, 12)
+				worstAlone, worstCPU := 0.0, 0.0
+				for i, s := range gpu {
+					alone := &batchSeq{prompt: s.prompt, steps: s.steps}
+					run(gm, []*batchSeq{alone}, 64)
+					for j := range s.logits {
+						da, dc := maxAbsDiff(s.logits[j], alone.logits[j]), maxAbsDiff(s.logits[j], cpu[i].logits[j])
+						worstAlone, worstCPU = max(worstAlone, da), max(worstCPU, dc)
+						if da > 1e-2 || dc > 2e-2 {
+							t.Errorf("sequence %d token %d: logits %g from alone on the GPU, %g from the CPU batch", i, j, da, dc)
+						}
+						if g, c := Argmax(s.logits[j]), Argmax(cpu[i].logits[j]); g != c && margin(cpu[i].logits[j]) > 5e-2 {
+							t.Errorf("sequence %d token %d: greedy id %d on the GPU, %d on the CPU (margin %g)", i, j, g, c, margin(cpu[i].logits[j]))
+						}
+						if g := Argmax(s.logits[j]); g != Argmax(cpu[i].logits[j]) || g != Argmax(alone.logits[j]) {
+							break // the sequences went different ways (a near tie): the rest differ
+						}
 					}
 				}
+				t.Logf("%s, %v pools: %d sequences, logits at most %.3g from each alone on the GPU, %.3g from the CPU batch", name, kv, len(gpu), worstAlone, worstCPU)
 			}
-			t.Logf("%s: %d sequences, logits at most %.3g from each alone on the GPU, %.3g from the CPU batch", name, len(gpu), worstAlone, worstCPU)
 		})
 	}
 }

@@ -11,11 +11,12 @@ import (
 )
 
 // TestCUDADecodeGraphs decodes 150 greedy steps of each fixture on the GPU
-// with graphs (each dense block captured once and replayed, the position
-// read from device memory) and without, and checks the logits of every
-// step agree within 1e-5 (the graphs run the same kernels; only where the
-// position comes from differs). Positions 6..155 cross the buckets of 64
-// and 128 positions, so every block is captured three times. It logs, for each
+// with graphs (each stretch of consecutive dense blocks, all resident,
+// captured once as one graph and replayed, the position read from device
+// memory) and without, and checks the logits of every step agree within
+// 1e-5 (the graphs run the same kernels; only where the position comes
+// from differs). Positions 6..155 cross the buckets of 64 and 128
+// positions, so every stretch is captured three times. It logs, for each
 // path, the launches per token (kernels, copies, cuBLAS calls, graph
 // replays) and the wall time per token, and the graphs' counts; the
 // mixtures of experts' sparse blocks stay eager.
@@ -80,17 +81,22 @@ func TestCUDADecodeGraphs(t *testing.T) {
 			if worst > 1e-5 {
 				t.Errorf("graph decode differs from eager decode by %g, want <= 1e-5", worst)
 			}
-			dense := 0
+			dense, stretches := 0, 0
 			for i := range lm.Config.NumLayers {
 				if !lm.Config.Sparse(i) {
 					dense++
+					if i == 0 || lm.Config.Sparse(i-1) {
+						stretches++
+					}
 				}
 			}
 			switch {
 			case dense == 0 && st.Replays != 0:
 				t.Errorf("sparse blocks replayed graphs: %+v", st)
-			case dense > 0 && (st.Captures != int64(3*dense) || lg.Graphs == 0):
-				t.Errorf("%d dense blocks: %+v, %+v; want %d captures and graph launches", dense, st, lg, 3*dense)
+			case dense > 0 && (st.Captures != int64(3*stretches) || lg.Graphs == 0):
+				t.Errorf("%d dense blocks in %d stretches: %+v, %+v; want %d captures and graph launches", dense, stretches, st, lg, 3*stretches)
+			case dense == lm.Config.NumLayers && st.RunBlocks != int64(dense)*st.RunReplays:
+				t.Errorf("every block dense: %+v; want every replay a run of all %d", st, dense)
 			case dense == lm.Config.NumLayers && per(lg) >= per(le)/2:
 				t.Errorf("graphs: %.1f launches per token, eager %.1f: want at most half", per(lg), per(le))
 			}

@@ -13,9 +13,11 @@
 // A block runs through the fused operations of package tensor (RopeKV,
 // AddRMSNorm, GateUpSiLU), which a backend may do in one pass each. On a
 // backend with graphs (tensor.Grapher: the CUDA backend), a decode step
-// replays each dense block captured once (graph.go): the position is read
-// from a session buffer, and a graph is captured again when what it baked
-// in changes (the position's bucket, the layer's weight addresses).
+// replays graphs captured once (graph.go): one for each stretch of
+// consecutive dense blocks whose layers are resident, one for each other
+// dense block; the position is read from a session buffer, and a graph is
+// captured again when what it baked in changes (the position's bucket,
+// the layers' weight addresses).
 // Model.SetGraphs turns that off; Session.GraphStats counts it.
 //
 // It owns the arithmetic of the model and the buffers it allocates. It asks

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -29,6 +30,17 @@ import (
 // A capture that fails leaves the block eager for the session, so graphs
 // never decide whether a step succeeds. Sparse (mixture-of-experts)
 // blocks, whose routing reads the device, always run eagerly.
+//
+// Consecutive dense blocks whose layers are resident (ResidentWeights:
+// every layer of HostWeights, a pager's wholly resident layers) run as
+// one graph instead, a run: the step acquires all of the run's layers,
+// then replays the run's graph once, so a model that is wholly resident
+// launches one graph per step where it launched one per block. A run is
+// keyed, captured and given up as a block is (its key holds the bound,
+// the addresses of all its layers' tensors and the first block's
+// residual); a run whose capture fails leaves its blocks to graphs of
+// their own. Streamed layers, which take ring slots one at a time, keep
+// a graph per block.
 
 const (
 	// minBucket is the smallest bound of positions a graph is captured
@@ -69,15 +81,22 @@ type sessionGraphs struct {
 	g      tensor.Grapher
 	posAt  *tensor.Tensor // the buffers' posAt
 	layers map[int]*layerGraphs
+	// runs are the graphs of runs of resident blocks, by first and end
+	// block; noRun marks the blocks of a run whose capture failed.
+	runs     map[[2]int]*layerGraphs
+	noRun    map[int]bool
+	resident ResidentWeights // the model's weights, or nil without it
 	// Counters since the session opened, for tests and benchmarks.
-	captures, replays, eager int64
+	captures, replays, eager, runReplays, runBlocks int64
 }
 
 // GraphStats counts a session's decode blocks run as graphs: graphs
-// captured, blocks replayed, and blocks run eagerly in decode steps that
-// could use graphs.
+// captured, graphs replayed, and blocks run eagerly in decode steps that
+// could use graphs; of the replays, those of runs of several blocks, and
+// the blocks they ran.
 type GraphStats struct {
 	Captures, Replays, Eager int64
+	RunReplays, RunBlocks    int64
 }
 
 // GraphStats returns the session's counts of captured, replayed and eager
@@ -86,7 +105,8 @@ func (s *Session) GraphStats() GraphStats {
 	if s.graphs == nil {
 		return GraphStats{}
 	}
-	return GraphStats{Captures: s.graphs.captures, Replays: s.graphs.replays, Eager: s.graphs.eager}
+	gs := s.graphs
+	return GraphStats{Captures: gs.captures, Replays: gs.replays, Eager: gs.eager, RunReplays: gs.runReplays, RunBlocks: gs.runBlocks}
 }
 
 // SetGraphs turns decode graphs on (the default, on a backend that can
@@ -106,7 +126,8 @@ func (s *Session) graphsFor(T int, hook Hook) *sessionGraphs {
 		if !ok {
 			return nil
 		}
-		s.graphs = &sessionGraphs{g: g, posAt: s.posAt, layers: map[int]*layerGraphs{}}
+		s.graphs = &sessionGraphs{g: g, posAt: s.posAt, layers: map[int]*layerGraphs{}, runs: map[[2]int]*layerGraphs{}, noRun: map[int]bool{}}
+		s.graphs.resident, _ = s.m.weights.(ResidentWeights)
 	}
 	return s.graphs
 }
@@ -133,8 +154,12 @@ func (s *Session) fingerprint(layer int, lw LayerWeights) string {
 	return string(buf)
 }
 
-// setPosition uploads the step's position for the graphs to read.
+// setPosition writes the step's position for the graphs to read: on the
+// device where the backend can (tensor.PositionSetter), else an upload.
 func (gs *sessionGraphs) setPosition(b tensor.Backend, pos int) error {
+	if ps, ok := tensor.PositionSetters(b); ok {
+		return ps.SetPosition(gs.posAt, pos)
+	}
 	var buf [4]byte
 	binary.LittleEndian.PutUint32(buf[:], uint32(int32(pos)))
 	return b.Upload(gs.posAt, 0, buf[:])
@@ -194,6 +219,107 @@ func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 i
 	return g.Replay()
 }
 
+// runEnd returns the end of the run of blocks that starts at block i: the
+// first block from i on that is sparse, not resident, given up, or left
+// to itself by a failed run, or m.hi.
+func (s *Session) runEnd(gs *sessionGraphs, i int) int {
+	m := s.m
+	if gs.resident == nil {
+		return i
+	}
+	j := i
+	for j < m.hi && !m.cfg.Sparse(j) && !gs.noRun[j] && (gs.layers[j] == nil || !gs.layers[j].eager) && gs.resident.Resident(m.blockLayer(j)) {
+		j++
+	}
+	return j
+}
+
+// runGraphed runs decoder blocks lo..hi-1 of a decode step at pos0
+// (uploaded to posAt already), whose layers are resident, as one graph
+// when it can, else eagerly; residual is the first block's (see block).
+// It holds every layer of the run from before the first block until the
+// last has been queued.
+func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos0 int, scale float32, residual bool) error {
+	m := s.m
+	lws := make([]LayerWeights, 0, hi-lo)
+	defer func() {
+		for k := range lws {
+			m.weights.Release(m.blockLayer(lo + k))
+		}
+	}()
+	fp := ""
+	for i := lo; i < hi; i++ {
+		lw, err := m.weights.Acquire(ctx, m.blockLayer(i))
+		if err != nil {
+			return fmt.Errorf("block %d: %w", i, err)
+		}
+		lws = append(lws, lw)
+		fp += s.fingerprint(m.blockLayer(i), lw)
+	}
+	run := func(pos int, posAt *tensor.Tensor) error {
+		for k, lw := range lws {
+			if err := s.block(ctx, lo+k, 1, pos, lw, scale, posAt, residual || k > 0); err != nil {
+				return fmt.Errorf("block %d: %w", lo+k, err)
+			}
+		}
+		return nil
+	}
+	span := [2]int{lo, hi}
+	rg := gs.runs[span]
+	if rg == nil {
+		rg = &layerGraphs{graphs: map[graphKey]tensor.Graph{}}
+		gs.runs[span] = rg
+	}
+	// A run given up leaves its blocks to graphs of their own from the
+	// next step on.
+	abandon := func() {
+		rg.giveUp()
+		for i := lo; i < hi; i++ {
+			gs.noRun[i] = true
+		}
+	}
+	key := graphKey{bound: s.bucket(pos0), fp: fp, residual: residual}
+	g := rg.graphs[key]
+	if g == nil {
+		again := rg.seen && rg.last == key
+		if rg.seen && rg.last.fp != key.fp {
+			if rg.moves++; rg.moves >= maxMoves {
+				abandon()
+			}
+		}
+		rg.last, rg.seen = key, true
+		if !again || rg.eager {
+			gs.eager += int64(hi - lo)
+			return run(pos0, nil)
+		}
+		var err error
+		g, err = gs.g.Capture(func() error { return run(key.bound, gs.posAt) })
+		if err != nil {
+			// Not capturable as a run: its blocks run eagerly in this
+			// step.
+			abandon()
+			gs.eager += int64(hi - lo)
+			return run(pos0, nil)
+		}
+		gs.captures++
+		if len(rg.graphs) >= graphsPerLayer {
+			for k, old := range rg.graphs {
+				old.Close()
+				delete(rg.graphs, k)
+				break
+			}
+		}
+		rg.graphs[key] = g
+	}
+	gs.replays++
+	gs.runReplays++
+	gs.runBlocks += int64(hi - lo)
+	if err := g.Replay(); err != nil {
+		return fmt.Errorf("blocks %d to %d: %w", lo, hi-1, err)
+	}
+	return nil
+}
+
 // giveUp closes the block's graphs and keeps it eager.
 func (lg *layerGraphs) giveUp() {
 	lg.eager = true
@@ -206,7 +332,14 @@ func (lg *layerGraphs) giveUp() {
 // close frees every graph of the session.
 func (gs *sessionGraphs) close() error {
 	var errs []error
+	all := make([]*layerGraphs, 0, len(gs.layers)+len(gs.runs))
 	for _, lg := range gs.layers {
+		all = append(all, lg)
+	}
+	for _, rg := range gs.runs {
+		all = append(all, rg)
+	}
+	for _, lg := range all {
 		for _, g := range lg.graphs {
 			errs = append(errs, g.Close())
 		}

@@ -70,6 +70,33 @@ func (r *replayer) Embed(out, table *tensor.Tensor, ids []int32) error {
 	return r.Backend.Embed(out, table, ids)
 }
 
+// positionSetter is a replayer with a tensor.PositionSetter, which
+// counts the positions it sets and the uploads of one I32 element.
+type positionSetter struct {
+	*replayer
+	sets, uploads int
+}
+
+func (p *positionSetter) SetPosition(at *tensor.Tensor, pos int) error {
+	if at.DType() != tensor.I32 || !at.OnHost() {
+		return fmt.Errorf("positionSetter: at is %v", at)
+	}
+	p.sets++
+	at.I32()[0] = int32(pos)
+	return nil
+}
+
+func (p *positionSetter) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	if dst.DType() == tensor.I32 && dst.Len() == 1 {
+		p.uploads++
+	}
+	return p.replayer.Upload(dst, off, src)
+}
+
+// notResident hides a Weights' Resident: its blocks are graphed one by
+// one.
+type notResident struct{ Weights }
+
 type replayGraph struct {
 	r      *replayer
 	f      func() error
@@ -174,11 +201,12 @@ func TestDecodeGraphs(t *testing.T) {
 		}
 		got, st := decode(t, m, prompt, steps, maxPos)
 		sameSteps(t, "graphs", got, want)
-		// Positions 6..205. Each block: eager at 6, captured at 7 for
-		// positions up to 63; eager at 64, captured at 65 for up to 127;
-		// eager at 128, captured at 129 for up to 255.
-		if st.Captures != int64(3*layers) || st.Eager != int64(3*layers) || st.Replays != int64(steps*layers)-st.Eager {
-			t.Errorf("graph stats %+v, want %d captures, %d eager blocks and the rest of %d replayed", st, 3*layers, 3*layers, steps*layers)
+		// Positions 6..205, every layer resident: the blocks are one run.
+		// Eager at 6, captured at 7 for positions up to 63; eager at 64,
+		// captured at 65 for up to 127; eager at 128, captured at 129
+		// for up to 255: one replay a step.
+		if st.Captures != 3 || st.Eager != int64(3*layers) || st.Replays != steps-3 || st.RunReplays != st.Replays || st.RunBlocks != int64((steps-3)*layers) {
+			t.Errorf("graph stats %+v, want 3 captures of the run of %d blocks, %d eager blocks and a replay in each of the other %d steps", st, layers, 3*layers, steps-3)
 		}
 		if r.live != 0 {
 			t.Errorf("%d graphs left open after the session closed", r.live)
@@ -186,8 +214,53 @@ func TestDecodeGraphs(t *testing.T) {
 		m.SetGraphs(false)
 		got, st = decode(t, m, prompt, 20, maxPos)
 		sameSteps(t, "graphs off", got, want[:21])
-		if st.Replays != 0 || r.captures != 3*layers {
+		if st.Replays != 0 || r.captures != 3 {
 			t.Errorf("graphs off: %+v, %d captures in all", st, r.captures)
+		}
+	})
+
+	t.Run("per-block", func(t *testing.T) {
+		// Weights that do not say they are resident: a graph per block.
+		const steps, maxPos = 200, 256
+		eagerM, _ := New(cfg, cpu, nil, hw)
+		want, _ := decode(t, eagerM, prompt, steps, maxPos)
+		r := &replayer{Backend: cpu}
+		m, _ := New(cfg, r, nil, notResident{hw})
+		got, st := decode(t, m, prompt, steps, maxPos)
+		sameSteps(t, "graphs per block", got, want)
+		if st.Captures != int64(3*layers) || st.Eager != int64(3*layers) || st.Replays != int64(steps*layers)-st.Eager || st.RunReplays != 0 {
+			t.Errorf("graph stats %+v, want %d captures, %d eager blocks and the rest of %d replayed, no runs", st, 3*layers, 3*layers, steps*layers)
+		}
+		if r.live != 0 {
+			t.Errorf("%d graphs left open after the session closed", r.live)
+		}
+	})
+
+	t.Run("failed-run", func(t *testing.T) {
+		// The run's capture fails: its blocks run eagerly in that step and
+		// take graphs of their own from the next, eager in their first.
+		const steps, maxPos = 12, 32
+		eagerM, _ := New(cfg, cpu, nil, hw)
+		want, _ := decode(t, eagerM, prompt, steps, maxPos)
+		r := &replayer{Backend: cpu, failAt: 1}
+		m, _ := New(cfg, r, nil, hw)
+		got, st := decode(t, m, prompt, steps, maxPos)
+		sameSteps(t, "a failed run", got, want)
+		if st.Captures != int64(layers) || st.Eager != int64(3*layers) || st.Replays != int64((steps-3)*layers) || st.RunReplays != 0 {
+			t.Errorf("graph stats %+v, want %d captures of blocks, %d eager blocks, %d replays, no runs", st, layers, 3*layers, (steps-3)*layers)
+		}
+	})
+
+	t.Run("set-position", func(t *testing.T) {
+		const steps, maxPos = 20, 64
+		eagerM, _ := New(cfg, cpu, nil, hw)
+		want, _ := decode(t, eagerM, prompt, steps, maxPos)
+		ps := &positionSetter{replayer: &replayer{Backend: cpu}}
+		m, _ := New(cfg, ps, nil, hw)
+		got, _ := decode(t, m, prompt, steps, maxPos)
+		sameSteps(t, "positions set by the backend", got, want)
+		if ps.sets != steps || ps.uploads != 0 {
+			t.Errorf("%d positions set and %d uploaded in %d decode steps, want every one set", ps.sets, ps.uploads, steps)
 		}
 	})
 
@@ -196,7 +269,7 @@ func TestDecodeGraphs(t *testing.T) {
 		eagerM, _ := New(cfg, cpu, nil, hw)
 		want, _ := decode(t, eagerM, prompt, steps, maxPos)
 		r := &replayer{Backend: cpu, failAt: 2}
-		m, _ := New(cfg, r, nil, hw)
+		m, _ := New(cfg, r, nil, notResident{hw})
 		got, st := decode(t, m, prompt, steps, maxPos)
 		sameSteps(t, "a failed capture", got, want)
 		if st.Captures != int64(layers-1) || st.Eager != int64(layers+steps-1) {
@@ -286,8 +359,52 @@ func TestDecodeGraphs(t *testing.T) {
 		sameSteps(t, "streamed through the ring", got, want)
 		moved := pager.Stats().BytesHostToDevice
 		t.Logf("streamed at the smallest budget (%d bytes moved for %d of weights): %+v", moved, lm.WeightBytes(), st)
-		if moved <= 2*lm.WeightBytes() || st.Replays == 0 {
-			t.Errorf("%d bytes moved for %d of weights, %+v: want the blocks streamed every step and graphs replayed", moved, lm.WeightBytes(), st)
+		if moved <= 2*lm.WeightBytes() || st.Replays == 0 || st.RunReplays != 0 {
+			t.Errorf("%d bytes moved for %d of weights, %+v: want the blocks streamed every step and graphs replayed, no runs", moved, lm.WeightBytes(), st)
+		}
+
+		// Larger budgets: the first that keeps a block resident and
+		// streams another (graphs per block for both: the resident
+		// blocks do not make a run of two), and the first that keeps
+		// every layer resident (the blocks one run, Pager.Resident).
+		var mixedDone, allDone bool
+		for k := int64(1); k < 40 && !allDone; k++ {
+			budget := be.Needed + lm.WeightBytes()*k/10
+			plan, err := paging.Plan(info, budget, paging.StrategyMinimal, maxPos, 1, paging.WithChunkTokens(chunk))
+			if err != nil {
+				t.Fatal(err)
+			}
+			blocks := 0
+			for _, l := range plan.ResidentLayers {
+				if l >= 1 && l <= layers {
+					blocks++
+				}
+			}
+			all := blocks == layers
+			if blocks == 0 || !all && mixedDone {
+				continue
+			}
+			bud := newBudget(t, r, budget, "cpu")
+			pager, err := paging.NewPager(Source(lm), bud, plan, paging.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(cfg, r, bud, pager)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, st := decode(t, m, prompt, steps, maxPos)
+			sameSteps(t, fmt.Sprintf("budget %d", budget), got, want)
+			t.Logf("budget %d (resident layers %v): %+v", budget, plan.ResidentLayers, st)
+			if all && (st.RunReplays != steps-1 || st.Replays != st.RunReplays) || !all && st.Replays == 0 {
+				t.Errorf("budget %d, resident layers %v: %+v; want one run replayed each step but the first when all are resident", budget, plan.ResidentLayers, st)
+			}
+			mixedDone, allDone = mixedDone || !all, all
+			pager.Close()
+			bud.Close()
+		}
+		if !mixedDone || !allDone {
+			t.Errorf("no budget kept some blocks resident (%v) or all (%v)", mixedDone, allDone)
 		}
 	})
 }

@@ -66,6 +66,9 @@ func (hw *HostWeights) Acquire(ctx context.Context, layer int) (LayerWeights, er
 // Release does nothing: the weights stay loaded.
 func (hw *HostWeights) Release(int) {}
 
+// Resident reports that every layer stays loaded (ResidentWeights).
+func (hw *HostWeights) Resident(layer int) bool { return layer >= 0 && layer < len(hw.layers) }
+
 // Close frees the weights. It is safe to call more than once.
 func (hw *HostWeights) Close() {
 	freed := map[*tensor.Tensor]bool{}

@@ -463,6 +463,16 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook, headNext bo
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if gs != nil { // no hook, no twin: see graphsFor
+			if end := s.runEnd(gs, i); end-i >= 2 {
+				if err := s.runGraphed(ctx, gs, i, end, pos0, scale, pending); err != nil {
+					return fmt.Errorf("nn: %w", err)
+				}
+				pending = true
+				i = end - 1
+				continue
+			}
+		}
 		layer := m.blockLayer(i)
 		lw, err := m.weights.Acquire(ctx, layer)
 		if err != nil {

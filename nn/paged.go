@@ -19,6 +19,7 @@ func Source(m *loader.Model) paging.Source { return modelSource{m} }
 var (
 	_ paging.ExpertSource = modelSource{}
 	_ paging.RangeSource  = modelSource{}
+	_ paging.MappedSource = modelSource{}
 )
 
 type modelSource struct{ m *loader.Model }
@@ -68,15 +69,29 @@ func (s modelSource) ReadTensor(ctx context.Context, layer int, name string, dst
 }
 
 // ReadTensorRange reads part of a tensor (the pager's staging ring reads
-// large tensors in pieces on several goroutines). Unlike ReadTensor's, a
-// range's values are checked on every read: the check runs at over 20 GB/s
-// a core, on each reading goroutine.
+// large tensors in pieces on several goroutines). A range's values are
+// checked as ReadTensor's are, once (loader.Model.ReadRange).
 func (s modelSource) ReadTensorRange(ctx context.Context, layer int, name string, off int64, dst []byte) error {
 	t, ok := s.m.Tensor(name)
 	if !ok {
 		return fmt.Errorf("nn: layer %d has no tensor %s", layer, name)
 	}
 	return s.m.ReadRange(ctx, t, off, dst)
+}
+
+// MappedRegions are the mappings of the weight files (none when they are
+// read with pread), which the pager's staging ring page-locks to copy
+// tensors to the device in place.
+func (s modelSource) MappedRegions() [][]byte { return s.m.MappedRegions() }
+
+// MappedTensor gives a tensor's stored bytes in place in its file's
+// mapping (loader.Model.Mapped).
+func (s modelSource) MappedTensor(layer int, name string) ([]byte, bool, error) {
+	t, ok := s.m.Tensor(name)
+	if !ok {
+		return nil, false, fmt.Errorf("nn: layer %d has no tensor %s", layer, name)
+	}
+	return s.m.Mapped(t)
 }
 
 // ModelInfo describes the model to the planner: its layers, and the

@@ -313,3 +313,51 @@ func TestStageSourceRanges(t *testing.T) {
 
 // wholeSource hides a source's ranges.
 type wholeSource struct{ paging.Source }
+
+// TestStageSourceMapped: the model's Source and a stage of it give the
+// pager the weight files' mappings (paging.MappedSource), a stage's layer
+// l being the model's layer it was given as; with STRATA_MMAP=0 they give
+// none.
+func TestStageSourceMapped(t *testing.T) {
+	for _, mmap := range []string{"", "0"} {
+		t.Run("STRATA_MMAP="+mmap, func(t *testing.T) {
+			t.Setenv(loader.MmapEnv, mmap)
+			lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaBF16))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			full := Source(lm)
+			stage := StageSource(full, []int{2, 3})
+			ms, ok := stage.(paging.MappedSource)
+			if !ok {
+				t.Fatal("a stage of the model's source is not a paging.MappedSource")
+			}
+			if _, ok := stage.(paging.RangeSource); !ok {
+				t.Fatal("a stage of the model's source reads no ranges")
+			}
+			if got := len(ms.MappedRegions()); (got > 0) != (mmap == "") {
+				t.Fatalf("%d mapped regions", got)
+			}
+			for _, spec := range full.LayerTensors(3) {
+				b, ok, err := ms.MappedTensor(1, spec.Name)
+				if err != nil || ok != (mmap == "") {
+					t.Fatalf("MappedTensor(1, %s): in place %v, %v", spec.Name, ok, err)
+				}
+				if !ok {
+					continue
+				}
+				want := make([]byte, spec.Bytes)
+				if err := full.ReadTensor(context.Background(), 3, spec.Name, want); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(b, want) {
+					t.Errorf("stage layer 1 %s: not the model's layer 3 bytes", spec.Name)
+				}
+			}
+			if _, _, err := ms.MappedTensor(2, "x"); err == nil {
+				t.Error("MappedTensor of a layer outside the stage succeeded")
+			}
+		})
+	}
+}

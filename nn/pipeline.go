@@ -479,10 +479,29 @@ func (ps *PipelineSession) hand(from, to *Session, T int) error {
 // and loads only its own layers. It reads ranges (paging.RangeSource) when
 // src does.
 func StageSource(src paging.Source, layers []int) paging.Source {
-	if _, ok := src.(paging.RangeSource); ok {
+	_, ranged := src.(paging.RangeSource)
+	_, mapped := src.(paging.MappedSource)
+	switch {
+	case ranged && mapped:
+		return mappedStageSource{rangedStageSource{stageSource{src, layers}}}
+	case ranged:
 		return rangedStageSource{stageSource{src, layers}}
 	}
 	return stageSource{src, layers}
+}
+
+// mappedStageSource is a rangedStageSource over a paging.MappedSource too.
+type mappedStageSource struct{ rangedStageSource }
+
+func (s mappedStageSource) MappedRegions() [][]byte {
+	return s.src.(paging.MappedSource).MappedRegions()
+}
+
+func (s mappedStageSource) MappedTensor(l int, name string) ([]byte, bool, error) {
+	if l < 0 || l >= len(s.layers) {
+		return nil, false, fmt.Errorf("nn: stage has no layer %d", l)
+	}
+	return s.src.(paging.MappedSource).MappedTensor(s.layers[l], name)
 }
 
 // rangedStageSource is a stageSource over a paging.RangeSource.
@@ -561,7 +580,18 @@ func (w stageWeights) Release(layer int) {
 	}
 }
 
-var _ ExpertWeights = stageWeights{}
+var (
+	_ ExpertWeights   = stageWeights{}
+	_ ResidentWeights = stageWeights{}
+)
+
+// Resident reports the server's Resident for the layer, false for a
+// server without it.
+func (w stageWeights) Resident(layer int) bool {
+	rw, ok := w.srv.(ResidentWeights)
+	l, on := w.local[layer]
+	return ok && on && rw.Resident(l)
+}
 
 // experts returns the server's expert paging and the server's number of
 // layer, when it pages the layer's experts.

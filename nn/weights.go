@@ -31,6 +31,20 @@ var (
 	_ Weights = (*paging.Pager)(nil)
 )
 
+// ResidentWeights is a Weights that says which layers stay on the device
+// from step to step (HostWeights, a paging.Pager's wholly resident
+// layers): an Acquire of one neither loads it nor waits for a ring slot,
+// so a decode step may hold several at once and replay them as one
+// graph (graph.go).
+type ResidentWeights interface {
+	Resident(layer int) bool
+}
+
+var (
+	_ ResidentWeights = (*HostWeights)(nil)
+	_ ResidentWeights = (*paging.Pager)(nil)
+)
+
 // ExpertWeights is a Weights that serves the routed experts of some
 // sparse blocks one by one, outside the layer's map (a paging.Pager whose
 // plan caches experts, paging.WithExpertCache): the forward pass acquires

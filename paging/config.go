@@ -64,7 +64,7 @@ type MemoryConfig struct {
 	// (ParseKVPlacement).
 	KVCache string `yaml:"kv_cache"`
 	// KVDType is the stored dtype of the KV cache: f32 (the default),
-	// f16, bf16 or q8_0 (tensor.ParseCacheDType).
+	// f16, bf16, q8_b8 or q8_0 (tensor.ParseCacheDType).
 	KVDType string `yaml:"kv_dtype"`
 }
 

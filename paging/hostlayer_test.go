@@ -404,3 +404,63 @@ func TestHostLayerConcurrent(t *testing.T) {
 		r.close(t, fb)
 	}
 }
+
+// refusingPins is a backend that pins no memory: AllocPinned fails, or
+// gives fewer bytes than asked.
+type refusingPins struct {
+	*fakeBackend
+	short bool
+}
+
+func (r refusingPins) AllocPinned(n int64) ([]byte, error) {
+	if r.short {
+		return r.fakeBackend.AllocPinned(n / 2)
+	}
+	return nil, errors.New("pinned memory limit reached")
+}
+
+// TestPinnedFallback: host copies that the backend refuses to pin are made
+// in pageable memory and counted (Stats.PinnedFallbacks, the bytes, the
+// first refusal) and shown in the summary; a backend that pins, or one
+// that has no pinned memory at all, counts nothing.
+func TestPinnedFallback(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		be        func(fb *fakeBackend) tensor.Memory
+		fallbacks bool
+		refusal   string
+	}{
+		{"pins", func(fb *fakeBackend) tensor.Memory { return fb }, false, ""},
+		{"pageable backend", func(fb *fakeBackend) tensor.Memory { return pageableBackend{fb} }, false, ""},
+		{"refuses", func(fb *fakeBackend) tensor.Memory { return refusingPins{fakeBackend: fb} }, true, "pinned memory limit reached"},
+		{"gives less", func(fb *fakeBackend) tensor.Memory { return refusingPins{fakeBackend: fb, short: true} }, true, "bytes asked"},
+	} {
+		fb := newFake()
+		r := newHostRig(t, tc.be(fb), func(r *hostRig) Options { return Options{HostLayers: r.cpu, HostCacheBytes: r.need} })
+		for _, l := range r.cpu {
+			ws, err := r.pg.HostLayer(ctx, l)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if err := checkHost(r.pg, r.src, l, ws); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+		}
+		st := r.pg.Stats()
+		sum := r.bg.Summary()
+		if !tc.fallbacks {
+			if st.PinnedFallbacks != 0 || st.PinnedFallbackBytes != 0 || st.PinnedFallbackError != "" || strings.Contains(sum, "refused") {
+				t.Errorf("%s: %d fallbacks of %d bytes (%q)", tc.name, st.PinnedFallbacks, st.PinnedFallbackBytes, st.PinnedFallbackError)
+			}
+		} else {
+			if st.PinnedFallbacks != int64(len(r.cpu)) || st.PinnedFallbackBytes != r.need || !strings.Contains(st.PinnedFallbackError, tc.refusal) || st.PinnedHostBytes != 0 {
+				t.Errorf("%s: %d fallbacks of %d bytes (%q), %d pinned; want %d of %d", tc.name, st.PinnedFallbacks, st.PinnedFallbackBytes, st.PinnedFallbackError, st.PinnedHostBytes, len(r.cpu), r.need)
+			}
+			if want := fmt.Sprintf("pinned host memory refused %d times: %s", len(r.cpu), FormatSize(r.need)); !strings.Contains(sum, want) {
+				t.Errorf("%s: the summary does not say %q:\n%s", tc.name, want, sum)
+			}
+		}
+		r.close(t, fb)
+	}
+}

@@ -61,6 +61,14 @@ type HybridPlan struct {
 	StreamedBytes  int64 `json:"streamed_bytes"`
 	CPUBytes       int64 `json:"cpu_bytes"`
 	HostLayerBytes int64 `json:"host_layer_bytes"`
+	// Positions is what a decoded token attends over in the prediction
+	// (WithAttendPositions, or the context length), and KVBytes the KV
+	// cache bytes its attention reads then in all blocks; HostKVBytes
+	// are those the CPU reads (its own blocks', and the device's blocks'
+	// whose cache is in host memory).
+	Positions   int   `json:"positions"`
+	KVBytes     int64 `json:"kv_bytes"`
+	HostKVBytes int64 `json:"host_kv_bytes"`
 	// Predicted is one decoded token's time by SimulateDecode, and
 	// PredictedTokS its inverse (0 when no time is predicted); Breakdown
 	// the time of each path in it.
@@ -68,8 +76,9 @@ type HybridPlan struct {
 	PredictedTokS float64       `json:"predicted_tok_s"`
 	Breakdown     Breakdown     `json:"breakdown"`
 	Rates         Rates         `json:"rates"`
-	// Bounds are the rates' bounds for the bytes a token reads outside
-	// device memory (StreamedBytes + CPUBytes); 0 when there are none.
+	// Bounds are the rates' bounds for the weights' bytes a token reads
+	// outside device memory (StreamedBytes + CPUBytes, the KV cache's
+	// reads left out); 0 when there are none.
 	Bounds Bounds `json:"bounds"`
 }
 
@@ -86,7 +95,9 @@ func (h *HybridPlan) String() string {
 		h.GPU.Strategy, FormatSize(h.GPU.Budget), FormatSize(h.ResidentBytes), len(h.GPU.ResidentLayers), len(h.GPU.Layers),
 		FormatSize(h.StreamedBytes), streamed, FormatSize(h.CPUBytes), len(h.CPULayers), FormatSize(h.HostLayerBytes),
 		h.GPU.PrefetchDepth, h.PredictedTokS, ms(h.Breakdown.Copy), ms(h.Breakdown.CPU), ms(h.Breakdown.GPU),
-		h.Breakdown.Handoffs, ms(h.Breakdown.Handoff), ms(h.Breakdown.CopyWait), h.Bounds.Stream, h.Bounds.CPU, h.Bounds.Hybrid)
+		h.Breakdown.Handoffs, ms(h.Breakdown.Handoff), ms(h.Breakdown.CopyWait), h.Bounds.Stream, h.Bounds.CPU, h.Bounds.Hybrid) +
+		fmt.Sprintf("; attention over %d positions reads %s of KV cache, %s of it on the CPU; a CPU block costs %.2f ms besides its bytes",
+			h.Positions, FormatSize(h.KVBytes), FormatSize(h.HostKVBytes), float64(h.Rates.CPULayer)/1e6)
 }
 
 // PlanHybrid plans decode over the device, the link and the CPU at once:
@@ -103,6 +114,12 @@ func (h *HybridPlan) String() string {
 //  3. plans the device again with the CPU's layers streamed whole
 //     (WithStreamedWhole: their room goes to the other layers) and the
 //     ring sized for the decode sequence too (WithSequence).
+//
+// The prediction counts each block's KV cache reads at
+// WithAttendPositions' positions (the context length by default): on the
+// CPU for its blocks and for the device's blocks whose cache is in host
+// memory, and the rates' fixed cost of a block on the CPU
+// (Rates.CPULayer).
 //
 // The CPU's layers are spread evenly among the others (a Bresenham
 // spread), so that each streamed layer's copy runs while the CPU computes
@@ -164,6 +181,11 @@ func PlanHybrid(model ModelInfo, budget int64, contextLen, batch int, rates Rate
 	}
 	h := &hybridSearch{model: model, budget: budget, strategy: strategy, contextLen: contextLen, batch: batch,
 		rates: rates, o: o, read: make([]int64, n), host: make([]int64, n), hostLimit: ho.HostBytes}
+	h.positions = contextLen
+	if o.attend > 0 {
+		h.positions = o.attend
+	}
+	h.kvBlock = kvReadBytes(model.Reserve, h.positions)
 	switch {
 	case ho.HostBytes == 0:
 		h.hostLimit = math.MaxInt64
@@ -225,6 +247,10 @@ type hybridSearch struct {
 	read, host        []int64 // per layer: what a token reads, and its host copy
 	hostLimit         int64
 	first             []int // the embedding, when it is a candidate
+	// positions are what a decoded token attends over, kvBlock the KV
+	// bytes one block's attention reads then.
+	positions int
+	kvBlock   int64
 }
 
 // hybridCandidate is one split evaluated.
@@ -423,6 +449,9 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 	c := &hybridCandidate{cpu: cpu, gpu: gpu}
 	for l, lp := range gpu.Layers {
 		pl := LayerPlace{Layer: l, Place: Resident, ReadBytes: h.read[l]}
+		if h.isBlock(l) {
+			pl.Block, pl.KVBytes, pl.HostKV = true, h.kvBlock, h.o.hostKV > 0
+		}
 		switch {
 		case slices.Contains(cpu, l):
 			pl.Place = OnCPU
@@ -436,6 +465,9 @@ func (h *hybridSearch) eval(cpu []int, d int) (*hybridCandidate, error) {
 	}
 	return c, nil
 }
+
+// isBlock reports whether layer l is a decoder block (blocksAmong).
+func (h *hybridSearch) isBlock(l int) bool { return h.blocksAmong([]int{l}) == 1 }
 
 // blocksAmong counts the decoder blocks among layers: not the embedding
 // (layer 0, unless the share has none) nor the head (the last layer, when
@@ -478,12 +510,17 @@ func (h *hybridSearch) result(mode HybridMode, c *hybridCandidate) *HybridPlan {
 		hp.CPULayers = []int{}
 	}
 	hp.Sequence = complement(len(h.model.Layers), c.cpu)
+	hp.Positions = h.positions
 	for _, lp := range c.places {
 		switch lp.Place {
 		case Streamed:
 			hp.StreamedBytes += lp.CopyBytes
 		case OnCPU:
 			hp.CPUBytes += lp.ReadBytes
+		}
+		hp.KVBytes += lp.KVBytes
+		if lp.Place == OnCPU || lp.HostKV {
+			hp.HostKVBytes += lp.KVBytes
 		}
 	}
 	if c.t > 0 {
@@ -529,6 +566,33 @@ func tokenReadBytes(l int, li LayerInfo, noEmbedding bool) int64 {
 		}
 	}
 	return n
+}
+
+// kvReadBytes is what one block's attention reads of its KV cache for a
+// token at positions: the reserve's per-block, per-position KV buffers
+// (keys and values) over that many.
+func kvReadBytes(r Reserve, positions int) int64 {
+	var n int64
+	for _, b := range r {
+		if b.Category == KVCache && b.Per == PerPosition && b.PerBlock {
+			n += b.Bytes * int64(b.Count) * int64(positions)
+		}
+	}
+	return n
+}
+
+// PredictAt predicts a decoded token's time again with its attention over
+// positions instead of the plan's Positions (the KV cache reads scale
+// with them), for a run whose context differs from the one planned for.
+func (h *HybridPlan) PredictAt(positions int) (time.Duration, Breakdown, error) {
+	if positions < 0 || h.Positions <= 0 || len(h.Places) == 0 {
+		return 0, Breakdown{}, fmt.Errorf("paging: hybrid prediction at %d positions: the plan has %d positions, %d layers", positions, h.Positions, len(h.Places))
+	}
+	places := slices.Clone(h.Places)
+	for i := range places {
+		places[i].KVBytes = int64(math.Round(float64(places[i].KVBytes) * float64(positions) / float64(h.Positions)))
+	}
+	return SimulateDecodeWith(places, h.Rates, SimPrefetch{Depth: h.GPU.PrefetchDepth, RingBytes: h.GPU.RingBytes})
 }
 
 // hostCopyBytes is what the pager's host copy of the layer, streamed

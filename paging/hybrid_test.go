@@ -388,7 +388,8 @@ func TestPlanHybridJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	if back.Predicted != hp.Predicted || !slices.Equal(back.CPULayers, hp.CPULayers) || !slices.Equal(back.Places, hp.Places) ||
-		back.Rates != hp.Rates || back.GPU.RingBytes != hp.GPU.RingBytes || back.Breakdown != hp.Breakdown {
+		back.Rates != hp.Rates || back.GPU.RingBytes != hp.GPU.RingBytes || back.Breakdown != hp.Breakdown ||
+		back.Positions != 16 || back.KVBytes != hp.KVBytes || hp.KVBytes == 0 || back.HostKVBytes != hp.HostKVBytes {
 		t.Errorf("round trip: %s", data)
 	}
 }
@@ -534,4 +535,96 @@ func llama7B(t testing.TB) ModelInfo {
 		{Category: Activations, Bytes: row(11008), Per: PerToken, Count: 2},
 		{Category: Activations, Bytes: row(32000), Per: PerToken, Count: 1, LastLayer: true},
 	}}
+}
+
+// TestPlanHybridKVReads: the prediction counts the KV cache's reads at
+// the positions a token attends over (on the CPU for its blocks and for
+// the device's blocks whose cache is in host memory), so that a long
+// context predicts a slower token and moves blocks off the CPU; PredictAt
+// predicts the same plan at other positions.
+func TestPlanHybridKVReads(t *testing.T) {
+	info := llama7B(t)
+	const ctx = 8032
+	for _, tc := range []struct {
+		name   string
+		budget int64
+		kv     KVPlacement
+	}{
+		{"host KV, 4 GiB", 4 << 30, KVHost},
+		{"device KV, 20 GiB", 20 << 30, KVDevice},
+	} {
+		at := func(pos int) *HybridPlan {
+			hp, err := PlanHybrid(info, tc.budget, ctx, 1, h200, HybridOptions{}, WithChunkTokens(512), WithKVPlacement(tc.kv), WithAttendPositions(pos))
+			if err != nil {
+				t.Fatalf("%s at %d positions: %v", tc.name, pos, err)
+			}
+			checkHybrid(t, tc.name, info, tc.budget, hp)
+			t.Logf("%s at %d positions: %s; KV %s, on the CPU %s", tc.name, pos, hp, FormatSize(hp.KVBytes), FormatSize(hp.HostKVBytes))
+			return hp
+		}
+		short, long := at(16), at(8000)
+		perBlock := int64(2 * 4 * 4096 * 8000)
+		if long.Positions != 8000 || long.KVBytes != 32*perBlock {
+			t.Errorf("%s: %d positions, KV reads %d, want 8000 and %d", tc.name, long.Positions, long.KVBytes, 32*perBlock)
+		}
+		wantHost := int64(len(long.CPULayers)-1) * perBlock // the embedding has no KV
+		if tc.kv == KVHost {
+			wantHost = long.KVBytes
+		}
+		if long.HostKVBytes != wantHost {
+			t.Errorf("%s: the CPU reads %d of KV, want %d", tc.name, long.HostKVBytes, wantHost)
+		}
+		// The CPU's reads of the KV cache lengthen a token by at least
+		// their time at the CPU's rate alone, less the copies they hide.
+		if min := float64(long.HostKVBytes)/h200.CPU - float64(long.StreamedBytes)/h200.H2DShared; long.Predicted.Seconds()-short.Predicted.Seconds() < min {
+			t.Errorf("%s: %v a token at 8000 positions, %v at 16: the %s of KV on the CPU cost less than %.1f ms",
+				tc.name, long.Predicted, short.Predicted, FormatSize(long.HostKVBytes), min*1e3)
+		}
+		if tc.kv == KVDevice && len(long.CPULayers) >= len(short.CPULayers) {
+			t.Errorf("%s: %d CPU layers at 8000 positions, %d at 16: the KV reads did not move blocks to the device", tc.name, len(long.CPULayers), len(short.CPULayers))
+		}
+		if want := "attention over 8000 positions reads " + FormatSize(long.KVBytes) + " of KV cache, " + FormatSize(long.HostKVBytes) + " of it on the CPU"; !strings.Contains(long.String(), want) {
+			t.Errorf("%s: the summary does not say %q: %s", tc.name, want, long)
+		}
+		if d, _, err := long.PredictAt(8000); err != nil || d != long.Predicted {
+			t.Errorf("%s: PredictAt its own positions: %v, %v; want %v", tc.name, d, err, long.Predicted)
+		}
+		// With host KV the CPU reads less at fewer positions.
+		if d, _, err := long.PredictAt(16); err != nil || d > long.Predicted || tc.kv == KVHost && d >= long.Predicted {
+			t.Errorf("%s: PredictAt 16: %v, %v; want less than %v", tc.name, d, err, long.Predicted)
+		}
+	}
+	if _, _, err := (&HybridPlan{}).PredictAt(16); err == nil {
+		t.Error("PredictAt of an empty plan: no error")
+	}
+}
+
+// TestPlanHybridCPULayer: a fixed cost per block on the CPU
+// (Rates.CPULayer) slows the predicted token by that cost for each CPU
+// block on the computation's path, and moves blocks off the CPU.
+func TestPlanHybridCPULayer(t *testing.T) {
+	info := llama7B(t)
+	at := func(overhead time.Duration) *HybridPlan {
+		r := h200
+		r.CPULayer = overhead
+		hp, err := PlanHybrid(info, 4<<30, 581, 1, r, HybridOptions{}, WithChunkTokens(512))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkHybrid(t, fmt.Sprintf("overhead %v", overhead), info, 4<<30, hp)
+		t.Logf("CPU layer overhead %v: %s", overhead, hp)
+		return hp
+	}
+	p0, p1 := at(0), at(2*time.Millisecond)
+	if p1.Predicted <= p0.Predicted || len(p1.CPULayers) > len(p0.CPULayers) {
+		t.Errorf("2 ms a CPU block: %v with %d CPU layers; none: %v with %d", p1.Predicted, len(p1.CPULayers), p0.Predicted, len(p0.CPULayers))
+	}
+	// The same split at the two costs differs by the blocks' cost.
+	r := h200
+	r.CPULayer = 2 * time.Millisecond
+	d, _, err := SimulateDecodeWith(p0.Places, r, SimPrefetch{Depth: p0.GPU.PrefetchDepth, RingBytes: p0.GPU.RingBytes})
+	blocks := len(p0.CPULayers) - 1 // the embedding is no block
+	if err != nil || d-p0.Predicted < time.Duration(blocks)*2*time.Millisecond*9/10 {
+		t.Errorf("%d CPU blocks of 2 ms more: %v, was %v (%v)", blocks, d, p0.Predicted, err)
+	}
 }

@@ -147,21 +147,19 @@ func planKVPredicted(model ModelInfo, contextLen, batch int, o planOptions, at f
 
 // predictKV is a decoded token's time at a full context for the plan's
 // streamed weights and host KV: the copies at the shared H2D rate, plus
-// the CPU reading the host blocks' caches at its shared rate, plus two
+// the CPU reading the host blocks' caches at its shared rate (its
+// attention's, Rates.CPUAttention, when measured), plus two
 // hand-overs (the query down, the output up) per host block. The CPU's
 // attention waits for nothing the copies do, so this bounds the time from
 // above: the copy engine keeps streaming while the CPU attends.
 func predictKV(p *PlanResult, r Rates) time.Duration {
-	h2d, cpu := r.H2DShared, r.CPUShared
+	h2d := r.H2DShared
 	if h2d == 0 {
 		h2d = r.H2D
 	}
-	if cpu == 0 {
-		cpu = r.CPU
-	}
 	s := float64(p.StreamedBytes) / h2d
 	if n := len(p.KVHostBlocks); n > 0 {
-		s += float64(p.KVHostBytes)/cpu + float64(2*n)*r.Handoff.Seconds()
+		s += float64(p.KVHostBytes)/r.cpuAttention(true) + float64(2*n)*r.Handoff.Seconds()
 	}
 	return time.Duration(s * 1e9)
 }
@@ -173,7 +171,11 @@ func predictKV(p *PlanResult, r Rates) time.Duration {
 // shared H2D rate instead of being read by the CPU at its shared rate and
 // paying two hand-overs (the query down, the output up). Uploading wins
 // at short contexts, where the hand-overs dominate; with a CPU no faster
-// than the link it always wins (math.MaxInt); 0 when it never does.
+// than the link it always wins (math.MaxInt); 0 when it never does. It
+// compares with the CPU's product rate, not its attention's
+// (Rates.CPUAttention), which is slower: with it the uploads would win at
+// every context on the H200 host, a change of what decode runs that
+// PlanHybrid's prediction (attention on the CPU) does not model yet.
 func KVUploadMaxPos(r Rates, rowBytes int64) int {
 	h2d, cpu := r.H2DShared, r.CPUShared
 	if h2d == 0 {

@@ -92,6 +92,7 @@ func TestPlanKVPredicted(t *testing.T) {
 	}{
 		{"fast CPU", Rates{H2D: 55e9, CPU: 92e9, Handoff: 20 * time.Microsecond}, true},
 		{"slow CPU", Rates{H2D: 55e9, CPU: 5e9, Handoff: 20 * time.Microsecond}, false},
+		{"fast CPU, slow attention", Rates{H2D: 55e9, CPU: 92e9, CPUAttention: 5e9, Handoff: 20 * time.Microsecond}, false},
 	} {
 		p, err := Plan(info, budget, StrategyBalanced, ctx, 1, WithKVPlacement(KVAuto), WithKVRates(tc.rates))
 		if err != nil {

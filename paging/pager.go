@@ -66,6 +66,18 @@ type Options struct {
 	// streamed part, and takes its bytes from HostCacheBytes first: as
 	// many buffers as fit, each the size of the largest streamed part.
 	StagingSlots int
+	// StagingReaders is the goroutines that read the staged parts, shared
+	// by every load, when > 0; 0 takes one per core the process may use
+	// (runtime.GOMAXPROCS).
+	StagingReaders int
+	// StagingPiece is the bytes of the pieces a RangeSource's large
+	// tensors are read and copied in through the staging ring (whole
+	// rows, at least one), when > 0; 0 takes 16 MiB.
+	StagingPiece int64
+	// NoMappedUploads keeps the staging ring from copying the tensors of
+	// a MappedSource straight from their page-locked mapping
+	// (tensor.HostRegistrar): every tensor is then read into the ring.
+	NoMappedUploads bool
 	// ExpertPolicy chooses the experts the expert cache evicts, when the
 	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
 	// PrefetchDepth < 0 turns PrefetchExperts off too.
@@ -569,6 +581,23 @@ func (p *Pager) Plan() *PlanResult { return p.plan }
 
 // NumLayers returns the number of layers.
 func (p *Pager) NumLayers() int { return len(p.layers) }
+
+// Resident reports whether the layer is wholly resident and loaded now:
+// none of its tensors is streamed (its shared ones are in its lender's
+// resident part), so an Acquire neither loads it nor takes a ring slot,
+// and its tensors keep their addresses until the budget evicts it.
+func (p *Pager) Resident(layer int) bool {
+	if layer < 0 || layer >= len(p.layers) {
+		return false
+	}
+	e := p.layers[layer]
+	if len(e.str) > 0 || e.lender >= 0 && !e.lentRes {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return e.loaded() && (e.lender < 0 || p.layers[e.lender].resLoaded)
+}
 
 // SetOrder sets the direction prefetch follows from now on.
 func (p *Pager) SetOrder(o Order) { p.order.Store(int32(o)) }
@@ -1969,14 +1998,30 @@ func (r *readBufs) release() {
 	r.mu.Unlock()
 }
 
+// hostAlloc returns a host buffer of n bytes, pinned when the backend pins
+// memory and grants it, and whether it is. A refusal falls back to pageable
+// memory, whose uploads are synchronous and slower: it is counted in the
+// stats (PinnedFallbacks), so that a slow run can be explained. It is
+// called without p.mu.
 func (p *Pager) hostAlloc(n int64) ([]byte, bool) {
-	if p.pinned != nil {
-		if b, err := p.pinned.AllocPinned(n); err == nil && int64(len(b)) == n {
-			return b, true
-		} else if err == nil {
-			_ = p.pinned.FreePinned(b)
-		}
+	if p.pinned == nil {
+		return make([]byte, n), false
 	}
+	b, err := p.pinned.AllocPinned(n)
+	if err == nil && int64(len(b)) == n {
+		return b, true
+	}
+	if err == nil {
+		_ = p.pinned.FreePinned(b)
+		err = fmt.Errorf("%d bytes asked, %d given", n, len(b))
+	}
+	p.mu.Lock()
+	p.st.PinnedFallbacks++
+	p.st.PinnedFallbackBytes += n
+	if p.st.PinnedFallbackError == "" {
+		p.st.PinnedFallbackError = err.Error()
+	}
+	p.mu.Unlock()
 	return make([]byte, n), false
 }
 

@@ -763,3 +763,56 @@ func TestStreamingRecyclesReadBuffers(t *testing.T) {
 		t.Errorf("%d bytes of read buffers kept for a %d-byte model", kept, W)
 	}
 }
+
+// TestPagerResident checks Resident against the plan: false for every
+// layer before its load, and after a sweep true exactly for the layers
+// the plan keeps wholly resident (none of their tensors streamed); false
+// for a layer out of range.
+func TestPagerResident(t *testing.T) {
+	src := llamaSynth(6, 32, 64, 16, 64)
+	info := smallDims(src, 6)
+	W, _ := totalAndMax(info)
+	p0, _ := Plan(info, 1<<40, StrategyMinimal, 4, 1)
+	for _, frac := range []int64{1 << 20, 2, 4} { // all resident, half, a quarter
+		budget := p0.KVCacheBytes + p0.ActivationBytes + p0.WorkspaceBytes + W/frac
+		if frac == 1<<20 {
+			budget = 1 << 40
+		}
+		plan, err := Plan(info, budget, StrategyMinimal, 4, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bg := newBudget(t, newFake(), budget, "")
+		free := nnReserve(t, bg, plan)
+		pg, err := NewPager(src, bg, plan, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range src.NumLayers() {
+			if pg.Resident(l) && len(plan.Layers[l].Streamed) > 0 {
+				t.Errorf("budget 1/%d: layer %d, partly streamed, is resident before any load", frac, l)
+			}
+		}
+		sweep(t, pg, src, forward(src.NumLayers()))
+		waitIdle(pg)
+		resident := 0
+		for l := range src.NumLayers() {
+			want := len(plan.Layers[l].Streamed) == 0 && plan.Layers[l].StreamedBytes == 0
+			if got := pg.Resident(l); got != want {
+				t.Errorf("budget 1/%d: Resident(%d) = %v; the plan streams %v (%d bytes)", frac, l, got, plan.Layers[l].Streamed, plan.Layers[l].StreamedBytes)
+			}
+			if want {
+				resident++
+			}
+		}
+		if frac == 1<<20 && resident != src.NumLayers() || frac == 4 && resident == src.NumLayers() {
+			t.Errorf("budget 1/%d: %d of %d layers resident", frac, resident, src.NumLayers())
+		}
+		if pg.Resident(-1) || pg.Resident(src.NumLayers()) {
+			t.Error("a layer out of range is resident")
+		}
+		free()
+		pg.Close()
+		bg.Close()
+	}
+}

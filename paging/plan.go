@@ -244,6 +244,9 @@ type planOptions struct {
 	// in all, instead of contextLen for each of batch sequences
 	// (WithKVPositions).
 	kvPositions int
+	// attend > 0 is the positions a decoded token attends over in
+	// PlanHybrid's prediction (WithAttendPositions).
+	attend int
 }
 
 // WithChunkTokens sets the number of tokens nn processes per step (the
@@ -255,6 +258,12 @@ func WithChunkTokens(n int) PlanOption { return func(o *planOptions) { o.chunk =
 // batch of sequences of different lengths shares out), instead of the
 // context length for each sequence of the batch; n <= 0 changes nothing.
 func WithKVPositions(n int) PlanOption { return func(o *planOptions) { o.kvPositions = n } }
+
+// WithAttendPositions sets the positions a decoded token attends over in
+// PlanHybrid's prediction (the prompt and the tokens decoded after it),
+// which its KV cache reads grow with; n <= 0, the default, takes the
+// context length.
+func WithAttendPositions(n int) PlanOption { return func(o *planOptions) { o.attend = n } }
 
 // WithMaxPrefetch bounds the prefetch depth the planner may choose
 // (default 2).

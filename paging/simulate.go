@@ -59,6 +59,16 @@ type LayerPlace struct {
 	// ReadBytes are what computing the layer for one token reads: its
 	// weights, or one row of an embedding.
 	ReadBytes int64 `json:"read_bytes"`
+	// Block marks a decoder block: on the CPU it costs Rates.CPULayer
+	// besides its bytes.
+	Block bool `json:"block,omitempty"`
+	// KVBytes are the KV cache bytes the layer's attention reads for one
+	// token. An OnCPU layer reads them on the CPU (at Rates.CPUAttention);
+	// so does a device layer whose KV cache is in host memory (HostKV),
+	// between two more hand-overs (the query to the CPU, the attention's
+	// output back); another device layer reads them at the device's rate.
+	KVBytes int64 `json:"kv_bytes,omitempty"`
+	HostKV  bool  `json:"host_kv,omitempty"`
 }
 
 // Rates are the measured speeds the decode time model takes, in bytes per
@@ -79,6 +89,16 @@ type Rates struct {
 	// Handoff is one hand-over of the hidden state between the CPU and the
 	// device.
 	Handoff time.Duration `json:"handoff_ns"`
+	// CPULayer is what a decoder block computed on the CPU takes for one
+	// token beyond its weights' bytes at the CPU rate: its norms, rope and
+	// attention over a few positions, the worker pool's fork and join
+	// around each op (engine.CalibrateCPU measures it on a block of the
+	// model's shape); 0 counts nothing.
+	CPULayer time.Duration `json:"cpu_layer_ns,omitempty"`
+	// CPUAttention is the rate at which the CPU's attention reads a KV
+	// cache in host memory; 0 reads it at the CPU's rate. While a copy
+	// runs it slows as the CPU's rate does (CPUShared / CPU).
+	CPUAttention float64 `json:"cpu_attention_bytes_per_s,omitempty"`
 }
 
 // ErrBadRates is wrapped by SimulateDecode and PlanHybrid when the rates
@@ -91,7 +111,7 @@ func (r Rates) check(copies, cpu bool) error {
 	for _, v := range []struct {
 		name string
 		x    float64
-	}{{"H2D", r.H2D}, {"CPU", r.CPU}, {"H2DShared", r.H2DShared}, {"CPUShared", r.CPUShared}, {"Device", r.Device}} {
+	}{{"H2D", r.H2D}, {"CPU", r.CPU}, {"H2DShared", r.H2DShared}, {"CPUShared", r.CPUShared}, {"Device", r.Device}, {"CPUAttention", r.CPUAttention}} {
 		if v.x < 0 || math.IsNaN(v.x) || math.IsInf(v.x, 0) {
 			return fmt.Errorf("paging: %w: %s %v bytes/s", ErrBadRates, v.name, v.x)
 		}
@@ -99,6 +119,8 @@ func (r Rates) check(copies, cpu bool) error {
 	switch {
 	case r.Handoff < 0:
 		return fmt.Errorf("paging: %w: handoff %v", ErrBadRates, r.Handoff)
+	case r.CPULayer < 0:
+		return fmt.Errorf("paging: %w: CPU layer overhead %v", ErrBadRates, r.CPULayer)
 	case copies && r.H2D == 0:
 		return fmt.Errorf("paging: %w: layers stream, but the H2D rate is 0", ErrBadRates)
 	case cpu && r.CPU == 0:
@@ -121,6 +143,18 @@ func (r Rates) cpu(copyBusy bool) float64 {
 		return r.CPUShared
 	}
 	return r.CPU
+}
+
+// cpuAttention is the rate the CPU's attention reads host KV at, while a
+// copy runs or not.
+func (r Rates) cpuAttention(copyBusy bool) float64 {
+	if r.CPUAttention <= 0 {
+		return r.cpu(copyBusy)
+	}
+	if copyBusy && r.CPUShared > 0 && r.CPU > 0 {
+		return r.CPUAttention * r.CPUShared / r.CPU
+	}
+	return r.CPUAttention
 }
 
 // Bounds are decode rates in tokens per second that the bandwidths allow
@@ -174,7 +208,11 @@ const (
 //   - the layers compute one after the other, in seq's order, token after
 //     token: a Resident or Streamed layer on the device at rates.Device
 //     (taking no time when it is 0), an OnCPU layer on the CPU at
-//     rates.CPUShared while a copy runs and rates.CPU otherwise;
+//     rates.CPUShared while a copy runs and rates.CPU otherwise, then its
+//     KV reads at the CPU's attention rate, then rates.CPULayer when it
+//     is a decoder block; a device layer whose KV cache is in host memory
+//     hands over to the CPU and back (two rates.Handoff) around its KV
+//     reads on the CPU;
 //   - a Streamed layer computes once its copy has landed;
 //   - the copy engine copies the Streamed layers in order, at
 //     rates.H2DShared while the CPU computes and rates.H2D otherwise, one
@@ -221,11 +259,11 @@ func SimulateDecodeWith(seq []LayerPlace, rates Rates, pf SimPrefetch) (time.Dur
 	}
 	var copies, cpu bool
 	for _, lp := range seq {
-		if lp.CopyBytes < 0 || lp.ReadBytes < 0 || lp.Place > OnCPU {
+		if lp.CopyBytes < 0 || lp.ReadBytes < 0 || lp.KVBytes < 0 || lp.Place > OnCPU {
 			return 0, Breakdown{}, fmt.Errorf("paging: simulate: layer %d: %+v", lp.Layer, lp)
 		}
 		copies = copies || lp.Place == Streamed
-		cpu = cpu || lp.Place == OnCPU
+		cpu = cpu || lp.Place == OnCPU || lp.HostKV && lp.KVBytes > 0
 	}
 	if err := rates.check(copies, cpu); err != nil {
 		return 0, Breakdown{}, err
@@ -257,8 +295,10 @@ type sim struct {
 	// the computation: layer x (over all tokens) in a phase
 	x     int
 	phase simPhase
-	rem   float64 // seconds of handoff, or bytes to compute
-	doneG int     // device layers computed, over all tokens
+	rem   float64  // seconds of handoff, or what is left of the segment
+	segs  []simSeg // the layer's segments, in phaseRun
+	seg   int      // the segment running
+	doneG int      // device layers computed, over all tokens
 	// the copy engine
 	nextCopy, copiesDone int
 	copying              bool
@@ -272,6 +312,72 @@ type sim struct {
 }
 
 type simPhase int
+
+// simSeg is one part of a layer's computation: bytes the CPU reads (its
+// weights, or its KV cache at the attention's rate), bytes the device
+// reads, or seconds of the CPU's own (a block's overhead) or of
+// hand-overs.
+type simSeg struct {
+	kind simSegKind
+	n    float64
+}
+
+type simSegKind int
+
+const (
+	segCPU simSegKind = iota
+	segCPUKV
+	segCPUTime
+	segDevice
+	segHandoff
+)
+
+// onCPU reports a segment that keeps the CPU busy.
+func (k simSegKind) onCPU() bool { return k == segCPU || k == segCPUKV || k == segCPUTime }
+
+// segments are layer lp's parts of computation, those that take time.
+func (s *sim) segments(lp LayerPlace) []simSeg {
+	segs := s.segs[:0]
+	add := func(k simSegKind, n float64) {
+		if n > 0 {
+			segs = append(segs, simSeg{k, n})
+		}
+	}
+	if lp.Place == OnCPU {
+		add(segCPU, float64(lp.ReadBytes))
+		add(segCPUKV, float64(lp.KVBytes))
+		if lp.Block {
+			add(segCPUTime, s.rates.CPULayer.Seconds())
+		}
+		return segs
+	}
+	if s.rates.Device > 0 {
+		dev := lp.ReadBytes
+		if !lp.HostKV {
+			dev += lp.KVBytes
+		}
+		add(segDevice, float64(dev))
+	}
+	if lp.HostKV && lp.KVBytes > 0 {
+		add(segHandoff, 2*s.rates.Handoff.Seconds())
+		add(segCPUKV, float64(lp.KVBytes))
+	}
+	return segs
+}
+
+// segRate is the rate the segment runs at: bytes a second, or 1 for
+// seconds.
+func (s *sim) segRate(k simSegKind) float64 {
+	switch k {
+	case segCPU:
+		return s.rates.cpu(s.copying)
+	case segCPUKV:
+		return s.rates.cpuAttention(s.copying)
+	case segDevice:
+		return s.rates.Device
+	}
+	return 1
+}
 
 const (
 	phaseStart simPhase = iota
@@ -362,14 +468,24 @@ func (s *sim) step() bool {
 		}
 	case phaseWait:
 		if lp.Place != Streamed || s.copiesDone > t*nc+s.cidx[s.x%L] {
-			s.phase, s.rem = phaseRun, float64(lp.ReadBytes)
-			if lp.Place != OnCPU && s.rates.Device == 0 {
-				s.rem = 0
+			s.phase, s.segs, s.seg = phaseRun, s.segments(lp), 0
+			if len(s.segs) > 0 {
+				s.rem = s.segs[0].n
+				if lp.Place != OnCPU && lp.HostKV && lp.KVBytes > 0 {
+					s.handoffs[t] += 2
+				}
 			}
 			changed = true
 		}
 	case phaseRun:
-		if s.rem <= 0 {
+		for s.seg < len(s.segs) && s.rem <= 0 {
+			s.seg++
+			if s.seg < len(s.segs) {
+				s.rem = s.segs[s.seg].n
+			}
+			changed = true
+		}
+		if s.seg >= len(s.segs) {
 			if lp.Place != OnCPU {
 				s.doneG++
 			}
@@ -392,7 +508,12 @@ func (s *sim) run() error {
 				return nil
 			}
 		}
-		cpuBusy := s.phase == phaseRun && s.onCPU(s.x)
+		var seg simSeg
+		running := s.phase == phaseRun && s.seg < len(s.segs)
+		if running {
+			seg = s.segs[s.seg]
+		}
+		cpuBusy := running && seg.kind.onCPU()
 		// the time until each activity ends, and the rates behind them
 		dt := math.Inf(1)
 		var copyRate, runRate float64
@@ -400,14 +521,11 @@ func (s *sim) run() error {
 			copyRate = s.rates.h2d(cpuBusy)
 			dt = min(dt, s.copyRem/copyRate)
 		}
-		switch s.phase {
-		case phaseHandoff:
+		switch {
+		case s.phase == phaseHandoff:
 			dt = min(dt, s.rem)
-		case phaseRun:
-			runRate = s.rates.Device
-			if s.onCPU(s.x) {
-				runRate = s.rates.cpu(s.copying)
-			}
+		case running:
+			runRate = s.segRate(seg.kind)
 			dt = min(dt, s.rem/runRate)
 		}
 		if math.IsInf(dt, 1) { // nothing runs and nothing can start: a bug
@@ -420,18 +538,21 @@ func (s *sim) run() error {
 			}
 			s.copyRem = advance(s.copyRem, copyRate, dt)
 		}
-		switch s.phase {
-		case phaseHandoff:
+		switch {
+		case s.phase == phaseHandoff:
 			s.busy[t][3] += dt
 			s.rem = advance(s.rem, 1, dt)
-		case phaseRun:
-			if s.onCPU(s.x) {
+		case running:
+			switch {
+			case seg.kind == segHandoff:
+				s.busy[t][3] += dt
+			case seg.kind.onCPU():
 				s.busy[t][1] += dt
-			} else {
+			default:
 				s.busy[t][2] += dt
 			}
 			s.rem = advance(s.rem, runRate, dt)
-		case phaseWait:
+		case s.phase == phaseWait:
 			s.busy[t][4] += dt
 		}
 		s.now += dt

@@ -129,6 +129,57 @@ func TestSimulateDecodeFill(t *testing.T) {
 	}
 }
 
+// TestSimulateDecodeCPUCosts checks what a token costs beyond the weights'
+// bytes: a CPU block's fixed time (Rates.CPULayer), the KV cache's reads
+// on the CPU (at Rates.CPUAttention) or the device, and the hand-overs of
+// a device layer whose KV cache is in host memory.
+func TestSimulateDecodeCPUCosts(t *testing.T) {
+	block := func(read, kv int64) LayerPlace {
+		return LayerPlace{Place: OnCPU, ReadBytes: read, KVBytes: kv, Block: true}
+	}
+	dev := func(read, kv int64, host bool) LayerPlace {
+		return LayerPlace{Place: Resident, ReadBytes: read, KVBytes: kv, HostKV: host}
+	}
+	for _, tc := range []struct {
+		name  string
+		seq   []LayerPlace
+		rates Rates
+		want  float64 // seconds a token
+		check func(b Breakdown) bool
+	}{
+		{"block overhead", places(block(100, 0)), Rates{CPU: 100, CPULayer: secs(0.5)}, 1.5,
+			func(b Breakdown) bool { return near(b.CPU, secs(1.5)) }},
+		// The embedding is no block: its row costs its bytes only.
+		{"no overhead off blocks", places(cl(100), block(100, 0)), Rates{CPU: 100, CPULayer: secs(0.5)}, 2.5, nil},
+		{"CPU KV at the CPU rate", places(block(100, 100)), Rates{CPU: 100}, 2, nil},
+		{"CPU KV at the attention rate", places(block(100, 100)), Rates{CPU: 100, CPUAttention: 50}, 3, nil},
+		// A device layer with host KV: 1 on the device, two hand-overs
+		// of 0.1, 1 on the CPU.
+		{"device layer, host KV", places(dev(100, 100, true)), Rates{CPU: 100, Device: 100, Handoff: secs(0.1)}, 2.2,
+			func(b Breakdown) bool {
+				return b.Handoffs == 2 && near(b.Handoff, secs(0.2)) && near(b.CPU, secs(1)) && near(b.GPU, secs(1))
+			}},
+		{"device layer, device KV", places(dev(100, 100, false)), Rates{Device: 100, Handoff: secs(0.1)}, 2,
+			func(b Breakdown) bool { return b.Handoffs == 0 && b.CPU == 0 }},
+		// The device's time left out, its host KV still costs the CPU.
+		{"host KV, device time left out", places(dev(100, 100, true)), Rates{CPU: 100, CPUAttention: 200}, 0.5, nil},
+	} {
+		got, b, err := SimulateDecode(tc.seq, tc.rates, 1)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if !near(got, secs(tc.want)) || tc.check != nil && !tc.check(b) {
+			t.Errorf("%s: %v a token (%+v), want %vs", tc.name, got, b, tc.want)
+		}
+	}
+	// The attention slows beside a copy as the CPU does.
+	r := Rates{CPU: 100, CPUShared: 50, CPUAttention: 40}
+	if a, s := r.cpuAttention(false), r.cpuAttention(true); a != 40 || s != 20 {
+		t.Errorf("attention alone %v, beside a copy %v: want 40 and 20", a, s)
+	}
+}
+
 func TestSimulateDecodeRefuses(t *testing.T) {
 	ok := Rates{H2D: 1, CPU: 1}
 	for _, tc := range []struct {
@@ -148,6 +199,10 @@ func TestSimulateDecodeRefuses(t *testing.T) {
 		{"negative", places(rl(1)), Rates{H2D: 1, CPU: 1, Device: -1}, 1, true},
 		{"NaN", places(rl(1)), Rates{H2D: math.NaN(), CPU: 1}, 1, true},
 		{"negative handoff", places(rl(1)), Rates{H2D: 1, CPU: 1, Handoff: -1}, 1, true},
+		{"negative KV bytes", places(LayerPlace{Place: OnCPU, ReadBytes: 1, KVBytes: -1}), ok, 1, false},
+		{"negative CPU layer", places(rl(1)), Rates{H2D: 1, CPU: 1, CPULayer: -1}, 1, true},
+		{"NaN attention", places(rl(1)), Rates{H2D: 1, CPU: 1, CPUAttention: math.NaN()}, 1, true},
+		{"host KV, no CPU", places(LayerPlace{Place: Resident, ReadBytes: 1, KVBytes: 1, HostKV: true}), Rates{H2D: 1}, 1, true},
 	} {
 		ring := int64(0)
 		if tc.name == "negative ring" {

@@ -43,6 +43,23 @@ type RangeSource interface {
 	ReadTensorRange(ctx context.Context, layer int, name string, off int64, dst []byte) error
 }
 
+// MappedSource is a Source some of whose tensors' stored bytes lie in
+// place in host memory (a read-only mapping of the weight files) that a
+// backend can page-lock (tensor.HostRegistrar). The pager's staging ring
+// then copies those tensors to the device straight from there: no read
+// into a staging buffer, so the CPU moves nothing and the copy engine
+// reads the page cache at the pinned rate.
+type MappedSource interface {
+	Source
+	// MappedRegions is the memory to page-lock; MappedTensor's bytes lie
+	// in it. It stays valid until the source is closed.
+	MappedRegions() [][]byte
+	// MappedTensor returns the named tensor's stored bytes in place, as
+	// ReadTensor would write them, or ok false when it has none (its
+	// bytes are read). The bytes must not be written.
+	MappedTensor(layer int, name string) (b []byte, ok bool, err error)
+}
+
 func checkSpecs(layer int, specs []TensorSpec) error {
 	seen := map[string]bool{}
 	for _, s := range specs {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -309,6 +310,7 @@ type rangedSource struct {
 	ranges   int
 	maxRange int64
 	bad      []string
+	started  []int // the layer of each range read, in the order the reads began
 }
 
 func (s *rangedSource) ReadTensorRange(ctx context.Context, l int, name string, off int64, dst []byte) error {
@@ -322,6 +324,7 @@ func (s *rangedSource) ReadTensorRange(ctx context.Context, l int, name string, 
 	row := sp.Bytes / max(int64(sp.Shape[0]), 1)
 	s.mu.Lock()
 	s.ranges++
+	s.started = append(s.started, l)
 	s.maxRange = max(s.maxRange, int64(len(dst)))
 	if sp.Name == "" || off%row != 0 || int64(len(dst))%row != 0 || off+int64(len(dst)) > sp.Bytes {
 		s.bad = append(s.bad, fmt.Sprintf("layer %d %s: range of %d bytes at %d, not whole rows of %d within %d", l, name, len(dst), off, row, sp.Bytes))
@@ -491,6 +494,7 @@ func TestStagingHostMemory(t *testing.T) {
 		{"plan", Options{}, 3, 0},
 		{"prefetch 1", Options{PrefetchDepth: 1}, 2, 0}, // two loads at once
 		{"slots 1", Options{StagingSlots: 1}, 1, 0},
+		{"slots 5", Options{StagingSlots: 5, HostCacheBytes: 5 * part}, 5, 0}, // more than the loads at once
 		{"host limit of 2 parts", Options{HostCacheBytes: 2 * part}, 2, 0},
 		{"host limit of 4 parts", Options{HostCacheBytes: 4*part + 100}, 3, part + 100},
 		{"host limit under a part", Options{HostCacheBytes: part - 1}, 0, part - 1},
@@ -683,5 +687,133 @@ func TestStagingPieces(t *testing.T) {
 	}
 	if !raceEnabled && step > stepWhole*6/10 {
 		t.Errorf("a step in pieces takes %v, whole %v: the pieces are not read at once", step, stepWhole)
+	}
+}
+
+// piecesModel is 8 layers of a norm and a 512 KiB table of rows of 256
+// bytes; read in pieces of piecesSize, the table is 16 pieces.
+func piecesModel() *synthSource {
+	var ls [][]TensorSpec
+	for l := range 8 {
+		ls = append(ls, []TensorSpec{
+			spec(fmt.Sprintf("layers.%d.norm", l), tensor.F16, tensor.Shape{128}),
+			spec(fmt.Sprintf("layers.%d.table", l), tensor.F16, tensor.Shape{2048, 128}),
+		})
+	}
+	return newSynth(ls)
+}
+
+const piecesSize = 32<<10 + 100 // pieces of 128 rows
+
+// TestStagingReadOrder: the staging ring's readers serve the loads in the
+// order they were queued: the pieces of the load queued first are all
+// begun before any piece of the next, so that the layer needed first is
+// read, and its copies queued, first, with prefetches of two layers under
+// way at once. (Readers of their own per load, as before, interleaved the
+// two loads' pieces.) With several readers the reads of a load's last
+// pieces and the next load's first ones may begin in either order: a few
+// more runs are allowed there. Stats report the readers and the time they
+// read.
+func TestStagingReadOrder(t *testing.T) {
+	for _, tc := range []struct {
+		readers int
+		slack   float64 // runs of one layer's reads allowed per load
+	}{
+		{1, 1},
+		{4, 2},
+	} {
+		t.Run(fmt.Sprintf("%d readers", tc.readers), func(t *testing.T) {
+			r := newStagedRigOf(t, piecesModel(), piecesSize, 20*time.Microsecond, 2*time.Microsecond, Options{StagingReaders: tc.readers})
+			if r.plan.PrefetchDepth != 2 {
+				t.Fatalf("plan's prefetch depth %d, want 2", r.plan.PrefetchDepth)
+			}
+			r.scan(t, 3, 0)
+			r.staged(t)
+			rs := r.ranged
+			rs.mu.Lock()
+			started := slices.Clone(rs.started)
+			rs.mu.Unlock()
+			if len(started)%16 != 0 || len(started) == 0 {
+				t.Fatalf("%d ranges read, want 16 a load", len(started))
+			}
+			loads := len(started) / 16
+			runs, run := 0, 0
+			var short []string
+			for i, l := range started {
+				run++
+				if i+1 == len(started) || started[i+1] != l {
+					runs++
+					if tc.readers == 1 && run != 16 {
+						short = append(short, fmt.Sprintf("layer %d: %d pieces at %d", l, run, i+1-run))
+					}
+					run = 0
+				}
+			}
+			t.Logf("%d loads, %d runs of one layer's reads", loads, runs)
+			if len(short) > 0 {
+				t.Errorf("with one reader, a load's pieces were not read together: %v", short)
+			}
+			if float64(runs) > tc.slack*float64(loads) {
+				t.Errorf("%d runs of one layer's reads for %d loads: the loads' pieces interleave", runs, loads)
+			}
+			st := r.p.Stats()
+			if st.StagingReaders != tc.readers || st.StagingReadTime <= 0 || st.StagedReadGBps() <= 0 {
+				t.Errorf("Stats: %d readers, read for %v (%.3f GB/s); want %d readers and a time", st.StagingReaders, st.StagingReadTime, st.StagedReadGBps(), tc.readers)
+			}
+			if sum := Summary(r.bg); !strings.Contains(sum, fmt.Sprintf("%d readers, reading for", tc.readers)) {
+				t.Errorf("the summary does not report the readers:\n%s", sum)
+			}
+		})
+	}
+}
+
+// TestStagingCancel: an Acquire whose context ends while its layer's
+// pieces are read through the staging ring returns the context's error at
+// once; the pieces not yet begun are not read, the buffer comes back, the
+// next scan gets every layer with its bytes, and Close leaves nothing
+// pinned (the rig's close checks).
+func TestStagingCancel(t *testing.T) {
+	for _, readers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d readers", readers), func(t *testing.T) {
+			// A piece reads in 32 ms: 16 of them take half a second on one
+			// reader.
+			r := newStagedRigOf(t, piecesModel(), piecesSize, time.Millisecond, time.Microsecond, Options{PrefetchDepth: -1, StagingReaders: readers})
+			slots := r.staged(t)
+			if slots != 1 {
+				t.Fatalf("%d staging buffers, want 1", slots)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := r.p.Acquire(ctx, 3)
+			took := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) || !strings.HasPrefix(fmt.Sprint(err), "paging: ") {
+				t.Fatalf("acquire: %v, want the context's deadline with the package prefix", err)
+			}
+			if took > 200*time.Millisecond && !raceEnabled {
+				t.Errorf("acquire returned %v after its context ended", took-10*time.Millisecond)
+			}
+			if err := settle(r.p); err != nil {
+				t.Fatal(err)
+			}
+			if got := r.staged(t); got != slots {
+				t.Fatalf("%d staging buffers after the cancel, %d before", got, slots)
+			}
+			rs := r.ranged
+			rs.mu.Lock()
+			read := rs.ranges
+			rs.mu.Unlock()
+			if read > 2*readers {
+				t.Errorf("%d pieces read of the cancelled load's 16 with %d readers: the rest were read after the cancel", read, readers)
+			}
+			if err := consistent(r.p, r.be.fakeBackend); err != nil {
+				t.Error(err)
+			}
+			r.src.perKiB, r.ranged.perKiB = time.Microsecond, time.Microsecond
+			r.scan(t, 2, 0)
+			if got := r.staged(t); got != slots {
+				t.Fatalf("%d staging buffers after the next scan, %d before", got, slots)
+			}
+		})
 	}
 }

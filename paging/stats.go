@@ -43,6 +43,13 @@ type Stats struct {
 	HostCacheBytes    int64 `json:"host_cache_bytes"`
 	HostCacheLimit    int64 `json:"host_cache_limit"`
 	PinnedHostBytes   int64 `json:"pinned_host_bytes"`
+	// PinnedFallbacks counts the host copies made in pageable memory
+	// because the backend, which pins memory, refused to pin them
+	// (PinnedFallbackBytes in all; PinnedFallbackError is the first
+	// refusal): their uploads run at pageable speed, synchronously.
+	PinnedFallbacks     int64  `json:"pinned_fallbacks,omitempty"`
+	PinnedFallbackBytes int64  `json:"pinned_fallback_bytes,omitempty"`
+	PinnedFallbackError string `json:"pinned_fallback_error,omitempty"`
 	// HostLayerBytes is the host memory held by the layers the CPU
 	// computes (HostLayer), counted in HostCacheBytes; HostLayerLoads
 	// counts the host layers HostLayer read from the source.
@@ -53,10 +60,23 @@ type Stats struct {
 	// within its limit (HostCacheLimit). BytesStaged are the bytes read
 	// into them and copied out; StagingWait is the time loads waited for
 	// a free buffer (all of them holding copies not yet landed).
-	StagingSlots int           `json:"staging_slots,omitempty"`
-	StagingBytes int64         `json:"staging_bytes,omitempty"`
-	BytesStaged  int64         `json:"bytes_staged,omitempty"`
-	StagingWait  time.Duration `json:"staging_wait_ns,omitempty"`
+	// StagingReaders is the goroutines reading into the ring;
+	// StagingReadTime the time during which at least one of them was
+	// reading, so that BytesStaged / StagingReadTime is the rate the
+	// staged reads ran at (StagedReadGBps), copies to the device going on
+	// beside them.
+	StagingSlots    int           `json:"staging_slots,omitempty"`
+	StagingBytes    int64         `json:"staging_bytes,omitempty"`
+	BytesStaged     int64         `json:"bytes_staged,omitempty"`
+	StagingWait     time.Duration `json:"staging_wait_ns,omitempty"`
+	StagingReaders  int           `json:"staging_readers,omitempty"`
+	StagingReadTime time.Duration `json:"staging_read_ns,omitempty"`
+	// MappedBytes is the host memory of a MappedSource the pager
+	// page-locked (its mapped weight files: the page cache's pages, not
+	// allocated); BytesMapped the bytes copied to the device straight from
+	// it, not read (and not in BytesStaged or BytesDiskToHost).
+	MappedBytes int64 `json:"mapped_bytes,omitempty"`
+	BytesMapped int64 `json:"bytes_mapped,omitempty"`
 
 	// PrefetchWait is the time Acquire spent waiting for loads already
 	// under way (prefetches that had not finished); DemandWait the time
@@ -194,7 +214,10 @@ func (p *Pager) Stats() Stats {
 	s.BytesPerStep = p.steps.mean()
 	s.HostCacheBytes, s.HostCacheLimit, s.PinnedHostBytes = p.hostUsed, p.hostCap, p.pinnedBytes
 	if p.stage != nil {
-		s.StagingSlots, s.StagingBytes = len(p.stage.bufs), p.stageBytes
+		n := p.stage.pinnedBufs() // copied in place, it pins them at the first need
+		s.StagingSlots, s.StagingBytes = n, int64(n)*p.stage.size
+		s.StagingReaders, s.StagingReadTime = p.stage.nreaders, p.stage.readTime()
+		s.MappedBytes = p.stage.mappedBytes
 	}
 	s.StagingWait = p.stagingWait
 	s.RingBytes = p.ringCap
@@ -285,9 +308,18 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 		fmt.Fprintf(sb, "   moved: disk->host %s, host->device %s; host cache %s of %s (hits %d, misses %d), pinned %s, held by CPU layers %s\n",
 			FormatSize(ps.BytesDiskToHost), FormatSize(ps.BytesHostToDevice), FormatSize(ps.HostCacheBytes), FormatSize(ps.HostCacheLimit),
 			ps.HostCacheHits, ps.HostCacheMisses, FormatSize(ps.PinnedHostBytes), FormatSize(ps.HostLayerBytes))
+		if ps.PinnedFallbacks > 0 {
+			fmt.Fprintf(sb, "   pinned host memory refused %d times: %s of host copies in pageable memory, uploaded at pageable speed (first refusal: %s)\n",
+				ps.PinnedFallbacks, FormatSize(ps.PinnedFallbackBytes), ps.PinnedFallbackError)
+		}
 		if ps.StagingSlots > 0 {
-			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer\n",
-				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond))
+			fmt.Fprintf(sb, "   staging ring %s pinned (%d buffers of %s) within the host limit: %s staged, waited %v for a free buffer; %d readers, reading for %v (%.1f GB/s)\n",
+				FormatSize(ps.StagingBytes), ps.StagingSlots, FormatSize(ps.StagingBytes/int64(ps.StagingSlots)), FormatSize(ps.BytesStaged), ps.StagingWait.Round(time.Microsecond),
+				ps.StagingReaders, ps.StagingReadTime.Round(time.Microsecond), ps.StagedReadGBps())
+		}
+		if ps.MappedBytes > 0 {
+			fmt.Fprintf(sb, "   mapped weight files page-locked: %s; %s copied from them in place (staging buffers pinned: %d)\n",
+				FormatSize(ps.MappedBytes), FormatSize(ps.BytesMapped), ps.StagingSlots)
 		}
 		fmt.Fprintf(sb, "   steps %d: %s per step after the first (max %s); waited %v on prefetches, %v on demand loads\n",
 			ps.Steps, FormatSize(int64(ps.BytesPerStep)), FormatSize(ps.MaxStepBytes), ps.PrefetchWait.Round(time.Microsecond), ps.DemandWait.Round(time.Microsecond))
@@ -305,4 +337,14 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 		}
 	}
 	fmt.Fprintf(sb, "%s\n", rule)
+}
+
+// StagedReadGBps is the rate, in GB/s, the staging ring's reads ran at:
+// the bytes staged over the time at least one read was under way; 0
+// before any.
+func (s Stats) StagedReadGBps() float64 {
+	if s.StagingReadTime <= 0 {
+		return 0
+	}
+	return float64(s.BytesStaged) / s.StagingReadTime.Seconds() / 1e9
 }

@@ -79,6 +79,19 @@ type PinnedAllocator interface {
 // Pinned returns m's page-locked host allocator, if it has one.
 func Pinned(m Memory) (PinnedAllocator, bool) { return capability[PinnedAllocator](m) }
 
+// HostRegistrar is a backend that can page-lock host memory it did not
+// allocate (a read-only mapping of a weight file, whose pages are the page
+// cache's), so that copies from it run at the pinned rate with no staging
+// copy on the CPU. The memory is only read by copies. unregister undoes
+// the registration: call it once, after every copy from the memory has
+// landed and before the memory goes away.
+type HostRegistrar interface {
+	RegisterHost(b []byte) (unregister func() error, err error)
+}
+
+// HostRegister returns m's host registrar, if it has one.
+func HostRegister(m Memory) (HostRegistrar, bool) { return capability[HostRegistrar](m) }
+
 // AsyncUploader is a backend that can copy host memory to a tensor on a
 // separate copy stream. The returned wait function blocks compute (not the
 // host) until the copy has landed.

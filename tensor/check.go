@@ -353,12 +353,19 @@ func checkAttentionBlocks(out *Tensor, a AttnBlocks) error {
 			return err
 		}
 	}
-	if err := CheckShape(op, "kPool", a.KPool, Invalid, -1, kw); err != nil {
+	pdt := Invalid
+	if a.KPool != nil && IsCacheDType(a.KPool.dtype) {
+		pdt = a.KPool.dtype
+	}
+	if err := CheckShape(op, "kPool", a.KPool, pdt, -1, kw); err != nil {
 		return err
 	}
 	rows := a.KPool.shape[0]
 	if err := CheckShape(op, "vPool", a.VPool, a.KPool.dtype, rows, kw); err != nil {
 		return err
+	}
+	if b := a.KPool.dtype.BlockSize(); b > 1 && kw%b != 0 {
+		return fmt.Errorf("tensor: %s: pool rows of %d are not whole %v blocks of %d", op, kw, a.KPool.dtype, b)
 	}
 	if rows%bs != 0 {
 		return fmt.Errorf("tensor: %s: pools of %d rows are not whole blocks of %d", op, rows, bs)

@@ -11,14 +11,14 @@ import (
 // scoreBufs recycles the per-task score rows of Attention.
 var scoreBufs = sync.Pool{New: func() any { return new([]float32) }}
 
-// kvTile is how many positions of a narrow cache (F16, BF16, Q8_0) a task
+// kvTile is how many positions of a narrow cache (F16, BF16, Q8_0, Q8_B8) a task
 // widens to F32 at a time, for the vector kernels to read.
 const kvTile = 64
 
 // Attention computes causal grouped-query attention for the T rows of q at
 // positions pos0..pos0+T-1 against the key and value caches k and v
 // [maxPos, kvHeads*headDim], which hold positions 0..pos0+T-1. q and out are
-// F32 [T, heads*headDim]; the caches are F32, F16, BF16 or Q8_0. Query row
+// F32 [T, heads*headDim]; the caches are F32, F16, BF16, Q8_0 or Q8_B8. Query row
 // t attends to positions 0..pos0+t; query head h reads KV head
 // h/(heads/kvHeads). The work is spread over (head, row) pairs on the pool.
 //
@@ -191,35 +191,45 @@ func (a *attention) rowNarrow(t, kh, h0, h1 int) {
 }
 
 // widen writes KV head kh of the m positions from j0 of the narrow cache c
-// into tile as F32 rows of d; blk is room for the Q8_0 blocks that cover
-// one head (d+64 values).
+// into tile as F32 rows of d; blk is room for the blocks that cover one
+// head (d+64 values).
 func (a *attention) widen(tile, blk []float32, c *Tensor, kh, j0, m int) {
-	d, kw := a.d, a.kvHeads*a.d
-	switch a.dt {
-	case F16, BF16:
-		u := c.U16()
-		conv := a.k.cvtF16
-		if a.dt == BF16 {
-			conv = a.k.cvtBF16
+	d := a.d
+	for j := range m {
+		widenHead(a.k, tile[j*d:(j+1)*d], blk, c, j0+j, kh*d)
+	}
+}
+
+// widenHead writes the len(dst) values of row row of the cache c [rows,
+// width] from element off into dst as F32: copied, widened from F16 or
+// BF16 by the kernel table's vector conversions, or dequantized from the
+// Q8_0 or Q8_B8 blocks that cover them (blk is room for those blocks: at
+// least len(dst)+64 values).
+func widenHead(k *kernels, dst, blk []float32, c *Tensor, row, off int) {
+	d, kw := len(dst), int(c.shape[1:].NumElements())
+	switch c.dtype {
+	case F32:
+		copy(dst, c.F32()[row*kw+off:row*kw+off+d])
+	case F16:
+		k.cvtF16(dst, c.U16()[row*kw+off:row*kw+off+d])
+	case BF16:
+		k.cvtBF16(dst, c.U16()[row*kw+off:row*kw+off+d])
+	case Q8_0, Q8_B8:
+		bs, bb := c.dtype.BlockSize(), c.dtype.BlockBytes()
+		deq := quant.DequantizeQ8_0
+		if c.dtype == Q8_B8 {
+			deq = quant.DequantizeQ8B8
 		}
-		for j := range m {
-			off := (j0+j)*kw + kh*d
-			conv(tile[j*d:(j+1)*d], u[off:off+d])
+		b0, b1 := off/bs, (off+d+bs-1)/bs // the blocks that cover the head
+		skip := off - bs*b0
+		r := c.data[row*(kw/bs*bb):]
+		if skip == 0 && d%bs == 0 {
+			deq(dst, r[bb*b0:bb*b1])
+			return
 		}
-	case Q8_0:
-		rb := kw / 32 * 34
-		b0, b1 := kh*d/32, (kh*d+d+31)/32 // the blocks that cover the head
-		skip := kh*d - 32*b0
-		w := blk[:32*(b1-b0)]
-		for j := range m {
-			row := c.data[(j0+j)*rb:]
-			if skip == 0 && d%32 == 0 {
-				quant.DequantizeQ8_0(tile[j*d:(j+1)*d], row[34*b0:34*b1])
-				continue
-			}
-			quant.DequantizeQ8_0(w, row[34*b0:34*b1])
-			copy(tile[j*d:(j+1)*d], w[skip:skip+d])
-		}
+		w := blk[:bs*(b1-b0)]
+		deq(w, r[bb*b0:bb*b1])
+		copy(dst, w[skip:skip+d])
 	}
 }
 
@@ -235,8 +245,11 @@ func (c *CPU) AttentionBlocks(out *Tensor, at AttnBlocks) error {
 	if err := operands(op, out, at.Q, at.K, at.V, at.KPool, at.VPool); err != nil {
 		return err
 	}
-	if at.KPool.dtype != F32 {
-		return fmt.Errorf("tensor: cpu: %s: the pools are %v; this backend reads F32 pools only", op, at.KPool.dtype)
+	if at.KPool.dtype != at.VPool.dtype {
+		return fmt.Errorf("tensor: cpu: %s: kPool is %v, vPool %v", op, at.KPool.dtype, at.VPool.dtype)
+	}
+	if !IsCacheDType(at.KPool.dtype) {
+		return fmt.Errorf("tensor: cpu: %s: the pools are %v, not a cache dtype", op, at.KPool.dtype)
 	}
 	a := blocksPool.Get().(*attnBlocks)
 	defer func() {
@@ -244,7 +257,7 @@ func (c *CPU) AttentionBlocks(out *Tensor, at AttnBlocks) error {
 		blocksPool.Put(a)
 	}()
 	*a = attnBlocks{
-		k: c.k, q: at.Q.F32(), kin: at.K.F32(), vin: at.V.F32(), kp: at.KPool.F32(), vp: at.VPool.F32(), out: out.F32(),
+		k: c.k, q: at.Q.F32(), kin: at.K.F32(), vin: at.V.F32(), kpt: at.KPool, vpt: at.VPool, out: out.F32(),
 		seqs: at.Seqs, heads: at.Heads, kvHeads: at.KVHeads, group: at.Heads / at.KVHeads, d: at.HeadDim, bs: at.BlockSize,
 		scale: at.Scale, tasks: a.tasks[:0], first: a.first[:0],
 	}
@@ -275,7 +288,8 @@ const blockTaskRows = 32
 // attnBlocks is one AttentionBlocks call; recycled through blocksPool.
 type attnBlocks struct {
 	k                        *kernels
-	q, kin, vin, kp, vp, out []float32
+	q, kin, vin, out         []float32
+	kpt, vpt                 *Tensor // the pools
 	seqs                     []SeqBlocks
 	heads, kvHeads, group, d int
 	bs                       int
@@ -303,9 +317,10 @@ func (a *attnBlocks) run(i int) {
 	if a.writing {
 		s := &a.seqs[i]
 		for r := range s.Rows {
-			src, dst := (a.first[i]+r)*kw, a.slot(s, s.Pos0+r)*kw
-			copy(a.kp[dst:dst+kw], a.kin[src:src+kw])
-			copy(a.vp[dst:dst+kw], a.vin[src:src+kw])
+			src, dst := (a.first[i]+r)*kw, a.slot(s, s.Pos0+r)
+			// Checked: the rows are whole blocks of the pools' dtype.
+			_ = storeRows(a.kpt, dst, a.kin[src:src+kw])
+			_ = storeRows(a.vpt, dst, a.vin[src:src+kw])
 		}
 		return
 	}
@@ -313,14 +328,14 @@ func (a *attnBlocks) run(i int) {
 	s := &a.seqs[t.seq]
 	d, n := a.d, s.Pos0+t.r1 // the positions the task's last row sees
 	bp := gatherBufs.Get().(*[]float32)
-	if cap(*bp) < 2*n*d {
-		*bp = make([]float32, max(2*n*d, 2*cap(*bp)))
+	if need := 2*n*d + d + 64; cap(*bp) < need {
+		*bp = make([]float32, max(need, 2*cap(*bp)))
 	}
-	kg, vg := (*bp)[:n*d], (*bp)[n*d:2*n*d]
+	kg, vg, blk := (*bp)[:n*d], (*bp)[n*d:2*n*d], (*bp)[2*n*d:2*n*d+d+64]
 	for j := range n {
-		src := a.slot(s, j)*kw + t.kvh*d
-		copy(kg[j*d:(j+1)*d], a.kp[src:src+d])
-		copy(vg[j*d:(j+1)*d], a.vp[src:src+d])
+		row := a.slot(s, j)
+		widenHead(a.k, kg[j*d:(j+1)*d], blk, a.kpt, row, t.kvh*d)
+		widenHead(a.k, vg[j*d:(j+1)*d], blk, a.vpt, row, t.kvh*d)
 	}
 	qw := a.heads * d
 	for r := t.r0; r < t.r1; r++ {

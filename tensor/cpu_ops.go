@@ -223,21 +223,34 @@ func (c *CPU) CopyRows(dst *Tensor, dstRow int, src *Tensor, srcRow, n int) erro
 	}
 	dl := int(dst.shape[1:].NumElements())
 	if dst.dtype != src.dtype { // a cache append: convert F32 rows
-		x := src.F32()[srcRow*dl : (srcRow+n)*dl]
-		switch dst.dtype {
-		case F16:
-			F32ToF16(dst.U16()[dstRow*dl:(dstRow+n)*dl], x)
-		case BF16:
-			F32ToBF16(dst.U16()[dstRow*dl:(dstRow+n)*dl], x)
-		case Q8_0:
-			rb := dl / 32 * 34
-			quant.QuantizeQ8_0(dst.data[dstRow*rb:(dstRow+n)*rb], x)
-		default:
-			return fmt.Errorf("tensor: cpu: CopyRows: no conversion from %v to %v", src.dtype, dst.dtype)
-		}
-		return nil
+		return storeRows(dst, dstRow, src.F32()[srcRow*dl:(srcRow+n)*dl])
 	}
 	rb := int(dst.NumBytes()) / max(dst.shape[0], 1)
 	copy(dst.data[dstRow*rb:(dstRow+n)*rb], src.data[srcRow*rb:(srcRow+n)*rb])
+	return nil
+}
+
+// storeRows writes the F32 values x, whole rows of dst, into dst's rows
+// from row dstRow converted to its dtype (a cache dtype, IsCacheDType): F16
+// and BF16 rounded to nearest even, Q8_0 and Q8_B8 quantized block by block.
+func storeRows(dst *Tensor, dstRow int, x []float32) error {
+	dl := int(dst.shape[1:].NumElements())
+	n := len(x) / max(dl, 1)
+	switch dst.dtype {
+	case F32:
+		copy(dst.F32()[dstRow*dl:(dstRow+n)*dl], x)
+	case F16:
+		F32ToF16(dst.U16()[dstRow*dl:(dstRow+n)*dl], x)
+	case BF16:
+		F32ToBF16(dst.U16()[dstRow*dl:(dstRow+n)*dl], x)
+	case Q8_0:
+		rb := dl / 32 * 34
+		quant.QuantizeQ8_0(dst.data[dstRow*rb:(dstRow+n)*rb], x)
+	case Q8_B8:
+		rb := dl / quant.QB8 * quant.BlockBytesQ8B8
+		quant.QuantizeQ8B8(dst.data[dstRow*rb:(dstRow+n)*rb], x)
+	default:
+		return fmt.Errorf("tensor: cpu: no conversion from F32 to %v", dst.dtype)
+	}
 	return nil
 }

@@ -14,7 +14,9 @@ type DType uint8
 // types are ggml's block formats (package quant): a row of a quantized
 // tensor is whole blocks of BlockSize elements stored in BlockBytes bytes,
 // and such tensors are weights only, read by the kernels in their stored
-// bytes.
+// bytes. Q8_B8 is strata's own block format of a KV cache (quant.Q8B8:
+// blocks of 8 int8 values and an F16 scale, 10 bytes), not a ggml type:
+// not IsQuantized, a cache dtype only (IsCacheDType).
 const (
 	Invalid DType = iota
 	F32
@@ -31,11 +33,13 @@ const (
 	Q5_K
 	Q6_K
 	Q8_K
+	Q8_B8
 	numDTypes
 )
 
 var dtypeNames = [...]string{Invalid: "invalid", F32: "F32", F16: "F16", BF16: "BF16", I32: "I32", I64: "I64",
-	Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", Q8_K: "Q8_K"}
+	Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", Q8_K: "Q8_K",
+	Q8_B8: "Q8_B8"}
 
 // quantTypes maps the quantized dtypes to package quant's types.
 var quantTypes = [...]quant.Type{Q8_0: quant.Q8_0, Q4_0: quant.Q4_0, Q4_1: quant.Q4_1, Q5_0: quant.Q5_0, Q5_1: quant.Q5_1,
@@ -66,7 +70,7 @@ func (d DType) Size() int {
 }
 
 // IsQuantized reports whether d is one of ggml's block formats.
-func (d DType) IsQuantized() bool { return d >= Q8_0 && d < numDTypes }
+func (d DType) IsQuantized() bool { return d >= Q8_0 && d <= Q8_K }
 
 // Quant returns the quant package's type of a quantized dtype (and
 // quant.F32, quant.F16, quant.BF16 for those), or false.
@@ -96,7 +100,7 @@ func FromQuant(t quant.Type) (DType, bool) {
 	case quant.BF16:
 		return BF16, true
 	}
-	for d := Q8_0; d < numDTypes; d++ {
+	for d := Q8_0; d <= Q8_K; d++ {
 		if quantTypes[d] == t {
 			return d, true
 		}
@@ -105,8 +109,11 @@ func FromQuant(t quant.Type) (DType, bool) {
 }
 
 // BlockSize is the elements of one block: 1 for the plain types, 32 or
-// 256 for the quantized ones, 0 for Invalid.
+// 256 for the quantized ones, 8 for Q8_B8, 0 for Invalid.
 func (d DType) BlockSize() int {
+	if d == Q8_B8 {
+		return quant.QB8
+	}
 	if q, ok := d.Quant(); ok && d.IsQuantized() {
 		return q.BlockSize()
 	}
@@ -118,6 +125,9 @@ func (d DType) BlockSize() int {
 
 // BlockBytes is the bytes of one block (Size for the plain types).
 func (d DType) BlockBytes() int {
+	if d == Q8_B8 {
+		return quant.BlockBytesQ8B8
+	}
 	if q, ok := d.Quant(); ok && d.IsQuantized() {
 		return q.BlockBytes()
 	}
@@ -142,13 +152,14 @@ func (d DType) Bytes(n int64) (int64, error) {
 }
 
 // ShapeBytes is the storage of a tensor of dtype d and shape: for a
-// quantized type each row (the last dimension) must be whole blocks.
+// block type (quantized, Q8_B8) each row (the last dimension) must be
+// whole blocks.
 func (d DType) ShapeBytes(shape Shape) (int64, error) {
 	n := shape.NumElements()
 	if n < 0 {
 		return 0, fmt.Errorf("tensor: invalid shape %v", shape)
 	}
-	if d.IsQuantized() {
+	if d.BlockSize() > 1 {
 		if len(shape) == 0 || shape[len(shape)-1]%d.BlockSize() != 0 {
 			return 0, fmt.Errorf("tensor: %v %v: a row is not whole blocks of %d", d, shape, d.BlockSize())
 		}
@@ -176,7 +187,7 @@ func ParseDType(s string) (DType, error) {
 	case "i64", "int64":
 		return I64, nil
 	}
-	for d := Q8_0; d < numDTypes; d++ {
+	for d := Q8_0; d <= Q8_K; d++ {
 		if strings.EqualFold(s, dtypeNames[d]) {
 			return d, nil
 		}

@@ -80,3 +80,16 @@ type Grapher interface {
 
 // Graphs returns m's graph capture, if it has one.
 func Graphs(m Memory) (Grapher, bool) { return capability[Grapher](m) }
+
+// PositionSetter is a backend that writes a position into element 0 of
+// a PosAt tensor in stream order without a copy from host memory: a decode
+// step's graphs read it, and a small copy from pageable memory costs a
+// staging copy on the host and a copy on the device's queue each step.
+type PositionSetter interface {
+	// SetPosition writes pos (0 <= pos <= MaxInt32) into element 0 of at,
+	// an I32 tensor on the backend, after the work queued before it.
+	SetPosition(at *Tensor, pos int) error
+}
+
+// PositionSetters returns m's PositionSetter, if it has one.
+func PositionSetters(m Memory) (PositionSetter, bool) { return capability[PositionSetter](m) }

@@ -78,7 +78,7 @@ func (t *Tensor) Reshape(shape Shape) (*Tensor, error) {
 	if shape.NumElements() != int64(t.Len()) {
 		return nil, fmt.Errorf("tensor: cannot reshape %v to %v", t.shape, shape)
 	}
-	if t.dtype.IsQuantized() && (len(shape) == 0 || shape[len(shape)-1]%t.dtype.BlockSize() != 0) {
+	if t.dtype.BlockSize() > 1 && (len(shape) == 0 || shape[len(shape)-1]%t.dtype.BlockSize() != 0) {
 		return nil, fmt.Errorf("tensor: cannot reshape %v %v to %v: a row is not whole blocks of %d", t.dtype, t.shape, shape, t.dtype.BlockSize())
 	}
 	u := *t

@@ -1,6 +1,6 @@
 // Causal grouped-query attention over the KV cache, following
 // tensor.Ops.Attention: q and out are F32 [T, heads*headDim]; k and v are
-// caches [maxPos, kvHeads*headDim] in F32, F16, BF16 or Q8_0 (kvcache.cuh);
+// caches [maxPos, kvHeads*headDim] in F32, F16, BF16, Q8_0 or Q8_B8 (kvcache.cuh);
 // query t sits at position pos0+t and sees positions 0..pos0+t; query head
 // h reads KV head h/(heads/kvHeads). Softmax is F32.
 //
@@ -103,6 +103,7 @@ ATT_ENTRY(f32, float)
 ATT_ENTRY(f16, __half)
 ATT_ENTRY(bf16, bf16)
 ATT_ENTRY(q8_0, q8_0)
+ATT_ENTRY(q8_b8, q8_b8)
 
 // kv_append_q8_0 quantizes rows of F32 values into a Q8_0 cache: nblocks
 // blocks of 32, one a thread, block i of the run at dst + 34*i.
@@ -117,4 +118,19 @@ extern "C" __global__ void kv_append_q8_0_at(uint8_t* dst, const float* src, lon
 					     const int* posAt) {
 	const long long p = posAt ? min(max(*posAt, 0), pos0) : pos0;
 	GRID_STRIDE(i, nblocks) { quantize_q8_0_block(dst + 34 * (p * rowBlocks + i), src + 32 * i); }
+}
+
+// kv_append_q8_b8 quantizes rows of F32 values into a Q8_B8 cache: nblocks
+// blocks of 8, one a thread, block i of the run at dst + 10*i.
+extern "C" __global__ void kv_append_q8_b8(uint8_t* dst, const float* src, long long nblocks) {
+	GRID_STRIDE(i, nblocks) { quantize_q8_b8_block(dst + 10 * i, src + 8 * i); }
+}
+
+// kv_append_q8_b8_at is kv_append_q8_b8 into the rows from the position
+// posAt holds (clamped to [0, pos0]; pos0 itself when posAt is null):
+// rowBlocks blocks a row.
+extern "C" __global__ void kv_append_q8_b8_at(uint8_t* dst, const float* src, long long nblocks, int rowBlocks, int pos0,
+					      const int* posAt) {
+	const long long p = posAt ? min(max(*posAt, 0), pos0) : pos0;
+	GRID_STRIDE(i, nblocks) { quantize_q8_b8_block(dst + 10 * (p * rowBlocks + i), src + 8 * i); }
 }

@@ -175,6 +175,7 @@ __device__ void attention_merge(float* out, const float* part, int heads, int sp
 	SPLIT_ENTRY(f16, __half, D)   \
 	SPLIT_ENTRY(bf16, bf16, D)    \
 	SPLIT_ENTRY(q8_0, q8_0, D)    \
+	SPLIT_ENTRY(q8_b8, q8_b8, D)  \
 	extern "C" __global__ void attention_merge_d##D(float* out, const float* part, int heads, int splits) { \
 		attention_merge<D>(out, part, heads, splits);                                                   \
 	}

@@ -1,6 +1,7 @@
-// Reading the KV cache in its stored dtype: F32, F16, BF16, or Q8_0
+// Reading the KV cache in its stored dtype: F32, F16, BF16, Q8_0
 // (ggml's blocks of 32 values, each an F16 scale and 32 int8, 34 bytes,
-// laid along the cache row). A cache is [maxPos, stride] elements; kv_cache
+// laid along the cache row) or Q8_B8 (blocks of 8 values, each an F16
+// scale and 8 int8, 10 bytes: quant.Q8B8). A cache is [maxPos, stride] elements; kv_cache
 // reads element e of row p widened to float, or 8 elements at once from
 // an element index that is a multiple of 8 (and, for the plain types, a
 // row start 16-byte aligned: the caller checks the base pointer).
@@ -103,6 +104,61 @@ struct kv_cache<q8_0> {
 		}
 	}
 };
+
+// q8_b8 names a Q8_B8 cache, read as bytes.
+struct q8_b8 {
+	uint8_t b;
+};
+
+template <>
+struct kv_cache<q8_b8> {
+	const q8_b8* p;
+	long long stride;  // elements a row, a multiple of 8
+	__device__ __forceinline__ const uint8_t* block(long long row, int e) const {
+		return (const uint8_t*)p + row * (stride / 8 * 10) + 10 * (e >> 3);
+	}
+	__device__ __forceinline__ float at(long long row, int e) const {
+		const uint8_t* b = block(row, e);
+		KV_CHECK(b, 2, 2);
+		KV_CHECK(b + 2 + (e & 7), 1, 1);
+		return __half2float(*(const __half*)b) * (float)(int8_t)b[2 + (e & 7)];
+	}
+	// e is a multiple of 8: the 8 values are one block, whose scale and
+	// values come in 16-bit loads (blocks of 10 bytes sit at even offsets).
+	__device__ __forceinline__ void load8(long long row, int e, float f[8]) const {
+		const unsigned short* w = (const unsigned short*)block(row, e);
+		KV_CHECK(w, 10, 2);
+		const float d = __half2float(__ushort_as_half(w[0]));
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			const unsigned short u = w[1 + i];
+			f[2 * i] = d * (float)(int8_t)(u & 0xff);
+			f[2 * i + 1] = d * (float)(int8_t)(u >> 8);
+		}
+	}
+};
+
+// quantize_q8_b8_block writes one Q8_B8 block of the 8 values x as
+// quant.QuantizeQ8B8 does: d = max|x|/127 rounded to F16, q = round(x/d)
+// (ties away from zero) with the reciprocal of the rounded d, clamped to
+// [-127, 127]. The block is written in 16-bit stores (see below).
+__device__ __forceinline__ void quantize_q8_b8_block(uint8_t* b, const float* x) {
+	float amax = 0.0f;
+	for (int j = 0; j < 8; j++) {
+		const float a = fabsf(x[j]);
+		if (!(amax > a)) amax = a;
+	}
+	const __half h = __float2half_rn(amax / 127.0f);
+	const float d = __half2float(h);
+	const float id = d != 0.0f ? 1.0f / d : 0.0f;
+	unsigned short* w = reinterpret_cast<unsigned short*>(b);
+	w[0] = __half_as_ushort(h);
+	for (int j = 0; j < 4; j++) {
+		const float q0 = fminf(fmaxf(roundf(__fmul_rn(x[2 * j], id)), -127.0f), 127.0f);
+		const float q1 = fminf(fmaxf(roundf(__fmul_rn(x[2 * j + 1], id)), -127.0f), 127.0f);
+		w[1 + j] = (unsigned short)(uint8_t)(int8_t)q0 | (unsigned short)((uint8_t)(int8_t)q1) << 8;
+	}
+}
 
 // quantize_q8_0_block writes one Q8_0 block of the 32 values x as
 // quant.QuantizeQ8_0 does: d = max|x|/127 stored as F16, q = round(x/d)

@@ -11,12 +11,23 @@
 //
 // Requests on stdin, responses on stdout, all little-endian:
 //   request:  int32 op (0 end, 1 split decode, 2 tiled prefill), int32 dtype
-//             (0 F32, 1 F16, 2 BF16, 3 Q8_0), int32 D, heads, kvHeads, T,
+//             (0 F32, 1 F16, 2 BF16, 3 Q8_0, 4 Q8_B8), int32 D, heads, kvHeads, T,
 //             pos0, maxPos, chunk, splits, posAt (-1: none; else the
 //             position the split kernel reads from device memory, pos0
 //             then its bound), float32 scale, then T*heads*D float32 q,
 //             and the k and v caches' bytes (maxPos rows each)
 //   response: int64 violations, then T*heads*D float32 out
+// or, for the paged cache's kernels (attention_blocks.cu: kv_write_blocks
+// then attention_blocks, launched as cuda/ops.go launches them):
+//   request:  int32 op 4, int32 dtype, heads, kvHeads, D, blockSize, T,
+//             poolRows, nmeta, float32 scale, then nmeta int32 meta,
+//             T*heads*D float32 q, T*kvHeads*D float32 k and v, and the
+//             pools' bytes (poolRows rows each)
+//   response: int64 violations, T*heads*D float32 out, the pools' bytes
+// or, to check the caches' quantizers (kvcache.cuh) byte for byte:
+//   request:  int32 op 3, int32 dtype (3 Q8_0, 4 Q8_B8), int32 n, then n
+//             float32 values (whole blocks)
+//   response: the blocks' bytes
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
@@ -127,6 +138,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
 
 #include "../kernels/attention_split.cuh"
 #include "../kernels/flash_attention.cuh"
+#include "../kernels/attention_blocks.cu"
 
 // fa_host_mma: D = A·B + C for the 16x16 A (row-major), 16x8 B and 16x8 C
 // held across the warp as mma.sync.m16n8k16.row.col lays them out.
@@ -254,12 +266,79 @@ int main() {
 	for (;;) {
 		const int op = read32();
 		if (op == 0) return 0;
+		if (op == 4) {
+			const int dt = read32(), heads = read32(), kvHeads = read32(), D = read32(), bs = read32(), T = read32(),
+				  poolRows = read32(), nmeta = read32();
+			float scale;
+			readn(&scale, 4);
+			const size_t qn = (size_t)T * heads * D, width = (size_t)kvHeads * D;
+			const size_t rowBytes = dt == 0 ? 4 * width : dt == 3 ? width / 32 * 34 : dt == 4 ? width / 8 * 10 : 2 * width;
+			std::vector<int> meta(nmeta);
+			readn(meta.data(), (size_t)nmeta * 4);
+			std::vector<float> q(qn), k(T * width), v(T * width), out(qn, NAN);
+			readn(q.data(), qn * 4);
+			readn(k.data(), k.size() * 4);
+			readn(v.data(), v.size() * 4);
+			std::vector<uint8_t> kb(rowBytes * poolRows + 256), vb(rowBytes * poolRows + 256);
+			uint8_t* kp = kb.data() + ((256 - ((uintptr_t)kb.data() & 255)) & 255);
+			uint8_t* vp = vb.data() + ((256 - ((uintptr_t)vb.data() & 255)) & 255);
+			readn(kp, rowBytes * poolRows);
+			readn(vp, rowBytes * poolRows);
+			// Any pool row may be read: a wrong one holds NaN.
+			klo = kp, khi = kp + rowBytes * poolRows;
+			vlo = vp, vhi = vp + rowBytes * poolRows;
+			violations = 0;
+			const int bsz = dt == 3 ? 32 : dt == 4 ? 8 : 1;
+			const long long nthreads = (long long)T * width / bsz;
+			const int wgrid = (int)((nthreads + 255) / 256);
+			auto write = [&] {
+				switch (dt) {
+				case 0: kv_write_blocks_f32((float*)kp, (float*)vp, k.data(), v.data(), meta.data(), T, (int)width); break;
+				case 1: kv_write_blocks_f16((__half*)kp, (__half*)vp, k.data(), v.data(), meta.data(), T, (int)width); break;
+				case 2: kv_write_blocks_bf16((bf16*)kp, (bf16*)vp, k.data(), v.data(), meta.data(), T, (int)width); break;
+				case 3: kv_write_blocks_q8_0(kp, vp, k.data(), v.data(), meta.data(), T, (int)width); break;
+				case 4: kv_write_blocks_q8_b8(kp, vp, k.data(), v.data(), meta.data(), T, (int)width); break;
+				}
+			};
+			launch(dim3(wgrid, 1, 1), 256, write);
+			auto attend = [&] {
+				switch (dt) {
+				case 0: attention_blocks_f32(out.data(), q.data(), (float*)kp, (float*)vp, meta.data(), T, heads, kvHeads, D, bs, scale); break;
+				case 1: attention_blocks_f16(out.data(), q.data(), (__half*)kp, (__half*)vp, meta.data(), T, heads, kvHeads, D, bs, scale); break;
+				case 2: attention_blocks_bf16(out.data(), q.data(), (bf16*)kp, (bf16*)vp, meta.data(), T, heads, kvHeads, D, bs, scale); break;
+				case 3: attention_blocks_q8_0(out.data(), q.data(), (q8_0*)kp, (q8_0*)vp, meta.data(), T, heads, kvHeads, D, bs, scale); break;
+				case 4: attention_blocks_q8_b8(out.data(), q.data(), (q8_b8*)kp, (q8_b8*)vp, meta.data(), T, heads, kvHeads, D, bs, scale); break;
+				}
+			};
+			launch(dim3(heads, T, 1), 256, attend);
+			const long long nv = violations;
+			fwrite(&nv, 8, 1, stdout);
+			fwrite(out.data(), 4, qn, stdout);
+			fwrite(kp, 1, rowBytes * poolRows, stdout);
+			fwrite(vp, 1, rowBytes * poolRows, stdout);
+			continue;
+		}
+		if (op == 3) {
+			const int dt = read32(), n = read32();
+			std::vector<float> x(n);
+			readn(x.data(), (size_t)n * 4);
+			const int bs = dt == 3 ? 32 : 8, bb = bs + 2;
+			std::vector<uint8_t> b((size_t)n / bs * bb);
+			for (int i = 0; i < n / bs; i++) {
+				if (dt == 3)
+					quantize_q8_0_block(b.data() + (size_t)bb * i, x.data() + (size_t)bs * i);
+				else
+					quantize_q8_b8_block(b.data() + (size_t)bb * i, x.data() + (size_t)bs * i);
+			}
+			fwrite(b.data(), 1, b.size(), stdout);
+			continue;
+		}
 		const int dt = read32(), D = read32(), heads = read32(), kvHeads = read32(), T = read32(), pos0 = read32(), maxPos = read32(),
 			  chunk = read32(), splits = read32(), posAt = read32();
 		float scale;
 		readn(&scale, 4);
 		const size_t qn = (size_t)T * heads * D, width = (size_t)kvHeads * D;
-		const size_t rowBytes = dt == 0 ? 4 * width : dt == 3 ? width / 32 * 34 : 2 * width;
+		const size_t rowBytes = dt == 0 ? 4 * width : dt == 3 ? width / 32 * 34 : dt == 4 ? width / 8 * 10 : 2 * width;
 		std::vector<float> q(qn), out(qn, NAN);
 		readn(q.data(), qn * 4);
 		// The caches at 256-byte boundaries, as the allocator gives them.
@@ -286,6 +365,9 @@ int main() {
 			break;
 		case 3:
 			run<q8_0>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
+			break;
+		case 4:
+			run<q8_b8>(op, D, heads, kvHeads, T, pos0, maxPos, chunk, splits, scale, q.data(), k, v, out.data());
 			break;
 		}
 		const long long nv = violations;

@@ -30,10 +30,13 @@
 // time to first token; -streams 1,8,32,64 sweeps the counts over the one
 // engine the run opened (its plan keeps room for the largest pool), and
 // the report's batched table sets each count beside Hugging Face's batch
-// of that size (hf_baseline.py --batch).
+// of that size (hf_baseline.py --batch). With -cpuprofile FILE each run
+// writes a CPU profile of its timed decode steps (the hybrid strategy's
+// CPU stage, say) beside FILE, the run's name in its own.
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -44,6 +47,8 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -72,6 +77,10 @@ type options struct {
 	model, name, device, runs, out, report, md, jsonOut string
 	prefill, hostLimit, kvCache, kvDType, streamsFlag   string
 	expertsCPU                                          string
+	cpuProfile, stagingPieceS                           string
+	stagingReaders, stagingBuffers                      int
+	stagingPiece                                        int64 // stagingPieceS parsed
+	stagingMapped                                       bool
 	decode, warmup, threads, chunk, promptTokens        int
 	streams                                             []int        // streamsFlag parsed
 	kv                                                  tensor.DType // kvDType parsed
@@ -101,13 +110,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.chunk, "chunk", 0, "prefill chunk (0: the engine's choice, 512 or larger under a budget: engine.AutoChunk)")
 	fs.IntVar(&o.threads, "threads", 0, "CPU threads (the cpu device, and the CPU layers of the hybrid and cpu strategies; 0 is every core)")
 	fs.StringVar(&o.hostLimit, "host-memory-limit", "", "host RAM `size` for caching streamed layers and experts (default: the plan's, all it streams)")
-	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0")
+	fs.StringVar(&o.kvDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16, q8_b8 or q8_0")
+	fs.IntVar(&o.stagingReaders, "staging-readers", 0, "goroutines reading streamed parts into the staging ring (the aggressive strategy on a GPU; 0: one per core, at least 8)")
+	fs.StringVar(&o.stagingPieceS, "staging-piece", "", "`size` of the pieces large tensors are read and copied in through the staging ring (default 16MiB)")
+	fs.IntVar(&o.stagingBuffers, "staging-buffers", 0, "the staging ring's pinned buffers (0: one per load at once, at most 3; -1: no ring)")
+	fs.BoolVar(&o.stagingMapped, "staging-mapped", true, "let the staging ring copy the tensors of mapped weight files in place from their page-locked mapping (false: read every tensor into the ring, to compare)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
 	fs.StringVar(&o.expertsCPU, "experts-cpu", "", "a mixture of experts: when a missing expert is computed on the CPU instead of uploaded: auto (the default), never or always")
 	fs.Float64Var(&o.routerSkew, "router-skew", 0, "a mixture of experts: route with synthetic routing of this Zipf skew (0 uniform) in place of the model's own routing")
 	fs.Float64Var(&o.routerLocality, "router-locality", 0, "with -router-skew: the chance a token keeps each expert of the previous token")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof)")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
 	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
 	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
@@ -125,7 +139,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return report(files, o.md, o.jsonOut, stdout)
 	}
-	if err := cli.CheckOutputs([][2]string{{"-out", o.out}}, nil); err != nil {
+	if err := cli.CheckOutputs([][2]string{{"-out", o.out}, {"-cpuprofile", o.cpuProfile}}, nil); err != nil {
 		return err
 	}
 	switch {
@@ -139,6 +153,20 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
 	case o.promptTokens < 1:
 		return fmt.Errorf("-prompt-tokens %d must be >= 1", o.promptTokens)
+	case o.stagingReaders < 0:
+		return fmt.Errorf("-staging-readers %d must be >= 0", o.stagingReaders)
+	case o.stagingBuffers < -1:
+		return fmt.Errorf("-staging-buffers %d must be >= -1", o.stagingBuffers)
+	}
+	if o.stagingPieceS != "" {
+		n, err := paging.ParseSize(o.stagingPieceS)
+		if err != nil {
+			return fmt.Errorf("-staging-piece: %w", err)
+		}
+		if n <= 0 {
+			return fmt.Errorf("-staging-piece %s must be more than 0 bytes", o.stagingPieceS)
+		}
+		o.stagingPiece = n
 	}
 	streams, err := parseStreams(o.streamsFlag)
 	if err != nil {
@@ -358,6 +386,19 @@ func (s runSpec) String() string {
 	return fmt.Sprintf("%s:%s:%s", s.label, st, s.mode)
 }
 
+// profilePath is the -cpuprofile file of run s: the run's name, its
+// colons and other separators made dashes, before the extension.
+func profilePath(path string, s runSpec) string {
+	ext := filepath.Ext(path)
+	label := strings.Map(func(r rune) rune {
+		if r == ':' || r == '=' || r == '/' || r == os.PathSeparator {
+			return '-'
+		}
+		return r
+	}, s.String())
+	return strings.TrimSuffix(path, ext) + "-" + label + ext
+}
+
 func parseRuns(s string) ([]runSpec, error) {
 	var out []runSpec
 	for _, r := range strings.Split(s, ",") {
@@ -413,14 +454,27 @@ func parseRuns(s string) ([]runSpec, error) {
 
 // HybridResult is a CPU+GPU run's placement and its measured times.
 type HybridResult struct {
-	CPULayers     []int         `json:"cpu_layers"`
-	ResidentBytes int64         `json:"resident_bytes"`
-	StreamedBytes int64         `json:"streamed_bytes"` // per token, over the link
-	CPUBytes      int64         `json:"cpu_bytes"`      // per token, read by the CPU
-	HostBytes     int64         `json:"host_layer_bytes"`
-	PredictedTokS float64       `json:"predicted_tok_s"`
-	Rates         paging.Rates  `json:"rates"`
-	Bounds        paging.Bounds `json:"bounds"`
+	CPULayers     []int `json:"cpu_layers"`
+	ResidentBytes int64 `json:"resident_bytes"`
+	StreamedBytes int64 `json:"streamed_bytes"` // per token, over the link
+	CPUBytes      int64 `json:"cpu_bytes"`      // per token, read by the CPU
+	HostBytes     int64 `json:"host_layer_bytes"`
+	// PredictedTokS is the plan's prediction at the positions the timed
+	// steps attend over on average (PredictedPositions: the prompt, the
+	// warm-up and half the timed steps; HybridPlan.PredictAt), and
+	// PlannedTokS the plan's own, at the context it planned for.
+	PredictedTokS      float64 `json:"predicted_tok_s"`
+	PredictedPositions int     `json:"predicted_positions"`
+	PlannedTokS        float64 `json:"planned_tok_s"`
+	// Predicted is the prediction's time of each path per token (at
+	// PredictedPositions), to set against MeasuredMs.
+	Predicted paging.Breakdown `json:"predicted_breakdown"`
+	// HostKVBytes are the KV cache bytes the CPU reads for a token at
+	// PredictedPositions (its blocks', and those of the GPU's blocks
+	// with a KV cache in host memory).
+	HostKVBytes int64         `json:"host_kv_bytes"`
+	Rates       paging.Rates  `json:"rates"`
+	Bounds      paging.Bounds `json:"bounds"`
 	// MeasuredMs is the wall time per decoded token on each device's
 	// stages, by device name.
 	MeasuredMs map[string]float64 `json:"measured_ms_per_token"`
@@ -467,12 +521,28 @@ type Result struct {
 	// (the aggressive strategy's), in StagingSlots buffers, beside the
 	// host cache's PinnedHostBytes; StagedPerToken the bytes per decoded
 	// token that went through it.
-	StagingBytes    int64   `json:"staging_bytes,omitempty"`
-	StagingSlots    int     `json:"staging_slots,omitempty"`
-	StagedPerToken  float64 `json:"staged_per_token,omitempty"`
+	// StagedReadGBps is the rate the ring's reads ran at over the timed
+	// decode, while they ran (paging.Stats.StagedReadGBps): with the
+	// pinned rate, the aggressive strategy's own bound (Row).
+	StagingBytes   int64   `json:"staging_bytes,omitempty"`
+	StagingSlots   int     `json:"staging_slots,omitempty"`
+	StagedPerToken float64 `json:"staged_per_token,omitempty"`
+	StagedReadGBps float64 `json:"staged_read_GBps,omitempty"`
+	StagingReaders int     `json:"staging_readers,omitempty"`
+	// MappedPerToken is the bytes per decoded token copied in place from
+	// the page-locked mapping of the weight files, MappedBytes that
+	// mapping's size (paging.Stats.BytesMapped, MappedBytes).
+	MappedPerToken  float64 `json:"mapped_per_token,omitempty"`
+	MappedBytes     int64   `json:"mapped_bytes,omitempty"`
+	StagingPiece    int64   `json:"staging_piece,omitempty"` // -staging-piece; 0 is the default
 	PinnedHostBytes int64   `json:"pinned_host_bytes,omitempty"`
-	LoadSeconds     float64 `json:"load_s"`
-	Chunk           int     `json:"chunk"` // the prefill chunk
+	// PageableHostBytes are the pager's host copies made in pageable
+	// memory because pinning them was refused (Stats.PinnedFallbacks),
+	// and PinnedRefusal the first refusal: such copies upload slowly.
+	PageableHostBytes int64   `json:"pageable_host_bytes,omitempty"`
+	PinnedRefusal     string  `json:"pinned_refusal,omitempty"`
+	LoadSeconds       float64 `json:"load_s"`
+	Chunk             int     `json:"chunk"` // the prefill chunk
 	// Hybrid is set for the CPU+GPU strategies (hybrid, cpu): the plan's
 	// split and prediction, the rates measured at start, the bounds from
 	// them, and the measured time per token on each side.
@@ -575,7 +645,8 @@ func kvResult(kv, kv0 *engine.KVReport, res *Result, cfg *arch.Config, o options
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, kv paging.KVPlacement, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, ExpertsCPU: paging.ExpertCPUPolicy(o.expertsCPU), HostCache: hostCache, KVCache: kv, KVDType: o.kv}
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, ExpertsCPU: paging.ExpertCPUPolicy(o.expertsCPU), HostCache: hostCache, KVCache: kv, KVDType: o.kv,
+		StagingReaders: o.stagingReaders, StagingPiece: o.stagingPiece, StagingSlots: o.stagingBuffers, NoMappedUploads: !o.stagingMapped}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
 	}
@@ -627,18 +698,32 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	defer sess.Close()
 	if h := e.Hybrid(); h != nil {
-		// On several GPUs the totals of their plans; the bounds are one
-		// GPU's only.
+		// On several GPUs the totals of their plans; the bounds and the
+		// prediction at the timed steps' positions are one GPU's only.
 		t := h.Totals()
 		r.StreamedBytes = t.StreamedBytes
 		r.Hybrid = &HybridResult{CPULayers: h.CPULayers(), ResidentBytes: t.ResidentBytes, StreamedBytes: t.StreamedBytes,
-			CPUBytes: t.CPUBytes, HostBytes: t.HostLayerBytes, PredictedTokS: t.PredictedTokS, Rates: h.Rates,
-			MeasuredMs: map[string]float64{}, Threads: h.Threads}
-		if h.Plan != nil {
-			r.Hybrid.Bounds = h.Plan.Bounds
-		}
+			CPUBytes: t.CPUBytes, HostBytes: t.HostLayerBytes, PredictedTokS: t.PredictedTokS, PlannedTokS: t.PredictedTokS,
+			Rates: h.Rates, MeasuredMs: map[string]float64{}, Threads: h.Threads}
 		for _, p := range h.Plans() {
 			fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+		}
+		if p := h.Plan; p != nil {
+			r.Hybrid.Bounds, r.Hybrid.PredictedPositions = p.Bounds, p.Positions
+			if p.Positions > 0 {
+				r.Hybrid.HostKVBytes = p.HostKVBytes
+			}
+			// The timed steps attend over the prompt, the warm-up and half
+			// of themselves on average: the prediction at those positions.
+			pos := o.promptTokens + o.warmup + o.decode/2
+			r.Hybrid.Predicted = p.Breakdown
+			if d, br, err := p.PredictAt(pos); err == nil && d > 0 {
+				r.Hybrid.PredictedTokS, r.Hybrid.PredictedPositions, r.Hybrid.Predicted = 1e9/float64(d), pos, br
+				r.Hybrid.HostKVBytes = int64(float64(p.HostKVBytes) * float64(pos) / float64(p.Positions))
+			}
+			br := r.Hybrid.Predicted
+			fmt.Fprintf(os.Stderr, "bench: %s %s: predicted at the %d positions the timed steps attend over: %.2f tok/s (CPU %.1f ms, GPU %.1f ms, copies %.1f ms, %d hand-overs %.1f ms)\n",
+				name, s, r.Hybrid.PredictedPositions, r.Hybrid.PredictedTokS, float64(br.CPU)/1e6, float64(br.GPU)/1e6, float64(br.Copy)/1e6, br.Handoffs, float64(br.Handoff)/1e6)
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -691,19 +776,36 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	}
 	e.MarkStep()
 	st0 := e.Stats()
-	before, staged0 := st0.BytesHostToDevice, st0.BytesStaged
+	before, staged0, mapped0 := st0.BytesHostToDevice, st0.BytesStaged, st0.BytesMapped
 	experts0 := e.Experts()
 	cw := paging.StartCopyWindow(b)
 	busy0 := busyOf(sess)
 	kv0 := e.KV()
 	l0, counted := tensor.CountLaunches(b)
+	var prof bytes.Buffer
+	if o.cpuProfile != "" {
+		if err := pprof.StartCPUProfile(&prof); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+	}
 	t0 = time.Now()
 	for range o.decode {
 		if err := step(); err != nil {
+			if o.cpuProfile != "" {
+				pprof.StopCPUProfile()
+			}
 			return nil, err
 		}
 	}
 	el := time.Since(t0)
+	if o.cpuProfile != "" {
+		pprof.StopCPUProfile()
+		path := profilePath(o.cpuProfile, s)
+		if err := atomicfile.WriteFile(path, prof.Bytes()); err != nil {
+			return nil, fmt.Errorf("-cpuprofile: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s %s: CPU profile of the %d timed decode steps in %s\n", name, s, o.decode, path)
+	}
 	if l1, ok := tensor.CountLaunches(b); ok && counted {
 		l := l1.Sub(l0)
 		r.Launches, r.LaunchesPerToken = &l, float64(l.Total())/float64(o.decode)
@@ -713,9 +815,26 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	r.BytesPerToken = float64(st.BytesHostToDevice-before) / float64(o.decode)
 	r.StagingBytes, r.StagingSlots, r.PinnedHostBytes = st.StagingBytes, st.StagingSlots, st.PinnedHostBytes
 	r.StagedPerToken = float64(st.BytesStaged-staged0) / float64(o.decode)
+	r.PageableHostBytes, r.PinnedRefusal = st.PinnedFallbackBytes, st.PinnedFallbackError
+	if st.PinnedFallbacks > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %s %s: pinned host memory refused %d times, %s of host copies pageable (first refusal: %s)\n",
+			name, s, st.PinnedFallbacks, paging.FormatSize(st.PinnedFallbackBytes), st.PinnedFallbackError)
+	}
 	if r.StagingSlots > 0 {
-		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer\n",
-			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), st.StagingWait.Round(time.Millisecond))
+		r.StagingReaders, r.StagingPiece = st.StagingReaders, o.stagingPiece
+	}
+	r.MappedPerToken, r.MappedBytes = float64(st.BytesMapped-mapped0)/float64(o.decode), st.MappedBytes
+	if rt := st.StagingReadTime - st0.StagingReadTime; rt > 0 {
+		r.StagedReadGBps = float64(st.BytesStaged-staged0) / rt.Seconds() / 1e9
+	}
+	if r.StagingSlots > 0 || r.MappedBytes > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %s %s: staging ring %s pinned (%d buffers), %s per token staged, waited %v for a free buffer; %d readers read at %.1f GB/s while reading (%v of %v)\n",
+			name, s, paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)), (st.StagingWait - st0.StagingWait).Round(time.Millisecond),
+			st.StagingReaders, r.StagedReadGBps, (st.StagingReadTime - st0.StagingReadTime).Round(time.Millisecond), el.Round(time.Millisecond))
+		if r.MappedBytes > 0 {
+			fmt.Fprintf(os.Stderr, "bench: %s %s: weight files page-locked in place: %s, %s per token copied from them\n",
+				name, s, paging.FormatSize(r.MappedBytes), paging.FormatSize(int64(r.MappedPerToken)))
+		}
 	}
 	r.H2DGBps, r.Overlap = cw.End(b)
 	r.PeakDeviceBytes = e.Devices()[0].PeakDeviceBytes

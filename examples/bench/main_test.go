@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/engine"
 	"github.com/strata-llm/strata/loader/fixtures"
+	"github.com/strata-llm/strata/paging"
 )
 
 // TestBenchFlags checks that the lengths a run times must fit in the
@@ -40,11 +44,17 @@ func TestBenchFlags(t *testing.T) {
 		{[]string{"-prompt-tokens", "250"}, "need more positions"},
 		{[]string{"-kv-cache", "disk"}, "-kv-cache"},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_0"}, ""},
+		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "q8_b8"}, ""},
 		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-kv-dtype", "bf16"}, ""},
 		{[]string{"-kv-dtype", "int4"}, `-kv-dtype: unknown KV cache dtype "int4"`},
 		{[]string{"-router-locality", "0.5"}, "-router-locality needs -router-skew"},
 		{[]string{"-router-skew", "1"}, "-router-skew: the llama model"},
 		{[]string{"-experts-cpu", "sometimes"}, `-experts-cpu: unknown policy "sometimes"`},
+		{[]string{"-prefill", "16", "-warmup", "0", "-decode", "2", "-staging-readers", "4", "-staging-piece", "4MiB", "-staging-buffers", "-1", "-staging-mapped=false"}, ""},
+		{[]string{"-staging-readers", "-1"}, "-staging-readers -1 must be >= 0"},
+		{[]string{"-staging-buffers", "-2"}, "-staging-buffers -2 must be >= -1"},
+		{[]string{"-staging-piece", "0"}, "-staging-piece 0 must be more than 0 bytes"},
+		{[]string{"-staging-piece", "lots"}, "-staging-piece: "},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
@@ -62,26 +72,39 @@ func TestBenchFlags(t *testing.T) {
 
 // TestReportStaging: a run whose pager staged its streamed parts (the
 // aggressive strategy on a GPU) reports the staging ring's pinned bytes,
-// buffers and bytes staged per token in the table's host staging column;
-// a run without one shows "-"; every row, an error's too, has as many
-// cells as the header.
+// buffers and bytes staged per token in the table's host staging column,
+// the bytes copied in place from page-locked weight files, and, with the
+// rate its reads ran at and the ceilings' pinned rate, its
+// own bound (its streamed bytes at the slower of the two) and its share of
+// it, in the cell and in the JSON; a run without one shows "-"; every
+// row, an error's too, has as many cells as the header.
 func TestReportStaging(t *testing.T) {
 	dir := t.TempDir()
 	in := filepath.Join(dir, "results.jsonl")
-	lines := `{"kind":"strata","model":"m","run":"4GiB:aggressive","budget_bytes":4294967296,"strategy":"aggressive","decode_tok_s":3,"streamed_bytes":1000,"bytes_per_token":1000,"staging_bytes":3221225472,"staging_slots":3,"staged_per_token":1048576,"pinned_host_bytes":0}
+	lines := `{"kind":"ceilings","device":"gpu","copy_bytes":1048576,"pinned_GBps":55,"pageable_GBps":8,"device_GBps":4000}
+{"kind":"strata","model":"m","run":"4GiB:aggressive","budget_bytes":4294967296,"strategy":"aggressive","decode_tok_s":3,"streamed_bytes":1000,"bytes_per_token":1000,"staging_bytes":3221225472,"staging_slots":3,"staged_per_token":1048576,"pinned_host_bytes":0}
+{"kind":"strata","model":"m","run":"4GiB:aggressive-reads","budget_bytes":4294967296,"strategy":"aggressive","decode_tok_s":1.5,"streamed_bytes":10000000000,"bytes_per_token":10000000000,"staging_bytes":3221225472,"staging_slots":3,"staged_per_token":1048576,"staged_read_GBps":30}
+{"kind":"strata","model":"m","run":"4GiB:aggressive-fast-reads","budget_bytes":4294967296,"strategy":"aggressive","decode_tok_s":4.4,"streamed_bytes":10000000000,"bytes_per_token":10000000000,"staging_bytes":3221225472,"staging_slots":4,"staged_per_token":1048576,"staged_read_GBps":80}
+{"kind":"strata","model":"m","run":"4GiB:aggressive-in-place","budget_bytes":4294967296,"strategy":"aggressive","decode_tok_s":4,"streamed_bytes":10000000000,"bytes_per_token":10000000000,"staging_bytes":3221225472,"staging_slots":3,"mapped_per_token":1073741824,"mapped_bytes":13476864728}
 {"kind":"strata","model":"m","run":"4GiB:balanced","budget_bytes":4294967296,"strategy":"balanced","decode_tok_s":3,"streamed_bytes":1000,"bytes_per_token":1000}
 {"kind":"strata","model":"m","run":"1GiB:aggressive","budget_bytes":1073741824,"strategy":"aggressive","error":"no room"}
 `
 	if err := os.WriteFile(in, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	jsonOut := filepath.Join(dir, "report.json")
 	var out bytes.Buffer
-	if err := run(context.Background(), []string{"-report", in}, &out); err != nil {
+	if err := run(context.Background(), []string{"-report", in, "-json", jsonOut}, &out); err != nil {
 		t.Fatal(err)
 	}
-	rows := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(rows) != 5 {
-		t.Fatalf("%d lines, want a header, a rule and 3 rows:\n%s", len(rows), out.String())
+	var rows []string
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		if strings.HasPrefix(l, "|") {
+			rows = append(rows, l)
+		}
+	}
+	if len(rows) != 8 {
+		t.Fatalf("%d table lines, want a header, a rule and 6 rows:\n%s", len(rows), out.String())
 	}
 	cells := func(row string) []string { return strings.Split(strings.Trim(row, "|"), "|") }
 	head := cells(rows[0])
@@ -89,7 +112,13 @@ func TestReportStaging(t *testing.T) {
 	if col < 0 {
 		t.Fatalf("no host staging column: %s", rows[0])
 	}
-	for i, want := range []string{"3.00 GiB pinned (3 buffers), 1.00 MiB/token", "-"} {
+	for i, want := range []string{
+		"3.00 GiB pinned (3 buffers), 1.00 MiB/token",
+		"3.00 GiB pinned (3 buffers), 1.00 MiB/token, reads 30.0 GB/s; own bound 3.00 tok/s (50%)",   // the reads bound it
+		"3.00 GiB pinned (4 buffers), 1.00 MiB/token, reads 80.0 GB/s; own bound 5.50 tok/s (80%)",   // the copies bound it
+		"3.00 GiB pinned (3 buffers), 0 B/token, 1.00 GiB/token in place from 12.55 GiB page-locked", // nothing read
+		"-",
+	} {
 		if got := strings.TrimSpace(cells(rows[2+i])[col]); got != want {
 			t.Errorf("row %d: host staging %q, want %q", i, got, want)
 		}
@@ -97,6 +126,20 @@ func TestReportStaging(t *testing.T) {
 	for _, row := range rows[1:] {
 		if n := strings.Count(row, "|"); n != strings.Count(rows[0], "|") {
 			t.Errorf("%d cell borders, the header has %d: %s", n, strings.Count(rows[0], "|"), row)
+		}
+	}
+	raw, err := os.ReadFile(jsonOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct{ Rows []Row }
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range [][2]float64{{0, 0}, {3, 0.5}, {5.5, 0.8}, {0, 0}, {0, 0}} {
+		r := rep.Rows[i]
+		if math.Abs(r.StagingBoundTokS-want[0]) > 1e-9 || math.Abs(r.OfStagingBound-want[1]) > 1e-9 {
+			t.Errorf("row %d (%s): staging bound %v tok/s, %v of it; want %v and %v", i, r.Run, r.StagingBoundTokS, r.OfStagingBound, want[0], want[1])
 		}
 	}
 }
@@ -290,6 +333,56 @@ func TestBenchStreams(t *testing.T) {
 		!(s.TTFTP50Ms > 0) || s.TTFTP50Ms > s.TTFTP99Ms || !(s.MeanBatch > 1) || s.KVBlocks < 3 || s.BlockSize <= 0 ||
 		!(s.StepsS > 0) || s.RowsPerStep < s.MeanBatch {
 		t.Errorf("streams %+v", s)
+	}
+}
+
+// TestBoundsHybrid: a hybrid row's bounds come from its own rates (not the
+// ceilings') over the weights it reads outside device memory, the KV
+// cache's reads and the calibrated costs left out; the table shows its
+// prediction and says what the bounds and the prediction are.
+func TestBoundsHybrid(t *testing.T) {
+	c := &Ceilings{PinnedGBps: 50, CPUGBps: 200, DeviceGBps: 4000}
+	rates := paging.Rates{H2D: 55e9, CPU: 100e9, H2DShared: 50e9, CPUShared: 90e9, CPULayer: time.Millisecond, CPUAttention: 20e9}
+	r := Result{Model: "m", Kind: "strata", Strategy: "hybrid", StreamedBytes: 4e9, WeightBytes: 13e9, DecodeTokS: 11,
+		Hybrid: &HybridResult{StreamedBytes: 4e9, CPUBytes: 10e9, HostKVBytes: 2e9, PredictedTokS: 12.5, Rates: rates}}
+	row := Row{Result: r}
+	bounds(&row, c)
+	if row.Bound != "hybrid" || math.Abs(row.BoundTokS-10) > 1e-9 || math.Abs(row.CPUBoundTokS-100/14.) > 1e-9 {
+		t.Errorf("bound %q %.3f tok/s, CPU bound %.3f; want hybrid 10 (140 GB/s over 14 GB), CPU 7.14", row.Bound, row.BoundTokS, row.CPUBoundTokS)
+	}
+	md := markdown(nil, []Row{row})
+	if !strings.Contains(md, "| 12.50 |") || !strings.Contains(md, "over the run's own rates, measured at Open") {
+		t.Errorf("table:\n%s", md)
+	}
+	if md := markdown(nil, []Row{{Result: Result{Model: "m", Strategy: "balanced"}}}); strings.Contains(md, "CPU and hybrid bounds") {
+		t.Errorf("the note on a table without hybrid rows:\n%s", md)
+	}
+}
+
+// TestBenchCPUProfile: -cpuprofile writes a CPU profile of each run's
+// timed decode steps, named after the run, and refuses a directory.
+func TestBenchCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	prof := filepath.Join(dir, "decode.pprof")
+	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "1", "-decode", "4", "-runs", "none,300KiB", "-cpuprofile", prof}
+	var stdout bytes.Buffer
+	if err := run(context.Background(), args, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"decode-none-none-explicit.pprof", "decode-300KiB-balanced-explicit.pprof"} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b { // a profile is gzipped
+			t.Errorf("%s: %d bytes, not a profile", name, len(data))
+		}
+	}
+	if _, err := os.Stat(prof); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s written: %v", prof, err)
+	}
+	if err := run(context.Background(), []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-cpuprofile", dir}, &stdout); err == nil {
+		t.Error("-cpuprofile of a directory: no error")
 	}
 }
 

@@ -37,8 +37,15 @@ type Row struct {
 	CPUBoundTokS    float64 `json:"cpu_bound_tok_s,omitempty"`
 	HybridBoundTokS float64 `json:"hybrid_bound_tok_s,omitempty"`
 	OfBound         float64 `json:"of_bound"`
-	VsBaseline      float64 `json:"vs_baseline"` // decode tok/s over the baseline's
-	BaselineRun     string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident (compiled when it ran)
+	// StagingBoundTokS is a staged run's own bound: the bytes it streams
+	// per token at the slower of the pinned copy rate and the rate its
+	// staging ring's reads ran at (Result.StagedReadGBps), the reads from
+	// the page cache into pinned memory being the part the stream bound
+	// leaves out; OfStagingBound the run's share of it.
+	StagingBoundTokS float64 `json:"staging_bound_tok_s,omitempty"`
+	OfStagingBound   float64 `json:"of_staging_bound,omitempty"`
+	VsBaseline       float64 `json:"vs_baseline"` // decode tok/s over the baseline's
+	BaselineRun      string  `json:"baseline"`    // which: accelerate at the same budget, else transformers resident (compiled when it ran)
 	// StreamsVsBaseline is a batched run's aggregate tok/s over Hugging
 	// Face's at the same model, budget and batch size (hf_baseline
 	// -batch), StreamsBaseline which run that was.
@@ -125,8 +132,12 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 }
 
 // bounds fills a row's bounds. A run's non-resident bytes per token are
-// what it streams, plus what its CPU reads in a CPU+GPU run; the rates are
-// the run's own (a CPU+GPU run measures them at start) or the ceilings'.
+// what it streams, plus what its CPU reads of its layers' weights in a
+// CPU+GPU run; the rates are the run's own (a CPU+GPU run measures them
+// at Open: engine.MeasureRates' H2D and CPU rates, alone and shared) or
+// the ceilings'. The bounds are the bandwidths' alone: the calibrated
+// costs the prediction adds (Rates.CPULayer, the KV reads at
+// Rates.CPUAttention) stay out of them.
 // The row is judged against the bound of what it does: the hybrid bound for
 // the hybrid strategy, the CPU bound for cpu, the stream bound when it
 // streams, else the device-memory bound; with a KV cache in host memory,
@@ -180,6 +191,10 @@ func bounds(row *Row, c *Ceilings) {
 	}
 	if row.BoundTokS > 0 {
 		row.OfBound = r.DecodeTokS / row.BoundTokS
+	}
+	if c != nil && c.PinnedGBps > 0 && r.StagedReadGBps > 0 && r.StreamedBytes > 0 {
+		row.StagingBoundTokS = min(c.PinnedGBps, r.StagedReadGBps) * 1e9 / float64(r.StreamedBytes)
+		row.OfStagingBound = r.DecodeTokS / row.StagingBoundTokS
 	}
 }
 
@@ -343,6 +358,7 @@ func markdown(c *Ceilings, rows []Row) string {
 			c.Device, c.PinnedGBps, c.PageableGBps, paging.FormatSize(c.CopyBytes), c.DeviceGBps)
 	}
 	sb.WriteString("| model | system | budget | strategy | mode | decode tok/s | launches/token | prefill 128 | prefill 512 | moved/token | CPU reads/token | H2D GB/s | overlap | peak device | host staging | CPU bound | hybrid bound | bound tok/s | of bound | predicted | experts | vs baseline | streams |\n")
+	hybrid := false
 	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |\n")
 	for _, r := range rows {
 		budget := "none"
@@ -377,8 +393,17 @@ func markdown(c *Ceilings, rows []Row) string {
 			return fmt.Sprintf("%.1f", v)
 		}
 		staging := "-"
-		if r.StagingSlots > 0 {
+		if r.StagingSlots > 0 || r.MappedPerToken > 0 {
 			staging = fmt.Sprintf("%s pinned (%d buffers), %s/token", paging.FormatSize(r.StagingBytes), r.StagingSlots, paging.FormatSize(int64(r.StagedPerToken)))
+			if r.MappedPerToken > 0 {
+				staging += fmt.Sprintf(", %s/token in place from %s page-locked", paging.FormatSize(int64(r.MappedPerToken)), paging.FormatSize(r.MappedBytes))
+			}
+			if r.StagedReadGBps > 0 {
+				staging += fmt.Sprintf(", reads %.1f GB/s", r.StagedReadGBps)
+			}
+			if r.StagingBoundTokS > 0 {
+				staging += fmt.Sprintf("; own bound %.2f tok/s (%.0f%%)", r.StagingBoundTokS, 100*r.OfStagingBound)
+			}
 		}
 		decode := "-" // a batched line of hf_baseline has no single-stream rate
 		if r.DecodeTokS > 0 {
@@ -388,6 +413,12 @@ func markdown(c *Ceilings, rows []Row) string {
 			r.Model, r.Kind, budget, r.Strategy, r.Mode, decode, launchCell(&r.Result), r.PrefillTokS["128"], r.PrefillTokS["512"],
 			paging.FormatSize(int64(r.BytesPerToken)), cpuReads, r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), staging,
 			opt(r.CPUBoundTokS), opt(r.HybridBoundTokS), bound, of, predicted, expertCell(r.Experts), vs, streamsCell(&r))
+		if h := r.Hybrid; h != nil {
+			hybrid = true
+		}
+	}
+	if hybrid {
+		sb.WriteString("\nCPU and hybrid bounds: the weights' bytes a token reads outside device memory over the run's own rates, measured at Open (engine.MeasureRates: the CPU's products alone, and beside copies with the link for the hybrid bound). predicted: the planner's decode time at the positions the timed steps attend over, with the calibrated cost of a CPU block and the KV cache's reads.\n")
 	}
 	return sb.String()
 }

@@ -15,13 +15,13 @@ import (
 // TestKVDType runs the F16 fixture with each -kv-dtype (and the config
 // file's kv_dtype): the report names the dtype, and the plan's KV bytes
 // are the dtype's (F32 4 bytes a value, F16 and BF16 2, Q8_0 34 bytes a
-// block of 32); a flag overrides the file; an unknown dtype is a usage
+// block of 32, Q8_B8 10 bytes a block of 8); a flag overrides the file; an unknown dtype is a usage
 // error naming the flag.
 func TestKVDType(t *testing.T) {
 	dir := fixtures.Dir(fixtures.TinyLlamaF16Sharded)
 	// 4 layers, K and V, 2 KV heads of 16: 32 values a position.
 	const ids, steps = "1,42,71,345,81", 4
-	perPos := map[string]int64{"F32": 2 * 4 * 32 * 4, "F16": 2 * 4 * 32 * 2, "BF16": 2 * 4 * 32 * 2, "Q8_0": 2 * 4 * 34}
+	perPos := map[string]int64{"F32": 2 * 4 * 32 * 4, "F16": 2 * 4 * 32 * 2, "BF16": 2 * 4 * 32 * 2, "Q8_0": 2 * 4 * 34, "Q8_B8": 2 * 4 * 40}
 	conf := filepath.Join(t.TempDir(), "q8.yaml")
 	if err := os.WriteFile(conf, []byte("memory:\n  kv_dtype: q8_0\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -34,6 +34,7 @@ func TestKVDType(t *testing.T) {
 		{[]string{"-kv-dtype", "f16"}, "F16"},
 		{[]string{"-kv-dtype", "BF16"}, "BF16"},
 		{[]string{"-kv-dtype", "q8_0"}, "Q8_0"},
+		{[]string{"-kv-dtype", "q8_b8"}, "Q8_B8"},
 		{[]string{"-config", conf}, "Q8_0"},
 		{[]string{"-config", conf, "-kv-dtype", "f16"}, "F16"},
 	} {

@@ -28,17 +28,30 @@ func (s *suite) testAttentionBlocks(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/H%d_KV%d_D%d_B%d_seqs%d", c.name, c.heads, c.kvHeads, c.headDim, c.blockSize, len(c.rows)), func(t *testing.T) {
-			s.attentionBlocks(t, c)
+			s.attentionBlocks(t, c, tensor.F32)
 		})
+	}
+	// Pools of each narrow cache dtype: the rows converted on the way in,
+	// the positions read back widened.
+	for _, dt := range s.cfg.cacheTypes {
+		if dt == tensor.F32 {
+			continue
+		}
+		for _, c := range cases[:4] {
+			t.Run(fmt.Sprintf("%v/%s/H%d_KV%d_D%d_B%d_seqs%d", dt, c.name, c.heads, c.kvHeads, c.headDim, c.blockSize, len(c.rows)), func(t *testing.T) {
+				s.attentionBlocks(t, c, dt)
+			})
+		}
 	}
 }
 
-// attentionBlocks fills the pools with each sequence's cached positions
-// in blocks spread over the pool in a shuffled order (the rest NaN: a
-// backend that reads a position it should not fails), runs the rows, and
-// checks each sequence's output against the contiguous reference and that
-// the rows' keys and values landed in their slots.
-func (s *suite) attentionBlocks(t *testing.T, c blocksCase) {
+// attentionBlocks fills the pools (of dtype dt) with each sequence's
+// cached positions in blocks spread over the pool in a shuffled order (the
+// rest NaN: a backend that reads a position it should not fails), runs
+// the rows, and checks each sequence's output against the contiguous
+// reference over the values as stored and that the rows' keys and values
+// landed in their slots, converted to dt.
+func (s *suite) attentionBlocks(t *testing.T, c blocksCase, dt tensor.DType) {
 	r := rng(t)
 	bs, kw, qw := c.blockSize, c.kvHeads*c.headDim, c.heads*c.headDim
 	nb := c.spare
@@ -75,8 +88,8 @@ func (s *suite) attentionBlocks(t *testing.T, c blocksCase) {
 	q, qs := s.put(t, tensor.F32, tensor.Shape{T, qw}, qv)
 	k, _ := s.put(t, tensor.F32, tensor.Shape{T, kw}, kin)
 	v, _ := s.put(t, tensor.F32, tensor.Shape{T, kw}, vin)
-	kp, _ := s.put(t, tensor.F32, tensor.Shape{nb * bs, kw}, kpool)
-	vp, _ := s.put(t, tensor.F32, tensor.Shape{nb * bs, kw}, vpool)
+	kp := s.putPool(t, dt, nb*bs, kw, kpool)
+	vp := s.putPool(t, dt, nb*bs, kw, vpool)
 	out := s.poisoned(t, tensor.Shape{T, qw})
 	scale := float32(1 / math.Sqrt(float64(c.headDim)))
 	if err := s.b.AttentionBlocks(out, tensor.AttnBlocks{Q: q, K: k, V: v, KPool: kp, VPool: vp, Seqs: seqs,
@@ -90,20 +103,59 @@ func (s *suite) attentionBlocks(t *testing.T, c blocksCase) {
 		if sq.Rows == 0 {
 			continue
 		}
-		k64, v64 := make([]float64, n*kw), make([]float64, n*kw)
-		for j := range n * kw {
-			k64[j], v64[j] = float64(kAll[i][j]), float64(vAll[i][j])
+		k64, err := Stored(dt, kAll[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		v64, err := Stored(dt, vAll[i])
+		if err != nil {
+			t.Fatal(err)
 		}
 		want := RefAttention(qs[row*qw:(row+sq.Rows)*qw], k64, v64, sq.Rows, c.heads, c.kvHeads, c.headDim, sq.Pos0, float64(scale))
 		s.compare(t, fmt.Sprintf("sequence %d", i), got[row*qw:(row+sq.Rows)*qw], want)
 		for j := sq.Pos0; j < n; j++ {
 			src := (int(sq.Blocks[j/bs])*bs + j%bs) * kw
 			for e := range kw {
-				if gk[src+e] != kAll[i][j*kw+e] || gv[src+e] != vAll[i][j*kw+e] {
-					t.Fatalf("sequence %d position %d: pool slot %d holds key %v value %v, want %v %v", i, j, src/kw, gk[src+e], gv[src+e], kAll[i][j*kw+e], vAll[i][j*kw+e])
+				if float64(gk[src+e]) != k64[j*kw+e] || float64(gv[src+e]) != v64[j*kw+e] {
+					t.Fatalf("sequence %d position %d: pool slot %d holds key %v value %v, want %v %v", i, j, src/kw, gk[src+e], gv[src+e], k64[j*kw+e], v64[j*kw+e])
 				}
 			}
 		}
 		row += sq.Rows
 	}
+}
+
+// putPool uploads a pool of rows of width values in dtype dt: the rows of
+// v that hold a NaN are uploaded with all bits set (NaN in every float
+// type, a NaN scale in the 8-bit ones, which Encode refuses to write).
+func (s *suite) putPool(t *testing.T, dt tensor.DType, rows, width int, v []float32) *tensor.Tensor {
+	t.Helper()
+	finite := append([]float32(nil), v...)
+	unset := make([]bool, rows)
+	for i, x := range finite {
+		if x != x {
+			finite[i], unset[i/width] = 0, true
+		}
+	}
+	enc, err := Encode(dt, finite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := len(enc) / rows
+	for r, u := range unset {
+		if u {
+			for i := r * rb; i < (r+1)*rb; i++ {
+				enc[i] = 0xff
+			}
+		}
+	}
+	x, err := s.b.Alloc(dt, tensor.Shape{rows, width})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.b.Free(x) })
+	if err := s.b.Upload(x, 0, enc); err != nil {
+		t.Fatal(err)
+	}
+	return x
 }

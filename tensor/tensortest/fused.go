@@ -236,6 +236,8 @@ func (s *suite) testFused(t *testing.T) {
 		// A Q8_0 cache: the fused operation quantizes the rotated keys
 		// as CopyRows does.
 		{1, 8, 2, 64, 9, true, tensor.Q8_0}, {5, 4, 2, 16, 2, false, tensor.Q8_0},
+		// Q8_B8: blocks of 8, heads of 12 start inside one.
+		{1, 8, 2, 64, 9, true, tensor.Q8_B8}, {3, 4, 2, 12, 5, false, tensor.Q8_B8},
 	} {
 		if c.cache != tensor.F32 && !slices.Contains(s.cfg.cacheTypes, c.cache) {
 			continue

@@ -6,12 +6,22 @@ import (
 	"math"
 
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // Encode returns the little-endian bytes of v stored as dt (F32, F16 or
-// BF16, which round to nearest even; or a quantized type, whole blocks that
-// quant's reference quantizer writes).
+// BF16, which round to nearest even; or a quantized type or Q8_B8, whole
+// blocks that quant's reference quantizer writes).
 func Encode(dt tensor.DType, v []float32) ([]byte, error) {
+	if dt == tensor.Q8_B8 {
+		n, err := dt.Bytes(int64(len(v)))
+		if err != nil {
+			return nil, fmt.Errorf("tensortest: encode %d values as %v: %w", len(v), dt, err)
+		}
+		b := make([]byte, n)
+		quant.QuantizeQ8B8(b, v)
+		return b, nil
+	}
 	if dt.IsQuantized() {
 		q, _ := dt.Quant()
 		n, err := q.Bytes(int64(len(v)))
@@ -48,8 +58,16 @@ func Encode(dt tensor.DType, v []float32) ([]byte, error) {
 }
 
 // Decode converts the little-endian bytes of values of float type dt to
-// float32, or dequantizes whole blocks of a quantized type.
+// float32, or dequantizes whole blocks of a quantized type or Q8_B8.
 func Decode(dt tensor.DType, b []byte) ([]float32, error) {
+	if dt == tensor.Q8_B8 {
+		if len(b)%quant.BlockBytesQ8B8 != 0 {
+			return nil, fmt.Errorf("tensortest: decode %v: %d bytes are not whole blocks", dt, len(b))
+		}
+		out := make([]float32, len(b)/quant.BlockBytesQ8B8*quant.QB8)
+		quant.DequantizeQ8B8(out, b)
+		return out, nil
+	}
 	if dt.IsQuantized() {
 		q, _ := dt.Quant()
 		out := make([]float32, len(b)/q.BlockBytes()*q.BlockSize())

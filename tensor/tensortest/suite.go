@@ -56,13 +56,13 @@ func QuantizedActivations() Option { return func(c *config) { c.quantizesX = tru
 
 // CacheTypes lists the KV cache dtypes the backend's Attention reads and
 // its CopyRows appends to, when it is not all of tensor.IsCacheDType's
-// (F32, F16, BF16, Q8_0).
+// (F32, F16, BF16, Q8_0, Q8_B8).
 func CacheTypes(dts ...tensor.DType) Option {
 	return func(c *config) { c.cacheTypes = append([]tensor.DType(nil), dts...) }
 }
 
 // cacheTypes are the KV cache dtypes tensor.IsCacheDType allows.
-var cacheTypes = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0}
+var cacheTypes = []tensor.DType{tensor.F32, tensor.F16, tensor.BF16, tensor.Q8_0, tensor.Q8_B8}
 
 func newConfig(opts []Option) config {
 	c := config{tol: 1e-5, quantTypes: QuantWeightTypes(), fusedTol: 1e-5, cacheTypes: cacheTypes}
@@ -476,8 +476,9 @@ func (s *suite) testCopyRows(t *testing.T) {
 
 // testKVAppend checks CopyRows from F32 rows into each narrow cache dtype:
 // the rows it writes are the values encoded as Encode does (F16 and BF16
-// rounded to nearest even, Q8_0 quantized as quant.QuantizeQ8_0), byte for
-// byte, and the rows around them are untouched.
+// rounded to nearest even, Q8_0 and Q8_B8 quantized as quant.QuantizeQ8_0
+// and quant.QuantizeQ8B8), byte for byte, and the rows around them are
+// untouched.
 func (s *suite) testKVAppend(t *testing.T) {
 	cases := []struct {
 		width, rows, dstRow, srcRow, n int
@@ -486,12 +487,16 @@ func (s *suite) testKVAppend(t *testing.T) {
 		{width: 256, rows: 5, dstRow: 4, srcRow: 0, n: 1},    // decode: one row
 		{width: 1024, rows: 40, dstRow: 0, srcRow: 0, n: 33}, // prefill of an odd length
 		{width: 32, rows: 3, dstRow: 1, srcRow: 2, n: 0},
+		{width: 24, rows: 6, dstRow: 2, srcRow: 1, n: 3}, // blocks of 8 only
 	}
 	for _, dt := range s.cfg.cacheTypes {
 		if dt == tensor.F32 {
 			continue // the plain copy of testCopyRows
 		}
 		for _, c := range cases {
+			if c.width%dt.BlockSize() != 0 {
+				continue
+			}
 			t.Run(fmt.Sprintf("%v/w%d_rows%d_at%d_n%d", dt, c.width, c.rows, c.dstRow, c.n), func(t *testing.T) {
 				r := rng(t)
 				// Large values in a few channels, as real keys have.
@@ -577,9 +582,16 @@ func (s *suite) testAttention(t *testing.T) {
 		{name: "decode-rows", heads: 8, kvHeads: 8, headDim: 64, pos0: 2049, t: 3, maxPos: 2060},
 		{name: "decode-short", heads: 8, kvHeads: 2, headDim: 64, pos0: 5, t: 1, maxPos: 8},
 		{name: "large-scores", heads: 4, kvHeads: 1, headDim: 64, pos0: 600, t: 2, maxPos: 610, qScale: 4, scale: 1},
+		// Heads of 12 and 40: the second KV head starts inside a block of
+		// 8 (blocks of 8 only).
+		{name: "odd-heads", heads: 4, kvHeads: 2, headDim: 12, pos0: 9, t: 5, maxPos: 16},
+		{name: "odd-heads", heads: 6, kvHeads: 3, headDim: 40, pos0: 70, t: 1, maxPos: 80},
 	}
 	for _, dt := range s.cfg.cacheTypes {
 		for _, c := range long {
+			if c.kvHeads*c.headDim%dt.BlockSize() != 0 {
+				continue
+			}
 			c.cache = dt
 			t.Run(fmt.Sprintf("%v/%s/H%d_KV%d_D%d_pos%d_T%d", dt, c.name, c.heads, c.kvHeads, c.headDim, c.pos0, c.t), func(t *testing.T) {
 				s.attention(t, c)
@@ -590,7 +602,7 @@ func (s *suite) testAttention(t *testing.T) {
 
 // putCache uploads the first filled values of a [maxPos, width] cache in
 // dtype dt, the rows past them all bits set (NaN in every float type, and
-// a NaN scale in Q8_0), and returns the values as stored.
+// a NaN scale in Q8_0 and Q8_B8), and returns the values as stored.
 func (s *suite) putCache(t *testing.T, dt tensor.DType, maxPos, width int, v []float32) (*tensor.Tensor, []float64) {
 	t.Helper()
 	enc, err := Encode(dt, v)

@@ -87,7 +87,7 @@ func (m *MemoryFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&m.ConfigFile, "config", "", "YAML config `file` with a memory: section; flags override it")
 	fs.StringVar(&m.Mode, "memory-mode", "", "explicit, unified or unified-noprefetch (unified needs a device with unified memory, such as cuda)")
 	fs.StringVar(&m.KVCache, "kv-cache", "", "where the KV cache lives: device (the default: all of it in the budget), host (every block's in host memory: decode attends on the CPU, prefill uploads it) or auto (the planner chooses per block from the measured rates)")
-	fs.StringVar(&m.KVDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16 or q8_0 (8-bit blocks of 32 with an F16 scale, 8.5 bits a value)")
+	fs.StringVar(&m.KVDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16, q8_b8 (8-bit blocks of 8 with an F16 scale, 10 bits a value) or q8_0 (blocks of 32, 8.5 bits a value)")
 	fs.StringVar(&m.ExpertPolicy, "expert-policy", "", "a mixture of experts' expert cache `policy`: lru (the default) or lfu (aged use counts: better when a few experts are popular)")
 	fs.StringVar(&m.ExpertsCPU, "experts-cpu", "", "a mixture of experts: when an expert missing from the device's cache is computed on the CPU from host memory instead of uploaded: auto (the default: when the measured rates predict it sooner, as in decode), never or always")
 }

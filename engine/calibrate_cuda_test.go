@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/strata-llm/strata/tensor"
+)
+
+// TestCUDACalibratedRates measures, on a GPU host, what the hybrid
+// planner predicts a 7B-shape F16 block on the CPU with: MeasureRates'
+// rates, then CalibrateCPU over the same pinned copies of the block (the
+// fixed cost a block beyond its bytes at the CPU rate, the attention's
+// rate over an F16 KV cache). It logs them with the time they predict for
+// one block alone and beside copies, to set against the CPU stage's time
+// per block in a bench run (bench: measured_ms_per_token["cpu"] over the
+// CPU layers). STRATA_THREADS sets the CPU's threads (default every core).
+// It skips without a CUDA device.
+func TestCUDACalibratedRates(t *testing.T) {
+	gpu, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer gpu.Close()
+	threads, _ := strconv.Atoi(os.Getenv("STRATA_THREADS"))
+	cpu := tensor.NewCPU(threads)
+	defer cpu.Close()
+	for _, preset := range []string{"tinyllama-1.1b", "llama2-7b"} {
+		cfg, block := presetBlock(t, preset, tensor.F16)
+		var blockBytes int64
+		for _, ts := range block {
+			blockBytes += ts.Bytes
+		}
+		t0 := time.Now()
+		r, err := MeasureCalibratedRates(context.Background(), gpu, cpu, tensor.F16, cfg, tensor.F16, 8192, block)
+		if err != nil {
+			t.Fatalf("%s: %v", preset, err)
+		}
+		took := time.Since(t0)
+		alone := float64(blockBytes)/r.CPU*1e3 + float64(r.CPULayer)/1e6
+		shared := float64(blockBytes)/r.CPUShared*1e3 + float64(r.CPULayer)/1e6
+		kvPerPos := float64(2 * 2 * cfg.KVDim())
+		t.Logf("%s (%d threads, measured in %v): H2D %.1f GB/s (%.1f beside the CPU), CPU %.1f GB/s (%.1f beside copies), device %.0f GB/s, hand-over %v",
+			preset, cpu.Threads(), took.Round(time.Millisecond), r.H2D/1e9, r.H2DShared/1e9, r.CPU/1e9, r.CPUShared/1e9, r.Device/1e9, r.Handoff)
+		t.Logf("%s: a block of %.0f MB: %.3f ms fixed besides its bytes; predicted %.2f ms alone (%.1f GB/s), %.2f ms beside copies (%.1f GB/s); attention %.1f GB/s of F16 KV (%.2f ms a block at 8,000 positions)",
+			preset, float64(blockBytes)/1e6, float64(r.CPULayer)/1e6, alone, float64(blockBytes)/alone/1e6, shared, float64(blockBytes)/shared/1e6,
+			r.CPUAttention/1e9, kvPerPos*8000/max(r.CPUAttention, 1)*1e3)
+		if r.CPU <= 0 || r.CPUShared <= 0 || r.H2D <= 0 {
+			t.Errorf("%s: rates %+v", preset, r)
+		}
+		// A block's fixed cost is a small part of its time: a millisecond
+		// or two on a 7B block at ~100 GB/s (4 ms of bytes), not tens.
+		if r.CPULayer < 0 || r.CPULayer > 20*time.Millisecond {
+			t.Errorf("%s: fixed cost %v a block", preset, r.CPULayer)
+		}
+		// The 7B block's KV at 4,096 positions (64 MiB in F16) is timed:
+		// the attention reads it no faster than several times the CPU's
+		// rate (caches), and not at a crawl.
+		if preset == "llama2-7b" && (r.CPUAttention < 1e9 || r.CPUAttention > 4*r.CPU) {
+			t.Errorf("%s: attention %.3g bytes/s against a CPU rate of %.3g", preset, r.CPUAttention, r.CPU)
+		}
+		if took > time.Minute {
+			t.Errorf("%s: measuring took %v", preset, took)
+		}
+	}
+}

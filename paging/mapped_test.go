@@ -1,0 +1,209 @@
+package paging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// mappedFake is a stagedFake that page-locks host memory
+// (tensor.HostRegistrar): it records what is registered, fails the
+// registration numbered failAt (from 1; 0 never), and counts
+// unregistrations, flagging one called twice.
+type mappedFake struct {
+	*stagedFake
+	mu           sync.Mutex
+	registered   int
+	live         int
+	failAt       int
+	unregistered int
+	twice        bool
+}
+
+func (f *mappedFake) RegisterHost(b []byte) (func() error, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.registered++
+	if f.registered == f.failAt {
+		return nil, fmt.Errorf("register: %w", errInjected)
+	}
+	f.live++
+	done := false
+	return func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if done {
+			f.twice = true
+			return errors.New("unregistered twice")
+		}
+		done = true
+		f.live--
+		f.unregistered++
+		return nil
+	}, nil
+}
+
+// mappedSrc is a slowSource whose tensors lie in regions of host memory
+// (two: the layers before and from the middle), each tensor's bytes its
+// pattern; inPlace says which tensors it gives in place, fail fails
+// MappedTensor.
+type mappedSrc struct {
+	*slowSource
+	regions [][]byte
+	at      map[string][]byte // "layer/name" -> the tensor's bytes in a region
+	inPlace func(l int, name string) bool
+	mu      sync.Mutex
+	fail    func(l int, name string) error
+}
+
+func newMappedSrc(s *slowSource, inPlace func(l int, name string) bool) *mappedSrc {
+	m := &mappedSrc{slowSource: s, at: map[string][]byte{}, inPlace: inPlace}
+	half := len(s.layers) / 2
+	for _, ls := range [][2]int{{0, half}, {half, len(s.layers)}} {
+		var region []byte
+		for l := ls[0]; l < ls[1]; l++ {
+			for _, sp := range s.layers[l] {
+				region = append(region, s.pattern(l, sp.Name, sp.Bytes)...)
+			}
+		}
+		off := 0
+		for l := ls[0]; l < ls[1]; l++ {
+			for _, sp := range s.layers[l] {
+				m.at[fmt.Sprintf("%d/%s", l, sp.Name)] = region[off : off+int(sp.Bytes) : off+int(sp.Bytes)]
+				off += int(sp.Bytes)
+			}
+		}
+		m.regions = append(m.regions, region)
+	}
+	return m
+}
+
+func (m *mappedSrc) MappedRegions() [][]byte { return m.regions }
+
+func (m *mappedSrc) MappedTensor(l int, name string) ([]byte, bool, error) {
+	m.mu.Lock()
+	fail := m.fail
+	m.mu.Unlock()
+	if fail != nil {
+		if err := fail(l, name); err != nil {
+			return nil, false, err
+		}
+	}
+	if !m.inPlace(l, name) {
+		return nil, false, nil
+	}
+	return m.at[fmt.Sprintf("%d/%s", l, name)], true, nil
+}
+
+// TestStagingMapped: from a MappedSource on a backend that page-locks
+// host memory, the staging ring registers the source's regions and copies
+// the tensors the source gives in place straight from them (no read, no
+// staging buffer), the others through the ring as before; every layer
+// holds its bytes. A registration that fails undoes those done and every
+// tensor is read; Options.NoMappedUploads registers nothing; a fault in
+// MappedTensor fails the Acquire with the package's prefix and leaves the
+// pager working. Close unregisters each region once.
+func TestStagingMapped(t *testing.T) {
+	all := func(int, string) bool { return true }
+	even := func(_ int, name string) bool { return name[len(name)-1]%2 == 0 } // t0, t2, t4, t6 of each layer
+	cases := []struct {
+		name       string
+		inPlace    func(int, string) bool
+		opts       Options
+		failAt     int
+		mappedPart float64 // of the bytes moved
+		registered bool
+	}{
+		{"every tensor in place", all, Options{}, 0, 1, true},
+		{"half in place", even, Options{}, 0, 0.5, true},
+		{"second registration fails", all, Options{}, 2, 0, false},
+		{"first registration fails", all, Options{}, 1, 0, false},
+		{"NoMappedUploads", all, Options{NoMappedUploads: true}, 0, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			be := &mappedFake{stagedFake: newStagedFake(2 * time.Microsecond), failAt: tc.failAt}
+			base := stagedModel(6)
+			slow := &slowSource{synthSource: base, perKiB: 2 * time.Microsecond, fake: be.stagedFake}
+			src := newMappedSrc(slow, tc.inPlace)
+			plan, err := Plan(smallDims(base, base.NumLayers()), 1<<30, StrategyAggressive, 16, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bg := newBudget(t, be, 1<<30, "fake")
+			p, err := NewPager(src, bg, plan, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &stagedRig{be: be.stagedFake, src: slow, plan: plan, bg: bg, p: p, free: nnReserve(t, bg, plan)}
+			defer r.close(t)
+			r.scan(t, 3, 0)
+			r.staged(t)
+			st := p.Stats()
+			moved := st.BytesHostToDevice
+			var regionBytes int64
+			for _, g := range src.regions {
+				regionBytes += int64(len(g))
+			}
+			t.Logf("moved %d: %d in place, %d staged, %d read; %d registered", moved, st.BytesMapped, st.BytesStaged, base.reads.Load(), st.MappedBytes)
+			// A prefetch dropped part way (stale, or without room) moves
+			// part of a layer: half in place is about half.
+			if got := float64(st.BytesMapped) / float64(moved); math.Abs(got-tc.mappedPart) > 0.05 || (got == 0) != (tc.mappedPart == 0) || (got == 1) != (tc.mappedPart == 1) {
+				t.Errorf("%.2f of the bytes moved copied in place, want %.2f", got, tc.mappedPart)
+			}
+			if st.BytesMapped+st.BytesStaged != moved || base.reads.Load() < st.BytesStaged || (st.BytesStaged == 0) != (base.reads.Load() == 0) {
+				t.Errorf("moved %d = %d in place + %d staged? %d read", moved, st.BytesMapped, st.BytesStaged, base.reads.Load())
+			}
+			// Copied in place, the buffers are pinned when a load first
+			// needs one.
+			if (st.StagingSlots == 0) != (tc.mappedPart == 1) {
+				t.Errorf("%d staging buffers pinned with %.0f%% of the bytes copied in place", st.StagingSlots, 100*tc.mappedPart)
+			}
+			if _, _, pinned := be.outstanding(); pinned != st.StagingBytes {
+				t.Errorf("the backend holds %d pinned bytes, the ring reports %d", pinned, st.StagingBytes)
+			}
+			if want := map[bool]int64{true: regionBytes}[tc.registered]; st.MappedBytes != want {
+				t.Errorf("Stats: %d bytes page-locked, want %d", st.MappedBytes, want)
+			}
+			if sum := Summary(bg); strings.Contains(sum, "page-locked") != tc.registered {
+				t.Errorf("the summary reports the mapped files: %v, want %v:\n%s", !tc.registered, tc.registered, sum)
+			}
+			if tc.registered {
+				// A fault in MappedTensor: the Acquire fails, the next ones
+				// work.
+				var once sync.Once
+				src.mu.Lock()
+				src.fail = func(l int, name string) error {
+					var err error
+					if l == 3 {
+						once.Do(func() { err = fmt.Errorf("mapping: %w", errInjected) })
+					}
+					return err
+				}
+				src.mu.Unlock()
+				_, err := p.Acquire(context.Background(), 3)
+				if !errors.Is(err, errInjected) || !strings.HasPrefix(err.Error(), "paging: layer 3 tensor ") {
+					t.Errorf("acquire with a fault in MappedTensor: %v, want the fault with the package's prefix", err)
+				}
+				if err := settle(p); err != nil {
+					t.Fatal(err)
+				}
+				r.scan(t, 2, 0)
+			}
+			r.close(t)
+			be.mu.Lock()
+			defer be.mu.Unlock()
+			if be.live != 0 || be.twice {
+				t.Errorf("after Close: %d regions still registered, one unregistered twice %v", be.live, be.twice)
+			}
+			if tc.registered && be.unregistered != len(src.regions) {
+				t.Errorf("%d regions unregistered, want %d", be.unregistered, len(src.regions))
+			}
+		})
+	}
+}
