@@ -6,13 +6,16 @@ import (
 	"math"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/strata-llm/strata/arch"
 	_ "github.com/strata-llm/strata/cuda" // the "cuda" device driver, built with -tags cuda
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
+	"github.com/strata-llm/strata/tensor/quant"
 )
 
 // TestCUDAHybridFixtures runs the fixtures (Llama, Qwen3 and the mixtures
@@ -188,5 +191,238 @@ func TestCUDAExpertPaging(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestCUDAQuantizedExperts runs the Mixtral and Qwen3-MoE fixtures
+// converted to Q8_0 GGUF (the experts in Q8_0, in their stored size in
+// the expert cache) on a GPU with a cache of a few experts: the logits at
+// every prompt position are within 2e-2 of the same file run on the CPU,
+// whose quantized products are the reference, and a few decode steps
+// move the bytes of the missed and prefetched Q8_0 experts only. It
+// skips without a CUDA device.
+func TestCUDAQuantizedExperts(t *testing.T) {
+	gpu, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer gpu.Close()
+	ctx := context.Background()
+	prompt := []int32{1, 5, 9, 200, 3, 77, 18, 42, 7, 300, 11}
+	for _, name := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		t.Run(name, func(t *testing.T) {
+			lm := openGGUF(t, name, quant.Q8_0)
+			const ctxLen, chunk = 32, 4
+			cpu, err := Open(ctx, lm, Options{Backends: cpus(1), Context: ctxLen, Chunk: chunk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cpu.Close()
+			cs, err := cpu.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := cs.Forward(ctx, prompt, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := lm.Config.MoE.ExpertsPerToken
+			p, err := paging.Plan(mustInfo(t, lm), 1<<40, paging.StrategyBalanced, ctxLen, 1, paging.WithChunkTokens(chunk),
+				paging.WithDevice(gpu), paging.WithExpertCache(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			budget := p.PredictedPeakBytes - p.ExpertCacheBytes + int64(k+2)*p.ExpertSlotBytes
+			e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: chunk, Memory: Memory{Budgets: []int64{budget}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits, err := s.Forward(ctx, prompt, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var worst float64
+			for i := range want {
+				worst = max(worst, math.Abs(float64(logits[i]-want[i])))
+			}
+			t.Logf("Q8_0 experts: logits at %d positions, max abs difference from the CPU %.3g (bound 2e-2)", len(prompt), worst)
+			if !(worst <= 2e-2) {
+				t.Errorf("logits differ from the CPU's by %g, want <= 2e-2", worst)
+			}
+			last := logits[len(logits)-lm.Config.VocabSize:]
+			for range 6 {
+				if last, err = s.Forward(ctx, []int32{int32(nn.Argmax(last))}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			x := e.Experts()
+			t.Logf("%s; one expert %d bytes", x, x.ExpertBytes)
+			if x == nil || x.Slots >= x.Experts || x.Misses == 0 || x.BytesMoved != (x.Misses+x.Prefetches)*x.ExpertBytes {
+				t.Errorf("experts did not page as counted: %+v", x)
+			}
+			if e.Devices()[0].PeakDeviceBytes > budget {
+				t.Errorf("peak %d over the budget %d", e.Devices()[0].PeakDeviceBytes, budget)
+			}
+		})
+	}
+}
+
+// TestCUDAExpertsOnCPU runs the Mixtral and Qwen3-MoE fixtures on a GPU
+// with a cache of a few experts and the missing experts uploaded (never),
+// computed on the CPU (always) or as the measured rates say (auto): the
+// logits at every prompt position are within the GPU tolerance (2e-2) of
+// transformers', always counts experts on the CPU and never none, and
+// nothing stays pinned. It logs each policy's report and the rates auto
+// decided with. It skips without a CUDA device.
+func TestCUDAExpertsOnCPU(t *testing.T) {
+	gpu, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer gpu.Close()
+	ctx := context.Background()
+	for _, name := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		lm := openFixture(t, name)
+		ids, wantLogits := fixtureReference(t, name)
+		k := lm.Config.MoE.ExpertsPerToken
+		for _, policy := range []paging.ExpertCPUPolicy{paging.ExpertCPUNever, paging.ExpertCPUAlways, paging.ExpertCPUAuto} {
+			t.Run(name+"/"+string(policy), func(t *testing.T) {
+				const ctxLen, chunk = 32, 4
+				p, err := paging.Plan(mustInfo(t, lm), 1<<40, paging.StrategyBalanced, ctxLen, 1, paging.WithChunkTokens(chunk),
+					paging.WithDevice(gpu), paging.WithExpertCache(k))
+				if err != nil {
+					t.Fatal(err)
+				}
+				budget := p.PredictedPeakBytes - p.ExpertCacheBytes + int64(k+2)*p.ExpertSlotBytes
+				e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: chunk,
+					Memory: Memory{Budgets: []int64{budget}, ExpertsCPU: policy}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				if r := e.expertRates; r != nil {
+					t.Logf("rates: H2D %.1f GB/s, CPU %.1f GB/s, hand-over %v", r.H2D/1e9, r.CPU/1e9, r.Handoff)
+				}
+				s, err := e.NewSession()
+				if err != nil {
+					t.Fatal(err)
+				}
+				logits, err := s.Forward(ctx, ids, true, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var worst float64
+				for i := range wantLogits {
+					worst = max(worst, math.Abs(float64(logits[i]-wantLogits[i])))
+				}
+				t.Logf("logits: max abs difference from transformers %.3g (bound 2e-2)", worst)
+				if !(worst <= 2e-2) {
+					t.Errorf("logits differ from transformers by %g, want <= 2e-2", worst)
+				}
+				last := logits[len(logits)-lm.Config.VocabSize:]
+				for range 6 {
+					if last, err = s.Forward(ctx, []int32{int32(nn.Argmax(last))}, false, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+				x := e.Experts()
+				st := e.Stats()
+				t.Logf("%s; %d experts on the CPU for %d tokens", x, st.ExpertsOnCPU, st.ExpertCPUTokens)
+				switch {
+				case policy == paging.ExpertCPUAlways && st.ExpertsOnCPU == 0, policy == paging.ExpertCPUNever && st.ExpertsOnCPU != 0:
+					t.Errorf("policy %s: %d experts on the CPU", policy, st.ExpertsOnCPU)
+				case st.ExpertsPinned != 0:
+					t.Errorf("%d experts left pinned", st.ExpertsPinned)
+				case e.Devices()[0].PeakDeviceBytes > budget:
+					t.Errorf("peak %d over the budget %d", e.Devices()[0].PeakDeviceBytes, budget)
+				}
+			})
+		}
+	}
+}
+
+// TestCUDAExpertsOnCPUDecode times decode on a GPU of a synthetic
+// mixture of experts large enough for the link to matter (4 blocks of 32
+// experts of 3 x 1024 x 2048 F16, 12 MiB each, a cache of a quarter of
+// them, uniform synthetic routing) with each policy for missing experts,
+// and logs tok/s, misses and experts on the CPU per token and the rates:
+// whether the CPU path pays in decode, and whether auto takes the faster.
+// Its assertion is on the counts only (always puts experts on the CPU,
+// never none). It skips without a CUDA device.
+func TestCUDAExpertsOnCPUDecode(t *testing.T) {
+	gpu, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer gpu.Close()
+	ctx := context.Background()
+	c, err := arch.Preset("mixtral-8x7b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.NumLayers, c.HiddenSize, c.NumHeads, c.NumKVHeads, c.HeadDim, c.IntermediateSize, c.VocabSize = 4, 1024, 8, 2, 128, 2048, 4096
+	c.MoE.Experts, c.MoE.ExpertSize = 32, 2048
+	c.MoE.Synthetic = &arch.SyntheticRouting{Seed: 1}
+	dir := t.TempDir()
+	if err := loader.Synthesize(ctx, dir, c, loader.SynthOptions{DType: tensor.F16, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	lm, err := loader.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	const ctxLen, chunk, steps = 160, 64, 64
+	p, err := paging.Plan(mustInfo(t, lm), 1<<40, paging.StrategyBalanced, ctxLen, 1, paging.WithChunkTokens(chunk),
+		paging.WithDevice(gpu), paging.WithExpertCache(c.MoE.ExpertsPerToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := p.PredictedPeakBytes - p.ExpertCacheBytes + int64(c.NumLayers*c.MoE.Experts/4)*p.ExpertSlotBytes
+	prompt := make([]int32, 64)
+	for i := range prompt {
+		prompt[i] = int32(1 + 37*i%4000)
+	}
+	for _, policy := range []paging.ExpertCPUPolicy{paging.ExpertCPUNever, paging.ExpertCPUAlways, paging.ExpertCPUAuto} {
+		t.Run(string(policy), func(t *testing.T) {
+			e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: chunk,
+				Memory: Memory{Budgets: []int64{budget}, ExpertsCPU: policy}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			last, err := s.Forward(ctx, prompt, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prefill := time.Since(start)
+			before := e.Experts()
+			start = time.Now()
+			for range steps {
+				if last, err = s.Forward(ctx, []int32{int32(nn.Argmax(last))}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			decode := time.Since(start)
+			x := e.Experts().Since(before, steps)
+			if r := e.expertRates; r != nil {
+				t.Logf("rates: H2D %.1f GB/s, CPU %.1f GB/s, hand-over %v", r.H2D/1e9, r.CPU/1e9, r.Handoff)
+			}
+			t.Logf("policy %s: prefill of %d in %v; decode %.1f tok/s; %s", policy, len(prompt), prefill.Round(time.Millisecond),
+				float64(steps)/decode.Seconds(), x)
+			if (x.OnCPU > 0) != (policy == paging.ExpertCPUAlways) && policy != paging.ExpertCPUAuto {
+				t.Errorf("policy %s: %d experts on the CPU in decode", policy, x.OnCPU)
+			}
+		})
 	}
 }

@@ -47,6 +47,12 @@ type Memory struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture
 	// of experts; "" is paging.DefaultExpertPolicy.
 	ExpertPolicy paging.ExpertPolicy
+	// ExpertsCPU says when an expert missing from a device's expert
+	// cache is computed on the CPU from host memory instead of uploaded:
+	// "" or paging.ExpertCPUAuto when the rates (Options.Rates, or
+	// measured at Open on a GPU whose experts page) predict the CPU
+	// first, as in decode; ExpertCPUNever; ExpertCPUAlways.
+	ExpertsCPU paging.ExpertCPUPolicy
 	// KVCache places the KV cache: "" or paging.KVDevice keeps it all on
 	// the device; KVHost keeps every block's in host memory; KVAuto lets
 	// the planner choose per block (see paging.KVAuto): with the rates
@@ -180,6 +186,11 @@ type Engine struct {
 	hostAlloc *pinnedHost
 	kv        *KVReport     // the KV cache's placement, nil when all on the devices
 	kvRates   *paging.Rates // the rates KVAuto planned with
+	expertCPU bool          // a pager may hand missing experts to e.cpu
+	// expertRates are the rates measured for deciding where missing
+	// experts are computed (Memory.ExpertsCPU auto), when nothing else
+	// measured them.
+	expertRates *paging.Rates
 
 	mu       sync.Mutex
 	sessions map[Session]bool
@@ -316,10 +327,13 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if err != nil {
 			return nil, err
 		}
-		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan,
-			paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy,
-				StagingReaders: o.Memory.StagingReaders, StagingPiece: o.Memory.StagingPiece, StagingSlots: o.Memory.StagingSlots,
-				NoMappedUploads: o.Memory.NoMappedUploads})
+		popts := paging.Options{HostCacheBytes: hostCache, ExpertPolicy: o.Memory.ExpertPolicy,
+			StagingReaders: o.Memory.StagingReaders, StagingPiece: o.Memory.StagingPiece, StagingSlots: o.Memory.StagingSlots,
+			NoMappedUploads: o.Memory.NoMappedUploads}
+		if popts.ExpertsCPU, popts.Rates, err = e.expertsCPU(ctx, b, plan, info.Stage(p)); err != nil {
+			return nil, err
+		}
+		srv, err := paging.NewServer(ctx, e.mode, nn.StageSource(nn.Source(lm), p.Layers), bud, plan, popts)
 		if err != nil {
 			return nil, err
 		}
@@ -343,11 +357,17 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		if e.model, err = nn.New(cfg, st.Backend, st.Alloc, st.Weights); err == nil && e.kv != nil {
 			err = e.model.SetHostKV(nn.HostKV{Blocks: e.kv.HostBlocks, CPU: e.cpu, Alloc: e.hostAlloc, DeviceMinTokens: e.kv.DeviceMinTokens, DeviceMaxPos: e.kv.DeviceMaxPos})
 		}
+		if err == nil && e.expertCPU {
+			e.model.SetExpertCPU(e.cpu)
+		}
 		if err == nil {
 			e.model.SetGraphs(!o.NoGraphs)
 		}
 	} else if e.pipeline, err = nn.NewPipeline(cfg, e.stages, nn.PipelineOptions{NoPeerCopies: o.NoPeerCopies}); err == nil {
 		e.pipeline.SetGraphs(!o.NoGraphs)
+		if e.expertCPU {
+			e.pipeline.SetExpertCPU(e.cpu)
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -674,6 +694,9 @@ func (e *Engine) Stats() paging.Stats {
 		t.ExpertBytesMoved += st.ExpertBytesMoved
 		t.ExpertBytesPerStep += st.ExpertBytesPerStep
 		t.ExpertMissesPerStep += st.ExpertMissesPerStep
+		t.ExpertsOnCPU += st.ExpertsOnCPU
+		t.ExpertCPUTokens += st.ExpertCPUTokens
+		t.ExpertCPUBytes += st.ExpertCPUBytes
 		if t.ExpertPolicy == "" {
 			t.ExpertPolicy = st.ExpertPolicy
 		}

@@ -1,11 +1,73 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"slices"
 
 	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
+
+// expertsCPU returns the policy and rates for the pager of device b, whose
+// plan is plan over the stage info: for a plan whose experts page
+// (an expert cache of fewer slots than experts) and a policy other than
+// never, it opens the CPU the experts are computed on and, for auto on a
+// device with a copy engine and no rates given, measures the rates over
+// one expert's matrices. Otherwise the policy is never.
+func (e *Engine) expertsCPU(ctx context.Context, b tensor.Backend, plan *paging.PlanResult, info paging.ModelInfo) (paging.ExpertCPUPolicy, *paging.Rates, error) {
+	policy, err := paging.ParseExpertCPUPolicy(string(e.opts.Memory.ExpertsCPU))
+	if err != nil {
+		return "", nil, fmt.Errorf("engine: %w", err)
+	}
+	if policy == paging.ExpertCPUNever || plan.Experts == 0 || plan.ExpertSlots >= plan.Experts {
+		return paging.ExpertCPUNever, nil, nil
+	}
+	if err := e.openCPU(); err != nil {
+		return "", nil, err
+	}
+	e.expertCPU = true
+	rates := e.opts.Rates
+	if rates == nil {
+		rates = e.kvRates
+	}
+	if rates == nil {
+		rates = e.expertRates // measured for another device of the same host
+	}
+	if _, async := tensor.AsyncUpload(b); rates == nil && policy == paging.ExpertCPUAuto && async {
+		// The first expert's matrices, as the CPU computes them; a
+		// quantized one is measured as F16 of its shape (MeasureRates
+		// takes float matrices), its blocks read at about that rate.
+		var one []paging.TensorSpec
+		for _, li := range info.Layers {
+			if len(li.Experts) == 0 {
+				continue
+			}
+			for _, name := range li.Experts[0] {
+				for _, t := range li.Tensors {
+					if t.Name == name {
+						if !t.DType.IsFloat() {
+							t.DType, t.Bytes = tensor.F16, 2*t.Shape.NumElements()
+						}
+						one = append(one, t)
+					}
+				}
+			}
+			break
+		}
+		dt := tensor.F16
+		if len(one) > 0 {
+			dt = one[0].DType
+		}
+		r, err := MeasureRates(ctx, b, e.cpu, dt, e.cfg.HiddenSize, one)
+		if err != nil {
+			return "", nil, err
+		}
+		rates = &r
+		e.expertRates = rates
+	}
+	return policy, rates, nil
+}
 
 // ExpertReport is what a run of a mixture of experts whose experts are
 // paged one by one reports about them (generate's and bench's -json): the
@@ -36,6 +98,12 @@ type ExpertReport struct {
 	// GuessedRight were chosen.
 	Guessed      int64 `json:"guessed"`
 	GuessedRight int64 `json:"guessed_right"`
+	// OnCPU counts the missing experts computed on the CPU instead of
+	// uploaded (Memory.ExpertsCPU), for CPUTokens tokens, CPUBytes of
+	// their weights read from host memory.
+	OnCPU     int64 `json:"on_cpu"`
+	CPUTokens int64 `json:"cpu_tokens"`
+	CPUBytes  int64 `json:"cpu_bytes"`
 
 	// Tokens is the decode steps of the window (Since), 0 for the totals.
 	Tokens           int     `json:"tokens,omitempty"`
@@ -44,6 +112,7 @@ type ExpertReport struct {
 	GuessAccuracy    float64 `json:"guess_accuracy"`
 	// Per decode step of the window.
 	MissesPerToken   float64 `json:"misses_per_token,omitempty"`
+	OnCPUPerToken    float64 `json:"on_cpu_per_token,omitempty"`
 	AcquiresPerToken float64 `json:"acquires_per_token,omitempty"`
 	BytesPerToken    float64 `json:"bytes_per_token,omitempty"`
 
@@ -101,6 +170,7 @@ func (e *Engine) Experts() *ExpertReport {
 	r.Acquires, r.Hits, r.Misses = st.ExpertAcquires, st.ExpertHits, st.ExpertMisses
 	r.Prefetches, r.PrefetchHits, r.BytesMoved = st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertBytesMoved
 	r.Guessed, r.GuessedRight = e.ExpertGuesses()
+	r.OnCPU, r.CPUTokens, r.CPUBytes = st.ExpertsOnCPU, st.ExpertCPUTokens, st.ExpertCPUBytes
 	if len(e.servers) > 1 {
 		for d, srv := range e.servers {
 			st := srv.Stats()
@@ -126,6 +196,9 @@ func (r *ExpertReport) Since(before *ExpertReport, tokens int) *ExpertReport {
 		w.BytesMoved -= before.BytesMoved
 		w.Guessed -= before.Guessed
 		w.GuessedRight -= before.GuessedRight
+		w.OnCPU -= before.OnCPU
+		w.CPUTokens -= before.CPUTokens
+		w.CPUBytes -= before.CPUBytes
 	}
 	w.Devices = slices.Clone(r.Devices)
 	if before != nil && len(before.Devices) == len(w.Devices) {
@@ -153,9 +226,10 @@ func (r *ExpertReport) rates() {
 	r.HitRate = ratio(r.Hits, r.Acquires)
 	r.PrefetchAccuracy = ratio(r.PrefetchHits, r.Prefetches)
 	r.GuessAccuracy = ratio(r.GuessedRight, r.Guessed)
-	r.MissesPerToken, r.AcquiresPerToken, r.BytesPerToken = 0, 0, 0
+	r.MissesPerToken, r.AcquiresPerToken, r.BytesPerToken, r.OnCPUPerToken = 0, 0, 0, 0
 	if n := int64(r.Tokens); n > 0 {
 		r.MissesPerToken = ratio(r.Misses, n)
+		r.OnCPUPerToken = ratio(r.OnCPU, n)
 		r.AcquiresPerToken = ratio(r.Acquires, n)
 		r.BytesPerToken = ratio(r.BytesMoved, n)
 	}
@@ -178,6 +252,11 @@ func (r *ExpertReport) String() string {
 		100*r.HitRate, 100*r.PrefetchAccuracy, 100*r.GuessAccuracy)
 	if r.Tokens > 0 {
 		s += fmt.Sprintf("; per token over %d: %.2f misses, %s moved", r.Tokens, r.MissesPerToken, paging.FormatSize(int64(r.BytesPerToken)))
+		if r.OnCPU > 0 {
+			s += fmt.Sprintf(", %.2f experts on the CPU", r.OnCPUPerToken)
+		}
+	} else if r.OnCPU > 0 {
+		s += fmt.Sprintf("; %d experts on the CPU (%d tokens)", r.OnCPU, r.CPUTokens)
 	}
 	for d, x := range r.Devices {
 		s += fmt.Sprintf("\n  device %d (%s): cache of %d of %d (%s): hit rate %.1f%%, prefetch accuracy %.1f%%", d, x.Device, x.Slots, x.Experts,

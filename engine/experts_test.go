@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 	"github.com/strata-llm/strata/tensor/quant"
 )
 
@@ -214,5 +216,241 @@ func TestOpenPagesGGUFExperts(t *testing.T) {
 				t.Errorf("%d expert bytes moved for %d misses and %d prefetches of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches, eb)
 			}
 		})
+	}
+}
+
+// dequantizedGGUF writes lm (a GGUF model) again as an F32 GGUF file, each
+// tensor's values as lm's dequantized, and opens it: the float model that
+// lm's quantized products approximate.
+func dequantizedGGUF(t *testing.T, lm *loader.Model, tok *loader.Model) *loader.Model {
+	t.Helper()
+	ctx := context.Background()
+	types := map[string]quant.Type{}
+	for _, spec := range lm.Config.ExpectedTensors() {
+		types[spec.Name] = quant.F32
+	}
+	tk, err := tok.Tokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := tk.GGUFVocab(lm.Config.VocabSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "dequantized.gguf")
+	cfg := *lm.Config
+	cfg.DType = tensor.F32
+	err = loader.WriteGGUFModel(ctx, path, loader.GGUFModel{Config: &cfg, Vocab: v, Types: types, FileType: loader.GGUFFileType(quant.F32),
+		Rows: func(spec arch.Spec, r0, r1 int, dst []float32) error {
+			ti, _ := lm.Tensor(spec.Name)
+			return lm.ReadRows(ctx, ti, r0, r1, dst)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := loader.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// relRMS is the RMS of got - want over the RMS of want.
+func relRMS(got, want []float32) float64 {
+	var d, w float64
+	for i := range want {
+		d += (float64(got[i]) - float64(want[i])) * (float64(got[i]) - float64(want[i]))
+		w += float64(want[i]) * float64(want[i])
+	}
+	return math.Sqrt(d / w)
+}
+
+// TestOpenPagesQuantizedExperts: a mixture of experts converted to a Q8_0
+// GGUF file keeps its experts in Q8_0 (Qwen3-MoE's down projections, rows
+// of 48, in F16), pages them one by one in their stored size under a
+// budget that holds a few, and decodes with the logits of the same file
+// run directly, bit for bit; the expert bytes moved are the misses' and
+// prefetches' Q8_0 bytes. Its logits at every prompt position are those
+// of the F32 model of the dequantized weights within 1e-3 relative RMS (the
+// quantized products round the activations to 16 bits per block), and the
+// fixture's own within 3e-2 (the quantization of the weights; measured
+// 1e-4 and 1.8e-2).
+func TestOpenPagesQuantizedExperts(t *testing.T) {
+	prompt := []int32{1, 5, 9, 200, 3, 77, 18}
+	const steps, chunk = 6, 8
+	ctxLen := len(prompt) + steps
+	for _, fixture := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		t.Run(fixture, func(t *testing.T) {
+			src := openFixture(t, fixture)
+			lm := openGGUF(t, fixture, quant.Q8_0)
+			cfg := lm.Config
+			var eb, q8 int64
+			x1 := cfg.LayerExperts(cfg.BlockLayer(0))[1]
+			for _, r := range []arch.Role{arch.ExpertGate, arch.ExpertUp, arch.ExpertDown} {
+				name := x1[r]
+				ti, ok := lm.Tensor(name)
+				if !ok {
+					t.Fatalf("no tensor %s", name)
+				}
+				eb += ti.Size
+				if ti.DType == tensor.Q8_0 {
+					q8++
+					if want, _ := tensor.Q8_0.ShapeBytes(ti.Shape); ti.Size != want {
+						t.Errorf("%s: %d bytes, Q8_0 %v takes %d", name, ti.Size, ti.Shape, want)
+					}
+				}
+			}
+			if q8 < 2 {
+				t.Fatalf("%d of expert 1's projections in Q8_0, want 2 or 3", q8)
+			}
+			want := reference(t, lm, prompt, steps)
+			budget := expertBudget(t, lm, ctxLen, chunk, cfg.MoE.ExpertsPerToken+2)
+			e, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: ctxLen, Chunk: chunk, Memory: Memory{Budgets: []int64{budget}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			total := cfg.NumLayers * cfg.MoE.Experts
+			if st := e.Stats(); st.ExpertsTotal != total || st.ExpertSlots == 0 || st.ExpertSlots >= total {
+				t.Fatalf("stats: %d experts in %d slots, want %d experts in fewer slots", st.ExpertsTotal, st.ExpertSlots, total)
+			}
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, s, prompt, steps)
+			for i := range want {
+				for j := range want[i] {
+					if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+						t.Fatalf("step %d logit %d: %v paged, %v direct", i, j, got[i][j], want[i][j])
+					}
+				}
+			}
+			e.Experts() // settles the prefetches under way
+			st := e.Stats()
+			if st.ExpertMisses == 0 || st.ExpertBytesMoved != (st.ExpertMisses+st.ExpertPrefetches)*eb {
+				t.Errorf("%d expert bytes moved for %d misses and %d prefetches of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches, eb)
+			}
+
+			all := func(m *loader.Model) []float32 {
+				t.Helper()
+				b := tensor.NewCPU(1)
+				defer b.Close()
+				hw, err := nn.LoadWeights(context.Background(), m, b, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer hw.Close()
+				nm, err := nn.New(m.Config, b, nil, hw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s, err := nm.NewSession(len(prompt), chunk)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				l, err := s.Forward(context.Background(), prompt, true, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return l
+			}
+			q, deq, ref := all(lm), all(dequantizedGGUF(t, lm, src)), all(src)
+			dq, dr := relRMS(q, deq), relRMS(q, ref)
+			t.Logf("logits at %d positions: relative RMS %.2e from the dequantized F32 model, %.2e from the fixture's", len(prompt), dq, dr)
+			if dq > 1e-3 || dr > 3e-2 {
+				t.Errorf("relative RMS %.2e from the dequantized model (bound 1e-3), %.2e from the fixture (bound 3e-2)", dq, dr)
+			}
+		})
+	}
+}
+
+// TestOpenExpertsOnCPU: with experts paged under a budget that holds a
+// few, a missing expert is computed on the CPU from host memory instead of
+// uploaded as Memory.ExpertsCPU says: always, never, or auto with rates
+// that make the CPU cheaper (a slow link) or dearer (a slow CPU) than the
+// upload of an expert; on one device and on two. The logits of a prompt
+// and of decode steps are the model's run directly, bit for bit (the
+// device is a CPU too); experts on the CPU are counted in Stats, the
+// report and the summary, and their bytes are not moved: the bytes moved
+// are the misses' and prefetches' only.
+func TestOpenExpertsOnCPU(t *testing.T) {
+	prompt := []int32{1, 5, 9, 200, 3, 77, 18}
+	const steps, chunk = 6, 8
+	ctxLen := len(prompt) + steps
+	slowLink := &paging.Rates{H2D: 1e6, CPU: 1e12}
+	slowCPU := &paging.Rates{H2D: 1e12, CPU: 1e6}
+	for _, fixture := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		lm := openFixture(t, fixture)
+		cfg := lm.Config
+		want := reference(t, lm, prompt, steps)
+		var eb int64
+		x0 := cfg.LayerExperts(cfg.BlockLayer(0))[0]
+		for _, r := range []arch.Role{arch.ExpertGate, arch.ExpertUp, arch.ExpertDown} {
+			ti, _ := lm.Tensor(x0[r])
+			eb += ti.Size
+		}
+		slots := cfg.MoE.ExpertsPerToken + 2
+		for _, tc := range []struct {
+			name    string
+			devices int
+			policy  paging.ExpertCPUPolicy
+			rates   *paging.Rates
+			onCPU   bool // some experts computed on the CPU
+		}{
+			{"always", 1, paging.ExpertCPUAlways, nil, true},
+			{"never", 1, paging.ExpertCPUNever, slowLink, false},
+			{"auto, slow link", 1, paging.ExpertCPUAuto, slowLink, true},
+			{"auto, slow CPU", 1, paging.ExpertCPUAuto, slowCPU, false},
+			{"auto without rates", 1, "", nil, false},
+			{"always, two devices", 2, paging.ExpertCPUAlways, nil, true},
+		} {
+			t.Run(fixture+"/"+tc.name, func(t *testing.T) {
+				budget := expertBudget(t, lm, ctxLen, chunk, tc.devices*slots) / int64(tc.devices)
+				o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: chunk, Rates: tc.rates,
+					Memory: Memory{Budgets: []int64{budget}, ExpertsCPU: tc.policy}}
+				e, err := Open(context.Background(), lm, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					if err := e.Close(); err != nil {
+						t.Error(err)
+					}
+				}()
+				if st := e.Stats(); st.ExpertSlots == 0 || st.ExpertSlots >= st.ExpertsTotal {
+					t.Fatalf("%d slots of %d experts: nothing pages", st.ExpertSlots, st.ExpertsTotal)
+				}
+				s, err := e.NewSession()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := decode(t, s, prompt, steps)
+				for i := range want {
+					for j := range want[i] {
+						if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+							t.Fatalf("step %d logit %d: %v, direct %v", i, j, got[i][j], want[i][j])
+						}
+					}
+				}
+				r := e.Experts()
+				st := e.Stats()
+				t.Logf("%s", r)
+				if (st.ExpertsOnCPU > 0) != tc.onCPU || st.ExpertCPUBytes != st.ExpertsOnCPU*eb || st.ExpertCPUTokens < st.ExpertsOnCPU {
+					t.Errorf("%d experts on the CPU (%d bytes, %d tokens of %d-byte experts), want some: %v", st.ExpertsOnCPU, st.ExpertCPUBytes, st.ExpertCPUTokens, eb, tc.onCPU)
+				}
+				if st.ExpertBytesMoved != (st.ExpertMisses+st.ExpertPrefetches)*eb {
+					t.Errorf("%d expert bytes moved for %d misses and %d prefetches of %d bytes", st.ExpertBytesMoved, st.ExpertMisses, st.ExpertPrefetches, eb)
+				}
+				if r.OnCPU != st.ExpertsOnCPU || tc.onCPU && (!strings.Contains(r.String(), "experts on the CPU") || !strings.Contains(e.Summary(), "experts computed on the CPU")) {
+					t.Errorf("report %+v; summary:\n%s", r, e.Summary())
+				}
+				if st.ExpertsPinned != 0 {
+					t.Errorf("%d experts left pinned", st.ExpertsPinned)
+				}
+			})
+		}
 	}
 }

@@ -255,7 +255,54 @@ func ggufMoE(g *GGUFFile, c *arch.Config, name string, key func(string) string) 
 		norm = b
 	}
 	c.MoE = &arch.MoE{Experts: experts, ExpertsPerToken: perToken, ExpertSize: size, SparseStep: 1, NormTopK: norm}
+	syn, err := ggufSyntheticRouting(md)
+	if err != nil {
+		return err
+	}
+	c.MoE.Synthetic = syn
 	return nil
+}
+
+// The metadata of a synthetic model's routing (arch.SyntheticRouting),
+// which strata writes for synth and llama.cpp ignores: all three or none.
+const (
+	GGUFSyntheticSkew     = "strata.synthetic_routing.skew"     // float64
+	GGUFSyntheticLocality = "strata.synthetic_routing.locality" // float64
+	GGUFSyntheticSeed     = "strata.synthetic_routing.seed"     // uint64
+)
+
+// ggufSyntheticRouting reads the synthetic routing of md, nil when md has
+// none of its keys; some but not all of them is an error naming the first
+// missing.
+func ggufSyntheticRouting(md *GGUFMetadata) (*arch.SyntheticRouting, error) {
+	keys := []string{GGUFSyntheticSkew, GGUFSyntheticLocality, GGUFSyntheticSeed}
+	n := 0
+	for _, k := range keys {
+		if _, ok := md.Get(k); ok {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	for _, k := range keys {
+		if _, ok := md.Get(k); !ok {
+			return nil, fmt.Errorf("metadata %s is missing: synthetic routing needs %s", k, strings.Join(keys, ", "))
+		}
+	}
+	skew, err := md.Float(GGUFSyntheticSkew)
+	if err != nil {
+		return nil, err
+	}
+	loc, err := md.Float(GGUFSyntheticLocality)
+	if err != nil {
+		return nil, err
+	}
+	seed, err := md.Uint(GGUFSyntheticSeed)
+	if err != nil {
+		return nil, err
+	}
+	return &arch.SyntheticRouting{Skew: skew, Locality: loc, Seed: seed}, nil
 }
 
 // ggufCheckQKNorm checks the head size against the per-head query norm of
@@ -427,7 +474,9 @@ func llama3Factors(headDim int, theta float64, s *arch.RopeScaling) []float64 {
 // by: "llama" for Llama, Mistral and Mixtral, "qwen2", "qwen3",
 // "qwen3moe". A Qwen3-MoE with dense blocks (decoder_sparse_step,
 // mlp_only_layers) has none: llama.cpp's qwen3moe has experts in every
-// block; nor has a mixture of experts with synthetic routing.
+// block. A mixture of experts with synthetic routing has its family's,
+// the routing in strata's own keys (GGUFSyntheticSkew and the others),
+// which llama.cpp ignores: it would route with the random router.
 func GGUFArchitecture(c *arch.Config) (string, error) {
 	switch c.Family {
 	case arch.Llama, arch.Mistral:
@@ -437,9 +486,6 @@ func GGUFArchitecture(c *arch.Config) (string, error) {
 	case arch.Qwen3:
 		return "qwen3", nil
 	case arch.Qwen3MoE, arch.Mixtral:
-		if c.MoE != nil && c.MoE.Synthetic != nil {
-			return "", fmt.Errorf("loader: a %v with synthetic routing has no GGUF architecture: llama.cpp's metadata cannot say it", c.Family)
-		}
 		if c.Family == arch.Mixtral {
 			return "llama", nil
 		}
@@ -458,8 +504,8 @@ func GGUFArchitecture(c *arch.Config) (string, error) {
 // the head size when it is not hidden/heads (always for qwen3 and
 // qwen3moe, as llama.cpp's converter writes a config's head_dim), the
 // experts (expert_count, expert_used_count, qwen3moe's
-// expert_feed_forward_length, expert_weights_norm only when false),
-// Mistral's and Mixtral's sliding window,
+// expert_feed_forward_length, expert_weights_norm only when false, and
+// strata's keys of synthetic routing), Mistral's and Mixtral's sliding window,
 // and BOS and EOS (up to three EOS: the end-of-turn and end-of-message
 // ids hold the second and third). A llama3 rope scaling is no metadata
 // but the tensor GGUFRopeFreqs returns.
@@ -491,6 +537,9 @@ func GGUFConfigKVs(c *arch.Config) ([]GGUFKV, error) {
 		}
 		if !m.NormTopK {
 			kvs = append(kvs, GGUFKV{a + ".expert_weights_norm", false})
+		}
+		if syn := m.Synthetic; syn != nil {
+			kvs = append(kvs, GGUFKV{GGUFSyntheticSkew, syn.Skew}, GGUFKV{GGUFSyntheticLocality, syn.Locality}, GGUFKV{GGUFSyntheticSeed, syn.Seed})
 		}
 	}
 	if c.HeadDim*c.NumHeads != c.HiddenSize || c.QKNorm { // llama.cpp writes qwen3's head_dim always

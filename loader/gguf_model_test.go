@@ -718,6 +718,20 @@ func TestGGUFModelRefusesMoE(t *testing.T) {
 		}, loader.ErrMismatch, "blk.2.ffn_down_exps.weight: has shape [8, 96, 64], the config needs 8 experts of [64, 96]"},
 		{"qwen2moe", qwen, func(p *ggufParts) { p.set("general.architecture", "qwen2moe") }, loader.ErrConfig,
 			`"qwen2moe" (a mixture of experts with a shared expert) is not supported yet`},
+		{"synthetic routing without seed", qwen, func(p *ggufParts) {
+			p.set(loader.GGUFSyntheticSkew, 1.2)
+			p.set(loader.GGUFSyntheticLocality, 0.5)
+		}, loader.ErrConfig, "metadata strata.synthetic_routing.seed is missing"},
+		{"synthetic skew a string", mixtral, func(p *ggufParts) {
+			p.set(loader.GGUFSyntheticSkew, "high")
+			p.set(loader.GGUFSyntheticLocality, 0.5)
+			p.set(loader.GGUFSyntheticSeed, uint64(3))
+		}, loader.ErrFormat, "metadata strata.synthetic_routing.skew: is a string, want a float"},
+		{"synthetic locality 1", mixtral, func(p *ggufParts) {
+			p.set(loader.GGUFSyntheticSkew, 1.2)
+			p.set(loader.GGUFSyntheticLocality, 1.0)
+			p.set(loader.GGUFSyntheticSeed, uint64(3))
+		}, loader.ErrConfig, "locality 1 must be in [0, 1)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := fixtureParts(t, tc.fixture, storedTypes)

@@ -309,9 +309,8 @@ func permuteFloats(dst, span []float32, g0, g1, d, cols int) []float32 {
 // without its few Q5_K tensors. A tensor whose rows are not whole blocks
 // of its type is F16 instead (BF16 when c's dtype is BF16, so that no
 // value changes; Q8_0 for a head that cannot be Q6_K but can be Q8_0);
-// so are the routed experts when base is quantized (the loader computes
-// experts in a float type only); fallbacks lists them, one line each, the
-// experts in one line.
+// fallbacks lists them, one line each, a block's experts of one
+// projection (stacked in one tensor, of one type) in one line.
 func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Type, fallbacks []string, err error) {
 	switch base {
 	case quant.F32, quant.F16, quant.BF16, quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
@@ -324,7 +323,6 @@ func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Ty
 		half = quant.BF16
 	}
 	types = map[string]quant.Type{}
-	expertsHalf := false
 	for _, spec := range c.ExpectedTensors() {
 		cols := int64(spec.Shape[len(spec.Shape)-1])
 		want := base
@@ -332,13 +330,6 @@ func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Ty
 		switch {
 		case len(spec.Shape) == 1, spec.Role == arch.Router:
 			types[spec.Name] = quant.F32
-			continue
-		case spec.Role.IsExpert() && base.BlockSize() > 1:
-			types[spec.Name] = half
-			if !expertsHalf {
-				expertsHalf = true
-				fallbacks = append(fallbacks, fmt.Sprintf("routed experts: strata computes them in a float type only: written as %v", half))
-			}
 			continue
 		case head && base != quant.Q8_0 && base.BlockSize() > 1:
 			want = quant.Q6_K
@@ -349,8 +340,16 @@ func GGUFTensorTypes(c *arch.Config, base quant.Type) (types map[string]quant.Ty
 			if head && cols%int64(quant.Q8_0.BlockSize()) == 0 && base.BlockSize() > 1 {
 				typ = quant.Q8_0
 			}
+			name := spec.Name
+			if stacked, ok := GGUFExpertName(spec); ok && spec.Role.IsExpert() {
+				name = stacked // said once, for expert 0
+				if spec.Expert > 0 {
+					types[spec.Name] = typ
+					continue
+				}
+			}
 			fallbacks = append(fallbacks, fmt.Sprintf("%s: rows of %d are not whole %d-element blocks of %v: written as %v",
-				spec.Name, cols, want.BlockSize(), want, typ))
+				name, cols, want.BlockSize(), want, typ))
 		}
 		types[spec.Name] = typ
 	}

@@ -444,11 +444,12 @@ func (m *Model) group() error {
 }
 
 // quantizable reports whether a tensor of the role may be quantized: the
-// weights of the linear layers and the embedding table, not the norms and
-// biases.
+// weights of the linear layers (the routed experts' among them) and the
+// embedding table, not the norms, biases and routers.
 func quantizable(r arch.Role) bool {
 	switch r {
-	case arch.Embed, arch.Q, arch.K, arch.V, arch.O, arch.Gate, arch.Up, arch.Down, arch.LMHead:
+	case arch.Embed, arch.Q, arch.K, arch.V, arch.O, arch.Gate, arch.Up, arch.Down, arch.LMHead,
+		arch.ExpertGate, arch.ExpertUp, arch.ExpertDown:
 		return true
 	}
 	return false

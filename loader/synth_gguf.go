@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/tokenizer"
@@ -51,6 +54,10 @@ func SynthesizeGGUF(ctx context.Context, path string, cfg *arch.Config, base qua
 			return nil, fmt.Errorf("loader: synthesize: %w", err)
 		}
 	}
+	workers := opts.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
 	tables := map[[2]float32]*levelTable{}
 	rows := func(spec arch.Spec, r0, r1 int, dst []float32) error {
 		center, halfWidth := synthInit(c, spec)
@@ -60,12 +67,27 @@ func SynthesizeGGUF(ctx context.Context, path string, cfg *arch.Config, base qua
 			tables[[2]float32{center, halfWidth}] = tab
 		}
 		g := &uniformGen{tab: tab, key: tensorKey(opts.Seed, spec.Name)}
-		cols := int64(spec.Shape[len(spec.Shape)-1])
-		raw := make([]byte, 4*len(dst))
-		if err := g.fill(raw, 4*int64(r0)*cols); err != nil {
-			return err
+		cols := r1 - r0
+		if cols > 0 {
+			cols = len(dst) / cols
 		}
-		return quant.F32.Dequantize(dst, raw)
+		// The rows are drawn in parallel pieces (each element's value
+		// depends on its position only): a model of tens of GB is
+		// bound by this, not by the quantization, which is parallel too.
+		per := max(1, (r1-r0+workers-1)/workers)
+		var eg errgroup.Group
+		for a := r0; a < r1; a += per {
+			b := min(a+per, r1)
+			eg.Go(func() error {
+				part := dst[(a-r0)*cols : (b-r0)*cols]
+				raw := make([]byte, 4*len(part))
+				if err := g.fill(raw, 4*int64(a)*int64(cols)); err != nil {
+					return err
+				}
+				return quant.F32.Dequantize(part, raw)
+			})
+		}
+		return eg.Wait()
 	}
 	err = WriteGGUFModel(ctx, path, GGUFModel{Config: c, Vocab: vocab, Name: "strata synthetic", Types: types,
 		FileType: GGUFFileType(base), Rows: rows, Workers: opts.Workers, Progress: opts.Progress})

@@ -356,10 +356,17 @@ func (s *expertFaults) ReadTensor(ctx context.Context, layer int, name string, d
 	return s.ExpertSource.ReadTensor(ctx, layer, name, dst)
 }
 
-// TestExpertLoadFaultRetry: a forward whose expert load fails returns the
+// TestExpertLoadFaultRetry: a forward whose expert load fails (an upload
+// to the cache, or a read for the CPU, -experts-cpu always) returns the
 // error with nothing pinned, and the same session's retry gives the logits
 // of a run without faults.
 func TestExpertLoadFaultRetry(t *testing.T) {
+	for _, policy := range []paging.ExpertCPUPolicy{paging.ExpertCPUNever, paging.ExpertCPUAlways} {
+		t.Run(string(policy), func(t *testing.T) { expertLoadFaultRetry(t, policy) })
+	}
+}
+
+func expertLoadFaultRetry(t *testing.T, policy paging.ExpertCPUPolicy) {
 	lm, err := loader.Open(fixtures.Dir(fixtures.TinyQwen3MoEF16))
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +376,12 @@ func TestExpertLoadFaultRetry(t *testing.T) {
 	cfg := lm.Config
 	for _, x := range []int{0, 5, 11, 15} { // whichever the prompt chooses fails on its first read
 		src := &expertFaults{ExpertSource: Source(lm).(paging.ExpertSource), name: cfg.LayerExperts(cfg.BlockLayer(1))[x][arch.ExpertUp], fails: 1}
-		r := newExpertRig(t, lm, src, paging.StrategyBalanced, cfg.MoE.Experts/2, false, paging.Options{PrefetchDepth: -1})
+		r := newExpertRig(t, lm, src, paging.StrategyBalanced, cfg.MoE.Experts/2, false, paging.Options{PrefetchDepth: -1, ExpertsCPU: policy})
+		if policy != paging.ExpertCPUNever {
+			cpu := tensor.NewCPU(1)
+			defer cpu.Close()
+			r.m.SetExpertCPU(cpu)
+		}
 		s, err := r.m.NewSession(expertMaxPos, expertChunk)
 		if err != nil {
 			t.Fatal(err)
@@ -391,6 +403,9 @@ func TestExpertLoadFaultRetry(t *testing.T) {
 			t.Fatalf("expert %d: retry: %v", x, err)
 		}
 		sameLogits(t, fmt.Sprintf("expert %d retry", x), got, want)
+		if st := r.pager.Stats(); (st.ExpertsOnCPU > 0) != (policy == paging.ExpertCPUAlways) || st.ExpertsPinned != 0 {
+			t.Errorf("expert %d: %d experts on the CPU with policy %s, %d pinned", x, st.ExpertsOnCPU, policy, st.ExpertsPinned)
+		}
 		s.Close()
 		return
 	}
@@ -398,8 +413,8 @@ func TestExpertLoadFaultRetry(t *testing.T) {
 }
 
 // TestExpertsTwoSessions runs two sessions of one model concurrently over
-// a cache too small for both at once: each gets the logits of a run alone.
-// Run with -race.
+// a cache too small for both at once, with the missing experts uploaded or
+// computed on the CPU: each gets the logits of a run alone. Run with -race.
 func TestExpertsTwoSessions(t *testing.T) {
 	lm, err := loader.Open(fixtures.Dir(fixtures.TinyMixtralBF16))
 	if err != nil {
@@ -408,7 +423,17 @@ func TestExpertsTwoSessions(t *testing.T) {
 	defer lm.Close()
 	const steps = 8
 	want := residentReference(t, lm, expertPrompt, steps)
-	r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, lm.Config.MoE.ExpertsPerToken+1, false, paging.Options{})
+	for _, policy := range []paging.ExpertCPUPolicy{paging.ExpertCPUNever, paging.ExpertCPUAlways} {
+		t.Run(string(policy), func(t *testing.T) { expertsTwoSessions(t, lm, policy, want) })
+	}
+}
+
+func expertsTwoSessions(t *testing.T, lm *loader.Model, policy paging.ExpertCPUPolicy, want []float32) {
+	const steps = 8
+	r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, lm.Config.MoE.ExpertsPerToken+1, false, paging.Options{ExpertsCPU: policy})
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	r.m.SetExpertCPU(cpu)
 	var wg sync.WaitGroup
 	got := make([][]float32, 2)
 	for i := range got {
@@ -422,8 +447,8 @@ func TestExpertsTwoSessions(t *testing.T) {
 	for i := range got {
 		sameLogits(t, fmt.Sprintf("session %d", i), got[i], want)
 	}
-	if st := r.pager.Stats(); st.ExpertsPinned != 0 || st.ExpertAcquires == 0 {
-		t.Errorf("%d experts pinned, %d acquires", st.ExpertsPinned, st.ExpertAcquires)
+	if st := r.pager.Stats(); st.ExpertsPinned != 0 || st.ExpertAcquires == 0 || (st.ExpertsOnCPU > 0) != (policy == paging.ExpertCPUAlways) {
+		t.Errorf("%d experts pinned, %d acquires, %d on the CPU", st.ExpertsPinned, st.ExpertAcquires, st.ExpertsOnCPU)
 	}
 }
 
@@ -508,6 +533,62 @@ func TestExpertPolicies(t *testing.T) {
 						t.Errorf("%s: %shit rate %.3f, no better than uniform routing's %.3f", policy, skewed, rate[skewed+policy], rate["uniform "+policy])
 					}
 				}
+			}
+		})
+	}
+}
+
+// TestBatchExpertGuesses: a batch whose experts are paged guesses, in its
+// decode steps (every row one sequence's token), the next sparse block's
+// experts from that block's router over every row, prefetches them and
+// counts the guesses (ExpertGuesses: at most the experts, right at most
+// the guessed); steps with prompt chunks guess nothing. The logits are
+// those of the batch on the resident model, bit for bit.
+func TestBatchExpertGuesses(t *testing.T) {
+	for _, name := range []string{fixtures.TinyMixtralBF16, fixtures.TinyQwen3MoEF16} {
+		t.Run(name, func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			cfg := lm.Config
+			seqs := func() []*batchSeq {
+				return []*batchSeq{
+					{prompt: expertPrompt[:5], steps: 6},
+					{prompt: expertPrompt[3:9], steps: 6},
+					{prompt: expertPrompt[6:], steps: 6},
+				}
+			}
+			run := func(m *Model) []*batchSeq {
+				b, err := m.NewBatch(BatchOptions{MaxPos: 16, MaxRows: expertChunk, BlockSize: 4, Blocks: 12})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer b.Close()
+				ss := seqs()
+				runBatch(t, b, ss, expertChunk)
+				return ss
+			}
+			res, _ := residentModel(t, lm, 1)
+			want := run(res)
+			r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, 2*cfg.MoE.ExpertsPerToken, false, paging.Options{})
+			got := run(r.m)
+			for i := range want {
+				for j := range want[i].logits {
+					sameLogits(t, fmt.Sprintf("sequence %d token %d", i, j), got[i].logits[j], want[i].logits[j])
+				}
+			}
+			guessed, right := r.m.ExpertGuesses()
+			// At most each of 6 all-decode steps guesses each sparse block
+			// after the first.
+			maxGuessed := int64(6 * (cfg.NumLayers - 1) * cfg.MoE.Experts)
+			t.Logf("guessed %d experts in batch decode steps, %d right", guessed, right)
+			if guessed == 0 || guessed > maxGuessed || right > guessed || right == 0 {
+				t.Errorf("guessed %d (at most %d), right %d", guessed, maxGuessed, right)
+			}
+			if st := r.pager.Stats(); st.ExpertPrefetches == 0 || st.ExpertsPinned != 0 {
+				t.Errorf("%d expert prefetches, %d pinned", st.ExpertPrefetches, st.ExpertsPinned)
 			}
 		})
 	}

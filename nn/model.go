@@ -36,6 +36,9 @@ type Model struct {
 	// (SetHostKV); kv counts that work.
 	hostKV *HostKV
 	kv     kvCounters
+	// expertCPU, when set, computes the experts the weights hand to the
+	// CPU (CPUExpertWeights, SetExpertCPU).
+	expertCPU tensor.Backend
 }
 
 func (m *Model) embeds() bool { return m.lo == 0 }
@@ -108,9 +111,10 @@ type Session struct {
 	// on another device for large chunks: the KV cache lives in twin's
 	// host tensors, and this session's k and v are one scratch pair that
 	// each block's rows are copied into and back from.
-	twin    *Session
-	guesses *guesses       // the experts guessed ahead in decode steps, made on first use
-	graphs  *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
+	twin       *Session
+	guesses    *guesses       // the experts guessed ahead in decode steps, made on first use
+	batchGuess *batchGuess    // a batch session's guesses of the next sparse block's experts, made on first use
+	graphs     *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
 	// pending is set between blocksChunk and headChunk when the last
 	// block's output (proj) is not yet added to x: the final norm adds it.
 	pending bool

@@ -2,6 +2,7 @@ package nn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -105,6 +106,8 @@ func newMoEBuffers(c *arch.Config, al *allocator, chunk int) *moeBuffers {
 		used:   make([]int, 0, m.Experts),
 
 		rawGuess: make([]byte, 4*m.Experts),
+		devUsed:  make([]int, 0, m.Experts),
+		cpuUsed:  make([]int, 0, m.Experts),
 	}
 	for j := range mb.r.slots {
 		mb.r.slots[j] = make([]int32, chunk)
@@ -148,6 +151,12 @@ type routing struct {
 	used       []int     // the experts some token chose, ascending
 	rawGuess   []byte    // the next sparse block's router scores of a decode step
 	rowPos     []int     // in a batch, each row's position (else row t is at pos0+t)
+	// The experts the CPU computes (expertOnCPU): the chosen ones split
+	// (devUsed, cpuUsed), the chunk's rows of h downloaded (hostH), an
+	// expert's tokens' rows (hostX), its gate, up and output.
+	devUsed, cpuUsed           []int
+	hostH                      []byte
+	hostX, hostG, hostU, hostO []float32
 }
 
 // route picks each of T tokens' k experts from the router's scores [T, E]
@@ -278,8 +287,11 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	}
 	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK, m.synth, i, pos0)
 	ew := m.pagedExperts(layer)
-	if ew != nil && s.batch == nil { // a batch's rows are several sequences': no guesses
+	switch {
+	case ew != nil && s.batch == nil:
 		s.scoreGuess(i, T, pos0, r.expert[(T-1)*k:T*k])
+	case ew != nil:
+		s.scoreBatchGuess(i)
 	}
 	if gateSh != nil {
 		if err := tensor.DownloadComputed(b, r.rawSh[:4*T], gateSh); err != nil {
@@ -310,16 +322,25 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			}
 		}
 	} else {
+		dev, onCPU := s.splitExperts(ew, layer)
+		if len(onCPU) > 0 {
+			// The CPU's experts read the tokens' rows from host memory.
+			if err := tensor.DownloadComputed(b, r.hostH[:4*T*H], h); err != nil {
+				return fmt.Errorf("experts on the CPU: %w", err)
+			}
+		}
 		slots := max(ew.ExpertSlots(), 1)
-		for g := 0; g < len(r.used); g += slots {
-			group := r.used[g:min(g+slots, len(r.used))]
+		guess := T == 1 && s.batch == nil || s.batchDecode(T)
+		for g := 0; g < len(dev); g += slots {
+			group := dev[g:min(g+slots, len(dev))]
 			ws, err := ew.AcquireExperts(ctx, layer, group)
 			if err != nil {
 				return fmt.Errorf("experts: %w", err)
 			}
 			err = func() error {
 				defer ew.ReleaseExperts(layer, group) // released even if the backend panics
-				if g == 0 && T == 1 && s.batch == nil {
+				if g == 0 && guess {
+					guess = false
 					if err := s.guessNext(ctx, ew, i, pos0); err != nil {
 						return err
 					}
@@ -332,6 +353,18 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 				return nil
 			}()
 			if err != nil {
+				return err
+			}
+		}
+		if guess {
+			if err := s.guessNext(ctx, ew, i, pos0); err != nil {
+				return err
+			}
+		}
+		// The device computes its experts (its launches return at once
+		// on a GPU) while the CPU computes these.
+		for _, e := range onCPU {
+			if err := s.expertOnCPU(ctx, ew.(CPUExpertWeights), layer, e, &experts[e]); err != nil {
 				return err
 			}
 		}
@@ -406,6 +439,90 @@ func (s *Session) expert(e, T int, lw LayerWeights, en *arch.Names) error {
 		return fmt.Errorf("expert %d down projection: %w", e, err)
 	}
 	return nil
+}
+
+// splitExperts splits the experts the chunk chose (r.used) into those the
+// device computes and those the weights hand to the CPU (CPUExpertWeights,
+// with the model's CPU set: SetExpertCPU).
+func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
+	r := &s.buffers.moe.r
+	cw, ok := ew.(CPUExpertWeights)
+	if !ok || s.m.expertCPU == nil {
+		return r.used, nil
+	}
+	dev, onCPU = r.devUsed[:0], r.cpuUsed[:0]
+	for _, e := range r.used {
+		if cw.ExpertOnCPU(layer, e, r.count[e]) {
+			onCPU = append(onCPU, e)
+		} else {
+			dev = append(dev, e)
+		}
+	}
+	if len(onCPU) > 0 && r.hostH == nil { // made when first needed: a chunk's rows, several times
+		c := &s.m.cfg
+		chunk, H, size := s.buffers.moe.rows.Shape()[0], c.HiddenSize, c.MoE.ExpertSize
+		r.hostH = make([]byte, 4*chunk*H)
+		r.hostX, r.hostO = make([]float32, chunk*H), make([]float32, chunk*H)
+		r.hostG, r.hostU = make([]float32, chunk*size), make([]float32, chunk*size)
+	}
+	return dev, onCPU
+}
+
+// expertOnCPU runs expert e of layer on the model's CPU, from its weights
+// in host memory (cw.HostExpert), on its tokens' rows of r.hostH (the
+// first T rows of h, downloaded), and uploads its output into its rows of
+// out: the same products as expert, in the same order.
+func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e int, en *arch.Names) error {
+	m, c, mb := s.m, &s.m.cfg, s.buffers.moe
+	r, H, size := &mb.r, c.HiddenSize, c.MoE.ExpertSize
+	cpu := m.expertCPU
+	cnt := r.count[e]
+	ws, release, err := cw.HostExpert(ctx, layer, e, cnt)
+	if err != nil {
+		return fmt.Errorf("expert %d on the CPU: %w", e, err)
+	}
+	defer release()
+	hh := f32s(r.hostH)
+	for j, t := range r.tokens[r.start[e] : r.start[e]+cnt] {
+		copy(r.hostX[j*H:(j+1)*H], hh[int(t)*H:(int(t)+1)*H])
+	}
+	x, err1 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostX[:cnt*H])
+	gate, err2 := tensor.FromF32(tensor.Shape{cnt, size}, r.hostG[:cnt*size])
+	up, err3 := tensor.FromF32(tensor.Shape{cnt, size}, r.hostU[:cnt*size])
+	out, err4 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostO[:cnt*H])
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return fmt.Errorf("expert %d on the CPU: %w", e, err)
+	}
+	mm := cpu.MatMul
+	if s.batch != nil {
+		mm = func(out, x, w, bias *tensor.Tensor) error { return tensor.MatMulRows(cpu, out, x, w, bias) }
+	}
+	if err := mm(gate, x, ws[en[arch.ExpertGate]], nil); err != nil {
+		return fmt.Errorf("expert %d gate projection on the CPU: %w", e, err)
+	}
+	if err := mm(up, x, ws[en[arch.ExpertUp]], nil); err != nil {
+		return fmt.Errorf("expert %d up projection on the CPU: %w", e, err)
+	}
+	if err := cpu.SiLUMul(gate, gate, up); err != nil {
+		return fmt.Errorf("expert %d on the CPU: %w", e, err)
+	}
+	if err := mm(out, gate, ws[en[arch.ExpertDown]], nil); err != nil {
+		return fmt.Errorf("expert %d down projection on the CPU: %w", e, err)
+	}
+	if err := m.backend.Upload(mb.view(mb.out, r.start[e], cnt, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.hostO[0])), 4*cnt*H)); err != nil {
+		return fmt.Errorf("expert %d output from the CPU: %w", e, err)
+	}
+	return nil
+}
+
+// SetExpertCPU gives the model a CPU to compute the experts its weights
+// hand over (CPUExpertWeights) on; nil computes every expert on the
+// model's backend. Call it before sessions run.
+func (m *Model) SetExpertCPU(cpu tensor.Backend) {
+	if cpu != nil {
+		cpu = tensor.Checked(cpu)
+	}
+	m.expertCPU = cpu
 }
 
 // pagedExperts returns the model's Weights as ExpertWeights when they page
@@ -483,6 +600,9 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 	if !ew.PagesExperts(layer) || ew.ExpertSlots() >= m.shareExperts() {
 		return nil // no experts paged there, or every one stays cached
 	}
+	if s.batch != nil {
+		return s.guessNextBatch(ctx, ew, j)
+	}
 	g := s.guessState()
 	guess := g.next[j]
 	if m.synth != nil {
@@ -515,6 +635,107 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 	}
 	ew.PrefetchExperts(layer, g.prefetch)
 	return nil
+}
+
+// batchDecode reports whether the session runs a batch step of T rows
+// that are each one sequence's decode token (no prompt chunk among them):
+// the steps whose next sparse block's experts are guessed.
+func (s *Session) batchDecode(T int) bool {
+	return s.batch != nil && len(s.batch.seqs) == T && s.m.synth == nil
+}
+
+// batchGuess is a batch session's guess of a sparse block's experts in a
+// decode step: the union over its rows of each row's k best scores of the
+// block's router applied to the row's hidden state at the block before.
+type batchGuess struct {
+	raw   []byte  // [rows, experts] the router's scores, downloaded
+	rows  []int32 // scratch: a row's k best
+	set   [][]int // [block] the experts guessed, ascending; nil when none
+	valid []bool  // [block] guessed in this step, not yet scored
+}
+
+func (s *Session) batchGuessState() *batchGuess {
+	if s.batchGuess == nil {
+		c := &s.m.cfg
+		chunk := s.buffers.moe.rows.Shape()[0]
+		s.batchGuess = &batchGuess{raw: make([]byte, 4*chunk*c.MoE.Experts), rows: make([]int32, c.MoE.ExpertsPerToken),
+			set: make([][]int, c.NumLayers), valid: make([]bool, c.NumLayers)}
+	}
+	return s.batchGuess
+}
+
+// guessNextBatch guesses, in a batch decode step, the experts of sparse
+// block j from the next block's router over the T rows of h (each row's k
+// best, together) and prefetches them, as guessNext does for one sequence.
+func (s *Session) guessNextBatch(ctx context.Context, ew ExpertWeights, j int) error {
+	m, c := s.m, &s.m.cfg
+	b, mb, E, k := m.backend, s.buffers.moe, c.MoE.Experts, c.MoE.ExpertsPerToken
+	T := len(s.batch.seqs)
+	layer := m.blockLayer(j)
+	bg := s.batchGuessState()
+	err := func() error {
+		rw, err := ew.AcquireResident(ctx, layer)
+		if err != nil {
+			return err
+		}
+		defer m.weights.Release(layer) // released even if the backend panics
+		scores := mb.view(mb.scores, 0, T, E)
+		if err := s.matMul(scores, s.viewsFor(T).h, rw[m.names[layer][arch.Router]], nil); err != nil {
+			return err
+		}
+		return tensor.DownloadComputed(b, bg.raw[:4*T*E], scores)
+	}()
+	if err != nil {
+		return fmt.Errorf("block %d router: %w", j, err)
+	}
+	all := f32s(bg.raw[:4*T*E])
+	set := bg.set[j][:0]
+	for t := range T {
+		topK(all[t*E:(t+1)*E], bg.rows[:k])
+		for _, e := range bg.rows[:k] {
+			if !slices.Contains(set, int(e)) {
+				set = append(set, int(e))
+			}
+		}
+	}
+	slices.Sort(set)
+	bg.set[j], bg.valid[j] = set, true
+	ew.PrefetchExperts(layer, set)
+	return nil
+}
+
+// scoreBatchGuess counts, in a batch step, the experts guessed for block
+// i in this step and how many of them its rows chose.
+func (s *Session) scoreBatchGuess(i int) {
+	if s.batchGuess == nil {
+		return
+	}
+	if first := s.m.firstSparse(); i == first {
+		// A new step: a guess left by a step that failed midway is stale.
+		clear(s.batchGuess.valid)
+	}
+	if !s.batchGuess.valid[i] {
+		return
+	}
+	bg, r := s.batchGuess, &s.buffers.moe.r
+	bg.valid[i] = false
+	right := 0
+	for _, e := range bg.set[i] {
+		if r.count[e] > 0 {
+			right++
+		}
+	}
+	s.m.guessed.Add(int64(len(bg.set[i])))
+	s.m.guessRight.Add(int64(right))
+}
+
+// firstSparse is the first sparse block of the model's share, or hi.
+func (m *Model) firstSparse() int {
+	i := m.lo
+	for i < m.hi && !m.cfg.Sparse(i) {
+		i++
+	}
+	return i
 }
 
 // shareExperts is the number of routed experts in the model's share of

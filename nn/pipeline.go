@@ -644,6 +644,37 @@ func (w stageWeights) AcquireResident(ctx context.Context, layer int) (LayerWeig
 	return es.AcquireResident(ctx, l)
 }
 
+var _ CPUExpertWeights = stageWeights{}
+
+func (w stageWeights) ExpertOnCPU(layer, expert, tokens int) bool {
+	es, l, ok := w.experts(layer)
+	if !ok {
+		return false
+	}
+	cs, ok := es.(paging.ExpertCPUServer)
+	return ok && cs.ExpertOnCPU(l, expert, tokens)
+}
+
+func (w stageWeights) HostExpert(ctx context.Context, layer, expert, tokens int) (LayerWeights, func(), error) {
+	es, l, ok := w.experts(layer)
+	if !ok {
+		return nil, nil, fmt.Errorf("nn: layer %d: no experts paged on this stage", layer)
+	}
+	cs, ok := es.(paging.ExpertCPUServer)
+	if !ok {
+		return nil, nil, fmt.Errorf("nn: layer %d: the stage's server computes no experts on the CPU", layer)
+	}
+	return cs.HostExpert(ctx, l, expert, tokens)
+}
+
+// SetExpertCPU gives every stage the CPU that computes the experts its
+// weights hand over (Model.SetExpertCPU).
+func (p *Pipeline) SetExpertCPU(cpu tensor.Backend) {
+	for _, m := range p.stages {
+		m.SetExpertCPU(cpu)
+	}
+}
+
 // ExpertGuesses adds up the stages' Model.ExpertGuesses, twins included.
 func (p *Pipeline) ExpertGuesses() (guessed, right int64) {
 	for _, m := range slices.Concat(p.stages, p.twins) {

@@ -66,3 +66,16 @@ var (
 	_ ExpertWeights = paging.ExpertServer(nil)
 	_ ExpertWeights = (*paging.Pager)(nil)
 )
+
+// CPUExpertWeights is an ExpertWeights that can hand an expert missing
+// from its cache to the CPU instead of uploading it (a paging.Pager with
+// Options.ExpertsCPU): the forward pass asks ExpertOnCPU for each expert a
+// chunk chose, and computes those it answers yes for on the model's CPU
+// (Model.SetExpertCPU) from the tensors HostExpert returns, while the
+// device computes the others.
+type CPUExpertWeights interface {
+	ExpertOnCPU(layer, expert, tokens int) bool
+	HostExpert(ctx context.Context, layer, expert, tokens int) (LayerWeights, func(), error)
+}
+
+var _ CPUExpertWeights = paging.ExpertCPUServer(nil)

@@ -195,6 +195,7 @@ memory:
   max_host_memory: 16GiB
   memory_mode: unified-noprefetch
   expert_policy: lfu
+  experts_cpu: always
   kv_cache: auto
   kv_dtype: q8_0
 `)
@@ -203,7 +204,7 @@ memory:
 		t.Fatal(err)
 	}
 	m := fc.Memory
-	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" || m.ExpertPolicy != "lfu" || m.KVCache != "auto" || m.KVDType != "q8_0" {
+	if m.OffloadStrategy != "balanced" || m.MaxHostMemory != "16GiB" || m.MemoryMode != "unified-noprefetch" || m.ExpertPolicy != "lfu" || m.ExpertsCPU != "always" || m.KVCache != "auto" || m.KVDType != "q8_0" {
 		t.Errorf("%+v", m)
 	}
 	if n, err := ParseSize(m.MaxGPUMemory); err != nil || n != 3758096384 {
@@ -228,6 +229,7 @@ func TestLoadConfigFileErrors(t *testing.T) {
 		{"size", "memory:\n  max_gpu_memory: lots\n", []string{"max_gpu_memory", "lots"}},
 		{"mode", "memory:\n  memory_mode: magic\n", []string{"memory_mode", "magic"}},
 		{"expert policy", "memory:\n  expert_policy: fifo\n", []string{"expert_policy", "fifo"}},
+		{"experts cpu", "memory:\n  experts_cpu: sometimes\n", []string{"experts_cpu", "sometimes"}},
 		{"kv cache", "memory:\n  kv_cache: disk\n", []string{"kv_cache", "disk"}},
 		{"kv dtype", "memory:\n  kv_dtype: q4_0\n", []string{"kv_dtype", "q4_0"}},
 		{"key", "memory:\n  offload_strategy: none\n  max_gpu_mem: 3GiB\n", []string{"line 3", `unknown key "max_gpu_mem"`}},

@@ -56,6 +56,10 @@ type MemoryConfig struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture of
 	// experts: lru or lfu (ParseExpertPolicy).
 	ExpertPolicy string `yaml:"expert_policy"`
+	// ExpertsCPU says when an expert missing from the expert cache is
+	// computed on the CPU instead of uploaded: auto, never or always
+	// (ParseExpertCPUPolicy).
+	ExpertsCPU string `yaml:"experts_cpu"`
 	// KVCache places the KV cache: auto, device or host
 	// (ParseKVPlacement).
 	KVCache string `yaml:"kv_cache"`
@@ -229,6 +233,9 @@ func (m *MemoryConfig) Validate() error {
 	}
 	if _, err := ParseExpertPolicy(m.ExpertPolicy); err != nil {
 		return fmt.Errorf("memory.expert_policy: %w", err)
+	}
+	if _, err := ParseExpertCPUPolicy(m.ExpertsCPU); err != nil {
+		return fmt.Errorf("memory.experts_cpu: %w", err)
 	}
 	if _, err := ParseKVPlacement(m.KVCache); err != nil {
 		return fmt.Errorf("memory.kv_cache: %w", err)

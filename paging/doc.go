@@ -52,7 +52,10 @@
 //     slots), and AcquireExperts/ReleaseExperts/PrefetchExperts move
 //     only the experts a step uses that the cache lacks, evicting by LRU
 //     or aged LFU (ExpertPolicy). AcquireResident serves a layer's router
-//     ahead of it, for guessing its experts.
+//     ahead of it, for guessing its experts. ExpertOnCPU decides, by
+//     Options.ExpertsCPU and the Rates, whether a missing expert is
+//     better computed on the CPU than uploaded, and HostExpert hands it
+//     over as host tensors.
 //   - Summary and WriteSnapshot show where the memory went;
 //     examples/memviz draws a snapshot.
 //

@@ -82,6 +82,13 @@ type Options struct {
 	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
 	// PrefetchDepth < 0 turns PrefetchExperts off too.
 	ExpertPolicy ExpertPolicy
+	// ExpertsCPU says when ExpertOnCPU hands a missing expert to the CPU
+	// (ExpertCPUAuto, ExpertCPUNever, ExpertCPUAlways); empty is never,
+	// for a pager whose caller has no CPU to compute with.
+	ExpertsCPU ExpertCPUPolicy
+	// Rates are the machine's, which ExpertCPUAuto decides with; nil
+	// leaves every expert to the device.
+	Rates *Rates
 }
 
 // ErrHostMemory is wrapped by NewPager, HostLayer and PlanHybrid when the
@@ -140,6 +147,8 @@ type Pager struct {
 	stage      *staging     // the staging ring; nil without one
 	unregister func()       // removes the pager from its budget's evictors
 	ex         *expertCache // nil without experts in the plan
+	expertsCPU ExpertCPUPolicy
+	rates      *Rates
 
 	life     context.Context // cancelled by Close
 	stopLife context.CancelFunc
@@ -328,6 +337,16 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		p.hostCap = plan.HostCacheBytes
 	}
 	p.order.Store(int32(opts.Order))
+	if opts.ExpertsCPU != "" {
+		if _, err := ParseExpertCPUPolicy(string(opts.ExpertsCPU)); err != nil {
+			return nil, err
+		}
+	}
+	p.expertsCPU = opts.ExpertsCPU
+	if opts.Rates != nil {
+		r := *opts.Rates
+		p.rates = &r
+	}
 	var es ExpertSource
 	var experts [][][]string // each layer's experts' tensors, with an expert cache
 	if plan.Experts > 0 {

@@ -123,6 +123,12 @@ type Stats struct {
 	ExpertBytesMoved      int64        `json:"expert_bytes_moved,omitempty"`
 	ExpertBytesPerStep    float64      `json:"expert_bytes_per_step,omitempty"`
 	ExpertMissesPerStep   float64      `json:"expert_misses_per_step,omitempty"`
+	// ExpertsOnCPU counts the missing experts computed on the CPU from
+	// host memory instead (HostExpert), for ExpertCPUTokens tokens
+	// together, their weights ExpertCPUBytes read there.
+	ExpertsOnCPU    int64 `json:"experts_on_cpu,omitempty"`
+	ExpertCPUTokens int64 `json:"expert_cpu_tokens,omitempty"`
+	ExpertCPUBytes  int64 `json:"expert_cpu_bytes,omitempty"`
 
 	ResidentWeightBytes int64 `json:"resident_weight_bytes"` // resident parts on the device now
 	StreamedWeightBytes int64 `json:"streamed_weight_bytes"` // streamed parts on the device now
@@ -324,6 +330,10 @@ func (bg *Budget) writeSummary(sb *strings.Builder) {
 			fmt.Fprintf(sb, "   expert prefetches %d: %d used (accuracy %.1f%%), %d without room, %d skipped; per step after the first: %.2f misses, %s moved\n",
 				ps.ExpertPrefetches, ps.ExpertPrefetchHits, 100*ps.PrefetchAccuracy(), ps.ExpertPrefetchNoRoom, ps.ExpertPrefetchSkipped,
 				ps.ExpertMissesPerStep, FormatSize(int64(ps.ExpertBytesPerStep)))
+			if ps.ExpertsOnCPU > 0 {
+				fmt.Fprintf(sb, "   experts computed on the CPU instead of uploaded: %d, for %d tokens, %s read from host memory\n",
+					ps.ExpertsOnCPU, ps.ExpertCPUTokens, FormatSize(ps.ExpertCPUBytes))
+			}
 		}
 	}
 	fmt.Fprintf(sb, "%s\n", rule)

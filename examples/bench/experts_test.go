@@ -93,8 +93,47 @@ func TestBenchExperts(t *testing.T) {
 	if row.Bound != "experts" || math.Abs(row.BoundTokS-want) > 1e-9*want || row.OfBound != r.DecodeTokS/row.BoundTokS {
 		t.Errorf("bound %s %v (of bound %v), want experts %v", row.Bound, row.BoundTokS, row.OfBound, want)
 	}
+	// Experts on the CPU bound the run when their weights take the CPU
+	// longer than the device path.
+	cpuRow := Row{Result: r}
+	xc := *x
+	xc.OnCPUPerToken, xc.OnCPU = 3, 3*decode
+	cpuRow.Experts = &xc
+	bounds(&cpuRow, &Ceilings{PinnedGBps: 50, DeviceGBps: 4000, CPUGBps: 1e-3})
+	if want := 1e-3 * 1e9 / (3 * float64(x.ExpertBytes)); math.Abs(cpuRow.BoundTokS-want) > 1e-9*want {
+		t.Errorf("bound with experts on a slow CPU %v, want %v", cpuRow.BoundTokS, want)
+	}
 	r.Experts = &engine.ExpertReport{Slots: 3, Experts: 9, Policy: "lru", Routing: "synthetic routing (skew 1.2, locality 0.5)"}
 	if md := markdown(nil, []Row{{Result: r}}); !strings.Contains(md, "3 of 9 cached (lru)") || !strings.Contains(md, "synthetic routing (skew 1.2") {
 		t.Errorf("table without the experts:\n%s", md)
+	}
+}
+
+// TestBenchSyntheticRouting: -router-skew and -router-locality run a
+// mixture of experts with synthetic routing in place of its router's, and
+// the result says so; a skew out of range is refused.
+func TestBenchSyntheticRouting(t *testing.T) {
+	dir := fixtures.Dir(fixtures.TinyMixtralBF16)
+	for _, tc := range []struct {
+		args []string
+		want string // in stdout, or in the error when bad
+		bad  bool
+	}{
+		{[]string{"-router-skew", "1.2", "-router-locality", "0.5"}, "experts [synthetic routing (skew 1.2, locality 0.5)]", false},
+		{[]string{"-router-skew", "0"}, "experts [synthetic routing (skew 0, locality 0)]", false},
+		{[]string{"-router-skew", "0", "-experts-cpu", "always"}, "experts on the CPU", false},
+		{[]string{"-router-skew", "1", "-router-locality", "1"}, "-router-skew: strata_synthetic_routing locality 1 must be in [0, 1)", true},
+	} {
+		var stdout bytes.Buffer
+		args := append([]string{"-model", dir, "-device", "cpu", "-prefill", "8", "-warmup", "1", "-decode", "2", "-chunk", "8", "-runs", "330KB:balanced"}, tc.args...)
+		err := run(context.Background(), args, &stdout)
+		switch {
+		case tc.bad && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		case !tc.bad && err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case !tc.bad && !strings.Contains(stdout.String(), tc.want):
+			t.Errorf("%v: output without %q:\n%s", tc.args, tc.want, stdout.String())
+		}
 	}
 }

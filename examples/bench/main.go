@@ -18,7 +18,12 @@
 // misses and bytes per token, prefetch accuracy, guesses right, and
 // whether its routing is synthetic), and the report judges it against the
 // bound of its measured misses: their bytes over the link plus the
-// weights a token reads from device memory. run-gpu.sh drives a whole
+// weights a token reads from device memory. -router-skew S (with
+// -router-locality P) runs a mixture of experts with synthetic routing of
+// that skew and locality in place of its own (as synth's flags write it),
+// so that one large file, a GGUF one above all, is measured under both
+// uniform and skewed routing; -experts-cpu (auto, never, always) says when
+// a missing expert is computed on the CPU instead of uploaded. run-gpu.sh drives a whole
 // comparison on a GPU machine. With -streams N a run also decodes N
 // requests at once through the engine's batcher and reports their
 // aggregate tok/s, the p50 and p99 of the inter-token latency and of the
@@ -71,6 +76,7 @@ func main() {
 type options struct {
 	model, name, device, runs, out, report, md, jsonOut string
 	prefill, hostLimit, kvCache, kvDType, streamsFlag   string
+	expertsCPU                                          string
 	cpuProfile, stagingPieceS                           string
 	stagingReaders, stagingBuffers                      int
 	stagingPiece                                        int64 // stagingPieceS parsed
@@ -79,6 +85,8 @@ type options struct {
 	streams                                             []int        // streamsFlag parsed
 	kv                                                  tensor.DType // kvDType parsed
 	ceilings, graphs                                    bool
+	routerSkew, routerLocality                          float64
+	synthetic                                           bool // -router-skew given
 	devices                                             string
 	pipeline                                            bool
 	more                                                []tensor.Backend // -devices after the first
@@ -109,6 +117,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.BoolVar(&o.stagingMapped, "staging-mapped", true, "let the staging ring copy the tensors of mapped weight files in place from their page-locked mapping (false: read every tensor into the ring, to compare)")
 	fs.BoolVar(&o.ceilings, "ceilings", false, "measure host-to-device (pinned, pageable) and device memory GB/s")
 	fs.BoolVar(&o.graphs, "graphs", true, "decode with captured graphs where the device has them (false: launch by launch, to compare)")
+	fs.StringVar(&o.expertsCPU, "experts-cpu", "", "a mixture of experts: when a missing expert is computed on the CPU instead of uploaded: auto (the default), never or always")
+	fs.Float64Var(&o.routerSkew, "router-skew", 0, "a mixture of experts: route with synthetic routing of this Zipf skew (0 uniform) in place of the model's own routing")
+	fs.Float64Var(&o.routerLocality, "router-locality", 0, "with -router-skew: the chance a token keeps each expert of the previous token")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof)")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
@@ -116,6 +127,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	fs.Visit(func(f *flag.Flag) { o.synthetic = o.synthetic || f.Name == "router-skew" })
+	if o.routerLocality != 0 && !o.synthetic {
+		return errors.New("-router-locality needs -router-skew")
 	}
 	if o.report != "" {
 		files := strings.Split(o.report, ",")
@@ -161,6 +176,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	kvPlace, err := paging.ParseKVPlacement(o.kvCache)
 	if err != nil {
 		return fmt.Errorf("-kv-cache: %w", err)
+	}
+	if _, err := paging.ParseExpertCPUPolicy(o.expertsCPU); err != nil {
+		return fmt.Errorf("-experts-cpu: %v", strings.TrimPrefix(err.Error(), "paging: "))
 	}
 	kv, err := tensor.ParseCacheDType(o.kvDType)
 	if err != nil {
@@ -220,6 +238,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		defer lm.Close()
 		cfg := lm.Config
+		if o.synthetic {
+			if err := syntheticRouting(cfg, o); err != nil {
+				return err
+			}
+		}
 		if err := checkContext(cfg, prefill, o); err != nil {
 			return err
 		}
@@ -647,7 +670,7 @@ func warmupLengths(prefill []int, chunk int) []int {
 func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name string, s runSpec, prefill []int, hostCache int64, kv paging.KVPlacement, o options) (*Result, error) {
 	cfg := lm.Config
 	maxPrompt, ctxLen := contextLen(prefill, o)
-	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, HostCache: hostCache, KVCache: kv, KVDType: o.kv,
+	mem := engine.Memory{Strategy: s.strategy, Mode: s.mode, CPULayers: s.cpuLayers, ExpertPolicy: s.policy, ExpertsCPU: paging.ExpertCPUPolicy(o.expertsCPU), HostCache: hostCache, KVCache: kv, KVDType: o.kv,
 		StagingReaders: o.stagingReaders, StagingPiece: o.stagingPiece, StagingSlots: o.stagingBuffers, NoMappedUploads: !o.stagingMapped}
 	if s.budget > 0 {
 		mem.Budgets = []int64{s.budget}
@@ -873,5 +896,22 @@ func busyOf(s engine.Session) map[string]time.Duration {
 	}); ok {
 		return b.Busy()
 	}
+	return nil
+}
+
+// syntheticRouting gives cfg, a mixture of experts, the synthetic routing
+// of -router-skew and -router-locality (seed 1, as run-gpu.sh's configs).
+func syntheticRouting(cfg *arch.Config, o options) error {
+	if cfg.MoE == nil {
+		return fmt.Errorf("-router-skew: the %s model %s has no experts", cfg.Family, o.model)
+	}
+	moe := *cfg.MoE
+	moe.Synthetic = &arch.SyntheticRouting{Skew: o.routerSkew, Locality: o.routerLocality, Seed: 1}
+	c := *cfg
+	c.MoE = &moe
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("-router-skew: %s", strings.TrimPrefix(err.Error(), "arch: config: "))
+	}
+	cfg.MoE = &moe
 	return nil
 }

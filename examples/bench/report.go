@@ -26,7 +26,8 @@ type Row struct {
 	// measured misses and the other weights' streaming move over the link
 	// (pinned GB/s), plus that of the bytes a token reads from device
 	// memory (device GB/s): the weights other than the experts and the
-	// experts it acquired.
+	// experts it acquired; or, when the CPU computes experts, the time of
+	// their weights at the CPU's GB/s if that is longer.
 	BoundTokS float64 `json:"bound_tok_s"`
 	Bound     string  `json:"bound"` // "stream", "cpu", "hybrid", "device" or "experts"
 	// CPUBoundTokS and HybridBoundTokS are the same run's bytes that are
@@ -147,7 +148,13 @@ func bounds(row *Row, c *Ceilings) {
 		if c != nil && c.PinnedGBps > 0 && c.DeviceGBps > 0 {
 			link := float64(r.StreamedBytes) + x.MissesPerToken*float64(x.ExpertBytes)
 			hbm := float64(r.WeightBytes-x.WeightBytes) + x.AcquiresPerToken*float64(x.ExpertBytes)
-			row.Bound, row.BoundTokS = "experts", 1/(link/(c.PinnedGBps*1e9)+hbm/(c.DeviceGBps*1e9))
+			t := link/(c.PinnedGBps*1e9) + hbm/(c.DeviceGBps*1e9)
+			if x.OnCPUPerToken > 0 && c.CPUGBps > 0 {
+				// The experts on the CPU run while the device computes
+				// the others: the slower of the two paths bounds.
+				t = max(t, x.OnCPUPerToken*float64(x.ExpertBytes)/(c.CPUGBps*1e9))
+			}
+			row.Bound, row.BoundTokS = "experts", 1/t
 			row.OfBound = r.DecodeTokS / row.BoundTokS
 		}
 		return
@@ -417,7 +424,8 @@ func markdown(c *Ceilings, rows []Row) string {
 }
 
 // expertCell is a mixture of experts' experts in the table: the cache, its
-// hit rate, misses per token, prefetch accuracy, guesses right and the
+// hit rate, misses per token, prefetch accuracy, guesses right, the
+// experts computed on the CPU per token when there are any, and the
 // routing when synthetic.
 func expertCell(x *engine.ExpertReport) string {
 	if x == nil {
@@ -425,6 +433,9 @@ func expertCell(x *engine.ExpertReport) string {
 	}
 	s := fmt.Sprintf("%d of %d cached (%s): hit %.1f%%, %.2f misses/token, prefetch %.0f%%, guesses %.0f%%",
 		x.Slots, x.Experts, x.Policy, 100*x.HitRate, x.MissesPerToken, 100*x.PrefetchAccuracy, 100*x.GuessAccuracy)
+	if x.OnCPU > 0 {
+		s += fmt.Sprintf(", %.2f on the CPU/token", x.OnCPUPerToken)
+	}
 	if x.Routing != "router" {
 		s += ", " + x.Routing
 	}

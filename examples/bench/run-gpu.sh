@@ -12,11 +12,17 @@
 # 93 GB in F16) and synth-qwen3moe qwen3moe hf-qwen3moe (Qwen3-30B-A3B
 # shape, 61 GB), each synthesised once with uniform routing and given a
 # second config with skewed, temporally local routing (the same weights,
-# hard-linked); reports say "synthetic routing"; and synth-7b-long 7b-long
+# hard-linked); reports say "synthetic routing"; synth-mixtral-q8
+# mixtral-q8 (the Mixtral-8x7B shape as a Q8_0 GGUF file, 49 GB, its
+# experts in Q8_0: one file, run with bench's -router-skew 0 and 1.2
+# -router-locality 0.5; no Hugging Face baseline, which would dequantize
+# it to 93 GB); and synth-7b-long 7b-long
 # (long prompts under a budget with the KV cache in host memory: the 7B
 # shape given a context of 32,768 positions, an 8,000-token prompt at
 # 4 GiB and a 32,000-token one at 8 GiB, -kv-cache host and auto; needs
 # synth-7b).
+# EXPERTS_CPU (auto, never, always) is the MoE runs' -experts-cpu: when a
+# missing expert is computed on the CPU instead of uploaded (default auto).
 # MODELS is where the synthesised models go (16 GB, and the MoE ones'
 # sizes: a disk of 64 GB holds one of them at most).
 set -uo pipefail
@@ -64,6 +70,10 @@ if has synth-mixtral; then
 	log synth mixtral-8x7b
 	"$BIN/synth" -out "$MODELS/mixtral-8x7b" -preset mixtral-8x7b -dtype f16 -seed 1 -shard-size 4GB -router-skew 0 &&
 		routing "$MODELS/mixtral-8x7b" "$MODELS/mixtral-8x7b-skewed" 1.2 0.5
+fi
+if has synth-mixtral-q8; then
+	log synth mixtral-8x7b q8_0
+	"$BIN/synth" -out "$MODELS/mixtral-8x7b-q8_0.gguf" -preset mixtral-8x7b -dtype q8_0 -seed 1 -router-skew 0
 fi
 if has synth-qwen3moe; then
 	log synth qwen3-30b-a3b
@@ -148,14 +158,22 @@ fi
 if has mixtral; then
 	for m in mixtral-8x7b mixtral-8x7b-skewed; do
 		log strata $m
-		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 -out "$OUT/strata.jsonl" \
+		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 ${EXPERTS_CPU:+-experts-cpu $EXPERTS_CPU} -out "$OUT/strata.jsonl" \
 			-runs ${RUNS_MIXTRAL:-24GiB:balanced:explicit:lru,24GiB:balanced:explicit:lfu}
+	done
+fi
+if has mixtral-q8; then
+	for routing in "0 0" "1.2 0.5"; do
+		set -- $routing
+		log strata mixtral-8x7b-q8_0 skew $1 locality $2
+		"$BIN/bench" -device cuda -model "$MODELS/mixtral-8x7b-q8_0.gguf" -name mixtral-8x7b-q8_0-skew$1 -decode "$DECODE" -prefill 128 ${EXPERTS_CPU:+-experts-cpu $EXPERTS_CPU} \
+			-router-skew $1 -router-locality $2 -out "$OUT/strata.jsonl" -runs ${RUNS_MIXTRAL_Q8:-16GiB:balanced:explicit:lru,16GiB:balanced:explicit:lfu}
 	done
 fi
 if has qwen3moe; then
 	for m in qwen3-30b-a3b qwen3-30b-a3b-skewed; do
 		log strata $m
-		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 -out "$OUT/strata.jsonl" \
+		"$BIN/bench" -device cuda -model "$MODELS/$m" -name $m -decode "$DECODE" -prefill 128 ${EXPERTS_CPU:+-experts-cpu $EXPERTS_CPU} -out "$OUT/strata.jsonl" \
 			-runs ${RUNS_QWEN3MOE:-8GiB:balanced:explicit:lru,8GiB:balanced:explicit:lfu}
 	done
 fi

@@ -13,9 +13,9 @@
 // and convert says so. The query and key rows of the llama architecture
 // are permuted as llama.cpp's converter permutes them. A mixture of
 // experts (Mixtral, Qwen3-MoE) has its router in F32 and each block's
-// experts stacked per projection as llama.cpp stacks them, in a float
-// type (F16, or BF16 for a BF16 model, when the base is quantized: strata
-// computes experts in float only). The tokenizer is
+// experts stacked per projection as llama.cpp stacks them, in the base
+// type like the other linear weights (a projection whose rows are not
+// whole blocks in F16, one line per block). The tokenizer is
 // written as a GGUF vocabulary (tokenizer.GGUFVocab); one GGUF cannot
 // describe is an error, unless -no-tokenizer leaves it out.
 //

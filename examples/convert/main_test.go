@@ -383,18 +383,20 @@ func TestConvertReplaces(t *testing.T) {
 // TestConvertMoE: a mixture of experts converts with its experts stacked
 // as llama.cpp stacks them and opens as the fixture's model: a float
 // conversion keeps every value; Q8_0 quantizes the linear weights whose
-// rows are whole blocks and keeps the experts in the half type (one line
-// says so) and the router F32.
+// rows are whole blocks, the experts among them (each value within half a
+// step of its block's, plus the F16 rounding of the step; a projection whose rows are not whole blocks stays
+// in the half type, one line per block says so), and keeps the router F32.
 func TestConvertMoE(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		fixture, quantize string
 		stacked           quant.Type // the type of blk.0.ffn_up_exps.weight
+		fallbacks         int        // stderr's lines on expert tensors kept in the half type
 	}{
-		{fixtures.TinyMixtralBF16, "f32", quant.F32},
-		{fixtures.TinyMixtralBF16, "q8_0", quant.BF16},
-		{fixtures.TinyQwen3MoEF16, "f16", quant.F16},
-		{fixtures.TinyQwen3MoEF16, "q8_0", quant.F16},
+		{fixtures.TinyMixtralBF16, "f32", quant.F32, 0},
+		{fixtures.TinyMixtralBF16, "q8_0", quant.Q8_0, 0},
+		{fixtures.TinyQwen3MoEF16, "f16", quant.F16, 0},
+		{fixtures.TinyQwen3MoEF16, "q8_0", quant.Q8_0, 3}, // down_proj's rows of 48
 	} {
 		t.Run(tc.fixture+"/"+tc.quantize, func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "m.gguf")
@@ -402,8 +404,8 @@ func TestConvertMoE(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := strings.Count(stderr, "routed experts"); got != map[bool]int{true: 1}[tc.quantize == "q8_0"] {
-				t.Errorf("stderr %q: %d lines on the experts", stderr, got)
+			if got := strings.Count(stderr, "_exps.weight: rows of"); got != tc.fallbacks {
+				t.Errorf("stderr %q: %d lines on the experts, want %d", stderr, got, tc.fallbacks)
 			}
 			src, err := loader.Open(fixtures.Dir(tc.fixture))
 			if err != nil {
@@ -440,6 +442,23 @@ func TestConvertMoE(t *testing.T) {
 				}
 				if err := src.ReadRows(ctx, sti, 0, rows, ref); err != nil {
 					t.Fatal(err)
+				}
+				if ti.DType == tensor.Q8_0 {
+					// Each value within half a step d/2 of its block's (d
+					// the largest magnitude / 127), plus the rounding of d
+					// to F16 (relative 2^-11) times the largest quant.
+					for b := 0; b < len(ref); b += 32 {
+						var amax float64
+						for _, v := range ref[b : b+32] {
+							amax = max(amax, math.Abs(float64(v)))
+						}
+						for i := b; i < b+32; i++ {
+							if bound := amax / 127 * (0.5 + 127.0/2048); math.Abs(float64(got[i]-ref[i])) > bound {
+								t.Fatalf("%s (Q8_0) [%d]: %g, want %g within %g", spec.Name, i, got[i], ref[i], bound)
+							}
+						}
+					}
+					continue
 				}
 				if !reflect.DeepEqual(got, ref) {
 					t.Fatalf("%s (%v): values changed", spec.Name, ti.DType)

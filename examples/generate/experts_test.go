@@ -73,6 +73,31 @@ func TestExpertsReport(t *testing.T) {
 		t.Errorf("-expert-policy fifo: %v", err)
 	}
 
+	// -experts-cpu always computes the missing experts on the CPU: -json
+	// counts them, per decode step too, and the text is the same.
+	want, _, err := runArgs(t, "-model", dir, "-device", "cpu", "-ids", ids, "-max-new-tokens", fmt.Sprint(steps), "-quiet", "-gpu-memory-limit", limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := runArgs(t, "-model", dir, "-device", "cpu", "-ids", ids, "-max-new-tokens", fmt.Sprint(steps), "-quiet", "-gpu-memory-limit", limit, "-experts-cpu", "always")
+	if err != nil || got != want {
+		t.Errorf("-experts-cpu always: %q, %v; want %q", got, err, want)
+	}
+	stdout, _, err = runArgs(t, "-model", dir, "-device", "cpu", "-ids", ids, "-max-new-tokens", fmt.Sprint(steps), "-json", "-gpu-memory-limit", limit, "-experts-cpu", "always")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = report{}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatal(err)
+	}
+	if x := r.Experts; x == nil || x.OnCPU == 0 || x.OnCPUPerToken != float64(x.OnCPU)/float64(x.Tokens) || x.CPUBytes != x.OnCPU*x.ExpertBytes {
+		t.Errorf("-experts-cpu always: experts %+v", x)
+	}
+	if _, _, err := runArgs(t, "-model", dir, "-device", "cpu", "-ids", ids, "-experts-cpu", "sometimes"); err == nil || !strings.Contains(err.Error(), "-experts-cpu") {
+		t.Errorf("-experts-cpu sometimes: %v", err)
+	}
+
 	// A synthetic model's report says its routing is synthetic.
 	cfg := lm.Config.Clone()
 	cfg.MoE.Synthetic = &arch.SyntheticRouting{Skew: 1.2, Locality: 0.5, Seed: 4}

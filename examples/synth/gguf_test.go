@@ -104,7 +104,7 @@ func TestSynthGGUFBadFlags(t *testing.T) {
 		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q8_0", "-shard-size", "1MB"},
 		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q2_k"},
 		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q8_0", "-arch", "qwen2_moe"},
-		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q8_0", "-arch", "qwen3_moe", "-router-skew", "1"},
+		{"-out", filepath.Join(dir, "m.gguf"), "-dtype", "q8_0", "-arch", "qwen2_moe", "-router-skew", "1"},
 		{"-out", isDir, "-dtype", "q8_0", "-force"},
 		{"-out", filepath.Join(dir, "none", "m.gguf"), "-dtype", "q8_0"},
 	} {

@@ -1,20 +1,22 @@
 // Command synth writes a random-weight Llama-family model in Hugging Face
 // format (config.json, safetensors shards and index), or as a GGUF file,
 // quantized or not, for demos, tests and benchmarks of models larger than
-// the GPU, mixtures of experts included (in safetensors only).
+// the GPU, mixtures of experts included.
 //
 //	go run ./examples/synth -out /tmp/llama7b -preset llama2-7b -dtype f16
 //	go run ./examples/synth -out /tmp/llama7b-q4_k.gguf -preset llama2-7b -dtype q4_k
 //	go run ./examples/synth -out /tmp/tiny -preset tiny -tokenizer-from loader/fixtures/tiny-llama-bf16
 //	go run ./examples/synth -out /tmp/mixtral -preset mixtral-8x7b -router-skew 1.2 -router-locality 0.5
+//	go run ./examples/synth -out /tmp/mixtral-q8_0.gguf -preset mixtral-8x7b -dtype q8_0 -router-skew 0
 //
 // Shape flags override the preset. The same flags and seed give the same
 // bytes. A random router picks experts in its own way, neither uniformly
 // nor like a trained one; -router-skew writes synthetic routing into
 // config.json instead (arch.SyntheticRouting: Zipf popularity of exponent
 // -router-skew, 0 for uniform, and -router-locality, the chance that a
-// token keeps each of the previous token's experts), which strata runs and
-// reports label as synthetic. It prints the bytes written and the write speed. The model is
+// token keeps each of the previous token's experts; in a GGUF file
+// strata's metadata keys loader.GGUFSyntheticSkew and the others, which
+// llama.cpp ignores), which strata runs and reports label as synthetic. It prints the bytes written and the write speed. The model is
 // written into a temporary directory beside -out and takes its place when
 // complete; a directory that already holds a model is replaced only with
 // -force, and one that holds anything else is refused.
@@ -194,7 +196,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, *arch.Config, loader
 		return bad("-shard-size does not apply to a GGUF file")
 	}
 	if _, err := loader.GGUFArchitecture(cfg); o.gguf && err != nil {
-		return bad("-out %s: %s (llama, mistral, qwen2, qwen3, mixtral and qwen3_moe are, without -router-skew)", o.out, strings.TrimPrefix(err.Error(), "loader: "))
+		return bad("-out %s: %s (llama, mistral, qwen2, qwen3, mixtral and qwen3_moe are)", o.out, strings.TrimPrefix(err.Error(), "loader: "))
 	}
 	if o.tokenizerFrom != "" {
 		if st, err := os.Stat(o.tokenizerFrom); err != nil || !st.IsDir() {
@@ -355,9 +357,9 @@ func runGGUF(ctx context.Context, o *options, cfg *arch.Config, opts loader.Synt
 		n, _ := types[spec.Name].Bytes(spec.Shape.NumElements())
 		total += n
 	}
-	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d, vocab %d, %.3g M parameters, %s GGUF, %.1f MB of weights\n",
+	fmt.Fprintf(stdout, "synth: %s %s, %d layers, hidden %d, %d heads (%d KV), intermediate %d,%s vocab %d, %.3g M parameters, %s GGUF, %.1f MB of weights\n",
 		o.preset, cfg.Family.Architecture(), cfg.NumLayers, cfg.HiddenSize, cfg.NumHeads, cfg.NumKVHeads, cfg.IntermediateSize,
-		cfg.VocabSize, float64(cfg.NumParams())/1e6, o.base, float64(total)/1e6)
+		experts(cfg), cfg.VocabSize, float64(cfg.NumParams())/1e6, o.base, float64(total)/1e6)
 	start := time.Now()
 	opts.Progress = cli.NewProgress(stderr, "synth", false).Bytes
 	fallbacks, err := loader.SynthesizeGGUF(ctx, o.out, cfg, o.base, opts)

@@ -87,7 +87,8 @@ func TestSynthCLI(t *testing.T) {
 }
 
 // TestSynthMoE writes small models of the mixture-of-experts presets'
-// families, one with synthetic routing, and reads them back.
+// families, some with synthetic routing, some as GGUF files with
+// quantized experts, and reads them back.
 func TestSynthMoE(t *testing.T) {
 	small := []string{"-hidden", "64", "-layers", "2", "-heads", "4", "-kv-heads", "2", "-vocab", "512", "-dtype", "bf16"}
 	for _, tc := range []struct {
@@ -95,26 +96,48 @@ func TestSynthMoE(t *testing.T) {
 		args  []string
 		check func(c *arch.Config) bool
 		says  string
+		gguf  tensor.DType // the type of expert 1's up projection in block 1 of a GGUF file
 	}{
 		{"mixtral, synthetic routing", []string{"-preset", "mixtral-8x7b", "-intermediate", "48", "-experts", "4", "-experts-per-tok", "1",
 			"-router-skew", "1.2", "-router-locality", "0.5", "-seed", "7"},
 			func(c *arch.Config) bool {
 				return c.Family == arch.Mixtral && c.RopeTheta == 1e6 && reflect.DeepEqual(*c.MoE, arch.MoE{Experts: 4, ExpertsPerToken: 1,
 					ExpertSize: 48, SparseStep: 1, NormTopK: true, Synthetic: &arch.SyntheticRouting{Skew: 1.2, Locality: 0.5, Seed: 7}})
-			}, "4 experts of 48, 1 per token, synthetic routing (skew 1.2, locality 0.5)"},
+			}, "4 experts of 48, 1 per token, synthetic routing (skew 1.2, locality 0.5)", 0},
 		{"qwen3-moe", []string{"-preset", "qwen3-30b-a3b", "-head-dim", "16", "-experts", "8", "-experts-per-tok", "2", "-expert-size", "24"},
 			func(c *arch.Config) bool {
 				return c.Family == arch.Qwen3MoE && c.QKNorm && c.HeadDim == 16 && c.MoE.Synthetic == nil &&
 					c.MoE.Experts == 8 && c.MoE.ExpertsPerToken == 2 && c.MoE.ExpertSize == 24 && c.MoE.NormTopK
-			}, "8 experts of 24, 2 per token, routing by the random router"},
+			}, "8 experts of 24, 2 per token, routing by the random router", 0},
 		{"qwen2-moe from the tiny preset", []string{"-arch", "qwen2_moe", "-experts", "4", "-experts-per-tok", "2", "-expert-size", "32", "-router-skew", "0"},
 			func(c *arch.Config) bool {
 				return c.Family == arch.Qwen2MoE && c.QKVBias && c.MoE.SharedExperts == 1 && c.MoE.Synthetic != nil && c.MoE.Synthetic.Skew == 0
-			}, "a shared expert of 5632"},
+			}, "a shared expert of 5632", 0},
+		{"mixtral q8_0 gguf, synthetic routing", []string{"-preset", "mixtral-8x7b", "-intermediate", "96", "-experts", "4", "-experts-per-tok", "2",
+			"-router-skew", "1.2", "-router-locality", "0.5", "-seed", "7", "-dtype", "q8_0"},
+			func(c *arch.Config) bool {
+				return c.Family == arch.Mixtral && reflect.DeepEqual(*c.MoE, arch.MoE{Experts: 4, ExpertsPerToken: 2,
+					ExpertSize: 96, SparseStep: 1, NormTopK: true, Synthetic: &arch.SyntheticRouting{Skew: 1.2, Locality: 0.5, Seed: 7}})
+			}, "synthetic routing (skew 1.2, locality 0.5)", tensor.Q8_0},
+		{"qwen3-moe f16 gguf, uniform synthetic routing", []string{"-preset", "qwen3-30b-a3b", "-head-dim", "16", "-experts", "8", "-experts-per-tok", "2",
+			"-expert-size", "32", "-router-skew", "0", "-dtype", "f16"},
+			func(c *arch.Config) bool {
+				return c.Family == arch.Qwen3MoE && c.MoE.Experts == 8 && c.MoE.Synthetic != nil && c.MoE.Synthetic.Skew == 0 && c.MoE.Synthetic.Locality == 0
+			}, "synthetic routing (skew 0, locality 0)", tensor.F16},
+		{"qwen3-moe q4_k gguf", []string{"-preset", "qwen3-30b-a3b", "-hidden", "256", "-head-dim", "16", "-experts", "4", "-experts-per-tok", "2",
+			"-expert-size", "256", "-dtype", "q4_k"},
+			func(c *arch.Config) bool {
+				return c.Family == arch.Qwen3MoE && c.MoE.Experts == 4 && c.MoE.Synthetic == nil
+			}, "routing by the random router", tensor.Q4_K},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := t.TempDir()
-			stdout, _, err := runArgs(append(append([]string{"-out", out}, small...), tc.args...)...)
+			args := append(append([]string{"-out", out}, small...), tc.args...)
+			if tc.gguf != 0 {
+				out = filepath.Join(out, "m.gguf")
+				args[1] = out
+			}
+			stdout, _, err := runArgs(args...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,6 +151,12 @@ func TestSynthMoE(t *testing.T) {
 			defer m.Close()
 			if !tc.check(m.Config) {
 				t.Errorf("config %+v, MoE %+v", m.Config, m.Config.MoE)
+			}
+			if tc.gguf != 0 {
+				name := m.Config.LayerExperts(m.Config.BlockLayer(1))[1][arch.ExpertUp]
+				if ti, ok := m.Tensor(name); !ok || ti.DType != tc.gguf {
+					t.Errorf("%s: %+v, want %v", name, ti, tc.gguf)
+				}
 			}
 		})
 	}

@@ -71,7 +71,7 @@ func DeviceSpecs(device, devices string) (specs []string, ordinals []int, err er
 // with the same names and the same YAML config file (its memory: section);
 // flags given on the command line override the file.
 type MemoryFlags struct {
-	GPULimit, GPUFraction, HostLimit, Offload, ConfigFile, Mode, CPULayers, ExpertPolicy, KVCache, KVDType string
+	GPULimit, GPUFraction, HostLimit, Offload, ConfigFile, Mode, CPULayers, ExpertPolicy, ExpertsCPU, KVCache, KVDType string
 	// Threads is the -config file's cpu_threads once Resolve has read it
 	// (0 when it sets none).
 	Threads int
@@ -89,6 +89,7 @@ func (m *MemoryFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&m.KVCache, "kv-cache", "", "where the KV cache lives: device (the default: all of it in the budget), host (every block's in host memory: decode attends on the CPU, prefill uploads it) or auto (the planner chooses per block from the measured rates)")
 	fs.StringVar(&m.KVDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16, q8_b8 (8-bit blocks of 8 with an F16 scale, 10 bits a value) or q8_0 (blocks of 32, 8.5 bits a value)")
 	fs.StringVar(&m.ExpertPolicy, "expert-policy", "", "a mixture of experts' expert cache `policy`: lru (the default) or lfu (aged use counts: better when a few experts are popular)")
+	fs.StringVar(&m.ExpertsCPU, "experts-cpu", "", "a mixture of experts: when an expert missing from the device's cache is computed on the CPU from host memory instead of uploaded: auto (the default: when the measured rates predict it sooner, as in decode), never or always")
 }
 
 // Resolve merges the config file under the flags (set names the flags
@@ -120,6 +121,7 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 	mode := pick("memory-mode", m.Mode, fc.MemoryMode)
 	cpuLayers := pick("cpu-layers", m.CPULayers, fc.CPULayers)
 	expertPolicy := pick("expert-policy", m.ExpertPolicy, fc.ExpertPolicy)
+	expertsCPU := pick("experts-cpu", m.ExpertsCPU, fc.ExpertsCPU)
 	kvCache := pick("kv-cache", m.KVCache, fc.KVCache)
 	kvDType := pick("kv-dtype", m.KVDType, fc.KVDType)
 	if fc.CPUThreads != "" {
@@ -183,6 +185,11 @@ func (m *MemoryFlags) Resolve(set map[string]bool, ordinals []int) (engine.Memor
 	if expertPolicy != "" {
 		if mem.ExpertPolicy, err = paging.ParseExpertPolicy(expertPolicy); err != nil {
 			return mem, Usagef("-expert-policy: %v", err)
+		}
+	}
+	if expertsCPU != "" {
+		if mem.ExpertsCPU, err = paging.ParseExpertCPUPolicy(expertsCPU); err != nil {
+			return mem, Usagef("-experts-cpu: %v", err)
 		}
 	}
 	if kvCache != "" {
