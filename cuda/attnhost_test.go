@@ -2,16 +2,13 @@ package cuda
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/strata-llm/strata/tensor"
 	"github.com/strata-llm/strata/tensor/tensortest"
@@ -54,19 +51,7 @@ type attnHostCase struct {
 // is the reference's over the stored values within 1e-5, and no read
 // falls on a pool row left NaN.
 func TestAttentionKernelsOnHost(t *testing.T) {
-	nvcc, err := exec.LookPath("nvcc")
-	if err != nil {
-		t.Skipf("nvcc not found (make cuda-deps CUDA_DEPS_PKGS=\"nvidia-cuda-dev nvidia-cuda-toolkit\"): %v", err)
-	}
-	if testing.Short() {
-		t.Skip("builds the kernels' host harness with nvcc")
-	}
-	bin := filepath.Join(t.TempDir(), "attnhost")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, nvcc, "-x", "c++", "-O2", "-std=c++17", "-Xcompiler", "-pthread", "-o", bin, "testdata/attnhost.cpp").CombinedOutput(); err != nil {
-		t.Fatalf("nvcc: %v\n%s", err, out)
-	}
+	ctx, bin := hostHarness(t, "attnhost.cpp")
 	all := func(string) bool { return true }
 	r := rand.New(rand.NewPCG(3, 4))
 	var cases []*attnHostCase
@@ -112,6 +97,7 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 				if x.out == &c.qs {
 					dt = tensor.F32
 				}
+				var err error
 				if *x.out, err = tensortest.Stored(dt, x.v); err != nil {
 					t.Fatal(err)
 				}

@@ -2,15 +2,12 @@ package cuda
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os/exec"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/strata-llm/strata/tensor"
 	"github.com/strata-llm/strata/tensor/tensortest"
@@ -29,19 +26,7 @@ import (
 // groups short (N odd, not a multiple of a block's rows, rows straddling
 // two matrices), and K short of a batch of loads, of a split, one chunk.
 func TestGEMVSplitOnHost(t *testing.T) {
-	nvcc, err := exec.LookPath("nvcc")
-	if err != nil {
-		t.Skipf("nvcc not found (make cuda-deps CUDA_DEPS_PKGS=\"nvidia-cuda-dev nvidia-cuda-toolkit\"): %v", err)
-	}
-	if testing.Short() {
-		t.Skip("builds the kernels' host harness with nvcc")
-	}
-	bin := filepath.Join(t.TempDir(), "gemvhost")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, nvcc, "-x", "c++", "-O2", "-std=c++17", "-Xcompiler", "-pthread", "-o", bin, "testdata/gemvhost.cpp").CombinedOutput(); err != nil {
-		t.Fatalf("nvcc: %v\n%s", err, out)
-	}
+	ctx, bin := hostHarness(t, "gemvhost.cpp")
 	r := rand.New(rand.NewPCG(5, 6))
 	type hostCase struct {
 		name       string

@@ -2,15 +2,12 @@ package cuda
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os/exec"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/strata-llm/strata/tensor"
 	"github.com/strata-llm/strata/tensor/tensortest"
@@ -29,19 +26,7 @@ import (
 // scales, levels and high bits) with finite F16 scales; x is centred or
 // offset (the GEMV's sums of x cancel most there).
 func TestQuantKernelsOnHost(t *testing.T) {
-	nvcc, err := exec.LookPath("nvcc")
-	if err != nil {
-		t.Skipf("nvcc not found (make cuda-deps CUDA_DEPS_PKGS=\"nvidia-cuda-dev nvidia-cuda-toolkit\"): %v", err)
-	}
-	if testing.Short() {
-		t.Skip("builds the kernels' host harness with nvcc")
-	}
-	bin := filepath.Join(t.TempDir(), "quanthost")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, nvcc, "-O2", "-std=c++17", "-Xcompiler", "-pthread", "-o", bin, "testdata/quanthost.cu").CombinedOutput(); err != nil {
-		t.Fatalf("nvcc: %v\n%s", err, out)
-	}
+	ctx, bin := hostHarness(t, "quanthost.cu")
 	r := rand.New(rand.NewPCG(1, 2))
 	var cases []*hostCase
 	for id, f := range quantFormats {
