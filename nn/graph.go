@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -148,10 +149,23 @@ func (s *Session) fingerprint(layer int, lw LayerWeights) string {
 	buf := make([]byte, 0, 8*len(n))
 	for _, name := range n {
 		if t := lw[name]; name != "" && t != nil {
-			buf = binary.LittleEndian.AppendUint64(buf, uint64(t.Ptr()))
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(address(t)))
 		}
 	}
 	return string(buf)
+}
+
+// address is where t's storage starts: its device pointer, or for a
+// tensor in host memory (a backend that computes there, as the tests'
+// replaying one does) the address of its bytes.
+func address(t *tensor.Tensor) uintptr {
+	if p := t.Ptr(); p != 0 || !t.OnHost() {
+		return p
+	}
+	if b := t.Bytes(); len(b) > 0 {
+		return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	}
+	return 0
 }
 
 // setPosition writes the step's position for the graphs to read: on the

@@ -408,3 +408,62 @@ func TestDecodeGraphs(t *testing.T) {
 		}
 	})
 }
+
+// TestDecodeGraphsEveryBudget decodes the F16 fixture as graphs on the
+// replaying backend at every budget from the smallest to all resident, in
+// steps of a tenth of the weights, and checks each against the eager run
+// bit for bit. Between whole layers the plans keep parts of layers
+// resident and stream the rest through a ring slot, where a streamed part
+// may land at another offset from step to step: a graph must not replay
+// over the addresses it was captured with then (the fingerprint is of
+// host addresses on a host backend; it was of Ptr, always 0 there, and
+// the replays read stale parts from the first replayed step).
+func TestDecodeGraphsEveryBudget(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	prompt := []int32{1, 42, 71, 345, 81, 14}
+	cpu := tensor.NewCPU(1)
+	defer cpu.Close()
+	const steps, maxPos, chunk = 12, 32, 8
+	info, err := ModelInfo(lm, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = paging.Plan(info, 1, paging.StrategyMinimal, maxPos, 1, paging.WithChunkTokens(chunk))
+	var be *paging.BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("a 1-byte budget planned: %v", err)
+	}
+	for k := int64(0); ; k++ {
+		budget := be.Needed + lm.WeightBytes()*k/10
+		plan, err := paging.Plan(info, budget, paging.StrategyMinimal, maxPos, 1, paging.WithChunkTokens(chunk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(b tensor.Backend) ([][]float32, GraphStats) {
+			bud := newBudget(t, b, budget, "cpu")
+			defer bud.Close()
+			pager, err := paging.NewPager(Source(lm), bud, plan, paging.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pager.Close()
+			m, err := New(cfg, b, bud, pager)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return decode(t, m, prompt, steps, maxPos)
+		}
+		want, _ := run(cpu)
+		got, st := run(&replayer{Backend: cpu})
+		sameSteps(t, fmt.Sprintf("budget %d (%s)", budget, plan), got, want)
+		t.Logf("budget %d, resident layers %v, %d streamed bytes: %+v", budget, plan.ResidentLayers, plan.StreamedBytes, st)
+		if plan.StreamedBytes == 0 {
+			break
+		}
+	}
+}
