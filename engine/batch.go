@@ -570,6 +570,12 @@ func (b *Batcher) step() {
 			}
 		}
 	}
+	b.settle(ended, works, rows, prompt, t0)
+}
+
+// settle drops the requests that ended from the running ones and counts
+// a step of works (rows rows, prompt of them prompt tokens) begun at t0.
+func (b *Batcher) settle(ended []*job, works []nn.Work, rows, prompt int, t0 time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
@@ -596,10 +602,7 @@ func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.
 			// Every running request waits for its reader: poll.
 			time.Sleep(time.Millisecond)
 		}
-		b.mu.Lock()
-		b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
-		b.st.KVBlocksFree = b.batch.FreeBlocks()
-		b.mu.Unlock()
+		b.settle(ended, nil, 0, 0, t0)
 		return
 	}
 	b.mu.Lock()
@@ -636,20 +639,7 @@ func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.
 			ended = append(ended, j)
 		}
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
-	b.st.KVBlocksFree = b.batch.FreeBlocks()
-	if len(works) == 0 {
-		return
-	}
-	b.st.Steps++
-	b.st.BatchSize, b.st.StepRows = len(works), rows
-	b.st.BatchSizeSum += int64(len(works))
-	b.st.PromptTokens += int64(prompt)
-	b.st.PerStep = time.Since(t0)
-	b.st.StepRowsSum += int64(rows)
-	b.st.StepTimeSum += b.st.PerStep
+	b.settle(ended, works, rows, prompt, t0)
 }
 
 // emit samples j's next token from logits, sends it and reports whether j
