@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/strata-llm/strata/loader"
@@ -21,7 +22,7 @@ import (
 // bit, on any machine.
 type fakeGPU struct {
 	*tensor.CPU
-	pinned int64
+	pinned atomic.Int64 // bytes of AllocPinned not freed (the pager pins from several goroutines)
 }
 
 func newFakeGPU() *fakeGPU { return &fakeGPU{CPU: tensor.NewCPU(1)} }
@@ -29,12 +30,12 @@ func newFakeGPU() *fakeGPU { return &fakeGPU{CPU: tensor.NewCPU(1)} }
 func (f *fakeGPU) Name() string { return "fakegpu" }
 
 func (f *fakeGPU) AllocPinned(n int64) ([]byte, error) {
-	f.pinned += n
+	f.pinned.Add(n)
 	return make([]byte, n), nil
 }
 
 func (f *fakeGPU) FreePinned(b []byte) error {
-	f.pinned -= int64(len(b))
+	f.pinned.Add(-int64(len(b)))
 	return nil
 }
 
@@ -108,8 +109,8 @@ func TestHybridMatchesDirect(t *testing.T) {
 			if err := e.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if gpu.pinned != 0 {
-				t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned)
+			if gpu.pinned.Load() != 0 {
+				t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned.Load())
 			}
 		})
 	}
@@ -243,8 +244,8 @@ func TestHybridSeveralGPUs(t *testing.T) {
 				t.Fatal(err)
 			}
 			for d, g := range gpus {
-				if g.pinned != 0 {
-					t.Errorf("GPU %d: %d bytes of pinned memory left after Close", d, g.pinned)
+				if g.pinned.Load() != 0 {
+					t.Errorf("GPU %d: %d bytes of pinned memory left after Close", d, g.pinned.Load())
 				}
 			}
 		})

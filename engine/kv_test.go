@@ -99,8 +99,8 @@ func TestKVCacheInHostMemory(t *testing.T) {
 			if err := e.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if gpu.pinned != 0 {
-				t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned)
+			if gpu.pinned.Load() != 0 {
+				t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned.Load())
 			}
 		})
 	}
@@ -198,7 +198,7 @@ func TestKVCacheHostFaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pinned0 := gpu.pinned
+		pinned0 := gpu.pinned.Load()
 		used0 := e.budgets[0].UsedBy(paging.KVCache) + e.budgets[0].UsedBy(paging.Activations)
 		gpu.n = n
 		s, err := e.NewSession()
@@ -214,8 +214,8 @@ func TestKVCacheHostFaults(t *testing.T) {
 		if !errors.Is(err, tensor.ErrOutOfMemory) {
 			t.Fatalf("pinned allocation %d failed: %v", n, err)
 		}
-		if gpu.pinned != pinned0 || e.budgets[0].UsedBy(paging.KVCache)+e.budgets[0].UsedBy(paging.Activations) != used0 {
-			t.Fatalf("pinned allocation %d failed: pinned %d bytes (before %d), device %d bytes (before %d)", n, gpu.pinned, pinned0, e.budgets[0].UsedBy(paging.KVCache)+e.budgets[0].UsedBy(paging.Activations), used0)
+		if gpu.pinned.Load() != pinned0 || e.budgets[0].UsedBy(paging.KVCache)+e.budgets[0].UsedBy(paging.Activations) != used0 {
+			t.Fatalf("pinned allocation %d failed: pinned %d bytes (before %d), device %d bytes (before %d)", n, gpu.pinned.Load(), pinned0, e.budgets[0].UsedBy(paging.KVCache)+e.budgets[0].UsedBy(paging.Activations), used0)
 		}
 		gpu.n = 1 << 30
 		s, err = e.NewSession()
@@ -306,8 +306,8 @@ func TestKVCacheHybrid(t *testing.T) {
 		if err := e.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if gpu.pinned != 0 {
-			t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned)
+		if gpu.pinned.Load() != 0 {
+			t.Errorf("%d bytes of pinned memory left after Close", gpu.pinned.Load())
 		}
 		gpu.Close()
 	}
@@ -400,8 +400,8 @@ func TestKVCacheHostSeveralDevices(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, g := range gpus {
-					if g.pinned != 0 {
-						t.Errorf("%d bytes of pinned memory left after Close", g.pinned)
+					if g.pinned.Load() != 0 {
+						t.Errorf("%d bytes of pinned memory left after Close", g.pinned.Load())
 					}
 				}
 			})
