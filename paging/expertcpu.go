@@ -144,9 +144,7 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 		if !admitted {
 			return
 		}
-		if !fromArena {
-			_ = p.hostFree(buf, pinned)
-		}
+		p.expertHostFree(buf, pinned, fromArena)
 		p.mu.Lock()
 		p.hostUsed -= e.hostSize
 		p.mu.Unlock()
@@ -156,16 +154,7 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 		case admitted:
 			// Pinned where the device has it, as a load would keep it: the
 			// expert may be uploaded from this copy later.
-			if b, grown := p.ex.arena.alloc(e.hostSize); b != nil {
-				buf, pinned, fromArena = b, true, true
-				if grown > 0 {
-					p.mu.Lock()
-					p.pinnedBytes += grown
-					p.mu.Unlock()
-				}
-			} else {
-				buf, pinned = p.hostAlloc(e.hostSize)
-			}
+			buf, pinned, fromArena = p.expertHostAlloc(e.hostSize)
 		default:
 			buf = make([]byte, e.hostSize)
 		}

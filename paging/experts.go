@@ -724,16 +724,7 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 	p.mu.Unlock()
 	pinned, fromArena := false, false
 	if admitted {
-		if b, grown := x.arena.alloc(e.hostSize); b != nil {
-			buf, pinned, fromArena = b, true, true
-			if grown > 0 {
-				p.mu.Lock()
-				p.pinnedBytes += grown
-				p.mu.Unlock()
-			}
-		} else {
-			buf, pinned = p.hostAlloc(e.hostSize)
-		}
+		buf, pinned, fromArena = p.expertHostAlloc(e.hostSize)
 	}
 	defer func() {
 		if err == nil || !admitted {
@@ -743,9 +734,7 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 			_ = r()
 		}
 		ready = nil
-		if !fromArena { // an arena's piece stays with the arena until Close
-			_ = p.hostFree(buf, pinned)
-		}
+		p.expertHostFree(buf, pinned, fromArena)
 		p.mu.Lock()
 		p.hostUsed -= e.hostSize
 		p.mu.Unlock()
@@ -800,6 +789,32 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 		p.mu.Unlock()
 	}
 	return ts, ready, nil
+}
+
+// expertHostAlloc allocates an expert's host copy for the host cache: a
+// piece of the expert cache's pinned arena, else (no arena, or the arena
+// could not grow) the pager's hostAlloc. pinned says it is page-locked,
+// fromArena that it is the arena's.
+func (p *Pager) expertHostAlloc(n int64) (buf []byte, pinned, fromArena bool) {
+	if b, grown := p.ex.arena.alloc(n); b != nil {
+		if grown > 0 {
+			p.mu.Lock()
+			p.pinnedBytes += grown
+			p.mu.Unlock()
+		}
+		return b, true, true
+	}
+	buf, pinned = p.hostAlloc(n)
+	return buf, pinned, false
+}
+
+// expertHostFree gives back a host copy from expertHostAlloc that the
+// host cache does not keep: an arena's piece stays with the arena until
+// Close.
+func (p *Pager) expertHostFree(buf []byte, pinned, fromArena bool) {
+	if !fromArena {
+		_ = p.hostFree(buf, pinned)
+	}
 }
 
 // closeExpertsLocked frees the expert cache's host copies; the caller holds mu,
