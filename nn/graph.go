@@ -197,37 +197,13 @@ func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 i
 		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 	}
 	key := graphKey{bound: s.bucket(pos0), fp: s.fingerprint(s.m.blockLayer(i), lw), residual: residual}
-	g := lg.graphs[key]
+	g := lg.graph(gs, key, func() error { return s.block(ctx, i, 1, key.bound, lw, scale, gs.posAt, residual) }, lg.giveUp)
 	if g == nil {
-		again := lg.seen && lg.last == key
-		if lg.seen && lg.last.fp != key.fp {
-			if lg.moves++; lg.moves >= maxMoves {
-				lg.giveUp()
-			}
-		}
-		lg.last, lg.seen = key, true
-		if !again || lg.eager {
-			gs.eager++
-			return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
-		}
-		var err error
-		g, err = gs.g.Capture(func() error { return s.block(ctx, i, 1, key.bound, lw, scale, gs.posAt, residual) })
-		if err != nil {
-			// Not capturable here: this block stays eager, and the step
-			// runs it so (reporting the block's own error, if any).
-			lg.giveUp()
-			gs.eager++
-			return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
-		}
-		gs.captures++
-		if len(lg.graphs) >= graphsPerLayer {
-			for k, old := range lg.graphs {
-				old.Close()
-				delete(lg.graphs, k)
-				break
-			}
-		}
-		lg.graphs[key] = g
+		// Not yet seen twice at these addresses, moved too often, or not
+		// capturable here (the eager run reports the block's own error,
+		// if any).
+		gs.eager++
+		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 	}
 	gs.replays++
 	return g.Replay()
@@ -293,37 +269,10 @@ func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos
 		}
 	}
 	key := graphKey{bound: s.bucket(pos0), fp: fp, residual: residual}
-	g := rg.graphs[key]
+	g := rg.graph(gs, key, func() error { return run(key.bound, gs.posAt) }, abandon)
 	if g == nil {
-		again := rg.seen && rg.last == key
-		if rg.seen && rg.last.fp != key.fp {
-			if rg.moves++; rg.moves >= maxMoves {
-				abandon()
-			}
-		}
-		rg.last, rg.seen = key, true
-		if !again || rg.eager {
-			gs.eager += int64(hi - lo)
-			return run(pos0, nil)
-		}
-		var err error
-		g, err = gs.g.Capture(func() error { return run(key.bound, gs.posAt) })
-		if err != nil {
-			// Not capturable as a run: its blocks run eagerly in this
-			// step.
-			abandon()
-			gs.eager += int64(hi - lo)
-			return run(pos0, nil)
-		}
-		gs.captures++
-		if len(rg.graphs) >= graphsPerLayer {
-			for k, old := range rg.graphs {
-				old.Close()
-				delete(rg.graphs, k)
-				break
-			}
-		}
-		rg.graphs[key] = g
+		gs.eager += int64(hi - lo)
+		return run(pos0, nil)
 	}
 	gs.replays++
 	gs.runReplays++
@@ -332,6 +281,42 @@ func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos
 		return fmt.Errorf("blocks %d to %d: %w", lo, hi-1, err)
 	}
 	return nil
+}
+
+// graph returns lg's graph for key, or nil when the step is to run
+// eagerly: a key is captured (with capture) the second step in a row it is
+// seen; giveUp is called when the addresses have moved maxMoves times or
+// the capture fails. A new graph takes the place of an old one beyond
+// graphsPerLayer.
+func (lg *layerGraphs) graph(gs *sessionGraphs, key graphKey, capture func() error, giveUp func()) tensor.Graph {
+	if g := lg.graphs[key]; g != nil {
+		return g
+	}
+	again := lg.seen && lg.last == key
+	if lg.seen && lg.last.fp != key.fp {
+		if lg.moves++; lg.moves >= maxMoves {
+			giveUp()
+		}
+	}
+	lg.last, lg.seen = key, true
+	if !again || lg.eager {
+		return nil
+	}
+	g, err := gs.g.Capture(capture)
+	if err != nil {
+		giveUp()
+		return nil
+	}
+	gs.captures++
+	if len(lg.graphs) >= graphsPerLayer {
+		for k, old := range lg.graphs {
+			old.Close()
+			delete(lg.graphs, k)
+			break
+		}
+	}
+	lg.graphs[key] = g
+	return g
 }
 
 // giveUp closes the block's graphs and keeps it eager.
