@@ -305,10 +305,7 @@ func batchedMarkdown(rows []BatchedRow) string {
 	sb.WriteString("| model | budget | streams | system | run | aggregate tok/s | inter-token p50 | inter-token p99 | first token p50 | first token p99 | mean batch | vs baseline |\n")
 	sb.WriteString("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
-		budget := "none"
-		if r.BudgetBytes > 0 {
-			budget = paging.FormatSize(r.BudgetBytes)
-		}
+		budget := budgetCell(r.BudgetBytes)
 		if r.Error != "" {
 			fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | error: %s |||||||\n", r.Model, budget, r.Streams, r.Kind, r.Run, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
@@ -361,10 +358,7 @@ func markdown(c *Ceilings, rows []Row) string {
 	hybrid := false
 	sb.WriteString("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |\n")
 	for _, r := range rows {
-		budget := "none"
-		if r.BudgetBytes > 0 {
-			budget = paging.FormatSize(r.BudgetBytes)
-		}
+		budget := budgetCell(r.BudgetBytes)
 		if r.Error != "" {
 			fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | error: %s ||||||||||||||||||\n", r.Model, r.Kind, budget, r.Strategy, r.Mode, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
@@ -453,4 +447,12 @@ func launchCell(r *Result) string {
 		return fmt.Sprintf("%.1f (graphs: %.1f replays)", r.LaunchesPerToken, float64(r.Launches.Graphs)/float64(max(r.DecodeTokens, 1)))
 	}
 	return fmt.Sprintf("%.1f", r.LaunchesPerToken)
+}
+
+// budgetCell is a run's budget in a table: its size, or none.
+func budgetCell(n int64) string {
+	if n > 0 {
+		return paging.FormatSize(n)
+	}
+	return "none"
 }
