@@ -113,10 +113,13 @@ type Backend struct {
 	gemvSplit *gemvVariant
 	// qgemv picks the integer GEMV of one row of x for the quantized
 	// formats with direct kernels (quantFormat.direct, kernels/quantd.cuh):
-	// qgemvStaged (the default: the kernels of quantx.cuh), qgemvDirect or
-	// qgemvDirect8. BenchmarkQuantGEMV and
-	// TestQuantGEMVKernels set it on their backend to compare them.
-	qgemv qgemvKind
+	// qgemvStaged (the kernels of quantx.cuh), qgemvDirect or
+	// qgemvDirect8, and qgemvD the direct kernel's variant. Open sets them
+	// from QGEMVEnv (defaultQGEMV, defaultGEMVDVariant);
+	// BenchmarkQuantGEMV and TestQuantGEMVKernels set them on their
+	// backend to compare them.
+	qgemv  qgemvKind
+	qgemvD gemvdVariant
 	// qgemvWide picks, for one row of x and the formats without direct
 	// kernels but with a wide staged one (quantFormat.xrowsWide > 0: Q8_0,
 	// Q6_K, Q4_0, Q4_1, Q5_0, Q5_1), gemvx_<f>_m1w (twice the warps an SM,
@@ -210,9 +213,14 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // loaded. Without cuBLAS, matrix products run on built-in kernels (BLAS
 // says which). The environment variable STRATA_CUBLAS may name the cuBLAS
 // library file to load instead of searching the versioned sonames, and
-// STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use.
+// STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use and
+// STRATA_CUDA_QGEMV (QGEMVEnv) the integer GEMV of Q4_K and Q5_K.
 func Open(device int) (*Backend, error) {
 	split, rows, err := gemvVariantNamed(os.Getenv(GEMVEnv))
+	if err != nil {
+		return nil, err
+	}
+	qgemv, qgemvD, err := qgemvNamed(os.Getenv(QGEMVEnv))
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +247,7 @@ func Open(device int) (*Backend, error) {
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
-		gemvRows: rows, gemvSplit: split,
+		gemvRows: rows, gemvSplit: split, qgemv: qgemv, qgemvD: qgemvD,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()

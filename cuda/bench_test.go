@@ -394,9 +394,10 @@ func quantWeightSet(b *testing.B, be *Backend, dt tensor.DType, n, k int) []*ten
 // second (GB/s) and the time per product; 8 products on rotating
 // matrices per iteration, synced, so launch cost is included as in
 // decode. Quantized weights run MatMul's integer GEMV (the rounding of x
-// and the GEMV, both timed: for Q4_K and Q5_K the direct kernel on X16,
-// as <dtype>-direct8 the direct one on X8, as <dtype>-staged the staged
-// kernel gemvx_*_m1 that ran before; Backend.qgemv; as <dtype>-wide, for
+// and the GEMV, both timed: the staged kernel gemvx_*_m1; for Q4_K and
+// Q5_K, as <dtype>-direct-r<R>u<U>, the direct kernel's variants on X16
+// and as <dtype>-direct8 the direct one on X8; Backend.qgemv and
+// qgemvD; as <dtype>-wide, for
 // Q8_0, Q6_K and Q4_0, the staged gemvx_*_m1w with twice the warps an SM,
 // Backend.qgemvWide) and, as <dtype>-f32x,
 // the F32-x GEMV kernels that MatMulPrecise runs. The copy sub-benchmark measures the device in the same run: a
@@ -427,18 +428,22 @@ func BenchmarkQuantGEMV(b *testing.B) {
 		b.ReportMetric(2*size*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 	})
 	const perIter = 8
-	defer func() { be.qgemv, be.qgemvWide = qgemvStaged, false }()
+	defer func(k qgemvKind, v gemvdVariant) { be.qgemv, be.qgemvD, be.qgemvWide = k, v, false }(be.qgemv, be.qgemvD)
 	// qgemvWideBench marks the entries of gemvx_<f>_m1w (Backend.qgemvWide).
 	const qgemvWideBench qgemvKind = -1
-	for _, s := range []struct{ n, k int }{{11008, 4096}, {4096, 11008}} {
+	r1u2, r2u1, r2u2, r4u1 := gemvdVariant{1, 2}, gemvdVariant{2, 1}, gemvdVariant{2, 2}, gemvdVariant{4, 1}
+	for _, s := range []struct{ n, k int }{{11008, 4096}, {4096, 11008}, {4096, 4096}} {
 		for _, c := range []struct {
 			dt    tensor.DType
 			f32x  bool
 			qgemv qgemvKind
-		}{{tensor.F16, false, 0}, {tensor.Q8_0, false, 0}, {tensor.Q6_K, false, 0}, {tensor.Q5_K, false, 0}, {tensor.Q4_K, false, 0}, {tensor.Q4_0, false, 0},
-			{tensor.Q5_K, false, qgemvDirect8}, {tensor.Q4_K, false, qgemvDirect8}, {tensor.Q5_K, false, qgemvDirect}, {tensor.Q4_K, false, qgemvDirect},
-			{tensor.Q8_0, false, qgemvWideBench}, {tensor.Q6_K, false, qgemvWideBench}, {tensor.Q4_0, false, qgemvWideBench},
-			{tensor.Q8_0, true, 0}, {tensor.Q6_K, true, 0}, {tensor.Q5_K, true, 0}, {tensor.Q4_K, true, 0}, {tensor.Q4_0, true, 0}} {
+			v     gemvdVariant
+		}{{tensor.F16, false, 0, r2u2}, {tensor.Q8_0, false, 0, r2u2}, {tensor.Q6_K, false, 0, r2u2}, {tensor.Q5_K, false, 0, r2u2}, {tensor.Q4_K, false, 0, r2u2}, {tensor.Q4_0, false, 0, r2u2},
+			{tensor.Q5_K, false, qgemvDirect8, gemvd8Variant}, {tensor.Q4_K, false, qgemvDirect8, gemvd8Variant},
+			{tensor.Q5_K, false, qgemvDirect, r2u1}, {tensor.Q5_K, false, qgemvDirect, r2u2},
+			{tensor.Q4_K, false, qgemvDirect, r1u2}, {tensor.Q4_K, false, qgemvDirect, r2u1}, {tensor.Q4_K, false, qgemvDirect, r2u2}, {tensor.Q4_K, false, qgemvDirect, r4u1},
+			{tensor.Q8_0, false, qgemvWideBench, r2u2}, {tensor.Q6_K, false, qgemvWideBench, r2u2}, {tensor.Q4_0, false, qgemvWideBench, r2u2},
+			{tensor.Q8_0, true, 0, r2u2}, {tensor.Q6_K, true, 0, r2u2}, {tensor.Q5_K, true, 0, r2u2}, {tensor.Q4_K, true, 0, r2u2}, {tensor.Q4_0, true, 0, r2u2}} {
 			dt, path, name, kind := c.dt, pathAuto, c.dt.String(), c.qgemv
 			switch {
 			case c.f32x:
@@ -447,13 +452,15 @@ func BenchmarkQuantGEMV(b *testing.B) {
 				// gemvx_<f>_m1w (Backend.qgemvWide) for a format
 				// without direct kernels.
 				name += "-wide"
+			case kind == qgemvDirect:
+				name += "-direct-" + c.v.String()
 			case kind != qgemvStaged:
-				// Q4_K and Q5_K run the staged kernel on X16 by default;
-				// these name the other integer GEMVs (Backend.qgemv).
+				// The entries without a suffix run the staged kernel on
+				// X16; these name the other integer GEMVs (Backend.qgemv).
 				name += "-" + kind.String()
 			}
 			b.Run(fmt.Sprintf("%s/N%d_K%d", name, s.n, s.k), func(b *testing.B) {
-				be.qgemv, be.qgemvWide = kind, kind == qgemvWideBench
+				be.qgemv, be.qgemvD, be.qgemvWide = kind, c.v, kind == qgemvWideBench
 				if kind == qgemvWideBench {
 					be.qgemv = qgemvStaged
 				}

@@ -119,22 +119,26 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 
 // gemvDirect is the product of one row of x (at xp) with up to three
 // weights ws of format f (outputs at outs) by the direct kernels of
-// kernels/quantd.cuh: x rounded once into the scratch at q, d, s (X16, or
-// X8 for qgemvDirect8), then one launch over all the weights' rows, a warp
-// a row. The weights must be 16-byte aligned (directOK).
+// kernels/quantd.cuh: x rounded once into the scratch at q, d, s (the
+// interleaved X16, or X8 for qgemvDirect8), then one launch over all the
+// weights' rows, a warp a group of Backend.qgemvD's rows. The weights must
+// be 16-byte aligned (directOK).
 func (b *Backend) gemvDirect(outs []uintptr, xp, q, d, s uintptr, ws []*tensor.Tensor, f quantFormat, k int) error {
-	round, gemv := "quantx16", "gemvd_"+f.name
+	round, v, prefix := "quantx16i", b.qgemvD, "gemvd_"
 	if b.qgemv == qgemvDirect8 {
-		round, gemv = "quantx8", "gemvd8_"+f.name
+		round, v, prefix = "quantx8i", gemvd8Variant, "gemvd8_"
+	}
+	if v.r == 0 {
+		v = defaultGEMVDVariant
 	}
 	var o, w [3]uintptr
 	var n [3]int
-	rows := 0
+	groups := 0
 	for i := range ws {
 		o[i], w[i], n[i] = outs[i], ws[i].Ptr(), ws[i].Shape()[0]
-		rows += n[i]
+		groups += (n[i] + v.r - 1) / v.r
 	}
-	if rows == 0 {
+	if groups == 0 {
 		return nil
 	}
 	blocks := int64(k / 32)
@@ -142,9 +146,9 @@ func (b *Backend) gemvDirect(outs []uintptr, xp, q, d, s uintptr, ws []*tensor.T
 	if err := b.run(round, qgrid, [3]uint32{256, 1, 1}, new(args).ptr(q).ptr(d).ptr(s).ptr(xp).i64(blocks)); err != nil {
 		return err
 	}
-	grid := [3]uint32{uint32((rows + gemvdWarps - 1) / gemvdWarps), 1, 1}
+	grid := [3]uint32{uint32((groups + gemvdWarps - 1) / gemvdWarps), 1, 1}
 	a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(q).ptr(d).ptr(s).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
-	return b.run(gemv, grid, [3]uint32{32 * gemvdWarps, 1, 1}, a)
+	return b.run(prefix+f.name+"_"+v.String(), grid, [3]uint32{32 * gemvdWarps, 1, 1}, a)
 }
 
 // directOK reports whether one row of x times the weights ws (1 to 3, of

@@ -26,7 +26,7 @@ import (
 // NaN) are checked too.
 func TestQuantGEMVKernels(t *testing.T) {
 	b := openGPU(t)
-	defer func() { b.qgemv = qgemvStaged }()
+	defer func(k qgemvKind, v gemvdVariant) { b.qgemv, b.qgemvD = k, v }(b.qgemv, b.qgemvD)
 	r := newRand(t)
 	shapes := []struct{ n, k int }{{3, 256}, {33, 13 * 256}, {4096, 4096}, {11008, 4096}, {4096, 11008}}
 	for _, f := range quantFormats {
@@ -48,16 +48,28 @@ func TestQuantGEMVKernels(t *testing.T) {
 			want := tensortest.RefMatMul(xv, wv, nil, 1, s.n, s.k)
 			want16 := tensortest.RefMatMul(quantX16(xh).values(), wv, nil, 1, s.n, s.k)
 			want8 := tensortest.RefMatMul(quantX8(xh).values(), wv, nil, 1, s.n, s.k)
-			outs := map[qgemvKind][]float32{}
-			for _, kind := range []qgemvKind{qgemvStaged, qgemvDirect, qgemvDirect8} {
-				t.Run(fmt.Sprintf("%v/%v/N%d_K%d", f.dt, kind, s.n, s.k), func(t *testing.T) {
-					b.qgemv = kind
+			outs := map[string][]float32{}
+			type run struct {
+				kind qgemvKind
+				v    gemvdVariant
+			}
+			runs := []run{{qgemvStaged, defaultGEMVDVariant}, {qgemvDirect8, gemvd8Variant}}
+			for _, v := range gemvdVariants {
+				runs = append(runs, run{qgemvDirect, v})
+			}
+			for _, rn := range runs {
+				kind, name := rn.kind, rn.kind.String()
+				if kind == qgemvDirect {
+					name += "-" + rn.v.String()
+				}
+				t.Run(fmt.Sprintf("%v/%s/N%d_K%d", f.dt, name, s.n, s.k), func(t *testing.T) {
+					b.qgemv, b.qgemvD = kind, rn.v
 					out, _ := put(t, b, tensor.F32, tensor.Shape{1, s.n}, nanSlice(s.n))
 					if err := b.matmul(out, x, w, nil, pathAuto); err != nil {
 						t.Fatal(err)
 					}
 					got := get(t, b, out)
-					outs[kind] = got
+					outs[name] = got
 					if kind != qgemvDirect8 {
 						checkX16(t, "MatMul", got, want16, want)
 						return
@@ -70,7 +82,12 @@ func TestQuantGEMVKernels(t *testing.T) {
 					}
 				})
 			}
-			if d, st := outs[qgemvDirect], outs[qgemvStaged]; d != nil && st != nil {
+			for _, v := range gemvdVariants {
+				name := "direct-" + v.String()
+				d, st := outs[name], outs[qgemvStaged.String()]
+				if d == nil || st == nil {
+					continue
+				}
 				ref := make([]float64, len(st))
 				same := 0
 				for i, v := range st {
@@ -80,9 +97,9 @@ func TestQuantGEMVKernels(t *testing.T) {
 					}
 				}
 				if e := tensortest.RelErr(d, ref); !(e <= 1e-6) {
-					t.Errorf("%v N%d_K%d: direct against staged: relative difference %.3g > 1e-6", f.dt, s.n, s.k, e)
+					t.Errorf("%v N%d_K%d: %s against staged: relative difference %.3g > 1e-6", f.dt, s.n, s.k, name, e)
 				} else {
-					t.Logf("%v N%d_K%d: direct against staged: relative difference %.2g, %d of %d outputs bit-identical", f.dt, s.n, s.k, e, same, len(d))
+					t.Logf("%v N%d_K%d: %s against staged: relative difference %.2g, %d of %d outputs bit-identical", f.dt, s.n, s.k, name, e, same, len(d))
 				}
 			}
 		}
@@ -118,7 +135,7 @@ func TestQuantGEMVKernels(t *testing.T) {
 // way.
 func TestQuantManyDirect(t *testing.T) {
 	b := openGPU(t)
-	defer func() { b.qgemv = qgemvStaged }()
+	defer func(k qgemvKind) { b.qgemv = k }(b.qgemv)
 	r := newRand(t)
 	for _, f := range quantFormats {
 		if !f.direct {

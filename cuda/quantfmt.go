@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -100,8 +101,69 @@ func (k qgemvKind) String() string {
 }
 
 // gemvdWarps is QDWARPS of kernels/quantd.cuh: the warps of a direct GEMV
-// block, each taking a row of w.
+// block, each taking a group of rows of w.
 const gemvdWarps = 4
+
+// gemvdVariant is an instantiation of the direct GEMV (QUANT_GEMVD in
+// kernels/quantd.cuh): r rows of w a warp, u steps of loads in flight.
+type gemvdVariant struct{ r, u int }
+
+// gemvdVariants are the X16 instantiations of QUANT_GEMVD; keep the two
+// lists together. gemvd8Variant is its one X8 instantiation.
+var (
+	gemvdVariants = []gemvdVariant{{1, 2}, {2, 1}, {2, 2}, {4, 1}}
+	gemvd8Variant = gemvdVariant{2, 2}
+)
+
+func (v gemvdVariant) String() string { return fmt.Sprintf("r%du%d", v.r, v.u) }
+
+// QGEMVEnv names the environment variable that picks the integer GEMV of
+// one row of x for Q4_K and Q5_K weights when a backend opens, so that a
+// whole decode can be timed with each: "" for the default, "staged",
+// "direct" (the default variant), "direct:r<R>u<U>" (one of
+// gemvdVariants) or "direct8".
+const QGEMVEnv = "STRATA_CUDA_QGEMV"
+
+// Defaults of Backend.qgemv and Backend.qgemvD.
+var (
+	defaultQGEMV        = qgemvStaged
+	defaultGEMVDVariant = gemvdVariant{2, 2}
+)
+
+// qgemvNamed parses QGEMVEnv's value.
+func qgemvNamed(s string) (qgemvKind, gemvdVariant, error) {
+	kind, variant := defaultQGEMV, defaultGEMVDVariant
+	name, v, hasV := strings.Cut(s, ":")
+	switch name {
+	case "":
+		return kind, variant, nil
+	case "staged":
+		kind = qgemvStaged
+	case "direct":
+		kind = qgemvDirect
+	case "direct8":
+		kind, variant = qgemvDirect8, gemvd8Variant
+	default:
+		return 0, variant, fmt.Errorf("cuda: %s=%q names no integer GEMV (have staged, direct, direct:r<R>u<U>, direct8)", QGEMVEnv, s)
+	}
+	if hasV {
+		if kind != qgemvDirect {
+			return 0, variant, fmt.Errorf("cuda: %s=%q: only direct has variants", QGEMVEnv, s)
+		}
+		var names []string
+		found := false
+		for _, c := range gemvdVariants {
+			names = append(names, c.String())
+			if c.String() == v {
+				variant, found = c, true
+			}
+		}
+		if !found {
+			return 0, variant, fmt.Errorf("cuda: %s=%q names no direct GEMV variant (have %s)", QGEMVEnv, s, strings.Join(names, ", "))
+		}
+	}
+	return kind, variant, nil
+}
 
 // quantGEMVMaxRows is the largest M that MatMul sends to the integer GEMV
 // rather than to cuBLAS for quantized weights (gemvMaxRows for the F32-x

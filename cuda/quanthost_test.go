@@ -115,8 +115,14 @@ func TestQuantKernelsOnHost(t *testing.T) {
 				{5, qk, 3, 1, 0},
 				{33, 43 * qk, 2, 4, 0},
 			} {
-				for _, op := range []int32{5, 6} {
-					c := &hostCase{op: op, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: g.woff, n: g.n, k: g.k, m: 1, nanRow: -1}
+				variants := append([]gemvdVariant{}, gemvdVariants...)
+				variants = append(variants, gemvd8Variant)
+				for vi, v := range variants {
+					op := int32(5)
+					if vi == len(variants)-1 {
+						op = 6
+					}
+					c := &hostCase{op: op, f: f, id: id, nblocks: g.nblocks, nwarps: g.nwarps, woff: g.woff, n: g.n, k: g.k, m: 1, nanRow: -1, dv: v}
 					c.w = hostWeights(t, r, f.dt, g.n, g.k, i%2 == 1)
 					c.x = make([]float32, g.k)
 					for j := range c.x {
@@ -132,7 +138,7 @@ func TestQuantKernelsOnHost(t *testing.T) {
 						c.x[3] = float32(math.NaN())
 						c.nanRow = 0
 					}
-					c.name = fmt.Sprintf("%v/gemvd_op%d/N%d_K%d_off%d_%dx%d", f.dt, op, g.n, g.k, g.woff, g.nblocks, g.nwarps)
+					c.name = fmt.Sprintf("%v/gemvd_op%d_%v/N%d_K%d_off%d_%dx%d", f.dt, op, v, g.n, g.k, g.woff, g.nblocks, g.nwarps)
 					cases = append(cases, c)
 				}
 			}
@@ -186,7 +192,8 @@ type hostCase struct {
 	ids                   []int32
 	w                     []byte
 	x                     []float32
-	nanRow                int // the row of x with a NaN or an infinity (op 4), or -1
+	nanRow                int          // the row of x with a NaN or an infinity (op 4), or -1
+	dv                    gemvdVariant // the direct gemv's variant (ops 5, 6)
 }
 
 func (c *hostCase) request(b *bytes.Buffer) {
@@ -198,6 +205,9 @@ func (c *hostCase) request(b *bytes.Buffer) {
 	put(int(c.op), c.id, c.nblocks, c.nwarps, c.woff, c.n, c.k)
 	if c.op == 1 || c.op >= 4 {
 		put(c.m)
+		if c.op == 5 || c.op == 6 {
+			put(c.dv.r, c.dv.u)
+		}
 		b.Write(c.w)
 		binary.Write(b, binary.LittleEndian, c.x)
 		return
@@ -310,6 +320,14 @@ func (c *hostCase) checkX16(t *testing.T, resp *bytes.Buffer, row func(int) []fl
 	} else {
 		binary.Read(resp, binary.LittleEndian, gx.q)
 	}
+	if c.op == 5 || c.op == 6 {
+		// The direct kernels' levels are interleaved.
+		l := 8
+		if c.op == 6 {
+			l = 16
+		}
+		gx.q = deinterleave(gx.q, l)
+	}
 	binary.Read(resp, binary.LittleEndian, gx.d)
 	binary.Read(resp, binary.LittleEndian, gx.s)
 	bad := 0
@@ -356,6 +374,25 @@ func (c *hostCase) checkX16(t *testing.T, resp *bytes.Buffer, row func(int) []fl
 	} else {
 		t.Logf("GEMV on %s: relative error %.2g against the rounded x, %.2g against x", what, er, ex)
 	}
+}
+
+// deinterleave puts the levels of the direct GEMV's interleaved X16 or X8
+// (kernels/quantx.cuh, ilpos: l levels a 16-byte load) back in element
+// order: in each 256 elements, lane m = 2g+h of a block takes the elements
+// 64g+16h+i and 64g+32+16h+i (i < 16), 32 levels, and piece j of them
+// (l levels) of lanes 0..7 lies at 8*l*j, lane after lane.
+func deinterleave(q []int16, l int) []int16 {
+	out := make([]int16, len(q))
+	for base := 0; base+256 <= len(q); base += 256 {
+		for m := range 8 {
+			g, h := m/2, m%2
+			for t := range 32 {
+				e := 64*g + 16*h + 32*(t/16) + t%16
+				out[base+e] = q[base+8*l*(t/l)+m*l+t%l]
+			}
+		}
+	}
+	return out
 }
 
 // halfFields are the byte offsets of the F16 scales in a block.

@@ -1,33 +1,35 @@
 // The direct integer GEMV of quantized weights for one row of x (decode):
-// no staging in shared memory. A warp takes one row of w at a time; each
-// lane reads units of the row straight from global memory with 16-byte
-// loads (the units of U blocks in flight at once, their loads issued
-// before any is used), multiplies them with the row's rounded x in integer
-// (dp2a on X16 levels, or dp4a on X8 levels), applies each sub-block's
-// scale and minimum in float, and the warp adds its lanes' sums with one
-// shuffle reduction. gemvd_<format>.cu instantiate it:
+// no staging in shared memory. A warp takes R rows of w at a time; the 8
+// lanes of a block each read one 16-byte chunk of its level bytes (the 8
+// chunks are 128 contiguous bytes) and the block's 16-byte header straight
+// from global memory, U steps of 4 blocks in flight at once, multiply them
+// with x's levels in integer (dp2a on X16 levels, or dp4a on X8 levels),
+// apply each sub-block's scale and minimum in float, and the warp adds its
+// lanes' sums with one shuffle reduction a row. gemvd_<format>.cu
+// instantiate it:
 //
-//   gemvd_<f>   out[N] = x[K] . w[N,K]^T from the X16 of x (quantx16):
-//               x rounded to 16 bits, the error of quantx.cuh's kernels
-//   gemvd8_<f>  the same from the X8 of x (quantx8): x rounded to 8 bits a
-//               32 elements as ggml's integer kernels round it; half the
-//               x bytes and dot-product instructions of gemvd_<f>, and an
-//               error about 256 times X16's (quantx.cuh: 0.4% to 1.7% of a
-//               product)
+//   gemvd_<f>_r<R>u<U>   out[N] = x[K] . w[N,K]^T from the interleaved X16
+//                        of x (quantx16i): x rounded to 16 bits, the error
+//                        of quantx.cuh's kernels
+//   gemvd8_<f>_r<R>u<U>  the same from the interleaved X8 (quantx8i): x
+//                        rounded to 8 bits a 32 elements as ggml's integer
+//                        kernels round it; half the x bytes and
+//                        dot-product instructions, and an error about 256
+//                        times X16's (quantx.cuh: 0.4% to 1.7% a product)
 //
 // Formats: Q4_K and Q5_K, whose 144- and 176-byte blocks are 16-byte
 // multiples, so that a 16-byte aligned w has every block 16-byte aligned.
 // The others keep the staged kernels of quantx.cuh.
 //
-// Why it should be faster than gemvx_<f>_m1 (Nsight Compute on the H200:
-// DRAM throughput 27%, 121 registers, achieved occupancy 22%): that kernel
-// stages a piece of 4 rows in shared memory, synchronises the warp twice a
-// piece and holds 128 registers (16 warps an SM), so an SM has few bytes
-// in flight. Here a lane holds its units' raw bytes in registers, at most
-// 64 registers a thread (32 warps an SM), and nothing waits but the
-// loads: Q4_K's 2 units of 32 level bytes a lane (Q5_K's one of 32 level
-// and 32 qh bytes) keep up to 32*32*64 = 64 KiB of weights an SM in
-// flight, more than the ~20 KiB an H200 SM needs at full bandwidth.
+// Why the layout (session 5): the first version of this kernel gave each
+// lane a 32-byte unit of a different block and read x in its natural
+// order, so every 16-byte load of a warp touched 32 different 128-byte
+// lines of w or of x: 32 L1 wavefronts an instruction where one or four
+// do, about 16 us of L1 time for Q4_K 11008x4096 (it measured 36 us against
+// 6 us of DRAM time). Here a block's 8 lanes read 128 contiguous bytes of
+// w per load, and x is stored interleaved (ilpos) so that their x loads
+// are 128 contiguous bytes too: about 4 wavefronts a load; R rows a warp
+// share each x load.
 #pragma once
 
 #include "quantx.cuh"
@@ -64,57 +66,92 @@ QFN uint4 ldx16b(const int8_t* p) {
 #endif
 }
 
-// xdot16 adds the 16 levels of x at p (16-byte aligned) times the 16 byte
-// levels of w (each below 128, so that they read the same signed and
-// unsigned) to s: 8 dp2a on X16, 4 dp4a on X8.
-QFN int xdot16(int s, const int16_t* p, const uint32_t (&w)[4]) {
-	const uint4 a = ldq8(p), b = ldq8(p + 8);
-	return dot8u(dot8u(s, a, w[0], w[1]), b, w[2], w[3]);
-}
-QFN int xdot16(int s, const int8_t* p, const uint32_t (&w)[4]) {
-	const uint4 a = ldx16b(p);
-	return dp4a_s(a.w, w[3], dp4a_s(a.z, w[2], dp4a_s(a.y, w[1], dp4a_s(a.x, w[0], s))));
+// XV is one lane's x for one block of a row of w: its 32 levels (ilpos:
+// the 16 of its low nibbles, then the 16 of its high ones), the scales of
+// its two sub-blocks and the sums of its two halves' levels. The levels
+// are 32/L 16-byte loads, each, over a block's 8 lanes, 128 contiguous
+// bytes.
+template <typename T>
+struct XV;
+template <>
+struct XV<int16_t> {
+	uint4 p[4];
+	float d0, d1;
+	int s0, s1;
+	// dot sets s1 to the low levels times lo, s2 to the high ones times hi
+	// (byte levels below 128, so that they read the same signed and
+	// unsigned): 16 dp2a.
+	QFN void dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int& s1, int& s2) const {
+		s1 = dot8u(dot8u(0, p[0], lo[0], lo[1]), p[1], lo[2], lo[3]);
+		s2 = dot8u(dot8u(0, p[2], hi[0], hi[1]), p[3], hi[2], hi[3]);
+	}
+	QFN void load(const int16_t* b, int m) {
+#pragma unroll
+		for (int j = 0; j < 4; j++) p[j] = ldq8(b + 64 * j + 8 * m);
+	}
+};
+template <>
+struct XV<int8_t> {
+	uint4 p[2];
+	float d0, d1;
+	int s0, s1;
+	// dot: 8 dp4a.
+	QFN void dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int& s1, int& s2) const {
+		s1 = dp4a_s(p[0].w, lo[3], dp4a_s(p[0].z, lo[2], dp4a_s(p[0].y, lo[1], dp4a_s(p[0].x, lo[0], 0))));
+		s2 = dp4a_s(p[1].w, hi[3], dp4a_s(p[1].z, hi[2], dp4a_s(p[1].y, hi[1], dp4a_s(p[1].x, hi[0], 0))));
+	}
+	QFN void load(const int8_t* b, int m) {
+		p[0] = ldx16b(b + 16 * m);
+		p[1] = ldx16b(b + 128 + 16 * m);
+	}
+};
+
+// xv_load reads lane m's x for block blk (XV).
+template <typename T>
+QFN XV<T> xv_load(const XD<T>& x, int blk, int m) {
+	XV<T> v;
+	v.load(x.q + 256LL * blk, m);
+	const int e = 256 * blk + 64 * (m >> 1) + 16 * (m & 1);  // the lane's first low element
+	v.d0 = x.d[e >> 5];
+	v.d1 = x.d[(e >> 5) + 1];
+	v.s0 = x.s[e >> 4];
+	v.s1 = x.s[(e >> 4) + 2];
+	return v;
 }
 
 // DK45 is Q4_K (FIVE false) and Q5_K for the direct GEMV. A block (256
-// elements) has 4 units: unit g is group g's 32 level bytes, elements
-// 64g+i (low nibbles, sub-block 2g) and 64g+32+i (high nibbles, sub-block
-// 2g+1) for i < 32; Q5_K's fifth bits of them are bits 2g and 2g+1 of the
-// 32 qh bytes. A unit reads the block's first 16 bytes (d, dmin and the 12
-// scale bytes: the same address for the block's 4 lanes, one request), its
-// 32 level bytes and, for Q5_K, the 32 qh bytes, in 16-byte loads; the
-// header's decoding and x's scales serve 64 weights.
+// elements) has 8 chunks of 16 level bytes: chunk m holds the elements
+// 64g+16h+i (low nibbles, sub-block 2g) and 64g+32+16h+i (high nibbles,
+// sub-block 2g+1) for i < 16, g = m/2, h = m%2; Q5_K's fifth bits of them
+// are bits 2g and 2g+1 of qh bytes 16h+i. Lane m of a block's 8 lanes reads
+// the block's first 16 bytes (d, dmin and the 12 scale bytes: the same
+// address for the 8 lanes), its chunk and, for Q5_K, the 16 qh bytes of
+// its half, each one 16-byte load; the 8 lanes' chunks are 128 contiguous
+// bytes, and their x (ilpos) too.
 template <bool FIVE>
 struct DK45 {
-	static constexpr int QK = 256, BB = FIVE ? 176 : 144, UPB = 4;
+	static constexpr int QK = 256, BB = FIVE ? 176 : 144, LPB = 8;
 	static constexpr int QS = FIVE ? 48 : 16;
-	// Units a lane has in flight within 64 registers.
-	template <typename T>
-	static constexpr __host__ __device__ int units() {
-		return FIVE ? 1 : 2;
-	}
 	struct Raw {
-		uint4 hd, q0, q1, h0, h1;
+		uint4 hd, q, h;
 	};
-	// Lane is what a lane's unit g fixes: a lane takes the same unit of
-	// every block it reads (32 lanes, 4 units a block).
+	// Lane is what a lane's chunk m fixes.
 	struct Lane {
-		int g, qoff, xoff;
+		int m, g, qoff, hoff;
 	};
-	static QFN Lane lane(int g) {
+	static QFN Lane lane(int m) {
 		Lane l;
-		l.g = g;
-		l.qoff = QS + 32 * g;
-		l.xoff = 64 * g;
+		l.m = m;
+		l.g = m >> 1;
+		l.qoff = QS + 16 * m;
+		l.hoff = 16 + 16 * (m & 1);
 		return l;
 	}
 	static QFN Raw load(const uint8_t* b, const Lane& l) {
 		Raw r;
 		r.hd = ldg16(b);
-		r.q0 = ldg16(b + l.qoff);
-		r.q1 = ldg16(b + l.qoff + 16);
-		r.h0 = FIVE ? ldg16(b + 16) : make_uint4(0, 0, 0, 0);
-		r.h1 = FIVE ? ldg16(b + 32) : make_uint4(0, 0, 0, 0);
+		r.q = ldg16(b + l.qoff);
+		r.h = FIVE ? ldg16(b + l.hoff) : make_uint4(0, 0, 0, 0);
 		return r;
 	}
 	// levels puts the 16 low and 16 high levels of the 16 level bytes q
@@ -134,30 +171,27 @@ struct DK45 {
 			}
 		}
 	}
-	// dot returns the lane's unit of the block whose first element is e
-	// times x.
+	// dot returns the lane's chunk of block blk of the row times x, whose
+	// lane's levels are xv, scales xd (its sub-blocks 2g, 2g+1) and level
+	// sums xs (its two halves of 16).
 	template <typename T>
-	static QFN float dot(const Raw& r, const Lane& l, const XD<T>& x, int e) {
+	static QFN float dot(const Raw& r, const Lane& l, const XV<T>& xv) {
 		const int g = l.g;
-		const int el = e + l.xoff, eh = el + 32;
 		uint32_t lo[4], hi[4];
-		levels(r.q0, r.h0, g, lo, hi);
-		int s1 = xdot16(0, x.q + el, lo), s2 = xdot16(0, x.q + eh, hi);
-		levels(r.q1, r.h1, g, lo, hi);
-		s1 = xdot16(s1, x.q + el + 16, lo);
-		s2 = xdot16(s2, x.q + eh + 16, hi);
+		levels(r.q, r.h, g, lo, hi);
+		int s1, s2;
+		xv.dot(lo, hi, s1, s2);
 		const float d = half_to_f32(r.hd.x & 0xffffu), dmin = half_to_f32(r.hd.x >> 16);
 		const uint32_t sh = (16 * g) & 31;
 		const uint32_t a0 = r.hd.y >> sh, a1 = r.hd.z >> sh, a2 = r.hd.w >> sh;
 		const uint32_t sc = g < 2 ? a0 & 0x3F3Fu : (a2 & 0x0F0Fu) | ((a0 >> 2) & 0x3030u);
 		const uint32_t mn = g < 2 ? a1 & 0x3F3Fu : ((a2 >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
-		// In int32: 32 levels of at most 31 times |x levels| <= 32767 is
-		// below 2^25, times a 6-bit scale below 2^31; a sum of 32 x levels
-		// times a 6-bit minimum below 2^27.
+		// In int32: 16 levels of at most 31 times |x levels| <= 32767 is
+		// below 2^24, times a 6-bit scale below 2^30; a sum of 16 x levels
+		// times a 6-bit minimum below 2^26.
 		const int v1 = s1 * (int)(sc & 0xffu), v2 = s2 * (int)(sc >> 8);
-		const int x1 = (x.s[el >> 4] + x.s[(el >> 4) + 1]) * (int)(mn & 0xffu);
-		const int x2 = (x.s[eh >> 4] + x.s[(eh >> 4) + 1]) * (int)(mn >> 8);
-		return x.d[el >> 5] * (d * (float)v1 - dmin * (float)x1) + x.d[eh >> 5] * (d * (float)v2 - dmin * (float)x2);
+		const int x1 = xv.s0 * (int)(mn & 0xffu), x2 = xv.s1 * (int)(mn >> 8);
+		return xv.d0 * (d * (float)v1 - dmin * (float)x1) + xv.d1 * (d * (float)v2 - dmin * (float)x2);
 	}
 };
 typedef DK45<false> DQ4_K;
@@ -174,51 +208,70 @@ struct DW {
 };
 
 // gemvd_rows: out_i[n] = sum_k x[k] * w_i(n, k) for the rows of the
-// matrices of dw, warp c.block*c.nwarps + c.warp taking rows from there on
-// by the launch's warps. Lane l takes units l, l+32, ... of the row, U at a
-// time: the U loads first, then the U products, so that they are in
-// flight together. A lane adds its units in order and the warp its lanes
-// in a fixed tree, so the result does not depend on the grid. The weights
-// must be 16-byte aligned.
+// matrices of dw, R rows of one matrix a warp (a matrix's last group may
+// be short), warp c.block*c.nwarps + c.warp taking groups from there on by
+// the launch's warps. Lanes 8b..8b+7 take block b of a step of 4 blocks
+// (lane m = c.lane%8 its chunk m), U steps at a time: the loads of the U
+// steps of the R rows first, then the products, so that they are in
+// flight together; each lane's x is read once for the R rows. A lane adds
+// its blocks in order and the warp its lanes in a fixed tree, so the
+// result does not depend on the grid. The weights must be 16-byte
+// aligned; x is interleaved (ilpos).
 #pragma nv_exec_check_disable
-template <class D, typename T, int U, class S>
+template <class D, typename T, int R, int U, class S>
 QFN void gemvd_rows(const Ctx& c, const DW& dw, const XD<T>& x, int K) {
 	const int nb = K / D::QK;
-	constexpr int BPW = 32 / D::UPB;  // blocks a warp covers a step
-	const typename D::Lane ln = D::lane(c.lane % D::UPB);
-	const int b0 = c.lane / D::UPB;
+	constexpr int BPS = 32 / D::LPB;  // blocks a warp covers a step
+	const typename D::Lane ln = D::lane(c.lane % D::LPB);
+	const int b0 = c.lane / D::LPB;
 	const long long rowBytes = (long long)nb * D::BB;
 	const long long stride = (long long)c.nblocks * c.nwarps;
-	const long long rows = (long long)dw.n[0] + dw.n[1] + dw.n[2];
-	for (long long row = (long long)c.block * c.nwarps + c.warp; row < rows; row += stride) {
+	const long long g0 = (dw.n[0] + R - 1) / R, g1 = (dw.n[1] + R - 1) / R, g2 = (dw.n[2] + R - 1) / R;
+	for (long long grp = (long long)c.block * c.nwarps + c.warp; grp < g0 + g1 + g2; grp += stride) {
 		// Selects rather than an index into dw, which would put it in local
 		// memory.
-		const bool m0 = row < dw.n[0], m1 = !m0 && row < (long long)dw.n[0] + dw.n[1];
-		const long long n = m0 ? row : m1 ? row - dw.n[0] : row - dw.n[0] - dw.n[1];
-		const uint8_t* wr = (m0 ? dw.w[0] : m1 ? dw.w[1] : dw.w[2]) + n * rowBytes;
-		float* out = m0 ? dw.out[0] : m1 ? dw.out[1] : dw.out[2];
-		float acc = 0.0f;
-		for (int b = b0; b < nb; b += BPW * U) {
-			typename D::Raw raw[U];
+		const bool m0 = grp < g0, m1 = !m0 && grp < g0 + g1;
+		const long long n0 = R * (m0 ? grp : m1 ? grp - g0 : grp - g0 - g1);
+		const int nm = m0 ? dw.n[0] : m1 ? dw.n[1] : dw.n[2];
+		const int rows = (int)min((long long)R, nm - n0);
+		const uint8_t* wr = (m0 ? dw.w[0] : m1 ? dw.w[1] : dw.w[2]) + n0 * rowBytes;
+		float* out = (m0 ? dw.out[0] : m1 ? dw.out[1] : dw.out[2]) + n0;
+		float acc[R];
 #pragma unroll
-			for (int i = 0; i < U; i++)
-				if (b + BPW * i < nb) raw[i] = D::load(wr + (b + BPW * i) * D::BB, ln);
+		for (int r = 0; r < R; r++) acc[r] = 0.0f;
+		for (int b = b0; b < nb; b += BPS * U) {
+			typename D::Raw raw[U][R];
+			XV<T> xv[U];
 #pragma unroll
-			for (int i = 0; i < U; i++)
-				if (b + BPW * i < nb) acc += D::template dot<T>(raw[i], ln, x, (b + BPW * i) * D::QK);
+			for (int i = 0; i < U; i++) {
+				if (b + BPS * i >= nb) continue;
+#pragma unroll
+				for (int r = 0; r < R; r++)
+					if (r < rows) raw[i][r] = D::load(wr + r * rowBytes + (b + BPS * i) * D::BB, ln);
+				xv[i] = xv_load<T>(x, b + BPS * i, ln.m);
+			}
+#pragma unroll
+			for (int i = 0; i < U; i++) {
+				if (b + BPS * i >= nb) continue;
+#pragma unroll
+				for (int r = 0; r < R; r++)
+					if (r < rows) acc[r] += D::template dot<T>(raw[i][r], ln, xv[i]);
+			}
 		}
-		acc = S::sum(acc);
-		if (c.lane == 0) out[n] = acc;
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const float v = S::sum(acc[r]);
+			if (c.lane == 0 && r < rows) out[r] = v;
+		}
 	}
 }
 
 // Warps a block of the direct GEMV, and the blocks an SM holds (the launch
-// bound: 64 registers a thread). MatMul launches a warp a row of w
-// (gemvdWarps in quantfmt.go).
+// bound: 64 registers a thread at 8, 80 at 6, 96 at 5). MatMul launches a warp a
+// group of rows of w (gemvdWarps in quantfmt.go).
 #define QDWARPS 4
-#define QDMINB 8
 
-template <class D, typename T>
+template <class D, typename T, int R, int U>
 __device__ __forceinline__ void gemvd_q(float* o0, float* o1, float* o2, const T* xq, const float* xdp, const int* xsp, const uint8_t* w0,
 					const uint8_t* w1, const uint8_t* w2, int n0, int n1, int n2, int K) {
 	XD<T> x;
@@ -235,18 +288,24 @@ __device__ __forceinline__ void gemvd_q(float* o0, float* o1, float* o2, const T
 	dw.n[0] = n0;
 	dw.n[1] = n1;
 	dw.n[2] = n2;
-	gemvd_rows<D, T, D::template units<T>(), DevSync>(dev_ctx(), dw, x, K);
+	gemvd_rows<D, T, R, U, DevSync>(dev_ctx(), dw, x, K);
 }
 
-// gemvd_<f>(o0, o1, o2, xq, xd, xs, w0, w1, w2, n0, n1, n2, K) and
-// gemvd8_<f>: one row of x, from its X16 or X8, times up to three
-// matrices (DW). Launch with at most QDWARPS warps a block.
-#define QUANT_GEMVD1(D, NAME, T)                                                                                                          \
-	extern "C" __global__ void __launch_bounds__(32 * QDWARPS, QDMINB)                                                                \
-	    NAME(float* o0, float* o1, float* o2, const T* xq, const float* xd, const int* xs, const uint8_t* w0, const uint8_t* w1,      \
-		 const uint8_t* w2, int n0, int n1, int n2, int K) {                                                                     \
-		gemvd_q<D, T>(o0, o1, o2, xq, xd, xs, w0, w1, w2, n0, n1, n2, K);                                                        \
+// gemvd_<f>_r<R>u<U>(o0, o1, o2, xq, xd, xs, w0, w1, w2, n0, n1, n2, K)
+// and gemvd8_<f>_r<R>u<U>: one row of x, from its interleaved X16 or X8
+// (quantx16i, quantx8i), times up to three matrices (DW), R rows of w a
+// warp, U steps of loads in flight. Launch with at most QDWARPS warps a
+// block.
+#define QUANT_GEMVD1(D, NAME, T, R, U, MINB)                                                                                          \
+	extern "C" __global__ void __launch_bounds__(32 * QDWARPS, MINB)                                                                \
+	    NAME##_r##R##u##U(float* o0, float* o1, float* o2, const T* xq, const float* xd, const int* xs, const uint8_t* w0,          \
+			      const uint8_t* w1, const uint8_t* w2, int n0, int n1, int n2, int K) {                                  \
+		gemvd_q<D, T, R, U>(o0, o1, o2, xq, xd, xs, w0, w1, w2, n0, n1, n2, K);                                                 \
 	}
-#define QUANT_GEMVD(D, NAME)                        \
-	QUANT_GEMVD1(D, gemvd_##NAME, int16_t) \
-	QUANT_GEMVD1(D, gemvd8_##NAME, int8_t)
+// The variants BenchmarkQuantGEMV compares (quantfmt.go gemvdVariants).
+#define QUANT_GEMVD(D, NAME)                         \
+	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 1, 2, 6) \
+	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 2, 1, 8) \
+	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 2, 2, 5) \
+	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 4, 1, 5) \
+	QUANT_GEMVD1(D, gemvd8_##NAME, int8_t, 2, 2, 5)

@@ -125,6 +125,21 @@ QFN uint4 ldq8(const int16_t* p) {
 #endif
 }
 
+// ilpos is where the level of element r (r < 256) of a 256-element block
+// of x goes in the interleaved X16/X8 of the direct GEMV (quantx16i,
+// quantx8i), L levels to a 16-byte load (8 for int16, 16 for int8). Lane m
+// (m < 8) of a block's 8 lanes takes the weights 64g+16h+i and 64g+32+16h+i
+// (g = m/2, h = m%2, i < 16): the low and high nibbles of its 16 level
+// bytes. Its 32 levels, in that order, go in 32/L pieces of L; piece j of
+// every lane of the block is one run of 8 pieces, so that one 16-byte load
+// of each of a block's 8 lanes reads 128 contiguous bytes.
+template <int L>
+QFN int ilpos(int r) {
+	const int g = r >> 6, hi = (r >> 5) & 1, h = (r >> 4) & 1;
+	const int m = 2 * g + h, t = 16 * hi + (r & 15);
+	return (t / L) * 8 * L + m * L + t % L;
+}
+
 // quantx_warp rounds blocks of x (32 elements each, rows back to back)
 // into levels of type T, one warp a block, blocks c.block*c.nwarps + c.warp
 // and on by the launch's warps: int16_t gives X16 (above), int8_t X8, the
@@ -133,9 +148,10 @@ QFN uint4 ldq8(const int16_t* p) {
 // coalesced load a block), the largest magnitude and the sums come from
 // warp reductions (S::max, S::sum: the sums of up to 16 levels are
 // integers below 2^24, exact in float in any order), lane l writes level
-// l, lane 0 the scale and the sums. x needs only 4-byte alignment.
+// l (at ilpos for IL), lane 0 the scale and the sums. x needs only 4-byte
+// alignment.
 #pragma nv_exec_check_disable
-template <class S, typename T>
+template <class S, typename T, bool IL = false>
 QFN void quantx_warp(const Ctx& c, T* __restrict__ q, float* __restrict__ d, int* __restrict__ s, const float* __restrict__ x,
 		     long long n) {
 	const float lmax = sizeof(T) == 1 ? 127.0f : 32767.0f;
@@ -148,7 +164,10 @@ QFN void quantx_warp(const Ctx& c, T* __restrict__ q, float* __restrict__ d, int
 		const float bad = S::max(a <= 3.402823466e38f ? 0.0f : 1.0f);
 		const float inv = amax > 0.0f && bad == 0.0f ? fdiv_rn(lmax, amax) : 0.0f;
 		const int l = inv != 0.0f ? rint_i(fmul_rn(v, inv)) : 0;  // 0 for a NaN lane, not a conversion of NaN
-		q[32 * i + c.lane] = (T)l;
+		// IL: the levels of each 256 elements interleaved (ilpos) for the
+		// direct GEMV; n is then a multiple of 8.
+		const long long e = 32 * i + c.lane;
+		q[IL ? (e & ~255LL) + ilpos<16 / sizeof(T)>((int)(e & 255)) : e] = (T)l;
 		const float s0 = S::sum(c.lane < 16 ? (float)l : 0.0f), s1 = S::sum(c.lane < 16 ? 0.0f : (float)l);
 		if (c.lane == 0) {
 			d[i] = bad == 0.0f ? fdiv_rn(amax, lmax) : nan_f();

@@ -10,20 +10,22 @@
 //
 //   request:  int32 op (0 end, 1 gemv, 2 dequant to F32, 3 dequant to F16,
 //             4 integer gemv: quantx16, then gemvx; 5 direct gemv:
-//             quantx16, then gemvd; 6 direct gemv on X8: quantx8, then
-//             gemvd8, for the formats with direct kernels; 7 integer gemv
+//             quantx16 interleaved, then gemvd; 6 direct gemv on X8:
+//             quantx8 interleaved, then gemvd8, for the formats with
+//             direct kernels; 7 integer gemv
 //             of one row with the rows of w a block of gemvx_<f>_m1w),
 //             int32 format (the order of formats below), int32 nblocks,
 //             int32 nwarps, int32 woff (the weights' byte offset from a
 //             256-byte boundary), int32 N, int32 K, then
-//     gemv:    int32 M, the N rows of w, M*K float32 x (both gemvs)
+//     gemv:    int32 M, the N rows of w, M*K float32 x (both gemvs); the
+//              direct gemvs have int32 R and U (the variant) after M
 //     dequant: int32 rows, int32 r0, int32 nids, nids int32 ids (none: the
 //              rows r0..r0+rows-1), the N rows of w
 //   response: int64 violations, then M*N float32 (gemv), rows*K float32
 //             (dequant to F32) or rows*K uint16 halves (to F16); the
 //             integer gemv adds x's X16: M*K int16 levels, M*K/32 float32
 //             scales, M*K/16 int32 sums (the direct gemvs: the same, M = 1,
-//             with M*K int8 levels for X8)
+//             the levels interleaved, int8 for X8)
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -31,6 +33,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../kernels/quantd.cuh"
@@ -273,7 +276,7 @@ struct Direct<IQ5_K> {
 // into three matrices.
 template <class D, typename T>
 static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
-	const int M = read32();
+	const int M = read32(), R = read32(), U = read32();
 	if (M != 1) {
 		fprintf(stderr, "quanthost: direct gemv of M = %d\n", M);
 		exit(2);
@@ -288,7 +291,7 @@ static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
 	float* d = (float*)aligned(dbuf, (size_t)K / 32 * 4, 0);
 	int* s = (int*)aligned(sbuf, (size_t)K / 16 * 4, 0);
 	float* out = (float*)aligned(obuf, (size_t)N * 4, 0);
-	launch(2, nwarps, 0, [&](const Ctx& c, uint8_t*) { quantx_warp<HostSync, T>(c, q, d, s, x, (long long)K / 32); });
+	launch(2, nwarps, 0, [&](const Ctx& c, uint8_t*) { quantx_warp<HostSync, T, true>(c, q, d, s, x, (long long)K / 32); });
 	qhost_lo = w;
 	qhost_hi = w + wbytes;
 	violations = 0;
@@ -309,7 +312,26 @@ static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
 		dw.w[i] = dw.w[i - 1] + dw.n[i - 1] * rowBytes;
 		dw.out[i] = dw.out[i - 1] + dw.n[i - 1];
 	}
-	launch(nblocks, nwarps, 0, [&](const Ctx& c, uint8_t*) { gemvd_rows<D, T, D::template units<T>(), HostSync>(c, dw, xd, K); });
+	// The variants of QUANT_GEMVD (quantd.cuh).
+	auto run = [&](auto rt, auto ut) {
+		constexpr int RR = decltype(rt)::value, UU = decltype(ut)::value;
+		launch(nblocks, nwarps, 0, [&](const Ctx& c, uint8_t*) { gemvd_rows<D, T, RR, UU, HostSync>(c, dw, xd, K); });
+	};
+	using I1 = std::integral_constant<int, 1>;
+	using I2 = std::integral_constant<int, 2>;
+	using I4 = std::integral_constant<int, 4>;
+	if (R == 1 && U == 2)
+		run(I1(), I2());
+	else if (R == 2 && U == 1)
+		run(I2(), I1());
+	else if (R == 2 && U == 2)
+		run(I2(), I2());
+	else if (R == 4 && U == 1)
+		run(I4(), I1());
+	else {
+		fprintf(stderr, "quanthost: no direct gemv r%du%d\n", R, U);
+		exit(2);
+	}
 	const long long v = violations;
 	writen(&v, 8);
 	writen(out, (size_t)N * 4);
