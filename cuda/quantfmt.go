@@ -111,7 +111,7 @@ type gemvdVariant struct{ r, u int }
 // gemvdVariants are the X16 instantiations of QUANT_GEMVD; keep the two
 // lists together. gemvd8Variant is its one X8 instantiation.
 var (
-	gemvdVariants = []gemvdVariant{{1, 2}, {2, 1}, {2, 2}, {4, 1}}
+	gemvdVariants = []gemvdVariant{{1, 2}, {2, 1}, {2, 2}, {4, 1}, {1, 4}}
 	gemvd8Variant = gemvdVariant{2, 2}
 )
 

@@ -22,7 +22,7 @@ func TestQGEMVNamed(t *testing.T) {
 		{"direct:r4u1", qgemvDirect, gemvdVariant{4, 1}, ""},
 		{"direct:r1u2", qgemvDirect, gemvdVariant{1, 2}, ""},
 		{"direct8", qgemvDirect8, gemvd8Variant, ""},
-		{"direct:r3u3", 0, gemvdVariant{}, "names no direct GEMV variant (have r1u2, r2u1, r2u2, r4u1)"},
+		{"direct:r3u3", 0, gemvdVariant{}, "names no direct GEMV variant (have r1u2, r2u1, r2u2, r4u1, r1u4)"},
 		{"staged:r2u2", 0, gemvdVariant{}, "only direct has variants"},
 		{"fast", 0, gemvdVariant{}, "names no integer GEMV"},
 	} {

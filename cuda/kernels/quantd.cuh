@@ -45,6 +45,42 @@ QFN int dp4a_s(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
+// dp4a_su: c plus the four signed bytes of a times the four unsigned
+// bytes of b (Q4_K's high levels in place, up to 240).
+QFN int dp4a_su(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	int d;
+	asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+	return d;
+#else
+	for (int i = 0; i < 4; i++) c += (int)(int8_t)((a >> (8 * i)) & 0xffu) * (int)((b >> (8 * i)) & 0xffu);
+	return c;
+#endif
+}
+
+// ldf2 and ldi4 read 2 floats (8-byte aligned) and 4 ints (16-byte
+// aligned) of x's scales and sums (L1-cached).
+QFN float2 ldf2(const float* p) {
+#ifdef __CUDA_ARCH__
+	return __ldg(reinterpret_cast<const float2*>(p));
+#else
+	if ((uintptr_t)p & 7) qhost_violation();
+	float2 v;
+	memcpy(&v, p, 8);
+	return v;
+#endif
+}
+QFN int4 ldi4(const int* p) {
+#ifdef __CUDA_ARCH__
+	return __ldg(reinterpret_cast<const int4*>(p));
+#else
+	if ((uintptr_t)p & 15) qhost_violation();
+	int4 v;
+	memcpy(&v, p, 16);
+	return v;
+#endif
+}
+
 // XD is the rounded x of one product (X16 for T = int16_t, X8 for int8_t):
 // the levels, the scale of each 32 and the sum of the levels of each 16.
 template <typename T>
@@ -79,15 +115,15 @@ struct XV<int16_t> {
 	float d0, d1;
 	int s0, s1;
 	// dot sets s1 to the low levels times lo, s2 to the high ones times hi
-	// (byte levels below 128, so that they read the same signed and
-	// unsigned): 16 dp2a.
+	// (unsigned byte levels): 16 dp2a.
 	QFN void dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int& s1, int& s2) const {
 		s1 = dot8u(dot8u(0, p[0], lo[0], lo[1]), p[1], lo[2], lo[3]);
 		s2 = dot8u(dot8u(0, p[2], hi[0], hi[1]), p[3], hi[2], hi[3]);
 	}
-	QFN void load(const int16_t* b, int m) {
+	// load reads the lane's levels from b, its first piece (ilpos).
+	QFN void load(const int16_t* b) {
 #pragma unroll
-		for (int j = 0; j < 4; j++) p[j] = ldq8(b + 64 * j + 8 * m);
+		for (int j = 0; j < 4; j++) p[j] = ldq8(b + 64 * j);
 	}
 };
 template <>
@@ -95,27 +131,51 @@ struct XV<int8_t> {
 	uint4 p[2];
 	float d0, d1;
 	int s0, s1;
-	// dot: 8 dp4a.
+	// dot: 8 dp4a (the bytes of lo and hi unsigned).
 	QFN void dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int& s1, int& s2) const {
-		s1 = dp4a_s(p[0].w, lo[3], dp4a_s(p[0].z, lo[2], dp4a_s(p[0].y, lo[1], dp4a_s(p[0].x, lo[0], 0))));
-		s2 = dp4a_s(p[1].w, hi[3], dp4a_s(p[1].z, hi[2], dp4a_s(p[1].y, hi[1], dp4a_s(p[1].x, hi[0], 0))));
+		s1 = dp4a_su(p[0].w, lo[3], dp4a_su(p[0].z, lo[2], dp4a_su(p[0].y, lo[1], dp4a_su(p[0].x, lo[0], 0))));
+		s2 = dp4a_su(p[1].w, hi[3], dp4a_su(p[1].z, hi[2], dp4a_su(p[1].y, hi[1], dp4a_su(p[1].x, hi[0], 0))));
 	}
-	QFN void load(const int8_t* b, int m) {
-		p[0] = ldx16b(b + 16 * m);
-		p[1] = ldx16b(b + 128 + 16 * m);
+	QFN void load(const int8_t* b) {
+		p[0] = ldx16b(b);
+		p[1] = ldx16b(b + 128);
 	}
 };
 
-// xv_load reads lane m's x for block blk (XV).
+// XP is where lane m's x for a block starts (xv_load): its levels, its
+// sub-blocks' scales and its halves' sums.
 template <typename T>
-QFN XV<T> xv_load(const XD<T>& x, int blk, int m) {
+struct XP {
+	const T* q;
+	const float* d;
+	const int* s;
+	int h;
+};
+
+// xp_at is lane m's XP for block blk.
+template <typename T>
+QFN XP<T> xp_at(const XD<T>& x, int blk, int m) {
+	XP<T> p;
+	p.q = x.q + 256LL * blk + (16 / sizeof(T)) * m;
+	p.d = x.d + 8LL * blk + 2 * (m >> 1);
+	p.s = x.s + 16LL * blk + 4 * (m >> 1);
+	p.h = m & 1;
+	return p;
+}
+
+// xv_load reads lane p's x for the block i blocks after p's.
+template <typename T>
+QFN XV<T> xv_load(const XP<T>& p, int i) {
 	XV<T> v;
-	v.load(x.q + 256LL * blk, m);
-	const int e = 256 * blk + 64 * (m >> 1) + 16 * (m & 1);  // the lane's first low element
-	v.d0 = x.d[e >> 5];
-	v.d1 = x.d[(e >> 5) + 1];
-	v.s0 = x.s[e >> 4];
-	v.s1 = x.s[(e >> 4) + 2];
+	v.load(p.q + 256 * i);
+	// The lane's sub-blocks are 8blk+2g and 8blk+2g+1 of 32 elements, its
+	// halves 16blk+4g+h and 16blk+4g+2+h of 16.
+	const float2 d = ldf2(p.d + 8 * i);
+	const int4 sm = ldi4(p.s + 16 * i);
+	v.d0 = d.x;
+	v.d1 = d.y;
+	v.s0 = p.h ? sm.y : sm.x;
+	v.s1 = p.h ? sm.w : sm.z;
 	return v;
 }
 
@@ -155,13 +215,14 @@ struct DK45 {
 		return r;
 	}
 	// levels puts the 16 low and 16 high levels of the 16 level bytes q
-	// (and their fifth bits in h) into bytes of lo and hi.
+	// (and their fifth bits in h) into bytes of lo and hi; Q4_K's high
+	// levels stay in place, 16 times their value.
 	static QFN void levels(const uint4& q4, const uint4& h4, int g, uint32_t (&lo)[4], uint32_t (&hi)[4]) {
 		const uint32_t q[4] = {q4.x, q4.y, q4.z, q4.w}, hw[4] = {h4.x, h4.y, h4.z, h4.w};
 #pragma unroll
 		for (int c = 0; c < 4; c++) {
 			lo[c] = q[c] & 0x0F0F0F0Fu;
-			hi[c] = (q[c] >> 4) & 0x0F0F0F0Fu;
+			hi[c] = FIVE ? (q[c] >> 4) & 0x0F0F0F0Fu : q[c] & 0xF0F0F0F0u;
 			if (FIVE) {
 				// qh bytes shifted by 2g: bit 8k is the fifth bit of byte k's
 				// low nibble, bit 8k+1 of its high one.
@@ -181,14 +242,16 @@ struct DK45 {
 		levels(r.q, r.h, g, lo, hi);
 		int s1, s2;
 		xv.dot(lo, hi, s1, s2);
+		if (!FIVE) s2 >>= 4;  // exact: Q4_K's s2 is a multiple of 16
 		const float d = half_to_f32(r.hd.x & 0xffffu), dmin = half_to_f32(r.hd.x >> 16);
 		const uint32_t sh = (16 * g) & 31;
 		const uint32_t a0 = r.hd.y >> sh, a1 = r.hd.z >> sh, a2 = r.hd.w >> sh;
 		const uint32_t sc = g < 2 ? a0 & 0x3F3Fu : (a2 & 0x0F0Fu) | ((a0 >> 2) & 0x3030u);
 		const uint32_t mn = g < 2 ? a1 & 0x3F3Fu : ((a2 >> 4) & 0x0F0Fu) | ((a1 >> 2) & 0x3030u);
-		// In int32: 16 levels of at most 31 times |x levels| <= 32767 is
-		// below 2^24, times a 6-bit scale below 2^30; a sum of 16 x levels
-		// times a 6-bit minimum below 2^26.
+		// In int32: 16 levels of at most 31 (Q4_K's in place: 240) times
+		// |x levels| <= 32767 is below 2^24 (2^27), and s2 / 16 below 2^24,
+		// times a 6-bit scale below 2^30; a sum of 16 x levels times a
+		// 6-bit minimum below 2^26.
 		const int v1 = s1 * (int)(sc & 0xffu), v2 = s2 * (int)(sc >> 8);
 		const int x1 = xv.s0 * (int)(mn & 0xffu), x2 = xv.s1 * (int)(mn >> 8);
 		return xv.d0 * (d * (float)v1 - dmin * (float)x1) + xv.d1 * (d * (float)v2 - dmin * (float)x2);
@@ -237,26 +300,38 @@ QFN void gemvd_rows(const Ctx& c, const DW& dw, const XD<T>& x, int K) {
 		const uint8_t* wr = (m0 ? dw.w[0] : m1 ? dw.w[1] : dw.w[2]) + n0 * rowBytes;
 		float* out = (m0 ? dw.out[0] : m1 ? dw.out[1] : dw.out[2]) + n0;
 		float acc[R];
+		const uint8_t* wb[R];
 #pragma unroll
-		for (int r = 0; r < R; r++) acc[r] = 0.0f;
+		for (int r = 0; r < R; r++) {
+			acc[r] = 0.0f;
+			wb[r] = wr + r * rowBytes + (long long)b0 * D::BB;
+		}
+		XP<T> xp = xp_at<T>(x, b0, ln.m);
 		for (int b = b0; b < nb; b += BPS * U) {
 			typename D::Raw raw[U][R];
-			XV<T> xv[U];
 #pragma unroll
 			for (int i = 0; i < U; i++) {
 				if (b + BPS * i >= nb) continue;
 #pragma unroll
 				for (int r = 0; r < R; r++)
-					if (r < rows) raw[i][r] = D::load(wr + r * rowBytes + (b + BPS * i) * D::BB, ln);
-				xv[i] = xv_load<T>(x, b + BPS * i, ln.m);
+					if (r < rows) raw[i][r] = D::load(wb[r] + BPS * i * D::BB, ln);
 			}
+			// x after the weights' loads are in flight: it is read from L1
+			// (every warp of the SM reads the same x), and holding U steps of
+			// it would cost 20 registers a step.
 #pragma unroll
 			for (int i = 0; i < U; i++) {
 				if (b + BPS * i >= nb) continue;
+				const XV<T> xv = xv_load<T>(xp, BPS * i);
 #pragma unroll
 				for (int r = 0; r < R; r++)
-					if (r < rows) acc[r] += D::template dot<T>(raw[i][r], ln, xv[i]);
+					if (r < rows) acc[r] += D::template dot<T>(raw[i][r], ln, xv);
 			}
+#pragma unroll
+			for (int r = 0; r < R; r++) wb[r] += BPS * U * D::BB;
+			xp.q += 256 * BPS * U;
+			xp.d += 8 * BPS * U;
+			xp.s += 16 * BPS * U;
 		}
 #pragma unroll
 		for (int r = 0; r < R; r++) {
@@ -304,8 +379,9 @@ __device__ __forceinline__ void gemvd_q(float* o0, float* o1, float* o2, const T
 	}
 // The variants BenchmarkQuantGEMV compares (quantfmt.go gemvdVariants).
 #define QUANT_GEMVD(D, NAME)                         \
-	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 1, 2, 6) \
+	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 1, 2, 8) \
 	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 2, 1, 8) \
 	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 2, 2, 5) \
 	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 4, 1, 5) \
+	QUANT_GEMVD1(D, gemvd_##NAME, int16_t, 1, 4, 5) \
 	QUANT_GEMVD1(D, gemvd8_##NAME, int8_t, 2, 2, 5)

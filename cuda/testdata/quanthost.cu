@@ -328,6 +328,8 @@ static void gemvd(int nblocks, int nwarps, int woff, int N, int K) {
 		run(I2(), I2());
 	else if (R == 4 && U == 1)
 		run(I4(), I1());
+	else if (R == 1 && U == 4)
+		run(I1(), I4());
 	else {
 		fprintf(stderr, "quanthost: no direct gemv r%du%d\n", R, U);
 		exit(2);
