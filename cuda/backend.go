@@ -114,7 +114,8 @@ type Backend struct {
 	// qgemv picks the integer GEMV of one row of x for the quantized
 	// formats with direct kernels (quantFormat.direct, kernels/quantd.cuh):
 	// qgemvStaged (the kernels of quantx.cuh), qgemvDirect or
-	// qgemvDirect8, and qgemvD the direct kernel's variant. Open sets them
+	// qgemvDirect8, and qgemvD the direct kernel's variant (zero: by the
+	// launch's rows, gemvdAuto). Open sets them
 	// from QGEMVEnv (defaultQGEMV, defaultGEMVDVariant);
 	// BenchmarkQuantGEMV and TestQuantGEMVKernels set them on their
 	// backend to compare them.

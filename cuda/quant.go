@@ -121,21 +121,25 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 // weights ws of format f (outputs at outs) by the direct kernels of
 // kernels/quantd.cuh: x rounded once into the scratch at q, d, s (the
 // interleaved X16, or X8 for qgemvDirect8), then one launch over all the
-// weights' rows, a warp a group of Backend.qgemvD's rows. The weights must
-// be 16-byte aligned (directOK).
+// weights' rows, a warp a group of Backend.qgemvD's rows (gemvdAuto's
+// where it is unset). The weights must be 16-byte aligned (directOK).
 func (b *Backend) gemvDirect(outs []uintptr, xp, q, d, s uintptr, ws []*tensor.Tensor, f quantFormat, k int) error {
 	round, v, prefix := "quantx16i", b.qgemvD, "gemvd_"
 	if b.qgemv == qgemvDirect8 {
 		round, v, prefix = "quantx8i", gemvd8Variant, "gemvd8_"
 	}
-	if v.r == 0 {
-		v = defaultGEMVDVariant
-	}
 	var o, w [3]uintptr
 	var n [3]int
-	groups := 0
+	rows := 0
 	for i := range ws {
 		o[i], w[i], n[i] = outs[i], ws[i].Ptr(), ws[i].Shape()[0]
+		rows += n[i]
+	}
+	if v.r == 0 {
+		v = gemvdAuto(rows)
+	}
+	groups := 0
+	for i := range n {
 		groups += (n[i] + v.r - 1) / v.r
 	}
 	if groups == 0 {

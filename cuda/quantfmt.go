@@ -75,16 +75,16 @@ type qgemvKind int
 
 const (
 	// qgemvStaged: quantx16, then gemvx_<f>_m1, the kernel of quantx.cuh
-	// that stages pieces of 4 rows in shared memory. The default: on the
-	// H200 it took 22.6 us for Q4_K N11008 x K4096 where qgemvDirect took
-	// 36.3 and qgemvDirect8 19.7 (BenchmarkQuantGEMV, 20 products).
+	// that stages pieces of 4 rows in shared memory (the default until
+	// session 5: 19.3 us for Q4_K N11008 x K4096 on the H200).
 	qgemvStaged qgemvKind = iota
-	// qgemvDirect: quantx16, then gemvd_<f>: a warp a row of w read
-	// straight from global memory, x rounded to 16 bits (quantd.cuh).
+	// qgemvDirect: quantx16i, then gemvd_<f>_r<R>u<U>: R rows of w a warp
+	// read straight from global memory, x rounded to 16 bits
+	// (quantd.cuh). The default.
 	qgemvDirect
-	// qgemvDirect8: quantx8, then gemvd8_<f>: the same with x rounded to
-	// 8 bits a 32 elements and dp4a (the product's error is about 256
-	// times qgemvDirect's).
+	// qgemvDirect8: quantx8i, then gemvd8_<f>_r2u2: the same with x
+	// rounded to 8 bits a 32 elements and dp4a (the product's error is
+	// about 256 times qgemvDirect's; no faster on the H200).
 	qgemvDirect8
 )
 
@@ -120,15 +120,31 @@ func (v gemvdVariant) String() string { return fmt.Sprintf("r%du%d", v.r, v.u) }
 // QGEMVEnv names the environment variable that picks the integer GEMV of
 // one row of x for Q4_K and Q5_K weights when a backend opens, so that a
 // whole decode can be timed with each: "" for the default, "staged",
-// "direct" (the default variant), "direct:r<R>u<U>" (one of
-// gemvdVariants) or "direct8".
+// "direct" (the variant by rows, gemvdAuto), "direct:r<R>u<U>" (one of
+// gemvdVariants for every launch) or "direct8".
 const QGEMVEnv = "STRATA_CUDA_QGEMV"
 
-// Defaults of Backend.qgemv and Backend.qgemvD.
+// Defaults of Backend.qgemv and Backend.qgemvD: the direct kernels, the
+// variant by the launch's rows (gemvdAuto). Measured on the H200 (Nsight
+// Compute, Q4_K, one row of x): 11008x4096 r2u1 11.5 us, r1u2 12.7, r2u2
+// 13.0, staged gemvx_q4_k_m1 19.3; 4096x11008 r2u1 12.7, r1u2 13.0,
+// staged 19.7; TinyLlama-1.1B Q4_K decode r1u2 963 tok/s, r2u1 919,
+// staged 658 (bench, resident).
 var (
-	defaultQGEMV        = qgemvStaged
-	defaultGEMVDVariant = gemvdVariant{2, 2}
+	defaultQGEMV        = qgemvDirect
+	defaultGEMVDVariant = gemvdVariant{}
 )
+
+// gemvdAuto is the direct kernel's variant for a launch of rows rows of
+// w when none is set: two rows a warp where that still gives every SM
+// its fill of warps (the 7B's 11008- and 12288-row launches), else one
+// (TinyLlama's 2048-row products, the 7B's 4096).
+func gemvdAuto(rows int) gemvdVariant {
+	if rows >= 8192 {
+		return gemvdVariant{2, 1}
+	}
+	return gemvdVariant{1, 2}
+}
 
 // qgemvNamed parses QGEMVEnv's value.
 func qgemvNamed(s string) (qgemvKind, gemvdVariant, error) {

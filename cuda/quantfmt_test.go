@@ -20,6 +20,7 @@ func TestQGEMVNamed(t *testing.T) {
 		{"staged", qgemvStaged, defaultGEMVDVariant, ""},
 		{"direct", qgemvDirect, defaultGEMVDVariant, ""},
 		{"direct:r4u1", qgemvDirect, gemvdVariant{4, 1}, ""},
+		{"direct:r2u1", qgemvDirect, gemvdVariant{2, 1}, ""},
 		{"direct:r1u2", qgemvDirect, gemvdVariant{1, 2}, ""},
 		{"direct8", qgemvDirect8, gemvd8Variant, ""},
 		{"direct:r3u3", 0, gemvdVariant{}, "names no direct GEMV variant (have r1u2, r2u1, r2u2, r4u1, r1u4)"},
@@ -69,6 +70,28 @@ func TestGEMVDVariantsInPTX(t *testing.T) {
 	for _, k := range []string{"quantx16i", "quantx8i"} {
 		if !has(x, k) {
 			t.Errorf("kernels/quantx.ptx has no %s", k)
+		}
+	}
+}
+
+// TestGEMVDAuto checks the direct kernel's variant by rows: every variant
+// it picks is one the PTX has (gemvdVariants), and the 7B's widest
+// launches take two rows a warp, TinyLlama's one.
+func TestGEMVDAuto(t *testing.T) {
+	for _, c := range []struct {
+		rows int
+		want gemvdVariant
+	}{{2048, gemvdVariant{1, 2}}, {4096, gemvdVariant{1, 2}}, {11008, gemvdVariant{2, 1}}, {12288, gemvdVariant{2, 1}}, {22016, gemvdVariant{2, 1}}} {
+		got := gemvdAuto(c.rows)
+		if got != c.want {
+			t.Errorf("%d rows: %v, want %v", c.rows, got, c.want)
+		}
+		found := false
+		for _, v := range gemvdVariants {
+			found = found || v == got
+		}
+		if !found {
+			t.Errorf("%d rows: %v is not among the kernels' variants", c.rows, got)
 		}
 	}
 }
