@@ -152,9 +152,12 @@ type routing struct {
 	rawGuess   []byte    // the next sparse block's router scores of a decode step
 	rowPos     []int     // in a batch, each row's position (else row t is at pos0+t)
 	// The experts the CPU computes (expertOnCPU): the chosen ones split
-	// (devUsed, cpuUsed), the chunk's rows of h downloaded (hostH), an
+	// (devUsed, cpuUsed) by the weights' choice (onCPU, from each one's
+	// tokens, usedTokens), the chunk's rows of h downloaded (hostH), an
 	// expert's tokens' rows (hostX), its gate, up and output.
 	devUsed, cpuUsed           []int
+	usedTokens                 []int
+	onCPU                      []bool
 	hostH                      []byte
 	hostX, hostG, hostU, hostO []float32
 }
@@ -443,7 +446,8 @@ func (s *Session) expert(e, T int, lw LayerWeights, en *arch.Names) error {
 
 // splitExperts splits the experts the chunk chose (r.used) into those the
 // device computes and those the weights hand to the CPU (CPUExpertWeights,
-// with the model's CPU set: SetExpertCPU).
+// with the model's CPU set: SetExpertCPU), which choose among the layer's
+// misses together.
 func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
 	r := &s.buffers.moe.r
 	cw, ok := ew.(CPUExpertWeights)
@@ -451,8 +455,14 @@ func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
 		return r.used, nil
 	}
 	dev, onCPU = r.devUsed[:0], r.cpuUsed[:0]
+	r.usedTokens = r.usedTokens[:0]
 	for _, e := range r.used {
-		if cw.ExpertOnCPU(layer, e, r.count[e]) {
+		r.usedTokens = append(r.usedTokens, r.count[e])
+	}
+	r.onCPU = slices.Grow(r.onCPU[:0], len(r.used))[:len(r.used)]
+	cw.ExpertsOnCPU(layer, r.used, r.usedTokens, r.onCPU)
+	for i, e := range r.used {
+		if r.onCPU[i] {
 			onCPU = append(onCPU, e)
 		} else {
 			dev = append(dev, e)
