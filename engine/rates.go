@@ -29,13 +29,18 @@ var rateBytes = 256 << 20
 // are measured so.
 var cpuRateMinBytes int64 = 1 << 30
 
+// rateRows are the rows of x that Rates.CPURows is measured over: a
+// prefill chunk's tokens for one expert, a few dozen.
+const rateRows = 32
+
 // MeasureRates measures what the hybrid planner needs, on the machine as it
 // is now: pinned copies from host memory to gpu; the CPU's products, on
 // cpu at its threads, over weights shaped as block's matrices (one decoder
 // block of the model, as the CPU computes it: from pinned host memory, one
 // product per matrix); both at once; the GPU's product over weights of
-// dtype dt in its own memory; and the hand-over of a hidden state of
-// hidden floats between them. A first version measured the CPU over one
+// dtype dt in its own memory; the CPU's products over a chunk of rows
+// (Rates.CPURows); and the hand-over of a hidden state of hidden floats
+// between them (Rates.Handoff: half of a download and an upload). A first version measured the CPU over one
 // large matrix and read 120 GB/s where the model's blocks ran at 85: the
 // products' shapes and count matter. The device memory it takes is freed
 // (and the allocator's cache trimmed) before it returns, so a budget made
@@ -170,6 +175,20 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		}
 		return nil
 	}
+	// The rows' arithmetic: one pass's products over a chunk of rateRows
+	// rows (the weights read once, each row multiplied with them).
+	var chunk []product
+	for _, p := range products[:len(mats)] {
+		chunk = append(chunk, product{p.w, tensor.New(tensor.F32, tensor.Shape{rateRows, p.w.Shape()[1]}), tensor.New(tensor.F32, tensor.Shape{rateRows, p.w.Shape()[0]})})
+	}
+	rowsOnce := func() error {
+		for _, p := range chunk {
+			if err := ck.MatMul(p.y, p.x, p.w, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	gpuOnce := func() error {
 		if err := gk.MatMul(yDev, xDev, wDev, nil); err != nil {
 			return err
@@ -197,6 +216,10 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		return r, err
 	}
 	r.CPU = cpuRate(d)
+	if d, err = best(3, rowsOnce); err != nil {
+		return r, err
+	}
+	r.CPURows = float64(rateRows*passBytes) / d.Seconds()
 	if d, err = best(5, gpuOnce); err != nil {
 		return r, err
 	}
@@ -204,7 +227,7 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 	if d, err = median(15, handOnce); err != nil {
 		return r, err
 	}
-	r.Handoff = d
+	r.Handoff = d / 2 // one way of the round trip
 	// Both at once: each path is timed while the other runs without a
 	// pause (timing both loops side by side measured mostly the CPU alone:
 	// its passes outlast the copies').
