@@ -457,6 +457,9 @@ func TestOpenExpertsOnCPU(t *testing.T) {
 				if st.ExpertsPinned != 0 {
 					t.Errorf("%d experts left pinned", st.ExpertsPinned)
 				}
+				if auto := tc.policy == paging.ExpertCPUAuto && tc.rates != nil; (r.Rates != nil) != auto || auto && *r.Rates != *tc.rates || auto && !strings.Contains(r.String(), "split by link") {
+					t.Errorf("the report's rates %+v, want those auto split with (%v): %s", r.Rates, auto, r)
+				}
 			})
 		}
 	}
