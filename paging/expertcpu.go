@@ -173,7 +173,9 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 // Options.ExpertsCPU says: all (always), none (never), or for
 // ExpertCPUAuto those SplitMisses puts on the CPU with the pager's rates,
 // so that the CPU's products and the uploads of the rest, side by side,
-// end soonest (none without rates).
+// end soonest (none without rates), the least used of alike misses on
+// the CPU (their uses counted as an acquire's, HostExpert) so that those
+// used most are uploaded and cached.
 func (p *Pager) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
 	clear(onCPU[:len(experts)])
 	if !p.PagesExperts(layer) || p.expertsCPU == ExpertCPUNever || p.expertsCPU == "" {
@@ -181,13 +183,18 @@ func (p *Pager) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
 	}
 	all := p.ex.layers[layer]
 	missing := make([]int, 0, len(experts))
+	count := make([]float64, len(experts))
 	p.mu.Lock()
 	for i, x := range experts {
 		if x >= 0 && x < len(all) && !all[x].loaded && !all[x].loading {
 			missing = append(missing, i)
+			count[i] = p.ex.agedCount(all[x])
 		}
 	}
 	p.mu.Unlock()
+	// The coldest first: among misses alike, SplitMisses puts the first
+	// on the CPU, and the link brings the ones used most into the cache.
+	slices.SortStableFunc(missing, func(a, b int) int { return cmp.Compare(count[a], count[b]) })
 	switch {
 	case len(missing) == 0:
 		return
@@ -212,7 +219,8 @@ func (p *Pager) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
 
 // HostExpert returns the tensors of the layer's expert in host memory, for
 // the CPU to compute with (ExpertsOnCPU), counting it in Stats.ExpertsOnCPU
-// and its tokens in ExpertCPUTokens. The tensors are its host copy when
+// and its tokens in ExpertCPUTokens, and as a use of the expert (LFU's
+// count, which ExpertsOnCPU orders by). The tensors are its host copy when
 // the host cache holds one; else it is read from the source, into a host
 // copy the host cache keeps when it has room (pinned where the device
 // has pinned memory, as a load would keep it), or into a buffer of its
@@ -310,6 +318,7 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 		}
 	}
 	p.st.BytesDiskToHost += read
+	p.ex.touchLocked(e) // a use, as an acquire counts it: ExpertsOnCPU uploads the most used
 	p.st.ExpertsOnCPU++
 	p.st.ExpertCPUTokens += int64(tokens)
 	p.st.ExpertCPUBytes += e.bytes

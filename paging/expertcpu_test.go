@@ -148,7 +148,9 @@ func splitTimes(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dura
 // cached nor loading, in range, of a layer whose experts it pages; always
 // takes every such expert, never and auto without rates none, and auto
 // with rates the split of the layer's misses (SplitMisses): with a CPU
-// slower than the link for each expert, two of five misses.
+// slower than the link for each expert, two of five misses; of two alike,
+// the one used less goes to the CPU, and the one used most (on the CPU
+// before: those uses count) uploads, to be cached.
 func TestExpertsOnCPU(t *testing.T) {
 	m := newMoESynth(2, 8, 8, 16)
 	eb := m.expertBytes() // 768 bytes: 1 ms to upload, 1.5 ms on the CPU
@@ -159,16 +161,25 @@ func TestExpertsOnCPU(t *testing.T) {
 		layer   int
 		experts []int
 		want    []bool
+		used    []int // experts computed on the CPU before, once each
 	}{
-		{"always", Options{ExpertsCPU: ExpertCPUAlways}, 1, []int{0, 3, 9, -1}, []bool{false, true, false, false}},
-		{"never", Options{ExpertsCPU: ExpertCPUNever, Rates: slow}, 1, []int{0, 3}, []bool{false, false}},
-		{"auto without rates", Options{ExpertsCPU: ExpertCPUAuto}, 1, []int{0, 3}, []bool{false, false}},
-		{"a layer without experts", Options{ExpertsCPU: ExpertCPUAlways}, 0, []int{0, 3}, []bool{false, false}},
-		{"auto, five misses and a hit", Options{ExpertsCPU: ExpertCPUAuto, Rates: slow}, 1, []int{0, 2, 3, 4, 5, 6}, []bool{false, true, true, false, false, false}},
-		{"auto, one miss", Options{ExpertsCPU: ExpertCPUAuto, Rates: slow}, 1, []int{0, 3}, []bool{false, false}},
+		{"always", Options{ExpertsCPU: ExpertCPUAlways}, 1, []int{0, 3, 9, -1}, []bool{false, true, false, false}, nil},
+		{"never", Options{ExpertsCPU: ExpertCPUNever, Rates: slow}, 1, []int{0, 3}, []bool{false, false}, nil},
+		{"auto without rates", Options{ExpertsCPU: ExpertCPUAuto}, 1, []int{0, 3}, []bool{false, false}, nil},
+		{"a layer without experts", Options{ExpertsCPU: ExpertCPUAlways}, 0, []int{0, 3}, []bool{false, false}, nil},
+		{"auto, five misses and a hit", Options{ExpertsCPU: ExpertCPUAuto, Rates: slow}, 1, []int{0, 2, 3, 4, 5, 6}, []bool{false, true, true, false, false, false}, nil},
+		{"auto, one miss", Options{ExpertsCPU: ExpertCPUAuto, Rates: slow}, 1, []int{0, 3}, []bool{false, false}, nil},
+		{"auto, the most used uploads", Options{ExpertsCPU: ExpertCPUAuto, Rates: slow}, 1, []int{3, 4}, []bool{false, true}, []int{3, 3, 3}},
 	} {
 		pg, _, fb, _ := newExpertPager(t, m, 2, tc.opts)
 		acquireCheck(t, pg, m, fb, 1, 0)
+		for _, x := range tc.used {
+			_, release, err := pg.HostExpert(context.Background(), tc.layer, x, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			release()
+		}
 		tokens := make([]int, len(tc.experts))
 		for i := range tokens {
 			tokens[i] = 1
