@@ -80,20 +80,6 @@ func (r Rates) expertCPU(bytes int64, tokens int, cpu float64) float64 {
 	return max(float64(bytes)/cpu, t*float64(bytes)/r.CPURows)
 }
 
-// ExpertCPUTime is the predicted time of an expert of bytes weight bytes
-// computed on the CPU alone for tokens tokens (Rates.CPU, Rates.CPURows:
-// its weights read once, its rows' arithmetic), with the hand-over of the
-// tokens' rows down and its output up (two Rates.Handoff); ExpertUploadTime
-// that of its upload alone. ok is false when r cannot say.
-func ExpertCPUTime(r Rates, bytes int64, tokens int) (cpu, upload time.Duration, ok bool) {
-	if r.CPU <= 0 || r.H2D <= 0 {
-		return 0, 0, false
-	}
-	cpu = durationOf(r.expertCPU(bytes, tokens, r.CPU)) + 2*r.Handoff
-	upload = durationOf(float64(bytes) / r.H2D)
-	return cpu, upload, true
-}
-
 func durationOf(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
 
 // SplitMisses chooses which of a layer's missing experts the CPU computes

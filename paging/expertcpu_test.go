@@ -9,24 +9,25 @@ import (
 	"time"
 )
 
-// TestExpertCPUTime: with rates like an H200 host's (a link of 50 GB/s, a
-// CPU reading 100 GB/s, a hand-over of 10 µs) the CPU computes a cold
-// Mixtral-8x7B Q8_0 expert (187 MB) for one token sooner than the link
-// uploads it. A chunk's tokens read its weights once: with the rows'
-// arithmetic measured (CPURows) four tokens still go sooner and 64 do
-// not; without it each token counts as a read, and four do not. Without a
-// rate nothing is predicted.
-func TestExpertCPUTime(t *testing.T) {
+// TestSplitMissesOne: one missing expert goes to the CPU when its
+// product there, with the rows' hand-over down and its output's up, ends
+// before its upload. With rates like an H200 host's (a link of 50 GB/s, a
+// CPU reading 100 GB/s, a hand-over of 10 µs) a cold Mixtral-8x7B Q8_0
+// expert (187 MB) goes to the CPU for one token. A chunk's tokens read its
+// weights once: with the rows' arithmetic measured (CPURows) four tokens
+// still go there and 64 do not; without it each token counts as a read,
+// and four do not. Without a rate nothing goes.
+func TestSplitMissesOne(t *testing.T) {
 	h200 := Rates{H2D: 50e9, CPU: 100e9, Handoff: 10 * time.Microsecond}
 	rows := h200
 	rows.CPURows = 800e9 // eight rows' arithmetic as long as one read
 	const expert = 187e6
 	for _, tc := range []struct {
-		name    string
-		r       Rates
-		tokens  int
-		cpuWins bool
-		ok      bool
+		name   string
+		r      Rates
+		tokens int
+		onCPU  bool
+		ok     bool
 	}{
 		{"decode", h200, 1, true, true},
 		{"prefill of 4, rows unmeasured", h200, 4, false, true},
@@ -36,9 +37,10 @@ func TestExpertCPUTime(t *testing.T) {
 		{"no CPU rate", Rates{H2D: 50e9}, 1, false, false},
 		{"no link rate", Rates{CPU: 100e9}, 1, false, false},
 	} {
-		cpu, upload, ok := ExpertCPUTime(tc.r, expert, tc.tokens)
-		if ok != tc.ok || ok && (cpu < upload) != tc.cpuWins {
-			t.Errorf("%s: CPU %v, upload %v, ok %v; want the CPU first %v, ok %v", tc.name, cpu, upload, ok, tc.cpuWins, tc.ok)
+		onCPU := []bool{false}
+		cpu, link, ok := SplitMisses(tc.r, []ExpertMiss{{expert, tc.tokens}}, onCPU)
+		if ok != tc.ok || onCPU[0] != tc.onCPU {
+			t.Errorf("%s: on the CPU %v (CPU %v, link %v), ok %v; want %v, ok %v", tc.name, onCPU[0], cpu, link, ok, tc.onCPU, tc.ok)
 		}
 	}
 }

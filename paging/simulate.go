@@ -99,7 +99,7 @@ type Rates struct {
 	// rows (32) gets through its weights' bytes for each row: a product
 	// of t rows, which reads the weights once, takes t·bytes/CPURows
 	// when its arithmetic is longer than the read; 0 counts a read of
-	// the weights for each row (ExpertCPUTime, SplitMisses).
+	// the weights for each row (SplitMisses).
 	CPURows float64 `json:"cpu_rows_bytes_per_s,omitempty"`
 	// CPUAttention is the rate at which the CPU's attention reads a KV
 	// cache in host memory; 0 reads it at the CPU's rate. While a copy
