@@ -112,17 +112,17 @@ func budgetsUsed(e *Engine) []int64 {
 
 // TestBatcherMatchesAlone: on every fixture and on one device, two, a
 // budget that streams the layers (or pages the experts) on one device and
-// on two, the hybrid strategy (the CPU's layers and the fake GPU's) with
-// F16 and Q8_0 weights, the KV cache in host memory (alone and with the
-// hybrid strategy), and both unified memory modes (weights in managed
-// memory), requests of random
-// prompt lengths and lengths, submitted in two waves so that some join
-// while others decode, with one cancelled mid-stream and one larger than
-// the KV pool, get the greedy ids each gets alone; the refused request is
-// ErrBusy, the cancelled one ends with its context's error; when they all
-// end every KV block is free, and after Close the budgets are back at
-// their values before the batcher. The pool stores the engine's KV dtype:
-// F16 and Q8_B8 pools too.
+// on two, experts computed on the CPU (all the missing ones, or a split of
+// each step's), the hybrid strategy (the CPU's layers and the fake GPU's)
+// with F16 and Q8_0 weights, the KV cache in host memory (alone and with
+// the hybrid strategy), and both unified memory modes (weights in managed
+// memory), requests of random prompt lengths and lengths, submitted in two
+// waves so that some join while others decode, with one cancelled
+// mid-stream and one larger than the KV pool, get the greedy ids each gets
+// alone; the refused request is ErrBusy, the cancelled one ends with its
+// context's error; when they all end every KV block is free, and after
+// Close the budgets are back at their values before the batcher. The pool
+// stores the engine's KV dtype: F16 and Q8_B8 pools too.
 func TestBatcherMatchesAlone(t *testing.T) {
 	type config struct {
 		name     string
@@ -140,6 +140,10 @@ func TestBatcherMatchesAlone(t *testing.T) {
 		// the pool.
 		kvPositions int
 		kv          tensor.DType
+		// expertsCPU is Memory.ExpertsCPU, with the rates of rates
+		// when not nil.
+		expertsCPU paging.ExpertCPUPolicy
+		rates      func(lm *loader.Model) *paging.Rates
 	}
 	const ctxLen, block = 32, 4
 	var configs []config
@@ -155,6 +159,20 @@ func TestBatcherMatchesAlone(t *testing.T) {
 		config{name: "experts paged", fixture: fixtures.TinyQwen3MoEF16, devices: 1,
 			budget: func(t *testing.T, lm *loader.Model) int64 {
 				return expertBudget(t, lm, ctxLen, 8, lm.Config.MoE.ExpertsPerToken+2)
+			}},
+		config{name: "experts on the CPU", fixture: fixtures.TinyQwen3MoEF16, devices: 1, expertsCPU: paging.ExpertCPUAlways,
+			budget: func(t *testing.T, lm *loader.Model) int64 {
+				return expertBudget(t, lm, ctxLen, 8, lm.Config.MoE.ExpertsPerToken+2)
+			}},
+		config{name: "experts split", fixture: fixtures.TinyQwen3MoEF16, devices: 1, expertsCPU: paging.ExpertCPUAuto,
+			budget: func(t *testing.T, lm *loader.Model) int64 {
+				return expertBudget(t, lm, ctxLen, 8, lm.Config.MoE.ExpertsPerToken+2)
+			},
+			rates: func(lm *loader.Model) *paging.Rates {
+				// An expert uploads in 1 ms and takes the CPU 1.5: a
+				// step's misses split between the two.
+				eb := float64(lm.Config.MoE.ExpertSize) * float64(lm.Config.HiddenSize) * 3 * 2
+				return &paging.Rates{H2D: eb * 1e3, CPU: eb / 1.5e-3}
 			}},
 		config{name: "hybrid", fixture: fixtures.TinyLlamaF16Sharded, gpu: true, strategy: paging.StrategyHybrid,
 			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},
@@ -177,7 +195,11 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			if tc.quant != 0 {
 				lm = openGGUF(t, tc.fixture, tc.quant)
 			}
-			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions, Memory: Memory{Strategy: tc.strategy, Mode: tc.mode, KVCache: tc.kvCache, KVDType: tc.kv}}
+			o := Options{Backends: cpus(tc.devices), Context: ctxLen, Chunk: 8, KVPositions: tc.kvPositions,
+				Memory: Memory{Strategy: tc.strategy, Mode: tc.mode, KVCache: tc.kvCache, KVDType: tc.kv, ExpertsCPU: tc.expertsCPU}}
+			if tc.rates != nil {
+				o.Rates = tc.rates(lm)
+			}
 			var managed *managedCPU
 			switch {
 			case tc.gpu:
@@ -323,6 +345,9 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			}
 			if st.BatchSizeSum <= st.Steps {
 				t.Errorf("%d steps ran %d sequences in all: nothing was batched", st.Steps, st.BatchSizeSum)
+			}
+			if es := e.Stats(); tc.expertsCPU != "" && (es.ExpertsOnCPU == 0 || es.ExpertMisses == 0 && tc.expertsCPU == paging.ExpertCPUAuto) {
+				t.Errorf("experts %s: %d on the CPU, %d misses uploaded", tc.expertsCPU, es.ExpertsOnCPU, es.ExpertMisses)
 			}
 			t.Logf("%d steps, mean batch %.2f, mean time to first token %v, mean inter-token latency %v", st.Steps,
 				float64(st.BatchSizeSum)/float64(st.Steps), st.TimeToFirstTokenSum/time.Duration(max(st.FirstTokens, 1)), st.InterTokenLatencySum/time.Duration(max(st.InterTokens, 1)))

@@ -187,9 +187,9 @@ type Engine struct {
 	kv        *KVReport     // the KV cache's placement, nil when all on the devices
 	kvRates   *paging.Rates // the rates KVAuto planned with
 	expertCPU bool          // a pager may hand missing experts to e.cpu
-	// expertRates are the rates measured for deciding where missing
-	// experts are computed (Memory.ExpertsCPU auto), when nothing else
-	// measured them.
+	// expertRates are the rates that decide where missing experts are
+	// computed (Memory.ExpertsCPU auto): given, or measured at Open when
+	// nothing else measured them.
 	expertRates *paging.Rates
 
 	mu       sync.Mutex

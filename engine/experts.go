@@ -64,7 +64,9 @@ func (e *Engine) expertsCPU(ctx context.Context, b tensor.Backend, plan *paging.
 			return "", nil, err
 		}
 		rates = &r
-		e.expertRates = rates
+	}
+	if rates != nil && policy == paging.ExpertCPUAuto {
+		e.expertRates = rates // the report's, and another device's of the same host
 	}
 	return policy, rates, nil
 }
@@ -104,6 +106,10 @@ type ExpertReport struct {
 	OnCPU     int64 `json:"on_cpu"`
 	CPUTokens int64 `json:"cpu_tokens"`
 	CPUBytes  int64 `json:"cpu_bytes"`
+	// Rates are those -experts-cpu auto splits the misses between the
+	// CPU and the link with (measured at Open, or given); nil for the
+	// other policies.
+	Rates *paging.Rates `json:"rates,omitempty"`
 
 	// Tokens is the decode steps of the window (Since), 0 for the totals.
 	Tokens           int     `json:"tokens,omitempty"`
@@ -171,6 +177,7 @@ func (e *Engine) Experts() *ExpertReport {
 	r.Prefetches, r.PrefetchHits, r.BytesMoved = st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertBytesMoved
 	r.Guessed, r.GuessedRight = e.ExpertGuesses()
 	r.OnCPU, r.CPUTokens, r.CPUBytes = st.ExpertsOnCPU, st.ExpertCPUTokens, st.ExpertCPUBytes
+	r.Rates = e.expertRates
 	if len(e.servers) > 1 {
 		for d, srv := range e.servers {
 			st := srv.Stats()
@@ -257,6 +264,9 @@ func (r *ExpertReport) String() string {
 		}
 	} else if r.OnCPU > 0 {
 		s += fmt.Sprintf("; %d experts on the CPU (%d tokens)", r.OnCPU, r.CPUTokens)
+	}
+	if x := r.Rates; x != nil {
+		s += fmt.Sprintf("; split by link %.1f GB/s, CPU %.1f GB/s (%.1f over a chunk's rows), hand-over %v", x.H2D/1e9, x.CPU/1e9, x.CPURows/1e9, x.Handoff)
 	}
 	for d, x := range r.Devices {
 		s += fmt.Sprintf("\n  device %d (%s): cache of %d of %d (%s): hit rate %.1f%%, prefetch accuracy %.1f%%", d, x.Device, x.Slots, x.Experts,

@@ -5,7 +5,9 @@ import (
 	"math"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
@@ -371,11 +373,12 @@ func TestOpenPagesQuantizedExperts(t *testing.T) {
 // few, a missing expert is computed on the CPU from host memory instead of
 // uploaded as Memory.ExpertsCPU says: always, never, or auto with rates
 // that make the CPU cheaper (a slow link) or dearer (a slow CPU) than the
-// upload of an expert; on one device and on two. The logits of a prompt
-// and of decode steps are the model's run directly, bit for bit (the
-// device is a CPU too); experts on the CPU are counted in Stats, the
-// report and the summary, and their bytes are not moved: the bytes moved
-// are the misses' and prefetches' only.
+// upload of an expert, or a CPU slower than the link for one expert, with
+// which the split of a layer's misses puts some on the CPU; on one device
+// and on two. The logits of a prompt and of decode steps are the model's
+// run directly, bit for bit (the device is a CPU too); experts on the CPU
+// are counted in Stats, the report and the summary, and their bytes are
+// not moved: the bytes moved are the misses' and prefetches' only.
 func TestOpenExpertsOnCPU(t *testing.T) {
 	prompt := []int32{1, 5, 9, 200, 3, 77, 18}
 	const steps, chunk = 6, 8
@@ -393,6 +396,9 @@ func TestOpenExpertsOnCPU(t *testing.T) {
 			eb += ti.Size
 		}
 		slots := cfg.MoE.ExpertsPerToken + 2
+		// Each expert uploads in 1 ms and takes the CPU 1.5: alone the
+		// link is sooner, two misses of a layer end sooner split.
+		split := &paging.Rates{H2D: float64(eb) * 1e3, CPU: float64(eb) / 1.5e-3}
 		for _, tc := range []struct {
 			name    string
 			devices int
@@ -404,6 +410,7 @@ func TestOpenExpertsOnCPU(t *testing.T) {
 			{"never", 1, paging.ExpertCPUNever, slowLink, false},
 			{"auto, slow link", 1, paging.ExpertCPUAuto, slowLink, true},
 			{"auto, slow CPU", 1, paging.ExpertCPUAuto, slowCPU, false},
+			{"auto, a layer's misses split", 1, paging.ExpertCPUAuto, split, true},
 			{"auto without rates", 1, "", nil, false},
 			{"always, two devices", 2, paging.ExpertCPUAlways, nil, true},
 		} {
@@ -450,7 +457,121 @@ func TestOpenExpertsOnCPU(t *testing.T) {
 				if st.ExpertsPinned != 0 {
 					t.Errorf("%d experts left pinned", st.ExpertsPinned)
 				}
+				if auto := tc.policy == paging.ExpertCPUAuto && tc.rates != nil; (r.Rates != nil) != auto || auto && *r.Rates != *tc.rates || auto && !strings.Contains(r.String(), "split by link") {
+					t.Errorf("the report's rates %+v, want those auto split with (%v): %s", r.Rates, auto, r)
+				}
 			})
 		}
+	}
+}
+
+// lookupGPU is a fakeGPU whose ordinary uploads cost what the CUDA
+// backend's do: a look-up of the source among its pinned allocations (it
+// records how many were live at each), and whose hand-over takes a
+// known time (handDelay each way).
+type lookupGPU struct {
+	*fakeGPU
+	mu        sync.Mutex
+	live      int // pinned allocations not freed
+	maxLookup int // the most live at an Upload
+	downloads int
+}
+
+const handDelay = 100 * time.Microsecond
+
+// spin waits d on the calling goroutine (a sleep of 100 us takes a
+// millisecond on some hosts).
+func spin(d time.Duration) {
+	for t0 := time.Now(); time.Since(t0) < d; {
+	}
+}
+
+func (g *lookupGPU) AllocPinned(n int64) ([]byte, error) {
+	g.mu.Lock()
+	g.live++
+	g.mu.Unlock()
+	return g.fakeGPU.AllocPinned(n)
+}
+
+func (g *lookupGPU) FreePinned(b []byte) error {
+	g.mu.Lock()
+	g.live--
+	g.mu.Unlock()
+	return g.fakeGPU.FreePinned(b)
+}
+
+func (g *lookupGPU) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	g.mu.Lock()
+	g.maxLookup = max(g.maxLookup, g.live)
+	g.mu.Unlock()
+	spin(handDelay)
+	return g.fakeGPU.Upload(dst, off, src)
+}
+
+func (g *lookupGPU) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	g.mu.Lock()
+	g.downloads++
+	g.mu.Unlock()
+	spin(handDelay)
+	return g.fakeGPU.Download(dst, src)
+}
+
+func (g *lookupGPU) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64, src []byte) (func() error, error) {
+	if err := g.fakeGPU.Upload(dst, off, src); err != nil {
+		return nil, err
+	}
+	return func() error { return nil }, nil
+}
+
+// TestExpertRatesHandoff: -experts-cpu auto measures its rates at Open
+// over one expert of the model, as the CPU computes it, with the
+// hand-over decode makes (a download of the rows once the compute is done,
+// an upload from ordinary memory). The expert's copies for the CPU's
+// measurement are one pinned allocation, not one per matrix repeated to
+// the measured size: on the GPU the fixtures' tiny experts made tens of
+// thousands of them, and each upload of the hand-over, which looks its
+// source up among them, measured 0.9 ms (TestCUDAExpertsOnCPU on the
+// H200) where decode's take 20 us. A hand-over is measured as half of a
+// download and an upload of the fake's known time, not less; the CPU's
+// rate over a chunk's rows is measured too.
+func TestExpertRatesHandoff(t *testing.T) {
+	rb, cb := rateBytes, cpuRateMinBytes
+	rateBytes, cpuRateMinBytes = 1<<20, 8<<20 // 8 MiB of 12 KiB experts: hundreds of copies
+	t.Cleanup(func() { rateBytes, cpuRateMinBytes = rb, cb })
+	prompt := []int32{1, 5, 9}
+	const ctxLen, chunk = 8, 4
+	lm := openFixture(t, fixtures.TinyMixtralBF16)
+	gpu := &lookupGPU{fakeGPU: newFakeGPU()}
+	defer gpu.Close()
+	budget := expertBudget(t, lm, ctxLen, chunk, lm.Config.MoE.ExpertsPerToken+2)
+	e, err := Open(context.Background(), lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: chunk,
+		Memory: Memory{Budgets: []int64{budget}, ExpertsCPU: paging.ExpertCPUAuto}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	r := e.expertRates
+	if r == nil {
+		t.Fatal("auto measured no rates")
+	}
+	gpu.mu.Lock()
+	lookup, downloads := gpu.maxLookup, gpu.downloads
+	gpu.mu.Unlock()
+	t.Logf("rates: H2D %.2f GB/s, CPU %.2f GB/s (%.2f over a chunk's rows), hand-over %v; at most %d pinned allocations live at a hand-over's upload", r.H2D/1e9, r.CPU/1e9, r.CPURows/1e9, r.Handoff, lookup)
+	if lookup > 2 {
+		t.Errorf("%d pinned allocations live while the hand-over was measured, want at most 2 (the copy's and the CPU's)", lookup)
+	}
+	if downloads == 0 || r.Handoff < handDelay || r.Handoff > 50*handDelay {
+		t.Errorf("hand-over %v over %d downloads, want half of a download and an upload of %v each (and not 50 times that)", r.Handoff, downloads, handDelay)
+	}
+	if !(r.CPURows > 0) {
+		t.Errorf("the CPU's rate over a chunk's rows %v, want it measured", r.CPURows)
+	}
+	s, err := e.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Forward(context.Background(), prompt, false, nil); err != nil {
+		t.Fatal(err)
 	}
 }

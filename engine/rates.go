@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"time"
 
@@ -28,13 +29,18 @@ var rateBytes = 256 << 20
 // are measured so.
 var cpuRateMinBytes int64 = 1 << 30
 
+// rateRows are the rows of x that Rates.CPURows is measured over: a
+// prefill chunk's tokens for one expert, a few dozen.
+const rateRows = 32
+
 // MeasureRates measures what the hybrid planner needs, on the machine as it
 // is now: pinned copies from host memory to gpu; the CPU's products, on
 // cpu at its threads, over weights shaped as block's matrices (one decoder
 // block of the model, as the CPU computes it: from pinned host memory, one
 // product per matrix); both at once; the GPU's product over weights of
-// dtype dt in its own memory; and the hand-over of a hidden state of
-// hidden floats between them. A first version measured the CPU over one
+// dtype dt in its own memory; the CPU's products over a chunk of rows
+// (Rates.CPURows); and the hand-over of a hidden state of hidden floats
+// between them (Rates.Handoff: half of a download and an upload). A first version measured the CPU over one
 // large matrix and read 120 GB/s where the model's blocks ran at 85: the
 // products' shapes and count matter. The device memory it takes is freed
 // (and the allocator's cache trimmed) before it returns, so a budget made
@@ -99,40 +105,49 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 	fillRandom(pinned, dt)
 
 	// The host side: the block's matrices in pinned host memory, each with
-	// its input and output, repeated to cpuRateMinBytes.
+	// its input and output, repeated to cpuRateMinBytes, all in one pinned
+	// allocation: a small block (one expert of a small model) repeated to
+	// 1 GiB was tens of thousands of allocations, and the CUDA backend
+	// looks a copy's source up among its pinned allocations, so that each
+	// upload of the hand-over below took 0.9 ms among them where decode's
+	// take 20 us.
 	ck := tensor.Checked(cpu)
+	var mats []paging.TensorSpec
+	var passBytes, passAligned int64
+	for _, ts := range block {
+		if len(ts.Shape) != 2 || !ts.DType.IsFloat() && !ts.DType.IsQuantized() {
+			continue
+		}
+		mats = append(mats, ts)
+		passBytes += ts.Bytes
+		passAligned += alignPinned(ts.Bytes)
+	}
+	if len(mats) == 0 {
+		return r, errors.New("engine: measuring rates: the block has no matrix")
+	}
+	passes := max(1, (cpuRateMinBytes+passBytes-1)/passBytes)
+	hostW, err := pa.AllocPinned(passes * passAligned)
+	if err != nil {
+		return r, fmt.Errorf("engine: measuring rates: %w", err)
+	}
+	defer pa.FreePinned(hostW)
 	type product struct{ w, x, y *tensor.Tensor }
 	var products []product
 	var copies []nn.LayerWeights // the block's matrices, by name, in each pass
-	var cpuBytes float64
-	defer func() {
-		for _, p := range products {
-			pa.FreePinned(p.w.Bytes())
-		}
-	}()
-	for len(products) == 0 || cpuBytes < float64(cpuRateMinBytes) {
-		n0 := len(products)
+	cpuBytes := float64(passes * passBytes)
+	var off int64
+	for range passes {
 		copies = append(copies, nn.LayerWeights{})
-		for _, ts := range block {
-			if len(ts.Shape) != 2 || !ts.DType.IsFloat() && !ts.DType.IsQuantized() {
-				continue
-			}
-			b, err := pa.AllocPinned(ts.Bytes)
-			if err != nil {
-				return r, fmt.Errorf("engine: measuring rates: %w", err)
-			}
+		for _, ts := range mats {
+			b := hostW[off : off+ts.Bytes]
+			off += alignPinned(ts.Bytes)
 			fillRandom(b, ts.DType)
 			w, err := tensor.FromBytes(ts.DType, ts.Shape, b)
 			if err != nil {
-				pa.FreePinned(b)
 				return r, err
 			}
 			products = append(products, product{w, tensor.New(tensor.F32, tensor.Shape{1, ts.Shape[1]}), tensor.New(tensor.F32, tensor.Shape{1, ts.Shape[0]})})
 			copies[len(copies)-1][ts.Name] = w
-			cpuBytes += float64(ts.Bytes)
-		}
-		if len(products) == n0 {
-			return r, errors.New("engine: measuring rates: the block has no matrix")
 		}
 	}
 	hbuf := make([]byte, 4*hidden)
@@ -160,14 +175,31 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		}
 		return nil
 	}
+	// The rows' arithmetic: one pass's products over a chunk of rateRows
+	// rows (the weights read once, each row multiplied with them).
+	var chunk []product
+	for _, p := range products[:len(mats)] {
+		chunk = append(chunk, product{p.w, tensor.New(tensor.F32, tensor.Shape{rateRows, p.w.Shape()[1]}), tensor.New(tensor.F32, tensor.Shape{rateRows, p.w.Shape()[0]})})
+	}
+	rowsOnce := func() error {
+		for _, p := range chunk {
+			if err := ck.MatMul(p.y, p.x, p.w, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	gpuOnce := func() error {
 		if err := gk.MatMul(yDev, xDev, wDev, nil); err != nil {
 			return err
 		}
 		return tensor.Sync(gpu)
 	}
+	// A hand-over as decode makes one: the hidden state down once the
+	// compute queued before it is done (copies may go on), and a row up
+	// from ordinary memory.
 	handOnce := func() error {
-		if err := gpu.Download(hbuf, hDev); err != nil {
+		if err := tensor.DownloadComputed(gpu, hbuf, hDev); err != nil {
 			return err
 		}
 		return gpu.Upload(hDev, 0, hbuf)
@@ -184,14 +216,18 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		return r, err
 	}
 	r.CPU = cpuRate(d)
+	if d, err = best(3, rowsOnce); err != nil {
+		return r, err
+	}
+	r.CPURows = float64(rateRows*passBytes) / d.Seconds()
 	if d, err = best(5, gpuOnce); err != nil {
 		return r, err
 	}
 	r.Device = rate(d)
-	if d, err = best(9, handOnce); err != nil {
+	if d, err = median(15, handOnce); err != nil {
 		return r, err
 	}
-	r.Handoff = d
+	r.Handoff = d / 2 // one way of the round trip
 	// Both at once: each path is timed while the other runs without a
 	// pause (timing both loops side by side measured mostly the CPU alone:
 	// its passes outlast the copies').
@@ -250,6 +286,29 @@ func best(n int, f func() error) (time.Duration, error) {
 	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
 	return ts[0], nil
 }
+
+// median runs f n times and returns the median time, after one untimed
+// run: for a short operation that decode repeats, what a step pays rather
+// than the luckiest run.
+func median(n int, f func() error) (time.Duration, error) {
+	if err := f(); err != nil {
+		return 0, err
+	}
+	ts := make([]time.Duration, 0, n)
+	for range n {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			return 0, err
+		}
+		ts = append(ts, time.Since(t0))
+	}
+	slices.Sort(ts)
+	return ts[n/2], nil
+}
+
+// alignPinned rounds a matrix's bytes up to the offset of the next one in
+// a shared pinned allocation.
+func alignPinned(n int64) int64 { return (n + 63) &^ 63 }
 
 // fillRandom writes small finite values of dtype dt, so that the pages are
 // real (not the zero page) and the products run on ordinary numbers: a

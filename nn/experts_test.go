@@ -593,3 +593,152 @@ func TestBatchExpertGuesses(t *testing.T) {
 		})
 	}
 }
+
+// orderLog records, in order, what a sparse block asks of its weights and
+// what the host waits for: the misses acquired (acquire), the guess's
+// prefetches (prefetch), the experts computed on the CPU (cpu), the
+// downloads of computed results (download) and the uploads from ordinary
+// memory (upload), each with its layer where it has one.
+type orderLog struct {
+	mu  sync.Mutex
+	on  bool
+	log []string
+}
+
+func (o *orderLog) add(ev string, layer int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.on {
+		o.log = append(o.log, fmt.Sprintf("%s %d", ev, layer))
+	}
+}
+
+// orderWeights is a pager whose expert calls are logged.
+type orderWeights struct {
+	*paging.Pager
+	o *orderLog
+}
+
+func (w orderWeights) AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]map[string]*tensor.Tensor, error) {
+	w.o.add("acquire", layer)
+	return w.Pager.AcquireExperts(ctx, layer, experts)
+}
+
+func (w orderWeights) PrefetchExperts(layer int, experts []int) {
+	w.o.add("prefetch", layer)
+	w.Pager.PrefetchExperts(layer, experts)
+}
+
+func (w orderWeights) HostExpert(ctx context.Context, layer, expert, tokens int) (map[string]*tensor.Tensor, func(), error) {
+	w.o.add("cpu", layer)
+	return w.Pager.HostExpert(ctx, layer, expert, tokens)
+}
+
+// orderCPU is a CPU backend whose downloads and uploads are logged.
+type orderCPU struct {
+	*tensor.CPU
+	o *orderLog
+}
+
+func (c orderCPU) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	c.o.add("download", -1)
+	return c.CPU.Download(dst, src)
+}
+
+func (c orderCPU) Upload(dst *tensor.Tensor, off int64, src []byte) error {
+	c.o.add("upload", -1)
+	return c.CPU.Upload(dst, off, src)
+}
+
+// TestExpertsOverlapOrder: in a decode step of a sparse block whose
+// misses are split between the CPU and the link (-experts-cpu auto, a CPU
+// slower than the link for one expert), the host waits for nothing
+// computed (no download) from the block's first acquire of experts to
+// its last expert on the CPU, so that on a GPU the uploads, the device's
+// experts and the CPU's run at once: the next block's guess (its router's
+// scores, downloaded) came before, while nothing queued waited for a
+// copy. The guess's prefetches follow the block's acquires (behind its
+// misses on the link); the CPU's experts' outputs go up after the last of
+// them, none between two. The logits are the resident run's. Before, the
+// guess's download came after the first acquire, and waited on a GPU for
+// the block's copies before the CPU started.
+func TestExpertsOverlapOrder(t *testing.T) {
+	for _, tc := range []struct {
+		fixture string
+		policy  paging.ExpertCPUPolicy
+	}{
+		{fixtures.TinyMixtralBF16, paging.ExpertCPUAuto},
+		{fixtures.TinyQwen3MoEF16, paging.ExpertCPUAuto},
+		{fixtures.TinyQwen3MoEF16, paging.ExpertCPUAlways},
+	} {
+		t.Run(tc.fixture+"/"+string(tc.policy), func(t *testing.T) {
+			lm, err := loader.Open(fixtures.Dir(tc.fixture))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lm.Close()
+			const steps = 6
+			want := residentReference(t, lm, expertPrompt, steps)
+			eb := expertBytes(lm)
+			split := &paging.Rates{H2D: float64(eb) * 1e3, CPU: float64(eb) / 1.5e-3} // 1 ms up, 1.5 on the CPU
+			k := lm.Config.MoE.ExpertsPerToken
+			r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, 2*k, false, paging.Options{ExpertsCPU: tc.policy, Rates: split})
+			o := &orderLog{}
+			m, err := New(lm.Config, orderCPU{r.b, o}, r.budget, orderWeights{r.pager, o})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cpu := tensor.NewCPU(1)
+			defer cpu.Close()
+			m.SetExpertCPU(cpu)
+			steps0 := 0
+			got := decodeMarked(t, m, func() {
+				o.mu.Lock()
+				o.on = steps0 < steps // the decode steps, not the prompt
+				o.mu.Unlock()
+				steps0++
+			}, expertPrompt, steps)
+			sameLogits(t, "split", got, want)
+			o.mu.Lock()
+			log := o.log
+			o.mu.Unlock()
+			var cpus, prefetches int
+			block, firstAcquire := -1, -1 // the layer of the acquires under way, and the first's event
+			lastDownload, lastCPU, prefetched := -1, -1, -1
+			for i, ev := range log {
+				var what string
+				var layer int
+				fmt.Sscanf(ev, "%s %d", &what, &layer)
+				switch what {
+				case "acquire":
+					if prefetched >= 0 && layer == block {
+						t.Errorf("event %d: acquire in layer %d after its prefetch for the next block: %v", i, layer, log[max(0, i-6):i+1])
+					}
+					prefetched = -1
+					if layer != block {
+						block, firstAcquire = layer, i
+					}
+				case "download":
+					lastDownload = i
+				case "prefetch":
+					prefetches++
+					prefetched = layer
+				case "cpu":
+					cpus++
+					if layer == block && lastDownload > firstAcquire {
+						t.Errorf("event %d: expert on the CPU in layer %d after a download since the block's first acquire: %v", i, layer, log[firstAcquire:i+1])
+					}
+					if lastCPU == i-2 && log[i-1] == "upload -1" {
+						t.Errorf("event %d: an output handed up between two experts on the CPU: %v", i, log[max(0, i-4):i+1])
+					}
+					lastCPU = i
+				}
+			}
+			st := r.pager.Stats()
+			t.Logf("%d events over %d decode steps: %d experts on the CPU, %d prefetches; %d misses uploaded", len(log), steps, cpus, prefetches, st.ExpertMisses)
+			if cpus == 0 || prefetches == 0 || tc.policy == paging.ExpertCPUAuto && st.ExpertMisses == 0 {
+				t.Errorf("the decode steps put %d experts on the CPU, prefetched %d times, uploaded %d misses: the order is not exercised", cpus, prefetches, st.ExpertMisses)
+			}
+		})
+	}
+}

@@ -152,9 +152,13 @@ type routing struct {
 	rawGuess   []byte    // the next sparse block's router scores of a decode step
 	rowPos     []int     // in a batch, each row's position (else row t is at pos0+t)
 	// The experts the CPU computes (expertOnCPU): the chosen ones split
-	// (devUsed, cpuUsed), the chunk's rows of h downloaded (hostH), an
-	// expert's tokens' rows (hostX), its gate, up and output.
+	// (devUsed, cpuUsed) by the weights' choice (onCPU, from each one's
+	// tokens, usedTokens), the chunk's rows of h downloaded (hostH), an
+	// expert's tokens' rows (hostX), its gate and up, and the outputs of
+	// them all (hostO, rows as out's).
 	devUsed, cpuUsed           []int
+	usedTokens                 []int
+	onCPU                      []bool
 	hostH                      []byte
 	hostX, hostG, hostU, hostO []float32
 }
@@ -322,15 +326,28 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			}
 		}
 	} else {
+		// The order lets the link, the device and the CPU work at once:
+		// what the host waits for (the rows the CPU computes with, the
+		// next block's router for the guess) is downloaded while the
+		// compute stream holds nothing that waits for a copy; then the
+		// misses' copies are queued, with the device's experts behind
+		// them; then the guess's prefetches, behind this block's misses
+		// on the link; then the CPU computes its experts while the copies
+		// and the device's experts run, and hands their outputs up last.
 		dev, onCPU := s.splitExperts(ew, layer)
 		if len(onCPU) > 0 {
-			// The CPU's experts read the tokens' rows from host memory.
 			if err := tensor.DownloadComputed(b, r.hostH[:4*T*H], h); err != nil {
 				return fmt.Errorf("experts on the CPU: %w", err)
 			}
 		}
+		var next expertGuess
+		if T == 1 && s.batch == nil || s.batchDecode(T) {
+			var err error
+			if next, err = s.guessNext(ctx, ew, i, pos0); err != nil {
+				return err
+			}
+		}
 		slots := max(ew.ExpertSlots(), 1)
-		guess := T == 1 && s.batch == nil || s.batchDecode(T)
 		for g := 0; g < len(dev); g += slots {
 			group := dev[g:min(g+slots, len(dev))]
 			ws, err := ew.AcquireExperts(ctx, layer, group)
@@ -339,16 +356,16 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			}
 			err = func() error {
 				defer ew.ReleaseExperts(layer, group) // released even if the backend panics
-				if g == 0 && guess {
-					guess = false
-					if err := s.guessNext(ctx, ew, i, pos0); err != nil {
-						return err
-					}
-				}
 				for _, e := range group {
 					if err := s.expert(e, T, ws[e], &experts[e]); err != nil {
 						return err
 					}
+				}
+				if g+slots >= len(dev) && next.experts != nil {
+					// While the last group is pinned: the prefetch
+					// does not evict the experts computing.
+					ew.PrefetchExperts(next.layer, next.experts)
+					next.experts = nil
 				}
 				return nil
 			}()
@@ -356,16 +373,18 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 				return err
 			}
 		}
-		if guess {
-			if err := s.guessNext(ctx, ew, i, pos0); err != nil {
-				return err
-			}
+		if next.experts != nil {
+			ew.PrefetchExperts(next.layer, next.experts)
 		}
-		// The device computes its experts (its launches return at once
-		// on a GPU) while the CPU computes these.
 		for _, e := range onCPU {
 			if err := s.expertOnCPU(ctx, ew.(CPUExpertWeights), layer, e, &experts[e]); err != nil {
 				return err
+			}
+		}
+		for _, e := range onCPU {
+			start, cnt := r.start[e], r.count[e]
+			if err := b.Upload(mb.view(mb.out, start, cnt, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.hostO[start*H])), 4*cnt*H)); err != nil {
+				return fmt.Errorf("expert %d output from the CPU: %w", e, err)
 			}
 		}
 	}
@@ -443,7 +462,8 @@ func (s *Session) expert(e, T int, lw LayerWeights, en *arch.Names) error {
 
 // splitExperts splits the experts the chunk chose (r.used) into those the
 // device computes and those the weights hand to the CPU (CPUExpertWeights,
-// with the model's CPU set: SetExpertCPU).
+// with the model's CPU set: SetExpertCPU), which choose among the layer's
+// misses together.
 func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
 	r := &s.buffers.moe.r
 	cw, ok := ew.(CPUExpertWeights)
@@ -451,8 +471,14 @@ func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
 		return r.used, nil
 	}
 	dev, onCPU = r.devUsed[:0], r.cpuUsed[:0]
+	r.usedTokens = r.usedTokens[:0]
 	for _, e := range r.used {
-		if cw.ExpertOnCPU(layer, e, r.count[e]) {
+		r.usedTokens = append(r.usedTokens, r.count[e])
+	}
+	r.onCPU = slices.Grow(r.onCPU[:0], len(r.used))[:len(r.used)]
+	cw.ExpertsOnCPU(layer, r.used, r.usedTokens, r.onCPU)
+	for i, e := range r.used {
+		if r.onCPU[i] {
 			onCPU = append(onCPU, e)
 		} else {
 			dev = append(dev, e)
@@ -462,7 +488,7 @@ func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
 		c := &s.m.cfg
 		chunk, H, size := s.buffers.moe.rows.Shape()[0], c.HiddenSize, c.MoE.ExpertSize
 		r.hostH = make([]byte, 4*chunk*H)
-		r.hostX, r.hostO = make([]float32, chunk*H), make([]float32, chunk*H)
+		r.hostX, r.hostO = make([]float32, chunk*H), make([]float32, chunk*c.MoE.ExpertsPerToken*H)
 		r.hostG, r.hostU = make([]float32, chunk*size), make([]float32, chunk*size)
 	}
 	return dev, onCPU
@@ -470,8 +496,9 @@ func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
 
 // expertOnCPU runs expert e of layer on the model's CPU, from its weights
 // in host memory (cw.HostExpert), on its tokens' rows of r.hostH (the
-// first T rows of h, downloaded), and uploads its output into its rows of
-// out: the same products as expert, in the same order.
+// first T rows of h, downloaded), leaving its output in its rows of
+// r.hostO (laid out as out, for the caller to upload): the same products
+// as expert, in the same order.
 func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e int, en *arch.Names) error {
 	m, c, mb := s.m, &s.m.cfg, s.buffers.moe
 	r, H, size := &mb.r, c.HiddenSize, c.MoE.ExpertSize
@@ -489,7 +516,8 @@ func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e
 	x, err1 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostX[:cnt*H])
 	gate, err2 := tensor.FromF32(tensor.Shape{cnt, size}, r.hostG[:cnt*size])
 	up, err3 := tensor.FromF32(tensor.Shape{cnt, size}, r.hostU[:cnt*size])
-	out, err4 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostO[:cnt*H])
+	start := r.start[e]
+	out, err4 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostO[start*H:(start+cnt)*H])
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return fmt.Errorf("expert %d on the CPU: %w", e, err)
 	}
@@ -508,9 +536,6 @@ func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e
 	}
 	if err := mm(out, gate, ws[en[arch.ExpertDown]], nil); err != nil {
 		return fmt.Errorf("expert %d down projection on the CPU: %w", e, err)
-	}
-	if err := m.backend.Upload(mb.view(mb.out, r.start[e], cnt, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.hostO[0])), 4*cnt*H)); err != nil {
-		return fmt.Errorf("expert %d output from the CPU: %w", e, err)
 	}
 	return nil
 }
@@ -578,27 +603,35 @@ func (s *Session) scoreGuess(i, T, pos0 int, chosen []int32) {
 	g.lastPos[i] = pos
 }
 
+// expertGuess is the experts guessed for a sparse block's layer, for the
+// caller to prefetch; nil experts when there is no guess.
+type expertGuess struct {
+	layer   int
+	experts []int
+}
+
 // guessNext guesses, in a decode step at pos0, the experts of the next
 // sparse block of the model's share after block i, when its experts are
-// paged, and prefetches them. The guess is the next block's router applied
+// paged, for the caller to prefetch once this block's misses are on their
+// way (moe). The guess is the next block's router applied
 // to this block's hidden state h (its k best scores); a block's router
 // weights are resident (the planner keeps them so, paging.WithExpertCache),
 // and its experts load while this block computes. Under synthetic routing
 // the router does not choose, so the guess is what the next block chose
 // at the position before (which synthetic routing keeps with its
 // locality).
-func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) error {
+func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) (expertGuess, error) {
 	m, c := s.m, &s.m.cfg
 	j := i + 1
 	for j < m.hi && !c.Sparse(j) {
 		j++
 	}
 	if j >= m.hi {
-		return nil
+		return expertGuess{}, nil
 	}
 	layer := m.blockLayer(j)
 	if !ew.PagesExperts(layer) || ew.ExpertSlots() >= m.shareExperts() {
-		return nil // no experts paged there, or every one stays cached
+		return expertGuess{}, nil // no experts paged there, or every one stays cached
 	}
 	if s.batch != nil {
 		return s.guessNextBatch(ctx, ew, j)
@@ -607,7 +640,7 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 	guess := g.next[j]
 	if m.synth != nil {
 		if g.lastPos[j] != pos0-1 {
-			return nil
+			return expertGuess{}, nil
 		}
 		copy(guess, g.last[j])
 	} else {
@@ -625,7 +658,7 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 			return tensor.DownloadComputed(b, mb.r.rawGuess, scores)
 		}()
 		if err != nil {
-			return fmt.Errorf("block %d router: %w", j, err)
+			return expertGuess{}, fmt.Errorf("block %d router: %w", j, err)
 		}
 		topK(f32s(mb.r.rawGuess), guess)
 	}
@@ -633,8 +666,7 @@ func (s *Session) guessNext(ctx context.Context, ew ExpertWeights, i, pos0 int) 
 	for k, e := range guess {
 		g.prefetch[k] = int(e)
 	}
-	ew.PrefetchExperts(layer, g.prefetch)
-	return nil
+	return expertGuess{layer, g.prefetch}, nil
 }
 
 // batchDecode reports whether the session runs a batch step of T rows
@@ -666,8 +698,8 @@ func (s *Session) batchGuessState() *batchGuess {
 
 // guessNextBatch guesses, in a batch decode step, the experts of sparse
 // block j from the next block's router over the T rows of h (each row's k
-// best, together) and prefetches them, as guessNext does for one sequence.
-func (s *Session) guessNextBatch(ctx context.Context, ew ExpertWeights, j int) error {
+// best, together), as guessNext does for one sequence.
+func (s *Session) guessNextBatch(ctx context.Context, ew ExpertWeights, j int) (expertGuess, error) {
 	m, c := s.m, &s.m.cfg
 	b, mb, E, k := m.backend, s.buffers.moe, c.MoE.Experts, c.MoE.ExpertsPerToken
 	T := len(s.batch.seqs)
@@ -686,7 +718,7 @@ func (s *Session) guessNextBatch(ctx context.Context, ew ExpertWeights, j int) e
 		return tensor.DownloadComputed(b, bg.raw[:4*T*E], scores)
 	}()
 	if err != nil {
-		return fmt.Errorf("block %d router: %w", j, err)
+		return expertGuess{}, fmt.Errorf("block %d router: %w", j, err)
 	}
 	all := f32s(bg.raw[:4*T*E])
 	set := bg.set[j][:0]
@@ -700,8 +732,7 @@ func (s *Session) guessNextBatch(ctx context.Context, ew ExpertWeights, j int) e
 	}
 	slices.Sort(set)
 	bg.set[j], bg.valid[j] = set, true
-	ew.PrefetchExperts(layer, set)
-	return nil
+	return expertGuess{layer, set}, nil
 }
 
 // scoreBatchGuess counts, in a batch step, the experts guessed for block

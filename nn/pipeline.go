@@ -646,13 +646,13 @@ func (w stageWeights) AcquireResident(ctx context.Context, layer int) (LayerWeig
 
 var _ CPUExpertWeights = stageWeights{}
 
-func (w stageWeights) ExpertOnCPU(layer, expert, tokens int) bool {
-	es, l, ok := w.experts(layer)
-	if !ok {
-		return false
+func (w stageWeights) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
+	clear(onCPU[:len(experts)])
+	if es, l, ok := w.experts(layer); ok {
+		if cs, ok := es.(paging.ExpertCPUServer); ok {
+			cs.ExpertsOnCPU(l, experts, tokens, onCPU)
+		}
 	}
-	cs, ok := es.(paging.ExpertCPUServer)
-	return ok && cs.ExpertOnCPU(l, expert, tokens)
 }
 
 func (w stageWeights) HostExpert(ctx context.Context, layer, expert, tokens int) (LayerWeights, func(), error) {

@@ -67,14 +67,14 @@ var (
 	_ ExpertWeights = (*paging.Pager)(nil)
 )
 
-// CPUExpertWeights is an ExpertWeights that can hand an expert missing
-// from its cache to the CPU instead of uploading it (a paging.Pager with
-// Options.ExpertsCPU): the forward pass asks ExpertOnCPU for each expert a
-// chunk chose, and computes those it answers yes for on the model's CPU
-// (Model.SetExpertCPU) from the tensors HostExpert returns, while the
-// device computes the others.
+// CPUExpertWeights is an ExpertWeights that can hand experts missing
+// from its cache to the CPU instead of uploading them (a paging.Pager with
+// Options.ExpertsCPU): the forward pass asks ExpertsOnCPU which of the
+// experts a chunk chose to compute on the model's CPU
+// (Model.SetExpertCPU), from the tensors HostExpert returns, while the
+// device uploads and computes the others.
 type CPUExpertWeights interface {
-	ExpertOnCPU(layer, expert, tokens int) bool
+	ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool)
 	HostExpert(ctx context.Context, layer, expert, tokens int) (LayerWeights, func(), error)
 }
 

@@ -56,9 +56,9 @@ type MemoryConfig struct {
 	// ExpertPolicy is the expert cache's eviction policy for a mixture of
 	// experts: lru or lfu (ParseExpertPolicy).
 	ExpertPolicy string `yaml:"expert_policy"`
-	// ExpertsCPU says when an expert missing from the expert cache is
-	// computed on the CPU instead of uploaded: auto, never or always
-	// (ParseExpertCPUPolicy).
+	// ExpertsCPU says when experts missing from the expert cache are
+	// computed on the CPU instead of uploaded: auto (a split of each
+	// block's misses), never or always (ParseExpertCPUPolicy).
 	ExpertsCPU string `yaml:"experts_cpu"`
 	// KVCache places the KV cache: auto, device or host
 	// (ParseKVPlacement).

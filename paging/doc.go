@@ -52,10 +52,11 @@
 //     slots), and AcquireExperts/ReleaseExperts/PrefetchExperts move
 //     only the experts a step uses that the cache lacks, evicting by LRU
 //     or aged LFU (ExpertPolicy). AcquireResident serves a layer's router
-//     ahead of it, for guessing its experts. ExpertOnCPU decides, by
-//     Options.ExpertsCPU and the Rates, whether a missing expert is
-//     better computed on the CPU than uploaded, and HostExpert hands it
-//     over as host tensors.
+//     ahead of it, for guessing its experts. ExpertsOnCPU decides, by
+//     Options.ExpertsCPU and the Rates, which of a layer's missing
+//     experts the CPU computes while the others upload (SplitMisses: the
+//     split that ends the layer soonest), and HostExpert hands them over
+//     as host tensors.
 //   - Summary and WriteSnapshot show where the memory went;
 //     examples/memviz draws a snapshot.
 //

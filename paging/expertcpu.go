@@ -1,8 +1,10 @@
 package paging
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,16 +13,17 @@ import (
 
 // ExpertCPUPolicy says when an expert missing from the expert cache is
 // computed on the CPU from host memory instead of uploaded to the device
-// (ExpertOnCPU, HostExpert).
+// (ExpertsOnCPU, HostExpert).
 type ExpertCPUPolicy string
 
-// The policies of ExpertOnCPU.
+// The policies of ExpertsOnCPU.
 const (
-	// ExpertCPUAuto computes a missing expert on the CPU when the rates
-	// (Options.Rates) predict that its product there, with the hand-over
-	// of its tokens' rows and outputs, ends before its upload would: in
-	// decode (one token) usually, in a long prefill (many tokens for each
-	// expert) not. Without rates it never does.
+	// ExpertCPUAuto computes some of a layer's missing experts on the
+	// CPU while the rest upload, as many as the rates (Options.Rates)
+	// predict end the layer soonest (SplitMisses): in decode (one token
+	// an expert) usually several, in a long prefill (many tokens for
+	// each expert, whose arithmetic the CPU is slow at) few or none.
+	// Without rates it never does.
 	ExpertCPUAuto ExpertCPUPolicy = "auto"
 	// ExpertCPUNever uploads every missing expert.
 	ExpertCPUNever ExpertCPUPolicy = "never"
@@ -43,10 +46,11 @@ func ParseExpertCPUPolicy(s string) (ExpertCPUPolicy, error) {
 // ExpertCPUServer is an ExpertServer that can hand a missing expert's
 // weights in host memory to the CPU instead of uploading it (a Pager).
 type ExpertCPUServer interface {
-	// ExpertOnCPU reports whether the layer's expert, chosen by tokens
-	// tokens of a chunk, is to be computed on the CPU: it is not in the
-	// expert cache nor on its way there, and the policy says so.
-	ExpertOnCPU(layer, expert, tokens int) bool
+	// ExpertsOnCPU chooses which of the layer's experts that a chunk
+	// chose (experts, expert i chosen by tokens[i] of its tokens) are
+	// computed on the CPU, setting onCPU[i]: some of those neither in the
+	// expert cache nor on their way there, as the policy says.
+	ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool)
 	// HostExpert returns the expert's tensors in host memory by name,
 	// for tokens tokens: its host copy, read from the source when the
 	// host cache has none (and kept there when it has room). The
@@ -56,53 +60,153 @@ type ExpertCPUServer interface {
 
 var _ ExpertCPUServer = (*Pager)(nil)
 
-// ExpertCPUTime is the predicted time of an expert of bytes weight bytes
-// computed on the CPU for tokens tokens (each token's product reads the
-// weights: the CPU's products are bound by memory reading at these
-// sizes), with the hand-over of the tokens' rows down and their outputs
-// up; ExpertUploadTime that of its upload. ok is false when r cannot say.
-func ExpertCPUTime(r Rates, bytes int64, tokens int) (cpu, upload time.Duration, ok bool) {
-	if r.CPU <= 0 || r.H2D <= 0 {
-		return 0, 0, false
-	}
-	sec := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
-	cpu = sec(float64(bytes)*float64(max(tokens, 1))/r.CPU) + 2*r.Handoff
-	upload = sec(float64(bytes) / r.H2D)
-	return cpu, upload, true
+// ExpertMiss is one of a layer's experts that a chunk chose and the
+// expert cache lacks: its weight bytes, and the tokens that chose it.
+type ExpertMiss struct {
+	Bytes  int64
+	Tokens int
 }
 
-// ExpertOnCPU reports whether the layer's expert, chosen by tokens tokens,
-// is computed on the CPU: never when it is cached or loading, or without
-// an expert cache for the layer; else as Options.ExpertsCPU says
-// (ExpertCPUAuto: when ExpertCPUTime predicts the CPU first).
-func (p *Pager) ExpertOnCPU(layer, expert, tokens int) bool {
+// expertCPU is the CPU's product of an expert of bytes weight bytes for
+// tokens rows at the CPU rate cpu: the weights are read once for all the
+// rows, and the rows' arithmetic takes tokens·bytes/CPURows when that is
+// longer; without CPURows each row counts as a read of the weights (the
+// rows' arithmetic unknown, the bound of a row at a time).
+func (r Rates) expertCPU(bytes int64, tokens int, cpu float64) float64 {
+	t := float64(max(tokens, 1))
+	if r.CPURows <= 0 {
+		return t * float64(bytes) / cpu
+	}
+	return max(float64(bytes)/cpu, t*float64(bytes)/r.CPURows)
+}
+
+func durationOf(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+
+// SplitMisses chooses which of a layer's missing experts the CPU computes
+// while the link uploads the others, so that the layer's experts are done
+// soonest, and sets onCPU[i] for misses[i]. With k of them on the CPU, the
+// CPU's path is the hand-over of the chunk's rows down (Rates.Handoff),
+// then the k products one after another (expertCPU), each output handed
+// up (Rates.Handoff); the link's is the other uploads one after another.
+// The two run at once, each at its shared rate (H2DShared, CPUShared)
+// when both have work, and the device computes the experts it holds
+// meanwhile. The layer takes the slower path: SplitMisses tries the
+// misses in order of their CPU time over their upload time (the fewest
+// tokens first) and keeps the k whose slower path is the shortest, the
+// smallest such k (none on the CPU when it gains nothing). cpu and link
+// are the two paths' predicted times. Without the CPU's or the link's
+// rate it puts nothing on the CPU and ok is false.
+//
+// A per-expert test (the CPU when one expert's product ends before its
+// upload) never puts an expert on the CPU when each upload alone is the
+// shorter, however many are missing; splitting them is what shortens the
+// layer.
+func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Duration, ok bool) {
+	clear(onCPU[:len(misses)])
+	if r.CPU <= 0 || r.H2D <= 0 {
+		for _, m := range misses {
+			if r.H2D > 0 {
+				link += durationOf(float64(m.Bytes) / r.H2D)
+			}
+		}
+		return 0, link, false
+	}
+	n := len(misses)
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	ratio := func(m ExpertMiss) float64 {
+		return r.expertCPU(m.Bytes, m.Tokens, r.CPU) * r.H2D / float64(max(m.Bytes, 1))
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(ratio(misses[a]), ratio(misses[b])) })
+	// times returns the two paths' times with the first k of order on
+	// the CPU.
+	times := func(k int) (cpu, link float64) {
+		both := k > 0 && k < n
+		cr, lr := r.cpu(both), r.h2d(both)
+		for j, i := range order {
+			m := misses[i]
+			if j < k {
+				cpu += r.expertCPU(m.Bytes, m.Tokens, cr) + r.Handoff.Seconds()
+			} else {
+				link += float64(m.Bytes) / lr
+			}
+		}
+		if k > 0 {
+			cpu += r.Handoff.Seconds() // the rows down
+		}
+		return cpu, link
+	}
+	best := 0
+	bc, bl := times(0)
+	for k := 1; k <= n; k++ {
+		c, l := times(k)
+		if max(c, l) < max(bc, bl) {
+			best, bc, bl = k, c, l
+		}
+	}
+	for _, i := range order[:best] {
+		onCPU[i] = true
+	}
+	return durationOf(bc), durationOf(bl), true
+}
+
+// ExpertsOnCPU chooses which of the layer's experts a chunk chose
+// (experts, each chosen by tokens[i] of its tokens) are computed on the
+// CPU, setting onCPU[i]: never one cached or loading, nor any without an
+// expert cache for the layer or out of range; of the others, as
+// Options.ExpertsCPU says: all (always), none (never), or for
+// ExpertCPUAuto those SplitMisses puts on the CPU with the pager's rates,
+// so that the CPU's products and the uploads of the rest, side by side,
+// end soonest (none without rates), the least used of alike misses on
+// the CPU (their uses counted as an acquire's, HostExpert) so that those
+// used most are uploaded and cached.
+func (p *Pager) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
+	clear(onCPU[:len(experts)])
 	if !p.PagesExperts(layer) || p.expertsCPU == ExpertCPUNever || p.expertsCPU == "" {
-		return false
+		return
 	}
 	all := p.ex.layers[layer]
-	if expert < 0 || expert >= len(all) {
-		return false
-	}
-	e := all[expert]
+	missing := make([]int, 0, len(experts))
+	count := make([]float64, len(experts))
 	p.mu.Lock()
-	cached := e.loaded || e.loading
+	for i, x := range experts {
+		if x >= 0 && x < len(all) && !all[x].loaded && !all[x].loading {
+			missing = append(missing, i)
+			count[i] = p.ex.agedCount(all[x])
+		}
+	}
 	p.mu.Unlock()
-	if cached {
-		return false
+	// The coldest first: among misses alike, SplitMisses puts the first
+	// on the CPU, and the link brings the ones used most into the cache.
+	slices.SortStableFunc(missing, func(a, b int) int { return cmp.Compare(count[a], count[b]) })
+	switch {
+	case len(missing) == 0:
+		return
+	case p.expertsCPU == ExpertCPUAlways:
+		for _, i := range missing {
+			onCPU[i] = true
+		}
+		return
+	case p.rates == nil:
+		return
 	}
-	if p.expertsCPU == ExpertCPUAlways {
-		return true
+	misses := make([]ExpertMiss, len(missing))
+	for j, i := range missing {
+		misses[j] = ExpertMiss{Bytes: all[experts[i]].bytes, Tokens: tokens[i]}
 	}
-	if p.rates == nil {
-		return false
+	split := make([]bool, len(misses))
+	SplitMisses(*p.rates, misses, split)
+	for j, i := range missing {
+		onCPU[i] = split[j]
 	}
-	cpu, upload, ok := ExpertCPUTime(*p.rates, e.bytes, tokens)
-	return ok && cpu < upload
 }
 
 // HostExpert returns the tensors of the layer's expert in host memory, for
-// the CPU to compute with (ExpertOnCPU), counting it in Stats.ExpertsOnCPU
-// and its tokens in ExpertCPUTokens. The tensors are its host copy when
+// the CPU to compute with (ExpertsOnCPU), counting it in Stats.ExpertsOnCPU
+// and its tokens in ExpertCPUTokens, and as a use of the expert (LFU's
+// count, which ExpertsOnCPU orders by). The tensors are its host copy when
 // the host cache holds one; else it is read from the source, into a host
 // copy the host cache keeps when it has room (pinned where the device
 // has pinned memory, as a load would keep it), or into a buffer of its
@@ -200,6 +304,7 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 		}
 	}
 	p.st.BytesDiskToHost += read
+	p.ex.touchLocked(e) // a use, as an acquire counts it: ExpertsOnCPU uploads the most used
 	p.st.ExpertsOnCPU++
 	p.st.ExpertCPUTokens += int64(tokens)
 	p.st.ExpertCPUBytes += e.bytes

@@ -82,7 +82,7 @@ type Options struct {
 	// plan has one (WithExpertCache); empty is DefaultExpertPolicy.
 	// PrefetchDepth < 0 turns PrefetchExperts off too.
 	ExpertPolicy ExpertPolicy
-	// ExpertsCPU says when ExpertOnCPU hands a missing expert to the CPU
+	// ExpertsCPU says when ExpertsOnCPU hands missing experts to the CPU
 	// (ExpertCPUAuto, ExpertCPUNever, ExpertCPUAlways); empty is never,
 	// for a pager whose caller has no CPU to compute with.
 	ExpertsCPU ExpertCPUPolicy

@@ -95,6 +95,12 @@ type Rates struct {
 	// around each op (engine.CalibrateCPU measures it on a block of the
 	// model's shape); 0 counts nothing.
 	CPULayer time.Duration `json:"cpu_layer_ns,omitempty"`
+	// CPURows is the rate at which the CPU's product of a chunk of many
+	// rows (32) gets through its weights' bytes for each row: a product
+	// of t rows, which reads the weights once, takes t·bytes/CPURows
+	// when its arithmetic is longer than the read; 0 counts a read of
+	// the weights for each row (SplitMisses).
+	CPURows float64 `json:"cpu_rows_bytes_per_s,omitempty"`
 	// CPUAttention is the rate at which the CPU's attention reads a KV
 	// cache in host memory; 0 reads it at the CPU's rate. While a copy
 	// runs it slows as the CPU's rate does (CPUShared / CPU).
@@ -111,7 +117,7 @@ func (r Rates) check(copies, cpu bool) error {
 	for _, v := range []struct {
 		name string
 		x    float64
-	}{{"H2D", r.H2D}, {"CPU", r.CPU}, {"H2DShared", r.H2DShared}, {"CPUShared", r.CPUShared}, {"Device", r.Device}, {"CPUAttention", r.CPUAttention}} {
+	}{{"H2D", r.H2D}, {"CPU", r.CPU}, {"H2DShared", r.H2DShared}, {"CPUShared", r.CPUShared}, {"Device", r.Device}, {"CPURows", r.CPURows}, {"CPUAttention", r.CPUAttention}} {
 		if v.x < 0 || math.IsNaN(v.x) || math.IsInf(v.x, 0) {
 			return fmt.Errorf("paging: %w: %s %v bytes/s", ErrBadRates, v.name, v.x)
 		}

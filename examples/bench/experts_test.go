@@ -93,15 +93,36 @@ func TestBenchExperts(t *testing.T) {
 	if row.Bound != "experts" || math.Abs(row.BoundTokS-want) > 1e-9*want || row.OfBound != r.DecodeTokS/row.BoundTokS {
 		t.Errorf("bound %s %v (of bound %v), want experts %v", row.Bound, row.BoundTokS, row.OfBound, want)
 	}
-	// Experts on the CPU bound the run when their weights take the CPU
-	// longer than the device path.
-	cpuRow := Row{Result: r}
+	// With experts on the CPU, the missing experts (uploaded and on the
+	// CPU) count at the link's and the CPU's rates together, shared when
+	// the ceilings measured them so, and the row says so; a run that
+	// moved the same misses over the link alone would be judged against a
+	// lower bound than a split could reach.
 	xc := *x
 	xc.OnCPUPerToken, xc.OnCPU = 3, 3*decode
-	cpuRow.Experts = &xc
-	bounds(&cpuRow, &Ceilings{PinnedGBps: 50, DeviceGBps: 4000, CPUGBps: 1e-3})
-	if want := 1e-3 * 1e9 / (3 * float64(x.ExpertBytes)); math.Abs(cpuRow.BoundTokS-want) > 1e-9*want {
-		t.Errorf("bound with experts on a slow CPU %v, want %v", cpuRow.BoundTokS, want)
+	for _, tc := range []struct {
+		c         Ceilings
+		link, cpu float64
+		label     string
+	}{
+		{Ceilings{PinnedGBps: 50, DeviceGBps: 4000, CPUGBps: 90}, 50e9, 90e9, "experts: link 50 + CPU 90 GB/s"},
+		{Ceilings{PinnedGBps: 50, DeviceGBps: 4000, CPUGBps: 90, H2DSharedGBps: 45, CPUSharedGBps: 80}, 45e9, 80e9, "experts: link 45 + CPU 80 GB/s"},
+	} {
+		cpuRow := Row{Result: r}
+		cpuRow.Experts = &xc
+		bounds(&cpuRow, &tc.c)
+		missing := (xc.MissesPerToken + 3) * float64(x.ExpertBytes)
+		want := 1 / (float64(r.StreamedBytes)/50e9 + missing/(tc.link+tc.cpu) + hbm/4000e9)
+		if cpuRow.Bound != tc.label || math.Abs(cpuRow.BoundTokS-want) > 1e-9*want || cpuRow.OfBound != r.DecodeTokS/cpuRow.BoundTokS {
+			t.Errorf("bound with experts on the CPU %q %v, want %q %v", cpuRow.Bound, cpuRow.BoundTokS, tc.label, want)
+		}
+		linkOnly := 1 / (float64(r.StreamedBytes)/50e9 + missing/50e9 + hbm/4000e9)
+		if !(cpuRow.BoundTokS > linkOnly) {
+			t.Errorf("bound with experts on the CPU %v, not above the link's alone %v", cpuRow.BoundTokS, linkOnly)
+		}
+		if md := markdown(nil, []Row{cpuRow}); !strings.Contains(md, "("+tc.label+")") {
+			t.Errorf("table without the bound's rates %q:\n%s", tc.label, md)
+		}
 	}
 	r.Experts = &engine.ExpertReport{Slots: 3, Experts: 9, Policy: "lru", Routing: "synthetic routing (skew 1.2, locality 0.5)"}
 	if md := markdown(nil, []Row{{Result: r}}); !strings.Contains(md, "3 of 9 cached (lru)") || !strings.Contains(md, "synthetic routing (skew 1.2") {

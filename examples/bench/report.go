@@ -26,10 +26,14 @@ type Row struct {
 	// measured misses and the other weights' streaming move over the link
 	// (pinned GB/s), plus that of the bytes a token reads from device
 	// memory (device GB/s): the weights other than the experts and the
-	// experts it acquired; or, when the CPU computes experts, the time of
-	// their weights at the CPU's GB/s if that is longer.
+	// experts it acquired. When the CPU computes experts, the missing
+	// experts' bytes (uploaded and read by the CPU) count at the link's
+	// and the CPU's rates together (shared, as they run side by side),
+	// which no split of them beats: Bound then names the two rates.
 	BoundTokS float64 `json:"bound_tok_s"`
-	Bound     string  `json:"bound"` // "stream", "cpu", "hybrid", "device" or "experts"
+	// "stream", "cpu", "hybrid", "device", "experts", or "experts: link
+	// L + CPU C GB/s".
+	Bound string `json:"bound"`
 	// CPUBoundTokS and HybridBoundTokS are the same run's bytes that are
 	// not resident on the device over the CPU's read rate, and over the
 	// CPU's and the link's rates together (measured at the same time): the
@@ -146,15 +150,24 @@ func bounds(row *Row, c *Ceilings) {
 	r := row.Result
 	if x := r.Experts; x != nil {
 		if c != nil && c.PinnedGBps > 0 && c.DeviceGBps > 0 {
-			link := float64(r.StreamedBytes) + x.MissesPerToken*float64(x.ExpertBytes)
+			pinned := c.PinnedGBps * 1e9
 			hbm := float64(r.WeightBytes-x.WeightBytes) + x.AcquiresPerToken*float64(x.ExpertBytes)
-			t := link/(c.PinnedGBps*1e9) + hbm/(c.DeviceGBps*1e9)
+			t := (float64(r.StreamedBytes)+x.MissesPerToken*float64(x.ExpertBytes))/pinned + hbm/(c.DeviceGBps*1e9)
+			row.Bound = "experts"
 			if x.OnCPUPerToken > 0 && c.CPUGBps > 0 {
-				// The experts on the CPU run while the device computes
-				// the others: the slower of the two paths bounds.
-				t = max(t, x.OnCPUPerToken*float64(x.ExpertBytes)/(c.CPUGBps*1e9))
+				// Experts on the CPU: the missing experts' bytes, those
+				// uploaded and those the CPU read, at the link's and the
+				// CPU's rates together (each as it runs beside the
+				// other), the best any split of them can do.
+				link, cpu := c.H2DSharedGBps*1e9, c.CPUSharedGBps*1e9
+				if link <= 0 || cpu <= 0 {
+					link, cpu = pinned, c.CPUGBps*1e9
+				}
+				missing := (x.MissesPerToken + x.OnCPUPerToken) * float64(x.ExpertBytes)
+				t = float64(r.StreamedBytes)/pinned + missing/(link+cpu) + hbm/(c.DeviceGBps*1e9)
+				row.Bound = fmt.Sprintf("experts: link %.0f + CPU %.0f GB/s", link/1e9, cpu/1e9)
 			}
-			row.Bound, row.BoundTokS = "experts", 1/t
+			row.BoundTokS = 1 / t
 			row.OfBound = r.DecodeTokS / row.BoundTokS
 		}
 		return
@@ -429,6 +442,9 @@ func expertCell(x *engine.ExpertReport) string {
 		x.Slots, x.Experts, x.Policy, 100*x.HitRate, x.MissesPerToken, 100*x.PrefetchAccuracy, 100*x.GuessAccuracy)
 	if x.OnCPU > 0 {
 		s += fmt.Sprintf(", %.2f on the CPU/token", x.OnCPUPerToken)
+	}
+	if r := x.Rates; r != nil {
+		s += fmt.Sprintf(" (split by link %.0f, CPU %.0f GB/s, hand-over %.0f us)", r.H2D/1e9, r.CPU/1e9, float64(r.Handoff)/1e3)
 	}
 	if x.Routing != "router" {
 		s += ", " + x.Routing

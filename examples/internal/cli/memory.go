@@ -89,7 +89,7 @@ func (m *MemoryFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&m.KVCache, "kv-cache", "", "where the KV cache lives: device (the default: all of it in the budget), host (every block's in host memory: decode attends on the CPU, prefill uploads it) or auto (the planner chooses per block from the measured rates)")
 	fs.StringVar(&m.KVDType, "kv-dtype", "", "the KV cache's stored `dtype`: f32 (the default), f16, bf16, q8_b8 (8-bit blocks of 8 with an F16 scale, 10 bits a value) or q8_0 (blocks of 32, 8.5 bits a value)")
 	fs.StringVar(&m.ExpertPolicy, "expert-policy", "", "a mixture of experts' expert cache `policy`: lru (the default) or lfu (aged use counts: better when a few experts are popular)")
-	fs.StringVar(&m.ExpertsCPU, "experts-cpu", "", "a mixture of experts: when an expert missing from the device's cache is computed on the CPU from host memory instead of uploaded: auto (the default: when the measured rates predict it sooner, as in decode), never or always")
+	fs.StringVar(&m.ExpertsCPU, "experts-cpu", "", "a mixture of experts: when experts missing from the device's cache are computed on the CPU from host memory instead of uploaded: auto (the default: as many of a block's misses as the measured rates predict end the block soonest beside the others' uploads), never or always")
 }
 
 // Resolve merges the config file under the flags (set names the flags
