@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -95,10 +96,44 @@ type Rates struct {
 	// around each op (engine.CalibrateCPU measures it on a block of the
 	// model's shape); 0 counts nothing.
 	CPULayer time.Duration `json:"cpu_layer_ns,omitempty"`
+	// CPULayerShared is CPULayer while a copy runs (the block timed with
+	// the copy engine streaming, its bytes at CPUShared); 0 takes
+	// CPULayer.
+	CPULayerShared time.Duration `json:"cpu_layer_shared_ns,omitempty"`
+	// CPULayerSpread and CPULayerSharedSpread are how the calibration's
+	// repetitions of CPULayer and CPULayerShared spread (zero when not
+	// calibrated): a wide one says the machine was noisy as it measured.
+	CPULayerSpread       Spread `json:"cpu_layer_spread,omitzero"`
+	CPULayerSharedSpread Spread `json:"cpu_layer_shared_spread,omitzero"`
 	// CPUAttention is the rate at which the CPU's attention reads a KV
 	// cache in host memory; 0 reads it at the CPU's rate. While a copy
 	// runs it slows as the CPU's rate does (CPUShared / CPU).
 	CPUAttention float64 `json:"cpu_attention_bytes_per_s,omitempty"`
+}
+
+// Spread is how N repetitions of a measured time spread.
+type Spread struct {
+	Min    time.Duration `json:"min_ns"`
+	Median time.Duration `json:"median_ns"`
+	Max    time.Duration `json:"max_ns"`
+	N      int           `json:"n"`
+}
+
+// SpreadOf returns the spread of ts (zero for none); the median of an
+// even count is the mean of the middle two.
+func SpreadOf(ts []time.Duration) Spread {
+	if len(ts) == 0 {
+		return Spread{}
+	}
+	s := slices.Clone(ts)
+	slices.Sort(s)
+	n := len(s)
+	return Spread{Min: s[0], Median: (s[(n-1)/2] + s[n/2]) / 2, Max: s[n-1], N: n}
+}
+
+// String writes the spread in milliseconds: "min/median/max ms over N".
+func (s Spread) String() string {
+	return fmt.Sprintf("%.2f/%.2f/%.2f ms over %d", float64(s.Min)/1e6, float64(s.Median)/1e6, float64(s.Max)/1e6, s.N)
 }
 
 // ErrBadRates is wrapped by SimulateDecode and PlanHybrid when the rates
@@ -119,8 +154,8 @@ func (r Rates) check(copies, cpu bool) error {
 	switch {
 	case r.Handoff < 0:
 		return fmt.Errorf("paging: %w: handoff %v", ErrBadRates, r.Handoff)
-	case r.CPULayer < 0:
-		return fmt.Errorf("paging: %w: CPU layer overhead %v", ErrBadRates, r.CPULayer)
+	case r.CPULayer < 0 || r.CPULayerShared < 0:
+		return fmt.Errorf("paging: %w: CPU layer overhead %v (%v while copying)", ErrBadRates, r.CPULayer, r.CPULayerShared)
 	case copies && r.H2D == 0:
 		return fmt.Errorf("paging: %w: layers stream, but the H2D rate is 0", ErrBadRates)
 	case cpu && r.CPU == 0:
@@ -144,6 +179,20 @@ func (r Rates) cpu(copyBusy bool) float64 {
 	}
 	return r.CPU
 }
+
+// cpuLayer is the rate a block's fixed cost on the CPU runs at, in
+// blocks a second: 1/CPULayer alone, 1/CPULayerShared while a copy runs
+// (CPULayer when that is 0). A cost of 0 is taken as a nanosecond.
+func (r Rates) cpuLayer(copyBusy bool) float64 {
+	d := r.CPULayer
+	if copyBusy && r.CPULayerShared > 0 {
+		d = r.CPULayerShared
+	}
+	return 1 / max(d, time.Nanosecond).Seconds()
+}
+
+// cpuLayerCosts reports a block on the CPU costing more than its bytes.
+func (r Rates) cpuLayerCosts() bool { return r.CPULayer > 0 || r.CPULayerShared > 0 }
 
 // cpuAttention is the rate the CPU's attention reads host KV at, while a
 // copy runs or not.
@@ -210,7 +259,7 @@ const (
 //     (taking no time when it is 0), an OnCPU layer on the CPU at
 //     rates.CPUShared while a copy runs and rates.CPU otherwise, then its
 //     KV reads at the CPU's attention rate, then rates.CPULayer when it
-//     is a decoder block; a device layer whose KV cache is in host memory
+//     is a decoder block (rates.CPULayerShared while a copy runs); a device layer whose KV cache is in host memory
 //     hands over to the CPU and back (two rates.Handoff) around its KV
 //     reads on the CPU;
 //   - a Streamed layer computes once its copy has landed;
@@ -315,8 +364,8 @@ type simPhase int
 
 // simSeg is one part of a layer's computation: bytes the CPU reads (its
 // weights, or its KV cache at the attention's rate), bytes the device
-// reads, or seconds of the CPU's own (a block's overhead) or of
-// hand-overs.
+// reads, a block's fixed cost on the CPU (one, at Rates.cpuLayer), or
+// seconds of hand-overs.
 type simSeg struct {
 	kind simSegKind
 	n    float64
@@ -346,8 +395,8 @@ func (s *sim) segments(lp LayerPlace) []simSeg {
 	if lp.Place == OnCPU {
 		add(segCPU, float64(lp.ReadBytes))
 		add(segCPUKV, float64(lp.KVBytes))
-		if lp.Block {
-			add(segCPUTime, s.rates.CPULayer.Seconds())
+		if lp.Block && s.rates.cpuLayerCosts() {
+			add(segCPUTime, 1) // one block's fixed cost
 		}
 		return segs
 	}
@@ -375,6 +424,8 @@ func (s *sim) segRate(k simSegKind) float64 {
 		return s.rates.cpuAttention(s.copying)
 	case segDevice:
 		return s.rates.Device
+	case segCPUTime:
+		return s.rates.cpuLayer(s.copying)
 	}
 	return 1
 }
