@@ -41,13 +41,21 @@ func TestCUDACalibratedRates(t *testing.T) {
 		}
 		took := time.Since(t0)
 		alone := float64(blockBytes)/r.CPU*1e3 + float64(r.CPULayer)/1e6
-		shared := float64(blockBytes)/r.CPUShared*1e3 + float64(r.CPULayer)/1e6
+		sharedFixed := r.CPULayerShared
+		if sharedFixed == 0 {
+			sharedFixed = r.CPULayer
+		}
+		shared := float64(blockBytes)/r.CPUShared*1e3 + float64(sharedFixed)/1e6
 		kvPerPos := float64(2 * 2 * cfg.KVDim())
 		t.Logf("%s (%d threads, measured in %v): H2D %.1f GB/s (%.1f beside the CPU), CPU %.1f GB/s (%.1f beside copies), device %.0f GB/s, hand-over %v",
 			preset, cpu.Threads(), took.Round(time.Millisecond), r.H2D/1e9, r.H2DShared/1e9, r.CPU/1e9, r.CPUShared/1e9, r.Device/1e9, r.Handoff)
-		t.Logf("%s: a block of %.0f MB: %.3f ms fixed besides its bytes; predicted %.2f ms alone (%.1f GB/s), %.2f ms beside copies (%.1f GB/s); attention %.1f GB/s of F16 KV (%.2f ms a block at 8,000 positions)",
-			preset, float64(blockBytes)/1e6, float64(r.CPULayer)/1e6, alone, float64(blockBytes)/alone/1e6, shared, float64(blockBytes)/shared/1e6,
+		t.Logf("%s: a block of %.0f MB: %.3f ms fixed besides its bytes (%.3f beside copies); predicted %.2f ms alone (%.1f GB/s), %.2f ms beside copies (%.1f GB/s); attention %.1f GB/s of F16 KV (%.2f ms a block at 8,000 positions)",
+			preset, float64(blockBytes)/1e6, float64(r.CPULayer)/1e6, float64(sharedFixed)/1e6, alone, float64(blockBytes)/alone/1e6, shared, float64(blockBytes)/shared/1e6,
 			r.CPUAttention/1e9, kvPerPos*8000/max(r.CPUAttention, 1)*1e3)
+		t.Logf("%s: fixed cost over the calibration's repetitions (min/median/max): %v alone, %v beside copies", preset, r.CPULayerSpread, r.CPULayerSharedSpread)
+		if r.CPULayerSpread.N < calibrateMinReps || r.CPULayerSharedSpread.N < calibrateMinReps {
+			t.Errorf("%s: %d repetitions alone, %d beside copies", preset, r.CPULayerSpread.N, r.CPULayerSharedSpread.N)
+		}
 		if r.CPU <= 0 || r.CPUShared <= 0 || r.H2D <= 0 {
 			t.Errorf("%s: rates %+v", preset, r)
 		}
@@ -62,7 +70,10 @@ func TestCUDACalibratedRates(t *testing.T) {
 		if preset == "llama2-7b" && (r.CPUAttention < 1e9 || r.CPUAttention > 4*r.CPU) {
 			t.Errorf("%s: attention %.3g bytes/s against a CPU rate of %.3g", preset, r.CPUAttention, r.CPU)
 		}
-		if took > time.Minute {
+		// All of it (the rates, the calibration's repetitions alone and
+		// beside copies) in about a second; the repetitions take
+		// calibrateBudget once each phase has its few.
+		if took > 3*time.Second {
 			t.Errorf("%s: measuring took %v", preset, took)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,8 +64,13 @@ func TestCalibrateCPU(t *testing.T) {
 		if q := r.CPUAttention / wantAttn; q < 0.5 || q > 1.25 {
 			t.Errorf("%s: attention %.3g bytes/s, want about %.3g", tc.name, r.CPUAttention, wantAttn)
 		}
-		if r.CPU != 1e12 || r.H2D != 1e9 {
-			t.Errorf("%s: the measured rates changed: %+v", tc.name, r)
+		// The CPU's rate is the calibration's own, of its products
+		// beside the blocks; the link's is left alone.
+		if r.CPU == 1e12 || r.CPU <= 0 || r.H2D != 1e9 {
+			t.Errorf("%s: rates %+v", tc.name, r)
+		}
+		if sp := r.CPULayerSpread; sp.N < calibrateMinReps || sp.Min > sp.Median || sp.Median > sp.Max || max(sp.Median, 0) != r.CPULayer {
+			t.Errorf("%s: spread %v of a fixed cost %v", tc.name, sp, r.CPULayer)
 		}
 	}
 	// No CPU rate to subtract the bytes' time with.
@@ -128,6 +134,127 @@ func TestMeasureRatesQuantized(t *testing.T) {
 		}
 		if !(r.CPU > 0 && r.H2D > 0 && r.CPUShared > 0) {
 			t.Errorf("%v: rates %+v", qt, r)
+		}
+	}
+}
+
+// TestCalibrateNoisyClock: on a clock that makes the times up, with
+// outliers in a few repetitions (a products pass ten times slower, a
+// block five times, a long block faster than the short one), the fixed
+// cost, the CPU's rate and the attention's rate are those of the clean
+// repetitions, alone and beside copies, while the spread shows the
+// outliers; the repetitions stop at calibrateMaxReps when the runs take
+// no time, and after calibrateMinReps when the first run outlasts the
+// budget.
+func TestCalibrateNoisyClock(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaBF16)
+	cfg := lm.Config
+	block := nn.Source(lm).LayerTensors(cfg.BlockLayer(0))
+	const kv = tensor.F16
+	var blockBytes, productBytes int64
+	for _, ts := range block {
+		blockBytes += ts.Bytes
+		if len(ts.Shape) == 2 {
+			productBytes += ts.Bytes
+		}
+	}
+	kvPerPos := nn.KVCacheBytes(cfg, 1, kv) / int64(cfg.NumLayers)
+	p0, p1 := calibrateShortPos, min(calibrateLongPos, cfg.ContextLength()-1)
+	ms := func(x float64) time.Duration { return time.Duration(x * 1e6) }
+	// The clean machine: a pass of the products takes 10 ms alone and
+	// 12.5 beside copies; a block its bytes at that rate, 1 ms (1.5
+	// beside copies) and its KV reads at 1 GB/s (0.8 beside copies).
+	const pass, passShared = 10.0, 12.5
+	const attn = 1e9
+	kvMs := func(p int, rate float64) float64 { return float64(int64(p)*kvPerPos) / rate * 1e3 }
+	bytesMs := func(passMs float64) float64 { return float64(blockBytes) / float64(productBytes) * passMs }
+	clean := map[string]float64{
+		"products":        pass,
+		"block":           bytesMs(pass) + 1 + kvMs(p0, attn),
+		"long block":      bytesMs(pass) + 1 + kvMs(p1, attn),
+		"products shared": passShared,
+		"block shared":    bytesMs(passShared) + 1.5 + kvMs(p0, attn*pass/passShared),
+	}
+	noise := map[string]map[int]float64{ // what, repetition: factor
+		"products":        {1: 10},
+		"block":           {3: 5},
+		"long block":      {4: 0.2},
+		"products shared": {0: 8},
+		"block shared":    {2: 6},
+	}
+	for _, tc := range []struct {
+		name       string
+		scale      float64 // of every time
+		wantReps   int     // the repetitions alone
+		checkRates bool
+	}{
+		{"outliers", 0.1, 0, true},
+		{"runs taking no time", 1e-6, calibrateMaxReps, false},
+		{"runs outlasting the budget", 100, calibrateMinReps, false},
+	} {
+		var now time.Time
+		count := map[string]int{}
+		sw := stopwatch{
+			now: func() time.Time { return now },
+			time: func(what string, f func() error) (time.Duration, error) {
+				if err := f(); err != nil {
+					return 0, err
+				}
+				d := clean[what]
+				if x, ok := noise[what][count[what]]; ok {
+					d *= x
+				}
+				count[what]++
+				now = now.Add(ms(d * tc.scale))
+				return ms(d * tc.scale), nil
+			},
+		}
+		var copies atomic.Int64
+		c := calibrator{cpu: tensor.NewCPU(1), cfg: cfg, block: block, kv: kv, maxPos: 1 << 20,
+			copies: make([]nn.LayerWeights, 1), sw: sw,
+			copyOnce: func() error { copies.Add(1); time.Sleep(20 * time.Microsecond); return nil }}
+		r := paging.Rates{CPU: 1, H2D: 1}
+		if err := c.run(context.Background(), &r); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		t.Logf("%s: %d repetitions alone, %d beside %d copies; fixed %v (%v), beside copies %v (%v); CPU %.4g bytes/s, %.4g beside copies; attention %.4g",
+			tc.name, count["block"], count["block shared"], copies.Load(), r.CPULayer, r.CPULayerSpread, r.CPULayerShared, r.CPULayerSharedSpread, r.CPU, r.CPUShared, r.CPUAttention)
+		if count["products"] != count["block"] || count["block"] != count["long block"] || count["products shared"] != count["block shared"] || count["block shared"] < calibrateMinReps {
+			t.Errorf("%s: runs %v", tc.name, count)
+		}
+		if tc.wantReps > 0 && (count["block"] != tc.wantReps || count["block shared"] != tc.wantReps) {
+			t.Errorf("%s: %d repetitions alone, %d beside copies, want %d", tc.name, count["block"], count["block shared"], tc.wantReps)
+		}
+		if copies.Load() == 0 {
+			t.Errorf("%s: no copy ran beside the CPU", tc.name)
+		}
+		if !tc.checkRates {
+			continue
+		}
+		near := func(got, want time.Duration) bool { return got-want < time.Microsecond && want-got < time.Microsecond }
+		if !near(r.CPULayer, ms(tc.scale)) || !near(r.CPULayerShared, ms(1.5*tc.scale)) {
+			t.Errorf("%s: fixed cost %v alone, %v beside copies; want %v and %v", tc.name, r.CPULayer, r.CPULayerShared, ms(tc.scale), ms(1.5*tc.scale))
+		}
+		for _, v := range []struct {
+			name      string
+			got, want float64
+		}{
+			{"CPU", r.CPU, float64(productBytes) / pass * 1e3 / tc.scale},
+			{"CPU beside copies", r.CPUShared, float64(productBytes) / passShared * 1e3 / tc.scale},
+			{"attention", r.CPUAttention, attn / tc.scale},
+		} {
+			if math.Abs(v.got/v.want-1) > 1e-3 { // the times are whole nanoseconds
+				t.Errorf("%s: %s %.6g bytes/s, want %.6g", tc.name, v.name, v.got, v.want)
+			}
+		}
+		// The outliers show in the spread: the slow pass's repetition
+		// left a block less than its bytes, the slow block's four times
+		// its time more.
+		if sp := r.CPULayerSpread; sp.Min >= 0 || sp.Max < ms(10*tc.scale) || sp.N != count["block"] {
+			t.Errorf("%s: spread %v alone hides the outliers", tc.name, sp)
+		}
+		if sp := r.CPULayerSharedSpread; sp.Min >= 0 || sp.Max < ms(10*tc.scale) {
+			t.Errorf("%s: spread %v beside copies hides the outliers", tc.name, sp)
 		}
 	}
 }
