@@ -101,7 +101,8 @@ func (h *HybridPlan) String() string {
 }
 
 // cpuLayerString writes a CPU block's fixed costs, alone and beside
-// copies, with their calibration's spreads when there are some.
+// copies, and a device stage's, with their calibration's spreads when
+// there are some.
 func (r Rates) cpuLayerString() string {
 	s := fmt.Sprintf("%.2f ms", float64(r.CPULayer)/1e6)
 	if r.CPULayerSpread.N > 0 {
@@ -111,6 +112,12 @@ func (r Rates) cpuLayerString() string {
 		s += fmt.Sprintf(", %.2f ms beside copies", float64(r.CPULayerShared)/1e6)
 		if r.CPULayerSharedSpread.N > 0 {
 			s += fmt.Sprintf(" (%s)", r.CPULayerSharedSpread)
+		}
+	}
+	if r.DeviceStage > 0 || r.DeviceStageSpread.N > 0 {
+		s += fmt.Sprintf("; a device stage %.2f ms besides its bytes", float64(r.DeviceStage)/1e6)
+		if r.DeviceStageSpread.N > 0 {
+			s += fmt.Sprintf(" (%s)", r.DeviceStageSpread)
 		}
 	}
 	return s

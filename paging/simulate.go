@@ -109,6 +109,14 @@ type Rates struct {
 	// cache in host memory; 0 reads it at the CPU's rate. While a copy
 	// runs it slows as the CPU's rate does (CPUShared / CPU).
 	CPUAttention float64 `json:"cpu_attention_bytes_per_s,omitempty"`
+	// DeviceStage is what the device takes beyond its layers' bytes each
+	// time the computation comes to it from the CPU: a stage's launches,
+	// the pager's turns, the wait for its queue at the hand-over back
+	// (engine's calibration times a block of the model's shape on the
+	// device between two hand-overs); 0 counts nothing. DeviceStageSpread
+	// is its calibration's spread.
+	DeviceStage       time.Duration `json:"device_stage_ns,omitempty"`
+	DeviceStageSpread Spread        `json:"device_stage_spread,omitzero"`
 }
 
 // Spread is how N repetitions of a measured time spread.
@@ -154,6 +162,8 @@ func (r Rates) check(copies, cpu bool) error {
 	switch {
 	case r.Handoff < 0:
 		return fmt.Errorf("paging: %w: handoff %v", ErrBadRates, r.Handoff)
+	case r.DeviceStage < 0:
+		return fmt.Errorf("paging: %w: device stage %v", ErrBadRates, r.DeviceStage)
 	case r.CPULayer < 0 || r.CPULayerShared < 0:
 		return fmt.Errorf("paging: %w: CPU layer overhead %v (%v while copying)", ErrBadRates, r.CPULayer, r.CPULayerShared)
 	case copies && r.H2D == 0:
@@ -256,12 +266,13 @@ const (
 //
 //   - the layers compute one after the other, in seq's order, token after
 //     token: a Resident or Streamed layer on the device at rates.Device
-//     (taking no time when it is 0), an OnCPU layer on the CPU at
+//     (taking no time when it is 0), after rates.DeviceStage when the
+//     layer before it ran on the CPU; an OnCPU layer on the CPU at
 //     rates.CPUShared while a copy runs and rates.CPU otherwise, then its
 //     KV reads at the CPU's attention rate, then rates.CPULayer when it
-//     is a decoder block (rates.CPULayerShared while a copy runs); a device layer whose KV cache is in host memory
-//     hands over to the CPU and back (two rates.Handoff) around its KV
-//     reads on the CPU;
+//     is a decoder block (rates.CPULayerShared while a copy runs); a
+//     device layer whose KV cache is in host memory hands over to the CPU
+//     and back (two rates.Handoff) around its KV reads on the CPU;
 //   - a Streamed layer computes once its copy has landed;
 //   - the copy engine copies the Streamed layers in order, at
 //     rates.H2DShared while the CPU computes and rates.H2D otherwise, one
@@ -365,7 +376,7 @@ type simPhase int
 // simSeg is one part of a layer's computation: bytes the CPU reads (its
 // weights, or its KV cache at the attention's rate), bytes the device
 // reads, a block's fixed cost on the CPU (one, at Rates.cpuLayer), or
-// seconds of hand-overs.
+// seconds of a device stage's fixed cost or of hand-overs.
 type simSeg struct {
 	kind simSegKind
 	n    float64
@@ -378,14 +389,17 @@ const (
 	segCPUKV
 	segCPUTime
 	segDevice
+	segDeviceTime
 	segHandoff
 )
 
 // onCPU reports a segment that keeps the CPU busy.
 func (k simSegKind) onCPU() bool { return k == segCPU || k == segCPUKV || k == segCPUTime }
 
-// segments are layer lp's parts of computation, those that take time.
-func (s *sim) segments(lp LayerPlace) []simSeg {
+// segments are the parts of computation of layer x (over all tokens),
+// those that take time.
+func (s *sim) segments(x int) []simSeg {
+	lp := s.layer(x)
 	segs := s.segs[:0]
 	add := func(k simSegKind, n float64) {
 		if n > 0 {
@@ -399,6 +413,11 @@ func (s *sim) segments(lp LayerPlace) []simSeg {
 			add(segCPUTime, 1) // one block's fixed cost
 		}
 		return segs
+	}
+	// The first of a run of device layers after the CPU's (the token's
+	// last layer before the first).
+	if prev := s.layer(x + len(s.seq) - 1); prev.Place == OnCPU {
+		add(segDeviceTime, s.rates.DeviceStage.Seconds())
 	}
 	if s.rates.Device > 0 {
 		dev := lp.ReadBytes
@@ -519,7 +538,7 @@ func (s *sim) step() bool {
 		}
 	case phaseWait:
 		if lp.Place != Streamed || s.copiesDone > t*nc+s.cidx[s.x%L] {
-			s.phase, s.segs, s.seg = phaseRun, s.segments(lp), 0
+			s.phase, s.segs, s.seg = phaseRun, s.segments(s.x), 0
 			if len(s.segs) > 0 {
 				s.rem = s.segs[0].n
 				if lp.Place != OnCPU && lp.HostKV && lp.KVBytes > 0 {
