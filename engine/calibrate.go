@@ -379,3 +379,76 @@ func cpuCosts(t0, t1 time.Duration, p0, p1 int, kvPerPos, blockBytes int64, cpuR
 	}
 	return max(blockFixed(t0, int64(p0)*kvPerPos, blockBytes, cpuRate, at), 0), attention
 }
+
+// calibrateDevice measures r.DeviceStage on gpu: a decoder block of cfg's
+// shape (block's tensors, block 0's names, random values) in gpu's memory,
+// its KV cache of dtype kv, computed for one token at a few positions as
+// a stage of a hybrid decode computes it between two hand-overs: the
+// hidden state's upload, the block's launches, the wait for the device's
+// queue (nn.BlockTimer.Step). A stage's fixed cost is a step less the
+// block's bytes at r.Device and one hand-over (r.Handoff: the simulator
+// counts the hand-overs apart); the median of calibrateMinReps to
+// calibrateMaxReps steps, within calibrateBudget/4. A block the device has
+// no room for (tensor.ErrOutOfMemory) leaves r as it is, as does a sparse
+// block; r.Device must be set.
+func calibrateDevice(ctx context.Context, gpu tensor.Backend, cfg *arch.Config, block []paging.TensorSpec, kv tensor.DType, r *paging.Rates, sw stopwatch) error {
+	if r.Device <= 0 {
+		return fmt.Errorf("engine: calibrating the device: %w: the device rate is %v", paging.ErrBadRates, r.Device)
+	}
+	if cfg.Sparse(0) {
+		return nil
+	}
+	if kv == tensor.Invalid {
+		kv = tensor.F32
+	}
+	var owned []*tensor.Tensor
+	defer func() {
+		for _, t := range owned {
+			gpu.Free(t)
+		}
+		if ca, ok := tensor.Caching(gpu); ok {
+			ca.Trim()
+		}
+	}()
+	lw := nn.LayerWeights{}
+	var blockBytes int64
+	for _, ts := range block {
+		t, err := gpu.Alloc(ts.DType, ts.Shape)
+		if errors.Is(err, tensor.ErrOutOfMemory) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("engine: calibrating the device: %w", err)
+		}
+		owned = append(owned, t)
+		b := make([]byte, t.NumBytes())
+		fillRandom(b, ts.DType)
+		if err := gpu.Upload(t, 0, b); err != nil {
+			return fmt.Errorf("engine: calibrating the device: %w", err)
+		}
+		lw[ts.Name] = t
+		blockBytes += ts.Bytes
+	}
+	pos := min(calibrateShortPos, max(cfg.ContextLength()-1, 0))
+	bt, err := nn.NewBlockTimer(ctx, cfg, gpu, []nn.LayerWeights{lw}, 0, pos, nn.SessionOptions{KVDType: kv})
+	if errors.Is(err, tensor.ErrOutOfMemory) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("engine: calibrating the device: %w", err)
+	}
+	defer bt.Close()
+	begin := sw.start()
+	bytesTime := time.Duration(float64(blockBytes) / r.Device * 1e9)
+	var ds []time.Duration
+	for len(ds) < calibrateMinReps || len(ds) < calibrateMaxReps && sw.elapsed(begin) < calibrateBudget/4 {
+		d, err := sw.run("device block", func() error { return bt.Step(ctx) })
+		if err != nil {
+			return fmt.Errorf("engine: calibrating the device: %w", err)
+		}
+		ds = append(ds, d-bytesTime-r.Handoff)
+	}
+	r.DeviceStageSpread = paging.SpreadOf(ds)
+	r.DeviceStage = max(r.DeviceStageSpread.Median, 0)
+	return ctx.Err()
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"testing"
@@ -256,5 +257,82 @@ func TestCalibrateNoisyClock(t *testing.T) {
 		if sp := r.CPULayerSharedSpread; sp.Min >= 0 || sp.Max < ms(10*tc.scale) {
 			t.Errorf("%s: spread %v beside copies hides the outliers", tc.name, sp)
 		}
+	}
+}
+
+// slowGPU is a fake GPU whose RMSNorm sleeps (one a block: the other is
+// fused with the residual's add, which a CPU offers) and whose
+// allocations can fail as out of memory.
+type slowGPU struct {
+	*fakeGPU
+	norm time.Duration
+	oom  bool
+}
+
+func (s slowGPU) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
+	time.Sleep(s.norm)
+	return s.fakeGPU.RMSNorm(out, x, w, eps)
+}
+
+func (s slowGPU) Alloc(dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	if s.oom {
+		return nil, fmt.Errorf("fake: %w", tensor.ErrOutOfMemory)
+	}
+	return s.fakeGPU.Alloc(dt, shape)
+}
+
+// TestCalibrateDevice: a device block between two hand-overs costs what
+// its bytes at the device's rate and one hand-over leave of its step: the
+// norm's sleep here (fast device, no hand-over); on a clock with an
+// outlier the median holds; a device with no room leaves the rates as
+// they are; no device rate is refused.
+func TestCalibrateDevice(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaBF16)
+	cfg := lm.Config
+	block := nn.Source(lm).LayerTensors(cfg.BlockLayer(0))
+	gpu := slowGPU{fakeGPU: newFakeGPU(), norm: 3 * time.Millisecond}
+	defer gpu.Close()
+	r := paging.Rates{Device: 1e15}
+	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("device stage %v (%v)", r.DeviceStage, r.DeviceStageSpread)
+	if r.DeviceStage < 3*time.Millisecond || r.DeviceStage > 10*time.Millisecond || r.DeviceStageSpread.N < calibrateMinReps {
+		t.Errorf("device stage %v (%v), want about the 3 ms of its norm", r.DeviceStage, r.DeviceStageSpread)
+	}
+
+	// Made-up steps of 1 ms, one of 50; the bytes take 0.2 ms at the
+	// device's rate and a hand-over 0.1.
+	var blockBytes int64
+	for _, ts := range block {
+		blockBytes += ts.Bytes
+	}
+	n := 0
+	sw := stopwatch{now: time.Now, time: func(what string, f func() error) (time.Duration, error) {
+		if err := f(); err != nil {
+			return 0, err
+		}
+		n++
+		if n == 2 {
+			return 50 * time.Millisecond, nil
+		}
+		return time.Millisecond, nil
+	}}
+	gpu.norm = 0
+	r = paging.Rates{Device: float64(blockBytes) / 200e-6, Handoff: 100 * time.Microsecond}
+	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, sw); err != nil {
+		t.Fatal(err)
+	}
+	if d := r.DeviceStage - 700*time.Microsecond; d < -time.Microsecond || d > time.Microsecond || r.DeviceStageSpread.Max < 40*time.Millisecond {
+		t.Errorf("made-up steps: device stage %v (%v), want 0.7 ms and the outlier in the spread", r.DeviceStage, r.DeviceStageSpread)
+	}
+
+	gpu.oom = true
+	r = paging.Rates{Device: 1e12}
+	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}); err != nil || r != (paging.Rates{Device: 1e12}) {
+		t.Errorf("no room on the device: %+v, %v", r, err)
+	}
+	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &paging.Rates{}, stopwatch{}); !errors.Is(err, paging.ErrBadRates) {
+		t.Errorf("no device rate: %v", err)
 	}
 }

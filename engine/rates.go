@@ -48,8 +48,9 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 // host copies of the block, which MeasureRates has made and filled
 // already, and again while copies to gpu run (r.CPUShared,
 // r.CPULayerShared: the CPU's rate and a block's fixed cost as decode
-// sees them while the copy engine streams). The calibration's medians
-// replace MeasureRates' best CPU rates (calibrator.run says why).
+// sees them while the copy engine streams), and calibrateDevice on gpu
+// (r.DeviceStage). The calibration's medians replace MeasureRates' best
+// CPU rates (calibrator.run says why).
 func MeasureCalibratedRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType, cfg *arch.Config, kv tensor.DType, maxPos int, block []paging.TensorSpec) (paging.Rates, error) {
 	return measureRates(ctx, gpu, cpu, dt, cfg.HiddenSize, block, &calibration{cfg: cfg, kv: kv, maxPos: maxPos})
 }
@@ -218,6 +219,9 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		c := calibrator{cpu: cpu, cfg: calib.cfg, block: block, kv: calib.kv, maxPos: calib.maxPos,
 			copies: copies[:min(len(copies), calibrateMaxCopies)], copyOnce: copyOnce}
 		if err := c.run(ctx, &r); err != nil {
+			return r, err
+		}
+		if err := calibrateDevice(ctx, gpu, calib.cfg, block, calib.kv, &r, stopwatch{}); err != nil {
 			return r, err
 		}
 	}
