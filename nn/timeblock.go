@@ -75,10 +75,14 @@ func NewBlockTimer(ctx context.Context, cfg *arch.Config, b tensor.Backend, w []
 		return nil, err
 	}
 	// The KV cache's pages are written, so that the attention reads
-	// memory, not the zero page of rows never written.
+	// memory, not the zero page of rows never written (and, on a
+	// device, zeros, not what the memory held before).
 	for _, t := range []*tensor.Tensor{s.k[0], s.v[0]} {
 		if t.OnHost() {
 			clear(t.Bytes())
+		} else if err := b.Upload(t, 0, make([]byte, t.NumBytes())); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("nn: timing block %d: %w", block, err)
 		}
 	}
 	bt := &BlockTimer{m: m, s: s, x: make([]float32, cfg.HiddenSize), pos: pos, block: block}
