@@ -35,8 +35,10 @@ func (s slowCPU) Attention(out *tensor.Tensor, a tensor.Attn) error {
 
 // TestCalibrateCPU: a CPU whose blocks cost a known time besides their
 // bytes (two norms of 2 ms) and whose attention reads a position's keys
-// and values in a known time gives those rates; the CPU rate itself is
-// left alone.
+// and values in a known time gives those costs; the CPU's rate becomes
+// the calibration's own. The calibration keeps medians, which a machine
+// loaded for most of it moves (sleeps overslept by 10 ms and more on the
+// shared 2-core VM): a case fails when three calibrations in a row miss.
 func TestCalibrateCPU(t *testing.T) {
 	lm := openFixture(t, fixtures.TinyLlamaBF16)
 	cfg := lm.Config
@@ -49,29 +51,39 @@ func TestCalibrateCPU(t *testing.T) {
 		{"norms 2 ms, 50 us a position, F16 KV", 2 * time.Millisecond, 50 * time.Microsecond, tensor.F16},
 		{"norms 3 ms, 80 us a position, F32 KV", 3 * time.Millisecond, 80 * time.Microsecond, tensor.F32},
 	} {
-		cpu := slowCPU{Backend: tensor.NewCPU(2), norm: tc.norm, perPos: tc.perPos}
-		r := paging.Rates{CPU: 1e12, H2D: 1e9}
-		if err := CalibrateCPU(context.Background(), cpu, cfg, block, tc.kv, 1<<20, &r); err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
+		var errs []string
+		for attempt := 0; attempt < 3; attempt++ {
+			cpu := slowCPU{Backend: tensor.NewCPU(2), norm: tc.norm, perPos: tc.perPos}
+			r := paging.Rates{CPU: 1e12, H2D: 1e9}
+			if err := CalibrateCPU(context.Background(), cpu, cfg, block, tc.kv, 1<<20, &r); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			kvPerPos := nn.KVCacheBytes(cfg, 1, tc.kv) / int64(cfg.NumLayers)
+			wantAttn := float64(kvPerPos) / tc.perPos.Seconds()
+			t.Logf("%s: CPU layer %v (%v), attention %.3g bytes/s (want %v, %.3g)", tc.name, r.CPULayer, r.CPULayerSpread, r.CPUAttention, 2*tc.norm, wantAttn)
+			errs = errs[:0]
+			if r.CPULayer < 2*tc.norm*9/10 || r.CPULayer > 2*tc.norm+4*time.Millisecond {
+				errs = append(errs, fmt.Sprintf("CPU layer %v, want about %v", r.CPULayer, 2*tc.norm))
+			}
+			// Timing on a loaded machine only ever takes longer: a
+			// slower rate is more likely than a faster one.
+			if q := r.CPUAttention / wantAttn; q < 0.5 || q > 1.25 {
+				errs = append(errs, fmt.Sprintf("attention %.3g bytes/s, want about %.3g", r.CPUAttention, wantAttn))
+			}
+			// The CPU's rate is the calibration's own, of its products
+			// beside the blocks; the link's is left alone.
+			if r.CPU == 1e12 || r.CPU <= 0 || r.H2D != 1e9 {
+				errs = append(errs, fmt.Sprintf("rates %+v", r))
+			}
+			if sp := r.CPULayerSpread; sp.N < calibrateMinReps || sp.Min > sp.Median || sp.Median > sp.Max || max(sp.Median, 0) != r.CPULayer {
+				errs = append(errs, fmt.Sprintf("spread %v of a fixed cost %v", sp, r.CPULayer))
+			}
+			if len(errs) == 0 {
+				break
+			}
 		}
-		kvPerPos := nn.KVCacheBytes(cfg, 1, tc.kv) / int64(cfg.NumLayers)
-		wantAttn := float64(kvPerPos) / tc.perPos.Seconds()
-		t.Logf("%s: CPU layer %v, attention %.3g bytes/s (want %v, %.3g)", tc.name, r.CPULayer, r.CPUAttention, 2*tc.norm, wantAttn)
-		if r.CPULayer < 2*tc.norm*9/10 || r.CPULayer > 2*tc.norm+4*time.Millisecond {
-			t.Errorf("%s: CPU layer %v, want about %v", tc.name, r.CPULayer, 2*tc.norm)
-		}
-		// Timing on a loaded machine only ever takes longer: a slower
-		// rate is more likely than a faster one.
-		if q := r.CPUAttention / wantAttn; q < 0.5 || q > 1.25 {
-			t.Errorf("%s: attention %.3g bytes/s, want about %.3g", tc.name, r.CPUAttention, wantAttn)
-		}
-		// The CPU's rate is the calibration's own, of its products
-		// beside the blocks; the link's is left alone.
-		if r.CPU == 1e12 || r.CPU <= 0 || r.H2D != 1e9 {
-			t.Errorf("%s: rates %+v", tc.name, r)
-		}
-		if sp := r.CPULayerSpread; sp.N < calibrateMinReps || sp.Min > sp.Median || sp.Median > sp.Max || max(sp.Median, 0) != r.CPULayer {
-			t.Errorf("%s: spread %v of a fixed cost %v", tc.name, sp, r.CPULayer)
+		for _, e := range errs {
+			t.Errorf("%s: %s", tc.name, e)
 		}
 	}
 	// No CPU rate to subtract the bytes' time with.
@@ -292,11 +304,17 @@ func TestCalibrateDevice(t *testing.T) {
 	block := nn.Source(lm).LayerTensors(cfg.BlockLayer(0))
 	gpu := slowGPU{fakeGPU: newFakeGPU(), norm: 3 * time.Millisecond}
 	defer gpu.Close()
-	r := paging.Rates{Device: 1e15}
-	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}); err != nil {
-		t.Fatal(err)
+	var r paging.Rates
+	for attempt := 0; attempt < 3; attempt++ { // as TestCalibrateCPU: three misses in a row fail
+		r = paging.Rates{Device: 1e15}
+		if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("device stage %v (%v)", r.DeviceStage, r.DeviceStageSpread)
+		if r.DeviceStage >= 3*time.Millisecond && r.DeviceStage <= 10*time.Millisecond && r.DeviceStageSpread.N >= calibrateMinReps {
+			break
+		}
 	}
-	t.Logf("device stage %v (%v)", r.DeviceStage, r.DeviceStageSpread)
 	if r.DeviceStage < 3*time.Millisecond || r.DeviceStage > 10*time.Millisecond || r.DeviceStageSpread.N < calibrateMinReps {
 		t.Errorf("device stage %v (%v), want about the 3 ms of its norm", r.DeviceStage, r.DeviceStageSpread)
 	}
