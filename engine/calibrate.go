@@ -381,17 +381,19 @@ func cpuCosts(t0, t1 time.Duration, p0, p1 int, kvPerPos, blockBytes int64, cpuR
 }
 
 // calibrateDevice measures r.DeviceStage on gpu: a decoder block of cfg's
-// shape (block's tensors, block 0's names, random values) in gpu's memory,
+// shape (block's tensors, block 0's names) in gpu's memory,
 // its KV cache of dtype kv, computed for one token at a few positions as
 // a stage of a hybrid decode computes it between two hand-overs: the
 // hidden state's upload, the block's launches, the wait for the device's
 // queue (nn.BlockTimer.Step). A stage's fixed cost is a step less the
 // block's bytes at r.Device and one hand-over (r.Handoff: the simulator
 // counts the hand-overs apart); the median of calibrateMinReps to
-// calibrateMaxReps steps, within calibrateBudget/4. A block the device has
-// no room for (tensor.ErrOutOfMemory) leaves r as it is, as does a sparse
-// block; r.Device must be set.
-func calibrateDevice(ctx context.Context, gpu tensor.Backend, cfg *arch.Config, block []paging.TensorSpec, kv tensor.DType, r *paging.Rates, sw stopwatch) error {
+// calibrateMaxReps steps, within calibrateBudget/4. The block's values
+// are those of host's tensors of the same names where it has them (a
+// filled copy in pinned host memory uploads faster), else random. A block
+// the device has no room for (tensor.ErrOutOfMemory) leaves r as it is,
+// as does a sparse block; r.Device must be set.
+func calibrateDevice(ctx context.Context, gpu tensor.Backend, cfg *arch.Config, block []paging.TensorSpec, kv tensor.DType, r *paging.Rates, sw stopwatch, host nn.LayerWeights) error {
 	if r.Device <= 0 {
 		return fmt.Errorf("engine: calibrating the device: %w: the device rate is %v", paging.ErrBadRates, r.Device)
 	}
@@ -421,8 +423,13 @@ func calibrateDevice(ctx context.Context, gpu tensor.Backend, cfg *arch.Config, 
 			return fmt.Errorf("engine: calibrating the device: %w", err)
 		}
 		owned = append(owned, t)
-		b := make([]byte, t.NumBytes())
-		fillRandom(b, ts.DType)
+		var b []byte
+		if h := host[ts.Name]; h != nil && h.OnHost() && int64(len(h.Bytes())) == t.NumBytes() { // not one freed since
+			b = h.Bytes()
+		} else {
+			b = make([]byte, t.NumBytes())
+			fillRandom(b, ts.DType)
+		}
 		if err := gpu.Upload(t, 0, b); err != nil {
 			return fmt.Errorf("engine: calibrating the device: %w", err)
 		}

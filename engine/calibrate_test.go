@@ -127,8 +127,9 @@ func TestCPUCosts(t *testing.T) {
 	}
 }
 
-// TestMeasureRatesQuantized: the rates and the calibration measure the
-// block of a quantized model (Q4_K and Q8_0 matrices) on the CPU: a
+// TestMeasureRatesQuantized: the rates and the calibrations (the CPU's,
+// alone and beside copies, and the device's) measure the block of a
+// quantized model (Q4_K and Q8_0 matrices) on the CPU: a
 // hybrid plan of such a model opened with no rates given failed on the
 // GPU with "the block has no matrix".
 func TestMeasureRatesQuantized(t *testing.T) {
@@ -147,6 +148,11 @@ func TestMeasureRatesQuantized(t *testing.T) {
 		}
 		if !(r.CPU > 0 && r.H2D > 0 && r.CPUShared > 0) {
 			t.Errorf("%v: rates %+v", qt, r)
+		}
+		// The calibration ran alone, beside copies and on the device
+		// (its block uploaded from the CPU's pinned copy).
+		if r.CPULayerSpread.N < calibrateMinReps || r.CPULayerSharedSpread.N < calibrateMinReps || r.DeviceStageSpread.N < calibrateMinReps {
+			t.Errorf("%v: repetitions: %v alone, %v beside copies, %v on the device", qt, r.CPULayerSpread, r.CPULayerSharedSpread, r.DeviceStageSpread)
 		}
 	}
 }
@@ -307,7 +313,7 @@ func TestCalibrateDevice(t *testing.T) {
 	var r paging.Rates
 	for attempt := 0; attempt < 3; attempt++ { // as TestCalibrateCPU: three misses in a row fail
 		r = paging.Rates{Device: 1e15}
-		if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}); err != nil {
+		if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}, nil); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("device stage %v (%v)", r.DeviceStage, r.DeviceStageSpread)
@@ -338,7 +344,7 @@ func TestCalibrateDevice(t *testing.T) {
 	}}
 	gpu.norm = 0
 	r = paging.Rates{Device: float64(blockBytes) / 200e-6, Handoff: 100 * time.Microsecond}
-	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, sw); err != nil {
+	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, sw, nil); err != nil {
 		t.Fatal(err)
 	}
 	if d := r.DeviceStage - 700*time.Microsecond; d < -time.Microsecond || d > time.Microsecond || r.DeviceStageSpread.Max < 40*time.Millisecond {
@@ -347,10 +353,10 @@ func TestCalibrateDevice(t *testing.T) {
 
 	gpu.oom = true
 	r = paging.Rates{Device: 1e12}
-	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}); err != nil || r != (paging.Rates{Device: 1e12}) {
+	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &r, stopwatch{}, nil); err != nil || r != (paging.Rates{Device: 1e12}) {
 		t.Errorf("no room on the device: %+v, %v", r, err)
 	}
-	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &paging.Rates{}, stopwatch{}); !errors.Is(err, paging.ErrBadRates) {
+	if err := calibrateDevice(context.Background(), gpu, cfg, block, tensor.F16, &paging.Rates{}, stopwatch{}, nil); !errors.Is(err, paging.ErrBadRates) {
 		t.Errorf("no device rate: %v", err)
 	}
 }

@@ -221,7 +221,7 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		if err := c.run(ctx, &r); err != nil {
 			return r, err
 		}
-		if err := calibrateDevice(ctx, gpu, calib.cfg, block, calib.kv, &r, stopwatch{}); err != nil {
+		if err := calibrateDevice(ctx, gpu, calib.cfg, block, calib.kv, &r, stopwatch{}, c.copies[0]); err != nil {
 			return r, err
 		}
 	}
