@@ -728,8 +728,14 @@ func (e *Engine) Summary() string {
 			s += fmt.Sprintf("hybrid over %d GPUs: per token %s resident, %s streamed, %s read by the CPU in %d layers, predicted %.1f tok/s\n",
 				len(h.GPUs), paging.FormatSize(t.ResidentBytes), paging.FormatSize(t.StreamedBytes), paging.FormatSize(t.CPUBytes), len(h.CPULayers()), t.PredictedTokS)
 		}
-		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads), %.2f ms more a block, attention %.1f GB/s; device %.0f GB/s; hand-over %v\n",
-			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, float64(h.Rates.CPULayer)/1e6, h.Rates.CPUAttention/1e9, h.Rates.Device/1e9, h.Rates.Handoff)
+		s += fmt.Sprintf("rates measured: pinned H2D %.1f GB/s alone, %.1f with the CPU; CPU %.1f GB/s alone, %.1f with copies (%d threads), %.2f ms more a block (%.2f with copies), attention %.1f GB/s; device %.0f GB/s, %.2f ms more a stage; hand-over %v\n",
+			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, float64(h.Rates.CPULayer)/1e6, float64(h.Rates.CPULayerShared)/1e6, h.Rates.CPUAttention/1e9, h.Rates.Device/1e9, float64(h.Rates.DeviceStage)/1e6, h.Rates.Handoff)
+		if sp := h.Rates.CPULayerSpread; sp.N > 0 {
+			s += fmt.Sprintf("CPU block calibration, more than its bytes (min/median/max): %s alone, %s with copies\n", sp, h.Rates.CPULayerSharedSpread)
+		}
+		if sp := h.Rates.DeviceStageSpread; sp.N > 0 {
+			s += fmt.Sprintf("device stage calibration, more than its block's bytes and a hand-over (min/median/max): %s\n", sp)
+		}
 	}
 	return s
 }

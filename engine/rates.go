@@ -52,7 +52,11 @@ func MeasureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 // MeasureCalibratedRates is MeasureRates, then CalibrateCPU for the
 // model cfg (its KV cache in kv, up to maxPos positions) over the same
 // host copies of the block, which MeasureRates has made and filled
-// already.
+// already, and again while copies to gpu run (r.CPUShared,
+// r.CPULayerShared: the CPU's rate and a block's fixed cost as decode
+// sees them while the copy engine streams), and calibrateDevice on gpu
+// (r.DeviceStage). The calibration's medians replace MeasureRates' best
+// CPU rates (calibrator.run says why).
 func MeasureCalibratedRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType, cfg *arch.Config, kv tensor.DType, maxPos int, block []paging.TensorSpec) (paging.Rates, error) {
 	return measureRates(ctx, gpu, cpu, dt, cfg.HiddenSize, block, &calibration{cfg: cfg, kv: kv, maxPos: maxPos})
 }
@@ -231,26 +235,12 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 	// Both at once: each path is timed while the other runs without a
 	// pause (timing both loops side by side measured mostly the CPU alone:
 	// its passes outlast the copies').
-	while := func(background, timed func() error, n int) (time.Duration, error) {
-		stop := make(chan struct{})
-		errc := make(chan error, 1)
-		go func() {
-			for {
-				select {
-				case <-stop:
-					errc <- nil
-					return
-				default:
-				}
-				if err := background(); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}()
-		d, err := best(n, timed)
-		close(stop)
-		return d, errors.Join(err, <-errc)
+	while := func(background, timed func() error, n int) (d time.Duration, err error) {
+		err = whileRunning(background, func() (err error) {
+			d, err = best(n, timed)
+			return err
+		})
+		return d, err
 	}
 	dc, err := while(copyOnce, cpuOnce, 3)
 	if err != nil {
@@ -262,7 +252,12 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 	}
 	r.H2DShared, r.CPUShared = rate(dh), cpuRate(dc)
 	if calib != nil {
-		if err := calibrateWith(ctx, cpu, calib.cfg, block, calib.kv, calib.maxPos, &r, copies[:min(len(copies), calibrateMaxCopies)]); err != nil {
+		c := calibrator{cpu: cpu, cfg: calib.cfg, block: block, kv: calib.kv, maxPos: calib.maxPos,
+			copies: copies[:min(len(copies), calibrateMaxCopies)], copyOnce: copyOnce}
+		if err := c.run(ctx, &r); err != nil {
+			return r, err
+		}
+		if err := calibrateDevice(ctx, gpu, calib.cfg, block, calib.kv, &r, stopwatch{}, c.copies[0]); err != nil {
 			return r, err
 		}
 	}

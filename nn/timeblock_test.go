@@ -109,3 +109,43 @@ func TestTimeBlockCycles(t *testing.T) {
 		t.Errorf("copies served %v, want a b a", got)
 	}
 }
+
+// TestBlockTimer: each Step computes the block once at the position asked
+// for (its two norms' known cost, the attention over pos+1 positions),
+// after the untimed steps NewBlockTimer runs over each copy.
+func TestBlockTimer(t *testing.T) {
+	lm, lw := fixtureBlock(t, fixtures.TinyLlamaBF16)
+	var positions, norms int
+	b := countingBackend{slowBackend: slowBackend{Backend: tensor.NewCPU(2), norm: time.Millisecond, positions: &positions}, norms: &norms}
+	bt, err := NewBlockTimer(context.Background(), lm.Config, b, []LayerWeights{lw, lw}, 0, 20, SessionOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bt.Close()
+	if norms != 4 {
+		t.Errorf("warm-up over two copies ran %d norms, want 4", norms)
+	}
+	for range 3 {
+		t0 := time.Now()
+		if err := bt.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d < 2*time.Millisecond {
+			t.Errorf("a step took %v, less than its two norms of 1 ms", d)
+		}
+	}
+	if norms != 10 || positions != 21 {
+		t.Errorf("after 3 steps: %d norms (want 10), attention over %d positions (want 21)", norms, positions)
+	}
+}
+
+// countingBackend is a slowBackend that counts its norms.
+type countingBackend struct {
+	slowBackend
+	norms *int
+}
+
+func (c countingBackend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
+	*c.norms++
+	return c.slowBackend.RMSNorm(out, x, w, eps)
+}

@@ -96,8 +96,31 @@ func (h *HybridPlan) String() string {
 		FormatSize(h.StreamedBytes), streamed, FormatSize(h.CPUBytes), len(h.CPULayers), FormatSize(h.HostLayerBytes),
 		h.GPU.PrefetchDepth, h.PredictedTokS, ms(h.Breakdown.Copy), ms(h.Breakdown.CPU), ms(h.Breakdown.GPU),
 		h.Breakdown.Handoffs, ms(h.Breakdown.Handoff), ms(h.Breakdown.CopyWait), h.Bounds.Stream, h.Bounds.CPU, h.Bounds.Hybrid) +
-		fmt.Sprintf("; attention over %d positions reads %s of KV cache, %s of it on the CPU; a CPU block costs %.2f ms besides its bytes",
-			h.Positions, FormatSize(h.KVBytes), FormatSize(h.HostKVBytes), float64(h.Rates.CPULayer)/1e6)
+		fmt.Sprintf("; attention over %d positions reads %s of KV cache, %s of it on the CPU; a CPU block costs %s besides its bytes",
+			h.Positions, FormatSize(h.KVBytes), FormatSize(h.HostKVBytes), h.Rates.cpuLayerString())
+}
+
+// cpuLayerString writes a CPU block's fixed costs, alone and beside
+// copies, and a device stage's, with their calibration's spreads when
+// there are some.
+func (r Rates) cpuLayerString() string {
+	s := fmt.Sprintf("%.2f ms", float64(r.CPULayer)/1e6)
+	if r.CPULayerSpread.N > 0 {
+		s += fmt.Sprintf(" (min/median/max %s)", r.CPULayerSpread)
+	}
+	if r.CPULayerShared > 0 || r.CPULayerSharedSpread.N > 0 {
+		s += fmt.Sprintf(", %.2f ms beside copies", float64(r.CPULayerShared)/1e6)
+		if r.CPULayerSharedSpread.N > 0 {
+			s += fmt.Sprintf(" (%s)", r.CPULayerSharedSpread)
+		}
+	}
+	if r.DeviceStage > 0 || r.DeviceStageSpread.N > 0 {
+		s += fmt.Sprintf("; a device stage %.2f ms besides its bytes", float64(r.DeviceStage)/1e6)
+		if r.DeviceStageSpread.N > 0 {
+			s += fmt.Sprintf(" (%s)", r.DeviceStageSpread)
+		}
+	}
+	return s
 }
 
 // PlanHybrid plans decode over the device, the link and the CPU at once:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -101,10 +102,52 @@ type Rates struct {
 	// when its arithmetic is longer than the read; 0 counts a read of
 	// the weights for each row (SplitMisses).
 	CPURows float64 `json:"cpu_rows_bytes_per_s,omitempty"`
+	// CPULayerShared is CPULayer while a copy runs (the block timed with
+	// the copy engine streaming, its bytes at CPUShared); 0 takes
+	// CPULayer.
+	CPULayerShared time.Duration `json:"cpu_layer_shared_ns,omitempty"`
+	// CPULayerSpread and CPULayerSharedSpread are how the calibration's
+	// repetitions of CPULayer and CPULayerShared spread (zero when not
+	// calibrated): a wide one says the machine was noisy as it measured.
+	CPULayerSpread       Spread `json:"cpu_layer_spread,omitzero"`
+	CPULayerSharedSpread Spread `json:"cpu_layer_shared_spread,omitzero"`
 	// CPUAttention is the rate at which the CPU's attention reads a KV
 	// cache in host memory; 0 reads it at the CPU's rate. While a copy
 	// runs it slows as the CPU's rate does (CPUShared / CPU).
 	CPUAttention float64 `json:"cpu_attention_bytes_per_s,omitempty"`
+	// DeviceStage is what the device takes beyond its layers' bytes each
+	// time the computation comes to it from the CPU: a stage's launches,
+	// the pager's turns, the wait for its queue at the hand-over back
+	// (engine's calibration times a block of the model's shape on the
+	// device between two hand-overs); 0 counts nothing. DeviceStageSpread
+	// is its calibration's spread.
+	DeviceStage       time.Duration `json:"device_stage_ns,omitempty"`
+	DeviceStageSpread Spread        `json:"device_stage_spread,omitzero"`
+}
+
+// Spread is how N repetitions of a measured time spread.
+type Spread struct {
+	Min    time.Duration `json:"min_ns"`
+	Median time.Duration `json:"median_ns"`
+	Max    time.Duration `json:"max_ns"`
+	N      int           `json:"n"`
+}
+
+// SpreadOf returns the spread of ts (zero for none); the median of an
+// even count is the mean of the middle two.
+func SpreadOf(ts []time.Duration) Spread {
+	if len(ts) == 0 {
+		return Spread{}
+	}
+	s := slices.Clone(ts)
+	slices.Sort(s)
+	n := len(s)
+	return Spread{Min: s[0], Median: (s[(n-1)/2] + s[n/2]) / 2, Max: s[n-1], N: n}
+}
+
+// String writes the spread in milliseconds: "min/median/max ms over N".
+func (s Spread) String() string {
+	return fmt.Sprintf("%.2f/%.2f/%.2f ms over %d", float64(s.Min)/1e6, float64(s.Median)/1e6, float64(s.Max)/1e6, s.N)
 }
 
 // ErrBadRates is wrapped by SimulateDecode and PlanHybrid when the rates
@@ -125,8 +168,10 @@ func (r Rates) check(copies, cpu bool) error {
 	switch {
 	case r.Handoff < 0:
 		return fmt.Errorf("paging: %w: handoff %v", ErrBadRates, r.Handoff)
-	case r.CPULayer < 0:
-		return fmt.Errorf("paging: %w: CPU layer overhead %v", ErrBadRates, r.CPULayer)
+	case r.DeviceStage < 0:
+		return fmt.Errorf("paging: %w: device stage %v", ErrBadRates, r.DeviceStage)
+	case r.CPULayer < 0 || r.CPULayerShared < 0:
+		return fmt.Errorf("paging: %w: CPU layer overhead %v (%v while copying)", ErrBadRates, r.CPULayer, r.CPULayerShared)
 	case copies && r.H2D == 0:
 		return fmt.Errorf("paging: %w: layers stream, but the H2D rate is 0", ErrBadRates)
 	case cpu && r.CPU == 0:
@@ -150,6 +195,20 @@ func (r Rates) cpu(copyBusy bool) float64 {
 	}
 	return r.CPU
 }
+
+// cpuLayer is the rate a block's fixed cost on the CPU runs at, in
+// blocks a second: 1/CPULayer alone, 1/CPULayerShared while a copy runs
+// (CPULayer when that is 0). A cost of 0 is taken as a nanosecond.
+func (r Rates) cpuLayer(copyBusy bool) float64 {
+	d := r.CPULayer
+	if copyBusy && r.CPULayerShared > 0 {
+		d = r.CPULayerShared
+	}
+	return 1 / max(d, time.Nanosecond).Seconds()
+}
+
+// cpuLayerCosts reports a block on the CPU costing more than its bytes.
+func (r Rates) cpuLayerCosts() bool { return r.CPULayer > 0 || r.CPULayerShared > 0 }
 
 // cpuAttention is the rate the CPU's attention reads host KV at, while a
 // copy runs or not.
@@ -213,12 +272,13 @@ const (
 //
 //   - the layers compute one after the other, in seq's order, token after
 //     token: a Resident or Streamed layer on the device at rates.Device
-//     (taking no time when it is 0), an OnCPU layer on the CPU at
+//     (taking no time when it is 0), after rates.DeviceStage when the
+//     layer before it ran on the CPU; an OnCPU layer on the CPU at
 //     rates.CPUShared while a copy runs and rates.CPU otherwise, then its
 //     KV reads at the CPU's attention rate, then rates.CPULayer when it
-//     is a decoder block; a device layer whose KV cache is in host memory
-//     hands over to the CPU and back (two rates.Handoff) around its KV
-//     reads on the CPU;
+//     is a decoder block (rates.CPULayerShared while a copy runs); a
+//     device layer whose KV cache is in host memory hands over to the CPU
+//     and back (two rates.Handoff) around its KV reads on the CPU;
 //   - a Streamed layer computes once its copy has landed;
 //   - the copy engine copies the Streamed layers in order, at
 //     rates.H2DShared while the CPU computes and rates.H2D otherwise, one
@@ -321,8 +381,8 @@ type simPhase int
 
 // simSeg is one part of a layer's computation: bytes the CPU reads (its
 // weights, or its KV cache at the attention's rate), bytes the device
-// reads, or seconds of the CPU's own (a block's overhead) or of
-// hand-overs.
+// reads, a block's fixed cost on the CPU (one, at Rates.cpuLayer), or
+// seconds of a device stage's fixed cost or of hand-overs.
 type simSeg struct {
 	kind simSegKind
 	n    float64
@@ -335,14 +395,17 @@ const (
 	segCPUKV
 	segCPUTime
 	segDevice
+	segDeviceTime
 	segHandoff
 )
 
 // onCPU reports a segment that keeps the CPU busy.
 func (k simSegKind) onCPU() bool { return k == segCPU || k == segCPUKV || k == segCPUTime }
 
-// segments are layer lp's parts of computation, those that take time.
-func (s *sim) segments(lp LayerPlace) []simSeg {
+// segments are the parts of computation of layer x (over all tokens),
+// those that take time.
+func (s *sim) segments(x int) []simSeg {
+	lp := s.layer(x)
 	segs := s.segs[:0]
 	add := func(k simSegKind, n float64) {
 		if n > 0 {
@@ -352,10 +415,15 @@ func (s *sim) segments(lp LayerPlace) []simSeg {
 	if lp.Place == OnCPU {
 		add(segCPU, float64(lp.ReadBytes))
 		add(segCPUKV, float64(lp.KVBytes))
-		if lp.Block {
-			add(segCPUTime, s.rates.CPULayer.Seconds())
+		if lp.Block && s.rates.cpuLayerCosts() {
+			add(segCPUTime, 1) // one block's fixed cost
 		}
 		return segs
+	}
+	// The first of a run of device layers after the CPU's (the token's
+	// last layer before the first).
+	if prev := s.layer(x + len(s.seq) - 1); prev.Place == OnCPU {
+		add(segDeviceTime, s.rates.DeviceStage.Seconds())
 	}
 	if s.rates.Device > 0 {
 		dev := lp.ReadBytes
@@ -381,6 +449,8 @@ func (s *sim) segRate(k simSegKind) float64 {
 		return s.rates.cpuAttention(s.copying)
 	case segDevice:
 		return s.rates.Device
+	case segCPUTime:
+		return s.rates.cpuLayer(s.copying)
 	}
 	return 1
 }
@@ -474,7 +544,7 @@ func (s *sim) step() bool {
 		}
 	case phaseWait:
 		if lp.Place != Streamed || s.copiesDone > t*nc+s.cidx[s.x%L] {
-			s.phase, s.segs, s.seg = phaseRun, s.segments(lp), 0
+			s.phase, s.segs, s.seg = phaseRun, s.segments(s.x), 0
 			if len(s.segs) > 0 {
 				s.rem = s.segs[0].n
 				if lp.Place != OnCPU && lp.HostKV && lp.KVBytes > 0 {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -151,6 +152,21 @@ func TestSimulateDecodeCPUCosts(t *testing.T) {
 			func(b Breakdown) bool { return near(b.CPU, secs(1.5)) }},
 		// The embedding is no block: its row costs its bytes only.
 		{"no overhead off blocks", places(cl(100), block(100, 0)), Rates{CPU: 100, CPULayer: secs(0.5)}, 2.5, nil},
+		// Beside a copy (of 10 s: it runs all through the CPU's block)
+		// the block's fixed cost is CPULayerShared; alone, CPULayer, even
+		// when that is 0.
+		{"block overhead beside a copy", places(block(100, 0), sl(1000, 0)), Rates{CPU: 100, H2D: 100, CPULayer: secs(0.5), CPULayerShared: secs(1)}, 10,
+			func(b Breakdown) bool { return near(b.CPU, secs(2)) }},
+		{"block overhead beside a copy, none shared", places(block(100, 0), sl(1000, 0)), Rates{CPU: 100, H2D: 100, CPULayer: secs(0.5)}, 10,
+			func(b Breakdown) bool { return near(b.CPU, secs(1.5)) }},
+		{"block overhead alone, none alone", places(block(100, 0)), Rates{CPU: 100, CPULayerShared: secs(1)}, 1, nil},
+		// A device stage's fixed cost, each time the computation comes
+		// to the device from the CPU: C R R C R is two stages (the last
+		// R and the first C are one turn of the CPU), 1 + 2 + 1 + 1 of
+		// bytes, 2 x 0.25 of stages, four hand-overs of 0.1.
+		{"device stages", places(cl(100), rl(100), rl(100), cl(100), rl(100)), Rates{CPU: 100, Device: 100, Handoff: secs(0.1), DeviceStage: secs(0.25)}, 5.9,
+			func(b Breakdown) bool { return near(b.GPU, secs(3.5)) && b.Handoffs == 4 }},
+		{"no device stage without the CPU", places(rl(100), rl(100)), Rates{Device: 100, DeviceStage: secs(0.25)}, 2, nil},
 		{"CPU KV at the CPU rate", places(block(100, 100)), Rates{CPU: 100}, 2, nil},
 		{"CPU KV at the attention rate", places(block(100, 100)), Rates{CPU: 100, CPUAttention: 50}, 3, nil},
 		// A device layer with host KV: 1 on the device, two hand-overs
@@ -201,6 +217,8 @@ func TestSimulateDecodeRefuses(t *testing.T) {
 		{"negative handoff", places(rl(1)), Rates{H2D: 1, CPU: 1, Handoff: -1}, 1, true},
 		{"negative KV bytes", places(LayerPlace{Place: OnCPU, ReadBytes: 1, KVBytes: -1}), ok, 1, false},
 		{"negative CPU layer", places(rl(1)), Rates{H2D: 1, CPU: 1, CPULayer: -1}, 1, true},
+		{"negative device stage", places(rl(1)), Rates{H2D: 1, CPU: 1, DeviceStage: -1}, 1, true},
+		{"negative CPU layer beside copies", places(rl(1)), Rates{H2D: 1, CPU: 1, CPULayerShared: -1}, 1, true},
 		{"NaN attention", places(rl(1)), Rates{H2D: 1, CPU: 1, CPUAttention: math.NaN()}, 1, true},
 		{"host KV, no CPU", places(LayerPlace{Place: Resident, ReadBytes: 1, KVBytes: 1, HostKV: true}), Rates{H2D: 1}, 1, true},
 	} {
@@ -240,5 +258,61 @@ func TestRatesBounds(t *testing.T) {
 	var back LayerPlace
 	if err := json.Unmarshal([]byte(`{"place":"gpu"}`), &back); err == nil {
 		t.Error("unknown place read")
+	}
+}
+
+// TestSpreadOf: the least, the median (the middle two's mean for an even
+// count) and the most of a few times, in any order.
+func TestSpreadOf(t *testing.T) {
+	ms := func(xs ...int) []time.Duration {
+		var d []time.Duration
+		for _, x := range xs {
+			d = append(d, time.Duration(x)*time.Millisecond)
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		name string
+		ts   []time.Duration
+		want Spread
+	}{
+		{"none", nil, Spread{}},
+		{"one", ms(3), Spread{3e6, 3e6, 3e6, 1}},
+		{"odd, an outlier", ms(5, 1, 90, 2, 4), Spread{1e6, 4e6, 90e6, 5}},
+		{"even", ms(4, 1, 2, 8), Spread{1e6, 3e6, 8e6, 4}},
+	} {
+		in := slices.Clone(tc.ts)
+		if got := SpreadOf(tc.ts); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+		if !slices.Equal(in, tc.ts) {
+			t.Errorf("%s: the times were reordered", tc.name)
+		}
+	}
+	if s := (Spread{1e6, 2e6, 9e6, 3}).String(); s != "1.00/2.00/9.00 ms over 3" {
+		t.Errorf("String: %q", s)
+	}
+}
+
+// TestCPULayerString: the summary's CPU block cost shows the calibration's
+// spread and the cost beside copies when they were measured.
+func TestCPULayerString(t *testing.T) {
+	ms := func(x float64) time.Duration { return time.Duration(x * 1e6) }
+	for _, tc := range []struct {
+		name string
+		r    Rates
+		want string
+	}{
+		{"given", Rates{CPULayer: ms(0.5)}, "0.50 ms"},
+		{"calibrated", Rates{CPULayer: ms(0.5), CPULayerSpread: Spread{ms(0.4), ms(0.5), ms(2), 7}},
+			"0.50 ms (min/median/max 0.40/0.50/2.00 ms over 7)"},
+		{"beside copies", Rates{CPULayer: ms(0.5), CPULayerSpread: Spread{ms(0.4), ms(0.5), ms(2), 7}, CPULayerShared: ms(0.9), CPULayerSharedSpread: Spread{ms(0.8), ms(0.9), ms(1), 5}},
+			"0.50 ms (min/median/max 0.40/0.50/2.00 ms over 7), 0.90 ms beside copies (0.80/0.90/1.00 ms over 5)"},
+		{"device stage", Rates{CPULayer: ms(0.5), DeviceStage: ms(0.25), DeviceStageSpread: Spread{ms(0.2), ms(0.25), ms(0.3), 9}},
+			"0.50 ms; a device stage 0.25 ms besides its bytes (0.20/0.25/0.30 ms over 9)"},
+	} {
+		if got := tc.r.cpuLayerString(); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

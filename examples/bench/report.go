@@ -140,8 +140,8 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 // CPU+GPU run; the rates are the run's own (a CPU+GPU run measures them
 // at Open: engine.MeasureRates' H2D and CPU rates, alone and shared) or
 // the ceilings'. The bounds are the bandwidths' alone: the calibrated
-// costs the prediction adds (Rates.CPULayer, the KV reads at
-// Rates.CPUAttention) stay out of them.
+// costs the prediction adds (Rates.CPULayer and CPULayerShared,
+// DeviceStage, the KV reads at Rates.CPUAttention) stay out of them.
 // The row is judged against the bound of what it does: the hybrid bound for
 // the hybrid strategy, the CPU bound for cpu, the stream bound when it
 // streams, else the device-memory bound; with a KV cache in host memory,
