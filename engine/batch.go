@@ -47,9 +47,13 @@ const (
 
 // The errors Submit returns, for a server to map to its statuses.
 var (
-	// ErrBusy: the KV cache (or the queue) has no room for the request
-	// now; try again later.
+	// ErrBusy: the queue has no room for the request now (one waiting
+	// for KV blocks waits in the queue); try again later.
 	ErrBusy = errors.New("engine: no room for the request now")
+	// ErrTooLarge: the request's KV reservation (its prompt and the
+	// tokens it may generate) is larger than the whole KV pool: no retry
+	// can fit it, only a smaller MaxTokens (or prompt).
+	ErrTooLarge = errors.New("engine: request larger than the KV pool")
 	// ErrPromptTooLong: the prompt (plus at least one new token) does not
 	// fit in the context.
 	ErrPromptTooLong = errors.New("engine: prompt longer than the context")
@@ -135,7 +139,7 @@ type BatchStats struct {
 // running request never runs out of KV blocks, so no batch is preempted
 // or runs out of memory mid-way. A request whose reservation does not fit
 // in the free blocks waits in the queue, first come first served; one
-// that could not fit even in an empty pool is refused with ErrBusy.
+// that could not fit even in an empty pool is refused with ErrTooLarge.
 type Batcher struct {
 	e     *Engine
 	opts  BatchOptions
@@ -357,8 +361,9 @@ func (e *Engine) weightBytes() []int64 {
 // Submit queues a request and returns its stream of tokens, which ends
 // with a Token whose Done is set and is then closed. Cancelling ctx ends
 // the request at the next step. A prompt that cannot fit is
-// ErrPromptTooLong; a full queue, or a request whose KV reservation is
-// larger than the whole pool, ErrBusy; a closing batcher ErrDraining.
+// ErrPromptTooLong; a full queue ErrBusy; a request whose KV reservation
+// is larger than the whole pool, which no retry can fit, ErrTooLarge; a
+// closing batcher ErrDraining.
 func (b *Batcher) Submit(ctx context.Context, req Request) (<-chan Token, error) {
 	if len(req.Prompt) == 0 {
 		return nil, errors.New("engine: empty prompt")
@@ -403,7 +408,8 @@ func (b *Batcher) Submit(ctx context.Context, req Request) (<-chan Token, error)
 		return nil, fmt.Errorf("%w: %d requests queued", ErrBusy, len(b.queue))
 	case b.batch.BlocksFor(j.positions()) > b.batch.Blocks():
 		b.st.Rejected++
-		return nil, fmt.Errorf("%w: %d positions need %d KV blocks of %d, the pool holds %d", ErrBusy, j.positions(), b.batch.BlocksFor(j.positions()), b.batch.BlockSize(), b.batch.Blocks())
+		return nil, fmt.Errorf("%w: %d prompt tokens and %d new tokens need %d KV positions (%d blocks of %d), the whole pool holds %d blocks (%d positions): ask for fewer tokens",
+			ErrTooLarge, len(req.Prompt), j.limit, j.positions(), b.batch.BlocksFor(j.positions()), b.batch.BlockSize(), b.batch.Blocks(), b.batch.Blocks()*b.batch.BlockSize())
 	}
 	b.queue = append(b.queue, j)
 	b.st.Requests++

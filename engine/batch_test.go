@@ -101,6 +101,70 @@ func TestBatcher(t *testing.T) {
 	}
 }
 
+// TestBatcherRefusals: Submit tells apart what no retry can fix (a prompt
+// over the context, a request larger than the whole KV pool) from what
+// waits (a request that fits the pool is queued), with errors that name
+// the sizes.
+func TestBatcherRefusals(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	e, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: 48, Chunk: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	// A pool of 4 blocks of 4 positions: 16 positions, a third of the
+	// context.
+	b, err := e.NewBatcher(BatchOptions{MaxSequences: 2, BlockSize: 4, KVBlocks: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	prompt := func(n int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32(1 + i)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name      string
+		req       Request
+		want      error // nil: accepted
+		notWant   error
+		wantInMsg []string
+	}{
+		{"prompt over the context", Request{Prompt: prompt(48)}, ErrPromptTooLong, ErrBusy, []string{"48 prompt tokens", "48 positions"}},
+		{"whole context over the pool", Request{Prompt: prompt(2), IgnoreEOS: true}, ErrTooLarge, ErrBusy, []string{"2 prompt tokens and 46 new tokens", "47 KV positions", "(16 positions)"}},
+		{"one position over the pool", Request{Prompt: prompt(10), MaxTokens: 8, IgnoreEOS: true}, ErrTooLarge, ErrBusy, []string{"17 KV positions", "5 blocks of 4", "4 blocks"}},
+		{"the whole pool", Request{Prompt: prompt(10), MaxTokens: 7, IgnoreEOS: true}, nil, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ch, err := b.Submit(context.Background(), tc.req)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				ids, end := collect(t, ch)
+				if end.Err != nil || len(ids) != tc.req.MaxTokens {
+					t.Errorf("%d tokens, end %+v", len(ids), end)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) || errors.Is(err, tc.notWant) {
+				t.Fatalf("got %v, want %v (and not %v)", err, tc.want, tc.notWant)
+			}
+			for _, s := range tc.wantInMsg {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("%q does not say %q", err, s)
+				}
+			}
+		})
+	}
+	if st := b.Stats(); st.Rejected != 2 {
+		t.Errorf("%d requests rejected, want the 2 over the pool", st.Rejected)
+	}
+}
+
 // budgetsUsed is the bytes in use on the engine's device budgets.
 func budgetsUsed(e *Engine) []int64 {
 	var u []int64
@@ -119,7 +183,7 @@ func budgetsUsed(e *Engine) []int64 {
 // prompt lengths and lengths, submitted in two waves so that some join
 // while others decode, with one cancelled mid-stream and one larger than
 // the KV pool, get the greedy ids each gets alone; the refused request is
-// ErrBusy, the cancelled one ends with its context's error; when they all
+// ErrTooLarge, the cancelled one ends with its context's error; when they all
 // end every KV block is free, and after Close the budgets are back at
 // their values before the batcher. The pool stores the engine's KV dtype:
 // F16 and Q8_B8 pools too.
@@ -257,7 +321,7 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			// Too large for the pool: every position of the context.
 			huge := Request{Prompt: []int32{1, 2}, IgnoreEOS: true}
 			if tc.kvBlocks > 0 { // a pool smaller than one context
-				if _, err := b.Submit(context.Background(), huge); !errors.Is(err, ErrBusy) {
+				if _, err := b.Submit(context.Background(), huge); !errors.Is(err, ErrTooLarge) {
 					t.Errorf("a request of %d positions in a pool of %d: %v", ctxLen, st.KVBlocks*block, err)
 				}
 			}
