@@ -812,6 +812,74 @@ func (b *Backend) drainSpansLocked() {
 	b.spans = append(b.spans[:0], b.spans[i:]...)
 }
 
+var _ tensor.ComputeTimer = (*Backend)(nil)
+
+// StartCompute records a timing event on the compute stream; the stop it
+// returns records a second one, waits for it and returns the device time
+// between the two (tensor.ComputeTimer). Neither waits for the copy
+// stream. Not while capturing a graph.
+func (b *Backend) StartCompute() (func() (time.Duration, error), error) {
+	const op = "StartCompute"
+	if b.capturing() {
+		return nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
+	if err := b.enter(op); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	start, end, ok := b.timedPair()
+	if !ok {
+		return nil, fmt.Errorf("%s: %s: no timing events", b.name, op)
+	}
+	giveBack := func() {
+		b.evMu.Lock()
+		b.tevFree = append(b.tevFree, start, end)
+		b.evMu.Unlock()
+	}
+	b.opsMu.Lock()
+	err := start.Record(b.compute)
+	b.opsMu.Unlock()
+	if err != nil {
+		giveBack()
+		return nil, fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+	}
+	var once sync.Once
+	var d time.Duration
+	var serr error
+	stop := func() (time.Duration, error) {
+		once.Do(func() {
+			defer giveBack()
+			if b.capturing() {
+				serr = fmt.Errorf("%s: %s stop: %w", b.name, op, errCapturing)
+				return
+			}
+			if serr = b.enter(op + " stop"); serr != nil {
+				return
+			}
+			defer b.leave()
+			b.opsMu.Lock()
+			err := end.Record(b.compute)
+			b.opsMu.Unlock()
+			if err == nil {
+				b.gate.RLock() // a synchronisation would end another goroutine's capture
+				err = end.Synchronize()
+				b.gate.RUnlock()
+			}
+			var ms float64
+			if err == nil {
+				ms, err = start.Elapsed(end)
+			}
+			if err != nil {
+				serr = fmt.Errorf("%s: %s stop: %w", b.name, op, cuError(err))
+				return
+			}
+			d = time.Duration(ms * float64(time.Millisecond))
+		})
+		return d, serr
+	}
+	return stop, nil
+}
+
 // addSpan keeps a recorded span for CopyStats, or returns its events to the
 // pool when it was not recorded.
 func (b *Backend) addSpan(start, end cu.Event, got, recorded bool, bytes int64, stall bool) {

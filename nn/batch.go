@@ -70,6 +70,7 @@ type Batch struct {
 	xfer    *PipelineSession
 	flight  []*stepGroup // per stage, the step that ran it last beat (Tick)
 	host    []float32    // the logits of the last step
+	times   StepTimes    // the split of the last step's time
 	closed  bool
 }
 
@@ -258,7 +259,8 @@ type Work struct {
 // others), reused by the next step. Each sequence's positions advance by
 // its tokens; a step that fails advances none. The works' sequences must
 // be distinct, their tokens at most MaxRows in all, and each sequence's
-// reserved blocks must hold its new positions.
+// reserved blocks must hold its new positions. Times says where the step's
+// time went.
 func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	if b.closed {
 		return nil, errors.New("nn: batch is closed")
@@ -266,6 +268,8 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	if b.Flying() > 0 {
 		return nil, errors.New("nn: batch step: steps are in flight (Tick until none is)")
 	}
+	t0 := time.Now()
+	b.times = StepTimes{}
 	g, err := b.prepare(&b.step, works, nil)
 	if err != nil {
 		return nil, err
@@ -273,6 +277,38 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	if g.T == 0 {
 		return make([][]float32, len(works)), nil
 	}
+	t1 := time.Now()
+	tm := StepTimes{Prepare: t1.Sub(t0)}
+	// One pair of events on the compute queue when one device runs the
+	// whole step: its device time, with no wait in between.
+	var stop func() (time.Duration, error)
+	if dev := b.stages[0].m.backend; b.oneDevice() {
+		if st, ok, err := tensor.StartCompute(dev); ok && err == nil {
+			stop = st
+		}
+	}
+	l0, counted := b.launches()
+	var t2, t3 time.Time
+	queued := func() {
+		if !t2.IsZero() {
+			return
+		}
+		t2 = time.Now()
+		tm.Launch = t2.Sub(t1)
+		tm.Device = tm.Launch // computed as called, or over several devices
+		if l1, _ := b.launches(); counted {
+			tm.Launches = l1.Sub(l0).Total()
+		}
+		t3 = t2
+		if stop != nil {
+			if d, err := stop(); err == nil {
+				tm.Device = d
+			}
+			t3 = time.Now()
+			tm.Wait = t3.Sub(t2)
+		}
+	}
+	defer queued() // a failed step's events go back too
 	for k, s := range b.stages {
 		if k == 0 {
 			if err := s.embedChunk(ctx, g.ids, nil); err != nil {
@@ -285,12 +321,75 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 			return nil, err
 		}
 	}
-	logits, err := b.stages[len(b.stages)-1].batchHead(ctx, g.T, g.last)
+	logits, err := b.stages[len(b.stages)-1].batchHead(ctx, g.T, g.last, queued)
 	if err != nil {
 		return nil, err
 	}
+	queued()
+	if len(g.last) > 0 {
+		tm.Download = time.Since(t3)
+	}
+	b.times = tm
 	b.host = logits
 	return g.finish(logits, b.cfg.VocabSize), nil
+}
+
+// StepTimes is where a Batch's last Step spent its time, on the host's
+// clock but for Device.
+type StepTimes struct {
+	// Prepare is checking the works and building the step's tables (the
+	// rows' positions, the sequences' block tables).
+	Prepare time.Duration
+	// Launch is the host's time running the forward up to the logits'
+	// download: the ids' upload, every layer's operations (their
+	// per-sequence calls, the attention's tables and their uploads) and
+	// the head's. A backend that computes each operation as it is called
+	// (the CPU) computes the step in it; a device that queues them
+	// computes meanwhile.
+	Launch time.Duration
+	// Wait is the host's wait, once the forward was queued, for the
+	// device to finish it (zero on the CPU).
+	Wait time.Duration
+	// Device is the device's time for the forward: between two events on
+	// its compute queue (tensor.ComputeTimer), else (the CPU, several
+	// devices) Launch. Device well under Launch is a step bound by the
+	// host's launches.
+	Device time.Duration
+	// Download is the copy of the logits to host memory.
+	Download time.Duration
+	// Launches is the work the host issued to the devices up to the
+	// download (tensor.Launches: kernels, copies, library calls, graph
+	// replays), 0 on a backend that does not count them (the CPU).
+	Launches int64
+}
+
+// Times is the split of the last Step's time (zero after a Tick, and for a
+// step that failed or ran no rows).
+func (b *Batch) Times() StepTimes { return b.times }
+
+// launches adds up the launches of the stages' backends so far
+// (tensor.CountLaunches), each backend once; ok is false when none counts
+// them.
+func (b *Batch) launches() (l tensor.Launches, ok bool) {
+	for k, s := range b.stages {
+		if slices.ContainsFunc(b.stages[:k], func(o *Session) bool { return o.m.backend == s.m.backend }) {
+			continue
+		}
+		if n, counted := tensor.CountLaunches(s.m.backend); counted {
+			l, ok = tensor.Launches{Kernels: l.Kernels + n.Kernels, Copies: l.Copies + n.Copies, Library: l.Library + n.Library, Graphs: l.Graphs + n.Graphs}, true
+		}
+	}
+	return l, ok
+}
+
+// oneDevice reports whether every stage runs on one backend.
+func (b *Batch) oneDevice() bool {
+	for _, s := range b.stages[1:] {
+		if s.m.backend != b.stages[0].m.backend {
+			return false
+		}
+	}
+	return true
 }
 
 // stepGroup is one group of works of a step, checked: its rows' ids, the
@@ -464,7 +563,7 @@ func (b *Batch) Tick(ctx context.Context, works []Work) (done []Work, logits [][
 			if errs[k] = s.blocksChunk(ctx, r.T, nil, false); errs[k] != nil || k < S-1 {
 				return
 			}
-			l, err := s.batchHead(ctx, r.T, r.last)
+			l, err := s.batchHead(ctx, r.T, r.last, nil)
 			out, errs[k] = slices.Clone(l), err
 		}()
 	}
@@ -588,8 +687,9 @@ func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc
 }
 
 // batchHead applies the final norm to the first T rows of x and the LM
-// head to the rows last of the result, and returns their logits.
-func (s *Session) batchHead(ctx context.Context, T int, last []int32) ([]float32, error) {
+// head to the rows last of the result, and returns their logits; queued,
+// when set, is called once the head is queued, before the download.
+func (s *Session) batchHead(ctx context.Context, T int, last []int32, queued func()) ([]float32, error) {
 	m, c, b := s.m, &s.m.cfg, s.m.backend
 	v := s.viewsFor(T)
 	layer := m.headLayer()
@@ -611,6 +711,9 @@ func (s *Session) batchHead(ctx context.Context, T int, last []int32) ([]float32
 	}
 	if err := s.matMul(out, in, lw[m.name(layer, arch.LMHead)], nil); err != nil {
 		return nil, fmt.Errorf("nn: lm head: %w", err)
+	}
+	if queued != nil {
+		queued()
 	}
 	size := out.Len()
 	if len(s.download) < 4*size {

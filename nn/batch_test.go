@@ -458,3 +458,101 @@ func TestBatchTick(t *testing.T) {
 		t.Errorf("stages sharing a device: pipelined %v, Tick %v", b.Pipelined(), err)
 	}
 }
+
+// timedCPU is a CPU that times its compute queue as a device does
+// (tensor.ComputeTimer: every stretch takes device) and counts its
+// RMSNorms as its launches (tensor.LaunchCounter).
+type timedCPU struct {
+	tensor.Backend
+	device        time.Duration
+	starts, stops *int
+	norms         *atomic.Int64
+}
+
+func (c timedCPU) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
+	c.norms.Add(1)
+	return c.Backend.RMSNorm(out, x, w, eps)
+}
+
+func (c timedCPU) StartCompute() (func() (time.Duration, error), error) {
+	*c.starts++
+	return func() (time.Duration, error) { *c.stops++; return c.device, nil }, nil
+}
+
+func (c timedCPU) Launches() tensor.Launches { return tensor.Launches{Kernels: c.norms.Load()} }
+
+// TestBatchStepTimes: Step splits its time: on the CPU, which computes as
+// it is called, the device time is the forward's wall time (Launch) and
+// nothing is waited for; on a backend that times its compute queue, one
+// pair of marks a step (also when the step fails) gives the device time,
+// and its launches are counted; only a step with logits downloads.
+func TestBatchStepTimes(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	var starts, stops int
+	var norms atomic.Int64
+	timed := timedCPU{Backend: cpu, device: 123 * time.Millisecond, starts: &starts, stops: &stops, norms: &norms}
+	for _, tc := range []struct {
+		name  string
+		b     tensor.Backend
+		timed bool
+	}{{"cpu", cpu, false}, {"timed", timed, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			starts, stops = 0, 0
+			m, err := New(lm.Config, tc.b, nil, hw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 8, BlockSize: 4, Blocks: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			s := b.NewSeq()
+			if err := s.Reserve(16); err != nil {
+				t.Fatal(err)
+			}
+			for _, step := range []struct {
+				ids    []int32
+				logits bool
+			}{{[]int32{1, 5, 9, 3}, false}, {[]int32{7}, true}} {
+				n0 := norms.Load()
+				if _, err := b.Step(context.Background(), []Work{{Seq: s, IDs: step.ids, Logits: step.logits}}); err != nil {
+					t.Fatal(err)
+				}
+				tm := b.Times()
+				t.Logf("%d rows, logits %v: %+v", len(step.ids), step.logits, tm)
+				if tm.Prepare <= 0 || tm.Launch <= 0 || (tm.Download > 0) != step.logits {
+					t.Errorf("%+v: want Prepare and Launch, and Download only with logits", tm)
+				}
+				switch {
+				case !tc.timed && (tm.Device != tm.Launch || tm.Wait != 0 || tm.Launches != 0):
+					t.Errorf("%+v: on the CPU the device time is Launch's, no wait, no launches counted", tm)
+				case tc.timed && (tm.Device != timed.device || tm.Launches != norms.Load()-n0 || tm.Launches == 0):
+					t.Errorf("%+v: want the compute queue's %v and the %d launches of the step", tm, timed.device, norms.Load()-n0)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if _, err := b.Step(ctx, []Work{{Seq: s, IDs: []int32{2}, Logits: true}}); err == nil {
+				t.Fatal("a step with its context cancelled ran")
+			}
+			if tm := b.Times(); tm != (StepTimes{}) {
+				t.Errorf("a failed step's times %+v, want none", tm)
+			}
+			if want := map[bool]int{true: 3}[tc.timed]; starts != want || stops != want {
+				t.Errorf("%d marks started, %d stopped, want %d each (one a step, failed or not)", starts, stops, want)
+			}
+		})
+	}
+}
