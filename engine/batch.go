@@ -126,6 +126,33 @@ type BatchStats struct {
 	// Steps/StepTimeSum.
 	StepRowsSum int64
 	StepTimeSum time.Duration
+	// StepSplit adds up where the Steps' time went (divide by Steps for
+	// a step's), the parts adding up to StepTimeSum.
+	StepSplit StepSplit
+}
+
+// StepSplit is a batched step's time by part: on the host, choosing the
+// step's rows (Schedule), then nn.StepTimes' Prepare, Launch, Wait and
+// Download, then sampling and sending the tokens and dropping the ended
+// requests (Sample). Device is the device's own time for the forward
+// (nn.StepTimes.Device), which ran during Launch and Wait. Launches are
+// the work the host issued to the devices. A pipelined beat (Tick) counts
+// its forward in Launch, unsplit.
+type StepSplit struct {
+	Schedule, Prepare, Launch, Wait, Download, Sample time.Duration
+	Device                                            time.Duration
+	Launches                                          int64
+}
+
+func (s *StepSplit) add(o StepSplit) {
+	s.Schedule += o.Schedule
+	s.Prepare += o.Prepare
+	s.Launch += o.Launch
+	s.Wait += o.Wait
+	s.Download += o.Download
+	s.Sample += o.Sample
+	s.Device += o.Device
+	s.Launches += o.Launches
 }
 
 // Batcher runs many requests over one engine, batched: each step runs the
@@ -551,8 +578,12 @@ func (b *Batcher) step() {
 		// Every running request waits for its reader: poll.
 		time.Sleep(time.Millisecond)
 	}
+	var split StepSplit
 	if len(works) > 0 {
+		split.Schedule = time.Since(t0)
 		logits, err := b.batch.Step(context.Background(), works)
+		tm := b.batch.Times()
+		split.Prepare, split.Launch, split.Wait, split.Download, split.Device, split.Launches = tm.Prepare, tm.Launch, tm.Wait, tm.Download, tm.Device, tm.Launches
 		// A step is one pass over the layers, as a decoded token is for
 		// a session: the bytes moved per step in the engine's stats.
 		b.e.MarkStep()
@@ -576,12 +607,14 @@ func (b *Batcher) step() {
 			}
 		}
 	}
-	b.settle(ended, works, rows, prompt, t0)
+	b.settle(ended, works, rows, prompt, t0, split)
 }
 
 // settle drops the requests that ended from the running ones and counts
-// a step of works (rows rows, prompt of them prompt tokens) begun at t0.
-func (b *Batcher) settle(ended []*job, works []nn.Work, rows, prompt int, t0 time.Time) {
+// a step of works (rows rows, prompt of them prompt tokens) begun at t0,
+// its time split as split says up to the forward's end (the rest is
+// Sample's).
+func (b *Batcher) settle(ended []*job, works []nn.Work, rows, prompt int, t0 time.Time, split StepSplit) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
@@ -596,6 +629,8 @@ func (b *Batcher) settle(ended []*job, works []nn.Work, rows, prompt int, t0 tim
 	b.st.PerStep = time.Since(t0)
 	b.st.StepRowsSum += int64(rows)
 	b.st.StepTimeSum += b.st.PerStep
+	split.Sample = b.st.PerStep - split.Schedule - split.Prepare - split.Launch - split.Wait - split.Download
+	b.st.StepSplit.add(split)
 }
 
 // beat runs one beat of a pipelined batch (BatchOptions.Pipeline): it
@@ -608,16 +643,20 @@ func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.
 			// Every running request waits for its reader: poll.
 			time.Sleep(time.Millisecond)
 		}
-		b.settle(ended, nil, 0, 0, t0)
+		b.settle(ended, nil, 0, 0, t0, StepSplit{})
 		return
 	}
+	split := StepSplit{Schedule: time.Since(t0)}
 	b.mu.Lock()
 	owner := map[*nn.Seq]*job{}
 	for _, j := range b.running {
 		owner[j.seq] = j
 	}
 	b.mu.Unlock()
+	t1 := time.Now()
 	done, logits, err := b.batch.Tick(context.Background(), works)
+	split.Launch = time.Since(t1)
+	split.Device = split.Launch
 	// A beat is one pass over the layers, as a step is.
 	b.e.MarkStep()
 	if err != nil {
@@ -645,7 +684,7 @@ func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.
 			ended = append(ended, j)
 		}
 	}
-	b.settle(ended, works, rows, prompt, t0)
+	b.settle(ended, works, rows, prompt, t0, split)
 }
 
 // emit samples j's next token from logits, sends it and reports whether j

@@ -93,6 +93,14 @@ func TestBatcher(t *testing.T) {
 	if st.Requests != 5 || st.GenTokens < 24 || st.Steps == 0 {
 		t.Errorf("stats %+v", st)
 	}
+	// The steps' time by part adds up to their time; on the CPU the
+	// forward's device time is its launch (computed as called).
+	sp := st.StepSplit
+	t.Logf("%d steps in %v: %+v", st.Steps, st.StepTimeSum, sp)
+	if sum := sp.Schedule + sp.Prepare + sp.Launch + sp.Wait + sp.Download + sp.Sample; sum != st.StepTimeSum ||
+		sp.Schedule <= 0 || sp.Prepare <= 0 || sp.Launch <= 0 || sp.Download <= 0 || sp.Sample <= 0 || sp.Device != sp.Launch || sp.Wait != 0 {
+		t.Errorf("the steps' %v split %+v", st.StepTimeSum, sp)
+	}
 	if err := b.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
