@@ -309,6 +309,37 @@ func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	})
 }
 
+// RopeRows rotates each row t of x as Rope does at position pos[t]
+// (tensor.RowRoper), in one launch whatever the rows' positions: the
+// positions go up in the scratch arena, as AttentionBlocks' tables do.
+func (b *Backend) RopeRows(x *tensor.Tensor, r tensor.Rotary, pos []int32) error {
+	const op = "RopeRows"
+	if err := b.devices(op, []string{"x", "cos", "sin"}, x, r.Cos, r.Sin); err != nil {
+		return err
+	}
+	t := x.Shape()[0]
+	if t == 0 {
+		return nil
+	}
+	if len(pos) != t {
+		return fmt.Errorf("cuda: %s: %d positions for %d rows", op, len(pos), t)
+	}
+	return b.ops(op, func() error {
+		n := int64(t) * 4
+		pp, release, err := b.scratch(op, n)
+		if err != nil {
+			return err
+		}
+		defer release() // stream order keeps the positions for the kernel
+		b.counts.copies.Add(1)
+		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(pp), unsafe.Pointer(&pos[0]), n, b.compute); err != nil {
+			return fmt.Errorf("%s: %s positions: %w", b.name, op, cuError(err))
+		}
+		a := new(args).ptr(x.Ptr()).ptr(r.Cos.Ptr()).ptr(r.Sin.Ptr()).i32(t).i32(r.Heads).i32(r.HeadDim).ptr(pp)
+		return b.run1D("rope_rows_f32", int64(t)*int64(r.Heads)*int64(r.HeadDim/2), a)
+	})
+}
+
 // SiLUMul computes out = silu(gate) * up elementwise; out may be gate or up.
 func (b *Backend) SiLUMul(out, gate, up *tensor.Tensor) error {
 	const op = "SiLUMul"
