@@ -80,6 +80,7 @@ type batchStep struct {
 	bs     int
 	seqs   []tensor.SeqBlocks
 	rowPos []int
+	pos32  []int32 // rowPos, for tensor.RopeRows
 }
 
 // Seq is one sequence of a Batch: its positions so far and the KV blocks
@@ -406,7 +407,7 @@ type stepGroup struct {
 // with room for its tokens, at most MaxRows rows) and fills st with their
 // sequences and rows' positions.
 func (b *Batch) prepare(st *batchStep, works []Work, seen map[*Seq]bool) (*stepGroup, error) {
-	st.seqs, st.rowPos = st.seqs[:0], st.rowPos[:0]
+	st.seqs, st.rowPos, st.pos32 = st.seqs[:0], st.rowPos[:0], st.pos32[:0]
 	g := &stepGroup{works: works, st: st}
 	for i, w := range works {
 		s := w.Seq
@@ -430,6 +431,7 @@ func (b *Batch) prepare(st *batchStep, works []Work, seen map[*Seq]bool) (*stepG
 				return nil, fmt.Errorf("nn: batch step: work %d: token id %d at position %d is outside the vocabulary of %d", i, id, s.pos+j, b.cfg.VocabSize)
 			}
 			st.rowPos = append(st.rowPos, s.pos+j)
+			st.pos32 = append(st.pos32, int32(s.pos+j))
 		}
 		g.ids = append(g.ids, w.IDs...)
 		st.seqs = append(st.seqs, tensor.SeqBlocks{Rows: len(w.IDs), Pos0: s.pos, Blocks: s.blocks})
@@ -639,32 +641,22 @@ func batchHostKV(s *Session, maxRows int) *allocator {
 // memory (onHost) sends the rows down and attends on the host's CPU.
 func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc, vc *tensor.Tensor, scale float32, onHost bool) error {
 	c := &s.m.cfg
-	row := 0
-	for _, sq := range st.seqs {
-		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: sq.Pos0}
-		qs, err := q.Rows(row, sq.Rows)
-		if err != nil {
-			return err
-		}
-		if err := b.Rope(qs, rot); err != nil {
-			return err
-		}
-		ks, err := kk.Rows(row, sq.Rows)
-		if err != nil {
-			return err
-		}
-		rot.Heads = c.NumKVHeads
-		if err := b.Rope(ks, rot); err != nil {
-			return err
-		}
-		row += sq.Rows
+	// Every row at its own position in one call each for q and k (not a
+	// call per sequence: a GPU's launch each, every layer of every step).
+	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim}
+	if err := tensor.RopeRows(b, q, rot, st.pos32); err != nil {
+		return err
+	}
+	rot.Heads = c.NumKVHeads
+	if err := tensor.RopeRows(b, kk, rot, st.pos32); err != nil {
+		return err
 	}
 	ab := tensor.AttnBlocks{Q: q, K: kk, V: vv, KPool: kc, VPool: vc, Seqs: st.seqs,
 		Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, BlockSize: st.bs, Scale: scale}
 	if !onHost {
 		return b.AttentionBlocks(attn, ab)
 	}
-	hs, T := s.hkv, row
+	hs, T := s.hkv, len(st.pos32)
 	ab.Q, ab.K, ab.V = rows(hs.q, T), rows(hs.k, T), rows(hs.v, T)
 	for _, p := range [][2]*tensor.Tensor{{ab.Q, q}, {ab.K, kk}, {ab.V, vv}} {
 		if err := s.fetch(p[0].Bytes(), p[1]); err != nil {

@@ -556,3 +556,82 @@ func TestBatchStepTimes(t *testing.T) {
 		})
 	}
 }
+
+// ropeCounter counts the rotary calls a batch makes of its CPU: Rope's,
+// and RopeRows' (which it takes, as a RowRoper, and passes on).
+type ropeCounter struct {
+	tensor.Backend
+	rope, ropeRows *atomic.Int64
+}
+
+func (c ropeCounter) Rope(x *tensor.Tensor, r tensor.Rotary) error {
+	c.rope.Add(1)
+	return c.Backend.Rope(x, r)
+}
+
+func (c ropeCounter) RopeRows(x *tensor.Tensor, r tensor.Rotary, pos []int32) error {
+	c.ropeRows.Add(1)
+	return tensor.RopeRows(c.Backend, x, r, pos)
+}
+
+func (c ropeCounter) Unwrap() tensor.Backend { return c.Backend }
+
+// TestBatchRopeCalls: a batched step rotates its rows, every sequence's at
+// its own positions, in two calls a layer (q and k), however many
+// sequences it holds: not two a sequence a layer (a GPU's launches every
+// step, 4,096 a step for 64 sequences of a 32-layer model).
+func TestBatchRopeCalls(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	var rope, ropeRows atomic.Int64
+	m, err := New(lm.Config, ropeCounter{Backend: cpu, rope: &rope, ropeRows: &ropeRows}, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := int64(lm.Config.NumLayers)
+	for _, n := range []int{1, 5, 16} {
+		t.Run(fmt.Sprintf("seqs=%d", n), func(t *testing.T) {
+			b, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 64, BlockSize: 4, Blocks: 8 * n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			// A prompt of its own length for each sequence, then one
+			// decode step of a row each: every row at another position.
+			var decode []Work
+			for i := range n {
+				s := b.NewSeq()
+				if err := s.Reserve(32); err != nil {
+					t.Fatal(err)
+				}
+				prompt := make([]int32, 1+i%7)
+				for j := range prompt {
+					prompt[j] = int32(1 + j)
+				}
+				if _, err := b.Step(context.Background(), []Work{{Seq: s, IDs: prompt}}); err != nil {
+					t.Fatal(err)
+				}
+				decode = append(decode, Work{Seq: s, IDs: []int32{3}, Logits: true})
+			}
+			rope.Store(0)
+			ropeRows.Store(0)
+			if _, err := b.Step(context.Background(), decode); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("a decode step of %d sequences over %d layers: %d Rope calls, %d RopeRows calls", n, layers, rope.Load(), ropeRows.Load())
+			if rope.Load() != 0 || ropeRows.Load() != 2*layers {
+				t.Errorf("%d Rope and %d RopeRows calls, want 0 and %d (q and k a layer)", rope.Load(), ropeRows.Load(), 2*layers)
+			}
+		})
+	}
+}
