@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // Request is one generation: a prompt's token ids and how to continue it.
@@ -690,13 +691,11 @@ func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.
 // emit samples j's next token from logits, sends it and reports whether j
 // has ended (and is finished).
 func (b *Batcher) emit(j *job, logits []float32) bool {
-	for _, v := range logits {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			b.finish(j, "", fmt.Errorf("engine: the logits of token %d hold a NaN or an infinity", j.gen+1))
-			return true
-		}
+	id, err := pick(j.sampler, logits, j.gen+1)
+	if err != nil {
+		b.finish(j, "", err)
+		return true
 	}
-	id := int32(j.sampler.Sample(logits))
 	j.gen++
 	now := time.Now()
 	b.mu.Lock()
@@ -726,6 +725,16 @@ func (b *Batcher) emit(j *job, logits []float32) bool {
 		return true
 	}
 	return false
+}
+
+// pick samples token n of a request from its logits, which must be
+// finite. The check reads the logits at memory speed
+// (tensor.FirstNonFinite): it runs for every row of every step.
+func pick(s *nn.Sampler, logits []float32, n int) (int32, error) {
+	if len(logits) > 0 && tensor.FirstNonFinite(tensor.F32, unsafe.Slice((*byte)(unsafe.Pointer(&logits[0])), 4*len(logits))) >= 0 {
+		return 0, fmt.Errorf("engine: the logits of token %d hold a NaN or an infinity", n)
+	}
+	return int32(s.Sample(logits)), nil
 }
 
 // finish ends j's stream and returns its KV blocks; it takes b.mu when j
