@@ -281,9 +281,11 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	t1 := time.Now()
 	tm := StepTimes{Prepare: t1.Sub(t0)}
 	// One pair of events on the compute queue when one device runs the
-	// whole step: its device time, with no wait in between.
+	// whole step: its device time, with no wait in between. A step with
+	// no logits to download is not waited for (the next one queues
+	// behind it): its device time is not known.
 	var stop func() (time.Duration, error)
-	if dev := b.stages[0].m.backend; b.oneDevice() {
+	if dev := b.stages[0].m.backend; b.oneDevice() && len(g.last) > 0 {
 		if st, ok, err := tensor.StartCompute(dev); ok && err == nil {
 			stop = st
 		}
@@ -353,8 +355,8 @@ type StepTimes struct {
 	Wait time.Duration
 	// Device is the device's time for the forward: between two events on
 	// its compute queue (tensor.ComputeTimer), else (the CPU, several
-	// devices) Launch. Device well under Launch is a step bound by the
-	// host's launches.
+	// devices, a step without logits, which nothing waits for) Launch.
+	// Device well under Launch is a step bound by the host's launches.
 	Device time.Duration
 	// Download is the copy of the logits to host memory.
 	Download time.Duration

@@ -54,9 +54,9 @@ type StreamsResult struct {
 // for the device to finish it (Wait), copying the logits (Download), and
 // sampling and sending the tokens (Sample); they add up to StepMs. Device
 // is the device's own time for the forward (events on its compute queue;
-// on the CPU, or over several devices, Launch), which ran during Launch
-// and Wait: a Device well under Launch is a step bound by the host's
-// launches, LaunchesPerStep of them.
+// on the CPU, over several devices or in a step without logits, Launch),
+// which ran during Launch and Wait: a Device well under Launch is a step
+// bound by the host's launches, LaunchesPerStep of them.
 type StepSplitMs struct {
 	StepMs          float64 `json:"step_ms"`
 	ScheduleMs      float64 `json:"schedule_ms"`
