@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -636,5 +638,103 @@ func TestBatchRopeCalls(t *testing.T) {
 				t.Errorf("%d Rope and %d RopeRows calls, want 0 and %d (q and k a layer)", rope.Load(), ropeRows.Load(), 2*layers)
 			}
 		})
+	}
+}
+
+// pinnedCPU is a CPU whose page-locked allocations are counted
+// (tensor.PinnedAllocator): what is held, and what was freed that it did
+// not hand out.
+type pinnedCPU struct {
+	tensor.Backend
+	held  map[*byte]int
+	bogus *int
+}
+
+func (c pinnedCPU) AllocPinned(n int64) ([]byte, error) {
+	b := make([]byte, n)
+	c.held[&b[0]] = len(b)
+	return b, nil
+}
+
+func (c pinnedCPU) FreePinned(b []byte) error {
+	if _, ok := c.held[&b[0]]; !ok {
+		*c.bogus++
+		return errors.New("not pinned here")
+	}
+	delete(c.held, &b[0])
+	return nil
+}
+
+func (c pinnedCPU) Unwrap() tensor.Backend { return c.Backend }
+
+// TestBatchPinnedLogits: a batch downloads its logits into page-locked
+// memory where its backend has some: the logits those of a pageable
+// download, one buffer held (a larger step's replaces the smaller one's),
+// and none left after Close.
+func TestBatchPinnedLogits(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	var bogus int
+	pc := pinnedCPU{Backend: cpu, held: map[*byte]int{}, bogus: &bogus}
+	vocab := lm.Config.VocabSize
+	steps := [][]int32{{1, 5, 9}, {7, 2}} // two sequences: one row of logits, then two
+	run := func(b tensor.Backend, check func(step int)) [][]float32 {
+		m, err := New(lm.Config, b, nil, hw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bt, err := m.NewBatch(BatchOptions{MaxPos: 16, MaxRows: 8, BlockSize: 4, Blocks: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bt.Close()
+		s1, s2 := bt.NewSeq(), bt.NewSeq()
+		for _, s := range []*Seq{s1, s2} {
+			if err := s.Reserve(8); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got [][]float32
+		for i, ids := range steps {
+			works := []Work{{Seq: s1, IDs: ids, Logits: true}}
+			if i > 0 {
+				works = append(works, Work{Seq: s2, IDs: []int32{3}, Logits: true})
+			}
+			out, err := bt.Step(context.Background(), works)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range out {
+				got = append(got, slices.Clone(l))
+			}
+			if check != nil {
+				check(i)
+			}
+		}
+		return got
+	}
+	want := run(cpu, nil)
+	got := run(pc, func(step int) {
+		if n := 4 * vocab * (step + 1); len(pc.held) != 1 || slices.Collect(maps.Values(pc.held))[0] != n {
+			t.Errorf("after step %d: pinned buffers %v, want one of %d bytes", step, slices.Collect(maps.Values(pc.held)), n)
+		}
+	})
+	if len(pc.held) != 0 || bogus != 0 {
+		t.Errorf("after Close: %d pinned buffers held, %d frees of memory not pinned", len(pc.held), bogus)
+	}
+	for i := range want {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("logits %d differ from the pageable download's", i)
+		}
 	}
 }
