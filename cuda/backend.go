@@ -76,6 +76,7 @@ type Backend struct {
 	workspace     uintptr
 	workspaceSize int64
 	scr           scratchArena
+	tab           stepTables
 
 	// counts are the launches issued so far (Launches).
 	counts struct{ kernels, copies, library, graphs atomic.Int64 }
@@ -280,6 +281,10 @@ func (b *Backend) setup() error {
 		return fmt.Errorf("%s: the scratch arena: %w", b.name, err)
 	}
 	b.scr.p, b.scr.size = p, scratchBytes
+	if p, err = b.driverAlloc(2 * tableBytes); err != nil {
+		return fmt.Errorf("%s: the step tables: %w", b.name, err)
+	}
+	b.tab = stepTables{p: p, attn: tableCache{p: p}, pos: tableCache{p: p + tableBytes}}
 	if err := b.loadKernels(); err != nil {
 		return err
 	}
@@ -372,8 +377,8 @@ func (b *Backend) Stats() Stats {
 	b.pinnedMu.Lock()
 	s.Pinned = b.pinnedSum
 	b.pinnedMu.Unlock()
-	s.Workspace = b.workspaceSize + b.scr.size
-	s.Reserved += b.workspaceSize + b.scr.size
+	s.Workspace = b.Fixed()
+	s.Reserved += b.Fixed()
 	return s
 }
 
@@ -411,9 +416,15 @@ func (b *Backend) Cached() int64 { return b.alloc.snapshot().Cached }
 
 // Fixed is the device memory the backend holds outside Alloc from Open to
 // Close (Stats.Workspace): the cuBLAS workspace, when cuBLAS is loaded,
-// and the arena its operations take their scratch from. (The driver's own
-// context memory is in no account.)
-func (b *Backend) Fixed() int64 { return b.workspaceSize + b.scr.size }
+// the arena its operations take their scratch from and the step tables.
+// (The driver's own context memory is in no account.)
+func (b *Backend) Fixed() int64 {
+	n := b.workspaceSize + b.scr.size
+	if b.tab.p != 0 {
+		n += 2 * tableBytes
+	}
+	return n
+}
 
 // MemInfo reports the device's free and total memory, as the driver sees
 // it (other processes' allocations included).
@@ -1304,6 +1315,10 @@ func (b *Backend) release() error {
 	if b.scr.p != 0 {
 		keep(cuError(cu.MemFree(cu.DevicePtr(b.scr.p))))
 		b.scr.p, b.scr.size = 0, 0
+	}
+	if b.tab.p != 0 {
+		keep(cuError(cu.MemFree(cu.DevicePtr(b.tab.p))))
+		b.tab = stepTables{}
 	}
 	if b.alloc != nil {
 		keep(b.alloc.releaseAll(func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }))
