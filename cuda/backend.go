@@ -76,6 +76,7 @@ type Backend struct {
 	workspace     uintptr
 	workspaceSize int64
 	scr           scratchArena
+	tab           stepTables
 
 	// counts are the launches issued so far (Launches).
 	counts struct{ kernels, copies, library, graphs atomic.Int64 }
@@ -289,6 +290,10 @@ func (b *Backend) setup() error {
 		return fmt.Errorf("%s: the scratch arena: %w", b.name, err)
 	}
 	b.scr.p, b.scr.size = p, scratchBytes
+	if p, err = b.driverAlloc(2 * tableBytes); err != nil {
+		return fmt.Errorf("%s: the step tables: %w", b.name, err)
+	}
+	b.tab = stepTables{p: p, attn: tableCache{p: p}, pos: tableCache{p: p + tableBytes}}
 	if err := b.loadKernels(); err != nil {
 		return err
 	}
@@ -381,8 +386,8 @@ func (b *Backend) Stats() Stats {
 	b.pinnedMu.Lock()
 	s.Pinned = b.pinnedSum
 	b.pinnedMu.Unlock()
-	s.Workspace = b.workspaceSize + b.scr.size
-	s.Reserved += b.workspaceSize + b.scr.size
+	s.Workspace = b.Fixed()
+	s.Reserved += b.Fixed()
 	return s
 }
 
@@ -420,9 +425,15 @@ func (b *Backend) Cached() int64 { return b.alloc.snapshot().Cached }
 
 // Fixed is the device memory the backend holds outside Alloc from Open to
 // Close (Stats.Workspace): the cuBLAS workspace, when cuBLAS is loaded,
-// and the arena its operations take their scratch from. (The driver's own
-// context memory is in no account.)
-func (b *Backend) Fixed() int64 { return b.workspaceSize + b.scr.size }
+// the arena its operations take their scratch from and the step tables.
+// (The driver's own context memory is in no account.)
+func (b *Backend) Fixed() int64 {
+	n := b.workspaceSize + b.scr.size
+	if b.tab.p != 0 {
+		n += 2 * tableBytes
+	}
+	return n
+}
 
 // MemInfo reports the device's free and total memory, as the driver sees
 // it (other processes' allocations included).
@@ -819,6 +830,74 @@ func (b *Backend) drainSpansLocked() {
 		b.tevFree = append(b.tevFree, sp.start, sp.end)
 	}
 	b.spans = append(b.spans[:0], b.spans[i:]...)
+}
+
+var _ tensor.ComputeTimer = (*Backend)(nil)
+
+// StartCompute records a timing event on the compute stream; the stop it
+// returns records a second one, waits for it and returns the device time
+// between the two (tensor.ComputeTimer). Neither waits for the copy
+// stream. Not while capturing a graph.
+func (b *Backend) StartCompute() (func() (time.Duration, error), error) {
+	const op = "StartCompute"
+	if b.capturing() {
+		return nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
+	if err := b.enter(op); err != nil {
+		return nil, err
+	}
+	defer b.leave()
+	start, end, ok := b.timedPair()
+	if !ok {
+		return nil, fmt.Errorf("%s: %s: no timing events", b.name, op)
+	}
+	giveBack := func() {
+		b.evMu.Lock()
+		b.tevFree = append(b.tevFree, start, end)
+		b.evMu.Unlock()
+	}
+	b.opsMu.Lock()
+	err := start.Record(b.compute)
+	b.opsMu.Unlock()
+	if err != nil {
+		giveBack()
+		return nil, fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+	}
+	var once sync.Once
+	var d time.Duration
+	var serr error
+	stop := func() (time.Duration, error) {
+		once.Do(func() {
+			defer giveBack()
+			if b.capturing() {
+				serr = fmt.Errorf("%s: %s stop: %w", b.name, op, errCapturing)
+				return
+			}
+			if serr = b.enter(op + " stop"); serr != nil {
+				return
+			}
+			defer b.leave()
+			b.opsMu.Lock()
+			err := end.Record(b.compute)
+			b.opsMu.Unlock()
+			if err == nil {
+				b.gate.RLock() // a synchronisation would end another goroutine's capture
+				err = end.Synchronize()
+				b.gate.RUnlock()
+			}
+			var ms float64
+			if err == nil {
+				ms, err = start.Elapsed(end)
+			}
+			if err != nil {
+				serr = fmt.Errorf("%s: %s stop: %w", b.name, op, cuError(err))
+				return
+			}
+			d = time.Duration(ms * float64(time.Millisecond))
+		})
+		return d, serr
+	}
+	return stop, nil
 }
 
 // addSpan keeps a recorded span for CopyStats, or returns its events to the
@@ -1245,6 +1324,10 @@ func (b *Backend) release() error {
 	if b.scr.p != 0 {
 		keep(cuError(cu.MemFree(cu.DevicePtr(b.scr.p))))
 		b.scr.p, b.scr.size = 0, 0
+	}
+	if b.tab.p != 0 {
+		keep(cuError(cu.MemFree(cu.DevicePtr(b.tab.p))))
+		b.tab = stepTables{}
 	}
 	if b.alloc != nil {
 		keep(b.alloc.releaseAll(func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }))

@@ -133,7 +133,7 @@ var requiredKernels = func() []string {
 	for _, t := range []string{"f32", "f16", "bf16", "q8_0", "q8_b8"} {
 		k = append(k, "kv_write_blocks_"+t, "attention_blocks_"+t)
 	}
-	k = append(k, "rope_f32_at", "rope_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
+	k = append(k, "rope_f32_at", "rope_f32", "rope_rows_f32", "silu_mul_f32", "add_f32", "cast_f32_f16", "cast_f32_bf16", "split_f32_bf16", "cast_f16_f32", "cast_bf16_f32", "argmax_f32")
 	// The backward kernels (grad.go; kernels/grad.cu, kernels/attention_grad*).
 	for _, t := range []string{"f32", "f16", "bf16"} {
 		k = append(k, "rmsnorm_grad_"+t, "gemm_grad_x_"+t)

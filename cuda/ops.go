@@ -309,6 +309,34 @@ func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	})
 }
 
+// RopeRows rotates each row t of x as Rope does at position pos[t]
+// (tensor.RowRoper), in one launch whatever the rows' positions, read from
+// the step tables (uploaded when they change).
+func (b *Backend) RopeRows(x *tensor.Tensor, r tensor.Rotary, pos []int32) error {
+	const op = "RopeRows"
+	if err := b.devices(op, []string{"x", "cos", "sin"}, x, r.Cos, r.Sin); err != nil {
+		return err
+	}
+	t := x.Shape()[0]
+	if t == 0 {
+		return nil
+	}
+	if len(pos) != t {
+		return fmt.Errorf("cuda: %s: %d positions for %d rows", op, len(pos), t)
+	}
+	return b.ops(op, func() error {
+		// A step's q and k, in every layer, share the positions: the
+		// first call uploads them.
+		pp, release, err := b.table(op, &b.tab.pos, pos)
+		if err != nil {
+			return err
+		}
+		defer release() // stream order keeps the positions for the kernel
+		a := new(args).ptr(x.Ptr()).ptr(r.Cos.Ptr()).ptr(r.Sin.Ptr()).i32(t).i32(r.Heads).i32(r.HeadDim).ptr(pp)
+		return b.run1D("rope_rows_f32", int64(t)*int64(r.Heads)*int64(r.HeadDim/2), a)
+	})
+}
+
 // SiLUMul computes out = silu(gate) * up elementwise; out may be gate or up.
 func (b *Backend) SiLUMul(out, gate, up *tensor.Tensor) error {
 	const op = "SiLUMul"
@@ -677,15 +705,12 @@ func (b *Backend) AttentionBlocks(out *tensor.Tensor, at tensor.AttnBlocks) erro
 	}
 	meta := blocksMeta(at, t)
 	return b.ops(op, func() error {
-		n := int64(len(meta)) * 4
-		mp, release, err := b.scratch(op, n)
+		// The layers of a step share the table: the first uploads it.
+		mp, release, err := b.table(op, &b.tab.attn, meta)
 		if err != nil {
 			return err
 		}
 		defer release() // stream order keeps the table for the kernels
-		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(mp), unsafe.Pointer(&meta[0]), n, b.compute); err != nil {
-			return fmt.Errorf("%s: %s block tables: %w", b.name, op, cuError(err))
-		}
 		kw := at.KVHeads * at.HeadDim
 		sfx := cacheSuffix(at.KPool.DType())
 		// One thread an element, or a block of the 8-bit caches.

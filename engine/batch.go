@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/strata-llm/strata/nn"
 	"github.com/strata-llm/strata/paging"
+	"github.com/strata-llm/strata/tensor"
 )
 
 // Request is one generation: a prompt's token ids and how to continue it.
@@ -47,9 +48,13 @@ const (
 
 // The errors Submit returns, for a server to map to its statuses.
 var (
-	// ErrBusy: the KV cache (or the queue) has no room for the request
-	// now; try again later.
+	// ErrBusy: the queue has no room for the request now (one waiting
+	// for KV blocks waits in the queue); try again later.
 	ErrBusy = errors.New("engine: no room for the request now")
+	// ErrTooLarge: the request's KV reservation (its prompt and the
+	// tokens it may generate) is larger than the whole KV pool: no retry
+	// can fit it, only a smaller MaxTokens (or prompt).
+	ErrTooLarge = errors.New("engine: request larger than the KV pool")
 	// ErrPromptTooLong: the prompt (plus at least one new token) does not
 	// fit in the context.
 	ErrPromptTooLong = errors.New("engine: prompt longer than the context")
@@ -122,6 +127,33 @@ type BatchStats struct {
 	// Steps/StepTimeSum.
 	StepRowsSum int64
 	StepTimeSum time.Duration
+	// StepSplit adds up where the Steps' time went (divide by Steps for
+	// a step's), the parts adding up to StepTimeSum.
+	StepSplit StepSplit
+}
+
+// StepSplit is a batched step's time by part: on the host, choosing the
+// step's rows (Schedule), then nn.StepTimes' Prepare, Launch, Wait and
+// Download, then sampling and sending the tokens and dropping the ended
+// requests (Sample). Device is the device's own time for the forward
+// (nn.StepTimes.Device), which ran during Launch and Wait. Launches are
+// the work the host issued to the devices. A pipelined beat (Tick) counts
+// its forward in Launch, unsplit.
+type StepSplit struct {
+	Schedule, Prepare, Launch, Wait, Download, Sample time.Duration
+	Device                                            time.Duration
+	Launches                                          int64
+}
+
+func (s *StepSplit) add(o StepSplit) {
+	s.Schedule += o.Schedule
+	s.Prepare += o.Prepare
+	s.Launch += o.Launch
+	s.Wait += o.Wait
+	s.Download += o.Download
+	s.Sample += o.Sample
+	s.Device += o.Device
+	s.Launches += o.Launches
 }
 
 // Batcher runs many requests over one engine, batched: each step runs the
@@ -135,7 +167,7 @@ type BatchStats struct {
 // running request never runs out of KV blocks, so no batch is preempted
 // or runs out of memory mid-way. A request whose reservation does not fit
 // in the free blocks waits in the queue, first come first served; one
-// that could not fit even in an empty pool is refused with ErrBusy.
+// that could not fit even in an empty pool is refused with ErrTooLarge.
 type Batcher struct {
 	e     *Engine
 	opts  BatchOptions
@@ -357,8 +389,9 @@ func (e *Engine) weightBytes() []int64 {
 // Submit queues a request and returns its stream of tokens, which ends
 // with a Token whose Done is set and is then closed. Cancelling ctx ends
 // the request at the next step. A prompt that cannot fit is
-// ErrPromptTooLong; a full queue, or a request whose KV reservation is
-// larger than the whole pool, ErrBusy; a closing batcher ErrDraining.
+// ErrPromptTooLong; a full queue ErrBusy; a request whose KV reservation
+// is larger than the whole pool, which no retry can fit, ErrTooLarge; a
+// closing batcher ErrDraining.
 func (b *Batcher) Submit(ctx context.Context, req Request) (<-chan Token, error) {
 	if len(req.Prompt) == 0 {
 		return nil, errors.New("engine: empty prompt")
@@ -403,7 +436,8 @@ func (b *Batcher) Submit(ctx context.Context, req Request) (<-chan Token, error)
 		return nil, fmt.Errorf("%w: %d requests queued", ErrBusy, len(b.queue))
 	case b.batch.BlocksFor(j.positions()) > b.batch.Blocks():
 		b.st.Rejected++
-		return nil, fmt.Errorf("%w: %d positions need %d KV blocks of %d, the pool holds %d", ErrBusy, j.positions(), b.batch.BlocksFor(j.positions()), b.batch.BlockSize(), b.batch.Blocks())
+		return nil, fmt.Errorf("%w: %d prompt tokens and %d new tokens need %d KV positions (%d blocks of %d), the whole pool holds %d blocks (%d positions): ask for fewer tokens",
+			ErrTooLarge, len(req.Prompt), j.limit, j.positions(), b.batch.BlocksFor(j.positions()), b.batch.BlockSize(), b.batch.Blocks(), b.batch.Blocks()*b.batch.BlockSize())
 	}
 	b.queue = append(b.queue, j)
 	b.st.Requests++
@@ -545,8 +579,12 @@ func (b *Batcher) step() {
 		// Every running request waits for its reader: poll.
 		time.Sleep(time.Millisecond)
 	}
+	var split StepSplit
 	if len(works) > 0 {
+		split.Schedule = time.Since(t0)
 		logits, err := b.batch.Step(context.Background(), works)
+		tm := b.batch.Times()
+		split.Prepare, split.Launch, split.Wait, split.Download, split.Device, split.Launches = tm.Prepare, tm.Launch, tm.Wait, tm.Download, tm.Device, tm.Launches
 		// A step is one pass over the layers, as a decoded token is for
 		// a session: the bytes moved per step in the engine's stats.
 		b.e.MarkStep()
@@ -570,12 +608,14 @@ func (b *Batcher) step() {
 			}
 		}
 	}
-	b.settle(ended, works, rows, prompt, t0)
+	b.settle(ended, works, rows, prompt, t0, split)
 }
 
 // settle drops the requests that ended from the running ones and counts
-// a step of works (rows rows, prompt of them prompt tokens) begun at t0.
-func (b *Batcher) settle(ended []*job, works []nn.Work, rows, prompt int, t0 time.Time) {
+// a step of works (rows rows, prompt of them prompt tokens) begun at t0,
+// its time split as split says up to the forward's end (the rest is
+// Sample's).
+func (b *Batcher) settle(ended []*job, works []nn.Work, rows, prompt int, t0 time.Time, split StepSplit) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running = slices.DeleteFunc(b.running, func(j *job) bool { return slices.Contains(ended, j) })
@@ -590,6 +630,8 @@ func (b *Batcher) settle(ended []*job, works []nn.Work, rows, prompt int, t0 tim
 	b.st.PerStep = time.Since(t0)
 	b.st.StepRowsSum += int64(rows)
 	b.st.StepTimeSum += b.st.PerStep
+	split.Sample = b.st.PerStep - split.Schedule - split.Prepare - split.Launch - split.Wait - split.Download
+	b.st.StepSplit.add(split)
 }
 
 // beat runs one beat of a pipelined batch (BatchOptions.Pipeline): it
@@ -602,16 +644,20 @@ func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.
 			// Every running request waits for its reader: poll.
 			time.Sleep(time.Millisecond)
 		}
-		b.settle(ended, nil, 0, 0, t0)
+		b.settle(ended, nil, 0, 0, t0, StepSplit{})
 		return
 	}
+	split := StepSplit{Schedule: time.Since(t0)}
 	b.mu.Lock()
 	owner := map[*nn.Seq]*job{}
 	for _, j := range b.running {
 		owner[j.seq] = j
 	}
 	b.mu.Unlock()
+	t1 := time.Now()
 	done, logits, err := b.batch.Tick(context.Background(), works)
+	split.Launch = time.Since(t1)
+	split.Device = split.Launch
 	// A beat is one pass over the layers, as a step is.
 	b.e.MarkStep()
 	if err != nil {
@@ -639,19 +685,17 @@ func (b *Batcher) beat(works []nn.Work, ended []*job, rows, prompt int, t0 time.
 			ended = append(ended, j)
 		}
 	}
-	b.settle(ended, works, rows, prompt, t0)
+	b.settle(ended, works, rows, prompt, t0, split)
 }
 
 // emit samples j's next token from logits, sends it and reports whether j
 // has ended (and is finished).
 func (b *Batcher) emit(j *job, logits []float32) bool {
-	for _, v := range logits {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			b.finish(j, "", fmt.Errorf("engine: the logits of token %d hold a NaN or an infinity", j.gen+1))
-			return true
-		}
+	id, err := pick(j.sampler, logits, j.gen+1)
+	if err != nil {
+		b.finish(j, "", err)
+		return true
 	}
-	id := int32(j.sampler.Sample(logits))
 	j.gen++
 	now := time.Now()
 	b.mu.Lock()
@@ -681,6 +725,16 @@ func (b *Batcher) emit(j *job, logits []float32) bool {
 		return true
 	}
 	return false
+}
+
+// pick samples token n of a request from its logits, which must be
+// finite. The check reads the logits at memory speed
+// (tensor.FirstNonFinite): it runs for every row of every step.
+func pick(s *nn.Sampler, logits []float32, n int) (int32, error) {
+	if len(logits) > 0 && tensor.FirstNonFinite(tensor.F32, unsafe.Slice((*byte)(unsafe.Pointer(&logits[0])), 4*len(logits))) >= 0 {
+		return 0, fmt.Errorf("engine: the logits of token %d hold a NaN or an infinity", n)
+	}
+	return int32(s.Sample(logits)), nil
 }
 
 // finish ends j's stream and returns its KV blocks; it takes b.mu when j

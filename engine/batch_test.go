@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -93,11 +94,83 @@ func TestBatcher(t *testing.T) {
 	if st.Requests != 5 || st.GenTokens < 24 || st.Steps == 0 {
 		t.Errorf("stats %+v", st)
 	}
+	// The steps' time by part adds up to their time; on the CPU the
+	// forward's device time is its launch (computed as called).
+	sp := st.StepSplit
+	t.Logf("%d steps in %v: %+v", st.Steps, st.StepTimeSum, sp)
+	if sum := sp.Schedule + sp.Prepare + sp.Launch + sp.Wait + sp.Download + sp.Sample; sum != st.StepTimeSum ||
+		sp.Schedule <= 0 || sp.Prepare <= 0 || sp.Launch <= 0 || sp.Download <= 0 || sp.Sample <= 0 || sp.Device != sp.Launch || sp.Wait != 0 {
+		t.Errorf("the steps' %v split %+v", st.StepTimeSum, sp)
+	}
 	if err := b.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Submit(context.Background(), Request{Prompt: []int32{1}}); !errors.Is(err, ErrDraining) {
 		t.Errorf("after Close: %v", err)
+	}
+}
+
+// TestBatcherRefusals: Submit tells apart what no retry can fix (a prompt
+// over the context, a request larger than the whole KV pool) from what
+// waits (a request that fits the pool is queued), with errors that name
+// the sizes.
+func TestBatcherRefusals(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	e, err := Open(context.Background(), lm, Options{Backends: cpus(1), Context: 48, Chunk: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	// A pool of 4 blocks of 4 positions: 16 positions, a third of the
+	// context.
+	b, err := e.NewBatcher(BatchOptions{MaxSequences: 2, BlockSize: 4, KVBlocks: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	prompt := func(n int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32(1 + i)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name      string
+		req       Request
+		want      error // nil: accepted
+		notWant   error
+		wantInMsg []string
+	}{
+		{"prompt over the context", Request{Prompt: prompt(48)}, ErrPromptTooLong, ErrBusy, []string{"48 prompt tokens", "48 positions"}},
+		{"whole context over the pool", Request{Prompt: prompt(2), IgnoreEOS: true}, ErrTooLarge, ErrBusy, []string{"2 prompt tokens and 46 new tokens", "47 KV positions", "(16 positions)"}},
+		{"one position over the pool", Request{Prompt: prompt(10), MaxTokens: 8, IgnoreEOS: true}, ErrTooLarge, ErrBusy, []string{"17 KV positions", "5 blocks of 4", "4 blocks"}},
+		{"the whole pool", Request{Prompt: prompt(10), MaxTokens: 7, IgnoreEOS: true}, nil, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ch, err := b.Submit(context.Background(), tc.req)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				ids, end := collect(t, ch)
+				if end.Err != nil || len(ids) != tc.req.MaxTokens {
+					t.Errorf("%d tokens, end %+v", len(ids), end)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) || errors.Is(err, tc.notWant) {
+				t.Fatalf("got %v, want %v (and not %v)", err, tc.want, tc.notWant)
+			}
+			for _, s := range tc.wantInMsg {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("%q does not say %q", err, s)
+				}
+			}
+		})
+	}
+	if st := b.Stats(); st.Rejected != 2 {
+		t.Errorf("%d requests rejected, want the 2 over the pool", st.Rejected)
 	}
 }
 
@@ -119,8 +192,8 @@ func budgetsUsed(e *Engine) []int64 {
 // memory), requests of random prompt lengths and lengths, submitted in two
 // waves so that some join while others decode, with one cancelled
 // mid-stream and one larger than the KV pool, get the greedy ids each gets
-// alone; the refused request is ErrBusy, the cancelled one ends with its
-// context's error; when they all end every KV block is free, and after
+// alone; the refused request is ErrTooLarge, the cancelled one ends with
+// its context's error; when they all end every KV block is free, and after
 // Close the budgets are back at their values before the batcher. The pool
 // stores the engine's KV dtype: F16 and Q8_B8 pools too.
 func TestBatcherMatchesAlone(t *testing.T) {
@@ -279,7 +352,7 @@ func TestBatcherMatchesAlone(t *testing.T) {
 			// Too large for the pool: every position of the context.
 			huge := Request{Prompt: []int32{1, 2}, IgnoreEOS: true}
 			if tc.kvBlocks > 0 { // a pool smaller than one context
-				if _, err := b.Submit(context.Background(), huge); !errors.Is(err, ErrBusy) {
+				if _, err := b.Submit(context.Background(), huge); !errors.Is(err, ErrTooLarge) {
 					t.Errorf("a request of %d positions in a pool of %d: %v", ctxLen, st.KVBlocks*block, err)
 				}
 			}
@@ -619,4 +692,69 @@ func TestBatcherHostKV(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPick: a row of finite logits gives the sampler's token; a NaN or an
+// infinity anywhere in it (the check reads eight bytes at a time: the
+// first element, a middle one, the last, a row shorter than a word) is an
+// error naming the token.
+func TestPick(t *testing.T) {
+	greedy, err := nn.NewSampler(nn.SamplerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(n, best int) []float32 {
+		l := make([]float32, n)
+		for i := range l {
+			l[i] = float32(i%13) * 0.5
+		}
+		l[best] = 100
+		return l
+	}
+	set := func(l []float32, i int, v float64) []float32 { l[i] = float32(v); return l }
+	nan, inf := math.NaN(), math.Inf(1)
+	for _, tc := range []struct {
+		name   string
+		logits []float32
+		want   int32 // -1: an error
+	}{
+		{"finite", row(32000, 31111), 31111},
+		{"one logit", row(1, 0), 0},
+		{"NaN first", set(row(32000, 5), 0, nan), -1},
+		{"NaN in the middle", set(row(32000, 5), 16001, nan), -1},
+		{"NaN last", set(row(32000, 5), 31999, nan), -1},
+		{"+Inf", set(row(101, 5), 57, inf), -1},
+		{"-Inf", set(row(101, 5), 3, -inf), -1},
+		{"NaN in a row of three", set(row(3, 0), 2, nan), -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id, err := pick(greedy, tc.logits, 7)
+			switch {
+			case tc.want < 0 && (err == nil || !strings.Contains(err.Error(), "token 7 hold a NaN or an infinity")):
+				t.Errorf("got %d, %v; want the error of token 7", id, err)
+			case tc.want >= 0 && (err != nil || id != tc.want):
+				t.Errorf("got %d, %v; want %d", id, err, tc.want)
+			}
+		})
+	}
+}
+
+// BenchmarkPick is a batched step's host work for one row of logits of a
+// 32,000-token vocabulary (Llama 2's), greedy: the check that they are
+// finite and the argmax (64 rows a step for 64 streams).
+func BenchmarkPick(b *testing.B) {
+	greedy, err := nn.NewSampler(nn.SamplerConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := make([]float32, 32000)
+	for i := range l {
+		l[i] = float32((i*7919)%32000) * 1e-3
+	}
+	for b.Loop() {
+		if _, err := pick(greedy, l, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)*64/1e6, "ms/64rows")
 }

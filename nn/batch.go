@@ -70,6 +70,7 @@ type Batch struct {
 	xfer    *PipelineSession
 	flight  []*stepGroup // per stage, the step that ran it last beat (Tick)
 	host    []float32    // the logits of the last step
+	times   StepTimes    // the split of the last step's time
 	closed  bool
 }
 
@@ -79,6 +80,7 @@ type batchStep struct {
 	bs     int
 	seqs   []tensor.SeqBlocks
 	rowPos []int
+	pos32  []int32 // rowPos, for tensor.RopeRows
 }
 
 // Seq is one sequence of a Batch: its positions so far and the KV blocks
@@ -196,6 +198,9 @@ func (b *Batch) Close() {
 	for _, al := range b.shared {
 		al.free()
 	}
+	if s := b.stages; len(s) > 0 {
+		s[len(s)-1].freeBatchLogits()
+	}
 }
 
 // NewSeq starts a sequence that holds no blocks yet.
@@ -258,7 +263,8 @@ type Work struct {
 // others), reused by the next step. Each sequence's positions advance by
 // its tokens; a step that fails advances none. The works' sequences must
 // be distinct, their tokens at most MaxRows in all, and each sequence's
-// reserved blocks must hold its new positions.
+// reserved blocks must hold its new positions. Times says where the step's
+// time went.
 func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	if b.closed {
 		return nil, errors.New("nn: batch is closed")
@@ -266,6 +272,8 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	if b.Flying() > 0 {
 		return nil, errors.New("nn: batch step: steps are in flight (Tick until none is)")
 	}
+	t0 := time.Now()
+	b.times = StepTimes{}
 	g, err := b.prepare(&b.step, works, nil)
 	if err != nil {
 		return nil, err
@@ -273,6 +281,40 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 	if g.T == 0 {
 		return make([][]float32, len(works)), nil
 	}
+	t1 := time.Now()
+	tm := StepTimes{Prepare: t1.Sub(t0)}
+	// One pair of events on the compute queue when one device runs the
+	// whole step: its device time, with no wait in between. A step with
+	// no logits to download is not waited for (the next one queues
+	// behind it): its device time is not known.
+	var stop func() (time.Duration, error)
+	if dev := b.stages[0].m.backend; b.oneDevice() && len(g.last) > 0 {
+		if st, ok, err := tensor.StartCompute(dev); ok && err == nil {
+			stop = st
+		}
+	}
+	l0, counted := b.launches()
+	var t2, t3 time.Time
+	queued := func() {
+		if !t2.IsZero() {
+			return
+		}
+		t2 = time.Now()
+		tm.Launch = t2.Sub(t1)
+		tm.Device = tm.Launch // computed as called, or over several devices
+		if l1, _ := b.launches(); counted {
+			tm.Launches = l1.Sub(l0).Total()
+		}
+		t3 = t2
+		if stop != nil {
+			if d, err := stop(); err == nil {
+				tm.Device = d
+			}
+			t3 = time.Now()
+			tm.Wait = t3.Sub(t2)
+		}
+	}
+	defer queued() // a failed step's events go back too
 	for k, s := range b.stages {
 		if k == 0 {
 			if err := s.embedChunk(ctx, g.ids, nil); err != nil {
@@ -285,12 +327,75 @@ func (b *Batch) Step(ctx context.Context, works []Work) ([][]float32, error) {
 			return nil, err
 		}
 	}
-	logits, err := b.stages[len(b.stages)-1].batchHead(ctx, g.T, g.last)
+	logits, err := b.stages[len(b.stages)-1].batchHead(ctx, g.T, g.last, queued)
 	if err != nil {
 		return nil, err
 	}
+	queued()
+	if len(g.last) > 0 {
+		tm.Download = time.Since(t3)
+	}
+	b.times = tm
 	b.host = logits
 	return g.finish(logits, b.cfg.VocabSize), nil
+}
+
+// StepTimes is where a Batch's last Step spent its time, on the host's
+// clock but for Device.
+type StepTimes struct {
+	// Prepare is checking the works and building the step's tables (the
+	// rows' positions, the sequences' block tables).
+	Prepare time.Duration
+	// Launch is the host's time running the forward up to the logits'
+	// download: the ids' upload, every layer's operations (their
+	// per-sequence calls, the attention's tables and their uploads) and
+	// the head's. A backend that computes each operation as it is called
+	// (the CPU) computes the step in it; a device that queues them
+	// computes meanwhile.
+	Launch time.Duration
+	// Wait is the host's wait, once the forward was queued, for the
+	// device to finish it (zero on the CPU).
+	Wait time.Duration
+	// Device is the device's time for the forward: between two events on
+	// its compute queue (tensor.ComputeTimer), else (the CPU, several
+	// devices, a step without logits, which nothing waits for) Launch.
+	// Device well under Launch is a step bound by the host's launches.
+	Device time.Duration
+	// Download is the copy of the logits to host memory.
+	Download time.Duration
+	// Launches is the work the host issued to the devices up to the
+	// download (tensor.Launches: kernels, copies, library calls, graph
+	// replays), 0 on a backend that does not count them (the CPU).
+	Launches int64
+}
+
+// Times is the split of the last Step's time (zero after a Tick, and for a
+// step that failed or ran no rows).
+func (b *Batch) Times() StepTimes { return b.times }
+
+// launches adds up the launches of the stages' backends so far
+// (tensor.CountLaunches), each backend once; ok is false when none counts
+// them.
+func (b *Batch) launches() (l tensor.Launches, ok bool) {
+	for k, s := range b.stages {
+		if slices.ContainsFunc(b.stages[:k], func(o *Session) bool { return o.m.backend == s.m.backend }) {
+			continue
+		}
+		if n, counted := tensor.CountLaunches(s.m.backend); counted {
+			l, ok = tensor.Launches{Kernels: l.Kernels + n.Kernels, Copies: l.Copies + n.Copies, Library: l.Library + n.Library, Graphs: l.Graphs + n.Graphs}, true
+		}
+	}
+	return l, ok
+}
+
+// oneDevice reports whether every stage runs on one backend.
+func (b *Batch) oneDevice() bool {
+	for _, s := range b.stages[1:] {
+		if s.m.backend != b.stages[0].m.backend {
+			return false
+		}
+	}
+	return true
 }
 
 // stepGroup is one group of works of a step, checked: its rows' ids, the
@@ -307,7 +412,7 @@ type stepGroup struct {
 // with room for its tokens, at most MaxRows rows) and fills st with their
 // sequences and rows' positions.
 func (b *Batch) prepare(st *batchStep, works []Work, seen map[*Seq]bool) (*stepGroup, error) {
-	st.seqs, st.rowPos = st.seqs[:0], st.rowPos[:0]
+	st.seqs, st.rowPos, st.pos32 = st.seqs[:0], st.rowPos[:0], st.pos32[:0]
 	g := &stepGroup{works: works, st: st}
 	for i, w := range works {
 		s := w.Seq
@@ -331,6 +436,7 @@ func (b *Batch) prepare(st *batchStep, works []Work, seen map[*Seq]bool) (*stepG
 				return nil, fmt.Errorf("nn: batch step: work %d: token id %d at position %d is outside the vocabulary of %d", i, id, s.pos+j, b.cfg.VocabSize)
 			}
 			st.rowPos = append(st.rowPos, s.pos+j)
+			st.pos32 = append(st.pos32, int32(s.pos+j))
 		}
 		g.ids = append(g.ids, w.IDs...)
 		st.seqs = append(st.seqs, tensor.SeqBlocks{Rows: len(w.IDs), Pos0: s.pos, Blocks: s.blocks})
@@ -464,7 +570,7 @@ func (b *Batch) Tick(ctx context.Context, works []Work) (done []Work, logits [][
 			if errs[k] = s.blocksChunk(ctx, r.T, nil, false); errs[k] != nil || k < S-1 {
 				return
 			}
-			l, err := s.batchHead(ctx, r.T, r.last)
+			l, err := s.batchHead(ctx, r.T, r.last, nil)
 			out, errs[k] = slices.Clone(l), err
 		}()
 	}
@@ -540,32 +646,22 @@ func batchHostKV(s *Session, maxRows int) *allocator {
 // memory (onHost) sends the rows down and attends on the host's CPU.
 func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc, vc *tensor.Tensor, scale float32, onHost bool) error {
 	c := &s.m.cfg
-	row := 0
-	for _, sq := range st.seqs {
-		rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim, Pos0: sq.Pos0}
-		qs, err := q.Rows(row, sq.Rows)
-		if err != nil {
-			return err
-		}
-		if err := b.Rope(qs, rot); err != nil {
-			return err
-		}
-		ks, err := kk.Rows(row, sq.Rows)
-		if err != nil {
-			return err
-		}
-		rot.Heads = c.NumKVHeads
-		if err := b.Rope(ks, rot); err != nil {
-			return err
-		}
-		row += sq.Rows
+	// Every row at its own position in one call each for q and k (not a
+	// call per sequence: a GPU's launch each, every layer of every step).
+	rot := tensor.Rotary{Cos: s.cos, Sin: s.sin, Heads: c.NumHeads, HeadDim: c.HeadDim}
+	if err := tensor.RopeRows(b, q, rot, st.pos32); err != nil {
+		return err
+	}
+	rot.Heads = c.NumKVHeads
+	if err := tensor.RopeRows(b, kk, rot, st.pos32); err != nil {
+		return err
 	}
 	ab := tensor.AttnBlocks{Q: q, K: kk, V: vv, KPool: kc, VPool: vc, Seqs: st.seqs,
 		Heads: c.NumHeads, KVHeads: c.NumKVHeads, HeadDim: c.HeadDim, BlockSize: st.bs, Scale: scale}
 	if !onHost {
 		return b.AttentionBlocks(attn, ab)
 	}
-	hs, T := s.hkv, row
+	hs, T := s.hkv, len(st.pos32)
 	ab.Q, ab.K, ab.V = rows(hs.q, T), rows(hs.k, T), rows(hs.v, T)
 	for _, p := range [][2]*tensor.Tensor{{ab.Q, q}, {ab.K, kk}, {ab.V, vv}} {
 		if err := s.fetch(p[0].Bytes(), p[1]); err != nil {
@@ -588,8 +684,9 @@ func (st *batchStep) attention(b tensor.Backend, s *Session, attn, q, kk, vv, kc
 }
 
 // batchHead applies the final norm to the first T rows of x and the LM
-// head to the rows last of the result, and returns their logits.
-func (s *Session) batchHead(ctx context.Context, T int, last []int32) ([]float32, error) {
+// head to the rows last of the result, and returns their logits; queued,
+// when set, is called once the head is queued, before the download.
+func (s *Session) batchHead(ctx context.Context, T int, last []int32, queued func()) ([]float32, error) {
 	m, c, b := s.m, &s.m.cfg, s.m.backend
 	v := s.viewsFor(T)
 	layer := m.headLayer()
@@ -612,12 +709,43 @@ func (s *Session) batchHead(ctx context.Context, T int, last []int32) ([]float32
 	if err := s.matMul(out, in, lw[m.name(layer, arch.LMHead)], nil); err != nil {
 		return nil, fmt.Errorf("nn: lm head: %w", err)
 	}
-	size := out.Len()
-	if len(s.download) < 4*size {
-		s.download = make([]byte, 4*size)
+	if queued != nil {
+		queued()
 	}
-	if err := tensor.DownloadComputed(b, s.download[:4*size], out); err != nil {
+	size := out.Len()
+	buf := s.batchLogits(4 * size)
+	if err := tensor.DownloadComputed(b, buf, out); err != nil {
 		return nil, err
 	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), size), nil
+	return unsafe.Slice((*float32)(unsafe.Pointer(&buf[0])), size), nil
+}
+
+// batchLogits returns n bytes of host memory for a step's logits, kept for
+// the next steps: page-locked memory of the backend where it has some
+// (tensor.Pinned), which the copy from the device fills at the link's
+// speed, where a pageable buffer is staged through the driver's (a step of
+// 64 rows of a 32,000-token vocabulary downloads 8 MiB); else pageable.
+func (s *Session) batchLogits(n int) []byte {
+	if len(s.download) >= n {
+		return s.download[:n]
+	}
+	s.freeBatchLogits()
+	if pa, ok := tensor.Pinned(s.m.backend); ok {
+		if buf, err := pa.AllocPinned(int64(n)); err == nil {
+			s.download, s.downloadPinned = buf, true
+			return buf
+		}
+	}
+	s.download = make([]byte, n) // pageable: a slower copy, the same logits
+	return s.download
+}
+
+// freeBatchLogits gives back batchLogits' page-locked memory.
+func (s *Session) freeBatchLogits() {
+	if s.downloadPinned {
+		if pa, ok := tensor.Pinned(s.m.backend); ok {
+			_ = pa.FreePinned(s.download) // the backend's own memory: its error is a bug of its accounting, nothing the batch can undo
+		}
+	}
+	s.download, s.downloadPinned = nil, false
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -456,5 +458,283 @@ func TestBatchTick(t *testing.T) {
 	defer b.Close()
 	if _, _, err := b.Tick(context.Background(), nil); b.Pipelined() || err == nil {
 		t.Errorf("stages sharing a device: pipelined %v, Tick %v", b.Pipelined(), err)
+	}
+}
+
+// timedCPU is a CPU that times its compute queue as a device does
+// (tensor.ComputeTimer: every stretch takes device) and counts its
+// RMSNorms as its launches (tensor.LaunchCounter).
+type timedCPU struct {
+	tensor.Backend
+	device        time.Duration
+	starts, stops *int
+	norms         *atomic.Int64
+}
+
+func (c timedCPU) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
+	c.norms.Add(1)
+	return c.Backend.RMSNorm(out, x, w, eps)
+}
+
+func (c timedCPU) StartCompute() (func() (time.Duration, error), error) {
+	*c.starts++
+	return func() (time.Duration, error) { *c.stops++; return c.device, nil }, nil
+}
+
+func (c timedCPU) Launches() tensor.Launches { return tensor.Launches{Kernels: c.norms.Load()} }
+
+// TestBatchStepTimes: Step splits its time: on the CPU, which computes as
+// it is called, the device time is the forward's wall time (Launch) and
+// nothing is waited for; on a backend that times its compute queue, one
+// pair of marks a step with logits (also when the step fails) gives the
+// device time, and its launches are counted; a step without logits is not
+// waited for; only a step with logits downloads.
+func TestBatchStepTimes(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	var starts, stops int
+	var norms atomic.Int64
+	timed := timedCPU{Backend: cpu, device: 123 * time.Millisecond, starts: &starts, stops: &stops, norms: &norms}
+	for _, tc := range []struct {
+		name  string
+		b     tensor.Backend
+		timed bool
+	}{{"cpu", cpu, false}, {"timed", timed, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			starts, stops = 0, 0
+			m, err := New(lm.Config, tc.b, nil, hw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 8, BlockSize: 4, Blocks: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			s := b.NewSeq()
+			if err := s.Reserve(16); err != nil {
+				t.Fatal(err)
+			}
+			for _, step := range []struct {
+				ids    []int32
+				logits bool
+			}{{[]int32{1, 5, 9, 3}, false}, {[]int32{7}, true}} {
+				n0 := norms.Load()
+				if _, err := b.Step(context.Background(), []Work{{Seq: s, IDs: step.ids, Logits: step.logits}}); err != nil {
+					t.Fatal(err)
+				}
+				tm := b.Times()
+				t.Logf("%d rows, logits %v: %+v", len(step.ids), step.logits, tm)
+				if tm.Prepare <= 0 || tm.Launch <= 0 || (tm.Download > 0) != step.logits {
+					t.Errorf("%+v: want Prepare and Launch, and Download only with logits", tm)
+				}
+				switch {
+				case !tc.timed && (tm.Device != tm.Launch || tm.Wait != 0 || tm.Launches != 0):
+					t.Errorf("%+v: on the CPU the device time is Launch's, no wait, no launches counted", tm)
+				case tc.timed && step.logits && (tm.Device != timed.device || tm.Launches != norms.Load()-n0 || tm.Launches == 0):
+					t.Errorf("%+v: want the compute queue's %v and the %d launches of the step", tm, timed.device, norms.Load()-n0)
+				case tc.timed && !step.logits && (tm.Device != tm.Launch || tm.Wait != 0):
+					t.Errorf("%+v: a step without logits is not waited for: its device time is Launch's", tm)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if _, err := b.Step(ctx, []Work{{Seq: s, IDs: []int32{2}, Logits: true}}); err == nil {
+				t.Fatal("a step with its context cancelled ran")
+			}
+			if tm := b.Times(); tm != (StepTimes{}) {
+				t.Errorf("a failed step's times %+v, want none", tm)
+			}
+			if want := map[bool]int{true: 2}[tc.timed]; starts != want || stops != want {
+				t.Errorf("%d marks started, %d stopped, want %d each (one a step with logits, failed or not)", starts, stops, want)
+			}
+		})
+	}
+}
+
+// ropeCounter counts the rotary calls a batch makes of its CPU: Rope's,
+// and RopeRows' (which it takes, as a RowRoper, and passes on).
+type ropeCounter struct {
+	tensor.Backend
+	rope, ropeRows *atomic.Int64
+}
+
+func (c ropeCounter) Rope(x *tensor.Tensor, r tensor.Rotary) error {
+	c.rope.Add(1)
+	return c.Backend.Rope(x, r)
+}
+
+func (c ropeCounter) RopeRows(x *tensor.Tensor, r tensor.Rotary, pos []int32) error {
+	c.ropeRows.Add(1)
+	return tensor.RopeRows(c.Backend, x, r, pos)
+}
+
+func (c ropeCounter) Unwrap() tensor.Backend { return c.Backend }
+
+// TestBatchRopeCalls: a batched step rotates its rows, every sequence's at
+// its own positions, in two calls a layer (q and k), however many
+// sequences it holds: not two a sequence a layer (a GPU's launches every
+// step, 4,096 a step for 64 sequences of a 32-layer model).
+func TestBatchRopeCalls(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	var rope, ropeRows atomic.Int64
+	m, err := New(lm.Config, ropeCounter{Backend: cpu, rope: &rope, ropeRows: &ropeRows}, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := int64(lm.Config.NumLayers)
+	for _, n := range []int{1, 5, 16} {
+		t.Run(fmt.Sprintf("seqs=%d", n), func(t *testing.T) {
+			b, err := m.NewBatch(BatchOptions{MaxPos: 32, MaxRows: 64, BlockSize: 4, Blocks: 8 * n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			// A prompt of its own length for each sequence, then one
+			// decode step of a row each: every row at another position.
+			var decode []Work
+			for i := range n {
+				s := b.NewSeq()
+				if err := s.Reserve(32); err != nil {
+					t.Fatal(err)
+				}
+				prompt := make([]int32, 1+i%7)
+				for j := range prompt {
+					prompt[j] = int32(1 + j)
+				}
+				if _, err := b.Step(context.Background(), []Work{{Seq: s, IDs: prompt}}); err != nil {
+					t.Fatal(err)
+				}
+				decode = append(decode, Work{Seq: s, IDs: []int32{3}, Logits: true})
+			}
+			rope.Store(0)
+			ropeRows.Store(0)
+			if _, err := b.Step(context.Background(), decode); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("a decode step of %d sequences over %d layers: %d Rope calls, %d RopeRows calls", n, layers, rope.Load(), ropeRows.Load())
+			if rope.Load() != 0 || ropeRows.Load() != 2*layers {
+				t.Errorf("%d Rope and %d RopeRows calls, want 0 and %d (q and k a layer)", rope.Load(), ropeRows.Load(), 2*layers)
+			}
+		})
+	}
+}
+
+// pinnedCPU is a CPU whose page-locked allocations are counted
+// (tensor.PinnedAllocator): what is held, and what was freed that it did
+// not hand out.
+type pinnedCPU struct {
+	tensor.Backend
+	held  map[*byte]int
+	bogus *int
+}
+
+func (c pinnedCPU) AllocPinned(n int64) ([]byte, error) {
+	b := make([]byte, n)
+	c.held[&b[0]] = len(b)
+	return b, nil
+}
+
+func (c pinnedCPU) FreePinned(b []byte) error {
+	if _, ok := c.held[&b[0]]; !ok {
+		*c.bogus++
+		return errors.New("not pinned here")
+	}
+	delete(c.held, &b[0])
+	return nil
+}
+
+func (c pinnedCPU) Unwrap() tensor.Backend { return c.Backend }
+
+// TestBatchPinnedLogits: a batch downloads its logits into page-locked
+// memory where its backend has some: the logits those of a pageable
+// download, one buffer held (a larger step's replaces the smaller one's),
+// and none left after Close.
+func TestBatchPinnedLogits(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	var bogus int
+	pc := pinnedCPU{Backend: cpu, held: map[*byte]int{}, bogus: &bogus}
+	vocab := lm.Config.VocabSize
+	steps := [][]int32{{1, 5, 9}, {7, 2}} // two sequences: one row of logits, then two
+	run := func(b tensor.Backend, check func(step int)) [][]float32 {
+		m, err := New(lm.Config, b, nil, hw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bt, err := m.NewBatch(BatchOptions{MaxPos: 16, MaxRows: 8, BlockSize: 4, Blocks: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bt.Close()
+		s1, s2 := bt.NewSeq(), bt.NewSeq()
+		for _, s := range []*Seq{s1, s2} {
+			if err := s.Reserve(8); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got [][]float32
+		for i, ids := range steps {
+			works := []Work{{Seq: s1, IDs: ids, Logits: true}}
+			if i > 0 {
+				works = append(works, Work{Seq: s2, IDs: []int32{3}, Logits: true})
+			}
+			out, err := bt.Step(context.Background(), works)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range out {
+				got = append(got, slices.Clone(l))
+			}
+			if check != nil {
+				check(i)
+			}
+		}
+		return got
+	}
+	want := run(cpu, nil)
+	got := run(pc, func(step int) {
+		if n := 4 * vocab * (step + 1); len(pc.held) != 1 || slices.Collect(maps.Values(pc.held))[0] != n {
+			t.Errorf("after step %d: pinned buffers %v, want one of %d bytes", step, slices.Collect(maps.Values(pc.held)), n)
+		}
+	})
+	if len(pc.held) != 0 || bogus != 0 {
+		t.Errorf("after Close: %d pinned buffers held, %d frees of memory not pinned", len(pc.held), bogus)
+	}
+	for i := range want {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("logits %d differ from the pageable download's", i)
+		}
 	}
 }

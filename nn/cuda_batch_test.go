@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
@@ -203,5 +204,83 @@ func TestCUDABatchHostKV(t *testing.T) {
 				t.Errorf("%d CPU attentions in %d steps, want two a step", calls, steps)
 			}
 		})
+	}
+}
+
+// TestCUDABatchStepSplit: decode steps of 1, 16 and 64 sequences on the
+// GPU (each at positions of its own) split their time (Batch.Times): the
+// device's time from events on its compute queue, positive and within
+// the launch and the wait; the step's launches counted and the same for
+// 16 sequences as for 64 (no launch a sequence: the rows' rotations are
+// one launch a layer for q and one for k, tensor.RopeRows). It logs each
+// count's mean split. Skips without a CUDA device.
+func TestCUDABatchStepSplit(t *testing.T) {
+	b := openCUDA(t)
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	hw, err := LoadWeights(ctx, lm, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	m, err := New(lm.Config, b, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	launches := map[int]int64{}
+	for _, n := range []int{1, 16, 64} {
+		bt, err := m.NewBatch(BatchOptions{MaxPos: 64, MaxRows: 64, BlockSize: 16, Blocks: 4 * n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var works []Work
+		for i := range n {
+			s := bt.NewSeq()
+			if err := s.Reserve(64); err != nil {
+				t.Fatal(err)
+			}
+			prompt := make([]int32, 1+i%13)
+			for j := range prompt {
+				prompt[j] = int32(1 + (i+j)%100)
+			}
+			if _, err := bt.Step(ctx, []Work{{Seq: s, IDs: prompt}}); err != nil {
+				t.Fatal(err)
+			}
+			works = append(works, Work{Seq: s, IDs: []int32{5}, Logits: true})
+		}
+		const steps = 8
+		var sum StepTimes
+		for range steps {
+			out, err := bt.Step(ctx, works)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range works {
+				works[i].IDs[0] = int32(Argmax(out[i]))
+			}
+			tm := bt.Times()
+			if tm.Device <= 0 || tm.Launches <= 0 || tm.Device > tm.Launch+tm.Wait+time.Millisecond {
+				t.Errorf("%d sequences: step %+v: want a device time within launch and wait, and launches", n, tm)
+			}
+			if launches[n] != 0 && tm.Launches != launches[n] {
+				t.Errorf("%d sequences: %d launches a step, then %d", n, launches[n], tm.Launches)
+			}
+			launches[n] = tm.Launches
+			sum.Prepare += tm.Prepare
+			sum.Launch += tm.Launch
+			sum.Wait += tm.Wait
+			sum.Device += tm.Device
+			sum.Download += tm.Download
+		}
+		t.Logf("%d sequences, %d layers: a decode step's prepare %v, launch %v, wait %v, download %v; device %v; %d launches",
+			n, lm.Config.NumLayers, sum.Prepare/steps, sum.Launch/steps, sum.Wait/steps, sum.Download/steps, sum.Device/steps, launches[n])
+		bt.Close()
+	}
+	if launches[64] != launches[16] {
+		t.Errorf("a decode step launches %d times for 16 sequences, %d for 64: some launch is per sequence", launches[16], launches[64])
 	}
 }

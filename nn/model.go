@@ -124,7 +124,10 @@ type Session struct {
 	// belong to several sequences, k and v are the Batch's block pools.
 	batch    *batchStep
 	download []byte // one chunk's logits from the backend
-	closed   bool
+	// downloadPinned says download is page-locked memory of the backend's
+	// (a batch's logits: batchLogits), to give back at the Batch's Close.
+	downloadPinned bool
+	closed         bool
 }
 
 // buffers are the activations and rotary tables of the forward pass on one

@@ -59,10 +59,20 @@ func NewSampler(cfg SamplerConfig) (*Sampler, error) {
 // Argmax returns the index of the largest logit (the first on ties; NaN is
 // never chosen over a number).
 func Argmax(logits []float32) int {
-	best := 0
-	for i, v := range logits {
-		if v > logits[best] || math.IsNaN(float64(logits[best])) && !math.IsNaN(float64(v)) {
-			best = i
+	// The best starts at the first number (nothing is greater than a NaN,
+	// and a NaN is greater than nothing); then one comparison an element,
+	// which no NaN passes.
+	first := 0
+	for first < len(logits) && logits[first] != logits[first] {
+		first++
+	}
+	if first == len(logits) {
+		return 0 // empty, or every logit NaN
+	}
+	best, bv := first, logits[first]
+	for i := first + 1; i < len(logits); i++ {
+		if v := logits[i]; v > bv {
+			best, bv = i, v
 		}
 	}
 	return best

@@ -18,6 +18,15 @@ func TestArgmax(t *testing.T) {
 		{[]float32{5, 5, 1}, 0},
 		{[]float32{nan, -1, -2}, 1},
 		{[]float32{-3}, 0},
+		{nil, 0},
+		{[]float32{nan}, 0},
+		{[]float32{nan, nan, nan}, 0},
+		{[]float32{nan, nan, -7}, 2},
+		{[]float32{2, nan, 3, nan}, 2},
+		{[]float32{4, nan, 3}, 0},
+		{[]float32{float32(math.Inf(-1)), -1e30, float32(math.Inf(1)), 9}, 2},
+		{[]float32{float32(math.Inf(-1)), float32(math.Inf(-1))}, 0},
+		{[]float32{-1, 0, 0, -1}, 1},
 	}
 	for _, c := range cases {
 		if got := Argmax(c.in); got != c.want {

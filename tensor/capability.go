@@ -181,6 +181,28 @@ func CopyStats(m Memory) (bytes int64, busy, stall time.Duration, ok bool) {
 	return bytes, busy, stall, true
 }
 
+// ComputeTimer is a backend that times a stretch of its compute queue with
+// events, without waiting in between: StartCompute marks the queue, and the
+// stop it returns marks it again, waits for the compute queued before that
+// mark (copies no compute waits for go on) and returns the device time
+// between the two marks. One pair of marks a batched step costs nothing
+// beside the step; a mark per operation would.
+type ComputeTimer interface {
+	StartCompute() (stop func() (time.Duration, error), err error)
+}
+
+// StartCompute starts timing m's compute queue (ComputeTimer); ok is false
+// when m does not time it (the CPU backend computes as operations are
+// called: their wall time is its device time).
+func StartCompute(m Memory) (stop func() (time.Duration, error), ok bool, err error) {
+	ct, ok := capability[ComputeTimer](m)
+	if !ok {
+		return nil, false, nil
+	}
+	stop, err = ct.StartCompute()
+	return stop, true, err
+}
+
 // CachingAllocator is a backend whose memory holds more device bytes than
 // its live tensors: allocations rounded up to the allocator's block sizes,
 // freed blocks kept for reuse, and memory the backend keeps for itself. A

@@ -123,7 +123,7 @@ func (c *CPU) RMSNorm(out, x, w *Tensor, eps float32) error {
 // heads*headDim] in place by the angles of positions pos0..pos0+T-1, read
 // from the F32 tables cos and sin [maxPos, headDim/2] (the fields of r).
 func (c *CPU) Rope(x *Tensor, r Rotary) error {
-	cos, sin, heads, headDim := r.Cos, r.Sin, r.Heads, r.HeadDim
+	cos, sin := r.Cos, r.Sin
 	if err := operands("Rope", x, cos, sin); err != nil {
 		return err
 	}
@@ -131,23 +131,41 @@ func (c *CPU) Rope(x *Tensor, r Rotary) error {
 	if err != nil {
 		return err
 	}
-	half, t := headDim/2, x.shape[0]
 	xs, cs, ss := x.F32(), cos.F32(), sin.F32()
-	width := heads * headDim
-	for row := range t {
-		p := pos0 + row
-		cr, sr := cs[p*half:(p+1)*half], ss[p*half:(p+1)*half]
-		for h := range heads {
-			v := xs[row*width+h*headDim : row*width+(h+1)*headDim]
-			lo, hi := v[:half], v[half:headDim]
-			for j := range half {
-				a, b := lo[j], hi[j]
-				lo[j] = a*cr[j] - b*sr[j]
-				hi[j] = b*cr[j] + a*sr[j]
-			}
-		}
+	for row := range x.shape[0] {
+		ropeRow(xs, cs, ss, r.Heads, r.HeadDim, row, pos0+row)
 	}
 	return nil
+}
+
+// RopeRows rotates each row t of x as Rope does at position pos[t]
+// (RowRoper): the same bits, in one call.
+func (c *CPU) RopeRows(x *Tensor, r Rotary, pos []int32) error {
+	if err := operands("RopeRows", x, r.Cos, r.Sin); err != nil {
+		return err
+	}
+	xs, cs, ss := x.F32(), r.Cos.F32(), r.Sin.F32()
+	for row, p := range pos {
+		ropeRow(xs, cs, ss, r.Heads, r.HeadDim, row, int(p))
+	}
+	return nil
+}
+
+// ropeRow rotates row row of xs (rows of heads*headDim) at position p of
+// the tables cs and ss (rows of headDim/2).
+func ropeRow(xs, cs, ss []float32, heads, headDim, row, p int) {
+	half, width := headDim/2, heads*headDim
+	xs = xs[row*width : (row+1)*width]
+	cr, sr := cs[p*half:(p+1)*half], ss[p*half:(p+1)*half]
+	for h := range heads {
+		v := xs[h*headDim : (h+1)*headDim]
+		lo, hi := v[:half], v[half:headDim]
+		for j := range half {
+			a, b := lo[j], hi[j]
+			lo[j] = a*cr[j] - b*sr[j]
+			hi[j] = b*cr[j] + a*sr[j]
+		}
+	}
 }
 
 // SiLUMul computes out = silu(gate) * up elementwise, silu(g) = g/(1+e^-g).

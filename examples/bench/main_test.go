@@ -334,6 +334,21 @@ func TestBenchStreams(t *testing.T) {
 		!(s.StepsS > 0) || s.RowsPerStep < s.MeanBatch {
 		t.Errorf("streams %+v", s)
 	}
+	// A step's time by part: the parts add up to the step, the CPU's
+	// device time is its launch (it computes as called), and the logits'
+	// download and the sampling are counted.
+	sp := s.Step
+	if sp == nil {
+		t.Fatalf("no step split in %s", data)
+	}
+	sum := sp.ScheduleMs + sp.PrepareMs + sp.LaunchMs + sp.WaitMs + sp.DownloadMs + sp.SampleMs
+	if math.Abs(sum-sp.StepMs) > 1e-6*sp.StepMs || !(sp.LaunchMs > 0) || sp.DeviceMs != sp.LaunchMs || !(sp.DownloadMs > 0) || !(sp.SampleMs > 0) ||
+		math.Abs(1000/sp.StepMs-s.StepsS) > 1e-6*s.StepsS {
+		t.Errorf("step split %+v (%.2f steps/s)", sp, s.StepsS)
+	}
+	if !strings.Contains(stdout.String(), "ms a step "+sp.String()) {
+		t.Errorf("the output lacks the step split %q: %s", sp, stdout.String())
+	}
 }
 
 // TestBoundsHybrid: a hybrid row's bounds come from its own rates (not the
@@ -445,7 +460,8 @@ func TestReportStreamsSweep(t *testing.T) {
 	const (
 		sweep = `{"kind":"strata","model":"m","device":"cuda:0","run":"4GiB:balanced","budget_bytes":4294967296,"decode_tok_s":5,"decode_tokens":64,` +
 			`"streams_sweep":[{"streams":1,"decode_tok_s":5,"inter_token_p50_ms":200,"inter_token_p99_ms":210,"ttft_p50_ms":400,"ttft_p99_ms":400,"mean_batch":1},` +
-			`{"streams":8,"decode_tok_s":36,"inter_token_p50_ms":220,"inter_token_p99_ms":260,"ttft_p50_ms":500,"ttft_p99_ms":610,"mean_batch":7.5},` +
+			`{"streams":8,"decode_tok_s":36,"inter_token_p50_ms":220,"inter_token_p99_ms":260,"ttft_p50_ms":500,"ttft_p99_ms":610,"mean_batch":7.5,"steps_s":4.5,"rows_per_step":10.25,` +
+			`"step":{"step_ms":222.2,"schedule_ms":0.1,"prepare_ms":0.1,"launch_ms":20,"wait_ms":190,"download_ms":2,"sample_ms":10,"device_ms":205,"launches_per_step":1234}},` +
 			`{"streams":32,"error":"-streams 32: engine: KV pool larger than the plan's room"}]}` + "\n"
 		hf1    = `{"kind":"accelerate","model":"m","device":"cuda:0","run":"4GiB","budget_bytes":4294967296,"decode_tok_s":0,"decode_tokens":4,"streams":{"streams":1,"decode_tok_s":2,"inter_token_p50_ms":500,"inter_token_p99_ms":500,"ttft_p50_ms":700,"ttft_p99_ms":700,"mean_batch":1}}` + "\n"
 		hf8    = `{"kind":"accelerate","model":"m","device":"cuda:0","run":"4GiB","budget_bytes":4294967296,"decode_tok_s":0,"decode_tokens":4,"streams":{"streams":8,"decode_tok_s":12,"inter_token_p50_ms":600,"inter_token_p99_ms":650,"ttft_p50_ms":900,"ttft_p99_ms":900,"mean_batch":8}}` + "\n"
@@ -474,7 +490,7 @@ func TestReportStreamsSweep(t *testing.T) {
 		"| m | 4.00 GiB | 1 | accelerate | 4GiB | 2.0 | 500.0 | 500.0 | 700 | 700 | 1.00 | - |",
 		"| m | 4.00 GiB | 8 | strata | 4GiB:balanced | 36.0 | 220.0 | 260.0 | 500 | 610 | 7.50 | 3.00x accelerate 4GiB |",
 		"| m | 4.00 GiB | 8 | accelerate | 4GiB | 12.0 | 600.0 | 650.0 | 900 | 900 | 8.00 | - |",
-		"| m | 4.00 GiB | 32 | strata | 4GiB:balanced | error: -streams 32: engine: KV pool larger than the plan's room |||||||",
+		"| m | 4.00 GiB | 32 | strata | 4GiB:balanced | error: -streams 32: engine: KV pool larger than the plan's room |||||||||",
 	}
 	at := 0
 	for _, w := range want {
@@ -484,6 +500,9 @@ func TestReportStreamsSweep(t *testing.T) {
 			continue
 		}
 		at += i + len(w)
+	}
+	if !strings.Contains(batched, "| 3.00x accelerate 4GiB | 4.5 of 10.2 | 222.20 = host 0.20 + launch 20.00 + wait 190.00 + download 2.00 + sample 10.00; device 205.00, 1234 launches |") {
+		t.Error("the batched table lacks the 8 streams' steps and their split")
 	}
 	if !strings.Contains(batched, "| m | none | 8 | transformers | resident | 900.0 |") {
 		t.Error("the batched table lacks the resident batch of 8")

@@ -315,20 +315,24 @@ func batchedMarkdown(rows []BatchedRow) string {
 	}
 	var sb strings.Builder
 	sb.WriteString("\nBatched decode (strata -streams N beside Hugging Face generate with a batch of N at the same budget: aggregate tok/s over the streams, latencies in ms; a strata run's counts share one plan, which keeps room for the largest pool the budget holds):\n\n")
-	sb.WriteString("| model | budget | streams | system | run | aggregate tok/s | inter-token p50 | inter-token p99 | first token p50 | first token p99 | mean batch | vs baseline |\n")
-	sb.WriteString("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	sb.WriteString("| model | budget | streams | system | run | aggregate tok/s | inter-token p50 | inter-token p99 | first token p50 | first token p99 | mean batch | vs baseline | steps/s of rows | ms a step (host: schedule and tables; launch: the forward queued, or computed on the CPU; wait for the device; download; sample; the device's own time) |\n")
+	sb.WriteString("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |\n")
 	for _, r := range rows {
 		budget := budgetCell(r.BudgetBytes)
 		if r.Error != "" {
-			fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | error: %s |||||||\n", r.Model, budget, r.Streams, r.Kind, r.Run, strings.ReplaceAll(r.Error, "|", "/"))
+			fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | error: %s |||||||||\n", r.Model, budget, r.Streams, r.Kind, r.Run, strings.ReplaceAll(r.Error, "|", "/"))
 			continue
 		}
 		vs := "-"
 		if r.VsBaseline > 0 {
 			vs = fmt.Sprintf("%.2fx %s", r.VsBaseline, r.Baseline)
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f | %s |\n",
-			r.Model, budget, r.Streams, r.Kind, r.Run, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch, vs)
+		steps := "-"
+		if r.StepsS > 0 {
+			steps = fmt.Sprintf("%.1f of %.1f", r.StepsS, r.RowsPerStep)
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %d | %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f | %s | %s | %s |\n",
+			r.Model, budget, r.Streams, r.Kind, r.Run, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch, vs, steps, r.Step)
 	}
 	return sb.String()
 }

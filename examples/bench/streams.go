@@ -37,10 +37,61 @@ type StreamsResult struct {
 	// chunks).
 	StepsS      float64 `json:"steps_s"`
 	RowsPerStep float64 `json:"rows_per_step"`
-	KVBlocks    int     `json:"kv_blocks"`
-	BlockSize   int     `json:"block_size"`
+	// Step is where a step's time went, averaged over the steps
+	// (engine.StepSplit); absent for Hugging Face's batches.
+	Step      *StepSplitMs `json:"step,omitempty"`
+	KVBlocks  int          `json:"kv_blocks"`
+	BlockSize int          `json:"block_size"`
 	// Error is why this count of a sweep failed (the others are kept).
 	Error string `json:"error,omitempty"`
+}
+
+// StepSplitMs is a batched step's mean time by part, in milliseconds
+// (engine.StepSplit over Steps): on the host, choosing the rows
+// (Schedule), checking them and building the step's tables (Prepare),
+// running the forward up to the logits (Launch: the uploads and every
+// layer's operations, which a GPU queues and the CPU computes), waiting
+// for the device to finish it (Wait), copying the logits (Download), and
+// sampling and sending the tokens (Sample); they add up to StepMs. Device
+// is the device's own time for the forward (events on its compute queue;
+// on the CPU, over several devices or in a step without logits, Launch),
+// which ran during Launch and Wait: a Device well under Launch is a step
+// bound by the host's launches, LaunchesPerStep of them.
+type StepSplitMs struct {
+	StepMs          float64 `json:"step_ms"`
+	ScheduleMs      float64 `json:"schedule_ms"`
+	PrepareMs       float64 `json:"prepare_ms"`
+	LaunchMs        float64 `json:"launch_ms"`
+	WaitMs          float64 `json:"wait_ms"`
+	DownloadMs      float64 `json:"download_ms"`
+	SampleMs        float64 `json:"sample_ms"`
+	DeviceMs        float64 `json:"device_ms"`
+	LaunchesPerStep float64 `json:"launches_per_step"`
+}
+
+// stepSplit is st's mean step by part; nil without steps.
+func stepSplit(st engine.BatchStats) *StepSplitMs {
+	if st.Steps == 0 {
+		return nil
+	}
+	n := float64(st.Steps)
+	per := func(d time.Duration) float64 { return ms(d) / n }
+	sp := st.StepSplit
+	return &StepSplitMs{StepMs: per(st.StepTimeSum), ScheduleMs: per(sp.Schedule), PrepareMs: per(sp.Prepare), LaunchMs: per(sp.Launch),
+		WaitMs: per(sp.Wait), DownloadMs: per(sp.Download), SampleMs: per(sp.Sample), DeviceMs: per(sp.Device), LaunchesPerStep: float64(sp.Launches) / n}
+}
+
+// String is the split as the batched table and the output show it.
+func (s *StepSplitMs) String() string {
+	if s == nil {
+		return "-"
+	}
+	launches := ""
+	if s.LaunchesPerStep > 0 {
+		launches = fmt.Sprintf(", %.0f launches", s.LaunchesPerStep)
+	}
+	return fmt.Sprintf("%.2f = host %.2f + launch %.2f + wait %.2f + download %.2f + sample %.2f; device %.2f%s",
+		s.StepMs, s.ScheduleMs+s.PrepareMs, s.LaunchMs, s.WaitMs, s.DownloadMs, s.SampleMs, s.DeviceMs, launches)
 }
 
 // streamPrompt is the prompt length of each stream of -streams.
@@ -105,6 +156,7 @@ func measureStreams(ctx context.Context, e *engine.Engine, n int, o options) (*S
 	if st.StepTimeSum > 0 {
 		r.StepsS = float64(st.Steps) / st.StepTimeSum.Seconds()
 	}
+	r.Step = stepSplit(st)
 	// The window: from the last stream's end of warm-up to the first
 	// stream's last token.
 	from, to := times[0][o.warmup], times[0][gen-1]
@@ -241,6 +293,6 @@ func percentile(v []float64, q float64) float64 {
 }
 
 func (r *StreamsResult) String() string {
-	return fmt.Sprintf("%d streams: decode %.2f tok/s aggregate, inter-token p50 %.1f ms p99 %.1f ms, first token p50 %.1f ms p99 %.1f ms, mean batch %.2f, %.2f steps/s of %.1f rows",
-		r.Streams, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch, r.StepsS, r.RowsPerStep)
+	return fmt.Sprintf("%d streams: decode %.2f tok/s aggregate, inter-token p50 %.1f ms p99 %.1f ms, first token p50 %.1f ms p99 %.1f ms, mean batch %.2f, %.2f steps/s of %.1f rows, ms a step %s",
+		r.Streams, r.DecodeTokS, r.InterTokenP50Ms, r.InterTokenP99Ms, r.TTFTP50Ms, r.TTFTP99Ms, r.MeanBatch, r.StepsS, r.RowsPerStep, r.Step)
 }

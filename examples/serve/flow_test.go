@@ -164,6 +164,45 @@ func TestBusyAndDraining(t *testing.T) {
 	}
 }
 
+// TestOverPool: a request whose KV reservation is larger than the whole
+// pool answers 413 without Retry-After (no retry can fit it), streamed or
+// not, with a message naming its positions and the pool's; one that fits
+// the pool exactly runs.
+func TestOverPool(t *testing.T) {
+	// A pool of 4 blocks of 4 positions; the context is the engine's.
+	ts := newTestServer(t, testOptions{batch: engine.BatchOptions{MaxSequences: 2, BlockSize: 4, KVBlocks: 4}, noChat: true})
+	for _, tc := range []struct {
+		name   string
+		body   string
+		status int
+	}{
+		{"over by one", `{"prompt":[1,5,9],"max_tokens":15,"temperature":0}`, 413},
+		{"over by one, streamed", `{"prompt":[1,5,9],"max_tokens":15,"temperature":0,"stream":true}`, 413},
+		{"the whole context", `{"prompt":[1,5,9],"max_tokens":200,"temperature":0}`, 413},
+		{"the whole pool", `{"prompt":[1,5,9],"max_tokens":14,"temperature":0}`, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, h, body := post(t, t.Context(), ts.url+"/v1/completions", tc.body)
+			if status != tc.status {
+				t.Fatalf("status %d, want %d: %s", status, tc.status, body)
+			}
+			if status == 200 {
+				return
+			}
+			c := decode(t, body)
+			if h.Get("Retry-After") != "" || c.Error == nil || c.Error.Code == nil || *c.Error.Code != "kv_pool_exceeded" {
+				t.Errorf("Retry-After %q: %s", h.Get("Retry-After"), body)
+			}
+			if c.Error != nil && (!strings.Contains(c.Error.Message, "KV positions") || !strings.Contains(c.Error.Message, "the whole pool holds 4 blocks (16 positions)")) {
+				t.Errorf("the message does not name the sizes: %s", c.Error.Message)
+			}
+		})
+	}
+	if st := ts.b.Stats(); st.Rejected != 3 || st.KVBlocksFree != st.KVBlocks {
+		t.Errorf("%d rejected (want 3), %d of %d KV blocks free", st.Rejected, st.KVBlocksFree, st.KVBlocks)
+	}
+}
+
 // gateWriter is a client that reads the first write and then stalls
 // until released.
 type gateWriter struct {
@@ -410,7 +449,7 @@ func loadBudget(t *testing.T, device string) int64 {
 // streamed and dropped after the first chunk, some not streamed and given
 // up by their client after a few milliseconds, some over the context,
 // some asking for more KV positions than the pool of 15 blocks holds
-// (429 at once, not retried), under a budget with room for two requests'
+// (413 at once, not retried), under a budget with room for two requests'
 // KV caches and a queue of two: every answer is a success or an intended
 // 413 or 429 (503 is TestDrain's), each greedy answer equals the same
 // request sent alone after the load (the same bits on the CPU; on another
@@ -486,6 +525,7 @@ func TestLoad(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	busy := map[bool]int{} // 429s by whether the queue was full (else the KV budget)
+	overPool := 0          // 413s of requests larger than the whole pool
 	abandoned := 0
 	next := make(chan *job)
 	for range 8 {
@@ -514,6 +554,15 @@ func TestLoad(t *testing.T) {
 					if c := decode(t, raw); c.Error == nil {
 						t.Errorf("status %d without an error: %s", status, raw)
 					}
+					if status == 413 && j.over {
+						// Refused for the pool: no retry would fit it.
+						if !strings.Contains(string(raw), "the whole pool holds") || h.Get("Retry-After") != "" {
+							t.Errorf("the 413 of a request larger than the pool (Retry-After %q): %s", h.Get("Retry-After"), raw)
+						}
+						mu.Lock()
+						overPool++
+						mu.Unlock()
+					}
 					if status != 429 {
 						break
 					}
@@ -523,14 +572,6 @@ func TestLoad(t *testing.T) {
 					mu.Lock()
 					busy[strings.Contains(string(raw), "queued")]++
 					mu.Unlock()
-					if j.over && !strings.Contains(string(raw), "queued") {
-						// Refused for the pool, not for the queue: no
-						// retry would fit it.
-						if !strings.Contains(string(raw), "the pool holds") {
-							t.Errorf("the 429 of a request larger than the pool: %s", raw)
-						}
-						break
-					}
 					time.Sleep(time.Duration(1+try%7) * time.Millisecond)
 				}
 			}
@@ -558,8 +599,8 @@ func TestLoad(t *testing.T) {
 				t.Errorf("job %d: a prompt of %d tokens answered %d, want 413", i, len(j.prompt), j.status)
 			}
 		case j.over:
-			if j.status != 429 {
-				t.Errorf("job %d: a request of %d positions in a pool of %d answered %d, want 429", i, len(j.prompt)+j.max-1, st0.KVBlocks*st0.BlockSize, j.status)
+			if j.status != 413 {
+				t.Errorf("job %d: a request of %d positions in a pool of %d answered %d, want 413", i, len(j.prompt)+j.max-1, st0.KVBlocks*st0.BlockSize, j.status)
 			}
 		case j.status == 429 || j.drop && j.status == 200:
 		case j.abandon && j.status == 0: // its client gave up before an answer
@@ -579,10 +620,10 @@ func TestLoad(t *testing.T) {
 			t.Errorf("job %d: status %d", i, j.status)
 		}
 	}
-	t.Logf("statuses: %v, after 429s for a full queue %d, for the budget %d; %d abandoned by their clients; %d greedy answers compared with the request alone, %d differ",
-		counts, busy[true], busy[false], abandoned, compared, differ)
-	if counts[200] == 0 || compared == 0 || busy[false] == 0 {
-		t.Errorf("%d requests succeeded, %d compared, %d refused for the pool: the load missed a case", counts[200], compared, busy[false])
+	t.Logf("statuses: %v, after 429s for a full queue %d, for the budget %d; %d over the whole pool (413); %d abandoned by their clients; %d greedy answers compared with the request alone, %d differ",
+		counts, busy[true], busy[false], overPool, abandoned, compared, differ)
+	if counts[200] == 0 || compared == 0 || overPool == 0 {
+		t.Errorf("%d requests succeeded, %d compared, %d refused for the pool: the load missed a case", counts[200], compared, overPool)
 	}
 	if 4*differ > compared {
 		t.Errorf("%d of %d greedy answers on %s differ from the request alone: more than the device's rounding explains", differ, compared, device)

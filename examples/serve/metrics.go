@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -53,9 +54,10 @@ func newMetrics(eng *engine.Engine, b *engine.Batcher) *metrics {
 			func() float64 { return float64(b.Stats().Steps) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "strata_batch_sequences_total", Help: "Sequences stepped, summed over steps (over strata_batch_steps_total: the mean batch size)."},
 			func() float64 { return float64(b.Stats().BatchSizeSum) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "strata_rejected_total", Help: "Requests the batcher refused (queue full, shutting down)."},
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "strata_rejected_total", Help: "Requests the batcher refused (queue full, larger than the KV pool, shutting down)."},
 			func() float64 { return float64(b.Stats().Rejected) }),
 		&pagingCollector{eng: eng},
+		stepCollector{b: b},
 	)
 	return m
 }
@@ -68,6 +70,26 @@ func (m *metrics) handler() http.Handler {
 // count records a finished request.
 func (m *metrics) count(endpoint string, status int) {
 	m.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
+}
+
+// stepCollector reads the batcher's steps' time by part once per scrape
+// (engine.StepSplit): over strata_batch_steps_total, a step's.
+type stepCollector struct{ b *engine.Batcher }
+
+var stepSeconds = prometheus.NewDesc("strata_batch_step_seconds_total",
+	"The batcher's steps' time by part: schedule, prepare, launch, wait, download, sample (which add up to the steps' time) and device (the device's own time, during launch and wait).",
+	[]string{"part"}, nil)
+
+func (c stepCollector) Describe(ch chan<- *prometheus.Desc) { ch <- stepSeconds }
+
+func (c stepCollector) Collect(ch chan<- prometheus.Metric) {
+	sp := c.b.Stats().StepSplit
+	for _, p := range []struct {
+		part string
+		d    time.Duration
+	}{{"schedule", sp.Schedule}, {"prepare", sp.Prepare}, {"launch", sp.Launch}, {"wait", sp.Wait}, {"download", sp.Download}, {"sample", sp.Sample}, {"device", sp.Device}} {
+		ch <- prometheus.MustNewConstMetric(stepSeconds, prometheus.CounterValue, p.d.Seconds(), p.part)
+	}
 }
 
 // pagingCollector reads the engine's paging statistics once per scrape.

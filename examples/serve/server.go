@@ -262,7 +262,8 @@ func (s *server) checkIDs(ids []int32) ([]int32, *apiError) {
 
 // engineError maps the batcher's errors to statuses: no room now 429, a
 // server shutting down 503 (both with Retry-After), a prompt over the
-// context 413, anything else 500.
+// context or a request larger than the whole KV pool (no retry fits it)
+// 413, anything else 500.
 func engineError(err error) *apiError {
 	msg := oneline.String(err.Error())
 	switch {
@@ -272,6 +273,8 @@ func engineError(err error) *apiError {
 		return (&apiError{status: http.StatusServiceUnavailable, Message: msg, Type: "server_error"}).withCode("shutting_down")
 	case errors.Is(err, engine.ErrPromptTooLong):
 		return (&apiError{status: http.StatusRequestEntityTooLarge, Message: msg, Type: "invalid_request_error"}).withCode("context_length_exceeded")
+	case errors.Is(err, engine.ErrTooLarge):
+		return (&apiError{status: http.StatusRequestEntityTooLarge, Message: msg, Type: "invalid_request_error"}).withCode("kv_pool_exceeded")
 	}
 	return &apiError{status: http.StatusInternalServerError, Message: msg, Type: "server_error"}
 }

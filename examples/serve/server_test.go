@@ -379,7 +379,8 @@ func TestEndpoints(t *testing.T) {
 			if tc.path == "/metrics" {
 				for _, name := range []string{"strata_requests_total", "strata_prompt_tokens_total", "strata_completion_tokens_total",
 					"strata_batch_size", "strata_queue_length", "strata_time_to_first_token_seconds_bucket",
-					"strata_inter_token_latency_seconds_bucket", "strata_layer_hits_total", "strata_device_used_bytes"} {
+					"strata_inter_token_latency_seconds_bucket", "strata_layer_hits_total", "strata_device_used_bytes",
+					`strata_batch_step_seconds_total{part="launch"}`, `strata_batch_step_seconds_total{part="device"}`} {
 					if !bytes.Contains(body, []byte("\n"+name)) {
 						t.Errorf("/metrics has no %s", name)
 					}

@@ -89,6 +89,7 @@ func TestBackend(t *testing.T, b tensor.Backend, opts ...Option) {
 	t.Run("MatMul", s.testMatMul)
 	t.Run("RMSNorm", s.testRMSNorm)
 	t.Run("Rope", s.testRope)
+	t.Run("RopeRows", s.testRopeRows)
 	t.Run("SiLUMul", s.testSiLUMul)
 	t.Run("Add", s.testAdd)
 	t.Run("Embed", s.testEmbed)
