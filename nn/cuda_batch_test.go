@@ -75,6 +75,13 @@ func TestCUDABatch(t *testing.T) {
 				if kv == tensor.Q8_B8 {
 					boundAlone, boundCPU = 3e-2, 6e-2
 				}
+				// A flip of an F16 pool's last bit moves a mixture's
+				// router as an 8-bit code's flip does (H200, session 5,
+				// with the batched step's RopeRows: 4.8e-2 from the CPU on
+				// tiny-qwen3-moe-f16's F16 pool, 1.5e-3 from alone).
+				if kv == tensor.F16 && lm.Config.MoE != nil {
+					boundCPU = 6e-2
+				}
 				gpu, cpu := mix(), mix()
 				run(gm, gpu, 12)
 				run(cm, cpu, 12)

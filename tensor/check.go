@@ -177,6 +177,18 @@ func checkRMSNorm(out, x, w *Tensor) error {
 
 func checkRope(x *Tensor, r Rotary) error {
 	const op = "Rope"
+	if err := checkRotary(op, x, r); err != nil {
+		return err
+	}
+	if t, maxPos := x.shape[0], r.Cos.shape[0]; r.Pos0+t > maxPos {
+		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position tables", op, r.Pos0, r.Pos0+t-1, maxPos)
+	}
+	return nil
+}
+
+// checkRotary checks what Rope and RopeRows share: x, the tables and
+// PosAt, not the rows' positions.
+func checkRotary(op string, x *Tensor, r Rotary) error {
 	cos, sin, heads, headDim, pos0 := r.Cos, r.Sin, r.Heads, r.HeadDim, r.Pos0
 	if heads <= 0 || headDim <= 0 || headDim%2 != 0 || pos0 < 0 {
 		return fmt.Errorf("tensor: %s: invalid heads %d, headDim %d (must be even) or pos0 %d", op, heads, headDim, pos0)
@@ -191,9 +203,6 @@ func checkRope(x *Tensor, r Rotary) error {
 	maxPos := cos.shape[0]
 	if err := CheckShape(op, "sin", sin, F32, maxPos, half); err != nil {
 		return err
-	}
-	if t := x.shape[0]; pos0+t > maxPos {
-		return fmt.Errorf("tensor: %s: positions %d..%d beyond the %d-position tables", op, pos0, pos0+t-1, maxPos)
 	}
 	if Overlap(x, cos) || Overlap(x, sin) {
 		return fmt.Errorf("tensor: %s: x overlaps the tables", op)

@@ -47,8 +47,10 @@ func checkRopeRows(x *Tensor, r Rotary, pos []int32) error {
 	if r.PosAt != nil {
 		return fmt.Errorf("tensor: %s: PosAt is set; the rows' positions are pos", op)
 	}
+	// Not checkRope: its positions are Pos0 onwards, one a row; a
+	// batched step may have more rows than the tables have positions.
 	r.Pos0 = 0
-	if err := checkRope(x, r); err != nil {
+	if err := checkRotary(op, x, r); err != nil {
 		return err
 	}
 	if t := x.shape[0]; len(pos) != t {

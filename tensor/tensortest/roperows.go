@@ -11,8 +11,9 @@ import (
 // a batched step's sequences have them): each row the bits of Rope at its
 // position, run one row at a time, and within the reference; with the
 // backend's own RopeRows and with the fallback over runs of consecutive
-// positions (a backend that hides it). Positions outside the tables, a
-// count other than the rows' and PosAt are refused.
+// positions (a backend that hides it), with more rows than the tables
+// have positions too. Positions outside the tables, a count other than the
+// rows' and PosAt are refused.
 func (s *suite) testRopeRows(t *testing.T) {
 	type hidden struct{ tensor.Backend } // no RopeRows: the fallback
 	cases := []struct {
@@ -24,6 +25,10 @@ func (s *suite) testRopeRows(t *testing.T) {
 		{"decode rows", 8, 64, []int32{17, 3, 40, 0, 5, 22}},
 		{"prompt chunk and decode rows", 4, 32, []int32{7, 0, 1, 2, 3, 30, 12, 13}},
 		{"repeated positions", 2, 128, []int32{5, 5, 5, 4}},
+		// A batched step of many sequences has more rows than the tables
+		// have positions (64 streams' prompt chunks: 256 rows, 163
+		// positions); only each row's position must be in them.
+		{"more rows than the tables' positions", 2, 16, manyPositions(60, 48)},
 	}
 	const maxPos = 48
 	for _, c := range cases {
@@ -79,4 +84,14 @@ func (s *suite) testRopeRows(t *testing.T) {
 			}
 		}
 	})
+}
+
+// manyPositions is n rows' positions, each below maxPos, runs of
+// consecutive ones and jumps between them.
+func manyPositions(n, maxPos int) []int32 {
+	pos := make([]int32, n)
+	for i := range pos {
+		pos[i] = int32((i*7 + i/5) % maxPos)
+	}
+	return pos
 }
