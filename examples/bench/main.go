@@ -123,7 +123,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Float64Var(&o.routerSkew, "router-skew", 0, "a mixture of experts: route with synthetic routing of this Zipf skew (0 uniform) in place of the model's own routing")
 	fs.Float64Var(&o.routerLocality, "router-locality", 0, "with -router-skew: the chance a token keeps each expert of the previous token")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
-	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof); on the cpu device it holds -bw-piece's bandwidth measures too (main.sumWords)")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
 	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
 	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
@@ -821,13 +821,13 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	busy0 := busyOf(sess)
 	kv0 := e.KV()
 	l0, counted := tensor.CountLaunches(b)
+	meter := newBWMeter(b, lm, o) // its buffer filled before the profile starts
 	var prof bytes.Buffer
 	if o.cpuProfile != "" {
 		if err := pprof.StartCPUProfile(&prof); err != nil {
 			return nil, fmt.Errorf("-cpuprofile: %w", err)
 		}
 	}
-	meter := newBWMeter(b, lm, o)
 	el, err := timeDecode(o.decode, step, meter)
 	if err != nil {
 		if o.cpuProfile != "" {
