@@ -13,7 +13,7 @@
 // time: F32 directly, F16 through VCVTPH2PS, BF16 by zero-extending each
 // word to 32 bits and shifting it into the high half (VPMOVZXWD, VPSLLD).
 // Dot products keep two accumulators per weight row, so that four rows have
-// eight independent FMA chains (gemvF16AVX512 takes one row at a time).
+// eight independent FMA chains (the F16 gemv kernels take one row at a time).
 
 // func dotF32AVX2(x *float32, w *float32, n int) float32
 TEXT ·dotF32AVX2(SB), NOSPLIT, $0-28
