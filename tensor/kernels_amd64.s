@@ -13,7 +13,7 @@
 // time: F32 directly, F16 through VCVTPH2PS, BF16 by zero-extending each
 // word to 32 bits and shifting it into the high half (VPMOVZXWD, VPSLLD).
 // Dot products keep two accumulators per weight row, so that four rows have
-// eight independent FMA chains.
+// eight independent FMA chains (the F16 gemv kernels take one row at a time).
 
 // func dotF32AVX2(x *float32, w *float32, n int) float32
 TEXT ·dotF32AVX2(SB), NOSPLIT, $0-28
@@ -459,6 +459,10 @@ end:
 	RET
 
 // func gemvF16AVX2(out, x *float32, w *uint16, k, ldw, rows int)
+//
+// One row at a time, as gemvF16AVX512 (which see): the two accumulators
+// and the order of additions of the four-row kernel it replaced, 32
+// values a step and a step of 16 where k leaves one.
 TEXT ·gemvF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ out+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -466,64 +470,47 @@ TEXT ·gemvF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ k+24(FP), DX
 	MOVQ ldw+32(FP), R12
 	MOVQ rows+40(FP), BX
-	SHRQ $2, BX
+	TESTQ BX, BX
 	JZ end
 	SHLQ $1, R12
-group:
-	LEAQ (R8)(R12*1), R9
-	LEAQ (R8)(R12*2), R10
-	LEAQ (R9)(R12*2), R11
+	MOVQ DX, CX
+	ANDQ $-32, CX
+row:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
 	XORQ AX, AX
+	CMPQ AX, CX
+	JGE tail
 loop:
-	VMOVUPS (SI)(AX*4), Y8
-	VMOVUPS 32(SI)(AX*4), Y9
 	VCVTPH2PS 0(R8)(AX*2), Y10
-	VFMADD231PS Y8, Y10, Y0
+	VFMADD231PS 0(SI)(AX*4), Y10, Y0
 	VCVTPH2PS 16(R8)(AX*2), Y11
-	VFMADD231PS Y9, Y11, Y1
-	VCVTPH2PS 0(R9)(AX*2), Y12
-	VFMADD231PS Y8, Y12, Y2
-	VCVTPH2PS 16(R9)(AX*2), Y13
-	VFMADD231PS Y9, Y13, Y3
-	VCVTPH2PS 0(R10)(AX*2), Y10
-	VFMADD231PS Y8, Y10, Y4
-	VCVTPH2PS 16(R10)(AX*2), Y11
-	VFMADD231PS Y9, Y11, Y5
-	VCVTPH2PS 0(R11)(AX*2), Y12
-	VFMADD231PS Y8, Y12, Y6
-	VCVTPH2PS 16(R11)(AX*2), Y13
-	VFMADD231PS Y9, Y13, Y7
-	ADDQ $16, AX
-	CMPQ AX, DX
+	VFMADD231PS 32(SI)(AX*4), Y11, Y1
+	VCVTPH2PS 32(R8)(AX*2), Y12
+	VFMADD231PS 64(SI)(AX*4), Y12, Y0
+	VCVTPH2PS 48(R8)(AX*2), Y13
+	VFMADD231PS 96(SI)(AX*4), Y13, Y1
+	ADDQ $32, AX
+	CMPQ AX, CX
 	JLT loop
+tail:
+	CMPQ AX, DX
+	JGE sum
+	VCVTPH2PS 0(R8)(AX*2), Y10
+	VFMADD231PS 0(SI)(AX*4), Y10, Y0
+	VCVTPH2PS 16(R8)(AX*2), Y11
+	VFMADD231PS 32(SI)(AX*4), Y11, Y1
+sum:
 	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y5, Y4, Y4
-	VADDPS Y7, Y6, Y6
 	VEXTRACTF128 $1, Y0, X1
 	VADDPS X1, X0, X0
-	VEXTRACTF128 $1, Y2, X3
-	VADDPS X3, X2, X2
-	VEXTRACTF128 $1, Y4, X5
-	VADDPS X5, X4, X4
-	VEXTRACTF128 $1, Y6, X7
-	VADDPS X7, X6, X6
-	VHADDPS X2, X0, X0
-	VHADDPS X6, X4, X4
-	VHADDPS X4, X0, X0
-	VMOVUPS X0, (DI)
-	ADDQ $16, DI
-	LEAQ (R8)(R12*4), R8
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	MOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ R12, R8
 	DECQ BX
-	JNZ group
+	JNZ row
 end:
 	VZEROUPPER
 	RET
@@ -677,6 +664,20 @@ end:
 	RET
 
 // func gemvF16AVX512(out, x *float32, w *uint16, k, ldw, rows int)
+//
+// Unlike the other gemv kernels, this one takes the rows one at a time:
+// the weights are one sequential stream, which the hardware prefetchers
+// follow best, where four rows at a time are four streams ldw apart. Each
+// row keeps the two accumulators and the order of additions of the
+// four-row kernel it replaced, so its results are the same bits (the
+// engine's TestOpenPagesGGUFExperts compares paths that group rows
+// differently bit for bit); the loop is unrolled to 64 values a step, with a step of
+// 32 where k leaves one. Two threads of the 1.1B model's F16 decode
+// products on the shared 2-core EPYC (BenchmarkMatMulDecode, five runs
+// alternating with the four-row kernel), median GB/s: 5632x2048 29.7
+// (four rows 16.8), 2048x2048 28.8 (17.7); 2048x5632 moved within the
+// noise, 23.7 (25.1). Software prefetches 512 to 2048 bytes ahead made
+// either slower (11 GB/s streamed on one thread, against 16-20 without).
 TEXT ·gemvF16AVX512(SB), NOSPLIT, $0-48
 	MOVQ out+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -684,72 +685,49 @@ TEXT ·gemvF16AVX512(SB), NOSPLIT, $0-48
 	MOVQ k+24(FP), DX
 	MOVQ ldw+32(FP), R12
 	MOVQ rows+40(FP), BX
-	SHRQ $2, BX
+	TESTQ BX, BX
 	JZ end
 	SHLQ $1, R12
-group:
-	LEAQ (R8)(R12*1), R9
-	LEAQ (R8)(R12*2), R10
-	LEAQ (R9)(R12*2), R11
+	MOVQ DX, CX
+	ANDQ $-64, CX
+row:
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
-	VPXORD Z4, Z4, Z4
-	VPXORD Z5, Z5, Z5
-	VPXORD Z6, Z6, Z6
-	VPXORD Z7, Z7, Z7
 	XORQ AX, AX
+	CMPQ AX, CX
+	JGE tail
 loop:
-	VMOVUPS (SI)(AX*4), Z8
-	VMOVUPS 64(SI)(AX*4), Z9
 	VCVTPH2PS 0(R8)(AX*2), Z10
-	VFMADD231PS Z8, Z10, Z0
+	VFMADD231PS 0(SI)(AX*4), Z10, Z0
 	VCVTPH2PS 32(R8)(AX*2), Z11
-	VFMADD231PS Z9, Z11, Z1
-	VCVTPH2PS 0(R9)(AX*2), Z12
-	VFMADD231PS Z8, Z12, Z2
-	VCVTPH2PS 32(R9)(AX*2), Z13
-	VFMADD231PS Z9, Z13, Z3
-	VCVTPH2PS 0(R10)(AX*2), Z14
-	VFMADD231PS Z8, Z14, Z4
-	VCVTPH2PS 32(R10)(AX*2), Z15
-	VFMADD231PS Z9, Z15, Z5
-	VCVTPH2PS 0(R11)(AX*2), Z16
-	VFMADD231PS Z8, Z16, Z6
-	VCVTPH2PS 32(R11)(AX*2), Z17
-	VFMADD231PS Z9, Z17, Z7
-	ADDQ $32, AX
-	CMPQ AX, DX
+	VFMADD231PS 64(SI)(AX*4), Z11, Z1
+	VCVTPH2PS 64(R8)(AX*2), Z12
+	VFMADD231PS 128(SI)(AX*4), Z12, Z0
+	VCVTPH2PS 96(R8)(AX*2), Z13
+	VFMADD231PS 192(SI)(AX*4), Z13, Z1
+	ADDQ $64, AX
+	CMPQ AX, CX
 	JLT loop
+tail:
+	CMPQ AX, DX
+	JGE sum
+	VCVTPH2PS 0(R8)(AX*2), Z10
+	VFMADD231PS 0(SI)(AX*4), Z10, Z0
+	VCVTPH2PS 32(R8)(AX*2), Z11
+	VFMADD231PS 64(SI)(AX*4), Z11, Z1
+sum:
 	VADDPS Z1, Z0, Z0
 	VEXTRACTF64X4 $1, Z0, Y1
-	VADDPS Z3, Z2, Z2
-	VEXTRACTF64X4 $1, Z2, Y3
-	VADDPS Z5, Z4, Z4
-	VEXTRACTF64X4 $1, Z4, Y5
-	VADDPS Z7, Z6, Z6
-	VEXTRACTF64X4 $1, Z6, Y7
 	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y5, Y4, Y4
-	VADDPS Y7, Y6, Y6
 	VEXTRACTF128 $1, Y0, X1
 	VADDPS X1, X0, X0
-	VEXTRACTF128 $1, Y2, X3
-	VADDPS X3, X2, X2
-	VEXTRACTF128 $1, Y4, X5
-	VADDPS X5, X4, X4
-	VEXTRACTF128 $1, Y6, X7
-	VADDPS X7, X6, X6
-	VHADDPS X2, X0, X0
-	VHADDPS X6, X4, X4
-	VHADDPS X4, X0, X0
-	VMOVUPS X0, (DI)
-	ADDQ $16, DI
-	LEAQ (R8)(R12*4), R8
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	MOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ R12, R8
 	DECQ BX
-	JNZ group
+	JNZ row
 end:
 	VZEROUPPER
 	RET

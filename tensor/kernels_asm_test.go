@@ -196,7 +196,7 @@ func TestGemvKernels(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 5))
 	for _, k := range allKernels() {
 		for _, rows := range []int{0, 1, 3, 4, 5, 8, 13, 64} {
-			for _, kd := range []int{1, 7, 16, 24, 32, 48, 64, 100, 256, 512, 2048} {
+			for _, kd := range []int{1, 7, 16, 24, 32, 48, 64, 96, 100, 160, 256, 512, 2048} {
 				x := randF32(r, kd)
 				w32 := randF32(r, rows*kd+1)[1:]
 				w16, wb16 := make([]uint16, rows*kd+3)[3:], make([]uint16, rows*kd+1)[1:]

@@ -82,6 +82,7 @@ type options struct {
 	stagingPiece                                        int64 // stagingPieceS parsed
 	stagingMapped                                       bool
 	decode, warmup, threads, chunk, promptTokens        int
+	bwPiece                                             int
 	streams                                             []int        // streamsFlag parsed
 	kv                                                  tensor.DType // kvDType parsed
 	ceilings, graphs                                    bool
@@ -104,6 +105,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.prefill, "prefill", "128,512", "prompt lengths to time")
 	fs.IntVar(&o.decode, "decode", 64, "decode steps to time")
 	fs.IntVar(&o.warmup, "warmup", 4, "decode steps before timing")
+	fs.IntVar(&o.bwPiece, "bw-piece", 8, "on the cpu device: time the decode in pieces of this many `steps`, the read bandwidth measured around each (0: no bandwidth measures)")
 	fs.StringVar(&o.streamsFlag, "streams", "", "also decode `N[,N...]` requests at once through the engine's batcher, each count in turn over the same engine: aggregate tok/s, inter-token latency and time to first token")
 	fs.IntVar(&o.promptTokens, "prompt-tokens", 16, "prompt `tokens` before the decode steps (their prefill is timed too): the context the timed steps attend over")
 	fs.StringVar(&o.kvCache, "kv-cache", "", "where the KV cache lives: device (default), host or auto (see generate -help)")
@@ -121,7 +123,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.Float64Var(&o.routerSkew, "router-skew", 0, "a mixture of experts: route with synthetic routing of this Zipf skew (0 uniform) in place of the model's own routing")
 	fs.Float64Var(&o.routerLocality, "router-locality", 0, "with -router-skew: the chance a token keeps each expert of the previous token")
 	fs.StringVar(&o.out, "out", "", "append results as JSON lines to this `file`")
-	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of each run's timed decode steps to this `file`, the run's name inserted before its extension (decode.pprof: decode-4GiB-hybrid-explicit.pprof); on the cpu device it holds -bw-piece's bandwidth measures too (main.sumWords)")
 	fs.StringVar(&o.report, "report", "", "comma-separated JSONL `files` to join into a table (no measuring)")
 	fs.StringVar(&o.md, "md", "", "with -report: also write the markdown table to this file")
 	fs.StringVar(&o.jsonOut, "json", "", "with -report: write the table rows as JSON to this file")
@@ -151,6 +153,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("-chunk %d must be >= 0", o.chunk)
 	case o.threads < 0:
 		return fmt.Errorf("-threads %d must be >= 0", o.threads)
+	case o.bwPiece < 0:
+		return fmt.Errorf("-bw-piece %d must be >= 0", o.bwPiece)
 	case o.promptTokens < 1:
 		return fmt.Errorf("-prompt-tokens %d must be >= 1", o.promptTokens)
 	case o.stagingReaders < 0:
@@ -265,6 +269,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			} else {
 				fmt.Fprintf(stdout, "%-12s %-36s decode %8.2f tok/s  prefill %v tok/s  %s/token  %.1f GB/s  overlap %.2f  peak %s  %s\n",
 					name, s, r.DecodeTokS, fmtRates(r.PrefillTokS), paging.FormatSize(int64(r.BytesPerToken)), r.H2DGBps, r.Overlap, paging.FormatSize(r.PeakDeviceBytes), launchCell(r))
+				if r.CPUBandwidth != nil {
+					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.CPUBandwidth)
+				}
 				if r.Experts != nil {
 					fmt.Fprintf(stdout, "%-12s %-36s %s\n", name, s, r.Experts)
 				}
@@ -569,7 +576,10 @@ type Result struct {
 	Graphs           bool             `json:"graphs,omitempty"`
 	Launches         *tensor.Launches `json:"launches,omitempty"`
 	LaunchesPerToken float64          `json:"launches_per_token,omitempty"`
-	Error            string           `json:"error,omitempty"`
+	// CPUBandwidth is a run on the CPU device against the read bandwidth
+	// measured between pieces of its timed decode (-bw-piece).
+	CPUBandwidth *CPUBandwidth `json:"cpu_bandwidth,omitempty"`
+	Error        string        `json:"error,omitempty"`
 }
 
 // KVResult is the KV cache's part of a run: its placement (bytes on the
@@ -811,22 +821,23 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	busy0 := busyOf(sess)
 	kv0 := e.KV()
 	l0, counted := tensor.CountLaunches(b)
+	meter := newBWMeter(b, lm, o) // its buffer filled before the profile starts
 	var prof bytes.Buffer
 	if o.cpuProfile != "" {
 		if err := pprof.StartCPUProfile(&prof); err != nil {
 			return nil, fmt.Errorf("-cpuprofile: %w", err)
 		}
 	}
-	t0 = time.Now()
-	for range o.decode {
-		if err := step(); err != nil {
-			if o.cpuProfile != "" {
-				pprof.StopCPUProfile()
-			}
-			return nil, err
+	el, err := timeDecode(o.decode, step, meter)
+	if err != nil {
+		if o.cpuProfile != "" {
+			pprof.StopCPUProfile()
 		}
+		return nil, err
 	}
-	el := time.Since(t0)
+	if meter != nil {
+		r.CPUBandwidth = &meter.c
+	}
 	if o.cpuProfile != "" {
 		pprof.StopCPUProfile()
 		path := profilePath(o.cpuProfile, s)

@@ -112,7 +112,7 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 		rows = append(rows, row)
 	}
 	batched := batchedRows(results)
-	md := markdown(ceil, rows) + batchedMarkdown(batched)
+	md := markdown(ceil, rows) + batchedMarkdown(batched) + cpuBandwidthMarkdown(rows)
 	fmt.Fprint(stdout, md)
 	if mdPath != "" {
 		if err := atomicfile.WriteFile(mdPath, []byte(md)); err != nil {
