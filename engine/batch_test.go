@@ -242,10 +242,11 @@ func TestBatcherMatchesAlone(t *testing.T) {
 				return expertBudget(t, lm, ctxLen, 8, lm.Config.MoE.ExpertsPerToken+2)
 			},
 			rates: func(lm *loader.Model) *paging.Rates {
-				// An expert uploads in 1 ms and takes the CPU 1.5: a
-				// step's misses split between the two.
+				// An expert uploads in 1 ms and takes the CPU 0.7 a row:
+				// a step's misses split between the two, those of one
+				// row on the CPU, those of more on the link.
 				eb := float64(lm.Config.MoE.ExpertSize) * float64(lm.Config.HiddenSize) * 3 * 2
-				return &paging.Rates{H2D: eb * 1e3, CPU: eb / 1.5e-3}
+				return &paging.Rates{H2D: eb * 1e3, CPU: eb / 0.7e-3}
 			}},
 		config{name: "hybrid", fixture: fixtures.TinyLlamaF16Sharded, gpu: true, strategy: paging.StrategyHybrid,
 			budget: func(*testing.T, *loader.Model) int64 { return 400 << 10 }},

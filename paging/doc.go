@@ -54,8 +54,8 @@
 //     or aged LFU (ExpertPolicy). AcquireResident serves a layer's router
 //     ahead of it, for guessing its experts. ExpertsOnCPU decides, by
 //     Options.ExpertsCPU and the Rates, which of a layer's missing
-//     experts the CPU computes while the others upload (SplitMisses: the
-//     split that ends the layer soonest), and HostExpert hands them over
+//     experts the CPU computes instead of uploading (SplitMisses: those
+//     whose product there ends before their upload), and HostExpert hands them over
 //     as host tensors.
 //   - Summary and WriteSnapshot show where the memory went;
 //     examples/memviz draws a snapshot.

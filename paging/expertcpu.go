@@ -18,12 +18,13 @@ type ExpertCPUPolicy string
 
 // The policies of ExpertsOnCPU.
 const (
-	// ExpertCPUAuto computes some of a layer's missing experts on the
-	// CPU while the rest upload, as many as the rates (Options.Rates)
-	// predict end the layer soonest (SplitMisses): in decode (one token
-	// an expert) usually several, in a long prefill (many tokens for
-	// each expert, whose arithmetic the CPU is slow at) few or none.
-	// Without rates it never does.
+	// ExpertCPUAuto computes on the CPU those of a layer's missing
+	// experts whose product there the rates (Options.Rates) predict ends
+	// before their upload would (SplitMisses): in decode (one token an
+	// expert) all of them where the CPU reads host memory faster than the
+	// link copies it, none where it is slower (the H200's host); in a
+	// long prefill (many tokens for each expert, whose arithmetic the CPU
+	// is slow at) few or none. Without rates it never does.
 	ExpertCPUAuto ExpertCPUPolicy = "auto"
 	// ExpertCPUNever uploads every missing expert.
 	ExpertCPUNever ExpertCPUPolicy = "never"
@@ -68,39 +69,43 @@ type ExpertMiss struct {
 }
 
 // expertCPU is the CPU's product of an expert of bytes weight bytes for
-// tokens rows at the CPU rate cpu: the weights are read once for all the
-// rows, and the rows' arithmetic takes tokens·bytes/CPURows when that is
-// longer; without CPURows each row counts as a read of the weights (the
-// rows' arithmetic unknown, the bound of a row at a time).
+// tokens rows at the CPU rate cpu: the weights read once from host memory
+// with the first row's arithmetic (bytes/cpu, one row's product as the CPU
+// rate is measured), then the other rows' arithmetic, (tokens-1)·bytes/
+// CPURows, added rather than overlapped: CPURows is measured over weights
+// the caches hold, and on the H200 the CPU took a prefill chunk's experts
+// (8 tokens each) several times slower than the longer of the two
+// predicted. Without CPURows each row counts as a read of the weights
+// (the rows' arithmetic unknown, the bound of a row at a time).
 func (r Rates) expertCPU(bytes int64, tokens int, cpu float64) float64 {
 	t := float64(max(tokens, 1))
 	if r.CPURows <= 0 {
 		return t * float64(bytes) / cpu
 	}
-	return max(float64(bytes)/cpu, t*float64(bytes)/r.CPURows)
+	return float64(bytes)/cpu + (t-1)*float64(bytes)/r.CPURows
 }
 
 func durationOf(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
 
 // SplitMisses chooses which of a layer's missing experts the CPU computes
-// while the link uploads the others, so that the layer's experts are done
-// soonest, and sets onCPU[i] for misses[i]. With k of them on the CPU, the
-// CPU's path is the hand-over of the chunk's rows down (Rates.Handoff),
-// then the k products one after another (expertCPU), each output handed
-// up (Rates.Handoff); the link's is the other uploads one after another.
-// The two run at once, each at its shared rate (H2DShared, CPUShared)
-// when both have work, and the device computes the experts it holds
-// meanwhile. The layer takes the slower path: SplitMisses tries the
-// misses in order of their CPU time over their upload time (the fewest
-// tokens first) and keeps the k whose slower path is the shortest, the
-// smallest such k (none on the CPU when it gains nothing). cpu and link
-// are the two paths' predicted times. Without the CPU's or the link's
-// rate it puts nothing on the CPU and ok is false.
-//
-// A per-expert test (the CPU when one expert's product ends before its
-// upload) never puts an expert on the CPU when each upload alone is the
-// shorter, however many are missing; splitting them is what shortens the
-// layer.
+// instead of uploading them, so that the layer's experts are done soonest,
+// and sets onCPU[i] for misses[i]. With k of them on the CPU, the CPU's
+// path is the hand-over of the chunk's rows down (Rates.Handoff), then
+// the k products one after another (expertCPU), each output handed up
+// (Rates.Handoff); the link's is the other uploads one after another,
+// each path at its shared rate (H2DShared, CPUShared) when both have
+// work. The layer is charged the two paths' sum, not the longer of them:
+// on the H200 (the Qwen3-30B-A3B shape at 8 GiB, 114 of 229 misses a
+// token on the CPU) a split whose two paths were to run side by side made
+// decode slower than uploading every miss, the CPU's products running
+// mostly in series with the copies. So an expert goes to the CPU only
+// when its product and hand-over there are shorter than its upload:
+// SplitMisses tries the misses in order of their CPU time over their
+// upload time (the fewest tokens first) and keeps the k whose sum is
+// shortest, the smallest such k (none on the CPU when it gains nothing),
+// never more than uploading them all. cpu and link are the two paths'
+// predicted times. Without the CPU's or the link's rate it puts nothing
+// on the CPU and ok is false.
 func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Duration, ok bool) {
 	clear(onCPU[:len(misses)])
 	if r.CPU <= 0 || r.H2D <= 0 {
@@ -142,7 +147,7 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 	bc, bl := times(0)
 	for k := 1; k <= n; k++ {
 		c, l := times(k)
-		if max(c, l) < max(bc, bl) {
+		if c+l < bc+bl {
 			best, bc, bl = k, c, l
 		}
 	}
@@ -158,8 +163,8 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 // expert cache for the layer or out of range; of the others, as
 // Options.ExpertsCPU says: all (always), none (never), or for
 // ExpertCPUAuto those SplitMisses puts on the CPU with the pager's rates,
-// so that the CPU's products and the uploads of the rest, side by side,
-// end soonest (none without rates), the least used of alike misses on
+// whose products there end before their uploads would (none without
+// rates), the least used of alike misses on
 // the CPU (their uses counted as an acquire's, HostExpert) so that those
 // used most are uploaded and cached.
 func (p *Pager) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
