@@ -425,23 +425,33 @@ func (p *Pager) ReleaseExperts(layer int, experts []int) {
 }
 
 // PrefetchExperts starts loading the layer's experts that are not in the
-// cache, in the background, into slots that are free or hold experts
-// neither pinned, loading nor just prefetched (the policy choosing among
-// them); it stops at the first it finds no room for. It does nothing
-// without an expert cache for the layer, with prefetch off
-// (Options.PrefetchDepth < 0), or for experts out of range. Errors
-// surface on AcquireExperts, which loads what a prefetch did not.
+// cache into slots that are free or hold experts neither pinned, loading
+// nor just prefetched (the policy choosing among them); it stops at the
+// first it finds no room for. The uploads of experts whose pinned host
+// copy the host cache holds, with a device that copies asynchronously,
+// are queued before it returns (they only queue copies); the others load
+// in the background. It does nothing without an expert cache for the
+// layer, with prefetch off (Options.PrefetchDepth < 0), or for experts
+// out of range. Errors surface on AcquireExperts, which loads what a
+// prefetch did not.
+//
+// Queued by the caller, not by a goroutine: nn computes a layer's experts
+// on the CPU right after it prefetches the next layer's, on as many
+// threads as the host has cores, and a goroutine queuing copies (a few
+// cgo calls each) waited for those products to end while the link
+// idled; the CPU's products ran in series with the uploads on the H200
+// (issue #16).
 func (p *Pager) PrefetchExperts(layer int, experts []int) {
 	es, err := p.expertEntries("prefetch", layer, experts)
 	if err != nil || !p.ex.prefetch {
 		return
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return
 	}
-	var start []*expertEntry
+	var now, later []*expertEntry
 	for _, e := range es {
 		if e.loaded || e.loading {
 			continue
@@ -452,14 +462,38 @@ func (p *Pager) PrefetchExperts(layer int, experts []int) {
 		}
 		e.prefetched, e.prefetchedAt = true, p.ex.visits[layer]
 		e.lastUse = p.bg.Stamp()
-		start = append(start, e)
+		if p.async != nil && e.host != nil && e.hostPinned {
+			now = append(now, e)
+		} else {
+			later = append(later, e)
+		}
 	}
-	if len(start) == 0 {
+	if len(now) > 0 {
+		p.inflight++ // Close waits for the load
+		p.st.ExpertPrefetches += int64(len(now))
+	}
+	p.prefetchExpertsLocked(later)
+	p.mu.Unlock()
+	if len(now) == 0 {
+		return
+	}
+	p.loadExperts(p.life, now) // errors surface on AcquireExperts
+	p.mu.Lock()
+	p.inflight--
+	p.changedLocked()
+	p.mu.Unlock()
+}
+
+// prefetchExpertsLocked loads es, whose slots are reserved, in the
+// background, or gives their slots back when too many prefetches are
+// under way.
+func (p *Pager) prefetchExpertsLocked(es []*expertEntry) {
+	if len(es) == 0 {
 		return
 	}
 	p.ex.prefetching++
 	if !p.ex.pf.TryGo(func() error {
-		p.loadExperts(p.life, start) // errors surface on AcquireExperts
+		p.loadExperts(p.life, es) // errors surface on AcquireExperts
 		p.mu.Lock()
 		p.ex.prefetching--
 		p.changedLocked()
@@ -467,14 +501,14 @@ func (p *Pager) PrefetchExperts(layer int, experts []int) {
 		return nil
 	}) {
 		p.ex.prefetching--
-		for _, e := range start {
+		for _, e := range es {
 			p.unreserveExpertLocked(e)
 			e.prefetched = false
 		}
 		p.st.ExpertPrefetchSkipped++
 		return
 	}
-	p.st.ExpertPrefetches += int64(len(start))
+	p.st.ExpertPrefetches += int64(len(es))
 }
 
 // SettleExperts waits for the expert prefetches under way to end, so that

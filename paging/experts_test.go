@@ -16,6 +16,14 @@ import (
 // and slots experts.
 func newExpertPager(t *testing.T, m *moeSynth, slots int, opts Options) (*Pager, *Budget, *fakeBackend, int64) {
 	t.Helper()
+	fb := newFake()
+	pg, bg, limit := newExpertPagerOn(t, fb, fb, m, slots, opts)
+	return pg, bg, fb, limit
+}
+
+// newExpertPagerOn is newExpertPager on the backend b, whose fake is fb.
+func newExpertPagerOn(t *testing.T, b tensor.Memory, fb *fakeBackend, m *moeSynth, slots int, opts Options) (*Pager, *Budget, int64) {
+	t.Helper()
 	info, limit := moeBudget(t, m, slots, 8)
 	p, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
 	if err != nil {
@@ -24,8 +32,7 @@ func newExpertPager(t *testing.T, m *moeSynth, slots int, opts Options) (*Pager,
 	if p.ExpertSlots != slots || p.StreamedBytes != 0 {
 		t.Fatalf("plan caches %d experts and streams %d bytes, want %d and none", p.ExpertSlots, p.StreamedBytes, slots)
 	}
-	fb := newFake()
-	bg := newBudget(t, fb, limit, "fake")
+	bg := newBudget(t, b, limit, "fake")
 	pg, err := NewPager(m, bg, p, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +51,7 @@ func newExpertPager(t *testing.T, m *moeSynth, slots int, opts Options) (*Pager,
 			t.Errorf("after Close the backend holds %d tensors (%d bytes), %d pinned", n, live, pinned)
 		}
 	})
-	return pg, bg, fb, limit
+	return pg, bg, limit
 }
 
 // acquireCheck acquires experts, checks their bytes and releases them.
@@ -241,6 +248,32 @@ func TestPrefetchExperts(t *testing.T) {
 		st := pg.Stats()
 		if st.ExpertPrefetchNoRoom != 1 || st.ExpertPrefetches != 4 || st.ExpertPrefetchHits != 2 || st.ExpertMisses != 0 {
 			t.Errorf("no room %d, prefetches %d, prefetch hits %d, misses %d; want 1, 4, 2 and 0", st.ExpertPrefetchNoRoom, st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertMisses)
+		}
+	})
+	t.Run("queued before it returns", func(t *testing.T) {
+		// An expert whose pinned host copy the host cache holds has its
+		// copy queued when PrefetchExperts returns, not by a goroutine
+		// that the CPU's experts, computed next on every core, would
+		// hold back; one without a host copy loads in the background.
+		m := newMoESynth(2, 6, 8, 16)
+		be := &asyncFake{fakeBackend: newFake()}
+		pg, _, _ := newExpertPagerOn(t, be, be.fakeBackend, m, 2, Options{})
+		acquireCheck(t, pg, m, be, 1, 0, 1) // their host copies kept
+		acquireCheck(t, pg, m, be, 2, 0, 1) // 0 and 1 of layer 1 evicted
+		be.mu.Lock()
+		before := be.async
+		be.mu.Unlock()
+		pg.PrefetchExperts(1, []int{0, 1})
+		be.mu.Lock()
+		queued := be.async - before
+		be.mu.Unlock()
+		st := pg.Stats()
+		if queued != 2*len(m.LayerExperts(1)[0]) || st.ExpertPrefetches != 2 {
+			t.Errorf("%d uploads queued (%d prefetches) when PrefetchExperts returned, want those of both experts' %d tensors", queued, st.ExpertPrefetches, len(m.LayerExperts(1)[0]))
+		}
+		acquireCheck(t, pg, m, be, 1, 0, 1) // the copies land before the compute
+		if st := pg.Stats(); st.ExpertPrefetchHits != 2 || st.ExpertMisses != 4 {
+			t.Errorf("prefetch hits %d, misses %d; want 2 and 4", st.ExpertPrefetchHits, st.ExpertMisses)
 		}
 	})
 	t.Run("off", func(t *testing.T) {
