@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader"
@@ -743,5 +744,63 @@ func TestExpertsOverlapOrder(t *testing.T) {
 				t.Errorf("the decode steps put %d experts on the CPU, prefetched %d times, uploaded %d misses: the order is not exercised", cpus, prefetches, st.ExpertMisses)
 			}
 		})
+	}
+}
+
+// meetCPU is a CPU whose products, until two have run at once, wait up to
+// 50 ms for another to start beside them; most is the most it saw at once.
+type meetCPU struct {
+	tensor.Backend
+	mu             sync.Mutex
+	inFlight, most int
+	met            chan struct{}
+	closed         bool
+}
+
+func (c *meetCPU) MatMul(out, x, w, bias *tensor.Tensor) error {
+	c.mu.Lock()
+	c.inFlight++
+	c.most = max(c.most, c.inFlight)
+	if c.inFlight == 2 && !c.closed {
+		close(c.met)
+		c.closed = true
+	}
+	c.mu.Unlock()
+	select {
+	case <-c.met:
+	case <-time.After(50 * time.Millisecond):
+	}
+	c.mu.Lock()
+	c.inFlight--
+	c.mu.Unlock()
+	return c.Backend.MatMul(out, x, w, bias)
+}
+
+// TestExpertsOnCPUAtOnce: a block's experts on the CPU are computed
+// several at once (cpuExpertsAtOnce), their products side by side on the
+// CPU's threads, and the logits are still the resident run's, bit for bit.
+func TestExpertsOnCPUAtOnce(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyQwen3MoEF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	const steps = 4
+	want := residentReference(t, lm, expertPrompt, steps)
+	k := lm.Config.MoE.ExpertsPerToken
+	r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, 2*k, false, paging.Options{ExpertsCPU: paging.ExpertCPUAlways})
+	inner := tensor.NewCPU(2)
+	defer inner.Close()
+	cpu := &meetCPU{Backend: inner, met: make(chan struct{})}
+	r.m.SetExpertCPU(cpu)
+	got := decodeMarked(t, r.m, func() {}, expertPrompt, steps)
+	sameLogits(t, "experts on the CPU at once", got, want)
+	st := r.pager.Stats()
+	cpu.mu.Lock()
+	most := cpu.most
+	cpu.mu.Unlock()
+	t.Logf("%d experts on the CPU, at most %d products at once", st.ExpertsOnCPU, most)
+	if most < 2 || st.ExpertsOnCPU < 2 {
+		t.Errorf("%d experts on the CPU, at most %d products at once: want several at once", st.ExpertsOnCPU, most)
 	}
 }
