@@ -453,9 +453,9 @@ func TestCUDAExpertsOnCPUDecode(t *testing.T) {
 					}
 				}
 				splitOnCPU = n
-				t.Logf("rates: H2D %.1f GB/s (%.1f shared), CPU %.1f GB/s (%.1f shared, %.1f over a chunk's rows), hand-over %v; "+
+				t.Logf("rates: H2D %.1f GB/s (%.1f shared), CPU %.1f GB/s (%.1f shared, %.1f over a chunk's rows, %.1f two products at once), hand-over %v; "+
 					"%d misses a block: the split puts %d on the CPU, predicted %.3f ms (CPU %.3f then link %.3f) against %.3f ms uploading all",
-					r.H2D/1e9, r.H2DShared/1e9, r.CPU/1e9, r.CPUShared/1e9, r.CPURows/1e9, r.Handoff, missing, n,
+					r.H2D/1e9, r.H2DShared/1e9, r.CPU/1e9, r.CPUShared/1e9, r.CPURows/1e9, r.CPUExperts/1e9, r.Handoff, missing, n,
 					(cpu+link).Seconds()*1e3, cpu.Seconds()*1e3, link.Seconds()*1e3, float64(missing)*float64(x.ExpertBytes)/r.H2D*1e3)
 				if r.Handoff > 100*time.Microsecond {
 					t.Errorf("hand-over measured at %v, want under 100 us (decode's take about 20)", r.Handoff)

@@ -266,7 +266,7 @@ func (r *ExpertReport) String() string {
 		s += fmt.Sprintf("; %d experts on the CPU (%d tokens)", r.OnCPU, r.CPUTokens)
 	}
 	if x := r.Rates; x != nil {
-		s += fmt.Sprintf("; split by link %.1f GB/s, CPU %.1f GB/s (%.1f over a chunk's rows), hand-over %v", x.H2D/1e9, x.CPU/1e9, x.CPURows/1e9, x.Handoff)
+		s += fmt.Sprintf("; split by link %.1f GB/s, CPU %.1f GB/s (%.1f over a chunk's rows, %.1f two at once), hand-over %v", x.H2D/1e9, x.CPU/1e9, x.CPURows/1e9, x.CPUExperts/1e9, x.Handoff)
 	}
 	for d, x := range r.Devices {
 		s += fmt.Sprintf("\n  device %d (%s): cache of %d of %d (%s): hit rate %.1f%%, prefetch accuracy %.1f%%", d, x.Device, x.Slots, x.Experts,

@@ -535,7 +535,7 @@ func (g *lookupGPU) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int
 // source up among them, measured 0.9 ms (TestCUDAExpertsOnCPU on the
 // H200) where decode's take 20 us. A hand-over is measured as half of a
 // download and an upload of the fake's known time, not less; the CPU's
-// rate over a chunk's rows is measured too.
+// rate over a chunk's rows and over two products at once are measured too.
 func TestExpertRatesHandoff(t *testing.T) {
 	rb, cb := rateBytes, cpuRateMinBytes
 	rateBytes, cpuRateMinBytes = 1<<20, 8<<20 // 8 MiB of 12 KiB experts: hundreds of copies
@@ -566,8 +566,8 @@ func TestExpertRatesHandoff(t *testing.T) {
 	if downloads == 0 || r.Handoff < handDelay || r.Handoff > 50*handDelay {
 		t.Errorf("hand-over %v over %d downloads, want half of a download and an upload of %v each (and not 50 times that)", r.Handoff, downloads, handDelay)
 	}
-	if !(r.CPURows > 0) {
-		t.Errorf("the CPU's rate over a chunk's rows %v, want it measured", r.CPURows)
+	if !(r.CPURows > 0) || !(r.CPUExperts > 0) {
+		t.Errorf("the CPU's rate over a chunk's rows %v, over two products at once %v, want them measured", r.CPURows, r.CPUExperts)
 	}
 	s, err := e.NewSession()
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/strata-llm/strata/arch"
@@ -39,7 +40,7 @@ const rateRows = 32
 // block of the model, as the CPU computes it: from pinned host memory, one
 // product per matrix); both at once; the GPU's product over weights of
 // dtype dt in its own memory; the CPU's products over a chunk of rows
-// (Rates.CPURows); and the hand-over of a hidden state of hidden floats
+// (Rates.CPURows), and two at once (Rates.CPUExperts); and the hand-over of a hidden state of hidden floats
 // between them (Rates.Handoff: half of a download and an upload). A first version measured the CPU over one
 // large matrix and read 120 GB/s where the model's blocks ran at 85: the
 // products' shapes and count matter. The device memory it takes is freed
@@ -179,6 +180,23 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		}
 		return nil
 	}
+	// Two products at once, each over its own weights (a sparse block's
+	// experts on the CPU, several at once): the products split between two
+	// goroutines, each spread over the CPU's threads with the other's.
+	pairOnce := func() error {
+		var errs [2]error
+		var wg sync.WaitGroup
+		for g := range 2 {
+			wg.Go(func() {
+				for i := g; i < len(products) && errs[g] == nil; i += 2 {
+					p := products[i]
+					errs[g] = ck.MatMul(p.y, p.x, p.w, nil)
+				}
+			})
+		}
+		wg.Wait()
+		return errors.Join(errs[:]...)
+	}
 	// The rows' arithmetic: one pass's products over a chunk of rateRows
 	// rows (the weights read once, each row multiplied with them).
 	var chunk []product
@@ -220,6 +238,10 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 		return r, err
 	}
 	r.CPU = cpuRate(d)
+	if d, err = best(3, pairOnce); err != nil {
+		return r, err
+	}
+	r.CPUExperts = cpuRate(d)
 	if d, err = best(3, rowsOnce); err != nil {
 		return r, err
 	}

@@ -91,8 +91,9 @@ func durationOf(x float64) time.Duration { return time.Duration(x * float64(time
 // instead of uploading them, so that the layer's experts are done soonest,
 // and sets onCPU[i] for misses[i]. With k of them on the CPU, the CPU's
 // path is the hand-over of the chunk's rows down (Rates.Handoff), then
-// the k products one after another (expertCPU), each output handed up
-// (Rates.Handoff); the link's is the other uploads one after another,
+// the k products (expertCPU; several at once at Rates.CPUExperts, slowed
+// as beside copies, when k is 2 or more), each output handed up (Rates.Handoff); the link's is the
+// other uploads one after another,
 // each path at its shared rate (H2DShared, CPUShared) when both have
 // work. The layer is charged the two paths' sum, not the longer of them:
 // on the H200 (the Qwen3-30B-A3B shape at 8 GiB, 114 of 229 misses a
@@ -129,7 +130,7 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 	// the CPU.
 	times := func(k int) (cpu, link float64) {
 		both := k > 0 && k < n
-		cr, lr := r.cpu(both), r.h2d(both)
+		cr, lr := r.cpuExperts(k, both), r.h2d(both)
 		for j, i := range order {
 			m := misses[i]
 			if j < k {
@@ -155,6 +156,21 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 		onCPU[i] = true
 	}
 	return durationOf(bc), durationOf(bl), true
+}
+
+// cpuExperts is the CPU's rate over k experts' products, computed
+// several at once when k is 2 or more (CPUExperts), while a copy runs or
+// not (one product's rate). Several at once count at CPUExperts slowed
+// by CPUShared/CPU whether or not the block uploads any of its misses:
+// in decode the next block's prefetches copy beside them, and they read
+// host memory as fast as the copies let them. Never below the rate of
+// one product at a time.
+func (r Rates) cpuExperts(k int, copyBusy bool) float64 {
+	one := r.cpu(copyBusy)
+	if k < 2 || r.CPUExperts <= 0 || r.CPU <= 0 {
+		return one
+	}
+	return max(one, r.CPUExperts*r.cpu(true)/r.CPU)
 }
 
 // ExpertsOnCPU chooses which of the layer's experts a chunk chose

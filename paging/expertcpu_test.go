@@ -61,7 +61,9 @@ var h200Issue16 = Rates{H2D: 54.7e9, H2DShared: 50.9e9, CPU: 37.9e9, CPUShared: 
 // Qwen3-30B-A3B shape's experts (9.4 MB) no miss goes to the CPU, in
 // decode (seven misses a block) or in a prefill chunk of 128 tokens (about
 // 116 misses of 8 tokens each): each uploads sooner than the CPU computes
-// it. On a PCIe 4 host (a link of 25 GB/s, the CPU at 40) the CPU takes a
+// it; were two experts at once to read 90 GB/s (CPUExperts; 71.4 beside
+// the copies of prefetches, as decode has them), the seven would go to
+// the CPU, and one alone still not; at 60 (47.6 beside copies), none. On a PCIe 4 host (a link of 25 GB/s, the CPU at 40) the CPU takes a
 // decode step's seven misses, and of a prefill chunk's the one chosen by
 // a single token (the rows' arithmetic is added to the read); without
 // CPURows each row counts as a read. The split found is the best of every
@@ -72,6 +74,10 @@ func TestSplitMisses(t *testing.T) {
 	pcie4 := Rates{H2D: 25e9, CPU: 40e9, CPURows: 320e9, Handoff: 10 * time.Microsecond}
 	pcie4Shared := pcie4
 	pcie4Shared.H2DShared, pcie4Shared.CPUShared = 22e9, 36e9
+	h200AtOnce := h200Issue16
+	h200AtOnce.CPUExperts = 90e9 // 71.4 beside copies
+	h200AtOnce60 := h200Issue16
+	h200AtOnce60.CPUExperts = 60e9
 	rowsUnmeasured := pcie4
 	rowsUnmeasured.CPURows = 0
 	misses := func(n, tokens int) []ExpertMiss {
@@ -93,6 +99,9 @@ func TestSplitMisses(t *testing.T) {
 		{"H200 decode, seven misses", h200Issue16, misses(7, 1), nil, 1208 * time.Microsecond, true},
 		{"H200 decode, one miss", h200Issue16, misses(1, 1), nil, 173 * time.Microsecond, true},
 		{"H200 prefill chunk of 128", h200Issue16, misses(116, 8), nil, 20013 * time.Microsecond, true},
+		{"H200 decode, seven misses, two at once at 90 GB/s", h200AtOnce, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 999 * time.Microsecond, true},
+		{"H200 decode, one miss, two at once at 90 GB/s", h200AtOnce, misses(1, 1), nil, 173 * time.Microsecond, true},
+		{"H200 decode, seven misses, two at once at 60 GB/s", h200AtOnce60, misses(7, 1), nil, 1208 * time.Microsecond, true},
 		{"PCIe 4 decode, seven misses", pcie4, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 1732 * time.Microsecond, true},
 		{"PCIe 4 decode, seven misses, shared rates", pcie4Shared, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 1732 * time.Microsecond, true},
 		{"PCIe 4 prefill chunk", pcie4, chunk, []int{3}, 1388 * time.Microsecond, true},
@@ -161,7 +170,7 @@ func splitTimes(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dura
 	var c, l float64
 	for i, m := range misses {
 		if onCPU[i] {
-			c += r.expertCPU(m.Bytes, m.Tokens, r.cpu(both)) + r.Handoff.Seconds()
+			c += r.expertCPU(m.Bytes, m.Tokens, r.cpuExperts(k, both)) + r.Handoff.Seconds()
 		} else {
 			l += float64(m.Bytes) / r.h2d(both)
 		}

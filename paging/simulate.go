@@ -102,6 +102,15 @@ type Rates struct {
 	// when its arithmetic is longer than the read; 0 counts a read of
 	// the weights for each row (SplitMisses).
 	CPURows float64 `json:"cpu_rows_bytes_per_s,omitempty"`
+	// CPUExperts is the CPU's rate over two products at once, each over
+	// its own weights and spread over the CPU's threads with the other's
+	// (their bytes together over the time): a sparse block computes its
+	// experts on the CPU several at once (nn, up to four), and one
+	// product alone leaves much of the host's memory rate unused (37.9 of
+	// 97.7 GB/s over one expert on the H200's host). SplitMisses counts
+	// two experts or more on the CPU at this rate, slowed as CPUShared
+	// slows CPU; 0 takes CPU.
+	CPUExperts float64 `json:"cpu_experts_bytes_per_s,omitempty"`
 	// CPULayerShared is CPULayer while a copy runs (the block timed with
 	// the copy engine streaming, its bytes at CPUShared); 0 takes
 	// CPULayer.
@@ -160,7 +169,7 @@ func (r Rates) check(copies, cpu bool) error {
 	for _, v := range []struct {
 		name string
 		x    float64
-	}{{"H2D", r.H2D}, {"CPU", r.CPU}, {"H2DShared", r.H2DShared}, {"CPUShared", r.CPUShared}, {"Device", r.Device}, {"CPURows", r.CPURows}, {"CPUAttention", r.CPUAttention}} {
+	}{{"H2D", r.H2D}, {"CPU", r.CPU}, {"H2DShared", r.H2DShared}, {"CPUShared", r.CPUShared}, {"Device", r.Device}, {"CPURows", r.CPURows}, {"CPUExperts", r.CPUExperts}, {"CPUAttention", r.CPUAttention}} {
 		if v.x < 0 || math.IsNaN(v.x) || math.IsInf(v.x, 0) {
 			return fmt.Errorf("paging: %w: %s %v bytes/s", ErrBadRates, v.name, v.x)
 		}
