@@ -361,7 +361,10 @@ func TestCUDAExpertsOnCPU(t *testing.T) {
 // each policy for missing experts. It logs, per policy, decode tok/s,
 // misses and experts on the CPU per token, the rates auto split with, and
 // the time the split predicts for a block's experts (paging.SplitMisses)
-// beside the link's alone. It asserts that always puts experts on the
+// beside the link's alone, and for always whether its experts on the CPU
+// ran beside its copies or in series with them (its block's two paths at
+// auto's rates, summed and side by side, against its measured block: the
+// question of issue #16). It asserts that always puts experts on the
 // CPU and never none; that auto puts some there exactly when the split,
 // with the rates it measured, predicts a miss of the block ends sooner on
 // the CPU (on the H200, CPU 37.9 against link 54.7 GB/s for one expert:
@@ -406,6 +409,7 @@ func TestCUDAExpertsOnCPUDecode(t *testing.T) {
 		prompt[i] = int32(1 + 37*i%4000)
 	}
 	tokS, prefillS := map[paging.ExpertCPUPolicy]float64{}, map[paging.ExpertCPUPolicy]float64{}
+	reports := map[paging.ExpertCPUPolicy]*ExpertReport{}
 	for _, policy := range []paging.ExpertCPUPolicy{paging.ExpertCPUNever, paging.ExpertCPUAlways, paging.ExpertCPUAuto} {
 		t.Run(string(policy), func(t *testing.T) {
 			e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: ctxLen, Chunk: chunk,
@@ -435,6 +439,7 @@ func TestCUDAExpertsOnCPUDecode(t *testing.T) {
 			decode := time.Since(start)
 			x := e.Experts().Since(before, steps)
 			tokS[policy] = float64(steps) / decode.Seconds()
+			reports[policy] = x
 			t.Logf("policy %s: prefill of %d in %v; decode %.1f tok/s (%.2f ms a block); %s", policy, len(prompt), prefill.Round(time.Millisecond),
 				tokS[policy], 1e3*decode.Seconds()/float64(steps*c.NumLayers), x)
 			splitOnCPU := -1 // the misses of a block the split puts on the CPU, with auto's rates
@@ -466,6 +471,22 @@ func TestCUDAExpertsOnCPUDecode(t *testing.T) {
 				t.Errorf("auto put %d experts on the CPU in decode (%.2f misses a token); its rates' split puts %d of a block's misses there", x.OnCPU, x.MissesPerToken, splitOnCPU)
 			case policy != paging.ExpertCPUAuto && (x.OnCPU > 0) != (policy == paging.ExpertCPUAlways):
 				t.Errorf("policy %s: %d experts on the CPU in decode", policy, x.OnCPU)
+			}
+			if a, r := reports[paging.ExpertCPUAlways], x.Rates; policy == paging.ExpertCPUAuto && a != nil && r != nil && tokS[paging.ExpertCPUAlways] > 0 {
+				// Did always's experts on the CPU run beside its link's
+				// copies (prefetches) or in series with them? Its block's
+				// two paths at auto's rates, against its measured block.
+				L := float64(c.NumLayers)
+				onCPU := a.OnCPUPerToken / L
+				rate := r.CPU
+				if onCPU >= 2 && r.CPUExperts > 0 {
+					rate = r.CPUExperts
+				}
+				cpuMS := 1e3 * (onCPU*(float64(a.ExpertBytes)/rate+r.Handoff.Seconds()) + r.Handoff.Seconds())
+				linkMS := 1e3 * a.BytesPerToken / L / r.H2D
+				t.Logf("always: %.2f experts a block on the CPU (%.3f ms predicted at %.1f GB/s), %.3f ms of copies a block (%s a token): "+
+					"in series %.3f ms, side by side %.3f; measured %.3f ms a block (never: %.3f)", onCPU, cpuMS, rate/1e9, linkMS,
+					paging.FormatSize(int64(a.BytesPerToken)), cpuMS+linkMS, max(cpuMS, linkMS), 1e3/tokS[paging.ExpertCPUAlways]/L, 1e3/tokS[paging.ExpertCPUNever]/L)
 			}
 			if never := tokS[paging.ExpertCPUNever]; policy == paging.ExpertCPUAuto && never > 0 {
 				neverP := prefillS[paging.ExpertCPUNever]
