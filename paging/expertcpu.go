@@ -227,7 +227,8 @@ func (p *Pager) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
 // HostExpert returns the tensors of the layer's expert in host memory, for
 // the CPU to compute with (ExpertsOnCPU), counting it in Stats.ExpertsOnCPU
 // and its tokens in ExpertCPUTokens, and as a use of the expert (LFU's
-// count, which ExpertsOnCPU orders by). The tensors are its host copy when
+// count, which ExpertsOnCPU orders by); PrefetchExperts leaves it to the
+// CPU until an acquire. The tensors are its host copy when
 // the host cache holds one; else it is read from the source, into a host
 // copy the host cache keeps when it has room (pinned where the device
 // has pinned memory, as a load would keep it), or into a buffer of its
@@ -326,6 +327,7 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 	}
 	p.st.BytesDiskToHost += read
 	p.ex.touchLocked(e) // a use, as an acquire counts it: ExpertsOnCPU uploads the most used
+	e.onCPU = true      // not prefetched (PrefetchExperts) until acquired
 	p.st.ExpertsOnCPU++
 	p.st.ExpertCPUTokens += int64(tokens)
 	p.st.ExpertCPUBytes += e.bytes

@@ -138,6 +138,9 @@ type expertEntry struct {
 	loaded     bool
 	loading    bool
 	prefetched bool // brought by PrefetchExperts and not acquired since
+	// onCPU: last used on the CPU (HostExpert), not acquired since;
+	// PrefetchExperts leaves it to the CPU.
+	onCPU bool
 	// prefetchedAt is its layer's visits when it was prefetched: it is
 	// just prefetched (fresh) until its layer's next visit.
 	prefetchedAt uint64
@@ -389,7 +392,7 @@ func (p *Pager) AcquireExperts(ctx context.Context, layer int, experts []int) (m
 		if e.prefetched && e.prefetchedAt+1 == x.visits[layer] { // the visit it was prefetched for
 			p.st.ExpertPrefetchHits++
 		}
-		e.prefetched = false
+		e.prefetched, e.onCPU = false, false
 		m := make(map[string]*tensor.Tensor, len(e.specs))
 		for k, s := range e.specs {
 			m[s.Name] = e.t[k]
@@ -432,8 +435,12 @@ func (p *Pager) ReleaseExperts(layer int, experts []int) {
 // are queued before it returns (they only queue copies); the others load
 // in the background. It does nothing without an expert cache for the
 // layer, with prefetch off (Options.PrefetchDepth < 0), or for experts
-// out of range. Errors surface on AcquireExperts, which loads what a
-// prefetch did not.
+// out of range, nor for an expert last computed on the CPU (HostExpert)
+// and not acquired since: ExpertsOnCPU sent it there rather than upload
+// it, and a guess of the experts a block chose at the position before
+// (synthetic routing's) uploaded every such expert one token later (on
+// the H200, 112 of 114 a token, issue #16). Errors surface on
+// AcquireExperts, which loads what a prefetch did not.
 //
 // Queued by the caller, not by a goroutine: nn computes a layer's experts
 // on the CPU right after it prefetches the next layer's, on as many
@@ -453,7 +460,7 @@ func (p *Pager) PrefetchExperts(layer int, experts []int) {
 	}
 	var now, later []*expertEntry
 	for _, e := range es {
-		if e.loaded || e.loading {
+		if e.loaded || e.loading || e.onCPU {
 			continue
 		}
 		if !p.reserveExpertsLocked([]*expertEntry{e}, es, true) {

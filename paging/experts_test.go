@@ -276,6 +276,31 @@ func TestPrefetchExperts(t *testing.T) {
 			t.Errorf("prefetch hits %d, misses %d; want 2 and 4", st.ExpertPrefetchHits, st.ExpertMisses)
 		}
 	})
+	t.Run("leaves experts on the CPU", func(t *testing.T) {
+		// An expert computed on the CPU is not prefetched (a guess of
+		// what the block chose at the position before would upload it
+		// a token later) until an acquire has uploaded it.
+		m := newMoESynth(2, 6, 8, 16)
+		pg, _, fb, _ := newExpertPager(t, m, 3, Options{ExpertsCPU: ExpertCPUAlways})
+		_, release, err := pg.HostExpert(ctx, 1, 3, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		pg.PrefetchExperts(1, []int{3, 4})
+		waitExperts(t, pg)
+		st := pg.Stats()
+		if st.ExpertPrefetches != 1 || st.ExpertsCached != 1 || st.ExpertBytesMoved != m.expertBytes() {
+			t.Errorf("after expert 3 on the CPU, prefetching 3 and 4: %d prefetches, %d cached, %d bytes moved; want 4's alone", st.ExpertPrefetches, st.ExpertsCached, st.ExpertBytesMoved)
+		}
+		acquireCheck(t, pg, m, fb, 1, 3)
+		acquireCheck(t, pg, m, fb, 2, 0, 1, 2) // evicts layer 1's
+		pg.PrefetchExperts(1, []int{3})
+		waitExperts(t, pg)
+		if st := pg.Stats(); st.ExpertPrefetches != 2 {
+			t.Errorf("expert 3 acquired since the CPU computed it: %d prefetches, want 2", st.ExpertPrefetches)
+		}
+	})
 	t.Run("off", func(t *testing.T) {
 		m := newMoESynth(1, 4, 8, 16)
 		pg, _, _, _ := newExpertPager(t, m, 2, Options{PrefetchDepth: -1})
