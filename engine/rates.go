@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -289,18 +288,10 @@ func measureRates(ctx context.Context, gpu, cpu tensor.Backend, dt tensor.DType,
 // best runs f n times and returns the shortest time (the machine's rate
 // with the least interference), after one untimed run.
 func best(n int, f func() error) (time.Duration, error) {
-	if err := f(); err != nil {
+	ts, err := timings(n, f)
+	if err != nil {
 		return 0, err
 	}
-	ts := make([]time.Duration, 0, n)
-	for range n {
-		t0 := time.Now()
-		if err := f(); err != nil {
-			return 0, err
-		}
-		ts = append(ts, time.Since(t0))
-	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
 	return ts[0], nil
 }
 
@@ -308,19 +299,29 @@ func best(n int, f func() error) (time.Duration, error) {
 // run: for a short operation that decode repeats, what a step pays rather
 // than the luckiest run.
 func median(n int, f func() error) (time.Duration, error) {
-	if err := f(); err != nil {
+	ts, err := timings(n, f)
+	if err != nil {
 		return 0, err
+	}
+	return ts[n/2], nil
+}
+
+// timings runs f once untimed, then n times (n > 0), and returns the n
+// times in increasing order.
+func timings(n int, f func() error) ([]time.Duration, error) {
+	if err := f(); err != nil {
+		return nil, err
 	}
 	ts := make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
 		if err := f(); err != nil {
-			return 0, err
+			return nil, err
 		}
 		ts = append(ts, time.Since(t0))
 	}
 	slices.Sort(ts)
-	return ts[n/2], nil
+	return ts, nil
 }
 
 // alignPinned rounds a matrix's bytes up to the offset of the next one in

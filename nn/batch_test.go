@@ -45,6 +45,26 @@ func residentModel(t *testing.T, lm *loader.Model, threads int) (*Model, *paging
 	return m, bud
 }
 
+// fixtureOnCPU opens fixture name and loads its weights on a CPU backend of
+// two threads, for tests that wrap the backend before New; all three are
+// closed when the test ends.
+func fixtureOnCPU(t *testing.T, name string) (*loader.Model, *tensor.CPU, *HostWeights) {
+	t.Helper()
+	lm, err := loader.Open(fixtures.Dir(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lm.Close() })
+	cpu := tensor.NewCPU(2)
+	t.Cleanup(func() { cpu.Close() })
+	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hw.Close() })
+	return lm, cpu, hw
+}
+
 // batchSeq is one sequence of a batch test: its prompt, the greedy tokens
 // it decodes and the logits of each.
 type batchSeq struct {
@@ -490,18 +510,7 @@ func (c timedCPU) Launches() tensor.Launches { return tensor.Launches{Kernels: c
 // device time, and its launches are counted; a step without logits is not
 // waited for; only a step with logits downloads.
 func TestBatchStepTimes(t *testing.T) {
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cpu := tensor.NewCPU(2)
-	defer cpu.Close()
-	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
+	lm, cpu, hw := fixtureOnCPU(t, fixtures.TinyLlamaF16Sharded)
 	var starts, stops int
 	var norms atomic.Int64
 	timed := timedCPU{Backend: cpu, device: 123 * time.Millisecond, starts: &starts, stops: &stops, norms: &norms}
@@ -586,18 +595,7 @@ func (c ropeCounter) Unwrap() tensor.Backend { return c.Backend }
 // sequences it holds: not two a sequence a layer (a GPU's launches every
 // step, 4,096 a step for 64 sequences of a 32-layer model).
 func TestBatchRopeCalls(t *testing.T) {
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cpu := tensor.NewCPU(2)
-	defer cpu.Close()
-	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
+	lm, cpu, hw := fixtureOnCPU(t, fixtures.TinyLlamaF16Sharded)
 	var rope, ropeRows atomic.Int64
 	m, err := New(lm.Config, ropeCounter{Backend: cpu, rope: &rope, ropeRows: &ropeRows}, nil, hw)
 	if err != nil {
@@ -672,18 +670,7 @@ func (c pinnedCPU) Unwrap() tensor.Backend { return c.Backend }
 // download, one buffer held (a larger step's replaces the smaller one's),
 // and none left after Close.
 func TestBatchPinnedLogits(t *testing.T) {
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cpu := tensor.NewCPU(2)
-	defer cpu.Close()
-	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
+	lm, cpu, hw := fixtureOnCPU(t, fixtures.TinyLlamaF16Sharded)
 	var bogus int
 	pc := pinnedCPU{Backend: cpu, held: map[*byte]int{}, bogus: &bogus}
 	vocab := lm.Config.VocabSize
