@@ -26,6 +26,10 @@ type pool struct {
 
 	mu     sync.RWMutex // guards closed against sends on a closed channel
 	closed bool
+
+	// parallel counts the jobs handed to the threads (runTask with more
+	// than one task and thread), for the tests of the fused products.
+	parallel atomic.Int64
 }
 
 // task is the work of a parallel job: run(i) for i in [0, n).
@@ -140,6 +144,7 @@ func (p *pool) runTask(n int, t task) {
 		}
 		return
 	}
+	p.parallel.Add(1)
 	j := p.jobs.Get().(*job)
 	// Close the previous use first: a worker late from it may still hold
 	// its state, and must not pair that with the new n (which let it claim

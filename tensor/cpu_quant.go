@@ -98,22 +98,40 @@ func (c *CPU) matMulQuant(out, x, w, bias *Tensor) error {
 // multiplied over the blocks of weight rows a one-row product uses, so that
 // its bits are a one-row product's (MatMulRows).
 func (c *CPU) matMulQuantRows(out, x, w, bias *Tensor, rows bool) error {
+	q, tasks, err := c.quantTasks(out, x, w, bias, rows)
+	if q == nil || err != nil {
+		return err
+	}
+	defer q.release()
+	c.runMaybe(q.m*q.n*q.k < minParallel, tasks, q)
+	return nil
+}
+
+// quantTasks prepares matMulQuantRows' product: x quantized, and the
+// product's tasks (q.run) left to run. It returns a nil q when there is
+// nothing left to run; otherwise the caller runs the tasks and releases q.
+func (c *CPU) quantTasks(out, x, w, bias *Tensor, rows bool) (*qmatmul, int, error) {
 	typ, ok := w.dtype.Quant()
 	if !ok || !quant.IntegerProduct(typ) {
-		return fmt.Errorf("tensor: cpu: MatMul: %v weights have no integer product", w.dtype)
+		return nil, 0, fmt.Errorf("tensor: cpu: MatMul: %v weights have no integer product", w.dtype)
 	}
 	m, k, n := x.shape[0], x.shape[1], w.shape[0]
 	if m == 0 || n == 0 {
-		return nil
+		return nil, 0, nil
 	}
 	q := qmatmulPool.Get().(*qmatmul)
-	defer q.release()
+	done := false
+	defer func() {
+		if !done {
+			q.release()
+		}
+	}()
 	q.typ, q.m, q.n, q.k, q.out, q.w = typ, m, n, k, out.F32(), w.data
 	xb := 0
 	if k > 0 {
 		var err error
 		if xb, err = quant.ActivationBytes(typ, k); err != nil {
-			return fmt.Errorf("tensor: cpu: MatMul: %w", err)
+			return nil, 0, fmt.Errorf("tensor: cpu: MatMul: %w", err)
 		}
 	}
 	q.wb, q.xb = k/typ.BlockSize()*typ.BlockBytes(), xb
@@ -127,7 +145,7 @@ func (c *CPU) matMulQuantRows(out, x, w, bias *Tensor, rows bool) error {
 				q.out[i*n+j] = q.biasAt(j)
 			}
 		}
-		return nil
+		return nil, 0, nil
 	}
 	need := m * q.xb
 	if cap(*q.buf) < need {
@@ -140,7 +158,7 @@ func (c *CPU) matMulQuantRows(out, x, w, bias *Tensor, rows bool) error {
 	q.per = max(1, qQuantizeElems/k)
 	c.runMaybe(m*k < 2*qQuantizeElems, (m+q.per-1)/q.per, q)
 	if q.err != nil {
-		return q.err
+		return nil, 0, q.err
 	}
 	q.quantizing = false
 	// Decode: about four tasks per thread, each of qMinTask to qMaxTask
@@ -151,8 +169,8 @@ func (c *CPU) matMulQuantRows(out, x, w, bias *Tensor, rows bool) error {
 		per = min(max(per, qMinTask/q.wb), qMaxTask/q.wb)
 	}
 	q.per = max(4, per)
-	c.runMaybe(m*n*k < minParallel, (n+q.per-1)/q.per, q)
-	return nil
+	done = true
+	return q, (n + q.per - 1) / q.per, nil
 }
 
 func (q *qmatmul) biasAt(j int) float32 {

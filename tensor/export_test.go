@@ -24,3 +24,6 @@ func KernelNames() []string {
 // multiplies quantized weights of dt on the gemm, dequantized, rather than
 // in integers.
 func QuantGemmRows(dt DType) int { return quantGemmRows(dt) }
+
+// ParallelJobs counts the jobs c's pool has handed to its threads.
+func ParallelJobs(c *CPU) int64 { return c.pool.parallel.Load() }

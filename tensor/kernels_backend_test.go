@@ -104,8 +104,19 @@ func testNoAllocs(t *testing.T, c tensor.Backend) {
 	g1, _ := gate.Rows(0, 1)
 	u1, _ := up.Rows(0, 1)
 	a1, _ := attn.Rows(0, 1)
+	gateUp := func(h, gate, up *tensor.Tensor) ([]*tensor.Tensor, []*tensor.Tensor) {
+		return []*tensor.Tensor{gate, up}, []*tensor.Tensor{wg, wg}
+	}
+	outs1, ws1 := gateUp(h1, g1, u1)
+	outs, ws := gateUp(h, gate, up)
 	step := func(x, h, q, gate, up, attn, x4, y4 *tensor.Tensor, pos int) {
+		many, manyW := outs, ws
+		if h.Shape()[0] == 1 {
+			many, manyW = outs1, ws1
+		}
 		for _, err := range []error{
+			tensor.MatMulMany(c, many, h, manyW),
+			tensor.GateUpSiLU(c, gate, up, h, wg, wg),
 			c.Embed(x4, table, ids[:x4.Shape()[0]]),
 			c.RMSNorm(h, x, norm, 1e-5),
 			c.MatMul(q, h, w41, nil),
