@@ -91,8 +91,9 @@ func durationOf(x float64) time.Duration { return time.Duration(x * float64(time
 // instead of uploading them, so that the layer's experts are done soonest,
 // and sets onCPU[i] for misses[i]. With k of them on the CPU, the CPU's
 // path is the hand-over of the chunk's rows down (Rates.Handoff), then
-// the k products (expertCPU; several at once at Rates.CPUExperts, slowed
-// as beside copies, when k is 2 or more), each output handed up (Rates.Handoff); the link's is the
+// the k products (expertCPU; several at once at Rates.CPUExperts when k
+// is 2 or more, slowed as beside copies when the link uploads others:
+// cpuExperts), each output handed up (Rates.Handoff); the link's is the
 // other uploads one after another,
 // each path at its shared rate (H2DShared, CPUShared) when both have
 // work. The layer is charged the two paths' sum, not the longer of them:
@@ -160,15 +161,22 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 
 // cpuExperts is the CPU's rate over k experts' products, computed
 // several at once when k is 2 or more (CPUExperts), while a copy runs or
-// not (one product's rate). Several at once count at CPUExperts slowed
-// by CPUShared/CPU whether or not the block uploads any of its misses:
-// in decode the next block's prefetches copy beside them, and they read
-// host memory as fast as the copies let them. Never below the rate of
-// one product at a time.
+// not (one product's rate). Several at once beside the block's uploads
+// count at CPUExperts slowed by CPUShared/CPU; when the CPU takes all of
+// a block's misses nothing of the block uploads, and the next block's
+// prefetches skip the experts last computed on the CPU, so they count at
+// CPUExperts: on the H200 (Qwen3-30B-A3B shape at 8 GiB, host CPU 83.3
+// GB/s, CPUExperts 64.2, link 54.6) every expert on the CPU decoded at
+// 13.13 tok/s where uploading every miss made 10.99 (issue #16), while
+// the slowed rate (51.2) kept every miss on the link. Never below the
+// rate of one product at a time.
 func (r Rates) cpuExperts(k int, copyBusy bool) float64 {
 	one := r.cpu(copyBusy)
 	if k < 2 || r.CPUExperts <= 0 || r.CPU <= 0 {
 		return one
+	}
+	if !copyBusy {
+		return max(one, r.CPUExperts)
 	}
 	return max(one, r.CPUExperts*r.cpu(true)/r.CPU)
 }

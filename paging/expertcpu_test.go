@@ -52,6 +52,13 @@ func TestSplitMissesOne(t *testing.T) {
 // of 9.17 µs. There auto put 114 of a token's 229 misses on the CPU and
 // decoded at 10.18 tok/s, never at 10.85; prefill 128 ran at 39 tok/s,
 // never's at 86.
+// h200R3b are the rates of session 5's run R3b on the H200's host (CPU
+// 83.3 GB/s alone, 66.4 beside copies): the link 54.6, one expert on the
+// CPU 40.1, two at once 64.2, a chunk's rows 262.2, a hand-over of 7.8 µs.
+// There every expert on the CPU (always) decoded at 13.13 tok/s, every
+// miss uploaded (never) at 10.99.
+var h200R3b = Rates{H2D: 54.6e9, H2DShared: 53.2e9, CPU: 40.1e9, CPUShared: 40.1e9 * 66.4 / 83.3, CPUExperts: 64.2e9, CPURows: 262.2e9, Handoff: 7802 * time.Nanosecond}
+
 var h200Issue16 = Rates{H2D: 54.7e9, H2DShared: 50.9e9, CPU: 37.9e9, CPUShared: 37.9e9 * 77.5 / 97.7, CPURows: 250.3e9, Handoff: 9170 * time.Nanosecond}
 
 // TestSplitMisses: a layer's missing experts are split between the CPU
@@ -61,9 +68,11 @@ var h200Issue16 = Rates{H2D: 54.7e9, H2DShared: 50.9e9, CPU: 37.9e9, CPUShared: 
 // Qwen3-30B-A3B shape's experts (9.4 MB) no miss goes to the CPU, in
 // decode (seven misses a block) or in a prefill chunk of 128 tokens (about
 // 116 misses of 8 tokens each): each uploads sooner than the CPU computes
-// it; were two experts at once to read 90 GB/s (CPUExperts; 71.4 beside
-// the copies of prefetches, as decode has them), the seven would go to
-// the CPU, and one alone still not; at 60 (47.6 beside copies), none. On a PCIe 4 host (a link of 25 GB/s, the CPU at 40) the CPU takes a
+// it; were two experts at once to read 90 GB/s (CPUExperts) or 60, the
+// seven would go to the CPU (nothing of the block uploads beside them),
+// and one alone still not. With the rates of the later H200 run (R3b of
+// session 5: link 54.6, two at once 64.2, where every expert on the CPU
+// decoded 1.19x faster than every miss uploaded) the seven go to the CPU. On a PCIe 4 host (a link of 25 GB/s, the CPU at 40) the CPU takes a
 // decode step's seven misses, and of a prefill chunk's the one chosen by
 // a single token (the rows' arithmetic is added to the read); without
 // CPURows each row counts as a read. The split found is the best of every
@@ -99,9 +108,12 @@ func TestSplitMisses(t *testing.T) {
 		{"H200 decode, seven misses", h200Issue16, misses(7, 1), nil, 1208 * time.Microsecond, true},
 		{"H200 decode, one miss", h200Issue16, misses(1, 1), nil, 173 * time.Microsecond, true},
 		{"H200 prefill chunk of 128", h200Issue16, misses(116, 8), nil, 20013 * time.Microsecond, true},
-		{"H200 decode, seven misses, two at once at 90 GB/s", h200AtOnce, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 999 * time.Microsecond, true},
+		{"H200 decode, seven misses, two at once at 90 GB/s", h200AtOnce, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 807 * time.Microsecond, true},
 		{"H200 decode, one miss, two at once at 90 GB/s", h200AtOnce, misses(1, 1), nil, 173 * time.Microsecond, true},
-		{"H200 decode, seven misses, two at once at 60 GB/s", h200AtOnce60, misses(7, 1), nil, 1208 * time.Microsecond, true},
+		{"H200 decode, seven misses, two at once at 60 GB/s", h200AtOnce60, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 1174 * time.Microsecond, true},
+		{"H200 R3b decode, seven misses", h200R3b, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 1091 * time.Microsecond, true},
+		{"H200 R3b decode, one miss", h200R3b, misses(1, 1), nil, 173 * time.Microsecond, true},
+		{"H200 R3b prefill chunk of 128", h200R3b, misses(116, 8), nil, 20050 * time.Microsecond, true},
 		{"PCIe 4 decode, seven misses", pcie4, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 1732 * time.Microsecond, true},
 		{"PCIe 4 decode, seven misses, shared rates", pcie4Shared, misses(7, 1), []int{0, 1, 2, 3, 4, 5, 6}, 1732 * time.Microsecond, true},
 		{"PCIe 4 prefill chunk", pcie4, chunk, []int{3}, 1388 * time.Microsecond, true},
