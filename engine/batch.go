@@ -738,13 +738,16 @@ func pick(s *nn.Sampler, logits []float32, n int) (int32, error) {
 }
 
 // finish ends j's stream and returns its KV blocks; it takes b.mu when j
-// holds blocks (a queued request holds none). The stream has room for the
-// last token: a request runs only while its stream has room for two.
+// holds blocks (a queued request holds none), and drops j from the
+// running requests before its stream ends, so that a reader who sees the
+// end sees it in Stats too. The stream has room for the last token: a
+// request runs only while its stream has room for two.
 func (b *Batcher) finish(j *job, reason string, err error) {
 	if j.seq != nil {
 		b.mu.Lock()
 		j.seq.Close()
 		j.seq = nil
+		b.running = slices.DeleteFunc(b.running, func(r *job) bool { return r == j })
 		b.st.KVBlocksFree = b.batch.FreeBlocks()
 		b.mu.Unlock()
 	}
