@@ -172,18 +172,24 @@ QFN uint8_t ldg8(const uint8_t* p) {
 #endif
 }
 
-// ldx4 reads 4 floats of the activations (16-byte aligned; L1-cached, as
-// every warp of the SM reads the same x).
-QFN float4 ldx4(const float* p) {
+// ldx reads one V (float4, uint4, int4, float2) of the activations, their
+// levels, scales or sums at p, aligned to V's size; L1-cached, as every
+// warp of the SM reads the same x. On the host an unaligned p is a
+// violation.
+template <typename V>
+QFN V ldx(const void* p) {
 #ifdef __CUDA_ARCH__
-	return __ldg(reinterpret_cast<const float4*>(p));
+	return __ldg(reinterpret_cast<const V*>(p));
 #else
-	if ((uintptr_t)p & 15) qhost_violation();
-	float4 v;
-	memcpy(&v, p, 16);
+	if ((uintptr_t)p & (sizeof(V) - 1)) qhost_violation();
+	V v;
+	memcpy(&v, p, sizeof(V));
 	return v;
 #endif
 }
+
+// ldx4 reads 4 floats of the activations (16-byte aligned).
+QFN float4 ldx4(const float* p) { return ldx<float4>(p); }
 
 QFN void st16(void* p, uint4 v) {
 #ifdef __CUDA_ARCH__

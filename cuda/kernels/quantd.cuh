@@ -59,27 +59,9 @@ QFN int dp4a_su(uint32_t a, uint32_t b, int c) {
 }
 
 // ldf2 and ldi4 read 2 floats (8-byte aligned) and 4 ints (16-byte
-// aligned) of x's scales and sums (L1-cached).
-QFN float2 ldf2(const float* p) {
-#ifdef __CUDA_ARCH__
-	return __ldg(reinterpret_cast<const float2*>(p));
-#else
-	if ((uintptr_t)p & 7) qhost_violation();
-	float2 v;
-	memcpy(&v, p, 8);
-	return v;
-#endif
-}
-QFN int4 ldi4(const int* p) {
-#ifdef __CUDA_ARCH__
-	return __ldg(reinterpret_cast<const int4*>(p));
-#else
-	if ((uintptr_t)p & 15) qhost_violation();
-	int4 v;
-	memcpy(&v, p, 16);
-	return v;
-#endif
-}
+// aligned) of x's scales and sums.
+QFN float2 ldf2(const float* p) { return ldx<float2>(p); }
+QFN int4 ldi4(const int* p) { return ldx<int4>(p); }
 
 // XD is the rounded x of one product (X16 for T = int16_t, X8 for int8_t):
 // the levels, the scale of each 32 and the sum of the levels of each 16.
@@ -90,17 +72,8 @@ struct XD {
 	const int* s;
 };
 
-// ldx16b reads 16 levels of X8 (16-byte aligned; L1-cached).
-QFN uint4 ldx16b(const int8_t* p) {
-#ifdef __CUDA_ARCH__
-	return __ldg(reinterpret_cast<const uint4*>(p));
-#else
-	if ((uintptr_t)p & 15) qhost_violation();
-	uint4 v;
-	memcpy(&v, p, 16);
-	return v;
-#endif
-}
+// ldx16b reads 16 levels of X8 (16-byte aligned).
+QFN uint4 ldx16b(const int8_t* p) { return ldx<uint4>(p); }
 
 // XV is one lane's x for one block of a row of w: its 32 levels (ilpos:
 // the 16 of its low nibbles, then the 16 of its high ones), the scales of

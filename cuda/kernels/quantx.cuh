@@ -112,18 +112,8 @@ QFN int rint_i(float f) {
 
 QFN float nan_f() { return as_float(0x7fc00000u); }
 
-// ldq8 reads 8 levels of X16 (16-byte aligned; L1-cached: every warp of
-// the SM reads the same x).
-QFN uint4 ldq8(const int16_t* p) {
-#ifdef __CUDA_ARCH__
-	return __ldg(reinterpret_cast<const uint4*>(p));
-#else
-	if ((uintptr_t)p & 15) qhost_violation();
-	uint4 v;
-	memcpy(&v, p, 16);
-	return v;
-#endif
-}
+// ldq8 reads 8 levels of X16 (16-byte aligned).
+QFN uint4 ldq8(const int16_t* p) { return ldx<uint4>(p); }
 
 // ilpos is where the level of element r (r < 256) of a 256-element block
 // of x goes in the interleaved X16/X8 of the direct GEMV (quantx16i,
