@@ -45,23 +45,30 @@ func residentModel(t *testing.T, lm *loader.Model, threads int) (*Model, *paging
 	return m, bud
 }
 
-// fixtureOnCPU opens fixture name and loads its weights on a CPU backend of
-// two threads, for tests that wrap the backend before New; all three are
+// fixtureWeights opens fixture name and loads its weights on b; both are
 // closed when the test ends.
-func fixtureOnCPU(t *testing.T, name string) (*loader.Model, *tensor.CPU, *HostWeights) {
+func fixtureWeights(t *testing.T, b tensor.Memory, name string) (*loader.Model, *HostWeights) {
 	t.Helper()
 	lm, err := loader.Open(fixtures.Dir(name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lm.Close() })
-	cpu := tensor.NewCPU(2)
-	t.Cleanup(func() { cpu.Close() })
-	hw, err := LoadWeights(context.Background(), lm, cpu, nil)
+	hw, err := LoadWeights(context.Background(), lm, b, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { hw.Close() })
+	return lm, hw
+}
+
+// fixtureOnCPU is fixtureWeights on a CPU backend of two threads, for
+// tests that wrap the backend before New; it is closed when the test ends.
+func fixtureOnCPU(t *testing.T, name string) (*loader.Model, *tensor.CPU, *HostWeights) {
+	t.Helper()
+	cpu := tensor.NewCPU(2)
+	t.Cleanup(func() { cpu.Close() })
+	lm, hw := fixtureWeights(t, cpu, name)
 	return lm, cpu, hw
 }
 

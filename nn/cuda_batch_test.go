@@ -25,19 +25,9 @@ import (
 // device.
 func TestCUDABatch(t *testing.T) {
 	b := openCUDA(t)
-	ctx := context.Background()
 	for _, name := range batchFixtures {
 		t.Run(name, func(t *testing.T) {
-			lm, err := loader.Open(fixtures.Dir(name))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lm.Close()
-			hw, err := LoadWeights(ctx, lm, b, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer hw.Close()
+			lm, hw := fixtureWeights(t, b, name)
 			gm, err := New(lm.Config, b, nil, hw)
 			if err != nil {
 				t.Fatal(err)
@@ -132,21 +122,11 @@ func margin(l []float32) float64 {
 // without a CUDA device.
 func TestCUDABatchHostKV(t *testing.T) {
 	b := openCUDA(t)
-	ctx := context.Background()
 	cpu := tensor.NewCPU(4)
 	defer cpu.Close()
 	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyQwen3F16} {
 		t.Run(name, func(t *testing.T) {
-			lm, err := loader.Open(fixtures.Dir(name))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lm.Close()
-			hw, err := LoadWeights(ctx, lm, b, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer hw.Close()
+			lm, hw := fixtureWeights(t, b, name)
 			dm, err := New(lm.Config, b, nil, hw)
 			if err != nil {
 				t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/strata-llm/strata/loader"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/tensor"
 )
@@ -28,16 +27,7 @@ func TestCUDADecodeGraphs(t *testing.T) {
 	ctx := context.Background()
 	for _, name := range []string{fixtures.TinyLlamaF16Sharded, fixtures.TinyLlamaBF16, fixtures.TinyQwen3F16, fixtures.TinyMixtralBF16} {
 		t.Run(name, func(t *testing.T) {
-			lm, err := loader.Open(fixtures.Dir(name))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lm.Close()
-			hw, err := LoadWeights(ctx, lm, b, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer hw.Close()
+			lm, hw := fixtureWeights(t, b, name)
 			m, err := New(lm.Config, b, nil, hw)
 			if err != nil {
 				t.Fatal(err)
