@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/strata-llm/strata/arch"
@@ -172,18 +171,7 @@ func TestBatcherQuantized(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := make([][]int32, len(prompts))
-				ends := make([]Token, len(prompts))
-				var wg sync.WaitGroup
-				for i, p := range prompts {
-					ch, err := b.Submit(context.Background(), Request{Prompt: p, MaxTokens: steps + 1, IgnoreEOS: true})
-					if err != nil {
-						t.Fatal(err)
-					}
-					wg.Add(1)
-					go func() { defer wg.Done(); got[i], ends[i] = collect(t, ch) }()
-				}
-				wg.Wait()
+				got, ends := submitAll(t, b, greedyRequests(prompts, steps+1))
 				for i := range prompts {
 					if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) || ends[i].Err != nil {
 						t.Errorf("request %d: %v (end %+v), alone %v", i, got[i], ends[i], want[i])

@@ -33,6 +33,35 @@ func collect(t *testing.T, ch <-chan Token) ([]int32, Token) {
 	return ids, last
 }
 
+// submitAll submits reqs to b together and returns each one's emitted
+// tokens and last token once every stream has ended.
+func submitAll(t *testing.T, b *Batcher, reqs []Request) ([][]int32, []Token) {
+	t.Helper()
+	got := make([][]int32, len(reqs))
+	ends := make([]Token, len(reqs))
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		ch, err := b.Submit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); got[i], ends[i] = collect(t, ch) }()
+	}
+	wg.Wait()
+	return got, ends
+}
+
+// greedyRequests is a request for each prompt of maxTokens tokens, EOS
+// ignored.
+func greedyRequests(prompts [][]int32, maxTokens int) []Request {
+	reqs := make([]Request, len(prompts))
+	for i, p := range prompts {
+		reqs[i] = Request{Prompt: p, MaxTokens: maxTokens, IgnoreEOS: true}
+	}
+	return reqs
+}
+
 // TestBatcher: requests submitted at once get the greedy ids a session run
 // alone gets, end with "length" at MaxTokens, and are counted; a cancelled
 // request ends with its context's error; a prompt that cannot fit, a full
@@ -61,18 +90,7 @@ func TestBatcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	got := make([][]int32, len(prompts))
-	ends := make([]Token, len(prompts))
-	for i, p := range prompts {
-		ch, err := b.Submit(context.Background(), Request{Prompt: p, MaxTokens: 6, IgnoreEOS: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); got[i], ends[i] = collect(t, ch) }()
-	}
-	wg.Wait()
+	got, ends := submitAll(t, b, greedyRequests(prompts, 6))
 	for i := range prompts {
 		if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) || ends[i].Finish != FinishLength || ends[i].Err != nil {
 			t.Errorf("request %d: %v (end %+v), alone %v", i, got[i], ends[i], want[i])
@@ -655,18 +673,7 @@ func TestBatcherHostKV(t *testing.T) {
 				t.Errorf("the pool charged %d bytes of KV cache to the device budget: every block's is in host memory", kv-kv0)
 			}
 			st0 := e.KV().KVStats
-			got := make([][]int32, len(prompts))
-			ends := make([]Token, len(prompts))
-			var wg sync.WaitGroup
-			for i, p := range prompts {
-				ch, err := b.Submit(context.Background(), Request{Prompt: p, MaxTokens: steps + 1, IgnoreEOS: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				wg.Add(1)
-				go func() { defer wg.Done(); got[i], ends[i] = collect(t, ch) }()
-			}
-			wg.Wait()
+			got, ends := submitAll(t, b, greedyRequests(prompts, steps+1))
 			for i := range prompts {
 				if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) || ends[i].Err != nil {
 					t.Errorf("request %d: %v (end %+v), alone %v", i, got[i], ends[i], want[i])

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,18 +70,7 @@ func runBatched(t *testing.T, e *Engine, prompts [][]int32, steps int, bo BatchO
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make([][]int32, len(prompts))
-	ends := make([]Token, len(prompts))
-	var wg sync.WaitGroup
-	for i, p := range prompts {
-		ch, err := b.Submit(context.Background(), Request{Prompt: p, MaxTokens: steps + 1, IgnoreEOS: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); got[i], ends[i] = collect(t, ch) }()
-	}
-	wg.Wait()
+	got, ends := submitAll(t, b, greedyRequests(prompts, steps+1))
 	for i, end := range ends {
 		if end.Err != nil {
 			t.Errorf("request %d: %v", i, end.Err)
