@@ -38,36 +38,13 @@
 #include <vector_types.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <vector>
 
-// The CUDA language as host C++.
-#undef __device__
-#undef __global__
-#undef __shared__
-#undef __forceinline__
-#undef __launch_bounds__
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __shared__ static  // one block runs at a time
-#define __launch_bounds__(n)
+#define HOSTRT_NAME "attnhost"
+#define HOSTRT_CUDA_AS_CPP
+#include "hostrt.h"
 
-thread_local uint3 threadIdx, blockIdx;
-static dim3 blockDim, gridDim;
-
-static inline float __uint_as_float(uint32_t u) {
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-static inline uint32_t __float_as_uint(float f) {
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return u;
-}
 // Newer cuda_fp16.h (CUDA 13) declares these two for the host as well;
 // the harness's own versions go by other names, and the kernels' calls
 // are renamed to them.
@@ -84,27 +61,6 @@ static inline __half host_ushort_as_half(unsigned short u) {
 #define __half_as_ushort host_half_as_ushort
 #define __ushort_as_half host_ushort_as_half
 static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline int min(int a, int b) { return a < b ? a : b; }
-static inline int max(int a, int b) { return a > b ? a : b; }
-
-struct Barrier {
-	std::mutex mu;
-	std::condition_variable cv;
-	int n, count = 0;
-	long gen = 0;
-	explicit Barrier(int n) : n(n) {}
-	void wait() {
-		std::unique_lock<std::mutex> l(mu);
-		const long g = gen;
-		if (++count == n) {
-			count = 0;
-			gen++;
-			cv.notify_all();
-			return;
-		}
-		cv.wait(l, [&] { return gen != g; });
-	}
-};
 
 struct Warp {
 	Barrier bar{32};
@@ -207,17 +163,6 @@ static void launch(dim3 grid, int threads, K kernel) {
 			}
 }
 
-static void readn(void* p, size_t n) {
-	if (n && fread(p, 1, n, stdin) != n) {
-		fprintf(stderr, "attnhost: short read\n");
-		exit(2);
-	}
-}
-static int32_t read32() {
-	int32_t v;
-	readn(&v, 4);
-	return v;
-}
 
 template <typename KV>
 static void run(int op, int D, int heads, int kvHeads, int T, int pos0, int maxPos, int chunk, int splits, float scale, const float* q,

@@ -26,36 +26,13 @@
 #include <vector_types.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <vector>
 
-// The CUDA language as host C++.
-#undef __device__
-#undef __global__
-#undef __shared__
-#undef __forceinline__
-#undef __launch_bounds__
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __shared__ static  // one block runs at a time
-#define __launch_bounds__(n)
+#define HOSTRT_NAME "gemvhost"
+#define HOSTRT_CUDA_AS_CPP
+#include "hostrt.h"
 
-thread_local uint3 threadIdx, blockIdx;
-static dim3 blockDim, gridDim;
-
-static inline float __uint_as_float(uint32_t u) {
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-static inline uint32_t __float_as_uint(float f) {
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	return u;
-}
 // cuda_fp16.h declares this one for the device only outside nvcc's CUDA
 // mode (newer ones for the host too): the harness's goes by another name,
 // and the kernels' calls are renamed to it.
@@ -66,8 +43,6 @@ static inline float2 host_half22float2(__half2 h) {
 	return make_float2(__half2float(lo), __half2float(hi));
 }
 #define __half22float2 host_half22float2
-static inline int min(int a, int b) { return a < b ? a : b; }
-static inline int max(int a, int b) { return a > b ? a : b; }
 
 static const uint8_t *wlo, *whi, *xlo, *xhi;
 static std::atomic<long long> violations;
@@ -81,25 +56,6 @@ static inline T __ldg(const T* p) {
 	if (b < xlo || b + sizeof(T) > xhi || (uintptr_t)b % sizeof(T) != 0) violations++;
 	return *p;
 }
-
-struct Barrier {
-	std::mutex mu;
-	std::condition_variable cv;
-	int n, count = 0;
-	long gen = 0;
-	explicit Barrier(int n) : n(n) {}
-	void wait() {
-		std::unique_lock<std::mutex> l(mu);
-		const long g = gen;
-		if (++count == n) {
-			count = 0;
-			gen++;
-			cv.notify_all();
-			return;
-		}
-		cv.wait(l, [&] { return gen != g; });
-	}
-};
 
 struct Warp {
 	Barrier bar{32};
@@ -151,17 +107,6 @@ static void launch(unsigned grid, int threads, K kernel) {
 	}
 }
 
-static void readn(void* p, size_t n) {
-	if (n && fread(p, 1, n, stdin) != n) {
-		fprintf(stderr, "gemvhost: short read\n");
-		exit(2);
-	}
-}
-static int32_t read32() {
-	int32_t v;
-	readn(&v, 4);
-	return v;
-}
 
 // The grids ops.go and fused.go launch (gemvVariant.grid, gateUpGrid).
 static unsigned grid_of(int rows, int per) { return (unsigned)((rows + per - 1) / per); }

@@ -30,8 +30,6 @@
 #include <stdlib.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -42,24 +40,8 @@ static std::atomic<long long> violations;
 void qhost_violation() { violations++; }
 const uint8_t *qhost_lo, *qhost_hi;
 
-struct Barrier {
-	std::mutex mu;
-	std::condition_variable cv;
-	int n, count = 0;
-	long gen = 0;
-	explicit Barrier(int n) : n(n) {}
-	void wait() {
-		std::unique_lock<std::mutex> l(mu);
-		const long g = gen;
-		if (++count == n) {
-			count = 0;
-			gen++;
-			cv.notify_all();
-			return;
-		}
-		cv.wait(l, [&] { return gen != g; });
-	}
-};
+#define HOSTRT_NAME "quanthost"
+#include "hostrt.h"
 
 struct Block {
 	Barrier all;
@@ -124,17 +106,6 @@ static void launch(int nblocks, int nwarps, size_t shared, Body body) {
 	}
 }
 
-static void readn(void* p, size_t n) {
-	if (n && fread(p, 1, n, stdin) != n) {
-		fprintf(stderr, "quanthost: short read\n");
-		exit(2);
-	}
-}
-static int32_t read32() {
-	int32_t v;
-	readn(&v, 4);
-	return v;
-}
 static void writen(const void* p, size_t n) {
 	if (n && fwrite(p, 1, n, stdout) != n) {
 		fprintf(stderr, "quanthost: short write\n");
