@@ -400,6 +400,33 @@ func (b *Backend) Embed(out, table *tensor.Tensor, ids []int32) error {
 	})
 }
 
+// CombineRows computes out[t] = Σ_j w[r]·src[r], r = idx[t*k+j]
+// (tensor.CombineRows) in one launch, the indices copied up with it.
+func (b *Backend) CombineRows(out, src, w *tensor.Tensor, idx []int32, k int) error {
+	const op = "CombineRows"
+	if err := b.devices(op, []string{"out", "src", "w"}, out, src, w); err != nil {
+		return err
+	}
+	t, d := out.Shape()[0], src.Shape()[1]
+	if t == 0 || d == 0 {
+		return nil
+	}
+	return b.ops(op, func() error {
+		n := int64(len(idx)) * 4
+		idp, release, err := b.scratch(op, n)
+		if err != nil {
+			return err
+		}
+		defer release() // stream order keeps the indices for the kernel
+		b.counts.copies.Add(1)
+		if err := cu.MemcpyHtoDAsync(cu.DevicePtr(idp), unsafe.Pointer(&idx[0]), n, b.compute); err != nil {
+			return fmt.Errorf("%s: %s indices: %w", b.name, op, cuError(err))
+		}
+		a := new(args).ptr(out.Ptr()).ptr(src.Ptr()).ptr(w.Ptr()).ptr(idp).i32(t).i32(d).i32(k)
+		return b.run1D("combine_rows_f32", int64(t)*int64(d), a)
+	})
+}
+
 // CopyRows copies n rows of src from row srcRow into dst from row dstRow;
 // same dtype and row length; dst and src may be the same tensor. F32 rows
 // into an F16, BF16, Q8_0 or Q8_B8 cache are converted (kvAppend).

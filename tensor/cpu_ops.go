@@ -272,3 +272,29 @@ func storeRows(dst *Tensor, dstRow int, x []float32) error {
 	}
 	return nil
 }
+
+// CombineRows computes out[t] = Σ_j w[r]·src[r], r = idx[t*k+j]
+// (tensor.CombineRows): each product rounded, then added in the order of j.
+func (c *CPU) CombineRows(out, src, w *Tensor, idx []int32, k int) error {
+	if err := operands("CombineRows", out, src, w); err != nil {
+		return err
+	}
+	d := src.shape[1]
+	o, s, ws := out.F32(), src.F32(), w.F32()
+	for t := range out.shape[0] {
+		dst := o[t*d : (t+1)*d]
+		for j, r := range idx[t*k : (t+1)*k] {
+			wr, row := ws[r], s[int(r)*d:int(r+1)*d]
+			if j == 0 {
+				for i, v := range row {
+					dst[i] = wr * v
+				}
+				continue
+			}
+			for i, v := range row {
+				dst[i] += float32(wr * v) // rounded before the add: no fused multiply-add
+			}
+		}
+	}
+	return nil
+}

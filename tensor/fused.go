@@ -1,6 +1,9 @@
 package tensor
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // Fused operations: optional capabilities that do in one pass what a
 // decode step otherwise does in two or three, each with a helper that
@@ -30,6 +33,62 @@ type GateUpper interface {
 // MatMulMany).
 type ManyMatMuler interface {
 	MatMulMany(outs []*Tensor, x *Tensor, ws []*Tensor) error
+}
+
+// RowCombiner sums weighted rows of a tensor in one pass (see
+// CombineRows).
+type RowCombiner interface {
+	CombineRows(out, src, w *Tensor, idx []int32, k int) error
+}
+
+// CanCombineRows reports whether b has CombineRows; without it the caller
+// scales and adds the rows with other operations.
+func CanCombineRows(b Backend) bool {
+	_, ok := capability[RowCombiner](b)
+	return ok
+}
+
+// CombineRows computes each row t of out [T, D] as the sum over j < k of
+// w[r]·src[r], r = idx[t*k+j]: src is F32 [R, D], w F32 [R, 1] (a weight
+// for each row of src), idx has T*k rows of src. The sum is taken in the
+// order of j and each product is rounded before it is added, so the
+// result has the bits of scaling src's rows by w and adding them up with
+// Add, one row after another (a sparse block's expert outputs weighted by
+// their routing weights, in one pass instead of a gather and an add per
+// expert a token chose). out is apart from src and w. It fails on a
+// backend without the capability (CanCombineRows).
+func CombineRows(b Backend, out, src, w *Tensor, idx []int32, k int) error {
+	if err := checkCombineRows(out, src, w, idx, k); err != nil {
+		return err
+	}
+	f, ok := capability[RowCombiner](b)
+	if !ok {
+		return fmt.Errorf("CombineRows: %s cannot combine rows: %w", b.Name(), errors.ErrUnsupported)
+	}
+	return f.CombineRows(out, src, w, idx, k)
+}
+
+func checkCombineRows(out, src, w *Tensor, idx []int32, k int) error {
+	const op = "CombineRows"
+	if err := CheckShape(op, "src", src, F32, -1, -1); err != nil {
+		return err
+	}
+	r, d := src.shape[0], src.shape[1]
+	if err := CheckShape(op, "w", w, F32, r, 1); err != nil {
+		return err
+	}
+	if err := CheckShape(op, "out", out, F32, -1, d); err != nil {
+		return err
+	}
+	if k < 1 || len(idx) != out.shape[0]*k {
+		return fmt.Errorf("%s: %d row indices for %d rows of %d", op, len(idx), out.shape[0], k)
+	}
+	for i, x := range idx {
+		if x < 0 || int(x) >= r {
+			return fmt.Errorf("%s: index %d is row %d of src's %d", op, i, x, r)
+		}
+	}
+	return disjoint(op, "out", out, []string{"src", "w"}, src, w)
 }
 
 // MatMulMany computes outs[i] = x·ws[i]ᵀ for every i, each as MatMul

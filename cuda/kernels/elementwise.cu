@@ -92,6 +92,23 @@ extern "C" __global__ void embed_f32(float* out, const float* t, const int* ids,
 extern "C" __global__ void embed_f16(float* out, const __half* t, const int* ids, int n, int dim) { embed(out, t, ids, n, dim); }
 extern "C" __global__ void embed_bf16(float* out, const bf16* t, const int* ids, int n, int dim) { embed(out, t, ids, n, dim); }
 
+// out[t,:] = sum over j < k of w[r] * src[r,:], r = idx[t*k+j], in the order
+// of j with each product rounded before the add (the bits of scaling the
+// rows, then adding them one after another): tensor.CombineRows. idx was
+// range-checked on the host.
+extern "C" __global__ void combine_rows_f32(float* out, const float* src, const float* w, const int* idx, int n, int dim, int k) {
+	GRID_STRIDE(i, (long long)n * dim) {
+		const long long t = i / dim, c = i % dim;
+		const int* rs = idx + t * k;
+		float acc = __fmul_rn(w[rs[0]], src[(long long)rs[0] * dim + c]);
+		for (int j = 1; j < k; j++) {
+			const int r = rs[j];
+			acc = __fadd_rn(acc, __fmul_rn(w[r], src[(long long)r * dim + c]));
+		}
+		out[i] = acc;
+	}
+}
+
 extern "C" __global__ void cast_f32_f16(__half* dst, const float* src, long long n) {
 	GRID_STRIDE(i, n) dst[i] = __float2half_rn(src[i]);
 }

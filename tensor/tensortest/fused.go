@@ -208,6 +208,91 @@ func (s *suite) testFused(t *testing.T) {
 			})
 		}
 	}
+	for _, sh := range []struct{ t, k, d int }{{1, 8, 2048}, {1, 2, 4096}, {3, 2, 64}, {5, 4, 6}, {2, 1, 10}} {
+		t.Run(fmt.Sprintf("CombineRows/T%d_K%d_D%d", sh.t, sh.k, sh.d), func(t *testing.T) {
+			if !tensor.CanCombineRows(s.b) {
+				t.Skipf("%s has no CombineRows", s.b.Name())
+			}
+			r := rng(t)
+			rows := sh.t * sh.k
+			srcVals, wVals := uniform(r, rows*sh.d, -2, 2), uniform(r, rows, 0, 1)
+			idx := make([]int32, rows)
+			for i, p := range r.Perm(rows) { // each row once, in an order of its own
+				idx[i] = int32(p)
+			}
+			src, sv := s.put(t, tensor.F32, tensor.Shape{rows, sh.d}, srcVals)
+			w, wv := s.put(t, tensor.F32, tensor.Shape{rows, 1}, wVals)
+			out := s.poisoned(t, tensor.Shape{sh.t, sh.d})
+			if err := tensor.CombineRows(s.b, out, src, w, idx, sh.k); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]float64, sh.t*sh.d)
+			for i := range sh.t {
+				for j := range sh.k {
+					row := int(idx[i*sh.k+j])
+					for c := range sh.d {
+						want[i*sh.d+c] += wv[row] * sv[row*sh.d+c]
+					}
+				}
+			}
+			got := s.get(t, out)
+			s.compare(t, "CombineRows", got, want)
+
+			// The unfused path: scale src's rows by w (a Rope whose cosine
+			// is w and sine zero), then gather and add a slot at a time.
+			scaled, _ := s.put(t, tensor.F32, tensor.Shape{rows, sh.d}, srcVals)
+			zero, _ := s.put(t, tensor.F32, tensor.Shape{rows, 1}, make([]float32, rows))
+			if sh.d%2 == 0 {
+				if err := s.b.Rope(scaled, tensor.Rotary{Cos: w, Sin: zero, Heads: sh.d / 2, HeadDim: 2}); err != nil {
+					t.Fatal(err)
+				}
+				sum, tmp := s.poisoned(t, tensor.Shape{sh.t, sh.d}), s.poisoned(t, tensor.Shape{sh.t, sh.d})
+				ids := make([]int32, sh.t)
+				for j := range sh.k {
+					for i := range sh.t {
+						ids[i] = idx[i*sh.k+j]
+					}
+					dst := sum
+					if j > 0 {
+						dst = tmp
+					}
+					if err := s.b.Embed(dst, scaled, ids); err != nil {
+						t.Fatal(err)
+					}
+					if j > 0 {
+						if err := s.b.Add(sum, sum, tmp); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				s.same(t, "CombineRows against Rope, Embed and Add", got, s.get(t, sum))
+			}
+		})
+	}
+	t.Run("CombineRows/malformed", func(t *testing.T) {
+		src, _ := s.put(t, tensor.F32, tensor.Shape{4, 8}, make([]float32, 32))
+		w, _ := s.put(t, tensor.F32, tensor.Shape{4, 1}, make([]float32, 4))
+		w3, _ := s.put(t, tensor.F32, tensor.Shape{3, 1}, make([]float32, 3))
+		out, _ := s.put(t, tensor.F32, tensor.Shape{2, 8}, make([]float32, 16))
+		for _, c := range []struct {
+			name     string
+			out, src *tensor.Tensor
+			w        *tensor.Tensor
+			idx      []int32
+			k        int
+		}{
+			{"an index past src", out, src, w, []int32{0, 1, 2, 4}, 2},
+			{"a negative index", out, src, w, []int32{0, -1, 2, 3}, 2},
+			{"too few indices", out, src, w, []int32{0, 1, 2}, 2},
+			{"k of 0", out, src, w, nil, 0},
+			{"a weight short of src's rows", out, src, w3, []int32{0, 1, 2, 3}, 2},
+			{"out is src", src, src, w, []int32{0, 1, 2, 3, 0, 1, 2, 3}, 2},
+		} {
+			if err := tensor.CombineRows(s.b, c.out, c.src, c.w, c.idx, c.k); err == nil {
+				t.Errorf("CombineRows with %s: no error", c.name)
+			}
+		}
+	})
 	t.Run("MatMulMany/malformed", func(t *testing.T) {
 		x, _ := s.put(t, tensor.F32, tensor.Shape{1, 8}, make([]float32, 8))
 		w, _ := s.put(t, tensor.F32, tensor.Shape{4, 8}, make([]float32, 32))
