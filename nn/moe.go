@@ -95,16 +95,17 @@ func newMoEBuffers(c *arch.Config, al *allocator, chunk int) *moeBuffers {
 	mb.weight = al.alloc(paging.Activations, chunk*(k+1), 1)
 	mb.zero = al.alloc(paging.Activations, chunk*(k+1), 1)
 	mb.r = routing{
-		raw:    make([]byte, 4*chunk*m.Experts),
-		rawSh:  make([]byte, 4*chunk),
-		expert: make([]int32, chunk*k),
-		weight: make([]float32, chunk*k),
-		count:  make([]int, m.Experts),
-		start:  make([]int, m.Experts),
-		tokens: make([]int32, chunk*k),
-		table:  make([]float32, chunk*(k+1)),
-		slots:  make([][]int32, k),
-		used:   make([]int, 0, m.Experts),
+		raw:     make([]byte, 4*chunk*m.Experts),
+		rawSh:   make([]byte, 4*chunk),
+		expert:  make([]int32, chunk*k),
+		weight:  make([]float32, chunk*k),
+		count:   make([]int, m.Experts),
+		start:   make([]int, m.Experts),
+		tokens:  make([]int32, chunk*k),
+		table:   make([]float32, chunk*(k+1)),
+		slots:   make([][]int32, k),
+		combine: make([]int32, chunk*k),
+		used:    make([]int, 0, m.Experts),
 
 		rawGuess: make([]byte, 4*m.Experts),
 		devUsed:  make([]int, 0, m.Experts),
@@ -149,6 +150,7 @@ type routing struct {
 	tokens     []int32   // [T*k] the token of each row of out
 	table      []float32 // [T*k+T] the weight of each row of out, then each token's shared weight
 	slots      [][]int32 // [k][T] the row of out holding token t's j-th expert's output
+	combine    []int32   // [T*k] slots as CombineRows takes them: token t's j-th at t*k+j
 	used       []int     // the experts some token chose, ascending
 	rawGuess   []byte    // the next sparse block's router scores of a decode step
 	rowPos     []int     // in a batch, each row's position (else row t is at pos0+t)
@@ -364,13 +366,27 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		slots := max(ew.ExpertSlots(), 1)
 		for g := 0; g < len(dev); g += slots {
 			group := dev[g:min(g+slots, len(dev))]
-			ws, err := ew.AcquireExperts(ctx, layer, group)
+			ws, pending, await, err := ew.AcquireExpertsLazy(ctx, layer, group)
 			if err != nil {
 				return fmt.Errorf("experts: %w", err)
 			}
 			err = func() error {
 				defer ew.ReleaseExperts(layer, group) // released even if the backend panics
+				// The cached experts first, while the misses' copies
+				// land; then each miss behind its own copies, in the
+				// order they land.
 				for _, e := range group {
+					if slices.Contains(pending, e) {
+						continue
+					}
+					if err := s.expert(e, T, ws[e], &experts[e]); err != nil {
+						return err
+					}
+				}
+				for _, e := range pending {
+					if err := await(e); err != nil {
+						return fmt.Errorf("experts: %w", err)
+					}
 					if err := s.expert(e, T, ws[e], &experts[e]); err != nil {
 						return err
 					}
@@ -400,22 +416,8 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			}
 		}
 	}
-	if err := scaleRows(b, mb.view(mb.out, 0, T*k, H), mb.weight, mb.zero, 0); err != nil {
-		return fmt.Errorf("routing weights: %w", err)
-	}
-	for j := range k {
-		dst := proj
-		if j > 0 {
-			dst = mb.view(mb.rows, 0, T, H)
-		}
-		if err := b.Embed(dst, mb.view(mb.out, 0, T*k, H), r.slots[j][:T]); err != nil {
-			return fmt.Errorf("experts' outputs: %w", err)
-		}
-		if j > 0 {
-			if err := b.Add(proj, proj, dst); err != nil {
-				return err
-			}
-		}
+	if err := s.combineExperts(T, proj); err != nil {
+		return err
 	}
 	if gateSh == nil {
 		return nil
@@ -441,6 +443,47 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	return b.Add(proj, proj, out)
 }
 
+// combineExperts sums each of the chunk's T tokens' expert outputs (their
+// rows of out) weighted by their routing weights into proj: in one pass
+// where the backend combines rows (tensor.CombineRows), else by scaling
+// out's rows, then gathering and adding them an expert slot at a time.
+// Both add in the order of the slots with each product rounded, so their
+// results have the same bits.
+func (s *Session) combineExperts(T int, proj *tensor.Tensor) error {
+	b, mb, H, k := s.m.backend, s.buffers.moe, s.m.cfg.HiddenSize, s.m.cfg.MoE.ExpertsPerToken
+	r := &mb.r
+	out, w := mb.view(mb.out, 0, T*k, H), mb.view(mb.weight, 0, T*k, 1)
+	if tensor.CanCombineRows(b) {
+		for t := range T {
+			for j := range k {
+				r.combine[t*k+j] = r.slots[j][t]
+			}
+		}
+		if err := tensor.CombineRows(b, proj, out, w, r.combine[:T*k], k); err != nil {
+			return fmt.Errorf("experts' outputs: %w", err)
+		}
+		return nil
+	}
+	if err := scaleRows(b, out, mb.weight, mb.zero, 0); err != nil {
+		return fmt.Errorf("routing weights: %w", err)
+	}
+	for j := range k {
+		dst := proj
+		if j > 0 {
+			dst = mb.view(mb.rows, 0, T, H)
+		}
+		if err := b.Embed(dst, out, r.slots[j][:T]); err != nil {
+			return fmt.Errorf("experts' outputs: %w", err)
+		}
+		if j > 0 {
+			if err := b.Add(proj, proj, dst); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // expert runs expert e on its tokens' rows of h (the first T rows),
 // its weights in lw under the names en, leaving its output in its rows of
 // out.
@@ -457,14 +500,22 @@ func (s *Session) expert(e, T int, lw LayerWeights, en *arch.Names) error {
 		}
 	}
 	gate, up := mb.view(s.gate, 0, cnt, size), mb.view(s.up, 0, cnt, size)
-	if err := s.matMul(gate, in, lw[en[arch.ExpertGate]], nil); err != nil {
-		return fmt.Errorf("expert %d gate projection: %w", e, err)
-	}
-	if err := s.matMul(up, in, lw[en[arch.ExpertUp]], nil); err != nil {
-		return fmt.Errorf("expert %d up projection: %w", e, err)
-	}
-	if err := b.SiLUMul(gate, gate, up); err != nil {
-		return err
+	if s.batch == nil {
+		// Both products in one pass (one launch) where the backend
+		// fuses them, as a dense MLP's.
+		if err := tensor.GateUpSiLU(b, gate, up, in, lw[en[arch.ExpertGate]], lw[en[arch.ExpertUp]]); err != nil {
+			return fmt.Errorf("expert %d gate and up projections: %w", e, err)
+		}
+	} else {
+		if err := s.matMul(gate, in, lw[en[arch.ExpertGate]], nil); err != nil {
+			return fmt.Errorf("expert %d gate projection: %w", e, err)
+		}
+		if err := s.matMul(up, in, lw[en[arch.ExpertUp]], nil); err != nil {
+			return fmt.Errorf("expert %d up projection: %w", e, err)
+		}
+		if err := b.SiLUMul(gate, gate, up); err != nil {
+			return err
+		}
 	}
 	if err := s.matMul(mb.view(mb.out, r.start[e], cnt, H), gate, lw[en[arch.ExpertDown]], nil); err != nil {
 		return fmt.Errorf("expert %d down projection: %w", e, err)
