@@ -627,6 +627,11 @@ func (w orderWeights) AcquireExperts(ctx context.Context, layer int, experts []i
 	return w.Pager.AcquireExperts(ctx, layer, experts)
 }
 
+func (w orderWeights) AcquireExpertsLazy(ctx context.Context, layer int, experts []int) (map[int]map[string]*tensor.Tensor, []int, func(int) error, error) {
+	w.o.add("acquire", layer)
+	return w.Pager.AcquireExpertsLazy(ctx, layer, experts)
+}
+
 func (w orderWeights) PrefetchExperts(layer int, experts []int) {
 	w.o.add("prefetch", layer)
 	w.Pager.PrefetchExperts(layer, experts)

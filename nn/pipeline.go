@@ -624,6 +624,14 @@ func (w stageWeights) AcquireExperts(ctx context.Context, layer int, experts []i
 	return es.AcquireExperts(ctx, l, experts)
 }
 
+func (w stageWeights) AcquireExpertsLazy(ctx context.Context, layer int, experts []int) (map[int]LayerWeights, []int, func(int) error, error) {
+	es, l, ok := w.experts(layer)
+	if !ok {
+		return nil, nil, nil, fmt.Errorf("nn: layer %d: no experts paged on this stage", layer)
+	}
+	return es.AcquireExpertsLazy(ctx, l, experts)
+}
+
 func (w stageWeights) ReleaseExperts(layer int, experts []int) {
 	if es, l, ok := w.experts(layer); ok {
 		es.ReleaseExperts(l, experts)

@@ -57,6 +57,11 @@ type ExpertWeights interface {
 	PagesExperts(layer int) bool
 	ExpertSlots() int
 	AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]LayerWeights, error)
+	// AcquireExpertsLazy is AcquireExperts except that the device's wait
+	// for the copies of the experts in pending (in the order they land) is
+	// queued by await(e), which the caller calls before computing e: the
+	// others compute while those copies are in flight.
+	AcquireExpertsLazy(ctx context.Context, layer int, experts []int) (ws map[int]LayerWeights, pending []int, await func(e int) error, err error)
 	ReleaseExperts(layer int, experts []int)
 	PrefetchExperts(layer int, experts []int)
 	AcquireResident(ctx context.Context, layer int) (LayerWeights, error)

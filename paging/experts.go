@@ -72,6 +72,9 @@ type ExpertServer interface {
 	// layer by expert and name, loading the missing ones, and pins them
 	// until ReleaseExperts.
 	AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]map[string]*tensor.Tensor, error)
+	// AcquireExpertsLazy is AcquireExperts leaving the compute's wait for
+	// the copies of the experts in pending to await (Pager's).
+	AcquireExpertsLazy(ctx context.Context, layer int, experts []int) (ws map[int]map[string]*tensor.Tensor, pending []int, await func(e int) error, err error)
 	// ReleaseExperts unpins experts from AcquireExperts.
 	ReleaseExperts(layer int, experts []int)
 	// PrefetchExperts starts loading experts likely to be acquired soon.
@@ -118,6 +121,8 @@ type expertCache struct {
 	cur    int
 	visits []uint64
 	steps  expertSteps
+	// loads counts the loads committed (expertEntry.queued).
+	loads uint64
 	// arena pins the host copies in large chunks, nil without pinned
 	// memory.
 	arena *pinnedArena
@@ -147,6 +152,12 @@ type expertEntry struct {
 	pins         int
 	t            []*tensor.Tensor // views into the slot, when loaded
 	ready        []func() error   // waits of asynchronous uploads into t
+	// queued orders the loads whose copies are in flight: the cache's
+	// count of loads when this one's copies had all been queued.
+	queued uint64
+	// failed: a lazy acquire's wait for its copies failed; it is evicted
+	// when its last pin goes.
+	failed bool
 	host         []byte           // the host copy, or nil
 	hostArena    bool             // host is a piece of the cache's pinnedArena
 	hostPinned   bool
@@ -297,13 +308,53 @@ func (p *Pager) expertEntries(what string, layer int, experts []int) ([]*expertE
 // (ExpertSlots) fail with an error wrapping ErrExpertCacheFull. On any
 // error nothing is pinned; the experts it did load stay cached.
 func (p *Pager) AcquireExperts(ctx context.Context, layer int, experts []int) (map[int]map[string]*tensor.Tensor, error) {
+	out, _, err := p.acquireExperts(ctx, layer, experts, false)
+	return out, err
+}
+
+// AcquireExpertsLazy is AcquireExperts without ordering the compute after
+// the copies: pending lists the experts whose copies may still be in
+// flight, in the order they were queued on the link, and the caller calls
+// await(e) before it queues the first operation that reads expert e (the
+// device's wait for e's copies). The other experts can compute at once,
+// while the pending ones land: a sparse block computes its cached experts
+// during its misses' copies rather than after the last of them. An expert
+// whose wait fails is evicted when it is released.
+func (p *Pager) AcquireExpertsLazy(ctx context.Context, layer int, experts []int) (ws map[int]map[string]*tensor.Tensor, pending []int, await func(e int) error, err error) {
+	ws, pending, err = p.acquireExperts(ctx, layer, experts, true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	await = func(x int) error {
+		es, err := p.expertEntries("await", layer, []int{x})
+		if err != nil {
+			return err
+		}
+		e := es[0]
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if e.pins == 0 || !e.loaded {
+			return fmt.Errorf("paging: await expert %d of layer %d: not acquired", x, layer)
+		}
+		if err := e.awaitUploads(); err != nil {
+			e.failed = true // its copy never landed: evicted on release
+			return fmt.Errorf("paging: expert %d of layer %d: %w", x, layer, err)
+		}
+		return nil
+	}
+	return ws, pending, await, nil
+}
+
+// acquireExperts is AcquireExperts, and with lazy AcquireExpertsLazy
+// (which leaves the waits of the experts it returns in pending).
+func (p *Pager) acquireExperts(ctx context.Context, layer int, experts []int, lazy bool) (map[int]map[string]*tensor.Tensor, []int, error) {
 	es, err := p.expertEntries("acquire", layer, experts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	x := p.ex
 	if len(es) > len(x.slots) {
-		return nil, fmt.Errorf("paging: acquire %d experts of layer %d: %w: it holds %d", len(es), layer, ErrExpertCacheFull, len(x.slots))
+		return nil, nil, fmt.Errorf("paging: acquire %d experts of layer %d: %w: it holds %d", len(es), layer, ErrExpertCacheFull, len(x.slots))
 	}
 	fail := func(err error) error {
 		return fmt.Errorf("paging: acquire experts %v of layer %d: %w", experts, layer, err)
@@ -318,11 +369,11 @@ func (p *Pager) AcquireExperts(ctx context.Context, layer int, experts []int) (m
 	for {
 		if p.closed {
 			p.mu.Unlock()
-			return nil, fail(errClosed)
+			return nil, nil, fail(errClosed)
 		}
 		if err := ctx.Err(); err != nil {
 			p.mu.Unlock()
-			return nil, fail(err)
+			return nil, nil, fail(err)
 		}
 		var need []*expertEntry
 		waiting := false
@@ -341,7 +392,7 @@ func (p *Pager) AcquireExperts(ctx context.Context, layer int, experts []int) (m
 				// someone else: wait for a release or a load to end.
 				if err := p.waitExpertsLocked(ctx); err != nil {
 					p.mu.Unlock()
-					return nil, fail(err)
+					return nil, nil, fail(err)
 				}
 				continue
 			}
@@ -356,25 +407,31 @@ func (p *Pager) AcquireExperts(ctx context.Context, layer int, experts []int) (m
 			p.changedLocked()
 			if err != nil {
 				p.mu.Unlock()
-				return nil, fail(err)
+				return nil, nil, fail(err)
 			}
 			continue
 		}
 		if waiting {
 			if err := p.waitExpertsLocked(ctx); err != nil {
 				p.mu.Unlock()
-				return nil, fail(err)
+				return nil, nil, fail(err)
 			}
 			continue
 		}
 		break
 	}
-	// Every expert is loaded: order compute after their copies, then pin.
+	// Every expert is loaded: order compute after their copies (or, lazy,
+	// leave that to the caller), then pin.
+	var pending []*expertEntry
 	for _, e := range es {
+		if lazy && len(e.ready) > 0 {
+			pending = append(pending, e)
+			continue
+		}
 		if err := e.awaitUploads(); err != nil {
 			p.evictExpertLocked(e) // the copy never landed
 			p.mu.Unlock()
-			return nil, fail(err)
+			return nil, nil, fail(err)
 		}
 	}
 	stamp := p.bg.Stamp()
@@ -400,7 +457,12 @@ func (p *Pager) AcquireExperts(ctx context.Context, layer int, experts []int) (m
 		out[e.expert] = m
 	}
 	p.mu.Unlock()
-	return out, nil
+	slices.SortFunc(pending, func(a, b *expertEntry) int { return cmp.Compare(a.queued, b.queued) })
+	var order []int
+	for _, e := range pending {
+		order = append(order, e.expert)
+	}
+	return out, order, nil
 }
 
 // ReleaseExperts unpins experts from AcquireExperts. Releasing an expert
@@ -423,6 +485,10 @@ func (p *Pager) ReleaseExperts(layer int, experts []int) {
 		}
 		all[x].pins--
 		all[x].lastUse = stamp
+		if e := all[x]; e.failed && e.pins == 0 {
+			e.failed = false
+			p.evictExpertLocked(e)
+		}
 	}
 	p.changedLocked()
 }
@@ -728,6 +794,8 @@ func (p *Pager) loadExperts(ctx context.Context, es []*expertEntry) error {
 				return nil
 			}
 			e.t, e.ready, e.loaded, e.loading = ts, ready, true, false
+			p.ex.loads++
+			e.queued = p.ex.loads
 			p.changedLocked()
 			return nil
 		})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -310,6 +311,56 @@ func TestPrefetchExperts(t *testing.T) {
 			t.Errorf("prefetch off: %d prefetches, %d cached", st.ExpertPrefetches, st.ExpertsCached)
 		}
 	})
+}
+
+// TestAcquireExpertsLazy: a lazy acquire hands out a cached expert ready
+// to compute and leaves a miss's wait for its copies to await, which the
+// plain acquire runs for every expert; a miss's bytes land only on its
+// wait (the fake copies nothing before), so computing it without the wait
+// would read stale bytes.
+func TestAcquireExpertsLazy(t *testing.T) {
+	ctx := context.Background()
+	m := newMoESynth(2, 6, 8, 16)
+	be := &asyncFake{fakeBackend: newFake()}
+	pg, _, _ := newExpertPagerOn(t, be, be.fakeBackend, m, 4, Options{})
+	acquireCheck(t, pg, m, be, 1, 0) // cached, its copy waited for
+	ws, pending, await, err := pg.AcquireExpertsLazy(ctx, 1, []int{0, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 2 || !slices.Contains(pending, 2) || !slices.Contains(pending, 3) {
+		t.Fatalf("pending %v, want the misses 2 and 3", pending)
+	}
+	if err := m.checkExpert(be, 1, 0, ws[0]); err != nil {
+		t.Errorf("the cached expert before any wait: %v", err)
+	}
+	if err := m.checkExpert(be, 1, 2, ws[2]); err == nil {
+		t.Error("a miss holds its bytes before its wait: the acquire waited for its copies")
+	}
+	for _, x := range pending {
+		if err := await(x); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.checkExpert(be, 1, x, ws[x]); err != nil {
+			t.Errorf("after its wait: %v", err)
+		}
+	}
+	pg.ReleaseExperts(1, []int{0, 2, 3})
+	if err := await(2); err == nil {
+		t.Error("await of a released expert: no error")
+	}
+
+	// The plain acquire leaves nothing to wait for.
+	ws, err = pg.AcquireExperts(ctx, 2, []int{1, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []int{1, 4} {
+		if err := m.checkExpert(be, 2, x, ws[x]); err != nil {
+			t.Error(err)
+		}
+	}
+	pg.ReleaseExperts(2, []int{1, 4})
 }
 
 // TestExpertLoadFaults: a failed read leaves nothing pinned and no slot
