@@ -159,11 +159,14 @@ type PipelineSession struct {
 	twins  []*Session // per stage, nil without a twin
 	shared []*allocator
 	run    []*Session // the sessions the current chunk runs
-	xfer   []byte     // one chunk's hidden state on its way between stages
-	chunk  int
-	closed bool
-	busy   map[string]time.Duration // wall time by device name, see Busy
-	noPeer bool                     // PipelineOptions.NoPeerCopies
+	// copyBacks are the twins' devices' copies back to the host under
+	// way, one per device; every chunk waits for them (landCopies).
+	copyBacks []*copyBack
+	xfer      []byte // one chunk's hidden state on its way between stages
+	chunk     int
+	closed    bool
+	busy      map[string]time.Duration // wall time by device name, see Busy
+	noPeer    bool                     // PipelineOptions.NoPeerCopies
 }
 
 // NewSession allocates each stage's KV cache, each device's buffers, and
@@ -226,6 +229,7 @@ func (p *Pipeline) NewSessionWith(maxPos, chunk int, o SessionOptions) (*Pipelin
 		ps.sess = append(ps.sess, s)
 	}
 	scratch := map[tensor.Backend][2]*tensor.Tensor{}
+	copyBacks := map[tensor.Backend]*copyBack{}
 	for k, tm := range p.twins {
 		if tm == nil {
 			continue
@@ -244,8 +248,10 @@ func (p *Pipeline) NewSessionWith(maxPos, chunk int, o SessionOptions) (*Pipelin
 				return fail(tm, al.err)
 			}
 			scratch[key] = kv
+			copyBacks[key] = &copyBack{}
+			ps.copyBacks = append(ps.copyBacks, copyBacks[key])
 		}
-		ts := &Session{m: tm, maxPos: maxPos, chunk: chunk, buffers: bf, twin: ps.sess[k]}
+		ts := &Session{m: tm, maxPos: maxPos, chunk: chunk, buffers: bf, twin: ps.sess[k], copyBack: copyBacks[key]}
 		for range tm.hi - tm.lo {
 			ts.k, ts.v = append(ts.k, kv[0]), append(ts.v, kv[1])
 		}
@@ -354,10 +360,17 @@ func (ps *PipelineSession) runners(T int) []*Session {
 	return ps.run
 }
 
-// forward is Session.forward across the stages.
-func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, hookAt func(pos int) Hook) ([]float32, error) {
+// forward is Session.forward across the stages. Each chunk ends once the
+// twins' keys and values have landed in the stages' KV caches (even when
+// it fails: nothing is left copying into them).
+func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, hookAt func(pos int) Hook) (_ []float32, err error) {
 	first, last := ps.sess[0], ps.sess[len(ps.sess)-1]
 	out := last.host[:0]
+	defer func() {
+		if lerr := ps.landCopies(); err == nil && lerr != nil {
+			err = lerr
+		}
+	}()
 	for start := 0; start < len(ids); start += ps.chunk {
 		end := min(start+ps.chunk, len(ids))
 		T, isLast := end-start, end == len(ids)
@@ -389,10 +402,25 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 		if err != nil {
 			return nil, err
 		}
+		if err := ps.landCopies(); err != nil {
+			return nil, err
+		}
 		ps.account(run[len(run)-1], t0)
 		out = append(out, rows...)
 	}
 	return out, nil
+}
+
+// landCopies waits for the twins' copies of keys and values back to the
+// host still under way.
+func (ps *PipelineSession) landCopies() error {
+	var errs []error
+	for _, c := range ps.copyBacks {
+		if err := c.land(); err != nil {
+			errs = append(errs, fmt.Errorf("nn: keys and values back to the host: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // account adds the time since t0 to s's device and returns now.
