@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -17,12 +18,14 @@ import (
 )
 
 // fakeGPU is a CPU backend that passes for a GPU in the hybrid strategy's
-// eyes: it pins host memory (ordinary memory here) and uploads
-// "asynchronously" (at once), so the whole CPU+GPU assembly runs, bit for
-// bit, on any machine.
+// eyes: it pins host memory (ordinary memory here), uploads
+// "asynchronously" (at once) and downloads asynchronously (the copy reads
+// its source at the first wait for it, as late as a GPU may), so the whole
+// CPU+GPU assembly runs, bit for bit, on any machine.
 type fakeGPU struct {
 	*tensor.CPU
-	pinned atomic.Int64 // bytes of AllocPinned not freed (the pager pins from several goroutines)
+	pinned    atomic.Int64 // bytes of AllocPinned not freed (the pager pins from several goroutines)
+	downloads atomic.Int64 // DownloadAsync calls
 }
 
 func newFakeGPU() *fakeGPU { return &fakeGPU{CPU: tensor.NewCPU(1)} }
@@ -44,6 +47,17 @@ func (f *fakeGPU) UploadAsync(ctx context.Context, dst *tensor.Tensor, off int64
 		return nil, err
 	}
 	return func() error { return nil }, nil
+}
+
+func (f *fakeGPU) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed func() error, err error) {
+	f.downloads.Add(1)
+	var once sync.Once
+	var cerr error
+	wait := func() error {
+		once.Do(func() { cerr = f.Download(dst, src) })
+		return cerr
+	}
+	return wait, wait, nil
 }
 
 // testRates make the CPU and the link equally fast, so that the planner
@@ -102,6 +116,9 @@ func TestHybridMatchesDirect(t *testing.T) {
 						t.Fatalf("step %d logit %d: %v, direct %v (CPU layers %v)", i, j, got[i][j], want[i][j], h.Plan.CPULayers)
 					}
 				}
+			}
+			if gpu.downloads.Load() == 0 {
+				t.Errorf("the twins copied no keys back asynchronously")
 			}
 			if e.Devices()[0].PeakDeviceBytes > 400<<10 {
 				t.Errorf("peak %d over the budget", e.Devices()[0].PeakDeviceBytes)
