@@ -416,6 +416,85 @@ func TestHybridTwinCopiesBackAsync(t *testing.T) {
 	}
 }
 
+// acquireCounter counts the acquisitions of each layer.
+type acquireCounter struct {
+	Weights
+	n map[int]int
+}
+
+func (a *acquireCounter) Acquire(ctx context.Context, layer int) (LayerWeights, error) {
+	a.n[layer]++
+	return a.Weights.Acquire(ctx, layer)
+}
+
+// TestHybridTwinEmbedsOnCPU: when the first stage is a CPU stage whose
+// blocks run on a twin, the CPU embeds the chunk from its own copy of the
+// table and hands the rows to the twin, which never acquires the table
+// (on a GPU it would stream all of it for a chunk's rows); the logits and
+// the decode after them are the one device's.
+func TestHybridTwinEmbedsOnCPU(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config // 4 blocks
+	ref := tensor.NewCPU(1)
+	defer ref.Close()
+	hw, err := LoadWeights(ctx, lm, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	rm, err := New(cfg, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265} // two chunks on the twins
+	const maxPos, chunk, steps = 32, 4, 3
+	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
+	gpu, cpu := tensor.NewCPU(1), tensor.NewCPU(1)
+	defer gpu.Close()
+	defer cpu.Close()
+	onCPU, onTwin := &acquireCounter{Weights: hw, n: map[int]int{}}, &acquireCounter{Weights: hw, n: map[int]int{}}
+	stages := []Stage{
+		{Backend: cpu, Weights: onCPU, FirstBlock: 0, EndBlock: 2, Twin: &Twin{Backend: gpu, Weights: onTwin}},
+		{Backend: gpu, Weights: hw, FirstBlock: 2, EndBlock: 4},
+	}
+	pl, err := NewPipeline(cfg, stages, PipelineOptions{TwinMinTokens: chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := pl.NewSession(maxPos, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	got, err := ps.Forward(ctx, prompt, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emb := cfg.EmbedLayer()
+	if onTwin.n[emb] != 0 || onCPU.n[emb] != len(prompt)/chunk || onTwin.n[cfg.BlockLayer(0)] != len(prompt)/chunk {
+		t.Errorf("the prompt's %d chunks acquired the embedding %d times on the twin and %d on the CPU, block 0 %d times on the twin; want 0, %d and %d",
+			len(prompt)/chunk, onTwin.n[emb], onCPU.n[emb], onTwin.n[cfg.BlockLayer(0)], len(prompt)/chunk, len(prompt)/chunk)
+	}
+	all := append([]float32(nil), got...)
+	last := got[len(got)-cfg.VocabSize:]
+	for range steps {
+		if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, last...)
+	}
+	for i := range wantLogits {
+		if all[i] != wantLogits[i] {
+			t.Fatalf("logit %d: %v, one device %v", i, all[i], wantLogits[i])
+		}
+	}
+}
+
 // failingWeights fails the acquisition of one layer while armed.
 type failingWeights struct {
 	Weights

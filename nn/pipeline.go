@@ -382,7 +382,7 @@ func (ps *PipelineSession) forward(ctx context.Context, ids []int32, all bool, h
 				s.pos = s.twin.pos
 			}
 			if k == 0 {
-				if err := s.embedChunk(ctx, ids[start:end], hook); err != nil {
+				if err := ps.embed(ctx, s, ids[start:end], hook); err != nil {
 					return nil, err
 				}
 			} else {
@@ -423,6 +423,21 @@ func (ps *PipelineSession) landCopies() error {
 	return errors.Join(errs...)
 }
 
+// embed writes the embeddings of ids into the first stage's x: s's own,
+// or, when s is the twin of a CPU stage, the CPU's from its host copy of
+// the table, handed to the twin. The twin would otherwise copy the whole
+// table over the link for a chunk's rows (on the 7B shape 262 MB, 4.9 ms
+// on the H200, against 16 KiB a row handed over).
+func (ps *PipelineSession) embed(ctx context.Context, s *Session, ids []int32, hook Hook) error {
+	if s.twin == nil {
+		return s.embedChunk(ctx, ids, hook)
+	}
+	if err := s.twin.embedChunk(ctx, ids, hook); err != nil {
+		return err
+	}
+	return ps.hand(s.twin, s, len(ids))
+}
+
 // account adds the time since t0 to s's device and returns now.
 func (ps *PipelineSession) account(s *Session, t0 time.Time) time.Time {
 	now := time.Now()
@@ -450,6 +465,9 @@ func (ps *PipelineSession) backendOf(layer int) tensor.Backend {
 		run = ps.sess
 	}
 	if layer == 0 {
+		if run[0].twin != nil { // embedded on the CPU (embed)
+			return run[0].twin.m.backend
+		}
 		return run[0].m.backend
 	}
 	for _, s := range run {
