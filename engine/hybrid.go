@@ -315,12 +315,12 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 // numbers the share's layers from 0 (the model's on one GPU).
 //
 // twinSeq is the pager's sequence while the twins run (a large chunk): its
-// layers but those of a CPU stage without blocks, which has no twin (the
-// embedding, or the head, alone on the CPU): the CPU computes them from
-// their host copies then too, and the pager's prefetch would upload them
-// for nothing, the embedding each time a chunk's head wraps the walk
-// around, taking the link and the ring's room from the next chunk's first
-// layers.
+// layers but those the CPU computes from their host copies then too: the
+// embedding on the CPU's side (nn embeds a twin's chunk on the CPU), and
+// the head alone in a CPU stage (which has no twin). The pager's prefetch
+// would upload them for nothing, the embedding each time a chunk's head
+// wraps the walk around, taking the link and the ring's room from the
+// next chunk's first layers.
 func (e *Engine) hybridStages(d int, p paging.Placement, n int, hp *paging.HybridPlan, pager *paging.Pager, bud *paging.Budget) (stages []nn.Stage, twinSeq []int) {
 	gpu, cpu := e.backends[d], e.cpu
 	var weights nn.Weights = pager
@@ -357,11 +357,12 @@ func (e *Engine) hybridStages(d int, p paging.Placement, n int, hp *paging.Hybri
 		st := nn.Stage{Backend: gpu, Alloc: bud, Weights: weights, FirstBlock: lo, EndBlock: hi, HostKV: hostKV}
 		if cpuSide {
 			st.Backend, st.Alloc, st.Weights, st.HostKV = cpu, e.hostAlloc, host, nil
+			if lo == 0 && len(stages) == 0 {
+				hostOnly[0] = true
+			}
 			if hi > lo {
 				st.Twin = &nn.Twin{Backend: gpu, Alloc: bud, Weights: weights}
-			} else if lo == 0 {
-				hostOnly[0] = true
-			} else {
+			} else if lo == L {
 				hostOnly[L+1] = true
 			}
 		}

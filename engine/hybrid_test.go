@@ -329,12 +329,13 @@ func TestHybridSeveralGPUsModels(t *testing.T) {
 
 // TestHybridTwinsSkipHostOnlyLayers: while a prompt's chunks run on the
 // twins, the pager's walk leaves out the layers that the CPU computes
-// whatever the chunk (the embedding, alone in a CPU stage before a block
-// on the GPU), where it used to take every layer and upload the embedding
-// into the ring each time a chunk's head wrapped the walk around (on the
-// 7B shape 262 MB, 4.9 ms of the H200's link, and the ring's room for the
-// next chunk's first layer); a decode step goes back to the plan's
-// sequence. The logits stay the direct model's.
+// whatever the chunk (the embedding on the CPU's side, alone in a stage
+// before a block on the GPU or in one with blocks, whose twin gets the
+// rows from the CPU), where it used to take every layer and upload the
+// embedding into the ring each time a chunk's head wrapped the walk around
+// (on the 7B shape 262 MB, 4.9 ms of the H200's link, and the ring's room
+// for the next chunk's first layer); a decode step goes back to the
+// plan's sequence. The logits stay the direct model's.
 func TestHybridTwinsSkipHostOnlyLayers(t *testing.T) {
 	lm := openFixture(t, fixtures.TinyLlamaF16Sharded)
 	prompt := []int32{1, 5, 9, 200, 3, 77, 12, 400, 8, 91, 17, 4}
@@ -346,6 +347,7 @@ func TestHybridTwinsSkipHostOnlyLayers(t *testing.T) {
 	}{
 		{"planner's split", paging.StrategyHybrid, 0},
 		{"two CPU layers", paging.StrategyHybrid, 2},
+		{"every non-resident layer on the CPU, the embedding with blocks", paging.StrategyCPU, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gpu := newFakeGPU()
@@ -358,18 +360,13 @@ func TestHybridTwinsSkipHostOnlyLayers(t *testing.T) {
 			}
 			defer e.Close()
 			plan := e.Hybrid().Plan
+			// The embedding on the CPU's side, the head alone on it.
 			hostOnly := map[int]bool{}
-			for _, st := range e.stages {
-				if st.Twin == nil && st.Backend != tensor.Backend(gpu) {
-					if st.FirstBlock == 0 {
-						hostOnly[0] = true
-					} else {
-						hostOnly[lm.Config.NumLayers+1] = true
-					}
-				}
-			}
-			if len(hostOnly) == 0 {
-				t.Fatalf("CPU layers %v: no stage of the embedding or the head alone on the CPU", plan.CPULayers)
+			first, last := e.stages[0], e.stages[len(e.stages)-1]
+			hostOnly[0] = first.Backend != tensor.Backend(gpu)
+			hostOnly[lm.Config.NumLayers+1] = last.Backend != tensor.Backend(gpu) && last.Twin == nil
+			if !hostOnly[0] && !hostOnly[lm.Config.NumLayers+1] {
+				t.Fatalf("CPU layers %v: neither the embedding nor the head is the CPU's in twin mode", plan.CPULayers)
 			}
 			pager := e.servers[0].(*paging.Pager)
 			s, err := e.NewSession()
