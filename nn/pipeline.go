@@ -35,7 +35,10 @@ type Stage struct {
 	// prefill, which is compute-bound: the CPU's layers then run on the
 	// GPU, their weights streamed). The stage's KV cache stays where the
 	// stage is: before each block the twin copies in the rows of earlier
-	// positions, after it copies back the chunk's rows.
+	// positions, after it copies back the chunk's rows (on a stream of
+	// their own where the device has one, tensor.AsyncDownload, landed
+	// before the chunk ends). A first stage's twin gets the embeddings
+	// from the stage's backend.
 	Twin *Twin
 	// HostKV, when set, keeps the KV cache of its blocks that this stage
 	// runs in host memory (Model.SetHostKV); its other blocks are
