@@ -25,6 +25,7 @@ var (
 	_ tensor.AsyncUploader     = (*Backend)(nil)
 	_ tensor.StagedUploader    = (*Backend)(nil)
 	_ tensor.ComputeDownloader = (*Backend)(nil)
+	_ tensor.AsyncDownloader   = (*Backend)(nil)
 	_ tensor.MemoryInfo        = (*Backend)(nil)
 	_ tensor.ManagedAllocator  = (*Backend)(nil)
 	_ tensor.CachingAllocator  = (*Backend)(nil)
@@ -46,7 +47,7 @@ type Backend struct {
 	closed atomic.Bool
 
 	compute, copy cu.Stream
-	evict         cu.Stream  // managed pages going back to the host
+	evict         cu.Stream  // copies to the host: managed pages going back, DownloadAsync
 	opsMu         sync.Mutex // orders compute-stream work and guards the cuBLAS handle
 	copyMu        sync.Mutex
 	copyTail      cu.Event // recorded after every UploadAsync copy
@@ -553,6 +554,114 @@ func (b *Backend) Download(dst []byte, src *tensor.Tensor) error {
 // uses it, so that prefetch copies stream while the CPU computes.
 func (b *Backend) DownloadComputed(dst []byte, src *tensor.Tensor) error {
 	return b.download("DownloadComputed", dst, src, computeOnly)
+}
+
+// DownloadAsync copies src into dst on the stream that copies to the host
+// (the one managed pages go back on, idle with explicit copies), after the
+// compute queued before the call, and returns at once
+// (tensor.AsyncDownloader): the compute queued after it and the
+// UploadAsync copies run beside it, on the other copy engine. ready makes
+// the compute stream wait for the copy; landed blocks the calling
+// goroutine (sleeping, on an event with blocking synchronisation) until
+// dst holds the copy. A hybrid twin's keys and values go back to the host
+// this way. The event goes back to its pool once both waits have run.
+func (b *Backend) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed func() error, err error) {
+	const op = "DownloadAsync"
+	if err := b.device(op, "src", src); err != nil {
+		return nil, nil, err
+	}
+	if int64(len(dst)) != src.NumBytes() {
+		return nil, nil, fmt.Errorf("cuda: %s: destination has %d bytes, %v has %d", op, len(dst), src, src.NumBytes())
+	}
+	if len(dst) == 0 {
+		nop := func() error { return nil }
+		return nop, nop, nil
+	}
+	if b.capturing() {
+		return nil, nil, fmt.Errorf("%s: %s: %w", b.name, op, errCapturing)
+	}
+	if err := b.enter(op); err != nil {
+		return nil, nil, err
+	}
+	defer b.leave()
+	b.gate.RLock() // not into a capture on the compute stream
+	defer b.gate.RUnlock()
+	before, err := b.getEvent()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
+	}
+	defer b.putEvent(before)
+	done, err := b.getBlockingEvent()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %s: %v", b.name, op, err)
+	}
+	b.opsMu.Lock()
+	err = before.Record(b.compute)
+	b.opsMu.Unlock()
+	if err == nil {
+		b.copyMu.Lock()
+		err = b.evict.Wait(before, 0)
+		if err == nil {
+			b.counts.copies.Add(1)
+			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.evict)
+		}
+		if err == nil {
+			err = done.Record(b.evict)
+		}
+		b.copyMu.Unlock()
+	}
+	if err != nil {
+		b.putBlockingEvent(done)
+		return nil, nil, fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
+	}
+	users := atomic.Int32{}
+	users.Store(2)
+	release := func() {
+		if users.Add(-1) == 0 {
+			b.putBlockingEvent(done)
+		}
+	}
+	var ronce, lonce sync.Once
+	var rerr, lerr error
+	ready = func() error {
+		ronce.Do(func() {
+			defer release()
+			if b.capturing() {
+				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, errCapturing)
+				return
+			}
+			if rerr = b.enter(op + " ready"); rerr != nil {
+				return
+			}
+			defer b.leave()
+			b.opsMu.Lock()
+			if err := b.compute.Wait(done, 0); err != nil {
+				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, cuError(err))
+			}
+			b.opsMu.Unlock()
+		})
+		return rerr
+	}
+	landed = func() error {
+		lonce.Do(func() {
+			defer release()
+			if b.capturing() {
+				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, errCapturing)
+				return
+			}
+			if lerr = b.enter(op + " landed"); lerr != nil {
+				return
+			}
+			defer b.leave()
+			b.gate.RLock() // a synchronisation would end another goroutine's capture
+			defer b.gate.RUnlock()
+			if err := done.Synchronize(); err != nil {
+				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, cuError(err))
+			}
+		})
+		return lerr
+	}
+	return ready, landed, nil
 }
 
 // downloadWait says what a download waits for besides the compute queued

@@ -944,6 +944,92 @@ func TestDownloadComputedLeavesCopies(t *testing.T) {
 	}
 }
 
+// TestDownloadAsync: DownloadAsync of what a kernel computed (a twin's keys,
+// 16 MiB, as a 7B block's of a 512-token chunk) returns at once, with the
+// host free to queue more compute; landed gives the kernel's result, not
+// what compute queued after ready wrote into the source; and the copy
+// lands while a large UploadAsync (a streamed layer) is on its way on the
+// other copy engine, not after it. It logs the times.
+func TestDownloadAsync(t *testing.T) {
+	b := openGPU(t)
+	const big = 128 << 20 // 512 MiB of F32: an upload of about 10 ms
+	pinned, err := b.AllocPinned(4 * big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(pinned)
+	layer, err := b.Alloc(tensor.F32, tensor.Shape{big})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(layer)
+	const n = 4 << 20 // 16 MiB of F32
+	ys := make([]float32, n)
+	for i := range ys {
+		ys[i] = float32(i % 4099)
+	}
+	x, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, make([]float32, n))
+	y, _ := put(t, b, tensor.F32, tensor.Shape{1, n}, ys)
+	host, err := b.AllocPinned(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FreePinned(host)
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	upReady, err := b.UploadAsync(context.Background(), layer, 0, pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Add(x, y, y); err != nil { // x = 2y
+		t.Fatal(err)
+	}
+	ready, landed, err := b.DownloadAsync(host, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := time.Since(t0)
+	if err := ready(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Add(x, x, y); err != nil { // x = 3y, after the copy read 2y
+		t.Fatal(err)
+	}
+	if err := landed(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	if err := b.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	copyTime := time.Since(t0)
+	if err := upReady(); err != nil {
+		t.Fatal(err)
+	}
+	got := unsafe.Slice((*float32)(unsafe.Pointer(&host[0])), n)
+	for i := range got {
+		if got[i] != 2*ys[i] {
+			t.Fatalf("element %d = %v, want %v (2y)", i, got[i], 2*ys[i])
+		}
+	}
+	back := make([]float32, n)
+	if err := b.Download(unsafe.Slice((*byte)(unsafe.Pointer(&back[0])), 4*n), x); err != nil {
+		t.Fatal(err)
+	}
+	if back[7] != 3*ys[7] {
+		t.Errorf("x after the Add queued after ready: %v, want %v (3y)", back[7], 3*ys[7])
+	}
+	t.Logf("DownloadAsync of 16 MiB behind a 512 MiB UploadAsync: queued after %v, landed after %v, the upload after %v", queued, took, copyTime)
+	if took > copyTime*3/4 {
+		t.Errorf("the download landed after %v, with the upload (%v): it waited for a copy on the other engine", took, copyTime)
+	}
+	if queued > took/2 {
+		t.Errorf("DownloadAsync returned after %v of the %v it took to land: it waited", queued, took)
+	}
+}
+
 // TestUploadBesideAsyncCopy times what a hybrid decode does at each hand-over
 // from the CPU: a small Upload from pinned memory (the hidden state, 16 KiB)
 // on the compute stream while a large UploadAsync copy (a prefetched layer)

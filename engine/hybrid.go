@@ -185,6 +185,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 	var pagers []*paging.Pager
 	var plans []*paging.HybridPlan
 	var stages []nn.Stage
+	var twinSeqs [][]int // per GPU, its pager's sequence while the twins run
 	var total, cum int64
 	for _, p := range parts {
 		total += p.Bytes
@@ -252,7 +253,8 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 		if err := pager.SetSequence(hp.Sequence); err != nil {
 			return err
 		}
-		stages = append(stages, e.hybridStages(d, p, len(parts), hp, pager, bud)...)
+		st, twinSeq := e.hybridStages(d, p, len(parts), hp, pager, bud)
+		stages, twinSeqs = append(stages, st...), append(twinSeqs, twinSeq)
 		e.devices = append(e.devices, Device{Name: gpu.Name(), Placement: p, Plan: hp.GPU, BudgetBytes: limit})
 	}
 	if len(plans) == 1 {
@@ -271,12 +273,9 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 		for d, pager := range pagers {
 			seq := plans[d].Sequence
 			if twins {
-				seq = make([]int, len(parts[d].Layers))
-				for i := range seq {
-					seq[i] = i
-				}
+				seq = twinSeqs[d]
 			}
-			_ = pager.SetSequence(seq) // checked above: both are valid
+			_ = pager.SetSequence(seq) // both are valid: checked above, and a subset of the pager's layers
 		}
 	}}
 	// Warm up: the GPUs' layers load through their pagers (the resident
@@ -314,7 +313,15 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 // run of CPU layers starting at the embedding or ending at the head makes
 // a stage of its own when the blocks next to it are on the GPU. The pager
 // numbers the share's layers from 0 (the model's on one GPU).
-func (e *Engine) hybridStages(d int, p paging.Placement, n int, hp *paging.HybridPlan, pager *paging.Pager, bud *paging.Budget) []nn.Stage {
+//
+// twinSeq is the pager's sequence while the twins run (a large chunk): its
+// layers but those the CPU computes from their host copies then too: the
+// embedding on the CPU's side (nn embeds a twin's chunk on the CPU), and
+// the head alone in a CPU stage (which has no twin). The pager's prefetch
+// would upload them for nothing, the embedding each time a chunk's head
+// wraps the walk around, taking the link and the ring's room from the
+// next chunk's first layers.
+func (e *Engine) hybridStages(d int, p paging.Placement, n int, hp *paging.HybridPlan, pager *paging.Pager, bud *paging.Budget) (stages []nn.Stage, twinSeq []int) {
 	gpu, cpu := e.backends[d], e.cpu
 	var weights nn.Weights = pager
 	var host nn.Weights = hostLayers{p: pager}
@@ -345,13 +352,18 @@ func (e *Engine) hybridStages(d int, p paging.Placement, n int, hp *paging.Hybri
 	}
 	L := e.cfg.NumLayers
 	side := func(layer int) bool { return onCPU[layer] }
-	var stages []nn.Stage
+	hostOnly := map[int]bool{} // model layers the CPU computes whatever the chunk
 	addStage := func(cpuSide bool, lo, hi int) {
 		st := nn.Stage{Backend: gpu, Alloc: bud, Weights: weights, FirstBlock: lo, EndBlock: hi, HostKV: hostKV}
 		if cpuSide {
 			st.Backend, st.Alloc, st.Weights, st.HostKV = cpu, e.hostAlloc, host, nil
+			if lo == 0 && len(stages) == 0 {
+				hostOnly[0] = true
+			}
 			if hi > lo {
 				st.Twin = &nn.Twin{Backend: gpu, Alloc: bud, Weights: weights}
+			} else if lo == L {
+				hostOnly[L+1] = true
 			}
 		}
 		stages = append(stages, st)
@@ -374,7 +386,12 @@ func (e *Engine) hybridStages(d int, p paging.Placement, n int, hp *paging.Hybri
 	if p.EndBlock == L && side(L+1) != side(L) {
 		addStage(side(L+1), L, L)
 	}
-	return stages
+	for i, l := range p.Layers {
+		if !hostOnly[l] {
+			twinSeq = append(twinSeq, i)
+		}
+	}
+	return stages, twinSeq
 }
 
 // Hybrid describes the CPU+GPU placement, or is nil when no layer is

@@ -3,6 +3,8 @@ package nn
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/strata-llm/strata/loader"
@@ -272,6 +274,223 @@ func TestHybridHandoffLeavesCopies(t *testing.T) {
 		if gpu.downloads != 0 || tc.want > 0 && gpu.computed != tc.want*forwards || gpu.computed == 0 {
 			t.Errorf("%s: from the GPU %d downloads by DownloadComputed and %d by Download over %d forwards; want %d a forward and none",
 				tc.name, gpu.computed, gpu.downloads, forwards, tc.want)
+		}
+	}
+}
+
+// asyncGPU is a CPU backend standing in for a GPU whose copies back to
+// the host run on a stream of their own (tensor.AsyncDownloader): a copy
+// reads its source when the caller first makes compute wait for it
+// (ready) or waits for it (landed), as late as a real device may, so that
+// a caller that overwrites the source before ready, or reads the
+// destination before landed, gets other numbers. It counts the downloads
+// of each kind, the waits, and fails the copy numbered fail (from 1).
+type asyncGPU struct {
+	*tensor.CPU
+	computed, async, readies, landings int
+	fail                               int
+}
+
+func (g *asyncGPU) DownloadComputed(dst []byte, src *tensor.Tensor) error {
+	g.computed++
+	return g.CPU.Download(dst, src)
+}
+
+func (g *asyncGPU) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed func() error, err error) {
+	g.async++
+	if g.async == g.fail {
+		return nil, nil, fmt.Errorf("injected failure of copy %d", g.async)
+	}
+	var once sync.Once
+	var cerr error
+	read := func() { once.Do(func() { cerr = g.CPU.Download(dst, src) }) }
+	ready = func() error { g.readies++; read(); return cerr }
+	landed = func() error { g.landings++; read(); return cerr }
+	return ready, landed, nil
+}
+
+// TestHybridTwinCopiesBackAsync: on a device with asynchronous downloads
+// the twins queue their keys' and values' copies back to the host
+// (DownloadAsync, two a block) instead of waiting for each block's compute
+// (DownloadComputed, which the hand-overs and logits alone use); each
+// copy's compute wait and host wait are made once, the next twin block
+// orders its compute after the copies before it overwrites the scratch
+// pair, and the chunk waits for them before the CPU reads the cache: with
+// twin stages of one block and of two (whose second block overwrites the
+// pair while the first's copies are under way), a prompt whose last chunk
+// runs on the CPU, and decode steps after it, the logits are the one
+// device's. A copy that fails fails the forward, which adds no positions,
+// and the retried forward is exact.
+func TestHybridTwinCopiesBackAsync(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config // 4 blocks
+	ref := tensor.NewCPU(1)
+	defer ref.Close()
+	hw, err := LoadWeights(ctx, lm, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	rm, err := New(cfg, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78} // chunks of 4, 4 (twins) and 1 (CPU)
+	const maxPos, chunk, steps = 32, 4, 4
+	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
+	for _, tc := range []struct {
+		name       string
+		places     [][3]int // gpu (1) or CPU with a twin (0), blocks [lo, hi)
+		twinBlocks int
+		fail       int
+	}{
+		{"twin stages of one block", [][3]int{{1, 0, 1}, {0, 1, 2}, {1, 2, 3}, {0, 3, 4}}, 2, 0},
+		{"a twin stage of two blocks", [][3]int{{1, 0, 1}, {0, 1, 3}, {1, 3, 4}}, 2, 0},
+		{"the third copy fails", [][3]int{{1, 0, 1}, {0, 1, 3}, {1, 3, 4}}, 2, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gpu, cpu := &asyncGPU{CPU: tensor.NewCPU(1), fail: tc.fail}, tensor.NewCPU(1)
+			defer gpu.Close()
+			defer cpu.Close()
+			var stages []Stage
+			for _, p := range tc.places {
+				st := Stage{Backend: gpu, Weights: hw, FirstBlock: p[1], EndBlock: p[2]}
+				if p[0] == 0 {
+					st.Backend, st.Twin = cpu, &Twin{Backend: gpu, Weights: hw}
+				}
+				stages = append(stages, st)
+			}
+			pl, err := NewPipeline(cfg, stages, PipelineOptions{TwinMinTokens: chunk})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps, err := pl.NewSession(maxPos, chunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ps.Close()
+			if tc.fail > 0 {
+				if _, err := ps.Forward(ctx, prompt, true, nil); err == nil || !strings.Contains(err.Error(), "injected failure") || ps.Pos() != 0 {
+					t.Fatalf("the injected failure gave %v, position %d", err, ps.Pos())
+				}
+				if gpu.readies != gpu.landings || gpu.landings != gpu.async-1 {
+					t.Errorf("after the failure: %d copies queued, %d compute waits and %d host waits made", gpu.async-1, gpu.readies, gpu.landings)
+				}
+				*gpu = asyncGPU{CPU: gpu.CPU}
+			}
+			got, err := ps.Forward(ctx, prompt, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all := append([]float32(nil), got...)
+			last := got[len(got)-cfg.VocabSize:]
+			for range steps {
+				if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, last...)
+			}
+			for i := range wantLogits {
+				if all[i] != wantLogits[i] {
+					t.Fatalf("logit %d: %v, one device %v", i, all[i], wantLogits[i])
+				}
+			}
+			twinChunks := len(prompt) / chunk
+			if want := 2 * tc.twinBlocks * twinChunks; gpu.async != want || gpu.readies != want || gpu.landings != want {
+				t.Errorf("%d copies back queued, %d compute waits and %d host waits made; want %d of each", gpu.async, gpu.readies, gpu.landings, want)
+			}
+			// The twins' chunks hand nothing to the CPU but the logits of
+			// the last chunk's head (on the GPU); the CPU chunk and the
+			// steps hand the hidden state over once a stage switch and
+			// their logits come from the GPU's head.
+			forwards := 1 + steps
+			if gpu.computed > (len(tc.places)/2+1)*forwards+twinChunks {
+				t.Errorf("%d downloads waited for the compute: the twins' copies back among them", gpu.computed)
+			}
+		})
+	}
+}
+
+// acquireCounter counts the acquisitions of each layer.
+type acquireCounter struct {
+	Weights
+	n map[int]int
+}
+
+func (a *acquireCounter) Acquire(ctx context.Context, layer int) (LayerWeights, error) {
+	a.n[layer]++
+	return a.Weights.Acquire(ctx, layer)
+}
+
+// TestHybridTwinEmbedsOnCPU: when the first stage is a CPU stage whose
+// blocks run on a twin, the CPU embeds the chunk from its own copy of the
+// table and hands the rows to the twin, which never acquires the table
+// (on a GPU it would stream all of it for a chunk's rows); the logits and
+// the decode after them are the one device's.
+func TestHybridTwinEmbedsOnCPU(t *testing.T) {
+	ctx := context.Background()
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config // 4 blocks
+	ref := tensor.NewCPU(1)
+	defer ref.Close()
+	hw, err := LoadWeights(ctx, lm, ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hw.Close()
+	rm, err := New(cfg, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265} // two chunks on the twins
+	const maxPos, chunk, steps = 32, 4, 3
+	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
+	gpu, cpu := tensor.NewCPU(1), tensor.NewCPU(1)
+	defer gpu.Close()
+	defer cpu.Close()
+	onCPU, onTwin := &acquireCounter{Weights: hw, n: map[int]int{}}, &acquireCounter{Weights: hw, n: map[int]int{}}
+	stages := []Stage{
+		{Backend: cpu, Weights: onCPU, FirstBlock: 0, EndBlock: 2, Twin: &Twin{Backend: gpu, Weights: onTwin}},
+		{Backend: gpu, Weights: hw, FirstBlock: 2, EndBlock: 4},
+	}
+	pl, err := NewPipeline(cfg, stages, PipelineOptions{TwinMinTokens: chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := pl.NewSession(maxPos, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	got, err := ps.Forward(ctx, prompt, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emb := cfg.EmbedLayer()
+	if onTwin.n[emb] != 0 || onCPU.n[emb] != len(prompt)/chunk || onTwin.n[cfg.BlockLayer(0)] != len(prompt)/chunk {
+		t.Errorf("the prompt's %d chunks acquired the embedding %d times on the twin and %d on the CPU, block 0 %d times on the twin; want 0, %d and %d",
+			len(prompt)/chunk, onTwin.n[emb], onCPU.n[emb], onTwin.n[cfg.BlockLayer(0)], len(prompt)/chunk, len(prompt)/chunk)
+	}
+	all := append([]float32(nil), got...)
+	last := got[len(got)-cfg.VocabSize:]
+	for range steps {
+		if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, last...)
+	}
+	for i := range wantLogits {
+		if all[i] != wantLogits[i] {
+			t.Fatalf("logit %d: %v, one device %v", i, all[i], wantLogits[i])
 		}
 	}
 }

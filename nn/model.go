@@ -111,7 +111,11 @@ type Session struct {
 	// on another device for large chunks: the KV cache lives in twin's
 	// host tensors, and this session's k and v are one scratch pair that
 	// each block's rows are copied into and back from.
-	twin       *Session
+	twin *Session
+	// copyBack, on a twin session, holds the copies of its device's
+	// scratch pair back to the host still under way (copyback.go); the
+	// twin sessions of one device share it, as they share the pair.
+	copyBack   *copyBack
 	guesses    *guesses       // the experts guessed ahead in decode steps, made on first use
 	batchGuess *batchGuess    // a batch session's guesses of the next sparse block's experts, made on first use
 	graphs     *sessionGraphs // decode steps' captured blocks (graph.go), made on first use
@@ -484,6 +488,11 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook, headNext bo
 		err = func() error {
 			defer m.weights.Release(layer)
 			if s.twin != nil {
+				// The block overwrites the scratch pair that the blocks
+				// before it are still copying back.
+				if err := s.copyBack.order(); err != nil {
+					return err
+				}
 				if err := s.twinKVIn(i, pos0); err != nil {
 					return err
 				}
@@ -545,7 +554,9 @@ func (s *Session) twinKVIn(i, pos0 int) error {
 }
 
 // twinKVOut copies the keys and values block i computed for the chunk at
-// pos0 back into the stage's KV cache.
+// pos0 back into the stage's KV cache: on a device with asynchronous
+// downloads the copies are queued (copyBack) and the host goes on queuing
+// the next blocks, else they wait for the block's compute.
 func (s *Session) twinKVOut(i, pos0, T int) error {
 	j := i - s.m.lo
 	for _, kv := range [][2]*tensor.Tensor{{s.k[j], s.twin.k[j]}, {s.v[j], s.twin.v[j]}} {
@@ -557,7 +568,12 @@ func (s *Session) twinKVOut(i, pos0, T int) error {
 		if err != nil {
 			return err
 		}
-		if err := copyTensor(s.twin.m.backend, s.m.backend, dst, src); err != nil {
+		if ad, ok := tensor.AsyncDownload(s.m.backend); ok && s.copyBack != nil && dst.OnHost() {
+			err = s.copyBack.queue(ad, dst.Bytes()[:src.NumBytes()], src)
+		} else {
+			err = copyTensor(s.twin.m.backend, s.m.backend, dst, src)
+		}
+		if err != nil {
 			return fmt.Errorf("keys and values of %d positions from %s: %w", T, s.m.backend.Name(), err)
 		}
 	}

@@ -654,6 +654,19 @@ func (p *Pager) SetSequence(layers []int) error {
 	return nil
 }
 
+// Sequence returns the cyclic order of layers prefetch follows now
+// (SetSequence): every layer in order when none was set.
+func (p *Pager) Sequence() []int {
+	if s := p.seq.Load(); s != nil {
+		return slices.Clone(s.layers)
+	}
+	all := make([]int, len(p.layers))
+	for l := range all {
+		all[l] = l
+	}
+	return all
+}
+
 // sequence is a cyclic order of some of the layers (SetSequence).
 type sequence struct {
 	layers []int

@@ -278,6 +278,24 @@ func DownloadComputed(m Memory, dst []byte, src *Tensor) error {
 	return m.Download(dst, src)
 }
 
+// AsyncDownloader is a backend that can copy a tensor into host memory on
+// a stream of its own, without the host waiting: a block whose keys and
+// values go back to the host (a hybrid twin's) then leaves the compute
+// stream and the host free to queue the next blocks while the copy runs.
+type AsyncDownloader interface {
+	// DownloadAsync queues the copy of src into dst after the compute
+	// queued before the call (which wrote src) and returns at once. ready
+	// makes the compute queued after it wait for the copy: call it before
+	// queuing work that overwrites src. landed blocks the calling
+	// goroutine until dst holds the copy and returns the copy's error:
+	// call it before the host reads dst or lets it go. Call each at most
+	// once and both eventually, in either order and from any goroutine.
+	DownloadAsync(dst []byte, src *Tensor) (ready, landed func() error, err error)
+}
+
+// AsyncDownload returns m's asynchronous download, if it has one.
+func AsyncDownload(m Memory) (AsyncDownloader, bool) { return capability[AsyncDownloader](m) }
+
 // PeerCopier is a backend that can copy one of its tensors straight into a
 // tensor of another device (a peer copy, over NVLink or PCIe), without the
 // round trip through host memory that a Download and an Upload make.

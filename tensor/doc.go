@@ -22,7 +22,8 @@
 //   - Optional capabilities, each a small interface with one helper that
 //     finds it, behind a Checked front too: Sync (Syncer), Pinned
 //     (PinnedAllocator), AsyncUpload (AsyncUploader), StagedUpload
-//     (StagedUploader: copies the host can wait for), Managed
+//     (StagedUploader: copies the host can wait for), AsyncDownload
+//     (AsyncDownloader: copies to the host it need not wait for), Managed
 //     (ManagedAllocator), FreeMemory (MemoryInfo), CopyStats (CopyTimer),
 //     Caching (CachingAllocator), and CheckedGrad for GradOps.
 //   - The registry of device drivers: a device package registers its
