@@ -251,6 +251,12 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 	fail := func(err error) error {
 		return fmt.Errorf("paging: expert %d of layer %d on the CPU: %w", expert, layer, err)
 	}
+	if ts, err := p.mappedHostExpert(e, tokens); ts != nil || err != nil {
+		if err != nil {
+			return nil, nil, fail(err)
+		}
+		return ts, func() {}, nil
+	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -334,12 +340,46 @@ func (p *Pager) HostExpert(ctx context.Context, layer, expert, tokens int) (map[
 		}
 	}
 	p.st.BytesDiskToHost += read
+	p.countOnCPULocked(e, tokens)
+	p.mu.Unlock()
+	done()
+	return ts, release, nil
+}
+
+// countOnCPULocked counts expert e computed on the CPU for tokens tokens.
+func (p *Pager) countOnCPULocked(e *expertEntry, tokens int) {
 	p.ex.touchLocked(e) // a use, as an acquire counts it: ExpertsOnCPU uploads the most used
 	e.onCPU = true      // not prefetched (PrefetchExperts) until acquired
 	p.st.ExpertsOnCPU++
 	p.st.ExpertCPUTokens += int64(tokens)
 	p.st.ExpertCPUBytes += e.bytes
+}
+
+// mappedHostExpert returns e's tensors as views of the source's mapping,
+// where the expert cache copies in place (mapExperts) and e has no host
+// copy: the CPU reads them where they lie, with nothing read or kept. It
+// returns nil tensors when e is not in place.
+func (p *Pager) mappedHostExpert(e *expertEntry, tokens int) (map[string]*tensor.Tensor, error) {
+	p.mu.Lock()
+	closed, hosted := p.closed, e.host != nil
 	p.mu.Unlock()
-	done()
-	return ts, release, nil
+	if closed || hosted {
+		return nil, nil
+	}
+	srcs, err := p.mappedExpert(e)
+	if srcs == nil || err != nil {
+		return nil, err
+	}
+	ts := make(map[string]*tensor.Tensor, len(e.specs))
+	for k, s := range e.specs {
+		t, err := tensor.FromBytes(s.DType, s.Shape, srcs[k])
+		if err != nil {
+			return nil, nil // not as the CPU takes it (alignment): read as any other
+		}
+		ts[s.Name] = t
+	}
+	p.mu.Lock()
+	p.countOnCPULocked(e, tokens)
+	p.mu.Unlock()
+	return ts, nil
 }

@@ -123,6 +123,12 @@ type expertCache struct {
 	steps  expertSteps
 	// loads counts the loads committed (expertEntry.queued).
 	loads uint64
+	// mapped is the source whose experts are copied in place from its
+	// page-locked mapping (and computed from it on the CPU), nil when
+	// they go through host copies; unregister undoes the page-locking
+	// the cache did itself (none when it shares the staging ring's).
+	mapped     MappedSource
+	unregister []func() error
 	// arena pins the host copies in large chunks, nil without pinned
 	// memory.
 	arena *pinnedArena
@@ -157,10 +163,10 @@ type expertEntry struct {
 	queued uint64
 	// failed: a lazy acquire's wait for its copies failed; it is evicted
 	// when its last pin goes.
-	failed bool
-	host         []byte           // the host copy, or nil
-	hostArena    bool             // host is a piece of the cache's pinnedArena
-	hostPinned   bool
+	failed     bool
+	host       []byte // the host copy, or nil
+	hostArena  bool   // host is a piece of the cache's pinnedArena
+	hostPinned bool
 
 	lastUse uint64  // the budget's stamp of the last acquire or release
 	usePass uint64  // the pass of the last acquire
@@ -535,8 +541,8 @@ func (p *Pager) PrefetchExperts(layer int, experts []int) {
 		}
 		e.prefetched, e.prefetchedAt = true, p.ex.visits[layer]
 		e.lastUse = p.bg.Stamp()
-		if p.async != nil && e.host != nil && e.hostPinned {
-			now = append(now, e)
+		if p.async != nil && (e.host != nil && e.hostPinned || e.host == nil && p.ex.mapped != nil) {
+			now = append(now, e) // only copies to queue: from its pinned host copy, or in place
 		} else {
 			later = append(later, e)
 		}
@@ -817,6 +823,16 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 		}
 		ts = append(ts, t)
 	}
+	if e.host == nil {
+		srcs, err := p.mappedExpert(e)
+		if err != nil {
+			return nil, nil, err
+		}
+		if srcs != nil {
+			ready, err := p.uploadMappedExpert(ctx, e, ts, srcs)
+			return ts, ready, err
+		}
+	}
 	p.mu.Lock()
 	buf, cachedPinned := e.host, e.hostPinned
 	cached, admitted := buf != nil, false
@@ -900,6 +916,90 @@ func (p *Pager) loadExpert(ctx context.Context, e *expertEntry) (ts []*tensor.Te
 	return ts, ready, nil
 }
 
+// mappedExpert returns e's tensors' bytes in the page-locked mapping of
+// the source, in the order of e.specs, or nil when the cache copies from
+// host copies or the source gives one of them other than in place (the
+// expert then loads as any other).
+func (p *Pager) mappedExpert(e *expertEntry) ([][]byte, error) {
+	ms := p.ex.mapped
+	if ms == nil {
+		return nil, nil
+	}
+	srcs := make([][]byte, len(e.specs))
+	for k, s := range e.specs {
+		b, ok, err := ms.MappedTensor(e.layer, s.Name)
+		if err != nil {
+			return nil, fmt.Errorf("paging: layer %d expert %d tensor %s: %w", e.layer, e.expert, s.Name, err)
+		}
+		if !ok || int64(len(b)) != s.Bytes {
+			return nil, nil
+		}
+		srcs[k] = b
+	}
+	return srcs, nil
+}
+
+// uploadMappedExpert queues the copies of e's tensors into ts straight
+// from the mapping (srcs, mappedExpert): no read into host memory, no host
+// copy kept. On an error the waits of the copies queued have run.
+func (p *Pager) uploadMappedExpert(ctx context.Context, e *expertEntry, ts []*tensor.Tensor, srcs [][]byte) ([]func() error, error) {
+	var ready []func() error
+	for k, s := range e.specs {
+		r, err := p.async.UploadAsync(ctx, ts[k], 0, srcs[k])
+		if err != nil {
+			for _, r := range ready {
+				_ = r()
+			}
+			return nil, fmt.Errorf("paging: layer %d expert %d tensor %s: upload: %w", e.layer, e.expert, s.Name, err)
+		}
+		ready = append(ready, r)
+	}
+	p.mu.Lock()
+	p.st.BytesHostToDevice += e.bytes
+	p.st.ExpertBytesMoved += e.bytes
+	p.st.BytesMapped += e.bytes
+	p.mu.Unlock()
+	return ready, nil
+}
+
+// mapExperts has the expert cache copy its experts in place from the
+// source's mapping, page-locked, where the source maps its files
+// (MappedSource), the backend copies asynchronously and can page-lock host
+// memory, and opts allow it: with the staging ring's registration when
+// the ring made one, else its own. Where none can be made the experts go
+// through host copies as before.
+func (p *Pager) mapExperts(opts Options) {
+	ms, ok := p.src.(MappedSource)
+	if p.ex == nil || !ok || opts.NoMappedUploads || p.async == nil {
+		return
+	}
+	if p.stage != nil && p.stage.mapped != nil {
+		p.ex.mapped = p.stage.mapped
+		return
+	}
+	reg, ok := tensor.HostRegister(p.b)
+	if !ok {
+		return
+	}
+	var undo []func() error
+	for _, r := range ms.MappedRegions() {
+		if len(r) == 0 {
+			continue
+		}
+		un, err := reg.RegisterHost(r)
+		if err != nil {
+			for _, u := range undo {
+				_ = u()
+			}
+			return
+		}
+		undo = append(undo, un)
+	}
+	if len(undo) > 0 {
+		p.ex.mapped, p.ex.unregister = ms, undo
+	}
+}
+
 // expertHostAlloc allocates an expert's host copy for the host cache: a
 // piece of the expert cache's pinned arena, else (no arena, or the arena
 // could not grow) the pager's hostAlloc. pinned says it is page-locked,
@@ -956,6 +1056,12 @@ func (p *Pager) closeExpertsLocked() []error {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	for _, u := range x.unregister { // after the copies from the mapping landed
+		if err := u(); err != nil {
+			errs = append(errs, fmt.Errorf("paging: unregistering a mapped weight file: %w", err))
+		}
+	}
+	x.unregister, x.mapped = nil, nil
 	clear(x.slots)
 	return errs
 }

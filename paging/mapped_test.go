@@ -1,12 +1,14 @@
 package paging
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -203,6 +205,132 @@ func TestStagingMapped(t *testing.T) {
 			}
 			if tc.registered && be.unregistered != len(src.regions) {
 				t.Errorf("%d regions unregistered, want %d", be.unregistered, len(src.regions))
+			}
+		})
+	}
+}
+
+// mappedMoE is a moeSynth whose tensors lie in one region of host memory,
+// each its pattern, all given in place; it counts the reads of experts'
+// tensors (ReadTensor).
+type mappedMoE struct {
+	*moeSynth
+	region      []byte
+	at          map[string][]byte // "layer/name" -> the tensor's bytes in region
+	expertReads atomic.Int64
+}
+
+func newMappedMoE(m *moeSynth) *mappedMoE {
+	mm := &mappedMoE{moeSynth: m, at: map[string][]byte{}}
+	offs := map[string]int{}
+	for l, specs := range m.layers {
+		for _, sp := range specs {
+			mm.region = append(mm.region, make([]byte, (64-len(mm.region)%64)%64)...) // aligned as a file's tensors
+			offs[fmt.Sprintf("%d/%s", l, sp.Name)] = len(mm.region)
+			mm.region = append(mm.region, m.pattern(l, sp.Name, sp.Bytes)...)
+		}
+	}
+	for l, specs := range m.layers {
+		for _, sp := range specs {
+			key := fmt.Sprintf("%d/%s", l, sp.Name)
+			mm.at[key] = mm.region[offs[key] : offs[key]+int(sp.Bytes) : offs[key]+int(sp.Bytes)]
+		}
+	}
+	return mm
+}
+
+func (m *mappedMoE) MappedRegions() [][]byte { return [][]byte{m.region} }
+
+func (m *mappedMoE) MappedTensor(l int, name string) ([]byte, bool, error) {
+	b, ok := m.at[fmt.Sprintf("%d/%s", l, name)]
+	return b, ok, nil
+}
+
+func (m *mappedMoE) ReadTensor(ctx context.Context, l int, name string, dst []byte) error {
+	if strings.Contains(name, ".e") {
+		m.expertReads.Add(1)
+	}
+	return m.moeSynth.ReadTensor(ctx, l, name, dst)
+}
+
+// mappedAsync is an asyncFake that page-locks host memory, counting the
+// registrations alive.
+type mappedAsync struct {
+	*asyncFake
+	mu   sync.Mutex
+	live int
+}
+
+func (f *mappedAsync) RegisterHost(b []byte) (func() error, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.live++
+	var once sync.Once
+	return func() error {
+		once.Do(func() {
+			f.mu.Lock()
+			f.live--
+			f.mu.Unlock()
+		})
+		return nil
+	}, nil
+}
+
+// TestExpertsMapped: from a MappedSource on a backend that page-locks
+// host memory and copies asynchronously, the expert cache copies each
+// expert straight from the page-locked mapping (nothing read, no host
+// copy pinned), prefetches and acquires alike, and HostExpert gives the
+// CPU views of the mapping; Options.NoMappedUploads goes back to reading
+// into host copies. Close unregisters the region.
+func TestExpertsMapped(t *testing.T) {
+	ctx := context.Background()
+	for _, noMapped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoMappedUploads=%v", noMapped), func(t *testing.T) {
+			m := newMoESynth(2, 6, 8, 16)
+			src := newMappedMoE(m)
+			be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
+			info, limit := moeBudget(t, m, 3, 8)
+			plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			bg := newBudget(t, be, limit, "fake")
+			pg, err := NewPager(src, bg, plan, Options{NoMappedUploads: noMapped})
+			if err != nil {
+				t.Fatal(err)
+			}
+			acquireCheck(t, pg, m, be, 1, 0, 1)
+			pg.PrefetchExperts(2, []int{4})
+			waitExperts(t, pg)
+			acquireCheck(t, pg, m, be, 2, 4)
+			ts, release, err := pg.HostExpert(ctx, 1, 5, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := m.experts[1][5][0]
+			aliased := &ts[name].Bytes()[0] == &src.at["1/"+name][0]
+			if !bytes.Equal(ts[name].Bytes(), m.pattern(1, name, ts[name].NumBytes())) {
+				t.Errorf("HostExpert's %s holds other bytes", name)
+			}
+			release()
+			st := pg.Stats()
+			if noMapped {
+				if st.BytesMapped != 0 || src.expertReads.Load() == 0 || aliased {
+					t.Errorf("NoMappedUploads: %d bytes copied in place, %d expert reads, HostExpert aliased %v; want none, some, false", st.BytesMapped, src.expertReads.Load(), aliased)
+				}
+			} else {
+				if want := 3 * m.expertBytes(); st.BytesMapped != want || src.expertReads.Load() != 0 || st.PinnedHostBytes != 0 || !aliased {
+					t.Errorf("%d bytes copied in place (want %d), %d expert reads, %d bytes pinned, HostExpert aliased %v; want none read or pinned, aliased", st.BytesMapped, want, src.expertReads.Load(), st.PinnedHostBytes, aliased)
+				}
+				if be.live != 1 {
+					t.Errorf("%d regions registered, want 1", be.live)
+				}
+			}
+			if err := pg.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if be.live != 0 {
+				t.Errorf("after Close %d regions registered", be.live)
 			}
 		})
 	}

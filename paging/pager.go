@@ -482,6 +482,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 		planned = plan.StagingBytes
 	}
 	p.newStaging(opts, planned)
+	p.mapExperts(opts)
 	p.life, p.stopLife = context.WithCancel(context.Background())
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
 	if p.fill {
