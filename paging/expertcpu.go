@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -145,11 +147,15 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 		}
 		return cpu, link
 	}
+	charge := func(c, l float64) float64 { return c + l }
+	if splitParallel {
+		charge = math.Max
+	}
 	best := 0
 	bc, bl := times(0)
 	for k := 1; k <= n; k++ {
 		c, l := times(k)
-		if c+l < bc+bl {
+		if charge(c, l) < charge(bc, bl) {
 			best, bc, bl = k, c, l
 		}
 	}
@@ -158,6 +164,14 @@ func SplitMisses(r Rates, misses []ExpertMiss, onCPU []bool) (cpu, link time.Dur
 	}
 	return durationOf(bc), durationOf(bl), true
 }
+
+// SplitEnv names the environment variable that, set to "parallel", has
+// SplitMisses charge a layer the longer of its two paths (the CPU's
+// products and the link's uploads side by side) rather than their sum, to
+// measure which of the two a device holds to.
+const SplitEnv = "STRATA_EXPERTS_SPLIT"
+
+var splitParallel = os.Getenv(SplitEnv) == "parallel"
 
 // cpuExperts is the CPU's rate over k experts' products, computed
 // several at once when k is 2 or more (CPUExperts), while a copy runs or

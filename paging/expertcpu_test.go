@@ -296,3 +296,31 @@ func TestHostExpert(t *testing.T) {
 		t.Error("ParseExpertCPUPolicy accepts sometimes")
 	}
 }
+
+// TestSplitMissesParallel: charged side by side (SplitEnv=parallel), a
+// decode block's seven misses on the H200 of run R3b split between the
+// CPU and the link, each path shorter than the series charge's all-CPU
+// layer.
+func TestSplitMissesParallel(t *testing.T) {
+	defer func(v bool) { splitParallel = v }(splitParallel)
+	const x = 9437184
+	ms := make([]ExpertMiss, 7)
+	for i := range ms {
+		ms[i] = ExpertMiss{Bytes: x, Tokens: 1}
+	}
+	onCPU := make([]bool, len(ms))
+	splitParallel = false
+	c0, l0, _ := SplitMisses(h200R3b, ms, onCPU)
+	splitParallel = true
+	c, l, ok := SplitMisses(h200R3b, ms, onCPU)
+	n := 0
+	for _, b := range onCPU {
+		if b {
+			n++
+		}
+	}
+	t.Logf("series: CPU %v, link %v; parallel: %d on the CPU, CPU %v, link %v", c0, l0, n, c, l)
+	if !ok || n == 0 || n == len(ms) || max(c, l) >= c0+l0 {
+		t.Errorf("parallel: %d of %d on the CPU, CPU %v and link %v; want a split whose longer path is under the series charge's %v", n, len(ms), c, l, c0+l0)
+	}
+}
