@@ -216,10 +216,12 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // loaded. Without cuBLAS, matrix products run on built-in kernels (BLAS
 // says which). The environment variable STRATA_CUBLAS may name the cuBLAS
 // library file to load instead of searching the versioned sonames, and
-// STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use and
+// STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use (defaultGEMV
+// where it is empty, on compute capability 9.0 and newer) and
 // STRATA_CUDA_QGEMV (QGEMVEnv) the integer GEMV of Q4_K and Q5_K.
 func Open(device int) (*Backend, error) {
-	split, rows, err := gemvVariantNamed(os.Getenv(GEMVEnv))
+	gemvName := os.Getenv(GEMVEnv)
+	split, rows, err := gemvVariantNamed(gemvName)
 	if err != nil {
 		return nil, err
 	}
@@ -243,6 +245,9 @@ func Open(device int) (*Backend, error) {
 	}
 	if info.Major < 7 {
 		return nil, fmt.Errorf("cuda: device %d (%s) has compute capability %d.%d; strata's kernels need 7.0 or newer", device, info.Name, info.Major, info.Minor)
+	}
+	if gemvName == "" && info.Major >= 9 {
+		split, _, _ = gemvVariantNamed(defaultGEMV)
 	}
 	if split != nil && split.pdl && info.Major < 9 {
 		return nil, fmt.Errorf("cuda: %s=%s: the kernels need compute capability 9.0, device %d (%s) has %d.%d", GEMVEnv, split.name, device, info.Name, info.Major, info.Minor)

@@ -147,10 +147,10 @@ func TestGEMVEnv(t *testing.T) {
 		split string
 		rows  int
 		err   bool
-	}{{"", "", 0, false}, {"m1", "", -1, false}, {"r2", "", 2, false}, {"s2", "s2", 0, false}, {"b16", "b16", 0, false}, {"fast", "", 0, true}} {
+	}{{"", "", 0, false}, {"shape", "", 0, false}, {"m1", "", -1, false}, {"r2", "", 2, false}, {"s2", "s2", 0, false}, {"b16", "b16", 0, false}, {"fast", "", 0, true}} {
 		v, rows, err := gemvVariantNamed(c.val)
 		if c.err {
-			if err == nil || !strings.Contains(err.Error(), GEMVEnv+`="fast"`) || !strings.Contains(err.Error(), "m1, r1, r2, b8, b16") {
+			if err == nil || !strings.Contains(err.Error(), GEMVEnv+`="fast"`) || !strings.Contains(err.Error(), "m1, r1, r2, shape, b8, b16") {
 				t.Errorf("%s=%q: error %v, want one naming the variable, the value and the kernels", GEMVEnv, c.val, err)
 			}
 			continue
@@ -166,8 +166,21 @@ func TestGEMVEnv(t *testing.T) {
 	if os.Getenv(GEMVEnv) != "" {
 		t.Skipf("%s is set in the environment", GEMVEnv)
 	}
-	t.Setenv(GEMVEnv, "s4")
+	t.Setenv(GEMVEnv, "")
 	b := openGPU(t)
+	if want := defaultGEMV; b.info.Major < 9 {
+		if b.gemvSplit != nil {
+			t.Errorf("Open with %s unset on compute capability %d.%d: variant %s, want the per-shape kernels", GEMVEnv, b.info.Major, b.info.Minor, b.gemvSplit.name)
+		}
+	} else if b.gemvSplit == nil || b.gemvSplit.name != want {
+		t.Errorf("Open with %s unset: variant %v, want %s", GEMVEnv, b.gemvSplit, want)
+	}
+	t.Setenv(GEMVEnv, "shape")
+	if b = openGPU(t); b.gemvSplit != nil {
+		t.Errorf("Open with %s=shape: variant %s, want the per-shape kernels", GEMVEnv, b.gemvSplit.name)
+	}
+	t.Setenv(GEMVEnv, "s4")
+	b = openGPU(t)
 	if b.gemvSplit == nil || b.gemvSplit.name != "s4" {
 		t.Errorf("Open with %s=s4 left the GEMV variant %v", GEMVEnv, b.gemvSplit)
 	}

@@ -70,11 +70,20 @@ func (v *gemvVariant) gateUpGrid(n int) [3]uint32 {
 	return [3]uint32{uint32((n + per - 1) / per), 1, 1}
 }
 
+// defaultGEMV is the variant M = 1 products of F16 and BF16 weights run
+// on when GEMVEnv is empty, on devices of compute capability 9.0 or newer
+// (it launches with programmatic dependent launch): two warps a row. On
+// the H200 it decoded TinyLlama-1.1B at 828.7 tok/s where the per-shape
+// kernels made 768.1, and the 7B shape 3% faster (cuda/PERF.md). Older
+// devices, and GEMVEnv=shape, keep the per-shape kernels.
+const defaultGEMV = "s2p"
+
 // gemvVariantNamed returns the variant called name, or nil for the
-// default kernels; rows is the gemvRows of "m1", "r1" and "r2".
+// per-shape kernels ("" and "shape"; Open picks defaultGEMV for "");
+// rows is the gemvRows of "m1", "r1" and "r2".
 func gemvVariantNamed(name string) (v *gemvVariant, rows int, err error) {
 	switch name {
-	case "":
+	case "", "shape":
 		return nil, 0, nil
 	case "m1":
 		return nil, -1, nil
@@ -83,7 +92,7 @@ func gemvVariantNamed(name string) (v *gemvVariant, rows int, err error) {
 	case "r2":
 		return nil, 2, nil
 	}
-	names := []string{"m1", "r1", "r2"}
+	names := []string{"m1", "r1", "r2", "shape"}
 	for i := range gemvVariants {
 		if gemvVariants[i].name == name {
 			return &gemvVariants[i], 0, nil
