@@ -127,8 +127,9 @@ type expertCache struct {
 	// page-locked mapping (and computed from it on the CPU), nil when
 	// they go through host copies; unregister undoes the page-locking
 	// the cache did itself (none when it shares the staging ring's).
-	mapped     MappedSource
-	unregister []func() error
+	mapped      MappedSource
+	unregister  []func() error
+	mappedBytes int64 // what unregister undoes
 	// arena pins the host copies in large chunks, nil without pinned
 	// memory.
 	arena *pinnedArena
@@ -982,6 +983,7 @@ func (p *Pager) mapExperts(opts Options) {
 		return
 	}
 	var undo []func() error
+	var n int64
 	for _, r := range ms.MappedRegions() {
 		if len(r) == 0 {
 			continue
@@ -993,10 +995,10 @@ func (p *Pager) mapExperts(opts Options) {
 			}
 			return
 		}
-		undo = append(undo, un)
+		undo, n = append(undo, un), n+int64(len(r))
 	}
 	if len(undo) > 0 {
-		p.ex.mapped, p.ex.unregister = ms, undo
+		p.ex.mapped, p.ex.unregister, p.ex.mappedBytes = ms, undo, n
 	}
 }
 
@@ -1061,7 +1063,7 @@ func (p *Pager) closeExpertsLocked() []error {
 			errs = append(errs, fmt.Errorf("paging: unregistering a mapped weight file: %w", err))
 		}
 	}
-	x.unregister, x.mapped = nil, nil
+	x.unregister, x.mapped, x.mappedBytes = nil, nil, 0
 	clear(x.slots)
 	return errs
 }

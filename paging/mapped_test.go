@@ -322,8 +322,8 @@ func TestExpertsMapped(t *testing.T) {
 				if want := 3 * m.expertBytes(); st.BytesMapped != want || src.expertReads.Load() != 0 || st.PinnedHostBytes != 0 || !aliased {
 					t.Errorf("%d bytes copied in place (want %d), %d expert reads, %d bytes pinned, HostExpert aliased %v; want none read or pinned, aliased", st.BytesMapped, want, src.expertReads.Load(), st.PinnedHostBytes, aliased)
 				}
-				if be.live != 1 {
-					t.Errorf("%d regions registered, want 1", be.live)
+				if be.live != 1 || st.MappedBytes != int64(len(src.region)) {
+					t.Errorf("%d regions registered, %d bytes reported page-locked; want 1 of %d", be.live, st.MappedBytes, len(src.region))
 				}
 			}
 			if err := pg.Close(); err != nil {

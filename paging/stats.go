@@ -219,6 +219,9 @@ func (p *Pager) Stats() Stats {
 		s.StagingReaders, s.StagingReadTime = p.stage.nreaders, p.stage.readTime()
 		s.MappedBytes = p.stage.mappedBytes
 	}
+	if p.ex != nil && len(p.ex.unregister) > 0 {
+		s.MappedBytes += p.ex.mappedBytes // the expert cache's own registration
+	}
 	s.StagingWait = p.stagingWait
 	s.RingBytes = p.ringCap
 	s.PeakDeviceBytes = peak
