@@ -978,26 +978,7 @@ func (p *Pager) mapExperts(opts Options) {
 		p.ex.mapped = p.stage.mapped
 		return
 	}
-	reg, ok := tensor.HostRegister(p.b)
-	if !ok {
-		return
-	}
-	var undo []func() error
-	var n int64
-	for _, r := range ms.MappedRegions() {
-		if len(r) == 0 {
-			continue
-		}
-		un, err := reg.RegisterHost(r)
-		if err != nil {
-			for _, u := range undo {
-				_ = u()
-			}
-			return
-		}
-		undo, n = append(undo, un), n+int64(len(r))
-	}
-	if len(undo) > 0 {
+	if undo, n := registerMapped(p.b, ms); len(undo) > 0 {
 		p.ex.mapped, p.ex.unregister, p.ex.mappedBytes = ms, undo, n
 	}
 }

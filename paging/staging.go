@@ -325,29 +325,34 @@ func (s *staging) pinnedBufs() int {
 // so that loads copy ms's mapped tensors in place. When one fails, those
 // done are undone and every tensor is read as before.
 func (s *staging) register(b tensor.Memory, ms MappedSource) {
+	if undo, n := registerMapped(b, ms); len(undo) > 0 {
+		s.unregister, s.mapped, s.mappedBytes = undo, ms, n
+	}
+}
+
+// registerMapped page-locks ms's regions on b, when b can
+// (tensor.HostRegistrar): the unregistrations to run once the copies from
+// them have landed, and the bytes locked. When one fails, those done are
+// undone and it returns none.
+func registerMapped(b tensor.Memory, ms MappedSource) (undo []func() error, n int64) {
 	reg, ok := tensor.HostRegister(b)
 	if !ok {
-		return
+		return nil, 0
 	}
-	var n int64
 	for _, r := range ms.MappedRegions() {
 		if len(r) == 0 {
 			continue
 		}
 		un, err := reg.RegisterHost(r)
 		if err != nil {
-			for _, u := range s.unregister {
+			for _, u := range undo {
 				_ = u()
 			}
-			s.unregister = nil
-			return
+			return nil, 0
 		}
-		s.unregister = append(s.unregister, un)
-		n += int64(len(r))
+		undo, n = append(undo, un), n+int64(len(r))
 	}
-	if len(s.unregister) > 0 {
-		s.mapped, s.mappedBytes = ms, n
-	}
+	return undo, n
 }
 
 // stages reports whether a load of e's streamed part that the host cache
