@@ -626,8 +626,8 @@ func (b *Backend) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed f
 			b.putBlockingEvent(done)
 		}
 	}
-	var ronce, lonce sync.Once
-	var rerr, lerr error
+	var ronce sync.Once
+	var rerr error
 	ready = func() error {
 		ronce.Do(func() {
 			defer release()
@@ -647,8 +647,18 @@ func (b *Backend) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed f
 		})
 		return rerr
 	}
-	landed = func() error {
-		lonce.Do(func() {
+	return ready, b.landedWait(op, done, release), nil
+}
+
+// landedWait is an asynchronous copy's landed: it blocks the calling
+// goroutine until done (recorded after the copy, with blocking
+// synchronisation) has happened and returns the copy's error; release
+// runs once, after the wait.
+func (b *Backend) landedWait(op string, done cu.Event, release func()) func() error {
+	var once sync.Once
+	var lerr error
+	return func() error {
+		once.Do(func() {
 			defer release()
 			if b.capturing() {
 				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, errCapturing)
@@ -666,7 +676,6 @@ func (b *Backend) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed f
 		})
 		return lerr
 	}
-	return ready, landed, nil
 }
 
 // downloadWait says what a download waits for besides the compute queued
@@ -1205,28 +1214,7 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 	if !staged {
 		return ready, nil, nil
 	}
-	var lonce sync.Once
-	var lerr error
-	landed = func() error {
-		lonce.Do(func() {
-			defer release()
-			if b.capturing() {
-				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, errCapturing)
-				return
-			}
-			if lerr = b.enter(op + " landed"); lerr != nil {
-				return
-			}
-			defer b.leave()
-			b.gate.RLock() // a synchronisation would end another goroutine's capture
-			defer b.gate.RUnlock()
-			if err := done.Synchronize(); err != nil {
-				lerr = fmt.Errorf("%s: %s landed: %w", b.name, op, cuError(err))
-			}
-		})
-		return lerr
-	}
-	return ready, landed, nil
+	return ready, b.landedWait(op, done, release), nil
 }
 
 // AllocManaged allocates managed (unified) memory for a tensor. It refuses
