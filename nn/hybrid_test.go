@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/strata-llm/strata/loader"
+	"github.com/strata-llm/strata/arch"
 	"github.com/strata-llm/strata/loader/fixtures"
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
@@ -43,28 +43,28 @@ func (c *countingAlloc) Free(t *tensor.Tensor) {
 // bit-identical to one device for every placement, stages on one device
 // share one set of activation buffers, a prompt longer than a chunk runs
 // its second chunk on the twins with the earlier positions' keys copied in,
+
+// hybridReference loads the sharded TinyLlama fixture (4 blocks) on a CPU
+// of one thread: its config, the weights the tests' stages share, and the
+// one-device model their logits are checked against.
+func hybridReference(t *testing.T) (*arch.Config, *HostWeights, *Model) {
+	t.Helper()
+	ref := tensor.NewCPU(1)
+	t.Cleanup(func() { ref.Close() })
+	lm, hw := fixtureWeights(t, ref, fixtures.TinyLlamaF16Sharded)
+	rm, err := New(lm.Config, ref, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lm.Config, hw, rm
+}
+
 // and decode after it reads the keys the twins copied back.
 func TestHybridStages(t *testing.T) {
 	ctx := context.Background()
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cfg := lm.Config // 4 blocks
+	cfg, hw, rm := hybridReference(t) // 4 blocks
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78, 70, 3}
 	const maxPos, chunk, steps = 32, 4, 8
-	ref := tensor.NewCPU(1)
-	defer ref.Close()
-	hw, err := LoadWeights(ctx, lm, ref, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
-	rm, err := New(cfg, ref, nil, hw)
-	if err != nil {
-		t.Fatal(err)
-	}
 	wantLogits, wantIDs := generateIDs(t, rm, prompt, steps, maxPos, chunk)
 
 	type place struct {
@@ -197,23 +197,7 @@ func (h *handCounter) DownloadComputed(dst []byte, src *tensor.Tensor) error {
 // device's, with the head on the CPU or on the "GPU" and with twins.
 func TestHybridHandoffLeavesCopies(t *testing.T) {
 	ctx := context.Background()
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cfg := lm.Config
-	ref := tensor.NewCPU(1)
-	defer ref.Close()
-	hw, err := LoadWeights(ctx, lm, ref, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
-	rm, err := New(cfg, ref, nil, hw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, hw, rm := hybridReference(t) // 4 blocks
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78}
 	const maxPos, chunk, steps = 32, 4, 5
 	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
@@ -323,23 +307,7 @@ func (g *asyncGPU) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed 
 // and the retried forward is exact.
 func TestHybridTwinCopiesBackAsync(t *testing.T) {
 	ctx := context.Background()
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cfg := lm.Config // 4 blocks
-	ref := tensor.NewCPU(1)
-	defer ref.Close()
-	hw, err := LoadWeights(ctx, lm, ref, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
-	rm, err := New(cfg, ref, nil, hw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, hw, rm := hybridReference(t)                       // 4 blocks
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265, 78} // chunks of 4, 4 (twins) and 1 (CPU)
 	const maxPos, chunk, steps = 32, 4, 4
 	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
@@ -434,23 +402,7 @@ func (a *acquireCounter) Acquire(ctx context.Context, layer int) (LayerWeights, 
 // the decode after them are the one device's.
 func TestHybridTwinEmbedsOnCPU(t *testing.T) {
 	ctx := context.Background()
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cfg := lm.Config // 4 blocks
-	ref := tensor.NewCPU(1)
-	defer ref.Close()
-	hw, err := LoadWeights(ctx, lm, ref, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
-	rm, err := New(cfg, ref, nil, hw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, hw, rm := hybridReference(t)                   // 4 blocks
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265} // two chunks on the twins
 	const maxPos, chunk, steps = 32, 4, 3
 	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
@@ -515,23 +467,7 @@ func (f *failingWeights) Acquire(ctx context.Context, layer int) (LayerWeights, 
 // the decode after it are exact, on the stages and on the twins.
 func TestHybridStageFailure(t *testing.T) {
 	ctx := context.Background()
-	lm, err := loader.Open(fixtures.Dir(fixtures.TinyLlamaF16Sharded))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
-	cfg := lm.Config
-	ref := tensor.NewCPU(1)
-	defer ref.Close()
-	hw, err := LoadWeights(ctx, lm, ref, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hw.Close()
-	rm, err := New(cfg, ref, nil, hw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, hw, rm := hybridReference(t) // 4 blocks
 	prompt := []int32{1, 42, 71, 345, 81, 14, 289, 265}
 	const maxPos, chunk, steps = 32, 4, 4
 	wantLogits, _ := generateIDs(t, rm, prompt, steps, maxPos, chunk)
