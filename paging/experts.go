@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sync/errgroup"
 
@@ -942,18 +943,43 @@ func (p *Pager) mappedExpert(e *expertEntry) ([][]byte, error) {
 
 // uploadMappedExpert queues the copies of e's tensors into ts straight
 // from the mapping (srcs, mappedExpert): no read into host memory, no host
-// copy kept. On an error the waits of the copies queued have run.
+// copy kept. Tensors that lie end to end both in the mapping and in the
+// slot go in one copy (a file's gate, up and down of an expert usually
+// do: one copy an expert, where a copy a tensor took three, each with its
+// own gaps on the link and driver calls). On an error the waits of the
+// copies queued have run.
 func (p *Pager) uploadMappedExpert(ctx context.Context, e *expertEntry, ts []*tensor.Tensor, srcs [][]byte) ([]func() error, error) {
 	var ready []func() error
-	for k, s := range e.specs {
-		r, err := p.async.UploadAsync(ctx, ts[k], 0, srcs[k])
-		if err != nil {
-			for _, r := range ready {
-				_ = r()
+	fail := func(k int, err error) ([]func() error, error) {
+		for _, r := range ready {
+			_ = r()
+		}
+		return nil, fmt.Errorf("paging: layer %d expert %d tensor %s: upload: %w", e.layer, e.expert, e.specs[k].Name, err)
+	}
+	base := int64(e.slot) * p.ex.slotBytes
+	for k := 0; k < len(srcs); {
+		j, n := k+1, int64(len(srcs[k]))
+		for j < len(srcs) && adjacent(srcs[j-1], srcs[j]) && e.offs[j] == e.offs[k]+n {
+			n += int64(len(srcs[j]))
+			j++
+		}
+		if n%2 != 0 { // a run's view counts 16-bit words (every stored dtype's bytes are even)
+			j, n = k+1, int64(len(srcs[k]))
+		}
+		dst, src := ts[k], srcs[k]
+		if j > k+1 {
+			var err error
+			if dst, err = p.ex.slab.View(base+e.offs[k], tensor.F16, tensor.Shape{int(n / 2)}); err != nil {
+				return fail(k, err)
 			}
-			return nil, fmt.Errorf("paging: layer %d expert %d tensor %s: upload: %w", e.layer, e.expert, s.Name, err)
+			src = unsafe.Slice(&srcs[k][0], n)
+		}
+		r, err := p.async.UploadAsync(ctx, dst, 0, src)
+		if err != nil {
+			return fail(k, err)
 		}
 		ready = append(ready, r)
+		k = j
 	}
 	p.mu.Lock()
 	p.st.BytesHostToDevice += e.bytes
@@ -961,6 +987,11 @@ func (p *Pager) uploadMappedExpert(ctx context.Context, e *expertEntry, ts []*te
 	p.st.BytesMapped += e.bytes
 	p.mu.Unlock()
 	return ready, nil
+}
+
+// adjacent reports whether b starts where a ends in memory.
+func adjacent(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && uintptr(unsafe.Pointer(&a[0]))+uintptr(len(a)) == uintptr(unsafe.Pointer(&b[0]))
 }
 
 // mapExperts has the expert cache copy its experts in place from the

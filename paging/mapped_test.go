@@ -279,7 +279,8 @@ func (f *mappedAsync) RegisterHost(b []byte) (func() error, error) {
 // TestExpertsMapped: from a MappedSource on a backend that page-locks
 // host memory and copies asynchronously, the expert cache copies each
 // expert straight from the page-locked mapping (nothing read, no host
-// copy pinned), prefetches and acquires alike, and HostExpert gives the
+// copy pinned, one copy an expert whose tensors lie end to end),
+// prefetches and acquires alike, and HostExpert gives the
 // CPU views of the mapping; Options.NoMappedUploads goes back to reading
 // into host copies. Close unregisters the region.
 func TestExpertsMapped(t *testing.T) {
@@ -321,6 +322,12 @@ func TestExpertsMapped(t *testing.T) {
 			} else {
 				if want := 3 * m.expertBytes(); st.BytesMapped != want || src.expertReads.Load() != 0 || st.PinnedHostBytes != 0 || !aliased {
 					t.Errorf("%d bytes copied in place (want %d), %d expert reads, %d bytes pinned, HostExpert aliased %v; want none read or pinned, aliased", st.BytesMapped, want, src.expertReads.Load(), st.PinnedHostBytes, aliased)
+				}
+				be.asyncFake.mu.Lock()
+				copies := be.asyncFake.async
+				be.asyncFake.mu.Unlock()
+				if copies != 3 { // gate, up and down lie end to end: one copy an expert
+					t.Errorf("%d copies for 3 experts, want one each", copies)
 				}
 				if be.live != 1 || st.MappedBytes != int64(len(src.region)) {
 					t.Errorf("%d regions registered, %d bytes reported page-locked; want 1 of %d", be.live, st.MappedBytes, len(src.region))
