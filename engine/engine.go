@@ -525,6 +525,19 @@ func warmExperts(ctx context.Context, srv paging.Server, plan *paging.PlanResult
 	return nil
 }
 
+// SparseTimes returns the host's time in the sparse blocks of the forward
+// passes so far: waiting for their routers, and the rest
+// (nn.Model.SparseTimes).
+func (e *Engine) SparseTimes() nn.SparseTimes {
+	if e.model != nil {
+		return e.model.SparseTimes()
+	}
+	if e.pipeline != nil {
+		return e.pipeline.SparseTimes()
+	}
+	return nn.SparseTimes{}
+}
+
 // ExpertGuesses returns how many experts the forward passes guessed ahead
 // for the next sparse block in decode steps, to prefetch them, and how many
 // of those the block chose (nn.Model.ExpertGuesses).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/strata-llm/strata/paging"
 	"github.com/strata-llm/strata/tensor"
@@ -106,6 +107,13 @@ type ExpertReport struct {
 	OnCPU     int64 `json:"on_cpu"`
 	CPUTokens int64 `json:"cpu_tokens"`
 	CPUBytes  int64 `json:"cpu_bytes"`
+	// SparseBlocks counts the sparse blocks the forward passes ran; the
+	// host waited RouterWait for their routers' scores and spent
+	// SparseHost on the rest of them (nn.SparseTimes: where the link
+	// bounds decode, SparseHost is what it may idle for).
+	SparseBlocks int64         `json:"sparse_blocks"`
+	RouterWait   time.Duration `json:"router_wait_ns"`
+	SparseHost   time.Duration `json:"sparse_host_ns"`
 	// Rates are those -experts-cpu auto splits the misses between the
 	// CPU and the link with (measured at Open, or given); nil for the
 	// other policies.
@@ -121,6 +129,9 @@ type ExpertReport struct {
 	OnCPUPerToken    float64 `json:"on_cpu_per_token,omitempty"`
 	AcquiresPerToken float64 `json:"acquires_per_token,omitempty"`
 	BytesPerToken    float64 `json:"bytes_per_token,omitempty"`
+	// The host's time in sparse blocks per decode step, milliseconds.
+	RouterWaitMsPerToken float64 `json:"router_wait_ms_per_token,omitempty"`
+	SparseHostMsPerToken float64 `json:"sparse_host_ms_per_token,omitempty"`
 
 	// Devices is each device's part when the model runs on several: its
 	// cache and counters, with the rates of the same window (their
@@ -176,6 +187,8 @@ func (e *Engine) Experts() *ExpertReport {
 	r.Acquires, r.Hits, r.Misses = st.ExpertAcquires, st.ExpertHits, st.ExpertMisses
 	r.Prefetches, r.PrefetchHits, r.BytesMoved = st.ExpertPrefetches, st.ExpertPrefetchHits, st.ExpertBytesMoved
 	r.Guessed, r.GuessedRight = e.ExpertGuesses()
+	sp := e.SparseTimes()
+	r.SparseBlocks, r.RouterWait, r.SparseHost = sp.Blocks, sp.RouterWait, sp.Host
 	r.OnCPU, r.CPUTokens, r.CPUBytes = st.ExpertsOnCPU, st.ExpertCPUTokens, st.ExpertCPUBytes
 	r.Rates = e.expertRates
 	if len(e.servers) > 1 {
@@ -206,6 +219,9 @@ func (r *ExpertReport) Since(before *ExpertReport, tokens int) *ExpertReport {
 		w.OnCPU -= before.OnCPU
 		w.CPUTokens -= before.CPUTokens
 		w.CPUBytes -= before.CPUBytes
+		w.SparseBlocks -= before.SparseBlocks
+		w.RouterWait -= before.RouterWait
+		w.SparseHost -= before.SparseHost
 	}
 	w.Devices = slices.Clone(r.Devices)
 	if before != nil && len(before.Devices) == len(w.Devices) {
@@ -234,7 +250,10 @@ func (r *ExpertReport) rates() {
 	r.PrefetchAccuracy = ratio(r.PrefetchHits, r.Prefetches)
 	r.GuessAccuracy = ratio(r.GuessedRight, r.Guessed)
 	r.MissesPerToken, r.AcquiresPerToken, r.BytesPerToken, r.OnCPUPerToken = 0, 0, 0, 0
+	r.RouterWaitMsPerToken, r.SparseHostMsPerToken = 0, 0
 	if n := int64(r.Tokens); n > 0 {
+		r.RouterWaitMsPerToken = float64(r.RouterWait) / 1e6 / float64(n)
+		r.SparseHostMsPerToken = float64(r.SparseHost) / 1e6 / float64(n)
 		r.MissesPerToken = ratio(r.Misses, n)
 		r.OnCPUPerToken = ratio(r.OnCPU, n)
 		r.AcquiresPerToken = ratio(r.Acquires, n)
@@ -261,6 +280,9 @@ func (r *ExpertReport) String() string {
 		s += fmt.Sprintf("; per token over %d: %.2f misses, %s moved", r.Tokens, r.MissesPerToken, paging.FormatSize(int64(r.BytesPerToken)))
 		if r.OnCPU > 0 {
 			s += fmt.Sprintf(", %.2f experts on the CPU", r.OnCPUPerToken)
+		}
+		if r.SparseBlocks > 0 {
+			s += fmt.Sprintf("; the host in sparse blocks %.2f ms waiting for routers, %.2f ms after", r.RouterWaitMsPerToken, r.SparseHostMsPerToken)
 		}
 	} else if r.OnCPU > 0 {
 		s += fmt.Sprintf("; %d experts on the CPU (%d tokens)", r.OnCPU, r.CPUTokens)

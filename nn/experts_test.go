@@ -333,6 +333,37 @@ func TestExpertGuessCounted(t *testing.T) {
 	}
 }
 
+// TestSparseTimes: each decode step counts every sparse block once in
+// Model.SparseTimes, with some time waiting for its router's scores and
+// some after them.
+func TestSparseTimes(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyMixtralBF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	cfg := lm.Config
+	r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, 2*cfg.MoE.ExpertsPerToken, false, paging.Options{})
+	sparse := int64(0)
+	for i := range cfg.NumLayers {
+		if cfg.Sparse(i) {
+			sparse++
+		}
+	}
+	var marks []SparseTimes
+	decodeMarked(t, r.m, func() { marks = append(marks, r.m.SparseTimes()) }, expertPrompt, 4)
+	chunks := int64((len(expertPrompt) + expertChunk - 1) / expertChunk)
+	if marks[0].Blocks != sparse*chunks {
+		t.Errorf("after the prompt's %d chunks %d sparse blocks counted, want %d", chunks, marks[0].Blocks, sparse*chunks)
+	}
+	for i := 1; i < len(marks); i++ {
+		a, b := marks[i-1], marks[i]
+		if b.Blocks-a.Blocks != sparse || b.RouterWait <= a.RouterWait || b.Host <= a.Host {
+			t.Errorf("step %d: %d sparse blocks, waited %v, host %v; want %d blocks and some of each time", i, b.Blocks-a.Blocks, b.RouterWait-a.RouterWait, b.Host-a.Host, sparse)
+		}
+	}
+}
+
 // expertFaults is an ExpertSource whose reads of one tensor fail a number
 // of times.
 type expertFaults struct {

@@ -26,6 +26,8 @@ type Model struct {
 	// guessed and guessRight count the experts guessed for a sparse block
 	// ahead of it, and those it chose (ExpertGuesses).
 	guessed, guessRight atomic.Int64
+	// sparse counts the host's time in sparse blocks (SparseTimes).
+	sparse sparseCounters
 	// lo and hi bound the decoder blocks this model runs: all of them,
 	// unless it is one stage of a Pipeline. The first stage embeds, the
 	// last applies the final norm and LM head.

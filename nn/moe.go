@@ -7,6 +7,8 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/strata-llm/strata/arch"
@@ -291,6 +293,9 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	if err := s.matMul(scores, h, lw[n[arch.Router]], nil); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
+	t0 := time.Now()
+	var t1 time.Time
+	defer func() { m.sparse.add(t0, t1) }()
 	var gateSh *tensor.Tensor
 	if mc.SharedExperts > 0 {
 		gateSh = mb.view(mb.gateSh, 0, T, 1)
@@ -301,6 +306,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	if err := tensor.DownloadComputed(b, r.raw[:4*T*E], scores); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
+	t1 = time.Now()
 	r.rowPos = nil
 	if s.batch != nil {
 		r.rowPos = s.batch.rowPos
@@ -878,6 +884,39 @@ func (m *Model) shareExperts() int {
 		}
 	}
 	return n
+}
+
+// SparseTimes is the host's time in the sparse blocks of a model's
+// sessions: in Blocks of them, RouterWait waiting for their routers'
+// scores (the device's work queued before, and the copies it waits on),
+// and Host the rest, from the scores to the block's last operation queued
+// (routing, the experts' copies queued, the launches, the CPU's experts).
+// Where the copies of a block's misses bound decode, RouterWait holds
+// them and Host is what the link may idle for.
+type SparseTimes struct {
+	Blocks           int64
+	RouterWait, Host time.Duration
+}
+
+type sparseCounters struct {
+	blocks, wait, host atomic.Int64
+}
+
+// add counts a block whose router's scores were waited for from t0 to t1
+// (zero when the block failed before them) and which ended now.
+func (c *sparseCounters) add(t0, t1 time.Time) {
+	if t1.IsZero() {
+		return
+	}
+	c.blocks.Add(1)
+	c.wait.Add(int64(t1.Sub(t0)))
+	c.host.Add(int64(time.Since(t1)))
+}
+
+// SparseTimes returns the host's time in the model's sparse blocks so far.
+func (m *Model) SparseTimes() SparseTimes {
+	c := &m.sparse
+	return SparseTimes{Blocks: c.blocks.Load(), RouterWait: time.Duration(c.wait.Load()), Host: time.Duration(c.host.Load())}
 }
 
 // ExpertGuesses returns how many experts the model's sessions guessed for

@@ -732,6 +732,18 @@ func (p *Pipeline) SetExpertCPU(cpu tensor.Backend) {
 	}
 }
 
+// SparseTimes adds up the stages' Model.SparseTimes, twins included.
+func (p *Pipeline) SparseTimes() SparseTimes {
+	var t SparseTimes
+	for _, m := range slices.Concat(p.stages, p.twins) {
+		if m != nil {
+			s := m.SparseTimes()
+			t.Blocks, t.RouterWait, t.Host = t.Blocks+s.Blocks, t.RouterWait+s.RouterWait, t.Host+s.Host
+		}
+	}
+	return t
+}
+
 // ExpertGuesses adds up the stages' Model.ExpertGuesses, twins included.
 func (p *Pipeline) ExpertGuesses() (guessed, right int64) {
 	for _, m := range slices.Concat(p.stages, p.twins) {
