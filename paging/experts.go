@@ -543,7 +543,7 @@ func (p *Pager) PrefetchExperts(layer int, experts []int) {
 		}
 		e.prefetched, e.prefetchedAt = true, p.ex.visits[layer]
 		e.lastUse = p.bg.Stamp()
-		if p.async != nil && (e.host != nil && e.hostPinned || e.host == nil && p.ex.mapped != nil) {
+		if p.copiesOnlyLocked(e) {
 			now = append(now, e) // only copies to queue: from its pinned host copy, or in place
 		} else {
 			later = append(later, e)
@@ -781,11 +781,20 @@ func (p *Pager) loadExperts(ctx context.Context, es []*expertEntry) error {
 	defer cancel()
 	stop := context.AfterFunc(p.life, cancel)
 	defer stop()
+	// Loads that only queue copies run here, one after another, in the
+	// order of es (the order their copies land in); those that read run
+	// a few at once.
+	inline := true
+	p.mu.Lock()
+	for _, e := range es {
+		inline = inline && p.copiesOnlyLocked(e)
+	}
+	p.mu.Unlock()
 	var g errgroup.Group
 	g.SetLimit(expertPrefetchLoads)
 	errs := make([]error, len(es))
 	for i, e := range es {
-		g.Go(func() error {
+		run := func() error {
 			ts, ready, err := p.loadExpert(ctx, e)
 			p.mu.Lock()
 			defer p.mu.Unlock()
@@ -806,10 +815,22 @@ func (p *Pager) loadExperts(ctx context.Context, es []*expertEntry) error {
 			e.queued = p.ex.loads
 			p.changedLocked()
 			return nil
-		})
+		}
+		if inline {
+			_ = run()
+			continue
+		}
+		g.Go(run)
 	}
 	g.Wait()
 	return errors.Join(errs...)
+}
+
+// copiesOnlyLocked reports whether loading e only queues copies: from its
+// pinned host copy, or in place from the mapping, on a device that copies
+// asynchronously (no read, nothing for the caller to wait on).
+func (p *Pager) copiesOnlyLocked(e *expertEntry) bool {
+	return p.async != nil && (e.host != nil && e.hostPinned || e.host == nil && p.ex.mapped != nil)
 }
 
 // loadExpert uploads e into its slot: from its host copy when there is

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -340,5 +341,53 @@ func TestExpertsMapped(t *testing.T) {
 				t.Errorf("after Close %d regions registered", be.live)
 			}
 		})
+	}
+}
+
+// TestExpertsMappedInOrder: loads that only queue copies (in place from
+// the mapping) are queued by the acquiring goroutine in the order asked,
+// so a lazy acquire's pending misses come in that order, the order their
+// copies land in (through goroutines, a few at once, they came in any).
+func TestExpertsMappedInOrder(t *testing.T) {
+	ctx := context.Background()
+	m := newMoESynth(2, 6, 8, 16)
+	src := newMappedMoE(m)
+	be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
+	info, limit := moeBudget(t, m, 6, 8)
+	plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := newBudget(t, be, limit, "fake")
+	pg, err := NewPager(src, bg, plan, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	for _, order := range [][]int{{4, 1, 5, 0, 3}, {2, 0, 5, 1, 4, 3}} {
+		for l := 1; l <= 2; l++ {
+			ws, pending, await, err := pg.AcquireExpertsLazy(ctx, l, order)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var asked []int // the misses, in the order asked
+			for _, x := range order {
+				if slices.Contains(pending, x) {
+					asked = append(asked, x)
+				}
+			}
+			if len(pending) < 4 || !slices.Equal(pending, asked) {
+				t.Errorf("layer %d: pending %v of %v asked; want four or more misses in the order asked", l, pending, order)
+			}
+			for _, x := range pending {
+				if err := await(x); err != nil {
+					t.Fatal(err)
+				}
+				if err := m.checkExpert(be, l, x, ws[x]); err != nil {
+					t.Error(err)
+				}
+			}
+			pg.ReleaseExperts(l, order)
+		}
 	}
 }
