@@ -980,7 +980,7 @@ func (p *Pager) uploadMappedExpert(ctx context.Context, e *expertEntry, ts []*te
 	base := int64(e.slot) * p.ex.slotBytes
 	for k := 0; k < len(srcs); {
 		j, n := k+1, int64(len(srcs[k]))
-		for j < len(srcs) && adjacent(srcs[j-1], srcs[j]) && e.offs[j] == e.offs[k]+n {
+		for j < len(srcs) && adjacent(srcs[j-1], srcs[j]) && p.ex.sameRegion(srcs[k], srcs[j]) && e.offs[j] == e.offs[k]+n {
 			n += int64(len(srcs[j]))
 			j++
 		}
@@ -1013,6 +1013,22 @@ func (p *Pager) uploadMappedExpert(ctx context.Context, e *expertEntry, ts []*te
 // adjacent reports whether b starts where a ends in memory.
 func adjacent(a, b []byte) bool {
 	return len(a) > 0 && len(b) > 0 && uintptr(unsafe.Pointer(&a[0]))+uintptr(len(a)) == uintptr(unsafe.Pointer(&b[0]))
+}
+
+// sameRegion reports whether a and b lie in one region of the mapping (a
+// copy spanning two, registered apart, might not be read as page-locked).
+func (x *expertCache) sameRegion(a, b []byte) bool {
+	in := func(r, t []byte) bool {
+		lo := uintptr(unsafe.Pointer(&r[0]))
+		p := uintptr(unsafe.Pointer(&t[0]))
+		return p >= lo && p+uintptr(len(t)) <= lo+uintptr(len(r))
+	}
+	for _, r := range x.mapped.MappedRegions() {
+		if len(r) > 0 && in(r, a) {
+			return in(r, b)
+		}
+	}
+	return false
 }
 
 // mapExperts has the expert cache copy its experts in place from the

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // mappedFake is a stagedFake that page-locks host memory
@@ -219,6 +220,8 @@ type mappedMoE struct {
 	region      []byte
 	at          map[string][]byte // "layer/name" -> the tensor's bytes in region
 	expertReads atomic.Int64
+	// split, when not 0, cuts the region in two regions there.
+	split int
 }
 
 func newMappedMoE(m *moeSynth) *mappedMoE {
@@ -240,7 +243,12 @@ func newMappedMoE(m *moeSynth) *mappedMoE {
 	return mm
 }
 
-func (m *mappedMoE) MappedRegions() [][]byte { return [][]byte{m.region} }
+func (m *mappedMoE) MappedRegions() [][]byte {
+	if m.split > 0 {
+		return [][]byte{m.region[:m.split], m.region[m.split:]}
+	}
+	return [][]byte{m.region}
+}
 
 func (m *mappedMoE) MappedTensor(l int, name string) ([]byte, bool, error) {
 	b, ok := m.at[fmt.Sprintf("%d/%s", l, name)]
@@ -286,10 +294,21 @@ func (f *mappedAsync) RegisterHost(b []byte) (func() error, error) {
 // into host copies. Close unregisters the region.
 func TestExpertsMapped(t *testing.T) {
 	ctx := context.Background()
-	for _, noMapped := range []bool{false, true} {
-		t.Run(fmt.Sprintf("NoMappedUploads=%v", noMapped), func(t *testing.T) {
+	for _, tc := range []struct {
+		noMapped, split bool
+	}{{false, false}, {true, false}, {false, true}} {
+		noMapped := tc.noMapped
+		t.Run(fmt.Sprintf("NoMappedUploads=%v/split=%v", noMapped, tc.split), func(t *testing.T) {
 			m := newMoESynth(2, 6, 8, 16)
 			src := newMappedMoE(m)
+			wantCopies := 3 // gate, up and down lie end to end: one copy an expert
+			if tc.split {
+				// Two regions, the second from expert 0's up: its gate
+				// and its up are copied apart.
+				up := src.at["1/"+m.experts[1][0][1]]
+				src.split = int(uintptr(unsafe.Pointer(&up[0])) - uintptr(unsafe.Pointer(&src.region[0])))
+				wantCopies = 4
+			}
 			be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
 			info, limit := moeBudget(t, m, 3, 8)
 			plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
@@ -327,11 +346,11 @@ func TestExpertsMapped(t *testing.T) {
 				be.asyncFake.mu.Lock()
 				copies := be.asyncFake.async
 				be.asyncFake.mu.Unlock()
-				if copies != 3 { // gate, up and down lie end to end: one copy an expert
-					t.Errorf("%d copies for 3 experts, want one each", copies)
+				if copies != wantCopies {
+					t.Errorf("%d copies for 3 experts, want %d", copies, wantCopies)
 				}
-				if be.live != 1 || st.MappedBytes != int64(len(src.region)) {
-					t.Errorf("%d regions registered, %d bytes reported page-locked; want 1 of %d", be.live, st.MappedBytes, len(src.region))
+				if regions := len(src.MappedRegions()); be.live != regions || st.MappedBytes != int64(len(src.region)) {
+					t.Errorf("%d regions registered, %d bytes reported page-locked; want %d of %d", be.live, st.MappedBytes, regions, len(src.region))
 				}
 			}
 			if err := pg.Close(); err != nil {
