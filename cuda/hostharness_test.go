@@ -25,7 +25,14 @@ func hostHarness(t *testing.T, src string) (context.Context, string) {
 	bin := filepath.Join(t.TempDir(), strings.TrimSuffix(src, filepath.Ext(src)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
-	args := []string{"-O2", "-std=c++17", "-Xcompiler", "-pthread", "-o", bin, filepath.Join("testdata", src)}
+	// The kernels read memory through pointers of other types (a uint4
+	// as halves, a float4 as floats), which CUDA's device compiler takes
+	// as written and the C++ rules of strict aliasing do not: g++ 12 warns
+	// of it (and its build sums right). The H200 machine's nvcc (CUDA 13,
+	// as plain C++) built a gemvhost that summed every row to 0 or NaN in
+	// session 6, while the same kernels passed on its GPU; the likely
+	// cause, not yet run there with this flag.
+	args := []string{"-O2", "-std=c++17", "-Xcompiler", "-pthread", "-Xcompiler", "-fno-strict-aliasing", "-o", bin, filepath.Join("testdata", src)}
 	if filepath.Ext(src) == ".cpp" {
 		args = append([]string{"-x", "c++"}, args...)
 	}
