@@ -301,6 +301,32 @@ func TestBoundsHostKV(t *testing.T) {
 	}
 }
 
+// TestBoundsLinkRate: the stream and expert bounds take the run's own
+// copy rate where it beat the ceilings' pinned rate (a ceiling measured on
+// a busy host), and the ceiling where the run copied slower.
+func TestBoundsLinkRate(t *testing.T) {
+	c := &Ceilings{PinnedGBps: 40, DeviceGBps: 4000}
+	for _, tc := range []struct {
+		run, want float64 // the run's copy rate, the link rate of the bound
+	}{{55, 55}, {30, 40}, {0, 40}} {
+		row := Row{Result: Result{Strategy: "balanced", StreamedBytes: 10e9, WeightBytes: 13e9, DecodeTokS: 3, H2DGBps: tc.run}}
+		bounds(&row, c)
+		if want := tc.want / 10; row.Bound != "stream" || math.Abs(row.BoundTokS-want) > 1e-9 {
+			t.Errorf("copies at %g GB/s: bound %q %.3f tok/s, want stream %.3f", tc.run, row.Bound, row.BoundTokS, want)
+		}
+		x := &engine.ExpertReport{Experts: 8, WeightBytes: 8e9, ExpertBytes: 1e9, MissesPerToken: 2, AcquiresPerToken: 2, Tokens: 4}
+		row = Row{Result: Result{Strategy: "balanced", WeightBytes: 9e9, DecodeTokS: 1, H2DGBps: tc.run, Experts: x}}
+		bounds(&row, c)
+		hbm := (1e9 + 2e9) / 4000e9
+		if want := 1 / (2e9/(tc.want*1e9) + hbm); row.Bound != "experts" || math.Abs(row.BoundTokS-want) > 1e-9 {
+			t.Errorf("experts, copies at %g GB/s: bound %q %.4f tok/s, want experts %.4f", tc.run, row.Bound, row.BoundTokS, want)
+		}
+	}
+	if c.PinnedGBps != 40 {
+		t.Errorf("bounds changed the ceilings: pinned %g", c.PinnedGBps)
+	}
+}
+
 // TestBenchStreams: -streams 3 decodes three requests at once through the
 // batcher and reports them, in the output and in the JSON line: the
 // aggregate rate, latencies that are positive and ordered (p50 <= p99), a

@@ -146,8 +146,19 @@ func report(files []string, mdPath, jsonPath string, stdout io.Writer) error {
 // the hybrid strategy, the CPU bound for cpu, the stream bound when it
 // streams, else the device-memory bound; with a KV cache in host memory,
 // the bound with its reads counted.
+//
+// The link's rate is the faster of the ceilings' pinned rate and the rate
+// the run's own copies ran at (h2d_GBps): the ceilings are one moment of a
+// host shared with others, and a bound below what the run did is no bound
+// (on the H200 a call's ceilings once read 43.6 GB/s where its runs copied
+// at 54.9).
 func bounds(row *Row, c *Ceilings) {
 	r := row.Result
+	if c != nil && r.H2DGBps > c.PinnedGBps && c.PinnedGBps > 0 {
+		run := *c
+		run.PinnedGBps = r.H2DGBps
+		c = &run
+	}
 	if x := r.Experts; x != nil {
 		if c != nil && c.PinnedGBps > 0 && c.DeviceGBps > 0 {
 			pinned := c.PinnedGBps * 1e9
