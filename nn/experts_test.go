@@ -744,11 +744,28 @@ func TestExpertsOverlapOrder(t *testing.T) {
 			var cpus, prefetches int
 			block, firstAcquire := -1, -1 // the layer of the acquires under way, and the first's event
 			lastDownload, lastCPU, prefetched := -1, -1, -1
+			// The uploads after a block's last expert on the CPU, up to the
+			// next block's first expert: its CPU experts' outputs in one,
+			// and the next block's routing weights.
+			blockCPUs, uploadsAfter := 0, 0
+			endBlock := func(i int) {
+				if blockCPUs >= 2 && uploadsAfter > 2 {
+					t.Errorf("event %d: %d uploads after a block's %d experts on the CPU, want their outputs in one and the next block's weights: %v", i, uploadsAfter, blockCPUs, log[max(0, i-8):i])
+				}
+				blockCPUs, uploadsAfter = 0, 0
+			}
 			for i, ev := range log {
 				var what string
 				var layer int
 				fmt.Sscanf(ev, "%s %d", &what, &layer)
+				if (what == "acquire" || what == "cpu") && layer != block {
+					endBlock(i)
+				}
 				switch what {
+				case "upload":
+					if blockCPUs > 0 {
+						uploadsAfter++
+					}
 				case "acquire":
 					if prefetched >= 0 && layer == block {
 						t.Errorf("event %d: acquire in layer %d after its prefetch for the next block: %v", i, layer, log[max(0, i-6):i+1])
@@ -774,6 +791,8 @@ func TestExpertsOverlapOrder(t *testing.T) {
 						t.Errorf("event %d: an output handed up between two experts on the CPU: %v", i, log[max(0, i-4):i+1])
 					}
 					lastCPU = i
+					blockCPUs++
+					uploadsAfter = 0
 				}
 			}
 			st := r.pager.Stats()

@@ -107,6 +107,7 @@ func newMoEBuffers(c *arch.Config, al *allocator, chunk int) *moeBuffers {
 		table:   make([]float32, chunk*(k+1)),
 		slots:   make([][]int32, k),
 		combine: make([]int32, chunk*k),
+		fill:    make([]int, m.Experts),
 		used:    make([]int, 0, m.Experts),
 
 		rawGuess: make([]byte, 4*m.Experts),
@@ -153,6 +154,7 @@ type routing struct {
 	table      []float32 // [T*k+T] the weight of each row of out, then each token's shared weight
 	slots      [][]int32 // [k][T] the row of out holding token t's j-th expert's output
 	combine    []int32   // [T*k] slots as CombineRows takes them: token t's j-th at t*k+j
+	fill       []int     // [experts] scratch: each expert's rows filled so far (cpuLast)
 	used       []int     // the experts some token chose, ascending
 	rawGuess   []byte    // the next sparse block's router scores of a decode step
 	rowPos     []int     // in a batch, each row's position (else row t is at pos0+t)
@@ -248,6 +250,36 @@ func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRout
 
 // topK fills ex with the indices of the len(ex) largest scores, best
 // first, the lower index first among equals.
+// cpuLast lays the rows of out anew after route, the experts of dev
+// first and those of onCPU after them (each expert's rows together, its
+// tokens in order, as route has them), so that the CPU's outputs go up to
+// the device in one copy; it returns the first row of the CPU's. The
+// weights and slots follow the rows, so the block's result has the same
+// bits.
+func (r *routing) cpuLast(T, k int, dev, onCPU []int) int {
+	next := 0
+	for _, e := range dev {
+		r.start[e], r.fill[e] = next, 0
+		next += r.count[e]
+	}
+	cpuRow := next
+	for _, e := range onCPU {
+		r.start[e], r.fill[e] = next, 0
+		next += r.count[e]
+	}
+	fill := r.fill
+	for t := range T {
+		for j, e := range r.expert[t*k : (t+1)*k] {
+			row := r.start[e] + fill[e]
+			fill[e]++
+			r.tokens[row] = int32(t)
+			r.table[row] = r.weight[t*k+j]
+			r.slots[j][t] = int32(row)
+		}
+	}
+	return cpuRow
+}
+
 func topK(row []float32, ex []int32) {
 	for j := range ex {
 		best := int32(-1)
@@ -327,19 +359,25 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			r.table[T*k+t] = float32(1 / (1 + math.Exp(-float64(g))))
 		}
 	}
+	r.used = r.used[:0]
+	for e := range E {
+		if r.count[e] > 0 {
+			r.used = append(r.used, e)
+		}
+	}
+	var dev, onCPU []int
+	cpuRow := T * k // the first row of out the CPU's experts fill
+	if ew != nil {
+		if dev, onCPU = s.splitExperts(ew, layer); len(onCPU) > 0 {
+			cpuRow = r.cpuLast(T, k, dev, onCPU)
+		}
+	}
 	nw := T * k
 	if gateSh != nil {
 		nw += T
 	}
 	if err := b.Upload(mb.weight, 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.table[0])), 4*nw)); err != nil {
 		return fmt.Errorf("routing weights: %w", err)
-	}
-
-	r.used = r.used[:0]
-	for e := range E {
-		if r.count[e] > 0 {
-			r.used = append(r.used, e)
-		}
 	}
 	if ew == nil {
 		for _, e := range r.used {
@@ -356,7 +394,6 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		// them; then the guess's prefetches, behind this block's misses
 		// on the link; then the CPU computes its experts while the copies
 		// and the device's experts run, and hands their outputs up last.
-		dev, onCPU := s.splitExperts(ew, layer)
 		if len(onCPU) > 0 {
 			if err := tensor.DownloadComputed(b, r.hostH[:4*T*H], h); err != nil {
 				return fmt.Errorf("experts on the CPU: %w", err)
@@ -415,10 +452,9 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		if err := s.expertsOnCPU(ctx, ew.(CPUExpertWeights), layer, onCPU, experts); err != nil {
 			return err
 		}
-		for _, e := range onCPU {
-			start, cnt := r.start[e], r.count[e]
-			if err := b.Upload(mb.view(mb.out, start, cnt, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.hostO[start*H])), 4*cnt*H)); err != nil {
-				return fmt.Errorf("expert %d output from the CPU: %w", e, err)
+		if n := T*k - cpuRow; n > 0 { // the CPU's experts' rows, last in out (cpuLast)
+			if err := b.Upload(mb.view(mb.out, cpuRow, n, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.hostO[cpuRow*H])), 4*n*H)); err != nil {
+				return fmt.Errorf("experts' outputs from the CPU: %w", err)
 			}
 		}
 	}
