@@ -56,7 +56,12 @@
 //     Options.ExpertsCPU and the Rates, which of a layer's missing
 //     experts the CPU computes instead of uploading (SplitMisses: those
 //     whose product there ends before their upload), and HostExpert hands them over
-//     as host tensors.
+//     as host tensors. AcquireExpertsLazy leaves the device's wait for
+//     each missing expert's copies to the caller, so that cached experts
+//     compute while the misses land. From a MappedSource the experts are
+//     copied in place from the page-locked mapping (one copy an expert
+//     where its tensors lie end to end) and HostExpert's tensors are views
+//     of it: no host copy is read or pinned.
 //   - Summary and WriteSnapshot show where the memory went;
 //     examples/memviz draws a snapshot.
 //
