@@ -153,6 +153,7 @@ func residentReference(t *testing.T, lm *loader.Model, prompt []int32, steps int
 	return decodeMarked(t, m, func() {}, prompt, steps)
 }
 
+// sameLogits fails t unless got holds want's logits, bit for bit.
 func sameLogits(t *testing.T, what string, got, want []float32) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -160,7 +161,7 @@ func sameLogits(t *testing.T, what string, got, want []float32) {
 	}
 	for i := range want {
 		if got[i] != want[i] {
-			t.Fatalf("%s: logit %d is %v, resident run %v", what, i, got[i], want[i])
+			t.Fatalf("%s: logit %d is %v, want %v", what, i, got[i], want[i])
 		}
 	}
 }

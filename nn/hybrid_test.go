@@ -142,25 +142,11 @@ func TestHybridStages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := append([]float32(nil), logitsAll...)
-			last := logitsAll[len(logitsAll)-cfg.VocabSize:]
-			var ids []int32
-			for range steps {
-				id := int32(Argmax(last))
-				ids = append(ids, id)
-				if last, err = ps.Forward(ctx, []int32{id}, false, nil); err != nil {
-					t.Fatal(err)
-				}
-				got = append(got, last...)
-			}
+			got, ids := greedy(t, ps, logitsAll, cfg.VocabSize, steps)
 			if fmt.Sprint(ids) != fmt.Sprint(wantIDs) {
 				t.Errorf("ids %v, one device %v", ids, wantIDs)
 			}
-			for i := range wantLogits {
-				if got[i] != wantLogits[i] {
-					t.Fatalf("logit %d: %v, one device %v", i, got[i], wantLogits[i])
-				}
-			}
+			sameLogits(t, "the stages against one device", got, wantLogits)
 			if tc.twinAt > 0 && (len(told) < 2 || !told[0] || told[len(told)-1]) {
 				t.Errorf("OnTwins told %v; want the prompt's chunks on the twins, then decode off them", told)
 			}
@@ -239,19 +225,8 @@ func TestHybridHandoffLeavesCopies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		all := append([]float32(nil), got...)
-		last := got[len(got)-cfg.VocabSize:]
-		for range steps {
-			if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
-				t.Fatal(err)
-			}
-			all = append(all, last...)
-		}
-		for i := range wantLogits {
-			if all[i] != wantLogits[i] {
-				t.Fatalf("%s: logit %d: %v, one device %v", tc.name, i, all[i], wantLogits[i])
-			}
-		}
+		all, _ := greedy(t, ps, got, cfg.VocabSize, steps)
+		sameLogits(t, tc.name+" against one device", all, wantLogits)
 		ps.Close()
 		gpu.Close()
 		cpu.Close()
@@ -355,19 +330,8 @@ func TestHybridTwinCopiesBackAsync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			all := append([]float32(nil), got...)
-			last := got[len(got)-cfg.VocabSize:]
-			for range steps {
-				if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
-					t.Fatal(err)
-				}
-				all = append(all, last...)
-			}
-			for i := range wantLogits {
-				if all[i] != wantLogits[i] {
-					t.Fatalf("logit %d: %v, one device %v", i, all[i], wantLogits[i])
-				}
-			}
+			all, _ := greedy(t, ps, got, cfg.VocabSize, steps)
+			sameLogits(t, "the twins against one device", all, wantLogits)
 			twinChunks := len(prompt) / chunk
 			if want := 2 * tc.twinBlocks * twinChunks; gpu.async != want || gpu.readies != want || gpu.landings != want {
 				t.Errorf("%d copies back queued, %d compute waits and %d host waits made; want %d of each", gpu.async, gpu.readies, gpu.landings, want)
@@ -432,19 +396,8 @@ func TestHybridTwinEmbedsOnCPU(t *testing.T) {
 		t.Errorf("the prompt's %d chunks acquired the embedding %d times on the twin and %d on the CPU, block 0 %d times on the twin; want 0, %d and %d",
 			len(prompt)/chunk, onTwin.n[emb], onCPU.n[emb], onTwin.n[cfg.BlockLayer(0)], len(prompt)/chunk, len(prompt)/chunk)
 	}
-	all := append([]float32(nil), got...)
-	last := got[len(got)-cfg.VocabSize:]
-	for range steps {
-		if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, last...)
-	}
-	for i := range wantLogits {
-		if all[i] != wantLogits[i] {
-			t.Fatalf("logit %d: %v, one device %v", i, all[i], wantLogits[i])
-		}
-	}
+	all, _ := greedy(t, ps, got, cfg.VocabSize, steps)
+	sameLogits(t, "the twin's chunks against one device", all, wantLogits)
 }
 
 // failingWeights fails the acquisition of one layer while armed.
@@ -497,19 +450,8 @@ func TestHybridStageFailure(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		all := append([]float32(nil), got...)
-		last := got[len(got)-cfg.VocabSize:]
-		for range steps {
-			if last, err = ps.Forward(ctx, []int32{int32(Argmax(last))}, false, nil); err != nil {
-				t.Fatal(err)
-			}
-			all = append(all, last...)
-		}
-		for i := range wantLogits {
-			if all[i] != wantLogits[i] {
-				t.Fatalf("twins from %d: logit %d after the retry: %v, want %v", twinAt, i, all[i], wantLogits[i])
-			}
-		}
+		all, _ := greedy(t, ps, got, cfg.VocabSize, steps)
+		sameLogits(t, fmt.Sprintf("twins from %d, after the retry", twinAt), all, wantLogits)
 		ps.Close()
 	}
 }

@@ -33,18 +33,31 @@ func generateIDs(t *testing.T, m *Model, prompt []int32, steps, maxPos, chunk in
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ctx := context.Background()
-	logits, err := s.Forward(ctx, prompt, true, nil)
+	logits, err := s.Forward(context.Background(), prompt, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := append([]float32(nil), logits...)
-	last := logits[len(logits)-m.cfg.VocabSize:]
+	return greedy(t, s, logits, m.cfg.VocabSize, steps)
+}
+
+// forwarder is a session's Forward: a Session's or a PipelineSession's.
+type forwarder interface {
+	Forward(ctx context.Context, ids []int32, all bool, hook Hook) ([]float32, error)
+}
+
+// greedy decodes steps greedy tokens on f after a prompt whose logits
+// (every position's, or the last's) are first: first's logits and every
+// step's after them, and the ids it chose.
+func greedy(t *testing.T, f forwarder, first []float32, vocab, steps int) ([]float32, []int32) {
+	t.Helper()
+	all := append([]float32(nil), first...)
+	last := first[len(first)-vocab:]
 	var ids []int32
 	for range steps {
 		id := int32(Argmax(last))
 		ids = append(ids, id)
-		if last, err = s.Forward(ctx, []int32{id}, false, nil); err != nil {
+		var err error
+		if last, err = f.Forward(context.Background(), []int32{id}, false, nil); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, last...)
