@@ -3,11 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -124,23 +123,9 @@ func TestReadBytesPerToken(t *testing.T) {
 // their ratios in its JSON line, its line of output and the report's
 // table; -bw-piece 0 measures no bandwidth, and a negative one is refused.
 func TestBenchCPUBandwidth(t *testing.T) {
-	dir := t.TempDir()
-	out := filepath.Join(dir, "r.jsonl")
-	var stdout bytes.Buffer
-	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "8", "-warmup", "1", "-decode", "5", "-bw-piece", "2", "-threads", "2", "-out", out}
-	if err := run(context.Background(), args, &stdout); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(stdout.String(), "ratio per piece of 2 steps") {
-		t.Errorf("output has no ratios:\n%s", stdout.String())
-	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Result
-	if err := json.Unmarshal(bytes.TrimSpace(data), &r); err != nil {
-		t.Fatal(err)
+	stdout, out, r := benchOne(t, "-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "8", "-warmup", "1", "-decode", "5", "-bw-piece", "2", "-threads", "2")
+	if !strings.Contains(stdout, "ratio per piece of 2 steps") {
+		t.Errorf("output has no ratios:\n%s", stdout)
 	}
 	c := r.CPUBandwidth
 	if c == nil || c.Threads != 2 || len(c.Pieces) != 3 || c.Pieces[2].Steps != 1 || c.ReadGBps <= 0 || c.MedianRatio <= 0 || c.ReadBytesPerToken <= 0 {
@@ -154,17 +139,15 @@ func TestBenchCPUBandwidth(t *testing.T) {
 		t.Errorf("report has no CPU bandwidth table:\n%s", md.String())
 	}
 
-	out0 := filepath.Join(dir, "r0.jsonl")
-	if err := run(context.Background(), []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "8", "-warmup", "1", "-decode", "3", "-bw-piece", "0", "-out", out0}, &stdout); err != nil {
-		t.Fatal(err)
-	}
-	if data, err = os.ReadFile(out0); err != nil {
+	_, out0, _ := benchOne(t, "-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "8", "-warmup", "1", "-decode", "3", "-bw-piece", "0")
+	data, err := os.ReadFile(out0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if bytes.Contains(data, []byte("cpu_bandwidth")) {
 		t.Errorf("-bw-piece 0 measured the bandwidth: %s", data)
 	}
-	if err := run(context.Background(), []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-bw-piece", "-1"}, &stdout); err == nil || !strings.Contains(err.Error(), "-bw-piece") {
+	if err := run(context.Background(), []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-bw-piece", "-1"}, io.Discard); err == nil || !strings.Contains(err.Error(), "-bw-piece") {
 		t.Errorf("-bw-piece -1: %v", err)
 	}
 }

@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -56,29 +52,10 @@ func TestBenchExperts(t *testing.T) {
 		t.Fatal(err)
 	}
 	budget := p.PredictedPeakBytes - p.ExpertCacheBytes + 4*p.ExpertSlotBytes
-	out := filepath.Join(t.TempDir(), "r.jsonl")
-	var stdout bytes.Buffer
-	args := []string{"-model", dir, "-device", "cpu", "-prefill", "8", "-warmup", "1", "-decode", fmt.Sprint(decode), "-chunk", "8",
-		"-runs", fmt.Sprintf("%dB:balanced:explicit:lfu", budget), "-out", out}
-	if err := run(context.Background(), args, &stdout); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(stdout.String(), "experts [router]: cache of 4 of 24") {
-		t.Errorf("output without the experts:\n%s", stdout.String())
-	}
-	f, err := os.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	if !sc.Scan() {
-		t.Fatal("no result")
-	}
-	var r Result
-	if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-		t.Fatal(err)
+	stdout, _, r := benchOne(t, "-model", dir, "-device", "cpu", "-prefill", "8", "-warmup", "1", "-decode", fmt.Sprint(decode), "-chunk", "8",
+		"-runs", fmt.Sprintf("%dB:balanced:explicit:lfu", budget))
+	if !strings.Contains(stdout, "experts [router]: cache of 4 of 24") {
+		t.Errorf("output without the experts:\n%s", stdout)
 	}
 	x := r.Experts
 	if x == nil || x.Tokens != decode || x.Policy != paging.ExpertLFU || x.Slots != 4 || x.AcquiresPerToken != 6 {

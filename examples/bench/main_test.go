@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,6 +20,29 @@ import (
 
 // TestBenchFlags checks that the lengths a run times must fit in the
 // model's context (256 positions for the fixture) and be positive, refused
+
+// benchOne runs bench with args and -out into a fresh file, which must
+// hold one JSON line: its output, the file and the result.
+func benchOne(t *testing.T, args ...string) (stdout, out string, r Result) {
+	t.Helper()
+	out = filepath.Join(t.TempDir(), "r.jsonl")
+	var buf bytes.Buffer
+	if err := run(context.Background(), append(args, "-out", out), &buf); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(string(data), "\n"); lines != 1 {
+		t.Fatalf("%d JSON lines, want one run: %s", lines, data)
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String(), out, r
+}
+
 // before anything is measured.
 func TestBenchFlags(t *testing.T) {
 	model := fixtures.Dir(fixtures.TinyLlamaBF16)
@@ -258,20 +280,7 @@ func TestReportStreams(t *testing.T) {
 // reports the KV cache (all on the device on the CPU, with the bytes the
 // steps read from it).
 func TestBenchPromptTokens(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "r.jsonl")
-	var stdout bytes.Buffer
-	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-prompt-tokens", "100", "-warmup", "1", "-decode", "3", "-out", out}
-	if err := run(context.Background(), args, &stdout); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Result
-	if err := json.Unmarshal(bytes.TrimSpace(data), &r); err != nil {
-		t.Fatal(err)
-	}
+	_, _, r := benchOne(t, "-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-prompt-tokens", "100", "-warmup", "1", "-decode", "3")
 	if r.PrefillTokS["100"] <= 0 || r.PrefillTokS["16"] <= 0 {
 		t.Errorf("prefill rates %v, want 16 and 100", r.PrefillTokS)
 	}
@@ -333,26 +342,13 @@ func TestBoundsLinkRate(t *testing.T) {
 // mean batch above one, the KV pool, steps a second and rows a step (at
 // least the mean batch: each sequence runs a row or more).
 func TestBenchStreams(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "r.jsonl")
-	var stdout bytes.Buffer
-	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "12", "-streams", "3", "-out", out}
-	if err := run(context.Background(), args, &stdout); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(stdout.String(), "3 streams: decode") {
-		t.Errorf("output %q", stdout.String())
-	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Result
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
+	stdout, _, r := benchOne(t, "-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "12", "-streams", "3")
+	if !strings.Contains(stdout, "3 streams: decode") {
+		t.Errorf("output %q", stdout)
 	}
 	s := r.Streams
 	if s == nil {
-		t.Fatalf("no streams in %s", data)
+		t.Fatalf("no streams in %+v", r)
 	}
 	t.Logf("%s", s)
 	if s.Streams != 3 || !(s.DecodeTokS > 0) || !(s.InterTokenP50Ms > 0) || s.InterTokenP50Ms > s.InterTokenP99Ms ||
@@ -365,15 +361,15 @@ func TestBenchStreams(t *testing.T) {
 	// download and the sampling are counted.
 	sp := s.Step
 	if sp == nil {
-		t.Fatalf("no step split in %s", data)
+		t.Fatalf("no step split in %+v", s)
 	}
 	sum := sp.ScheduleMs + sp.PrepareMs + sp.LaunchMs + sp.WaitMs + sp.DownloadMs + sp.SampleMs
 	if math.Abs(sum-sp.StepMs) > 1e-6*sp.StepMs || !(sp.LaunchMs > 0) || sp.DeviceMs != sp.LaunchMs || !(sp.DownloadMs > 0) || !(sp.SampleMs > 0) ||
 		math.Abs(1000/sp.StepMs-s.StepsS) > 1e-6*s.StepsS {
 		t.Errorf("step split %+v (%.2f steps/s)", sp, s.StepsS)
 	}
-	if !strings.Contains(stdout.String(), "ms a step "+sp.String()) {
-		t.Errorf("the output lacks the step split %q: %s", sp, stdout.String())
+	if !strings.Contains(stdout, "ms a step "+sp.String()) {
+		t.Errorf("the output lacks the step split %q: %s", sp, stdout)
 	}
 }
 
@@ -432,27 +428,11 @@ func TestBenchCPUProfile(t *testing.T) {
 // order given, each count's own pool and batch (a mean batch above one for
 // several streams, exactly one for one), and a line of output per count.
 func TestBenchStreamsSweep(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "r.jsonl")
-	var stdout bytes.Buffer
-	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "8", "-streams", "1,3,2", "-out", out}
-	if err := run(context.Background(), args, &stdout); err != nil {
-		t.Fatal(err)
-	}
+	stdout, _, r := benchOne(t, "-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "8", "-streams", "1,3,2")
 	for _, n := range []string{"1 streams: decode", "3 streams: decode", "2 streams: decode"} {
-		if !strings.Contains(stdout.String(), n) {
-			t.Errorf("output lacks %q: %s", n, stdout.String())
+		if !strings.Contains(stdout, n) {
+			t.Errorf("output lacks %q: %s", n, stdout)
 		}
-	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lines := strings.Count(string(data), "\n"); lines != 1 {
-		t.Fatalf("%d JSON lines, want one run: %s", lines, data)
-	}
-	var r Result
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
 	}
 	if r.Streams != nil || len(r.StreamsSweep) != 3 {
 		t.Fatalf("streams %v, sweep %v: want a sweep of 3", r.Streams, r.StreamsSweep)
@@ -563,20 +543,7 @@ func TestReportStreamsSweep(t *testing.T) {
 // kept with the plan's error; the other counts are measured, in the
 // order given.
 func TestBenchStreamsNoRoom(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "r.jsonl")
-	var stdout bytes.Buffer
-	args := []string{"-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "8", "-streams", "2,400,1", "-runs", "4MB:balanced", "-out", out}
-	if err := run(context.Background(), args, &stdout); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r Result
-	if err := json.Unmarshal(data, &r); err != nil {
-		t.Fatal(err)
-	}
+	_, _, r := benchOne(t, "-model", fixtures.Dir(fixtures.TinyLlamaBF16), "-prefill", "16", "-warmup", "2", "-decode", "8", "-streams", "2,400,1", "-runs", "4MB:balanced")
 	if r.Error != "" || len(r.StreamsSweep) != 3 {
 		t.Fatalf("run error %q, sweep %v: want three counts", r.Error, r.StreamsSweep)
 	}
@@ -599,23 +566,9 @@ func TestBenchStreamsNoRoom(t *testing.T) {
 // result names both, and counts the streamed bytes of both plans under a
 // budget each), and -streams with -pipeline runs the batcher over them.
 func TestBenchDevices(t *testing.T) {
-	dir := t.TempDir()
 	var rs []Result
-	for i, extra := range [][]string{{"-runs", "300KiB:balanced"}, {"-runs", "300KiB:balanced", "-devices", "0,1", "-streams", "4", "-pipeline"}} {
-		out := filepath.Join(dir, fmt.Sprintf("r%d.jsonl", i))
-		args := append([]string{"-model", fixtures.Dir(fixtures.TinyLlamaF16Sharded), "-prefill", "8", "-warmup", "1", "-decode", "3", "-out", out}, extra...)
-		var stdout bytes.Buffer
-		if err := run(context.Background(), args, &stdout); err != nil {
-			t.Fatal(err)
-		}
-		data, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r Result
-		if err := json.Unmarshal(bytes.TrimSpace(data), &r); err != nil {
-			t.Fatal(err)
-		}
+	for _, extra := range [][]string{{"-runs", "300KiB:balanced"}, {"-runs", "300KiB:balanced", "-devices", "0,1", "-streams", "4", "-pipeline"}} {
+		_, _, r := benchOne(t, append([]string{"-model", fixtures.Dir(fixtures.TinyLlamaF16Sharded), "-prefill", "8", "-warmup", "1", "-decode", "3"}, extra...)...)
 		rs = append(rs, r)
 	}
 	one, two := rs[0], rs[1]
