@@ -87,10 +87,11 @@ func (b *Backend) gemvQuantInt(out, x, w *tensor.Tensor, f quantFormat, m, n, k 
 	defer release() // stream order keeps the levels for the kernels
 	q, d, s := p, p+uintptr(lay.d), p+uintptr(lay.s)
 	warps := f.gemvWarps(k)
+	_, direct := b.directOK([]*tensor.Tensor{w})
 	for r := 0; r < m; r += rows {
 		c := min(rows, m-r)
 		xp := x.Ptr() + uintptr(int64(r)*int64(k)*4)
-		if _, ok := b.directOK([]*tensor.Tensor{w}); ok && c == 1 {
+		if direct && c == 1 {
 			if err := b.gemvDirect([]uintptr{out.Ptr() + uintptr(int64(r)*int64(n)*4)}, xp, q, d, s, []*tensor.Tensor{w}, f, k); err != nil {
 				return err
 			}
