@@ -129,6 +129,7 @@ type expertCache struct {
 	// they go through host copies; unregister undoes the page-locking
 	// the cache did itself (none when it shares the staging ring's).
 	mapped      MappedSource
+	regions     [][]byte // mapped's regions, as page-locked
 	unregister  []func() error
 	mappedBytes int64 // what unregister undoes
 	// arena pins the host copies in large chunks, nil without pinned
@@ -1023,7 +1024,7 @@ func (x *expertCache) sameRegion(a, b []byte) bool {
 		p := uintptr(unsafe.Pointer(&t[0]))
 		return p >= lo && p+uintptr(len(t)) <= lo+uintptr(len(r))
 	}
-	for _, r := range x.mapped.MappedRegions() {
+	for _, r := range x.regions {
 		if len(r) > 0 && in(r, a) {
 			return in(r, b)
 		}
@@ -1043,11 +1044,11 @@ func (p *Pager) mapExperts(opts Options) {
 		return
 	}
 	if p.stage != nil && p.stage.mapped != nil {
-		p.ex.mapped = p.stage.mapped
+		p.ex.mapped, p.ex.regions = p.stage.mapped, ms.MappedRegions()
 		return
 	}
 	if undo, n := registerMapped(p.b, ms); len(undo) > 0 {
-		p.ex.mapped, p.ex.unregister, p.ex.mappedBytes = ms, undo, n
+		p.ex.mapped, p.ex.regions, p.ex.unregister, p.ex.mappedBytes = ms, ms.MappedRegions(), undo, n
 	}
 }
 
@@ -1112,7 +1113,7 @@ func (p *Pager) closeExpertsLocked() []error {
 			errs = append(errs, fmt.Errorf("paging: unregistering a mapped weight file: %w", err))
 		}
 	}
-	x.unregister, x.mapped, x.mappedBytes = nil, nil, 0
+	x.unregister, x.mapped, x.regions, x.mappedBytes = nil, nil, nil, 0
 	clear(x.slots)
 	return errs
 }
