@@ -58,6 +58,7 @@ type Backend struct {
 	tevFree   []cu.Event // timing events, for CopyStats
 	evBlock   []cu.Event // events with blocking synchronisation, for UploadStaged
 	spans     []span     // timed spans not yet read
+	tl        *timeline  // with TimelineEnv set
 	copyBytes int64
 	copyBusy  time.Duration
 	stall     time.Duration
@@ -289,6 +290,9 @@ func (b *Backend) setup() error {
 	}
 	if err := b.copyTail.Record(b.copy); err != nil {
 		return fmt.Errorf("%s: recording an event: %w", b.name, cuError(err))
+	}
+	if err := b.startTimeline(); err != nil {
+		return err
 	}
 	b.alloc = newAllocator(b.driverAlloc, func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }, b.syncStreams)
 	p, err := b.driverAlloc(scratchBytes)
@@ -704,13 +708,16 @@ func (b *Backend) download(op string, dst []byte, src *tensor.Tensor, wait downl
 			err = b.compute.Wait(b.copyTail, 0)
 			b.copyMu.Unlock()
 		}
+		after, done := b.tlDownload(int64(len(dst)))
 		if err == nil {
 			b.counts.copies.Add(1)
 			err = cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), cu.DevicePtr(src.Ptr()), int64(len(dst)), b.compute)
 		}
+		after()
 		if err == nil {
 			err = b.compute.Synchronize()
 		}
+		done()
 		if err != nil {
 			return fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 		}
@@ -890,6 +897,7 @@ type span struct {
 	start, end cu.Event
 	bytes      int64
 	stall      bool
+	host       time.Duration // when it was queued, on the timeline (TimelineEnv)
 }
 
 // popEventLocked takes an event from pool, or makes one with flags (kept in
@@ -940,6 +948,7 @@ func (b *Backend) drainSpansLocked() {
 		if sp.end.Query() != nil { // not reached yet (or failed: dropped at Close)
 			break
 		}
+		b.tlSpanLocked(sp)
 		ms, err := sp.start.Elapsed(sp.end)
 		if err == nil && ms > 0 {
 			d := time.Duration(ms * float64(time.Millisecond))
@@ -1025,7 +1034,7 @@ func (b *Backend) StartCompute() (func() (time.Duration, error), error) {
 
 // addSpan keeps a recorded span for CopyStats, or returns its events to the
 // pool when it was not recorded.
-func (b *Backend) addSpan(start, end cu.Event, got, recorded bool, bytes int64, stall bool) {
+func (b *Backend) addSpan(start, end cu.Event, got, recorded bool, bytes int64, stall bool, host time.Duration) {
 	if !got {
 		return
 	}
@@ -1035,7 +1044,7 @@ func (b *Backend) addSpan(start, end cu.Event, got, recorded bool, bytes int64, 
 		b.tevFree = append(b.tevFree, start, end)
 		return
 	}
-	b.spans = append(b.spans, span{start: start, end: end, bytes: bytes, stall: stall})
+	b.spans = append(b.spans, span{start: start, end: end, bytes: bytes, stall: stall, host: host})
 }
 
 // CopyStats reports the asynchronous uploads so far: bytes copied, the time
@@ -1151,6 +1160,7 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 	if err == nil && timed {
 		timed = tStart.Record(b.copy) == nil
 	}
+	queued := b.tlNow()
 	if err == nil {
 		b.counts.copies.Add(1)
 		err = cu.MemcpyHtoDAsync(cu.DevicePtr(dst.Ptr()+uintptr(off)), unsafe.Pointer(&src[0]), int64(len(src)), b.copy)
@@ -1158,7 +1168,7 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 	if err == nil && timed {
 		timed = tEnd.Record(b.copy) == nil
 	}
-	b.addSpan(tStart, tEnd, got, timed && err == nil, int64(len(src)), false)
+	b.addSpan(tStart, tEnd, got, timed && err == nil, int64(len(src)), false, queued)
 	if err == nil {
 		err = done.Record(b.copy)
 	}
@@ -1196,6 +1206,7 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 			defer b.leave()
 			sStart, sEnd, got := b.timedPair()
 			timed := got
+			queued := b.tlNow()
 			b.opsMu.Lock()
 			if timed {
 				timed = sStart.Record(b.compute) == nil
@@ -1207,7 +1218,7 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 				timed = sEnd.Record(b.compute) == nil
 			}
 			b.opsMu.Unlock()
-			b.addSpan(sStart, sEnd, got, timed && rerr == nil, 0, true)
+			b.addSpan(sStart, sEnd, got, timed && rerr == nil, 0, true, queued)
 		})
 		return rerr
 	}
@@ -1446,6 +1457,8 @@ func (b *Backend) release() error {
 	b.registered = nil
 	b.pinnedMu.Unlock()
 	b.evMu.Lock()
+	b.drainSpansLocked()
+	keep(b.writeTimelineLocked())
 	for i := range b.evAll {
 		keep(cuError(cu.DestroyEvent(&b.evAll[i])))
 	}
