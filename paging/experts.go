@@ -649,7 +649,10 @@ func (p *Pager) unreserveExpertLocked(e *expertEntry) {
 
 // victims returns the n of the evictable experts vs to go first: those
 // not fresh from a prefetch before those that are, then as the policy says
-// (ExpertLRU, ExpertLFU). Each expert's standing is worked out once.
+// (ExpertLRU, ExpertLFU). Each expert's standing is worked out once, and
+// only the n first are kept in order as vs is read (the misses of a decode
+// step evict a few of hundreds, and the host does this before it queues
+// their first copy, while the link waits).
 func (x *expertCache) victims(vs []*expertEntry, n int) []*expertEntry {
 	type standing struct {
 		e          *expertEntry
@@ -657,15 +660,7 @@ func (x *expertCache) victims(vs []*expertEntry, n int) []*expertEntry {
 		rank       float64 // LFU's worth, or minus LRU's age: the lower goes first
 		far        int     // the layer's next use: the further goes first
 	}
-	ss := make([]standing, len(vs))
-	logMean := x.logMeanCount()
-	for i, e := range vs {
-		ss[i] = standing{e: e, prefetched: x.fresh(e), far: x.nextUse(e), rank: -float64(x.age(e))}
-		if x.policy == ExpertLFU {
-			ss[i].rank = x.worth(e, logMean)
-		}
-	}
-	first := func(a, b standing) int {
+	first := func(a, b *standing) int {
 		if a.prefetched != b.prefetched {
 			if a.prefetched {
 				return 1
@@ -674,22 +669,31 @@ func (x *expertCache) victims(vs []*expertEntry, n int) []*expertEntry {
 		}
 		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(b.far, a.far), cmp.Compare(a.e.lastUse, b.e.lastUse))
 	}
-	if n*8 < len(ss) { // a few of many: select them
-		for i := range n {
-			m := i
-			for j := i + 1; j < len(ss); j++ {
-				if first(ss[j], ss[m]) < 0 {
-					m = j
-				}
-			}
-			ss[i], ss[m] = ss[m], ss[i]
-		}
-	} else {
-		slices.SortFunc(ss, first)
+	if n <= 0 {
+		return nil
 	}
-	out := make([]*expertEntry, n)
-	for i := range out {
-		out[i] = ss[i].e
+	best := make([]standing, 0, n+1) // in order, ties in the order of vs
+	logMean := x.logMeanCount()
+	for _, e := range vs {
+		s := standing{e: e, prefetched: x.fresh(e), far: x.nextUse(e), rank: -float64(x.age(e))}
+		if x.policy == ExpertLFU {
+			s.rank = x.worth(e, logMean)
+		}
+		if len(best) == n && first(&s, &best[n-1]) >= 0 {
+			continue
+		}
+		i := len(best)
+		for i > 0 && first(&s, &best[i-1]) < 0 {
+			i--
+		}
+		best = slices.Insert(best, i, s)
+		if len(best) > n {
+			best = best[:n]
+		}
+	}
+	out := make([]*expertEntry, len(best))
+	for i := range best {
+		out[i] = best[i].e
 	}
 	return out
 }
