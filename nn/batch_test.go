@@ -732,3 +732,49 @@ func TestBatchPinnedLogits(t *testing.T) {
 		}
 	}
 }
+
+// TestStepScoresPinned: a sparse block's router scores of a decode step go
+// to page-locked memory where the backend has some: the logits those of a
+// pageable run, one buffer of the experts' scores held while the session
+// decodes, none after Close.
+func TestStepScoresPinned(t *testing.T) {
+	lm, cpu, hw := fixtureOnCPU(t, fixtures.TinyQwen3MoEF16)
+	var bogus int
+	pc := pinnedCPU{Backend: cpu, held: map[*byte]int{}, bogus: &bogus}
+	plain, err := New(lm.Config, cpu, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := generateIDs(t, plain, expertPrompt, 4, 32, 8)
+	m, err := New(lm.Config, pc, nil, hw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.NewSession(32, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits, err := s.Forward(context.Background(), expertPrompt, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pc.held) != 0 {
+		t.Errorf("the prompt's chunks hold %d page-locked buffers, want none (their scores are more than a step's)", len(pc.held))
+	}
+	got, _ := greedy(t, s, logits, lm.Config.VocabSize, 4)
+	sameLogits(t, "page-locked scores", got, want)
+	held := 0
+	for _, n := range pc.held {
+		held += n
+		if n != 4*lm.Config.MoE.Experts {
+			t.Errorf("a page-locked buffer of %d bytes, want %d (a step's scores)", n, 4*lm.Config.MoE.Experts)
+		}
+	}
+	if len(pc.held) != 1 {
+		t.Errorf("decoding holds %d page-locked buffers (%d bytes), want 1", len(pc.held), held)
+	}
+	s.Close()
+	if len(pc.held) != 0 || bogus != 0 {
+		t.Errorf("after Close %d page-locked buffers held, %d freed that were not handed out", len(pc.held), bogus)
+	}
+}

@@ -661,7 +661,14 @@ func (w orderWeights) AcquireExperts(ctx context.Context, layer int, experts []i
 
 func (w orderWeights) AcquireExpertsLazy(ctx context.Context, layer int, experts []int) (map[int]map[string]*tensor.Tensor, []int, func(int) error, error) {
 	w.o.add("acquire", layer)
-	return w.Pager.AcquireExpertsLazy(ctx, layer, experts)
+	ws, pending, await, err := w.Pager.AcquireExpertsLazy(ctx, layer, experts)
+	if err != nil {
+		return ws, pending, await, err
+	}
+	return ws, pending, func(e int) error {
+		w.o.add("await", layer)
+		return await(e)
+	}, nil
 }
 
 func (w orderWeights) PrefetchExperts(layer int, experts []int) {
@@ -686,22 +693,23 @@ func (c orderCPU) DownloadComputed(dst []byte, src *tensor.Tensor) error {
 }
 
 func (c orderCPU) Upload(dst *tensor.Tensor, off int64, src []byte) error {
-	c.o.add("upload", -1)
+	c.o.add("upload", -len(src)) // its size: the routing weights' is 4·k bytes a decode step
 	return c.CPU.Upload(dst, off, src)
 }
 
 // TestExpertsOverlapOrder: in a decode step of a sparse block whose
 // misses are split between the CPU and the link (-experts-cpu auto, a CPU
-// slower than the link for one expert), the host waits for nothing
-// computed (no download) from the block's first acquire of experts to
-// its last expert on the CPU, so that on a GPU the uploads, the device's
-// experts and the CPU's run at once: the next block's guess (its router's
-// scores, downloaded) came before, while nothing queued waited for a
-// copy. The guess's prefetches follow the block's acquires (behind its
-// misses on the link); the CPU's experts' outputs go up after the last of
-// them, none between two. The logits are the resident run's. Before, the
-// guess's download came after the first acquire, and waited on a GPU for
-// the block's copies before the CPU started.
+// slower than the link for one expert), the misses' copies are queued
+// first: the block's first acquire of experts comes right after its
+// router's scores, before the routing weights go up (on a GPU the link
+// idles from one block's last copy to the next one's first, and each host
+// step before the acquire added to that). What the host then waits for
+// (the rows the CPU computes with, the next block's guess) is downloaded
+// before the CPU's experts, none between two of them: the acquire is lazy,
+// so nothing queued waits for a copy yet. The guess's prefetches follow the
+// block's acquires (behind its misses on the link); the CPU's experts'
+// outputs go up after the last of them, none between two. The logits are
+// the resident run's.
 func TestExpertsOverlapOrder(t *testing.T) {
 	for _, tc := range []struct {
 		fixture string
@@ -745,6 +753,7 @@ func TestExpertsOverlapOrder(t *testing.T) {
 			var cpus, prefetches int
 			block, firstAcquire := -1, -1 // the layer of the acquires under way, and the first's event
 			lastDownload, lastCPU, prefetched := -1, -1, -1
+			weightsUp := fmt.Sprintf("upload %d", -4*k) // the routing weights of a decode step
 			// The uploads after a block's last expert on the CPU, up to the
 			// next block's first expert: its CPU experts' outputs in one,
 			// and the next block's routing weights.
@@ -774,6 +783,11 @@ func TestExpertsOverlapOrder(t *testing.T) {
 					prefetched = -1
 					if layer != block {
 						block, firstAcquire = layer, i
+						// Right after its router's scores: nothing between,
+						// the routing weights' upload least of all.
+						if i >= 2 && (log[i-1] != "download -1" || log[i-2] == weightsUp) {
+							t.Errorf("event %d: the first acquire of layer %d does not follow its router's scores at once: %v", i, layer, log[max(0, i-4):i+1])
+						}
 					}
 				case "download":
 					lastDownload = i
@@ -785,10 +799,10 @@ func TestExpertsOverlapOrder(t *testing.T) {
 					if layer != block { // a visit whose experts are all on the CPU or cached
 						block, firstAcquire = layer, i
 					}
-					if lastDownload > firstAcquire {
-						t.Errorf("event %d: expert on the CPU in layer %d after a download since the block's first acquire: %v", i, layer, log[firstAcquire:i+1])
+					if lastCPU >= firstAcquire && lastDownload > lastCPU {
+						t.Errorf("event %d: a download between two experts on the CPU in layer %d: %v", i, layer, log[firstAcquire:i+1])
 					}
-					if lastCPU == i-2 && log[i-1] == "upload -1" {
+					if lastCPU == i-2 && strings.HasPrefix(log[i-1], "upload") {
 						t.Errorf("event %d: an output handed up between two experts on the CPU: %v", i, log[max(0, i-4):i+1])
 					}
 					lastCPU = i

@@ -133,7 +133,11 @@ type Session struct {
 	// downloadPinned says download is page-locked memory of the backend's
 	// (a batch's logits: batchLogits), to give back at the Batch's Close.
 	downloadPinned bool
-	closed         bool
+	// stepRaw receives the sparse blocks' router scores of a decode step
+	// (stepScores): page-locked memory of the backend's when stepPinned.
+	stepRaw    []byte
+	stepPinned bool
+	closed     bool
 }
 
 // buffers are the activations and rotary tables of the forward pass on one
@@ -333,6 +337,7 @@ func (s *Session) Close() {
 	}
 	s.owned = nil
 	s.hkv.free()
+	s.freeStepScores()
 }
 
 // Hook, when non-nil, sees the hidden state after the embedding (layer 0),

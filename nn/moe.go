@@ -335,7 +335,8 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			return fmt.Errorf("shared expert gate: %w", err)
 		}
 	}
-	if err := tensor.DownloadComputed(b, r.raw[:4*T*E], scores); err != nil {
+	raw := s.stepScores(4 * T * E)
+	if err := tensor.DownloadComputed(b, raw, scores); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
 	t1 = time.Now()
@@ -343,21 +344,13 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	if s.batch != nil {
 		r.rowPos = s.batch.rowPos
 	}
-	r.route(f32s(r.raw[:4*T*E]), T, E, k, mc.NormTopK, m.synth, i, pos0)
+	r.route(f32s(raw), T, E, k, mc.NormTopK, m.synth, i, pos0)
 	ew := m.pagedExperts(layer)
 	switch {
 	case ew != nil && s.batch == nil:
 		s.scoreGuess(i, T, pos0, r.expert[(T-1)*k:T*k])
 	case ew != nil:
 		s.scoreBatchGuess(i)
-	}
-	if gateSh != nil {
-		if err := tensor.DownloadComputed(b, r.rawSh[:4*T], gateSh); err != nil {
-			return fmt.Errorf("shared expert gate: %w", err)
-		}
-		for t, g := range f32s(r.rawSh[:4*T]) {
-			r.table[T*k+t] = float32(1 / (1 + math.Exp(-float64(g))))
-		}
 	}
 	r.used = r.used[:0]
 	for e := range E {
@@ -370,6 +363,30 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	if ew != nil {
 		if dev, onCPU = s.splitExperts(ew, layer); len(onCPU) > 0 {
 			cpuRow = r.cpuLast(T, k, dev, onCPU)
+		}
+	}
+	// The misses' copies are queued first, before anything else the host
+	// does with the routing: the link idles from the last copy of one
+	// sparse block to the first of the next, and every host step in
+	// between adds to that gap.
+	var slots int
+	var first expertGroup
+	if ew != nil {
+		slots = max(ew.ExpertSlots(), 1)
+		if len(dev) > 0 {
+			var err error
+			if first, err = acquireGroup(ctx, ew, layer, dev[:min(slots, len(dev))]); err != nil {
+				return err
+			}
+			defer first.release() // released even if the backend panics
+		}
+	}
+	if gateSh != nil {
+		if err := tensor.DownloadComputed(b, r.rawSh[:4*T], gateSh); err != nil {
+			return fmt.Errorf("shared expert gate: %w", err)
+		}
+		for t, g := range f32s(r.rawSh[:4*T]) {
+			r.table[T*k+t] = float32(1 / (1 + math.Exp(-float64(g))))
 		}
 	}
 	nw := T * k
@@ -387,13 +404,14 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		}
 	} else {
 		// The order lets the link, the device and the CPU work at once:
-		// what the host waits for (the rows the CPU computes with, the
-		// next block's router for the guess) is downloaded while the
-		// compute stream holds nothing that waits for a copy; then the
-		// misses' copies are queued, with the device's experts behind
-		// them; then the guess's prefetches, behind this block's misses
-		// on the link; then the CPU computes its experts while the copies
-		// and the device's experts run, and hands their outputs up last.
+		// the first group's copies are queued; what the host waits for
+		// (the rows the CPU computes with, the next block's router for
+		// the guess) is downloaded while the compute stream holds nothing
+		// that waits for a copy; then the device's experts are queued
+		// behind their copies; then the guess's prefetches, behind this
+		// block's misses on the link; then the CPU computes its experts
+		// while the copies and the device's experts run, and hands their
+		// outputs up last.
 		if len(onCPU) > 0 {
 			if err := tensor.DownloadComputed(b, r.hostH[:4*T*H], h); err != nil {
 				return fmt.Errorf("experts on the CPU: %w", err)
@@ -406,31 +424,33 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 				return err
 			}
 		}
-		slots := max(ew.ExpertSlots(), 1)
 		for g := 0; g < len(dev); g += slots {
 			group := dev[g:min(g+slots, len(dev))]
-			ws, pending, await, err := ew.AcquireExpertsLazy(ctx, layer, group)
-			if err != nil {
-				return fmt.Errorf("experts: %w", err)
+			a := first
+			if g > 0 {
+				var err error
+				if a, err = acquireGroup(ctx, ew, layer, group); err != nil {
+					return err
+				}
 			}
-			err = func() error {
-				defer ew.ReleaseExperts(layer, group) // released even if the backend panics
+			err := func() error {
+				defer a.release() // released even if the backend panics
 				// The cached experts first, while the misses' copies
 				// land; then each miss behind its own copies, in the
 				// order they land.
 				for _, e := range group {
-					if slices.Contains(pending, e) {
+					if slices.Contains(a.pending, e) {
 						continue
 					}
-					if err := s.expert(e, T, ws[e], &experts[e]); err != nil {
+					if err := s.expert(e, T, a.ws[e], &experts[e]); err != nil {
 						return err
 					}
 				}
-				for _, e := range pending {
-					if err := await(e); err != nil {
+				for _, e := range a.pending {
+					if err := a.await(e); err != nil {
 						return fmt.Errorf("experts: %w", err)
 					}
-					if err := s.expert(e, T, ws[e], &experts[e]); err != nil {
+					if err := s.expert(e, T, a.ws[e], &experts[e]); err != nil {
 						return err
 					}
 				}
@@ -483,6 +503,57 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		return fmt.Errorf("shared expert weights: %w", err)
 	}
 	return b.Add(proj, proj, out)
+}
+
+// stepScores returns n bytes for a sparse block's router scores: for a
+// decode step's, page-locked memory of the backend where it has some
+// (tensor.Pinned), which the device copies into directly, where a copy to
+// pageable memory is staged through the driver's buffer (a copy of 512
+// bytes took 17 us on the H200, every sparse block, while the link waited
+// for the misses it decides); else the chunk's pageable buffer.
+func (s *Session) stepScores(n int) []byte {
+	E := s.m.cfg.MoE.Experts
+	if n > 4*E {
+		return s.buffers.moe.r.raw[:n]
+	}
+	if s.stepRaw == nil {
+		s.stepRaw = make([]byte, 4*E)
+		if pa, ok := tensor.Pinned(s.m.backend); ok {
+			if buf, err := pa.AllocPinned(int64(4 * E)); err == nil {
+				s.stepRaw, s.stepPinned = buf, true
+			}
+		}
+	}
+	return s.stepRaw[:n]
+}
+
+// freeStepScores gives back stepScores' page-locked memory.
+func (s *Session) freeStepScores() {
+	if s.stepPinned {
+		if pa, ok := tensor.Pinned(s.m.backend); ok {
+			_ = pa.FreePinned(s.stepRaw) // the backend's own memory: its error is a bug of its accounting
+		}
+	}
+	s.stepRaw, s.stepPinned = nil, false
+}
+
+// expertGroup is a group of a block's experts acquired lazily
+// (AcquireExpertsLazy): their weights, the misses whose copies are in
+// flight, the wait for one, and the release, which runs once.
+type expertGroup struct {
+	ws      map[int]LayerWeights
+	pending []int
+	await   func(e int) error
+	release func()
+}
+
+func acquireGroup(ctx context.Context, ew ExpertWeights, layer int, group []int) (expertGroup, error) {
+	ws, pending, await, err := ew.AcquireExpertsLazy(ctx, layer, group)
+	if err != nil {
+		return expertGroup{}, fmt.Errorf("experts: %w", err)
+	}
+	var once sync.Once
+	return expertGroup{ws, pending, await, func() { once.Do(func() { ew.ReleaseExperts(layer, group) }) }}, nil
 }
 
 // combineExperts sums each of the chunk's T tokens' expert outputs (their
