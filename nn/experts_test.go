@@ -935,3 +935,85 @@ func TestExpertsOnCPUNotPrefetched(t *testing.T) {
 		t.Errorf("decode moved %d expert bytes (%d prefetches) with every miss on the CPU, want none", moved, prefetches)
 	}
 }
+
+// TestPrefetchHeldAtChance: a block's guesses are prefetched
+// (PrefetchExperts called with them) while at least half of the experts
+// guessed lately are chosen. Under uniform
+// synthetic routing (a guess right by chance, 2 of 16) the prefetches stop
+// after the first guesses, which are still made and scored; under routing
+// that keeps most of its experts from one position to the next they go on.
+func TestPrefetchHeldAtChance(t *testing.T) {
+	cfg, err := arch.Preset("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.SetFamily(arch.Qwen3MoE)
+	cfg.NumLayers, cfg.VocabSize, cfg.MaxPositions = 4, 97, 256
+	cfg.MoE = &arch.MoE{Experts: 16, ExpertsPerToken: 2, ExpertSize: 16, SparseStep: 1, NormTopK: true}
+	lm, err := loader.SynthesizeOpen(context.Background(), t.TempDir(), cfg, loader.SynthOptions{DType: tensor.F16, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	const warm, steps = 16, 48
+	for _, rc := range []struct {
+		name           string
+		skew, locality float64
+		prefetch       bool
+	}{
+		{"uniform", 0, 0, false},
+		{"skew 1.2, locality 0.9", 1.2, 0.9, true},
+	} {
+		t.Run(rc.name, func(t *testing.T) {
+			r := newExpertRigFor(t, lm, Source(lm), paging.StrategyBalanced, cfg.NumLayers*cfg.MoE.Experts/4, false, paging.Options{}, steps+8)
+			c := lm.Config.Clone()
+			c.MoE.Synthetic = &arch.SyntheticRouting{Skew: rc.skew, Locality: rc.locality, Seed: 5}
+			o := &orderLog{}
+			m, err := New(c, r.b, r.budget, orderWeights{r.pager, o})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := m.NewSession(steps+8, expertChunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			if _, err := s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			var guessed0, right0 int64
+			for i := range steps {
+				if i == warm {
+					o.mu.Lock()
+					o.on = true // the calls to PrefetchExperts from here
+					o.mu.Unlock()
+					guessed0, right0 = m.ExpertGuesses()
+				}
+				if _, err := s.Forward(ctx, []int32{int32(i % cfg.VocabSize)}, false, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			guessed, right := m.ExpertGuesses()
+			guessed, right = guessed-guessed0, right-right0
+			o.mu.Lock()
+			prefetches := 0
+			for _, ev := range o.log {
+				if strings.HasPrefix(ev, "prefetch ") {
+					prefetches++
+				}
+			}
+			o.mu.Unlock()
+			t.Logf("steps %d-%d: %d experts guessed, %d right (%.2f), %d prefetched", warm, steps, guessed, right, float64(right)/float64(max(guessed, 1)), prefetches)
+			if guessed == 0 {
+				t.Fatal("no guesses after the warm-up: nothing to check")
+			}
+			if rc.prefetch && (prefetches == 0 || 2*right < guessed) {
+				t.Errorf("%d prefetches with %d of %d guesses right, want prefetches at over half right", prefetches, right, guessed)
+			}
+			if !rc.prefetch && (prefetches != 0 || 2*right >= guessed) {
+				t.Errorf("%d prefetches with %d of %d guesses right, want none at chance", prefetches, right, guessed)
+			}
+		})
+	}
+}

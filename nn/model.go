@@ -26,6 +26,9 @@ type Model struct {
 	// guessed and guessRight count the experts guessed for a sparse block
 	// ahead of it, and those it chose (ExpertGuesses).
 	guessed, guessRight atomic.Int64
+	// guessRecord holds each sparse block's recent guess accuracy, which
+	// decides whether its guesses are prefetched (worthPrefetching).
+	guessRecord guessRecord
 	// sparse counts the host's time in sparse blocks (SparseTimes).
 	sparse sparseCounters
 	// lo and hi bound the decoder blocks this model runs: all of them,

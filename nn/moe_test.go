@@ -241,3 +241,42 @@ func TestSyntheticRoutingForward(t *testing.T) {
 		t.Errorf("synthetic routing in one chunk and token by token differ by %g", d)
 	}
 }
+
+// TestGuessRecord: a block prefetches during its first guessWarmUp
+// guesses whatever their accuracy, then while at least half of its recent
+// guesses' experts were chosen; after a run of wrong guesses a run of
+// right ones turns its prefetches back on, and blocks count apart.
+func TestGuessRecord(t *testing.T) {
+	var g guessRecord
+	for n := range guessWarmUp {
+		if !g.worthPrefetching(2) {
+			t.Fatalf("after %d guesses (warm-up): not prefetched", n)
+		}
+		g.add(2, 8, 0)
+	}
+	if g.worthPrefetching(2) {
+		t.Error("after the warm-up, every guess wrong: still prefetched")
+	}
+	if !g.worthPrefetching(1) || !g.worthPrefetching(7) {
+		t.Error("blocks without guesses: not prefetched")
+	}
+	right := 0
+	for g.add(2, 8, 7); !g.worthPrefetching(2); g.add(2, 8, 7) {
+		if right++; right > 20 {
+			t.Fatal("20 guesses 7 of 8 right after the wrong ones: still held")
+		}
+	}
+	t.Logf("prefetched again after %d guesses mostly right", right+1)
+	for range 40 {
+		g.add(2, 8, 4) // one in two: worth it
+	}
+	if !g.worthPrefetching(2) {
+		t.Error("half of every guess right: held")
+	}
+	for range 40 {
+		g.add(2, 8, 3)
+	}
+	if g.worthPrefetching(2) {
+		t.Error("3 of 8 of every guess right: still prefetched")
+	}
+}
