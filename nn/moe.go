@@ -513,7 +513,8 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 // (tensor.Pinned), which the device copies into directly, where a copy to
 // pageable memory is staged through the driver's buffer (a copy of 512
 // bytes took 17 us on the H200, every sparse block, while the link waited
-// for the misses it decides); else the chunk's pageable buffer.
+// for the misses it decides), else ordinary memory, the session's own
+// either way; a chunk's scores go to the chunk's pageable buffer.
 func (s *Session) stepScores(n int) []byte {
 	E := s.m.cfg.MoE.Experts
 	if n > 4*E {
