@@ -885,18 +885,8 @@ func TestExpertsOnCPUAtOnce(t *testing.T) {
 // moved 3.00 GiB a token with 114 experts on the CPU where never moved
 // 3.07: 112 of them uploaded by the next token's prefetch).
 func TestExpertsOnCPUNotPrefetched(t *testing.T) {
-	cfg, err := arch.Preset("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.SetFamily(arch.Qwen3MoE)
-	cfg.NumLayers, cfg.VocabSize, cfg.MaxPositions = 4, 97, 256
-	cfg.MoE = &arch.MoE{Experts: 16, ExpertsPerToken: 2, ExpertSize: 16, SparseStep: 1, NormTopK: true}
-	lm, err := loader.SynthesizeOpen(context.Background(), t.TempDir(), cfg, loader.SynthOptions{DType: tensor.F16, Seed: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lm.Close()
+	lm := smallMoE(t)
+	cfg := lm.Config
 	const steps = 24
 	r := newExpertRigFor(t, lm, Source(lm), paging.StrategyBalanced, cfg.NumLayers*cfg.MoE.Experts/4, false, paging.Options{ExpertsCPU: paging.ExpertCPUAlways}, steps+8)
 	c := lm.Config.Clone()
@@ -908,15 +898,8 @@ func TestExpertsOnCPUNotPrefetched(t *testing.T) {
 	cpu := tensor.NewCPU(2)
 	defer cpu.Close()
 	m.SetExpertCPU(cpu)
-	s, err := m.NewSession(steps+8, expertChunk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := promptedSession(t, m, steps)
 	ctx := context.Background()
-	if _, err := s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, false, nil); err != nil {
-		t.Fatal(err)
-	}
 	before := r.pager.Stats()
 	for i := range steps {
 		if _, err := s.Forward(ctx, []int32{int32(i % cfg.VocabSize)}, false, nil); err != nil {
@@ -936,13 +919,10 @@ func TestExpertsOnCPUNotPrefetched(t *testing.T) {
 	}
 }
 
-// TestPrefetchHeldAtChance: a block's guesses are prefetched
-// (PrefetchExperts called with them) while at least half of the experts
-// guessed lately are chosen. Under uniform
-// synthetic routing (a guess right by chance, 2 of 16) the prefetches stop
-// after the first guesses, which are still made and scored; under routing
-// that keeps most of its experts from one position to the next they go on.
-func TestPrefetchHeldAtChance(t *testing.T) {
+// smallMoE synthesises a Qwen3-MoE of 4 sparse blocks of 16 experts, 2 a
+// token, closed when the test ends.
+func smallMoE(t *testing.T) *loader.Model {
+	t.Helper()
 	cfg, err := arch.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -954,7 +934,34 @@ func TestPrefetchHeldAtChance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lm.Close()
+	t.Cleanup(func() { lm.Close() })
+	return lm
+}
+
+// promptedSession is a session of m with room for steps decode steps
+// after the 8-token prompt it has run, closed when the test ends.
+func promptedSession(t *testing.T, m *Model, steps int) *Session {
+	t.Helper()
+	s, err := m.NewSession(steps+8, expertChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Forward(context.Background(), []int32{1, 2, 3, 4, 5, 6, 7, 8}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestPrefetchHeldAtChance: a block's guesses are prefetched
+// (PrefetchExperts called with them) while at least half of the experts
+// guessed lately are chosen. Under uniform
+// synthetic routing (a guess right by chance, 2 of 16) the prefetches stop
+// after the first guesses, which are still made and scored; under routing
+// that keeps most of its experts from one position to the next they go on.
+func TestPrefetchHeldAtChance(t *testing.T) {
+	lm := smallMoE(t)
+	cfg := lm.Config
 	const warm, steps = 16, 48
 	for _, rc := range []struct {
 		name           string
@@ -973,15 +980,8 @@ func TestPrefetchHeldAtChance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err := m.NewSession(steps+8, expertChunk)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s := promptedSession(t, m, steps)
 			ctx := context.Background()
-			if _, err := s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, false, nil); err != nil {
-				t.Fatal(err)
-			}
 			var guessed0, right0 int64
 			for i := range steps {
 				if i == warm {

@@ -450,39 +450,7 @@ func TestExpertsConcurrent(t *testing.T) {
 func BenchmarkAcquireExperts(b *testing.B) {
 	for _, policy := range []ExpertPolicy{ExpertLRU, ExpertLFU} {
 		b.Run(string(policy), func(b *testing.B) {
-			m := newMoESynth(48, 128, 8, 8)
-			info := smallDims(m, 48)
-			p, err := Plan(info, 1<<40, StrategyBalanced, 8, 1, WithExpertCache(8))
-			if err != nil {
-				b.Fatal(err)
-			}
-			limit := p.PredictedPeakBytes - p.ExpertCacheBytes + 480*p.ExpertSlotBytes
-			if p, err = Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(8)); err != nil {
-				b.Fatal(err)
-			}
-			bg, err := NewBudget(newFake(), limit, "fake")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer bg.Close()
-			pg, err := NewPager(m, bg, p, Options{ExpertPolicy: policy, PrefetchDepth: -1})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pg.Close()
-			rng := rand.New(rand.NewPCG(1, 2))
-			ctx := context.Background()
-			l := 0
-			for b.Loop() {
-				l = l%48 + 1
-				xs := rng.Perm(32)[:8] // a quarter of a block's experts: many hits
-				if _, err := pg.AcquireExperts(ctx, l, xs); err != nil {
-					b.Fatal(err)
-				}
-				pg.ReleaseExperts(l, xs)
-			}
-			st := pg.Stats()
-			b.ReportMetric(st.ExpertHitRate(), "hit-rate")
+			benchAcquire(b, policy, 480, 32, false) // a quarter of a block's experts: many hits
 		})
 	}
 }
@@ -493,13 +461,20 @@ func BenchmarkAcquireExperts(b *testing.B) {
 // about 7 misses, each evicting one of hundreds). On a GPU the link idles
 // while the host does this, before the first copy is queued.
 func BenchmarkAcquireExpertsUniform(b *testing.B) {
+	benchAcquire(b, ExpertLRU, 554, 128, true)
+}
+
+// benchAcquire times acquires (lazy ones where lazy) and releases of 8
+// experts drawn from the first among of 128 in 48 blocks visited in turn,
+// with an expert cache of slots, and reports the hit rate.
+func benchAcquire(b *testing.B, policy ExpertPolicy, slots, among int, lazy bool) {
 	m := newMoESynth(48, 128, 8, 8)
 	info := smallDims(m, 48)
 	p, err := Plan(info, 1<<40, StrategyBalanced, 8, 1, WithExpertCache(8))
 	if err != nil {
 		b.Fatal(err)
 	}
-	limit := p.PredictedPeakBytes - p.ExpertCacheBytes + 554*p.ExpertSlotBytes
+	limit := p.PredictedPeakBytes - p.ExpertCacheBytes + int64(slots)*p.ExpertSlotBytes
 	if p, err = Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(8)); err != nil {
 		b.Fatal(err)
 	}
@@ -508,7 +483,7 @@ func BenchmarkAcquireExpertsUniform(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer bg.Close()
-	pg, err := NewPager(m, bg, p, Options{ExpertPolicy: ExpertLRU, PrefetchDepth: -1})
+	pg, err := NewPager(m, bg, p, Options{ExpertPolicy: policy, PrefetchDepth: -1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -518,8 +493,13 @@ func BenchmarkAcquireExpertsUniform(b *testing.B) {
 	l := 0
 	for b.Loop() {
 		l = l%48 + 1
-		xs := rng.Perm(128)[:8]
-		if _, _, _, err := pg.AcquireExpertsLazy(ctx, l, xs); err != nil {
+		xs := rng.Perm(among)[:8]
+		if lazy {
+			_, _, _, err = pg.AcquireExpertsLazy(ctx, l, xs)
+		} else {
+			_, err = pg.AcquireExperts(ctx, l, xs)
+		}
+		if err != nil {
 			b.Fatal(err)
 		}
 		pg.ReleaseExperts(l, xs)
