@@ -23,8 +23,9 @@ import (
 // writes the name with .1, .2 ... added). It is a measuring tool, for
 // finding where a link idles: what the device and the host did between
 // two copies. Times are nanoseconds from the backend's start, the device's
-// from an event recorded then; the two clocks agree to within a few
-// microseconds.
+// from an event recorded then, the host's from just before it was queued:
+// the host's clock runs ahead of the device's by the few microseconds the
+// idle stream took to reach the event.
 const TimelineEnv = "STRATA_CUDA_TIMELINE"
 
 // timelineMax bounds the records a backend keeps (the first ones).
@@ -66,13 +67,21 @@ func (b *Backend) startTimeline() error {
 		return fmt.Errorf("%s: the timeline's event: %w", b.name, cuError(err))
 	}
 	b.evAll = append(b.evAll, ev)
+	// The host's zero is taken just before the event is queued on the idle
+	// stream, which reaches it a few microseconds later: taken after the
+	// wait for it, it ran 140-250 us behind the device's on the H200 (the
+	// wait's wake-up).
+	if err := b.compute.Synchronize(); err != nil {
+		return fmt.Errorf("%s: the timeline's event: %w", b.name, cuError(err))
+	}
+	host0 := time.Now()
 	if err := ev.Record(b.compute); err != nil {
 		return fmt.Errorf("%s: the timeline's event: %w", b.name, cuError(err))
 	}
 	if err := ev.Synchronize(); err != nil {
 		return fmt.Errorf("%s: the timeline's event: %w", b.name, cuError(err))
 	}
-	b.tl = &timeline{path: path, base: ev, host0: time.Now()}
+	b.tl = &timeline{path: path, base: ev, host0: host0}
 	return nil
 }
 
