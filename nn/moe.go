@@ -236,6 +236,13 @@ func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRout
 	}
 	fill := r.count[:E] // reused as each expert's rows filled so far
 	clear(fill)
+	r.placeRows(T, k, fill) // fill holds each expert's count again after
+}
+
+// placeRows gives each of T tokens' k choices its row of out, expert e's
+// rows from r.start[e] on in the order of the tokens, counting them in
+// fill (zero on entry), with its token, weight and slot.
+func (r *routing) placeRows(T, k int, fill []int) {
 	for t := range T {
 		for j, e := range r.expert[t*k : (t+1)*k] {
 			row := r.start[e] + fill[e]
@@ -245,11 +252,8 @@ func (r *routing) route(scores []float32, T, E, k int, norm bool, syn *synthRout
 			r.slots[j][t] = int32(row)
 		}
 	}
-	// fill now holds each expert's count again.
 }
 
-// topK fills ex with the indices of the len(ex) largest scores, best
-// first, the lower index first among equals.
 // cpuLast lays the rows of out anew after route, the experts of dev
 // first and those of onCPU after them (each expert's rows together, its
 // tokens in order, as route has them), so that the CPU's outputs go up to
@@ -267,19 +271,12 @@ func (r *routing) cpuLast(T, k int, dev, onCPU []int) int {
 		r.start[e], r.fill[e] = next, 0
 		next += r.count[e]
 	}
-	fill := r.fill
-	for t := range T {
-		for j, e := range r.expert[t*k : (t+1)*k] {
-			row := r.start[e] + fill[e]
-			fill[e]++
-			r.tokens[row] = int32(t)
-			r.table[row] = r.weight[t*k+j]
-			r.slots[j][t] = int32(row)
-		}
-	}
+	r.placeRows(T, k, r.fill)
 	return cpuRow
 }
 
+// topK fills ex with the indices of the len(ex) largest scores, best
+// first, the lower index first among equals.
 func topK(row []float32, ex []int32) {
 	for j := range ex {
 		best := int32(-1)
