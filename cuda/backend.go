@@ -623,17 +623,32 @@ func (b *Backend) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed f
 		b.putBlockingEvent(done)
 		return nil, nil, fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 	}
-	users := atomic.Int32{}
-	users.Store(2)
-	release := func() {
+	release := releaseAfter(2, done, b.putBlockingEvent)
+	return b.computeWait(op, done, release, false), b.landedWait(op, done, release), nil
+}
+
+// releaseAfter returns the function that gives done back to its pool
+// (put) at its n-th call: once each of the n waits on done has run.
+func releaseAfter(n int32, done cu.Event, put func(cu.Event)) func() {
+	var users atomic.Int32
+	users.Store(n)
+	return func() {
 		if users.Add(-1) == 0 {
-			b.putBlockingEvent(done)
+			put(done)
 		}
 	}
-	var ronce sync.Once
+}
+
+// computeWait is an asynchronous copy's ready: it makes the compute
+// stream wait for done (recorded after the copy), the first time it is
+// called, and returns the error; release runs once, after. With stall the
+// wait is timed as a span of the compute stream waiting for a copy
+// (CopyStats' stall).
+func (b *Backend) computeWait(op string, done cu.Event, release func(), stall bool) func() error {
+	var once sync.Once
 	var rerr error
-	ready = func() error {
-		ronce.Do(func() {
+	return func() error {
+		once.Do(func() {
 			defer release()
 			if b.capturing() {
 				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, errCapturing)
@@ -643,15 +658,28 @@ func (b *Backend) DownloadAsync(dst []byte, src *tensor.Tensor) (ready, landed f
 				return
 			}
 			defer b.leave()
+			var sStart, sEnd cu.Event
+			got := false
+			if stall {
+				sStart, sEnd, got = b.timedPair()
+			}
+			timed := got
+			queued := b.tlNow()
 			b.opsMu.Lock()
+			if timed {
+				timed = sStart.Record(b.compute) == nil
+			}
 			if err := b.compute.Wait(done, 0); err != nil {
 				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, cuError(err))
 			}
+			if timed {
+				timed = sEnd.Record(b.compute) == nil
+			}
 			b.opsMu.Unlock()
+			b.addSpan(sStart, sEnd, got, timed && rerr == nil, 0, true, queued)
 		})
 		return rerr
 	}
-	return ready, b.landedWait(op, done, release), nil
 }
 
 // landedWait is an asynchronous copy's landed: it blocks the calling
@@ -1181,47 +1209,12 @@ func (b *Backend) uploadAsync(ctx context.Context, op string, dst *tensor.Tensor
 		return nil, nil, fmt.Errorf("%s: %s: %w", b.name, op, cuError(err))
 	}
 	// done goes back to its pool when the last of the waits has run.
-	users := atomic.Int32{}
-	users.Store(1)
+	waits := int32(1)
 	if staged {
-		users.Store(2)
+		waits = 2
 	}
-	release := func() {
-		if users.Add(-1) == 0 {
-			putDone(done)
-		}
-	}
-	var once sync.Once
-	var rerr error
-	ready = func() error {
-		once.Do(func() {
-			defer release()
-			if b.capturing() {
-				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, errCapturing)
-				return
-			}
-			if rerr = b.enter(op + " ready"); rerr != nil {
-				return
-			}
-			defer b.leave()
-			sStart, sEnd, got := b.timedPair()
-			timed := got
-			queued := b.tlNow()
-			b.opsMu.Lock()
-			if timed {
-				timed = sStart.Record(b.compute) == nil
-			}
-			if err := b.compute.Wait(done, 0); err != nil {
-				rerr = fmt.Errorf("%s: %s ready: %w", b.name, op, cuError(err))
-			}
-			if timed {
-				timed = sEnd.Record(b.compute) == nil
-			}
-			b.opsMu.Unlock()
-			b.addSpan(sStart, sEnd, got, timed && rerr == nil, 0, true, queued)
-		})
-		return rerr
-	}
+	release := releaseAfter(waits, done, putDone)
+	ready = b.computeWait(op, done, release, true)
 	if !staged {
 		return ready, nil, nil
 	}
