@@ -135,6 +135,13 @@ type expertCache struct {
 	// arena pins the host copies in large chunks, nil without pinned
 	// memory.
 	arena *pinnedArena
+	// free, best, bestN and logMean are reserveExpertsLocked's, kept
+	// between calls: the free slots, and the victims chosen so far
+	// (beginVictims).
+	free    []int
+	best    []standing
+	bestN   int
+	logMean float64
 }
 
 // expertPrefetchLoads bounds the prefetches of experts under way at once.
@@ -614,24 +621,28 @@ func (p *Pager) SettleExperts() {
 // there are not enough slots.
 func (p *Pager) reserveExpertsLocked(need, keep []*expertEntry, prefetch bool) bool {
 	x := p.ex
-	var free []int
-	var victims []*expertEntry
+	free := x.free[:0]
+	x.beginVictims(len(need))
+	evictable := 0
 	for s, o := range x.slots {
 		switch {
 		case o == nil:
 			free = append(free, s)
-		case o.pins == 0 && !o.loading && !slices.Contains(keep, o) && !(prefetch && x.fresh(o)):
-			victims = append(victims, o)
+		case o.pins == 0 && !o.loading && !(prefetch && x.fresh(o)) && !slices.Contains(keep, o):
+			evictable++
+			x.offerVictim(o)
 		}
 	}
-	if len(free)+len(victims) < len(need) {
+	x.free = free
+	if len(free)+evictable < len(need) {
 		return false
 	}
 	if len(free) < len(need) {
-		for _, v := range x.victims(victims, len(need)-len(free)) {
-			free = append(free, v.slot)
-			p.evictExpertLocked(v)
+		for _, v := range x.best[:len(need)-len(free)] {
+			free = append(free, v.e.slot)
+			p.evictExpertLocked(v.e)
 		}
+		x.free = free
 	}
 	for i, e := range need {
 		e.slot, e.loading = free[i], true
@@ -647,55 +658,69 @@ func (p *Pager) unreserveExpertLocked(e *expertEntry) {
 	p.changedLocked()
 }
 
-// victims returns the n of the evictable experts vs to go first: those
-// not fresh from a prefetch before those that are, then as the policy says
-// (ExpertLRU, ExpertLFU). Each expert's standing is worked out once, and
-// only the n first are kept in order as vs is read (the misses of a decode
-// step evict a few of hundreds, and the host does this before it queues
-// their first copy, while the link waits).
-func (x *expertCache) victims(vs []*expertEntry, n int) []*expertEntry {
-	type standing struct {
-		e          *expertEntry
-		prefetched bool
-		rank       float64 // LFU's worth, or minus LRU's age: the lower goes first
-		far        int     // the layer's next use: the further goes first
+// standing is an evictable expert's place in the order victims go in:
+// those not fresh from a prefetch before those that are, then as the
+// policy says (ExpertLRU, ExpertLFU), then the layer used furthest on,
+// then the least recently used.
+type standing struct {
+	e          *expertEntry
+	prefetched bool
+	rank       float64 // LFU's worth, or minus LRU's age: the lower goes first
+	far        int     // the layer's next use: the further goes first
+}
+
+// before reports a to go before b.
+func (a *standing) before(b *standing) bool {
+	if a.prefetched != b.prefetched {
+		return b.prefetched
 	}
-	first := func(a, b *standing) int {
-		if a.prefetched != b.prefetched {
-			if a.prefetched {
-				return 1
-			}
-			return -1
-		}
-		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(b.far, a.far), cmp.Compare(a.e.lastUse, b.e.lastUse))
+	if a.rank != b.rank {
+		return a.rank < b.rank
 	}
+	if a.far != b.far {
+		return a.far > b.far
+	}
+	return a.e.lastUse < b.e.lastUse
+}
+
+// beginVictims starts a choice of the n experts to go first among those
+// offerVictim is given next; x.best holds them, in order, after. Each
+// expert's standing is worked out once, and only the n first are kept as
+// they come (the misses of a decode step evict a few of hundreds, and the
+// host does this before it queues their first copy, while the link
+// waits).
+func (x *expertCache) beginVictims(n int) {
+	x.best, x.bestN = x.best[:0], n
+	if x.policy == ExpertLFU {
+		x.logMean = x.logMeanCount()
+	}
+}
+
+// offerVictim considers e (beginVictims); ties keep the order offered.
+func (x *expertCache) offerVictim(e *expertEntry) {
+	n := x.bestN
 	if n <= 0 {
-		return nil
+		return
 	}
-	best := make([]standing, 0, n+1) // in order, ties in the order of vs
-	logMean := x.logMeanCount()
-	for _, e := range vs {
-		s := standing{e: e, prefetched: x.fresh(e), far: x.nextUse(e), rank: -float64(x.age(e))}
-		if x.policy == ExpertLFU {
-			s.rank = x.worth(e, logMean)
-		}
-		if len(best) == n && first(&s, &best[n-1]) >= 0 {
-			continue
-		}
-		i := len(best)
-		for i > 0 && first(&s, &best[i-1]) < 0 {
-			i--
-		}
-		best = slices.Insert(best, i, s)
-		if len(best) > n {
-			best = best[:n]
-		}
+	s := standing{e: e, prefetched: x.fresh(e), far: x.nextUse(e), rank: -float64(x.age(e))}
+	if x.policy == ExpertLFU {
+		s.rank = x.worth(e, x.logMean)
 	}
-	out := make([]*expertEntry, len(best))
-	for i := range best {
-		out[i] = best[i].e
+	best := x.best
+	if len(best) == n && !s.before(&best[n-1]) {
+		return
 	}
-	return out
+	i := len(best)
+	if i < n {
+		best = append(best, s)
+	} else {
+		i = n - 1
+	}
+	for ; i > 0 && s.before(&best[i-1]); i-- {
+		best[i] = best[i-1]
+	}
+	best[i] = s
+	x.best = best
 }
 
 // fresh reports an expert prefetched for its layer's next visit, which
@@ -737,8 +762,11 @@ func (x *expertCache) logMeanCount() float64 {
 // in a walk over the layers in order: 1 for the next, the number of layers
 // for the layer acquired now.
 func (x *expertCache) nextUse(e *expertEntry) int {
-	n := len(x.layers)
-	return (e.layer-x.cur-1+2*n)%n + 1
+	d := e.layer - x.cur - 1 // in [-n, n-2]: no division, once an evictable expert
+	if d < 0 {
+		d += len(x.layers)
+	}
+	return d + 1
 }
 
 // agedCount is e's LFU count now.
