@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sync/atomic"
 	"time"
@@ -23,10 +24,13 @@ import (
 // writes the name with .1, .2 ... added). It is a measuring tool, for
 // finding where a link idles: what the device and the host did between
 // two copies. Times are nanoseconds from the backend's start, the device's
-// from an event recorded then, the host's from just before it was queued:
-// the host's clock runs ahead of the device's by the few microseconds the
-// idle stream took to reach the event.
+// from an event recorded then, the host's set to agree with it to within
+// the few microseconds an idle stream takes to reach a queued event
+// (startTimeline).
 const TimelineEnv = "STRATA_CUDA_TIMELINE"
+
+// timelineProbes is the events startTimeline sets the host's clock from.
+const timelineProbes = 8
 
 // timelineMax bounds the records a backend keeps (the first ones).
 const timelineMax = 1 << 20
@@ -45,7 +49,7 @@ type timeline struct {
 
 // tlRecord is one copy, wait or download.
 type tlRecord struct {
-	kind                 string // h2d, stall (the compute stream waiting for a copy), d2h
+	kind                 string // h2d, stall (the compute stream waiting for a copy), d2h, mark:LABEL
 	bytes                int64
 	host, hostEnd        time.Duration // queued; for d2h, when the host had the bytes
 	devStart, devEnd     time.Duration
@@ -67,10 +71,6 @@ func (b *Backend) startTimeline() error {
 		return fmt.Errorf("%s: the timeline's event: %w", b.name, cuError(err))
 	}
 	b.evAll = append(b.evAll, ev)
-	// The host's zero is taken just before the event is queued on the idle
-	// stream, which reaches it a few microseconds later: taken after the
-	// wait for it, it ran 140-250 us behind the device's on the H200 (the
-	// wait's wake-up).
 	if err := b.compute.Synchronize(); err != nil {
 		return fmt.Errorf("%s: the timeline's event: %w", b.name, cuError(err))
 	}
@@ -81,6 +81,34 @@ func (b *Backend) startTimeline() error {
 	if err := ev.Synchronize(); err != nil {
 		return fmt.Errorf("%s: the timeline's event: %w", b.name, cuError(err))
 	}
+	// Neither the time the base event was queued at nor the wake-up from
+	// the wait for it is the device's zero (the first ran 87 us ahead of
+	// it on the H200, the second 140-250 us behind). The host's clock is
+	// set from probes instead: an event queued on the idle stream at host
+	// time q is reached at device time d >= q+c, c the clocks' offset, so
+	// the least d-q over a few probes is c plus the shortest reach, a few
+	// microseconds.
+	probe, err := cu.MakeEvent(cu.DefaultEvent)
+	if err != nil {
+		return fmt.Errorf("%s: the timeline's probe: %w", b.name, cuError(err))
+	}
+	defer cu.DestroyEvent(&probe)
+	off := time.Duration(math.MaxInt64)
+	for range timelineProbes {
+		q := time.Since(host0)
+		if err := probe.Record(b.compute); err != nil {
+			return fmt.Errorf("%s: the timeline's probe: %w", b.name, cuError(err))
+		}
+		if err := probe.Synchronize(); err != nil {
+			return fmt.Errorf("%s: the timeline's probe: %w", b.name, cuError(err))
+		}
+		ms, err := ev.Elapsed(probe)
+		if err != nil {
+			return fmt.Errorf("%s: the timeline's probe: %w", b.name, cuError(err))
+		}
+		off = min(off, time.Duration(ms*float64(time.Millisecond))-q)
+	}
+	host0 = host0.Add(-off)
 	b.tl = &timeline{path: path, base: ev, host0: host0}
 	return nil
 }
@@ -91,6 +119,21 @@ func (b *Backend) tlNow() time.Duration {
 		return 0
 	}
 	return time.Since(b.tl.host0)
+}
+
+// Mark adds the host's time now to the timeline as a record of kind
+// mark:label, with no bytes nor device times (tensor.Marker): where the
+// host's work between two copies goes. Without a timeline it does nothing.
+func (b *Backend) Mark(label string) {
+	if b.tl == nil {
+		return
+	}
+	host := b.tlNow()
+	b.evMu.Lock()
+	defer b.evMu.Unlock()
+	if len(b.tl.recs) < timelineMax {
+		b.tl.recs = append(b.tl.recs, tlRecord{kind: "mark:" + label, host: host})
+	}
 }
 
 // tlDevice returns the device's time of a reached event on the timeline.

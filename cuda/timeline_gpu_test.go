@@ -17,9 +17,9 @@ import (
 // TestTimeline: with TimelineEnv set, Close writes a record of each copy
 // up (h2d: when queued, when the copy engine ran it), each wait of the
 // compute stream for one (stall) and each download (d2h, with when the
-// host had it), in order of their times: a copy runs after it was queued
-// and the host has a download after the device copied it. Without the
-// variable nothing is written.
+// host had it) and each mark (tensor.Mark), in order of their times: a
+// copy runs after it was queued and the host has a download after the
+// device copied it. Without the variable nothing is written.
 func TestTimeline(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tl.tsv")
 	t.Setenv(TimelineEnv, path)
@@ -51,6 +51,7 @@ func TestTimeline(t *testing.T) {
 		if err := b.DownloadComputed(host, dst); err != nil {
 			t.Fatal(err)
 		}
+		tensor.Mark(b, "downloaded")
 	}
 	b.Free(dst)
 	if err := b.FreePinned(pinned); err != nil {
@@ -85,6 +86,12 @@ func TestTimeline(t *testing.T) {
 			t.Fatalf("record %q: %d fields", l, len(f))
 		}
 		count[f[0]]++
+		if f[0] == "mark:downloaded" {
+			if f[1] != "0" || num(f[2]) < 0 || f[3] != "-" || f[4] != "-" || f[5] != "-" {
+				t.Errorf("record %q: want a mark with the host's time alone", l)
+			}
+			continue
+		}
 		host, start, end := num(f[2]), num(f[4]), num(f[5])
 		if start > end || host < 0 {
 			t.Errorf("record %q: the device's span ends before it starts", l)
@@ -100,8 +107,8 @@ func TestTimeline(t *testing.T) {
 			}
 		}
 	}
-	if count["h2d"] != 3 || count["d2h"] != 3 || count["stall"] != 3 {
-		t.Errorf("records %v, want 3 of each of h2d, stall and d2h", count)
+	if count["h2d"] != 3 || count["d2h"] != 3 || count["stall"] != 3 || count["mark:downloaded"] != 3 {
+		t.Errorf("records %v, want 3 of each of h2d, stall, d2h and mark:downloaded", count)
 	}
 
 	t.Setenv(TimelineEnv, "")

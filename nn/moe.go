@@ -342,6 +342,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		r.rowPos = s.batch.rowPos
 	}
 	r.route(f32s(raw), T, E, k, mc.NormTopK, m.synth, i, pos0)
+	tensor.Mark(b, "routed") // on a timeline (tensor.Marker): the host's steps from the scores to the first copy
 	ew := m.pagedExperts(layer)
 	switch {
 	case ew != nil && s.batch == nil:
@@ -361,6 +362,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		if dev, onCPU = s.splitExperts(ew, layer); len(onCPU) > 0 {
 			cpuRow = r.cpuLast(T, k, dev, onCPU)
 		}
+		tensor.Mark(b, "split")
 	}
 	// The misses' copies are queued first, before anything else the host
 	// does with the routing: the link idles from the last copy of one
@@ -375,6 +377,7 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			if first, err = acquireGroup(ctx, ew, layer, dev[:min(slots, len(dev))]); err != nil {
 				return err
 			}
+			tensor.Mark(b, "acquired")
 			defer first.release() // released even if the backend panics
 		}
 	}

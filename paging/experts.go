@@ -403,7 +403,9 @@ func (p *Pager) acquireExperts(ctx context.Context, layer int, experts []int, la
 			}
 		}
 		if len(need) > 0 {
-			if !p.reserveExpertsLocked(need, es, false) {
+			ok := p.reserveExpertsLocked(need, es, false)
+			tensor.Mark(p.b, "reserved") // on a timeline (tensor.Marker): the victims' part of the host's time before the first copy
+			if !ok {
 				// Every slot it could take is pinned or loading for
 				// someone else: wait for a release or a load to end.
 				if err := p.waitExpertsLocked(ctx); err != nil {

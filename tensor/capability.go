@@ -322,3 +322,17 @@ func PeerCopy(from, to Memory) (PeerCopier, bool) {
 	}
 	return pc, true
 }
+
+// Marker is a backend that can keep a timeline of its work for measuring
+// (the CUDA backend's, under STRATA_CUDA_TIMELINE): Mark adds the host's
+// time now to it, labelled, beside the copies and downloads it records.
+// Without a timeline Mark does nothing, at the cost of a check.
+type Marker interface{ Mark(label string) }
+
+// Mark adds the host's time now, labelled, to m's timeline when m keeps
+// one (Marker); else it does nothing.
+func Mark(m Memory, label string) {
+	if mk, ok := capability[Marker](m); ok {
+		mk.Mark(label)
+	}
+}

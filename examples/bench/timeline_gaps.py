@@ -18,6 +18,10 @@ mean and 90th percentile of (microseconds):
   gap     from the block's last copy landing to the next block's first
           copy starting: the link idle, chain + the host's reaction + q
 
+and, for each label the host marked (tensor.Mark: mark:LABEL records, e.g.
+routed, split, reserved, acquired), the time from the host having the
+scores to the block's first such mark: where q goes.
+
     STRATA_CUDA_TIMELINE=/tmp/tl.tsv bench -device cuda -model M -experts-cpu never ...
     python3 timeline_gaps.py /tmp/tl.tsv --experts 128 --logits-bytes 607744 --tokens 32
 """
@@ -46,6 +50,8 @@ def main():
     t0, t1 = logits[-a.tokens - 1]["host_end"], logits[-1]["host_end"]
     routers = [r for r in d2h if r["bytes"] == 4 * a.experts and t0 <= r["host"] <= t1]
     h2d = [r for r in recs if r["kind"] == "h2d" and r["start"] is not None]
+    marks = sorted((r for r in recs if r["kind"].startswith("mark:")), key=lambda r: r["host"])
+    labels = list(dict.fromkeys(r["kind"] for r in marks))
     rows = []
     for r, nxt in zip(routers, routers[1:]):
         cs = [c for c in h2d if r["host_end"] <= c["host"] < nxt["host"]]
@@ -53,6 +59,10 @@ def main():
             continue
         row = dict(q=cs[0]["host"] - r["host_end"], busy=sum(c["end"] - c["start"] for c in cs),
                    chain=nxt["end"] - cs[-1]["end"], d2h=nxt["end"] - nxt["start"], copies=len(cs))
+        for lab in labels:
+            m = next((x for x in marks if x["kind"] == lab and r["host_end"] <= x["host"] < nxt["host"]), None)
+            if m is not None:
+                row[lab] = m["host"] - r["host_end"]
         later = [c for c in h2d if c["host"] >= nxt["host_end"]]
         if later:
             row["gap"] = later[0]["start"] - cs[-1]["end"]
@@ -60,8 +70,10 @@ def main():
     if not rows:
         raise SystemExit("no sparse block with copies in the decode steps")
     print(f"{(t1 - t0) / a.tokens / 1e3:.2f} ms a token over {a.tokens} tokens; {len(rows)} sparse blocks with copies")
-    for k in ("q", "busy", "chain", "d2h", "gap", "copies"):
+    for k in ["q", "busy", "chain", "d2h", "gap", "copies"] + labels:
         v = sorted(x[k] for x in rows if k in x)
+        if not v:
+            continue
         print(f"  {k:6s} median {statistics.median(v):8.1f}  mean {statistics.mean(v):8.1f}  p90 {v[int(0.9 * (len(v) - 1))]:8.1f}")
 
 
