@@ -735,8 +735,8 @@ func TestBatchPinnedLogits(t *testing.T) {
 
 // TestStepScoresPinned: a sparse block's router scores of a decode step go
 // to page-locked memory where the backend has some: the logits those of a
-// pageable run, one buffer of the experts' scores held while the session
-// decodes, none after Close.
+// pageable run, one step buffer (the scores, and the rows of the experts
+// on the CPU) held while the session decodes, none after Close.
 func TestStepScoresPinned(t *testing.T) {
 	lm, cpu, hw := fixtureOnCPU(t, fixtures.TinyQwen3MoEF16)
 	var bogus int
@@ -766,8 +766,9 @@ func TestStepScoresPinned(t *testing.T) {
 	held := 0
 	for _, n := range pc.held {
 		held += n
-		if n != 4*lm.Config.MoE.Experts {
-			t.Errorf("a page-locked buffer of %d bytes, want %d (a step's scores)", n, 4*lm.Config.MoE.Experts)
+		c := lm.Config
+		if want := 4 * (c.MoE.Experts + c.HiddenSize + c.MoE.ExpertsPerToken*c.HiddenSize); n != want {
+			t.Errorf("a page-locked buffer of %d bytes, want %d (a step's scores, row of h and k rows of experts' outputs)", n, want)
 		}
 	}
 	if len(pc.held) != 1 {

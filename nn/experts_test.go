@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -638,6 +639,73 @@ type orderLog struct {
 	mu  sync.Mutex
 	on  bool
 	log []string
+	// cpuStart holds, for a layer whose visit puts experts on the CPU,
+	// a channel closed when the first of them starts (HostExpert); late
+	// counts the device's experts that waited 50 ms for it in vain.
+	cpuStart map[int]chan struct{}
+	late     int
+	// devExpert maps the device's expert weights acquired to their layer.
+	devExpert map[*tensor.Tensor]int
+}
+
+// acquired notes the device's expert weights of layer.
+func (o *orderLog) acquired(layer int, ws map[int]map[string]*tensor.Tensor) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.devExpert == nil {
+		o.devExpert = map[*tensor.Tensor]int{}
+	}
+	for _, m := range ws {
+		for _, t := range m {
+			o.devExpert[t] = layer
+		}
+	}
+}
+
+// deviceExpert reports the layer of w when it is a device's expert weight.
+func (o *orderLog) deviceExpert(w *tensor.Tensor) (int, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l, ok := o.devExpert[w]
+	return l, ok
+}
+
+// expectCPU notes that layer's visit puts experts on the CPU.
+func (o *orderLog) expectCPU(layer int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.cpuStart == nil {
+		o.cpuStart = map[int]chan struct{}{}
+	}
+	o.cpuStart[layer] = make(chan struct{})
+}
+
+// cpuStarted notes that layer's first expert on the CPU started.
+func (o *orderLog) cpuStarted(layer int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if ch, ok := o.cpuStart[layer]; ok {
+		close(ch)
+		delete(o.cpuStart, layer)
+	}
+}
+
+// awaitCPU holds a device's expert of layer until the layer's experts on
+// the CPU have started, for 50 ms at most (then counted late).
+func (o *orderLog) awaitCPU(layer int) {
+	o.mu.Lock()
+	ch, ok := o.cpuStart[layer]
+	o.mu.Unlock()
+	if !ok {
+		return
+	}
+	select {
+	case <-ch:
+	case <-time.After(50 * time.Millisecond):
+		o.mu.Lock()
+		o.late++
+		o.mu.Unlock()
+	}
 }
 
 func (o *orderLog) add(ev string, layer int) {
@@ -665,10 +733,18 @@ func (w orderWeights) AcquireExpertsLazy(ctx context.Context, layer int, experts
 	if err != nil {
 		return ws, pending, await, err
 	}
+	w.o.acquired(layer, ws)
 	return ws, pending, func(e int) error {
 		w.o.add("await", layer)
 		return await(e)
 	}, nil
+}
+
+func (w orderWeights) ExpertsOnCPU(layer int, experts, tokens []int, onCPU []bool) {
+	w.Pager.ExpertsOnCPU(layer, experts, tokens, onCPU)
+	if slices.Contains(onCPU[:len(experts)], true) {
+		w.o.expectCPU(layer)
+	}
 }
 
 func (w orderWeights) PrefetchExperts(layer int, experts []int) {
@@ -678,6 +754,7 @@ func (w orderWeights) PrefetchExperts(layer int, experts []int) {
 
 func (w orderWeights) HostExpert(ctx context.Context, layer, expert, tokens int) (map[string]*tensor.Tensor, func(), error) {
 	w.o.add("cpu", layer)
+	w.o.cpuStarted(layer)
 	return w.Pager.HostExpert(ctx, layer, expert, tokens)
 }
 
@@ -692,6 +769,15 @@ func (c orderCPU) DownloadComputed(dst []byte, src *tensor.Tensor) error {
 	return c.CPU.Download(dst, src)
 }
 
+// MatMul holds a device's expert's product until the CPU's experts of its
+// block have started (orderLog.awaitCPU).
+func (c orderCPU) MatMul(out, x, w, bias *tensor.Tensor) error {
+	if l, ok := c.o.deviceExpert(w); ok {
+		c.o.awaitCPU(l)
+	}
+	return c.CPU.MatMul(out, x, w, bias)
+}
+
 func (c orderCPU) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 	c.o.add("upload", -len(src)) // its size: the routing weights' is 4·k bytes a decode step
 	return c.CPU.Upload(dst, off, src)
@@ -703,13 +789,15 @@ func (c orderCPU) Upload(dst *tensor.Tensor, off int64, src []byte) error {
 // first: the block's first acquire of experts comes right after its
 // router's scores, before the routing weights go up (on a GPU the link
 // idles from one block's last copy to the next one's first, and each host
-// step before the acquire added to that). What the host then waits for
-// (the rows the CPU computes with, the next block's guess) is downloaded
-// before the CPU's experts, none between two of them: the acquire is lazy,
-// so nothing queued waits for a copy yet. The guess's prefetches follow the
-// block's acquires (behind its misses on the link); the CPU's experts'
-// outputs go up after the last of them, none between two. The logits are
-// the resident run's.
+// step before the acquire added to that). The rows the CPU computes with
+// are downloaded before the CPU's first expert (the acquire is lazy, so
+// nothing queued waits for a copy yet), and the CPU's experts start before
+// the device's experts are queued (each device expert waits, 50 ms at
+// most, for the CPU's of its block to start: they ran after the host
+// queued the device's, mostly after the copies, on the H200). The guess's
+// prefetches follow the block's acquires (behind its misses on the link);
+// the CPU's experts' outputs go up after the last of them, none between
+// two. The logits are the resident run's.
 func TestExpertsOverlapOrder(t *testing.T) {
 	for _, tc := range []struct {
 		fixture string
@@ -752,7 +840,7 @@ func TestExpertsOverlapOrder(t *testing.T) {
 			o.mu.Unlock()
 			var cpus, prefetches int
 			block, firstAcquire := -1, -1 // the layer of the acquires under way, and the first's event
-			lastDownload, lastCPU, prefetched := -1, -1, -1
+			lastDownload, lastCPU, lastWeightsUp, prefetched := -1, -1, -1, -1
 			weightsUp := fmt.Sprintf("upload %d", -4*k) // the routing weights of a decode step
 			// The uploads after a block's last expert on the CPU, up to the
 			// next block's first expert: its CPU experts' outputs in one,
@@ -775,6 +863,9 @@ func TestExpertsOverlapOrder(t *testing.T) {
 				case "upload":
 					if blockCPUs > 0 {
 						uploadsAfter++
+					}
+					if ev == weightsUp {
+						lastWeightsUp = i
 					}
 				case "acquire":
 					if prefetched >= 0 && layer == block {
@@ -799,8 +890,10 @@ func TestExpertsOverlapOrder(t *testing.T) {
 					if layer != block { // a visit whose experts are all on the CPU or cached
 						block, firstAcquire = layer, i
 					}
-					if lastCPU >= firstAcquire && lastDownload > lastCPU {
-						t.Errorf("event %d: a download between two experts on the CPU in layer %d: %v", i, layer, log[firstAcquire:i+1])
+					// The block's first: after its routing weights went up
+					// and then its rows came down.
+					if lastCPU < firstAcquire && !(lastWeightsUp > lastCPU && lastDownload > lastWeightsUp) {
+						t.Errorf("event %d: the first expert on the CPU in layer %d before its rows were downloaded: %v", i, layer, log[max(0, i-6):i+1])
 					}
 					if lastCPU == i-2 && strings.HasPrefix(log[i-1], "upload") {
 						t.Errorf("event %d: an output handed up between two experts on the CPU: %v", i, log[max(0, i-4):i+1])
@@ -809,6 +902,12 @@ func TestExpertsOverlapOrder(t *testing.T) {
 					blockCPUs++
 					uploadsAfter = 0
 				}
+			}
+			o.mu.Lock()
+			late := o.late
+			o.mu.Unlock()
+			if late > 0 {
+				t.Errorf("%d of the device's experts were queued before the CPU's experts of their block started (each waited 50 ms for them)", late)
 			}
 			st := r.pager.Stats()
 			t.Logf("%d events over %d decode steps: %d experts on the CPU, %d prefetches; %d misses uploaded", len(log), steps, cpus, prefetches, st.ExpertMisses)

@@ -136,8 +136,9 @@ type Session struct {
 	// downloadPinned says download is page-locked memory of the backend's
 	// (a batch's logits: batchLogits), to give back at the Batch's Close.
 	downloadPinned bool
-	// stepRaw receives the sparse blocks' router scores of a decode step
-	// (stepScores): page-locked memory of the backend's when stepPinned.
+	// stepRaw holds a decode step's sparse blocks' router scores and the
+	// rows of their experts on the CPU (stepBuf): page-locked memory of
+	// the backend's when stepPinned.
 	stepRaw    []byte
 	stepPinned bool
 	closed     bool

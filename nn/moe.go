@@ -169,6 +169,10 @@ type routing struct {
 	hostH            []byte
 	cpuScratch       []cpuScratch
 	hostO            []float32
+	// h and o are the rows the CPU's experts read and write in this
+	// chunk: hostH's and hostO's, or for a decode step's one token the
+	// session's page-locked step rows (Session.stepBuf).
+	h, o []float32
 }
 
 // cpuExpertsAtOnce is the most experts a sparse block computes on the CPU
@@ -407,15 +411,32 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		// the first group's copies are queued; what the host waits for
 		// (the rows the CPU computes with, the next block's router for
 		// the guess) is downloaded while the compute stream holds nothing
-		// that waits for a copy; then the device's experts are queued
-		// behind their copies; then the guess's prefetches, behind this
-		// block's misses on the link; then the CPU computes its experts
-		// while the copies and the device's experts run, and hands their
-		// outputs up last.
+		// that waits for a copy; the CPU starts its experts; then the
+		// device's experts are queued behind their copies; then the
+		// guess's prefetches, behind this block's misses on the link;
+		// then the CPU's experts' outputs go up, last.
+		// The CPU's experts start as soon as their rows are down, on
+		// goroutines of their own, and run while the host queues the
+		// device's experts (a few launches each) and the link copies:
+		// computed after that queueing, they ran mostly after the copies.
+		var cpuDone chan error
 		if len(onCPU) > 0 {
-			if err := tensor.DownloadComputed(b, r.hostH[:4*T*H], h); err != nil {
+			hb, ob := r.hostH[:4*T*H], r.hostO
+			if T == 1 && s.batch == nil {
+				hb, ob = s.stepRows()
+			}
+			if err := tensor.DownloadComputed(b, hb, h); err != nil {
 				return fmt.Errorf("experts on the CPU: %w", err)
 			}
+			r.h, r.o = f32s(hb), ob
+			cpuDone = make(chan error, 1)
+			cw := ew.(CPUExpertWeights)
+			go func() { cpuDone <- s.expertsOnCPU(ctx, cw, layer, onCPU, experts) }()
+			defer func() {
+				if cpuDone != nil { // an early return: the CPU's experts still use the session's rows
+					<-cpuDone
+				}
+			}()
 		}
 		var next expertGuess
 		if T == 1 && s.batch == nil || s.batchDecode(T) {
@@ -472,11 +493,15 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		if next.experts != nil {
 			ew.PrefetchExperts(next.layer, next.experts)
 		}
-		if err := s.expertsOnCPU(ctx, ew.(CPUExpertWeights), layer, onCPU, experts); err != nil {
-			return err
+		if cpuDone != nil {
+			err := <-cpuDone
+			cpuDone = nil
+			if err != nil {
+				return err
+			}
 		}
 		if n := T*k - cpuRow; n > 0 { // the CPU's experts' rows, last in out (cpuLast)
-			if err := b.Upload(mb.view(mb.out, cpuRow, n, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.hostO[cpuRow*H])), 4*n*H)); err != nil {
+			if err := b.Upload(mb.view(mb.out, cpuRow, n, H), 0, unsafe.Slice((*byte)(unsafe.Pointer(&r.o[cpuRow*H])), 4*n*H)); err != nil {
 				return fmt.Errorf("experts' outputs from the CPU: %w", err)
 			}
 		}
@@ -509,29 +534,49 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 }
 
 // stepScores returns n bytes for a sparse block's router scores: for a
-// decode step's, page-locked memory of the backend where it has some
-// (tensor.Pinned), which the device copies into directly, where a copy to
-// pageable memory is staged through the driver's buffer (a copy of 512
-// bytes took 17 us on the H200, every sparse block, while the link waited
-// for the misses it decides), else ordinary memory, the session's own
-// either way; a chunk's scores go to the chunk's pageable buffer.
+// decode step's, the session's step buffer (stepBuf), which the device
+// copies into directly where it is page-locked, where a copy to pageable
+// memory is staged through the driver's buffer (a copy of 512 bytes took
+// 17 us on the H200, every sparse block, while the link waited for the
+// misses it decides); a chunk's scores go to the chunk's pageable buffer.
 func (s *Session) stepScores(n int) []byte {
 	E := s.m.cfg.MoE.Experts
 	if n > 4*E {
 		return s.buffers.moe.r.raw[:n]
 	}
+	return s.stepBuf()[:n]
+}
+
+// stepRows returns the rows a decode step's experts on the CPU read (h, as
+// bytes) and write (o, each of the k chosen experts' output), in the
+// session's step buffer (stepBuf) after the scores.
+func (s *Session) stepRows() (h []byte, o []float32) {
+	c := &s.m.cfg
+	E, H, k := c.MoE.Experts, c.HiddenSize, c.MoE.ExpertsPerToken
+	buf := s.stepBuf()
+	return buf[4*E : 4*E+4*H], f32s(buf[4*E+4*H : 4*E+4*H+4*k*H])
+}
+
+// stepBuf is the session's buffer for a decode step's sparse blocks: the
+// router's scores, then the row of h and the k output rows of the
+// experts the CPU computes. It is page-locked memory of the backend's
+// where it has some (tensor.Pinned), which the device copies into and
+// out of directly, else ordinary memory.
+func (s *Session) stepBuf() []byte {
 	if s.stepRaw == nil {
-		s.stepRaw = make([]byte, 4*E)
+		c := &s.m.cfg
+		n := 4 * (c.MoE.Experts + c.HiddenSize + c.MoE.ExpertsPerToken*c.HiddenSize)
+		s.stepRaw = make([]byte, n)
 		if pa, ok := tensor.Pinned(s.m.backend); ok {
-			if buf, err := pa.AllocPinned(int64(4 * E)); err == nil {
+			if buf, err := pa.AllocPinned(int64(n)); err == nil {
 				s.stepRaw, s.stepPinned = buf, true
 			}
 		}
 	}
-	return s.stepRaw[:n]
+	return s.stepRaw
 }
 
-// freeStepScores gives back stepScores' page-locked memory.
+// freeStepScores gives back stepBuf's page-locked memory.
 func (s *Session) freeStepScores() {
 	if s.stepPinned {
 		if pa, ok := tensor.Pinned(s.m.backend); ok {
@@ -711,9 +756,9 @@ func (s *Session) expertsOnCPU(ctx context.Context, cw CPUExpertWeights, layer i
 }
 
 // expertOnCPU runs expert e of layer on the model's CPU, from its weights
-// in host memory (cw.HostExpert), on its tokens' rows of r.hostH (the
-// first T rows of h, downloaded), with the scratch sc, leaving its output
-// in its rows of r.hostO (laid out as out, for the caller to upload): the
+// in host memory (cw.HostExpert), on its tokens' rows of r.h (the first T
+// rows of h, downloaded), with the scratch sc, leaving its output in its
+// rows of r.o (laid out as out, for the caller to upload): the
 // same products as expert, in the same order.
 func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e int, en *arch.Names, sc *cpuScratch) error {
 	m, c, mb := s.m, &s.m.cfg, s.buffers.moe
@@ -725,7 +770,7 @@ func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e
 		return fmt.Errorf("expert %d on the CPU: %w", e, err)
 	}
 	defer release()
-	hh := f32s(r.hostH)
+	hh := r.h
 	for j, t := range r.tokens[r.start[e] : r.start[e]+cnt] {
 		copy(sc.x[j*H:(j+1)*H], hh[int(t)*H:(int(t)+1)*H])
 	}
@@ -733,7 +778,7 @@ func (s *Session) expertOnCPU(ctx context.Context, cw CPUExpertWeights, layer, e
 	gate, err2 := tensor.FromF32(tensor.Shape{cnt, size}, sc.g[:cnt*size])
 	up, err3 := tensor.FromF32(tensor.Shape{cnt, size}, sc.u[:cnt*size])
 	start := r.start[e]
-	out, err4 := tensor.FromF32(tensor.Shape{cnt, H}, r.hostO[start*H:(start+cnt)*H])
+	out, err4 := tensor.FromF32(tensor.Shape{cnt, H}, r.o[start*H:(start+cnt)*H])
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return fmt.Errorf("expert %d on the CPU: %w", e, err)
 	}
