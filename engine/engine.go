@@ -707,6 +707,7 @@ func (e *Engine) Stats() paging.Stats {
 		t.ExpertBytesMoved += st.ExpertBytesMoved
 		t.ExpertBytesPerStep += st.ExpertBytesPerStep
 		t.ExpertMissesPerStep += st.ExpertMissesPerStep
+		t.ExpertsPrepared += st.ExpertsPrepared
 		t.ExpertsOnCPU += st.ExpertsOnCPU
 		t.ExpertCPUTokens += st.ExpertCPUTokens
 		t.ExpertCPUBytes += st.ExpertCPUBytes

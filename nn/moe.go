@@ -336,6 +336,12 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 			return fmt.Errorf("shared expert gate: %w", err)
 		}
 	}
+	ew := m.pagedExperts(layer)
+	if pr, ok := ew.(expertPreparer); ok && T == 1 {
+		// While the device computes the router, the acquire's choice of
+		// slots, off the time from the scores to the first copy.
+		pr.PrepareExperts(layer, 2*k)
+	}
 	raw := s.stepScores(4 * T * E)
 	if err := tensor.DownloadComputed(b, raw, scores); err != nil {
 		return fmt.Errorf("router: %w", err)
@@ -347,7 +353,6 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	}
 	r.route(f32s(raw), T, E, k, mc.NormTopK, m.synth, i, pos0)
 	tensor.Mark(b, "routed") // on a timeline (tensor.Marker): the host's steps from the scores to the first copy
-	ew := m.pagedExperts(layer)
 	switch {
 	case ew != nil && s.batch == nil:
 		s.scoreGuess(i, T, pos0, r.expert[(T-1)*k:T*k])
@@ -532,6 +537,10 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	}
 	return b.Add(proj, proj, out)
 }
+
+// expertPreparer is an ExpertWeights that can work out an acquire's
+// slots ahead of it (paging.Pager.PrepareExperts).
+type expertPreparer interface{ PrepareExperts(layer, n int) }
 
 // stepScores returns n bytes for a sparse block's router scores: for a
 // decode step's, the session's step buffer (stepBuf), which the device

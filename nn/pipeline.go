@@ -693,6 +693,14 @@ func (w stageWeights) PrefetchExperts(layer int, experts []int) {
 	}
 }
 
+func (w stageWeights) PrepareExperts(layer, n int) {
+	if es, l, ok := w.experts(layer); ok {
+		if pr, ok := es.(expertPreparer); ok {
+			pr.PrepareExperts(l, n)
+		}
+	}
+}
+
 func (w stageWeights) AcquireResident(ctx context.Context, layer int) (LayerWeights, error) {
 	es, l, ok := w.experts(layer)
 	if !ok {

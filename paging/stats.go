@@ -123,6 +123,9 @@ type Stats struct {
 	ExpertBytesMoved      int64        `json:"expert_bytes_moved,omitempty"`
 	ExpertBytesPerStep    float64      `json:"expert_bytes_per_step,omitempty"`
 	ExpertMissesPerStep   float64      `json:"expert_misses_per_step,omitempty"`
+	// ExpertsPrepared counts the acquires whose slots came from
+	// PrepareExperts' choice, without a scan of the cache.
+	ExpertsPrepared int64 `json:"experts_prepared,omitempty"`
 	// ExpertsOnCPU counts the missing experts computed on the CPU from
 	// host memory instead (HostExpert), for ExpertCPUTokens tokens
 	// together, their weights ExpertCPUBytes read there.
