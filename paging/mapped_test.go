@@ -220,6 +220,7 @@ type mappedMoE struct {
 	region      []byte
 	at          map[string][]byte // "layer/name" -> the tensor's bytes in region
 	expertReads atomic.Int64
+	lookups     atomic.Int64 // MappedTensor's calls
 	// split, when not 0, cuts the region in two regions there.
 	split int
 }
@@ -251,6 +252,7 @@ func (m *mappedMoE) MappedRegions() [][]byte {
 }
 
 func (m *mappedMoE) MappedTensor(l int, name string) ([]byte, bool, error) {
+	m.lookups.Add(1)
 	b, ok := m.at[fmt.Sprintf("%d/%s", l, name)]
 	return b, ok, nil
 }
@@ -408,5 +410,64 @@ func TestExpertsMappedInOrder(t *testing.T) {
 			}
 			pg.ReleaseExperts(l, order)
 		}
+	}
+}
+
+// TestExpertsLookedUpAhead: with experts copied in place from a mapping,
+// the pager looks up every expert's tensors in the background once it is
+// made (a loader checks a tensor's values the first time it gives it in
+// place: on a miss that came before the copy), each once; acquires then
+// ask the source for nothing, and their data is the source's. Close stops
+// the lookups (a pager closed at once leaves none running).
+func TestExpertsLookedUpAhead(t *testing.T) {
+	m := newMoESynth(3, 8, 8, 16)
+	src := newMappedMoE(m)
+	be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
+	info, limit := moeBudget(t, m, 4, 8)
+	plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := newBudget(t, be, limit, "fake")
+	pg, err := NewPager(src, bg, plan, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(3 * 8 * 3) // layers, experts, tensors
+	deadline := time.Now().Add(5 * time.Second)
+	for src.lookups.Load() < want && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := src.lookups.Load(); n != want {
+		t.Fatalf("%d tensors looked up in the background, want %d", n, want)
+	}
+	for l := 1; l <= 3; l++ {
+		acquireCheck(t, pg, m, be, l, 0, 3, 7)
+	}
+	if n := src.lookups.Load(); n != want {
+		t.Errorf("%d lookups after the acquires, want the background's %d alone", n, want)
+	}
+	if err := pg.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Closed at once: Close waits for the lookups, which stop early.
+	src2 := newMappedMoE(newMoESynth(40, 64, 8, 16))
+	info2, limit2 := moeBudget(t, src2.moeSynth, 4, 8)
+	plan2, err := Plan(info2, limit2, StrategyBalanced, 8, 1, WithExpertCache(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg2, err := NewPager(src2, newBudget(t, be, limit2, "fake"), plan2, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n := src2.lookups.Load()
+	time.Sleep(10 * time.Millisecond)
+	if src2.lookups.Load() != n {
+		t.Errorf("lookups went on after Close: %d, then %d", n, src2.lookups.Load())
 	}
 }

@@ -484,6 +484,7 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	p.newStaging(opts, planned)
 	p.mapExperts(opts)
 	p.life, p.stopLife = context.WithCancel(context.Background())
+	p.lookUpExperts()
 	p.pf.SetLimit(p.depth + 1) // one more than the depth: a stale prefetch may still hold a slot
 	if p.fill {
 		// As many as the walk ahead: the ring's room bounds them. With
@@ -2064,6 +2065,7 @@ func (p *Pager) Close() error {
 	p.pf.Wait()
 	if p.ex != nil {
 		p.ex.pf.Wait()
+		p.ex.lookups.Wait()
 	}
 	p.mu.Lock()
 	for p.inflight > 0 {
