@@ -921,6 +921,7 @@ func (p *Pager) loadExperts(ctx context.Context, es []*expertEntry) error {
 		inline = inline && p.copiesOnlyLocked(e)
 	}
 	p.mu.Unlock()
+	tensor.Mark(p.b, "loading") // on a timeline (tensor.Marker)
 	var g errgroup.Group
 	g.SetLimit(expertPrefetchLoads)
 	errs := make([]error, len(es))
