@@ -470,25 +470,10 @@ func BenchmarkAcquireExpertsUniform(b *testing.B) {
 // with an expert cache of slots, and reports the hit rate.
 func benchAcquire(b *testing.B, policy ExpertPolicy, slots, among int, lazy bool) {
 	m := newMoESynth(48, 128, 8, 8)
-	info := smallDims(m, 48)
-	p, err := Plan(info, 1<<40, StrategyBalanced, 8, 1, WithExpertCache(8))
+	pg, err := benchPager(b, m, m, newFake(), slots, policy)
 	if err != nil {
 		b.Fatal(err)
 	}
-	limit := p.PredictedPeakBytes - p.ExpertCacheBytes + int64(slots)*p.ExpertSlotBytes
-	if p, err = Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(8)); err != nil {
-		b.Fatal(err)
-	}
-	bg, err := NewBudget(newFake(), limit, "fake")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bg.Close()
-	pg, err := NewPager(m, bg, p, Options{ExpertPolicy: policy, PrefetchDepth: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pg.Close()
 	rng := rand.New(rand.NewPCG(1, 2))
 	ctx := context.Background()
 	l := 0
@@ -507,7 +492,7 @@ func benchAcquire(b *testing.B, policy ExpertPolicy, slots, among int, lazy bool
 	}
 	st := pg.Stats()
 	b.ReportMetric(st.ExpertHitRate(), "hit-rate")
-	b.ReportMetric(float64(p.ExpertSlots), "slots")
+	b.ReportMetric(float64(st.ExpertSlots), "slots")
 }
 
 // TestExpertHostCachePinsInChunks: the experts a pass admits to the host
@@ -545,6 +530,37 @@ func TestExpertHostCachePinsInChunks(t *testing.T) {
 	}
 }
 
+// benchPager pages the experts of m (48 layers of 128, the Qwen3-30B-A3B
+// shape's), read from src, on dev with slots of them cached under policy,
+// no layer prefetched, once the pager has looked its experts up
+// (lookUpExperts); the pager and its budget close when the benchmark ends.
+func benchPager(b *testing.B, m *moeSynth, src Source, dev tensor.Memory, slots int, policy ExpertPolicy) (*Pager, error) {
+	info := smallDims(m, 48)
+	p, err := Plan(info, 1<<40, StrategyBalanced, 8, 1, WithExpertCache(8))
+	if err != nil {
+		return nil, err
+	}
+	limit := p.PredictedPeakBytes - p.ExpertCacheBytes + int64(slots)*p.ExpertSlotBytes
+	if p, err = Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(8)); err != nil {
+		return nil, err
+	}
+	bg, err := NewBudget(dev, limit, "fake")
+	if err != nil {
+		return nil, err
+	}
+	pg, err := NewPager(src, bg, p, Options{ExpertPolicy: policy, PrefetchDepth: -1})
+	if err != nil {
+		bg.Close()
+		return nil, err
+	}
+	b.Cleanup(func() {
+		pg.Close()
+		bg.Close()
+	})
+	pg.ex.lookups.Wait() // the background lookups of a mapped source, off the timing
+	return pg, nil
+}
+
 // firstCopy is a mapped asynchronous backend that copies nothing: it notes
 // when the first UploadAsync since arm came, for BenchmarkFirstExpertCopy.
 type firstCopy struct {
@@ -579,27 +595,11 @@ func BenchmarkFirstExpertCopy(b *testing.B) {
 
 func benchFirstCopy(b *testing.B, prepared bool) {
 	m := newMoESynth(48, 128, 8, 8)
-	src := newMappedMoE(m)
-	info := smallDims(m, 48)
-	p, err := Plan(info, 1<<40, StrategyBalanced, 8, 1, WithExpertCache(8))
-	if err != nil {
-		b.Fatal(err)
-	}
-	limit := p.PredictedPeakBytes - p.ExpertCacheBytes + 554*p.ExpertSlotBytes
-	if p, err = Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(8)); err != nil {
-		b.Fatal(err)
-	}
 	be := &firstCopy{mappedAsync: &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}}
-	bg, err := NewBudget(be, limit, "fake")
+	pg, err := benchPager(b, m, newMappedMoE(m), be, 554, ExpertLRU)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer bg.Close()
-	pg, err := NewPager(src, bg, p, Options{ExpertPolicy: ExpertLRU, PrefetchDepth: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pg.Close()
 	rng := rand.New(rand.NewPCG(1, 2))
 	ctx := context.Background()
 	var first time.Duration

@@ -264,6 +264,23 @@ func (m *mappedMoE) ReadTensor(ctx context.Context, l int, name string, dst []by
 	return m.moeSynth.ReadTensor(ctx, l, name, dst)
 }
 
+// newMappedPager pages src's experts on a mappedAsync fake, slots of them
+// cached, with opts.
+func newMappedPager(t *testing.T, src *mappedMoE, slots int, opts Options) (*Pager, *mappedAsync) {
+	t.Helper()
+	be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
+	info, limit := moeBudget(t, src.moeSynth, slots, 8)
+	plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, err := NewPager(src, newBudget(t, be, limit, "fake"), plan, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pg, be
+}
+
 // mappedAsync is an asyncFake that page-locks host memory, counting the
 // registrations alive.
 type mappedAsync struct {
@@ -311,17 +328,7 @@ func TestExpertsMapped(t *testing.T) {
 				src.split = int(uintptr(unsafe.Pointer(&up[0])) - uintptr(unsafe.Pointer(&src.region[0])))
 				wantCopies = 4
 			}
-			be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
-			info, limit := moeBudget(t, m, 3, 8)
-			plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
-			if err != nil {
-				t.Fatal(err)
-			}
-			bg := newBudget(t, be, limit, "fake")
-			pg, err := NewPager(src, bg, plan, Options{NoMappedUploads: noMapped})
-			if err != nil {
-				t.Fatal(err)
-			}
+			pg, be := newMappedPager(t, src, 3, Options{NoMappedUploads: noMapped})
 			acquireCheck(t, pg, m, be, 1, 0, 1)
 			pg.PrefetchExperts(2, []int{4})
 			waitExperts(t, pg)
@@ -372,18 +379,7 @@ func TestExpertsMapped(t *testing.T) {
 func TestExpertsMappedInOrder(t *testing.T) {
 	ctx := context.Background()
 	m := newMoESynth(2, 6, 8, 16)
-	src := newMappedMoE(m)
-	be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
-	info, limit := moeBudget(t, m, 6, 8)
-	plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bg := newBudget(t, be, limit, "fake")
-	pg, err := NewPager(src, bg, plan, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pg, be := newMappedPager(t, newMappedMoE(m), 6, Options{})
 	defer pg.Close()
 	for _, order := range [][]int{{4, 1, 5, 0, 3}, {2, 0, 5, 1, 4, 3}} {
 		for l := 1; l <= 2; l++ {
@@ -422,17 +418,7 @@ func TestExpertsMappedInOrder(t *testing.T) {
 func TestExpertsLookedUpAhead(t *testing.T) {
 	m := newMoESynth(3, 8, 8, 16)
 	src := newMappedMoE(m)
-	be := &mappedAsync{asyncFake: &asyncFake{fakeBackend: newFake()}}
-	info, limit := moeBudget(t, m, 4, 8)
-	plan, err := Plan(info, limit, StrategyBalanced, 8, 1, WithExpertCache(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bg := newBudget(t, be, limit, "fake")
-	pg, err := NewPager(src, bg, plan, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pg, be := newMappedPager(t, src, 4, Options{})
 	want := int64(3 * 8 * 3) // layers, experts, tensors
 	deadline := time.Now().Add(5 * time.Second)
 	for src.lookups.Load() < want && time.Now().Before(deadline) {
@@ -453,15 +439,7 @@ func TestExpertsLookedUpAhead(t *testing.T) {
 
 	// Closed at once: Close waits for the lookups, which stop early.
 	src2 := newMappedMoE(newMoESynth(40, 64, 8, 16))
-	info2, limit2 := moeBudget(t, src2.moeSynth, 4, 8)
-	plan2, err := Plan(info2, limit2, StrategyBalanced, 8, 1, WithExpertCache(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pg2, err := NewPager(src2, newBudget(t, be, limit2, "fake"), plan2, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pg2, _ := newMappedPager(t, src2, 4, Options{})
 	if err := pg2.Close(); err != nil {
 		t.Fatal(err)
 	}
