@@ -1116,3 +1116,42 @@ func TestPrefetchHeldAtChance(t *testing.T) {
 		})
 	}
 }
+
+// panicCPU is a CPU backend whose products panic.
+type panicCPU struct{ tensor.Backend }
+
+func (panicCPU) MatMul(out, x, w, bias *tensor.Tensor) error { panic("panicCPU: MatMul") }
+
+// TestExpertsOnCPUPanic: a panic of the CPU that computes a sparse block's
+// experts, which run on goroutines of their own, is raised again on the
+// goroutine that called Forward, where its caller can recover it, rather
+// than ending the process.
+func TestExpertsOnCPUPanic(t *testing.T) {
+	lm, err := loader.Open(fixtures.Dir(fixtures.TinyQwen3MoEF16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lm.Close()
+	k := lm.Config.MoE.ExpertsPerToken
+	r := newExpertRig(t, lm, Source(lm), paging.StrategyBalanced, 2*k, false, paging.Options{ExpertsCPU: paging.ExpertCPUAlways})
+	m, err := New(lm.Config, r.b, r.budget, r.pager)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := tensor.NewCPU(2)
+	defer cpu.Close()
+	m.SetExpertCPU(panicCPU{cpu})
+	s, err := m.NewSession(expertMaxPos, expertChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := func() (p any) {
+		defer func() { p = recover() }()
+		_, _ = s.Forward(context.Background(), expertPrompt, false, nil)
+		return nil
+	}()
+	if got != "panicCPU: MatMul" {
+		t.Fatalf("Forward with a panicking CPU for the experts: recovered %v, want the CPU's panic", got)
+	}
+}

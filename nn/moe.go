@@ -420,10 +420,12 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		// device's experts are queued behind their copies; then the
 		// guess's prefetches, behind this block's misses on the link;
 		// then the CPU's experts' outputs go up, last.
+		//
 		// The CPU's experts start as soon as their rows are down, on
 		// goroutines of their own, and run while the host queues the
 		// device's experts (a few launches each) and the link copies:
 		// computed after that queueing, they ran mostly after the copies.
+		// A panic of theirs is raised again here (cpuPanic).
 		var cpuDone chan error
 		if len(onCPU) > 0 {
 			hb, ob := r.hostH[:4*T*H], r.hostO
@@ -501,6 +503,9 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 		if cpuDone != nil {
 			err := <-cpuDone
 			cpuDone = nil
+			if p, ok := err.(cpuPanic); ok {
+				panic(p.v)
+			}
 			if err != nil {
 				return err
 			}
@@ -537,6 +542,12 @@ func (s *Session) moe(ctx context.Context, i, T, pos0 int, lw LayerWeights) erro
 	}
 	return b.Add(proj, proj, out)
 }
+
+// cpuPanic carries a panic of a sparse block's experts on the CPU, which
+// run on a goroutine of their own, to the block's, which raises it again.
+type cpuPanic struct{ v any }
+
+func (p cpuPanic) Error() string { return fmt.Sprintf("experts on the CPU: panic: %v", p.v) }
 
 // expertPreparer is an ExpertWeights that can work out an acquire's
 // slots ahead of it (paging.Pager.PrepareExperts).
@@ -735,12 +746,15 @@ func (s *Session) splitExperts(ew ExpertWeights, layer int) (dev, onCPU []int) {
 // (expertOnCPU), up to cpuExpertsAtOnce at once: worker w computes the
 // experts w, w+n, ... of onCPU with scratch w, so that which expert each
 // computes does not depend on timing. The first error in onCPU's order is
-// returned, once every worker has stopped.
+// returned, once every worker has stopped; a worker's panic comes back as
+// a cpuPanic, for the block to raise again on its own goroutine.
 func (s *Session) expertsOnCPU(ctx context.Context, cw CPUExpertWeights, layer int, onCPU []int, experts []arch.Names) error {
 	r := &s.buffers.moe.r
 	n := min(len(onCPU), len(r.cpuScratch))
 	errs := make([]error, len(onCPU))
+	panics := make([]any, n)
 	work := func(w int) {
+		defer func() { panics[w] = recover() }()
 		for i := w; i < len(onCPU); i += n {
 			e := onCPU[i]
 			if errs[i] = s.expertOnCPU(ctx, cw, layer, e, &experts[e], &r.cpuScratch[w]); errs[i] != nil {
@@ -756,6 +770,11 @@ func (s *Session) expertsOnCPU(ctx context.Context, cw CPUExpertWeights, layer i
 		work(0)
 	}
 	wg.Wait()
+	for _, p := range panics {
+		if p != nil {
+			return cpuPanic{p}
+		}
+	}
 	for _, err := range errs {
 		if err != nil {
 			return err
