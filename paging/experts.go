@@ -150,6 +150,7 @@ type expertCache struct {
 		ok      bool
 		layer   int
 		changes uint64 // the pager's changes when it was made
+		uses    uint64 // and the cache's accesses (LFU's clock, which no change counts)
 		free    []int
 		best    []standing
 	}
@@ -707,7 +708,7 @@ func (p *Pager) PrepareExperts(layer, n int) {
 	}
 	pr.best = append(pr.best[:0], x.best...)
 	x.pass, x.cur, x.visits[layer] = pass, cur, visits
-	pr.layer, pr.changes, pr.ok = layer, p.changes, true
+	pr.layer, pr.changes, pr.uses, pr.ok = layer, p.changes, x.accesses, true
 }
 
 // reservePreparedLocked is reserveExpertsLocked from PrepareExperts'
@@ -720,7 +721,7 @@ func (p *Pager) reservePreparedLocked(need, keep []*expertEntry, prefetch bool) 
 		return false, false
 	}
 	pr.ok = false
-	if prefetch || pr.layer != x.cur || pr.changes != p.changes {
+	if prefetch || pr.layer != x.cur || pr.changes != p.changes || pr.uses != x.accesses {
 		return false, false
 	}
 	free := append(x.free[:0], pr.free...)

@@ -628,8 +628,9 @@ func benchFirstCopy(b *testing.B, prepared bool) {
 // TestPrepareExpertsSameChoice: acquires whose slots come from
 // PrepareExperts' choice put the same experts in the same slots, evicting
 // the same, as acquires that scan the cache, under LRU and LFU, with a
-// prefetch or a release now and then between the choice and the acquire
-// (which then scans); most acquires take the choice.
+// prefetch or an expert computed on the CPU (a use LFU counts) now and
+// then between the choice and the acquire (which then scans); most
+// acquires take the choice.
 func TestPrepareExpertsSameChoice(t *testing.T) {
 	for _, policy := range []ExpertPolicy{ExpertLRU, ExpertLFU} {
 		t.Run(string(policy), func(t *testing.T) {
@@ -645,10 +646,18 @@ func TestPrepareExpertsSameChoice(t *testing.T) {
 				xs := rng.Perm(16)[:4]
 				between := rng.IntN(8)
 				pgs[0].PrepareExperts(l, 8)
+				hx := rng.IntN(16)
 				for _, pg := range pgs {
-					if between == 0 { // a prefetch of the next layer's: the choice no longer holds
-						pg.PrefetchExperts(l%6+1, []int{rng.IntN(16)})
+					switch between {
+					case 0: // a prefetch of the next layer's: the choice no longer holds
+						pg.PrefetchExperts(l%6+1, []int{hx})
 						waitExperts(t, pg)
+					case 1: // an expert computed on the CPU: a use LFU counts
+						_, release, err := pg.HostExpert(ctx, l%6+1, hx, 1)
+						if err != nil {
+							t.Fatal(err)
+						}
+						release()
 					}
 				}
 				for _, pg := range pgs {
