@@ -169,14 +169,8 @@ func quantizeAct(a actFormat, xq []byte, x []float32) int {
 	nb := len(x) / a.block
 	for i := range nb {
 		blk := x[i*a.block : (i+1)*a.block]
-		var mbits uint32 // the largest magnitude's bits: integer order is float order
-		var inf uint32   // bit 31 set by an exponent of all ones: a NaN or an infinity
-		for _, v := range blk {
-			b := math.Float32bits(v)
-			inf |= b&0x7f800000 + 0x00800000
-			mbits = max(mbits, b&0x7fffffff)
-		}
-		if inf>>31 != 0 {
+		mbits := maxAbsBits(blk) // the largest magnitude's bits: integer order is float order
+		if mbits >= 0x7f800000 { // an exponent of all ones: a NaN or an infinity
 			for j, v := range blk {
 				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
 					return i*a.block + j
@@ -212,9 +206,19 @@ func quantizeAct(a actFormat, xq []byte, x []float32) int {
 	return -1
 }
 
-// roundAct sets the int16 quants q to x[j]·id rounded to the nearest
-// integer, ties to even; |x[j]·id| is at most ActMax plus rounding.
-func roundAct(q []byte, x []float32, id float32) {
+// maxAbsBitsGo is maxAbsBits in Go.
+func maxAbsBitsGo(x []float32) uint32 {
+	var mbits uint32
+	for _, v := range x {
+		mbits = max(mbits, math.Float32bits(v)&0x7fffffff)
+	}
+	return mbits
+}
+
+// roundActGo is roundAct in Go: it sets the int16 quants q to x[j]·id
+// rounded to the nearest integer, ties to even; |x[j]·id| is at most
+// ActMax plus rounding.
+func roundActGo(q []byte, x []float32, id float32) {
 	q = q[:2*len(x)]
 	for j, v := range x {
 		r := int16(float32(float32(v*id)+roundMagic) - roundMagic)
