@@ -194,16 +194,21 @@ func quantizeAct(a actFormat, xq []byte, x []float32) int {
 		tail := actTail(a, xq, nb, i)
 		binary.LittleEndian.PutUint32(tail, math.Float32bits(amax/ActMax))
 		if a.sums {
-			for j := range 8 {
-				var s int32
-				for e := 32 * j; e < 32*j+32; e++ {
-					s += int32(int16(le16(q[2*e:])))
-				}
-				binary.LittleEndian.PutUint32(tail[4+4*j:], uint32(s))
-			}
+			groupSums(tail[4:36], q)
 		}
 	}
 	return -1
+}
+
+// groupSumsGo is groupSums in Go.
+func groupSumsGo(dst, q []byte) {
+	for j := range len(q) / 64 {
+		var s int32
+		for e := 32 * j; e < 32*j+32; e++ {
+			s += int32(int16(le16(q[2*e:])))
+		}
+		binary.LittleEndian.PutUint32(dst[4*j:], uint32(s))
+	}
 }
 
 // maxAbsBitsGo is maxAbsBits in Go.

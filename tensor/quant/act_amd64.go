@@ -13,6 +13,9 @@ func maxAbsBitsAVX2(x *float32, n int) uint32
 //go:noescape
 func roundActAVX2(q *byte, x *float32, n int, id float32)
 
+//go:noescape
+func groupSumsAVX2(q *byte, dst *byte, groups int)
+
 // maxAbsBits returns the largest of x's bits with the sign cleared: as
 // integers they order the magnitudes, and a NaN or an infinity is at
 // least 0x7f800000.
@@ -32,4 +35,16 @@ func roundAct(q []byte, x []float32, id float32) {
 		return
 	}
 	roundActGo(q, x, id)
+}
+
+// groupSums writes to dst, as little-endian int32s, the sums of the int16
+// quants of q by groups of 32.
+func groupSums(dst, q []byte) {
+	groups := len(q) / 64
+	if hasAVX2 && groups > 0 {
+		_, _ = q[64*groups-1], dst[4*groups-1]
+		groupSumsAVX2(&q[0], &dst[0], groups)
+		return
+	}
+	groupSumsGo(dst, q)
 }

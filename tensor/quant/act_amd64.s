@@ -71,3 +71,32 @@ roundloop:
 	JNZ roundloop
 	VZEROUPPER
 	RET
+
+DATA ones16<>+0(SB)/2, $1
+GLOBL ones16<>(SB), RODATA|NOPTR, $2
+
+// func groupSumsAVX2(q *byte, dst *byte, groups int)
+// dst[4j:4j+4] (int32, little-endian) = the sum of the 32 int16 quants of
+// group j of q, for j < groups: integer sums, as the Go loop's.
+TEXT ·groupSumsAVX2(SB), NOSPLIT, $0-24
+	MOVQ q+0(FP), SI
+	MOVQ dst+8(FP), DI
+	MOVQ groups+16(FP), CX
+	VPBROADCASTW ones16<>(SB), Y15
+sumloop:
+	VPMADDWD (SI), Y15, Y0
+	VPMADDWD 32(SI), Y15, Y1
+	VPADDD Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD X1, X0, X0
+	VPSHUFD $0x4e, X0, X1
+	VPADDD X1, X0, X0
+	VPSHUFD $0xb1, X0, X1
+	VPADDD X1, X0, X0
+	VMOVD X0, (DI)
+	ADDQ $64, SI
+	ADDQ $4, DI
+	DECQ CX
+	JNZ sumloop
+	VZEROUPPER
+	RET

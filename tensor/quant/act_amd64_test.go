@@ -11,7 +11,8 @@ import (
 
 // TestActAVX2MatchesGo: the AVX2 kernels of the activations'
 // quantization give the Go loops' bits: the largest magnitude's bits
-// (with NaNs and infinities among the values) and the rounded quants,
+// (with NaNs and infinities among the values), the rounded quants and
+// their sums by groups of 32,
 // over random blocks at many scales, exact halves (ties to even), signed
 // zeros, subnormals and the extremes ±ActMax.
 func TestActAVX2MatchesGo(t *testing.T) {
@@ -55,6 +56,12 @@ func TestActAVX2MatchesGo(t *testing.T) {
 			got, want := make([]byte, 2*n), make([]byte, 2*n)
 			roundAct(got, x, id)
 			roundActGo(want, x, id)
+			gs, ws := make([]byte, n/8), make([]byte, n/8)
+			groupSums(gs, want)
+			groupSumsGo(ws, want)
+			if !bytes.Equal(gs, ws) {
+				t.Fatalf("trial %d: the sums by groups of 32 differ from the Go loop's", trial)
+			}
 			if !bytes.Equal(got, want) {
 				for j := range n {
 					if got[2*j] != want[2*j] || got[2*j+1] != want[2*j+1] {
