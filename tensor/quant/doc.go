@@ -39,8 +39,11 @@
 //
 // The kernels are Go everywhere, and x86-64 assembly for Q8_0, Q4_0, Q4_K,
 // Q5_K and Q6_K with AVX2 or AVX512_VNNI, chosen at run time (KernelsEnv overrides
-// the choice; the purego build tag leaves the assembly out). Every kernel
-// computes the same float32 result, bit for bit, from the same bytes:
+// the choice; the purego build tag leaves the assembly out); QuantizeRow's
+// loops (the largest magnitude, the rounding, the K formats' sums) are
+// AVX2 assembly where the processor has it (act_amd64.s), with the Go
+// loops' bits. Every kernel computes the same float32 result, bit for bit,
+// from the same bytes:
 //
 //   - The integers are exact. A block's elements are taken in chunks of 32
 //     consecutive elements; within a chunk, lane k (k = 0..7) holds the sum
