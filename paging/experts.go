@@ -655,18 +655,24 @@ func (p *Pager) reserveExpertsLocked(need, keep []*expertEntry, prefetch bool) b
 	if len(free)+evictable < len(need) {
 		return false
 	}
-	if len(free) < len(need) {
-		for _, v := range x.best[:len(need)-len(free)] {
-			free = append(free, v.e.slot)
-			p.evictExpertLocked(v.e)
-		}
-		x.free = free
+	p.claimSlotsLocked(need, free, x.best)
+	return true
+}
+
+// claimSlotsLocked gives need the slots free, in order, then those of the
+// first victims, evicted, as many as it takes (free and victims cover
+// need), and marks them loading.
+func (p *Pager) claimSlotsLocked(need []*expertEntry, free []int, victims []standing) {
+	x := p.ex
+	for _, v := range victims[:max(len(need)-len(free), 0)] {
+		free = append(free, v.e.slot)
+		p.evictExpertLocked(v.e)
 	}
+	x.free = free
 	for i, e := range need {
 		e.slot, e.loading = free[i], true
 		x.slots[e.slot] = e
 	}
-	return true
 }
 
 // PrepareExperts works out, ahead of the next acquire of layer's experts
@@ -725,27 +731,19 @@ func (p *Pager) reservePreparedLocked(need, keep []*expertEntry, prefetch bool) 
 		return false, false
 	}
 	free := append(x.free[:0], pr.free...)
-	var victims []*expertEntry
-	for i := range pr.best {
+	victims := x.best[:0] // the scan's buffer, free until the next scan
+	for _, v := range pr.best {
 		if len(free)+len(victims) >= len(need) {
 			break
 		}
-		if e := pr.best[i].e; !slices.Contains(keep, e) {
-			victims = append(victims, e)
+		if !slices.Contains(keep, v.e) {
+			victims = append(victims, v)
 		}
 	}
 	if len(free)+len(victims) < len(need) {
 		return false, false // more than the choice covers: the scan decides
 	}
-	for _, v := range victims {
-		free = append(free, v.slot)
-		p.evictExpertLocked(v)
-	}
-	x.free = free
-	for i, e := range need {
-		e.slot, e.loading = free[i], true
-		x.slots[e.slot] = e
-	}
+	p.claimSlotsLocked(need, free, victims)
 	p.st.ExpertsPrepared++
 	return true, true
 }
