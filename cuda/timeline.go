@@ -131,9 +131,22 @@ func (b *Backend) Mark(label string) {
 	host := b.tlNow()
 	b.evMu.Lock()
 	defer b.evMu.Unlock()
-	if len(b.tl.recs) < timelineMax {
-		b.tl.recs = append(b.tl.recs, tlRecord{kind: "mark:" + label, host: host})
+	b.tlAddLocked(tlRecord{kind: "mark:" + label, host: host}, nil)
+}
+
+// tlAddLocked adds r to the timeline, unless it holds timelineMax
+// records; with ends (a span's start and end events, reached), r gets their
+// device times. The caller holds evMu.
+func (b *Backend) tlAddLocked(r tlRecord, ends *[2]cu.Event) {
+	if len(b.tl.recs) >= timelineMax {
+		return
 	}
+	if ends != nil {
+		s, ok1 := b.tlDevice(ends[0])
+		e, ok2 := b.tlDevice(ends[1])
+		r.devStart, r.devEnd, r.devKnown = s, e, ok1 && ok2
+	}
+	b.tl.recs = append(b.tl.recs, r)
 }
 
 // tlDevice returns the device's time of a reached event on the timeline.
@@ -148,17 +161,14 @@ func (b *Backend) tlDevice(ev cu.Event) (time.Duration, bool) {
 // tlSpanLocked adds a span whose end has been reached; the caller holds
 // evMu.
 func (b *Backend) tlSpanLocked(sp span) {
-	if b.tl == nil || len(b.tl.recs) >= timelineMax {
+	if b.tl == nil {
 		return
 	}
 	r := tlRecord{kind: "h2d", bytes: sp.bytes, host: sp.host}
 	if sp.stall {
 		r.kind = "stall"
 	}
-	s, ok1 := b.tlDevice(sp.start)
-	e, ok2 := b.tlDevice(sp.end)
-	r.devStart, r.devEnd, r.devKnown = s, e, ok1 && ok2
-	b.tl.recs = append(b.tl.recs, r)
+	b.tlAddLocked(r, &[2]cu.Event{sp.start, sp.end})
 }
 
 // tlDownload starts the timing of a download on the compute stream: it
@@ -180,12 +190,8 @@ func (b *Backend) tlDownload(bytes int64) (after func(), done func()) {
 	done = func() {
 		b.evMu.Lock()
 		defer b.evMu.Unlock()
-		if recorded && len(b.tl.recs) < timelineMax {
-			r := tlRecord{kind: "d2h", bytes: bytes, host: host, hostEnd: b.tlNow(), hostEndSet: true}
-			s, ok1 := b.tlDevice(start)
-			e, ok2 := b.tlDevice(end)
-			r.devStart, r.devEnd, r.devKnown = s, e, ok1 && ok2
-			b.tl.recs = append(b.tl.recs, r)
+		if recorded {
+			b.tlAddLocked(tlRecord{kind: "d2h", bytes: bytes, host: host, hostEnd: b.tlNow(), hostEndSet: true}, &[2]cu.Event{start, end})
 		}
 		b.tevFree = append(b.tevFree, start, end)
 	}
