@@ -341,7 +341,7 @@ func (s *Session) Close() {
 	}
 	s.owned = nil
 	s.hkv.free()
-	s.freeStepScores()
+	s.freeStepBuf()
 }
 
 // Hook, when non-nil, sees the hidden state after the embedding (layer 0),

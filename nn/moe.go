@@ -596,8 +596,8 @@ func (s *Session) stepBuf() []byte {
 	return s.stepRaw
 }
 
-// freeStepScores gives back stepBuf's page-locked memory.
-func (s *Session) freeStepScores() {
+// freeStepBuf gives back stepBuf's page-locked memory.
+func (s *Session) freeStepBuf() {
 	if s.stepPinned {
 		if pa, ok := tensor.Pinned(s.m.backend); ok {
 			_ = pa.FreePinned(s.stepRaw) // the backend's own memory: its error is a bug of its accounting
@@ -884,13 +884,20 @@ func (s *Session) scoreGuess(i, T, pos0 int, chosen []int32) {
 				right++
 			}
 		}
-		s.m.guessed.Add(int64(len(g.next[i])))
-		s.m.guessRight.Add(int64(right))
-		s.m.guessRecord.add(i, len(g.next[i]), right)
+		s.m.countGuess(i, len(g.next[i]), right)
 	}
 	g.nextPos[i] = -1
 	copy(g.last[i], chosen)
 	g.lastPos[i] = pos
+}
+
+// countGuess counts a guess of n experts for block i, right of them then
+// chosen: in the model's totals (ExpertGuesses) and its record of each
+// block's (guessRecord).
+func (m *Model) countGuess(i, n, right int) {
+	m.guessed.Add(int64(n))
+	m.guessRight.Add(int64(right))
+	m.guessRecord.add(i, n, right)
 }
 
 // guessRecord keeps, for each sparse block, how many of the experts
@@ -1098,9 +1105,7 @@ func (s *Session) scoreBatchGuess(i int) {
 			right++
 		}
 	}
-	s.m.guessed.Add(int64(len(bg.set[i])))
-	s.m.guessRight.Add(int64(right))
-	s.m.guessRecord.add(i, len(bg.set[i]), right)
+	s.m.countGuess(i, len(bg.set[i]), right)
 }
 
 // firstSparse is the first sparse block of the model's share, or hi.
