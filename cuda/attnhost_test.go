@@ -80,7 +80,7 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 			{128, 8, 2, 37, 10, 0},
 		} {
 			c := &attnHostCase{dt: dt, d: s.d, heads: s.heads, kvHeads: s.kvHeads, t: s.t, pos0: s.pos0, maxPos: max(s.pos0, s.bound) + s.t + 3, bound: s.bound}
-			c.plan = planAttention(s.t, s.heads, s.d, max(s.pos0, s.bound), dt, true, false, all)
+			c.plan = planAttention(s.t, s.heads, s.d, max(s.pos0, s.bound), dt, true, false, splitChunk, all)
 			c.scale = float32(1 / math.Sqrt(float64(s.d)))
 			n, kw := s.pos0+s.t, s.kvHeads*s.d
 			c.q = uniform32(r, s.t*s.heads*s.d, -2, 2)

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -17,8 +18,13 @@ const (
 	// reads the cache once per query, the tiled kernel once per 64.
 	splitMaxRows = 4
 	// splitChunk is the fewest positions a block of the decode kernel
-	// walks; a cache of up to this many positions takes one pass.
-	splitChunk = 256
+	// walks by default (SplitChunkEnv sets another); a cache of up to
+	// this many positions takes one block a head. A block walks its
+	// positions 8 (head of 128) or 16 (of 64) a warp step, two steps a
+	// round of loads: 256 positions were 8 to 16 dependent rounds, the
+	// kernel bound by their latency (25 us for a 7B layer at 1,000
+	// positions, 27% of the HBM rate, Nsight Compute on the H200).
+	splitChunk = 64
 	// splitMax is the most splits of a query's positions: longer caches
 	// take longer chunks, so the partials stay small.
 	splitMax = 128
@@ -42,11 +48,12 @@ type attnPlan struct {
 // prefill of at least flashMinRows queries where the device has it
 // (compute capability 8.0), the split decode kernel for up to
 // splitMaxRows queries, splitting the positions when the cache is longer
-// than splitChunk; the one-block-a-query kernel otherwise. The vector
+// than chunk (splitChunk unless set otherwise); the one-block-a-query
+// kernel otherwise. The vector
 // loads of the new kernels need q and the caches 16-byte aligned. A
 // precise call (tensor.Attn.Precise) never takes the tensor-core kernel.
 // has reports whether a kernel is loaded.
-func planAttention(t, heads, headDim, pos0 int, dt tensor.DType, aligned, precise bool, has func(string) bool) attnPlan {
+func planAttention(t, heads, headDim, pos0 int, dt tensor.DType, aligned, precise bool, chunk int, has func(string) bool) attnPlan {
 	sfx := cacheSuffix(dt)
 	old := attnPlan{kernel: "attention_" + sfx}
 	if !aligned {
@@ -59,13 +66,29 @@ func planAttention(t, heads, headDim, pos0 int, dt tensor.DType, aligned, precis
 	if t > splitMaxRows || headDim != 64 && headDim != 128 && headDim != 256 {
 		return old
 	}
-	// Chunks of splitChunk positions (a 7B layer at 8,192 positions: 32
-	// splits of 32 heads, about 8 blocks an SM, each with two steps of
-	// loads in flight a warp), at most splitMax of them.
+	// Chunks of chunk positions (a 7B layer at 8,192 positions: 128
+	// splits of 32 heads, each block with two steps of loads in flight a
+	// warp), at most splitMax of them.
 	n := pos0 + t // the longest query's positions
-	splits := min((n+splitChunk-1)/splitChunk, splitMax, max(1, splitPartBytes/(heads*t*(headDim+2)*4)))
-	chunk := (n + splits - 1) / splits
-	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: chunk, splits: splits}
+	splits := min((n+chunk-1)/chunk, splitMax, max(1, splitPartBytes/(heads*t*(headDim+2)*4)))
+	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: (n + splits - 1) / splits, splits: splits}
+}
+
+// SplitChunkEnv names the environment variable that sets the positions a
+// block of the decode attention walks (planAttention's chunk): a number
+// from 1 to 4096; empty for splitChunk.
+const SplitChunkEnv = "STRATA_CUDA_SPLIT_CHUNK"
+
+// splitChunkNamed parses SplitChunkEnv's value.
+func splitChunkNamed(v string) (int, error) {
+	if v == "" {
+		return splitChunk, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 4096 {
+		return 0, fmt.Errorf("cuda: %s=%q: want a number of positions from 1 to 4096", SplitChunkEnv, v)
+	}
+	return n, nil
 }
 
 // cacheSuffix names a kernel variant by its cache dtype.

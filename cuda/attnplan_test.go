@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -20,11 +22,12 @@ func TestPlanAttention(t *testing.T) {
 		splits           int
 	}{
 		{1, 128, 15, tensor.F16, true, false, all, "attention_split_f16_d128", 1},
-		{1, 128, 127, tensor.F16, true, false, all, "attention_split_f16_d128", 1},
-		{1, 128, 8191, tensor.F16, true, false, all, "attention_split_f16_d128", 32},
+		{1, 128, 63, tensor.F16, true, false, all, "attention_split_f16_d128", 1},
+		{1, 128, 127, tensor.F16, true, false, all, "attention_split_f16_d128", 2},
+		{1, 128, 8191, tensor.F16, true, false, all, "attention_split_f16_d128", 128},
 		{1, 128, 40000, tensor.Q8_0, true, false, all, "attention_split_q8_0_d128", 128},
-		{4, 64, 1000, tensor.F32, true, false, all, "attention_split_f32_d64", 4},
-		{1, 256, 3000, tensor.BF16, true, false, all, "attention_split_bf16_d256", 12},
+		{4, 64, 1000, tensor.F32, true, false, all, "attention_split_f32_d64", 16},
+		{1, 256, 3000, tensor.BF16, true, false, all, "attention_split_bf16_d256", 47},
 		{1, 96, 3000, tensor.F16, true, false, all, "attention_f16", 0},
 		{1, 128, 3000, tensor.F16, false, false, all, "attention_f16", 0},
 		{5, 128, 3000, tensor.F16, true, false, all, "attention_f16", 0},
@@ -34,7 +37,7 @@ func TestPlanAttention(t *testing.T) {
 		{8000, 128, 0, tensor.F32, true, true, all, "attention_f32", 0},
 		{8000, 256, 0, tensor.F32, true, false, all, "attention_f32", 0},
 	} {
-		p := planAttention(c.t, 32, c.headDim, c.pos0, c.dt, c.aligned, c.precise, c.has)
+		p := planAttention(c.t, 32, c.headDim, c.pos0, c.dt, c.aligned, c.precise, splitChunk, c.has)
 		if p.kernel != c.kernel || p.splits != c.splits {
 			t.Errorf("T=%d D=%d pos0=%d %v aligned=%v precise=%v: %s with %d splits, want %s with %d", c.t, c.headDim, c.pos0, c.dt, c.aligned, c.precise, p.kernel, p.splits, c.kernel, c.splits)
 		}
@@ -42,10 +45,63 @@ func TestPlanAttention(t *testing.T) {
 			t.Errorf("T=%d pos0=%d: %d splits of %d positions miss some", c.t, c.pos0, p.splits, p.chunk)
 		}
 	}
+	for _, c := range []struct {
+		v     string
+		chunk int
+		ok    bool
+	}{{"", splitChunk, true}, {"256", 256, true}, {"1", 1, true}, {"0", 0, false}, {"4097", 0, false}, {"64k", 0, false}} {
+		chunk, err := splitChunkNamed(c.v)
+		if (err == nil) != c.ok || chunk != c.chunk {
+			t.Errorf("%s=%q: chunk %d, error %v; want %d, error %v", SplitChunkEnv, c.v, chunk, err, c.chunk, !c.ok)
+		}
+	}
+	if p := planAttention(1, 32, 128, 1000, tensor.F16, true, false, 256, all); p.splits != 4 || p.chunk != 251 {
+		t.Errorf("chunk 256 at 1000: %d splits of %d, want 4 of 251", p.splits, p.chunk)
+	}
 	// Many heads of 256 and 4 queries: the partials of 128 splits would
 	// pass the scratch arena's half (64·4·128·258·4 = 33.8 MB).
-	p := planAttention(4, 64, 256, 40000, tensor.F16, true, false, all)
+	p := planAttention(4, 64, 256, 40000, tensor.F16, true, false, splitChunk, all)
 	if bytes := 64 * 4 * p.splits * 258 * 4; p.splits < 2 || bytes > splitPartBytes || p.chunk*p.splits < 40004 {
 		t.Errorf("64 heads of 256, 4 queries at 40000: %d splits of %d, %d bytes of partials (at most %d)", p.splits, p.chunk, bytes, splitPartBytes)
+	}
+}
+
+// TestKernelConstants checks that the kernels' sources define what the
+// host's constants say: the merge's room for splitMax splits, and the
+// float4 a thread of the norm kernels holds (normThreads sizes blocks by
+// it).
+func TestKernelConstants(t *testing.T) {
+	for _, c := range []struct {
+		file, define string
+		want         int
+	}{
+		{"kernels/attention_split.cuh", "SPLIT_MAX", splitMax},
+		{"kernels/common.cuh", "NORM_VEC", normVec},
+	} {
+		data, err := os.ReadFile(c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("#define %s %d\n", c.define, c.want)
+		if !strings.Contains(string(data), want) {
+			t.Errorf("%s does not say %q", c.file, strings.TrimSpace(want))
+		}
+	}
+}
+
+// TestNormThreads checks the norm kernels' blocks: whole warps, at most
+// 1024 threads, and enough of them to hold rows of up to 8192 elements.
+func TestNormThreads(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want uint32
+	}{{1, 32}, {128, 32}, {256, 32}, {257, 64}, {2048, 256}, {4096, 512}, {5120, 640}, {8192, 1024}, {8200, 1024}, {1 << 20, 1024}} {
+		got := normThreads(c.n)
+		if got != c.want {
+			t.Errorf("normThreads(%d) = %d, want %d", c.n, got, c.want)
+		}
+		if c.n <= 8192 && int(got)*4*normVec < c.n {
+			t.Errorf("normThreads(%d) = %d: holds %d elements", c.n, got, int(got)*4*normVec)
+		}
 	}
 }

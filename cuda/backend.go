@@ -124,6 +124,9 @@ type Backend struct {
 	// backend to compare them.
 	qgemv  qgemvKind
 	qgemvD gemvdVariant
+	// splitChunk is the fewest positions a block of the decode attention
+	// walks (planAttention): Open sets it from SplitChunkEnv.
+	splitChunk int
 	// qgemvWide picks, for one row of x and the formats without direct
 	// kernels but with a wide staged one (quantFormat.xrowsWide > 0: Q8_0,
 	// Q6_K, Q4_0, Q4_1, Q5_0, Q5_1), gemvx_<f>_m1w (twice the warps an SM,
@@ -219,8 +222,14 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // library file to load instead of searching the versioned sonames, and
 // STRATA_CUDA_GEMV (GEMVEnv) the decode GEMV kernels to use (defaultGEMV
 // where it is empty, on compute capability 9.0 and newer) and
-// STRATA_CUDA_QGEMV (QGEMVEnv) the integer GEMV of Q4_K and Q5_K.
+// STRATA_CUDA_QGEMV (QGEMVEnv) the integer GEMV of Q4_K and Q5_K, and
+// STRATA_CUDA_SPLIT_CHUNK (SplitChunkEnv) the positions a block of the
+// decode attention walks (splitChunk where it is empty).
 func Open(device int) (*Backend, error) {
+	chunk, err := splitChunkNamed(os.Getenv(SplitChunkEnv))
+	if err != nil {
+		return nil, err
+	}
 	gemvName := os.Getenv(GEMVEnv)
 	split, rows, err := gemvVariantNamed(gemvName)
 	if err != nil {
@@ -256,7 +265,7 @@ func Open(device int) (*Backend, error) {
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
-		gemvRows: rows, gemvSplit: split, qgemv: qgemv, qgemvD: qgemvD,
+		gemvRows: rows, gemvSplit: split, qgemv: qgemv, qgemvD: qgemvD, splitChunk: chunk,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()

@@ -595,7 +595,7 @@ func BenchmarkAttention(b *testing.B) {
 	} {
 		for _, dt := range []tensor.DType{tensor.F32, tensor.F16, tensor.Q8_0, tensor.Q8_B8} {
 			n := c.pos + c.t
-			plan := planAttention(c.t, heads, headDim, c.pos, dt, true, false, has)
+			plan := planAttention(c.t, heads, headDim, c.pos, dt, true, false, be.splitChunk, has)
 			b.Run(fmt.Sprintf("%s/%v/%s", c.name, dt, plan.kernel), func(b *testing.B) {
 				q, _ := put(b, be, tensor.F32, tensor.Shape{c.t, qw}, uniform(r, c.t*qw, -1, 1))
 				k, _ := put(b, be, dt, tensor.Shape{n, kw}, uniform(r, n*kw, -1, 1))

@@ -94,7 +94,7 @@ func (b *Backend) AddRMSNorm(out, x, d, w *tensor.Tensor, eps float32) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(d.Ptr()).ptr(w.Ptr()).i32(n).f32(eps)
-		return b.run("add_rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{256, 1, 1}, a)
+		return b.run("add_rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{normThreads(n), 1, 1}, a)
 	})
 }
 

@@ -617,7 +617,7 @@ func TestAttentionCaches(t *testing.T) {
 				v, vv := putCache(t, b, dt, c.maxPos, kw, uniform(r, filled, -1, 1))
 				out, _ := put(t, b, tensor.F32, tensor.Shape{c.t, qw}, nanSlice(c.t*qw))
 				scale := float32(1 / math.Sqrt(float64(c.headDim)))
-				plan := planAttention(c.t, c.heads, c.headDim, c.pos0, dt, true, false, has)
+				plan := planAttention(c.t, c.heads, c.headDim, c.pos0, dt, true, false, b.splitChunk, has)
 				if err := b.Attention(out, tensor.Attn{Q: q, K: k, V: v, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim, Pos0: c.pos0, Scale: scale}); err != nil {
 					t.Fatal(err)
 				}
@@ -729,7 +729,7 @@ func TestAttentionAgainstCPU(t *testing.T) {
 				for i, x := range outs[1] {
 					want[i] = float64(x)
 				}
-				plan := planAttention(c.t, heads, headDim, c.pos0, dt, true, c.precise, has)
+				plan := planAttention(c.t, heads, headDim, c.pos0, dt, true, c.precise, b.splitChunk, has)
 				e := tensortest.RelErr(outs[0], want)
 				t.Logf("kernel %s (%d splits): against the CPU largest absolute difference %.3g, relative %.3g", plan.kernel, plan.splits, maxAbs(outs[0], want), e)
 				tol := attnTol(plan.kernel)

@@ -284,7 +284,7 @@ func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(w.Ptr()).i32(d).f32(eps)
-		return b.run("rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{256, 1, 1}, a)
+		return b.run("rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{normThreads(d), 1, 1}, a)
 	})
 }
 
@@ -567,7 +567,7 @@ func (b *Backend) Attention(out *tensor.Tensor, at tensor.Attn) error {
 		// when the kernels run; pos0 bounds it, and plans the splits.
 		has = func(name string) bool { _, ok := b.kernels[name]; return ok && !strings.HasPrefix(name, "flash_") }
 	}
-	plan := planAttention(t, at.Heads, headDim, pos0, k.DType(), aligned, at.Precise, has)
+	plan := planAttention(t, at.Heads, headDim, pos0, k.DType(), aligned, at.Precise, b.splitChunk, has)
 	if plan.kernel == "attention_"+cacheSuffix(k.DType()) && t > 65535 {
 		return fmt.Errorf("cuda: %s: %d queries in one call; the kernel takes at most 65535", op, t)
 	}

@@ -17,6 +17,8 @@
 #include "kvcache.cuh"
 
 #define SPLIT_WARPS 4
+// SPLIT_MAX is splitMax of cuda/attnplan.go: the most splits of a query.
+#define SPLIT_MAX 128
 
 // merge2 folds the online-softmax state (m2, l2, a2) into (m, l, a).
 template <int N>
@@ -142,21 +144,36 @@ __device__ void attention_split(float* out, float* part, const float* q, kv_cach
 }
 
 // attention_merge: block (h, t) adds the splits' partials of query t's
-// head h, each rescaled to the largest max.
+// head h, each rescaled to the largest max. The splits' maxima and sums
+// are read once, all at a time, into shared memory with their factors;
+// each thread then reads its value of every split, loads in flight
+// together (a loop over the records' headers, one load after another,
+// took 4.4 us for 32 splits on the H200).
 template <int D>
 __device__ void attention_merge(float* out, const float* part, int heads, int splits) {
+	__shared__ float sf[SPLIT_MAX], sl[SPLIT_MAX];
 	const int h = blockIdx.x, t = blockIdx.y;
 	const float* rec = part + ((long long)t * heads + h) * splits * (D + 2);
+	for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+		sf[s] = rec[s * (D + 2)];
+		sl[s] = rec[s * (D + 2) + 1];
+	}
+	__syncthreads();
 	float M = -INFINITY;
-	for (int s = 0; s < splits; s++) M = fmaxf(M, rec[s * (D + 2)]);
+	for (int s = 0; s < splits; s++) M = fmaxf(M, sf[s]);
+	__syncthreads();  // every thread has read the maxima
+	// A split past query t's positions (max -inf) weighs nothing.
+	for (int s = threadIdx.x; s < splits; s += blockDim.x) sf[s] = sf[s] == -INFINITY ? 0.0f : exp2f(sf[s] - M);
+	__syncthreads();
+	float den = 0.0f;
+	for (int s = 0; s < splits; s++)
+		if (sf[s] != 0.0f) den += sl[s] * sf[s];
 	for (int d = threadIdx.x; d < D; d += blockDim.x) {
-		float num = 0.0f, den = 0.0f;
+		float num = 0.0f;
+#pragma unroll 8
 		for (int s = 0; s < splits; s++) {
-			const float* r = rec + s * (D + 2);
-			if (r[0] == -INFINITY) continue;  // a split past query t's positions
-			const float f = exp2f(r[0] - M);
-			num += r[2 + d] * f;
-			den += r[1] * f;
+			const float v = rec[s * (D + 2) + 2 + d];
+			if (sf[s] != 0.0f) num += v * sf[s];
 		}
 		out[t * (long long)heads * D + (long long)h * D + d] = num / den;
 	}

@@ -3,13 +3,41 @@
 // casts and argmax. Semantics follow tensor.Ops in tensor/backend.go.
 #include "common.cuh"
 
-// out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w. One block per row.
+// out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w. One block per row. A
+// row of at most 4*NORM_VEC*blockDim.x elements, aligned for load4, is
+// read once, as float4, each thread's loads all in flight before the sum
+// (a decode step's row is one dependent round of loads, where a loop of
+// single floats took several); other rows take the loop.
 template <typename W>
 __device__ void rmsnorm(float* out, const float* x, const W* w, int n, float eps) {
 	const long long row = blockIdx.x;
 	const float* xr = x + row * n;
 	float* orow = out + row * n;
 	float s = 0.0f;
+	if (n <= 4 * NORM_VEC * (int)blockDim.x && aligned4(xr, w, n) && ((uintptr_t)orow & 15) == 0) {
+		const int n4 = n >> 2;
+		float4 v[NORM_VEC], wv[NORM_VEC];
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++) {
+			const int i = threadIdx.x + u * blockDim.x;
+			if (i < n4) {
+				v[u] = ((const float4*)xr)[i];
+				wv[u] = load4(w, i);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++)
+			if (threadIdx.x + u * blockDim.x < n4) s += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+		s = block_sum(s);
+		const float r = rsqrtf(s / (float)n + eps);
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++) {
+			const int i = threadIdx.x + u * blockDim.x;
+			if (i < n4)
+				((float4*)orow)[i] = make_float4(v[u].x * r * wv[u].x, v[u].y * r * wv[u].y, v[u].z * r * wv[u].z, v[u].w * r * wv[u].w);
+		}
+		return;
+	}
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
 		const float v = xr[i];
 		s += v * v;

@@ -15,7 +15,8 @@ __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn
 __device__ __forceinline__ void store(bf16* p, float v) { *p = bf16_from_f32(v); }
 
 // x[r,:] += d[r,:], then out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w.
-// One block per row; each thread reads back only what it wrote.
+// One block per row; each thread reads back only what it wrote. Rows that
+// fit NORM_VEC float4 a thread are read once and held, as rmsnorm's.
 template <typename W>
 __device__ void add_rmsnorm(float* out, float* x, const float* d, const W* w, int n, float eps) {
 	const long long row = blockIdx.x;
@@ -23,6 +24,37 @@ __device__ void add_rmsnorm(float* out, float* x, const float* d, const W* w, in
 	const float* dr = d + row * n;
 	float* orow = out + row * n;
 	float s = 0.0f;
+	if (n <= 4 * NORM_VEC * (int)blockDim.x && aligned4(xr, w, n) && (((uintptr_t)dr | (uintptr_t)orow) & 15) == 0) {
+		const int n4 = n >> 2;
+		float4 v[NORM_VEC], dv[NORM_VEC], wv[NORM_VEC];
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++) {
+			const int i = threadIdx.x + u * blockDim.x;
+			if (i < n4) {
+				v[u] = ((const float4*)xr)[i];
+				dv[u] = ((const float4*)dr)[i];
+				wv[u] = load4(w, i);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++) {
+			const int i = threadIdx.x + u * blockDim.x;
+			if (i < n4) {
+				v[u] = make_float4(v[u].x + dv[u].x, v[u].y + dv[u].y, v[u].z + dv[u].z, v[u].w + dv[u].w);
+				((float4*)xr)[i] = v[u];
+				s += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+			}
+		}
+		s = block_sum(s);
+		const float r = rsqrtf(s / (float)n + eps);
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++) {
+			const int i = threadIdx.x + u * blockDim.x;
+			if (i < n4)
+				((float4*)orow)[i] = make_float4(v[u].x * r * wv[u].x, v[u].y * r * wv[u].y, v[u].z * r * wv[u].z, v[u].w * r * wv[u].w);
+		}
+		return;
+	}
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
 		const float v = xr[i] + dr[i];
 		xr[i] = v;

@@ -124,7 +124,7 @@ func (s *suite) testPosAt(t *testing.T) {
 // same backend, and against the float64 references.
 func (s *suite) testFused(t *testing.T) {
 	for _, dt := range weightTypes {
-		for _, sh := range []struct{ m, d int }{{1, 64}, {1, 4096}, {3, 1000}, {2, 5}} {
+		for _, sh := range []struct{ m, d int }{{1, 64}, {1, 4096}, {3, 1000}, {2, 5}, {2, 8192}, {1, 8200}, {64, 128}} {
 			t.Run(fmt.Sprintf("AddRMSNorm/%v_M%d_D%d", dt, sh.m, sh.d), func(t *testing.T) {
 				r := rng(t)
 				n := sh.m * sh.d

@@ -290,6 +290,9 @@ func (s *suite) testRMSNorm(t *testing.T) {
 	}{
 		{1, 64, 1e-5, 2}, {12, 172, 1e-6, 2}, {3, 1000, 1e-5, 2}, {2, 4096, 1e-6, 2}, {5, 7, 1e-5, 2},
 		{4, 64, 1e-5, 0.01}, // mean square comparable to eps
+		// Rows a GPU reads whole into registers (up to 8192), past that,
+		// not in fours, and many short rows (a q norm's heads).
+		{2, 8192, 1e-6, 2}, {1, 8200, 1e-6, 2}, {2, 4098, 1e-6, 2}, {64, 128, 1e-6, 2},
 	}
 	for _, dt := range weightTypes {
 		for _, c := range cases {
@@ -304,6 +307,25 @@ func (s *suite) testRMSNorm(t *testing.T) {
 				s.compare(t, "RMSNorm", s.get(t, out), RefRMSNorm(xv, wv, c.m, c.d, float64(c.eps)))
 			})
 		}
+		// Rows that start 4 bytes into their storage (a view): a backend
+		// reading four floats a load must take its other path.
+		t.Run(fmt.Sprintf("%v/offset_view", dt), func(t *testing.T) {
+			const m, d = 2, 4096
+			r := rng(t)
+			xs := uniform(r, m*d+1, -2, 2)
+			whole, _ := s.put(t, tensor.F32, tensor.Shape{m*d + 1}, xs)
+			x, err := whole.View(4, tensor.F32, tensor.Shape{m, d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			xv, _ := Stored(tensor.F32, xs[1:])
+			w, wv := s.put(t, dt, tensor.Shape{d}, uniform(r, d, 0.5, 1.5))
+			out := s.poisoned(t, tensor.Shape{m, d})
+			if err := s.b.RMSNorm(out, x, w, 1e-5); err != nil {
+				t.Fatal(err)
+			}
+			s.compare(t, "RMSNorm of an offset view", s.get(t, out), RefRMSNorm(xv, wv, m, d, 1e-5))
+		})
 	}
 }
 
