@@ -30,6 +30,10 @@ const (
 	splitMax = 128
 	// flashMinRows is the fewest queries the tiled prefill kernel takes.
 	flashMinRows = 16
+	// splitCounts is how many heads × queries the split kernel's blocks
+	// can count themselves for (Backend.splitCount); more take a merge
+	// launch of their own.
+	splitCounts = 16384
 	// splitPartBytes bounds the split kernel's partial results (heads ×
 	// queries × splits records of headDim+2 floats), which live in the
 	// scratch arena: half of it.

@@ -127,6 +127,11 @@ type Backend struct {
 	// splitChunk is the fewest positions a block of the decode attention
 	// walks (planAttention): Open sets it from SplitChunkEnv.
 	splitChunk int
+	// splitCount is splitCounts int32 counts, zero between launches,
+	// after the step tables: the decode attention's blocks count
+	// themselves there, per head and query, so that the last merges the
+	// splits (kernels/attention_split.cuh); zero for a separate merge.
+	splitCount uintptr
 	// qgemvWide picks, for one row of x and the formats without direct
 	// kernels but with a wide staged one (quantFormat.xrowsWide > 0: Q8_0,
 	// Q6_K, Q4_0, Q4_1, Q5_0, Q5_1), gemvx_<f>_m1w (twice the warps an SM,
@@ -309,10 +314,14 @@ func (b *Backend) setup() error {
 		return fmt.Errorf("%s: the scratch arena: %w", b.name, err)
 	}
 	b.scr.p, b.scr.size = p, scratchBytes
-	if p, err = b.driverAlloc(2 * tableBytes); err != nil {
+	if p, err = b.driverAlloc(2*tableBytes + 4*splitCounts); err != nil {
 		return fmt.Errorf("%s: the step tables: %w", b.name, err)
 	}
 	b.tab = stepTables{p: p, attn: tableCache{p: p}, pos: tableCache{p: p + tableBytes}}
+	if err := cu.MemsetD32(cu.DevicePtr(p+2*tableBytes), 0, splitCounts); err != nil {
+		return fmt.Errorf("%s: the attention's split counts: %w", b.name, cuError(err))
+	}
+	b.splitCount = p + 2*tableBytes
 	if err := b.loadKernels(); err != nil {
 		return err
 	}
@@ -449,7 +458,7 @@ func (b *Backend) Cached() int64 { return b.alloc.snapshot().Cached }
 func (b *Backend) Fixed() int64 {
 	n := b.workspaceSize + b.scr.size
 	if b.tab.p != 0 {
-		n += 2 * tableBytes
+		n += 2*tableBytes + 4*splitCounts
 	}
 	return n
 }
@@ -1461,7 +1470,7 @@ func (b *Backend) release() error {
 	}
 	if b.tab.p != 0 {
 		keep(cuError(cu.MemFree(cu.DevicePtr(b.tab.p))))
-		b.tab = stepTables{}
+		b.tab, b.splitCount = stepTables{}, 0
 	}
 	if b.alloc != nil {
 		keep(b.alloc.releaseAll(func(p uintptr) error { return cuError(cu.MemFree(cu.DevicePtr(p))) }))

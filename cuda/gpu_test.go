@@ -659,6 +659,15 @@ func putCache(t testing.TB, b *Backend, dt tensor.DType, maxPos, width int, v []
 	return x, st
 }
 
+// toF64 widens v.
+func toF64(v []float32) []float64 {
+	w := make([]float64, len(v))
+	for i, x := range v {
+		w[i] = float64(x)
+	}
+	return w
+}
+
 func maxAbs(got []float32, want []float64) float64 {
 	m := 0.0
 	for i, g := range got {
@@ -690,8 +699,7 @@ func TestAttentionAgainstCPU(t *testing.T) {
 				qw, kw, n := heads*headDim, c.kvHeads*headDim, c.pos0+c.t
 				qv := uniform(r, c.t*qw, -2, 2)
 				kvals, vvals := uniform(r, n*kw, -2, 2), uniform(r, n*kw, -1, 1)
-				outs := make([][]float32, 2)
-				for i, be := range []tensor.Backend{b, cpu} {
+				attend := func(be tensor.Backend) []float32 {
 					q, err := tensortest.FromF32(be, tensor.F32, tensor.Shape{c.t, qw}, qv)
 					if err != nil {
 						t.Fatal(err)
@@ -721,20 +729,34 @@ func TestAttentionAgainstCPU(t *testing.T) {
 					if err := tensor.Checked(be).Attention(out, at); err != nil {
 						t.Fatal(err)
 					}
-					if outs[i], err = tensortest.ToF32(be, out); err != nil {
+					got, err := tensortest.ToF32(be, out)
+					if err != nil {
 						t.Fatal(err)
 					}
+					return got
 				}
-				want := make([]float64, len(outs[1]))
-				for i, x := range outs[1] {
-					want[i] = float64(x)
-				}
+				outs := [][]float32{attend(b), attend(cpu)}
+				want := toF64(outs[1])
 				plan := planAttention(c.t, heads, headDim, c.pos0, dt, true, c.precise, b.splitChunk, has)
 				e := tensortest.RelErr(outs[0], want)
 				t.Logf("kernel %s (%d splits): against the CPU largest absolute difference %.3g, relative %.3g", plan.kernel, plan.splits, maxAbs(outs[0], want), e)
 				tol := attnTol(plan.kernel)
 				if !(e <= tol) {
 					t.Errorf("relative difference %.3g > %.3g", e, tol)
+				}
+				if plan.splits > 1 {
+					// Again, the counts back at zero; and with the merge a
+					// launch of its own: the same bits.
+					if again := attend(b); !slices.Equal(again, outs[0]) {
+						t.Errorf("a second launch differs from the first (max abs %.3g): the split counts were not reset", maxAbs(again, toF64(outs[0])))
+					}
+					count := b.splitCount
+					b.splitCount = 0
+					separate := attend(b)
+					b.splitCount = count
+					if !slices.Equal(separate, outs[0]) {
+						t.Errorf("with attention_merge the output differs from the last split block's merge (max abs %.3g)", maxAbs(separate, toF64(outs[0])))
+					}
 				}
 			})
 		}

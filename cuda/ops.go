@@ -588,7 +588,7 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 		grid := [3]uint32{uint32(heads), uint32(t), uint32(plan.splits)}
 		block := [3]uint32{128, 1, 1} // SPLIT_WARPS
 		if plan.splits == 1 {
-			a := new(args).ptr(out.Ptr()).ptr(0).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt))
+			a := new(args).ptr(out.Ptr()).ptr(0).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt)).ptr(0)
 			return b.run(plan.kernel, grid, block, a)
 		}
 		n := int64(heads) * int64(t) * int64(plan.splits) * int64(headDim+2) * 4
@@ -597,8 +597,14 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 			return err
 		}
 		defer release() // stream order keeps the partials for the merge
-		a := new(args).ptr(out.Ptr()).ptr(part).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt))
-		if err := b.run(plan.kernel, grid, block, a); err != nil {
+		// The splits count themselves where the counts have room: the
+		// last block of each head merges (a launch less a layer).
+		count := uintptr(0)
+		if b.splitCount != 0 && heads*t <= splitCounts {
+			count = b.splitCount
+		}
+		a := new(args).ptr(out.Ptr()).ptr(part).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt)).ptr(count)
+		if err := b.run(plan.kernel, grid, block, a); err != nil || count != 0 {
 			return err
 		}
 		m := new(args).ptr(out.Ptr()).ptr(part).i32(heads).i32(plan.splits)

@@ -10,8 +10,10 @@
 // flight; each lane group keeps its own online softmax, merged through
 // shuffles and shared memory at the end. With one split the block writes
 // the output; otherwise it writes its partial (max, sum, weighted sum of V)
-// to part and attention_merge_d<D> rescales and adds the splits. Scores
-// are kept in base 2 (q is scaled by scale*log2(e)) for exp2f.
+// to part, and the last of the head's blocks to finish (counted in count)
+// rescales and adds the splits, or without count attention_merge_d<D>, a
+// launch of its own. Scores are kept in base 2 (q is scaled by
+// scale*log2(e)) for exp2f.
 #pragma once
 
 #include "kvcache.cuh"
@@ -32,11 +34,14 @@ __device__ __forceinline__ void merge2(float& m, float& l, float a[N], float m2,
 	m = M;
 }
 
+template <int D>
+__device__ void merge_splits(float* out, const float* part, int heads, int splits, int h, int t);
+
 // A partial result is D+2 floats: the max, the sum, then the weighted sum
 // of V, unnormalised; record (h, t, s) at ((t*heads + h)*splits + s).
 template <typename KV, int D>
 __device__ void attention_split(float* out, float* part, const float* q, kv_cache<KV> K, kv_cache<KV> V, int heads, int kvHeads,
-				int pos0, float scale, int chunk, const int* posAt) {
+				int pos0, float scale, int chunk, const int* posAt, int* count) {
 	// In a captured graph the position is read when the kernel runs
 	// (tensor.Attn.PosAt), up to the pos0 the splits were planned for;
 	// splits past it write empty partials.
@@ -141,22 +146,39 @@ __device__ void attention_split(float* out, float* part, const float* q, kv_cach
 		rec[0] = M;
 		rec[1] = L;
 	}
+	if (splits == 1 || count == nullptr) return;  // attention_merge follows
+	// The splits count themselves in count[t*heads + h]: the last to
+	// finish merges the head's partials, its own launch's, and sets the
+	// count back to zero for the next launch (a graph's replay).
+	__shared__ int last;
+	__threadfence();  // this block's partial is visible before its count
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		int* c = count + (long long)t * heads + h;
+		last = atomicAdd(c, 1) == splits - 1;
+		if (last) *c = 0;
+	}
+	__syncthreads();
+	if (!last) return;
+	__threadfence();
+	merge_splits<D>(out, part, heads, splits, h, t);
 }
 
-// attention_merge: block (h, t) adds the splits' partials of query t's
-// head h, each rescaled to the largest max. The splits' maxima and sums
-// are read once, all at a time, into shared memory with their factors;
-// each thread then reads its value of every split, loads in flight
-// together (a loop over the records' headers, one load after another,
-// took 4.4 us for 32 splits on the H200).
+// merge_splits adds the splits' partials of query t's head h into out,
+// each rescaled to the largest max: what attention_merge does, and the
+// last split block of a head where the splits count themselves. The
+// splits' maxima and sums are read once, all at a time, into shared
+// memory with their factors; each thread then reads its value of every
+// split, the loads in flight together (a loop over the records' headers,
+// one load after another, took 4.4 us for 32 splits on the H200). The
+// loads skip L1 (ld.cg), which does not see other blocks' writes.
 template <int D>
-__device__ void attention_merge(float* out, const float* part, int heads, int splits) {
+__device__ void merge_splits(float* out, const float* part, int heads, int splits, int h, int t) {
 	__shared__ float sf[SPLIT_MAX], sl[SPLIT_MAX];
-	const int h = blockIdx.x, t = blockIdx.y;
 	const float* rec = part + ((long long)t * heads + h) * splits * (D + 2);
 	for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-		sf[s] = rec[s * (D + 2)];
-		sl[s] = rec[s * (D + 2) + 1];
+		sf[s] = __ldcg(rec + s * (D + 2));
+		sl[s] = __ldcg(rec + s * (D + 2) + 1);
 	}
 	__syncthreads();
 	float M = -INFINITY;
@@ -172,20 +194,27 @@ __device__ void attention_merge(float* out, const float* part, int heads, int sp
 		float num = 0.0f;
 #pragma unroll 8
 		for (int s = 0; s < splits; s++) {
-			const float v = rec[s * (D + 2) + 2 + d];
+			const float v = __ldcg(rec + s * (D + 2) + 2 + d);
 			if (sf[s] != 0.0f) num += v * sf[s];
 		}
 		out[t * (long long)heads * D + (long long)h * D + d] = num / den;
 	}
 }
 
+// attention_merge: block (h, t) merges query t's head h (merge_splits),
+// after an attention_split launch without counters.
+template <int D>
+__device__ void attention_merge(float* out, const float* part, int heads, int splits) {
+	merge_splits<D>(out, part, heads, splits, blockIdx.x, blockIdx.y);
+}
+
 #define SPLIT_ENTRY(sfx, KV, D)                                                                                                     \
 	extern "C" __global__ void attention_split_##sfx##_d##D(float* out, float* part, const float* q, const KV* k, const KV* v,  \
 								 int heads, int kvHeads, int pos0, float scale, int chunk,         \
-								 const int* posAt) {                                               \
+								 const int* posAt, int* count) {                                   \
 		const long long stride = (long long)kvHeads * D;                                                            \
 		attention_split<KV, D>(out, part, q, kv_cache<KV>{k, stride}, kv_cache<KV>{v, stride}, heads, kvHeads, pos0, scale, \
-				       chunk, posAt);                                                                        \
+				       chunk, posAt, count);                                                                 \
 	}
 #define SPLIT_ENTRIES(D)              \
 	SPLIT_ENTRY(f32, float, D)    \

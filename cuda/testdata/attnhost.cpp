@@ -171,13 +171,30 @@ static void run(int op, int D, int heads, int kvHeads, int T, int pos0, int maxP
 	const KV* vp = (const KV*)v;
 	std::vector<float> part((size_t)heads * T * splits * (D + 2), NAN);
 	float* pp = part.data();
+	// The splits count themselves (the GPU's path): the last block of a
+	// head merges. attention_merge, the path without counts, must then
+	// give the same bits from the same partials; the counts must be back
+	// at zero.
+	std::vector<int> count((size_t)heads * T, 0);
+	std::vector<float> merged((size_t)T * heads * D);
 #define SPLIT(DD)                                                                                                                 \
 	case DD:                                                                                                                  \
 		launch(dim3(heads, T, splits), 128, [&] {                                                                         \
 			attention_split<KV, DD>(out, pp, q, kv_cache<KV>{kp, (long long)kvHeads * DD}, kv_cache<KV>{vp, (long long)kvHeads * DD}, \
-						heads, kvHeads, pos0, scale, chunk, pos_at);                                          \
+						heads, kvHeads, pos0, scale, chunk, pos_at, count.data());                            \
 		});                                                                                                       \
-		if (splits > 1) launch(dim3(heads, T, 1), DD, [&] { attention_merge<DD>(out, pp, heads, splits); });        \
+		if (splits > 1) {                                                                                         \
+			launch(dim3(heads, T, 1), DD, [&] { attention_merge<DD>(merged.data(), pp, heads, splits); });    \
+			if (memcmp(merged.data(), out, merged.size() * 4) != 0) {                                         \
+				fprintf(stderr, "attnhost: the last split block's merge differs from attention_merge\n");  \
+				exit(3);                                                                                  \
+			}                                                                                                 \
+			for (int c : count)                                                                               \
+				if (c != 0) {                                                                             \
+					fprintf(stderr, "attnhost: a split count left at %d\n", c);                      \
+					exit(3);                                                                          \
+				}                                                                                         \
+		}                                                                                                         \
 		break;
 #define FLASH(DD, BF)                                                                                                              \
 	case DD:                                                                                                                   \

@@ -42,6 +42,13 @@ static inline uint32_t __float_as_uint(float f) {
 	return u;
 }
 static inline int min(int a, int b) { return a < b ? a : b; }
+// One block runs at a time: loads, fences and atomics need nothing more.
+template <typename T>
+static inline T __ldcg(const T* p) {
+	return *p;
+}
+static inline void __threadfence() {}
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int max(int a, int b) { return a > b ? a : b; }
 #endif
 
