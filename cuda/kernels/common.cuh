@@ -86,6 +86,24 @@ __device__ __forceinline__ bool aligned4(const void* x, const W* w, int n) {
 // read once, every load of a thread issued before the block's sum.
 #define NORM_VEC 2
 
+// sumsq4 is v's sum of squares, in the order the norm kernels add them.
+__device__ __forceinline__ float sumsq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+
+// norm_rows4 ends a norm kernel's row held in registers (NORM_VEC float4 a
+// thread, v the row and wv the weights, n4 float4 in all): the block's sum
+// of this thread's s, then out = v * rsqrt(mean + eps) * w as float4.
+__device__ __forceinline__ void norm_rows4(float* orow, const float4 v[NORM_VEC], const float4 wv[NORM_VEC], float s, int n, int n4,
+					   float eps) {
+	s = block_sum(s);
+	const float r = rsqrtf(s / (float)n + eps);
+#pragma unroll
+	for (int u = 0; u < NORM_VEC; u++) {
+		const int i = threadIdx.x + u * blockDim.x;
+		if (i < n4)
+			((float4*)orow)[i] = make_float4(v[u].x * r * wv[u].x, v[u].y * r * wv[u].y, v[u].z * r * wv[u].z, v[u].w * r * wv[u].w);
+	}
+}
+
 // Grid-stride loop over n elements with 64-bit indices.
 #define GRID_STRIDE(i, n) \
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); i += (long long)blockDim.x * gridDim.x)

@@ -27,15 +27,8 @@ __device__ void rmsnorm(float* out, const float* x, const W* w, int n, float eps
 		}
 #pragma unroll
 		for (int u = 0; u < NORM_VEC; u++)
-			if (threadIdx.x + u * blockDim.x < n4) s += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
-		s = block_sum(s);
-		const float r = rsqrtf(s / (float)n + eps);
-#pragma unroll
-		for (int u = 0; u < NORM_VEC; u++) {
-			const int i = threadIdx.x + u * blockDim.x;
-			if (i < n4)
-				((float4*)orow)[i] = make_float4(v[u].x * r * wv[u].x, v[u].y * r * wv[u].y, v[u].z * r * wv[u].z, v[u].w * r * wv[u].w);
-		}
+			if (threadIdx.x + u * blockDim.x < n4) s += sumsq4(v[u]);
+		norm_rows4(orow, v, wv, s, n, n4, eps);
 		return;
 	}
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {

@@ -42,17 +42,10 @@ __device__ void add_rmsnorm(float* out, float* x, const float* d, const W* w, in
 			if (i < n4) {
 				v[u] = make_float4(v[u].x + dv[u].x, v[u].y + dv[u].y, v[u].z + dv[u].z, v[u].w + dv[u].w);
 				((float4*)xr)[i] = v[u];
-				s += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+				s += sumsq4(v[u]);
 			}
 		}
-		s = block_sum(s);
-		const float r = rsqrtf(s / (float)n + eps);
-#pragma unroll
-		for (int u = 0; u < NORM_VEC; u++) {
-			const int i = threadIdx.x + u * blockDim.x;
-			if (i < n4)
-				((float4*)orow)[i] = make_float4(v[u].x * r * wv[u].x, v[u].y * r * wv[u].y, v[u].z * r * wv[u].z, v[u].w * r * wv[u].w);
-		}
+		norm_rows4(orow, v, wv, s, n, n4, eps);
 		return;
 	}
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
