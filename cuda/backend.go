@@ -453,7 +453,8 @@ func (b *Backend) Cached() int64 { return b.alloc.snapshot().Cached }
 
 // Fixed is the device memory the backend holds outside Alloc from Open to
 // Close (Stats.Workspace): the cuBLAS workspace, when cuBLAS is loaded,
-// the arena its operations take their scratch from and the step tables.
+// the arena its operations take their scratch from and the step tables
+// (with the decode attention's split counts).
 // (The driver's own context memory is in no account.)
 func (b *Backend) Fixed() int64 {
 	n := b.workspaceSize + b.scr.size

@@ -604,8 +604,11 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 			count = b.splitCount
 		}
 		a := new(args).ptr(out.Ptr()).ptr(part).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt)).ptr(count)
-		if err := b.run(plan.kernel, grid, block, a); err != nil || count != 0 {
+		if err := b.run(plan.kernel, grid, block, a); err != nil {
 			return err
+		}
+		if count != 0 {
+			return nil // merged by the last block
 		}
 		m := new(args).ptr(out.Ptr()).ptr(part).i32(heads).i32(plan.splits)
 		return b.run(fmt.Sprintf("attention_merge_d%d", headDim), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{uint32(headDim), 1, 1}, m)
