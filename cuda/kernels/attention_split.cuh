@@ -202,7 +202,7 @@ __device__ void merge_splits(float* out, const float* part, int heads, int split
 }
 
 // attention_merge: block (h, t) merges query t's head h (merge_splits),
-// after an attention_split launch without counters.
+// after an attention_split launch without counts.
 template <int D>
 __device__ void attention_merge(float* out, const float* part, int heads, int splits) {
 	merge_splits<D>(out, part, heads, splits, blockIdx.x, blockIdx.y);
