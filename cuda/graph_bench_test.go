@@ -165,8 +165,9 @@ func BenchmarkGEMVShapes(b *testing.B) {
 // BenchmarkDecodeBlock times one decoder block's decode step (F16
 // weights; position 1000) of the Llama-2-7B shape (404 MiB of weights)
 // and the TinyLlama-1.1B shape (44 MiB) eagerly, launch by launch
-// ("eager"), and replayed as a captured graph with the default GEMV
-// kernels ("graph") and with each candidate ("graph-NAME", gemvModes):
+// ("eager", with Open's GEMV kernels), and replayed as a captured graph
+// with the per-shape GEMV kernels ("graph") and with each candidate
+// ("graph-NAME", gemvModes; decode's default on the H200 is graph-s2p):
 // us per block, the weight GB/s, its percentage of the copy rate measured
 // at the start, and the launches per block. 32 blocks make a 7B token;
 // the bound at 4.1 TB/s is about 100 us a block (7B), 11 us (1.1B).
@@ -322,15 +323,18 @@ func gemvModes() []string {
 }
 
 // setGEMVMode sets be's GEMV kernels for a mode of gemvModes until the
-// benchmark ends.
+// benchmark ends, and then gives back those it had (Open's choice: on
+// compute capability 9.0 and newer, defaultGEMV rather than the per-shape
+// kernels of "graph").
 func setGEMVMode(b *testing.B, be *Backend, mode string) {
 	_, name, _ := strings.Cut(mode, "-")
 	v, rows, err := gemvVariantNamed(name)
 	if err != nil {
 		b.Fatal(err)
 	}
+	prev, prevRows := be.gemvSplit, be.gemvRows
 	be.gemvSplit, be.gemvRows = v, rows
-	b.Cleanup(func() { be.gemvSplit, be.gemvRows = nil, 0 })
+	b.Cleanup(func() { be.gemvSplit, be.gemvRows = prev, prevRows })
 }
 
 // BenchmarkGEMVMany times a block's q, k and v products as one MatMulMany
