@@ -76,7 +76,7 @@ func TestKernelConstants(t *testing.T) {
 		want         int
 	}{
 		{"kernels/attention_split.cuh", "SPLIT_MAX", splitMax},
-		{"kernels/common.cuh", "NORM_VEC", normVec},
+		{"kernels/norm.cuh", "NORM_VEC", normVec},
 	} {
 		data, err := os.ReadFile(c.file)
 		if err != nil {

@@ -3,7 +3,7 @@ package cuda
 // The norm kernels' launch, in a file of its own (no build tag) so that
 // it is tested without a GPU.
 
-// normVec is NORM_VEC of kernels/common.cuh: the float4 of a row each
+// normVec is NORM_VEC of kernels/norm.cuh: the float4 of a row each
 // thread of the norm kernels holds (TestKernelConstants).
 const normVec = 2
 

@@ -1,7 +1,7 @@
 // Row and elementwise kernels of strata's CUDA backend: RMSNorm, rotary
 // embedding, SiLU-times-up, residual add, bias add, embedding gather, type
 // casts and argmax. Semantics follow tensor.Ops in tensor/backend.go.
-#include "common.cuh"
+#include "norm.cuh"
 
 // out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w. One block per row. A
 // row of at most 4*NORM_VEC*blockDim.x elements, aligned for load4, is

@@ -3,7 +3,7 @@
 // captured graphs (tensor.Rotary.PosAt). A position read from memory is
 // clamped to [0, bound], the host's upper bound of it, so that a wrong
 // value cannot reach outside the tables and caches.
-#include "common.cuh"
+#include "norm.cuh"
 
 __device__ __forceinline__ int position(int bound, const int* at) {
 	if (at == nullptr) return bound;
