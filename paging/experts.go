@@ -390,11 +390,7 @@ func (p *Pager) acquireExperts(ctx context.Context, layer int, experts []int, la
 	}
 	missed := map[*expertEntry]bool{}
 	p.mu.Lock()
-	if layer <= x.cur {
-		x.pass++
-	}
-	x.cur = layer
-	x.visits[layer]++
+	x.visit(layer)
 	for {
 		if p.closed {
 			p.mu.Unlock()
@@ -696,11 +692,7 @@ func (p *Pager) PrepareExperts(layer, n int) {
 	x := p.ex
 	// The standings as the acquire will see them, after its bookkeeping.
 	pass, cur, visits := x.pass, x.cur, x.visits[layer]
-	if layer <= x.cur {
-		x.pass++
-	}
-	x.cur = layer
-	x.visits[layer]++
+	x.visit(layer)
 	pr := &x.prep
 	pr.free = pr.free[:0]
 	x.beginVictims(n)
@@ -753,6 +745,17 @@ func (p *Pager) unreserveExpertLocked(e *expertEntry) {
 	p.ex.slots[e.slot] = nil
 	e.slot, e.loading = -1, false
 	p.changedLocked()
+}
+
+// visit counts an acquire of layer's experts (the caller holds p.mu): a
+// new pass of the walk over the layers unless layer comes after the last
+// one acquired, and a visit of layer.
+func (x *expertCache) visit(layer int) {
+	if layer <= x.cur {
+		x.pass++
+	}
+	x.cur = layer
+	x.visits[layer]++
 }
 
 // standing is an evictable expert's place in the order victims go in:
