@@ -82,6 +82,11 @@ type Backend struct {
 
 	// counts are the launches issued so far (Launches).
 	counts struct{ kernels, copies, library, graphs atomic.Int64 }
+	// pdl launches a decode step's small kernels with programmatic
+	// dependent launch (runStep): Open sets it on compute capability 9.0
+	// and newer unless PDLEnv turns it off; pdlLaunches counts them.
+	pdl         bool
+	pdlLaunches atomic.Int64
 
 	// Graph capture (graph.go): captureTid is the OS thread of the
 	// goroutine inside Capture's f (0 when none), whose operations run
@@ -229,9 +234,15 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // where it is empty, on compute capability 9.0 and newer) and
 // STRATA_CUDA_QGEMV (QGEMVEnv) the integer GEMV of Q4_K and Q5_K, and
 // STRATA_CUDA_SPLIT_CHUNK (SplitChunkEnv) the positions a block of the
-// decode attention walks (splitChunk where it is empty).
+// decode attention walks (splitChunk where it is empty), and
+// STRATA_CUDA_PDL=0 (PDLEnv) turns off programmatic dependent launch of a
+// decode step's small kernels.
 func Open(device int) (*Backend, error) {
 	chunk, err := splitChunkNamed(os.Getenv(SplitChunkEnv))
+	if err != nil {
+		return nil, err
+	}
+	pdl, err := pdlNamed(os.Getenv(PDLEnv))
 	if err != nil {
 		return nil, err
 	}
@@ -271,6 +282,7 @@ func Open(device int) (*Backend, error) {
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
 		gemvRows: rows, gemvSplit: split, qgemv: qgemv, qgemvD: qgemvD, splitChunk: chunk,
+		pdl: pdl && info.Major >= 9,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()

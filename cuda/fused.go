@@ -94,7 +94,7 @@ func (b *Backend) AddRMSNorm(out, x, d, w *tensor.Tensor, eps float32) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(d.Ptr()).ptr(w.Ptr()).i32(n).f32(eps)
-		return b.run("add_rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{normThreads(n), 1, 1}, a)
+		return b.runStep("add_rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{normThreads(n), 1, 1}, a)
 	})
 }
 
@@ -121,7 +121,7 @@ func (b *Backend) RopeKV(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary) error 
 	return b.ops(op, func() error {
 		a := new(args).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).ptr(kc.Ptr()).ptr(vc.Ptr()).ptr(r.Cos.Ptr()).ptr(r.Sin.Ptr()).
 			i32(t).i32(r.Heads).i32(kvHeads).i32(r.HeadDim).i32(r.Pos0).ptr(posPtr(r.PosAt))
-		return b.run1D("rope_kv_"+suffix(kc.DType()), n, a)
+		return b.runStep1D("rope_kv_"+suffix(kc.DType()), n, a)
 	})
 }
 

@@ -86,23 +86,6 @@ func (b *Backend) loadKernels() error {
 	return nil
 }
 
-// ptxEntries lists the kernels (.entry directives) of a PTX image.
-func ptxEntries(ptx string) []string {
-	var out []string
-	for _, line := range strings.Split(ptx, "\n") {
-		line = strings.TrimSpace(line)
-		if !strings.HasPrefix(line, ".visible .entry ") && !strings.HasPrefix(line, ".entry ") {
-			continue
-		}
-		name := line[strings.Index(line, ".entry ")+len(".entry "):]
-		if i := strings.IndexAny(name, "( "); i >= 0 {
-			name = name[:i]
-		}
-		out = append(out, name)
-	}
-	return out
-}
-
 var requiredKernels = func() []string {
 	var k []string
 	for _, t := range []string{"f32", "f16", "bf16"} {
@@ -194,13 +177,47 @@ func (b *Backend) runPDL(name string, grid, block [3]uint32, a *args) error {
 	return nil
 }
 
+// runStep launches a kernel of a decode step (stepKernels) as run does,
+// or, where the backend launches them so (pdl), its twin with
+// programmatic dependent launch: the twin lets the next kernel launch
+// from its start and waits for the one before it (kernels/step.cuh), so
+// that one kernel's launch and ramp overlap the other's end. The caller
+// holds opsMu and has entered the context.
+func (b *Backend) runStep(name string, grid, block [3]uint32, a *args) error {
+	if b.pdl {
+		if f, ok := b.kernels[name+pdlSuffix]; ok {
+			b.counts.kernels.Add(1)
+			b.pdlLaunches.Add(1)
+			if err := launchPDL(f, grid, block, b.compute, a); err != nil {
+				return fmt.Errorf("%s: launching %s%s: %w", b.name, name, pdlSuffix, err)
+			}
+			return nil
+		}
+	}
+	return b.run(name, grid, block, a)
+}
+
 // run1D launches an elementwise kernel over n items with a grid-stride
 // loop.
 func (b *Backend) run1D(name string, n int64, a *args) error {
-	const threads = 256
-	blocks := (n + threads - 1) / threads
+	return b.run(name, grid1D(b, n), [3]uint32{threads1D, 1, 1}, a)
+}
+
+// runStep1D launches a decode step's elementwise kernel as run1D does,
+// through runStep.
+func (b *Backend) runStep1D(name string, n int64, a *args) error {
+	return b.runStep(name, grid1D(b, n), [3]uint32{threads1D, 1, 1}, a)
+}
+
+// threads1D is the block size of run1D's grid-stride kernels.
+const threads1D = 256
+
+// grid1D is run1D's grid for n items: a block per threads1D items, at
+// most 16 a multiprocessor.
+func grid1D(b *Backend, n int64) [3]uint32 {
+	blocks := (n + threads1D - 1) / threads1D
 	blocks = min(blocks, int64(b.info.SMs)*16)
-	return b.run(name, [3]uint32{uint32(max(blocks, 1)), 1, 1}, [3]uint32{threads, 1, 1}, a)
+	return [3]uint32{uint32(max(blocks, 1)), 1, 1}
 }
 
 // memsetAsync zeroes n bytes at p on the compute stream.

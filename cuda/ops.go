@@ -284,7 +284,7 @@ func (b *Backend) RMSNorm(out, x, w *tensor.Tensor, eps float32) error {
 	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(w.Ptr()).i32(d).f32(eps)
-		return b.run("rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{normThreads(d), 1, 1}, a)
+		return b.runStep("rmsnorm_"+suffix(w.DType()), [3]uint32{uint32(m), 1, 1}, [3]uint32{normThreads(d), 1, 1}, a)
 	})
 }
 
@@ -303,7 +303,7 @@ func (b *Backend) Rope(x *tensor.Tensor, r tensor.Rotary) error {
 	return b.ops(op, func() error {
 		a := new(args).ptr(x.Ptr()).ptr(cos.Ptr()).ptr(sin.Ptr()).i32(t).i32(heads).i32(headDim).i32(pos0)
 		if r.PosAt != nil { // read when the kernel runs, clamped to [0, pos0]
-			return b.run1D("rope_f32_at", int64(t)*int64(heads)*int64(half), a.ptr(r.PosAt.Ptr()))
+			return b.runStep1D("rope_f32_at", int64(t)*int64(heads)*int64(half), a.ptr(r.PosAt.Ptr()))
 		}
 		return b.run1D("rope_f32", int64(t)*int64(heads)*int64(half), a)
 	})
@@ -363,7 +363,7 @@ func (b *Backend) Add(out, x, y *tensor.Tensor) error {
 		return nil
 	}
 	return b.ops(op, func() error {
-		return b.run1D("add_f32", n, new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(y.Ptr()).i64(n))
+		return b.runStep1D("add_f32", n, new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(y.Ptr()).i64(n))
 	})
 }
 
@@ -589,7 +589,7 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 		block := [3]uint32{128, 1, 1} // SPLIT_WARPS
 		if plan.splits == 1 {
 			a := new(args).ptr(out.Ptr()).ptr(0).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt)).ptr(0)
-			return b.run(plan.kernel, grid, block, a)
+			return b.runStep(plan.kernel, grid, block, a)
 		}
 		n := int64(heads) * int64(t) * int64(plan.splits) * int64(headDim+2) * 4
 		part, release, err := b.scratch("Attention", n)
@@ -604,14 +604,14 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 			count = b.splitCount
 		}
 		a := new(args).ptr(out.Ptr()).ptr(part).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt)).ptr(count)
-		if err := b.run(plan.kernel, grid, block, a); err != nil {
+		if err := b.runStep(plan.kernel, grid, block, a); err != nil {
 			return err
 		}
 		if count != 0 {
 			return nil // merged by the last block
 		}
 		m := new(args).ptr(out.Ptr()).ptr(part).i32(heads).i32(plan.splits)
-		return b.run(fmt.Sprintf("attention_merge_d%d", headDim), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{uint32(headDim), 1, 1}, m)
+		return b.runStep(fmt.Sprintf("attention_merge_d%d", headDim), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{uint32(headDim), 1, 1}, m)
 	}
 	a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
 	// Graph capture: the _at kernels read pos0 from at.PosAt when they

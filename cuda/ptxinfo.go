@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 var ptxVersionRE = regexp.MustCompile(`(?m)^\s*\.version\s+(\d+)\.(\d+)`)
@@ -48,4 +49,21 @@ func ptxTarget(ptx string) int {
 	}
 	v, _ := strconv.Atoi(m[1])
 	return v
+}
+
+// ptxEntries lists the kernels (.entry directives) of a PTX image.
+func ptxEntries(ptx string) []string {
+	var out []string
+	for _, line := range strings.Split(ptx, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, ".visible .entry ") && !strings.HasPrefix(line, ".entry ") {
+			continue
+		}
+		name := line[strings.Index(line, ".entry ")+len(".entry "):]
+		if i := strings.IndexAny(name, "( "); i >= 0 {
+			name = name[:i]
+		}
+		out = append(out, name)
+	}
+	return out
 }

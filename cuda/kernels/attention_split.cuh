@@ -17,6 +17,7 @@
 #pragma once
 
 #include "kvcache.cuh"
+#include "step.cuh"
 
 #define SPLIT_WARPS 4
 // SPLIT_MAX is splitMax of cuda/attnplan.go: the most splits of a query.
@@ -209,9 +210,10 @@ __device__ void attention_merge(float* out, const float* part, int heads, int sp
 }
 
 #define SPLIT_ENTRY(sfx, KV, D)                                                                                                     \
-	extern "C" __global__ void attention_split_##sfx##_d##D(float* out, float* part, const float* q, const KV* k, const KV* v,  \
-								 int heads, int kvHeads, int pos0, float scale, int chunk,         \
-								 const int* posAt, int* count) {                                   \
+	extern "C" __global__ void STEP_KERNEL(attention_split_##sfx##_d##D)(float* out, float* part, const float* q, const KV* k,  \
+									      const KV* v, int heads, int kvHeads, int pos0, float scale, \
+									      int chunk, const int* posAt, int* count) {                 \
+		step_begin();                                                                                                   \
 		const long long stride = (long long)kvHeads * D;                                                            \
 		attention_split<KV, D>(out, part, q, kv_cache<KV>{k, stride}, kv_cache<KV>{v, stride}, heads, kvHeads, pos0, scale, \
 				       chunk, posAt, count);                                                                 \
@@ -222,6 +224,7 @@ __device__ void attention_merge(float* out, const float* part, int heads, int sp
 	SPLIT_ENTRY(bf16, bf16, D)    \
 	SPLIT_ENTRY(q8_0, q8_0, D)    \
 	SPLIT_ENTRY(q8_b8, q8_b8, D)  \
-	extern "C" __global__ void attention_merge_d##D(float* out, const float* part, int heads, int splits) { \
-		attention_merge<D>(out, part, heads, splits);                                                   \
+	extern "C" __global__ void STEP_KERNEL(attention_merge_d##D)(float* out, const float* part, int heads, int splits) { \
+		step_begin();                                                                                                \
+		attention_merge<D>(out, part, heads, splits);                                                                \
 	}

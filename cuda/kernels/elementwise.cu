@@ -1,48 +1,8 @@
-// Row and elementwise kernels of strata's CUDA backend: RMSNorm, rotary
-// embedding, SiLU-times-up, residual add, bias add, embedding gather, type
-// casts and argmax. Semantics follow tensor.Ops in tensor/backend.go.
-#include "norm.cuh"
-
-// out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w. One block per row. A
-// row of at most 4*NORM_VEC*blockDim.x elements, aligned for load4, is
-// read once, as float4, each thread's loads all in flight before the sum
-// (a decode step's row is one dependent round of loads, where a loop of
-// single floats took several); other rows take the loop.
-template <typename W>
-__device__ void rmsnorm(float* out, const float* x, const W* w, int n, float eps) {
-	const long long row = blockIdx.x;
-	const float* xr = x + row * n;
-	float* orow = out + row * n;
-	float s = 0.0f;
-	if (n <= 4 * NORM_VEC * (int)blockDim.x && aligned4(xr, w, n) && ((uintptr_t)orow & 15) == 0) {
-		const int n4 = n >> 2;
-		float4 v[NORM_VEC], wv[NORM_VEC];
-#pragma unroll
-		for (int u = 0; u < NORM_VEC; u++) {
-			const int i = threadIdx.x + u * blockDim.x;
-			if (i < n4) {
-				v[u] = ((const float4*)xr)[i];
-				wv[u] = load4(w, i);
-			}
-		}
-#pragma unroll
-		for (int u = 0; u < NORM_VEC; u++)
-			if (threadIdx.x + u * blockDim.x < n4) s += sumsq4(v[u]);
-		norm_rows4(orow, v, wv, s, n, n4, eps);
-		return;
-	}
-	for (int i = threadIdx.x; i < n; i += blockDim.x) {
-		const float v = xr[i];
-		s += v * v;
-	}
-	s = block_sum(s);
-	const float r = rsqrtf(s / (float)n + eps);
-	for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * r * to_f32(w[i]);
-}
-
-extern "C" __global__ void rmsnorm_f32(float* out, const float* x, const float* w, int n, float eps) { rmsnorm(out, x, w, n, eps); }
-extern "C" __global__ void rmsnorm_f16(float* out, const float* x, const __half* w, int n, float eps) { rmsnorm(out, x, w, n, eps); }
-extern "C" __global__ void rmsnorm_bf16(float* out, const float* x, const bf16* w, int n, float eps) { rmsnorm(out, x, w, n, eps); }
+// Row and elementwise kernels of strata's CUDA backend: rotary embedding,
+// SiLU-times-up, bias add, embedding gather, type casts and argmax (RMSNorm
+// and the residual add are in fused.cu, with the decode step's kernels).
+// Semantics follow tensor.Ops in tensor/backend.go.
+#include "common.cuh"
 
 // Rotates x[T, heads*headDim] in place, pairs (j, j+half), row t at
 // position pos0+t; cos and sin are [maxPos, half].
@@ -86,10 +46,6 @@ extern "C" __global__ void silu_mul_f32(float* out, const float* gate, const flo
 		const float g = gate[i];
 		out[i] = g / (1.0f + expf(-g)) * up[i];
 	}
-}
-
-extern "C" __global__ void add_f32(float* out, const float* a, const float* b, long long n) {
-	GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
 // out[M,N] += bias[N] on every row.

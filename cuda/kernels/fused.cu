@@ -1,9 +1,12 @@
-// Fused kernels of a decode step (tensor.AddRMSNorm, tensor.RopeKV) and
-// the rotary embedding with its position read from device memory, for
-// captured graphs (tensor.Rotary.PosAt). A position read from memory is
-// clamped to [0, bound], the host's upper bound of it, so that a wrong
-// value cannot reach outside the tables and caches.
+// The row kernels of a decode step (tensor.RMSNorm, tensor.AddRMSNorm,
+// tensor.RopeKV, the residual add) and the rotary embedding with its
+// position read from device memory, for captured graphs
+// (tensor.Rotary.PosAt). A position read from memory is clamped to
+// [0, bound], the host's upper bound of it, so that a wrong value cannot
+// reach outside the tables and caches. step_pdl.cu compiles this file
+// again as the kernels' programmatic-dependent-launch twins (step.cuh).
 #include "norm.cuh"
+#include "step.cuh"
 
 __device__ __forceinline__ int position(int bound, const int* at) {
 	if (at == nullptr) return bound;
@@ -13,6 +16,56 @@ __device__ __forceinline__ int position(int bound, const int* at) {
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void store(bf16* p, float v) { *p = bf16_from_f32(v); }
+
+// out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w. One block per row. A
+// row of at most 4*NORM_VEC*blockDim.x elements, aligned for load4, is
+// read once, as float4, each thread's loads all in flight before the sum
+// (a decode step's row is one dependent round of loads, where a loop of
+// single floats took several); other rows take the loop.
+template <typename W>
+__device__ void rmsnorm(float* out, const float* x, const W* w, int n, float eps) {
+	const long long row = blockIdx.x;
+	const float* xr = x + row * n;
+	float* orow = out + row * n;
+	float s = 0.0f;
+	if (n <= 4 * NORM_VEC * (int)blockDim.x && aligned4(xr, w, n) && ((uintptr_t)orow & 15) == 0) {
+		const int n4 = n >> 2;
+		float4 v[NORM_VEC], wv[NORM_VEC];
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++) {
+			const int i = threadIdx.x + u * blockDim.x;
+			if (i < n4) {
+				v[u] = ((const float4*)xr)[i];
+				wv[u] = load4(w, i);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < NORM_VEC; u++)
+			if (threadIdx.x + u * blockDim.x < n4) s += sumsq4(v[u]);
+		norm_rows4(orow, v, wv, s, n, n4, eps);
+		return;
+	}
+	for (int i = threadIdx.x; i < n; i += blockDim.x) {
+		const float v = xr[i];
+		s += v * v;
+	}
+	s = block_sum(s);
+	const float r = rsqrtf(s / (float)n + eps);
+	for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * r * to_f32(w[i]);
+}
+
+extern "C" __global__ void STEP_KERNEL(rmsnorm_f32)(float* out, const float* x, const float* w, int n, float eps) {
+	step_begin();
+	rmsnorm(out, x, w, n, eps);
+}
+extern "C" __global__ void STEP_KERNEL(rmsnorm_f16)(float* out, const float* x, const __half* w, int n, float eps) {
+	step_begin();
+	rmsnorm(out, x, w, n, eps);
+}
+extern "C" __global__ void STEP_KERNEL(rmsnorm_bf16)(float* out, const float* x, const bf16* w, int n, float eps) {
+	step_begin();
+	rmsnorm(out, x, w, n, eps);
+}
 
 // x[r,:] += d[r,:], then out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w.
 // One block per row; each thread reads back only what it wrote. Rows that
@@ -58,20 +111,24 @@ __device__ void add_rmsnorm(float* out, float* x, const float* d, const W* w, in
 	for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * r * to_f32(w[i]);
 }
 
-extern "C" __global__ void add_rmsnorm_f32(float* out, float* x, const float* d, const float* w, int n, float eps) {
+extern "C" __global__ void STEP_KERNEL(add_rmsnorm_f32)(float* out, float* x, const float* d, const float* w, int n, float eps) {
+	step_begin();
 	add_rmsnorm(out, x, d, w, n, eps);
 }
-extern "C" __global__ void add_rmsnorm_f16(float* out, float* x, const float* d, const __half* w, int n, float eps) {
+extern "C" __global__ void STEP_KERNEL(add_rmsnorm_f16)(float* out, float* x, const float* d, const __half* w, int n, float eps) {
+	step_begin();
 	add_rmsnorm(out, x, d, w, n, eps);
 }
-extern "C" __global__ void add_rmsnorm_bf16(float* out, float* x, const float* d, const bf16* w, int n, float eps) {
+extern "C" __global__ void STEP_KERNEL(add_rmsnorm_bf16)(float* out, float* x, const float* d, const bf16* w, int n, float eps) {
+	step_begin();
 	add_rmsnorm(out, x, d, w, n, eps);
 }
 
 // Rotates x[T, heads*headDim] in place as rope_f32 does, row t at position
 // p+t with p read from posAt (clamped to [0, pos0]).
-extern "C" __global__ void rope_f32_at(float* x, const float* cosT, const float* sinT, int T, int heads, int headDim, int pos0,
-				       const int* posAt) {
+extern "C" __global__ void STEP_KERNEL(rope_f32_at)(float* x, const float* cosT, const float* sinT, int T, int heads, int headDim,
+						    int pos0, const int* posAt) {
+	step_begin();
 	const int p0 = position(pos0, posAt);
 	const int half = headDim / 2;
 	const long long total = (long long)T * heads * half;
@@ -130,10 +187,18 @@ __device__ void rope_kv(float* q, const float* k, const float* v, C* kc, C* vc, 
 }
 
 #define ROPE_KV(C, SFX)                                                                                                           \
-	extern "C" __global__ void rope_kv_##SFX(float* q, const float* k, const float* v, C* kc, C* vc, const float* cosT,         \
-						 const float* sinT, int T, int heads, int kvHeads, int headDim, int pos0, const int* posAt) { \
+	extern "C" __global__ void STEP_KERNEL(rope_kv_##SFX)(float* q, const float* k, const float* v, C* kc, C* vc,                 \
+							      const float* cosT, const float* sinT, int T, int heads, int kvHeads, \
+							      int headDim, int pos0, const int* posAt) {                           \
+		step_begin();                                                                                                     \
 		rope_kv(q, k, v, kc, vc, cosT, sinT, T, heads, kvHeads, headDim, pos0, posAt);                                       \
 	}
 ROPE_KV(float, f32)
 ROPE_KV(__half, f16)
 ROPE_KV(bf16, bf16)
+
+// out = a + b, elementwise (the residual add).
+extern "C" __global__ void STEP_KERNEL(add_f32)(float* out, const float* a, const float* b, long long n) {
+	step_begin();
+	GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}

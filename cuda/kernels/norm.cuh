@@ -1,4 +1,4 @@
-// The norm kernels' row held in registers (rmsnorm in elementwise.cu,
+// The norm kernels' row held in registers (rmsnorm and
 // add_rmsnorm in fused.cu): its loads, four elements at a time, and its
 // end. Not in common.cuh, which the host harnesses compile as C++.
 #pragma once

@@ -1,0 +1,5 @@
+// genptx-arch: compute_90
+// The split attention and merge for a head dimension of 64 as
+// programmatic-dependent-launch twins (step.cuh): attention_split_*_d64_pdl.
+#define STEP_PDL
+#include "attention_split_d64.cu"

@@ -1,0 +1,43 @@
+package cuda
+
+import "fmt"
+
+// PDLEnv names the environment variable that turns off programmatic
+// dependent launch of a decode step's small kernels (Backend.runStep):
+// "0" or "off" launches them as other kernels are; empty, "1" or "on"
+// (the default) launches their _pdl twins on compute capability 9.0 and
+// newer. The PDL GEMVs (GEMVEnv) are chosen apart.
+const PDLEnv = "STRATA_CUDA_PDL"
+
+// pdlSuffix names a kernel's programmatic-dependent-launch twin
+// (kernels/step.cuh).
+const pdlSuffix = "_pdl"
+
+// pdlNamed parses PDLEnv's value.
+func pdlNamed(v string) (bool, error) {
+	switch v {
+	case "", "1", "on":
+		return true, nil
+	case "0", "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("cuda: %s=%q: want on or off (1 or 0)", PDLEnv, v)
+}
+
+// stepKernels are the kernels that Backend.runStep launches: each has a
+// twin named with pdlSuffix in a module for compute_90 (kernels/step.cuh,
+// step_pdl*.cu). TestStepKernelsPDL checks the twins in the committed
+// PTX.
+var stepKernels = func() []string {
+	var k []string
+	for _, t := range []string{"f32", "f16", "bf16"} {
+		k = append(k, "rmsnorm_"+t, "add_rmsnorm_"+t, "rope_kv_"+t)
+	}
+	for _, d := range []string{"_d64", "_d128", "_d256"} {
+		for _, t := range []string{"f32", "f16", "bf16", "q8_0", "q8_b8"} {
+			k = append(k, "attention_split_"+t+d)
+		}
+		k = append(k, "attention_merge"+d)
+	}
+	return append(k, "rope_f32_at", "add_f32")
+}()
