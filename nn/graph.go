@@ -87,6 +87,7 @@ type sessionGraphs struct {
 	runs     map[[2]int]*layerGraphs
 	noRun    map[int]bool
 	resident ResidentWeights // the model's weights, or nil without it
+	fp       []byte          // runGraphed's buffer for a run's fingerprint
 	// Counters since the session opened, for tests and benchmarks.
 	captures, replays, eager, runReplays, runBlocks int64
 }
@@ -145,14 +146,17 @@ func (s *Session) bucket(pos int) int {
 // fingerprint is the addresses of lw's tensors, in the order of the
 // layer's names.
 func (s *Session) fingerprint(layer int, lw LayerWeights) string {
-	n := &s.m.names[layer]
-	buf := make([]byte, 0, 8*len(n))
-	for _, name := range n {
+	return string(s.appendFingerprint(nil, layer, lw))
+}
+
+// appendFingerprint appends fingerprint's bytes to buf.
+func (s *Session) appendFingerprint(buf []byte, layer int, lw LayerWeights) []byte {
+	for _, name := range s.m.names[layer] {
 		if t := lw[name]; name != "" && t != nil {
 			buf = binary.LittleEndian.AppendUint64(buf, uint64(address(t)))
 		}
 	}
-	return string(buf)
+	return buf
 }
 
 // address is where t's storage starts: its device pointer, or for a
@@ -231,21 +235,47 @@ func (s *Session) runEnd(gs *sessionGraphs, i int) int {
 // last has been queued.
 func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos0 int, scale float32, residual bool) error {
 	m := s.m
-	lws := make([]LayerWeights, 0, hi-lo)
+	// The run's layers are pinned, and their maps acquired only for a
+	// capture or an eager run: a replay needs only to know that the
+	// tensors are where they were (fp).
+	var lws []LayerWeights
+	pins := 0
 	defer func() {
+		for k := range pins {
+			m.weights.Release(m.blockLayer(lo + k))
+		}
 		for k := range lws {
 			m.weights.Release(m.blockLayer(lo + k))
 		}
 	}()
-	fp := ""
-	for i := lo; i < hi; i++ {
-		lw, err := m.weights.Acquire(ctx, m.blockLayer(i))
-		if err != nil {
-			return fmt.Errorf("block %d: %w", i, err)
+	acquire := func() error {
+		for i := lo + len(lws); i < hi; i++ {
+			lw, err := m.weights.Acquire(ctx, m.blockLayer(i))
+			if err != nil {
+				return fmt.Errorf("block %d: %w", i, err)
+			}
+			lws = append(lws, lw)
 		}
-		lws = append(lws, lw)
-		fp += s.fingerprint(m.blockLayer(i), lw)
+		return nil
 	}
+	fp := gs.fp[:0]
+	if p := layerPinner(m.weights); p != nil {
+		for i := lo; i < hi; i++ {
+			var err error
+			if fp, err = p.PinLayer(ctx, m.blockLayer(i), fp); err != nil {
+				return fmt.Errorf("block %d: %w", i, err)
+			}
+			pins++
+		}
+	} else {
+		if err := acquire(); err != nil {
+			return err
+		}
+		for k, lw := range lws {
+			fp = s.appendFingerprint(fp, m.blockLayer(lo+k), lw)
+		}
+	}
+	gs.fp = fp
 	run := func(pos int, posAt *tensor.Tensor) error {
 		for k, lw := range lws {
 			if err := s.block(ctx, lo+k, 1, pos, lw, scale, posAt, residual || k > 0); err != nil {
@@ -268,7 +298,14 @@ func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos
 			gs.noRun[i] = true
 		}
 	}
-	key := graphKey{bound: s.bucket(pos0), fp: fp, residual: residual}
+	key := graphKey{bound: s.bucket(pos0), fp: string(fp), residual: residual}
+	if rg.graphs[key] == nil {
+		// A capture or an eager run follows: both need the maps, taken
+		// before a capture starts.
+		if err := acquire(); err != nil {
+			return err
+		}
+	}
 	g := rg.graph(gs, key, func() error { return run(key.bound, gs.posAt) }, abandon)
 	if g == nil {
 		gs.eager += int64(hi - lo)

@@ -629,6 +629,20 @@ func (w stageWeights) Release(layer int) {
 	}
 }
 
+// PinLayer pins layer through the server's PinLayer (layerPinner offers
+// it only when the server has one).
+func (w stageWeights) PinLayer(ctx context.Context, layer int, fp []byte) ([]byte, error) {
+	l, ok := w.local[layer]
+	if !ok {
+		return fp, fmt.Errorf("nn: layer %d is not on this stage", layer)
+	}
+	p, ok := w.srv.(LayerPinner)
+	if !ok {
+		return fp, fmt.Errorf("nn: the stage's weights cannot pin layer %d without its tensors", layer)
+	}
+	return p.PinLayer(ctx, l, fp)
+}
+
 var (
 	_ ExpertWeights   = stageWeights{}
 	_ ResidentWeights = stageWeights{}

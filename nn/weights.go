@@ -45,6 +45,32 @@ var (
 	_ ResidentWeights = (*paging.Pager)(nil)
 )
 
+// LayerPinner is a Weights that pins a layer without handing out its
+// tensors (paging.Pager.PinLayer): PinLayer pins it as Acquire does, until
+// the matching Release, and appends to fp bytes that are the same from
+// pin to pin exactly when the layer's tensors are where they were. A
+// decode step replays a run of resident blocks' graph after pinning them
+// so, without building their maps (runGraphed).
+type LayerPinner interface {
+	PinLayer(ctx context.Context, layer int, fp []byte) ([]byte, error)
+}
+
+var _ LayerPinner = (*paging.Pager)(nil)
+
+// layerPinner returns w's LayerPinner, or nil when it has none (a stage's
+// weights have one when their server has).
+func layerPinner(w Weights) LayerPinner {
+	switch w := w.(type) {
+	case stageWeights:
+		if _, ok := w.srv.(LayerPinner); ok {
+			return w
+		}
+	case LayerPinner:
+		return w
+	}
+	return nil
+}
+
 // ExpertWeights is a Weights that serves the routed experts of some
 // sparse blocks one by one, outside the layer's map (a paging.Pager whose
 // plan caches experts, paging.WithExpertCache): the forward pass acquires

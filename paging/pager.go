@@ -3,6 +3,7 @@ package paging
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
@@ -778,8 +780,64 @@ func (p *Pager) withLenders(layers []int) []int {
 // Release. It waits for either layer's load holding no pin, and pins both
 // at once.
 func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tensor, error) {
+	var m map[string]*tensor.Tensor
+	err := p.acquire(ctx, layer, func(e *entry, lent map[string]*tensor.Tensor) {
+		m = make(map[string]*tensor.Tensor, len(e.specs))
+		for k, i := range e.res {
+			m[e.specs[i].Name] = e.resT[k]
+		}
+		for k, i := range e.str {
+			m[e.specs[i].Name] = e.strT[k]
+		}
+		maps.Copy(m, lent)
+	})
+	return m, err
+}
+
+// PinLayer pins a layer as Acquire does, until the matching Release,
+// without handing out its tensors: it appends to fp where each of them
+// starts (its device address, or for a tensor in host memory the address
+// of its bytes), 8 bytes each, in an order fixed for the layer. Two pins
+// of a layer append the same bytes exactly when its tensors are where
+// they were: what a captured decode graph needs to know before it is
+// replayed, at the cost of no map (nn's runs of resident blocks).
+func (p *Pager) PinLayer(ctx context.Context, layer int, fp []byte) ([]byte, error) {
+	err := p.acquire(ctx, layer, func(e *entry, lent map[string]*tensor.Tensor) {
+		for _, t := range e.resT {
+			fp = binary.LittleEndian.AppendUint64(fp, uint64(addressOf(t)))
+		}
+		for _, t := range e.strT {
+			fp = binary.LittleEndian.AppendUint64(fp, uint64(addressOf(t)))
+		}
+		for _, i := range e.shared {
+			fp = binary.LittleEndian.AppendUint64(fp, uint64(addressOf(lent[e.specs[i].Name])))
+		}
+	})
+	return fp, err
+}
+
+// addressOf is where t's storage starts: its device pointer, or for a
+// tensor in host memory the address of its bytes; 0 for nil.
+func addressOf(t *tensor.Tensor) uintptr {
+	if t == nil {
+		return 0
+	}
+	if ptr := t.Ptr(); ptr != 0 || !t.OnHost() {
+		return ptr
+	}
+	if b := t.Bytes(); len(b) > 0 {
+		return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	}
+	return 0
+}
+
+// acquire is Acquire and PinLayer: it loads the layer if it is not on the
+// device, pins it, and calls use with the layer and the tensors its
+// lender lends it while it holds the lock, then starts prefetching the
+// next layers in the access order.
+func (p *Pager) acquire(ctx context.Context, layer int, use func(e *entry, lent map[string]*tensor.Tensor)) error {
 	if layer < 0 || layer >= len(p.layers) {
-		return nil, fmt.Errorf("paging: acquire layer %d: have layers 0..%d", layer, len(p.layers)-1)
+		return fmt.Errorf("paging: acquire layer %d: have layers 0..%d", layer, len(p.layers)-1)
 	}
 	e := p.layers[layer]
 	start := time.Now()
@@ -788,7 +846,7 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 	for {
 		if p.closed {
 			p.mu.Unlock()
-			return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, errClosed)
+			return fmt.Errorf("paging: acquire layer %d: %w", layer, errClosed)
 		}
 		if e.loaded() {
 			if err := e.awaitUploads(); err != nil {
@@ -799,7 +857,7 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 					p.evictRingLocked(e)
 				}
 				p.mu.Unlock()
-				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
+				return fmt.Errorf("paging: acquire layer %d: %w", layer, err)
 			}
 			lent, err := p.lendLocked(ctx, e, false)
 			if err == errLenderLoaded {
@@ -807,7 +865,7 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 			}
 			if err != nil {
 				p.mu.Unlock()
-				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, err)
+				return fmt.Errorf("paging: acquire layer %d: %w", layer, err)
 			}
 			e.pins++
 			e.lastUse = p.bg.Stamp()
@@ -819,21 +877,14 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 			} else {
 				p.demandWait += time.Since(start)
 			}
-			m := make(map[string]*tensor.Tensor, len(e.specs))
-			for k, i := range e.res {
-				m[e.specs[i].Name] = e.resT[k]
-			}
-			for k, i := range e.str {
-				m[e.specs[i].Name] = e.strT[k]
-			}
-			maps.Copy(m, lent)
+			use(e, lent)
 			p.cursor, p.advanced = layer, false
 			p.prefetchLocked()
 			p.mu.Unlock()
 			if !missed {
 				p.bg.record(Event{Kind: EventHit, Layer: layer, Pager: p.id})
 			}
-			return m, nil
+			return nil
 		}
 		if !missed {
 			missed, joined = true, e.loading
@@ -849,13 +900,13 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 		if err != nil {
 			if ctx.Err() != nil {
 				p.mu.Unlock()
-				return nil, fmt.Errorf("paging: acquire layer %d: %w", layer, ctx.Err())
+				return fmt.Errorf("paging: acquire layer %d: %w", layer, ctx.Err())
 			}
 			if errors.Is(err, errPrefetchSkipped) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				continue // a load started by someone else gave up: load it ourselves
 			}
 			p.mu.Unlock()
-			return nil, err
+			return err
 		}
 	}
 }
