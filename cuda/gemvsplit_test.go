@@ -194,7 +194,7 @@ func TestGEMVEnv(t *testing.T) {
 // TestGEMVVariantsChain runs 24 decode steps of a TinyLlama-1.1B block
 // (norm, q/k/v as one MatMulMany, RopeKV, attention, o product,
 // AddRMSNorm, GateUpSiLU, down product, residual) with each candidate
-// GEMV, eagerly and replayed as a graph, against the default kernels:
+// GEMV, eagerly and replayed as a graph, against the per-shape kernels:
 // the products of one step feed the next kernels, so a PDL variant
 // (b8p, s2p, s4p) that read its input or wrote its output before the
 // kernel before it had finished would differ. The residual must agree
@@ -205,6 +205,7 @@ func TestGEMVVariantsChain(t *testing.T) {
 	weights := randomWeights(r)
 	x0 := uniform(r, tinyLlama.d, -1, 1)
 	const steps = 24
+	b.gemvSplit = nil // the per-shape kernels
 	want := newMiniStep(t, b, tinyLlama, x0, weights)
 	var wants [][]float64
 	for p := range steps {

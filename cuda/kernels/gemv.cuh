@@ -50,8 +50,14 @@ inline uint4 load_stream(const uint4* p) {
 #endif
 
 // gemv_chunk adds chunk c (E weights of row n, as 16 loaded bytes) times x
-// to the M accumulators.
-template <typename W, int M>
+// to the M accumulators. x is read through the read-only cache (__ldg)
+// unless NC is false: a kernel launched with programmatic dependent launch
+// (the _pdl kernels) runs while the kernel that writes its x may still be
+// running, so its x is not read-only for the kernel's lifetime, which
+// ld.global.nc asks; it reads x with coherent loads (__ldca) after
+// pdl_wait. (With __ldg there, the PDL GEMVs read stale x on the H200 when
+// two of them ran back to back: TestGEMVVariantsChain.)
+template <typename W, int M, bool NC = true>
 __device__ __forceinline__ void gemv_chunk(float* acc, const uint4& wv, const float* __restrict__ x, int K, int c) {
 	constexpr int E = 16 / sizeof(W);
 	float wf[E];
@@ -61,7 +67,7 @@ __device__ __forceinline__ void gemv_chunk(float* acc, const uint4& wv, const fl
 		const float4* xr = reinterpret_cast<const float4*>(x + (long long)m * K + (long long)c * E);
 #pragma unroll
 		for (int e = 0; e < E / 4; e++) {
-			const float4 xv = __ldg(xr + e);
+			const float4 xv = NC ? __ldg(xr + e) : __ldca(xr + e);
 			acc[m] += wf[4 * e] * xv.x + wf[4 * e + 1] * xv.y + wf[4 * e + 2] * xv.z + wf[4 * e + 3] * xv.w;
 		}
 	}

@@ -78,12 +78,12 @@ __device__ __forceinline__ void split_dot(float* acc, const uint4* const* wr, co
 #pragma unroll
 		for (int u = 0; u < U; u++)
 #pragma unroll
-			for (int r = 0; r < R; r++) gemv_chunk<W, 1>(&acc[r], wv[u][r], x, K, c + step * u);
+			for (int r = 0; r < R; r++) gemv_chunk<W, 1, !PDL>(&acc[r], wv[u][r], x, K, c + step * u);
 	}
 	pdl_wait<PDL>();
 	for (; c < chunks; c += step)
 #pragma unroll
-		for (int r = 0; r < R; r++) gemv_chunk<W, 1>(&acc[r], load_stream(wr[r] + c), x, K, c);
+		for (int r = 0; r < R; r++) gemv_chunk<W, 1, !PDL>(&acc[r], load_stream(wr[r] + c), x, K, c);
 }
 
 // split_sum reduces acc[r] over the warp, then over the S warps of the

@@ -56,6 +56,10 @@ static inline T __ldg(const T* p) {
 	if (b < xlo || b + sizeof(T) > xhi || (uintptr_t)b % sizeof(T) != 0) violations++;
 	return *p;
 }
+template <typename T>
+static inline T __ldca(const T* p) {
+	return __ldg(p);
+}
 
 struct Warp {
 	Barrier bar{32};
