@@ -44,12 +44,12 @@ echo "tests: exit $?"
 if command -v compute-sanitizer >/dev/null 2>&1; then
 	timeout 150 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
 		"$BIN" -test.short -test.count=1 -test.timeout 140s \
-		-test.run 'TestBackend|TestMatMulPaths|TestAttentionCaches|TestArgmaxAndCast|TestCopyRowsOverlap|TestUploadAsyncOrdering|TestManagedMemory|TestCloseFreesEverything' \
+		-test.run 'TestBackend|TestMatMulPaths|TestAttentionCaches|TestArgmax|TestCast|TestCopyRowsOverlap|TestUploadAsyncOrdering|TestManagedMemory|TestCloseFreesEverything' \
 		>"$OUT/memcheck.log" 2>&1
 	echo "memcheck: exit $?"
 	timeout 75 compute-sanitizer --tool racecheck --error-exitcode 9 \
 		"$BIN" -test.short -test.count=1 -test.timeout 70s \
-		-test.run 'TestBackend/(RMSNorm|Attention)|TestAttentionCaches|TestArgmaxAndCast' \
+		-test.run 'TestBackend/(RMSNorm|Attention)|TestAttentionCaches|TestArgmax|TestCast' \
 		>"$OUT/racecheck.log" 2>&1
 	echo "racecheck: exit $?"
 	# The backward kernels (tensor.GradOps), in runs of their own.

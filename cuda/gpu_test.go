@@ -765,33 +765,15 @@ func TestAttentionAgainstCPU(t *testing.T) {
 	}
 }
 
-func TestArgmaxAndCast(t *testing.T) {
+// TestCast converts F32 to F16 and BF16 (round to nearest even, a NaN
+// kept) and back. Argmax has TestArgmax.
+func TestCast(t *testing.T) {
 	b := openGPU(t)
 	r := newRand(t)
 	const rows, n = 3, 32000
 	v := uniform(r, rows*n, -5, 5)
-	want := make([]int32, rows)
-	for i := range rows {
-		best := -1
-		for j := range n {
-			if best < 0 || v[i*n+j] > v[i*n+best] {
-				best = j
-			}
-		}
-		want[i] = int32(best)
-	}
-	v[n+(int(want[1])+1)%n] = float32(math.NaN()) // NaN never wins
-	v[2*n+n-1] = v[2*n+int(want[2])]              // a tie: the lower index wins
+	v[n+17] = float32(math.NaN())
 	x, _ := put(t, b, tensor.F32, tensor.Shape{rows, n}, v)
-	got, err := b.Argmax(x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range rows {
-		if got[i] != want[i] {
-			t.Errorf("row %d: argmax %d, want %d", i, got[i], want[i])
-		}
-	}
 	for _, dt := range []tensor.DType{tensor.F16, tensor.BF16} {
 		half, err := b.Alloc(dt, tensor.Shape{rows, n})
 		if err != nil {

@@ -622,9 +622,12 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 	return b.run(plan.kernel, [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{256, 1, 1}, a)
 }
 
+var _ tensor.Argmaxer = (*Backend)(nil)
+
 // Argmax returns, for each row of x (F32 [rows, n], or [n] as one row),
-// the index of its largest element; the lowest index wins ties and NaN
-// never wins. It waits for the result (greedy decoding reads it at once).
+// the index of its largest element, the lowest on ties, or -1 when the
+// row holds a NaN or an infinity (tensor.Argmaxer). It waits for the
+// result (greedy decoding reads it at once).
 func (b *Backend) Argmax(x *tensor.Tensor) ([]int32, error) {
 	const op = "Argmax"
 	if x == nil {

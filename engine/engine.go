@@ -204,6 +204,10 @@ type Session interface {
 	// Forward runs ids at the session's next positions and returns the
 	// logits of the last position, or of every position when all is set.
 	Forward(ctx context.Context, ids []int32, all bool, hook nn.Hook) ([]float32, error)
+	// Greedy runs ids as Forward does and returns the most likely next
+	// token, found where the logits are when the device can (greedy
+	// decoding copies an id a step instead of the logits).
+	Greedy(ctx context.Context, ids []int32) (int32, error)
 	Pos() int
 	Reset()
 	Close()

@@ -18,7 +18,8 @@ import (
 // positions, so every stretch is captured three times. It logs, for each
 // path, the launches per token (kernels, copies, cuBLAS calls, graph
 // replays) and the wall time per token, and the graphs' counts; the
-// mixtures of experts' sparse blocks stay eager.
+// mixtures of experts' sparse blocks stay eager. Greedy, which finds each
+// id on the device, gives the argmax of the graphs' logits every step.
 func TestCUDADecodeGraphs(t *testing.T) {
 	b := openCUDA(t)
 	if _, ok := tensor.Graphs(b); !ok {
@@ -70,6 +71,25 @@ func TestCUDADecodeGraphs(t *testing.T) {
 			t.Logf("logits: max abs difference over %d steps %.3g", steps, worst)
 			if worst > 1e-5 {
 				t.Errorf("graph decode differs from eager decode by %g, want <= 1e-5", worst)
+			}
+			// Greedy, the argmax found on the device, gives the ids of
+			// the logits the graphs gave.
+			s, err := m.NewSession(maxPos, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next, err := s.Greedy(ctx, prompt)
+			for i := 0; err == nil && i <= steps; i++ {
+				if want := int32(Argmax(got[i])); next != want {
+					t.Fatalf("Greedy step %d: id %d, the graphs' logits' argmax %d", i, next, want)
+				}
+				if i < steps {
+					next, err = s.Greedy(ctx, []int32{next})
+				}
+			}
+			s.Close()
+			if err != nil {
+				t.Fatalf("Greedy: %v", err)
 			}
 			dense, stretches := 0, 0
 			for i := range lm.Config.NumLayers {

@@ -141,7 +141,12 @@ type Session struct {
 	// the backend's when stepPinned.
 	stepRaw    []byte
 	stepPinned bool
-	closed     bool
+	// argmax, set during a Greedy step, makes headChunk find the last
+	// row's largest logit on the backend into argmaxID instead of
+	// downloading the logits.
+	argmax   tensor.Argmaxer
+	argmaxID int32
+	closed   bool
 }
 
 // buffers are the activations and rotary tables of the forward pass on one
@@ -359,20 +364,8 @@ type Hook func(layer int, hidden *tensor.Tensor) error
 // with a hook that checks every layer's output (hook is not called again),
 // which costs nothing unless the logits were bad.
 func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook) ([]float32, error) {
-	if s.closed {
-		return nil, errors.New("nn: session is closed")
-	}
-	if len(ids) == 0 {
-		return nil, errors.New("nn: forward of no tokens")
-	}
-	if s.pos+len(ids) > s.maxPos {
-		return nil, fmt.Errorf("%w: %d positions used, %d more asked, context is %d", ErrContextFull, s.pos, len(ids), s.maxPos)
-	}
-	vocab := s.m.cfg.VocabSize
-	for i, id := range ids {
-		if id < 0 || int(id) >= vocab {
-			return nil, fmt.Errorf("nn: token id %d at position %d is outside the vocabulary of %d", id, i, vocab)
-		}
+	if err := s.checkIDs(ids); err != nil {
+		return nil, err
 	}
 	// A Forward that fails (or panics in the hook) adds no positions, so
 	// the session can retry it.
@@ -395,6 +388,65 @@ func (s *Session) Forward(ctx context.Context, ids []int32, all bool, hook Hook)
 	s.host = out
 	done = true
 	return out, nil
+}
+
+// checkIDs refuses a step of ids that Forward cannot run: a closed
+// session, no ids, too many for the context, an id outside the
+// vocabulary.
+func (s *Session) checkIDs(ids []int32) error {
+	if s.closed {
+		return errors.New("nn: session is closed")
+	}
+	if len(ids) == 0 {
+		return errors.New("nn: forward of no tokens")
+	}
+	if s.pos+len(ids) > s.maxPos {
+		return fmt.Errorf("%w: %d positions used, %d more asked, context is %d", ErrContextFull, s.pos, len(ids), s.maxPos)
+	}
+	vocab := s.m.cfg.VocabSize
+	for i, id := range ids {
+		if id < 0 || int(id) >= vocab {
+			return fmt.Errorf("nn: token id %d at position %d is outside the vocabulary of %d", id, i, vocab)
+		}
+	}
+	return nil
+}
+
+// Greedy runs ids as Forward does and returns the most likely next token:
+// Argmax of the last position's logits. On a backend that finds it where
+// the logits are (tensor.Argmaxer) only the id comes back, not the
+// logits: less to copy and scan between the steps of greedy decoding,
+// where the device waits for the host. Logits holding a NaN or an
+// infinity are Forward's error (Greedy runs Forward to diagnose them).
+func (s *Session) Greedy(ctx context.Context, ids []int32) (int32, error) {
+	am, ok := tensor.Argmaxers(s.m.backend)
+	if !ok || s.twin != nil || s.batch != nil {
+		logits, err := s.Forward(ctx, ids, false, nil)
+		if err != nil {
+			return 0, err
+		}
+		return int32(Argmax(logits)), nil
+	}
+	if err := s.checkIDs(ids); err != nil {
+		return 0, err
+	}
+	pos0 := s.pos
+	s.argmax, s.argmaxID = am, -1
+	_, err := s.forward(ctx, ids, false, func(int) Hook { return nil })
+	s.argmax = nil
+	if err != nil {
+		s.pos = pos0 // as Forward: a failed step adds no positions
+		return 0, err
+	}
+	if s.argmaxID >= 0 {
+		return s.argmaxID, nil
+	}
+	// Not finite: run the step again as Forward, which names the layer.
+	s.pos = pos0
+	if _, err := s.Forward(ctx, ids, false, nil); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("nn: the backend found a NaN or an infinity among the logits at position %d; Forward found none", pos0+len(ids)-1)
 }
 
 // forward runs ids through the model chunk by chunk from the session's
@@ -642,6 +694,14 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 	}
 	if err := b.MatMul(out, in, head, nil); err != nil {
 		return nil, fmt.Errorf("nn: lm head: %w", err)
+	}
+	if s.argmax != nil && !allRows {
+		ids, err := s.argmax.Argmax(out)
+		if err != nil {
+			return nil, fmt.Errorf("nn: argmax of the logits: %w", err)
+		}
+		s.argmaxID = ids[0]
+		return nil, nil
 	}
 	n := out.Len()
 	if len(s.download) < 4*n {

@@ -333,6 +333,16 @@ func (ps *PipelineSession) Forward(ctx context.Context, ids []int32, all bool, h
 	return out, nil
 }
 
+// Greedy runs ids as Forward does and returns Argmax of the last
+// position's logits (a pipeline's logits come back to the host).
+func (ps *PipelineSession) Greedy(ctx context.Context, ids []int32) (int32, error) {
+	logits, err := ps.Forward(ctx, ids, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	return int32(Argmax(logits)), nil
+}
+
 func (ps *PipelineSession) setPos(pos int) {
 	for _, s := range ps.sess {
 		s.pos = pos

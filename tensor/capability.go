@@ -336,3 +336,15 @@ func Mark(m Memory, label string) {
 		mk.Mark(label)
 	}
 }
+
+// Argmaxer is a backend that finds the largest logits where they are:
+// Argmax returns, for each row of x (F32 [rows, n], or [n] as one row),
+// the index of its largest element, the lowest on ties, or -1 when the row
+// holds a NaN or an infinity; it waits for the result. Greedy decoding
+// then downloads an id instead of a row of logits (nn.Session.Greedy).
+type Argmaxer interface {
+	Argmax(x *Tensor) ([]int32, error)
+}
+
+// Argmaxers returns m's Argmaxer, if it has one.
+func Argmaxers(m Memory) (Argmaxer, bool) { return capability[Argmaxer](m) }

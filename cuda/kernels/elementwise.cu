@@ -108,14 +108,17 @@ extern "C" __global__ void cast_bf16_f32(float* dst, const bf16* src, long long 
 	GRID_STRIDE(i, n) dst[i] = to_f32(src[i]);
 }
 
-// out[r] = the index of the largest element of x[r,:]; the lowest index wins
-// ties and NaN is never the largest. One block per row.
+// out[r] = the index of the largest element of x[r,:], the lowest index on
+// ties, or -1 when the row holds a NaN or an infinity (greedy decoding's
+// logits, which are then an error). One block per row.
 extern "C" __global__ void argmax_f32(int* out, const float* x, int n) {
 	const float* xr = x + (long long)blockIdx.x * n;
 	float best = -INFINITY;
 	int idx = 0x7fffffff;
+	int bad = 0;
 	for (int i = threadIdx.x; i < n; i += blockDim.x) {
 		const float v = xr[i];
+		bad |= !isfinite(v);
 		if (v > best || (v == best && i < idx)) {
 			best = v;
 			idx = i;
@@ -125,7 +128,7 @@ extern "C" __global__ void argmax_f32(int* out, const float* x, int n) {
 	__shared__ int si[1024];
 	sv[threadIdx.x] = best;
 	si[threadIdx.x] = idx;
-	__syncthreads();
+	bad = __syncthreads_or(bad);
 	for (int s = blockDim.x / 2; s > 0; s >>= 1) {
 		if (threadIdx.x < s) {
 			const float v = sv[threadIdx.x + s];
@@ -137,5 +140,5 @@ extern "C" __global__ void argmax_f32(int* out, const float* x, int n) {
 		}
 		__syncthreads();
 	}
-	if (threadIdx.x == 0) out[blockIdx.x] = si[0] == 0x7fffffff ? 0 : si[0];
+	if (threadIdx.x == 0) out[blockIdx.x] = bad ? -1 : si[0];
 }

@@ -802,9 +802,12 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 	if key := strconv.Itoa(o.promptTokens); o.promptTokens > 16 && r.PrefillTokS[key] == 0 {
 		r.PrefillTokS[key] = float64(o.promptTokens) / time.Since(t0).Seconds()
 	}
+	// Greedy decoding: each step's id is the last step's argmax, found on
+	// the device where it can (Session.Greedy copies the id, not the
+	// logits).
+	next := int32(nn.Argmax(logits))
 	step := func() error {
-		id := int32(nn.Argmax(logits))
-		logits, err = sess.Forward(ctx, []int32{id}, false, nil)
+		next, err = sess.Greedy(ctx, []int32{next})
 		e.MarkStep()
 		return err
 	}

@@ -352,11 +352,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 	busy0 := busyOf(sess)
 	experts0 := eng.Experts()
 	t1 := time.Now()
+	next := int32(sampler.Sample(logits))
 	for len(out) < o.maxNew {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		id := int32(sampler.Sample(logits))
+		id := next
 		out = append(out, id)
 		if eos[int(id)] {
 			stop = "eos" // the end-of-sequence token ends the text; it is not printed
@@ -368,7 +369,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (retErr e
 		if len(out) == o.maxNew {
 			break
 		}
-		if logits, err = sess.Forward(ctx, []int32{id}, false, nil); err != nil {
+		// Greedy decoding takes the argmax where the logits are
+		// (Session.Greedy); sampling needs them here.
+		if o.temperature == 0 {
+			next, err = sess.Greedy(ctx, []int32{id})
+		} else if logits, err = sess.Forward(ctx, []int32{id}, false, nil); err == nil {
+			next = int32(sampler.Sample(logits))
+		}
+		if err != nil {
 			return forwardError(err, len(ids))
 		}
 		eng.MarkStep()
