@@ -200,6 +200,7 @@ func (b *Backend) GateUpSiLU(out, up, x, wGate, wUp *tensor.Tensor) error {
 	return b.ops(op, func() error {
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(wGate.Ptr()).ptr(wUp.Ptr()).i32(n).i32(k)
 		if v := b.splitFor(suffix(dt)); v != nil && m == 1 {
+			v = v.forShape(n, k)
 			return b.runVariant(v, v.gateUpKernel(suffix(dt)), v.gateUpGrid(n), a)
 		}
 		name := "gemv_gate_up_" + suffix(dt) + "_m1"

@@ -16,6 +16,7 @@ func (b *Backend) splitFor(sfx string) *gemvVariant {
 // rows n[i], outputs o[i] and weights w[i] laid end to end; the caller
 // holds opsMu.
 func (b *Backend) gemvSplitRun(v *gemvVariant, sfx string, o, w [3]uintptr, n [3]int, x uintptr, k int) error {
+	v = v.forShape(n[0]+n[1]+n[2], k)
 	a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
 	return b.runVariant(v, v.kernel(sfx), v.grid(n[0]+n[1]+n[2]), a)
 }

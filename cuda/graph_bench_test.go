@@ -250,7 +250,7 @@ func BenchmarkDecodeRun(b *testing.B) {
 			bytes += float64(w.NumBytes())
 		}
 	}
-	modes := []string{"blocks", "run"}
+	modes := []string{"blocks", "run", "run-" + gemvShaped.name}
 	for i := range gemvVariants {
 		modes = append(modes, "run-"+gemvVariants[i].name)
 	}
@@ -315,7 +315,7 @@ func BenchmarkDecodeRun(b *testing.B) {
 // gemvModes are BenchmarkGEMVShapes's modes: the host-launched default and
 // r1, r2 kernels, then every kernel replayed as a graph.
 func gemvModes() []string {
-	modes := []string{"launch", "launch-m1", "launch-r1", "launch-r2", "graph", "graph-m1", "graph-r1", "graph-r2"}
+	modes := []string{"launch", "launch-m1", "launch-r1", "launch-r2", "graph", "graph-m1", "graph-r1", "graph-r2", "graph-" + gemvShaped.name}
 	for i := range gemvVariants {
 		modes = append(modes, "graph-"+gemvVariants[i].name)
 	}
