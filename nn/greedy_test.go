@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -95,7 +96,7 @@ func TestGreedy(t *testing.T) {
 	}
 	lm, cpuM, hw := openCPU(t, fixtures.Dir(fixtures.TinyLlamaF16Sharded))
 	want := ids(cpuM, false)
-	if got := ids(cpuM, true); !equalIDs(got, want) {
+	if got := ids(cpuM, true); !slices.Equal(got, want) {
 		t.Errorf("Greedy without an Argmaxer: %v, Forward and Argmax %v", got, want)
 	}
 	ha := &hostArgmax{Backend: cpuM.backend}
@@ -103,7 +104,7 @@ func TestGreedy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := ids(m, true); !equalIDs(got, want) {
+	if got := ids(m, true); !slices.Equal(got, want) {
 		t.Errorf("Greedy with an Argmaxer: %v, Forward and Argmax %v", got, want)
 	}
 	if ha.argmaxes != steps || ha.downloads != 0 {
@@ -137,16 +138,4 @@ func TestGreedy(t *testing.T) {
 	if ha.argmaxes != 1 {
 		t.Errorf("%d argmaxes for the overflowing step, want 1 (then Forward names the layer)", ha.argmaxes)
 	}
-}
-
-func equalIDs(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
