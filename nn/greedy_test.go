@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -19,6 +20,7 @@ import (
 type hostArgmax struct {
 	tensor.Backend
 	argmaxes, downloads int
+	fail                bool // Argmax fails
 }
 
 func (h *hostArgmax) Unwrap() tensor.Backend { return h.Backend }
@@ -35,6 +37,9 @@ func (h *hostArgmax) DownloadComputed(dst []byte, src *tensor.Tensor) error {
 
 func (h *hostArgmax) Argmax(x *tensor.Tensor) ([]int32, error) {
 	h.argmaxes++
+	if h.fail {
+		return nil, errors.New("argmax refused")
+	}
 	rows, n := 1, x.Len()
 	if len(x.Shape()) == 2 {
 		rows, n = x.Shape()[0], x.Shape()[1]
@@ -61,7 +66,8 @@ func (h *hostArgmax) Argmax(x *tensor.Tensor) ([]int32, error) {
 // an Argmaxer, which Greedy asks for every step's id instead of
 // downloading the logits, and on one without, where Greedy is Forward and
 // Argmax. Logits that overflow (the lm head's, scaled) are Forward's
-// error through either path, naming the lm head, and add no position.
+// error through either path, naming the lm head, and add no position; so
+// does a failing argmax, after which Forward downloads the logits again.
 func TestGreedy(t *testing.T) {
 	ctx := context.Background()
 	prompt := []int32{1, 42, 71, 345, 81, 14}
@@ -113,6 +119,21 @@ func TestGreedy(t *testing.T) {
 	if ids(m, false); ha.downloads < steps {
 		t.Errorf("Forward on the same backend: %d downloads counted for %d steps", ha.downloads, steps)
 	}
+	// A Greedy whose argmax fails adds no position, and the session's
+	// next Forward downloads its logits as before.
+	s, err := m.NewSession(64, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ha.fail, ha.downloads = true, 0
+	if _, err := s.Greedy(ctx, prompt); err == nil || !strings.Contains(err.Error(), "argmax refused") || s.Pos() != 0 {
+		t.Errorf("Greedy with a failing argmax: %v at position %d, want its error at 0", err, s.Pos())
+	}
+	ha.fail = false
+	if logits, err := s.Forward(ctx, prompt, false, nil); err != nil || int32(Argmax(logits)) != want[0] || ha.downloads != 1 || s.Pos() != len(prompt) {
+		t.Errorf("Forward after it: %v, id %d (want %d), %d downloads, position %d", err, Argmax(logits), want[0], ha.downloads, s.Pos())
+	}
+	s.Close()
 
 	dir := fixturetest.Copy(t, fixtures.TinyLlamaBF16)
 	fixturetest.Replace(t, dir, "model.norm.weight", tensor.BF16, setTo(1e30))

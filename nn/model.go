@@ -430,19 +430,24 @@ func (s *Session) Greedy(ctx context.Context, ids []int32) (int32, error) {
 	if err := s.checkIDs(ids); err != nil {
 		return 0, err
 	}
-	pos0 := s.pos
+	// As Forward: a step that fails (or panics) adds no positions.
+	pos0, done := s.pos, false
+	defer func() {
+		s.argmax = nil
+		if !done {
+			s.pos = pos0
+		}
+	}()
 	s.argmax, s.argmaxID = am, -1
-	_, err := s.forward(ctx, ids, false, func(int) Hook { return nil })
-	s.argmax = nil
-	if err != nil {
-		s.pos = pos0 // as Forward: a failed step adds no positions
+	if _, err := s.forward(ctx, ids, false, func(int) Hook { return nil }); err != nil {
 		return 0, err
 	}
 	if s.argmaxID >= 0 {
+		done = true
 		return s.argmaxID, nil
 	}
 	// Not finite: run the step again as Forward, which names the layer.
-	s.pos = pos0
+	s.pos, s.argmax = pos0, nil
 	if _, err := s.Forward(ctx, ids, false, nil); err != nil {
 		return 0, err
 	}
