@@ -184,15 +184,9 @@ func (b *Backend) runPDL(name string, grid, block [3]uint32, a *args) error {
 // that one kernel's launch and ramp overlap the other's end. The caller
 // holds opsMu and has entered the context.
 func (b *Backend) runStep(name string, grid, block [3]uint32, a *args) error {
-	if b.pdl {
-		if f, ok := b.kernels[name+pdlSuffix]; ok {
-			b.counts.kernels.Add(1)
-			b.pdlLaunches.Add(1)
-			if err := launchPDL(f, grid, block, b.compute, a); err != nil {
-				return fmt.Errorf("%s: launching %s%s: %w", b.name, name, pdlSuffix, err)
-			}
-			return nil
-		}
+	if _, ok := b.kernels[name+pdlSuffix]; ok && b.pdl {
+		b.pdlLaunches.Add(1)
+		return b.runPDL(name+pdlSuffix, grid, block, a)
 	}
 	return b.run(name, grid, block, a)
 }
