@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"unsafe"
 
 	"github.com/strata-llm/strata/tensor"
 )
@@ -153,23 +152,10 @@ func (s *Session) fingerprint(layer int, lw LayerWeights) string {
 func (s *Session) appendFingerprint(buf []byte, layer int, lw LayerWeights) []byte {
 	for _, name := range s.m.names[layer] {
 		if t := lw[name]; name != "" && t != nil {
-			buf = binary.LittleEndian.AppendUint64(buf, uint64(address(t)))
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(t.Addr()))
 		}
 	}
 	return buf
-}
-
-// address is where t's storage starts: its device pointer, or for a
-// tensor in host memory (a backend that computes there, as the tests'
-// replaying one does) the address of its bytes.
-func address(t *tensor.Tensor) uintptr {
-	if p := t.Ptr(); p != 0 || !t.OnHost() {
-		return p
-	}
-	if b := t.Bytes(); len(b) > 0 {
-		return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	}
-	return 0
 }
 
 // setPosition writes the step's position for the graphs to read: on the

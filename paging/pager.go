@@ -13,7 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
@@ -796,39 +795,24 @@ func (p *Pager) Acquire(ctx context.Context, layer int) (map[string]*tensor.Tens
 
 // PinLayer pins a layer as Acquire does, until the matching Release,
 // without handing out its tensors: it appends to fp where each of them
-// starts (its device address, or for a tensor in host memory the address
-// of its bytes), 8 bytes each, in an order fixed for the layer. Two pins
+// starts (tensor.Tensor.Addr), 8 bytes each, in an order fixed for the
+// layer. Two pins
 // of a layer append the same bytes exactly when its tensors are where
 // they were: what a captured decode graph needs to know before it is
 // replayed, at the cost of no map (nn's runs of resident blocks).
 func (p *Pager) PinLayer(ctx context.Context, layer int, fp []byte) ([]byte, error) {
 	err := p.acquire(ctx, layer, func(e *entry, lent map[string]*tensor.Tensor) {
 		for _, t := range e.resT {
-			fp = binary.LittleEndian.AppendUint64(fp, uint64(addressOf(t)))
+			fp = binary.LittleEndian.AppendUint64(fp, uint64(t.Addr()))
 		}
 		for _, t := range e.strT {
-			fp = binary.LittleEndian.AppendUint64(fp, uint64(addressOf(t)))
+			fp = binary.LittleEndian.AppendUint64(fp, uint64(t.Addr()))
 		}
 		for _, i := range e.shared {
-			fp = binary.LittleEndian.AppendUint64(fp, uint64(addressOf(lent[e.specs[i].Name])))
+			fp = binary.LittleEndian.AppendUint64(fp, uint64(lent[e.specs[i].Name].Addr()))
 		}
 	})
 	return fp, err
-}
-
-// addressOf is where t's storage starts: its device pointer, or for a
-// tensor in host memory the address of its bytes; 0 for nil.
-func addressOf(t *tensor.Tensor) uintptr {
-	if t == nil {
-		return 0
-	}
-	if ptr := t.Ptr(); ptr != 0 || !t.OnHost() {
-		return ptr
-	}
-	if b := t.Bytes(); len(b) > 0 {
-		return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	}
-	return 0
 }
 
 // acquire is Acquire and PinLayer: it loads the layer if it is not on the

@@ -67,7 +67,7 @@ func TestPinLayer(t *testing.T) {
 						got = append(got, binary.LittleEndian.Uint64(fp[i:]))
 					}
 					for _, w := range ws {
-						want = append(want, uint64(addressOf(w)))
+						want = append(want, uint64(w.Addr()))
 					}
 					slices.Sort(got)
 					slices.Sort(want)

@@ -86,9 +86,14 @@ func checkLike(op, name string, t *Tensor, dt DType, like Shape) error {
 	return nil
 }
 
-// addr is the address of t's first byte: its host storage or its device
-// address; 0 when it has none (empty, or a freed host tensor).
-func (t *Tensor) addr() uintptr {
+// Addr is the address of t's first byte: its host storage or its device
+// address; 0 when it has none (empty, a freed host tensor, or nil). Two
+// tensors that start at one Addr start at the same byte: what a captured
+// decode graph checks before it replays over a layer's weights.
+func (t *Tensor) Addr() uintptr {
+	if t == nil {
+		return 0
+	}
 	if t.data != nil {
 		return uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))
 	}
@@ -103,7 +108,7 @@ func Overlap(a, b *Tensor) bool {
 	if a == nil || b == nil || a.bytes == 0 || b.bytes == 0 {
 		return false
 	}
-	a0, b0 := a.addr(), b.addr()
+	a0, b0 := a.Addr(), b.Addr()
 	if a0 == 0 || b0 == 0 {
 		return false
 	}
@@ -114,7 +119,7 @@ func Overlap(a, b *Tensor) bool {
 // an output that is exactly an input is computed in place, one that
 // partly overlaps it is not.
 func partial(a, b *Tensor) bool {
-	return Overlap(a, b) && (a.addr() != b.addr() || a.bytes != b.bytes)
+	return Overlap(a, b) && (a.Addr() != b.Addr() || a.bytes != b.bytes)
 }
 
 // disjoint returns an error naming op if out, called name, shares storage
