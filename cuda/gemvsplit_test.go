@@ -254,12 +254,12 @@ func TestGEMVVariantsChain(t *testing.T) {
 				}{{"eager", eager}, {"graph", graphed}} {
 					e := tensortest.RelErr(get(t, b, c.s.x), wants[p])
 					if !(e <= 1e-5) {
-						t.Fatalf("%s step %d: the residual differs from the default kernels' by %.3g", c.what, p, e)
+						t.Fatalf("%s step %d: the residual differs from the per-shape kernels' by %.3g", c.what, p, e)
 					}
 					worst = max(worst, e)
 				}
 			}
-			t.Logf("%s: %d steps, eager and graph, largest difference from the default kernels %.2g", v.name, steps, worst)
+			t.Logf("%s: %d steps, eager and graph, largest difference from the per-shape kernels %.2g", v.name, steps, worst)
 		})
 	}
 }
