@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -141,6 +142,10 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 		}
 		binary.Write(&req, binary.LittleEndian, a.x)
 	}
+	ropes := ropeQ8HostCases(r)
+	for _, c := range ropes {
+		c.request(&req)
+	}
 	req.Write(make([]byte, 4)) // op 0: end
 	cmd := exec.CommandContext(ctx, bin)
 	cmd.Stdin = &req
@@ -172,8 +177,124 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 			}
 		})
 	}
+	for _, c := range ropes {
+		t.Run(c.name, func(t *testing.T) { c.check(t, &resp) })
+	}
 	if resp.Len() != 0 {
 		t.Errorf("%d bytes left over in the harness's output", resp.Len())
+	}
+}
+
+// ropeQ8HostCase is one call of rope_kv_q8 (RopeKV into a Q8_0 or Q8_B8
+// cache) in the host harness.
+type ropeQ8HostCase struct {
+	name                     string
+	dt                       tensor.DType
+	t, heads, kvHeads, d, p0 int
+	q, k, v, cos, sin        []float32
+}
+
+// ropeQ8HostCases: heads of 32 to 128, one to three rows, groups of query
+// heads on a KV head, keys with outliers (as rotated keys have), and for
+// Q8_B8 a row of 40 values, whose keys and values (80) end mid-warp: q's
+// pairs then start at the next warp.
+func ropeQ8HostCases(r *rand.Rand) []*ropeQ8HostCase {
+	var out []*ropeQ8HostCase
+	for _, dt := range []tensor.DType{tensor.Q8_0, tensor.Q8_B8} {
+		shapes := []struct{ t, heads, kvHeads, d, p0 int }{
+			{1, 8, 2, 64, 17}, {3, 4, 4, 128, 5}, {2, 6, 3, 32, 0}, {1, 32, 32, 128, 40},
+		}
+		if dt == tensor.Q8_B8 {
+			shapes = append(shapes, struct{ t, heads, kvHeads, d, p0 int }{1, 2, 1, 40, 3})
+		}
+		for _, s := range shapes {
+			c := &ropeQ8HostCase{dt: dt, t: s.t, heads: s.heads, kvHeads: s.kvHeads, d: s.d, p0: s.p0}
+			c.name = fmt.Sprintf("rope_kv/%v/T%d_H%d_KV%d_D%d_p%d", dt, s.t, s.heads, s.kvHeads, s.d, s.p0)
+			kw := s.kvHeads * s.d
+			c.q = uniform32(r, s.t*s.heads*s.d, -2, 2)
+			c.k, c.v = uniform32(r, s.t*kw, -2, 2), uniform32(r, s.t*kw, -1, 1)
+			for i := 5; i < len(c.k); i += 53 {
+				c.k[i] *= 30
+			}
+			cos, sin := tensortest.RopeTables(s.p0+s.t, s.d, 10000)
+			for i := range cos {
+				c.cos, c.sin = append(c.cos, float32(cos[i])), append(c.sin, float32(sin[i]))
+			}
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (c *ropeQ8HostCase) request(w *bytes.Buffer) {
+	for _, v := range []int32{5, attnHostDType[c.dt], int32(c.t), int32(c.heads), int32(c.kvHeads), int32(c.d), int32(c.p0)} {
+		binary.Write(w, binary.LittleEndian, v)
+	}
+	for _, x := range [][]float32{c.q, c.k, c.v, c.cos, c.sin} {
+		binary.Write(w, binary.LittleEndian, x)
+	}
+}
+
+// rotate is Rope's rotation of rows of heads of d values at positions
+// p0.., each product rounded to float32 before the sum, as the harness's
+// C++ (no fused multiply-add) computes it.
+func (c *ropeQ8HostCase) rotate(x []float32, heads int) []float32 {
+	y := slices.Clone(x)
+	half := c.d / 2
+	for t := range c.t {
+		for h := range heads {
+			row := y[(t*heads+h)*c.d:]
+			for j := range half {
+				co, si := c.cos[(c.p0+t)*half+j], c.sin[(c.p0+t)*half+j]
+				x1, x2 := row[j], row[j+half]
+				row[j] = float32(x1*co) - float32(x2*si)
+				row[j+half] = float32(x2*co) + float32(x1*si)
+			}
+		}
+	}
+	return y
+}
+
+// check: q rotated to the bit, and every row of each cache the bytes
+// CopyRows writes of the rotated keys and the values (tensortest.Encode);
+// the rows before p0 untouched.
+func (c *ropeQ8HostCase) check(t *testing.T, resp *bytes.Buffer) {
+	q := make([]float32, len(c.q))
+	if err := binary.Read(resp, binary.LittleEndian, q); err != nil {
+		t.Fatal(err)
+	}
+	kw := c.kvHeads * c.d
+	rowBytes := kw / c.dt.BlockSize() * c.dt.BlockBytes()
+	kc, vc := resp.Next(rowBytes*(c.p0+c.t)), resp.Next(rowBytes*(c.p0+c.t))
+	for i, want := range c.rotate(c.q, c.heads) {
+		if math.Float32bits(q[i]) != math.Float32bits(want) {
+			t.Fatalf("q[%d] = %v, want %v", i, q[i], want)
+		}
+	}
+	rk := c.rotate(c.k, c.kvHeads)
+	for _, x := range []struct {
+		name  string
+		cache []byte
+		rows  []float32
+	}{{"key", kc, rk}, {"value", vc, c.v}} {
+		if i := slices.IndexFunc(x.cache[:rowBytes*c.p0], func(b byte) bool { return b != 0xa5 }); i >= 0 {
+			t.Fatalf("%s cache byte %d, before row %d, was written", x.name, i, c.p0)
+		}
+		for r := range c.t {
+			want, err := tensortest.Encode(c.dt, x.rows[r*kw:(r+1)*kw])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := x.cache[(c.p0+r)*rowBytes : (c.p0+r+1)*rowBytes]
+			if !bytes.Equal(got, want) {
+				bb := c.dt.BlockBytes()
+				for i := 0; i < len(want); i += bb {
+					if !bytes.Equal(got[i:i+bb], want[i:i+bb]) {
+						t.Fatalf("%s row %d block %d: got % x, want % x", x.name, r, i/bb, got[i:i+bb], want[i:i+bb])
+					}
+				}
+			}
+		}
 	}
 }
 

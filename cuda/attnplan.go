@@ -25,6 +25,11 @@ const (
 	// kernel bound by their latency (25 us for a 7B layer at 1,000
 	// positions, 27% of the HBM rate, Nsight Compute on the H200).
 	splitChunk = 64
+	// splitWarps and splitSteps are the split kernel's SPLIT_WARPS (its
+	// blocks' warps) and SPLIT_STEPS (positions a lane group loads at
+	// once).
+	splitWarps = 4
+	splitSteps = 4
 	// splitMax is the most splits of a query's positions: longer caches
 	// take longer chunks, so the partials stay small.
 	splitMax = 128
@@ -75,7 +80,24 @@ func planAttention(t, heads, headDim, pos0 int, dt tensor.DType, aligned, precis
 	// warp), at most splitMax of them.
 	n := pos0 + t // the longest query's positions
 	splits := min((n+chunk-1)/chunk, splitMax, max(1, splitPartBytes/(heads*t*(headDim+2)*4)))
-	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: (n + splits - 1) / splits, splits: splits}
+	// Whole passes of the kernel a chunk: 8,193 positions in 128 chunks
+	// of 65 ran 96 positions' work a block (two passes of 32 and one with
+	// a position).
+	pass := splitPass(headDim, dt)
+	chunk = ((n+splits-1)/splits + pass - 1) / pass * pass
+	return attnPlan{kernel: "attention_split_" + sfx + d, chunk: chunk, splits: (n + chunk - 1) / chunk}
+}
+
+// splitPass is how many positions a block of the split decode kernel
+// takes a pass (attention_split.cuh): SPLIT_WARPS warps of 32/(headDim/8)
+// lane groups, split_steps positions each (2 for an F32 cache, else
+// SPLIT_STEPS, 4).
+func splitPass(headDim int, dt tensor.DType) int {
+	steps := splitSteps
+	if dt == tensor.F32 {
+		steps = 2
+	}
+	return splitWarps * 32 / (headDim / 8) * steps
 }
 
 // SplitChunkEnv names the environment variable that sets the positions a

@@ -25,7 +25,8 @@ func TestPlanAttention(t *testing.T) {
 		{1, 128, 63, tensor.F16, true, false, all, "attention_split_f16_d128", 1},
 		{1, 128, 127, tensor.F16, true, false, all, "attention_split_f16_d128", 2},
 		{1, 128, 8191, tensor.F16, true, false, all, "attention_split_f16_d128", 128},
-		{1, 128, 40000, tensor.Q8_0, true, false, all, "attention_split_q8_0_d128", 128},
+		{1, 128, 40000, tensor.Q8_0, true, false, all, "attention_split_q8_0_d128", 126},
+		{1, 128, 8192, tensor.Q8_0, true, false, all, "attention_split_q8_0_d128", 86},
 		{4, 64, 1000, tensor.F32, true, false, all, "attention_split_f32_d64", 16},
 		{1, 256, 3000, tensor.BF16, true, false, all, "attention_split_bf16_d256", 47},
 		{1, 96, 3000, tensor.F16, true, false, all, "attention_f16", 0},
@@ -44,6 +45,9 @@ func TestPlanAttention(t *testing.T) {
 		if p.splits > 0 && p.chunk*p.splits < c.pos0+c.t {
 			t.Errorf("T=%d pos0=%d: %d splits of %d positions miss some", c.t, c.pos0, p.splits, p.chunk)
 		}
+		if pass := splitPass(c.headDim, c.dt); p.splits > 0 && p.chunk%pass != 0 {
+			t.Errorf("T=%d D=%d pos0=%d %v: chunks of %d, not whole passes of %d", c.t, c.headDim, c.pos0, c.dt, p.chunk, pass)
+		}
 	}
 	for _, c := range []struct {
 		v     string
@@ -55,8 +59,8 @@ func TestPlanAttention(t *testing.T) {
 			t.Errorf("%s=%q: chunk %d, error %v; want %d, error %v", SplitChunkEnv, c.v, chunk, err, c.chunk, !c.ok)
 		}
 	}
-	if p := planAttention(1, 32, 128, 1000, tensor.F16, true, false, 256, all); p.splits != 4 || p.chunk != 251 {
-		t.Errorf("chunk 256 at 1000: %d splits of %d, want 4 of 251", p.splits, p.chunk)
+	if p := planAttention(1, 32, 128, 1000, tensor.F16, true, false, 256, all); p.splits != 4 || p.chunk != 256 {
+		t.Errorf("chunk 256 at 1000: %d splits of %d, want 4 of 256", p.splits, p.chunk)
 	}
 	// Many heads of 256 and 4 queries: the partials of 128 splits would
 	// pass the scratch arena's half (64·4·128·258·4 = 33.8 MB).
@@ -67,7 +71,8 @@ func TestPlanAttention(t *testing.T) {
 }
 
 // TestKernelConstants checks that the kernels' sources define what the
-// host's constants say: the merge's room for splitMax splits, and the
+// host's constants say: the merge's room for splitMax splits, the split
+// kernel's warps and steps (splitPass), and the
 // float4 a thread of the norm kernels holds (normThreads sizes blocks by
 // it).
 func TestKernelConstants(t *testing.T) {
@@ -76,6 +81,8 @@ func TestKernelConstants(t *testing.T) {
 		want         int
 	}{
 		{"kernels/attention_split.cuh", "SPLIT_MAX", splitMax},
+		{"kernels/attention_split.cuh", "SPLIT_WARPS", splitWarps},
+		{"kernels/attention_split.cuh", "SPLIT_STEPS", splitSteps},
 		{"kernels/norm.cuh", "NORM_VEC", normVec},
 	} {
 		data, err := os.ReadFile(c.file)

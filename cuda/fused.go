@@ -100,9 +100,10 @@ func (b *Backend) AddRMSNorm(out, x, d, w *tensor.Tensor, eps float32) error {
 
 // RopeKV rotates q in place and k into the key cache, and copies v into
 // the value cache, in one kernel; the caches may be F32, F16 or BF16 (the
-// rows are rounded to nearest even). The position is r.Pos0, or read from
-// r.PosAt when the kernel runs (clamped to [0, r.Pos0]). k is left as it
-// was.
+// rows are rounded to nearest even), or Q8_0 or Q8_B8 (each block
+// quantized as CopyRows quantizes it). The position is r.Pos0, or read
+// from r.PosAt when the kernel runs (clamped to [0, r.Pos0]). k is left as
+// it was.
 func (b *Backend) RopeKV(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary) error {
 	const op = "RopeKV"
 	if err := b.devices(op, []string{"q", "k", "v", "kc", "vc", "cos", "sin", "PosAt"}, q, k, v, kc, vc, r.Cos, r.Sin, r.PosAt); err != nil {
@@ -113,43 +114,18 @@ func (b *Backend) RopeKV(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary) error 
 		return nil
 	}
 	kvHeads := k.Shape()[1] / r.HeadDim
-	if kc.DType() == tensor.Q8_0 || kc.DType() == tensor.Q8_B8 {
-		return b.ropeKVQ8(q, k, v, kc, vc, r, kvHeads)
-	}
 	half := r.HeadDim / 2
+	// A thread a pair of q and k and a value of v; for the quantized
+	// caches a thread a value of k and v, in whole warps (a block's lanes
+	// find its scale together), then a pair of q.
 	n := int64(t)*int64(r.Heads+kvHeads)*int64(half) + int64(t)*int64(k.Shape()[1])
+	if dt := kc.DType(); dt == tensor.Q8_0 || dt == tensor.Q8_B8 {
+		n = (2*int64(t)*int64(k.Shape()[1])+31)/32*32 + int64(t)*int64(r.Heads)*int64(half)
+	}
 	return b.ops(op, func() error {
 		a := new(args).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).ptr(kc.Ptr()).ptr(vc.Ptr()).ptr(r.Cos.Ptr()).ptr(r.Sin.Ptr()).
 			i32(t).i32(r.Heads).i32(kvHeads).i32(r.HeadDim).i32(r.Pos0).ptr(posPtr(r.PosAt))
-		return b.runStep1D("rope_kv_"+suffix(kc.DType()), n, a)
-	})
-}
-
-// ropeKVQ8 is RopeKV into Q8_0 or Q8_B8 caches, whose blocks (of 32 or 8
-// values) one thread quantizes: Rope on q and k (their position read when
-// they run, as r says), then kv_append_q8_0_at or kv_append_q8_b8_at for
-// k's and v's rows at that position.
-func (b *Backend) ropeKVQ8(q, k, v, kc, vc *tensor.Tensor, r tensor.Rotary, kvHeads int) error {
-	const op = "RopeKV"
-	if err := b.Rope(q, r); err != nil {
-		return err
-	}
-	rk := r
-	rk.Heads = kvHeads
-	if err := b.Rope(k, rk); err != nil {
-		return err
-	}
-	t, width, bs := q.Shape()[0], k.Shape()[1], kc.DType().BlockSize()
-	nblocks := int64(t) * int64(width) / int64(bs)
-	kernel := "kv_append_" + cacheSuffix(kc.DType()) + "_at"
-	return b.ops(op, func() error {
-		for _, kv := range [][2]*tensor.Tensor{{kc, k}, {vc, v}} {
-			a := new(args).ptr(kv[0].Ptr()).ptr(kv[1].Ptr()).i64(nblocks).i32(width / bs).i32(r.Pos0).ptr(posPtr(r.PosAt))
-			if err := b.run1D(kernel, nblocks, a); err != nil {
-				return err
-			}
-		}
-		return nil
+		return b.runStep1D("rope_kv_"+cacheSuffix(kc.DType()), n, a)
 	})
 }
 

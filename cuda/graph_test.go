@@ -306,8 +306,8 @@ func TestCaptureErrors(t *testing.T) {
 	}
 }
 
-// TestRopeKVCaches checks RopeKV into F16 and BF16 caches against the F32
-// cache rounded, at a position from PosAt.
+// TestRopeKVCaches checks RopeKV into F16, BF16, Q8_0 and Q8_B8 caches
+// against the F32 cache rounded or quantized, at a position from PosAt.
 func TestRopeKVCaches(t *testing.T) {
 	b := openGPU(t)
 	r := newRand(t)
@@ -352,6 +352,31 @@ func TestRopeKVCaches(t *testing.T) {
 			// by another instantiation of the kernel, within one step of it.
 			if float64(vc[i]) != w[1] || math.Abs(float64(kc[i])-w[0]) > ulp*math.Abs(w[0]) {
 				t.Fatalf("%v cache element %d: key %v value %v, want the F32 cache's rounded: %v %v", dt, i, kc[i], vc[i], w[0], w[1])
+			}
+		}
+	}
+	// The quantized caches (rope_kv_q8_0, _q8_b8): the values are the F32
+	// cache's quantized as CopyRows quantizes them; a key rotated a step
+	// off the F32 cache's may round to the next code, a 127th of its
+	// block's largest magnitude.
+	for _, dt := range []tensor.DType{tensor.Q8_0, tensor.Q8_B8} {
+		kc, vc := rows(dt)
+		wk, err := tensortest.Stored(dt, k32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wv, err := tensortest.Stored(dt, v32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs := dt.BlockSize()
+		for i := range k32 {
+			var amax float64
+			for _, x := range k32[i/bs*bs : i/bs*bs+bs] {
+				amax = max(amax, math.Abs(float64(x)))
+			}
+			if float64(vc[i]) != wv[i] || math.Abs(float64(kc[i])-wk[i]) > amax/127*1.01 {
+				t.Fatalf("%v cache element %d: key %v value %v, want the F32 cache's quantized: %v %v", dt, i, kc[i], vc[i], wk[i], wv[i])
 			}
 		}
 	}

@@ -586,7 +586,7 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 		return b.run(plan.kernel, [3]uint32{uint32((packed + rows - 1) / rows), uint32(kvHeads), 1}, [3]uint32{128, 1, 1}, a)
 	case strings.HasPrefix(plan.kernel, "attention_split_"):
 		grid := [3]uint32{uint32(heads), uint32(t), uint32(plan.splits)}
-		block := [3]uint32{128, 1, 1} // SPLIT_WARPS
+		block := [3]uint32{splitWarps * 32, 1, 1}
 		if plan.splits == 1 {
 			a := new(args).ptr(out.Ptr()).ptr(0).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(pos0).f32(scale).i32(plan.chunk).ptr(posPtr(at.PosAt)).ptr(0)
 			return b.runStep(plan.kernel, grid, block, a)
@@ -611,7 +611,8 @@ func (b *Backend) attention(out *tensor.Tensor, at tensor.Attn, plan attnPlan) e
 			return nil // merged by the last block
 		}
 		m := new(args).ptr(out.Ptr()).ptr(part).i32(heads).i32(plan.splits)
-		return b.runStep(fmt.Sprintf("attention_merge_d%d", headDim), [3]uint32{uint32(heads), uint32(t), 1}, [3]uint32{uint32(headDim), 1, 1}, m)
+		// The merge runs with the split blocks' warps, as the last block's does.
+		return b.runStep(fmt.Sprintf("attention_merge_d%d", headDim), [3]uint32{uint32(heads), uint32(t), 1}, block, m)
 	}
 	a := new(args).ptr(out.Ptr()).ptr(q.Ptr()).ptr(k.Ptr()).ptr(v.Ptr()).i32(heads).i32(kvHeads).i32(headDim).i32(pos0).f32(scale)
 	// Graph capture: the _at kernels read pos0 from at.PosAt when they

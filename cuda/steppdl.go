@@ -33,6 +33,7 @@ var stepKernels = func() []string {
 	for _, t := range []string{"f32", "f16", "bf16"} {
 		k = append(k, "rmsnorm_"+t, "add_rmsnorm_"+t, "rope_kv_"+t)
 	}
+	k = append(k, "rope_kv_q8_0", "rope_kv_q8_b8")
 	for _, d := range []string{"_d64", "_d128", "_d256"} {
 		for _, t := range []string{"f32", "f16", "bf16", "q8_0", "q8_b8"} {
 			k = append(k, "attention_split_"+t+d)

@@ -20,6 +20,14 @@
 #include "step.cuh"
 
 #define SPLIT_WARPS 4
+// SPLIT_STEPS is how many positions' loads a lane group has in flight
+// (split_steps: two for F32 caches). cuda/attnplan.go's splitPass is the
+// positions a block takes a pass, SPLIT_WARPS * (32 / (D/8)) * steps.
+#define SPLIT_STEPS 4
+template <typename KV>
+__device__ __forceinline__ constexpr int split_steps() {
+	return sizeof(KV) == 4 ? 2 : SPLIT_STEPS;
+}
 // SPLIT_MAX is splitMax of cuda/attnplan.go: the most splits of a query.
 #define SPLIT_MAX 128
 
@@ -71,42 +79,68 @@ __device__ void attention_split(float* out, float* part, const float* q, kv_cach
 		acc[i] = 0.0f;
 	}
 	float m = -INFINITY, l = 0.0f;
-	// Two steps a pass: both positions' loads are issued before the
-	// arithmetic. Every lane runs every pass (the shuffles need the whole
-	// warp); lanes past p1 load nothing and change nothing.
-	for (int base = p0 + warp * PPW; base < p1; base += 2 * PPB) {
-		float kf[2][8], vf[2][8];
-		int p[2];
-		bool ok[2];
+	// A pass takes SPLIT_STEPS positions a lane group (two for an F32
+	// cache, whose loads take twice the registers; planAttention's chunks
+	// are whole passes, splitPass in attnplan.go): every position's loads are issued, as
+	// stored, before the arithmetic, then the pass's scores, their max,
+	// one rescaling of the sums, and the values weighed in. Every lane runs
+	// every pass (the shuffles need the whole warp); a lane group past p1
+	// loads the chunk's last row again and weighs nothing. A quantized
+	// block's scale multiplies the 8 values' dot product with q and their
+	// weight in the sum of V once (1 for the plain types).
+	constexpr int U = split_steps<KV>();
+	typedef split_reader<KV, D> reader;
+	typename reader::type Kr = reader::of(K), Vr = reader::of(V);
+	Kr.at_lane(e0);
+	Vr.at_lane(e0);
+	typedef decltype(Kr.load8raw(0, 0)) raw;
+	for (int base = p0 + warp * PPW; base < p1; base += U * PPB) {
+		raw kr[U], vr[U];
+		bool ok[U];
 #pragma unroll
-		for (int u = 0; u < 2; u++) {
-			p[u] = base + u * PPB + sub;
-			ok[u] = p[u] < p1;
-			if (ok[u]) {
-				K.load8(p[u], e0, kf[u]);
-				V.load8(p[u], e0, vf[u]);
-			} else {
-#pragma unroll
-				for (int i = 0; i < 8; i++) kf[u][i] = vf[u][i] = 0.0f;
-			}
+		for (int u = 0; u < U; u++) {
+			const int p = base + u * PPB + sub;
+			ok[u] = p < p1;
+			kr[u] = Kr.load8raw(min(p, p1 - 1), e0);
+			vr[u] = Vr.load8raw(min(p, p1 - 1), e0);
 		}
 #pragma unroll
-		for (int u = 0; u < 2; u++) {
-			float sc = 0.0f;
-#pragma unroll
-			for (int i = 0; i < 8; i++) sc += qr[i] * kf[u][i];
-#pragma unroll
-			for (int o = LPP / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-			if (ok[u]) {
-				const float mnew = fmaxf(m, sc);
-				const float corr = exp2f(m - mnew);
-				const float e = exp2f(sc - mnew);
-				l = l * corr + e;
-#pragma unroll
-				for (int i = 0; i < 8; i++) acc[i] = acc[i] * corr + e * vf[u][i];
-				m = mnew;
-			}
+		for (int u = 0; u < U; u++) {
+			Kr.settle(kr[u]);
+			Vr.settle(vr[u]);
 		}
+		float sc[U];
+		float mt = m;
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			float kf[8];
+			Kr.unpack8(kr[u], kf);
+			float d = 0.0f;
+#pragma unroll
+			for (int i = 0; i < 8; i++) d += qr[i] * kf[i];
+			d *= Kr.scale8(kr[u]);
+#pragma unroll
+			for (int o = LPP / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+			sc[u] = ok[u] ? d : -INFINITY;
+			mt = fmaxf(mt, sc[u]);
+		}
+		// mt is -inf only while the group has seen no position (its sums
+		// are 0).
+		const float corr = mt == -INFINITY ? 1.0f : exp2f(m - mt);
+		l *= corr;
+#pragma unroll
+		for (int i = 0; i < 8; i++) acc[i] *= corr;
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const float e = ok[u] ? exp2f(sc[u] - mt) : 0.0f;
+			float vf[8];
+			Vr.unpack8(vr[u], vf);
+			const float ev = e * Vr.scale8(vr[u]);
+			l += e;
+#pragma unroll
+			for (int i = 0; i < 8; i++) acc[i] += ev * vf[i];
+		}
+		m = mt;
 	}
 	// The warp's lane groups (same li, other sub) merge by shuffles.
 #pragma unroll
@@ -167,43 +201,67 @@ __device__ void attention_split(float* out, float* part, const float* q, kv_cach
 
 // merge_splits adds the splits' partials of query t's head h into out,
 // each rescaled to the largest max: what attention_merge does, and the
-// last split block of a head where the splits count themselves. The
-// splits' maxima and sums are read once, all at a time, into shared
-// memory with their factors; each thread then reads its value of every
-// split, the loads in flight together (a loop over the records' headers,
-// one load after another, took 4.4 us for 32 splits on the H200). The
-// loads skip L1 (ld.cg), which does not see other blocks' writes.
+// last split block of a head where the splits count themselves; both run
+// it with SPLIT_WARPS warps, so they add in the same order. The splits'
+// maxima and sums are read once, all at a time, into shared memory, and
+// every warp reduces them; warp w then adds the values of splits w,
+// w + SPLIT_WARPS, ..., a lane's pairs of each in 8-byte loads, eight
+// splits' loads in flight, and the warps' sums meet in shared memory. (A
+// thread a value looping over every split, eight loads at a time, was 16
+// dependent rounds of loads at 128 splits.) The loads skip L1 (ld.cg),
+// which does not see other blocks' writes.
 template <int D>
 __device__ void merge_splits(float* out, const float* part, int heads, int splits, int h, int t) {
+	constexpr int R = D + 2;   // floats a record
+	constexpr int J = D / 64;  // pairs of values a lane
 	__shared__ float sf[SPLIT_MAX], sl[SPLIT_MAX];
-	const float* rec = part + ((long long)t * heads + h) * splits * (D + 2);
+	__shared__ float2 sn[SPLIT_WARPS][D / 2];
+	const float* rec = part + ((long long)t * heads + h) * splits * R;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-		sf[s] = __ldcg(rec + s * (D + 2));
-		sl[s] = __ldcg(rec + s * (D + 2) + 1);
+		sf[s] = __ldcg(rec + s * R);
+		sl[s] = __ldcg(rec + s * R + 1);
 	}
 	__syncthreads();
 	float M = -INFINITY;
-	for (int s = 0; s < splits; s++) M = fmaxf(M, sf[s]);
-	__syncthreads();  // every thread has read the maxima
+	for (int s = lane; s < splits; s += 32) M = fmaxf(M, sf[s]);
+	M = warp_max(M);
 	// A split past query t's positions (max -inf) weighs nothing.
-	for (int s = threadIdx.x; s < splits; s += blockDim.x) sf[s] = sf[s] == -INFINITY ? 0.0f : exp2f(sf[s] - M);
-	__syncthreads();
 	float den = 0.0f;
-	for (int s = 0; s < splits; s++)
-		if (sf[s] != 0.0f) den += sl[s] * sf[s];
-	for (int d = threadIdx.x; d < D; d += blockDim.x) {
-		float num = 0.0f;
+	for (int s = lane; s < splits; s += 32) {
+		const float f = sf[s] == -INFINITY ? 0.0f : exp2f(sf[s] - M);
+		if (f != 0.0f) den += sl[s] * f;
+	}
+	den = warp_sum(den);
+	float2 num[J];
+#pragma unroll
+	for (int j = 0; j < J; j++) num[j] = make_float2(0.0f, 0.0f);
 #pragma unroll 8
-		for (int s = 0; s < splits; s++) {
-			const float v = __ldcg(rec + s * (D + 2) + 2 + d);
-			if (sf[s] != 0.0f) num += v * sf[s];
+	for (int s = warp; s < splits; s += SPLIT_WARPS) {
+		const float f = sf[s] == -INFINITY ? 0.0f : exp2f(sf[s] - M);
+		const float2* v = (const float2*)(rec + s * R + 2);
+#pragma unroll
+		for (int j = 0; j < J; j++) {
+			const float2 x = __ldcg(v + lane + 32 * j);
+			if (f != 0.0f) {
+				num[j].x += x.x * f;
+				num[j].y += x.y * f;
+			}
 		}
-		out[t * (long long)heads * D + (long long)h * D + d] = num / den;
+	}
+#pragma unroll
+	for (int j = 0; j < J; j++) sn[warp][lane + 32 * j] = num[j];
+	__syncthreads();
+	for (int d = threadIdx.x; d < D; d += blockDim.x) {
+		float n = 0.0f;
+#pragma unroll
+		for (int w = 0; w < SPLIT_WARPS; w++) n += ((const float*)sn[w])[d];
+		out[t * (long long)heads * D + (long long)h * D + d] = n / den;
 	}
 }
 
-// attention_merge: block (h, t) merges query t's head h (merge_splits),
-// after an attention_split launch without counts.
+// attention_merge: block (h, t) of SPLIT_WARPS warps merges query t's
+// head h (merge_splits), after an attention_split launch without counts.
 template <int D>
 __device__ void attention_merge(float* out, const float* part, int heads, int splits) {
 	merge_splits<D>(out, part, heads, splits, blockIdx.x, blockIdx.y);

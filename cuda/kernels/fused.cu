@@ -5,6 +5,7 @@
 // [0, bound], the host's upper bound of it, so that a wrong value cannot
 // reach outside the tables and caches. step_pdl.cu compiles this file
 // again as the kernels' programmatic-dependent-launch twins (step.cuh).
+#include "kvcache.cuh"
 #include "norm.cuh"
 #include "step.cuh"
 
@@ -196,6 +197,18 @@ __device__ void rope_kv(float* q, const float* k, const float* v, C* kc, C* vc, 
 ROPE_KV(float, f32)
 ROPE_KV(__half, f16)
 ROPE_KV(bf16, bf16)
+
+// rope_kv into Q8_0 and Q8_B8 caches (kvcache.cuh's rope_kv_q8), launched
+// in blocks of a multiple of 32 threads.
+#define ROPE_KV_Q8(BS, SFX)                                                                                                        \
+	extern "C" __global__ void STEP_KERNEL(rope_kv_##SFX)(float* q, const float* k, const float* v, uint8_t* kc, uint8_t* vc,   \
+							      const float* cosT, const float* sinT, int T, int heads, int kvHeads, \
+							      int headDim, int pos0, const int* posAt) {                           \
+		step_begin();                                                                                                     \
+		rope_kv_q8<BS>(q, k, v, kc, vc, cosT, sinT, T, heads, kvHeads, headDim, position(pos0, posAt));                     \
+	}
+ROPE_KV_Q8(32, q8_0)
+ROPE_KV_Q8(8, q8_b8)
 
 // out = a + b, elementwise (the residual add).
 extern "C" __global__ void STEP_KERNEL(add_f32)(float* out, const float* a, const float* b, long long n) {

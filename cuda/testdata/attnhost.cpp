@@ -4,7 +4,7 @@
 // thread per GPU thread of a block, the blocks of a launch one after
 // another, so that a function's static arrays serve as the block's shared
 // memory. Barriers stand for __syncthreads and for the lanes of a warp
-// exchanging values (__shfl_xor_sync, and mma.sync, whose product this
+// exchanging values (__shfl_xor_sync, __shfl_sync, and mma.sync, whose product this
 // file computes from the 32 lanes' fragments as the PTX manual lays them
 // out). kvhost_check counts every cache read outside the rows written or
 // misaligned for its load.
@@ -24,6 +24,12 @@
 //             T*heads*D float32 q, T*kvHeads*D float32 k and v, and the
 //             pools' bytes (poolRows rows each)
 //   response: int64 violations, T*heads*D float32 out, the pools' bytes
+// or, for the rotation into quantized caches (kvcache.cuh's rope_kv_q8):
+//   request:  int32 op 5, int32 dtype (3 Q8_0, 4 Q8_B8), T, heads, kvHeads,
+//             D, p0, then T*heads*D float32 q, T*kvHeads*D float32 k and
+//             v, (p0+T)*D/2 float32 cos and sin
+//   response: T*heads*D float32 q rotated, then the k and v caches' bytes
+//             (p0+T rows each; rows before p0 are left 0xa5)
 // or, to check the caches' quantizers (kvcache.cuh) byte for byte:
 //   request:  int32 op 3, int32 dtype (3 Q8_0, 4 Q8_B8), int32 n, then n
 //             float32 values (whole blocks)
@@ -37,6 +43,7 @@
 #include <vector_functions.h>
 #include <vector_types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -88,6 +95,18 @@ static inline float __shfl_xor_sync(unsigned, float v, int o) {
 	w->f[lane] = v;
 	w->bar.wait();
 	const float r = w->f[lane ^ o];
+	w->bar.wait();
+	return r;
+}
+
+// The value of v in lane src of the warp.
+static inline int __shfl_sync(unsigned, int v, int src) {
+	Warp* w = my_warp();
+	const int lane = threadIdx.x & 31;
+	memcpy(&w->f[lane], &v, 4);
+	w->bar.wait();
+	int r;
+	memcpy(&r, &w->f[src & 31], 4);
 	w->bar.wait();
 	return r;
 }
@@ -184,7 +203,7 @@ static void run(int op, int D, int heads, int kvHeads, int T, int pos0, int maxP
 						heads, kvHeads, pos0, scale, chunk, pos_at, count.data());                            \
 		});                                                                                                       \
 		if (splits > 1) {                                                                                         \
-			launch(dim3(heads, T, 1), DD, [&] { attention_merge<DD>(merged.data(), pp, heads, splits); });    \
+			launch(dim3(heads, T, 1), 128, [&] { attention_merge<DD>(merged.data(), pp, heads, splits); });   \
 			if (memcmp(merged.data(), out, merged.size() * 4) != 0) {                                         \
 				fprintf(stderr, "attnhost: the last split block's merge differs from attention_merge\n");  \
 				exit(3);                                                                                  \
@@ -278,6 +297,30 @@ int main() {
 			fwrite(out.data(), 4, qn, stdout);
 			fwrite(kp, 1, rowBytes * poolRows, stdout);
 			fwrite(vp, 1, rowBytes * poolRows, stdout);
+			continue;
+		}
+		if (op == 5) {
+			const int dt = read32(), T = read32(), heads = read32(), kvHeads = read32(), D = read32(), p0 = read32();
+			const size_t qn = (size_t)T * heads * D, width = (size_t)kvHeads * D, tab = (size_t)(p0 + T) * (D / 2);
+			const size_t rowBytes = dt == 3 ? width / 32 * 34 : width / 8 * 10, cacheBytes = rowBytes * (p0 + T);
+			std::vector<float> q(qn), k(T * width), v(T * width), cosT(tab), sinT(tab);
+			readn(q.data(), qn * 4);
+			readn(k.data(), k.size() * 4);
+			readn(v.data(), v.size() * 4);
+			readn(cosT.data(), tab * 4);
+			readn(sinT.data(), tab * 4);
+			std::vector<uint8_t> kc(cacheBytes, 0xa5), vc(cacheBytes, 0xa5);
+			// A grid of at most 4 blocks: the threads stride over the rest.
+			const long long n = ((long long)2 * T * width + 31) / 32 * 32 + (long long)T * heads * (D / 2);
+			launch(dim3((unsigned)std::min<long long>((n + 255) / 256, 4), 1, 1), 256, [&] {
+				if (dt == 3)
+					rope_kv_q8<32>(q.data(), k.data(), v.data(), kc.data(), vc.data(), cosT.data(), sinT.data(), T, heads, kvHeads, D, p0);
+				else
+					rope_kv_q8<8>(q.data(), k.data(), v.data(), kc.data(), vc.data(), cosT.data(), sinT.data(), T, heads, kvHeads, D, p0);
+			});
+			fwrite(q.data(), 4, qn, stdout);
+			fwrite(kc.data(), 1, cacheBytes, stdout);
+			fwrite(vc.data(), 1, cacheBytes, stdout);
 			continue;
 		}
 		if (op == 3) {

@@ -50,6 +50,17 @@ static inline T __ldcg(const T* p) {
 static inline void __threadfence() {}
 static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int max(int a, int b) { return a > b ? a : b; }
+// The low 32 bits of hi:lo shifted right by s & 31.
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
+	return (unsigned)((((uint64_t)hi << 32) | lo) >> (s & 31));
+}
+// Byte n of the result is byte (s >> 4n) & 7 of the 8 bytes y:x.
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+	const uint64_t v = (uint64_t)y << 32 | x;
+	unsigned r = 0;
+	for (int n = 0; n < 4; n++) r |= (unsigned)(v >> (8 * ((s >> (4 * n)) & 7)) & 0xff) << (8 * n);
+	return r;
+}
 #endif
 
 struct Barrier {
