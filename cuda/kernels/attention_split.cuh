@@ -6,8 +6,10 @@
 // attention_split_<kv>_d<D>: block (h, t, s) walks the positions
 // [s*chunk, (s+1)*chunk) of query t's head h: D/8 lanes hold one
 // position's head, 8 values each (one 16-byte load of F16), so a warp reads
-// 32/(D/8) positions at once and its 4 warps several more, two steps in
-// flight; each lane group keeps its own online softmax, merged through
+// 32/(D/8) positions at once and its 4 warps several more, a pass of
+// SPLIT_STEPS positions a lane group in flight (kv_cache_q8w reads Q8_0
+// heads of 128 or 256 values; kvcache.cuh); each lane group keeps its own
+// online softmax, merged through
 // shuffles and shared memory at the end. With one split the block writes
 // the output; otherwise it writes its partial (max, sum, weighted sum of V)
 // to part, and the last of the head's blocks to finish (counted in count)

@@ -1,10 +1,13 @@
-// Reading the KV cache in its stored dtype: F32, F16, BF16, Q8_0
-// (ggml's blocks of 32 values, each an F16 scale and 32 int8, 34 bytes,
-// laid along the cache row) or Q8_B8 (blocks of 8 values, each an F16
-// scale and 8 int8, 10 bytes: quant.Q8B8). A cache is [maxPos, stride] elements; kv_cache
-// reads element e of row p widened to float, or 8 elements at once from
-// an element index that is a multiple of 8 (and, for the plain types, a
-// row start 16-byte aligned: the caller checks the base pointer).
+// Reading and writing the KV cache in its stored dtype: F32, F16, BF16,
+// Q8_0 (ggml's blocks of 32 values, each an F16 scale and 32 int8, 34
+// bytes, laid along the cache row) or Q8_B8 (blocks of 8 values, each an
+// F16 scale and 8 int8, 10 bytes: quant.Q8B8). A cache is [maxPos, stride]
+// elements; kv_cache reads element e of row p widened to float, or 8
+// elements at once from an element index that is a multiple of 8 (and,
+// for the plain types, a row start 16-byte aligned: the caller checks the
+// base pointer). The quantizers (quantize_q8_0_block, quantize_q8_b8_block,
+// rope_kv_q8) write the bytes quant.QuantizeQ8_0 and quant.QuantizeQ8B8
+// write.
 #pragma once
 
 #include "common.cuh"
