@@ -98,7 +98,7 @@ var requiredKernels = func() []string {
 		}
 	}
 	for _, t := range []string{"q8_0", "q8_b8"} {
-		k = append(k, "attention_"+t, "attention_"+t+"_at", "kv_append_"+t+"_at", "kv_append_"+t)
+		k = append(k, "attention_"+t, "attention_"+t+"_at", "kv_append_"+t, "rope_kv_"+t)
 	}
 	k = append(k, "attention_merge_d64", "attention_merge_d128", "attention_merge_d256")
 	// The fused and graph kernels (fused.go, graph.go; kernels/fused.cu).

@@ -111,26 +111,8 @@ extern "C" __global__ void kv_append_q8_0(uint8_t* dst, const float* src, long l
 	GRID_STRIDE(i, nblocks) { quantize_q8_0_block(dst + 34 * i, src + 32 * i); }
 }
 
-// kv_append_q8_0_at is kv_append_q8_0 into the rows from the position
-// posAt holds (clamped to [0, pos0]; pos0 itself when posAt is null), for
-// RopeKV into a Q8_0 cache in captured graphs: rowBlocks blocks a row.
-extern "C" __global__ void kv_append_q8_0_at(uint8_t* dst, const float* src, long long nblocks, int rowBlocks, int pos0,
-					     const int* posAt) {
-	const long long p = posAt ? min(max(*posAt, 0), pos0) : pos0;
-	GRID_STRIDE(i, nblocks) { quantize_q8_0_block(dst + 34 * (p * rowBlocks + i), src + 32 * i); }
-}
-
 // kv_append_q8_b8 quantizes rows of F32 values into a Q8_B8 cache: nblocks
 // blocks of 8, one a thread, block i of the run at dst + 10*i.
 extern "C" __global__ void kv_append_q8_b8(uint8_t* dst, const float* src, long long nblocks) {
 	GRID_STRIDE(i, nblocks) { quantize_q8_b8_block(dst + 10 * i, src + 8 * i); }
-}
-
-// kv_append_q8_b8_at is kv_append_q8_b8 into the rows from the position
-// posAt holds (clamped to [0, pos0]; pos0 itself when posAt is null):
-// rowBlocks blocks a row.
-extern "C" __global__ void kv_append_q8_b8_at(uint8_t* dst, const float* src, long long nblocks, int rowBlocks, int pos0,
-					      const int* posAt) {
-	const long long p = posAt ? min(max(*posAt, 0), pos0) : pos0;
-	GRID_STRIDE(i, nblocks) { quantize_q8_b8_block(dst + 10 * (p * rowBlocks + i), src + 8 * i); }
 }
