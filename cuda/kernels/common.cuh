@@ -56,6 +56,33 @@ __device__ __forceinline__ float block_sum(float v) {
 	return warp_sum(v);
 }
 
+// Where rope_pair finds row t's position: p0+t (rope_from), or pos[t]
+// (rope_rows, each row of a batched step at its own).
+struct rope_from {
+	long long p0;
+	__device__ __forceinline__ long long operator()(long long t) const { return p0 + t; }
+};
+struct rope_rows {
+	const int* pos;
+	__device__ __forceinline__ long long operator()(long long t) const { return pos[t]; }
+};
+
+// rope_pair rotates pair i of x[T, heads*headDim] in place, as Rope does:
+// elements j and j+half of its head (j = i % half), row t = i / half /
+// heads at position at(t); cos and sin are [maxPos, half].
+template <typename P>
+__device__ __forceinline__ void rope_pair(float* x, const float* cosT, const float* sinT, long long i, int heads, int headDim, P at) {
+	const int half = headDim / 2;
+	const int j = (int)(i % half);
+	const long long th = i / half;  // t*heads + h
+	float* p = x + th * headDim;
+	const long long ci = at(th / heads) * half + j;
+	const float c = cosT[ci], s = sinT[ci];
+	const float x1 = p[j], x2 = p[j + half];
+	p[j] = x1 * c - x2 * s;
+	p[j + half] = x2 * c + x1 * s;
+}
+
 // Grid-stride loop over n elements with 64-bit indices.
 #define GRID_STRIDE(i, n) \
 	for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); i += (long long)blockDim.x * gridDim.x)

@@ -7,38 +7,16 @@
 // Rotates x[T, heads*headDim] in place, pairs (j, j+half), row t at
 // position pos0+t; cos and sin are [maxPos, half].
 extern "C" __global__ void rope_f32(float* x, const float* cosT, const float* sinT, int T, int heads, int headDim, int pos0) {
-	const int half = headDim / 2;
-	const long long total = (long long)T * heads * half;
-	GRID_STRIDE(i, total) {
-		const int j = (int)(i % half);
-		const long long th = i / half;  // t*heads + h
-		const long long t = th / heads;
-		float* p = x + th * headDim;
-		const long long ci = (pos0 + t) * half + j;
-		const float c = cosT[ci], s = sinT[ci];
-		const float x1 = p[j], x2 = p[j + half];
-		p[j] = x1 * c - x2 * s;
-		p[j + half] = x2 * c + x1 * s;
-	}
+	const long long total = (long long)T * heads * (headDim / 2);
+	GRID_STRIDE(i, total) rope_pair(x, cosT, sinT, i, heads, headDim, rope_from{pos0});
 }
 
 // Rotates x[T, heads*headDim] in place as rope_f32 does, row t at position
 // pos[t]: the rows of a batched step, each sequence's at its own positions,
 // in one launch.
 extern "C" __global__ void rope_rows_f32(float* x, const float* cosT, const float* sinT, int T, int heads, int headDim, const int* pos) {
-	const int half = headDim / 2;
-	const long long total = (long long)T * heads * half;
-	GRID_STRIDE(i, total) {
-		const int j = (int)(i % half);
-		const long long th = i / half;  // t*heads + h
-		const long long t = th / heads;
-		float* p = x + th * headDim;
-		const long long ci = (long long)pos[t] * half + j;
-		const float c = cosT[ci], s = sinT[ci];
-		const float x1 = p[j], x2 = p[j + half];
-		p[j] = x1 * c - x2 * s;
-		p[j + half] = x2 * c + x1 * s;
-	}
+	const long long total = (long long)T * heads * (headDim / 2);
+	GRID_STRIDE(i, total) rope_pair(x, cosT, sinT, i, heads, headDim, rope_rows{pos});
 }
 
 extern "C" __global__ void silu_mul_f32(float* out, const float* gate, const float* up, long long n) {

@@ -131,19 +131,8 @@ extern "C" __global__ void STEP_KERNEL(rope_f32_at)(float* x, const float* cosT,
 						    int pos0, const int* posAt) {
 	step_begin();
 	const int p0 = position(pos0, posAt);
-	const int half = headDim / 2;
-	const long long total = (long long)T * heads * half;
-	GRID_STRIDE(i, total) {
-		const int j = (int)(i % half);
-		const long long th = i / half;
-		const long long t = th / heads;
-		float* p = x + th * headDim;
-		const long long ci = (p0 + t) * half + j;
-		const float c = cosT[ci], s = sinT[ci];
-		const float x1 = p[j], x2 = p[j + half];
-		p[j] = x1 * c - x2 * s;
-		p[j + half] = x2 * c + x1 * s;
-	}
+	const long long total = (long long)T * heads * (headDim / 2);
+	GRID_STRIDE(i, total) rope_pair(x, cosT, sinT, i, heads, headDim, rope_from{p0});
 }
 
 // q[T, heads*headDim] rotated in place; k[T, kvHeads*headDim] rotated into

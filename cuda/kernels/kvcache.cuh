@@ -405,15 +405,7 @@ __device__ void rope_kv_q8(float* q, const float* k, const float* v, uint8_t* kc
 				w[1 + o / 2] = q8_code<BS>(y, sc.id) | q8_code<BS>(y2, sc.id) << 8;
 			}
 		} else {
-			const long long ii = i - nw;
-			const int j = (int)(ii % half);
-			const long long th = ii / half, t = th / heads;
-			const long long ci = (p0 + t) * half + j;
-			const float cs = cosT[ci], sn = sinT[ci];
-			float* p = q + th * headDim;
-			const float x1 = p[j], x2 = p[j + half];
-			p[j] = x1 * cs - x2 * sn;
-			p[j + half] = x2 * cs + x1 * sn;
+			rope_pair(q, cosT, sinT, i - nw, heads, headDim, rope_from{p0});
 		}
 	}
 }
