@@ -40,8 +40,7 @@ struct q8_b8 {
 // float without their block's scale and kv_scale8 is that scale: 1 for the
 // plain types (a multiplication by it folds away), the block's F16 scale
 // for the quantized ones, where a dot product or a weighted sum of the 8
-// values takes it once instead of once a value. A zero kv_raw reads as 8
-// zeros (or as values of scale 0).
+// values takes it once instead of once a value.
 template <typename KV>
 struct kv_raw;
 template <>
@@ -239,14 +238,14 @@ struct kv_cache<q8_b8> {
 // from the last lane of the third block (its second word) for the fourth.
 struct kv_raw_q8w {
 	uint32_t x[4];  // the two words
-	uint32_t d;     // the scale this lane gives (low 16 bits), then its own
+	uint32_t d;     // the block's scale (low 16 bits), set by settle
 };
 struct kv_cache_q8w {
 	const q8_0* p;
 	long long stride;  // elements a row, a multiple of 128
 	int sh;            // the byte where the lane's values start in its words
 	int from;          // the lane that gives this lane's scale
-	int give;          // which scale the lane gives: 0 none, 1-3 of its block from w0, 4 the next block's from w1
+	int give;          // which scale the lane gives: 1-3 its block's from w0, 4 the next block's from w1, 0 none (what it passes is unread)
 	// at_lane sets the lane's constants for element e of a row.
 	__device__ __forceinline__ void at_lane(int e) {
 		const int k = (e & 31) >> 3, j = (e >> 5) & 3;  // the lane's 8 of its block, the block's place in 4
