@@ -96,7 +96,7 @@ func (h *HybridPlan) String() string {
 		FormatSize(h.StreamedBytes), streamed, FormatSize(h.CPUBytes), len(h.CPULayers), FormatSize(h.HostLayerBytes),
 		h.GPU.PrefetchDepth, h.PredictedTokS, ms(h.Breakdown.Copy), ms(h.Breakdown.CPU), ms(h.Breakdown.GPU),
 		h.Breakdown.Handoffs, ms(h.Breakdown.Handoff), ms(h.Breakdown.CopyWait), h.Bounds.Stream, h.Bounds.CPU, h.Bounds.Hybrid) +
-		fmt.Sprintf("; attention over %d positions reads %s of KV cache, %s of it on the CPU; a CPU block costs %s besides its bytes",
+		fmt.Sprintf("; attention over %d positions reads %s of KV cache, %s of it on the CPU; a CPU block costs %s",
 			h.Positions, FormatSize(h.KVBytes), FormatSize(h.HostKVBytes), h.Rates.cpuLayerString())
 }
 
@@ -104,7 +104,7 @@ func (h *HybridPlan) String() string {
 // copies, and a device stage's, with their calibration's spreads when
 // there are some.
 func (r Rates) cpuLayerString() string {
-	s := fmt.Sprintf("%.2f ms", float64(r.CPULayer)/1e6)
+	s := fmt.Sprintf("%.2f ms besides its bytes", float64(r.CPULayer)/1e6)
 	if r.CPULayerSpread.N > 0 {
 		s += fmt.Sprintf(" (min/median/max %s)", r.CPULayerSpread)
 	}

@@ -628,3 +628,46 @@ func TestPlanHybridCPULayer(t *testing.T) {
 		t.Errorf("%d CPU blocks of 2 ms more: %v, was %v (%v)", blocks, d, p0.Predicted, err)
 	}
 }
+
+// TestScaleCPU: the rates scaled by a measured CPU time (engine's probe)
+// predict that time for the plan's CPU part, and the planner moves the
+// split toward the faster CPU. The rates are those of session 7's run of
+// the 7B shape at 4 GiB on the H200 (examples/bench/results/
+// h200-session7-d2.jsonl): the plan put 12 blocks and the embedding on
+// the CPU, predicted 89.0 ms of CPU a token, and decode measured 75.6.
+func TestScaleCPU(t *testing.T) {
+	info := llama7B(t)
+	r := Rates{H2D: 54.89e9, CPU: 76.99e9, H2DShared: 54.71e9, CPUShared: 56.42e9, Device: 3519e9, Handoff: 12853,
+		CPULayer: 444337, CPULayerShared: 314992, DeviceStage: 21868, CPUAttention: 20e9}
+	const ctx = 34
+	hp, err := PlanHybrid(info, 4<<30, ctx, 1, r, HybridOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	measured := 75617342 * time.Nanosecond
+	k := float64(hp.Breakdown.CPU) / float64(measured)
+	scaled := *hp
+	scaled.Rates = r.ScaleCPU(k)
+	_, br, err := scaled.PredictAt(hp.Positions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := math.Abs(float64(br.CPU-measured)) / float64(measured); d > 0.02 {
+		t.Errorf("the CPU part at the scaled rates: %v, measured %v (%.1f%% off)", br.CPU, measured, 100*d)
+	}
+	if d := math.Abs(float64(br.Copy-hp.Breakdown.Copy)) / float64(hp.Breakdown.Copy); d > 0.01 {
+		t.Errorf("the copies at the scaled rates: %v, was %v", br.Copy, hp.Breakdown.Copy)
+	}
+	if s := r.ScaleCPU(2); s.CPU != 2*r.CPU || s.CPUShared != 2*r.CPUShared || s.CPUAttention != 2*r.CPUAttention ||
+		s.CPULayer != r.CPULayer/2 || s.CPULayerShared != r.CPULayerShared/2 || s.H2D != r.H2D || s.H2DShared != r.H2DShared {
+		t.Errorf("ScaleCPU(2) of %+v: %+v", r, s)
+	}
+	again, err := PlanHybrid(info, 4<<30, ctx, 1, scaled.Rates, HybridOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("planned: %s\nscaled by %.3f: %s", hp, k, again)
+	if len(again.CPULayers) <= len(hp.CPULayers) || again.Predicted >= scaled.Predicted {
+		t.Errorf("a CPU %.2fx as fast: %d CPU layers predicted %v; the first plan had %d", k, len(again.CPULayers), again.Predicted, len(hp.CPULayers))
+	}
+}

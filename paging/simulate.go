@@ -216,6 +216,22 @@ func (r Rates) cpuLayer(copyBusy bool) float64 {
 	return 1 / max(d, time.Nanosecond).Seconds()
 }
 
+// ScaleCPU returns r with the CPU k times as fast at decode's work: its
+// rates alone and beside copies, its attention's, times k; a block's
+// fixed costs over k. A plan's CPU time (Breakdown.CPU) then takes 1/k of
+// what it took (to within the shifts of what overlaps the copies), which
+// is how a decode that measured the CPU's part corrects the rates it was
+// planned with (engine's probe). The rates of many rows and of experts,
+// which decode's dense blocks do not use, stay. k must be > 0.
+func (r Rates) ScaleCPU(k float64) Rates {
+	r.CPU *= k
+	r.CPUShared *= k
+	r.CPUAttention *= k
+	r.CPULayer = time.Duration(float64(r.CPULayer) / k)
+	r.CPULayerShared = time.Duration(float64(r.CPULayerShared) / k)
+	return r
+}
+
 // cpuLayerCosts reports a block on the CPU costing more than its bytes.
 func (r Rates) cpuLayerCosts() bool { return r.CPULayer > 0 || r.CPULayerShared > 0 }
 

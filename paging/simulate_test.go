@@ -303,13 +303,13 @@ func TestCPULayerString(t *testing.T) {
 		r    Rates
 		want string
 	}{
-		{"given", Rates{CPULayer: ms(0.5)}, "0.50 ms"},
+		{"given", Rates{CPULayer: ms(0.5)}, "0.50 ms besides its bytes"},
 		{"calibrated", Rates{CPULayer: ms(0.5), CPULayerSpread: Spread{ms(0.4), ms(0.5), ms(2), 7}},
-			"0.50 ms (min/median/max 0.40/0.50/2.00 ms over 7)"},
+			"0.50 ms besides its bytes (min/median/max 0.40/0.50/2.00 ms over 7)"},
 		{"beside copies", Rates{CPULayer: ms(0.5), CPULayerSpread: Spread{ms(0.4), ms(0.5), ms(2), 7}, CPULayerShared: ms(0.9), CPULayerSharedSpread: Spread{ms(0.8), ms(0.9), ms(1), 5}},
-			"0.50 ms (min/median/max 0.40/0.50/2.00 ms over 7), 0.90 ms beside copies (0.80/0.90/1.00 ms over 5)"},
+			"0.50 ms besides its bytes (min/median/max 0.40/0.50/2.00 ms over 7), 0.90 ms beside copies (0.80/0.90/1.00 ms over 5)"},
 		{"device stage", Rates{CPULayer: ms(0.5), DeviceStage: ms(0.25), DeviceStageSpread: Spread{ms(0.2), ms(0.25), ms(0.3), 9}},
-			"0.50 ms; a device stage 0.25 ms besides its bytes (0.20/0.25/0.30 ms over 9)"},
+			"0.50 ms besides its bytes; a device stage 0.25 ms besides its bytes (0.20/0.25/0.30 ms over 9)"},
 	} {
 		if got := tc.r.cpuLayerString(); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
