@@ -66,6 +66,13 @@ func TestCUDAHybridFixtures(t *testing.T) {
 				}
 				defer e.Close()
 				t.Logf("%s", e.Hybrid().Plan)
+				// Measured rates are probed by decoding through the plan
+				// (HybridProbe), which may have built it again.
+				if p := e.Hybrid().Probe; p != nil {
+					t.Logf("%s", p)
+				} else if tc.rates == nil && tc.strategy == paging.StrategyHybrid {
+					t.Errorf("measured rates, and Open did not probe the plan")
+				}
 				s, err := e.NewSession()
 				if err != nil {
 					t.Fatal(err)

@@ -105,6 +105,11 @@ type Options struct {
 	// Rates, when set, are the rates the hybrid planner plans with instead
 	// of those MeasureRates measures at Open.
 	Rates *paging.Rates
+	// ProbeSteps is the decode steps Open times through a hybrid
+	// placement whose split the planner chose, to correct the rates and
+	// plan again (HybridProbe): 0 is DefaultProbeSteps when the rates
+	// are measured at Open and none when Rates are given, < 0 none.
+	ProbeSteps int
 	// TwinMinTokens is the prompt chunk from which a hybrid placement
 	// computes its CPU layers on the GPU; 0 is DefaultTwinMinTokens.
 	TwinMinTokens int
@@ -283,13 +288,14 @@ func Open(ctx context.Context, lm *loader.Model, o Options) (e *Engine, err erro
 		return nil, err
 	}
 	if isHybrid(e.strategy) {
-		if err := e.openHybrid(ctx, info, limits, kv); err != nil {
+		if err := e.buildHybrid(ctx, info, limits, kv, o.Rates); err != nil {
 			return nil, err
 		}
-		if e.pipeline, err = nn.NewPipeline(cfg, e.stages, e.pipeOpts); err != nil {
-			return nil, err
+		if steps := e.probeSteps(); steps > 0 {
+			if err := e.probeHybrid(ctx, steps, info, limits, kv); err != nil {
+				return nil, err
+			}
 		}
-		e.pipeline.SetGraphs(!o.NoGraphs)
 		return e, nil
 	}
 	parts := []paging.Placement{{FirstBlock: 0, EndBlock: cfg.NumLayers, Budget: limits[0]}}
@@ -750,6 +756,9 @@ func (e *Engine) Summary() string {
 			h.Rates.H2D/1e9, h.Rates.H2DShared/1e9, h.Rates.CPU/1e9, h.Rates.CPUShared/1e9, h.Threads, float64(h.Rates.CPULayer)/1e6, float64(h.Rates.CPULayerShared)/1e6, h.Rates.CPUAttention/1e9, h.Rates.Device/1e9, float64(h.Rates.DeviceStage)/1e6, h.Rates.Handoff)
 		if sp := h.Rates.CPULayerSpread; sp.N > 0 {
 			s += fmt.Sprintf("CPU block calibration, more than its bytes (min/median/max): %s alone, %s with copies\n", sp, h.Rates.CPULayerSharedSpread)
+		}
+		if h.Probe != nil {
+			s += h.Probe.String() + "\n"
 		}
 		if sp := h.Rates.DeviceStageSpread; sp.N > 0 {
 			s += fmt.Sprintf("device stage calibration, more than its block's bytes and a hand-over (min/median/max): %s\n", sp)

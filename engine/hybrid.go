@@ -33,6 +33,10 @@ type Hybrid struct {
 	// numbering from 0 (CPULayers says which in the model's).
 	GPUs  []HybridGPU  `json:"gpus,omitempty"`
 	Rates paging.Rates `json:"rates"`
+	// Probe is what Open's probe of decode measured and did (one GPU, the
+	// planner's split; Options.ProbeSteps); the rates are those it
+	// corrected.
+	Probe *HybridProbe `json:"probe,omitempty"`
 	// CPU is the CPU device's name and threads.
 	CPU     string `json:"cpu"`
 	Threads int    `json:"threads"`
@@ -122,7 +126,7 @@ func isHybrid(s paging.Strategy) bool {
 // layers computed from their GPU's pager, runs of CPU layers computed from
 // that pager's host copies (pinned, so that the copy engine streams them
 // to the GPU when a large prompt chunk runs them there).
-func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits []int64, kv paging.KVPlacement) error {
+func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits []int64, kv paging.KVPlacement, rates *paging.Rates) error {
 	o := e.opts
 	for _, gpu := range e.backends {
 		if _, ok := tensor.AsyncUpload(gpu); !ok {
@@ -140,7 +144,6 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 	}
 	cpu := e.cpu
 
-	rates := o.Rates
 	if rates == nil {
 		block := info.Layers[e.cfg.BlockLayer(0)].Tensors
 		dt := tensor.F16
@@ -170,15 +173,11 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 			return err
 		}
 	}
-	// The host memory limit holds the CPU's layers of every GPU, and,
-	// with the KV cache in host memory (one GPU), every block's cache.
-	hostLimit, kvAll := o.Memory.HostCache, nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
-	if kv == paging.KVHost && hostLimit != 0 {
-		if kvAll >= max(hostLimit, 0) {
-			return kvOverLimit(kvAll, hostLimit)
-		}
-		hostLimit -= kvAll
+	hostLimit, err := e.hybridHostLimit(kv)
+	if err != nil {
+		return err
 	}
+	kvAll := nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
 	if e.hostAlloc == nil {
 		e.hostAlloc = pinnedAllocator(e.backends[0], cpu)
 	}
@@ -207,14 +206,7 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 			upTo := int(math.Round(float64(forced) * float64(cum) / float64(total)))
 			cpuLayers, forcedSoFar = min(upTo-forcedSoFar, len(p.Layers)), upTo
 		}
-		ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: gpuHostLimit}
-		switch {
-		case e.strategy == paging.StrategyCPU:
-			ho.Mode = paging.HybridAllCPU
-		case o.Memory.CPULayers != 0:
-			ho.Mode, ho.CPULayers = paging.HybridForced, cpuLayers
-		}
-		hp, err := paging.PlanHybrid(stageInfo, limit, e.context, 1, *rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv), paging.WithKVPositions(e.kvPositions()))
+		hp, err := e.planHybrid(stageInfo, limit, kv, *rates, gpu, gpuHostLimit, cpuLayers)
 		if err != nil {
 			if len(parts) > 1 {
 				return fmt.Errorf("device %d (%s, layers %d..%d): %w", d, gpu.Name(), p.Layers[0], p.Layers[len(p.Layers)-1], err)
@@ -304,6 +296,49 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 			}
 		}
 	}
+	return nil
+}
+
+// hybridHostLimit is the host memory the CPU's layers of every GPU may
+// hold (Memory.HostCache; 0 sets no bound): with the KV cache in host
+// memory (one GPU), what every block's cache leaves of it.
+func (e *Engine) hybridHostLimit(kv paging.KVPlacement) (int64, error) {
+	limit, kvAll := e.opts.Memory.HostCache, nn.KVCacheBytes(e.cfg, e.context, e.kvDType())
+	if kv == paging.KVHost && limit != 0 {
+		if kvAll >= max(limit, 0) {
+			return 0, kvOverLimit(kvAll, limit)
+		}
+		limit -= kvAll
+	}
+	return limit, nil
+}
+
+// planHybrid plans one GPU's share (info) within its budget limit at
+// rates: the split of the strategy (cpu: as llama.cpp; hybrid with
+// Memory.CPULayers: cpuLayers forced; else the planner's choice), the
+// CPU's layers within hostLimit.
+func (e *Engine) planHybrid(info paging.ModelInfo, limit int64, kv paging.KVPlacement, rates paging.Rates, gpu tensor.Backend, hostLimit int64, cpuLayers int) (*paging.HybridPlan, error) {
+	ho := paging.HybridOptions{Mode: paging.HybridAuto, HostBytes: hostLimit}
+	switch {
+	case e.strategy == paging.StrategyCPU:
+		ho.Mode = paging.HybridAllCPU
+	case e.opts.Memory.CPULayers != 0:
+		ho.Mode, ho.CPULayers = paging.HybridForced, cpuLayers
+	}
+	return paging.PlanHybrid(info, limit, e.context, 1, rates, ho, paging.WithChunkTokens(e.chunk), paging.WithDevice(gpu), paging.WithKVPlacement(kv), paging.WithKVPositions(e.kvPositions()))
+}
+
+// buildHybrid is openHybrid, then the pipeline over its stages.
+func (e *Engine) buildHybrid(ctx context.Context, info paging.ModelInfo, limits []int64, kv paging.KVPlacement, rates *paging.Rates) error {
+	if err := e.openHybrid(ctx, info, limits, kv, rates); err != nil {
+		return err
+	}
+	p, err := nn.NewPipeline(e.cfg, e.stages, e.pipeOpts)
+	if err != nil {
+		return err
+	}
+	p.SetGraphs(!e.opts.NoGraphs)
+	e.pipeline = p
 	return nil
 }
 

@@ -486,6 +486,10 @@ type HybridResult struct {
 	// stages, by device name.
 	MeasuredMs map[string]float64 `json:"measured_ms_per_token"`
 	Threads    int                `json:"threads"`
+	// Probe is what Open's probe of decode measured and whether it
+	// planned again (engine.HybridProbe); Rates are the rates it
+	// corrected.
+	Probe *engine.HybridProbe `json:"probe,omitempty"`
 	// PinnedHostBytes of HostCacheBytes, the pager's host copies, are in
 	// pinned memory (the others upload synchronously, at pageable speed).
 	PinnedHostBytes int64 `json:"pinned_host_bytes"`
@@ -739,9 +743,12 @@ func measure(ctx context.Context, b tensor.Backend, lm *loader.Model, name strin
 		r.StreamedBytes = t.StreamedBytes
 		r.Hybrid = &HybridResult{CPULayers: h.CPULayers(), ResidentBytes: t.ResidentBytes, StreamedBytes: t.StreamedBytes,
 			CPUBytes: t.CPUBytes, HostBytes: t.HostLayerBytes, PredictedTokS: t.PredictedTokS, PlannedTokS: t.PredictedTokS,
-			Rates: h.Rates, MeasuredMs: map[string]float64{}, Threads: h.Threads}
+			Rates: h.Rates, MeasuredMs: map[string]float64{}, Threads: h.Threads, Probe: h.Probe}
 		for _, p := range h.Plans() {
 			fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, p)
+		}
+		if h.Probe != nil {
+			fmt.Fprintf(os.Stderr, "bench: %s %s: %s\n", name, s, h.Probe)
 		}
 		if p := h.Plan; p != nil {
 			r.Hybrid.Bounds, r.Hybrid.PredictedPositions = p.Bounds, p.Positions
