@@ -86,6 +86,8 @@ type Backend struct {
 	// dependent launch (runStep): Open sets it on compute capability 9.0
 	// and newer unless PDLEnv turns it off; pdlLaunches counts them.
 	pdl         bool
+	fold        bool // FoldEnv: normfused.go folds norms and adds into products
+	foldMaxK    int  // the longest row whose norm it folds (foldMaxK)
 	pdlLaunches atomic.Int64
 
 	// Graph capture (graph.go): captureTid is the OS thread of the
@@ -234,15 +236,20 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // where it is empty, on compute capability 9.0 and newer) and
 // STRATA_CUDA_QGEMV (QGEMVEnv) the integer GEMV of Q4_K and Q5_K, and
 // STRATA_CUDA_SPLIT_CHUNK (SplitChunkEnv) the positions a block of the
-// decode attention walks (splitChunk where it is empty), and
+// decode attention walks (splitChunk where it is empty),
 // STRATA_CUDA_PDL=0 (PDLEnv) turns off programmatic dependent launch of a
-// decode step's small kernels.
+// decode step's small kernels, and STRATA_CUDA_FOLD=0 (FoldEnv) the
+// norms and adds folded into the decode step's products.
 func Open(device int) (*Backend, error) {
 	chunk, err := splitChunkNamed(os.Getenv(SplitChunkEnv))
 	if err != nil {
 		return nil, err
 	}
 	pdl, err := pdlNamed(os.Getenv(PDLEnv))
+	if err != nil {
+		return nil, err
+	}
+	fold, err := onOffNamed(FoldEnv, os.Getenv(FoldEnv))
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +289,7 @@ func Open(device int) (*Backend, error) {
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
 		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
 		gemvRows: rows, gemvSplit: split, qgemv: qgemv, qgemvD: qgemvD, splitChunk: chunk,
-		pdl: pdl && info.Major >= 9,
+		pdl: pdl && info.Major >= 9, fold: fold, foldMaxK: foldMaxK,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()

@@ -18,8 +18,10 @@ import (
 // with nvcc as plain C++ where nvcc is installed, one host thread per GPU
 // thread with the grids the backend launches: every variant's MatMul
 // kernel over three matrices laid end to end (MatMulMany; the second and
-// third empty for MatMul) and its gate-up kernel, on F16 and BF16
-// weights, against the float64 products of the stored weights within 1e-5
+// third empty for MatMul) and its gate-up kernel, and the PDL variants'
+// normed MatMul and gate-up kernels (x's RMS norm first) and adding MatMul
+// (out += product), on F16 and BF16 weights, against the float64 products
+// of the stored weights (and normed x, and the outputs' values) within 1e-5
 // (norm-wise), bit for bit equal across the variants that sum a row in
 // one warp (s = 1: gemv_vec's order), no load outside the weights or x or
 // misaligned, and nothing written past an output. The shapes cut row
@@ -39,6 +41,9 @@ func TestGEMVSplitOnHost(t *testing.T) {
 		got        []float32
 		w          []byte
 		x          []float32
+		g          []byte    // ops 3 and 4: the norm's weights, stored
+		eps        float32   // ops 3 and 4
+		init       []float32 // op 5: the outputs before the launch
 		violations int64
 		sameAs     *[]float32 // the s = 1 variants' outputs, which must match bit for bit
 	}
@@ -64,27 +69,7 @@ func TestGEMVSplitOnHost(t *testing.T) {
 			for i := range x {
 				x[i] = 2*r.Float32() - 1
 			}
-			ws, err := tensortest.Stored(dt, wv)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The stored values are exact in dt: its bits.
-			bits := make([]uint16, len(ws))
-			if dt == tensor.F16 {
-				f := make([]float32, len(ws))
-				for i, v := range ws {
-					f[i] = float32(v)
-				}
-				tensor.F32ToF16(bits, f)
-			} else {
-				for i, v := range ws {
-					bits[i] = uint16(math.Float32bits(float32(v)) >> 16)
-				}
-			}
-			raw := make([]byte, 2*len(bits))
-			for i, h := range bits {
-				binary.LittleEndian.PutUint16(raw[2*i:], h)
-			}
+			ws, raw := storedBits(t, dt, wv)
 			xs := make([]float64, s.k)
 			for i, v := range x {
 				xs[i] = float64(v)
@@ -98,6 +83,48 @@ func TestGEMVSplitOnHost(t *testing.T) {
 				g := tensortest.RefMatMul(xs, ws[i*s.k:(i+1)*s.k], nil, 1, 1, s.k)[0]
 				u := tensortest.RefMatMul(xs, ws[(n0+i)*s.k:(n0+i+1)*s.k], nil, 1, 1, s.k)[0]
 				gu[i] = g / (1 + math.Exp(-g)) * u
+			}
+			// The normed and adding twins of the PDL variants (their
+			// bodies without the waits): x normed with stored weights g,
+			// and outputs that start from init.
+			gv := make([]float32, s.k)
+			for i := range gv {
+				gv[i] = 0.5 + r.Float32()
+			}
+			gs, graw := storedBits(t, dt, gv)
+			const eps = 1e-5
+			var ss float64
+			for _, v := range xs {
+				ss += v * v
+			}
+			inv := 1 / math.Sqrt(ss/float64(s.k)+eps)
+			xn := make([]float64, s.k)
+			for i := range xn {
+				xn[i] = xs[i] * inv * gs[i]
+			}
+			mmN := tensortest.RefMatMul(xn, ws[:rows*s.k], nil, 1, rows, s.k)
+			guN := make([]float64, n0)
+			for i := range guN {
+				g := tensortest.RefMatMul(xn, ws[i*s.k:(i+1)*s.k], nil, 1, 1, s.k)[0]
+				u := tensortest.RefMatMul(xn, ws[(n0+i)*s.k:(n0+i+1)*s.k], nil, 1, 1, s.k)[0]
+				guN[i] = g / (1 + math.Exp(-g)) * u
+			}
+			init := make([]float32, rows)
+			acc := make([]float64, rows)
+			for i := range init {
+				init[i] = 2*r.Float32() - 1
+				acc[i] = float64(init[i]) + mm[i]
+			}
+			for i := range gemvVariants {
+				v := &gemvVariants[i]
+				if !v.pdl {
+					continue
+				}
+				base := fmt.Sprintf("%v/N%d+%d+%d_K%d/%s", dt, s.n[0], s.n[1], s.n[2], s.k, v.name)
+				cases = append(cases,
+					&hostCase{name: base + "/norm-many", op: 3, dt: dt, v: v, n: s.n, k: s.k, want: mmN, w: raw[:2*rows*s.k], x: x, g: graw, eps: eps},
+					&hostCase{name: base + "/norm-gate-up", op: 4, dt: dt, v: v, n: [3]int{n0, 0, 0}, k: s.k, want: guN, w: raw[:2*2*n0*s.k], x: x, g: graw, eps: eps},
+					&hostCase{name: base + "/add-many", op: 5, dt: dt, v: v, n: s.n, k: s.k, want: acc, w: raw[:2*rows*s.k], x: x, init: init})
 			}
 			var oneWarp, oneWarpGU []float32
 			for i := range gemvVariants {
@@ -121,7 +148,7 @@ func TestGEMVSplitOnHost(t *testing.T) {
 	var req bytes.Buffer
 	for _, c := range cases {
 		u, s := c.v.u, c.v.s
-		if c.op == 2 {
+		if c.op == 2 || c.op == 4 {
 			u, s = c.v.gu, c.v.gs
 		}
 		dt := int32(1)
@@ -133,6 +160,13 @@ func TestGEMVSplitOnHost(t *testing.T) {
 		}
 		req.Write(c.w)
 		binary.Write(&req, binary.LittleEndian, c.x)
+		switch c.op {
+		case 3, 4:
+			req.Write(c.g)
+			binary.Write(&req, binary.LittleEndian, c.eps)
+		case 5:
+			binary.Write(&req, binary.LittleEndian, c.init)
+		}
 	}
 	req.Write(make([]byte, 4)) // op 0: end
 	cmd := exec.CommandContext(ctx, bin)
@@ -178,4 +212,31 @@ func TestGEMVSplitOnHost(t *testing.T) {
 		}
 	}
 	t.Logf("%d cases, largest error against float64 %.2g", len(cases), worst)
+}
+
+// storedBits rounds v to dt (F16 or BF16) and returns the stored values,
+// exact in float64, and their little-endian bits.
+func storedBits(t *testing.T, dt tensor.DType, v []float32) ([]float64, []byte) {
+	t.Helper()
+	ws, err := tensortest.Stored(dt, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bits := make([]uint16, len(ws))
+	if dt == tensor.F16 {
+		f := make([]float32, len(ws))
+		for i, v := range ws {
+			f[i] = float32(v)
+		}
+		tensor.F32ToF16(bits, f)
+	} else {
+		for i, v := range ws {
+			bits[i] = uint16(math.Float32bits(float32(v)) >> 16)
+		}
+	}
+	raw := make([]byte, 2*len(bits))
+	for i, h := range bits {
+		binary.LittleEndian.PutUint16(raw[2*i:], h)
+	}
+	return ws, raw
 }

@@ -38,7 +38,8 @@ var pdlKernels = func() []string {
 	for _, t := range []string{"f16", "bf16"} {
 		for i := range gemvVariants {
 			if gemvVariants[i].pdl {
-				k = append(k, gemvVariants[i].kernel(t), gemvVariants[i].gateUpKernel(t))
+				n, a, g := gemvVariants[i].normKernels(t) // normfused.go
+				k = append(k, gemvVariants[i].kernel(t), gemvVariants[i].gateUpKernel(t), n, a, g)
 			}
 		}
 	}

@@ -13,15 +13,25 @@ const PDLEnv = "STRATA_CUDA_PDL"
 // (kernels/step.cuh).
 const pdlSuffix = "_pdl"
 
+// FoldEnv names the environment variable that turns off the decode
+// step's norms and residual adds folded into its products (normfused.go,
+// tensor.NormFuser): "0" or "off" runs them as kernels of their own;
+// empty, "1" or "on" (the default) folds them where the PDL GEMVs run.
+const FoldEnv = "STRATA_CUDA_FOLD"
+
 // pdlNamed parses PDLEnv's value.
-func pdlNamed(v string) (bool, error) {
+func pdlNamed(v string) (bool, error) { return onOffNamed(PDLEnv, v) }
+
+// onOffNamed parses the value v of the on/off environment variable env
+// (PDLEnv, FoldEnv).
+func onOffNamed(env, v string) (bool, error) {
 	switch v {
 	case "", "1", "on":
 		return true, nil
 	case "0", "off":
 		return false, nil
 	}
-	return false, fmt.Errorf("cuda: %s=%q: want on or off (1 or 0)", PDLEnv, v)
+	return false, fmt.Errorf("cuda: %s=%q: want on or off (1 or 0)", env, v)
 }
 
 // stepKernels are the kernels that Backend.runStep launches: each has a

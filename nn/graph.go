@@ -70,10 +70,13 @@ type graphKey struct {
 // layerGraphs are one block's graphs in one session.
 type layerGraphs struct {
 	graphs map[graphKey]tensor.Graph
-	last   graphKey // the previous step's key
-	seen   bool     // last is set
-	moves  int      // times the fingerprint changed
-	eager  bool     // graphs given up for this block
+	// pending is, by key, whether the blocks leave their output in proj
+	// (see Session.block): known from the capture, for a replay.
+	pending map[graphKey]bool
+	last    graphKey // the previous step's key
+	seen    bool     // last is set
+	moves   int      // times the fingerprint changed
+	eager   bool     // graphs given up for this block
 }
 
 // sessionGraphs are a session's graphs and the position they read.
@@ -171,8 +174,8 @@ func (gs *sessionGraphs) setPosition(b tensor.Backend, pos int) error {
 
 // blockGraphed runs decoder block i of a decode step at pos0 (uploaded to
 // posAt already) as a graph when it can, else eagerly (see block for
-// residual).
-func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 int, lw LayerWeights, scale float32, residual bool) error {
+// residual and pending).
+func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 int, lw LayerWeights, scale float32, residual bool) (pending bool, err error) {
 	if s.m.cfg.Sparse(i) {
 		gs.eager++
 		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
@@ -187,7 +190,10 @@ func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 i
 		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 	}
 	key := graphKey{bound: s.bucket(pos0), fp: s.fingerprint(s.m.blockLayer(i), lw), residual: residual}
-	g := lg.graph(gs, key, func() error { return s.block(ctx, i, 1, key.bound, lw, scale, gs.posAt, residual) }, lg.giveUp)
+	g := lg.graph(gs, key, func() error {
+		_, err := s.block(ctx, i, 1, key.bound, lw, scale, gs.posAt, residual)
+		return err
+	}, lg.giveUp)
 	if g == nil {
 		// Not yet seen twice at these addresses, moved too often, or not
 		// capturable here (the eager run reports the block's own error,
@@ -196,7 +202,7 @@ func (s *Session) blockGraphed(ctx context.Context, gs *sessionGraphs, i, pos0 i
 		return s.block(ctx, i, 1, pos0, lw, scale, nil, residual)
 	}
 	gs.replays++
-	return g.Replay()
+	return !s.folds(i, 1, lw), g.Replay()
 }
 
 // runEnd returns the end of the run of blocks that starts at block i: the
@@ -216,10 +222,10 @@ func (s *Session) runEnd(gs *sessionGraphs, i int) int {
 
 // runGraphed runs decoder blocks lo..hi-1 of a decode step at pos0
 // (uploaded to posAt already), whose layers are resident, as one graph
-// when it can, else eagerly; residual is the first block's (see block).
-// It holds every layer of the run from before the first block until the
-// last has been queued.
-func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos0 int, scale float32, residual bool) error {
+// when it can, else eagerly; residual is the first block's and pending
+// the last's (see block). It holds every layer of the run from before the
+// first block until the last has been queued.
+func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos0 int, scale float32, residual bool) (pending bool, err error) {
 	m := s.m
 	// The run's layers are pinned, and their maps acquired only for a
 	// capture or an eager run: a replay needs only to know that the
@@ -249,32 +255,36 @@ func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos
 		for i := lo; i < hi; i++ {
 			var err error
 			if fp, err = p.PinLayer(ctx, m.blockLayer(i), fp); err != nil {
-				return fmt.Errorf("block %d: %w", i, err)
+				return false, fmt.Errorf("block %d: %w", i, err)
 			}
 			pins++
 		}
 	} else {
 		if err := acquire(); err != nil {
-			return err
+			return false, err
 		}
 		for k, lw := range lws {
 			fp = s.appendFingerprint(fp, m.blockLayer(lo+k), lw)
 		}
 	}
 	gs.fp = fp
-	run := func(pos int, posAt *tensor.Tensor) error {
-		for k, lw := range lws {
-			if err := s.block(ctx, lo+k, 1, pos, lw, scale, posAt, residual || k > 0); err != nil {
-				return fmt.Errorf("block %d: %w", lo+k, err)
-			}
-		}
-		return nil
-	}
 	span := [2]int{lo, hi}
 	rg := gs.runs[span]
 	if rg == nil {
-		rg = &layerGraphs{graphs: map[graphKey]tensor.Graph{}}
+		rg = &layerGraphs{graphs: map[graphKey]tensor.Graph{}, pending: map[graphKey]bool{}}
 		gs.runs[span] = rg
+	}
+	key := graphKey{bound: s.bucket(pos0), fp: string(fp), residual: residual}
+	run := func(pos int, posAt *tensor.Tensor) error {
+		pend := residual
+		for k, lw := range lws {
+			var err error
+			if pend, err = s.block(ctx, lo+k, 1, pos, lw, scale, posAt, pend); err != nil {
+				return fmt.Errorf("block %d: %w", lo+k, err)
+			}
+		}
+		rg.pending[key] = pend
+		return nil
 	}
 	// A run given up leaves its blocks to graphs of their own from the
 	// next step on.
@@ -284,26 +294,26 @@ func (s *Session) runGraphed(ctx context.Context, gs *sessionGraphs, lo, hi, pos
 			gs.noRun[i] = true
 		}
 	}
-	key := graphKey{bound: s.bucket(pos0), fp: string(fp), residual: residual}
 	if rg.graphs[key] == nil {
 		// A capture or an eager run follows: both need the maps, taken
 		// before a capture starts.
 		if err := acquire(); err != nil {
-			return err
+			return false, err
 		}
 	}
 	g := rg.graph(gs, key, func() error { return run(key.bound, gs.posAt) }, abandon)
 	if g == nil {
 		gs.eager += int64(hi - lo)
-		return run(pos0, nil)
+		err := run(pos0, nil)
+		return rg.pending[key], err
 	}
 	gs.replays++
 	gs.runReplays++
 	gs.runBlocks += int64(hi - lo)
 	if err := g.Replay(); err != nil {
-		return fmt.Errorf("blocks %d to %d: %w", lo, hi-1, err)
+		return false, fmt.Errorf("blocks %d to %d: %w", lo, hi-1, err)
 	}
-	return nil
+	return rg.pending[key], nil
 }
 
 // graph returns lg's graph for key, or nil when the step is to run

@@ -522,9 +522,11 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook, headNext bo
 			return fmt.Errorf("nn: decode graphs' position: %w", err)
 		}
 	}
-	// A block leaves its output in proj; the next block's norm (or the
-	// final norm) adds it to x in the same pass (tensor.AddRMSNorm). A
-	// hook, and the hand-over to another stage, see x with it added.
+	// A block leaves its output in proj (pending); the next block's norm
+	// (or the final norm) adds it to x in the same pass
+	// (tensor.AddRMSNorm). A block that folds (Session.folds) adds its
+	// own. A hook, and the hand-over to another stage, see x with it
+	// added.
 	s.pending = false
 	pending := false
 	flush := func() error {
@@ -540,10 +542,11 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook, headNext bo
 		}
 		if gs != nil { // no hook, no twin: see graphsFor
 			if end := s.runEnd(gs, i); end-i >= 2 {
-				if err := s.runGraphed(ctx, gs, i, end, pos0, scale, pending); err != nil {
+				p, err := s.runGraphed(ctx, gs, i, end, pos0, scale, pending)
+				if err != nil {
 					return fmt.Errorf("nn: %w", err)
 				}
-				pending = true
+				pending = p
 				i = end - 1
 				continue
 			}
@@ -567,14 +570,13 @@ func (s *Session) blocksChunk(ctx context.Context, T int, hook Hook, headNext bo
 			}
 			var err error
 			if gs != nil {
-				err = s.blockGraphed(ctx, gs, i, pos0, lw, scale, pending)
+				pending, err = s.blockGraphed(ctx, gs, i, pos0, lw, scale, pending)
 			} else {
-				err = s.block(ctx, i, T, pos0, lw, scale, nil, pending)
+				pending, err = s.block(ctx, i, T, pos0, lw, scale, nil, pending)
 			}
 			if err != nil {
 				return err
 			}
-			pending = true
 			if s.twin != nil {
 				return s.twinKVOut(i, pos0, T)
 			}
@@ -720,13 +722,91 @@ func (s *Session) headChunk(ctx context.Context, T int, logits, allRows bool, ho
 	return unsafe.Slice((*float32)(unsafe.Pointer(&s.download[0])), n), nil
 }
 
+// folds reports whether block i, on a chunk of T rows, folds its two
+// norms into the products after them and adds its o and down products to
+// x itself (tensor.NormFuser, where the backend folds every one of them):
+// one row, no batch, a dense block without biases. Such a block leaves
+// nothing in proj for the next norm to add.
+func (s *Session) folds(i, T int, lw LayerWeights) bool {
+	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
+	if T != 1 || s.batch != nil || c.Sparse(i) {
+		return false
+	}
+	for _, r := range []arch.Role{arch.QBias, arch.KBias, arch.VBias, arch.OBias} {
+		if lw[n[r]] != nil {
+			return false
+		}
+	}
+	v := s.viewsFor(T)
+	return tensor.FoldsNorms(b, v.x, lw[n[arch.AttnNorm]], lw[n[arch.Q]], lw[n[arch.K]], lw[n[arch.V]]) &&
+		tensor.FoldsNorms(b, v.attn, nil, lw[n[arch.O]]) &&
+		tensor.FoldsNorms(b, v.x, lw[n[arch.MLPNorm]], lw[n[arch.Gate]], lw[n[arch.Up]]) &&
+		tensor.FoldsNorms(b, v.gate, nil, lw[n[arch.Down]])
+}
+
+// errFoldDeclined is a fold the backend reported it makes (folds) and then
+// declined.
+var errFoldDeclined = errors.New("the backend declined a fold it reported")
+
 // block runs decoder block i on the first T rows of the session's buffers,
 // at positions pos0 onwards; or, when posAt is set (a decode graph's
 // capture), at the position posAt holds when the block runs, pos0 being
 // its bound. When residual is set, the previous block's output in proj is
-// added to x first (with the norm, in one pass); the block leaves its own
-// output in proj, not added to x.
-func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor, residual bool) error {
+// added to x first (with the norm, in one pass). The block leaves its own
+// output in proj, not added to x, and reports pending; or, where it folds
+// (folds), adds it to x and reports none pending.
+func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor, residual bool) (pending bool, err error) {
+	if s.folds(i, T, lw) {
+		return false, s.foldedBlock(ctx, i, pos0, lw, scale, posAt, residual)
+	}
+	return true, s.unfoldedBlock(ctx, i, T, pos0, lw, scale, posAt, residual)
+}
+
+// foldedBlock is block for one row where it folds: the attention norm in
+// the q, k and v products, the o product added to x, the MLP's norm in the
+// gate and up products, the down product added to x. The same bits as
+// unfoldedBlock on the same backend (the norm fold sums as the norm kernel
+// does, and x + product is the add that norm kernel makes).
+func (s *Session) foldedBlock(ctx context.Context, i, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor, residual bool) error {
+	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
+	v := s.viewsFor(1)
+	x, q, attn, kk, vv, proj, gate := v.x, v.q, v.attn, v.kk, v.vv, v.proj, v.gate
+	if residual { // the block before did not fold
+		if err := b.Add(x, x, proj); err != nil {
+			return fmt.Errorf("residual: %w", err)
+		}
+	}
+	folded := func(ok bool, err error, what string) error {
+		if err == nil && !ok {
+			err = errFoldDeclined
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
+	ok, err := tensor.NormMatMulMany(b, []*tensor.Tensor{q, kk, vv}, x, lw[n[arch.AttnNorm]], c.NormEps(), []*tensor.Tensor{lw[n[arch.Q]], lw[n[arch.K]], lw[n[arch.V]]})
+	if err := folded(ok, err, "attention norm and q, k and v projections"); err != nil {
+		return err
+	}
+	if err := s.attention(ctx, i, 1, pos0, scale, posAt, lw); err != nil {
+		return err
+	}
+	ok, err = tensor.MatMulAdd(b, x, attn, lw[n[arch.O]])
+	if err := folded(ok, err, "o projection"); err != nil {
+		return err
+	}
+	ok, err = tensor.NormGateUpSiLU(b, gate, x, lw[n[arch.MLPNorm]], c.NormEps(), lw[n[arch.Gate]], lw[n[arch.Up]])
+	if err := folded(ok, err, "mlp norm and gate and up projections"); err != nil {
+		return err
+	}
+	ok, err = tensor.MatMulAdd(b, x, gate, lw[n[arch.Down]])
+	return folded(ok, err, "down projection")
+}
+
+// unfoldedBlock is block with its norms and adds as operations of their
+// own.
+func (s *Session) unfoldedBlock(ctx context.Context, i, T, pos0 int, lw LayerWeights, scale float32, posAt *tensor.Tensor, residual bool) error {
 	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
 	v := s.viewsFor(T)
 	x, h, q, attn, kk, vv, proj, gate, up := v.x, v.h, v.q, v.attn, v.kk, v.vv, v.proj, v.gate, v.up
@@ -757,6 +837,50 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 			return fmt.Errorf("v projection: %w", err)
 		}
 	}
+	if err := s.attention(ctx, i, T, pos0, scale, posAt, lw); err != nil {
+		return err
+	}
+	if err := s.matMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
+		return fmt.Errorf("o projection: %w", err)
+	}
+	// The residual and the MLP's norm in one pass (tensor.AddRMSNorm).
+	if err := tensor.AddRMSNorm(b, h, x, proj, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
+		return fmt.Errorf("mlp norm: %w", err)
+	}
+	if c.Sparse(i) {
+		return s.moe(ctx, i, T, pos0, lw) // its output in proj
+	}
+	if s.batch == nil {
+		// silu(gate) * up, both products in one pass over their weights
+		// where the backend fuses them (tensor.GateUpSiLU).
+		if err := tensor.GateUpSiLU(b, gate, up, h, lw[n[arch.Gate]], lw[n[arch.Up]]); err != nil {
+			return fmt.Errorf("gate and up projections: %w", err)
+		}
+	} else {
+		if err := s.matMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
+			return fmt.Errorf("gate projection: %w", err)
+		}
+		if err := s.matMul(up, h, lw[n[arch.Up]], nil); err != nil {
+			return fmt.Errorf("up projection: %w", err)
+		}
+		if err := b.SiLUMul(gate, gate, up); err != nil {
+			return err
+		}
+	}
+	if err := s.matMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
+		return fmt.Errorf("down projection: %w", err)
+	}
+	return nil // the output in proj, added to x by the next norm
+}
+
+// attention runs block i's attention from its q, kk and vv (the
+// projections of the chunk's T rows) into attn: the q/k norms where the
+// family has them, then rope, the KV cache's rows and the attention on
+// the device, in a batch's pool, or over a KV cache in host memory.
+func (s *Session) attention(ctx context.Context, i, T, pos0 int, scale float32, posAt *tensor.Tensor, lw LayerWeights) error {
+	c, b, n := &s.m.cfg, s.m.backend, &s.m.names[s.m.blockLayer(i)]
+	v := s.viewsFor(T)
+	q, attn, kk, vv := v.q, v.attn, v.kk, v.vv
 	if c.QKNorm {
 		// Each head's queries and keys are normalised on their own: rows
 		// of HeadDim in the [T*heads, HeadDim] views.
@@ -800,37 +924,7 @@ func (s *Session) block(ctx context.Context, i, T, pos0 int, lw LayerWeights, sc
 			return err
 		}
 	}
-	if err := s.matMul(proj, attn, lw[n[arch.O]], lw[n[arch.OBias]]); err != nil {
-		return fmt.Errorf("o projection: %w", err)
-	}
-	// The residual and the MLP's norm in one pass (tensor.AddRMSNorm).
-	if err := tensor.AddRMSNorm(b, h, x, proj, lw[n[arch.MLPNorm]], c.NormEps()); err != nil {
-		return fmt.Errorf("mlp norm: %w", err)
-	}
-	if c.Sparse(i) {
-		return s.moe(ctx, i, T, pos0, lw) // its output in proj
-	}
-	if s.batch == nil {
-		// silu(gate) * up, both products in one pass over their weights
-		// where the backend fuses them (tensor.GateUpSiLU).
-		if err := tensor.GateUpSiLU(b, gate, up, h, lw[n[arch.Gate]], lw[n[arch.Up]]); err != nil {
-			return fmt.Errorf("gate and up projections: %w", err)
-		}
-	} else {
-		if err := s.matMul(gate, h, lw[n[arch.Gate]], nil); err != nil {
-			return fmt.Errorf("gate projection: %w", err)
-		}
-		if err := s.matMul(up, h, lw[n[arch.Up]], nil); err != nil {
-			return fmt.Errorf("up projection: %w", err)
-		}
-		if err := b.SiLUMul(gate, gate, up); err != nil {
-			return err
-		}
-	}
-	if err := s.matMul(proj, gate, lw[n[arch.Down]], nil); err != nil {
-		return fmt.Errorf("down projection: %w", err)
-	}
-	return nil // the output in proj, added to x by the next norm
+	return nil
 }
 
 // matMul is the backend's MatMul, or in a batch tensor.MatMulRows, whose

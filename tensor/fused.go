@@ -35,6 +35,102 @@ type ManyMatMuler interface {
 	MatMulMany(outs []*Tensor, x *Tensor, ws []*Tensor) error
 }
 
+// NormFuser folds a one-row decode step's RMS norms and residual adds
+// into its products (see NormMatMulMany, NormGateUpSiLU, MatMulAdd): each
+// method reports false, having done nothing, for operands it does not
+// fold, and the caller takes the separate operations. What it folds has
+// the bits of those operations on the same backend.
+type NormFuser interface {
+	// Folds reports whether the methods fold one-row products of x
+	// times ws, normed with weights g (nil: added, MatMulAdd).
+	Folds(x, g *Tensor, ws ...*Tensor) bool
+	NormMatMulMany(outs []*Tensor, x, g *Tensor, eps float32, ws []*Tensor) (bool, error)
+	NormGateUpSiLU(out, x, g *Tensor, eps float32, wGate, wUp *Tensor) (bool, error)
+	MatMulAdd(out, x, w *Tensor) (bool, error)
+}
+
+// FoldsNorms reports whether b folds the norm with weights g into the
+// products of x's one row with ws (NormMatMulMany, NormGateUpSiLU), or,
+// g nil, the add into the product (MatMulAdd): a caller that must know
+// before it starts (a decoder block, whose output is added to the
+// residual or left for the next norm to add) asks here.
+func FoldsNorms(b Backend, x, g *Tensor, ws ...*Tensor) bool {
+	f, ok := capability[NormFuser](b)
+	return ok && f.Folds(x, g, ws...)
+}
+
+// NormMatMulMany computes outs[i] = RMSNorm(x, g, eps)·ws[i]ᵀ without
+// writing the normed row, where b folds it (NormFuser), and reports
+// whether it did; where not, it does nothing and the caller runs RMSNorm
+// and MatMulMany. The operands are MatMulMany's with g the norm's weights
+// [D] (RMSNorm's w); the outputs are apart from x and g.
+func NormMatMulMany(b Backend, outs []*Tensor, x, g *Tensor, eps float32, ws []*Tensor) (bool, error) {
+	f, ok := capability[NormFuser](b)
+	if !ok {
+		return false, nil
+	}
+	if err := checkMatMulMany(outs, x, ws); err != nil {
+		return false, err
+	}
+	if err := checkNormWeights("NormMatMulMany", x, g, outs...); err != nil {
+		return false, err
+	}
+	return f.NormMatMulMany(outs, x, g, eps, ws)
+}
+
+// NormGateUpSiLU computes out = silu(h·wGateᵀ) * (h·wUpᵀ) with h =
+// RMSNorm(x, g, eps), h never written, where b folds it (NormFuser), and
+// reports whether it did; where not, the caller runs RMSNorm and
+// GateUpSiLU. out is apart from x and g.
+func NormGateUpSiLU(b Backend, out, x, g *Tensor, eps float32, wGate, wUp *Tensor) (bool, error) {
+	f, ok := capability[NormFuser](b)
+	if !ok {
+		return false, nil
+	}
+	if err := checkMatMulMany([]*Tensor{out}, x, []*Tensor{wGate}); err != nil {
+		return false, err
+	}
+	if err := CheckShape("NormGateUpSiLU", "wUp", wUp, wGate.dtype, wGate.shape[0], wGate.shape[1]); err != nil {
+		return false, err
+	}
+	if err := checkNormWeights("NormGateUpSiLU", x, g, out); err != nil {
+		return false, err
+	}
+	return f.NormGateUpSiLU(out, x, g, eps, wGate, wUp)
+}
+
+// MatMulAdd computes out += x·wᵀ (MatMul's operands, no bias) where b
+// folds the add into the product (NormFuser), and reports whether it did;
+// where not, the caller runs MatMul into a scratch tensor and Add. out is
+// apart from x and w.
+func MatMulAdd(b Backend, out, x, w *Tensor) (bool, error) {
+	f, ok := capability[NormFuser](b)
+	if !ok {
+		return false, nil
+	}
+	if err := checkMatMulMany([]*Tensor{out}, x, []*Tensor{w}); err != nil {
+		return false, err
+	}
+	if err := disjoint("MatMulAdd", "out", out, []string{"x", "w"}, x, w); err != nil {
+		return false, err
+	}
+	return f.MatMulAdd(out, x, w)
+}
+
+// checkNormWeights checks a folded norm's weights g against its rows x
+// [M, D], and that the outputs are apart from both.
+func checkNormWeights(op string, x, g *Tensor, outs ...*Tensor) error {
+	if err := CheckShape(op, "g", g, Invalid, x.shape[1]); err != nil {
+		return err
+	}
+	for _, o := range outs {
+		if err := disjoint(op, "out", o, []string{"x", "g"}, x, g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // RowCombiner sums weighted rows of a tensor in one pass (see
 // CombineRows).
 type RowCombiner interface {
