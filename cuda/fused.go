@@ -43,14 +43,7 @@ func (b *Backend) MatMulMany(outs []*tensor.Tensor, x *tensor.Tensor, ws []*tens
 		}
 		return nil
 	}
-	var o [3]uintptr
-	var w [3]uintptr
-	var n [3]int
-	rows := 0
-	for i := range ws {
-		o[i], w[i], n[i] = outs[i].Ptr(), ws[i].Ptr(), ws[i].Shape()[0]
-		rows += n[i]
-	}
+	o, w, n, rows := splitOperands(outs, ws)
 	if rows == 0 {
 		return nil
 	}

@@ -2,6 +2,8 @@
 
 package cuda
 
+import "github.com/strata-llm/strata/tensor"
+
 // splitFor returns the variant the M = 1 products of weights with suffix
 // sfx use, or nil for the default kernels: F32 weights always take the
 // default.
@@ -19,6 +21,17 @@ func (b *Backend) gemvSplitRun(v *gemvVariant, sfx string, o, w [3]uintptr, n [3
 	v = v.forShape(n[0]+n[1]+n[2], k)
 	a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k)
 	return b.runVariant(v, v.kernel(sfx), v.grid(n[0]+n[1]+n[2]), a)
+}
+
+// splitOperands lays the products outs[i] = x·ws[i]ᵀ (up to three) out as
+// the split kernels take them: outputs, weights and rows, the matrices
+// end to end over rows rows.
+func splitOperands(outs, ws []*tensor.Tensor) (o, w [3]uintptr, n [3]int, rows int) {
+	for i := range ws {
+		o[i], w[i], n[i] = outs[i].Ptr(), ws[i].Ptr(), ws[i].Shape()[0]
+		rows += n[i]
+	}
+	return o, w, n, rows
 }
 
 // runVariant launches kernel name of v, with programmatic dependent launch

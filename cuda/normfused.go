@@ -114,13 +114,7 @@ func (b *Backend) NormMatMulMany(outs []*tensor.Tensor, x, g *tensor.Tensor, eps
 			return false, err
 		}
 	}
-	var o, w [3]uintptr
-	var n [3]int
-	rows := 0
-	for i := range ws {
-		o[i], w[i], n[i] = outs[i].Ptr(), ws[i].Ptr(), ws[i].Shape()[0]
-		rows += n[i]
-	}
+	o, w, n, rows := splitOperands(outs, ws)
 	if rows == 0 {
 		return true, nil
 	}
