@@ -51,7 +51,9 @@ func TestNormFuserHelpers(t *testing.T) {
 		want string // "" for no error
 	}{
 		{"many", func() (bool, error) { return NormMatMulMany(f, []*Tensor{out, out2}, x, g, 1e-5, []*Tensor{w, w2}) }, ""},
-		{"many, g short", func() (bool, error) { return NormMatMulMany(f, []*Tensor{out}, x, New(F16, Shape{7}), 1e-5, []*Tensor{w}) }, "g"},
+		{"many, g short", func() (bool, error) {
+			return NormMatMulMany(f, []*Tensor{out}, x, New(F16, Shape{7}), 1e-5, []*Tensor{w})
+		}, "g"},
 		{"many, out is x", func() (bool, error) {
 			return NormMatMulMany(f, []*Tensor{x}, x, g, 1e-5, []*Tensor{New(F16, Shape{8, 8})})
 		}, "overlap"},
