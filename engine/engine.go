@@ -191,7 +191,10 @@ type Engine struct {
 	hostAlloc *pinnedHost
 	kv        *KVReport     // the KV cache's placement, nil when all on the devices
 	kvRates   *paging.Rates // the rates KVAuto planned with
-	expertCPU bool          // a pager may hand missing experts to e.cpu
+	// pinnedPool is the hybrid pager's page-locked host memory on one
+	// GPU (probe.go), kept through the probe's rebuild.
+	pinnedPool *pinnedPool
+	expertCPU  bool // a pager may hand missing experts to e.cpu
 	// expertRates are the rates that decide where missing experts are
 	// computed (Memory.ExpertsCPU auto): given, or measured at Open when
 	// nothing else measured them.

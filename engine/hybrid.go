@@ -236,7 +236,20 @@ func (e *Engine) openHybrid(ctx context.Context, info paging.ModelInfo, limits [
 		// The pager fills its ring ahead along the sequence, so that the
 		// copies go on while the CPU computes its layers, as the plan's
 		// prediction assumes.
-		pager, err := paging.NewPager(src, bud, hp.GPU, paging.Options{HostCacheBytes: hostCache, HostLayers: hp.CPULayers, PrefetchFill: true})
+		opts := paging.Options{HostCacheBytes: hostCache, HostLayers: hp.CPULayers, PrefetchFill: true}
+		if len(parts) == 1 {
+			// One GPU: its pager pins through the engine's pool, which
+			// keeps the pages when the probe builds the placement again.
+			if e.pinnedPool == nil {
+				if pa, ok := tensor.Pinned(gpu); ok {
+					e.pinnedPool = &pinnedPool{pa: pa}
+				}
+			}
+			if e.pinnedPool != nil {
+				opts.Pinned = e.pinnedPool
+			}
+		}
+		pager, err := paging.NewPager(src, bud, hp.GPU, opts)
 		if err != nil {
 			return err
 		}

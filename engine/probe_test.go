@@ -71,6 +71,10 @@ func TestHybridProbe(t *testing.T) {
 				t.Errorf("replanned to the same CPU layers %v", p.FirstCPULayers)
 			case p.Replanned && p.BestTokS <= p.FirstTokS:
 				t.Errorf("replanned for %.1f tok/s, the first plan predicted %.1f", p.BestTokS, p.FirstTokS)
+			case p.Replanned && p.ReusedPinnedBytes <= 0:
+				// The second placement takes the first's host copies
+				// over (pinnedPool); Close below finds none left.
+				t.Errorf("replanned keeping no pinned host memory")
 			}
 			s, err := e.NewSession()
 			if err != nil {
@@ -121,5 +125,38 @@ func TestProbeSteps(t *testing.T) {
 		if got := e.probeSteps(); got != tc.want {
 			t.Errorf("%s: %d steps, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestPinnedPool: the pool passes allocations through; while it holds, a
+// freed buffer is handed out again for its size (and counted), and
+// release gives back what was not.
+func TestPinnedPool(t *testing.T) {
+	gpu := newFakeGPU()
+	defer gpu.Close()
+	p := &pinnedPool{pa: gpu}
+	a, _ := p.AllocPinned(100)
+	b, _ := p.AllocPinned(200)
+	if err := p.FreePinned(a); err != nil || gpu.pinned.Load() != 200 {
+		t.Fatalf("a free not holding: %v, %d bytes pinned, want 200", err, gpu.pinned.Load())
+	}
+	p.hold()
+	if err := p.FreePinned(b); err != nil || gpu.pinned.Load() != 200 {
+		t.Fatalf("a free while holding: %v, %d bytes pinned, want 200 kept", err, gpu.pinned.Load())
+	}
+	c, _ := p.AllocPinned(100) // no 100-byte buffer kept: a new one
+	d, _ := p.AllocPinned(200) // b again
+	if &d[0] != &b[0] || gpu.pinned.Load() != 300 {
+		t.Fatalf("the kept buffer was not reused: %d bytes pinned, want 300", gpu.pinned.Load())
+	}
+	if err := p.FreePinned(c); err != nil {
+		t.Fatal(err)
+	}
+	reused, err := p.release()
+	if err != nil || reused != 200 || gpu.pinned.Load() != 200 {
+		t.Fatalf("release: %v, %d reused (want 200), %d bytes pinned (want d's 200)", err, reused, gpu.pinned.Load())
+	}
+	if err := p.FreePinned(d); err != nil || gpu.pinned.Load() != 0 {
+		t.Fatalf("a free after release: %v, %d bytes pinned", err, gpu.pinned.Load())
 	}
 }

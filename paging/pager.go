@@ -59,6 +59,12 @@ type Options struct {
 	// HostCacheBytes, so that other streamed parts never take their room,
 	// and fails with an error wrapping ErrHostMemory when they do not fit.
 	HostLayers []int
+	// Pinned, when set, is where the pager's page-locked host memory
+	// comes from (its host copies, the staging ring, the experts' arena)
+	// instead of the backend: a caller that builds a pager again can
+	// keep the first one's buffers through it (pinning runs at about
+	// 2 GB/s on the H200's host).
+	Pinned tensor.PinnedAllocator
 	// StagingSlots overrides the buffers of the staging ring when > 0; < 0
 	// turns it off. 0 takes one per load that runs at once (the prefetch
 	// depth plus one), at most three. The ring is set up only on a
@@ -322,6 +328,9 @@ func NewPager(src Source, budget *Budget, plan *PlanResult, opts Options) (*Page
 	}
 	if pa, ok := tensor.Pinned(p.b); ok {
 		p.pinned = pa
+	}
+	if opts.Pinned != nil {
+		p.pinned = opts.Pinned
 	}
 	switch {
 	case opts.PrefetchDepth > 0:
