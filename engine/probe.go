@@ -135,8 +135,8 @@ func (e *Engine) timeDecode(ctx context.Context, steps int) (m decodeProbe, err 
 		}
 	}
 	gpu := e.backends[0]
-	sync := func() error { return tensor.Sync(gpu) }
-	if err := sync(); err != nil {
+	drain := func() error { return tensor.Sync(gpu) }
+	if err := drain(); err != nil {
 		return m, err
 	}
 	cpu := e.cpu.Name()
@@ -148,7 +148,7 @@ func (e *Engine) timeDecode(ctx context.Context, steps int) (m decodeProbe, err 
 			return m, err
 		}
 	}
-	if err := sync(); err != nil {
+	if err := drain(); err != nil {
 		return m, err
 	}
 	wall := time.Since(t0)
