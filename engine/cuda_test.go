@@ -509,3 +509,63 @@ func TestCUDAExpertsOnCPUDecode(t *testing.T) {
 		})
 	}
 }
+
+// TestCUDAHybridProbeRebuild: on a GPU, Open's probe (measured rates, its
+// CPU time divided by 8 by probeHook so that it plans again) builds the
+// placement a second time into the first one's pinned host copies
+// (pinnedPool): the logits are within the GPU tolerance of transformers',
+// and Close finds nothing left on the device (the budgets' check). It
+// skips without a CUDA device.
+func TestCUDAHybridProbeRebuild(t *testing.T) {
+	gpu, err := tensor.OpenDevice("cuda", tensor.DeviceOptions{})
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer gpu.Close()
+	probeHook = func(m decodeProbe) decodeProbe {
+		m.cpu = max(m.cpu/8, 1)
+		return m
+	}
+	defer func() { probeHook = nil }()
+	ctx := context.Background()
+	name := fixtures.TinyLlamaF16Sharded
+	lm := openFixture(t, name)
+	ids, wantLogits := fixtureReference(t, name)
+	_, err = paging.Plan(mustInfo(t, lm), 1, paging.StrategyBalanced, 32, 1, paging.WithChunkTokens(4), paging.WithDevice(gpu))
+	var be *paging.BudgetError
+	if !asBudgetError(err, &be) {
+		t.Fatalf("probe plan: %v", err)
+	}
+	budget := be.Needed + lm.WeightBytes()/3
+	e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: 32, Chunk: 4, TwinMinTokens: 1 << 20,
+		Memory: Memory{Budgets: []int64{budget}, Strategy: paging.StrategyHybrid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := e.Hybrid().Probe
+	if p == nil {
+		t.Fatal("no probe")
+	}
+	t.Logf("%s", p)
+	if !p.Replanned || p.ReusedPinnedBytes <= 0 {
+		t.Errorf("a CPU 8x as fast as measured: replanned %v, %d pinned bytes kept", p.Replanned, p.ReusedPinnedBytes)
+	}
+	s, err := e.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits, err := s.Forward(ctx, ids, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var worst float64
+	for i := range wantLogits {
+		worst = max(worst, math.Abs(float64(logits[i]-wantLogits[i])))
+	}
+	if !(worst <= 2e-2) {
+		t.Errorf("logits differ from transformers by %g after the rebuild, want <= 2e-2", worst)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
