@@ -19,7 +19,7 @@ import (
 
 var _ tensor.NormFuser = (*Backend)(nil)
 
-// normKernelNames are the names of v's normed MatMul, adding MatMul and
+// normKernels are the names of v's normed MatMul, adding MatMul and
 // normed gate-up kernels for weights with suffix sfx.
 func (v *gemvVariant) normKernels(sfx string) (norm, acc, gateUp string) {
 	return fmt.Sprintf("gemv_split_pdl_norm_%s_r%du%ds%d", sfx, v.r, v.u, v.s),
@@ -59,9 +59,9 @@ func (b *Backend) normedGrid(units [3]uint32) [3]uint32 {
 // fusedVariant returns the variant one row of x times ws (F16 or BF16,
 // one dtype, rows 16-byte aligned, x's row too) runs on when the backend
 // has the fused kernels for it, with the weights' suffix; nil when it
-// does not (a variant without PDL, F32 weights, another shape). g, when
-// given, is a norm's weights: of the weights' dtype, x's length, 8-byte
-// aligned, x at most gemvNormMaxK long.
+// does not (folding off, a variant without PDL, F32 weights, another
+// shape). g, when given, is a norm's weights: of the weights' dtype, x's
+// length, 8-byte aligned, x at most gemvNormMaxK and foldMaxK long.
 func (b *Backend) fusedVariant(x, g *tensor.Tensor, ws ...*tensor.Tensor) (*gemvVariant, string) {
 	if !b.fold || x.DType() != tensor.F32 || len(x.Shape()) != 2 || x.Shape()[0] != 1 || x.Ptr()%16 != 0 || len(ws) == 0 {
 		return nil, ""
@@ -79,11 +79,10 @@ func (b *Backend) fusedVariant(x, g *tensor.Tensor, ws ...*tensor.Tensor) (*gemv
 		return nil, ""
 	}
 	sfx := suffix(dt)
+	// A PDL variant is in use only where its modules load (Open refuses
+	// one below compute capability 9.0), the fused kernels with them.
 	v := b.splitFor(sfx)
 	if v == nil || !v.pdl {
-		return nil, ""
-	}
-	if _, ok := b.kernels[gemvPDL[0].kernel(sfx)]; !ok { // the PDL modules load on compute capability 9.0
 		return nil, ""
 	}
 	return v, sfx
