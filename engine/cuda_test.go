@@ -51,14 +51,7 @@ func TestCUDAHybridFixtures(t *testing.T) {
 			{"cpu, on the CPU", paging.StrategyCPU, &cpuHeavy, 1 << 20},
 		} {
 			t.Run(name+"/"+tc.what, func(t *testing.T) {
-				// A budget of the device's fixed memory, the reserves and
-				// a third of the weights.
-				_, err := paging.Plan(mustInfo(t, lm), 1, paging.StrategyBalanced, 32, 1, paging.WithChunkTokens(4), paging.WithDevice(gpu))
-				var be *paging.BudgetError
-				if !asBudgetError(err, &be) {
-					t.Fatalf("probe plan: %v", err)
-				}
-				budget := be.Needed + lm.WeightBytes()/3
+				budget := thirdOfWeights(t, lm, gpu)
 				e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: 32, Chunk: 4, TwinMinTokens: tc.twinMin,
 					Memory: Memory{Budgets: []int64{budget}, Strategy: tc.strategy}, Rates: tc.rates})
 				if err != nil {
@@ -95,6 +88,19 @@ func TestCUDAHybridFixtures(t *testing.T) {
 			})
 		}
 	}
+}
+
+// thirdOfWeights is a budget on gpu of the device's fixed memory, the
+// reserves of a 32-position context in chunks of 4, and a third of lm's
+// weights: most layers stay off the device.
+func thirdOfWeights(t *testing.T, lm *loader.Model, gpu tensor.Backend) int64 {
+	t.Helper()
+	_, err := paging.Plan(mustInfo(t, lm), 1, paging.StrategyBalanced, 32, 1, paging.WithChunkTokens(4), paging.WithDevice(gpu))
+	var be *paging.BudgetError
+	if !asBudgetError(err, &be) {
+		t.Fatalf("probe plan: %v", err)
+	}
+	return be.Needed + lm.WeightBytes()/3
 }
 
 func mustInfo(t *testing.T, lm *loader.Model) paging.ModelInfo {
@@ -531,14 +537,8 @@ func TestCUDAHybridProbeRebuild(t *testing.T) {
 	name := fixtures.TinyLlamaF16Sharded
 	lm := openFixture(t, name)
 	ids, wantLogits := fixtureReference(t, name)
-	_, err = paging.Plan(mustInfo(t, lm), 1, paging.StrategyBalanced, 32, 1, paging.WithChunkTokens(4), paging.WithDevice(gpu))
-	var be *paging.BudgetError
-	if !asBudgetError(err, &be) {
-		t.Fatalf("probe plan: %v", err)
-	}
-	budget := be.Needed + lm.WeightBytes()/3
 	e, err := Open(ctx, lm, Options{Backends: []tensor.Backend{gpu}, Context: 32, Chunk: 4, TwinMinTokens: 1 << 20,
-		Memory: Memory{Budgets: []int64{budget}, Strategy: paging.StrategyHybrid}})
+		Memory: Memory{Budgets: []int64{thirdOfWeights(t, lm, gpu)}, Strategy: paging.StrategyHybrid}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -558,11 +558,7 @@ func TestCUDAHybridProbeRebuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var worst float64
-	for i := range wantLogits {
-		worst = max(worst, math.Abs(float64(logits[i]-wantLogits[i])))
-	}
-	if !(worst <= 2e-2) {
+	if worst := maxDiff(logits, wantLogits); !(worst <= 2e-2) {
 		t.Errorf("logits differ from transformers by %g after the rebuild, want <= 2e-2", worst)
 	}
 	if err := e.Close(); err != nil {
