@@ -52,22 +52,23 @@ type Backend struct {
 	copyMu        sync.Mutex
 	copyTail      cu.Event // recorded after every UploadAsync copy
 
-	evMu      sync.Mutex
-	evFree    []cu.Event
-	evAll     []cu.Event
-	tevFree   []cu.Event // timing events, for CopyStats
-	evBlock   []cu.Event // events with blocking synchronisation, for UploadStaged
-	spans     []span     // timed spans not yet read
-	tl        *timeline  // with TimelineEnv set
-	copyBytes int64
-	copyBusy  time.Duration
-	stall     time.Duration
-	modules   []module
-	kernels   map[string]kfunc
-	alloc     *allocator
-	pinnedMu  sync.Mutex
-	pinned    map[unsafe.Pointer]int64
-	pinnedSum int64
+	evMu       sync.Mutex
+	evFree     []cu.Event
+	evAll      []cu.Event
+	tevFree    []cu.Event // timing events, for CopyStats
+	evBlock    []cu.Event // events with blocking synchronisation, for UploadStaged
+	spans      []span     // timed spans not yet read
+	tl         *timeline  // with TimelineEnv set
+	copyBytes  int64
+	copyBusy   time.Duration
+	stall      time.Duration
+	modules    []module
+	kernels    map[string]kfunc
+	normBlocks map[string]uint32 // normedGrid's blocks a multiprocessor, by kernel
+	alloc      *allocator
+	pinnedMu   sync.Mutex
+	pinned     map[unsafe.Pointer]int64
+	pinnedSum  int64
 	// registered is the host memory RegisterHost page-locked, by start.
 	registered map[unsafe.Pointer]int64
 
@@ -239,7 +240,8 @@ func deviceInfo(ordinal int) (DeviceInfo, error) {
 // decode attention walks (splitChunk where it is empty),
 // STRATA_CUDA_PDL=0 (PDLEnv) turns off programmatic dependent launch of a
 // decode step's small kernels, and STRATA_CUDA_FOLD=0 (FoldEnv) the
-// norms and adds folded into the decode step's products.
+// norms and adds folded into the decode step's products (=all folds the
+// norms of long rows too).
 func Open(device int) (*Backend, error) {
 	chunk, err := splitChunkNamed(os.Getenv(SplitChunkEnv))
 	if err != nil {
@@ -249,7 +251,7 @@ func Open(device int) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	fold, err := onOffNamed(FoldEnv, os.Getenv(FoldEnv))
+	fold, foldK, err := foldNamed(os.Getenv(FoldEnv))
 	if err != nil {
 		return nil, err
 	}
@@ -287,9 +289,9 @@ func Open(device int) (*Backend, error) {
 	}
 	b := &Backend{
 		ordinal: device, info: info, name: fmt.Sprintf("cuda:%d", device),
-		kernels: map[string]kfunc{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
+		kernels: map[string]kfunc{}, normBlocks: map[string]uint32{}, pinned: map[unsafe.Pointer]int64{}, gemvMaxRows: 2, graphs: map[*graph]struct{}{},
 		gemvRows: rows, gemvSplit: split, qgemv: qgemv, qgemvD: qgemvD, splitChunk: chunk,
-		pdl: pdl && info.Major >= 9, fold: fold, foldMaxK: foldMaxK,
+		pdl: pdl && info.Major >= 9, fold: fold, foldMaxK: foldK,
 	}
 	b.dev, _ = cu.GetDevice(device)
 	runtime.LockOSThread()

@@ -211,6 +211,11 @@ static int strata_cublas_gemm(cublasHandle_t h, int transa, int transb, int m, i
 static CUresult strata_func_max_shared(CUfunction f, int bytes) {
 	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
 }
+
+// How many blocks of f, threads each, a multiprocessor runs at once.
+static CUresult strata_blocks_per_sm(CUfunction f, int threads, int *blocks) {
+	return cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, f, threads, 0);
+}
 */
 import "C"
 
@@ -455,6 +460,16 @@ func graphDestroy(g cuGraph) error { return driverError(C.cuGraphDestroy(g)) }
 // setMaxShared lets f launch with up to bytes of dynamic shared memory.
 func setMaxShared(f kfunc, bytes int) error {
 	return driverError(C.strata_func_max_shared(f, C.int(bytes)))
+}
+
+// blocksPerSM is how many blocks of f, threads each and no dynamic shared
+// memory, a multiprocessor of the current context's device runs at once.
+func blocksPerSM(f kfunc, threads int) (int, error) {
+	var n C.int
+	if err := driverError(C.strata_blocks_per_sm(f, C.int(threads), &n)); err != nil {
+		return 0, err
+	}
+	return int(n), nil
 }
 
 // args packs kernel parameters with their natural alignment, as

@@ -27,33 +27,30 @@ func (v *gemvVariant) normKernels(sfx string) (norm, acc, gateUp string) {
 		fmt.Sprintf("gemv_gate_up_split_pdl_norm_%s_u%ds%d", sfx, v.gu, v.gs)
 }
 
-// gemvNormMaxK is GEMV_NORM_MAX_K, the longest row the normed kernels
-// norm.
-const gemvNormMaxK = 8192
-
-// foldMaxK is the longest row whose norm the backend folds by default
-// (Backend.foldMaxK): rows of up to 2048 values (TinyLlama's 2048) decode
-// faster folded, 946 -> 1,007-1,021 tok/s on the H200, where the 7B's
-// rows of 4096 decoded slower (253.9 -> 231.9-235.7). The normed kernels
-// of the u8 variants hold their first batch of weights through the norm
-// and take 99-122 registers, two blocks a multiprocessor where the plain
-// ones run four: the 7B's q, k and v (3,072 units of s2p) then run at
-// half the warps, in two waves of a grid sized for four. Rows of 2048
-// take b8p, whose normed kernels gained all the same.
-const foldMaxK = 2048
-
-// normBlocksPerSM is how many blocks of a normed kernel a multiprocessor
-// runs at once (256 threads of about 64 registers: 4). A normed grid is
-// that many blocks a multiprocessor, each taking several units of rows
-// and norming x once: a block a unit (3,072 for the 7B's q, k and v)
-// each norming x again read 74 MB from L2 and made the 7B's decode 17%
-// slower (210.5 against 253.8 tok/s), where TinyLlama's 320 blocks gained.
-const normBlocksPerSM = 4
-
-// normedGrid is a normed kernel's grid over units blocks' worth of rows.
-func (b *Backend) normedGrid(units [3]uint32) [3]uint32 {
-	units[0] = min(units[0], uint32(max(b.info.SMs, 1)*normBlocksPerSM))
-	return units
+// normedGrid is the grid of the normed kernel name over units blocks'
+// worth of rows: at most as many blocks as the device runs at once, each
+// taking several units of rows and norming x once. A block a unit (3,072
+// for the 7B's q, k and v), each norming x again, read 74 MB from L2 and
+// made the 7B's decode 17% slower (210.5 against 253.8 tok/s), where
+// TinyLlama's 320 blocks gained. The blocks a multiprocessor runs come
+// from the driver's occupancy of the kernel (registers, shared memory),
+// asked once a kernel. The caller holds opsMu.
+func (b *Backend) normedGrid(name string, units [3]uint32) ([3]uint32, error) {
+	per, ok := b.normBlocks[name]
+	if !ok {
+		f, ok := b.kernels[name]
+		if !ok {
+			return units, fmt.Errorf("%s: no kernel %s", b.name, name)
+		}
+		n, err := blocksPerSM(f, gemvSplitThreads)
+		if err != nil {
+			return units, fmt.Errorf("%s: %s: occupancy: %w", b.name, name, err)
+		}
+		per = uint32(max(n, 1))
+		b.normBlocks[name] = per
+	}
+	units[0] = min(units[0], uint32(max(b.info.SMs, 1))*per)
+	return units, nil
 }
 
 // fusedVariant returns the variant one row of x times ws (F16 or BF16,
@@ -121,8 +118,12 @@ func (b *Backend) NormMatMulMany(outs []*tensor.Tensor, x, g *tensor.Tensor, eps
 	return true, b.ops(op, func() error {
 		v := v.forShape(rows, k)
 		name, _, _ := v.normKernels(sfx)
+		grid, err := b.normedGrid(name, v.grid(rows))
+		if err != nil {
+			return err
+		}
 		a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x.Ptr()).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k).ptr(g.Ptr()).f32(eps)
-		return b.runVariant(v, name, b.normedGrid(v.grid(rows)), a)
+		return b.runVariant(v, name, grid, a)
 	})
 }
 
@@ -145,8 +146,12 @@ func (b *Backend) NormGateUpSiLU(out, x, g *tensor.Tensor, eps float32, wGate, w
 	return true, b.ops(op, func() error {
 		v := v.forShape(n, k)
 		_, _, name := v.normKernels(sfx)
+		grid, err := b.normedGrid(name, v.gateUpGrid(n))
+		if err != nil {
+			return err
+		}
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(wGate.Ptr()).ptr(wUp.Ptr()).i32(n).i32(k).ptr(g.Ptr()).f32(eps)
-		return b.runVariant(v, name, b.normedGrid(v.gateUpGrid(n)), a)
+		return b.runVariant(v, name, grid, a)
 	})
 }
 

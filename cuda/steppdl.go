@@ -16,8 +16,38 @@ const pdlSuffix = "_pdl"
 // FoldEnv names the environment variable that turns off the decode
 // step's norms and residual adds folded into its products (normfused.go,
 // tensor.NormFuser): "0" or "off" runs them as kernels of their own;
-// empty, "1" or "on" (the default) folds them where the PDL GEMVs run.
+// empty, "1" or "on" (the default) folds them where the PDL GEMVs run,
+// norms of up to foldMaxK values; "all" folds norms of any length the
+// normed kernels take (gemvNormMaxK).
 const FoldEnv = "STRATA_CUDA_FOLD"
+
+// gemvNormMaxK is GEMV_NORM_MAX_K, the longest row the normed kernels
+// norm.
+const gemvNormMaxK = 8192
+
+// foldMaxK is the longest row whose norm the backend folds by default
+// (Backend.foldMaxK): rows of up to 2048 values (TinyLlama's 2048) decode
+// faster folded on the H200 (940-951 -> 974-997 tok/s in one call), where
+// the 7B's rows of 4096 decode slower (252.5-255.0 -> 242.4-246.3). The
+// normed kernels no longer hold a batch of weights through the norm (64
+// and 76 registers where they took 99-122; the 7B lost 5.5% before) and
+// read x once into shared memory, but each block of a normed grid still
+// norms the row after the kernel before it ends, a latency in series
+// that the separate norm kernel's PDL overlap hides.
+const foldMaxK = 2048
+
+// foldNamed parses FoldEnv's value: whether to fold, and the longest
+// norm to fold.
+func foldNamed(v string) (bool, int, error) {
+	if v == "all" {
+		return true, gemvNormMaxK, nil
+	}
+	on, err := onOffNamed(FoldEnv, v)
+	if err != nil {
+		return false, 0, fmt.Errorf("%w, or all", err)
+	}
+	return on, foldMaxK, nil
+}
 
 // pdlNamed parses PDLEnv's value.
 func pdlNamed(v string) (bool, error) { return onOffNamed(PDLEnv, v) }

@@ -105,6 +105,22 @@ func entryBody(ptx, name string) string {
 	return rest
 }
 
+func TestFoldNamed(t *testing.T) {
+	type fold struct {
+		on   bool
+		maxK int
+	}
+	for v, want := range map[string]fold{"": {true, foldMaxK}, "on": {true, foldMaxK}, "0": {false, foldMaxK}, "all": {true, gemvNormMaxK}} {
+		on, k, err := foldNamed(v)
+		if err != nil || (fold{on, k}) != want {
+			t.Errorf("foldNamed(%q) = %v, %d, %v; want %v", v, on, k, err, want)
+		}
+	}
+	if _, _, err := foldNamed("All"); err == nil || !strings.Contains(err.Error(), FoldEnv) || !strings.Contains(err.Error(), "all") {
+		t.Errorf("foldNamed(All): error %v, want one naming %s and all", err, FoldEnv)
+	}
+}
+
 func TestPDLNamed(t *testing.T) {
 	for v, want := range map[string]bool{"": true, "1": true, "on": true, "0": false, "off": false} {
 		got, err := pdlNamed(v)

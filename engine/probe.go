@@ -167,6 +167,11 @@ func (e *Engine) timeDecode(ctx context.Context, steps int) (m decodeProbe, err 
 // machine whose CPU is faster or slower than the calibration's.
 var probeHook func(decodeProbe) decodeProbe
 
+// probeRatesHook, when set (by tests), changes the rates the probe
+// corrected before it plans with them: a machine whose link is slower
+// than measured, for a plan that had nothing on the CPU to scale.
+var probeRatesHook func(paging.Rates) paging.Rates
+
 // probeRates are the plan's rates corrected by what decode measured: the
 // CPU's scaled so that the plan's CPU part at m.pos takes what it took
 // (within [1/probeMaxScale, probeMaxScale]), and the link's rate beside
@@ -209,6 +214,9 @@ func (e *Engine) probeHybrid(ctx context.Context, steps int, info paging.ModelIn
 	r, probe, err := probeRates(hp, m)
 	if err != nil {
 		return fmt.Errorf("engine: probing the hybrid placement: %w", err)
+	}
+	if probeRatesHook != nil {
+		r = probeRatesHook(r)
 	}
 	first := *hp
 	first.Rates = r

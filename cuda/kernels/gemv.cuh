@@ -41,12 +41,16 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 	asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
 	return r;
 }
+// prefetch_l2 asks for p's line in L2 without waiting for it or holding
+// a register: a normed kernel's first weights, fetched while it norms x.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 #else
 void gemvhost_check(const void* p, int n);
 inline uint4 load_stream(const uint4* p) {
 	gemvhost_check(p, 16);
 	return *p;
 }
+inline void prefetch_l2(const void* p) { gemvhost_check(p, 16); }
 #endif
 
 // gemv_chunk adds chunk c (E weights of row n, as 16 loaded bytes) times x

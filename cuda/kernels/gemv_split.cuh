@@ -132,9 +132,11 @@ __device__ __forceinline__ void split_dot(float* acc, const uint4* const* wr, co
 // with the normThreads(K) threads the backend launches them with (vt):
 // thread t of this block plays threads t, t + GEMV_SPLIT_THREADS, ... of
 // that one, each summing its NORM_VEC float4 in order, then the sums go
-// over each warp and over the warps as block_sum adds them. x is read
-// coherently (a PDL kernel's x may have been written by the kernel just
-// before). Every thread of the block calls it; it returns with the block
+// over each warp and over the warps as block_sum adds them. The block
+// reads x once, coherently (a PDL kernel's x may have been written by the
+// kernel just before), into xs, and norms it there: every block of a
+// normed grid reads x, so its reads are the norm's traffic through L2.
+// Every thread of the block calls it; it returns with the block
 // synchronised.
 template <typename NW>
 __device__ void gemv_norm_x(float* xs, const float* x, const NW* g, int K, float eps) {
@@ -142,13 +144,16 @@ __device__ void gemv_norm_x(float* xs, const float* x, const NW* g, int K, float
 	const int vt = min(max((((K + 4 * NORM_VEC - 1) / (4 * NORM_VEC)) + 31) & ~31, 32), 1024);
 	const int lane = threadIdx.x & 31;
 	const float4* x4 = reinterpret_cast<const float4*>(x);
+	float4* xs4 = reinterpret_cast<float4*>(xs);
 	__shared__ float partial[32];
+	for (int i = threadIdx.x; i < n4; i += GEMV_SPLIT_THREADS) xs4[i] = __ldca(x4 + i);
+	__syncthreads();
 	for (int v = threadIdx.x; v < vt; v += GEMV_SPLIT_THREADS) {  // the same trips for a warp's lanes: vt is whole warps
 		float s = 0.0f;
 #pragma unroll
 		for (int u = 0; u < NORM_VEC; u++) {
 			const int i = v + u * vt;
-			if (i < n4) s += sumsq4(__ldca(x4 + i));
+			if (i < n4) s += sumsq4(xs4[i]);
 		}
 		s = warp_sum(s);
 		if (lane == 0) partial[v >> 5] = s;
@@ -158,8 +163,8 @@ __device__ void gemv_norm_x(float* xs, const float* x, const NW* g, int K, float
 	s = warp_sum(s);
 	const float r = rsqrtf(s / (float)K + eps);
 	for (int i = threadIdx.x; i < n4; i += GEMV_SPLIT_THREADS) {
-		const float4 v = __ldca(x4 + i), w = load4(g, i);
-		reinterpret_cast<float4*>(xs)[i] = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
+		const float4 v = xs4[i], w = load4(g, i);
+		xs4[i] = make_float4(v.x * r * w.x, v.y * r * w.y, v.z * r * w.z, v.w * r * w.w);
 	}
 	__syncthreads();
 }
@@ -171,32 +176,24 @@ __device__ __forceinline__ float* gemv_norm_buf() {
 }
 
 // split_dot_norm is split_dot for the normed kernels, x the row before
-// its norm: the first batch of weights is loaded (before pdl_wait), the
-// block writes the normed row to shared memory (gemv_norm_x), and the
-// products read it there, added in split_dot's order. Every thread of the
-// block calls it.
+// its norm: the first batch of weights is asked into L2 (before pdl_wait,
+// prefetch_l2: unlike a plain kernel's batch, held in registers through
+// the norm it would double the kernel's registers and halve the blocks a
+// multiprocessor runs), the block writes the normed row to shared memory
+// (gemv_norm_x), and the products read it there, added in split_dot's
+// order. Every thread of the block calls it.
 template <typename W, int R, int U, bool PDL, typename NW>
 __device__ __forceinline__ void split_dot_norm(float* acc, const uint4* const* wr, const float* x, const NW* g, float eps, int K,
 					       int chunks, int c0, int step) {
 	float* xs = gemv_norm_buf();
-	uint4 wv[U][R];
-	const bool first = c0 + step * (U - 1) < chunks;
-	if (first)
 #pragma unroll
-		for (int u = 0; u < U; u++)
+	for (int u = 0; u < U; u++)
 #pragma unroll
-			for (int r = 0; r < R; r++) wv[u][r] = load_stream(wr[r] + c0 + step * u);
+		for (int r = 0; r < R; r++)
+			if (c0 + step * u < chunks) prefetch_l2(wr[r] + c0 + step * u);
 	pdl_wait<PDL>();
 	gemv_norm_x(xs, x, g, K, eps);
-	int c = c0;
-	if (first) {
-#pragma unroll
-		for (int u = 0; u < U; u++)
-#pragma unroll
-			for (int r = 0; r < R; r++) gemv_chunk_sh<W>(&acc[r], wv[u][r], xs, c + step * u);
-		c += step * U;
-	}
-	split_dot<W, R, U, false, true>(acc, wr, xs, K, chunks, c, step);
+	split_dot<W, R, U, false, true>(acc, wr, xs, K, chunks, c0, step);
 }
 
 // split_sum reduces acc[r] over the warp, then over the S warps of the
