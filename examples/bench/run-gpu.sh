@@ -20,7 +20,14 @@
 # (long prompts under a budget with the KV cache in host memory: the 7B
 # shape given a context of 32,768 positions, an 8,000-token prompt at
 # 4 GiB and a 32,000-token one at 8 GiB, -kv-cache host and auto; needs
-# synth-7b).
+# synth-7b); and, for the issues' measurements, 7b-hybrid (issue 14's
+# rows in one process: 4 GiB balanced, cpu and hybrid, then hybrid at 2
+# and 8 GiB; HYBRID_THREADS, default 16, is -threads), fold (the decode
+# with a block's norms folded into its products against unfolded,
+# STRATA_CUDA_FOLD alternated: the 7B with 0 and all, TinyLlama with 0 and
+# 1) and cpu-bw (the CPU device's decode against the host's read
+# bandwidth at 8, 12 and 16 threads, TinyLlama and the 7B); each needs its
+# models' synth steps.
 # EXPERTS_CPU (auto, never, always) is the MoE runs' -experts-cpu: when a
 # missing expert is computed on the CPU instead of uploaded (default auto).
 # MODELS is where the synthesised models go (16 GB, and the MoE ones'
@@ -196,6 +203,38 @@ fi
 if has hf-qwen3moe; then
 	log hf qwen3-30b-a3b
 	python3 examples/bench/hf_baseline.py --model "$MODELS/qwen3-30b-a3b" --name qwen3-30b-a3b --runs 8GiB --prefill 128 --decode 3 --warmup 1 --out "$OUT/hf.jsonl"
+fi
+if has 7b-hybrid; then
+	log strata llama2-7b hybrid
+	T=${HYBRID_THREADS:-16}
+	"$BIN/bench" -device cuda -threads $T -model "$MODELS/llama2-7b" -name llama2-7b -prefill 512 -decode 16 -warmup 2 -out "$OUT/strata.jsonl" \
+		-runs 4GiB:balanced,4GiB:cpu,4GiB:hybrid
+	"$BIN/bench" -device cuda -threads $T -model "$MODELS/llama2-7b" -name llama2-7b -prefill 512 -decode 16 -warmup 2 -out "$OUT/strata.jsonl" \
+		-runs 2GiB:hybrid,8GiB:hybrid
+fi
+if has fold; then
+	for round in 1 2; do
+		for f in 0 all; do
+			log strata llama2-7b STRATA_CUDA_FOLD=$f
+			STRATA_CUDA_FOLD=$f "$BIN/bench" -device cuda -model "$MODELS/llama2-7b" -name llama2-7b-fold-$f -decode 128 -warmup 2 -prefill 512 \
+				-out "$OUT/strata.jsonl" -runs none
+		done
+		for f in 0 1; do
+			log strata tinyllama-1.1b STRATA_CUDA_FOLD=$f
+			STRATA_CUDA_FOLD=$f "$BIN/bench" -device cuda -model "$MODELS/tinyllama-1.1b" -name tinyllama-1.1b-fold-$f -decode 256 -warmup 2 \
+				-prefill 512 -out "$OUT/strata.jsonl" -runs none
+		done
+	done
+fi
+if has cpu-bw; then
+	for t in 16 12 8; do
+		log strata tinyllama-1.1b cpu threads=$t
+		"$BIN/bench" -device cpu -threads $t -model "$MODELS/tinyllama-1.1b" -name tinyllama-1.1b-cpu$t -decode 48 -warmup 4 -prefill 16 \
+			-out "$OUT/strata.jsonl" -runs none
+	done
+	log strata llama2-7b cpu threads=16
+	"$BIN/bench" -device cpu -threads 16 -model "$MODELS/llama2-7b" -name llama2-7b-cpu16 -decode 12 -warmup 2 -prefill 16 \
+		-out "$OUT/strata.jsonl" -runs none
 fi
 if has report; then
 	log report
