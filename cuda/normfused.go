@@ -53,6 +53,16 @@ func (b *Backend) normedGrid(name string, units [3]uint32) ([3]uint32, error) {
 	return units, nil
 }
 
+// runNormed launches the normed kernel name of v on its normedGrid over
+// units blocks' worth of rows; the caller holds opsMu.
+func (b *Backend) runNormed(v *gemvVariant, name string, units [3]uint32, a *args) error {
+	grid, err := b.normedGrid(name, units)
+	if err != nil {
+		return err
+	}
+	return b.runVariant(v, name, grid, a)
+}
+
 // fusedVariant returns the variant one row of x times ws (F16 or BF16,
 // one dtype, rows 16-byte aligned, x's row too) runs on when the backend
 // has the fused kernels for it, with the weights' suffix; nil when it
@@ -118,12 +128,8 @@ func (b *Backend) NormMatMulMany(outs []*tensor.Tensor, x, g *tensor.Tensor, eps
 	return true, b.ops(op, func() error {
 		v := v.forShape(rows, k)
 		name, _, _ := v.normKernels(sfx)
-		grid, err := b.normedGrid(name, v.grid(rows))
-		if err != nil {
-			return err
-		}
 		a := new(args).ptr(o[0]).ptr(o[1]).ptr(o[2]).ptr(x.Ptr()).ptr(w[0]).ptr(w[1]).ptr(w[2]).i32(n[0]).i32(n[1]).i32(n[2]).i32(k).ptr(g.Ptr()).f32(eps)
-		return b.runVariant(v, name, grid, a)
+		return b.runNormed(v, name, v.grid(rows), a)
 	})
 }
 
@@ -146,12 +152,8 @@ func (b *Backend) NormGateUpSiLU(out, x, g *tensor.Tensor, eps float32, wGate, w
 	return true, b.ops(op, func() error {
 		v := v.forShape(n, k)
 		_, _, name := v.normKernels(sfx)
-		grid, err := b.normedGrid(name, v.gateUpGrid(n))
-		if err != nil {
-			return err
-		}
 		a := new(args).ptr(out.Ptr()).ptr(x.Ptr()).ptr(wGate.Ptr()).ptr(wUp.Ptr()).i32(n).i32(k).ptr(g.Ptr()).f32(eps)
-		return b.runVariant(v, name, grid, a)
+		return b.runNormed(v, name, v.gateUpGrid(n), a)
 	})
 }
 
