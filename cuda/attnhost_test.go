@@ -24,7 +24,8 @@ type attnHostCase struct {
 	bound                              int // > 0: the split kernel reads pos0 from memory (tensor.Attn.PosAt), planned for this bound
 	plan                               attnPlan
 	q, k, v                            []float32 // k and v: the pos0+t rows written
-	qs, ks, vs                         []float64 // as stored
+	qs, ks, vs                         []float64 // as stored; qs as the kernel rounds q (roundQ16)
+	exact                              []float64 // q unrounded
 	scale                              float32
 }
 
@@ -102,6 +103,10 @@ func TestAttentionKernelsOnHost(t *testing.T) {
 				if *x.out, err = tensortest.Stored(dt, x.v); err != nil {
 					t.Fatal(err)
 				}
+			}
+			c.exact = c.qs
+			if strings.HasPrefix(c.plan.kernel, "attention_split_q8_0") && s.d%128 == 0 {
+				c.qs = roundQ16(c.qs)
 			}
 			c.name = fmt.Sprintf("%v/%s/D%d_H%d_KV%d_T%d_pos%d", dt, c.plan.kernel, s.d, s.heads, s.kvHeads, s.t, s.pos0)
 			if s.bound > 0 {
@@ -405,6 +410,10 @@ func (c *attnHostCase) check(t *testing.T, resp *bytes.Buffer) {
 		worst = max(worst, math.Abs(float64(g)-want[i]))
 	}
 	t.Logf("%d splits of %d: relative error %.3g, largest absolute %.3g", c.plan.splits, c.plan.chunk, e, worst)
+	if &c.exact[0] != &c.qs[0] {
+		exact := tensortest.RefAttention(c.exact, c.ks, c.vs, c.t, c.heads, c.kvHeads, c.d, c.pos0, float64(c.scale))
+		t.Logf("q rounded to 16 bits: relative error %.3g against q unrounded", tensortest.RelErr(got, exact))
+	}
 	if !(e <= tol) {
 		t.Errorf("relative error %.3g > %.3g", e, tol)
 	}
@@ -536,4 +545,24 @@ func (c *blocksHostCase) check(t *testing.T, resp *bytes.Buffer) {
 		}
 		row += sq.Rows
 	}
+}
+
+// roundQ16 rounds q as the split decode kernel does for a Q8_0 cache read
+// by kv_cache_q8w (kvcache.cuh's set_query): each 8 values (a lane's) to
+// int16 levels of their largest magnitude, ties to even.
+func roundQ16(q []float64) []float64 {
+	r := make([]float64, len(q))
+	for i := 0; i < len(q); i += 8 {
+		a := 0.0
+		for _, v := range q[i : i+8] {
+			a = max(a, math.Abs(v))
+		}
+		if a == 0 {
+			continue
+		}
+		for j, v := range q[i : i+8] {
+			r[i+j] = math.RoundToEven(v*32767/a) * a / 32767
+		}
+	}
+	return r
 }

@@ -572,14 +572,19 @@ func TestQuantCopyRows(t *testing.T) {
 }
 
 // attnTol is the relative error TestAttentionCaches accepts of a kernel:
-// F32 arithmetic throughout, or the tensor-core kernel's products of
-// inputs rounded to F16 (11 bits) or BF16 (8 bits).
+// F32 arithmetic throughout, the tensor-core kernel's products of inputs
+// rounded to F16 (11 bits) or BF16 (8 bits), or the split kernel's q
+// rounded to 16 bits where it multiplies Q8_0 keys in integers (heads of
+// 128 and 256: 1.6e-5 to 2.3e-5 in the host harness, which checks the
+// kernel within 1e-5 of the reference over the rounded q).
 func attnTol(kernel string) float64 {
 	switch {
 	case strings.HasPrefix(kernel, "flash_attention_bf16"):
 		return 2e-2
 	case strings.HasPrefix(kernel, "flash_"):
 		return 4e-3
+	case kernel == "attention_split_q8_0_d128" || kernel == "attention_split_q8_0_d256":
+		return 1e-4
 	}
 	return 1e-5
 }

@@ -89,12 +89,15 @@ __device__ void attention_split(float* out, float* part, const float* q, kv_cach
 	// every pass (the shuffles need the whole warp); a lane group past p1
 	// loads the chunk's last row again and weighs nothing. A quantized
 	// block's scale multiplies the 8 values' dot product with q and their
-	// weight in the sum of V once (1 for the plain types).
+	// weight in the sum of V once (1 for the plain types). The reader
+	// makes the dot product (dot8): kv_cache_q8w's in integers, from q
+	// rounded to 16 bits by set_query.
 	constexpr int U = split_steps<KV>();
 	typedef split_reader<KV, D> reader;
 	typename reader::type Kr = reader::of(K), Vr = reader::of(V);
 	Kr.at_lane(e0);
 	Vr.at_lane(e0);
+	Kr.set_query(qr);
 	typedef decltype(Kr.load8raw(0, 0)) raw;
 	for (int base = p0 + warp * PPW; base < p1; base += U * PPB) {
 		raw kr[U], vr[U];
@@ -115,12 +118,7 @@ __device__ void attention_split(float* out, float* part, const float* q, kv_cach
 		float mt = m;
 #pragma unroll
 		for (int u = 0; u < U; u++) {
-			float kf[8];
-			Kr.unpack8(kr[u], kf);
-			float d = 0.0f;
-#pragma unroll
-			for (int i = 0; i < 8; i++) d += qr[i] * kf[i];
-			d *= Kr.scale8(kr[u]);
+			float d = Kr.dot8(kr[u], qr);
 #pragma unroll
 			for (int o = LPP / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
 			sc[u] = ok[u] ? d : -INFINITY;

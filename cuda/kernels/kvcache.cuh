@@ -104,14 +104,33 @@ __device__ __forceinline__ float kv_scale8(const kv_raw<__half>&) { return 1.0f;
 __device__ __forceinline__ float kv_scale8(const kv_raw<bf16>&) { return 1.0f; }
 __device__ __forceinline__ float kv_scale8(const kv_raw_q8& r) { return __half2float(__ushort_as_half(r.d)); }
 
+// kv_dot8 is the dot product of the lane's 8 values of q with 8 cache
+// values as stored, times their scale: the products added in order, in
+// float, then scaled once.
+template <typename R>
+__device__ __forceinline__ float kv_dot8(const R& r, const float q[8]) {
+	float f[8];
+	kv_unpack8(r, f);
+	float d = 0.0f;
+#pragma unroll
+	for (int i = 0; i < 8; i++) d += q[i] * f[i];
+	return d * kv_scale8(r);
+}
+
 // The decode kernel's calls of a reader beside load8raw: at_lane (the
-// lane's constants), settle (what the lanes exchange once every lane has
-// loaded), unpack8 and scale8. For kv_cache they are nothing or the
-// functions above.
+// lane's constants), set_query (the lane's 8 values of q, scaled, which
+// dot8 multiplies by keys), settle (what the lanes exchange once every
+// lane has loaded), dot8, unpack8 and scale8. For kv_cache they are
+// nothing or the functions above.
 #define KV_READER_LANE                                                                                 \
 	__device__ __forceinline__ void at_lane(int) {}                                                 \
+	__device__ __forceinline__ void set_query(const float*) {}                                      \
 	template <typename R>                                                                          \
 	__device__ __forceinline__ void settle(R&) const {}                                            \
+	template <typename R>                                                                          \
+	__device__ __forceinline__ float dot8(const R& r, const float q[8]) const {                    \
+		return kv_dot8(r, q);                                                                  \
+	}                                                                                              \
 	template <typename R>                                                                          \
 	__device__ __forceinline__ void unpack8(const R& r, float f[8]) const {                        \
 		kv_unpack8(r, f);                                                                      \
@@ -236,16 +255,65 @@ struct kv_cache<q8_b8> {
 // shuffle in settle, which every lane of the warp runs: from the first
 // lane of each of 4 blocks for the first 3 (its words start at the block),
 // from the last lane of the third block (its second word) for the fourth.
+//
+// Its keys are multiplied in integers (dot8): set_query rounds the lane's
+// 8 values of q to int16 levels of their largest magnitude (qd, the
+// level's size), and dp2a multiplies two of them by two int8 keys a
+// clock, exactly into an int32: 4 instructions for the 8 products where
+// widening the keys and multiplying in float took 24, in a kernel bound
+// by its instructions. The rounding is the only error, at most half a
+// level: 1.5e-5 of the lane's largest |q| a value (quantx16 rounds the
+// activations of the quantized GEMVs the same way).
 struct kv_raw_q8w {
 	uint32_t x[4];  // the two words
 	uint32_t d;     // the block's scale (low 16 bits), set by settle
 };
+
+// kv_dp2a_lo and kv_dp2a_hi: c plus the two int16 of a times the signed
+// bytes 0, 1 (lo) or 2, 3 (hi) of b; kv_round rounds to the nearest
+// integer, ties to even. Plain C++ on the host (the harness).
+__device__ __forceinline__ int kv_dp2a_lo(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+	return __dp2a_lo((int)a, (int)b, c);
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)(b & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)((b >> 8) & 0xffu);
+#endif
+}
+__device__ __forceinline__ int kv_dp2a_hi(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+	return __dp2a_hi((int)a, (int)b, c);
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)((b >> 16) & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 24);
+#endif
+}
+__device__ __forceinline__ int kv_round(float x) {
+#ifdef __CUDA_ARCH__
+	return __float2int_rn(x);
+#else
+	return (int)rintf(x);
+#endif
+}
+
 struct kv_cache_q8w {
 	const q8_0* p;
 	long long stride;  // elements a row, a multiple of 128
 	int sh;            // the byte where the lane's values start in its words
 	int from;          // the lane that gives this lane's scale
 	int give;          // which scale the lane gives: 1-3 its block's from w0, 4 the next block's from w1, 0 none (what it passes is unread)
+	uint32_t qi[4];    // the lane's q as int16 levels, two a word (set_query)
+	float qd;          // their level's size
+	__device__ __forceinline__ void set_query(const float q[8]) {
+		float a = 0.0f, s = 0.0f;
+#pragma unroll
+		for (int i = 0; i < 8; i++) a = fmaxf(a, fabsf(q[i])), s += q[i];
+		const float inv = a > 0.0f ? 32767.0f / a : 0.0f;
+		// A NaN or infinite q makes every score NaN, as the products in
+		// float would.
+		qd = s - s == 0.0f ? a / 32767.0f : NAN;
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			qi[j] = (uint32_t)(kv_round(q[2 * j] * inv) & 0xffff) | (uint32_t)kv_round(q[2 * j + 1] * inv) << 16;
+	}
 	// at_lane sets the lane's constants for element e of a row.
 	__device__ __forceinline__ void at_lane(int e) {
 		const int k = (e & 31) >> 3, j = (e >> 5) & 3;  // the lane's 8 of its block, the block's place in 4
@@ -268,12 +336,26 @@ struct kv_cache_q8w {
 		const uint32_t g = give == 1 ? r.x[0] : give == 2 ? r.x[0] >> 16 : give == 3 ? r.x[1] : r.x[3] >> 16;
 		r.d = (uint32_t)__shfl_sync(0xffffffffu, (int)g, from);
 	}
-	__device__ __forceinline__ void unpack8(const kv_raw_q8w& r, float f[8]) const {
+	// words gives the lane's 8 values, 4 a word.
+	__device__ __forceinline__ void words(const kv_raw_q8w& r, uint32_t& w0, uint32_t& w1) const {
 		const int s = 8 * (sh & 3);
 		const bool hi = sh >= 4;
 		const uint32_t a0 = hi ? r.x[1] : r.x[0], a1 = hi ? r.x[2] : r.x[1], a2 = hi ? r.x[3] : r.x[2];
-		unpack4_s8(__funnelshift_r(a0, a1, s), f);
-		unpack4_s8(__funnelshift_r(a1, a2, s), f + 4);
+		w0 = __funnelshift_r(a0, a1, s);
+		w1 = __funnelshift_r(a1, a2, s);
+	}
+	__device__ __forceinline__ void unpack8(const kv_raw_q8w& r, float f[8]) const {
+		uint32_t w0, w1;
+		words(r, w0, w1);
+		unpack4_s8(w0, f);
+		unpack4_s8(w1, f + 4);
+	}
+	// dot8 is q·k for set_query's q (the float q it is given is unread).
+	__device__ __forceinline__ float dot8(const kv_raw_q8w& r, const float*) const {
+		uint32_t w0, w1;
+		words(r, w0, w1);
+		const int d = kv_dp2a_hi(qi[3], w1, kv_dp2a_lo(qi[2], w1, kv_dp2a_hi(qi[1], w0, kv_dp2a_lo(qi[0], w0, 0))));
+		return (float)d * (qd * scale8(r));
 	}
 	__device__ __forceinline__ float scale8(const kv_raw_q8w& r) const { return __half2float(__ushort_as_half((unsigned short)r.d)); }
 };
