@@ -12,6 +12,28 @@ struct bf16 {
 	uint16_t bits;
 };
 
+// dp2a_lo and dp2a_hi: c plus the two int16 of a times bytes 0, 1 (lo) or
+// 2, 3 (hi) of b, signed. Native from compute capability 6.1 (the PTX is
+// for 7.0); the plain version serves the host (the harnesses of
+// cuda/testdata) and older device passes.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+#define QDP2A 1
+#endif
+__host__ __device__ __forceinline__ int dp2a_lo(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	return __dp2a_lo((int)a, (int)b, c);
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)(b & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)((b >> 8) & 0xffu);
+#endif
+}
+__host__ __device__ __forceinline__ int dp2a_hi(uint32_t a, uint32_t b, int c) {
+#ifdef QDP2A
+	return __dp2a_hi((int)a, (int)b, c);
+#else
+	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)((b >> 16) & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 24);
+#endif
+}
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(bf16 v) { return __uint_as_float(((uint32_t)v.bits) << 16); }

@@ -269,23 +269,8 @@ struct kv_raw_q8w {
 	uint32_t d;     // the block's scale (low 16 bits), set by settle
 };
 
-// kv_dp2a_lo and kv_dp2a_hi: c plus the two int16 of a times the signed
-// bytes 0, 1 (lo) or 2, 3 (hi) of b; kv_round rounds to the nearest
-// integer, ties to even. Plain C++ on the host (the harness).
-__device__ __forceinline__ int kv_dp2a_lo(uint32_t a, uint32_t b, int c) {
-#ifdef __CUDA_ARCH__
-	return __dp2a_lo((int)a, (int)b, c);
-#else
-	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)(b & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)((b >> 8) & 0xffu);
-#endif
-}
-__device__ __forceinline__ int kv_dp2a_hi(uint32_t a, uint32_t b, int c) {
-#ifdef __CUDA_ARCH__
-	return __dp2a_hi((int)a, (int)b, c);
-#else
-	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)((b >> 16) & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 24);
-#endif
-}
+// kv_round rounds to the nearest integer, ties to even (plain C++ on the
+// host: the harness).
 __device__ __forceinline__ int kv_round(float x) {
 #ifdef __CUDA_ARCH__
 	return __float2int_rn(x);
@@ -354,7 +339,7 @@ struct kv_cache_q8w {
 	__device__ __forceinline__ float dot8(const kv_raw_q8w& r, const float*) const {
 		uint32_t w0, w1;
 		words(r, w0, w1);
-		const int d = kv_dp2a_hi(qi[3], w1, kv_dp2a_lo(qi[2], w1, kv_dp2a_hi(qi[1], w0, kv_dp2a_lo(qi[0], w0, 0))));
+		const int d = dp2a_hi(qi[3], w1, dp2a_lo(qi[2], w1, dp2a_hi(qi[1], w0, dp2a_lo(qi[0], w0, 0))));
 		return (float)d * (qd * scale8(r));
 	}
 	__device__ __forceinline__ float scale8(const kv_raw_q8w& r) const { return __half2float(__ushort_as_half((unsigned short)r.d)); }

@@ -42,26 +42,8 @@
 // registers).
 #define QXROWS(I, MM) ((MM) == 1 ? I::ROWS1 : (MM) == 2 ? 2 : 1)
 
-// dp2a_lo and dp2a_hi: c plus the two int16 of a times bytes 0, 1 (lo) or
-// 2, 3 (hi) of b, signed. Native from compute capability 6.1 (the PTX is
-// for 7.0); the plain version serves the host and older device passes.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
-#define QDP2A 1
-#endif
-QFN int dp2a_lo(uint32_t a, uint32_t b, int c) {
-#ifdef QDP2A
-	return __dp2a_lo((int)a, (int)b, c);
-#else
-	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)(b & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)((b >> 8) & 0xffu);
-#endif
-}
-QFN int dp2a_hi(uint32_t a, uint32_t b, int c) {
-#ifdef QDP2A
-	return __dp2a_hi((int)a, (int)b, c);
-#else
-	return c + (int)(int16_t)(a & 0xffffu) * (int)(int8_t)((b >> 16) & 0xffu) + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 24);
-#endif
-}
+// dp2a_lo and dp2a_hi (c plus two int16 times two signed bytes) are in
+// common.cuh, which the decode attention shares.
 
 // dp2u_lo and dp2u_hi are dp2a_lo and dp2a_hi with the bytes of b
 // unsigned (the levels of the 4-, 5- and 6-bit formats, which may sit in
