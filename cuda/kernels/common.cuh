@@ -34,6 +34,23 @@ __host__ __device__ __forceinline__ int dp2a_hi(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
+// dot4 adds the four signed bytes of w times the four int16 in xa (low,
+// high) and xb to s: two instructions. dot8 adds the bytes of w0 and w1
+// times the 8 int16 of xv.
+__host__ __device__ __forceinline__ int dot4(int s, uint32_t xa, uint32_t xb, uint32_t w) { return dp2a_hi(xb, w, dp2a_lo(xa, w, s)); }
+__host__ __device__ __forceinline__ int dot8(int s, const uint4& xv, uint32_t w0, uint32_t w1) {
+	return dot4(dot4(s, xv.x, xv.y, w0), xv.z, xv.w, w1);
+}
+
+// rint_i rounds f to the nearest integer, ties to even.
+__host__ __device__ __forceinline__ int rint_i(float f) {
+#ifdef __CUDA_ARCH__
+	return __float2int_rn(f);
+#else
+	return (int)nearbyintf(f);
+#endif
+}
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(bf16 v) { return __uint_as_float(((uint32_t)v.bits) << 16); }

@@ -269,16 +269,6 @@ struct kv_raw_q8w {
 	uint32_t d;     // the block's scale (low 16 bits), set by settle
 };
 
-// kv_round rounds to the nearest integer, ties to even (plain C++ on the
-// host: the harness).
-__device__ __forceinline__ int kv_round(float x) {
-#ifdef __CUDA_ARCH__
-	return __float2int_rn(x);
-#else
-	return (int)rintf(x);
-#endif
-}
-
 struct kv_cache_q8w {
 	const q8_0* p;
 	long long stride;  // elements a row, a multiple of 128
@@ -296,8 +286,7 @@ struct kv_cache_q8w {
 		// float would.
 		qd = s - s == 0.0f ? a / 32767.0f : NAN;
 #pragma unroll
-		for (int j = 0; j < 4; j++)
-			qi[j] = (uint32_t)(kv_round(q[2 * j] * inv) & 0xffff) | (uint32_t)kv_round(q[2 * j + 1] * inv) << 16;
+		for (int j = 0; j < 4; j++) qi[j] = (uint32_t)(rint_i(q[2 * j] * inv) & 0xffff) | (uint32_t)rint_i(q[2 * j + 1] * inv) << 16;
 	}
 	// at_lane sets the lane's constants for element e of a row.
 	__device__ __forceinline__ void at_lane(int e) {
@@ -339,8 +328,7 @@ struct kv_cache_q8w {
 	__device__ __forceinline__ float dot8(const kv_raw_q8w& r, const float*) const {
 		uint32_t w0, w1;
 		words(r, w0, w1);
-		const int d = dp2a_hi(qi[3], w1, dp2a_lo(qi[2], w1, dp2a_hi(qi[1], w0, dp2a_lo(qi[0], w0, 0))));
-		return (float)d * (qd * scale8(r));
+		return (float)::dot8(0, make_uint4(qi[0], qi[1], qi[2], qi[3]), w0, w1) * (qd * scale8(r));
 	}
 	__device__ __forceinline__ float scale8(const kv_raw_q8w& r) const { return __half2float(__ushort_as_half((unsigned short)r.d)); }
 };

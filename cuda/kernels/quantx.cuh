@@ -42,8 +42,8 @@
 // registers).
 #define QXROWS(I, MM) ((MM) == 1 ? I::ROWS1 : (MM) == 2 ? 2 : 1)
 
-// dp2a_lo and dp2a_hi (c plus two int16 times two signed bytes) are in
-// common.cuh, which the decode attention shares.
+// dp2a_lo and dp2a_hi (c plus two int16 times two signed bytes), dot4,
+// dot8 and rint_i are in common.cuh, which the decode attention shares.
 
 // dp2u_lo and dp2u_hi are dp2a_lo and dp2a_hi with the bytes of b
 // unsigned (the levels of the 4-, 5- and 6-bit formats, which may sit in
@@ -67,13 +67,9 @@ QFN int dp2u_hi(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
-// dot4 adds the four signed bytes of w times the four int16 in xa (low,
-// high) and xb to s: two instructions; dot4u the four unsigned bytes.
-QFN int dot4(int s, uint32_t xa, uint32_t xb, uint32_t w) { return dp2a_hi(xb, w, dp2a_lo(xa, w, s)); }
+// dot4u and dot8u are common.cuh's dot4 and dot8 with the bytes of w
+// unsigned.
 QFN int dot4u(int s, uint32_t xa, uint32_t xb, uint32_t w) { return dp2u_hi(xb, w, dp2u_lo(xa, w, s)); }
-
-// dot8 adds bytes of w0 and w1 times the 8 int16 of xv; dot8u unsigned.
-QFN int dot8(int s, const uint4& xv, uint32_t w0, uint32_t w1) { return dot4(dot4(s, xv.x, xv.y, w0), xv.z, xv.w, w1); }
 QFN int dot8u(int s, const uint4& xv, uint32_t w0, uint32_t w1) { return dot4u(dot4u(s, xv.x, xv.y, w0), xv.z, xv.w, w1); }
 
 QFN float fdiv_rn(float a, float b) {
@@ -81,14 +77,6 @@ QFN float fdiv_rn(float a, float b) {
 	return __fdiv_rn(a, b);
 #else
 	return a / b;
-#endif
-}
-
-QFN int rint_i(float f) {
-#ifdef __CUDA_ARCH__
-	return __float2int_rn(f);
-#else
-	return (int)nearbyintf(f);
 #endif
 }
 
