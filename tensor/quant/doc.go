@@ -67,6 +67,13 @@
 //     (acc[k] + float32(lane[k])·dd) − float32(mlane[k])·(dmin·dx), where
 //     mlane[j] = min_j times the stored sum of the activation quants of
 //     sub-block j.
+//   - Q8_0 sums each block's 32 products into one int32 t (at most
+//     32·128·32768 in magnitude, so exact) and adds float32(t)·dd to
+//     acc[i mod 8] for block i; the row's result is the same sum of the
+//     accumulators. Its kernels reduce eight blocks together and convert,
+//     scale and add the eight totals in one step each: a Q8_0 block has a
+//     byte per weight, and converting and scaling its eight lanes one
+//     block at a time cost more than reading it.
 //
 // That order is the one an 8-lane vector unit runs naturally: VPMADDWD
 // of 16 weights and 16 activation quants fills the eight lanes.

@@ -31,7 +31,7 @@ func gemvQ6_KAVX2(out *float32, w, x *byte, rows, nb int)
 func gemvQ4_0VNNI(out *float32, w, x *byte, rows, nb int)
 
 //go:noescape
-func gemvQ8_0VNNI(out *float32, w, x *byte, rows, nb int)
+func gemvQ8_0AVX512(out *float32, w, x *byte, rows, nb int)
 
 //go:noescape
 func gemvQ4_KVNNI(out *float32, w, x *byte, rows, nb int)
@@ -70,12 +70,13 @@ var avx2Kernels = func() vecKernels {
 	return k
 }()
 
-// avx512Kernels need AVX512_VNNI and AVX512VL as well: the AVX2 kernels
-// with VNNI's multiply-adds on 256-bit registers (see vecdot_amd64.s).
+// avx512Kernels need AVX512_VNNI, AVX512BW and AVX512VL as well: the AVX2
+// kernels with VNNI's multiply-adds on 256-bit registers, and Q8_0's on
+// 512-bit registers (see vecdot_amd64.s).
 var avx512Kernels = func() vecKernels {
 	k := avx2Kernels
 	k.name = "avx512"
-	k.gemv[Q8_0] = asmGemv(Q8_0, gemvQ8_0VNNI)
+	k.gemv[Q8_0] = asmGemv(Q8_0, gemvQ8_0AVX512)
 	k.gemv[Q4_0] = asmGemv(Q4_0, gemvQ4_0VNNI)
 	k.gemv[Q4_K] = asmGemv(Q4_K, gemvQ4_KVNNI)
 	k.gemv[Q5_K] = asmGemv(Q5_K, gemvQ5_KVNNI)
@@ -87,7 +88,7 @@ var avx512Kernels = func() vecKernels {
 // (x/sys/cpu checks that the OS saves the YMM state).
 var (
 	hasAVX2   = cpu.X86.HasAVX2 && cpu.X86.HasF16C
-	hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI
+	hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI
 )
 
 // archKernels returns the assembly kernel tables this machine runs,

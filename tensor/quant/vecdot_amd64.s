@@ -38,7 +38,10 @@
 // kernels run out of vector pipes, not of latency (four accumulators and
 // scales broadcast from the frame measured no faster; scaling a Q4_K
 // sub-block's lanes once with VPMULLD rather than its 32 levels with two
-// VPMULLW made the AVX2 kernel 15% faster, VNNI's 4%).
+// VPMULLW made the AVX2 kernel 15% faster, VNNI's 4%). The Q8_0 kernels
+// now reduce eight blocks at a time (below): 45-55 GB/s on one thread of
+// a Zen 5 EPYC, AVX-512, and 38-46 with AVX2, where the kernels of one
+// block at a time ran at 31-35.
 //
 // Floats: VCVTDQ2PS (exact, every lane is below 2^24 in magnitude, or
 // rounded as Go's conversion rounds), VMULPS by the block's scale
@@ -125,64 +128,242 @@
 	MADD(xo(BX), a, acc); \
 	MADD(xo+32(BX), b, acc)
 
-// Q8_0B adds the Q8_0 block at wo(SI) (its 32 signed quants widened)
-// times the activation block at xo(BX), its scale at so(R8), to Y0; the
-// other registers are scratch. The block's d·dx is one scalar product
-// broadcast (VCVTPH2PS converts the F16 scale with the next three words,
-// which are ignored), the same float32 product DSCALE makes in every lane.
-#define Q8_0B(wo, xo, so, sx, sy, a, b, acc, MADD) \
-	VCVTPH2PS wo(SI), sx; \
-	VMULSS so(R8), sx, sx; \
-	VBROADCASTSS sx, sy; \
-	VPMOVSXBW wo+2(SI), a; \
-	VPMOVSXBW wo+18(SI), b; \
-	VPXOR acc, acc, acc; \
-	MADD(xo(BX), a, acc); \
-	MADD(xo+32(BX), b, acc); \
-	VCVTDQ2PS acc, acc; \
-	VMULPS sy, acc, acc; \
-	VADDPS acc, Y0, Y0
+// The Q8_0 kernels (the AVX-512 one on 512-bit registers, which needs
+// AVX512BW) sum each block's 32 products into one int32 and add it,
+// converted and scaled, to accumulator i mod 8 of block i (doc.go). They
+// take the blocks eight at a time: eight blocks' lanes reduced together
+// give a register of the eight totals in block order, which is converted,
+// scaled by the eight blocks' d·dx and added to Y0 in three instructions.
+// Where each block was converted, scaled and added on its own (13.5
+// instructions a block, ten of them vector operations) the product ran
+// at 31-35 GB/s from the L2 cache on one thread of a 2-core Zen 5 VM,
+// and at 24 GB/s on two threads streaming from memory against a read
+// bandwidth of 36-46: a thread waits for memory, then computes, and the
+// fewer cycles it computes, the closer the stream comes to the read rate.
+// The eight F16 weight scales, 34 bytes apart, are packed into two
+// quadwords by the integer unit and converted by one VCVTPH2PS (copied
+// through the frame instead, the loads waited on the eight stores: 27
+// GB/s; VPINSRW of each and VPGATHERDD measured slower too).
+//
+// Frame: 0(SP) and 32(SP) the totals and d·dx of a last group of fewer
+// than eight blocks, zeros past them (which add +0 to an accumulator that
+// is never -0).
 
-// GEMVQ8_0 takes two blocks a step (then the last one where nb is odd),
-// added to Y0 in their order, so that the sums are a block at a time's:
-// 13.5 instructions a block where the loop of one block a step and
-// DSCALE's four took 17. From the L2 cache, in GB/s of the thread's CPU
-// time (the shared VM's wall time moved too much to compare): VNNI 35
-// against 34 (best of 10, four runs). The vector pipes bind it, not the instruction count: ten
-// vector operations a block remain (the conversions, the multiply-adds
-// and the float scaling), and the weights stream from memory slower than
-// two threads compute them.
-#define GEMVQ8_0(MADD) \
+// Q8SCALES leaves in x the F16 scales of the eight blocks at SI, packed
+// four to a quadword by the integer unit (AX, DX scratch).
+#define Q8SCALES(x) \
+	MOVWQZX 0(SI), AX; \
+	MOVWQZX 34(SI), DX; \
+	SHLQ $16, DX; \
+	ORQ DX, AX; \
+	MOVWQZX 68(SI), DX; \
+	SHLQ $32, DX; \
+	ORQ DX, AX; \
+	MOVWQZX 102(SI), DX; \
+	SHLQ $48, DX; \
+	ORQ DX, AX; \
+	VMOVQ AX, x; \
+	MOVWQZX 136(SI), AX; \
+	MOVWQZX 170(SI), DX; \
+	SHLQ $16, DX; \
+	ORQ DX, AX; \
+	MOVWQZX 204(SI), DX; \
+	SHLQ $32, DX; \
+	ORQ DX, AX; \
+	MOVWQZX 238(SI), DX; \
+	SHLQ $48, DX; \
+	ORQ DX, AX; \
+	VPINSRQ $1, AX, x, x
+
+// Q8ADD converts the eight totals in t, multiplies them by the eight
+// blocks' d·dx (Q8SCALES's x times the activation scales at (R8)) and
+// adds them to Y0; u is scratch.
+#define Q8ADD(t, u, x) \
+	VCVTDQ2PS t, t; \
+	VCVTPH2PS x, u; \
+	VMULPS (R8), u, u; \
+	VMULPS u, t, t; \
+	VADDPS t, Y0, Y0
+
+// Q8TAIL adds the last nb mod 8 blocks of the row (CX of them, at least
+// one): each block's total (BLK leaves it in the low lane of X1) and d·dx
+// go to the frame, then the eight are converted, scaled and added as
+// Q8ADD does.
+#define Q8TAIL(BLK) \
+	VPXOR Y1, Y1, Y1; \
+	VMOVDQU Y1, 0(SP); \
+	VMOVDQU Y1, 32(SP); \
+	XORQ DX, DX; \
+tailblk: \
+	BLK; \
+	VMOVD X1, 0(SP)(DX*4); \
+	MOVWLZX 0(SI), AX; \
+	VMOVD AX, X2; \
+	VCVTPH2PS X2, X2; \
+	VMULSS (R8)(DX*4), X2, X2; \
+	VMOVSS X2, 32(SP)(DX*4); \
+	ADDQ $64, BX; \
+	ADDQ $34, SI; \
+	INCQ DX; \
+	CMPQ DX, CX; \
+	JLT tailblk; \
+	VMOVDQU 0(SP), Y1; \
+	VCVTDQ2PS Y1, Y1; \
+	VMULPS 32(SP), Y1, Y1; \
+	VADDPS Y1, Y0, Y0
+
+// HSUMD leaves the sum of the eight int32 lanes of Y1 in the low lane of
+// X1; X2 is scratch.
+#define HSUMD \
+	VEXTRACTI128 $1, Y1, X2; \
+	VPADDD X2, X1, X1; \
+	VPSHUFD $0x4e, X1, X2; \
+	VPADDD X2, X1, X1; \
+	VPSHUFD $0xb1, X1, X2; \
+	VPADDD X2, X1, X1
+
+// Q8PREFETCH asks for the 320 bytes 4 KB ahead of the group at SI (a
+// group is 272 bytes, so the lines a group's prefetches miss are the next
+// group's first). Two threads of BenchmarkMatMulDecode's Q8_0 products
+// on the 2-core Zen 5 VM, alternated: 0.95-1.04 of the read bandwidth
+// with it, 0.85-0.94 without; 2 and 8 KB ahead measured as 4 KB did.
+// A prefetch past the weights does not fault.
+#define Q8PREFETCH \
+	PREFETCHT0 4096(SI); \
+	PREFETCHT0 4160(SI); \
+	PREFETCHT0 4224(SI); \
+	PREFETCHT0 4288(SI); \
+	PREFETCHT0 4352(SI)
+
+// GEMVQ8_0 runs the rows: GROUP adds eight blocks from SI and BX, TAILBLK
+// leaves one block's total in X1.
+#define GEMVQ8_0(GROUP, SCALES, TAILBLK) \
 	ARGS(6); \
 row: \
 	ROW; \
-	SHRQ $1, CX; \
-	JZ single; \
-pair: \
-	Q8_0B(0, 0, 0, X5, Y5, Y6, Y7, Y10, MADD); \
-	Q8_0B(34, 64, 4, X9, Y9, Y11, Y12, Y13, MADD); \
-	ADDQ $128, BX; \
-	ADDQ $8, R8; \
-	ADDQ $68, SI; \
+	SHRQ $3, CX; \
+	JZ tail; \
+group: \
+	Q8PREFETCH; \
+	Q8SCALES(SCALES); \
+	GROUP; \
+	ADDQ $512, BX; \
+	ADDQ $32, R8; \
+	ADDQ $272, SI; \
 	DECQ CX; \
-	JNZ pair; \
-single: \
-	TESTQ $1, R13; \
+	JNZ group; \
+tail: \
+	MOVQ R13, CX; \
+	ANDQ $7, CX; \
 	JZ rowdone; \
-	Q8_0B(0, 0, 0, X5, Y5, Y6, Y7, Y10, MADD); \
-	ADDQ $64, BX; \
-	ADDQ $4, R8; \
-	ADDQ $34, SI; \
+	Q8TAIL(TAILBLK); \
 rowdone: \
 	ENDROW
 
-// func gemvQ8_0AVX2(out *float32, w, x *byte, rows, nb int)
-TEXT ·gemvQ8_0AVX2(SB), NOSPLIT, $0-40
-	GEMVQ8_0(MADDAVX2)
+// Q8LANES8 leaves in y the eight lanes of the block at wo(SI) times the
+// activations at xo(BX) (lane k: elements 2k, 2k+1, 16+2k, 17+2k); t is
+// scratch.
+#define Q8LANES8(wo, xo, y, t) \
+	VPMOVSXBW wo+2(SI), y; \
+	VPMOVSXBW wo+18(SI), t; \
+	VPMADDWD xo(BX), y, y; \
+	VPMADDWD xo+32(BX), t, t; \
+	VPADDD t, y, y
 
-// func gemvQ8_0VNNI(out *float32, w, x *byte, rows, nb int)
-TEXT ·gemvQ8_0VNNI(SB), NOSPLIT, $0-40
-	GEMVQ8_0(MADDVNNI)
+// Q8GROUPAVX2: the eight blocks' lanes, then two rounds of VPHADDD leave
+// in each 128-bit half four blocks' partial totals (Y1: blocks 0-3, Y5:
+// 4-7), and the halves added across give the totals in order.
+#define Q8GROUPAVX2 \
+	Q8LANES8(0, 0, Y1, Y9); \
+	Q8LANES8(34, 64, Y2, Y10); \
+	Q8LANES8(68, 128, Y3, Y11); \
+	Q8LANES8(102, 192, Y4, Y12); \
+	Q8LANES8(136, 256, Y5, Y13); \
+	Q8LANES8(170, 320, Y6, Y14); \
+	Q8LANES8(204, 384, Y7, Y9); \
+	Q8LANES8(238, 448, Y8, Y10); \
+	VPHADDD Y2, Y1, Y1; \
+	VPHADDD Y4, Y3, Y3; \
+	VPHADDD Y6, Y5, Y5; \
+	VPHADDD Y8, Y7, Y7; \
+	VPHADDD Y3, Y1, Y1; \
+	VPHADDD Y7, Y5, Y5; \
+	VPERM2I128 $0x20, Y5, Y1, Y2; \
+	VPERM2I128 $0x31, Y5, Y1, Y1; \
+	VPADDD Y2, Y1, Y1; \
+	Q8ADD(Y1, Y2, X15)
+
+#define Q8TAILAVX2 \
+	Q8LANES8(0, 0, Y1, Y2); \
+	HSUMD
+
+// func gemvQ8_0AVX2(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ8_0AVX2(SB), NOSPLIT, $64-40
+	GEMVQ8_0(Q8GROUPAVX2, X15, Q8TAILAVX2)
+
+// Q8LANES16 leaves in z the 16 lanes of the block at wo(SI) times the
+// activations at xo(BX): its 32 quants widened into one register, one
+// VPMADDWD (lane k: elements 2k and 2k+1).
+#define Q8LANES16(wo, xo, z) \
+	VPMOVSXBW wo+2(SI), z; \
+	VPMADDWD xo(BX), z, z
+
+// Q8PAIR adds the 128-bit chunks of a and b in pairs: a's chunks 0+1 and
+// 2+3 to chunks 0 and 1 of a, b's to 2 and 3; t is scratch.
+#define Q8PAIR(a, b, t) \
+	VSHUFI32X4 $0x88, b, a, t; \
+	VSHUFI32X4 $0xdd, b, a, a; \
+	VPADDD t, a, a
+
+// Q8GROUPAVX512: two rounds of Q8PAIR leave four blocks' lanes in a
+// chunk each (Z1: blocks 0-3, Z5: 4-7); the two registers' chunks
+// interleaved by quadwords and added leave blocks j and 4+j two lanes
+// each in chunk j, adjacent lanes added leave each total twice, and
+// VPERMD by q8perm gathers them in block order.
+#define Q8GROUPAVX512 \
+	Q8LANES16(0, 0, Z1); \
+	Q8LANES16(34, 64, Z2); \
+	Q8LANES16(68, 128, Z3); \
+	Q8LANES16(102, 192, Z4); \
+	Q8LANES16(136, 256, Z5); \
+	Q8LANES16(170, 320, Z6); \
+	Q8LANES16(204, 384, Z7); \
+	Q8LANES16(238, 448, Z8); \
+	Q8PAIR(Z1, Z2, Z9); \
+	Q8PAIR(Z3, Z4, Z10); \
+	Q8PAIR(Z5, Z6, Z11); \
+	Q8PAIR(Z7, Z8, Z12); \
+	Q8PAIR(Z1, Z3, Z9); \
+	Q8PAIR(Z5, Z7, Z10); \
+	VPUNPCKLQDQ Z5, Z1, Z9; \
+	VPUNPCKHQDQ Z5, Z1, Z1; \
+	VPADDD Z9, Z1, Z1; \
+	VPSHUFD $0xb1, Z1, Z9; \
+	VPADDD Z9, Z1, Z1; \
+	VPERMD Z1, Z15, Z1; \
+	Q8ADD(Y1, Y2, X13)
+
+#define Q8TAILAVX512 \
+	Q8LANES16(0, 0, Z1); \
+	VEXTRACTI64X4 $1, Z1, Y2; \
+	VPADDD Y2, Y1, Y1; \
+	HSUMD
+
+// q8perm: the lanes of Q8GROUPAVX512's totals of blocks 0 to 7.
+DATA q8perm<>+0(SB)/4, $0
+DATA q8perm<>+4(SB)/4, $4
+DATA q8perm<>+8(SB)/4, $8
+DATA q8perm<>+12(SB)/4, $12
+DATA q8perm<>+16(SB)/4, $2
+DATA q8perm<>+20(SB)/4, $6
+DATA q8perm<>+24(SB)/4, $10
+DATA q8perm<>+28(SB)/4, $14
+GLOBL q8perm<>(SB), RODATA|NOPTR, $32
+
+// func gemvQ8_0AVX512(out *float32, w, x *byte, rows, nb int)
+TEXT ·gemvQ8_0AVX512(SB), NOSPLIT, $64-40
+	VMOVDQU q8perm<>(SB), Y15
+	GEMVQ8_0(Q8GROUPAVX512, X13, Q8TAILAVX512)
 
 // Q4_0BLK adds the Q4_0 block at SI: the low nibbles of its 16 bytes
 // (elements 0..15) and the high (16..31), less 8. Y14 holds words 0x0f,

@@ -53,22 +53,21 @@ func chunkSums(s *[8]int32, x []byte) {
 // format a.
 func actBlocks(a actFormat, xq []byte) int { return len(xq) / a.blockBytes() }
 
-// dotQ8_0Go: Q8_0 weights.
+// dotQ8_0Go: Q8_0 weights. A block's 32 products are summed into one
+// int32 (exact: at most 32·128·32768 in magnitude), which goes as a whole
+// to accumulator i mod 8 of block i (doc.go).
 func dotQ8_0Go(w, xq []byte) float32 {
 	var acc [8]float32
 	nb := actBlocks(act32, xq)
 	for i := range nb {
 		b := (*[34]byte)(w[34*i:])
 		c := (*[64]byte)(xq[64*i:])
-		var lane [8]int32
-		for k := range lane {
-			lo, hi := c[4*k:4*k+4], c[32+4*k:32+4*k+4]
-			lane[k] = int32(int8(b[2+2*k]))*int32(int16(uint16(lo[0])|uint16(lo[1])<<8)) +
-				int32(int8(b[3+2*k]))*int32(int16(uint16(lo[2])|uint16(lo[3])<<8)) +
-				int32(int8(b[18+2*k]))*int32(int16(uint16(hi[0])|uint16(hi[1])<<8)) +
-				int32(int8(b[19+2*k]))*int32(int16(uint16(hi[2])|uint16(hi[3])<<8))
+		var t int32
+		for e := range 32 {
+			t += int32(int8(b[2+e])) * int32(int16(uint16(c[2*e])|uint16(c[2*e+1])<<8))
 		}
-		addLanes(&acc, &lane, float32(halfToFloat(le16(b[:]))*actScale(act32, xq, nb, i)))
+		dd := float32(halfToFloat(le16(b[:])) * actScale(act32, xq, nb, i))
+		acc[i%8] += float32(float32(t) * dd)
 	}
 	return hsum8(&acc)
 }

@@ -241,6 +241,7 @@ func TestVecDotKernelsBitExact(t *testing.T) {
 			{"special scales", 8, 13, 0.2, false},
 			{"minus128", 16, 6, 0, true},
 			{"everything", 24, 11, 0.3, true},
+			{"groups and a tail", 29, 7, 0.1, true},
 		} {
 			for rep := range 20 {
 				xq := randomActs(g, typ, c.nb, c.pSpecial)
