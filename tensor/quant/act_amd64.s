@@ -1,19 +1,10 @@
 //go:build amd64 && !purego
 
 #include "textflag.h"
+#include "reduce_amd64.h"
 
 // The activations' quantization for x86-64 with AVX2 (act.go): the same
 // bits as the Go loops it stands in for.
-
-// REDUCE8 folds the eight 32-bit lanes of Y0 with OP (an integer maximum
-// or sum) into the low lane of X0; X1 is scratch.
-#define REDUCE8(OP) \
-	VEXTRACTI128 $1, Y0, X1; \
-	OP X1, X0, X0; \
-	VPSHUFD $0x4e, X0, X1; \
-	OP X1, X0, X0; \
-	VPSHUFD $0xb1, X0, X1; \
-	OP X1, X0, X0
 
 DATA absmask<>+0(SB)/4, $0x7fffffff
 GLOBL absmask<>(SB), RODATA|NOPTR, $4
@@ -40,7 +31,7 @@ maxloop:
 	SUBQ $16, CX
 	JNZ maxloop
 	VPMAXUD Y1, Y0, Y0
-	REDUCE8(VPMAXUD)
+	REDUCE8(VPMAXUD, Y0, X0, X1)
 	VMOVD X0, AX
 	MOVL AX, ret+16(FP)
 	VZEROUPPER
@@ -92,7 +83,7 @@ sumloop:
 	VPMADDWD (SI), Y15, Y0
 	VPMADDWD 32(SI), Y15, Y1
 	VPADDD Y1, Y0, Y0
-	REDUCE8(VPADDD)
+	REDUCE8(VPADDD, Y0, X0, X1)
 	VMOVD X0, (DI)
 	ADDQ $64, SI
 	ADDQ $4, DI

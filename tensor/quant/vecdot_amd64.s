@@ -1,6 +1,7 @@
 //go:build amd64 && !purego
 
 #include "textflag.h"
+#include "reduce_amd64.h"
 
 // The integer products for x86-64, in the order the package documentation
 // defines (doc.go, "The integer product"): AVX2 with F16C, and the same
@@ -149,30 +150,26 @@
 // than eight blocks, zeros past them (which add +0 to an accumulator that
 // is never -0).
 
+// PACK4 leaves in AX the four F16 words at a, b, c and d (SI), the first
+// lowest; DX is scratch.
+#define PACK4(a, b, c, d) \
+	MOVWQZX a(SI), AX; \
+	MOVWQZX b(SI), DX; \
+	SHLQ $16, DX; \
+	ORQ DX, AX; \
+	MOVWQZX c(SI), DX; \
+	SHLQ $32, DX; \
+	ORQ DX, AX; \
+	MOVWQZX d(SI), DX; \
+	SHLQ $48, DX; \
+	ORQ DX, AX
+
 // Q8SCALES leaves in x the F16 scales of the eight blocks at SI, packed
 // four to a quadword by the integer unit (AX, DX scratch).
 #define Q8SCALES(x) \
-	MOVWQZX 0(SI), AX; \
-	MOVWQZX 34(SI), DX; \
-	SHLQ $16, DX; \
-	ORQ DX, AX; \
-	MOVWQZX 68(SI), DX; \
-	SHLQ $32, DX; \
-	ORQ DX, AX; \
-	MOVWQZX 102(SI), DX; \
-	SHLQ $48, DX; \
-	ORQ DX, AX; \
+	PACK4(0, 34, 68, 102); \
 	VMOVQ AX, x; \
-	MOVWQZX 136(SI), AX; \
-	MOVWQZX 170(SI), DX; \
-	SHLQ $16, DX; \
-	ORQ DX, AX; \
-	MOVWQZX 204(SI), DX; \
-	SHLQ $32, DX; \
-	ORQ DX, AX; \
-	MOVWQZX 238(SI), DX; \
-	SHLQ $48, DX; \
-	ORQ DX, AX; \
+	PACK4(136, 170, 204, 238); \
 	VPINSRQ $1, AX, x, x
 
 // Q8ADD converts the eight totals in t, multiplies them by the eight
@@ -211,16 +208,6 @@ tailblk: \
 	VCVTDQ2PS Y1, Y1; \
 	VMULPS 32(SP), Y1, Y1; \
 	VADDPS Y1, Y0, Y0
-
-// HSUMD leaves the sum of the eight int32 lanes of Y1 in the low lane of
-// X1; X2 is scratch.
-#define HSUMD \
-	VEXTRACTI128 $1, Y1, X2; \
-	VPADDD X2, X1, X1; \
-	VPSHUFD $0x4e, X1, X2; \
-	VPADDD X2, X1, X1; \
-	VPSHUFD $0xb1, X1, X2; \
-	VPADDD X2, X1, X1
 
 // Q8PREFETCH asks for the 320 bytes 4 KB ahead of the group at SI (a
 // group is 272 bytes, so the lines a group's prefetches miss are the next
@@ -295,7 +282,7 @@ rowdone: \
 
 #define Q8TAILAVX2 \
 	Q8LANES8(0, 0, Y1, Y2); \
-	HSUMD
+	REDUCE8(VPADDD, Y1, X1, X2)
 
 // func gemvQ8_0AVX2(out *float32, w, x *byte, rows, nb int)
 TEXT ·gemvQ8_0AVX2(SB), NOSPLIT, $64-40
@@ -347,7 +334,7 @@ TEXT ·gemvQ8_0AVX2(SB), NOSPLIT, $64-40
 	Q8LANES16(0, 0, Z1); \
 	VEXTRACTI64X4 $1, Z1, Y2; \
 	VPADDD Y2, Y1, Y1; \
-	HSUMD
+	REDUCE8(VPADDD, Y1, X1, X2)
 
 // q8perm: the lanes of Q8GROUPAVX512's totals of blocks 0 to 7.
 DATA q8perm<>+0(SB)/4, $0
