@@ -209,17 +209,23 @@ tailblk: \
 	VMULPS 32(SP), Y1, Y1; \
 	VADDPS Y1, Y0, Y0
 
-// Q8PREFETCH asks for the 320 bytes 4 KB ahead of the group at SI (a
-// group is 272 bytes, so the lines a group's prefetches miss are the next
-// group's first). Two threads of BenchmarkMatMulDecode's Q8_0 products
-// on the 2-core Zen 5 VM, alternated: 0.95-1.04 of the read bandwidth
-// with it, 0.85-0.94 without; 2 and 8 KB ahead measured as 4 KB did.
-// A prefetch past the weights does not fault.
-#define Q8PREFETCH \
+// PREFETCH3, PREFETCH4 and PREFETCH5 ask for three, four or five lines
+// 4 KB ahead of SI, the distance every kernel here prefetches at: a
+// Q8_0 group (272 bytes) takes five, so the lines a group's prefetches
+// miss are the next group's first; a Q4_K or Q5_K super-block (144, 176)
+// three, a Q6_K one (210) four. Two threads of BenchmarkMatMulDecode's
+// Q8_0 products on the 2-core Zen 5 VM, alternated: 0.95-1.04 of the read
+// bandwidth with it, 0.85-0.94 without; 2 and 8 KB ahead measured as 4 KB
+// did. A prefetch past the weights does not fault.
+#define PREFETCH3 \
 	PREFETCHT0 4096(SI); \
 	PREFETCHT0 4160(SI); \
-	PREFETCHT0 4224(SI); \
-	PREFETCHT0 4288(SI); \
+	PREFETCHT0 4224(SI)
+#define PREFETCH4 \
+	PREFETCH3; \
+	PREFETCHT0 4288(SI)
+#define PREFETCH5 \
+	PREFETCH4; \
 	PREFETCHT0 4352(SI)
 
 // GEMVQ8_0 runs the rows: GROUP adds eight blocks from SI and BX, TAILBLK
@@ -231,7 +237,7 @@ row: \
 	SHRQ $3, CX; \
 	JZ tail; \
 group: \
-	Q8PREFETCH; \
+	PREFETCH5; \
 	Q8SCALES(SCALES); \
 	GROUP; \
 	ADDQ $512, BX; \
@@ -521,8 +527,8 @@ GLOBL kscale<>(SB), RODATA|NOPTR, $80
 
 // KLOOP is the row and super-block loops of the Q4_K and Q5_K kernels,
 // around the four groups GROUPS of a super-block of bb bytes. Each
-// super-block prefetches the three lines 4 KB ahead (Q8PREFETCH's
-// distance; GEMVQ6_K's four), which covers its 144 or 176 bytes. Two
+// super-block prefetches three lines 4 KB ahead (PREFETCH3), GEMVQ6_K's
+// four, which covers its bytes. Two
 // threads of BenchmarkMatMulDecode's Q4_K and Q6_K products on the 2-core
 // Zen 5 VM, three alternated pairs of runs: 0.57-0.79 of the read
 // bandwidth with it, 0.45-0.72 without; 14 of the 18 pairs of figures
@@ -532,9 +538,7 @@ GLOBL kscale<>(SB), RODATA|NOPTR, $80
 row: \
 	ROW; \
 block: \
-	PREFETCHT0 4096(SI); \
-	PREFETCHT0 4160(SI); \
-	PREFETCHT0 4224(SI); \
+	PREFETCH3; \
 	KDSCALE; \
 	KSCALES; \
 	VPXOR Y10, Y10, Y10; \
@@ -671,10 +675,7 @@ TEXT ·gemvQ5_KVNNI(SB), NOSPLIT, $0-40
 row: \
 	ROW; \
 block: \
-	PREFETCHT0 4096(SI); \
-	PREFETCHT0 4160(SI); \
-	PREFETCHT0 4224(SI); \
-	PREFETCHT0 4288(SI); \
+	PREFETCH4; \
 	DSCALE(208(SI)); \
 	VPXOR Y10, Y10, Y10; \
 	Q6_KHALF(0, 128, 192, 0, MADD); \
